@@ -1,0 +1,48 @@
+# Sourced by scripts/run, scripts/test and scripts/bench: installs what a fresh Debian machine
+# lacks (Debian's redis-server, a .venv with the project and its test extras), then returns.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      log "need root (or sudo) to install Debian packages: $*"; exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y --no-install-recommends "$@" >/dev/null 2>&1 || {
+    log "apt-get install $* failed; refreshing the package lists and trying again"
+    $sudo apt-get update >/dev/null
+    $sudo apt-get install -y --no-install-recommends "$@" >/dev/null
+  }
+}
+
+ensure_redis() {
+  if ! command -v redis-server >/dev/null 2>&1; then
+    log "installing Debian's redis-server"
+    apt_install redis-server
+    # Debian's package may start a system instance; ours are started per use, so stop it.
+    if command -v service >/dev/null 2>&1; then service redis-server stop >/dev/null 2>&1 || true; fi
+  fi
+}
+
+ensure_venv() {
+  local stamp=".venv/.installed"
+  local want
+  want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+  fi
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing the project and its test extras into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e ".[test]"
+    echo "$want" > "$stamp"
+  fi
+}

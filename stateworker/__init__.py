@@ -1,0 +1,37 @@
+"""stateworker: durable, reactive key/value state over Redis streams and Lua."""
+
+from stateworker.api import ABSENT, Entry, SetOutcome, StateStore, Swap
+from stateworker.errors import (
+    Conflict,
+    DeadlineExceeded,
+    InvalidRequest,
+    KeyTooLong,
+    NotFound,
+    ReservedScope,
+    StateError,
+    Unavailable,
+    UnknownFunction,
+    ValueTooLarge,
+)
+from stateworker.schemas import Event
+from stateworker.settings import Settings
+
+__all__ = [
+    "ABSENT",
+    "Conflict",
+    "DeadlineExceeded",
+    "Entry",
+    "Event",
+    "InvalidRequest",
+    "KeyTooLong",
+    "NotFound",
+    "ReservedScope",
+    "SetOutcome",
+    "Settings",
+    "StateError",
+    "StateStore",
+    "Swap",
+    "Unavailable",
+    "UnknownFunction",
+    "ValueTooLarge",
+]

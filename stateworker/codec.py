@@ -1,0 +1,190 @@
+"""JSON that keeps its digits, the canonical form and hash, and the Python extended types.
+
+Values travel as JSON text and are stored as compact JSON text. Decoding keeps every
+non-integer number as its original text (`msgspec.Raw` from `float_hook`), integers decode
+to exact Python ints, so re-encoding writes every number exactly as it came, keeps `[]`/`{}`
+and object key order. The canonical form (DESIGN.md "Values") is the same tree encoded with
+sorted keys and Go's string escaping, and `hash` is its SHA-256.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import hashlib
+import re
+import uuid
+from typing import Any
+
+import msgspec
+
+from stateworker.errors import InvalidRequest, ValueTooLarge
+
+_decoder = msgspec.json.Decoder(float_hook=lambda text: msgspec.Raw(text.encode()))
+_compact = msgspec.json.Encoder()
+_sorted = msgspec.json.Encoder(order="sorted")
+
+# msgspec writes \b and \f as short escapes and leaves < > & U+2028 U+2029 raw; Go (and the
+# canonical form) writes them as \u escapes. An escape pair is matched as a whole, so the `b`
+# of an escaped backslash followed by `b` is never mistaken for `\b`.
+_GO_ESCAPES = re.compile(rb"\\[bf\\]|[<>&]|\xe2\x80[\xa8\xa9]")
+_GO_REPLACEMENTS = {
+    b"\\b": b"\\u0008",
+    b"\\f": b"\\u000c",
+    b"\\\\": b"\\\\",
+    b"<": b"\\u003c",
+    b">": b"\\u003e",
+    b"&": b"\\u0026",
+    b"\xe2\x80\xa8": b"\\u2028",
+    b"\xe2\x80\xa9": b"\\u2029",
+}
+
+
+def _go_escape(match: re.Match[bytes]) -> bytes:
+    return _GO_REPLACEMENTS[match.group(0)]
+
+
+def decode_exact(text: bytes | str) -> Any:
+    """Decode JSON, keeping non-integer numbers as `msgspec.Raw` text; raises ValueError."""
+    try:
+        return _decoder.decode(text)
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def canonical(tree: Any) -> bytes:
+    """The canonical JSON of a decoded tree: sorted keys, Go escaping, numbers as written."""
+    raw = _sorted.encode(tree)
+    if b"\\" in raw or b"<" in raw or b">" in raw or b"&" in raw or b"\xe2\x80" in raw:
+        raw = _GO_ESCAPES.sub(_go_escape, raw)
+    return raw
+
+
+def hash_tree(tree: Any) -> str:
+    return hashlib.sha256(canonical(tree)).hexdigest()
+
+
+class Value(msgspec.Struct, frozen=True):
+    """A validated value: its compact stored JSON and its canonical hash."""
+
+    json: bytes
+    hash: str
+
+
+def value_from_tree(tree: Any, field: str, max_bytes: int) -> Value:
+    """Compact JSON and hash of a tree; VALUE_TOO_LARGE names the field, size and limit."""
+    try:
+        compact = _compact.encode(tree)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequest(f"$.{field}: cannot be encoded as JSON: {exc}",
+                             {"path": f"$.{field}"}) from exc
+    if len(compact) > max_bytes:
+        raise ValueTooLarge(
+            f"{field} is {len(compact)} bytes of JSON, more than the limit of {max_bytes} bytes",
+            {"path": f"$.{field}", "size": len(compact), "limit": max_bytes},
+        )
+    return Value(compact, hash_tree(tree))
+
+
+def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
+    """Validate JSON text from a request and give its compact form and hash."""
+    if len(text) > 4 * max_bytes + 1024:  # far too large even before compaction
+        raise ValueTooLarge(
+            f"{field} is {len(text)} bytes of JSON, more than the limit of {max_bytes} bytes",
+            {"path": f"$.{field}", "size": len(text), "limit": max_bytes},
+        )
+    try:
+        tree = decode_exact(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
+    return value_from_tree(tree, field, max_bytes)
+
+
+# ---- Python extended types <-> tagged JSON -------------------------------------------------
+# A tagged value is an object with exactly the keys "$type" and "$value" (documented in
+# docs/architecture.md for clients in other languages).
+TYPE_KEY = "$type"
+VALUE_KEY = "$value"
+
+
+def to_json_tree(value: Any) -> Any:
+    """Python value -> JSON-ready tree, extended types replaced by their tagged objects."""
+    if value is None or isinstance(value, str | bool | int | float | msgspec.Raw):
+        return value
+    if isinstance(value, dict):
+        return {_key(k): to_json_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_tree(v) for v in value]
+    return _tag(value)
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise InvalidRequest(f"object keys must be strings, got {type(key).__name__}",
+                             {"path": "$.value"})
+    return key
+
+
+def _tag(value: Any) -> dict[str, str]:
+    if isinstance(value, dt.datetime):
+        return {TYPE_KEY: "datetime", VALUE_KEY: value.isoformat()}
+    if isinstance(value, dt.date):
+        return {TYPE_KEY: "date", VALUE_KEY: value.isoformat()}
+    if isinstance(value, dt.time):
+        return {TYPE_KEY: "time", VALUE_KEY: value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {TYPE_KEY: "decimal", VALUE_KEY: str(value)}
+    if isinstance(value, uuid.UUID):
+        return {TYPE_KEY: "uuid", VALUE_KEY: str(value)}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {TYPE_KEY: "bytes", VALUE_KEY: base64.b64encode(bytes(value)).decode()}
+    raise InvalidRequest(f"value of type {type(value).__name__} cannot be stored as JSON",
+                         {"path": "$.value"})
+
+
+_UNTAG = {
+    "datetime": dt.datetime.fromisoformat,
+    "date": dt.date.fromisoformat,
+    "time": dt.time.fromisoformat,
+    "decimal": decimal.Decimal,
+    "uuid": uuid.UUID,
+    "bytes": base64.b64decode,
+}
+
+
+def from_json_tree(tree: Any) -> Any:
+    """Decoded JSON tree -> Python value, tagged objects turned back into their types.
+
+    Numbers kept as text (`msgspec.Raw`) become floats; read the JSON text for exact digits.
+    """
+    if isinstance(tree, dict):
+        if len(tree) == 2 and isinstance(tree.get(TYPE_KEY), str) and VALUE_KEY in tree:
+            convert = _UNTAG.get(tree[TYPE_KEY])
+            if convert is not None and isinstance(tree[VALUE_KEY], str):
+                return convert(tree[VALUE_KEY])
+        return {k: from_json_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [from_json_tree(v) for v in tree]
+    if isinstance(tree, msgspec.Raw):
+        return float(bytes(tree))
+    return tree
+
+
+def decode_value(text: bytes | None) -> Any:
+    """Stored JSON text (None: missing) -> Python value."""
+    return None if text is None else from_json_tree(decode_exact(text))
+
+
+def encode_value(value: Any, field: str, max_bytes: int) -> Value:
+    """Python value (extended types allowed) -> validated stored JSON."""
+    return value_from_tree(to_json_tree(value), field, max_bytes)
+
+
+# ---- time ------------------------------------------------------------------------------------
+def rfc3339_ms(epoch_ms: int | None) -> str | None:
+    """Epoch milliseconds -> `2026-11-29T15:04:05.123Z`."""
+    if epoch_ms is None:
+        return None
+    moment = dt.datetime.fromtimestamp(epoch_ms // 1000, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"

@@ -1,0 +1,122 @@
+"""Every error that leaves the service, each with a stable code.
+
+The Lua scripts return a small integer status as the first element of their reply. `LUA_STATUS`
+is the one table of those statuses: `scripts.py` writes it into every script as the Lua table
+`ST`, so Lua and Python cannot disagree, and `tests/unit/test_errors.py` checks that every `ST.X`
+a script names exists here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class StateError(Exception):
+    """Raised for any failed state function call; `code` is stable, `message` names the field."""
+
+    code: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class InvalidRequest(StateError):
+    """Raised when a request field is missing, of the wrong type or out of range."""
+
+    code = "INVALID_REQUEST"
+
+
+class KeyTooLong(StateError):
+    """Raised when a scope or key is longer than `max_key_bytes` UTF-8 bytes."""
+
+    code = "KEY_TOO_LONG"
+
+
+class ValueTooLarge(StateError):
+    """Raised when a value's compact JSON is longer than `max_value_bytes`."""
+
+    code = "VALUE_TOO_LARGE"
+
+
+class Conflict(StateError):
+    """Raised when `expected_version` or `create_only` does not match the stored version."""
+
+    code = "CONFLICT"
+
+
+class NotFound(StateError):
+    """Raised when `required: true` is asked of a missing entry."""
+
+    code = "NOT_FOUND"
+
+
+class ReservedScope(StateError):
+    """Raised when a public function names a scope the service keeps for itself."""
+
+    code = "RESERVED_SCOPE"
+
+
+class UnknownFunction(StateError):
+    """Raised when a call names a function id that the service does not serve."""
+
+    code = "UNKNOWN_FUNCTION"
+
+
+class Unavailable(StateError):
+    """Raised when Redis cannot be reached or answered with an error the caller cannot fix."""
+
+    code = "UNAVAILABLE"
+
+
+class DeadlineExceeded(StateError):
+    """Raised when a call's `deadline_ms` passed before it could run."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class InternalError(StateError):
+    """Raised when the service itself failed; the message says where."""
+
+    code = "INTERNAL"
+
+
+class ConfigError(Exception):
+    """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
+
+
+# Lua status -> exception class. 0 is success; the scripts read these as ST.<code>.
+LUA_STATUS: dict[str, int] = {
+    "OK": 0,
+    "CONFLICT": 1,
+}
+
+STATUS_ERRORS: dict[int, type[StateError]] = {
+    LUA_STATUS["CONFLICT"]: Conflict,
+}
+
+ERROR_CLASSES: dict[str, type[StateError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        KeyTooLong,
+        ValueTooLarge,
+        Conflict,
+        NotFound,
+        ReservedScope,
+        UnknownFunction,
+        Unavailable,
+        DeadlineExceeded,
+        InternalError,
+    )
+}
+
+
+def lua_status_table() -> str:
+    """The Lua source of the `ST` table, prepended to every script by the loader."""
+    fields = ", ".join(f"{name} = {value}" for name, value in LUA_STATUS.items())
+    return f"local ST = {{ {fields} }}\n"

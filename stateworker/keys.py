@@ -1,0 +1,79 @@
+"""Every Redis key and stream name, built in one place.
+
+Scopes hash (CRC32 of their UTF-8 bytes) into a fixed number of partitions. Every key of one
+partition carries the Redis Cluster hash tag `{<prefix>:p<n>}`, so each script, which touches
+one entry and the indexes and event stream of its partition, runs on a single cluster slot.
+
+Layout (`sw` prefix, partition 3):
+  sw:{sw:p3}:e:<len(scope)>:<scope><key>  hash   one entry (fields: see ENTRY_FIELDS)
+  sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
+  sw:{sw:p3}:scopes                       zset   scopes of the partition with >= 1 entry
+  sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
+  sw:{sw:p3}:events                       stream change events; entry id = revision
+  sw:meta                                 hash   layout facts checked at start (partitions)
+The scope is length-prefixed inside entry names, so any scope and key (":" included) map to one
+name and the reaper can split a ttl member back into scope and key.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+# Entry hash fields: value JSON, version, hash, topic, created ms, updated ms, expires ms,
+# updated_by, revision (id of the entry's last event).
+ENTRY_FIELDS = ("v", "n", "h", "t", "c", "u", "x", "b", "r")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionKeys:
+    """The names shared by every scope of one partition."""
+
+    tag: str  # "sw:{sw:p3}:" -- every name of the partition starts with it
+    scopes: str
+    ttl: str
+    events: str
+    entry_prefix: str  # + "<len>:<scope><key>" gives an entry
+
+    def entry(self, scope: str, key: str) -> str:
+        return f"{self.entry_prefix}{member(scope, key)}"
+
+    def key_index(self, scope: str) -> str:
+        return f"{self.tag}k:{scope}"
+
+
+def member(scope: str, key: str) -> str:
+    """The length-prefixed scope+key used in entry names and the ttl index."""
+    return f"{len(scope.encode())}:{scope}{key}"
+
+
+class KeySpace:
+    """Builds the names for one prefix and partition count."""
+
+    def __init__(self, prefix: str, partitions: int) -> None:
+        self.prefix = prefix
+        self.partitions = partitions
+        self.meta = f"{prefix}:meta"
+        self._parts = [self._build(n) for n in range(partitions)]
+
+    def _build(self, n: int) -> PartitionKeys:
+        tag = f"{self.prefix}:{{{self.prefix}:p{n}}}:"
+        return PartitionKeys(
+            tag=tag,
+            scopes=f"{tag}scopes",
+            ttl=f"{tag}ttl",
+            events=f"{tag}events",
+            entry_prefix=f"{tag}e:",
+        )
+
+    def partition_of(self, scope: str) -> int:
+        return zlib.crc32(scope.encode()) % self.partitions
+
+    def for_scope(self, scope: str) -> PartitionKeys:
+        return self._parts[self.partition_of(scope)]
+
+    def partition(self, n: int) -> PartitionKeys:
+        return self._parts[n]
+
+    def all_partitions(self) -> list[PartitionKeys]:
+        return list(self._parts)

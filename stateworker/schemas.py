@@ -1,0 +1,127 @@
+"""Request, result and event shapes (FUNCTIONS.md), as msgspec Structs.
+
+Values stay JSON text (`msgspec.Raw`) from request to Redis to reply, so their digits, key
+order and container kinds are never re-interpreted. Unknown request fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+NULL = Raw(b"null")
+
+
+# ---- requests ---------------------------------------------------------------------------------
+class Address(Struct):
+    scope: str
+    key: str
+
+
+class GetRequest(Address):
+    pass
+
+
+class SetRequest(Address, kw_only=True):
+    value: Raw | UnsetType = UNSET
+    data: Raw | UnsetType = UNSET  # iii's older name for value
+    topic: str | None = None
+    ttl_ms: int | None = None
+    expected_version: int | None = None
+    create_only: bool = False
+
+
+class DeleteRequest(Address):
+    pass
+
+
+class ScopeRequest(Struct):
+    scope: str
+
+
+class EmptyRequest(Struct):
+    pass
+
+
+class CompareAndSetRequest(Address, kw_only=True):
+    value: Raw | UnsetType = UNSET
+    expected: Raw | UnsetType = UNSET
+
+
+class GetEntryRequest(Address, kw_only=True):
+    default: Raw | UnsetType = UNSET
+    required: bool = False
+
+
+class CallContext(Struct, frozen=True, kw_only=True):
+    """Who makes a call: the bus entry's `caller` and `context` fields."""
+
+    caller: str | None = None
+    context: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def by(self) -> str | None:
+        """The writer recorded as `updated_by` and in events: execution id, else caller."""
+        execution = self.context.get("execution_id")
+        if isinstance(execution, str) and execution:
+            return execution
+        return self.caller or None
+
+
+NO_CONTEXT = CallContext()
+
+
+# ---- results ----------------------------------------------------------------------------------
+class SetResult(Struct):
+    old_value: Raw
+    new_value: Raw
+    version: int
+    hash: str
+    created: bool
+
+
+class SwapResult(Struct, omit_defaults=True):
+    swapped: bool
+    current: Raw | UnsetType = UNSET
+
+
+class KeysResult(Struct):
+    keys: list[str]
+
+
+class GroupsResult(Struct):
+    groups: list[str]
+
+
+class EntryResult(Struct, omit_defaults=True):
+    found: bool
+    value: Raw | UnsetType = UNSET
+    version: int | UnsetType = UNSET
+    hash: str | UnsetType = UNSET
+    topic: str | None | UnsetType = UNSET
+    created_at: str | UnsetType = UNSET
+    updated_at: str | UnsetType = UNSET
+    expires_at: str | None | UnsetType = UNSET
+    updated_by: str | None | UnsetType = UNSET
+    revision: str | UnsetType = UNSET
+
+
+# ---- events -----------------------------------------------------------------------------------
+class Event(Struct, kw_only=True):
+    """One change event as read back from a partition stream."""
+
+    revision: str
+    type: str
+    scope: str
+    key: str
+    old_value: Raw
+    new_value: Raw
+    version: int
+    ts_ms: int
+    by: str
+
+
+# One reused encoder; Raw fields are written through as they are.
+encoder = msgspec.json.Encoder()

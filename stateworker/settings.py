@@ -1,0 +1,69 @@
+"""One frozen settings object, read from the environment and validated at start."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+import msgspec
+
+from stateworker.errors import ConfigError
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_FSYNC_MODES = ("always", "everysec", "no")
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the store and the service read from their environment."""
+
+    redis_url: str | None = None  # None: start and manage an embedded redis-server
+    state_dir: str = "var/stateworker"  # embedded Redis data (AOF) and socket
+    prefix: str = "sw"  # first segment of every Redis key and stream
+    partitions: int = 16  # scopes hash into this many partitions, each one event stream
+    max_value_bytes: int = 1024 * 1024
+    max_key_bytes: int = 1024
+    events_maxlen: int = 100_000  # approximate cap of each partition's event stream
+    allow_no_aof: bool = False  # accept an external Redis that has AOF off
+    appendfsync: str = "everysec"  # embedded Redis only
+    reaper_batch: int = 200  # expired entries deleted per reaper script call
+    reaper_interval_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_RE.match(self.prefix):
+            raise ConfigError(
+                f"prefix {self.prefix!r} must be 1-64 characters of [A-Za-z0-9_.-]"
+            )
+        if not 1 <= self.partitions <= 1024:
+            raise ConfigError(f"partitions must be 1..1024, got {self.partitions}")
+        if self.max_value_bytes < 1 or self.max_key_bytes < 1:
+            raise ConfigError("max_value_bytes and max_key_bytes must be positive")
+        if self.appendfsync not in _FSYNC_MODES:
+            raise ConfigError(f"appendfsync must be one of {_FSYNC_MODES}, got {self.appendfsync!r}")
+        if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
+            raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from `STATEWORKER_*` variables; keyword overrides win over the environment."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for field in msgspec.structs.fields(cls):
+            raw = env.get(f"STATEWORKER_{field.name.upper()}")
+            if raw is not None and raw != "":
+                values[field.name] = _parse(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return msgspec.convert(values, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"invalid setting: {exc}") from exc
+
+
+def _parse(name: str, type_: object, raw: str) -> object:
+    if type_ is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"STATEWORKER_{name.upper()} must be true or false, got {raw!r}")
+    return raw

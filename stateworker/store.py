@@ -1,0 +1,346 @@
+"""The state operations over Redis; no knowledge of the bus.
+
+Every mutation is one Lua script call. Arguments arrive validated (`validate.py`); values arrive
+as `codec.Value` (compact JSON + hash) and leave as `msgspec.Raw`, so no value is ever decoded
+on the way through. Reads that need one key are plain HMGETs checked against the clock here.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from stateworker import codec
+from stateworker.embedded import EmbeddedRedis
+from stateworker.errors import (
+    STATUS_ERRORS,
+    ConfigError,
+    Conflict,
+    InternalError,
+    NotFound,
+    StateError,
+    Unavailable,
+)
+from stateworker.keys import KeySpace, PartitionKeys, member
+from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.schemas import (
+    NULL,
+    EntryResult,
+    Event,
+    GroupsResult,
+    KeysResult,
+    SetResult,
+    SwapResult,
+)
+from stateworker.scripts import Script, Scripts
+from stateworker.settings import Settings
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _opt(text: str | None) -> str:
+    """Optional string for a script argument: "" for None, else "=" + text."""
+    return "" if text is None else "=" + text
+
+
+class RedisState:
+    """The state operations over one Redis server (embedded or external), values as JSON text."""
+
+    def __init__(
+        self, settings: Settings, conn: RedisConnection, embedded: EmbeddedRedis | None = None
+    ) -> None:
+        self.settings = settings
+        self.keys = KeySpace(settings.prefix, settings.partitions)
+        self.conn = conn
+        self.scripts = Scripts(conn)
+        self.embedded = embedded
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, settings: Settings) -> RedisState:
+        """Start (or adopt) the embedded Redis when no URL is set, check it, load the scripts."""
+        embedded = None
+        url = settings.redis_url
+        if url is None:
+            embedded = EmbeddedRedis(Path(settings.state_dir), settings.appendfsync)
+            await embedded.start()
+            url = embedded.url
+        store = cls(settings, RedisConnection(url), embedded)
+        try:
+            await store._check_server()
+            await store.scripts.load_all()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+            raise
+        return store
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, redis_url: str | None = None, *, reaper: bool = True, **overrides: Any
+    ) -> AsyncIterator[RedisState]:
+        """Open a store (settings from the environment, overridden by keywords) with its reaper.
+
+        With no Redis URL (argument or STATEWORKER_REDIS_URL) an embedded redis-server is
+        started under `state_dir` and stopped again when the block ends.
+        """
+        settings = overrides.pop("settings", None) or Settings.from_env(
+            redis_url=redis_url, **overrides
+        )
+        store = await cls.connect(settings)
+        try:
+            async with anyio.create_task_group() as tg:
+                if reaper:
+                    await tg.start(store.reaper_loop)
+                try:
+                    yield store
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+
+    async def close(self) -> None:
+        await self.conn.close()
+        if self.embedded is not None:
+            await self.embedded.stop()
+
+    async def _check_server(self) -> None:
+        try:
+            info = await self.conn.execute("INFO", "persistence")
+        except (ConnectionLost, ReplyError) as exc:
+            raise ConfigError(f"Redis at {self.conn.url} is not usable: {exc}") from exc
+        aof_on = b"aof_enabled:1" in info
+        if not aof_on and not self.settings.allow_no_aof:
+            raise ConfigError(
+                f"Redis at {self.conn.url} has AOF off (appendonly no): acknowledged writes "
+                "could be lost. Turn it on (CONFIG SET appendonly yes) or set "
+                "STATEWORKER_ALLOW_NO_AOF=true to accept that risk."
+            )
+        stored = await self.conn.execute("HGET", self.keys.meta, "partitions")
+        if stored is None:
+            await self.conn.execute("HSETNX", self.keys.meta, "partitions", self.keys.partitions)
+        elif int(stored) != self.keys.partitions:
+            raise ConfigError(
+                f"prefix {self.settings.prefix!r} was created with {int(stored)} partitions, "
+                f"not {self.keys.partitions}: scopes would land in other partitions"
+            )
+
+    # ---- running scripts -------------------------------------------------------------------
+    async def _run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        try:
+            reply = await self.scripts.run(script, keys, args)
+        except ConnectionLost as exc:
+            raise Unavailable(f"Redis unavailable during {script.name}: {exc}") from exc
+        except ReplyError as exc:
+            raise InternalError(f"script {script.name} failed: {exc}") from exc
+        status = reply[0]
+        if status != 0 and status not in STATUS_ERRORS:
+            raise InternalError(f"script {script.name} returned unknown status {status}")
+        return reply
+
+    async def _hmget(self, key: str, *fields: str) -> list[bytes | None]:
+        try:
+            result: list[bytes | None] = await self.conn.execute("HMGET", key, *fields)
+        except ConnectionLost as exc:
+            raise Unavailable(f"Redis unavailable: {exc}") from exc
+        return result
+
+    # ---- writes ----------------------------------------------------------------------------
+    async def write(
+        self,
+        scope: str,
+        key: str,
+        value: codec.Value,
+        *,
+        topic: str | None = None,
+        ttl_ms: int | None = None,
+        condition: str = "",
+        by: str | None = None,
+    ) -> list[Any]:
+        """Run set.lua; returns its reply (status first). See the script for `condition`."""
+        part, entry_member = self.keys.for_scope(scope), member(scope, key)
+        return await self._run(
+            self.scripts["set"],
+            [part.entry_prefix + entry_member, part.key_index(scope), part.scopes, part.ttl,
+             part.events],
+            [scope, key, value.json, value.hash, _opt(topic), ttl_ms or 0, condition, now_ms(),
+             _opt(by), self.settings.events_maxlen, entry_member],
+        )
+
+    async def set(
+        self,
+        scope: str,
+        key: str,
+        value: codec.Value,
+        *,
+        topic: str | None = None,
+        ttl_ms: int | None = None,
+        expected_version: int | None = None,
+        create_only: bool = False,
+        by: str | None = None,
+    ) -> SetResult:
+        expected = 0 if create_only else expected_version
+        condition = "" if expected is None else f"v{expected}"
+        reply = await self.write(scope, key, value, topic=topic, ttl_ms=ttl_ms,
+                                 condition=condition, by=by)
+        if reply[0] != 0:
+            current = reply[1]
+            raise Conflict(
+                f"expected_version {expected} does not match current version {current} "
+                f"of key {key!r} in scope {scope!r}",
+                {"expected_version": expected, "current_version": current},
+            )
+        old = NULL if reply[1] is None else msgspec.Raw(reply[1])
+        return SetResult(old, msgspec.Raw(value.json), reply[2], value.hash, reply[3] == 1)
+
+    async def compare_and_set(
+        self,
+        scope: str,
+        key: str,
+        expected: codec.Value | None,
+        value: codec.Value,
+        *,
+        by: str | None = None,
+    ) -> SwapResult:
+        """Swap when the stored value deep-equals `expected` (None or null: absent)."""
+        condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
+        reply = await self.write(scope, key, value, condition=condition, by=by)
+        if reply[0] == 0:
+            return SwapResult(True)
+        return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
+
+    async def delete(self, scope: str, key: str, *, by: str | None = None) -> msgspec.Raw:
+        part, entry_member = self.keys.for_scope(scope), member(scope, key)
+        reply = await self._run(
+            self.scripts["delete"],
+            [part.entry_prefix + entry_member, part.key_index(scope), part.scopes, part.ttl,
+             part.events],
+            [scope, key, now_ms(), _opt(by), self.settings.events_maxlen, entry_member],
+        )
+        return NULL if reply[1] is None else msgspec.Raw(reply[1])
+
+    # ---- reads -------------------------------------------------------------------------------
+    async def get(self, scope: str, key: str) -> msgspec.Raw | None:
+        """The stored JSON, or None when missing or expired."""
+        part = self.keys.for_scope(scope)
+        value, expires = await self._hmget(part.entry(scope, key), "v", "x")
+        if value is None or (expires is not None and int(expires) <= now_ms()):
+            return None
+        return msgspec.Raw(value)
+
+    async def get_entry(
+        self,
+        scope: str,
+        key: str,
+        *,
+        default: msgspec.Raw | None = None,
+        required: bool = False,
+    ) -> EntryResult:
+        part = self.keys.for_scope(scope)
+        v, n, h, t, c, u, x, b, r = await self._hmget(part.entry(scope, key), "v", "n", "h",
+                                                      "t", "c", "u", "x", "b", "r")
+        if v is None or (x is not None and int(x) <= now_ms()):
+            if required:
+                raise NotFound(f"key {key!r} not found in scope {scope!r}",
+                               {"scope": scope, "key": key})
+            return EntryResult(False) if default is None else EntryResult(False, default)
+        return EntryResult(
+            True,
+            msgspec.Raw(v),
+            int(n or 0),
+            (h or b"").decode(),
+            None if t is None else t.decode(),
+            codec.rfc3339_ms(int(c or 0)) or "",
+            codec.rfc3339_ms(int(u or 0)) or "",
+            None if x is None else codec.rfc3339_ms(int(x)),
+            None if b is None else b.decode(),
+            (r or b"").decode(),
+        )
+
+    async def list_values(self, scope: str) -> list[msgspec.Raw]:
+        part = self.keys.for_scope(scope)
+        reply = await self._run(self.scripts["list"], [part.key_index(scope)],
+                                [now_ms(), part.entry_prefix + member(scope, "")])
+        return [msgspec.Raw(v) for v in reply[1]]
+
+    async def list_keys(self, scope: str) -> KeysResult:
+        part = self.keys.for_scope(scope)
+        keys = await self.conn.execute("ZRANGE", part.key_index(scope), 0, -1)
+        return KeysResult([k.decode() for k in keys])
+
+    async def list_groups(self, hidden: frozenset[str] = frozenset()) -> GroupsResult:
+        """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""
+        replies = await self.conn.pipeline(
+            [["ZRANGE", part.scopes, 0, -1] for part in self.keys.all_partitions()]
+        )
+        scopes = {s.decode() for reply in replies for s in reply}
+        return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
+
+    # ---- events ------------------------------------------------------------------------------
+    async def read_events(self, scope: str, after: str = "-", count: int = 10_000) -> list[Event]:
+        """Events of one scope in revision order, after `after` (exclusive; "-" = from start)."""
+        part = self.keys.for_scope(scope)
+        start = "-" if after == "-" else "(" + after
+        entries = await self.conn.execute("XRANGE", part.events, start, "+", "COUNT", count)
+        events = []
+        for entry_id, flat in entries:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            if fields[b"scope"].decode() != scope:
+                continue
+            events.append(_event(entry_id, fields))
+        return events
+
+    # ---- expiry ------------------------------------------------------------------------------
+    async def reap_partition(self, part: PartitionKeys) -> tuple[int, bool]:
+        """Delete one batch of expired entries; returns (deleted, more are due)."""
+        reply = await self._run(
+            self.scripts["reap"],
+            [part.ttl, part.scopes, part.events],
+            [now_ms(), self.settings.reaper_batch, part.entry_prefix, part.tag + "k:",
+             self.settings.events_maxlen],
+        )
+        return int(reply[1]), reply[2] == 1
+
+    async def reap_expired(self) -> int:
+        """Delete every entry expired by now, in bounded batches; returns how many."""
+        total = 0
+        for part in self.keys.all_partitions():
+            more = True
+            while more:
+                deleted, more = await self.reap_partition(part)
+                total += deleted
+        return total
+
+    async def reaper_loop(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            try:
+                await self.reap_expired()
+            except StateError:
+                pass  # Redis away for a moment: the next round retries
+            await anyio.sleep(self.settings.reaper_interval_s)
+
+
+def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
+    return Event(
+        revision=entry_id.decode(),
+        type=fields[b"type"].decode(),
+        scope=fields[b"scope"].decode(),
+        key=fields[b"key"].decode(),
+        old_value=msgspec.Raw(fields[b"old_value"]),
+        new_value=msgspec.Raw(fields[b"new_value"]),
+        version=int(fields[b"version"]),
+        ts_ms=int(fields[b"ts_ms"]),
+        by=fields[b"by"].decode(),
+    )
