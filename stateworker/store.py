@@ -268,16 +268,20 @@ class RedisState:
             (r or b"").decode(),
         )
 
-    async def list_values(self, scope: str) -> list[msgspec.Raw]:
+    async def _list(self, scope: str, what: str) -> list[bytes]:
         part = self.keys.for_scope(scope)
         reply = await self._run(self.scripts["list"], [part.key_index(scope)],
-                                [now_ms(), part.entry_prefix + member(scope, "")])
-        return [msgspec.Raw(v) for v in reply[1]]
+                                [now_ms(), part.entry_prefix + member(scope, ""), what])
+        items: list[bytes] = reply[1]
+        return items
+
+    async def list_values(self, scope: str) -> list[msgspec.Raw]:
+        """Live values of a scope in key byte order."""
+        return [msgspec.Raw(v) for v in await self._list(scope, "values")]
 
     async def list_keys(self, scope: str) -> KeysResult:
-        part = self.keys.for_scope(scope)
-        keys = await self.conn.execute("ZRANGE", part.key_index(scope), 0, -1)
-        return KeysResult([k.decode() for k in keys])
+        """Live keys of a scope in byte order."""
+        return KeysResult([k.decode() for k in await self._list(scope, "keys")])
 
     async def list_groups(self, hidden: frozenset[str] = frozenset()) -> GroupsResult:
         """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""

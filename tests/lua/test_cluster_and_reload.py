@@ -1,0 +1,82 @@
+"""Every script call stays on one cluster slot; scripts survive SCRIPT FLUSH and a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from stateworker import StateStore
+from stateworker.redisconn import Arg
+from stateworker.scripts import Script, Scripts
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def derived_keys(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[str]:
+    """The key names a script builds from its arguments (see each script's header)."""
+    if script.name == "list":
+        return [f"{args[1]!s}somekey"]
+    if script.name == "reap":
+        return [f"{args[2]!s}5:scopekey", f"{args[3]!s}scope"]
+    return []
+
+
+async def test_every_script_call_hashes_to_one_slot(
+    store: StateStore, scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Script, Sequence[Arg], Sequence[Arg]]] = []
+    original = Scripts.run
+
+    async def spy(self: Scripts, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        calls.append((script, keys, args))
+        return await original(self, script, keys, args)
+
+    monkeypatch.setattr(Scripts, "run", spy)
+    for i, s in enumerate([scope, scope + "x", "é", ""]):
+        await store.set(s, f"k{i}", i, ttl_ms=60_000, topic="t")
+        await store.compare_and_set(s, f"k{i}", i + 1, expected=i)
+        await store.list(s)
+        await store.list_keys(s)
+        await store.delete(s, f"k{i}")
+    await store.reap_expired()
+    assert {c[0].name for c in calls} == {"set", "delete", "list", "reap"}
+    for script, keys, args in calls:
+        names = [str(k) for k in keys] + derived_keys(script, keys, args)
+        slots = {key_slot(name.encode()) for name in names}
+        assert len(slots) == 1, (script.name, names)
+
+
+async def test_script_flush_is_survived(store: StateStore, scope: str,
+                                        redis_server: RedisServer) -> None:
+    await store.set(scope, "k", 1)
+    with redis_server.client() as client:
+        client.script_flush()
+    await store.set(scope, "k", 2)
+    assert await store.list(scope) == [2]
+    assert await store.delete(scope, "k") == 2
+
+
+async def test_redis_restart_is_survived(tmp_path: Path, scope: str) -> None:
+    server = RedisServer(tmp_path / "r", appendfsync="always")
+    server.start()
+    try:
+        async with StateStore.open(server.url) as store:
+            await store.set(scope, "k", 1)
+            server.kill()
+            server.start()
+            # the first call may find the old connection dead; the next one reconnects
+            for _ in range(2):
+                try:
+                    await store.set(scope, "k", 2)
+                    break
+                except Exception as exc:  # noqa: BLE001 - asserting the code below
+                    assert getattr(exc, "code", None) == "UNAVAILABLE"
+            assert await store.get(scope, "k") == 2
+            assert (await store.get_entry(scope, "k")).version == 2
+    finally:
+        server.kill()

@@ -1,0 +1,50 @@
+"""The status table is one table: every ST.<code> a script names exists in errors.LUA_STATUS."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+from stateworker.errors import ERROR_CLASSES, LUA_STATUS, STATUS_ERRORS, lua_status_table
+from stateworker.scripts import SCRIPT_NAMES, Script
+
+
+def lua_sources() -> dict[str, str]:
+    root = resources.files("stateworker").joinpath("lua")
+    files = {f"{p.name}": p.read_text() for p in root.iterdir() if p.name.endswith(".lua")}
+    files.update({f"includes/{p.name}": p.read_text()
+                  for p in root.joinpath("includes").iterdir() if p.name.endswith(".lua")})
+    return files
+
+
+def test_every_status_a_script_names_is_in_the_python_table() -> None:
+    for name, source in lua_sources().items():
+        for code in re.findall(r"\bST\.([A-Z_]+)", source):
+            assert code in LUA_STATUS, f"{name} names ST.{code}, missing from LUA_STATUS"
+
+
+def test_every_nonzero_status_maps_to_an_error_class() -> None:
+    for code, number in LUA_STATUS.items():
+        if number == 0:
+            continue
+        assert STATUS_ERRORS[number].code == code
+        assert ERROR_CLASSES[code] is STATUS_ERRORS[number]
+
+
+def test_assembled_scripts_carry_the_table_after_the_shebang() -> None:
+    for name in SCRIPT_NAMES:
+        source = Script(name).source
+        lines = source.splitlines()
+        table_line = lines[1] if lines[0].startswith("#!") else lines[0]
+        assert table_line == lua_status_table().strip()
+        assert "--- @include" not in source
+
+
+def test_every_script_file_is_loaded_and_has_a_header() -> None:
+    names = {n[:-4] for n in lua_sources() if "/" not in n}
+    assert names == set(SCRIPT_NAMES)
+    for name, source in lua_sources().items():
+        assert "--[[" in source.split("\n", 3)[0] + source.split("\n", 3)[1], name
+        if "/" not in name:
+            for part in ("Input:", "Output:", "Events:"):
+                assert part in source, f"{name} header lacks {part}"
