@@ -2,7 +2,9 @@
 
 It runs with AOF on, keeps its data under the state directory and listens only on a unix
 socket. A server left running by an earlier process that died (its pid file names a live
-process and its socket answers) is adopted rather than started twice on the same data.
+process and its socket answers) is adopted rather than started twice on the same data. The process that owns
+the server (`owner.pid`) stops it on close; an adopter becomes the owner only when the old owner
+is gone, so a second store on a live state directory never stops the server under the first.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class EmbeddedRedis:
         self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None
+        self.owner = False  # stop the server on close
 
     @property
     def url(self) -> str:
@@ -84,6 +87,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.pid = self.process.pid
+        self._take_ownership()
         with anyio.move_on_after(timeout_s):
             while not await self._answers():
                 if self.process.poll() is not None:
@@ -106,7 +110,13 @@ class EmbeddedRedis:
         if not await self._answers():
             return False
         self.pid = pid
+        if not pid_alive(_read_pid(self.state_dir / "owner.pid")):
+            self._take_ownership()
         return True
+
+    def _take_ownership(self) -> None:
+        self.owner = True
+        (self.state_dir / "owner.pid").write_text(str(os.getpid()))
 
     async def _answers(self) -> bool:
         if not self.socket.exists():
@@ -120,9 +130,9 @@ class EmbeddedRedis:
             await conn.close()
 
     async def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM (Redis fsyncs the AOF and exits), then wait; SIGKILL after the timeout."""
+        """Owner only: SIGTERM (Redis fsyncs the AOF and exits), then wait; SIGKILL at timeout."""
         pid, self.pid = self.pid, None
-        if pid is None:
+        if pid is None or not self.owner:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -140,8 +150,28 @@ class EmbeddedRedis:
 def _alive(pid: int, process: subprocess.Popen[bytes] | None) -> bool:
     if process is not None and process.pid == pid:
         return process.poll() is None
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True when `pid` is a running process (a zombie waiting to be reaped counts as gone)."""
+    if pid is None:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None

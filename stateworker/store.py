@@ -106,6 +106,11 @@ class RedisState:
                     yield store
                 finally:
                     tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The caller's own error comes out of the block as itself, not wrapped in a group.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         finally:
             with anyio.CancelScope(shield=True):
                 await store.close()
