@@ -7,6 +7,7 @@ take and return plain JSON exactly as the bus does.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -106,15 +107,15 @@ class StateStore:
         validate.address(self.settings, scope, key)
         return _py(await self.state.delete(scope, key, by=by))
 
-    async def list(self, scope: str) -> list[Any]:
+    async def list(self, scope: str) -> builtins.list[Any]:
         validate.scope(self.settings, scope)
         return [_py(raw) for raw in await self.state.list_values(scope)]
 
-    async def list_keys(self, scope: str) -> list[str]:
+    async def list_keys(self, scope: str) -> builtins.list[str]:
         validate.scope(self.settings, scope)
         return (await self.state.list_keys(scope)).keys
 
-    async def list_groups(self) -> list[str]:
+    async def list_groups(self) -> builtins.list[str]:
         return (await self.state.list_groups(validate.RESERVED_SCOPES)).groups
 
     async def compare_and_set(
@@ -139,7 +140,7 @@ class StateStore:
         result = await self.state.get_entry(scope, key, default=fallback, required=required)
         return _entry(result)
 
-    async def events(self, scope: str, after: str = "-") -> list[Event]:
+    async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:
         """The change events of a scope still in its stream, after revision `after`."""
         return await self.state.read_events(scope, after)
 

@@ -89,6 +89,10 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(bytes(self.out))
         self.out.clear()
 
+    def end_tick(self) -> None:
+        """Write what the rest of this tick queued; the next command starts a new tick."""
+        self.flush()
+
 
 class RedisConnection:
     """One connection; `execute` and `pipeline` may be called from many tasks at once."""
@@ -118,8 +122,12 @@ class RedisConnection:
             proto.waiting.append(future)
             futures.append(future)
         if not proto.flush_scheduled:
+            # The first command of a tick goes out at once (no added latency for a lone
+            # caller); the ones issued after it in the same tick are flushed together.
             proto.flush_scheduled = True
-            loop.call_soon(proto.flush)
+            proto.flush()
+            proto.flush_scheduled = True
+            loop.call_soon(proto.end_tick)
         return futures
 
     async def execute(self, *args: Arg) -> Any:

@@ -100,11 +100,11 @@ class EntryResult(Struct, omit_defaults=True):
     value: Raw | UnsetType = UNSET
     version: int | UnsetType = UNSET
     hash: str | UnsetType = UNSET
-    topic: str | None | UnsetType = UNSET
+    topic: str | UnsetType | None = UNSET
     created_at: str | UnsetType = UNSET
     updated_at: str | UnsetType = UNSET
-    expires_at: str | None | UnsetType = UNSET
-    updated_by: str | None | UnsetType = UNSET
+    expires_at: str | UnsetType | None = UNSET
+    updated_by: str | UnsetType | None = UNSET
     revision: str | UnsetType = UNSET
 
 

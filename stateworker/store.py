@@ -7,10 +7,11 @@ on the way through. Reads that need one key are plain HMGETs checked against the
 
 from __future__ import annotations
 
+import logging
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -41,6 +42,8 @@ from stateworker.schemas import (
 )
 from stateworker.scripts import Script, Scripts
 from stateworker.settings import Settings
+
+log = logging.getLogger("stateworker.store")
 
 
 def now_ms() -> int:
@@ -142,7 +145,7 @@ class RedisState:
             )
 
     # ---- running scripts -------------------------------------------------------------------
-    async def _run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    async def _run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
         try:
             reply = await self.scripts.run(script, keys, args)
         except ConnectionLost as exc:
@@ -152,7 +155,7 @@ class RedisState:
         status = reply[0]
         if status != 0 and status not in STATUS_ERRORS:
             raise InternalError(f"script {script.name} returned unknown status {status}")
-        return reply
+        return list(reply)
 
     async def _hmget(self, key: str, *fields: str) -> list[bytes | None]:
         try:
@@ -277,8 +280,7 @@ class RedisState:
         part = self.keys.for_scope(scope)
         reply = await self._run(self.scripts["list"], [part.key_index(scope)],
                                 [now_ms(), part.entry_prefix + member(scope, ""), what])
-        items: list[bytes] = reply[1]
-        return items
+        return list(reply[1])
 
     async def list_values(self, scope: str) -> list[msgspec.Raw]:
         """Live values of a scope in key byte order."""
@@ -336,8 +338,8 @@ class RedisState:
         while True:
             try:
                 await self.reap_expired()
-            except StateError:
-                pass  # Redis away for a moment: the next round retries
+            except StateError as exc:  # Redis away for a moment: the next round retries
+                log.warning("reaper round failed: %s", exc)
             await anyio.sleep(self.settings.reaper_interval_s)
 
 

@@ -47,15 +47,17 @@ if cond ~= '' then
 end
 
 local version = 1
+local fields = {'v', value, 'n', version, 'h', hash, 'u', ctx.now}
 if cur then
   version = tonumber(cur[2]) + 1
+  fields[4] = version
 else
-  redis.call('HSET', ctx.entry, 'c', ctx.now)
+  fields[#fields + 1] = 'c'
+  fields[#fields + 1] = ctx.now
   redis.call('ZADD', ctx.keyIndex, 0, ctx.key)
   redis.call('ZADD', ctx.scopes, 0, ctx.scope)
 end
 
-local fields = {'v', value, 'n', version, 'h', hash, 'u', ctx.now}
 local cleared = {}
 if topic ~= '' then
   fields[#fields + 1] = 't'
@@ -78,12 +80,13 @@ elseif cur and cur[3] then
   cleared[#cleared + 1] = 'x'
   redis.call('ZREM', ctx.ttl, ctx.member)
 end
-redis.call('HSET', ctx.entry, unpack(fields))
-if #cleared > 0 and cur then
-  redis.call('HDEL', ctx.entry, unpack(cleared))
-end
 
 local old = cur and cur[1] or false
 local rev = emit(ctx, cur and 'state:updated' or 'state:created', old or 'null', value, version)
-redis.call('HSET', ctx.entry, 'r', rev)
+fields[#fields + 1] = 'r'
+fields[#fields + 1] = rev
+redis.call('HSET', ctx.entry, unpack(fields))
+if cur and #cleared > 0 then
+  redis.call('HDEL', ctx.entry, unpack(cleared))
+end
 return {ST.OK, old, version, cur and 0 or 1, rev}

@@ -74,7 +74,7 @@ async def test_redis_restart_is_survived(tmp_path: Path, scope: str) -> None:
                 try:
                     await store.set(scope, "k", 2)
                     break
-                except Exception as exc:  # noqa: BLE001 - asserting the code below
+                except Exception as exc:
                     assert getattr(exc, "code", None) == "UNAVAILABLE"
             assert await store.get(scope, "k") == 2
             assert (await store.get_entry(scope, "k")).version == 2

@@ -1,0 +1,5 @@
+import sys
+
+from stateworker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""`stateworker bench`: the store side by side with raw redis-py in one run, as ratios.
+
+Both sides talk to the same fresh redis-server (AOF everysec, unix socket) started for the run.
+Each pair is measured in alternation (ours, raw, ours, raw ...) and the median of the rounds is
+kept, so drift on this shared machine hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import redis.asyncio as aredis
+
+from stateworker.api import StateStore
+from stateworker.embedded import EmbeddedRedis
+
+RAW_SET_LUA = """
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
+"""
+
+Op = Callable[[int, int], Awaitable[Any]]  # (worker, iteration) -> awaitable
+
+
+async def rate(op: Op, concurrency: int, seconds: float) -> float:
+    """Operations per second of `op` run by `concurrency` tasks for about `seconds`."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < deadline:
+            await op(w, i)
+            i += 1
+        done += i
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for w in range(concurrency):
+            tg.start_soon(worker, w)
+    return done / (time.perf_counter() - start)
+
+
+async def paired(ours: Op, raw: Op, concurrency: int, seconds: float, rounds: int) -> tuple[float, float]:
+    ours_rates, raw_rates = [], []
+    for _ in range(rounds):
+        ours_rates.append(await rate(ours, concurrency, seconds))
+        raw_rates.append(await rate(raw, concurrency, seconds))
+    return statistics.median(ours_rates), statistics.median(raw_rates)
+
+
+async def run(seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="sw-bench-") as tmp:
+        server = EmbeddedRedis(Path(tmp))
+        await server.start()
+        try:
+            return await _measure(server.url, str(server.socket), seconds, rounds, out)
+        finally:
+            await server.stop()
+
+
+async def _measure(url: str, socket: str, seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+    figures: dict[str, Any] = {"seconds": seconds, "rounds": rounds, "results": []}
+    raw_client = aredis.Redis(unix_socket_path=socket)
+    raw_set = raw_client.register_script(RAW_SET_LUA)
+    value = msgspec.json.encode({"n": 1, "name": "bench", "tags": ["a", "b"], "ok": True})
+
+    async def raw_op(w: int, i: int) -> Any:
+        return await raw_set(keys=[f"raw:{{b}}:{w}", "raw:{b}:events"], args=[value, i])
+
+    async with StateStore.open(url, prefix="bench", reaper=False) as store:
+        for w in range(64):
+            await store.set("bench", f"cas{w}", 0)
+
+        async def ours_set(w: int, i: int) -> Any:
+            return await store.call_json(
+                "state::set", b'{"scope":"bench","key":"k%d","value":%s}' % (w, value))
+
+        async def ours_get(w: int, i: int) -> Any:
+            return await store.call_json("state::get", b'{"scope":"bench","key":"k%d"}' % w)
+
+        counters = [0] * 64  # each worker swaps its own counter, so every swap is a hit
+
+        async def ours_cas(w: int, i: int) -> Any:
+            n = counters[w]
+            counters[w] = n + 1
+            body = b'{"scope":"bench","key":"cas%d","expected":%d,"value":%d}' % (w, n, n + 1)
+            return await store.call_json("state::compare-and-set", body)
+
+        print(f"{'operation':<28}{'conc':>5}{'ours ops/s':>13}{'raw ops/s':>13}{'ratio':>8}",
+              file=out)
+        for name, ours in (("set", ours_set), ("get", ours_get),
+                           ("compare-and-set", ours_cas)):
+            for concurrency in (1, 64):
+                ours_rate, raw_rate = await paired(ours, raw_op, concurrency, seconds, rounds)
+                ratio = ours_rate / raw_rate
+                figures["results"].append({"op": name, "concurrency": concurrency,
+                                           "ours": round(ours_rate), "raw": round(raw_rate),
+                                           "ratio": round(ratio, 3)})
+                print(f"{'state::' + name:<28}{concurrency:>5}{ours_rate:>13,.0f}"
+                      f"{raw_rate:>13,.0f}{ratio:>8.2f}", file=out)
+    await raw_client.aclose()
+    print("raw = redis-py EVALSHA of a minimal HSET+XADD script, one awaited call per op",
+          file=out)
+    return figures
+
+
+def main(seconds: float = 2.0, rounds: int = 3) -> None:
+    figures = anyio.run(run, seconds, rounds, sys.stdout)
+    print(msgspec.json.encode(figures).decode())
