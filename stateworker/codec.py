@@ -53,6 +53,11 @@ def decode_exact(text: bytes | str) -> Any:
         raise ValueError(str(exc)) from exc
 
 
+def encode_compact(tree: Any) -> bytes:
+    """Compact JSON of a decoded tree (numbers kept as text come out as they went in)."""
+    return _compact.encode(tree)
+
+
 def canonical(tree: Any) -> bytes:
     """The canonical JSON of a decoded tree: sorted keys, Go escaping, numbers as written."""
     raw = _sorted.encode(tree)
@@ -74,6 +79,11 @@ class Value(msgspec.Struct, frozen=True):
 
 def value_from_tree(tree: Any, field: str, max_bytes: int) -> Value:
     """Compact JSON and hash of a tree; VALUE_TOO_LARGE names the field, size and limit."""
+    return Value(compact_from_tree(tree, field, max_bytes), hash_tree(tree))
+
+
+def compact_from_tree(tree: Any, field: str, max_bytes: int) -> bytes:
+    """Compact JSON of a tree; VALUE_TOO_LARGE names the field, size and limit."""
     try:
         compact = _compact.encode(tree)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -84,7 +94,7 @@ def value_from_tree(tree: Any, field: str, max_bytes: int) -> Value:
             f"{field} is {len(compact)} bytes of JSON, more than the limit of {max_bytes} bytes",
             {"path": f"$.{field}", "size": len(compact), "limit": max_bytes},
         )
-    return Value(compact, hash_tree(tree))
+    return compact
 
 
 def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:

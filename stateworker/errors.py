@@ -89,15 +89,21 @@ class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
 
-# Lua status -> exception class. 0 is success; the scripts read these as ST.<code>.
+# The statuses scripts return first in their reply; the scripts read them as ST.<name>.
 LUA_STATUS: dict[str, int] = {
     "OK": 0,
-    "CONFLICT": 1,
+    "CONFLICT": 1,  # a version or value condition did not hold; nothing written
+    "VALUE_TOO_LARGE": 2,  # the value a script built is over max_value_bytes; nothing written
+    "UNCHANGED": 3,  # state::diff: same hash, nothing written
+    "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
 }
 
+# The statuses that are errors, and the exception each becomes; the others are outcomes.
 STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["CONFLICT"]: Conflict,
+    LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
 }
+OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH"})
 
 ERROR_CLASSES: dict[str, type[StateError]] = {
     cls.code: cls

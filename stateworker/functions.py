@@ -11,18 +11,25 @@ from typing import Any
 
 import msgspec
 
-from stateworker import validate
+from stateworker import listing, ops, validate
 from stateworker.errors import InvalidRequest, UnknownFunction
 from stateworker.schemas import (
     NULL,
     CallContext,
     CompareAndSetRequest,
+    DeleteByTopicRequest,
+    DeletedResult,
     DeleteRequest,
+    DiffRequest,
     EmptyRequest,
     GetEntryRequest,
     GetRequest,
+    ListNamespacesRequest,
+    NamespacesResult,
     ScopeRequest,
     SetRequest,
+    UpdatedResult,
+    UpdateTopicRequest,
     encoder,
 )
 from stateworker.store import RedisState
@@ -100,6 +107,61 @@ async def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> A
     return await state.get_entry(req.scope, req.key, default=default, required=req.required)
 
 
+async def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, ops.UpdateRequest)
+    validate.address(state.settings, req.scope, req.key)
+    if isinstance(req.topic, str):
+        validate.topic(req.topic)
+    op_args, checked = ops.encode_ops(req.ops, state.settings.max_value_bytes)
+    reply = await state.update(
+        req.scope, req.key, op_args, ttl_ms=validate.ttl_ms(req.ttl_ms),
+        expected_version=validate.expected_version(req.expected_version),
+        topic=req.topic, by=ctx.by,
+    )
+    _, old, new, version, _created, _written, from_script = reply
+    errors = ops.merge_errors(checked, from_script)
+    return ops.UpdateResult(NULL if old is None else msgspec.Raw(old), msgspec.Raw(new),
+                            version, errors or msgspec.UNSET)
+
+
+async def state_list_entries(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, listing.ListEntriesRequest)
+    validate.scope(state.settings, req.scope)
+    return await listing.list_entries(state, req)
+
+
+async def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, DiffRequest)
+    validate.address(state.settings, req.scope, req.key)
+    return await state.diff(
+        req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
+        expected_version=validate.expected_version(req.expected_version), by=ctx.by)
+
+
+async def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, UpdateTopicRequest)
+    validate.address(state.settings, req.scope, req.key)
+    updated = await state.update_topic(req.scope, req.key, validate.topic(req.topic), by=ctx.by)
+    return UpdatedResult(updated)
+
+
+async def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, DeleteByTopicRequest)
+    validate.scope(state.settings, req.scope)
+    validate.topic(req.topic_pattern)
+    return DeletedResult(await listing.delete_by_topic(state, req.scope, req.topic_pattern,
+                                                       ctx.by))
+
+
+async def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> Any:
+    req = validate.request(body, ListNamespacesRequest)
+    if not 1 <= req.limit <= listing.MAX_LIMIT:
+        raise InvalidRequest(f"$.limit: must be between 1 and {listing.MAX_LIMIT}, got {req.limit}",
+                             {"path": "$.limit", "limit": listing.MAX_LIMIT})
+    names = await listing.list_namespaces(state, req.pattern, req.limit, validate.RESERVED_SCOPES)
+    return NamespacesResult(names)
+
+
 FUNCTIONS: dict[str, Handler] = {
     "state::get": state_get,
     "state::set": state_set,
@@ -109,6 +171,12 @@ FUNCTIONS: dict[str, Handler] = {
     "state::list_groups": state_list_groups,
     "state::compare-and-set": state_compare_and_set,
     "state::get-entry": state_get_entry,
+    "state::update": state_update,
+    "state::list-entries": state_list_entries,
+    "state::diff": state_diff,
+    "state::update-topic": state_update_topic,
+    "state::delete-by-topic": state_delete_by_topic,
+    "state::list-namespaces": state_list_namespaces,
 }
 
 

@@ -7,6 +7,8 @@ one entry and the indexes and event stream of its partition, runs on a single cl
 Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:e:<len(scope)>:<scope><key>  hash   one entry (fields: see ENTRY_FIELDS)
   sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
+  sw:{sw:p3}:u:<scope>                    zset   the scope's keys by updated_at ms
+  sw:{sw:p3}:t:<scope>                    zset   <topic>\0<key> of tagged entries, score 0
   sw:{sw:p3}:scopes                       zset   scopes of the partition with >= 1 entry
   sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
   sw:{sw:p3}:events                       stream change events; entry id = revision
@@ -40,6 +42,17 @@ class PartitionKeys:
 
     def key_index(self, scope: str) -> str:
         return f"{self.tag}k:{scope}"
+
+    def updated_index(self, scope: str) -> str:
+        return f"{self.tag}u:{scope}"
+
+    def topic_index(self, scope: str) -> str:
+        return f"{self.tag}t:{scope}"
+
+    def entry_keys(self, scope: str, key: str) -> list[str]:
+        """KEYS[1..7] of the entry scripts (set, delete, update, topic)."""
+        return [self.entry(scope, key), self.key_index(scope), self.updated_index(scope),
+                self.topic_index(scope), self.scopes, self.ttl, self.events]
 
 
 def member(scope: str, key: str) -> str:

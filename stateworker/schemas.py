@@ -55,6 +55,26 @@ class GetEntryRequest(Address, kw_only=True):
     required: bool = False
 
 
+class DiffRequest(Address, kw_only=True):
+    value: Raw
+    update: bool = True
+    expected_version: int | None = None
+
+
+class UpdateTopicRequest(Address):
+    topic: str | None
+
+
+class DeleteByTopicRequest(Struct):
+    scope: str
+    topic_pattern: str
+
+
+class ListNamespacesRequest(Struct, kw_only=True):
+    pattern: str | None = None
+    limit: int = 100
+
+
 class CallContext(Struct, frozen=True, kw_only=True):
     """Who makes a call: the bus entry's `caller` and `context` fields."""
 
@@ -85,6 +105,27 @@ class SetResult(Struct):
 class SwapResult(Struct, omit_defaults=True):
     swapped: bool
     current: Raw | UnsetType = UNSET
+
+
+class DiffResult(Struct, kw_only=True, omit_defaults=True):
+    changed: bool
+    found_previous: bool
+    previous_version: int | UnsetType = UNSET
+    previous: Raw | UnsetType = UNSET
+    version: int | UnsetType = UNSET
+    hash: str | UnsetType = UNSET
+
+
+class UpdatedResult(Struct):
+    updated: bool
+
+
+class DeletedResult(Struct):
+    deleted: int
+
+
+class NamespacesResult(Struct):
+    namespaces: list[str]
 
 
 class KeysResult(Struct):

@@ -67,7 +67,9 @@ class Script:
         return ["EVALSHA", self.sha, len(keys), *keys, *args]
 
 
-SCRIPT_NAMES = ("set", "delete", "reap", "list")
+SCRIPT_NAMES = (
+    "set", "delete", "reap", "list", "update", "sethash", "topic", "deltopic", "entries",
+)
 
 
 class Scripts:

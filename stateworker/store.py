@@ -21,18 +21,20 @@ from anyio.abc import TaskStatus
 from stateworker import codec
 from stateworker.embedded import EmbeddedRedis
 from stateworker.errors import (
-    STATUS_ERRORS,
+    LUA_STATUS,
     ConfigError,
     Conflict,
     InternalError,
     NotFound,
     StateError,
     Unavailable,
+    ValueTooLarge,
 )
 from stateworker.keys import KeySpace, PartitionKeys, member
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.schemas import (
     NULL,
+    DiffResult,
     EntryResult,
     Event,
     GroupsResult,
@@ -48,6 +50,9 @@ log = logging.getLogger("stateworker.store")
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+_KNOWN_STATUSES = frozenset(LUA_STATUS.values())
 
 
 def _opt(text: str | None) -> str:
@@ -152,10 +157,12 @@ class RedisState:
             raise Unavailable(f"Redis unavailable during {script.name}: {exc}") from exc
         except ReplyError as exc:
             raise InternalError(f"script {script.name} failed: {exc}") from exc
-        status = reply[0]
-        if status != 0 and status not in STATUS_ERRORS:
-            raise InternalError(f"script {script.name} returned unknown status {status}")
+        if reply[0] not in _KNOWN_STATUSES:
+            raise InternalError(f"script {script.name} returned unknown status {reply[0]}")
         return list(reply)
+
+    async def run_script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
+        return await self._run(self.scripts[name], keys, args)
 
     async def _hmget(self, key: str, *fields: str) -> list[bytes | None]:
         try:
@@ -165,6 +172,17 @@ class RedisState:
         return result
 
     # ---- writes ----------------------------------------------------------------------------
+    async def _entry_script(
+        self, name: str, scope: str, key: str, by: str | None, args: Sequence[Arg]
+    ) -> list[Any]:
+        """Run an entry script (KEYS and first ARGV as documented in set.lua)."""
+        part, entry_member = self.keys.for_scope(scope), member(scope, key)
+        return await self._run(
+            self.scripts[name],
+            part.entry_keys(scope, key),
+            [scope, key, entry_member, now_ms(), self.settings.events_maxlen, by or "", *args],
+        )
+
     async def write(
         self,
         scope: str,
@@ -174,16 +192,31 @@ class RedisState:
         topic: str | None = None,
         ttl_ms: int | None = None,
         condition: str = "",
+        diff: bool = False,
         by: str | None = None,
     ) -> list[Any]:
         """Run set.lua; returns its reply (status first). See the script for `condition`."""
-        part, entry_member = self.keys.for_scope(scope), member(scope, key)
-        return await self._run(
-            self.scripts["set"],
-            [part.entry_prefix + entry_member, part.key_index(scope), part.scopes, part.ttl,
-             part.events],
-            [scope, key, value.json, value.hash, _opt(topic), ttl_ms or 0, condition, now_ms(),
-             _opt(by), self.settings.events_maxlen, entry_member],
+        args: list[Arg] = [value.json, value.hash, _opt(topic), ttl_ms or 0, condition,
+                           "1" if diff else ""]
+        for _ in range(3):
+            reply = await self._entry_script("set", scope, key, by, args)
+            if reply[0] != LUA_STATUS["NEEDS_HASH"]:
+                return reply
+            await self.store_hash(scope, key, reply[1], reply[2])
+        raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
+
+    async def store_hash(self, scope: str, key: str, version: int, value: bytes) -> str:
+        """Compute the hash an update left unknown and store it if the version still holds."""
+        digest = codec.hash_tree(codec.decode_exact(value))
+        entry = self.keys.for_scope(scope).entry(scope, key)
+        await self._run(self.scripts["sethash"], [entry], [version, digest])
+        return digest
+
+    def _conflict(self, scope: str, key: str, expected: int, current: int) -> Conflict:
+        return Conflict(
+            f"expected_version {expected} does not match current version {current} "
+            f"of key {key!r} in scope {scope!r}",
+            {"expected_version": expected, "current_version": current},
         )
 
     async def set(
@@ -202,13 +235,8 @@ class RedisState:
         condition = "" if expected is None else f"v{expected}"
         reply = await self.write(scope, key, value, topic=topic, ttl_ms=ttl_ms,
                                  condition=condition, by=by)
-        if reply[0] != 0:
-            current = reply[1]
-            raise Conflict(
-                f"expected_version {expected} does not match current version {current} "
-                f"of key {key!r} in scope {scope!r}",
-                {"expected_version": expected, "current_version": current},
-            )
+        if reply[0] == LUA_STATUS["CONFLICT"]:
+            raise self._conflict(scope, key, expected or 0, reply[1])
         old = NULL if reply[1] is None else msgspec.Raw(reply[1])
         return SetResult(old, msgspec.Raw(value.json), reply[2], value.hash, reply[3] == 1)
 
@@ -228,14 +256,76 @@ class RedisState:
             return SwapResult(True)
         return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
 
-    async def delete(self, scope: str, key: str, *, by: str | None = None) -> msgspec.Raw:
-        part, entry_member = self.keys.for_scope(scope), member(scope, key)
-        reply = await self._run(
-            self.scripts["delete"],
-            [part.entry_prefix + entry_member, part.key_index(scope), part.scopes, part.ttl,
-             part.events],
-            [scope, key, now_ms(), _opt(by), self.settings.events_maxlen, entry_member],
+    async def diff(
+        self,
+        scope: str,
+        key: str,
+        value: codec.Value,
+        *,
+        update: bool = True,
+        expected_version: int | None = None,
+        by: str | None = None,
+    ) -> DiffResult:
+        """Compare with the stored value by hash; write (as set) only when it changed."""
+        if not update:
+            entry = await self.get_entry(scope, key)
+            if not entry.found:
+                return DiffResult(changed=True, found_previous=False)
+            assert isinstance(entry.version, int) and isinstance(entry.hash, str)
+            return DiffResult(changed=entry.hash != value.hash, found_previous=True,
+                              previous_version=entry.version, previous=entry.value)
+        condition = "" if expected_version is None else f"v{expected_version}"
+        reply = await self.write(scope, key, value, condition=condition, diff=True, by=by)
+        status = reply[0]
+        if status == LUA_STATUS["CONFLICT"]:
+            raise self._conflict(scope, key, expected_version or 0, reply[1])
+        if status == LUA_STATUS["UNCHANGED"]:
+            return DiffResult(changed=False, found_previous=True, previous_version=reply[1],
+                              previous=msgspec.Raw(value.json), version=reply[1],
+                              hash=value.hash)
+        found = reply[3] == 0
+        return DiffResult(
+            changed=True, found_previous=found,
+            previous_version=reply[2] - 1 if found else msgspec.UNSET,
+            previous=msgspec.Raw(reply[1]) if found else msgspec.UNSET,
+            version=reply[2], hash=value.hash,
         )
+
+    async def update(
+        self,
+        scope: str,
+        key: str,
+        op_args: Sequence[Arg],
+        *,
+        ttl_ms: int | None = None,
+        expected_version: int | None = None,
+        topic: str | msgspec.UnsetType | None = msgspec.UNSET,
+        by: str | None = None,
+    ) -> list[Any]:
+        """Run update.lua with encoded ops (ops.encode_ops); the reply (status first)."""
+        topic_arg = "" if topic is msgspec.UNSET else ("-" if topic is None else "=" + topic)
+        reply = await self._entry_script("update", scope, key, by, [
+            self.settings.max_value_bytes,
+            "" if expected_version is None else expected_version,
+            topic_arg, "" if ttl_ms is None else ttl_ms, *op_args])
+        if reply[0] == LUA_STATUS["CONFLICT"]:
+            raise self._conflict(scope, key, expected_version or 0, reply[1])
+        if reply[0] == LUA_STATUS["VALUE_TOO_LARGE"]:
+            limit = self.settings.max_value_bytes
+            raise ValueTooLarge(
+                f"the updated value of key {key!r} would be {reply[1]} bytes of JSON, more "
+                f"than the limit of {limit} bytes; nothing was written",
+                {"path": "$.ops", "size": reply[1], "limit": limit})
+        return reply
+
+    async def update_topic(self, scope: str, key: str, topic: str | None,
+                           *, by: str | None = None) -> bool:
+        reply = await self._entry_script("topic", scope, key, by,
+                                         ["-" if topic is None else "=" + topic])
+        return bool(reply[1])
+
+    async def delete(self, scope: str, key: str, *, by: str | None = None) -> msgspec.Raw:
+        reply = await self._entry_script("delete", scope, key, by, [])
         return NULL if reply[1] is None else msgspec.Raw(reply[1])
 
     # ---- reads -------------------------------------------------------------------------------
@@ -263,11 +353,12 @@ class RedisState:
                 raise NotFound(f"key {key!r} not found in scope {scope!r}",
                                {"scope": scope, "key": key})
             return EntryResult(False) if default is None else EntryResult(False, default)
+        digest = h.decode() if h is not None else await self.store_hash(scope, key, int(n or 0), v)
         return EntryResult(
             True,
             msgspec.Raw(v),
             int(n or 0),
-            (h or b"").decode(),
+            digest,
             None if t is None else t.decode(),
             codec.rfc3339_ms(int(c or 0)) or "",
             codec.rfc3339_ms(int(u or 0)) or "",
@@ -318,8 +409,7 @@ class RedisState:
         reply = await self._run(
             self.scripts["reap"],
             [part.ttl, part.scopes, part.events],
-            [now_ms(), self.settings.reaper_batch, part.entry_prefix, part.tag + "k:",
-             self.settings.events_maxlen],
+            [now_ms(), self.settings.reaper_batch, part.tag, self.settings.events_maxlen],
         )
         return int(reply[1]), reply[2] == 1
 

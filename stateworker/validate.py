@@ -88,8 +88,12 @@ def expected_version(value: int | None) -> int | None:
 
 
 def topic(value: str | None) -> str | None:
+    """A topic: UTF-8, at most 1024 bytes, no NUL (it separates topic and key in the index)."""
     if value is not None:
         name(_TOPIC_LIMITS, "topic", value)
+        if "\0" in value:
+            raise InvalidRequest("$.topic: must not contain the NUL character (\\u0000)",
+                                 {"path": "$.topic"})
     return value
 
 

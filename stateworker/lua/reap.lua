@@ -4,10 +4,10 @@
     KEYS[1] partition ttl index (zset)  KEYS[2] partition scopes (zset)
     KEYS[3] partition event stream
     ARGV[1] now (epoch ms)              ARGV[2] batch size
-    ARGV[3] entry name prefix (+ member = entry hash)
-    ARGV[4] key index prefix (+ scope = scope key index)
-    ARGV[5] event stream MAXLEN
-  Entry hashes and key indexes are derived from the ttl members; they share the partition's
+    ARGV[3] partition tag prefix (e.g. "sw:{sw:p3}:"); entry = tag .. "e:" .. member,
+            scope indexes = tag .. "k:" / "u:" / "t:" .. scope
+    ARGV[4] event stream MAXLEN
+  Entry hashes and scope indexes are derived from the ttl members; they share the partition's
   hash tag, so the script stays on one cluster slot.
   Output:
     {ST.OK, number deleted, 1 when more expired entries remain else 0}
@@ -17,6 +17,7 @@
 
 local now = tonumber(ARGV[1])
 local batch = tonumber(ARGV[2])
+local tag = ARGV[3]
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch + 1)
 local deleted = 0
 for i = 1, math.min(#due, batch) do
@@ -25,9 +26,11 @@ for i = 1, math.min(#due, batch) do
   local len = tonumber(string.sub(member, 1, colon - 1))
   local scope = string.sub(member, colon + 1, colon + len)
   local ctx = {
-    entry = ARGV[3] .. member, keyIndex = ARGV[4] .. scope, scopes = KEYS[2], ttl = KEYS[1],
-    events = KEYS[3], scope = scope, key = string.sub(member, colon + len + 1),
-    member = member, now = now, maxlen = ARGV[5], by = '',
+    entry = tag .. 'e:' .. member, keyIndex = tag .. 'k:' .. scope,
+    updIndex = tag .. 'u:' .. scope, topicIndex = tag .. 't:' .. scope,
+    scopes = KEYS[2], ttl = KEYS[1], events = KEYS[3],
+    scope = scope, key = string.sub(member, colon + len + 1), member = member,
+    now = now, maxlen = ARGV[4], by = '',
   }
   -- load_live deletes an expired entry with its event. A member whose entry is gone is stale
   -- and dropped; a live entry is re-indexed at its real expiry so it cannot block the batch.

@@ -11,7 +11,7 @@ from redis.crc import key_slot
 
 from stateworker import StateStore
 from stateworker.redisconn import Arg
-from stateworker.scripts import Script, Scripts
+from stateworker.scripts import SCRIPT_NAMES, Script, Scripts
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -19,10 +19,16 @@ pytestmark = pytest.mark.anyio
 
 def derived_keys(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[str]:
     """The key names a script builds from its arguments (see each script's header)."""
-    if script.name == "list":
-        return [f"{args[1]!s}somekey"]
+    def text(arg: Arg) -> str:
+        return arg.decode() if isinstance(arg, bytes) else str(arg)
+
+    if script.name in ("list", "entries"):
+        return [text(args[1]) + "somekey"]
     if script.name == "reap":
-        return [f"{args[2]!s}5:scopekey", f"{args[3]!s}scope"]
+        tag = text(args[2])
+        return [f"{tag}e:5:scopekey"] + [f"{tag}{kind}:scope" for kind in "kut"]
+    if script.name == "deltopic":
+        return [text(args[8]) + "somekey"]
     return []
 
 
@@ -42,9 +48,16 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.compare_and_set(s, f"k{i}", i + 1, expected=i)
         await store.list(s)
         await store.list_keys(s)
+        await store.call("state::update", {"scope": s, "key": f"k{i}", "ops": [
+            {"type": "set", "path": "", "value": {"n": 1}}]})
+        await store.get_entry(s, f"k{i}")  # stores the hash the update left unknown
+        await store.call("state::diff", {"scope": s, "key": f"k{i}", "value": 3})
+        await store.call("state::update-topic", {"scope": s, "key": f"k{i}", "topic": "u"})
+        await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
+        await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
     await store.reap_expired()
-    assert {c[0].name for c in calls} == {"set", "delete", "list", "reap"}
+    assert {c[0].name for c in calls} == set(SCRIPT_NAMES)
     for script, keys, args in calls:
         names = [str(k) for k in keys] + derived_keys(script, keys, args)
         slots = {key_slot(name.encode()) for name in names}

@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from stateworker.errors import ERROR_CLASSES, LUA_STATUS, STATUS_ERRORS, lua_status_table
+from stateworker.errors import (
+    ERROR_CLASSES,
+    LUA_STATUS,
+    OUTCOME_STATUSES,
+    STATUS_ERRORS,
+    lua_status_table,
+)
 from stateworker.scripts import SCRIPT_NAMES, Script
 
 
@@ -23,9 +29,11 @@ def test_every_status_a_script_names_is_in_the_python_table() -> None:
             assert code in LUA_STATUS, f"{name} names ST.{code}, missing from LUA_STATUS"
 
 
-def test_every_nonzero_status_maps_to_an_error_class() -> None:
+def test_every_status_is_an_outcome_or_maps_to_its_error_class() -> None:
+    assert len(set(LUA_STATUS.values())) == len(LUA_STATUS)
     for code, number in LUA_STATUS.items():
-        if number == 0:
+        if code in OUTCOME_STATUSES:
+            assert number not in STATUS_ERRORS
             continue
         assert STATUS_ERRORS[number].code == code
         assert ERROR_CLASSES[code] is STATUS_ERRORS[number]

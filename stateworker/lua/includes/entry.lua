@@ -1,9 +1,12 @@
 --[[
   Entry helpers shared by the mutating scripts. `ctx` holds the names and arguments of the
   entry being changed:
-    ctx.entry, ctx.keyIndex, ctx.scopes, ctx.ttl, ctx.events  -- key names
-    ctx.scope, ctx.key, ctx.member                             -- the entry's address
-    ctx.now, ctx.maxlen, ctx.by                                -- call time (ms), stream cap, writer
+    ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex  -- entry hash, scope indexes
+    ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
+    ctx.scope, ctx.key, ctx.member                         -- the entry's address
+    ctx.now, ctx.maxlen, ctx.by                            -- call time (ms), stream cap, writer
+  A loaded entry `cur` is {value, version, expires_at, hash, topic} (HMGET v n x h t); a field
+  that is not set is false.
 ]]
 
 -- Append one change event; its stream id is the revision, returned.
@@ -14,30 +17,124 @@ local function emit(ctx, etype, old, new, version)
     'ts_ms', ctx.now, 'by', ctx.by)
 end
 
+-- The topic index holds every entry: "<topic>\0<key>", or "\255\0<key>" when untagged, so
+-- untagged entries sort after every topic (no UTF-8 text contains the byte 255).
+local NO_TOPIC = '\255'
+
+local function topic_member(topic, key)
+  return (topic or NO_TOPIC) .. '\0' .. key
+end
+
 -- Remove the entry and every index member that points at it.
-local function unlink(ctx)
+local function unlink(ctx, cur)
   redis.call('DEL', ctx.entry)
   redis.call('ZREM', ctx.keyIndex, ctx.key)
-  redis.call('ZREM', ctx.ttl, ctx.member)
+  redis.call('ZREM', ctx.updIndex, ctx.key)
+  redis.call('ZREM', ctx.topicIndex, topic_member(cur[5], ctx.key))
+  if cur[3] then
+    redis.call('ZREM', ctx.ttl, ctx.member)
+  end
   if redis.call('ZCARD', ctx.keyIndex) == 0 then
     redis.call('ZREM', ctx.scopes, ctx.scope)
   end
 end
 
--- The live entry as {value, version, expires_at, hash} or nil. An entry whose expiry has
--- passed is deleted here, with the state:deleted event the reaper would have written.
+-- The live entry or nil. An entry whose expiry has passed is deleted here, with the
+-- state:deleted event the reaper would have written (by = "").
 local function load_live(ctx)
-  local f = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h')
-  if not f[1] then
+  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't')
+  if not cur[1] then
     return nil
   end
-  if f[3] and tonumber(f[3]) <= ctx.now then
-    unlink(ctx)
+  if cur[3] and tonumber(cur[3]) <= ctx.now then
+    unlink(ctx, cur)
     local by = ctx.by
     ctx.by = ''
-    emit(ctx, 'state:deleted', f[1], 'null', f[2])
+    emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
     ctx.by = by
     return nil
   end
-  return f
+  return cur
+end
+
+--[[
+  Write `value` as the entry's new value, keep every index true and append the event.
+  opts.hash      the value's canonical hash, or false when unknown (computed later by Python)
+  opts.topic     false: keep the current topic; '' : no topic; '=' .. t: topic t
+  opts.ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
+  Returns version, revision.
+]]
+local function write_entry(ctx, cur, value, opts)
+  local version = cur and tonumber(cur[2]) + 1 or 1
+  local fields = {'v', value, 'n', version, 'u', ctx.now}
+  local cleared = {}
+  if opts.hash then
+    fields[#fields + 1] = 'h'
+    fields[#fields + 1] = opts.hash
+  else
+    cleared[#cleared + 1] = 'h'
+  end
+  if not cur then
+    fields[#fields + 1] = 'c'
+    fields[#fields + 1] = ctx.now
+    redis.call('ZADD', ctx.keyIndex, 0, ctx.key)
+    redis.call('ZADD', ctx.scopes, 0, ctx.scope)
+  end
+  redis.call('ZADD', ctx.updIndex, ctx.now, ctx.key)
+
+  local oldTopic = cur and cur[5] or false
+  local newTopic = oldTopic
+  if opts.topic then
+    newTopic = opts.topic ~= '' and string.sub(opts.topic, 2) or false
+  end
+  if not cur or newTopic ~= oldTopic then
+    if cur then
+      redis.call('ZREM', ctx.topicIndex, topic_member(oldTopic, ctx.key))
+    end
+    redis.call('ZADD', ctx.topicIndex, 0, topic_member(newTopic, ctx.key))
+  end
+  if newTopic then
+    fields[#fields + 1] = 't'
+    fields[#fields + 1] = newTopic
+  else
+    cleared[#cleared + 1] = 't'
+  end
+
+  if ctx.by ~= '' then
+    fields[#fields + 1] = 'b'
+    fields[#fields + 1] = ctx.by
+  else
+    cleared[#cleared + 1] = 'b'
+  end
+
+  if opts.ttl and opts.ttl > 0 then
+    local expires = ctx.now + opts.ttl
+    fields[#fields + 1] = 'x'
+    fields[#fields + 1] = expires
+    redis.call('ZADD', ctx.ttl, expires, ctx.member)
+  elseif opts.ttl == 0 and cur and cur[3] then
+    cleared[#cleared + 1] = 'x'
+    redis.call('ZREM', ctx.ttl, ctx.member)
+  end
+
+  local rev = emit(ctx, cur and 'state:updated' or 'state:created', cur and cur[1] or 'null',
+    value, version)
+  fields[#fields + 1] = 'r'
+  fields[#fields + 1] = rev
+  redis.call('HSET', ctx.entry, unpack(fields))
+  if cur and #cleared > 0 then
+    redis.call('HDEL', ctx.entry, unpack(cleared))
+  end
+  return version, rev
+end
+
+-- The ctx of the entry addressed by the standard key list of the entry scripts:
+-- KEYS[1..7] = entry, key index, updated index, topic index, scopes, ttl, events.
+local function entry_ctx(scope, key, member, now, maxlen, by)
+  return {
+    entry = KEYS[1], keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[4],
+    scopes = KEYS[5], ttl = KEYS[6], events = KEYS[7],
+    scope = scope, key = key, member = member,
+    now = tonumber(now), maxlen = maxlen, by = by,
+  }
 end

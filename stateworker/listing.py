@@ -1,0 +1,181 @@
+"""Listing over the scope indexes: list-entries pages, delete-by-topic batches, namespaces.
+
+Nothing here SCANs the keyspace: every page starts from a position in a sorted index found in
+O(log n) (entries.lua) and walks at most a bounded number of members.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from stateworker import codec
+from stateworker.errors import InvalidRequest
+from stateworker.keys import member
+from stateworker.store import RedisState, now_ms
+
+MAX_LIMIT = 1000
+EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most
+DELETE_BATCH = 500  # index members one delete-by-topic script call examines at most
+
+
+class ListEntriesRequest(Struct, kw_only=True):
+    scope: str
+    prefix: str | None = None
+    key_pattern: str | None = None
+    topic_pattern: str | None = None
+    order_by: Literal["key", "updated_at", "topic"] = "key"
+    order: Literal["asc", "desc"] = "asc"
+    limit: int = 100
+    offset: int = 0
+    after: str | None = None
+    include_values: bool = False
+
+
+class ListedEntry(Struct, omit_defaults=True):
+    key: str
+    topic: str | None
+    version: int
+    hash: str
+    created_at: str | None
+    updated_at: str | None
+    expires_at: str | None
+    updated_by: str | None
+    value: Raw | UnsetType = UNSET
+
+
+class ListEntriesResult(Struct, omit_defaults=True):
+    entries: list[ListedEntry]
+    next_after: str | UnsetType = UNSET
+
+
+class Cursor(Struct, array_like=True):
+    order_by: str
+    order: str
+    member: str  # base64 of the index member (bytes)
+    score: str
+    skip: int
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    return base64.urlsafe_b64encode(msgspec.json.encode(cursor)).decode().rstrip("=")
+
+
+def decode_cursor(text: str, req: ListEntriesRequest) -> tuple[bytes, str, int]:
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        cursor = msgspec.json.decode(base64.urlsafe_b64decode(padded), type=Cursor)
+        position = base64.b64decode(cursor.member)
+    except (ValueError, binascii.Error, msgspec.DecodeError) as exc:
+        raise InvalidRequest("$.after: not a cursor returned by state::list-entries",
+                             {"path": "$.after"}) from exc
+    if (cursor.order_by, cursor.order) != (req.order_by, req.order):
+        raise InvalidRequest(
+            f"$.after: the cursor belongs to order_by={cursor.order_by} order={cursor.order}, "
+            f"not order_by={req.order_by} order={req.order}", {"path": "$.after"})
+    return position, cursor.score, cursor.skip
+
+
+def check(req: ListEntriesRequest) -> None:
+    if not 1 <= req.limit <= MAX_LIMIT:
+        raise InvalidRequest(f"$.limit: must be between 1 and {MAX_LIMIT}, got {req.limit}",
+                             {"path": "$.limit", "limit": MAX_LIMIT})
+    if req.offset < 0:
+        raise InvalidRequest(f"$.offset: must be 0 or more, got {req.offset}",
+                             {"path": "$.offset"})
+
+
+async def list_entries(state: RedisState, req: ListEntriesRequest) -> ListEntriesResult:
+    check(req)
+    part = state.keys.for_scope(req.scope)
+    index = {"key": part.key_index, "updated_at": part.updated_index,
+             "topic": part.topic_index}[req.order_by](req.scope)
+    position, score, skip = b"", "", req.offset
+    if req.after is not None:
+        position, score, skip = decode_cursor(req.after, req)
+    reply = await state.run_script("entries", [index], [
+        now_ms(), part.entry_prefix + member(req.scope, ""), req.order_by, req.order,
+        position, score, req.limit, skip, req.prefix or "", _pattern(req.key_pattern),
+        _pattern(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE])
+    _, last_member, last_score, skip_left, flat = reply
+    entries = [await _entry(state, req, flat[i:i + 9]) for i in range(0, len(flat), 9)]
+    result = ListEntriesResult(entries)
+    if last_member is not None:
+        result.next_after = encode_cursor(Cursor(
+            req.order_by, req.order, base64.b64encode(last_member).decode(),
+            (last_score or b"").decode(), int(skip_left)))
+    return result
+
+
+def _pattern(pattern: str | None) -> str:
+    return "" if pattern is None else "=" + pattern
+
+
+def _ms(raw: bytes | None) -> str | None:
+    return None if raw is None else codec.rfc3339_ms(int(raw))
+
+
+async def _entry(state: RedisState, req: ListEntriesRequest, f: list[Any]) -> ListedEntry:
+    key, n, h, t, c, u, x, b, v = f
+    version = int(n)
+    digest = h.decode() if h is not None else await state.store_hash(
+        req.scope, key.decode(), version, v)
+    entry = ListedEntry(key.decode(), None if t is None else t.decode(), version, digest,
+                        _ms(c), _ms(u), _ms(x), None if b is None else b.decode())
+    if req.include_values:
+        entry.value = Raw(v)
+    return entry
+
+
+async def delete_by_topic(state: RedisState, scope: str, pattern: str,
+                          by: str | None = None) -> int:
+    """Delete every entry whose topic matches, in bounded atomic batches; returns the count."""
+    part = state.keys.for_scope(scope)
+    # Index members are "<topic>\0<key>"; those with the pattern's literal start (or, with no
+    # star, that exact topic) sort between it and it followed by byte 255 (never in UTF-8).
+    if "*" in pattern:
+        head = pattern.split("*", 1)[0].encode()
+    else:
+        head = pattern.encode() + b"\0"
+    start, end = b"[" + head, b"[" + head + b"\xff"
+    deleted = 0
+    while True:
+        reply = await state.run_script("deltopic", [
+            part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
+            part.scopes, part.ttl, part.events,
+        ], [scope, now_ms(), state.settings.events_maxlen, by or "", pattern, start, end,
+            DELETE_BATCH, part.entry_prefix + member(scope, ""), member(scope, "")])
+        deleted += int(reply[1])
+        if reply[2] is None:
+            return deleted
+        start = b"(" + reply[2]
+
+
+async def list_namespaces(state: RedisState, pattern: str | None, limit: int,
+                          hidden: frozenset[str]) -> list[str]:
+    groups = (await state.list_groups(hidden)).groups
+    if pattern is not None:
+        parts = pattern.split("*")
+        groups = [g for g in groups if glob_match(g, parts)]
+    return groups[:limit]
+
+
+def glob_match(subject: str, parts: list[str]) -> bool:
+    """The `*` pattern rule of glob.lua, for text already in Python."""
+    if len(parts) == 1:
+        return subject == parts[0]
+    first, last = parts[0], parts[-1]
+    if len(subject) < len(first) + len(last) or not subject.startswith(first) \
+            or not subject.endswith(last):
+        return False
+    pos, end = len(first), len(subject) - len(last)
+    for part in parts[1:-1]:
+        at = subject.find(part, pos, end)
+        if at < 0:
+            return False
+        pos = at + len(part)
+    return True

@@ -1,0 +1,44 @@
+--[[
+  Delete one batch of the entries of a scope whose topic matches a `*` pattern
+  (state::delete-by-topic). Untagged entries never match. The caller repeats with the
+  returned cursor until it is false, so each call is atomic and bounded.
+  Input:
+    KEYS[1] scope topic index   KEYS[2] scope key index   KEYS[3] scope updated index
+    KEYS[4] partition scopes    KEYS[5] partition ttl     KEYS[6] partition event stream
+    ARGV[1] scope               ARGV[2] now (epoch ms)    ARGV[3] event stream MAXLEN
+    ARGV[4] writer ("" for none)
+    ARGV[5] topic pattern       ARGV[6] lex range start ("[<literal prefix>" or "(<cursor>")
+    ARGV[7] lex range end       ARGV[8] most index members to examine
+    ARGV[9] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
+    ARGV[10] ttl member prefix of the scope (<len>:<scope>)
+  Output:
+    {ST.OK, number deleted, cursor (last member examined) or false when the range is done}
+  Events: state:deleted for each entry deleted.
+]]
+--- @include "entry"
+--- @include "glob"
+
+local parts = glob_parts(ARGV[5])
+local examine = tonumber(ARGV[8])
+local members = redis.call('ZRANGE', KEYS[1], ARGV[6], ARGV[7], 'BYLEX', 'LIMIT', 0, examine)
+local deleted = 0
+for _, m in ipairs(members) do
+  local z = string.find(m, '\0', 1, true)
+  local topic, key = string.sub(m, 1, z - 1), string.sub(m, z + 1)
+  if topic ~= NO_TOPIC and glob_match(topic, parts) then
+    local ctx = {
+      entry = ARGV[9] .. key, keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[1],
+      scopes = KEYS[4], ttl = KEYS[5], events = KEYS[6],
+      scope = ARGV[1], key = key, member = ARGV[10] .. key,
+      now = tonumber(ARGV[2]), maxlen = ARGV[3], by = ARGV[4],
+    }
+    local cur = load_live(ctx)
+    if cur then
+      unlink(ctx, cur)
+      emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+      deleted = deleted + 1
+    end
+  end
+end
+local cursor = #members == examine and members[#members] or false
+return {ST.OK, deleted, cursor}

@@ -1,0 +1,33 @@
+--[[
+  Retag one entry (state::update-topic): value, version and updated_at stay as they are.
+  Input:
+    KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
+    ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
+    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
+    ARGV[7] topic: "-" clears, "=" .. topic sets
+  Output:
+    {ST.OK, 1 when the key exists (retagged or already so), 0 when missing}
+  Events: state:updated with old_value = new_value and the same version, when the topic
+    changed; an expired entry in the way is deleted with state:deleted.
+]]
+--- @include "entry"
+
+local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local cur = load_live(ctx)
+if not cur then
+  return {ST.OK, 0}
+end
+local newTopic = ARGV[7] ~= '-' and string.sub(ARGV[7], 2) or false
+if newTopic == cur[5] then
+  return {ST.OK, 1}
+end
+redis.call('ZREM', ctx.topicIndex, topic_member(cur[5], ctx.key))
+redis.call('ZADD', ctx.topicIndex, 0, topic_member(newTopic, ctx.key))
+local rev = emit(ctx, 'state:updated', cur[1], cur[1], cur[2])
+if newTopic then
+  redis.call('HSET', ctx.entry, 't', newTopic, 'r', rev)
+else
+  redis.call('HSET', ctx.entry, 'r', rev)
+  redis.call('HDEL', ctx.entry, 't')
+end
+return {ST.OK, 1}

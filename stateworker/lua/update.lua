@@ -1,0 +1,277 @@
+--[[
+  Apply update ops to one entry's JSON document (state::update), exactly: numbers keep their
+  text, [] and {} stay apart, key order is kept; integers add exactly over 64 bits.
+  Ops arrive validated (paths, limits, merge values: Python reports those errors and leaves
+  the op out); this script reports the errors that depend on the document.
+  Input:
+    KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
+    ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
+    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
+    ARGV[7] max value bytes         ARGV[8] expected version ("" for none)
+    ARGV[9] topic: "" keep | "-" clear | "=" .. topic
+    ARGV[10] ttl ms: "" keep the current expiry, else a new expiry from now
+    ARGV[11] number of ops, then 6 ARGV per op:
+      op index; type (set remove increment decrement merge append append_array);
+      path ("" = root, else escaped JSON string tokens joined by "\0");
+      label for messages (append: "[a, b]\0leaf"); delta (increment/decrement: the signed
+      integer to add); value (compact JSON)
+  Output:
+    {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
+     {op index, code, message, ...}}
+    {ST.CONFLICT, current version (0 = absent), current value or false}
+    {ST.VALUE_TOO_LARGE, size in bytes of the new value}
+  Events: state:created or state:updated when written (the key was missing or an op
+    applied); an expired entry in the way is first deleted with state:deleted.
+]]
+--- @include "entry"
+--- @include "json"
+--- @include "numbers"
+
+local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local cur = load_live(ctx)
+
+if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
+  return {ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false}
+end
+
+local doc = cur and cur[1] or '{}'
+local fresh = cur == nil -- the key was missing and no op has applied yet
+local errors = {}
+
+local function fail(index, code, message)
+  errors[#errors + 1] = index
+  errors[#errors + 1] = code
+  errors[#errors + 1] = message
+  return false
+end
+
+local function split(path)
+  local segments = {}
+  if path == '' then return segments end
+  local p = 1
+  while true do
+    local z = string.find(path, '\0', p, true)
+    if not z then
+      segments[#segments + 1] = string.sub(path, p)
+      return segments
+    end
+    segments[#segments + 1] = string.sub(path, p, z - 1)
+    p = z + 1
+  end
+end
+
+-- The object at `node`'s field `seg`, created (or replacing a non-object) when needed.
+local function child_object(node, seg)
+  local child = node.vals[seg]
+  local obj = child and json_as_object(child)
+  if not obj then
+    obj = {keys = {}, vals = {}}
+  end
+  json_put(node, seg, obj)
+  return obj
+end
+
+local function root_object()
+  local obj = json_as_object(doc)
+  if obj then doc = obj end
+  return obj
+end
+
+local function op_set(index, path, label, value)
+  if path == '' then
+    doc = value
+    return true
+  end
+  local obj = root_object()
+  if not obj then
+    return fail(index, 'set.target_not_object', "Cannot set at path '" .. label ..
+      "': target is " .. json_type(doc) .. ', expected object.')
+  end
+  json_put(obj, path, value)
+  return true
+end
+
+local function op_remove(index, path, label)
+  if path == '' then
+    doc = 'null'
+    return true
+  end
+  local obj = root_object()
+  if not obj then
+    return fail(index, 'remove.target_not_object', "Cannot remove at path '" .. label ..
+      "': target is " .. json_type(doc) .. ', expected object.')
+  end
+  json_remove(obj, path)
+  return true
+end
+
+local function out_of_range(index, name, label)
+  return fail(index, name .. '.out_of_range', 'Result of ' .. name .. " at path '" .. label ..
+    "' is outside the 64-bit signed integer range.")
+end
+
+local function op_add(index, name, path, label, delta)
+  if path == '' then
+    if fresh then
+      local result = num_add_int('0', delta)
+      if not result then return out_of_range(index, name, label) end
+      doc = result
+      return true
+    end
+    if json_type(doc) ~= 'number' then
+      return fail(index, name .. '.not_number', "Expected number at path '" .. label ..
+        "', got " .. json_type(doc) .. '.')
+    end
+    local result = num_add(doc, delta)
+    if not result then return out_of_range(index, name, label) end
+    doc = result
+    return true
+  end
+  local obj = root_object()
+  if not obj then
+    return fail(index, name .. '.target_not_object', 'Cannot ' .. name .. " at path '" ..
+      label .. "': target is " .. json_type(doc) .. ', expected object.')
+  end
+  local current = obj.vals[path]
+  local result
+  if current == nil then
+    result = num_add_int('0', delta)
+  elseif json_type(current) == 'number' then
+    result = num_add(current, delta)
+  else
+    return fail(index, name .. '.not_number', "Expected number at path '" .. label ..
+      "', got " .. json_type(current) .. '.')
+  end
+  if not result then return out_of_range(index, name, label) end
+  json_put(obj, path, result)
+  return true
+end
+
+-- Returns 'applied', or 'noop' (root merge into a non-object document).
+local function op_merge(index, path, value)
+  local source = json_open(value)
+  local target
+  if path == '' then
+    target = root_object()
+    if not target then return 'noop' end
+  else
+    target = root_object()
+    if not target then
+      target = {keys = {}, vals = {}}
+      doc = target
+    end
+    for _, seg in ipairs(split(path)) do
+      target = child_object(target, seg)
+    end
+  end
+  for _, key in ipairs(source.keys) do
+    json_put(target, key, source.vals[key])
+  end
+  return 'applied'
+end
+
+local function first_append(value)
+  if json_type(value) == 'string' then return value end
+  return '[' .. value .. ']'
+end
+
+-- The target with `value` appended, or nil after reporting why not.
+local function append_to(index, target, value, label)
+  local kind = json_type(target)
+  if kind == 'null' then
+    return first_append(value)
+  end
+  if kind == 'string' then
+    if json_type(value) ~= 'string' then
+      fail(index, 'append.type_mismatch', "Expected string append value at path '" .. label ..
+        "', got " .. json_type(value) .. '.')
+      return nil
+    end
+    return string.sub(target, 1, -2) .. string.sub(value, 2)
+  end
+  if kind == 'array' then
+    local arr = json_as_array(target)
+    arr.items[#arr.items + 1] = value
+    return arr
+  end
+  fail(index, 'append.type_mismatch', "Cannot append at path '" .. label .. "': target is " ..
+    kind .. ', expected array, string, null, or missing field.')
+  return nil
+end
+
+local function op_append(index, path, label, value, array_form)
+  if path == '' then
+    local result = append_to(index, fresh and 'null' or doc, value, 'root')
+    if result == nil then return false end
+    doc = result
+    return true
+  end
+  local z = string.find(label, '\0', 1, true)
+  local full, leaf_label = string.sub(label, 1, z - 1), string.sub(label, z + 1)
+  local obj = root_object()
+  if not obj then
+    return fail(index, 'append.target_not_object', "Cannot append at path '" .. full ..
+      "': target is " .. json_type(doc) .. ', expected object.')
+  end
+  local segments = split(path)
+  local leaf = table.remove(segments)
+  for _, seg in ipairs(segments) do
+    obj = child_object(obj, seg)
+  end
+  local current = obj.vals[leaf]
+  if current == nil or json_type(current) == 'null' then
+    json_put(obj, leaf, (array_form or #segments > 0) and '[' .. value .. ']'
+      or first_append(value))
+    return true
+  end
+  local result = append_to(index, current, value, leaf_label)
+  if result == nil then return false end
+  json_put(obj, leaf, result)
+  return true
+end
+
+local applied = false
+local nops = tonumber(ARGV[11])
+for n = 0, nops - 1 do
+  local base = 12 + n * 6
+  local index, kind, path = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
+  local label, delta, value = ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
+  local ok
+  if kind == 'set' then
+    ok = op_set(index, path, label, value)
+  elseif kind == 'remove' then
+    ok = op_remove(index, path, label)
+  elseif kind == 'increment' or kind == 'decrement' then
+    ok = op_add(index, kind, path, label, delta)
+  elseif kind == 'merge' then
+    local result = op_merge(index, path, value)
+    ok = result == 'applied'
+  else
+    ok = op_append(index, path, label, value, kind == 'append_array')
+  end
+  if ok then
+    applied = true
+    fresh = false
+  end
+end
+
+local old = cur and cur[1] or false
+if not applied and cur then
+  return {ST.OK, old, old, tonumber(cur[2]), 0, 0, errors}
+end
+
+local new = json_encode(doc)
+if #new > tonumber(ARGV[7]) then
+  return {ST.VALUE_TOO_LARGE, #new}
+end
+
+local topic = false
+if ARGV[9] ~= '' then
+  topic = ARGV[9] == '-' and '' or ARGV[9]
+end
+local ttl = false
+if ARGV[10] ~= '' then
+  ttl = tonumber(ARGV[10])
+end
+local version = write_entry(ctx, cur, new, {hash = false, topic = topic, ttl = ttl})
+return {ST.OK, old, new, version, cur and 0 or 1, 1, errors}
