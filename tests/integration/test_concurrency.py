@@ -65,3 +65,22 @@ async def test_per_scope_event_order_is_call_order(store: StateStore, scope: str
     assert [int(bytes(e.new_value)) for e in events] == list(range(200))
     revisions = [tuple(map(int, e.revision.split("-"))) for e in events]
     assert revisions == sorted(revisions) and len(set(revisions)) == 200
+
+
+async def test_update_increments_from_64_tasks_are_exact(store: StateStore, scope: str) -> None:
+    body = {"scope": scope, "key": "doc",
+            "ops": [{"type": "increment", "path": "count", "by": 1}]}
+
+    async def worker() -> None:
+        for _ in range(100):
+            await store.call("state::update", body)
+
+    with anyio.fail_after(100):
+        async with anyio.create_task_group() as tg:
+            for _ in range(64):
+                tg.start_soon(worker)
+    assert await store.get(scope, "doc") == {"count": 6400}
+    events = await store.events(scope)
+    assert len(events) == 6400
+    assert [e.version for e in events] == list(range(1, 6401))
+    assert (await store.get_entry(scope, "doc")).version == 6400
