@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from stateworker import codec, functions, validate
+from stateworker import codec, events, expiry, functions, validate
 from stateworker.schemas import NO_CONTEXT, CallContext, EntryResult, Event
 from stateworker.settings import Settings
 from stateworker.store import RedisState
@@ -142,11 +142,11 @@ class StateStore:
 
     async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:
         """The change events of a scope still in its stream, after revision `after`."""
-        return await self.state.read_events(scope, after)
+        return await events.read_events(self.state, scope, after)
 
     async def reap_expired(self) -> int:
         """Delete every entry already expired now (the reaper does this on its own too)."""
-        return await self.state.reap_expired()
+        return await expiry.reap_expired(self.state)
 
     # ---- JSON, as the bus -------------------------------------------------------------------
     async def call_json(

@@ -98,20 +98,103 @@ async def _measure(url: str, socket: str, seconds: float, rounds: int, out: Any)
 
         print(f"{'operation':<28}{'conc':>5}{'ours ops/s':>13}{'raw ops/s':>13}{'ratio':>8}",
               file=out)
+
+        def report(name: str, concurrency: int, ours_rate: float, raw_rate: float) -> None:
+            ratio = ours_rate / raw_rate
+            figures["results"].append({"op": name, "concurrency": concurrency,
+                                       "ours": round(ours_rate), "raw": round(raw_rate),
+                                       "ratio": round(ratio, 3)})
+            print(f"{name:<28}{concurrency:>5}{ours_rate:>13,.0f}{raw_rate:>13,.0f}"
+                  f"{ratio:>8.2f}", file=out)
+
         for name, ours in (("set", ours_set), ("get", ours_get),
                            ("compare-and-set", ours_cas)):
             for concurrency in (1, 64):
                 ours_rate, raw_rate = await paired(ours, raw_op, concurrency, seconds, rounds)
-                ratio = ours_rate / raw_rate
-                figures["results"].append({"op": name, "concurrency": concurrency,
-                                           "ours": round(ours_rate), "raw": round(raw_rate),
-                                           "ratio": round(ratio, 3)})
-                print(f"{'state::' + name:<28}{concurrency:>5}{ours_rate:>13,.0f}"
-                      f"{raw_rate:>13,.0f}{ratio:>8.2f}", file=out)
+                report("state::" + name, concurrency, ours_rate, raw_rate)
+        await _update_section(store, raw_set, seconds, rounds, report)
+        await _list_section(store, raw_client, seconds, rounds, report, out)
     await raw_client.aclose()
-    print("raw = redis-py EVALSHA of a minimal HSET+XADD script, one awaited call per op",
+    print("raw = redis-py EVALSHA of a minimal HSET+XADD script, one awaited call per op "
+          "(update: with the same 1 KiB document); list-entries raw = ZRANGE then a pipeline of "
+          "100 HMGET, awaited per page", file=out)
+    by_op = {(r["op"], r["concurrency"]): r for r in figures["results"]}
+    update, set_1k = by_op[("state::update 3 ops 1KiB", 64)], by_op[("state::set 1KiB", 64)]
+    figures["update_vs_set_64"] = round(update["ours"] / set_1k["ours"], 3)
+    print(f"update / set (1 KiB, concurrency 64, same run): {figures['update_vs_set_64']:.2f}",
           file=out)
     return figures
+
+
+def _document() -> bytes:
+    """A 1 KiB JSON object: counters, strings, a nested list."""
+    doc: dict[str, Any] = {"count": 0, "total": 0, "name": "bench", "tags": []}
+    i = 0
+    while len(msgspec.json.encode(doc)) < 1000:
+        doc[f"field{i:03d}"] = {"n": i, "label": f"value-{i}", "ok": i % 2 == 0}
+        i += 1
+    return msgspec.json.encode(doc)
+
+
+async def _update_section(store: StateStore, raw_set: Any, seconds: float, rounds: int,
+                          report: Callable[[str, int, float, float], None]) -> None:
+    doc = _document()
+    ops = (b'[{"type":"increment","path":"count","by":1},'
+           b'{"type":"increment","path":"total","by":7},'
+           b'{"type":"set","path":"name","value":"updated"}]')
+
+    async def ours_update(w: int, i: int) -> Any:
+        return await store.call_json(
+            "state::update", b'{"scope":"bench","key":"doc%d","ops":%s}' % (w, ops))
+
+    async def ours_set(w: int, i: int) -> Any:
+        return await store.call_json(
+            "state::set", b'{"scope":"bench","key":"doc%d","value":%s}' % (w, doc))
+
+    async def raw_op(w: int, i: int) -> Any:
+        return await raw_set(keys=[f"raw:{{b}}:doc{w}", "raw:{b}:events"], args=[doc, i])
+
+    for w in range(64):
+        await ours_set(w, 0)
+    update_rates, set_rates, raw_rates = [], [], []
+    for _ in range(rounds):
+        update_rates.append(await rate(ours_update, 64, seconds))
+        set_rates.append(await rate(ours_set, 64, seconds))
+        raw_rates.append(await rate(raw_op, 64, seconds))
+    raw_rate = statistics.median(raw_rates)
+    report("state::update 3 ops 1KiB", 64, statistics.median(update_rates), raw_rate)
+    report("state::set 1KiB", 64, statistics.median(set_rates), raw_rate)
+
+
+async def _list_section(store: StateStore, raw_client: Any, seconds: float, rounds: int,
+                        report: Callable[[str, int, float, float], None], out: Any) -> None:
+    scope, count = "bench-list", 100_000
+    print(f"filling a scope with {count:,} entries ...", file=out, flush=True)
+    async def writer(start: int) -> None:
+        for i in range(start, count, 64):
+            await store.call_json("state::set", b'{"scope":"%s","key":"k%06d","value":{"n":%d}}'
+                                  % (scope.encode(), i, i))
+
+    async with anyio.create_task_group() as tg:
+        for start in range(64):
+            tg.start_soon(writer, start)
+    part = store.state.keys.for_scope(scope)
+    index, entry_prefix = part.key_index(scope), part.entry_prefix + f"{len(scope)}:{scope}"
+    body = b'{"scope":"%s","limit":100,"include_values":true}' % scope.encode()
+
+    async def ours_page(w: int, i: int) -> Any:
+        return await store.call_json("state::list-entries", body)
+
+    async def raw_page(w: int, i: int) -> Any:
+        keys = await raw_client.zrange(index, 0, 99)
+        async with raw_client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hmget(entry_prefix + key.decode(), "v", "n", "h", "t", "c", "u", "x", "b")
+            return await pipe.execute()
+
+    for concurrency in (1, 8):
+        ours_rate, raw_rate = await paired(ours_page, raw_page, concurrency, seconds, rounds)
+        report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
 def main(seconds: float = 2.0, rounds: int = 3) -> None:

@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import hashlib
 import re
+import time
 import uuid
 from typing import Any
 
@@ -75,6 +76,23 @@ class Value(msgspec.Struct, frozen=True):
 
     json: bytes
     hash: str
+
+    @property
+    def plain_strings(self) -> bool:
+        return plain_strings(self.json)
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def plain_strings(compact: bytes) -> bool:
+    """True when no string in the JSON holds a bracket or brace, so the Lua codec may find
+    the end of a container with a balanced match (see lua/includes/json.lua)."""
+    if b'"' not in compact:
+        return True
+    without_strings = _STRING.sub(b"", compact)
+    return len(_BRACKETS.findall(compact)) == len(_BRACKETS.findall(without_strings))
 
 
 def value_from_tree(tree: Any, field: str, max_bytes: int) -> Value:
@@ -192,6 +210,11 @@ def encode_value(value: Any, field: str, max_bytes: int) -> Value:
 
 
 # ---- time ------------------------------------------------------------------------------------
+def now_ms() -> int:
+    """The clock every script gets as an argument (scripts never read time themselves)."""
+    return time.time_ns() // 1_000_000
+
+
 def rfc3339_ms(epoch_ms: int | None) -> str | None:
     """Epoch milliseconds -> `2026-11-29T15:04:05.123Z`."""
     if epoch_ms is None:

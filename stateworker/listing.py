@@ -14,9 +14,10 @@ import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from stateworker import codec
+from stateworker.codec import now_ms
 from stateworker.errors import InvalidRequest
 from stateworker.keys import member
-from stateworker.store import RedisState, now_ms
+from stateworker.store import RedisState
 
 MAX_LIMIT = 1000
 EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most

@@ -142,13 +142,15 @@ def _label(text: str) -> str:
 
 
 def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | int], list[OpError]]:
-    """The ARGV tail of update.lua for the ops that pass the checks, and the errors of the rest."""
+    """The ARGV tail of update.lua (plain flag, count, 6 per op) for the ops that pass the
+    checks, and the errors of the rest."""
     if len(ops) > MAX_OPS:
         raise InvalidRequest(f"$.ops: at most {MAX_OPS} ops per update, got {len(ops)}",
                              {"path": "$.ops", "limit": MAX_OPS})
     args: list[bytes | str | int] = []
     errors: list[OpError] = []
     count = 0
+    plain = True
     for index, op in enumerate(ops):
         name = op_name(op)
         segments, array_form = segments_of(op)
@@ -160,6 +162,7 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | 
             if isinstance(op, MergeOp):
                 error = merge_value_error(index, tree)
             value = codec.compact_from_tree(tree, field, max_value_bytes)
+            plain = plain and codec.plain_strings(value)
         if error is not None:
             errors.append(error)
             continue
@@ -177,7 +180,7 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | 
         kind = "append_array" if isinstance(op, AppendOp) and array_form else name
         args += [index, kind, path, label, delta, value]
         count += 1
-    return [count, *args], errors
+    return ["1" if plain else "", count, *args], errors
 
 
 def _decode(text: bytes, field: str) -> Any:

@@ -8,7 +8,6 @@ on the way through. Reads that need one key are plain HMGETs checked against the
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Any
 
 import anyio
 import msgspec
-from anyio.abc import TaskStatus
 
-from stateworker import codec
+from stateworker import codec, expiry
+from stateworker.codec import now_ms
 from stateworker.embedded import EmbeddedRedis
 from stateworker.errors import (
     LUA_STATUS,
@@ -26,17 +25,15 @@ from stateworker.errors import (
     Conflict,
     InternalError,
     NotFound,
-    StateError,
     Unavailable,
     ValueTooLarge,
 )
-from stateworker.keys import KeySpace, PartitionKeys, member
+from stateworker.keys import KeySpace, member
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.schemas import (
     NULL,
     DiffResult,
     EntryResult,
-    Event,
     GroupsResult,
     KeysResult,
     SetResult,
@@ -46,10 +43,6 @@ from stateworker.scripts import Script, Scripts
 from stateworker.settings import Settings
 
 log = logging.getLogger("stateworker.store")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 _KNOWN_STATUSES = frozenset(LUA_STATUS.values())
@@ -109,7 +102,7 @@ class RedisState:
         try:
             async with anyio.create_task_group() as tg:
                 if reaper:
-                    await tg.start(store.reaper_loop)
+                    await tg.start(expiry.reaper_loop, store)
                 try:
                     yield store
                 finally:
@@ -197,7 +190,7 @@ class RedisState:
     ) -> list[Any]:
         """Run set.lua; returns its reply (status first). See the script for `condition`."""
         args: list[Arg] = [value.json, value.hash, _opt(topic), ttl_ms or 0, condition,
-                           "1" if diff else ""]
+                           "1" if diff else "", "1" if value.plain_strings else ""]
         for _ in range(3):
             reply = await self._entry_script("set", scope, key, by, args)
             if reply[0] != LUA_STATUS["NEEDS_HASH"]:
@@ -388,60 +381,3 @@ class RedisState:
         )
         scopes = {s.decode() for reply in replies for s in reply}
         return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
-
-    # ---- events ------------------------------------------------------------------------------
-    async def read_events(self, scope: str, after: str = "-", count: int = 10_000) -> list[Event]:
-        """Events of one scope in revision order, after `after` (exclusive; "-" = from start)."""
-        part = self.keys.for_scope(scope)
-        start = "-" if after == "-" else "(" + after
-        entries = await self.conn.execute("XRANGE", part.events, start, "+", "COUNT", count)
-        events = []
-        for entry_id, flat in entries:
-            fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            if fields[b"scope"].decode() != scope:
-                continue
-            events.append(_event(entry_id, fields))
-        return events
-
-    # ---- expiry ------------------------------------------------------------------------------
-    async def reap_partition(self, part: PartitionKeys) -> tuple[int, bool]:
-        """Delete one batch of expired entries; returns (deleted, more are due)."""
-        reply = await self._run(
-            self.scripts["reap"],
-            [part.ttl, part.scopes, part.events],
-            [now_ms(), self.settings.reaper_batch, part.tag, self.settings.events_maxlen],
-        )
-        return int(reply[1]), reply[2] == 1
-
-    async def reap_expired(self) -> int:
-        """Delete every entry expired by now, in bounded batches; returns how many."""
-        total = 0
-        for part in self.keys.all_partitions():
-            more = True
-            while more:
-                deleted, more = await self.reap_partition(part)
-                total += deleted
-        return total
-
-    async def reaper_loop(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            try:
-                await self.reap_expired()
-            except StateError as exc:  # Redis away for a moment: the next round retries
-                log.warning("reaper round failed: %s", exc)
-            await anyio.sleep(self.settings.reaper_interval_s)
-
-
-def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
-    return Event(
-        revision=entry_id.decode(),
-        type=fields[b"type"].decode(),
-        scope=fields[b"scope"].decode(),
-        key=fields[b"key"].decode(),
-        old_value=msgspec.Raw(fields[b"old_value"]),
-        new_value=msgspec.Raw(fields[b"new_value"]),
-        version=int(fields[b"version"]),
-        ts_ms=int(fields[b"ts_ms"]),
-        by=fields[b"by"].decode(),
-    )

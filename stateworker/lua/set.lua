@@ -17,6 +17,7 @@
     ARGV[11] condition: "" none | "v<N>" stored version must be N (0 = absent)
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
     ARGV[12] "1": diff mode, write nothing when the stored hash equals ARGV[8]
+    ARGV[13] "1" when no string in the value holds a bracket or brace
   Output:
     {ST.OK, old value or false, version, created (1/0), revision}
     {ST.CONFLICT, current version (0 = absent), current value or false}
@@ -57,5 +58,5 @@ if ARGV[12] == '1' and cur and cur[4] == hash then
 end
 
 local version, rev = write_entry(ctx, cur, value,
-  {hash = hash, topic = ARGV[9], ttl = tonumber(ARGV[10])})
+  {hash = hash, topic = ARGV[9], ttl = tonumber(ARGV[10]), plain = ARGV[13] == '1'})
 return {ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev}

@@ -10,7 +10,8 @@
     ARGV[7] max value bytes         ARGV[8] expected version ("" for none)
     ARGV[9] topic: "" keep | "-" clear | "=" .. topic
     ARGV[10] ttl ms: "" keep the current expiry, else a new expiry from now
-    ARGV[11] number of ops, then 6 ARGV per op:
+    ARGV[11] "1" when no string in any op value holds a bracket or brace
+    ARGV[12] number of ops, then 6 ARGV per op:
       op index; type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
       label for messages (append: "[a, b]\0leaf"); delta (increment/decrement: the signed
@@ -35,6 +36,8 @@ if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
 end
 
 local doc = cur and cur[1] or '{}'
+local plain = (cur == nil or cur[6] == '1') and ARGV[11] == '1'
+JSON_NO_BRACKETS_IN_STRINGS = plain
 local fresh = cur == nil -- the key was missing and no op has applied yet
 local errors = {}
 
@@ -62,7 +65,7 @@ end
 
 -- The object at `node`'s field `seg`, created (or replacing a non-object) when needed.
 local function child_object(node, seg)
-  local child = node.vals[seg]
+  local child = json_field(node, seg)
   local obj = child and json_as_object(child)
   if not obj then
     obj = {keys = {}, vals = {}}
@@ -77,17 +80,42 @@ local function root_object()
   return obj
 end
 
+-- First-level field access that leaves a raw document raw (no parse, text spliced in place);
+-- the callers have checked that the document is an object.
+local function field_get(key)
+  if type(doc) == 'string' then
+    local _, vs, ve = json_find(doc, key)
+    return vs and string.sub(doc, vs, ve) or nil
+  end
+  return json_field(doc, key)
+end
+
+local function field_put(key, value)
+  if type(doc) == 'string' then
+    doc = json_raw_put(doc, key, value)
+  else
+    json_put(doc, key, value)
+  end
+end
+
+local function field_remove(key)
+  if type(doc) == 'string' then
+    doc = json_raw_remove(doc, key)
+  else
+    json_remove(doc, key)
+  end
+end
+
 local function op_set(index, path, label, value)
   if path == '' then
     doc = value
     return true
   end
-  local obj = root_object()
-  if not obj then
+  if json_type(doc) ~= 'object' then
     return fail(index, 'set.target_not_object', "Cannot set at path '" .. label ..
       "': target is " .. json_type(doc) .. ', expected object.')
   end
-  json_put(obj, path, value)
+  field_put(path, value)
   return true
 end
 
@@ -96,12 +124,11 @@ local function op_remove(index, path, label)
     doc = 'null'
     return true
   end
-  local obj = root_object()
-  if not obj then
+  if json_type(doc) ~= 'object' then
     return fail(index, 'remove.target_not_object', "Cannot remove at path '" .. label ..
       "': target is " .. json_type(doc) .. ', expected object.')
   end
-  json_remove(obj, path)
+  field_remove(path)
   return true
 end
 
@@ -127,12 +154,11 @@ local function op_add(index, name, path, label, delta)
     doc = result
     return true
   end
-  local obj = root_object()
-  if not obj then
+  if json_type(doc) ~= 'object' then
     return fail(index, name .. '.target_not_object', 'Cannot ' .. name .. " at path '" ..
       label .. "': target is " .. json_type(doc) .. ', expected object.')
   end
-  local current = obj.vals[path]
+  local current = field_get(path)
   local result
   if current == nil then
     result = num_add_int('0', delta)
@@ -143,7 +169,7 @@ local function op_add(index, name, path, label, delta)
       "', got " .. json_type(current) .. '.')
   end
   if not result then return out_of_range(index, name, label) end
-  json_put(obj, path, result)
+  field_put(path, result)
   return true
 end
 
@@ -165,7 +191,7 @@ local function op_merge(index, path, value)
     end
   end
   for _, key in ipairs(source.keys) do
-    json_put(target, key, source.vals[key])
+    json_put(target, key, json_field(source, key))
   end
   return 'applied'
 end
@@ -190,9 +216,12 @@ local function append_to(index, target, value, label)
     return string.sub(target, 1, -2) .. string.sub(value, 2)
   end
   if kind == 'array' then
-    local arr = json_as_array(target)
-    arr.items[#arr.items + 1] = value
-    return arr
+    if type(target) ~= 'table' then -- still raw text: push without parsing the items
+      if target == '[]' then return '[' .. value .. ']' end
+      return string.sub(target, 1, -2) .. ',' .. value .. ']'
+    end
+    target.items[#target.items + 1] = value
+    return target
   end
   fail(index, 'append.type_mismatch', "Cannot append at path '" .. label .. "': target is " ..
     kind .. ', expected array, string, null, or missing field.')
@@ -218,7 +247,7 @@ local function op_append(index, path, label, value, array_form)
   for _, seg in ipairs(segments) do
     obj = child_object(obj, seg)
   end
-  local current = obj.vals[leaf]
+  local current = json_field(obj, leaf)
   if current == nil or json_type(current) == 'null' then
     json_put(obj, leaf, (array_form or #segments > 0) and '[' .. value .. ']'
       or first_append(value))
@@ -231,9 +260,9 @@ local function op_append(index, path, label, value, array_form)
 end
 
 local applied = false
-local nops = tonumber(ARGV[11])
+local nops = tonumber(ARGV[12])
 for n = 0, nops - 1 do
-  local base = 12 + n * 6
+  local base = 13 + n * 6
   local index, kind, path = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
   local label, delta, value = ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
   local ok
@@ -273,5 +302,6 @@ local ttl = false
 if ARGV[10] ~= '' then
   ttl = tonumber(ARGV[10])
 end
-local version = write_entry(ctx, cur, new, {hash = false, topic = topic, ttl = ttl})
+local version = write_entry(ctx, cur, new, {hash = false, topic = topic, ttl = ttl,
+  plain = plain})
 return {ST.OK, old, new, version, cur and 0 or 1, 1, errors}

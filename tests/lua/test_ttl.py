@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from stateworker import StateStore
-from stateworker.store import now_ms
+from stateworker import StateStore, expiry
+from stateworker.codec import now_ms
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -57,7 +57,7 @@ async def test_reaper_deletes_in_bounded_batches(
         await store.set(scope, "stays", 0, ttl_ms=3_600_000)
         await pass_time(until)
         part = store.state.keys.partition(0)
-        assert await store.state.reap_partition(part) == (10, True)
+        assert await expiry.reap_partition(store.state, part) == (10, True)
         assert await store.reap_expired() == 25
         assert await store.reap_expired() == 0
         deleted = [e for e in await store.events(scope) if e.type == "state:deleted"]

@@ -5,8 +5,9 @@
     ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
     ctx.now, ctx.maxlen, ctx.by                            -- call time (ms), stream cap, writer
-  A loaded entry `cur` is {value, version, expires_at, hash, topic} (HMGET v n x h t); a field
-  that is not set is false.
+  A loaded entry `cur` is {value, version, expires_at, hash, topic, plain} (HMGET v n x h t s);
+  a field that is not set is false. `s` = "1" marks a value with no bracket or brace inside a
+  string (json.lua's fast container skip).
 ]]
 
 -- Append one change event; its stream id is the revision, returned.
@@ -42,7 +43,7 @@ end
 -- The live entry or nil. An entry whose expiry has passed is deleted here, with the
 -- state:deleted event the reaper would have written (by = "").
 local function load_live(ctx)
-  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't')
+  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's')
   if not cur[1] then
     return nil
   end
@@ -62,6 +63,7 @@ end
   opts.hash      the value's canonical hash, or false when unknown (computed later by Python)
   opts.topic     false: keep the current topic; '' : no topic; '=' .. t: topic t
   opts.ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
+  opts.plain     true when no string in the value holds a bracket or brace
   Returns version, revision.
 ]]
 local function write_entry(ctx, cur, value, opts)
@@ -73,6 +75,12 @@ local function write_entry(ctx, cur, value, opts)
     fields[#fields + 1] = opts.hash
   else
     cleared[#cleared + 1] = 'h'
+  end
+  if opts.plain then
+    fields[#fields + 1] = 's'
+    fields[#fields + 1] = '1'
+  else
+    cleared[#cleared + 1] = 's'
   end
   if not cur then
     fields[#fields + 1] = 'c'

@@ -4,25 +4,37 @@
   this codec never converts anything:
   - a scalar is its JSON text: '"a\\n"', '1.2300', 'true', 'null' (a Lua string);
   - a container that nobody opened is its raw JSON text too (a Lua string starting { or [);
-  - an opened object is {keys = {rawKey, ...}, vals = {rawKey = node}} (order kept);
+  - an opened object is {keys = {rawKey, ...}, vals = {rawKey = node or true}, src, ks, ve}
+    (`true`: the field is untouched, its value is still in `src`; read it with json_field);
   - an opened array is {items = {node, ...}}.
   Keys stay in their escaped, quoted form ('"name"'); callers compare them with segments
   that Python escaped the same way. Only the containers a path walks into are parsed.
+
+  Skipping over a nested container is the hot part. When the caller knows that no string of
+  the document holds a bracket or brace (entry field `s`, computed by Python), the container's
+  end is found in C with Lua's balanced-match pattern %b{} / %b[]; otherwise every string
+  inside is skipped one by one.
 ]]
+
+local JSON_NO_BRACKETS_IN_STRINGS = false
 
 -- Index of the last byte of the JSON string that starts at `pos` (a '"').
 local function json_skip_string(s, pos)
   local p = pos + 1
   while true do
-    local q = string.find(s, '["\\]', p)
+    local q = string.find(s, '"', p, true)
     if not q then
       error('unterminated JSON string at ' .. pos)
     end
-    if string.byte(s, q) == 92 then -- backslash: skip the escaped byte
-      p = q + 2
-    else
+    -- the quote ends the string unless an odd number of backslashes precede it
+    local b = q - 1
+    while string.byte(s, b) == 92 do
+      b = b - 1
+    end
+    if (q - 1 - b) % 2 == 0 then
       return q
     end
+    p = q + 1
   end
 end
 
@@ -33,6 +45,10 @@ local function json_skip(s, pos)
     return json_skip_string(s, pos)
   end
   if c == 123 or c == 91 then -- { or [
+    if JSON_NO_BRACKETS_IN_STRINGS then
+      local _, e = string.find(s, c == 123 and '^%b{}' or '^%b[]', pos)
+      return e
+    end
     local depth, p = 0, pos
     while true do
       local q = string.find(s, '[%[%]{}"]', p)
@@ -59,12 +75,14 @@ local function json_skip(s, pos)
   return e
 end
 
--- Parse one level of a raw container; children stay raw.
+-- Parse one level of a raw container. An object keeps its source text: each field's value
+-- is `true` ("untouched: still the slice of src") until json_put replaces it, and the
+-- encoder writes runs of untouched fields as single slices of the source.
 local function json_open(raw)
   local first = string.byte(raw, 1)
   local n = #raw
   if first == 123 then
-    local node = {keys = {}, vals = {}}
+    local node = {keys = {}, vals = {}, src = raw, ks = {}, ve = {}}
     local p = 2
     while p < n do
       local kend = json_skip_string(raw, p)
@@ -73,7 +91,7 @@ local function json_open(raw)
       if node.vals[key] == nil then
         node.keys[#node.keys + 1] = key
       end
-      node.vals[key] = string.sub(raw, kend + 2, vend)
+      node.vals[key], node.ks[key], node.ve[key] = true, p, vend
       p = vend + 2 -- past the ',' (or onto the closing '}')
     end
     return node
@@ -86,6 +104,58 @@ local function json_open(raw)
     p = vend + 2
   end
   return node
+end
+
+-- In a raw object, field `key`'s key start, value start and value end; nil when absent.
+-- Only the fields before it are walked, and nothing is copied.
+local function json_find(raw, key)
+  local n, klen = #raw, #key
+  local p = 2
+  while p < n do
+    local kend = json_skip_string(raw, p)
+    local vend = json_skip(raw, kend + 2)
+    if kend - p + 1 == klen and string.sub(raw, p, kend) == key then
+      return p, kend + 2, vend
+    end
+    p = vend + 2
+  end
+  return nil
+end
+
+-- A raw object with field `key` set to raw `value` (in place, or appended last).
+local function json_raw_put(raw, key, value)
+  local _, vs, ve = json_find(raw, key)
+  if vs then
+    return string.sub(raw, 1, vs - 1) .. value .. string.sub(raw, ve + 1)
+  end
+  if raw == '{}' then
+    return '{' .. key .. ':' .. value .. '}'
+  end
+  return string.sub(raw, 1, -2) .. ',' .. key .. ':' .. value .. '}'
+end
+
+-- A raw object without field `key`.
+local function json_raw_remove(raw, key)
+  local ks, _, ve = json_find(raw, key)
+  if not ks then
+    return raw
+  end
+  if string.byte(raw, ve + 1) == 44 then -- a ',' follows: drop it with the field
+    return string.sub(raw, 1, ks - 1) .. string.sub(raw, ve + 2)
+  end
+  if string.byte(raw, ks - 1) == 44 then -- the last field: drop the ',' before it
+    return string.sub(raw, 1, ks - 2) .. string.sub(raw, ve + 1)
+  end
+  return '{}'
+end
+
+-- The value of an object's field (a node), or nil when absent.
+local function json_field(obj, key)
+  local v = obj.vals[key]
+  if v == true then
+    return string.sub(obj.src, obj.ks[key] + #key + 1, obj.ve[key])
+  end
+  return v
 end
 
 local function json_type(node)
@@ -127,12 +197,33 @@ local function json_encode_into(node, out)
     out[#out + 1] = node
   elseif node.keys then
     out[#out + 1] = '{'
-    for i, key in ipairs(node.keys) do
-      if i > 1 then out[#out + 1] = ',' end
-      out[#out + 1] = key
-      out[#out + 1] = ':'
-      json_encode_into(node.vals[key], out)
+    local first, runStart, runEnd = true, nil, nil
+    local function item(text)
+      if not first then out[#out + 1] = ',' end
+      first = false
+      out[#out + 1] = text
     end
+    for _, key in ipairs(node.keys) do
+      local v = node.vals[key]
+      if v == true then
+        local ks, ve = node.ks[key], node.ve[key]
+        if runEnd and ks == runEnd + 2 then
+          runEnd = ve
+        else
+          if runEnd then item(string.sub(node.src, runStart, runEnd)) end
+          runStart, runEnd = ks, ve
+        end
+      else
+        if runEnd then
+          item(string.sub(node.src, runStart, runEnd))
+          runEnd = nil
+        end
+        item(key)
+        out[#out + 1] = ':'
+        json_encode_into(v, out)
+      end
+    end
+    if runEnd then item(string.sub(node.src, runStart, runEnd)) end
     out[#out + 1] = '}'
   else
     out[#out + 1] = '['

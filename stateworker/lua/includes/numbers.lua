@@ -64,6 +64,10 @@ end
 
 -- Exact a + b of two integer texts; nil when the sum leaves the 64-bit signed range.
 local function num_add_int(a, b)
+  if #a <= 15 and #b <= 15 then
+    -- both below 10^15 in magnitude: the double sum is exact (< 2^53)
+    return string.format('%.0f', tonumber(a) + tonumber(b))
+  end
   local neg_a, abs_a = num_split(a)
   local neg_b, abs_b = num_split(b)
   local neg, abs

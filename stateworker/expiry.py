@@ -1,0 +1,53 @@
+"""The TTL reaper: deletes expired entries in bounded batches, one event each.
+
+Reads already treat an expired entry as missing; the reaper only makes the deletion (and its
+`state:deleted` event) happen soon after expiry even when nobody touches the key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskStatus
+
+from stateworker.codec import now_ms
+from stateworker.errors import StateError
+from stateworker.keys import PartitionKeys
+
+if TYPE_CHECKING:
+    from stateworker.store import RedisState
+
+log = logging.getLogger("stateworker.expiry")
+
+
+async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, bool]:
+    """Delete one batch of expired entries; returns (deleted, more are due)."""
+    reply = await state.run_script(
+        "reap", [part.ttl, part.scopes, part.events],
+        [now_ms(), state.settings.reaper_batch, part.tag, state.settings.events_maxlen],
+    )
+    return int(reply[1]), reply[2] == 1
+
+
+async def reap_expired(state: RedisState) -> int:
+    """Delete every entry expired by now, partition by partition; returns how many."""
+    total = 0
+    for part in state.keys.all_partitions():
+        more = True
+        while more:
+            deleted, more = await reap_partition(state, part)
+            total += deleted
+    return total
+
+
+async def reaper_loop(state: RedisState, *,
+                      task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    while True:
+        try:
+            await reap_expired(state)
+        except StateError as exc:  # Redis away for a moment: the next round retries
+            log.warning("reaper round failed: %s", exc)
+        await anyio.sleep(state.settings.reaper_interval_s)
