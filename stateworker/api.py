@@ -48,6 +48,11 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     revision: str | None = None
 
 
+def _ctx(by: str | None) -> CallContext:
+    """The context of a typed call: `by` is recorded as the writer (updated_by, event `by`)."""
+    return NO_CONTEXT if by is None else CallContext(caller=by)
+
+
 def _py(raw: msgspec.Raw) -> Any:
     return codec.decode_value(bytes(raw))
 
@@ -98,14 +103,14 @@ class StateStore:
             scope, key, self._value(value), topic=validate.topic(topic),
             ttl_ms=validate.ttl_ms(ttl_ms),
             expected_version=validate.expected_version(expected_version),
-            create_only=create_only, by=by,
+            create_only=create_only, ctx=_ctx(by),
         )
         return SetOutcome(_py(result.old_value), _py(result.new_value), result.version,
                           result.hash, result.created)
 
     async def delete(self, scope: str, key: str, *, by: str | None = None) -> Any:
         validate.address(self.settings, scope, key)
-        return _py(await self.state.delete(scope, key, by=by))
+        return _py(await self.state.delete(scope, key, ctx=_ctx(by)))
 
     async def list(self, scope: str) -> builtins.list[Any]:
         validate.scope(self.settings, scope)
@@ -124,7 +129,8 @@ class StateStore:
         """Write `value` only if the stored value deep-equals `expected` (ABSENT/None: absent)."""
         validate.address(self.settings, scope, key)
         want = None if expected is ABSENT else self._value(expected, "expected")
-        result = await self.state.compare_and_set(scope, key, want, self._value(value), by=by)
+        result = await self.state.compare_and_set(scope, key, want, self._value(value),
+                                                 ctx=_ctx(by))
         if result.swapped:
             return Swap(True)
         assert isinstance(result.current, msgspec.Raw)

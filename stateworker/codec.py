@@ -22,7 +22,23 @@ import msgspec
 
 from stateworker.errors import InvalidRequest, ValueTooLarge
 
-_decoder = msgspec.json.Decoder(float_hook=lambda text: msgspec.Raw(text.encode()))
+# msgspec reads the integer `-0` as 0. Before decoding, an integer `-0` outside strings is
+# rewritten to this float text, which the float hook turns back into `-0` (a document that
+# spells this very float gets `-0`: the same number).
+_NEG_ZERO_MARK = "-0e-00000000000000000000000000000000"
+_NEG_ZERO = re.compile(rb'"(?:[^"\\]|\\.)*"|-0(?![0-9.eE])')
+
+
+def _float_hook(text: str) -> msgspec.Raw:
+    return msgspec.Raw(b"-0" if text == _NEG_ZERO_MARK else text.encode())
+
+
+def _mark_negative_zero(match: re.Match[bytes]) -> bytes:
+    token = match.group(0)
+    return _NEG_ZERO_MARK.encode() if token == b"-0" else token
+
+
+_decoder = msgspec.json.Decoder(float_hook=_float_hook)
 _compact = msgspec.json.Encoder()
 _sorted = msgspec.json.Encoder(order="sorted")
 
@@ -48,6 +64,10 @@ def _go_escape(match: re.Match[bytes]) -> bytes:
 
 def decode_exact(text: bytes | str) -> Any:
     """Decode JSON, keeping non-integer numbers as `msgspec.Raw` text; raises ValueError."""
+    if isinstance(text, str):
+        text = text.encode()
+    if b"-0" in text:
+        text = _NEG_ZERO.sub(_mark_negative_zero, text)
     try:
         return _decoder.decode(text)
     except (msgspec.DecodeError, ValueError, RecursionError) as exc:

@@ -96,6 +96,7 @@ LUA_STATUS: dict[str, int] = {
     "VALUE_TOO_LARGE": 2,  # the value a script built is over max_value_bytes; nothing written
     "UNCHANGED": 3,  # state::diff: same hash, nothing written
     "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
+    "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -103,7 +104,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["CONFLICT"]: Conflict,
     LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
 }
-OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH"})
+OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
 ERROR_CLASSES: dict[str, type[StateError]] = {
     cls.code: cls

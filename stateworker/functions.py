@@ -59,14 +59,14 @@ async def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Any:
         ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
         create_only=req.create_only,
-        by=ctx.by,
+        ctx=ctx,
     )
 
 
 async def state_delete(state: RedisState, body: bytes, ctx: CallContext) -> Any:
     req = validate.request(body, DeleteRequest)
     validate.address(state.settings, req.scope, req.key)
-    return await state.delete(req.scope, req.key, by=ctx.by)
+    return await state.delete(req.scope, req.key, ctx=ctx)
 
 
 async def state_list(state: RedisState, body: bytes, ctx: CallContext) -> Any:
@@ -95,7 +95,7 @@ async def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext
     if req.expected is not msgspec.UNSET:
         expected = validate.value(state.settings, req.expected, "expected")
     value = validate.value(state.settings, req.value)
-    return await state.compare_and_set(req.scope, req.key, expected, value, by=ctx.by)
+    return await state.compare_and_set(req.scope, req.key, expected, value, ctx=ctx)
 
 
 async def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Any:
@@ -116,7 +116,7 @@ async def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Any:
     reply = await state.update(
         req.scope, req.key, op_args, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
-        topic=req.topic, by=ctx.by,
+        topic=req.topic, ctx=ctx,
     )
     _, old, new, version, _created, _written, from_script = reply
     errors = ops.merge_errors(checked, from_script)
@@ -135,13 +135,13 @@ async def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Any:
     validate.address(state.settings, req.scope, req.key)
     return await state.diff(
         req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
-        expected_version=validate.expected_version(req.expected_version), by=ctx.by)
+        expected_version=validate.expected_version(req.expected_version), ctx=ctx)
 
 
 async def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Any:
     req = validate.request(body, UpdateTopicRequest)
     validate.address(state.settings, req.scope, req.key)
-    updated = await state.update_topic(req.scope, req.key, validate.topic(req.topic), by=ctx.by)
+    updated = await state.update_topic(req.scope, req.key, validate.topic(req.topic), ctx=ctx)
     return UpdatedResult(updated)
 
 

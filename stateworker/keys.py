@@ -12,6 +12,7 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:scopes                       zset   scopes of the partition with >= 1 entry
   sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
   sw:{sw:p3}:events                       stream change events; entry id = revision
+  sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
   sw:meta                                 hash   layout facts checked at start (partitions)
 The scope is length-prefixed inside entry names, so any scope and key (":" included) map to one
 name and the reaper can split a ttl member back into scope and key.
@@ -48,6 +49,10 @@ class PartitionKeys:
 
     def topic_index(self, scope: str) -> str:
         return f"{self.tag}t:{scope}"
+
+    def call_record(self, call_id: str) -> str:
+        """Where an entry script keeps a bus call's reply (exactly once per call id)."""
+        return f"{self.tag}call:{call_id}"
 
     def entry_keys(self, scope: str, key: str) -> list[str]:
         """KEYS[1..7] of the entry scripts (set, delete, update, topic)."""

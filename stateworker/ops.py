@@ -137,12 +137,8 @@ def merge_value_error(index: int, tree: Any) -> OpError | None:
     return None
 
 
-def _label(text: str) -> str:
-    return text.replace("\0", "\\u0000")  # labels travel \0-separated to the script
-
-
 def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | int], list[OpError]]:
-    """The ARGV tail of update.lua (plain flag, count, 6 per op) for the ops that pass the
+    """The ARGV tail of update.lua (plain flag, count, 7 per op) for the ops that pass the
     checks, and the errors of the rest."""
     if len(ops) > MAX_OPS:
         raise InvalidRequest(f"$.ops: at most {MAX_OPS} ops per update, got {len(ops)}",
@@ -168,17 +164,16 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | 
             continue
         path = b"\0".join(codec.encode_compact(s) for s in segments)
         if isinstance(op, AppendOp) and segments:
-            full = "[" + ", ".join(segments) + "]"
-            label = f"{_label(full)}\0{_label(segments[-1])}"
+            label, leaf = "[" + ", ".join(segments) + "]", segments[-1]
         else:
-            label = _label(segments[0]) if segments else "root"
+            label, leaf = (segments[0] if segments else "root"), ""
         delta = ""
         if isinstance(op, IncrementOp):
             delta = str(op.by)
         elif isinstance(op, DecrementOp):
             delta = str(-op.by)
         kind = "append_array" if isinstance(op, AppendOp) and array_form else name
-        args += [index, kind, path, label, delta, value]
+        args += [index, kind, path, label, leaf, delta, value]
         count += 1
     return ["1" if plain else "", count, *args], errors
 

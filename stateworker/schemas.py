@@ -80,6 +80,7 @@ class CallContext(Struct, frozen=True, kw_only=True):
 
     caller: str | None = None
     context: dict[str, Any] = msgspec.field(default_factory=dict)
+    call_id: str | None = None  # a bus call's id: its reply is recorded with its change
 
     @property
     def by(self) -> str | None:

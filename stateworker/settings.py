@@ -28,6 +28,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     appendfsync: str = "everysec"  # embedded Redis only
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
+    dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.match(self.prefix):
@@ -40,6 +41,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("max_value_bytes and max_key_bytes must be positive")
         if self.appendfsync not in _FSYNC_MODES:
             raise ConfigError(f"appendfsync must be one of {_FSYNC_MODES}, got {self.appendfsync!r}")
+        if self.dedupe_window_ms < 1000:
+            raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
 

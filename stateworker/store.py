@@ -31,7 +31,9 @@ from stateworker.errors import (
 from stateworker.keys import KeySpace, member
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.schemas import (
+    NO_CONTEXT,
     NULL,
+    CallContext,
     DiffResult,
     EntryResult,
     GroupsResult,
@@ -46,6 +48,23 @@ log = logging.getLogger("stateworker.store")
 
 
 _KNOWN_STATUSES = frozenset(LUA_STATUS.values())
+
+
+def _recorded(record: bytes) -> list[Any]:
+    """A recorded script reply (cmsgpack) in the shape Redis returned it: bytes for strings,
+    None for false, lists for tables."""
+    def plain(item: Any) -> Any:
+        if isinstance(item, str):
+            return item.encode()
+        if item is False:
+            return None
+        if isinstance(item, dict):  # an empty Lua table packs as a map
+            return [plain(v) for v in item.values()]
+        if isinstance(item, list):
+            return [plain(v) for v in item]
+        return item
+
+    return list(plain(msgspec.msgpack.decode(record)))
 
 
 def _opt(text: str | None) -> str:
@@ -166,15 +185,20 @@ class RedisState:
 
     # ---- writes ----------------------------------------------------------------------------
     async def _entry_script(
-        self, name: str, scope: str, key: str, by: str | None, args: Sequence[Arg]
+        self, name: str, scope: str, key: str, ctx: CallContext, args: Sequence[Arg]
     ) -> list[Any]:
-        """Run an entry script (KEYS and first ARGV as documented in set.lua)."""
+        """Run an entry script (KEYS and first ARGV as documented in set.lua). A bus call's
+        reply is recorded with the change; a second delivery gets the recorded reply."""
         part, entry_member = self.keys.for_scope(scope), member(scope, key)
-        return await self._run(
-            self.scripts[name],
-            part.entry_keys(scope, key),
-            [scope, key, entry_member, now_ms(), self.settings.events_maxlen, by or "", *args],
-        )
+        keys = part.entry_keys(scope, key)
+        if ctx.call_id is not None:
+            keys.append(part.call_record(ctx.call_id))
+        reply = await self._run(self.scripts[name], keys, [
+            scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
+            self.settings.dedupe_window_ms, *args])
+        if reply[0] == LUA_STATUS["DUPLICATE"]:
+            return _recorded(reply[1])
+        return reply
 
     async def write(
         self,
@@ -186,13 +210,13 @@ class RedisState:
         ttl_ms: int | None = None,
         condition: str = "",
         diff: bool = False,
-        by: str | None = None,
+        ctx: CallContext = NO_CONTEXT,
     ) -> list[Any]:
         """Run set.lua; returns its reply (status first). See the script for `condition`."""
         args: list[Arg] = [value.json, value.hash, _opt(topic), ttl_ms or 0, condition,
                            "1" if diff else "", "1" if value.plain_strings else ""]
         for _ in range(3):
-            reply = await self._entry_script("set", scope, key, by, args)
+            reply = await self._entry_script("set", scope, key, ctx, args)
             if reply[0] != LUA_STATUS["NEEDS_HASH"]:
                 return reply
             await self.store_hash(scope, key, reply[1], reply[2])
@@ -222,12 +246,12 @@ class RedisState:
         ttl_ms: int | None = None,
         expected_version: int | None = None,
         create_only: bool = False,
-        by: str | None = None,
+        ctx: CallContext = NO_CONTEXT,
     ) -> SetResult:
         expected = 0 if create_only else expected_version
         condition = "" if expected is None else f"v{expected}"
         reply = await self.write(scope, key, value, topic=topic, ttl_ms=ttl_ms,
-                                 condition=condition, by=by)
+                                 condition=condition, ctx=ctx)
         if reply[0] == LUA_STATUS["CONFLICT"]:
             raise self._conflict(scope, key, expected or 0, reply[1])
         old = NULL if reply[1] is None else msgspec.Raw(reply[1])
@@ -240,11 +264,11 @@ class RedisState:
         expected: codec.Value | None,
         value: codec.Value,
         *,
-        by: str | None = None,
+        ctx: CallContext = NO_CONTEXT,
     ) -> SwapResult:
         """Swap when the stored value deep-equals `expected` (None or null: absent)."""
         condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
-        reply = await self.write(scope, key, value, condition=condition, by=by)
+        reply = await self.write(scope, key, value, condition=condition, ctx=ctx)
         if reply[0] == 0:
             return SwapResult(True)
         return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
@@ -257,7 +281,7 @@ class RedisState:
         *,
         update: bool = True,
         expected_version: int | None = None,
-        by: str | None = None,
+        ctx: CallContext = NO_CONTEXT,
     ) -> DiffResult:
         """Compare with the stored value by hash; write (as set) only when it changed."""
         if not update:
@@ -268,7 +292,7 @@ class RedisState:
             return DiffResult(changed=entry.hash != value.hash, found_previous=True,
                               previous_version=entry.version, previous=entry.value)
         condition = "" if expected_version is None else f"v{expected_version}"
-        reply = await self.write(scope, key, value, condition=condition, diff=True, by=by)
+        reply = await self.write(scope, key, value, condition=condition, diff=True, ctx=ctx)
         status = reply[0]
         if status == LUA_STATUS["CONFLICT"]:
             raise self._conflict(scope, key, expected_version or 0, reply[1])
@@ -293,11 +317,11 @@ class RedisState:
         ttl_ms: int | None = None,
         expected_version: int | None = None,
         topic: str | msgspec.UnsetType | None = msgspec.UNSET,
-        by: str | None = None,
+        ctx: CallContext = NO_CONTEXT,
     ) -> list[Any]:
         """Run update.lua with encoded ops (ops.encode_ops); the reply (status first)."""
         topic_arg = "" if topic is msgspec.UNSET else ("-" if topic is None else "=" + topic)
-        reply = await self._entry_script("update", scope, key, by, [
+        reply = await self._entry_script("update", scope, key, ctx, [
             self.settings.max_value_bytes,
             "" if expected_version is None else expected_version,
             topic_arg, "" if ttl_ms is None else ttl_ms, *op_args])
@@ -312,13 +336,13 @@ class RedisState:
         return reply
 
     async def update_topic(self, scope: str, key: str, topic: str | None,
-                           *, by: str | None = None) -> bool:
-        reply = await self._entry_script("topic", scope, key, by,
+                           *, ctx: CallContext = NO_CONTEXT) -> bool:
+        reply = await self._entry_script("topic", scope, key, ctx,
                                          ["-" if topic is None else "=" + topic])
         return bool(reply[1])
 
-    async def delete(self, scope: str, key: str, *, by: str | None = None) -> msgspec.Raw:
-        reply = await self._entry_script("delete", scope, key, by, [])
+    async def delete(self, scope: str, key: str, *, ctx: CallContext = NO_CONTEXT) -> msgspec.Raw:
+        reply = await self._entry_script("delete", scope, key, ctx, [])
         return NULL if reply[1] is None else msgspec.Raw(reply[1])
 
     # ---- reads -------------------------------------------------------------------------------

@@ -2,20 +2,26 @@
   Delete one entry (state::delete).
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
+    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member              ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
   Output:
     {ST.OK, deleted value or false, revision or false}
+    {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
   Events: state:deleted when something was deleted (also for an entry found expired).
 ]]
 --- @include "entry"
 
-local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local dup = replayed()
+if dup then
+  return dup
+end
+local ctx = entry_ctx()
 local cur = load_live(ctx)
 if not cur then
-  return {ST.OK, false, false}
+  return finish({ST.OK, false, false})
 end
 unlink(ctx, cur)
 local rev = emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
-return {ST.OK, cur[1], rev}
+return finish({ST.OK, cur[1], rev})

@@ -6,35 +6,42 @@
     KEYS[1] entry hash              KEYS[2] scope key index (zset, score 0)
     KEYS[3] scope updated index     KEYS[4] scope topic index (zset, topic\0key)
     KEYS[5] partition scopes        KEYS[6] partition ttl index
-    KEYS[7] partition event stream
+    KEYS[7] partition event stream  KEYS[8] (bus calls only) the call's record
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
-    ARGV[6] writer ("" for none)    ARGV[7] value (compact JSON)
-    ARGV[8] value hash
-    ARGV[9] topic: "" for none, else "=" .. topic
-    ARGV[10] ttl in ms, "0" for no expiry
-    ARGV[11] condition: "" none | "v<N>" stored version must be N (0 = absent)
+    ARGV[6] writer ("" for none)    ARGV[7] how long the call record is kept (ms)
+    ARGV[8] value (compact JSON)
+    ARGV[9] value hash
+    ARGV[10] topic: "" for none, else "=" .. topic
+    ARGV[11] ttl in ms, "0" for no expiry
+    ARGV[12] condition: "" none | "v<N>" stored version must be N (0 = absent)
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
-    ARGV[12] "1": diff mode, write nothing when the stored hash equals ARGV[8]
-    ARGV[13] "1" when no string in the value holds a bracket or brace
+    ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
+    ARGV[14] "1" when no string in the value holds a bracket or brace
   Output:
     {ST.OK, old value or false, version, created (1/0), revision}
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.UNCHANGED, current version, current value}    diff mode, same hash
     {ST.NEEDS_HASH, current version, current value}   the stored hash is unknown (after an
                                                        update): the caller stores it, retries
+    {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+  Every reply but NEEDS_HASH is recorded under KEYS[8] when given.
   Events: state:created when absent, else state:updated; an expired entry in the way is
     first deleted with state:deleted.
 ]]
 --- @include "entry"
 
-local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-local value, hash, cond = ARGV[7], ARGV[8], ARGV[11]
+local dup = replayed()
+if dup then
+  return dup
+end
+local ctx = entry_ctx()
+local value, hash, cond = ARGV[8], ARGV[9], ARGV[12]
 
 local cur = load_live(ctx)
 
-if cur and not cur[4] and (ARGV[12] == '1' or string.sub(cond, 1, 1) == 'h') then
+if cur and not cur[4] and (ARGV[13] == '1' or string.sub(cond, 1, 1) == 'h') then
   return {ST.NEEDS_HASH, tonumber(cur[2]), cur[1]}
 end
 
@@ -49,14 +56,14 @@ if cond ~= '' then
     ok = cur == nil or cur[1] == 'null'
   end
   if not ok then
-    return {ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false}
+    return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
   end
 end
 
-if ARGV[12] == '1' and cur and cur[4] == hash then
-  return {ST.UNCHANGED, tonumber(cur[2]), cur[1]}
+if ARGV[13] == '1' and cur and cur[4] == hash then
+  return finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
 end
 
 local version, rev = write_entry(ctx, cur, value,
-  {hash = hash, topic = ARGV[9], ttl = tonumber(ARGV[10]), plain = ARGV[13] == '1'})
-return {ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev}
+  {hash = hash, topic = ARGV[10], ttl = tonumber(ARGV[11]), plain = ARGV[14] == '1'})
+return finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})

@@ -2,24 +2,30 @@
   Retag one entry (state::update-topic): value, version and updated_at stay as they are.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
+    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
-    ARGV[7] topic: "-" clears, "=" .. topic sets
+    ARGV[8] topic: "-" clears, "=" .. topic sets
   Output:
     {ST.OK, 1 when the key exists (retagged or already so), 0 when missing}
+    {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
   Events: state:updated with old_value = new_value and the same version, when the topic
     changed; an expired entry in the way is deleted with state:deleted.
 ]]
 --- @include "entry"
 
-local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local dup = replayed()
+if dup then
+  return dup
+end
+local ctx = entry_ctx()
 local cur = load_live(ctx)
 if not cur then
-  return {ST.OK, 0}
+  return finish({ST.OK, 0})
 end
-local newTopic = ARGV[7] ~= '-' and string.sub(ARGV[7], 2) or false
+local newTopic = ARGV[8] ~= '-' and string.sub(ARGV[8], 2) or false
 if newTopic == cur[5] then
-  return {ST.OK, 1}
+  return finish({ST.OK, 1})
 end
 redis.call('ZREM', ctx.topicIndex, topic_member(cur[5], ctx.key))
 redis.call('ZADD', ctx.topicIndex, 0, topic_member(newTopic, ctx.key))
@@ -30,4 +36,4 @@ else
   redis.call('HSET', ctx.entry, 'r', rev)
   redis.call('HDEL', ctx.entry, 't')
 end
-return {ST.OK, 1}
+return finish({ST.OK, 1})

@@ -5,22 +5,24 @@
   the op out); this script reports the errors that depend on the document.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
+    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
-    ARGV[7] max value bytes         ARGV[8] expected version ("" for none)
-    ARGV[9] topic: "" keep | "-" clear | "=" .. topic
-    ARGV[10] ttl ms: "" keep the current expiry, else a new expiry from now
-    ARGV[11] "1" when no string in any op value holds a bracket or brace
-    ARGV[12] number of ops, then 6 ARGV per op:
+    ARGV[8] max value bytes         ARGV[9] expected version ("" for none)
+    ARGV[10] topic: "" keep | "-" clear | "=" .. topic
+    ARGV[11] ttl ms: "" keep the current expiry, else a new expiry from now
+    ARGV[12] "1" when no string in any op value holds a bracket or brace
+    ARGV[13] number of ops, then 7 ARGV per op:
       op index; type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
-      label for messages (append: "[a, b]\0leaf"); delta (increment/decrement: the signed
-      integer to add); value (compact JSON)
+      path as messages name it (append: "[a, b]"); the leaf as messages name it (append);
+      delta (increment/decrement: the signed integer to add); value (compact JSON)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
      {op index, code, message, ...}}
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
+    {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
   Events: state:created or state:updated when written (the key was missing or an op
     applied); an expired entry in the way is first deleted with state:deleted.
 ]]
@@ -28,15 +30,19 @@
 --- @include "json"
 --- @include "numbers"
 
-local ctx = entry_ctx(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local dup = replayed()
+if dup then
+  return dup
+end
+local ctx = entry_ctx()
 local cur = load_live(ctx)
 
-if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
-  return {ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false}
+if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
+  return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
 end
 
 local doc = cur and cur[1] or '{}'
-local plain = (cur == nil or cur[6] == '1') and ARGV[11] == '1'
+local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'
 JSON_NO_BRACKETS_IN_STRINGS = plain
 local fresh = cur == nil -- the key was missing and no op has applied yet
 local errors = {}
@@ -228,15 +234,13 @@ local function append_to(index, target, value, label)
   return nil
 end
 
-local function op_append(index, path, label, value, array_form)
+local function op_append(index, path, full, leaf_label, value, array_form)
   if path == '' then
     local result = append_to(index, fresh and 'null' or doc, value, 'root')
     if result == nil then return false end
     doc = result
     return true
   end
-  local z = string.find(label, '\0', 1, true)
-  local full, leaf_label = string.sub(label, 1, z - 1), string.sub(label, z + 1)
   local obj = root_object()
   if not obj then
     return fail(index, 'append.target_not_object', "Cannot append at path '" .. full ..
@@ -260,11 +264,12 @@ local function op_append(index, path, label, value, array_form)
 end
 
 local applied = false
-local nops = tonumber(ARGV[12])
+local nops = tonumber(ARGV[13])
 for n = 0, nops - 1 do
-  local base = 13 + n * 6
+  local base = 14 + n * 7
   local index, kind, path = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
-  local label, delta, value = ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
+  local label, leafLabel = ARGV[base + 3], ARGV[base + 4]
+  local delta, value = ARGV[base + 5], ARGV[base + 6]
   local ok
   if kind == 'set' then
     ok = op_set(index, path, label, value)
@@ -276,7 +281,7 @@ for n = 0, nops - 1 do
     local result = op_merge(index, path, value)
     ok = result == 'applied'
   else
-    ok = op_append(index, path, label, value, kind == 'append_array')
+    ok = op_append(index, path, label, leafLabel, value, kind == 'append_array')
   end
   if ok then
     applied = true
@@ -286,22 +291,22 @@ end
 
 local old = cur and cur[1] or false
 if not applied and cur then
-  return {ST.OK, old, old, tonumber(cur[2]), 0, 0, errors}
+  return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors})
 end
 
 local new = json_encode(doc)
-if #new > tonumber(ARGV[7]) then
-  return {ST.VALUE_TOO_LARGE, #new}
+if #new > tonumber(ARGV[8]) then
+  return finish({ST.VALUE_TOO_LARGE, #new})
 end
 
 local topic = false
-if ARGV[9] ~= '' then
-  topic = ARGV[9] == '-' and '' or ARGV[9]
+if ARGV[10] ~= '' then
+  topic = ARGV[10] == '-' and '' or ARGV[10]
 end
 local ttl = false
-if ARGV[10] ~= '' then
-  ttl = tonumber(ARGV[10])
+if ARGV[11] ~= '' then
+  ttl = tonumber(ARGV[11])
 end
 local version = write_entry(ctx, cur, new, {hash = false, topic = topic, ttl = ttl,
   plain = plain})
-return {ST.OK, old, new, version, cur and 0 or 1, 1, errors}
+return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors})

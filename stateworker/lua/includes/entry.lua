@@ -136,13 +136,38 @@ local function write_entry(ctx, cur, value, opts)
   return version, rev
 end
 
--- The ctx of the entry addressed by the standard key list of the entry scripts:
--- KEYS[1..7] = entry, key index, updated index, topic index, scopes, ttl, events.
-local function entry_ctx(scope, key, member, now, maxlen, by)
+-- The ctx of the entry addressed by the standard keys and first arguments of the entry
+-- scripts: KEYS[1..7] = entry, key index, updated index, topic index, scopes, ttl, events;
+-- ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer.
+local function entry_ctx()
   return {
     entry = KEYS[1], keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[4],
     scopes = KEYS[5], ttl = KEYS[6], events = KEYS[7],
-    scope = scope, key = key, member = member,
-    now = tonumber(now), maxlen = maxlen, by = by,
+    scope = ARGV[1], key = ARGV[2], member = ARGV[3],
+    now = tonumber(ARGV[4]), maxlen = ARGV[5], by = ARGV[6],
   }
+end
+
+--[[
+  Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
+  record, and ARGV[7], how long to keep it (ms). The record holds the script's reply
+  (cmsgpack); a second delivery of the call finds it and gets {ST.DUPLICATE, record} back
+  without changing anything. Written in the same script as the change, so the change and its
+  record cannot part.
+]]
+local function replayed()
+  if KEYS[8] then
+    local record = redis.call('GET', KEYS[8])
+    if record then
+      return {ST.DUPLICATE, record}
+    end
+  end
+  return nil
+end
+
+local function finish(reply)
+  if KEYS[8] then
+    redis.call('SET', KEYS[8], cmsgpack.pack(reply), 'PX', ARGV[7])
+  end
+  return reply
 end

@@ -62,7 +62,12 @@ local function num_split(text)
   return false, num_strip(text)
 end
 
--- Exact a + b of two integer texts; nil when the sum leaves the 64-bit signed range.
+local function num_in_range(neg, abs)
+  return num_cmp_abs(abs, neg and INT64_MIN_ABS or INT64_MAX) <= 0
+end
+
+-- Exact a + b of two integer texts; nil when `a` or the sum is outside the 64-bit signed
+-- range (`b`, the op's delta, may be 2^63: decrementing by -2^63).
 local function num_add_int(a, b)
   if #a <= 15 and #b <= 15 then
     -- both below 10^15 in magnitude: the double sum is exact (< 2^53)
@@ -70,6 +75,9 @@ local function num_add_int(a, b)
   end
   local neg_a, abs_a = num_split(a)
   local neg_b, abs_b = num_split(b)
+  if not num_in_range(neg_a, abs_a) then
+    return nil
+  end
   local neg, abs
   if neg_a == neg_b then
     neg, abs = neg_a, num_add_abs(abs_a, abs_b)
@@ -81,7 +89,7 @@ local function num_add_int(a, b)
   if abs == '0' then
     return '0'
   end
-  if num_cmp_abs(abs, neg and INT64_MIN_ABS or INT64_MAX) > 0 then
+  if not num_in_range(neg, abs) then
     return nil
   end
   return neg and ('-' .. abs) or abs
