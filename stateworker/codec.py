@@ -26,7 +26,7 @@ from stateworker.errors import InvalidRequest, ValueTooLarge
 # rewritten to this float text, which the float hook turns back into `-0` (a document that
 # spells this very float gets `-0`: the same number).
 _NEG_ZERO_MARK = "-0e-00000000000000000000000000000000"
-_NEG_ZERO = re.compile(rb'"(?:[^"\\]|\\.)*"|-0(?![0-9.eE])')
+_NEG_ZERO = re.compile(rb'"(?:[^"\\]|\\.)*"|(?<![0-9eE.])-0(?![0-9.eE])')
 
 
 def _float_hook(text: str) -> msgspec.Raw:

@@ -62,6 +62,12 @@ def test_deep_nesting_round_trips() -> None:
     assert exact_load(value.json) == exact_load(to_text(tree))
 
 
+def test_negative_zero_keeps_its_sign() -> None:
+    for text in [b"-0", b'[-0,"-0",0e-0,1E-0,-0.0,{"a":-0}]']:
+        assert codec.value_from_json(text, "v", 100).json == text
+    assert codec.canonical(codec.decode_exact(b"-0")) == b"-0"
+
+
 def test_duplicate_keys_keep_the_last() -> None:
     assert codec.value_from_json(b'{"a":1,"b":2,"a":3}', "v", 100).json == b'{"a":3,"b":2}'
     assert exact_load(b'{"a":{}}') == Obj([("a", Obj())])
