@@ -26,7 +26,8 @@ from stateworker.errors import InvalidRequest, ValueTooLarge
 # rewritten to this float text, which the float hook turns back into `-0` (a document that
 # spells this very float gets `-0`: the same number).
 _NEG_ZERO_MARK = "-0e-00000000000000000000000000000000"
-_NEG_ZERO = re.compile(rb'"(?:[^"\\]|\\.)*"|(?<![0-9eE.])-0(?![0-9.eE])')
+_STRING_RE = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # one JSON string (unrolled: no per-byte alternation)
+_NEG_ZERO = re.compile(_STRING_RE + rb"|(?<![0-9eE.])-0(?![0-9.eE])")
 
 
 def _float_hook(text: str) -> msgspec.Raw:
@@ -62,11 +63,26 @@ def _go_escape(match: re.Match[bytes]) -> bytes:
     return _GO_REPLACEMENTS[match.group(0)]
 
 
+_NUMBER_BYTES = frozenset(b"0123456789.eE")
+
+
+def _may_hold_negative_zero(text: bytes) -> bool:
+    """Whether `-0` stands anywhere as a whole number (maybe inside a string): a cheap scan."""
+    at = text.find(b"-0")
+    while at >= 0:
+        before = text[at - 1] if at > 0 else 0
+        after = text[at + 2] if at + 2 < len(text) else 0
+        if before not in _NUMBER_BYTES and after not in _NUMBER_BYTES:
+            return True
+        at = text.find(b"-0", at + 2)
+    return False
+
+
 def decode_exact(text: bytes | str) -> Any:
     """Decode JSON, keeping non-integer numbers as `msgspec.Raw` text; raises ValueError."""
     if isinstance(text, str):
         text = text.encode()
-    if b"-0" in text:
+    if _may_hold_negative_zero(text):
         text = _NEG_ZERO.sub(_mark_negative_zero, text)
     try:
         return _decoder.decode(text)
@@ -102,8 +118,7 @@ class Value(msgspec.Struct, frozen=True):
         return plain_strings(self.json)
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
+_STRING = re.compile(_STRING_RE)
 
 
 def plain_strings(compact: bytes) -> bool:
@@ -111,8 +126,11 @@ def plain_strings(compact: bytes) -> bool:
     the end of a container with a balanced match (see lua/includes/json.lua)."""
     if b'"' not in compact:
         return True
+    brackets = len(compact) - len(compact.translate(None, b"[]{}"))
+    if brackets == 0:
+        return True
     without_strings = _STRING.sub(b"", compact)
-    return len(_BRACKETS.findall(compact)) == len(_BRACKETS.findall(without_strings))
+    return brackets == len(without_strings) - len(without_strings.translate(None, b"[]{}"))
 
 
 def value_from_tree(tree: Any, field: str, max_bytes: int) -> Value:
