@@ -91,14 +91,18 @@ end
 local function field_get(key)
   if type(doc) == 'string' then
     local _, vs, ve = json_find(doc, key)
-    return vs and string.sub(doc, vs, ve) or nil
+    if vs then
+      return string.sub(doc, vs, ve), vs, ve
+    end
+    return nil, false, false
   end
   return json_field(doc, key)
 end
 
-local function field_put(key, value)
+-- Set field `key`; `vs`, `ve` are the value span field_get found in a raw document.
+local function field_put(key, value, vs, ve)
   if type(doc) == 'string' then
-    doc = json_raw_put(doc, key, value)
+    doc = json_raw_put(doc, key, value, vs, ve)
   else
     json_put(doc, key, value)
   end
@@ -164,7 +168,7 @@ local function op_add(index, name, path, label, delta)
     return fail(index, name .. '.target_not_object', 'Cannot ' .. name .. " at path '" ..
       label .. "': target is " .. json_type(doc) .. ', expected object.')
   end
-  local current = field_get(path)
+  local current, vs, ve = field_get(path)
   local result
   if current == nil then
     result = num_add_int('0', delta)
@@ -175,7 +179,7 @@ local function op_add(index, name, path, label, delta)
       "', got " .. json_type(current) .. '.')
   end
   if not result then return out_of_range(index, name, label) end
-  field_put(path, result)
+  field_put(path, result, vs, ve)
   return true
 end
 
