@@ -3,45 +3,47 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
-from stateworker.api import StateStore
+from stateworker import logs, service
+from stateworker.bus import BusOptions
+from stateworker.client import StateClient
+from stateworker.embedded import socket_url
 from stateworker.errors import ConfigError, StateError
+from stateworker.redisconn import ConnectionLost, RedisConnection, ReplyError
+from stateworker.settings import Settings
 
 
-async def _status(store: StateStore) -> dict[str, Any]:
-    conn = store.state.conn
-    info = (await conn.execute("INFO", "persistence")).decode()
-    aof = "aof_enabled:1" in info
-    groups = await store.list_groups()
-    return {
-        "redis": store.state.conn.url,
-        "embedded": store.state.embedded is not None,
-        "aof": aof,
-        "prefix": store.settings.prefix,
-        "partitions": store.settings.partitions,
-        "scopes": len(groups),
-    }
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(redis_url=args.redis_url)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    async with StateStore.open(args.redis_url) as store:
-        print(msgspec.json.encode({"serving": await _status(store)}).decode(), flush=True)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                print(f"received {signal.Signals(signum).name}, stopping", file=sys.stderr)
-                return
+def _serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    options = BusOptions(
+        consumer=args.consumer or "", visibility_timeout_ms=args.visibility_timeout_ms,
+        grace_s=args.grace_s, concurrency=args.concurrency)
+    logs.configure(args.log_level)
+
+    def ready(svc: service.StateService) -> None:
+        url = svc.state.conn.url
+        print(msgspec.json.encode({"serving": "state", "redis": url,
+                                   "stream": svc.bus.stream,
+                                   "consumer": svc.runtime.consumer}).decode(), flush=True)
+
+    anyio.run(service.serve, settings, options, ready)
+    return 0
 
 
-async def call(args: argparse.Namespace) -> int:
-    async with StateStore.open(args.redis_url, reaper=False) as store:
+async def _call(args: argparse.Namespace) -> int:
+    async with StateClient(settings=_settings(args), timeout=args.timeout) as client:
         try:
-            result = await store.call_json(args.fn, args.body.encode())
+            result = await client.call_json(args.fn, args.body.encode())
         except StateError as exc:
             print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
             return 1
@@ -49,9 +51,55 @@ async def call(args: argparse.Namespace) -> int:
         return 0
 
 
-async def status(args: argparse.Namespace) -> None:
-    async with StateStore.open(args.redis_url, reaper=False) as store:
-        print(msgspec.json.encode(await _status(store)).decode())
+async def status_report(settings: Settings) -> dict[str, Any]:
+    """Redis, AOF, the bus streams with their pending calls and consumers, the counters."""
+    url = settings.redis_url or socket_url(Path(settings.state_dir))
+    conn = RedisConnection(url)
+    report: dict[str, Any] = {"redis": url}
+    try:
+        info = (await conn.execute("INFO", "persistence")).decode()
+    except ConnectionLost as exc:
+        report.update(reachable=False, error=str(exc))
+        return report
+    try:
+        report.update(reachable=True, aof="aof_enabled:1" in info, services={})
+        cursor = b"0"
+        streams: list[bytes] = []
+        while True:
+            cursor, found = await conn.execute("SCAN", cursor, "MATCH", f"{settings.prefix}:bus:*",
+                                               "TYPE", "stream", "COUNT", 1000)
+            streams += found
+            if cursor in (b"0", "0"):
+                break
+        for stream in sorted(streams):
+            name = stream.decode().rsplit(":", 1)[-1]
+            report["services"][name] = await _service_status(conn, stream, name, settings)
+    finally:
+        await conn.close()
+    return report
+
+
+async def _service_status(conn: RedisConnection, stream: bytes, group: str,
+                          settings: Settings) -> dict[str, Any]:
+    length = await conn.execute("XLEN", stream)
+    try:
+        pending = await conn.execute("XPENDING", stream, group)
+        consumers = await conn.execute("XINFO", "CONSUMERS", stream, group)
+    except ReplyError:  # no group yet: nobody has served this stream
+        pending, consumers = [0], []
+    counters = await conn.execute("HGETALL", f"{settings.prefix}:stats:{group}")
+    return {
+        "stream_length": length,
+        "pending": pending[0],
+        "consumers": [_pairs(c) for c in consumers],
+        "counters": {k.decode(): int(v) for k, v in zip(counters[::2], counters[1::2],
+                                                        strict=True)},
+    }
+
+
+def _pairs(flat: list[Any]) -> dict[str, Any]:
+    return {k.decode(): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,26 +107,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None,
                         help="Redis to use (default: STATEWORKER_REDIS_URL, else embedded)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the service until SIGINT/SIGTERM")
-    call_p = sub.add_parser("call", help="call one function and print its JSON result")
+    serve_p = sub.add_parser("serve", help="run the state service until SIGINT/SIGTERM")
+    serve_p.add_argument("--consumer", default=None, help="consumer name (default host-pid)")
+    serve_p.add_argument("--visibility-timeout-ms", type=int, default=30_000,
+                         help="take over calls a dead consumer left pending this long")
+    serve_p.add_argument("--grace-s", type=float, default=10.0,
+                         help="on stop, how long calls in flight may take")
+    serve_p.add_argument("--concurrency", type=int, default=1024, help="calls in flight at most")
+    serve_p.add_argument("--log-level", default="INFO")
+    call_p = sub.add_parser("call", help="call one function; print its JSON result")
     call_p.add_argument("fn")
     call_p.add_argument("body", nargs="?", default="{}")
-    sub.add_parser("status", help="print Redis and store status as JSON")
+    call_p.add_argument("--timeout", type=float, default=10.0)
+    sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters")
     bench_p = sub.add_parser("bench", help="benchmark against raw redis-py, as ratios")
     bench_p.add_argument("--seconds", type=float, default=2.0)
     bench_p.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
-            anyio.run(serve, args)
-        elif args.command == "call":
-            return int(anyio.run(call, args))
-        elif args.command == "status":
-            anyio.run(status, args)
-        else:
-            from stateworker import bench
+            return _serve(args)
+        if args.command == "call":
+            return int(anyio.run(_call, args))
+        if args.command == "status":
+            report = anyio.run(status_report, _settings(args))
+            print(msgspec.json.encode(report).decode())
+            return 0 if report.get("reachable") else 1
+        from stateworker import bench
 
-            bench.main(args.seconds, args.rounds)
+        bench.main(args.seconds, args.rounds)
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,11 @@ def _config(state_dir: Path, socket: Path, appendfsync: str) -> str:
     )
 
 
+def socket_url(state_dir: Path) -> str:
+    """The URL of the embedded Redis of a state directory (for clients of a running service)."""
+    return f"unix://{_socket_path(state_dir.resolve())}"
+
+
 class EmbeddedRedis:
     """Starts, adopts and stops one redis-server for a state directory."""
 

@@ -85,6 +85,20 @@ class InternalError(StateError):
     code = "INTERNAL"
 
 
+class CallTimeout(StateError):
+    """Raised by a client when no reply came within the timeout, after every retry."""
+
+    code = "TIMEOUT"
+
+
+class RemoteError(StateError):
+    """Raised by a client for an error code it has no class of its own for."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.code = code  # type: ignore[misc]
+
+
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -119,8 +133,15 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         Unavailable,
         DeadlineExceeded,
         InternalError,
+        CallTimeout,
     )
 }
+
+
+def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:
+    """The exception for an error reply (`{code, message, details}`) read off the bus."""
+    cls = ERROR_CLASSES.get(code)
+    return cls(message, details) if cls is not None else RemoteError(code, message, details)
 
 
 def lua_status_table() -> str:

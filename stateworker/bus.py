@@ -1,0 +1,169 @@
+"""The bus runtime (DESIGN.md "The bus"): read calls from a service's stream with a consumer
+group, run them concurrently, reply, then acknowledge.
+
+- Calls are read in batches; their Redis work is issued in the same event-loop tick, so the
+  lean connection sends it as one pipeline. Replies, acknowledgements and deletions of finished
+  calls are written by one flusher, grouped (one LPUSH per reply list, one XACK and one XDEL
+  for all), so a batch costs a few round trips, not a few per call.
+- An entry is acknowledged only after its reply is written. A consumer that dies leaves its
+  entries pending; after `visibility_timeout_ms` another consumer (or the same one restarted)
+  takes them over with XAUTOCLAIM. Exactly-once effects come from the call id: the state
+  scripts record a call's reply with its change; a user worker records replies here.
+- Bad input never stops the service: every malformed entry gets an error reply (when it names
+  a reply list) and is acknowledged.
+- Stopping: intake stops, calls in flight finish within the grace period, then the rest is
+  cancelled (and stays pending for a later reclaim).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from stateworker.errors import (
+    InvalidRequest,
+    StateError,
+    ValueTooLarge,
+)
+from stateworker.schemas import CallContext
+
+log = logging.getLogger("stateworker.bus")
+
+
+class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How one service reads and answers its stream."""
+
+    concurrency: int = 1024  # calls in flight at most
+    read_count: int = 512  # entries per XREADGROUP
+    block_ms: int = 200  # how long a read waits; also how soon a stop is noticed
+    visibility_timeout_ms: int = 30_000  # a pending entry idle this long is taken over
+    reply_ttl_ms: int = 300_000  # reply lists expire after this
+    grace_s: float = 10.0  # on stop, how long calls in flight may take
+    max_body_bytes: int = 5 * 1024 * 1024
+    consumer: str = ""  # default: <hostname>-<pid>
+
+
+@dataclass(slots=True)
+class Call:
+    """One bus call as read from the stream."""
+
+    entry_id: bytes
+    id: str | None
+    fn: str
+    body: bytes
+    reply: bytes  # reply list key; b"" for fire-and-forget
+    deadline_ms: int | None
+    ctx: CallContext
+    started: float = field(default_factory=time.perf_counter)
+
+
+Handler = Callable[[Call], Awaitable[bytes]]  # -> result JSON; raises StateError
+
+
+class Bus:
+    """The names of one service's stream, group and record keys."""
+
+    def __init__(self, prefix: str, service: str) -> None:
+        self.prefix = prefix
+        self.service = service
+        self.stream = f"{prefix}:bus:{service}"
+        self.group = service
+        self.stats_key = f"{prefix}:stats:{service}"
+        self.reply_prefix = f"{prefix}:reply:"
+
+    def record(self, call_id: str) -> str:
+        """A user worker's record of a call's reply (the state service records in-script)."""
+        return f"{self.stream}:done:{{{call_id}}}"
+
+    def reply_allowed(self, key: bytes) -> bool:
+        """Replies may not land on the service's own keys, except its reply lists."""
+        text = key.decode(errors="replace")
+        return not text.startswith(self.prefix + ":") or text.startswith(self.reply_prefix)
+
+
+def reply_document(call_id: str | None, result: bytes | None, error: StateError | None) -> bytes:
+    head = b'{"id":' + msgspec.json.encode(call_id)
+    if error is None:
+        assert result is not None
+        return head + b',"ok":true,"result":' + result + b"}"
+    return head + b',"ok":false,"error":' + msgspec.json.encode(error.to_dict()) + b"}"
+
+
+def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
+                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
+    """A stream entry as a Call, or the error to answer with (and where, and to which id)."""
+    fields: dict[bytes, bytes] = {}
+    for i in range(0, len(flat) - 1, 2):
+        fields.setdefault(flat[i], flat[i + 1])
+    reply = fields.get(b"reply", b"")
+    call_id: str | None = None
+    try:
+        raw_id = fields.get(b"id")
+        call_id = None if raw_id is None else raw_id.decode()
+        if raw_id is None or not call_id:
+            raise InvalidRequest("id: the call has no `id` field (a unique id per logical call)",
+                                 {"field": "id"})
+        fn = _text(fields, b"fn")
+        body = fields.get(b"body")
+        if body is None:
+            raise InvalidRequest("body: the call has no `body` field (a JSON object)",
+                                 {"field": "body"})
+        if len(body) > options.max_body_bytes:
+            raise ValueTooLarge(
+                f"body is {len(body)} bytes, more than the limit of {options.max_body_bytes} bytes",
+                {"field": "body", "size": len(body), "limit": options.max_body_bytes})
+        deadline = _deadline(fields.get(b"deadline_ms"))
+        caller = fields.get(b"caller")
+        context = _context(fields.get(b"context"))
+        ctx = CallContext(caller=None if caller is None else caller.decode(errors="replace"),
+                          context=context, call_id=call_id)
+    except UnicodeDecodeError:
+        return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})
+    except StateError as exc:
+        return None, reply, call_id, exc
+    return Call(entry_id, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+
+
+def _text(fields: dict[bytes, bytes], name: bytes) -> str:
+    raw = fields.get(name)
+    if raw is None:
+        raise InvalidRequest(f"{name.decode()}: the call has no `{name.decode()}` field",
+                             {"field": name.decode()})
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{name.decode()}: not valid UTF-8 text",
+                             {"field": name.decode()}) from exc
+
+
+def _deadline(raw: bytes | None) -> int | None:
+    if raw is None or raw == b"":
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidRequest("deadline_ms: must be an integer (epoch milliseconds), got "
+                             f"{raw[:40]!r}", {"field": "deadline_ms"}) from exc
+
+
+def _context(raw: bytes | None) -> dict[str, Any]:
+    if raw is None or raw == b"":
+        return {}
+    try:
+        context = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"context: not valid JSON: {exc}", {"field": "context"}) from exc
+    if not isinstance(context, dict):
+        raise InvalidRequest("context: must be a JSON object", {"field": "context"})
+    return context
+
+
+def default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"

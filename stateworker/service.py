@@ -1,0 +1,60 @@
+"""The state service: the `state::*` functions on the bus. Lifecycle only: start in order
+(Redis and its checks, scripts, the TTL reaper, the bus), run the loops in one task group,
+drain on stop."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+
+from stateworker import functions
+from stateworker.bus import Bus, BusOptions, Call, Handler
+from stateworker.runtime import BusRuntime
+from stateworker.settings import Settings
+from stateworker.store import RedisState
+
+STATE_SERVICE = "state"
+
+
+def state_handler(state: RedisState) -> Handler:
+    async def handle(call: Call) -> bytes:
+        return await functions.call_json(state, call.fn, call.body, call.ctx)
+
+    return handle
+
+
+class StateService:
+    """`async with StateService.running(settings) as service:` serves until the block ends,
+    then stops intake and answers every call already read."""
+
+    def __init__(self, state: RedisState, options: BusOptions) -> None:
+        self.state = state
+        self.bus = Bus(state.settings.prefix, STATE_SERVICE)
+        self.runtime = BusRuntime(state.conn, self.bus, state_handler(state), options)
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, settings: Settings, options: BusOptions | None = None
+                      ) -> AsyncIterator[StateService]:
+        async with RedisState.open(settings=settings, reaper=True) as state:
+            service = cls(state, options or BusOptions())
+            async with anyio.create_task_group() as tg:
+                await tg.start(service.runtime.run)
+                try:
+                    yield service
+                finally:
+                    service.runtime.stop()
+
+
+async def serve(settings: Settings, options: BusOptions | None = None,
+                ready: Callable[[StateService], None] | None = None) -> None:
+    """Run the state service until SIGINT or SIGTERM; `ready(service)` once it serves."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with StateService.running(settings, options) as service:
+            if ready is not None:
+                ready(service)
+            async for _ in signals:
+                break
