@@ -67,6 +67,13 @@ def _recorded(record: bytes) -> list[Any]:
     return list(plain(msgspec.msgpack.decode(record)))
 
 
+class _Keep:
+    """A write keeps the entry's current topic / expiry (compare-and-set, diff)."""
+
+
+KEEP = _Keep()
+
+
 def _opt(text: str | None) -> str:
     """Optional string for a script argument: "" for None, else "=" + text."""
     return "" if text is None else "=" + text
@@ -206,14 +213,16 @@ class RedisState:
         key: str,
         value: codec.Value,
         *,
-        topic: str | None = None,
-        ttl_ms: int | None = None,
+        topic: str | None | _Keep = None,
+        ttl_ms: int | None | _Keep = None,
         condition: str = "",
         diff: bool = False,
         ctx: CallContext = NO_CONTEXT,
     ) -> list[Any]:
         """Run set.lua; returns its reply (status first). See the script for `condition`."""
-        args: list[Arg] = [value.json, value.hash, _opt(topic), ttl_ms or 0, condition,
+        topic_arg = "~" if isinstance(topic, _Keep) else _opt(topic)
+        ttl_arg = "" if isinstance(ttl_ms, _Keep) else ttl_ms or 0
+        args: list[Arg] = [value.json, value.hash, topic_arg, ttl_arg, condition,
                            "1" if diff else "", "1" if value.plain_strings else ""]
         for _ in range(3):
             reply = await self._entry_script("set", scope, key, ctx, args)
@@ -268,7 +277,8 @@ class RedisState:
     ) -> SwapResult:
         """Swap when the stored value deep-equals `expected` (None or null: absent)."""
         condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
-        reply = await self.write(scope, key, value, condition=condition, ctx=ctx)
+        reply = await self.write(scope, key, value, topic=KEEP, ttl_ms=KEEP, condition=condition,
+                                 ctx=ctx)
         if reply[0] == 0:
             return SwapResult(True)
         return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
@@ -292,7 +302,8 @@ class RedisState:
             return DiffResult(changed=entry.hash != value.hash, found_previous=True,
                               previous_version=entry.version, previous=entry.value)
         condition = "" if expected_version is None else f"v{expected_version}"
-        reply = await self.write(scope, key, value, condition=condition, diff=True, ctx=ctx)
+        reply = await self.write(scope, key, value, topic=KEEP, ttl_ms=KEEP, condition=condition,
+                                 diff=True, ctx=ctx)
         status = reply[0]
         if status == LUA_STATUS["CONFLICT"]:
             raise self._conflict(scope, key, expected_version or 0, reply[1])

@@ -4,8 +4,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis.asyncio as aredis
 
 from stateworker import StateStore
+from stateworker.bus import BusOptions
+from stateworker.service import StateService
+from stateworker.settings import Settings
 from tests.servers import RedisServer
 
 
@@ -37,3 +41,19 @@ async def store(redis_server: RedisServer, prefix: str) -> AsyncIterator[StateSt
 @pytest.fixture
 def scope() -> str:
     return f"scope-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def service(redis_server: RedisServer, prefix: str) -> AsyncIterator[StateService]:
+    """The state service in this process, on the shared Redis, with a fresh prefix."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as running:
+        yield running
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
+    """A plain redis-py client, to speak the bus protocol by hand."""
+    client = aredis.Redis(port=redis_server.port)
+    yield client
+    await client.aclose()

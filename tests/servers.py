@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,3 +71,41 @@ class RedisServer:
             self.process.send_signal(sig)
             self.process.wait(timeout=15)
             self.process = None
+
+
+class ServiceProcess:
+    """`stateworker serve` in a process of its own, for crash and signal tests."""
+
+    def __init__(self, redis_url: str, prefix: str, consumer: str = "svc-1",
+                 visibility_timeout_ms: int = 1000) -> None:
+        self.args = [sys.executable, "-m", "stateworker", "--redis-url", redis_url, "serve",
+                     "--consumer", consumer, "--visibility-timeout-ms", str(visibility_timeout_ms),
+                     "--log-level", "WARNING"]
+        self.env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4"}
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 30)
+        assert ready, "the service did not report that it serves within 30 s"
+        line = self.process.stdout.readline()
+        assert '"serving"' in line, line
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout=timeout)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.signal(signal.SIGKILL)
+            self.wait()

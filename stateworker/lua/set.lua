@@ -13,8 +13,8 @@
     ARGV[6] writer ("" for none)    ARGV[7] how long the call record is kept (ms)
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
-    ARGV[10] topic: "" for none, else "=" .. topic
-    ARGV[11] ttl in ms, "0" for no expiry
+    ARGV[10] topic: "" for none, "=" .. topic, or "~" to keep the current one
+    ARGV[11] ttl in ms: "0" for no expiry, "" to keep the current expiry
     ARGV[12] condition: "" none | "v<N>" stored version must be N (0 = absent)
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
     ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
@@ -65,5 +65,6 @@ if ARGV[13] == '1' and cur and cur[4] == hash then
 end
 
 local version, rev = write_entry(ctx, cur, value,
-  {hash = hash, topic = ARGV[10], ttl = tonumber(ARGV[11]), plain = ARGV[14] == '1'})
+  {hash = hash, topic = ARGV[10] ~= '~' and ARGV[10], ttl = tonumber(ARGV[11]) or false,
+   plain = ARGV[14] == '1'})
 return finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})

@@ -229,3 +229,13 @@ async def test_key_and_value_limits(redis_server: Any, prefix: str, scope: str) 
         assert err.code == "VALUE_TOO_LARGE"
         assert err.details["size"] == 11 and err.details["limit"] == 10
         assert await store.call("state::get", {"scope": "s", "key": "k"}) == "12345678"
+
+
+async def test_compare_and_set_and_diff_keep_topic_and_expiry(store: StateStore,
+                                                              scope: str) -> None:
+    await store.set(scope, "k", 1, topic="t", ttl_ms=60_000)
+    before = await store.get_entry(scope, "k")
+    assert (await store.compare_and_set(scope, "k", 2, expected=1)).swapped is True
+    await store.call("state::diff", {"scope": scope, "key": "k", "value": 3})
+    after = await store.get_entry(scope, "k")
+    assert (after.value, after.topic, after.expires_at) == (3, "t", before.expires_at)

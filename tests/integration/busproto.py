@@ -1,0 +1,35 @@
+"""Speaking the bus protocol by hand (XADD a call, BLPOP its reply), as programs in other
+languages do."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+import redis.asyncio as aredis
+
+
+async def send(raw: aredis.Redis, prefix: str, fn: str, body: Any, *, reply: str | None = None,
+               call_id: str | None = None, **extra: Any) -> tuple[str, str]:
+    call_id = call_id or uuid.uuid4().hex
+    reply = reply or f"{prefix}:reply:{uuid.uuid4().hex}"
+    data = body if isinstance(body, bytes | str) else msgspec.json.encode(body)
+    fields = {"id": call_id, "fn": fn, "body": data, "reply": reply, **extra}
+    await raw.xadd(f"{prefix}:bus:state", fields)
+    return call_id, reply
+
+
+async def receive(raw: aredis.Redis, reply: str, timeout: float = 10) -> dict[str, Any]:
+    popped = await raw.blpop([reply], timeout=timeout)
+    assert popped is not None, f"no reply on {reply} within {timeout}s"
+    result: dict[str, Any] = msgspec.json.decode(popped[1])
+    return result
+
+
+async def roundtrip(raw: aredis.Redis, prefix: str, fn: str, body: Any, **extra: Any
+                    ) -> dict[str, Any]:
+    call_id, reply = await send(raw, prefix, fn, body, **extra)
+    document = await receive(raw, reply)
+    assert document["id"] == call_id
+    return document

@@ -1,0 +1,135 @@
+"""Every function over the raw bus protocol: XADD with the documented fields, BLPOP the reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker.codec import now_ms
+from stateworker.service import StateService
+from tests.integration.busproto import receive, roundtrip, send
+
+pytestmark = pytest.mark.anyio
+
+
+async def ok(raw: aredis.Redis, prefix: str, fn: str, body: Any, **extra: Any) -> Any:
+    document = await roundtrip(raw, prefix, fn, body, **extra)
+    assert document["ok"] is True, document
+    return document["result"]
+
+
+async def fails(raw: aredis.Redis, prefix: str, fn: str, body: Any, **extra: Any
+                ) -> dict[str, Any]:
+    document = await roundtrip(raw, prefix, fn, body, **extra)
+    assert document["ok"] is False, document
+    error: dict[str, Any] = document["error"]
+    assert set(error) == {"code", "message", "details"}
+    return error
+
+
+async def test_every_function_over_the_bus(service: StateService, raw: aredis.Redis,
+                                           prefix: str, scope: str) -> None:
+    s = {"scope": scope}
+    k = {**s, "key": "k"}
+    assert await ok(raw, prefix, "state::get", k) is None
+    created = await ok(raw, prefix, "state::set", {**k, "value": {"n": 1}, "topic": "t"})
+    assert created["created"] is True and created["version"] == 1
+    assert await ok(raw, prefix, "state::get", k) == {"n": 1}
+    assert await ok(raw, prefix, "state::update", {**k, "ops": [
+        {"type": "increment", "path": "n", "by": 2}]}) == {
+        "old_value": {"n": 1}, "new_value": {"n": 3}, "version": 2}
+    assert await ok(raw, prefix, "state::compare-and-set", {**k, "expected": {"n": 3},
+                                                             "value": {"n": 4}}) == {"swapped": True}
+    assert await ok(raw, prefix, "state::compare-and-set", {**k, "expected": 0, "value": 1}) == {
+        "swapped": False, "current": {"n": 4}}
+    entry = await ok(raw, prefix, "state::get-entry", k, caller="w1")
+    assert entry["found"] is True and entry["version"] == 3 and entry["topic"] == "t"
+    assert await ok(raw, prefix, "state::list", s) == [{"n": 4}]
+    assert await ok(raw, prefix, "state::list_keys", s) == {"keys": ["k"]}
+    assert scope in (await ok(raw, prefix, "state::list_groups", {}))["groups"]
+    assert scope in (await ok(raw, prefix, "state::list-namespaces", {}))["namespaces"]
+    page = await ok(raw, prefix, "state::list-entries", {**s, "include_values": True})
+    assert [e["value"] for e in page["entries"]] == [{"n": 4}]
+    assert (await ok(raw, prefix, "state::diff", {**k, "value": {"n": 4}}))["changed"] is False
+    assert await ok(raw, prefix, "state::update-topic", {**k, "topic": "u"}) == {"updated": True}
+    assert await ok(raw, prefix, "state::delete-by-topic", {**s, "topic_pattern": "u"}) == {
+        "deleted": 1}
+    await ok(raw, prefix, "state::set", {**k, "value": [], "expected_version": 0})
+    assert await ok(raw, prefix, "state::delete", k) == []
+
+
+async def test_writer_comes_from_caller_and_context(service: StateService, raw: aredis.Redis,
+                                                    prefix: str, scope: str) -> None:
+    k = {"scope": scope, "key": "k"}
+    await ok(raw, prefix, "state::set", {**k, "value": 1}, caller="orders",
+             context=msgspec.json.encode({"execution_id": "ex-9", "user_id": "u"}))
+    entry = await ok(raw, prefix, "state::get-entry", k)
+    assert entry["updated_by"] == "ex-9"
+
+
+async def test_documented_errors_over_the_bus(service: StateService, raw: aredis.Redis,
+                                              prefix: str, scope: str) -> None:
+    k = {"scope": scope, "key": "k"}
+    assert (await fails(raw, prefix, "state::nope", {}))["code"] == "UNKNOWN_FUNCTION"
+    error = await fails(raw, prefix, "state::set", {"scope": scope, "key": 5, "value": 1})
+    assert error["code"] == "INVALID_REQUEST" and error["details"]["path"] == "$.key"
+    assert (await fails(raw, prefix, "state::get", {"scope": "state_barrier", "key": "k"}))[
+        "code"] == "RESERVED_SCOPE"
+    await ok(raw, prefix, "state::set", {**k, "value": 1})
+    conflict = await fails(raw, prefix, "state::set", {**k, "value": 2, "create_only": True})
+    assert conflict["code"] == "CONFLICT"
+    assert conflict["details"] == {"expected_version": 0, "current_version": 1}
+    missing = await fails(raw, prefix, "state::get-entry", {**k, "key": "x", "required": True})
+    assert missing["code"] == "NOT_FOUND"
+    late = await fails(raw, prefix, "state::set", {**k, "value": 3},
+                       deadline_ms=str(now_ms() - 1000))
+    assert late["code"] == "DEADLINE_EXCEEDED"
+    assert await ok(raw, prefix, "state::get", k) == 1  # nothing written by the late call
+    big = await fails(raw, prefix, "state::set", {**k, "value": "x" * (1024 * 1024 + 1)})
+    assert big["code"] == "VALUE_TOO_LARGE" and big["details"]["limit"] == 1024 * 1024
+
+
+async def test_retry_with_the_same_id_applies_once(service: StateService, raw: aredis.Redis,
+                                                   prefix: str, scope: str) -> None:
+    body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "c", "by": 1}]}
+    replies = []
+    for _ in range(3):
+        call_id, reply = await send(raw, prefix, "state::update", body, call_id="retry-1",
+                                    reply=f"{prefix}:reply:retry")
+        replies.append(await raw.blpop([reply], timeout=10))
+    documents = [popped[1] for popped in replies if popped is not None]
+    assert len(documents) == 3 and len(set(documents)) == 1
+    assert msgspec.json.decode(documents[0])["result"]["new_value"] == {"c": 1}
+    assert await ok(raw, prefix, "state::get", {"scope": scope, "key": "n"}) == {"c": 1}
+    # a mutation that failed in its script is answered the same way again too
+    for _ in range(2):
+        await ok(raw, prefix, "state::set", {"scope": scope, "key": "once", "value": 1},
+                 call_id="cs-1")
+    entry = await ok(raw, prefix, "state::get-entry", {"scope": scope, "key": "once"})
+    assert entry["version"] == 1
+
+
+async def test_fire_and_forget_and_refused_reply_keys(service: StateService, raw: aredis.Redis,
+                                                      prefix: str, scope: str) -> None:
+    stream = f"{prefix}:bus:state"
+    await raw.xadd(stream, {"id": "ff-1", "fn": "state::set", "reply": "",
+                            "body": msgspec.json.encode({"scope": scope, "key": "f",
+                                                         "value": 1})})
+    internal = f"{prefix}:{{{prefix}:p0}}:events"
+    await raw.xadd(stream, {"id": "bad-reply", "fn": "state::get", "reply": internal,
+                            "body": msgspec.json.encode({"scope": scope, "key": "f"})})
+    assert await ok(raw, prefix, "state::get", {"scope": scope, "key": "f"}) == 1
+    assert await raw.type(internal) in (b"stream", b"none")  # never turned into a reply list
+
+
+async def test_status_counters_and_acknowledged_stream(service: StateService, raw: aredis.Redis,
+                                                       prefix: str, scope: str) -> None:
+    for i in range(5):
+        await ok(raw, prefix, "state::set", {"scope": scope, "key": f"k{i}", "value": i})
+    await fails(raw, prefix, "state::nope", {})
+    call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k1"})
+    assert (await receive(raw, reply))["result"] == 1
+    assert (await raw.xpending(f"{prefix}:bus:state", "state"))["pending"] == 0
