@@ -97,7 +97,7 @@ async def test_retry_with_the_same_id_applies_once(service: StateService, raw: a
     body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "c", "by": 1}]}
     replies = []
     for _ in range(3):
-        call_id, reply = await send(raw, prefix, "state::update", body, call_id="retry-1",
+        _call_id, reply = await send(raw, prefix, "state::update", body, call_id="retry-1",
                                     reply=f"{prefix}:reply:retry")
         replies.append(await raw.blpop([reply], timeout=10))
     documents = [popped[1] for popped in replies if popped is not None]
@@ -130,6 +130,6 @@ async def test_status_counters_and_acknowledged_stream(service: StateService, ra
     for i in range(5):
         await ok(raw, prefix, "state::set", {"scope": scope, "key": f"k{i}", "value": i})
     await fails(raw, prefix, "state::nope", {})
-    call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k1"})
+    _call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k1"})
     assert (await receive(raw, reply))["result"] == 1
     assert (await raw.xpending(f"{prefix}:bus:state", "state"))["pending"] == 0
