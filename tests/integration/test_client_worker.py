@@ -1,0 +1,145 @@
+"""StateClient over the bus, a user's Worker with the same guarantees, and the CLI."""
+
+from __future__ import annotations
+
+import decimal
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from stateworker import Conflict
+from stateworker.bus import BusOptions, Call
+from stateworker.client import StateClient
+from stateworker.errors import CallTimeout, InvalidRequest, UnknownFunction
+from stateworker.service import StateService
+from stateworker.settings import Settings
+from stateworker.worker import Worker
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def client_settings(redis_server: RedisServer, prefix: str) -> Settings:
+    return Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+
+
+async def test_client_typed_helpers(service: StateService, redis_server: RedisServer,
+                                    prefix: str, scope: str) -> None:
+    async with StateClient(settings=client_settings(redis_server, prefix),
+                           caller="tester") as client:
+        result = await client.set(scope, "k", {"price": decimal.Decimal("1.20")}, topic="t")
+        assert result["created"] is True
+        assert await client.get(scope, "k") == {"price": decimal.Decimal("1.20")}
+        await client.update(scope, "n", [{"type": "increment", "path": "c", "by": 2}])
+        assert (await client.compare_and_set(scope, "n", 5, expected={"c": 2}))["swapped"]
+        assert await client.list_keys(scope) == ["k", "n"]
+        assert scope in await client.list_groups()
+        entry = await client.get_entry(scope, "k")
+        assert entry["updated_by"] == "tester" and entry["topic"] == "t"
+        assert (await client.list_entries(scope, topic_pattern="t"))["entries"][0]["key"] == "k"
+        assert (await client.diff(scope, "n", 5))["changed"] is False
+        assert await client.update_topic(scope, "k", None) == {"updated": True}
+        assert await client.delete_by_topic(scope, "*") == {"deleted": 0}
+        assert await client.delete(scope, "n") == 5
+        with pytest.raises(Conflict) as caught:
+            await client.set(scope, "k", 1, create_only=True)
+        assert caught.value.details == {"expected_version": 0, "current_version": 1}
+        with pytest.raises(InvalidRequest):
+            await client.call("state::set", {"scope": scope})
+        with pytest.raises(UnknownFunction):
+            await client.call("state::nope", {})
+        exact = await client.call_json("state::get", msgspec.json.encode(
+            {"scope": scope, "key": "k"}))
+        assert exact == b'{"price":{"$type":"decimal","$value":"1.20"}}'
+
+
+async def test_concurrent_calls_share_one_reply_reader(service: StateService,
+                                                       redis_server: RedisServer, prefix: str,
+                                                       scope: str) -> None:
+    async with StateClient(settings=client_settings(redis_server, prefix)) as client:
+        async with anyio.create_task_group() as tg:
+            for _ in range(200):
+                tg.start_soon(client.update, scope, "c",
+                              [{"type": "increment", "path": "n", "by": 1}])
+        assert await client.get(scope, "c") == {"n": 200}
+
+
+async def test_timeout_retries_with_the_same_id(redis_server: RedisServer, prefix: str,
+                                                scope: str) -> None:
+    settings = client_settings(redis_server, prefix)
+    async with StateClient(settings=settings, timeout=0.2, retries=2) as client:
+        with pytest.raises(CallTimeout):  # no service yet: three attempts, one id
+            await client.call("state::update", {"scope": scope, "key": "c", "ops": [
+                {"type": "increment", "path": "n", "by": 1}]}, call_id="same-id")
+        entries = await client.conn.execute("XRANGE", client.stream, "-", "+")
+        assert [e[1][1] for e in entries] == [b"same-id"] * 3
+        async with StateService.running(settings, BusOptions(block_ms=50)):
+            # the three deliveries of one id apply once
+            assert await client.get(scope, "c") == {"n": 1}
+
+
+async def test_user_worker_runs_each_call_id_once(redis_server: RedisServer, prefix: str) -> None:
+    settings = client_settings(redis_server, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[Any] = []
+
+    @worker.function("orders::create")
+    async def create(body: Any, call: Call) -> Any:
+        runs.append(body)
+        return {"order": body["id"], "by": call.ctx.caller, "total": decimal.Decimal("9.90")}
+
+    @worker.function()
+    async def fail(body: Any, call: Call) -> Any:
+        raise RuntimeError("boom")
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", caller="shop") as client:
+            first = await client.call("orders::create", {"id": 7}, call_id="order-7")
+            again = await client.call("orders::create", {"id": 7}, call_id="order-7")
+            assert first == again == {"order": 7, "by": "shop", "total": decimal.Decimal("9.90")}
+            assert runs == [{"id": 7}]
+            with pytest.raises(UnknownFunction):
+                await client.call("orders::nope", {})
+            with pytest.raises(InvalidRequest):
+                await client.call_json("orders::create", b"not json")
+            with pytest.raises(Exception) as caught:
+                await client.call("orders::fail", {})
+            assert getattr(caught.value, "code", None) == "INTERNAL"
+            assert await client.call("orders::create", {"id": 8}) == {
+                "order": 8, "by": "shop", "total": decimal.Decimal("9.90")}
+        worker.stop()
+
+
+def run_cli(redis_server: RedisServer, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stateworker", "--redis-url", redis_server.url, *args],
+        env={"STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4", "PATH": "/usr/bin"},
+        capture_output=True, text=True, timeout=60, check=False)
+
+
+async def test_cli_call_and_status(service: StateService, redis_server: RedisServer,
+                                   prefix: str, scope: str) -> None:
+    body = '{"scope": "' + scope + '", "key": "k", "value": [1.50]}'
+    done = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call", "state::set", body)
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout)["new_value"] == [1.5]
+    assert '"new_value":[1.50]' in done.stdout
+    bad = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call", "state::set", "{}")
+    assert bad.returncode == 1 and msgspec.json.decode(bad.stderr)["code"] == "INVALID_REQUEST"
+    with anyio.fail_after(10):
+        while True:
+            status = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "status")
+            report = msgspec.json.decode(status.stdout)
+            counters = report["services"]["state"]["counters"]
+            if counters.get("calls", 0) >= 2:
+                break
+            await anyio.sleep(0.1)  # polling: counters reach Redis once a second
+    assert report["reachable"] is True and report["aof"] is True
+    state = report["services"]["state"]
+    assert state["pending"] == 0 and state["consumers"][0]["name"]
+    assert counters["errors:INVALID_REQUEST"] >= 1
