@@ -83,7 +83,7 @@ class StateStore:
     # ---- typed methods -----------------------------------------------------------------------
     async def get(self, scope: str, key: str) -> Any:
         validate.address(self.settings, scope, key)
-        raw = await self.state.get(scope, key)
+        raw = await self.state.execute(self.state.get_plan(scope, key))
         return None if raw is None else _py(raw)
 
     async def set(
@@ -99,29 +99,32 @@ class StateStore:
         by: str | None = None,
     ) -> SetOutcome:
         validate.address(self.settings, scope, key)
-        result = await self.state.set(
+        result = await self.state.execute(self.state.set_plan(
             scope, key, self._value(value), topic=validate.topic(topic),
             ttl_ms=validate.ttl_ms(ttl_ms),
             expected_version=validate.expected_version(expected_version),
             create_only=create_only, ctx=_ctx(by),
-        )
+        ))
         return SetOutcome(_py(result.old_value), _py(result.new_value), result.version,
                           result.hash, result.created)
 
     async def delete(self, scope: str, key: str, *, by: str | None = None) -> Any:
         validate.address(self.settings, scope, key)
-        return _py(await self.state.delete(scope, key, ctx=_ctx(by)))
+        return _py(await self.state.execute(self.state.delete_plan(scope, key, ctx=_ctx(by))))
 
     async def list(self, scope: str) -> builtins.list[Any]:
         validate.scope(self.settings, scope)
-        return [_py(raw) for raw in await self.state.list_values(scope)]
+        return [_py(raw) for raw in await self.state.execute(self.state.list_values_plan(scope))]
 
     async def list_keys(self, scope: str) -> builtins.list[str]:
         validate.scope(self.settings, scope)
-        return (await self.state.list_keys(scope)).keys
+        keys: builtins.list[str] = (await self.state.execute(self.state.list_keys_plan(scope))).keys
+        return keys
 
     async def list_groups(self) -> builtins.list[str]:
-        return (await self.state.list_groups(validate.RESERVED_SCOPES)).groups
+        plan = self.state.list_groups_plan(validate.RESERVED_SCOPES)
+        groups: builtins.list[str] = (await self.state.execute(plan)).groups
+        return groups
 
     async def compare_and_set(
         self, scope: str, key: str, value: Any, expected: Any = ABSENT, *, by: str | None = None
@@ -129,8 +132,8 @@ class StateStore:
         """Write `value` only if the stored value deep-equals `expected` (ABSENT/None: absent)."""
         validate.address(self.settings, scope, key)
         want = None if expected is ABSENT else self._value(expected, "expected")
-        result = await self.state.compare_and_set(scope, key, want, self._value(value),
-                                                 ctx=_ctx(by))
+        result = await self.state.execute(self.state.compare_and_set_plan(
+            scope, key, want, self._value(value), ctx=_ctx(by)))
         if result.swapped:
             return Swap(True)
         assert isinstance(result.current, msgspec.Raw)
@@ -143,7 +146,8 @@ class StateStore:
         fallback = None
         if default is not ABSENT:
             fallback = msgspec.Raw(self._value(default, "default").json)
-        result = await self.state.get_entry(scope, key, default=fallback, required=required)
+        result = await self.state.execute(self.state.get_entry_plan(
+            scope, key, default=fallback, required=required))
         return _entry(result)
 
     async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:

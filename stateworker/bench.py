@@ -19,6 +19,7 @@ import anyio
 import msgspec
 import redis.asyncio as aredis
 
+from stateworker import bench_bus
 from stateworker.api import StateStore
 from stateworker.embedded import EmbeddedRedis
 
@@ -58,18 +59,26 @@ async def paired(ours: Op, raw: Op, concurrency: int, seconds: float, rounds: in
     return statistics.median(ours_rates), statistics.median(raw_rates)
 
 
-async def run(seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sw-bench-") as tmp:
         server = EmbeddedRedis(Path(tmp))
         await server.start()
         try:
-            return await _measure(server.url, str(server.socket), seconds, rounds, out)
+            figures: dict[str, Any] = {"seconds": seconds, "rounds": rounds}
+            if sections & {"store", "update", "list"}:
+                figures.update(await _measure(server.url, str(server.socket), seconds, rounds,
+                                              out, sections))
+            if "bus" in sections:
+                figures["bus"] = await bench_bus.bus_section(server.url, str(server.socket),
+                                                             seconds, rounds, out)
+            return figures
         finally:
             await server.stop()
 
 
-async def _measure(url: str, socket: str, seconds: float, rounds: int, out: Any) -> dict[str, Any]:
-    figures: dict[str, Any] = {"seconds": seconds, "rounds": rounds, "results": []}
+async def _measure(url: str, socket: str, seconds: float, rounds: int, out: Any,
+                   sections: set[str]) -> dict[str, Any]:
+    figures: dict[str, Any] = {"results": []}
     raw_client = aredis.Redis(unix_socket_path=socket)
     raw_set = raw_client.register_script(RAW_SET_LUA)
     value = msgspec.json.encode({"n": 1, "name": "bench", "tags": ["a", "b"], "ok": True})
@@ -110,19 +119,25 @@ async def _measure(url: str, socket: str, seconds: float, rounds: int, out: Any)
         for name, ours in (("set", ours_set), ("get", ours_get),
                            ("compare-and-set", ours_cas)):
             for concurrency in (1, 64):
+                if "store" not in sections:
+                    continue
                 ours_rate, raw_rate = await paired(ours, raw_op, concurrency, seconds, rounds)
                 report("state::" + name, concurrency, ours_rate, raw_rate)
-        await _update_section(store, raw_set, seconds, rounds, report)
-        await _list_section(store, raw_client, seconds, rounds, report, out)
+        if "update" in sections:
+            await _update_section(store, raw_set, seconds, rounds, report)
+        if "list" in sections:
+            await _list_section(store, raw_client, seconds, rounds, report, out)
     await raw_client.aclose()
     print("raw = redis-py EVALSHA of a minimal HSET+XADD script, one awaited call per op "
           "(update: with the same 1 KiB document); list-entries raw = ZRANGE then a pipeline of "
           "100 HMGET, awaited per page", file=out)
-    by_op = {(r["op"], r["concurrency"]): r for r in figures["results"]}
-    update, set_1k = by_op[("state::update 3 ops 1KiB", 64)], by_op[("state::set 1KiB", 64)]
-    figures["update_vs_set_64"] = round(update["ours"] / set_1k["ours"], 3)
-    print(f"update / set (1 KiB, concurrency 64, same run): {figures['update_vs_set_64']:.2f}",
-          file=out)
+    by_op = {(r["op"], r["concurrency"]): r["ours"] for r in figures["results"]}
+    update = by_op.get(("state::update 3 ops 1KiB", 64))
+    for label, other in (("set 1 KiB", by_op.get(("state::set 1KiB", 64))),
+                         ("set small", by_op.get(("state::set", 64)))):
+        if update and other:
+            figures[f"update_vs_{label.replace(' ', '_')}_64"] = round(update / other, 3)
+            print(f"update / {label} (concurrency 64, same run): {update / other:.2f}", file=out)
     return figures
 
 
@@ -197,6 +212,9 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
         report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
-def main(seconds: float = 2.0, rounds: int = 3) -> None:
-    figures = anyio.run(run, seconds, rounds, sys.stdout)
+SECTIONS = ("store", "update", "list", "bus")
+
+
+def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:
+    figures = anyio.run(run, seconds, rounds, sys.stdout, set(sections))
     print(msgspec.json.encode(figures).decode())

@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_p = sub.add_parser("bench", help="benchmark against raw redis-py, as ratios")
     bench_p.add_argument("--seconds", type=float, default=2.0)
     bench_p.add_argument("--rounds", type=int, default=3)
+    bench_p.add_argument("--sections", default="store,update,list,bus",
+                         help="comma-separated: store, update, list, bus")
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if report.get("reachable") else 1
         from stateworker import bench
 
-        bench.main(args.seconds, args.rounds)
+        bench.main(args.seconds, args.rounds, tuple(args.sections.split(",")))
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return 2

@@ -88,13 +88,12 @@ class StateClient:
                 popped = await self._reader.execute("BLPOP", self.reply_key, 1)
                 if popped is None:
                     continue
-                documents = [popped[1]]
+                self._deliver(popped[1])  # at once: the rest may wait one more round trip
                 more = await self._reader.execute("LPOP", self.reply_key, 1000)
-                documents += more or []
             except ConnectionLost:
                 await anyio.sleep(0.1)  # back off; the connection reconnects on the next call
                 continue
-            for document in documents:
+            for document in more or []:
                 self._deliver(document)
 
     def _deliver(self, document: bytes) -> None:

@@ -17,6 +17,7 @@ from stateworker import codec
 from stateworker.codec import now_ms
 from stateworker.errors import InvalidRequest
 from stateworker.keys import member
+from stateworker.plans import Plan, then
 from stateworker.store import RedisState
 
 MAX_LIMIT = 1000
@@ -90,7 +91,7 @@ def check(req: ListEntriesRequest) -> None:
                              {"path": "$.offset"})
 
 
-async def list_entries(state: RedisState, req: ListEntriesRequest) -> ListEntriesResult:
+def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
     check(req)
     part = state.keys.for_scope(req.scope)
     index = {"key": part.key_index, "updated_at": part.updated_index,
@@ -98,18 +99,41 @@ async def list_entries(state: RedisState, req: ListEntriesRequest) -> ListEntrie
     position, score, skip = b"", "", req.offset
     if req.after is not None:
         position, score, skip = decode_cursor(req.after, req)
-    reply = await state.run_script("entries", [index], [
+
+    def finish(reply: list[Any]) -> Any:
+        _, last_member, last_score, skip_left, flat = reply
+        result = ListEntriesResult([_entry(req, flat[i:i + 9]) for i in range(0, len(flat), 9)])
+        if last_member is not None:
+            result.next_after = encode_cursor(Cursor(
+                req.order_by, req.order, base64.b64encode(last_member).decode(),
+                (last_score or b"").decode(), int(skip_left)))
+        unknown = [(entry, flat[i * 9 + 8]) for i, entry in enumerate(result.entries)
+                   if not entry.hash]
+        if not unknown:
+            return result
+        # hashes an update left unknown: compute and store them, then answer
+        steps = [state.hash_plan(req.scope, entry.key, entry.version, value)
+                 for entry, value in unknown]
+        return _with_hashes(result, unknown, steps)
+
+    return state.script_plan("entries", [index], [
         now_ms(), part.entry_prefix + member(req.scope, ""), req.order_by, req.order,
         position, score, req.limit, skip, req.prefix or "", _pattern(req.key_pattern),
-        _pattern(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE])
-    _, last_member, last_score, skip_left, flat = reply
-    entries = [await _entry(state, req, flat[i:i + 9]) for i in range(0, len(flat), 9)]
-    result = ListEntriesResult(entries)
-    if last_member is not None:
-        result.next_after = encode_cursor(Cursor(
-            req.order_by, req.order, base64.b64encode(last_member).decode(),
-            (last_score or b"").decode(), int(skip_left)))
-    return result
+        _pattern(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE],
+        finish)
+
+
+def _with_hashes(result: ListEntriesResult, unknown: list[tuple[ListedEntry, bytes]],
+                 steps: list[Plan]) -> Plan:
+    """One step storing every missing hash; then the page with the hashes filled in."""
+    def finish(replies: list[Any]) -> ListEntriesResult:
+        position = 0
+        for (entry, _), step in zip(unknown, steps, strict=True):
+            entry.hash = step.finish(replies[position:position + len(step.commands)])
+            position += len(step.commands)
+        return result
+
+    return Plan([command for step in steps for command in step.commands], finish)
 
 
 def _pattern(pattern: str | None) -> str:
@@ -120,21 +144,20 @@ def _ms(raw: bytes | None) -> str | None:
     return None if raw is None else codec.rfc3339_ms(int(raw))
 
 
-async def _entry(state: RedisState, req: ListEntriesRequest, f: list[Any]) -> ListedEntry:
+def _entry(req: ListEntriesRequest, f: list[Any]) -> ListedEntry:
     key, n, h, t, c, u, x, b, v = f
-    version = int(n)
-    digest = h.decode() if h is not None else await state.store_hash(
-        req.scope, key.decode(), version, v)
-    entry = ListedEntry(key.decode(), None if t is None else t.decode(), version, digest,
-                        _ms(c), _ms(u), _ms(x), None if b is None else b.decode())
+    entry = ListedEntry(key.decode(), None if t is None else t.decode(), int(n),
+                        "" if h is None else h.decode(), _ms(c), _ms(u), _ms(x),
+                        None if b is None else b.decode())
     if req.include_values:
         entry.value = Raw(v)
     return entry
 
 
-async def delete_by_topic(state: RedisState, scope: str, pattern: str,
-                          by: str | None = None) -> int:
-    """Delete every entry whose topic matches, in bounded atomic batches; returns the count."""
+def delete_by_topic_plan(state: RedisState, scope: str, pattern: str,
+                         by: str | None = None) -> Plan:
+    """Delete every entry whose topic matches, in bounded atomic batches (one step each);
+    the result is the count."""
     part = state.keys.for_scope(scope)
     # Index members are "<topic>\0<key>"; those with the pattern's literal start (or, with no
     # star, that exact topic) sort between it and it followed by byte 255 (never in UTF-8).
@@ -142,27 +165,34 @@ async def delete_by_topic(state: RedisState, scope: str, pattern: str,
         head = pattern.split("*", 1)[0].encode()
     else:
         head = pattern.encode() + b"\0"
-    start, end = b"[" + head, b"[" + head + b"\xff"
-    deleted = 0
-    while True:
-        reply = await state.run_script("deltopic", [
+    end = b"[" + head + b"\xff"
+
+    def batch(start: bytes, deleted: int) -> Plan:
+        def finish(reply: list[Any]) -> Any:
+            total = deleted + int(reply[1])
+            if reply[2] is None:
+                return total
+            return batch(b"(" + reply[2], total)
+
+        return state.script_plan("deltopic", [
             part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
             part.scopes, part.ttl, part.events,
         ], [scope, now_ms(), state.settings.events_maxlen, by or "", pattern, start, end,
-            DELETE_BATCH, part.entry_prefix + member(scope, ""), member(scope, "")])
-        deleted += int(reply[1])
-        if reply[2] is None:
-            return deleted
-        start = b"(" + reply[2]
+            DELETE_BATCH, part.entry_prefix + member(scope, ""), member(scope, "")], finish)
+
+    return batch(b"[" + head, 0)
 
 
-async def list_namespaces(state: RedisState, pattern: str | None, limit: int,
-                          hidden: frozenset[str]) -> list[str]:
-    groups = (await state.list_groups(hidden)).groups
-    if pattern is not None:
-        parts = pattern.split("*")
-        groups = [g for g in groups if glob_match(g, parts)]
-    return groups[:limit]
+def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
+                         hidden: frozenset[str]) -> Plan:
+    def finish(groups: Any) -> list[str]:
+        names: list[str] = groups.groups
+        if pattern is not None:
+            parts = pattern.split("*")
+            names = [g for g in names if glob_match(g, parts)]
+        return names[:limit]
+
+    return then(state.list_groups_plan(hidden), finish)
 
 
 def glob_match(subject: str, parts: list[str]) -> bool:

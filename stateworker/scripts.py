@@ -1,9 +1,9 @@
-"""Loads the Lua scripts, expands their includes, and runs them by SHA.
+"""Loads the Lua scripts and expands their includes.
 
 `--- @include "name"` pulls in `lua/includes/name.lua` (once per script; a cycle is an error).
 The status table `ST` from errors.py is written in after an optional `#!lua` shebang line.
-Scripts are called with EVALSHA; a NOSCRIPT reply (Redis restarted, SCRIPT FLUSH) loads the
-script again and repeats the call, which is safe because a NOSCRIPT call did not run.
+Scripts are called with EVALSHA (`Script.command`); plans.pipeline loads them again and
+repeats the call on NOSCRIPT (Redis restarted, SCRIPT FLUSH): a NOSCRIPT call did not run.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import hashlib
 import re
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
 
 from stateworker.errors import lua_status_table
-from stateworker.redisconn import Arg, RedisConnection, ReplyError
+from stateworker.redisconn import Arg, RedisConnection
 
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 
@@ -73,7 +72,7 @@ SCRIPT_NAMES = (
 
 
 class Scripts:
-    """Every script of the package, run over one connection."""
+    """Every script of the package, for one connection."""
 
     def __init__(self, conn: RedisConnection) -> None:
         self.conn = conn
@@ -84,29 +83,3 @@ class Scripts:
 
     async def load_all(self) -> None:
         await self.conn.pipeline([["SCRIPT", "LOAD", s.source] for s in self.by_name.values()])
-
-    async def run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        command = script.command(keys, args)
-        try:
-            return await self.conn.execute(*command)
-        except ReplyError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-        await self.conn.execute("SCRIPT", "LOAD", script.source)
-        return await self.conn.execute(*command)
-
-    async def run_many(self, calls: Sequence[tuple[Script, Sequence[Arg], Sequence[Arg]]]) -> list[Any]:
-        """Run scripts as one pipeline; each result is a reply or its ReplyError."""
-        commands = [script.command(keys, args) for script, keys, args in calls]
-        results = await self.conn.pipeline(commands)
-        missing = [i for i, r in enumerate(results) if _is_noscript(r)]
-        if missing:
-            await self.load_all()
-            retried = await self.conn.pipeline([commands[i] for i in missing])
-            for i, result in zip(missing, retried, strict=True):
-                results[i] = result
-        return results
-
-
-def _is_noscript(result: Any) -> bool:
-    return isinstance(result, ReplyError) and str(result).startswith("NOSCRIPT")

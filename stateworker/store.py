@@ -1,14 +1,16 @@
 """The state operations over Redis; no knowledge of the bus.
 
-Every mutation is one Lua script call. Arguments arrive validated (`validate.py`); values arrive
-as `codec.Value` (compact JSON + hash) and leave as `msgspec.Raw`, so no value is ever decoded
-on the way through. Reads that need one key are plain HMGETs checked against the clock here.
+Every operation is a `Plan` (plans.py): the commands it needs and what to make of their
+replies, so the bus can run a whole batch of calls as one pipeline. Every mutation is one Lua
+script call. Arguments arrive validated (`validate.py`); values arrive as `codec.Value`
+(compact JSON + hash) and leave as `msgspec.Raw`, so no value is decoded on the way through.
+Reads of one key are plain HMGETs checked against the clock here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,11 @@ from stateworker.errors import (
     Conflict,
     InternalError,
     NotFound,
-    Unavailable,
+    StateError,
     ValueTooLarge,
 )
 from stateworker.keys import KeySpace, member
+from stateworker.plans import Plan, command_reply, execute_many, script_reply, then
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.schemas import (
     NO_CONTEXT,
@@ -41,13 +44,10 @@ from stateworker.schemas import (
     SetResult,
     SwapResult,
 )
-from stateworker.scripts import Script, Scripts
+from stateworker.scripts import Scripts
 from stateworker.settings import Settings
 
 log = logging.getLogger("stateworker.store")
-
-
-_KNOWN_STATUSES = frozenset(LUA_STATUS.values())
 
 
 def _recorded(record: bytes) -> list[Any]:
@@ -168,75 +168,87 @@ class RedisState:
                 f"not {self.keys.partitions}: scopes would land in other partitions"
             )
 
-    # ---- running scripts -------------------------------------------------------------------
-    async def _run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
-        try:
-            reply = await self.scripts.run(script, keys, args)
-        except ConnectionLost as exc:
-            raise Unavailable(f"Redis unavailable during {script.name}: {exc}") from exc
-        except ReplyError as exc:
-            raise InternalError(f"script {script.name} failed: {exc}") from exc
-        if reply[0] not in _KNOWN_STATUSES:
-            raise InternalError(f"script {script.name} returned unknown status {reply[0]}")
-        return list(reply)
-
-    async def run_script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
-        return await self._run(self.scripts[name], keys, args)
-
-    async def _hmget(self, key: str, *fields: str) -> list[bytes | None]:
-        try:
-            result: list[bytes | None] = await self.conn.execute("HMGET", key, *fields)
-        except ConnectionLost as exc:
-            raise Unavailable(f"Redis unavailable: {exc}") from exc
+    # ---- running plans -----------------------------------------------------------------------
+    async def execute(self, plan: Plan) -> Any:
+        """Run one plan to its result; its StateError is raised."""
+        (result,) = await execute_many(self.conn, self.scripts, [plan])
+        if isinstance(result, StateError):
+            raise result
         return result
 
-    # ---- writes ----------------------------------------------------------------------------
-    async def _entry_script(
-        self, name: str, scope: str, key: str, ctx: CallContext, args: Sequence[Arg]
-    ) -> list[Any]:
-        """Run an entry script (KEYS and first ARGV as documented in set.lua). A bus call's
-        reply is recorded with the change; a second delivery gets the recorded reply."""
+    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]:
+        """Run plans together (one pipeline per step); results or StateErrors, in order."""
+        return await execute_many(self.conn, self.scripts, plans)
+
+    async def run_script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
+        reply: list[Any] = await self.execute(self.script_plan(name, keys, args, list))
+        return reply
+
+    def script_plan(self, name: str, keys: Sequence[Arg], args: Sequence[Arg],
+                    finish: Callable[[list[Any]], Any]) -> Plan:
+        """One script call; `finish` gets its checked reply."""
+        script = self.scripts[name]
+        return Plan([script.command(keys, args)],
+                    lambda replies: finish(script_reply(replies[0], name)))
+
+    def _entry_plan(self, name: str, scope: str, key: str, ctx: CallContext,
+                    args: Sequence[Arg], finish: Callable[[list[Any]], Any]) -> Plan:
+        """An entry script (KEYS and first ARGV as documented in set.lua). A bus call's reply
+        is recorded with the change; a second delivery gets the recorded reply."""
         part, entry_member = self.keys.for_scope(scope), member(scope, key)
         keys = part.entry_keys(scope, key)
         if ctx.call_id is not None:
             keys.append(part.call_record(ctx.call_id))
-        reply = await self._run(self.scripts[name], keys, [
-            scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
-            self.settings.dedupe_window_ms, *args])
-        if reply[0] == LUA_STATUS["DUPLICATE"]:
-            return _recorded(reply[1])
-        return reply
 
-    async def write(
+        def replayed(reply: list[Any]) -> Any:
+            if reply[0] == LUA_STATUS["DUPLICATE"]:
+                reply = _recorded(reply[1])
+            return finish(reply)
+
+        return self.script_plan(name, keys, [
+            scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
+            self.settings.dedupe_window_ms, *args], replayed)
+
+    # ---- writes ----------------------------------------------------------------------------
+    def write_plan(
         self,
         scope: str,
         key: str,
         value: codec.Value,
+        finish: Callable[[list[Any]], Any],
         *,
         topic: str | _Keep | None = None,
         ttl_ms: int | _Keep | None = None,
         condition: str = "",
         diff: bool = False,
         ctx: CallContext = NO_CONTEXT,
-    ) -> list[Any]:
-        """Run set.lua; returns its reply (status first). See the script for `condition`."""
+    ) -> Plan:
+        """set.lua; `finish` gets its reply (status first). See the script for `condition`.
+        A stored hash left unknown by an update is computed, stored and the write repeated."""
         topic_arg = "~" if isinstance(topic, _Keep) else _opt(topic)
         ttl_arg = "" if isinstance(ttl_ms, _Keep) else ttl_ms or 0
         args: list[Arg] = [value.json, value.hash, topic_arg, ttl_arg, condition,
                            "1" if diff else "", "1" if value.plain_strings else ""]
-        for _ in range(3):
-            reply = await self._entry_script("set", scope, key, ctx, args)
-            if reply[0] != LUA_STATUS["NEEDS_HASH"]:
-                return reply
-            await self.store_hash(scope, key, reply[1], reply[2])
-        raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
 
-    async def store_hash(self, scope: str, key: str, version: int, value: bytes) -> str:
-        """Compute the hash an update left unknown and store it if the version still holds."""
+        def attempt(left: int) -> Plan:
+            def check(reply: list[Any]) -> Any:
+                if reply[0] != LUA_STATUS["NEEDS_HASH"]:
+                    return finish(reply)
+                if left == 0:
+                    raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept "
+                                        "changing")
+                return then(self.hash_plan(scope, key, reply[1], reply[2]),
+                            lambda _digest: attempt(left - 1))
+
+            return self._entry_plan("set", scope, key, ctx, args, check)
+
+        return attempt(3)
+
+    def hash_plan(self, scope: str, key: str, version: int, value: bytes) -> Plan:
+        """Compute the hash an update left unknown, store it if the version still holds."""
         digest = codec.hash_tree(codec.decode_exact(value))
         entry = self.keys.for_scope(scope).entry(scope, key)
-        await self._run(self.scripts["sethash"], [entry], [version, digest])
-        return digest
+        return self.script_plan("sethash", [entry], [version, digest], lambda _reply: digest)
 
     def _conflict(self, scope: str, key: str, expected: int, current: int) -> Conflict:
         return Conflict(
@@ -245,7 +257,7 @@ class RedisState:
             {"expected_version": expected, "current_version": current},
         )
 
-    async def set(
+    def set_plan(
         self,
         scope: str,
         key: str,
@@ -256,163 +268,163 @@ class RedisState:
         expected_version: int | None = None,
         create_only: bool = False,
         ctx: CallContext = NO_CONTEXT,
-    ) -> SetResult:
+    ) -> Plan:
         expected = 0 if create_only else expected_version
-        condition = "" if expected is None else f"v{expected}"
-        reply = await self.write(scope, key, value, topic=topic, ttl_ms=ttl_ms,
-                                 condition=condition, ctx=ctx)
-        if reply[0] == LUA_STATUS["CONFLICT"]:
-            raise self._conflict(scope, key, expected or 0, reply[1])
-        old = NULL if reply[1] is None else msgspec.Raw(reply[1])
-        return SetResult(old, msgspec.Raw(value.json), reply[2], value.hash, reply[3] == 1)
 
-    async def compare_and_set(
-        self,
-        scope: str,
-        key: str,
-        expected: codec.Value | None,
-        value: codec.Value,
-        *,
-        ctx: CallContext = NO_CONTEXT,
-    ) -> SwapResult:
-        """Swap when the stored value deep-equals `expected` (None or null: absent)."""
+        def finish(reply: list[Any]) -> SetResult:
+            if reply[0] == LUA_STATUS["CONFLICT"]:
+                raise self._conflict(scope, key, expected or 0, reply[1])
+            old = NULL if reply[1] is None else msgspec.Raw(reply[1])
+            return SetResult(old, msgspec.Raw(value.json), reply[2], value.hash, reply[3] == 1)
+
+        return self.write_plan(scope, key, value, finish, topic=topic, ttl_ms=ttl_ms,
+                               condition="" if expected is None else f"v{expected}", ctx=ctx)
+
+    def compare_and_set_plan(self, scope: str, key: str, expected: codec.Value | None,
+                             value: codec.Value, *, ctx: CallContext = NO_CONTEXT) -> Plan:
+        """Swap when the stored value deep-equals `expected` (None or null: absent); the
+        entry keeps its topic and expiry."""
+        def finish(reply: list[Any]) -> SwapResult:
+            if reply[0] == 0:
+                return SwapResult(True)
+            return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
+
         condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
-        reply = await self.write(scope, key, value, topic=KEEP, ttl_ms=KEEP, condition=condition,
-                                 ctx=ctx)
-        if reply[0] == 0:
-            return SwapResult(True)
-        return SwapResult(False, NULL if reply[2] is None else msgspec.Raw(reply[2]))
+        return self.write_plan(scope, key, value, finish, topic=KEEP, ttl_ms=KEEP,
+                               condition=condition, ctx=ctx)
 
-    async def diff(
-        self,
-        scope: str,
-        key: str,
-        value: codec.Value,
-        *,
-        update: bool = True,
-        expected_version: int | None = None,
-        ctx: CallContext = NO_CONTEXT,
-    ) -> DiffResult:
-        """Compare with the stored value by hash; write (as set) only when it changed."""
+    def diff_plan(self, scope: str, key: str, value: codec.Value, *, update: bool = True,
+                  expected_version: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
+        """Compare with the stored value by hash; write (keeping topic and expiry) only when
+        it changed."""
         if not update:
-            entry = await self.get_entry(scope, key)
-            if not entry.found:
-                return DiffResult(changed=True, found_previous=False)
-            assert isinstance(entry.version, int) and isinstance(entry.hash, str)
-            return DiffResult(changed=entry.hash != value.hash, found_previous=True,
-                              previous_version=entry.version, previous=entry.value)
-        condition = "" if expected_version is None else f"v{expected_version}"
-        reply = await self.write(scope, key, value, topic=KEEP, ttl_ms=KEEP, condition=condition,
-                                 diff=True, ctx=ctx)
-        status = reply[0]
-        if status == LUA_STATUS["CONFLICT"]:
-            raise self._conflict(scope, key, expected_version or 0, reply[1])
-        if status == LUA_STATUS["UNCHANGED"]:
-            return DiffResult(changed=False, found_previous=True, previous_version=reply[1],
-                              previous=msgspec.Raw(value.json), version=reply[1],
-                              hash=value.hash)
-        found = reply[3] == 0
-        return DiffResult(
-            changed=True, found_previous=found,
-            previous_version=reply[2] - 1 if found else msgspec.UNSET,
-            previous=msgspec.Raw(reply[1]) if found else msgspec.UNSET,
-            version=reply[2], hash=value.hash,
-        )
+            def compare(entry: EntryResult) -> DiffResult:
+                if not entry.found:
+                    return DiffResult(changed=True, found_previous=False)
+                assert isinstance(entry.version, int) and isinstance(entry.hash, str)
+                return DiffResult(changed=entry.hash != value.hash, found_previous=True,
+                                  previous_version=entry.version, previous=entry.value)
 
-    async def update(
+            return then(self.get_entry_plan(scope, key), compare)
+
+        def finish(reply: list[Any]) -> DiffResult:
+            status = reply[0]
+            if status == LUA_STATUS["CONFLICT"]:
+                raise self._conflict(scope, key, expected_version or 0, reply[1])
+            if status == LUA_STATUS["UNCHANGED"]:
+                return DiffResult(changed=False, found_previous=True, previous_version=reply[1],
+                                  previous=msgspec.Raw(reply[2]), version=reply[1],
+                                  hash=value.hash)
+            found = reply[3] == 0
+            return DiffResult(
+                changed=True, found_previous=found,
+                previous_version=reply[2] - 1 if found else msgspec.UNSET,
+                previous=msgspec.Raw(reply[1]) if found else msgspec.UNSET,
+                version=reply[2], hash=value.hash,
+            )
+
+        return self.write_plan(scope, key, value, finish, topic=KEEP, ttl_ms=KEEP, diff=True,
+                               condition="" if expected_version is None else f"v{expected_version}",
+                               ctx=ctx)
+
+    def update_plan(
         self,
         scope: str,
         key: str,
         op_args: Sequence[Arg],
+        finish: Callable[[list[Any]], Any],
         *,
         ttl_ms: int | None = None,
         expected_version: int | None = None,
         topic: str | msgspec.UnsetType | None = msgspec.UNSET,
         ctx: CallContext = NO_CONTEXT,
-    ) -> list[Any]:
-        """Run update.lua with encoded ops (ops.encode_ops); the reply (status first)."""
+    ) -> Plan:
+        """update.lua with encoded ops (ops.encode_ops); `finish` gets its OK reply."""
         topic_arg = "" if topic is msgspec.UNSET else ("-" if topic is None else "=" + topic)
-        reply = await self._entry_script("update", scope, key, ctx, [
+
+        def check(reply: list[Any]) -> Any:
+            if reply[0] == LUA_STATUS["CONFLICT"]:
+                raise self._conflict(scope, key, expected_version or 0, reply[1])
+            if reply[0] == LUA_STATUS["VALUE_TOO_LARGE"]:
+                limit = self.settings.max_value_bytes
+                raise ValueTooLarge(
+                    f"the updated value of key {key!r} would be {reply[1]} bytes of JSON, more "
+                    f"than the limit of {limit} bytes; nothing was written",
+                    {"path": "$.ops", "size": reply[1], "limit": limit})
+            return finish(reply)
+
+        return self._entry_plan("update", scope, key, ctx, [
             self.settings.max_value_bytes,
             "" if expected_version is None else expected_version,
-            topic_arg, "" if ttl_ms is None else ttl_ms, *op_args])
-        if reply[0] == LUA_STATUS["CONFLICT"]:
-            raise self._conflict(scope, key, expected_version or 0, reply[1])
-        if reply[0] == LUA_STATUS["VALUE_TOO_LARGE"]:
-            limit = self.settings.max_value_bytes
-            raise ValueTooLarge(
-                f"the updated value of key {key!r} would be {reply[1]} bytes of JSON, more "
-                f"than the limit of {limit} bytes; nothing was written",
-                {"path": "$.ops", "size": reply[1], "limit": limit})
-        return reply
+            topic_arg, "" if ttl_ms is None else ttl_ms, *op_args], check)
 
-    async def update_topic(self, scope: str, key: str, topic: str | None,
-                           *, ctx: CallContext = NO_CONTEXT) -> bool:
-        reply = await self._entry_script("topic", scope, key, ctx,
-                                         ["-" if topic is None else "=" + topic])
-        return bool(reply[1])
+    def update_topic_plan(self, scope: str, key: str, topic: str | None,
+                          *, ctx: CallContext = NO_CONTEXT) -> Plan:
+        return self._entry_plan("topic", scope, key, ctx, ["-" if topic is None else "=" + topic],
+                                lambda reply: bool(reply[1]))
 
-    async def delete(self, scope: str, key: str, *, ctx: CallContext = NO_CONTEXT) -> msgspec.Raw:
-        reply = await self._entry_script("delete", scope, key, ctx, [])
-        return NULL if reply[1] is None else msgspec.Raw(reply[1])
+    def delete_plan(self, scope: str, key: str, *, ctx: CallContext = NO_CONTEXT) -> Plan:
+        return self._entry_plan("delete", scope, key, ctx, [],
+                                lambda reply: NULL if reply[1] is None else msgspec.Raw(reply[1]))
 
     # ---- reads -------------------------------------------------------------------------------
-    async def get(self, scope: str, key: str) -> msgspec.Raw | None:
+    def get_plan(self, scope: str, key: str) -> Plan:
         """The stored JSON, or None when missing or expired."""
-        part = self.keys.for_scope(scope)
-        value, expires = await self._hmget(part.entry(scope, key), "v", "x")
-        if value is None or (expires is not None and int(expires) <= now_ms()):
-            return None
-        return msgspec.Raw(value)
+        entry = self.keys.for_scope(scope).entry(scope, key)
 
-    async def get_entry(
-        self,
-        scope: str,
-        key: str,
-        *,
-        default: msgspec.Raw | None = None,
-        required: bool = False,
-    ) -> EntryResult:
-        part = self.keys.for_scope(scope)
-        v, n, h, t, c, u, x, b, r = await self._hmget(part.entry(scope, key), "v", "n", "h",
-                                                      "t", "c", "u", "x", "b", "r")
-        if v is None or (x is not None and int(x) <= now_ms()):
-            if required:
-                raise NotFound(f"key {key!r} not found in scope {scope!r}",
-                               {"scope": scope, "key": key})
-            return EntryResult(False) if default is None else EntryResult(False, default)
-        digest = h.decode() if h is not None else await self.store_hash(scope, key, int(n or 0), v)
-        return EntryResult(
-            True,
-            msgspec.Raw(v),
-            int(n or 0),
-            digest,
-            None if t is None else t.decode(),
-            codec.rfc3339_ms(int(c or 0)) or "",
-            codec.rfc3339_ms(int(u or 0)) or "",
-            None if x is None else codec.rfc3339_ms(int(x)),
-            None if b is None else b.decode(),
-            (r or b"").decode(),
-        )
+        def finish(replies: list[Any]) -> msgspec.Raw | None:
+            value, expires = command_reply(replies[0], "HMGET")
+            if value is None or (expires is not None and int(expires) <= now_ms()):
+                return None
+            return msgspec.Raw(value)
 
-    async def _list(self, scope: str, what: str) -> list[bytes]:
-        part = self.keys.for_scope(scope)
-        reply = await self._run(self.scripts["list"], [part.key_index(scope)],
-                                [now_ms(), part.entry_prefix + member(scope, ""), what])
-        return list(reply[1])
+        return Plan([["HMGET", entry, "v", "x"]], finish)
 
-    async def list_values(self, scope: str) -> list[msgspec.Raw]:
+    def get_entry_plan(self, scope: str, key: str, *, default: msgspec.Raw | None = None,
+                       required: bool = False) -> Plan:
+        entry = self.keys.for_scope(scope).entry(scope, key)
+
+        def finish(replies: list[Any]) -> Any:
+            v, n, h, t, c, u, x, b, r = command_reply(replies[0], "HMGET")
+            if v is None or (x is not None and int(x) <= now_ms()):
+                if required:
+                    raise NotFound(f"key {key!r} not found in scope {scope!r}",
+                                   {"scope": scope, "key": key})
+                return EntryResult(False) if default is None else EntryResult(False, default)
+
+            def result(digest: str) -> EntryResult:
+                return EntryResult(
+                    True, msgspec.Raw(v), int(n), digest,
+                    None if t is None else t.decode(),
+                    codec.rfc3339_ms(int(c or 0)) or "", codec.rfc3339_ms(int(u or 0)) or "",
+                    None if x is None else codec.rfc3339_ms(int(x)),
+                    None if b is None else b.decode(), (r or b"").decode())
+
+            if h is None:  # left unknown by an update: compute and store it now
+                return then(self.hash_plan(scope, key, int(n), v), result)
+            return result(h.decode())
+
+        return Plan([["HMGET", entry, "v", "n", "h", "t", "c", "u", "x", "b", "r"]], finish)
+
+    def _list_plan(self, scope: str, what: str, finish: Callable[[list[bytes]], Any]) -> Plan:
+        part = self.keys.for_scope(scope)
+        return self.script_plan("list", [part.key_index(scope)],
+                                [now_ms(), part.entry_prefix + member(scope, ""), what],
+                                lambda reply: finish(list(reply[1])))
+
+    def list_values_plan(self, scope: str) -> Plan:
         """Live values of a scope in key byte order."""
-        return [msgspec.Raw(v) for v in await self._list(scope, "values")]
+        return self._list_plan(scope, "values", lambda items: [msgspec.Raw(v) for v in items])
 
-    async def list_keys(self, scope: str) -> KeysResult:
+    def list_keys_plan(self, scope: str) -> Plan:
         """Live keys of a scope in byte order."""
-        return KeysResult([k.decode() for k in await self._list(scope, "keys")])
+        return self._list_plan(scope, "keys", lambda items: KeysResult([k.decode() for k in items]))
 
-    async def list_groups(self, hidden: frozenset[str] = frozenset()) -> GroupsResult:
+    def list_groups_plan(self, hidden: frozenset[str] = frozenset()) -> Plan:
         """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""
-        replies = await self.conn.pipeline(
-            [["ZRANGE", part.scopes, 0, -1] for part in self.keys.all_partitions()]
-        )
-        scopes = {s.decode() for reply in replies for s in reply}
-        return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
+        def finish(replies: list[Any]) -> GroupsResult:
+            scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
+            return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
+
+        return Plan([["ZRANGE", part.scopes, 0, -1] for part in self.keys.all_partitions()],
+                    finish)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.crc import key_slot
 
 from stateworker import StateStore
 from stateworker.redisconn import Arg
-from stateworker.scripts import SCRIPT_NAMES, Script, Scripts
+from stateworker.scripts import SCRIPT_NAMES, Script
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -36,13 +35,13 @@ async def test_every_script_call_hashes_to_one_slot(
     store: StateStore, scope: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[Script, Sequence[Arg], Sequence[Arg]]] = []
-    original = Scripts.run
+    original = Script.command
 
-    async def spy(self: Scripts, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        calls.append((script, keys, args))
-        return await original(self, script, keys, args)
+    def spy(self: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        calls.append((self, keys, args))
+        return original(self, keys, args)
 
-    monkeypatch.setattr(Scripts, "run", spy)
+    monkeypatch.setattr(Script, "command", spy)
     for i, s in enumerate([scope, scope + "x", "é", ""]):
         await store.set(s, f"k{i}", i, ttl_ms=60_000, topic="t")
         await store.compare_and_set(s, f"k{i}", i + 1, expected=i)
