@@ -1,7 +1,8 @@
 """`BusRuntime`: the loops that serve one service's stream (see bus.py for the protocol).
 
-    reader   XREADGROUP batches -> one task per call (bounded by `concurrency`)
-    call     deadline check -> handler -> queue (reply key, reply, entry id)
+    reader   XREADGROUP batches -> one task per batch (plans) or per call (user handlers),
+             bounded by `concurrency` calls in flight
+    call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
     reclaim  XAUTOCLAIM entries idle longer than the visibility timeout -> call tasks
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -27,6 +29,7 @@ from stateworker.bus import (
 )
 from stateworker.codec import now_ms
 from stateworker.errors import DeadlineExceeded, InternalError, StateError
+from stateworker.plans import Plan
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.stats import FLUSH_EVERY_S, Stats
 
@@ -36,15 +39,29 @@ log = logging.getLogger("stateworker.bus")
 Outgoing = tuple[bytes, bytes | None, bytes, str | None]
 
 
+class BatchHandler(Protocol):
+    """Calls as plans: `prepare` validates (raising StateError) and gives the call's Plan,
+    whose result is the reply's JSON; `execute_many` runs plans together."""
+
+    def prepare(self, call: Call) -> Plan: ...
+
+    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]: ...
+
+
 class BusRuntime:
     """Serves one service's stream with `handler` until `stop()`."""
 
-    def __init__(self, conn: RedisConnection, bus: Bus, handler: Handler,
-                 options: BusOptions, *, record_ttl_ms: int | None = None) -> None:
+    def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, *,
+                 handler: Handler | None = None, batch: BatchHandler | None = None,
+                 record_ttl_ms: int | None = None) -> None:
+        """`handler` runs each call in a task of its own (user workers); `batch` turns calls
+        into plans and runs a whole batch together (the state service)."""
+        assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
         self.reader_conn = RedisConnection(conn.url)  # blocking reads only
         self.bus = bus
         self.handler = handler
+        self.batch = batch
         self.options = options
         self.consumer = options.consumer or default_consumer()
         self.record_ttl_ms = record_ttl_ms  # set: replies are recorded here (user workers)
@@ -129,13 +146,54 @@ class BusRuntime:
             await self._create_group()
 
     def _spawn(self, calls: TaskGroup, entries: list[Any]) -> None:
+        live = []
         for entry_id, flat in entries:
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
                 self._queue(b"", None, entry_id, None)
-                continue
-            self._in_flight += 1
-            self._idle = anyio.Event() if self._idle.is_set() else self._idle
-            calls.start_soon(self._serve, entry_id, flat)
+            else:
+                live.append((entry_id, flat))
+        if not live:
+            return
+        self._in_flight += len(live)
+        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        if self.batch is not None:
+            calls.start_soon(self._serve_batch, live)
+        else:
+            for entry_id, flat in live:
+                calls.start_soon(self._serve, entry_id, flat)
+
+    def _finished(self, count: int) -> None:
+        self._in_flight -= count
+        self._freed.set()
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def _serve_batch(self, entries: list[tuple[bytes, list[bytes]]]) -> None:
+        """A whole batch as plans: every call's Redis work of a step in one pipeline."""
+        assert self.batch is not None
+        try:
+            ready: list[tuple[Call, Plan]] = []
+            for entry_id, flat in entries:
+                call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
+                if call is None:
+                    self._answer(reply_key, call_id, None, error, entry_id, None, None)
+                    continue
+                try:
+                    self._check_deadline(call)
+                    ready.append((call, self.batch.prepare(call)))
+                except StateError as exc:
+                    self._answer(call.reply, call.id, None, exc, call.entry_id, None,
+                                 call.started)
+            results = await self.batch.execute_many([plan for _, plan in ready])
+            for (call, _), result in zip(ready, results, strict=True):
+                if isinstance(result, StateError):
+                    self._answer(call.reply, call.id, None, result, call.entry_id, None,
+                                 call.started)
+                else:
+                    self._answer(call.reply, call.id, result, None, call.entry_id, None,
+                                 call.started)
+        finally:
+            self._finished(len(entries))
 
     async def _reclaim_loop(self, calls: TaskGroup) -> None:
         period = self.options.visibility_timeout_ms / 2000
@@ -174,10 +232,7 @@ class BusRuntime:
                 return
             await self._run(call)
         finally:
-            self._in_flight -= 1
-            self._freed.set()
-            if self._in_flight == 0:
-                self._idle.set()
+            self._finished(1)
 
     async def _run(self, call: Call) -> None:
         record = None
@@ -190,10 +245,8 @@ class BusRuntime:
         result: bytes | None = None
         error: StateError | None = None
         try:
-            if call.deadline_ms is not None and now_ms() > call.deadline_ms:
-                raise DeadlineExceeded(
-                    f"deadline_ms {call.deadline_ms} passed before the call ran; nothing "
-                    "was written", {"deadline_ms": call.deadline_ms})
+            self._check_deadline(call)
+            assert self.handler is not None
             result = await self.handler(call)
         except StateError as exc:
             error = exc
@@ -202,6 +255,13 @@ class BusRuntime:
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
         self._answer(call.reply, call.id, result, error, call.entry_id, record, call.started)
+
+    @staticmethod
+    def _check_deadline(call: Call) -> None:
+        if call.deadline_ms is not None and now_ms() > call.deadline_ms:
+            raise DeadlineExceeded(
+                f"deadline_ms {call.deadline_ms} passed before the call ran; nothing was "
+                "written", {"deadline_ms": call.deadline_ms})
 
     def _answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
                 error: StateError | None, entry_id: bytes, record: str | None,

@@ -5,13 +5,15 @@ drain on stop."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 
 from stateworker import functions
-from stateworker.bus import Bus, BusOptions, Call, Handler
+from stateworker.bus import Bus, BusOptions, Call
+from stateworker.plans import Plan
 from stateworker.runtime import BusRuntime
 from stateworker.settings import Settings
 from stateworker.store import RedisState
@@ -19,11 +21,17 @@ from stateworker.store import RedisState
 STATE_SERVICE = "state"
 
 
-def state_handler(state: RedisState) -> Handler:
-    async def handle(call: Call) -> bytes:
-        return await functions.call_json(state, call.fn, call.body, call.ctx)
+class StateCalls:
+    """The state functions as plans for the bus (a whole batch runs as one pipeline)."""
 
-    return handle
+    def __init__(self, state: RedisState) -> None:
+        self.state = state
+
+    def prepare(self, call: Call) -> Plan:
+        return functions.prepare(self.state, call.fn, call.body, call.ctx)
+
+    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]:
+        return await self.state.execute_many(plans)
 
 
 class StateService:
@@ -33,7 +41,7 @@ class StateService:
     def __init__(self, state: RedisState, options: BusOptions) -> None:
         self.state = state
         self.bus = Bus(state.settings.prefix, STATE_SERVICE)
-        self.runtime = BusRuntime(state.conn, self.bus, state_handler(state), options)
+        self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state))
 
     @classmethod
     @asynccontextmanager

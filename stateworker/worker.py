@@ -72,8 +72,9 @@ class Worker:
         """Serve until `stop()`; calls already read are answered before it returns."""
         url = self.settings.redis_url or socket_url(Path(self.settings.state_dir))
         conn = RedisConnection(url)
-        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self._handle,
-                                  self.options, record_ttl_ms=self.settings.dedupe_window_ms)
+        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self.options,
+                                  handler=self._handle,
+                                  record_ttl_ms=self.settings.dedupe_window_ms)
         try:
             await self.runtime.run(task_status=task_status)
         finally:
