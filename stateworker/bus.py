@@ -41,7 +41,7 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How one service reads and answers its stream."""
 
     concurrency: int = 1024  # calls in flight at most
-    read_count: int = 512  # entries per XREADGROUP
+    read_count: int = 16  # entries per XREADGROUP
     block_ms: int = 200  # how long a read waits; also how soon a stop is noticed
     visibility_timeout_ms: int = 30_000  # a pending entry idle this long is taken over
     reply_ttl_ms: int = 300_000  # reply lists expire after this

@@ -4,7 +4,10 @@ service applies it at most once and answers it the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import itertools
+import time
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack, suppress
@@ -22,6 +25,7 @@ from stateworker.redisconn import Arg, ConnectionLost, RedisConnection
 from stateworker.settings import Settings
 
 ABSENT: Any = msgspec.UNSET
+SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
 
 
 class _Reply(msgspec.Struct):
@@ -32,11 +36,19 @@ class _Reply(msgspec.Struct):
 
 
 class _Waiter:
-    __slots__ = ("event", "reply")
+    """One call waiting for its reply. A bare asyncio future (as in redisconn.py): an anyio
+    Event and cancel scope per call cost more than the rest of the client's work for it."""
+
+    __slots__ = ("deadline", "future", "reply")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reply: _Reply | None = None
+        self.deadline = 0.0  # time.monotonic(); the sweeper wakes the call after it
+
+    def wake(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 _reply_decoder = msgspec.json.Decoder(_Reply)
@@ -55,10 +67,12 @@ class StateClient:
         self.timeout = timeout
         self.retries = retries
         self.caller = caller
-        self.conn = RedisConnection(self.url)
+        self.conn = RedisConnection(self.url, write_first_at_once=False)
         self._reader = RedisConnection(self.url)
         self._pending: dict[str, _Waiter] = {}
         self._stack = AsyncExitStack()
+        self._ids = itertools.count()
+        self._id_prefix = uuid.uuid4().hex[:16]
 
     async def __aenter__(self) -> StateClient:
         try:
@@ -68,6 +82,7 @@ class StateClient:
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._read_replies)
+        tg.start_soon(self._sweep_timeouts)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
 
@@ -85,16 +100,25 @@ class StateClient:
     async def _read_replies(self) -> None:
         while True:
             try:
-                popped = await self._reader.execute("BLPOP", self.reply_key, 1)
-                if popped is None:
-                    continue
-                self._deliver(popped[1])  # at once: the rest may wait one more round trip
-                more = await self._reader.execute("LPOP", self.reply_key, 1000)
+                # BLMPOP takes every reply waiting (a service writes a batch's replies in one
+                # LPUSH), so the calls they wake send their next requests together.
+                popped = await self._reader.execute("BLMPOP", 1, 1, self.reply_key, "LEFT",
+                                                    "COUNT", 1000)
             except ConnectionLost:
                 await anyio.sleep(0.1)  # back off; the connection reconnects on the next call
                 continue
-            for document in more or []:
+            for document in popped[1] if popped else []:
                 self._deliver(document)
+
+    async def _sweep_timeouts(self) -> None:
+        """Wake the calls whose time is up. One sweeper instead of a cancel scope per call:
+        a call's own timeout would cost more than the call's Redis work."""
+        while True:
+            await anyio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for waiter in list(self._pending.values()):
+                if waiter.deadline <= now:
+                    waiter.wake()
 
     def _deliver(self, document: bytes) -> None:
         try:
@@ -104,7 +128,7 @@ class StateClient:
         waiter = self._pending.get(reply.id or "")
         if waiter is not None and waiter.reply is None:
             waiter.reply = reply
-            waiter.event.set()
+            waiter.wake()
 
     # ---- calls -------------------------------------------------------------------------------
     async def call_json(
@@ -113,7 +137,8 @@ class StateClient:
         deadline_ms: int | None = None,
     ) -> bytes:
         """Call `fn` with a JSON body; the result's JSON. Errors raise their StateError."""
-        call_id = call_id or uuid.uuid4().hex
+        call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
+        wait_s = timeout or self.timeout
         fields: list[Arg] = ["XADD", self.stream, "*", "id", call_id, "fn", fn, "body", body,
                              "reply", self.reply_key]
         if self.caller:
@@ -125,16 +150,17 @@ class StateClient:
         waiter = self._pending[call_id] = _Waiter()
         try:
             for _ in range(self.retries + 1):
+                waiter.deadline = time.monotonic() + wait_s
                 await self.conn.execute(*fields)
-                with anyio.move_on_after(timeout or self.timeout):
-                    await waiter.event.wait()
+                await waiter.future
                 if waiter.reply is not None:
                     break
+                waiter.future = asyncio.get_running_loop().create_future()
         finally:
             del self._pending[call_id]
         reply = waiter.reply
         if reply is None:
-            raise CallTimeout(f"{fn}: no reply within {timeout or self.timeout}s after "
+            raise CallTimeout(f"{fn}: no reply within {wait_s}s after "
                               f"{self.retries + 1} attempts (call id {call_id})",
                               {"call_id": call_id})
         if not reply.ok:

@@ -115,10 +115,12 @@ class Value(msgspec.Struct, frozen=True):
 
     @property
     def plain_strings(self) -> bool:
-        return plain_strings(self.json)
+        # Small documents parse fast anyway; the check is not worth its cost for them.
+        return len(self.json) >= PLAIN_CHECK_MIN_BYTES and plain_strings(self.json)
 
 
 _STRING = re.compile(_STRING_RE)
+PLAIN_CHECK_MIN_BYTES = 256
 
 
 def plain_strings(compact: bytes) -> bool:

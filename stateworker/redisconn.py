@@ -33,26 +33,26 @@ class ConnectionLost(ConnectionError):
 
 
 def _encode_command(args: Sequence[Arg], out: bytearray) -> None:
-    out += b"*%d\r\n" % len(args)
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, int):
-            data = b"%d" % arg
-        else:
-            data = repr(arg).encode()
-        out += b"$%d\r\n" % len(data)
-        out += data
-        out += b"\r\n"
+    """Append one command in RESP (hiredis packs it in C: ~3x faster than doing it here)."""
+    out += hiredis.pack_command(tuple(args))  # type: ignore[arg-type]  # stub wants a 1-tuple
+
+
+class _Batch:
+    """The replies of one pipeline, collected for a single future (one wake-up, not N)."""
+
+    __slots__ = ("expected", "future", "replies")
+
+    def __init__(self, future: asyncio.Future[list[Any]], expected: int) -> None:
+        self.future = future
+        self.expected = expected
+        self.replies: list[Any] = []
 
 
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=ReplyError)
-        self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.waiting: collections.deque[asyncio.Future[Any] | _Batch] = collections.deque()
         self.out = bytearray()
         self.flush_scheduled = False
         self.closed: Exception | None = None
@@ -69,6 +69,11 @@ class _Protocol(asyncio.Protocol):
             if reply is False:
                 return
             future = waiting.popleft()
+            if isinstance(future, _Batch):
+                future.replies.append(reply)  # an error reply stays in its place
+                if len(future.replies) == future.expected and not future.future.done():
+                    future.future.set_result(future.replies)
+                continue
             if future.done():  # its caller was cancelled; the reply is dropped
                 continue
             if isinstance(reply, ReplyError):
@@ -79,7 +84,8 @@ class _Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = ConnectionLost(f"connection to Redis lost: {exc or 'closed'}")
         while self.waiting:
-            future = self.waiting.popleft()
+            item = self.waiting.popleft()
+            future = item.future if isinstance(item, _Batch) else item
             if not future.done():
                 future.set_exception(self.closed)
 
@@ -95,10 +101,17 @@ class _Protocol(asyncio.Protocol):
 
 
 class RedisConnection:
-    """One connection; `execute` and `pipeline` may be called from many tasks at once."""
+    """One connection; `execute` and `pipeline` may be called from many tasks at once.
 
-    def __init__(self, url: str) -> None:
+    `write_first_at_once`: the first command of a tick is written at once (a lone caller gains
+    a loop iteration of latency); False holds it for the end of the tick too, so a burst of
+    commands from tasks woken together leaves as one write (a bus client: the service then
+    reads the burst as one batch instead of one call and then the rest).
+    """
+
+    def __init__(self, url: str, *, write_first_at_once: bool = True) -> None:
         self.url = url
+        self.write_first_at_once = write_first_at_once
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -121,14 +134,17 @@ class RedisConnection:
             future = loop.create_future()
             proto.waiting.append(future)
             futures.append(future)
+        self._schedule_flush(proto, loop)
+        return futures
+
+    def _schedule_flush(self, proto: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
         if not proto.flush_scheduled:
             # The first command of a tick goes out at once (no added latency for a lone
-            # caller); the ones issued after it in the same tick are flushed together.
-            proto.flush_scheduled = True
-            proto.flush()
+            # caller) unless told otherwise; the rest of the tick is flushed together.
+            if self.write_first_at_once:
+                proto.flush()
             proto.flush_scheduled = True
             loop.call_soon(proto.end_tick)
-        return futures
 
     async def execute(self, *args: Arg) -> Any:
         """Send one command (coalesced with the others of this tick) and return its reply."""
@@ -141,14 +157,13 @@ class RedisConnection:
         if not commands:
             return []
         proto = await self._connected()
-        futures = self._send(proto, commands)
-        results: list[Any] = []
-        for future in futures:
-            try:
-                results.append(await future)
-            except ReplyError as exc:
-                results.append(exc)
-        return results
+        loop = asyncio.get_running_loop()
+        batch = _Batch(loop.create_future(), len(commands))
+        for args in commands:
+            _encode_command(args, proto.out)
+            proto.waiting.append(batch)
+        self._schedule_flush(proto, loop)
+        return await batch.future
 
     async def close(self) -> None:
         proto, self._proto = self._proto, None
@@ -181,12 +196,12 @@ async def _open(url: str) -> _Protocol:
     db = (parsed.path.strip("/") if parsed.scheme != "unix" else "") or query.get("db", ["0"])[0]
     if db and db != "0":
         setup.append(["SELECT", db])
+    waits: list[asyncio.Future[Any]] = []
     for args in setup:
         _encode_command(args, proto.out)
-        proto.waiting.append(loop.create_future())
-    if setup:
-        waits = list(proto.waiting)
-        proto.flush()
-        for future in waits:
-            await future
+        waits.append(loop.create_future())
+        proto.waiting.append(waits[-1])
+    proto.flush()
+    for future in waits:
+        await future
     return proto
