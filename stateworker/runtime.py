@@ -68,6 +68,7 @@ class BusRuntime:
         self.stats = Stats()
         self._outgoing: list[Outgoing] = []
         self._outgoing_ready = anyio.Event()
+        self._flushing = False
         self._stopping = anyio.Event()
         self._in_flight = 0
         self._idle = anyio.Event()  # set when no call is in flight
@@ -192,6 +193,7 @@ class BusRuntime:
                 else:
                     self._answer(call.reply, call.id, result, None, call.entry_id, None,
                                  call.started)
+            await self._flush_all()  # at once, rather than a loop iteration later
         finally:
             self._finished(len(entries))
 
@@ -299,15 +301,23 @@ class BusRuntime:
                 await self.conn.pipeline(commands)
 
     async def _flush_all(self) -> None:
-        while self._outgoing:
-            batch, self._outgoing = self._outgoing, []
-            self._outgoing_ready = anyio.Event()
-            try:
-                await self._write(batch)
-            except (ConnectionLost, ReplyError) as exc:
-                # Not acknowledged: the entries stay pending and are answered after a reclaim.
-                log.warning("writing replies failed: %s", exc, extra={"event": "bus.flush_failed",
-                                                                     "count": len(batch)})
+        """Write what is queued, until nothing is. Only one flush runs at a time; a second
+        caller returns at once, since the running flush takes its replies too."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self._outgoing:
+                batch, self._outgoing = self._outgoing, []
+                self._outgoing_ready = anyio.Event()
+                try:
+                    await self._write(batch)
+                except (ConnectionLost, ReplyError) as exc:
+                    # Not acknowledged: the entries stay pending, answered after a reclaim.
+                    log.warning("writing replies failed: %s", exc, extra={
+                        "event": "bus.flush_failed", "count": len(batch)})
+        finally:
+            self._flushing = False
 
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)
