@@ -10,8 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import redis.asyncio as aredis
 
 from stateworker import bench_bus
 from stateworker.api import StateStore
+from stateworker.benchtime import Op, timed
 from stateworker.embedded import EmbeddedRedis
 
 RAW_SET_LUA = """
@@ -28,34 +28,11 @@ redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
 return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
 """
 
-Op = Callable[[int, int], Awaitable[Any]]  # (worker, iteration) -> awaitable
-
-
-async def rate(op: Op, concurrency: int, seconds: float) -> float:
-    """Operations per second of `op` run by `concurrency` tasks for about `seconds`."""
-    done = 0
-    deadline = time.perf_counter() + seconds
-
-    async def worker(w: int) -> None:
-        nonlocal done
-        i = 0
-        while time.perf_counter() < deadline:
-            await op(w, i)
-            i += 1
-        done += i
-
-    start = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for w in range(concurrency):
-            tg.start_soon(worker, w)
-    return done / (time.perf_counter() - start)
-
-
 async def paired(ours: Op, raw: Op, concurrency: int, seconds: float, rounds: int) -> tuple[float, float]:
     ours_rates, raw_rates = [], []
     for _ in range(rounds):
-        ours_rates.append(await rate(ours, concurrency, seconds))
-        raw_rates.append(await rate(raw, concurrency, seconds))
+        ours_rates.append((await timed(ours, concurrency, seconds))[0])
+        raw_rates.append((await timed(raw, concurrency, seconds))[0])
     return statistics.median(ours_rates), statistics.median(raw_rates)
 
 
@@ -173,9 +150,9 @@ async def _update_section(store: StateStore, raw_set: Any, seconds: float, round
         await ours_set(w, 0)
     update_rates, set_rates, raw_rates = [], [], []
     for _ in range(rounds):
-        update_rates.append(await rate(ours_update, 64, seconds))
-        set_rates.append(await rate(ours_set, 64, seconds))
-        raw_rates.append(await rate(raw_op, 64, seconds))
+        update_rates.append((await timed(ours_update, 64, seconds))[0])
+        set_rates.append((await timed(ours_set, 64, seconds))[0])
+        raw_rates.append((await timed(raw_op, 64, seconds))[0])
     raw_rate = statistics.median(raw_rates)
     report("state::update 3 ops 1KiB", 64, statistics.median(update_rates), raw_rate)
     report("state::set 1KiB", 64, statistics.median(set_rates), raw_rate)

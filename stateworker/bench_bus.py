@@ -12,14 +12,12 @@ import select
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import redis.asyncio as aredis
 
 from stateworker.api import StateStore
+from stateworker.benchtime import percentile, timed
 from stateworker.client import StateClient
 from stateworker.settings import Settings
 
@@ -28,32 +26,6 @@ redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
 return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
 """
 PREFIX = "benchbus"
-
-
-async def timed(op: Callable[[int, int], Awaitable[Any]], concurrency: int, seconds: float
-                ) -> tuple[float, list[float]]:
-    """Ops/s and every op's latency (s) of `op` run by `concurrency` tasks for `seconds`."""
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-
-    async def worker(w: int) -> None:
-        i = 0
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            await op(w, i)
-            latencies.append(time.perf_counter() - start)
-            i += 1
-
-    start = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for w in range(concurrency):
-            tg.start_soon(worker, w)
-    return len(latencies) / (time.perf_counter() - start), latencies
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
 def start_service(url: str) -> subprocess.Popen[str]:

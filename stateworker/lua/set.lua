@@ -32,14 +32,12 @@
 ]]
 --- @include "entry"
 
-local dup = replayed()
+local dup, ctx, cur = begin_entry()
 if dup then
   return dup
 end
-local ctx = entry_ctx()
 local value, hash, cond = ARGV[8], ARGV[9], ARGV[12]
 
-local cur = load_live(ctx)
 
 if cur and not cur[4] and (ARGV[13] == '1' or string.sub(cond, 1, 1) == 'h') then
   return {ST.NEEDS_HASH, tonumber(cur[2]), cur[1]}

@@ -14,12 +14,10 @@
 ]]
 --- @include "entry"
 
-local dup = replayed()
+local dup, ctx, cur = begin_entry()
 if dup then
   return dup
 end
-local ctx = entry_ctx()
-local cur = load_live(ctx)
 if not cur then
   return finish({ST.OK, 0})
 end

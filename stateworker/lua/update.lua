@@ -29,13 +29,12 @@
 --- @include "entry"
 --- @include "json"
 --- @include "numbers"
+--- @include "text"
 
-local dup = replayed()
+local dup, ctx, cur = begin_entry()
 if dup then
   return dup
 end
-local ctx = entry_ctx()
-local cur = load_live(ctx)
 
 if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
   return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
@@ -55,18 +54,8 @@ local function fail(index, code, message)
 end
 
 local function split(path)
-  local segments = {}
-  if path == '' then return segments end
-  local p = 1
-  while true do
-    local z = string.find(path, '\0', p, true)
-    if not z then
-      segments[#segments + 1] = string.sub(path, p)
-      return segments
-    end
-    segments[#segments + 1] = string.sub(path, p, z - 1)
-    p = z + 1
-  end
+  if path == '' then return {} end
+  return text_split(path, '\0')
 end
 
 -- The object at `node`'s field `seg`, created (or replacing a non-object) when needed.

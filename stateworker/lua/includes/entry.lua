@@ -165,6 +165,17 @@ local function replayed()
   return nil
 end
 
+-- The start of every entry script: {ST.DUPLICATE, ...} when the call ran before, else the
+-- entry's ctx and its live value (nil when absent).
+local function begin_entry()
+  local dup = replayed()
+  if dup then
+    return dup
+  end
+  local ctx = entry_ctx()
+  return nil, ctx, load_live(ctx)
+end
+
 local function finish(reply)
   if KEYS[8] then
     redis.call('SET', KEYS[8], cmsgpack.pack(reply), 'PX', ARGV[7])

@@ -5,17 +5,10 @@
   inside Redis).
 ]]
 
+--- @include "text"
+
 local function glob_parts(pattern)
-  local parts, p = {}, 1
-  while true do
-    local star = string.find(pattern, '*', p, true)
-    if not star then
-      parts[#parts + 1] = string.sub(pattern, p)
-      return parts
-    end
-    parts[#parts + 1] = string.sub(pattern, p, star - 1)
-    p = star + 1
-  end
+  return text_split(pattern, '*')
 end
 
 local function glob_match(subject, parts)

@@ -1,0 +1,36 @@
+"""Timing for the benchmarks: ops/s and latencies of an operation run by N tasks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+Op = Callable[[int, int], Awaitable[Any]]  # (worker, iteration) -> awaitable
+
+
+async def timed(op: Op, concurrency: int, seconds: float) -> tuple[float, list[float]]:
+    """Ops/s and every op's latency (s) of `op` run by `concurrency` tasks for `seconds`."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker(w: int) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            await op(w, i)
+            latencies.append(time.perf_counter() - start)
+            i += 1
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for w in range(concurrency):
+            tg.start_soon(worker, w)
+    return len(latencies) / (time.perf_counter() - start), latencies
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
