@@ -99,9 +99,7 @@ def reply_document(call_id: str | None, result: bytes | None, error: StateError 
 def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
                 ) -> tuple[Call | None, bytes, str | None, StateError | None]:
     """A stream entry as a Call, or the error to answer with (and where, and to which id)."""
-    fields: dict[bytes, bytes] = {}
-    for i in range(0, len(flat) - 1, 2):
-        fields.setdefault(flat[i], flat[i + 1])
+    fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=False))
     reply = fields.get(b"reply", b"")
     call_id: str | None = None
     try:

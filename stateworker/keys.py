@@ -20,6 +20,7 @@ name and the reaper can split a ttl member back into scope and key.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -56,8 +57,12 @@ class PartitionKeys:
 
     def entry_keys(self, scope: str, key: str) -> list[str]:
         """KEYS[1..7] of the entry scripts (set, delete, update, topic)."""
-        return [self.entry(scope, key), self.key_index(scope), self.updated_index(scope),
-                self.topic_index(scope), self.scopes, self.ttl, self.events]
+        return [self.entry(scope, key), *self._scope_keys(scope)]
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one PartitionKeys per partition, kept
+    def _scope_keys(self, scope: str) -> tuple[str, ...]:
+        return (self.key_index(scope), self.updated_index(scope), self.topic_index(scope),
+                self.scopes, self.ttl, self.events)
 
 
 def member(scope: str, key: str) -> str:
@@ -88,7 +93,11 @@ class KeySpace:
         return zlib.crc32(scope.encode()) % self.partitions
 
     def for_scope(self, scope: str) -> PartitionKeys:
-        return self._parts[self.partition_of(scope)]
+        return self._parts[self._partition_of(scope)]
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one KeySpace per store, kept
+    def _partition_of(self, scope: str) -> int:
+        return self.partition_of(scope)
 
     def partition(self, n: int) -> PartitionKeys:
         return self._parts[n]

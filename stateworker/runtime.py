@@ -184,15 +184,15 @@ class BusRuntime:
                     ready.append((call, self.batch.prepare(call)))
                 except StateError as exc:
                     self._answer(call.reply, call.id, None, exc, call.entry_id, None,
-                                 call.started)
+                                 call.started, call.fn)
             results = await self.batch.execute_many([plan for _, plan in ready])
             for (call, _), result in zip(ready, results, strict=True):
                 if isinstance(result, StateError):
                     self._answer(call.reply, call.id, None, result, call.entry_id, None,
-                                 call.started)
+                                 call.started, call.fn)
                 else:
                     self._answer(call.reply, call.id, result, None, call.entry_id, None,
-                                 call.started)
+                                 call.started, call.fn)
             await self._flush_all()  # at once, rather than a loop iteration later
         finally:
             self._finished(len(entries))
@@ -256,7 +256,8 @@ class BusRuntime:
             log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
-        self._answer(call.reply, call.id, result, error, call.entry_id, record, call.started)
+        self._answer(call.reply, call.id, result, error, call.entry_id, record, call.started,
+                     call.fn)
 
     @staticmethod
     def _check_deadline(call: Call) -> None:
@@ -267,10 +268,14 @@ class BusRuntime:
 
     def _answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
                 error: StateError | None, entry_id: bytes, record: str | None,
-                started: float | None) -> None:
-        if error is not None and error.code not in ("INVALID_REQUEST", "UNKNOWN_FUNCTION"):
-            log.info("call error", extra={"event": "call.error", "call_id": call_id,
-                                          "code": error.code, "error": error.message})
+                started: float | None, fn: str | None = None) -> None:
+        if error is not None:
+            # Bad requests are the caller's business: debug. The rest is worth a line.
+            level = logging.DEBUG if error.code in ("INVALID_REQUEST", "UNKNOWN_FUNCTION",
+                                                    "CONFLICT", "NOT_FOUND") else logging.INFO
+            log.log(level, "call error", extra={"event": "call.error", "call_id": call_id,
+                                                "fn": fn, "code": error.code,
+                                                "error": error.message})
         self.stats.count(error.code if error else None, started)
         document = reply_document(call_id, result, error)
         self._queue(reply_key, document, entry_id, record)

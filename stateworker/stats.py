@@ -4,6 +4,7 @@ Redis hash `<prefix>:stats:<service>` with the reply writes (at most once a seco
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 
@@ -14,30 +15,46 @@ LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 FLUSH_EVERY_S = 1.0
 
 
+_BUCKET_NAMES = [f"latency_le_{bound}ms" for bound in LATENCY_BUCKETS_MS] + ["latency_gt_5000ms"]
+
+
 class Stats:
+    """Counts on the hot path are plain integers; names are made once a second."""
+
     def __init__(self) -> None:
         self.pending: Counter[str] = Counter()
+        self.calls = 0
+        self.latency_us = 0
+        self.buckets = [0] * len(_BUCKET_NAMES)
         self.last_flush = time.monotonic()
 
     def count(self, error_code: str | None, started: float | None) -> None:
-        self.pending["calls"] += 1
+        self.calls += 1
         if error_code is not None:
             self.pending[f"errors:{error_code}"] += 1
         if started is not None:
             elapsed_ms = (time.perf_counter() - started) * 1000
-            self.pending["latency_us_sum"] += int(elapsed_ms * 1000)
-            for bound in LATENCY_BUCKETS_MS:
-                if elapsed_ms <= bound:
-                    self.pending[f"latency_le_{bound}ms"] += 1
-                    break
-            else:
-                self.pending["latency_gt_5000ms"] += 1
+            self.latency_us += int(elapsed_ms * 1000)
+            self.buckets[bisect.bisect_left(LATENCY_BUCKETS_MS, elapsed_ms)] += 1
+
+    def _collect(self) -> None:
+        if self.calls:
+            self.pending["calls"] += self.calls
+            self.pending["latency_us_sum"] += self.latency_us
+            for name, count in zip(_BUCKET_NAMES, self.buckets, strict=True):
+                if count:
+                    self.pending[name] += count
+            self.calls, self.latency_us = 0, 0
+            self.buckets = [0] * len(_BUCKET_NAMES)
 
     def flush_commands(self, key: str, force: bool = False) -> list[list[Arg]]:
         """HINCRBY commands for what was counted since the last flush (at most once a second
         unless forced)."""
         now = time.monotonic()
-        if not self.pending or (now - self.last_flush < FLUSH_EVERY_S and not force):
+        if now - self.last_flush < FLUSH_EVERY_S and not force:
+            return []
+        self._collect()
+        if not self.pending:
             return []
         self.last_flush = now
         commands: list[list[Arg]] = [["HINCRBY", key, name, value]
