@@ -22,6 +22,7 @@ from stateworker import bench_bus
 from stateworker.api import StateStore
 from stateworker.benchtime import Op, timed
 from stateworker.embedded import EmbeddedRedis
+from stateworker.loop import run as run_loop
 
 RAW_SET_LUA = """
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
@@ -193,5 +194,5 @@ SECTIONS = ("store", "update", "list", "bus")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:
-    figures = anyio.run(run, seconds, rounds, sys.stdout, set(sections))
+    figures = run_loop(run, seconds, rounds, sys.stdout, set(sections))
     print(msgspec.json.encode(figures).decode())

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
 import msgspec
 
 from stateworker import logs, service
@@ -15,6 +14,7 @@ from stateworker.bus import BusOptions
 from stateworker.client import StateClient
 from stateworker.embedded import socket_url
 from stateworker.errors import ConfigError, StateError
+from stateworker.loop import run
 from stateworker.redisconn import ConnectionLost, RedisConnection, ReplyError
 from stateworker.settings import Settings
 
@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    "stream": svc.bus.stream,
                                    "consumer": svc.runtime.consumer}).decode(), flush=True)
 
-    anyio.run(service.serve, settings, options, ready)
+    run(service.serve, settings, options, ready)
     return 0
 
 
@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "call":
-            return int(anyio.run(_call, args))
+            return int(run(_call, args))
         if args.command == "status":
-            report = anyio.run(status_report, _settings(args))
+            report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())
             return 0 if report.get("reachable") else 1
         from stateworker import bench

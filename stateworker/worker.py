@@ -29,6 +29,7 @@ from stateworker import codec
 from stateworker.bus import Bus, BusOptions, Call
 from stateworker.embedded import socket_url
 from stateworker.errors import InvalidRequest, UnknownFunction
+from stateworker.loop import run
 from stateworker.redisconn import RedisConnection
 from stateworker.runtime import BusRuntime
 from stateworker.settings import Settings
@@ -95,4 +96,4 @@ class Worker:
                         self.stop()
                         break
 
-        anyio.run(main)
+        run(main)
