@@ -10,10 +10,11 @@ so a batch costs one round trip per step, not one per call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, StateError, Unavailable
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
@@ -22,6 +23,7 @@ from stateworker.scripts import Scripts
 log = logging.getLogger("stateworker.plans")
 
 _KNOWN_STATUSES = frozenset(LUA_STATUS.values())
+Sent: TypeAlias = "asyncio.Future[list[Any]] | None"  # a first step already on the wire
 
 
 @dataclass(slots=True)
@@ -59,12 +61,20 @@ def command_reply(reply: Any, what: str) -> Any:
     return reply
 
 
-async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[Sequence[Arg]]
-                   ) -> list[Any]:
-    """Send commands back to back; a script Redis forgot (restart, SCRIPT FLUSH) is loaded
-    again and its call repeated (a NOSCRIPT call did not run)."""
+def send_first_step(conn: RedisConnection, plans: Sequence[Plan]) -> Sent:
+    """Put the first step of `plans` on the wire at once (None when not connected); pass the
+    result to `execute_many`, which then only waits for the replies."""
+    commands = [command for plan in plans for command in plan.commands]
+    return conn.send_pipeline(commands) if commands else None
+
+
+async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[Sequence[Arg]],
+                   sent: Sent = None) -> list[Any]:
+    """Send commands back to back (or wait for those already `sent`); a script Redis forgot
+    (restart, SCRIPT FLUSH) is loaded again and its call repeated (a NOSCRIPT call did not
+    run)."""
     try:
-        results = await conn.pipeline(commands)
+        results = await sent if sent is not None else await conn.pipeline(commands)
         missing = [i for i, r in enumerate(results)
                    if isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT")]
         if missing:
@@ -77,16 +87,17 @@ async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[S
     return results
 
 
-async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[Plan]
-                       ) -> list[Any]:
+async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[Plan],
+                       sent: Sent = None) -> list[Any]:
     """Run plans together, step by step, one pipeline per step; each result is the plan's
-    result or the StateError it ended with."""
+    result or the StateError it ended with. `sent`: the first step, from send_first_step."""
     results: list[Any] = [None] * len(plans)
     pending = list(enumerate(plans))
     while pending:
         commands = [command for _, plan in pending for command in plan.commands]
         try:
-            replies = await pipeline(conn, scripts, commands) if commands else []
+            replies = await pipeline(conn, scripts, commands, sent) if commands else []
+            sent = None
         except StateError as exc:  # Redis away: every plan of the step fails alike
             for index, _ in pending:
                 results[index] = exc

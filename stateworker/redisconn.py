@@ -155,14 +155,26 @@ class RedisConnection:
         """Send commands back to back; replies in order, an error reply as its exception."""
         if not commands:
             return []
-        proto = await self._connected()
+        sent = self.send_pipeline(commands)
+        if sent is None:  # not connected yet: connect, then send
+            await self._connected()
+            sent = self.send_pipeline(commands)
+            assert sent is not None
+        return await sent
+
+    def send_pipeline(self, commands: Sequence[Sequence[Arg]]) -> asyncio.Future[list[Any]] | None:
+        """Put commands on the wire now (this tick) and return the future of their replies;
+        None when not connected (use `pipeline`, which connects)."""
+        proto = self._proto
+        if proto is None or proto.closed is not None:
+            return None
         loop = asyncio.get_running_loop()
         batch = _Batch(loop.create_future(), len(commands))
         for args in commands:
             _encode_command(args, proto.out)
             proto.waiting.append(batch)
         self._schedule_flush(proto, loop)
-        return await batch.future
+        return batch.future
 
     async def close(self) -> None:
         proto, self._proto = self._proto, None

@@ -29,7 +29,7 @@ from stateworker.bus import (
 )
 from stateworker.codec import now_ms
 from stateworker.errors import DeadlineExceeded, InternalError, StateError
-from stateworker.plans import Plan
+from stateworker.plans import Plan, Sent
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.stats import FLUSH_EVERY_S, Stats
 
@@ -45,7 +45,10 @@ class BatchHandler(Protocol):
 
     def prepare(self, call: Call) -> Plan: ...
 
-    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]: ...
+    def send(self, plans: Sequence[Plan]) -> Sent:
+        """Put the plans' first step on the wire now; the token goes to execute_many."""
+
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent) -> list[Any]: ...
 
 
 class BusRuntime:
@@ -158,7 +161,11 @@ class BusRuntime:
         self._in_flight += len(live)
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
         if self.batch is not None:
-            calls.start_soon(self._serve_batch, live)
+            # Parsed, checked and sent right here: the scripts are on the wire before the
+            # next read and before the task that waits for them even starts.
+            ready = self._prepare_batch(live)
+            sent = self.batch.send([plan for _, plan in ready]) if ready else None
+            calls.start_soon(self._serve_batch, ready, sent, len(live))
         else:
             for entry_id, flat in live:
                 calls.start_soon(self._serve, entry_id, flat)
@@ -169,33 +176,46 @@ class BusRuntime:
         if self._in_flight == 0:
             self._idle.set()
 
-    async def _serve_batch(self, entries: list[tuple[bytes, list[bytes]]]) -> None:
-        """A whole batch as plans: every call's Redis work of a step in one pipeline."""
+    def _prepare_batch(self, entries: list[tuple[bytes, list[bytes]]]
+                       ) -> list[tuple[Call, Plan]]:
+        """Calls as plans; a malformed or late call is answered (queued) here."""
+        assert self.batch is not None
+        ready: list[tuple[Call, Plan]] = []
+        for entry_id, flat in entries:
+            call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
+            if call is None:
+                self._answer(reply_key, call_id, None, error, entry_id, None, None)
+                continue
+            try:
+                self._check_deadline(call)
+                ready.append((call, self.batch.prepare(call)))
+            except StateError as exc:
+                self._answer(call.reply, call.id, None, exc, call.entry_id, None,
+                             call.started, call.fn)
+            except Exception as exc:  # a bug costs one call, not the batch
+                log.exception("preparing a call failed", extra={
+                    "event": "call.crashed", "call_id": call.id, "fn": call.fn})
+                self._answer(call.reply, call.id, None, InternalError(
+                    f"{call.fn} failed inside the service: {type(exc).__name__}"),
+                    call.entry_id, None, call.started, call.fn)
+        return ready
+
+    async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent, count: int) -> None:
+        """Wait for a batch's plans (every step of all calls in one pipeline), answer each."""
         assert self.batch is not None
         try:
-            ready: list[tuple[Call, Plan]] = []
-            for entry_id, flat in entries:
-                call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
-                if call is None:
-                    self._answer(reply_key, call_id, None, error, entry_id, None, None)
-                    continue
-                try:
-                    self._check_deadline(call)
-                    ready.append((call, self.batch.prepare(call)))
-                except StateError as exc:
-                    self._answer(call.reply, call.id, None, exc, call.entry_id, None,
-                                 call.started, call.fn)
-            results = await self.batch.execute_many([plan for _, plan in ready])
-            for (call, _), result in zip(ready, results, strict=True):
-                if isinstance(result, StateError):
-                    self._answer(call.reply, call.id, None, result, call.entry_id, None,
-                                 call.started, call.fn)
-                else:
-                    self._answer(call.reply, call.id, result, None, call.entry_id, None,
-                                 call.started, call.fn)
+            if ready:
+                results = await self.batch.execute_many([plan for _, plan in ready], sent)
+                for (call, _), result in zip(ready, results, strict=True):
+                    if isinstance(result, StateError):
+                        self._answer(call.reply, call.id, None, result, call.entry_id, None,
+                                     call.started, call.fn)
+                    else:
+                        self._answer(call.reply, call.id, result, None, call.entry_id, None,
+                                     call.started, call.fn)
             await self._flush_all()  # at once, rather than a loop iteration later
         finally:
-            self._finished(len(entries))
+            self._finished(count)
 
     async def _reclaim_loop(self, calls: TaskGroup) -> None:
         period = self.options.visibility_timeout_ms / 2000

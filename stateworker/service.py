@@ -13,7 +13,7 @@ import anyio
 
 from stateworker import functions
 from stateworker.bus import Bus, BusOptions, Call
-from stateworker.plans import Plan
+from stateworker.plans import Plan, Sent
 from stateworker.runtime import BusRuntime
 from stateworker.settings import Settings
 from stateworker.store import RedisState
@@ -30,8 +30,11 @@ class StateCalls:
     def prepare(self, call: Call) -> Plan:
         return functions.prepare(self.state, call.fn, call.body, call.ctx)
 
-    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]:
-        return await self.state.execute_many(plans)
+    def send(self, plans: Sequence[Plan]) -> Sent:
+        return self.state.send_first_step(plans)
+
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent) -> list[Any]:
+        return await self.state.execute_many(plans, sent)
 
 
 class StateService:

@@ -31,7 +31,15 @@ from stateworker.errors import (
     ValueTooLarge,
 )
 from stateworker.keys import KeySpace, member
-from stateworker.plans import Plan, command_reply, execute_many, script_reply, then
+from stateworker.plans import (
+    Plan,
+    Sent,
+    command_reply,
+    execute_many,
+    script_reply,
+    send_first_step,
+    then,
+)
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.schemas import (
     NO_CONTEXT,
@@ -176,9 +184,13 @@ class RedisState:
             raise result
         return result
 
-    async def execute_many(self, plans: Sequence[Plan]) -> list[Any]:
-        """Run plans together (one pipeline per step); results or StateErrors, in order."""
-        return await execute_many(self.conn, self.scripts, plans)
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent = None) -> list[Any]:
+        """Run plans together (one pipeline per step); results or StateErrors, in order.
+        `sent`: their first step, already sent with `send_first_step`."""
+        return await execute_many(self.conn, self.scripts, plans, sent)
+
+    def send_first_step(self, plans: Sequence[Plan]) -> Sent:
+        return send_first_step(self.conn, plans)
 
     async def run_script(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Any]:
         reply: list[Any] = await self.execute(self.script_plan(name, keys, args, list))
