@@ -5,7 +5,8 @@
     ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
     ctx.now, ctx.maxlen, ctx.by                            -- call time (ms), stream cap, writer
-  A loaded entry `cur` is {value, version, expires_at, hash, topic, plain} (HMGET v n x h t s);
+  A loaded entry `cur` is {value, version, expires_at, hash, topic, plain, by}
+  (HMGET v n x h t s b);
   a field that is not set is false. `s` = "1" marks a value with no bracket or brace inside a
   string (json.lua's fast container skip).
 ]]
@@ -43,7 +44,7 @@ end
 -- The live entry or nil. An entry whose expiry has passed is deleted here, with the
 -- state:deleted event the reaper would have written (by = "").
 local function load_live(ctx)
-  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's')
+  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's', 'b')
   if not cur[1] then
     return nil
   end
@@ -73,13 +74,13 @@ local function write_entry(ctx, cur, value, opts)
   if opts.hash then
     fields[#fields + 1] = 'h'
     fields[#fields + 1] = opts.hash
-  else
+  elseif cur and cur[4] then
     cleared[#cleared + 1] = 'h'
   end
   if opts.plain then
     fields[#fields + 1] = 's'
     fields[#fields + 1] = '1'
-  else
+  elseif cur and cur[6] then
     cleared[#cleared + 1] = 's'
   end
   if not cur then
@@ -104,14 +105,14 @@ local function write_entry(ctx, cur, value, opts)
   if newTopic then
     fields[#fields + 1] = 't'
     fields[#fields + 1] = newTopic
-  else
+  elseif oldTopic then
     cleared[#cleared + 1] = 't'
   end
 
   if ctx.by ~= '' then
     fields[#fields + 1] = 'b'
     fields[#fields + 1] = ctx.by
-  else
+  elseif cur and cur[7] then
     cleared[#cleared + 1] = 'b'
   end
 
