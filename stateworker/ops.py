@@ -22,6 +22,7 @@ MAX_SEGMENT_BYTES = 256
 MAX_MERGE_KEYS = 1024
 MAX_MERGE_DEPTH = 16
 MAX_OPS = 1000
+_BRACKETS = frozenset("[]{}")
 PROTO_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
@@ -151,6 +152,8 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | 
         name = op_name(op)
         segments, array_form = segments_of(op)
         error = path_error(name, index, segments)
+        if any(_BRACKETS & set(segment) for segment in segments):
+            plain = False  # a segment becomes a key: a bracket in it ends the fast skip
         value = b"null"
         if error is None and isinstance(op, SetOp | MergeOp | AppendOp) and op.value is not UNSET:
             field = f"ops[{index}].value"

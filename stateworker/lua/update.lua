@@ -63,11 +63,17 @@ local function child_object(node, seg)
   local child = json_field(node, seg)
   local obj = child and json_as_object(child)
   if not obj then
-    obj = {keys = {}, vals = {}}
+    obj = json_new_object()
   end
   json_put(node, seg, obj)
   return obj
 end
+
+-- Splicing an untouched document costs its size per op. Past these bounds the root object is
+-- opened once and later ops are table updates, so an update's work stays O(size + ops).
+local RAW_EDIT_MAX_BYTES = 16384
+local RAW_EDIT_MAX_OPS = 16
+local raw_edits = 0
 
 local function root_object()
   local obj = json_as_object(doc)
@@ -75,34 +81,18 @@ local function root_object()
   return obj
 end
 
--- First-level field access that leaves a raw document raw (no parse, text spliced in place);
--- the callers have checked that the document is an object.
-local function field_get(key)
-  if type(doc) == 'string' then
-    local _, vs, ve = json_find(doc, key)
-    if vs then
-      return string.sub(doc, vs, ve), vs, ve
-    end
-    return nil, false, false
+-- True when this first-level op may splice the document's raw text (small, few ops so far);
+-- otherwise the root object is opened, once. Callers have checked that doc is an object.
+local function stay_raw()
+  if type(doc) ~= 'string' then
+    return false
   end
-  return json_field(doc, key)
-end
-
--- Set field `key`; `vs`, `ve` are the value span field_get found in a raw document.
-local function field_put(key, value, vs, ve)
-  if type(doc) == 'string' then
-    doc = json_raw_put(doc, key, value, vs, ve)
-  else
-    json_put(doc, key, value)
+  raw_edits = raw_edits + 1
+  if #doc <= RAW_EDIT_MAX_BYTES and raw_edits <= RAW_EDIT_MAX_OPS then
+    return true
   end
-end
-
-local function field_remove(key)
-  if type(doc) == 'string' then
-    doc = json_raw_remove(doc, key)
-  else
-    json_remove(doc, key)
-  end
+  root_object()
+  return false
 end
 
 local function op_set(index, path, label, value)
@@ -114,7 +104,11 @@ local function op_set(index, path, label, value)
     return fail(index, 'set.target_not_object', "Cannot set at path '" .. label ..
       "': target is " .. json_type(doc) .. ', expected object.')
   end
-  field_put(path, value)
+  if stay_raw() then
+    doc = json_raw_put(doc, path, value)
+  else
+    json_put(doc, path, value)
+  end
   return true
 end
 
@@ -127,7 +121,11 @@ local function op_remove(index, path, label)
     return fail(index, 'remove.target_not_object', "Cannot remove at path '" .. label ..
       "': target is " .. json_type(doc) .. ', expected object.')
   end
-  field_remove(path)
+  if stay_raw() then
+    doc = json_raw_remove(doc, path)
+  else
+    json_remove(doc, path)
+  end
   return true
 end
 
@@ -157,7 +155,14 @@ local function op_add(index, name, path, label, delta)
     return fail(index, name .. '.target_not_object', 'Cannot ' .. name .. " at path '" ..
       label .. "': target is " .. json_type(doc) .. ', expected object.')
   end
-  local current, vs, ve = field_get(path)
+  local raw, current, vs, ve = stay_raw(), nil, false, false
+  if raw then
+    local _
+    _, vs, ve = json_find(doc, path)
+    current = vs and string.sub(doc, vs, ve) or nil
+  else
+    current = json_field(doc, path)
+  end
   local result
   if current == nil then
     result = num_add_int('0', delta)
@@ -168,7 +173,11 @@ local function op_add(index, name, path, label, delta)
       "', got " .. json_type(current) .. '.')
   end
   if not result then return out_of_range(index, name, label) end
-  field_put(path, result, vs, ve)
+  if raw then
+    doc = json_raw_put(doc, path, result, vs, ve)
+  else
+    json_put(doc, path, result)
+  end
   return true
 end
 
@@ -182,7 +191,7 @@ local function op_merge(index, path, value)
   else
     target = root_object()
     if not target then
-      target = {keys = {}, vals = {}}
+      target = json_new_object()
       doc = target
     end
     for _, seg in ipairs(split(path)) do
@@ -212,15 +221,17 @@ local function append_to(index, target, value, label)
         "', got " .. json_type(value) .. '.')
       return nil
     end
-    return string.sub(target, 1, -2) .. string.sub(value, 2)
+    return json_string_append(target, value)
   end
   if kind == 'array' then
-    if type(target) ~= 'table' then -- still raw text: push without parsing the items
+    if type(target) ~= 'table' and #target <= RAW_EDIT_MAX_BYTES then
+      -- small and still raw text: push without parsing the items
       if target == '[]' then return '[' .. value .. ']' end
       return string.sub(target, 1, -2) .. ',' .. value .. ']'
     end
-    target.items[#target.items + 1] = value
-    return target
+    local arr = json_as_array(target)
+    arr.items[#arr.items + 1] = value
+    return arr
   end
   fail(index, 'append.type_mismatch', "Cannot append at path '" .. label .. "': target is " ..
     kind .. ', expected array, string, null, or missing field.')

@@ -330,3 +330,40 @@ async def test_float_by_is_an_invalid_request(store: StateStore, scope: str) -> 
     with pytest.raises(StateError) as caught:
         await store.call_json("state::update", body)
     assert caught.value.code == "INVALID_REQUEST"
+
+
+def _big_document() -> Any:
+    """An object of ~40 KiB: past the size up to which update.lua splices raw text."""
+    return Obj([(f"f{i:04d}", Obj([("n", Num(str(i))), ("s", "x" * 20), ("l", [Num("1")])]))
+                for i in range(800)] + [("s", "start"), ("arr", [])])
+
+
+async def test_many_ops_on_a_large_document_match_the_reference(store: StateStore,
+                                                                scope: str) -> None:
+    ops: list[dict[str, Any]] = []
+    for i in range(60):
+        ops += [
+            {"type": "append", "path": "s", "value": f"-{i}"},  # one string, appended to often
+            {"type": "append", "path": ["arr"], "value": Num(str(i))},
+            {"type": "remove", "path": f"f{i:04d}"},
+            {"type": "set", "path": f"f{(i + 1) % 5:04d}", "value": Num(str(i))},  # re-added last
+            {"type": "increment", "path": "count", "by": 1},
+        ]
+    ops.append({"type": "merge", "path": ["f0100", "deep"], "value": Obj([("k", [])])})
+    await check(store, scope, _big_document(), ops)
+
+
+async def test_brackets_in_path_keys_do_not_break_later_updates(store: StateStore,
+                                                                scope: str) -> None:
+    # A key with a brace, put there by a path segment, must not end a container early when a
+    # later update skips over it (the `s` "plain strings" flag must stay off).
+    start = Obj([("pad", "y" * 300)])
+    first = [{"type": "merge", "path": ["a", "x{"], "value": Obj([("c", Num("1"))])},
+             {"type": "set", "path": "b", "value": Num("5")}]
+    key = f"k-{uuid.uuid4().hex}"
+    await store.call_json("state::set", f"{{{_address(scope, key)},\"value\":{to_text(start)}}}")
+    await store.call_json("state::update", update_body(scope, key, first))
+    await store.call_json("state::update", update_body(
+        scope, key, [{"type": "increment", "path": "b", "by": 1}]))
+    stored = exact_load(await store.call_json("state::get", f"{{{_address(scope, key)}}}"))
+    assert to_text(stored) == '{"pad":"' + "y" * 300 + '","a":{"x{":{"c":1}},"b":6}'

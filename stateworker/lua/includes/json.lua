@@ -4,8 +4,11 @@
   this codec never converts anything:
   - a scalar is its JSON text: '"a\\n"', '1.2300', 'true', 'null' (a Lua string);
   - a container that nobody opened is its raw JSON text too (a Lua string starting { or [);
-  - an opened object is {keys = {rawKey, ...}, vals = {rawKey = node or true}, src, ks, ve}
-    (`true`: the field is untouched, its value is still in `src`; read it with json_field);
+  - an opened object is {keys = {rawKey or false, ...}, pos = {rawKey = index in keys},
+    vals = {rawKey = node or true}, src, ks, ve} (`true`: the field is untouched, its value
+    is still in `src`, read it with json_field; `false` in keys: a removed field);
+  - a string that appends made longer is a rope {s = {'"start', 'more', ...}} (its text is
+    the parts joined and a closing quote), so repeated appends do not copy it each time;
   - an opened array is {items = {node, ...}}.
   Keys stay in their escaped, quoted form ('"name"'); callers compare them with segments
   that Python escaped the same way. Only the containers a path walks into are parsed.
@@ -75,6 +78,10 @@ local function json_skip(s, pos)
   return e
 end
 
+local function json_new_object()
+  return {keys = {}, pos = {}, vals = {}}
+end
+
 -- Parse one level of a raw container. An object keeps its source text: each field's value
 -- is `true` ("untouched: still the slice of src") until json_put replaces it, and the
 -- encoder writes runs of untouched fields as single slices of the source.
@@ -82,7 +89,7 @@ local function json_open(raw)
   local first = string.byte(raw, 1)
   local n = #raw
   if first == 123 then
-    local node = {keys = {}, vals = {}, src = raw, ks = {}, ve = {}}
+    local node = {keys = {}, pos = {}, vals = {}, src = raw, ks = {}, ve = {}}
     local p = 2
     while p < n do
       local kend = json_skip_string(raw, p)
@@ -90,6 +97,7 @@ local function json_open(raw)
       local vend = json_skip(raw, kend + 2)
       if node.vals[key] == nil then
         node.keys[#node.keys + 1] = key
+        node.pos[key] = #node.keys
       end
       node.vals[key], node.ks[key], node.ve[key] = true, p, vend
       p = vend + 2 -- past the ',' (or onto the closing '}')
@@ -164,7 +172,8 @@ end
 
 local function json_type(node)
   if type(node) == 'table' then
-    return node.keys and 'object' or 'array'
+    if node.keys then return 'object' end
+    return node.items and 'array' or 'string'
   end
   local c = string.byte(node, 1)
   if c == 123 then return 'object' end
@@ -207,9 +216,16 @@ local function json_encode_into(node, out)
       first = false
       out[#out + 1] = text
     end
-    for _, key in ipairs(node.keys) do
-      local v = node.vals[key]
-      if v == true then
+    for i = 1, #node.keys do
+      local key = node.keys[i]
+      local v = key and node.vals[key]
+      if not key then
+        -- a removed field: it breaks any run of untouched ones
+        if runEnd then
+          item(string.sub(node.src, runStart, runEnd))
+          runEnd = nil
+        end
+      elseif v == true then
         local ks, ve = node.ks[key], node.ve[key]
         if runEnd and ks == runEnd + 2 then
           runEnd = ve
@@ -229,6 +245,11 @@ local function json_encode_into(node, out)
     end
     if runEnd then item(string.sub(node.src, runStart, runEnd)) end
     out[#out + 1] = '}'
+  elseif node.s then
+    for _, part in ipairs(node.s) do
+      out[#out + 1] = part
+    end
+    out[#out + 1] = '"'
   else
     out[#out + 1] = '['
     for i, item in ipairs(node.items) do
@@ -252,19 +273,27 @@ end
 local function json_put(obj, key, value)
   if obj.vals[key] == nil then
     obj.keys[#obj.keys + 1] = key
+    obj.pos[key] = #obj.keys
   end
   obj.vals[key] = value
 end
 
+-- O(1): the key's place in the order becomes a tombstone.
 local function json_remove(obj, key)
   if obj.vals[key] == nil then
     return
   end
   obj.vals[key] = nil
-  for i, k in ipairs(obj.keys) do
-    if k == key then
-      table.remove(obj.keys, i)
-      return
-    end
+  obj.keys[obj.pos[key]] = false
+  obj.pos[key] = nil
+end
+
+-- `target` (a JSON string: raw text or a rope) with the string `value` appended.
+local function json_string_append(target, value)
+  local more = string.sub(value, 2, -2)
+  if type(target) == 'table' then
+    target.s[#target.s + 1] = more
+    return target
   end
+  return {s = {string.sub(target, 1, -2), more}}
 end
