@@ -121,11 +121,14 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
         caller = fields.get(b"caller")
         context = _context(fields.get(b"context"))
         ctx = CallContext(caller=None if caller is None else caller.decode(errors="replace"),
-                          context=context, call_id=call_id)
+                          context=context, call_id=call_id, deadline_ms=deadline)
     except UnicodeDecodeError:
         return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})
     except StateError as exc:
         return None, reply, call_id, exc
+    except Exception as exc:  # whatever a caller sends, it is an error reply, never a crash
+        return None, reply, call_id, InvalidRequest(
+            f"the call entry cannot be read: {type(exc).__name__}", {"field": "entry"})
     return Call(entry_id, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
 
 
@@ -156,7 +159,7 @@ def _context(raw: bytes | None) -> dict[str, Any]:
         return {}
     try:
         context = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(f"context: not valid JSON: {exc}", {"field": "context"}) from exc
     if not isinstance(context, dict):
         raise InvalidRequest("context: must be a JSON object", {"field": "context"})

@@ -20,7 +20,7 @@ import msgspec
 
 from stateworker import codec
 from stateworker.embedded import socket_url
-from stateworker.errors import CallTimeout, ConfigError, error_from
+from stateworker.errors import CallTimeout, ConfigError, Unavailable, error_from
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection
 from stateworker.settings import Settings
 
@@ -72,6 +72,7 @@ class StateClient:
         self._pending: dict[str, _Waiter] = {}
         self._stack = AsyncExitStack()
         self._ids = itertools.count()
+        self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
 
     async def __aenter__(self) -> StateClient:
@@ -91,6 +92,9 @@ class StateClient:
         await self._stack.aclose()
 
     async def _close(self) -> None:
+        self._closed = True
+        for waiter in list(self._pending.values()):  # calls still waiting end now
+            waiter.wake()
         with anyio.CancelScope(shield=True):
             with suppress(ConnectionLost):  # Redis gone: the reply list expires on its own
                 await self.conn.execute("DEL", self.reply_key)
@@ -151,10 +155,17 @@ class StateClient:
         try:
             for _ in range(self.retries + 1):
                 waiter.deadline = time.monotonic() + wait_s
-                await self.conn.execute(*fields)
+                try:
+                    await self.conn.execute(*fields)
+                except ConnectionLost as exc:
+                    raise Unavailable(f"{fn}: Redis unavailable: {exc}",
+                                      {"call_id": call_id}) from exc
                 await waiter.future
                 if waiter.reply is not None:
                     break
+                if self._closed:
+                    raise Unavailable(f"{fn}: the client was closed before the reply came "
+                                      f"(call id {call_id})", {"call_id": call_id})
                 waiter.future = asyncio.get_running_loop().create_future()
         finally:
             del self._pending[call_id]

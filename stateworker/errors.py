@@ -111,12 +111,14 @@ LUA_STATUS: dict[str, int] = {
     "UNCHANGED": 3,  # state::diff: same hash, nothing written
     "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
     "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
+    "DEADLINE_EXCEEDED": 6,  # the bus call's deadline passed and it never ran; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
 STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["CONFLICT"]: Conflict,
     LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
+    LUA_STATUS["DEADLINE_EXCEEDED"]: DeadlineExceeded,
 }
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 

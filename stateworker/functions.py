@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 
 from stateworker import listing, ops, validate
-from stateworker.errors import InvalidRequest, UnknownFunction
+from stateworker.codec import now_ms
+from stateworker.errors import DeadlineExceeded, InvalidRequest, UnknownFunction
 from stateworker.plans import Plan, then
 from stateworker.schemas import (
     NULL,
@@ -186,7 +187,13 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     if function is None:
         raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
                               f"{', '.join(sorted(FUNCTIONS))}", {"fn": fn})
-    return then(function(state, body, ctx), encoder.encode)
+    plan = then(function(state, body, ctx), encoder.encode)
+    if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
+        # (A plan whose script checks the deadline does so after the call's record: a call
+        # applied in time is answered the same when it comes again late.)
+        raise DeadlineExceeded(f"deadline_ms {ctx.deadline_ms} passed before the call ran; "
+                               "nothing was written", {"deadline_ms": ctx.deadline_ms})
+    return plan
 
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -21,6 +22,7 @@ from stateworker.plans import Plan, then
 from stateworker.store import RedisState
 
 MAX_LIMIT = 1000
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
 EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most
 DELETE_BATCH = 500  # index members one delete-by-topic script call examines at most
 
@@ -75,6 +77,9 @@ def decode_cursor(text: str, req: ListEntriesRequest) -> tuple[bytes, str, int]:
     except (ValueError, binascii.Error, msgspec.DecodeError) as exc:
         raise InvalidRequest("$.after: not a cursor returned by state::list-entries",
                              {"path": "$.after"}) from exc
+    if not (cursor.score == "" or _INTEGER.fullmatch(cursor.score)) or cursor.skip < 0:
+        raise InvalidRequest("$.after: not a cursor returned by state::list-entries",
+                             {"path": "$.after"})
     if (cursor.order_by, cursor.order) != (req.order_by, req.order):
         raise InvalidRequest(
             f"$.after: the cursor belongs to order_by={cursor.order_by} order={cursor.order}, "
@@ -98,7 +103,8 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
              "topic": part.topic_index}[req.order_by](req.scope)
     position, score, skip = b"", "", req.offset
     if req.after is not None:
-        position, score, skip = decode_cursor(req.after, req)
+        member_bytes, score, skip = decode_cursor(req.after, req)
+        position = b"=" + member_bytes
 
     def finish(reply: list[Any]) -> Any:
         _, last_member, last_score, skip_left, flat = reply

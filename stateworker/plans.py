@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -30,6 +30,7 @@ Sent: TypeAlias = "asyncio.Future[list[Any]] | None"  # a first step already on 
 class Plan:
     commands: list[list[Arg]] = field(default_factory=list)
     finish: Callable[[list[Any]], Any] = lambda replies: None
+    checks_deadline: bool = False  # its script checks the call's deadline (after its record)
 
 
 def done(result: Any) -> Plan:
@@ -43,7 +44,7 @@ def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
         out = plan.finish(replies)
         return then(out, fn) if isinstance(out, Plan) else fn(out)
 
-    return Plan(plan.commands, finish)
+    return Plan(plan.commands, finish, plan.checks_deadline)
 
 
 def script_reply(reply: Any, name: str) -> list[Any]:
@@ -88,10 +89,19 @@ async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[S
 
 
 async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[Plan],
-                       sent: Sent = None) -> list[Any]:
+                       sent: Sent = None, done: Callable[[int, Any], None] | None = None,
+                       after_step: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
     """Run plans together, step by step, one pipeline per step; each result is the plan's
-    result or the StateError it ended with. `sent`: the first step, from send_first_step."""
+    result or the StateError it ended with. `sent`: the first step, from send_first_step.
+    `done(index, result)` is told as soon as a plan ends; `after_step` runs after each step
+    in which one did (a service writes those replies then, not after the slowest plan)."""
     results: list[Any] = [None] * len(plans)
+
+    def finished(index: int, result: Any) -> None:
+        results[index] = result
+        if done is not None:
+            done(index, result)
+
     pending = list(enumerate(plans))
     while pending:
         commands = [command for _, plan in pending for command in plan.commands]
@@ -100,7 +110,7 @@ async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[
             sent = None
         except StateError as exc:  # Redis away: every plan of the step fails alike
             for index, _ in pending:
-                results[index] = exc
+                finished(index, exc)
             return results
         position, waiting = 0, []
         for index, plan in pending:
@@ -109,15 +119,17 @@ async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[
             try:
                 out = plan.finish(mine)
             except StateError as exc:
-                results[index] = exc
+                finished(index, exc)
                 continue
             except Exception as exc:  # a bug costs one call, not the batch
                 log.exception("finishing a plan failed", extra={"event": "plan.crashed"})
-                results[index] = InternalError(f"the service failed: {type(exc).__name__}")
+                finished(index, InternalError(f"the service failed: {type(exc).__name__}"))
                 continue
             if isinstance(out, Plan):
                 waiting.append((index, out))
             else:
-                results[index] = out
+                finished(index, out)
+        if after_step is not None and waiting and len(waiting) < len(pending):
+            await after_step()
         pending = waiting
     return results

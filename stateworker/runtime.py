@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -28,7 +28,7 @@ from stateworker.bus import (
     reply_document,
 )
 from stateworker.codec import now_ms
-from stateworker.errors import DeadlineExceeded, InternalError, StateError
+from stateworker.errors import DeadlineExceeded, InternalError, StateError, Unavailable
 from stateworker.plans import Plan, Sent
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.stats import FLUSH_EVERY_S, Stats
@@ -48,7 +48,9 @@ class BatchHandler(Protocol):
     def send(self, plans: Sequence[Plan]) -> Sent:
         """Put the plans' first step on the wire now; the token goes to execute_many."""
 
-    async def execute_many(self, plans: Sequence[Plan], sent: Sent) -> list[Any]: ...
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent,
+                           done: Callable[[int, Any], None],
+                           after_step: Callable[[], Awaitable[None]]) -> list[Any]: ...
 
 
 class BusRuntime:
@@ -74,6 +76,7 @@ class BusRuntime:
         self._flushing = False
         self._stopping = anyio.Event()
         self._in_flight = 0
+        self._running: set[bytes] = set()  # entry ids being served: never served twice at once
         self._idle = anyio.Event()  # set when no call is in flight
         self._freed = anyio.Event()  # set when a call finishes
 
@@ -101,6 +104,7 @@ class BusRuntime:
     def stop(self) -> None:
         """Stop reading; calls already read finish (within the grace period) and are answered."""
         self._stopping.set()
+        self._freed.set()  # a reader waiting for a free call slot sees the stop at once
 
     async def _create_group(self) -> None:
         try:
@@ -138,9 +142,11 @@ class BusRuntime:
                 await self._recover()
                 continue
             entries = reply[0][1] if reply else []
-            if start == "0" and not entries:
-                start = ">"
-                continue
+            if start != ">":  # reading this consumer's own pending history, oldest first
+                if not entries:
+                    start = ">"
+                    continue
+                start = entries[-1][0]  # go on after the last one read
             self._spawn(calls, entries)
 
     async def _recover(self) -> None:
@@ -154,8 +160,9 @@ class BusRuntime:
         for entry_id, flat in entries:
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
                 self._queue(b"", None, entry_id, None)
-            else:
+            elif entry_id not in self._running:  # not one this consumer is still serving
                 live.append((entry_id, flat))
+                self._running.add(entry_id)
         if not live:
             return
         self._in_flight += len(live)
@@ -165,13 +172,14 @@ class BusRuntime:
             # next read and before the task that waits for them even starts.
             ready = self._prepare_batch(live)
             sent = self.batch.send([plan for _, plan in ready]) if ready else None
-            calls.start_soon(self._serve_batch, ready, sent, len(live))
+            calls.start_soon(self._serve_batch, ready, sent, [entry_id for entry_id, _ in live])
         else:
             for entry_id, flat in live:
                 calls.start_soon(self._serve, entry_id, flat)
 
-    def _finished(self, count: int) -> None:
-        self._in_flight -= count
+    def _finished(self, entry_ids: list[bytes]) -> None:
+        self._running.difference_update(entry_ids)
+        self._in_flight -= len(entry_ids)
         self._freed.set()
         if self._in_flight == 0:
             self._idle.set()
@@ -187,7 +195,8 @@ class BusRuntime:
                 self._answer(reply_key, call_id, None, error, entry_id, None, None)
                 continue
             try:
-                self._check_deadline(call)
+                # The deadline is checked by the plan: a call that was applied before its
+                # deadline passed must still get its recorded reply when delivered again.
                 ready.append((call, self.batch.prepare(call)))
             except StateError as exc:
                 self._answer(call.reply, call.id, None, exc, call.entry_id, None,
@@ -200,22 +209,32 @@ class BusRuntime:
                     call.entry_id, None, call.started, call.fn)
         return ready
 
-    async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent, count: int) -> None:
-        """Wait for a batch's plans (every step of all calls in one pipeline), answer each."""
+    async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent,
+                           entry_ids: list[bytes]) -> None:
+        """Wait for a batch's plans (every step of all calls in one pipeline); each call is
+        answered when its plan is done, and the replies are written after every step."""
         assert self.batch is not None
+
+        def done(index: int, result: Any) -> None:
+            call = ready[index][0]
+            if isinstance(result, Unavailable):
+                # Redis went away mid-call: the script may have run. No reply, no ack: the
+                # entry stays pending, and a reclaim answers it from the call's record.
+                return
+            if isinstance(result, StateError):
+                self._answer(call.reply, call.id, None, result, call.entry_id, None,
+                             call.started, call.fn)
+            else:
+                self._answer(call.reply, call.id, result, None, call.entry_id, None,
+                             call.started, call.fn)
+
         try:
             if ready:
-                results = await self.batch.execute_many([plan for _, plan in ready], sent)
-                for (call, _), result in zip(ready, results, strict=True):
-                    if isinstance(result, StateError):
-                        self._answer(call.reply, call.id, None, result, call.entry_id, None,
-                                     call.started, call.fn)
-                    else:
-                        self._answer(call.reply, call.id, result, None, call.entry_id, None,
-                                     call.started, call.fn)
+                await self.batch.execute_many([plan for _, plan in ready], sent, done,
+                                              self._flush_all)
             await self._flush_all()  # at once, rather than a loop iteration later
         finally:
-            self._finished(count)
+            self._finished(entry_ids)
 
     async def _reclaim_loop(self, calls: TaskGroup) -> None:
         period = self.options.visibility_timeout_ms / 2000
@@ -232,9 +251,12 @@ class BusRuntime:
     async def _reclaim(self, calls: TaskGroup) -> None:
         cursor = "0-0"
         while True:
+            room = self.options.concurrency - self._in_flight
+            if room <= 0:  # full: the next round takes them
+                return
             next_cursor, entries, *rest = await self.conn.execute(
                 "XAUTOCLAIM", self.bus.stream, self.bus.group, self.consumer,
-                self.options.visibility_timeout_ms, cursor, "COUNT", 256)
+                self.options.visibility_timeout_ms, cursor, "COUNT", min(256, room))
             if entries:
                 log.info("reclaimed entries of a dead consumer", extra={
                     "event": "bus.reclaim", "service": self.bus.service, "count": len(entries)})
@@ -253,14 +275,21 @@ class BusRuntime:
                 self._answer(reply_key, call_id, None, error, entry_id, None, None)
                 return
             await self._run(call)
+            await self._flush_all()
         finally:
-            self._finished(1)
+            self._finished([entry_id])
 
     async def _run(self, call: Call) -> None:
         record = None
         if self.record_ttl_ms is not None and call.id is not None:
             record = self.bus.record(call.id)
-            previous = await self.conn.execute("GET", record)
+            try:
+                previous = await self.conn.execute("GET", record)
+            except (ConnectionLost, ReplyError) as exc:
+                # Not answered, not acknowledged: the entry stays pending for a reclaim.
+                log.warning("reading a call record failed: %s", exc, extra={
+                    "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
+                return
             if previous is not None:  # answered before: the same reply again, nothing re-run
                 self._queue(call.reply, previous, call.entry_id, None)
                 return

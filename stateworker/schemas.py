@@ -81,6 +81,7 @@ class CallContext(Struct, frozen=True, kw_only=True):
     caller: str | None = None
     context: dict[str, Any] = msgspec.field(default_factory=dict)
     call_id: str | None = None  # a bus call's id: its reply is recorded with its change
+    deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
 
     @property
     def by(self) -> str | None:

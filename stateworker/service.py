@@ -5,7 +5,7 @@ drain on stop."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,8 +33,10 @@ class StateCalls:
     def send(self, plans: Sequence[Plan]) -> Sent:
         return self.state.send_first_step(plans)
 
-    async def execute_many(self, plans: Sequence[Plan], sent: Sent) -> list[Any]:
-        return await self.state.execute_many(plans, sent)
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent,
+                           done: Callable[[int, Any], None],
+                           after_step: Callable[[], Awaitable[None]]) -> list[Any]:
+        return await self.state.execute_many(plans, sent, done, after_step)
 
 
 class StateService:

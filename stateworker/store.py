@@ -10,7 +10,7 @@ Reads of one key are plain HMGETs checked against the clock here.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from stateworker.errors import (
     LUA_STATUS,
     ConfigError,
     Conflict,
+    DeadlineExceeded,
     InternalError,
     StateError,
     ValueTooLarge,
@@ -70,6 +71,11 @@ def _recorded(record: bytes) -> list[Any]:
         return item
 
     return list(plain(msgspec.msgpack.decode(record)))
+
+
+def _deadline_exceeded(deadline_ms: int | None) -> DeadlineExceeded:
+    return DeadlineExceeded(f"deadline_ms {deadline_ms} passed before the call ran; nothing "
+                            "was written", {"deadline_ms": deadline_ms})
 
 
 class _Keep:
@@ -181,10 +187,12 @@ class RedisState(ReadPlans):
             raise result
         return result
 
-    async def execute_many(self, plans: Sequence[Plan], sent: Sent = None) -> list[Any]:
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent = None,
+                           done: Callable[[int, Any], None] | None = None,
+                           after_step: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
         """Run plans together (one pipeline per step); results or StateErrors, in order.
-        `sent`: their first step, already sent with `send_first_step`."""
-        return await execute_many(self.conn, self.scripts, plans, sent)
+        `sent`: their first step, already sent with `send_first_step`; see plans.py."""
+        return await execute_many(self.conn, self.scripts, plans, sent, done, after_step)
 
     def send_first_step(self, plans: Sequence[Plan]) -> Sent:
         return send_first_step(self.conn, plans)
@@ -212,11 +220,18 @@ class RedisState(ReadPlans):
         def replayed(reply: list[Any]) -> Any:
             if reply[0] == LUA_STATUS["DUPLICATE"]:
                 reply = _recorded(reply[1])
+            if reply[0] == LUA_STATUS["DEADLINE_EXCEEDED"]:
+                raise _deadline_exceeded(ctx.deadline_ms)
             return finish(reply)
 
-        return self.script_plan(name, keys, [
+        record = str(self.settings.dedupe_window_ms)
+        if ctx.deadline_ms is not None:
+            record += f":{ctx.deadline_ms}"
+        plan = self.script_plan(name, keys, [
             scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
-            self.settings.dedupe_window_ms, *args], replayed)
+            record, *args], replayed)
+        plan.checks_deadline = True
+        return plan
 
     # ---- writes ----------------------------------------------------------------------------
     def write_plan(

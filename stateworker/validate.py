@@ -44,6 +44,9 @@ def request(body: bytes, type_: type[T]) -> T:
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"$: the request body is not valid JSON: {exc}",
                              {"path": "$"}) from exc
+    except RecursionError as exc:
+        raise InvalidRequest("$: the request body is nested too deeply to read",
+                             {"path": "$"}) from exc
     return result
 
 

@@ -2,13 +2,14 @@
   Delete one entry (state::delete).
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
+    KEYS[8] (bus calls only) the call's record; ARGV[7] "<ms kept>[:<deadline ms>]"
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member              ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
   Output:
     {ST.OK, deleted value or false, revision or false}
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+    {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Events: state:deleted when something was deleted (also for an entry found expired).
 ]]
 --- @include "entry"

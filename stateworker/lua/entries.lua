@@ -10,7 +10,7 @@
     ARGV[1] now (epoch ms)
     ARGV[2] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[3] order_by: key | updated_at | topic     ARGV[4] order: asc | desc
-    ARGV[5] cursor member ("" for none)            ARGV[6] cursor score (updated_at only)
+    ARGV[5] cursor: "" for none, else "=" .. member   ARGV[6] cursor score (updated_at only)
     ARGV[7] limit    ARGV[8] entries to skip first (offset)
     ARGV[9] key prefix ("" for none)
     ARGV[10] key pattern: "" none, else "=" .. pattern
@@ -26,16 +26,25 @@
 
 local idx, now, prefix = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 local orderBy, desc = ARGV[3], ARGV[4] == 'desc'
-local cursor, cursorScore = ARGV[5], ARGV[6]
+local hasCursor, cursor, cursorScore = ARGV[5] ~= '', string.sub(ARGV[5], 2), ARGV[6]
 local limit, skip, keyPrefix = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local keyParts = ARGV[10] ~= '' and glob_parts(string.sub(ARGV[10], 2)) or nil
 local topicParts = ARGV[11] ~= '' and glob_parts(string.sub(ARGV[11], 2)) or nil
 local withValues, examineMax = ARGV[12] == '1', tonumber(ARGV[13])
 
+-- a <= b by bytes, as the sorted sets order members (Lua's own `<=` follows the locale).
+local function bytes_le(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
+
 -- Position (0-based, in walking order) of the first member to examine.
 local function start_rank()
   if orderBy ~= 'updated_at' then
-    if cursor ~= '' then
+    if hasCursor then
       if desc then return redis.call('ZLEXCOUNT', idx, '[' .. cursor, '+') end
       return redis.call('ZLEXCOUNT', idx, '-', '[' .. cursor)
     end
@@ -45,7 +54,7 @@ local function start_rank()
     end
     return 0
   end
-  if cursor == '' then return 0 end
+  if not hasCursor then return 0 end
   local score = tonumber(cursorScore)
   local below = redis.call('ZCOUNT', idx, '-inf', '(' .. cursorScore)
   local tiesLE, exists
@@ -57,7 +66,7 @@ local function start_rank()
     exists = 0
     tiesLE = 0
     for _, m in ipairs(redis.call('ZRANGE', idx, cursorScore, cursorScore, 'BYSCORE')) do
-      if m <= cursor then tiesLE = tiesLE + 1 end
+      if bytes_le(m, cursor) then tiesLE = tiesLE + 1 end
     end
   end
   if not desc then return below + tiesLE end

@@ -10,7 +10,7 @@
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
-    ARGV[6] writer ("" for none)    ARGV[7] how long the call record is kept (ms)
+    ARGV[6] writer ("" for none)    ARGV[7] call record: "<ms kept>" or "<ms kept>:<deadline ms>"
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
     ARGV[10] topic: "" for none, "=" .. topic, or "~" to keep the current one
@@ -26,6 +26,7 @@
     {ST.NEEDS_HASH, current version, current value}   the stored hash is unknown (after an
                                                        update): the caller stores it, retries
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+    {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Every reply but NEEDS_HASH is recorded under KEYS[8] when given.
   Events: state:created when absent, else state:updated; an expired entry in the way is
     first deleted with state:deleted.

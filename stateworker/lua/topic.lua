@@ -2,13 +2,14 @@
   Retag one entry (state::update-topic): value, version and updated_at stay as they are.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
+    KEYS[8] (bus calls only) the call's record; ARGV[7] "<ms kept>[:<deadline ms>]"
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] topic: "-" clears, "=" .. topic sets
   Output:
     {ST.OK, 1 when the key exists (retagged or already so), 0 when missing}
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+    {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Events: state:updated with old_value = new_value and the same version, when the topic
     changed; an expired entry in the way is deleted with state:deleted.
 ]]

@@ -5,7 +5,7 @@
   the op out); this script reports the errors that depend on the document.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the call's record; ARGV[7] how long it is kept (ms)
+    KEYS[8] (bus calls only) the call's record; ARGV[7] "<ms kept>[:<deadline ms>]"
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] max value bytes         ARGV[9] expected version ("" for none)
@@ -23,6 +23,7 @@
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+    {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Events: state:created or state:updated when written (the key was missing or an op
     applied); an expired entry in the way is first deleted with state:deleted.
 ]]

@@ -185,3 +185,16 @@ async def test_a_20_mib_body_is_refused(service: StateService, raw: aredis.Redis
     assert document["error"]["details"]["limit"] == 5 * 1024 * 1024
     ok = await roundtrip(raw, prefix, "state::list_groups", {})
     assert ok["ok"] is True
+
+
+async def test_deeply_nested_fields_are_refused_not_fatal(service: StateService,
+                                                          raw: aredis.Redis, prefix: str,
+                                                          scope: str) -> None:
+    deep = b"[" * 5000 + b"]" * 5000
+    context = await roundtrip(raw, prefix, "state::get", {"scope": scope, "key": "k"},
+                              context=deep)
+    assert context["error"]["code"] == "INVALID_REQUEST"
+    body = await roundtrip(raw, prefix, "state::set", b'{"scope":"s","key":"k","value":' + deep
+                           + b"}")
+    assert body["error"]["code"] == "INVALID_REQUEST"
+    assert (await roundtrip(raw, prefix, "state::list_groups", {}))["ok"] is True

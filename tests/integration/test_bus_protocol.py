@@ -133,3 +133,19 @@ async def test_status_counters_and_acknowledged_stream(service: StateService, ra
     _call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k1"})
     assert (await receive(raw, reply))["result"] == 1
     assert (await raw.xpending(f"{prefix}:bus:state", "state"))["pending"] == 0
+
+
+async def test_a_late_retry_of_an_applied_call_gets_its_reply(
+    service: StateService, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    body = {"scope": scope, "key": "k", "value": 1}
+    deadline = str(now_ms() + 60_000)
+    first = await roundtrip(raw, prefix, "state::set", body, call_id="late-1", deadline_ms=deadline)
+    assert first["ok"] is True
+    again = await roundtrip(raw, prefix, "state::set", body, call_id="late-1",
+                            deadline_ms=str(now_ms() - 1))
+    assert again == first  # recorded before the deadline: the same reply, not DEADLINE_EXCEEDED
+    never = await roundtrip(raw, prefix, "state::set", {**body, "key": "x"}, call_id="late-2",
+                            deadline_ms=str(now_ms() - 1))
+    assert never["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert await ok(raw, prefix, "state::get", {**body, "key": "x"}) is None

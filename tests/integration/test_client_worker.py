@@ -10,11 +10,13 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+import redis.asyncio as aredis
+from anyio.abc import TaskStatus
 
 from stateworker import Conflict
 from stateworker.bus import BusOptions, Call
 from stateworker.client import StateClient
-from stateworker.errors import CallTimeout, InvalidRequest, UnknownFunction
+from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, UnknownFunction
 from stateworker.service import StateService
 from stateworker.settings import Settings
 from stateworker.worker import Worker
@@ -143,3 +145,68 @@ async def test_cli_call_and_status(service: StateService, redis_server: RedisSer
     state = report["services"]["state"]
     assert state["pending"] == 0 and state["consumers"][0]["name"]
     assert counters["errors:INVALID_REQUEST"] >= 1
+
+
+async def test_restart_under_the_same_name_serves_its_pending_calls_once(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = client_settings(redis_server, prefix)
+    stream, reply = f"{prefix}:bus:jobs", f"{prefix}:reply:jobs"
+    raw = aredis.Redis(port=redis_server.port)
+    await raw.xgroup_create(stream, "jobs", id="0", mkstream=True)
+    for i in range(3):
+        await raw.xadd(stream, {"id": f"job-{i}", "fn": "jobs::run", "body": b"{}",
+                                "reply": reply})
+    # a worker named w1 read them and died before answering: they are pending for w1
+    await raw.xreadgroup("jobs", "w1", {stream: ">"})
+    runs: list[str] = []
+    worker = Worker("jobs", settings=settings, options=BusOptions(block_ms=50, consumer="w1"))
+
+    @worker.function("jobs::run")
+    async def run(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"done": call.id}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with anyio.fail_after(10):
+            while await raw.llen(reply) < 3:
+                await anyio.sleep(0.01)  # polling the reply list
+        worker.stop()
+    assert sorted(runs) == ["job-0", "job-1", "job-2"]  # each pending call ran once
+    assert await raw.llen(reply) == 3
+    assert (await raw.xpending(stream, "jobs"))["pending"] == 0
+    await raw.aclose()
+
+
+async def test_stop_takes_effect_while_every_slot_is_busy(redis_server: RedisServer,
+                                                          prefix: str) -> None:
+    settings = client_settings(redis_server, prefix)
+    worker = Worker("slow", settings=settings,
+                    options=BusOptions(block_ms=50, concurrency=1, grace_s=0.2))
+    started = anyio.Event()
+
+    @worker.function("slow::wait")
+    async def wait(body: Any, call: Call) -> Any:
+        started.set()
+        await anyio.sleep_forever()
+
+    finished = anyio.Event()
+
+    async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await worker.run(task_status=task_status)
+        finished.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve)
+        async with StateClient(settings=settings, service="slow", timeout=0.5, retries=0) as c:
+            tg.start_soon(_ignore_timeout, c)
+            await started.wait()
+            worker.stop()
+            with anyio.fail_after(10):  # stop is noticed, the grace period ends, run returns
+                await finished.wait()
+
+
+async def _ignore_timeout(client: StateClient) -> None:
+    with pytest.raises((CallTimeout, Unavailable)):  # timed out, or the client closed first
+        await client.call("slow::wait", {})

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
@@ -195,3 +197,25 @@ async def test_list_entries_rejects_bad_paging(store: StateStore, scope: str) ->
         await store.call("state::list-entries", {"scope": scope, "order": "desc",
                                                  "after": page["next_after"]})
     assert "order" in caught.value.message
+
+
+async def test_paging_over_the_empty_key(store: StateStore, scope: str) -> None:
+    for key in ["", "a", "b"]:
+        await store.set(scope, key, key)
+    for order_by, order in itertools.product(["key", "updated_at", "topic"], ["asc", "desc"]):
+        with anyio.fail_after(10):
+            entries = await walk(store, {"scope": scope, "order_by": order_by, "order": order,
+                                         "limit": 1})
+        assert sorted(e["key"] for e in entries) == ["", "a", "b"], (order_by, order)
+
+
+async def test_tampered_cursor_is_an_invalid_request(store: StateStore, scope: str) -> None:
+    await store.set(scope, "a", 1)
+    await store.set(scope, "b", 1)
+    for cursor in [["updated_at", "asc", "YQ==", "abc", 0], ["key", "asc", "YQ==", "", -1],
+                   ["key", "asc", "not base64!", "", 0]]:
+        text = base64.urlsafe_b64encode(msgspec.json.encode(cursor)).decode()
+        with pytest.raises(StateError) as caught:
+            await store.call("state::list-entries", {"scope": scope, "after": text,
+                                                     "order_by": cursor[0]})
+        assert caught.value.code == "INVALID_REQUEST" and caught.value.details["path"] == "$.after"

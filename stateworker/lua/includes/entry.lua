@@ -151,11 +151,20 @@ end
 
 --[[
   Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
-  record, and ARGV[7], how long to keep it (ms). The record holds the script's reply
-  (cmsgpack); a second delivery of the call finds it and gets {ST.DUPLICATE, record} back
-  without changing anything. Written in the same script as the change, so the change and its
-  record cannot part.
+  record, and ARGV[7] = "<ms to keep it>" or "<ms to keep it>:<deadline epoch ms>". The
+  record holds the script's reply (cmsgpack); a second delivery of the call finds it and gets
+  {ST.DUPLICATE, record} back without changing anything. Written in the same script as the
+  change, so the change and its record cannot part. The deadline is checked after the record:
+  a call applied in time gets its reply again even when it comes back late.
 ]]
+-- ARGV[7] of an entry script: how long a record is kept (ms), and the deadline or nil.
+local function record_args()
+  local colon = string.find(ARGV[7], ':', 1, true)
+  if not colon then
+    return ARGV[7], nil
+  end
+  return string.sub(ARGV[7], 1, colon - 1), tonumber(string.sub(ARGV[7], colon + 1))
+end
 local function replayed()
   if KEYS[8] then
     local record = redis.call('GET', KEYS[8])
@@ -173,13 +182,17 @@ local function begin_entry()
   if dup then
     return dup
   end
+  local _, deadline = record_args()
+  if deadline and tonumber(ARGV[4]) > deadline then
+    return {ST.DEADLINE_EXCEEDED}
+  end
   local ctx = entry_ctx()
   return nil, ctx, load_live(ctx)
 end
 
 local function finish(reply)
   if KEYS[8] then
-    redis.call('SET', KEYS[8], cmsgpack.pack(reply), 'PX', ARGV[7])
+    redis.call('SET', KEYS[8], cmsgpack.pack(reply), 'PX', (record_args()))
   end
   return reply
 end
