@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
@@ -190,9 +191,12 @@ async def _open(url: str) -> _Protocol:
         if parsed.scheme == "unix":
             _, proto = await loop.create_unix_connection(_Protocol, parsed.path)
         elif parsed.scheme in ("redis", ""):
-            _, proto = await loop.create_connection(
+            transport, proto = await loop.create_connection(
                 _Protocol, parsed.hostname or "127.0.0.1", parsed.port or 6379
             )
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # a peer gone without a word is noticed, not waited on forever
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         else:
             raise ValueError(f"unsupported Redis URL scheme {parsed.scheme!r} in {url!r}")
     except OSError as exc:
@@ -213,6 +217,11 @@ async def _open(url: str) -> _Protocol:
         waits.append(loop.create_future())
         proto.waiting.append(waits[-1])
     proto.flush()
-    for future in waits:
-        await future
+    try:
+        for future in waits:
+            await future
+    except BaseException:  # AUTH or SELECT refused: do not leave the socket open
+        if proto.transport is not None:
+            proto.transport.close()
+        raise
     return proto
