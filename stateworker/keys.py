@@ -5,7 +5,9 @@ partition carries the Redis Cluster hash tag `{<prefix>:p<n>}`, so each script, 
 one entry and the indexes and event stream of its partition, runs on a single cluster slot.
 
 Layout (`sw` prefix, partition 3):
-  sw:{sw:p3}:e:<len(scope)>:<scope><key>  hash   one entry (fields: see ENTRY_FIELDS)
+  sw:{sw:p3}:e:<len(scope)>:<scope><key>  hash   one entry: v value, n version, h hash,
+                                                 t topic, c/u created/updated ms, x expires
+                                                 ms, b updated_by, r revision, s plain
   sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
   sw:{sw:p3}:u:<scope>                    zset   the scope's keys by updated_at ms
   sw:{sw:p3}:t:<scope>                    zset   <topic>\0<key> of tagged entries, score 0
@@ -23,11 +25,6 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
-
-# Entry hash fields: value JSON, version, hash, topic, created ms, updated ms, expires ms,
-# updated_by, revision (id of the entry's last event).
-ENTRY_FIELDS = ("v", "n", "h", "t", "c", "u", "x", "b", "r")
-
 
 @dataclass(frozen=True, slots=True)
 class PartitionKeys:
