@@ -26,6 +26,7 @@ import functools
 import zlib
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True, slots=True)
 class PartitionKeys:
     """The names shared by every scope of one partition."""
