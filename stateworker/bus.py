@@ -17,6 +17,7 @@ group, run them concurrently, reply, then acknowledge.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -120,8 +121,16 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
         deadline = _deadline(fields.get(b"deadline_ms"))
         caller = fields.get(b"caller")
         context = _context(fields.get(b"context"))
+        _limit("id", raw_id, MAX_ID_BYTES)
+        _limit("reply", reply, MAX_REPLY_KEY_BYTES)
+        _limit("caller", caller, MAX_ID_BYTES)
+        execution = context.get("execution_id")
+        if isinstance(execution, str):
+            _limit("context.execution_id", execution.encode(), MAX_ID_BYTES)
+        digest = hashlib.sha1(fn.encode() + b"\0" + body).hexdigest()
         ctx = CallContext(caller=None if caller is None else caller.decode(errors="replace"),
-                          context=context, call_id=call_id, deadline_ms=deadline)
+                          context=context, call_id=call_id, deadline_ms=deadline,
+                          call_digest=digest)
     except UnicodeDecodeError:
         return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})
     except StateError as exc:
@@ -130,6 +139,16 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
         return None, reply, call_id, InvalidRequest(
             f"the call entry cannot be read: {type(exc).__name__}", {"field": "entry"})
     return Call(entry_id, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+
+
+MAX_ID_BYTES = 256  # id, caller, context.execution_id (the writer recorded in every event)
+MAX_REPLY_KEY_BYTES = 1024
+
+
+def _limit(field: str, value: bytes | None, limit: int) -> None:
+    if value is not None and len(value) > limit:
+        raise InvalidRequest(f"{field}: is {len(value)} bytes, more than the limit of {limit} "
+                             "bytes", {"field": field, "size": len(value), "limit": limit})
 
 
 def _text(fields: dict[bytes, bytes], name: bytes) -> str:

@@ -141,6 +141,8 @@ class StateClient:
         deadline_ms: int | None = None,
     ) -> bytes:
         """Call `fn` with a JSON body; the result's JSON. Errors raise their StateError."""
+        if self._closed:
+            raise Unavailable(f"{fn}: the client is closed", {})
         call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
         wait_s = timeout or self.timeout
         fields: list[Arg] = ["XADD", self.stream, "*", "id", call_id, "fn", fn, "body", body,

@@ -31,6 +31,13 @@ class InvalidRequest(StateError):
     code = "INVALID_REQUEST"
 
 
+class CallIdReused(StateError):
+    """Raised when a bus call id that was recorded for one call comes with another function or
+    body (ids are unique per logical call; a retry repeats the same call)."""
+
+    code = "CALL_ID_REUSED"
+
+
 class KeyTooLong(StateError):
     """Raised when a scope or key is longer than `max_key_bytes` UTF-8 bytes."""
 
@@ -112,6 +119,7 @@ LUA_STATUS: dict[str, int] = {
     "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
     "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
     "DEADLINE_EXCEEDED": 6,  # the bus call's deadline passed and it never ran; nothing written
+    "CALL_ID_REUSED": 7,  # the call id's record belongs to another call; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -119,6 +127,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["CONFLICT"]: Conflict,
     LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
     LUA_STATUS["DEADLINE_EXCEEDED"]: DeadlineExceeded,
+    LUA_STATUS["CALL_ID_REUSED"]: CallIdReused,
 }
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
@@ -136,6 +145,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         DeadlineExceeded,
         InternalError,
         CallTimeout,
+        CallIdReused,
     )
 }
 

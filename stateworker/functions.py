@@ -156,6 +156,7 @@ def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> P
 
 def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ListNamespacesRequest)
+    validate.pattern("pattern", req.pattern)
     if not 1 <= req.limit <= listing.MAX_LIMIT:
         raise InvalidRequest(f"$.limit: must be between 1 and {listing.MAX_LIMIT}, got {req.limit}",
                              {"path": "$.limit", "limit": listing.MAX_LIMIT})

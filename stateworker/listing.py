@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from stateworker import codec
+from stateworker import codec, validate
 from stateworker.codec import now_ms
 from stateworker.errors import InvalidRequest
 from stateworker.keys import member
@@ -22,6 +22,7 @@ from stateworker.plans import Plan, then
 from stateworker.store import RedisState
 
 MAX_LIMIT = 1000
+MAX_OFFSET = 1_000_000_000
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
 EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most
 DELETE_BATCH = 500  # index members one delete-by-topic script call examines at most
@@ -91,9 +92,11 @@ def check(req: ListEntriesRequest) -> None:
     if not 1 <= req.limit <= MAX_LIMIT:
         raise InvalidRequest(f"$.limit: must be between 1 and {MAX_LIMIT}, got {req.limit}",
                              {"path": "$.limit", "limit": MAX_LIMIT})
-    if req.offset < 0:
-        raise InvalidRequest(f"$.offset: must be 0 or more, got {req.offset}",
-                             {"path": "$.offset"})
+    if not 0 <= req.offset <= MAX_OFFSET:
+        raise InvalidRequest(f"$.offset: must be between 0 and {MAX_OFFSET}, got {req.offset}",
+                             {"path": "$.offset", "limit": MAX_OFFSET})
+    for field in ("prefix", "key_pattern", "topic_pattern"):
+        validate.pattern(field, getattr(req, field))
 
 
 def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
@@ -194,11 +197,17 @@ def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
     def finish(groups: Any) -> list[str]:
         names: list[str] = groups.groups
         if pattern is not None:
-            parts = pattern.split("*")
+            parts = glob_parts(pattern)
             names = [g for g in names if glob_match(g, parts)]
         return names[:limit]
 
     return then(state.list_groups_plan(hidden), finish)
+
+
+def glob_parts(pattern: str) -> list[str]:
+    """The literal chunks of a `*` pattern; a run of stars is one star (as in glob.lua)."""
+    parts = pattern.split("*")
+    return [parts[0], *[p for p in parts[1:-1] if p], parts[-1]] if len(parts) > 1 else parts
 
 
 def glob_match(subject: str, parts: list[str]) -> bool:

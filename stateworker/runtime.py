@@ -73,7 +73,7 @@ class BusRuntime:
         self.stats = Stats()
         self._outgoing: list[Outgoing] = []
         self._outgoing_ready = anyio.Event()
-        self._flushing = False
+        self._flush_lock = anyio.Lock()
         self._stopping = anyio.Event()
         self._in_flight = 0
         self._running: set[bytes] = set()  # entry ids being served: never served twice at once
@@ -355,12 +355,10 @@ class BusRuntime:
                 await self.conn.pipeline(commands)
 
     async def _flush_all(self) -> None:
-        """Write what is queued, until nothing is. Only one flush runs at a time; a second
-        caller returns at once, since the running flush takes its replies too."""
-        if self._flushing:
-            return
-        self._flushing = True
-        try:
+        """Write what is queued, until nothing is. One flush at a time: a second caller waits
+        for the running one and then writes what is left, so when it returns, every reply
+        queued before the call is written (a call is finished only after that)."""
+        async with self._flush_lock:
             while self._outgoing:
                 batch, self._outgoing = self._outgoing, []
                 self._outgoing_ready = anyio.Event()
@@ -370,8 +368,6 @@ class BusRuntime:
                     # Not acknowledged: the entries stay pending, answered after a reclaim.
                     log.warning("writing replies failed: %s", exc, extra={
                         "event": "bus.flush_failed", "count": len(batch)})
-        finally:
-            self._flushing = False
 
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)

@@ -82,6 +82,7 @@ class CallContext(Struct, frozen=True, kw_only=True):
     context: dict[str, Any] = msgspec.field(default_factory=dict)
     call_id: str | None = None  # a bus call's id: its reply is recorded with its change
     deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
+    call_digest: str | None = None  # SHA-1 hex of fn + body: a reused id is told apart
 
     @property
     def by(self) -> str | None:

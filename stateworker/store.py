@@ -23,6 +23,7 @@ from stateworker.codec import now_ms
 from stateworker.embedded import EmbeddedRedis
 from stateworker.errors import (
     LUA_STATUS,
+    CallIdReused,
     ConfigError,
     Conflict,
     DeadlineExceeded,
@@ -222,11 +223,15 @@ class RedisState(ReadPlans):
                 reply = _recorded(reply[1])
             if reply[0] == LUA_STATUS["DEADLINE_EXCEEDED"]:
                 raise _deadline_exceeded(ctx.deadline_ms)
+            if reply[0] == LUA_STATUS["CALL_ID_REUSED"]:
+                raise CallIdReused(
+                    f"id {ctx.call_id!r} was used for another call (another function or body) "
+                    f"in the last {self.settings.dedupe_window_ms // 1000} s; a retry must "
+                    "repeat the same call, a new call needs a new id", {"id": ctx.call_id})
             return finish(reply)
 
-        record = str(self.settings.dedupe_window_ms)
-        if ctx.deadline_ms is not None:
-            record += f":{ctx.deadline_ms}"
+        deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
+        record = f"{self.settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
         plan = self.script_plan(name, keys, [
             scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
             record, *args], replayed)

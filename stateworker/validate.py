@@ -19,8 +19,6 @@ from stateworker.settings import Settings
 RESERVED_SCOPES = frozenset({"state_barrier", "state_triggers", "state_namespaces"})
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 
-_TOPIC_LIMITS = Settings(max_key_bytes=1024)  # topics share the key limit's default
-
 T = TypeVar("T")
 _PATH_RE = re.compile(r" - at `(\$[^`]*)`$")
 _decoders: dict[type, msgspec.json.Decoder] = {}  # type: ignore[type-arg]
@@ -76,6 +74,29 @@ def address(settings: Settings, scope_text: str, key_text: str) -> None:
     name(settings, "key", key_text)
 
 
+MAX_TEXT_BYTES = 1024  # topics, prefixes and patterns
+
+
+def _short_text(field: str, value: str) -> None:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
+                             {"path": f"$.{field}"}) from exc
+    if size > MAX_TEXT_BYTES:
+        raise InvalidRequest(
+            f"$.{field}: is {size} bytes, more than the limit of {MAX_TEXT_BYTES} bytes",
+            {"path": f"$.{field}", "size": size, "limit": MAX_TEXT_BYTES})
+
+
+def pattern(field: str, value: str | None) -> str | None:
+    """A prefix or `*` pattern: UTF-8, at most 1024 bytes (a pattern's cost in Redis grows
+    with its length)."""
+    if value is not None:
+        _short_text(field, value)
+    return value
+
+
 def ttl_ms(value: int | None) -> int | None:
     if value is not None and not 1 <= value <= MAX_TTL_MS:
         raise InvalidRequest(f"$.ttl_ms: must be between 1 and {MAX_TTL_MS} (ten years), got {value}",
@@ -93,7 +114,7 @@ def expected_version(value: int | None) -> int | None:
 def topic(value: str | None) -> str | None:
     """A topic: UTF-8, at most 1024 bytes, no NUL (it separates topic and key in the index)."""
     if value is not None:
-        name(_TOPIC_LIMITS, "topic", value)
+        _short_text("topic", value)
         if "\0" in value:
             raise InvalidRequest("$.topic: must not contain the NUL character (\\u0000)",
                                  {"path": "$.topic"})

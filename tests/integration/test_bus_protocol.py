@@ -149,3 +149,25 @@ async def test_a_late_retry_of_an_applied_call_gets_its_reply(
                             deadline_ms=str(now_ms() - 1))
     assert never["error"]["code"] == "DEADLINE_EXCEEDED"
     assert await ok(raw, prefix, "state::get", {**body, "key": "x"}) is None
+
+
+async def test_a_call_id_reused_for_another_call_is_refused(
+    service: StateService, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    k = {"scope": scope, "key": "k"}
+    await ok(raw, prefix, "state::set", {**k, "value": 1}, call_id="reused-1")
+    other_body = await fails(raw, prefix, "state::set", {**k, "value": 2}, call_id="reused-1")
+    other_fn = await fails(raw, prefix, "state::delete", k, call_id="reused-1")
+    assert other_body["code"] == other_fn["code"] == "CALL_ID_REUSED"
+    assert "reused-1" in other_body["message"]
+    assert await ok(raw, prefix, "state::get", k) == 1  # neither ran
+
+
+async def test_oversized_entry_fields_are_refused(service: StateService, raw: aredis.Redis,
+                                                 prefix: str, scope: str) -> None:
+    long_id = await fails(raw, prefix, "state::get", {"scope": scope, "key": "k"},
+                          call_id="i" * 257)
+    assert long_id["code"] == "INVALID_REQUEST" and long_id["details"]["limit"] == 256
+    long_writer = await fails(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": 1},
+                              context=msgspec.json.encode({"execution_id": "e" * 300}))
+    assert long_writer["details"]["field"] == "context.execution_id"

@@ -59,6 +59,14 @@ async def test_client_typed_helpers(service: StateService, redis_server: RedisSe
         assert exact == b'{"price":{"$type":"decimal","$value":"1.20"}}'
 
 
+async def test_a_closed_client_refuses_calls(service: StateService, redis_server: RedisServer,
+                                             prefix: str, scope: str) -> None:
+    async with StateClient(settings=client_settings(redis_server, prefix)) as client:
+        await client.set(scope, "k", 1)
+    with pytest.raises(Unavailable), anyio.fail_after(5):
+        await client.get(scope, "k")
+
+
 async def test_concurrent_calls_share_one_reply_reader(service: StateService,
                                                        redis_server: RedisServer, prefix: str,
                                                        scope: str) -> None:

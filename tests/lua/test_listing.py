@@ -219,3 +219,20 @@ async def test_tampered_cursor_is_an_invalid_request(store: StateStore, scope: s
             await store.call("state::list-entries", {"scope": scope, "after": text,
                                                      "order_by": cursor[0]})
         assert caught.value.code == "INVALID_REQUEST" and caught.value.details["path"] == "$.after"
+
+
+async def test_long_patterns_are_refused_and_star_runs_are_one_star(store: StateStore,
+                                                                    scope: str) -> None:
+    await store.set(scope, "ab", 1, topic="t")
+    for field in ("prefix", "key_pattern", "topic_pattern"):
+        with pytest.raises(StateError) as caught:
+            await store.call("state::list-entries", {"scope": scope, field: "a" + "*" * 2000})
+        assert caught.value.code == "INVALID_REQUEST"
+        assert caught.value.details == {"path": f"$.{field}", "size": 2001, "limit": 1024}
+    with pytest.raises(StateError) as caught:
+        await store.call("state::list-namespaces", {"pattern": "*" * 1025})
+    assert caught.value.details["path"] == "$.pattern"
+    page = await store.call("state::list-entries", {"scope": scope, "key_pattern": "a" + "*" * 1000})
+    assert [e["key"] for e in page["entries"]] == ["ab"]
+    names = await store.call("state::list-namespaces", {"pattern": scope[:3] + "*" * 1000})
+    assert scope in names["namespaces"]

@@ -151,25 +151,29 @@ end
 
 --[[
   Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
-  record, and ARGV[7] = "<ms to keep it>" or "<ms to keep it>:<deadline epoch ms>". The
-  record holds the script's reply (cmsgpack); a second delivery of the call finds it and gets
-  {ST.DUPLICATE, record} back without changing anything. Written in the same script as the
-  change, so the change and its record cannot part. The deadline is checked after the record:
-  a call applied in time gets its reply again even when it comes back late.
+  record, and ARGV[7] = "<ms kept>|<deadline ms or empty>|<call digest>" (the digest: SHA-1
+  of the function and body, 40 hex). The record holds the digest and the script's reply
+  (cmsgpack); a second delivery of the call finds it and gets {ST.DUPLICATE, reply} back
+  without changing anything; the same id with another digest is {ST.CALL_ID_REUSED}. Written
+  in the same script as the change, so the change and its record cannot part. The deadline is
+  checked after the record: a call applied in time gets its reply again when it comes late.
 ]]
--- ARGV[7] of an entry script: how long a record is kept (ms), and the deadline or nil.
 local function record_args()
-  local colon = string.find(ARGV[7], ':', 1, true)
-  if not colon then
-    return ARGV[7], nil
-  end
-  return string.sub(ARGV[7], 1, colon - 1), tonumber(string.sub(ARGV[7], colon + 1))
+  local a = string.find(ARGV[7], '|', 1, true)
+  local b = string.find(ARGV[7], '|', a + 1, true)
+  return string.sub(ARGV[7], 1, a - 1), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
+    string.sub(ARGV[7], b + 1)
 end
+
 local function replayed()
   if KEYS[8] then
     local record = redis.call('GET', KEYS[8])
     if record then
-      return {ST.DUPLICATE, record}
+      local _, _, digest = record_args()
+      if string.sub(record, 1, 40) ~= digest then
+        return {ST.CALL_ID_REUSED}
+      end
+      return {ST.DUPLICATE, string.sub(record, 41)}
     end
   end
   return nil
@@ -192,7 +196,8 @@ end
 
 local function finish(reply)
   if KEYS[8] then
-    redis.call('SET', KEYS[8], cmsgpack.pack(reply), 'PX', (record_args()))
+    local keep, _, digest = record_args()
+    redis.call('SET', KEYS[8], digest .. cmsgpack.pack(reply), 'PX', keep)
   end
   return reply
 end

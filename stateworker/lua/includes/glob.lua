@@ -7,8 +7,20 @@
 
 --- @include "text"
 
+-- The literal chunks of a pattern; a run of stars counts as one (empty middle chunks go).
 local function glob_parts(pattern)
-  return text_split(pattern, '*')
+  local split = text_split(pattern, '*')
+  if #split <= 2 then
+    return split
+  end
+  local parts = {split[1]}
+  for i = 2, #split - 1 do
+    if split[i] ~= '' then
+      parts[#parts + 1] = split[i]
+    end
+  end
+  parts[#parts + 1] = split[#split]
+  return parts
 end
 
 local function glob_match(subject, parts)
