@@ -78,6 +78,7 @@ class Bus:
         self.group = service
         self.stats_key = f"{prefix}:stats:{service}"
         self.reply_prefix = f"{prefix}:reply:"
+        self._own, self._replies = f"{prefix}:".encode(), self.reply_prefix.encode()
 
     def record(self, call_id: str) -> str:
         """A user worker's record of a call's reply (the state service records in-script)."""
@@ -85,8 +86,7 @@ class Bus:
 
     def reply_allowed(self, key: bytes) -> bool:
         """Replies may not land on the service's own keys, except its reply lists."""
-        text = key.decode(errors="replace")
-        return not text.startswith(self.prefix + ":") or text.startswith(self.reply_prefix)
+        return not key.startswith(self._own) or key.startswith(self._replies)
 
 
 def reply_document(call_id: str | None, result: bytes | None, error: StateError | None) -> bytes:

@@ -39,16 +39,29 @@ class _Waiter:
     """One call waiting for its reply. A bare asyncio future (as in redisconn.py): an anyio
     Event and cancel scope per call cost more than the rest of the client's work for it."""
 
-    __slots__ = ("deadline", "future", "reply")
+    __slots__ = ("deadline", "error", "future", "reply")
 
     def __init__(self) -> None:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reply: _Reply | None = None
+        self.error: BaseException | None = None  # the XADD failed
         self.deadline = 0.0  # time.monotonic(); the sweeper wakes the call after it
 
     def wake(self) -> None:
         if not self.future.done():
             self.future.set_result(None)
+
+    def sent(self, xadd: asyncio.Future[list[Any]]) -> None:
+        """Done-callback of the XADD: a failure wakes the call with it."""
+        if xadd.cancelled():
+            self.error = Unavailable("the call was not sent", {})
+        elif xadd.exception() is not None:
+            self.error = xadd.exception()
+        elif isinstance(xadd.result()[0], Exception):  # a Redis error reply to the XADD
+            self.error = xadd.result()[0]
+        else:
+            return
+        self.wake()
 
 
 _reply_decoder = msgspec.json.Decoder(_Reply)
@@ -157,14 +170,22 @@ class StateClient:
         try:
             for _ in range(self.retries + 1):
                 waiter.deadline = time.monotonic() + wait_s
-                try:
-                    await self.conn.execute(*fields)
-                except ConnectionLost as exc:
-                    raise Unavailable(f"{fn}: Redis unavailable: {exc}",
-                                      {"call_id": call_id}) from exc
+                # Sent without waiting for Redis to say so: one wake-up per call, not two.
+                xadd = self.conn.send_pipeline([fields])
+                if xadd is None:  # not connected yet
+                    try:
+                        await self.conn.execute(*fields)
+                    except ConnectionLost as exc:
+                        raise Unavailable(f"{fn}: Redis unavailable: {exc}",
+                                          {"call_id": call_id}) from exc
+                else:
+                    xadd.add_done_callback(waiter.sent)
                 await waiter.future
                 if waiter.reply is not None:
                     break
+                if waiter.error is not None:
+                    raise Unavailable(f"{fn}: the call could not be sent: {waiter.error}",
+                                      {"call_id": call_id}) from waiter.error
                 if self._closed:
                     raise Unavailable(f"{fn}: the client was closed before the reply came "
                                       f"(call id {call_id})", {"call_id": call_id})
