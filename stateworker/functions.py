@@ -183,12 +183,13 @@ FUNCTIONS: dict[str, Prepare] = {
 
 
 def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
-    """The plan of one call, its result encoded as JSON; a bad request raises StateError."""
+    """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
+    raises StateError."""
     function = FUNCTIONS.get(fn)
     if function is None:
         raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
                               f"{', '.join(sorted(FUNCTIONS))}", {"fn": fn})
-    plan = then(function(state, body, ctx), encoder.encode)
+    plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)
@@ -199,5 +200,4 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:
     """Run one function on a JSON body; the result as JSON bytes. Errors raise StateError."""
-    result: bytes = await state.execute(prepare(state, fn, body, ctx))
-    return result
+    return encoder.encode(await state.execute(prepare(state, fn, body, ctx)))

@@ -13,8 +13,10 @@ import anyio
 
 from stateworker import functions
 from stateworker.bus import Bus, BusOptions, Call
+from stateworker.errors import StateError
 from stateworker.plans import Plan, Sent
 from stateworker.runtime import BusRuntime
+from stateworker.schemas import encoder
 from stateworker.settings import Settings
 from stateworker.store import RedisState
 
@@ -36,7 +38,11 @@ class StateCalls:
     async def execute_many(self, plans: Sequence[Plan], sent: Sent,
                            done: Callable[[int, Any], None],
                            after_step: Callable[[], Awaitable[None]]) -> list[Any]:
-        return await self.state.execute_many(plans, sent, done, after_step)
+        """Results are encoded as JSON here, as each plan ends."""
+        def encoded(index: int, result: Any) -> None:
+            done(index, result if isinstance(result, StateError) else encoder.encode(result))
+
+        return await self.state.execute_many(plans, sent, encoded, after_step)
 
 
 class StateService:

@@ -218,7 +218,8 @@ class RedisState(ReadPlans):
         if ctx.call_id is not None:
             keys.append(part.call_record(ctx.call_id))
 
-        def replayed(reply: list[Any]) -> Any:
+        def replayed(replies: list[Any]) -> Any:
+            reply = script_reply(replies[0], name)
             if reply[0] == LUA_STATUS["DUPLICATE"]:
                 reply = _recorded(reply[1])
             if reply[0] == LUA_STATUS["DEADLINE_EXCEEDED"]:
@@ -232,11 +233,10 @@ class RedisState(ReadPlans):
 
         deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
         record = f"{self.settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
-        plan = self.script_plan(name, keys, [
+        command = self.scripts[name].command(keys, [
             scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
-            record, *args], replayed)
-        plan.checks_deadline = True
-        return plan
+            record, *args])
+        return Plan([command], replayed, checks_deadline=True)
 
     # ---- writes ----------------------------------------------------------------------------
     def write_plan(
