@@ -23,6 +23,7 @@ from typing import Any
 import hiredis
 
 Arg = bytes | str | int | float
+EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
 
 
 class ReplyError(Exception):
@@ -138,6 +139,12 @@ class RedisConnection:
         return futures
 
     def _schedule_flush(self, proto: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
+        if len(proto.out) >= EAGER_WRITE_BYTES:
+            # A long tick (many callers): let Redis start on what is ready while the rest
+            # is prepared, instead of taking turns with it.
+            scheduled = proto.flush_scheduled
+            proto.flush()
+            proto.flush_scheduled = scheduled
         if not proto.flush_scheduled:
             # The first command of a tick goes out at once (no added latency for a lone
             # caller) unless told otherwise; the rest of the tick is flushed together.
