@@ -33,11 +33,6 @@ class Plan:
     checks_deadline: bool = False  # its script checks the call's deadline (after its record)
 
 
-def done(result: Any) -> Plan:
-    """A plan that needs no Redis: its result is known."""
-    return Plan([], lambda _replies: result)
-
-
 def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
     """`plan`, with its final result (after any further steps) passed through `fn`."""
     def finish(replies: list[Any]) -> Any:
