@@ -114,7 +114,7 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 
     def finish(reply: list[Any]) -> ops.UpdateResult:
         _, old, new, version, _created, _written, from_script = reply
-        errors = ops.merge_errors(checked, from_script)
+        errors = ops.merge_errors(req.ops, checked, from_script)
         return ops.UpdateResult(NULL if old is None else msgspec.Raw(old), msgspec.Raw(new),
                                 version, errors or msgspec.UNSET)
 

@@ -9,6 +9,8 @@ document (target types, numbers, ranges) are made by update.lua.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Annotated, Any
 
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
@@ -81,19 +83,44 @@ class UpdateResult(Struct, omit_defaults=True):
     errors: list[OpError] | UnsetType = UNSET
 
 
+_NAMES: dict[type, str] = {SetOp: "set", RemoveOp: "remove", IncrementOp: "increment",
+                           DecrementOp: "decrement", MergeOp: "merge", AppendOp: "append"}
+_WITH_VALUE = (SetOp, MergeOp, AppendOp)
+
+
 def op_name(op: Op) -> str:
-    return type(op).__struct_config__.tag  # type: ignore[return-value]
+    return _NAMES[type(op)]
 
 
 def segments_of(op: Op) -> tuple[list[str], bool]:
     """The literal path segments of an op, and whether the path was given in array form."""
-    if isinstance(op, MergeOp | AppendOp):
-        if op.path is None or op.path == "":
-            return [], False
-        if isinstance(op.path, str):
-            return [op.path], False
-        return list(op.path), True
-    return ([] if op.path == "" else [op.path]), False
+    path = op.path
+    if path is None or path == "":
+        return [], False
+    if isinstance(path, str):
+        return [path], False
+    return list(path), True
+
+
+def _segment_problem(segment: str) -> tuple[str, str] | None:
+    """What is wrong with one path segment: (code suffix, message), or None."""
+    if segment == "":
+        return "path.empty_segment", "Path contains an empty or non-string segment"
+    size = len(segment.encode())
+    if size > MAX_SEGMENT_BYTES:
+        return ("path.segment_too_long",
+                f"Path segment of {size} bytes exceeds maximum of {MAX_SEGMENT_BYTES}")
+    if segment in PROTO_SEGMENTS:
+        return "path.proto_polluted", f"Path segment '{segment}' is not allowed (prototype pollution)."
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment(segment: str) -> tuple[bytes, bool, tuple[str, str] | None]:
+    """A segment as update.lua gets it (escaped JSON string), whether it holds a bracket or
+    brace (a key with one ends the codec's fast skip), and its problem. Cached: the same few
+    field names come again and again."""
+    return codec.encode_compact(segment), not _BRACKETS.isdisjoint(segment), _segment_problem(segment)
 
 
 def path_error(name: str, index: int, segments: list[str]) -> OpError | None:
@@ -101,16 +128,9 @@ def path_error(name: str, index: int, segments: list[str]) -> OpError | None:
         return OpError(index, f"{name}.path.too_deep",
                        f"Path depth {len(segments)} exceeds maximum of {MAX_PATH_DEPTH}")
     for segment in segments:
-        if segment == "":
-            return OpError(index, f"{name}.path.empty_segment",
-                           "Path contains an empty or non-string segment")
-        size = len(segment.encode())
-        if size > MAX_SEGMENT_BYTES:
-            return OpError(index, f"{name}.path.segment_too_long",
-                           f"Path segment of {size} bytes exceeds maximum of {MAX_SEGMENT_BYTES}")
-        if segment in PROTO_SEGMENTS:
-            return OpError(index, f"{name}.path.proto_polluted",
-                           f"Path segment '{segment}' is not allowed (prototype pollution).")
+        problem = _segment(segment)[2]
+        if problem is not None:
+            return OpError(index, f"{name}.{problem[0]}", problem[1])
     return None
 
 
@@ -138,47 +158,62 @@ def merge_value_error(index: int, tree: Any) -> OpError | None:
     return None
 
 
+# A value that is already compact JSON as the store writes it, with no bracket or brace in a
+# string: a small integer, a short printable ASCII string without escapes, true, false, null.
+_SIMPLE_VALUE = re.compile(rb'0|-?[1-9][0-9]{0,17}|"[ !#-Z^-z|~]{0,64}"|true|false|null')
+
+
+def _value_arg(op: SetOp | MergeOp | AppendOp, index: int,
+               max_value_bytes: int) -> tuple[bytes, bool, OpError | None]:
+    """An op's value as update.lua gets it (compact JSON), whether its strings are plain, and
+    the merge value's problem."""
+    if op.value is UNSET:
+        return b"null", True, None
+    raw = bytes(op.value)
+    if len(raw) <= max_value_bytes and _SIMPLE_VALUE.fullmatch(raw) and not isinstance(op, MergeOp):
+        return raw, True, None
+    field = f"ops[{index}].value"
+    tree = _decode(raw, field)
+    error = merge_value_error(index, tree) if isinstance(op, MergeOp) else None
+    value = codec.compact_from_tree(tree, field, max_value_bytes)
+    return value, codec.plain_strings(value), error
+
+
 def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | int], list[OpError]]:
-    """The ARGV tail of update.lua (plain flag, count, 7 per op) for the ops that pass the
+    """The ARGV tail of update.lua (plain flag, count, 4 per op) for the ops that pass the
     checks, and the errors of the rest."""
     if len(ops) > MAX_OPS:
         raise InvalidRequest(f"$.ops: at most {MAX_OPS} ops per update, got {len(ops)}",
                              {"path": "$.ops", "limit": MAX_OPS})
     args: list[bytes | str | int] = []
     errors: list[OpError] = []
-    count = 0
     plain = True
     for index, op in enumerate(ops):
-        name = op_name(op)
+        name = _NAMES[type(op)]
         segments, array_form = segments_of(op)
         error = path_error(name, index, segments)
-        if any(_BRACKETS & set(segment) for segment in segments):
-            plain = False  # a segment becomes a key: a bracket in it ends the fast skip
-        value = b"null"
-        if error is None and isinstance(op, SetOp | MergeOp | AppendOp) and op.value is not UNSET:
-            field = f"ops[{index}].value"
-            tree = _decode(bytes(op.value), field)
-            if isinstance(op, MergeOp):
-                error = merge_value_error(index, tree)
-            value = codec.compact_from_tree(tree, field, max_value_bytes)
-            plain = plain and codec.plain_strings(value)
+        if error is None and len(segments) == 1:
+            path, bracket, _ = _segment(segments[0])
+            plain = plain and not bracket
+        elif error is None:
+            infos = [_segment(segment) for segment in segments]
+            path = b"\0".join(info[0] for info in infos)
+            plain = plain and not any(info[1] for info in infos)
+        if isinstance(op, IncrementOp):
+            value: bytes | str = str(op.by)
+        elif isinstance(op, DecrementOp):
+            value = str(-op.by)
+        elif isinstance(op, _WITH_VALUE) and error is None:
+            value, plain_value, error = _value_arg(op, index, max_value_bytes)
+            plain = plain and plain_value
+        else:
+            value = b""
         if error is not None:
             errors.append(error)
             continue
-        path = b"\0".join(codec.encode_compact(s) for s in segments)
-        if isinstance(op, AppendOp) and segments:
-            label, leaf = "[" + ", ".join(segments) + "]", segments[-1]
-        else:
-            label, leaf = (segments[0] if segments else "root"), ""
-        delta = ""
-        if isinstance(op, IncrementOp):
-            delta = str(op.by)
-        elif isinstance(op, DecrementOp):
-            delta = str(-op.by)
-        kind = "append_array" if isinstance(op, AppendOp) and array_form else name
-        args += [index, kind, path, label, leaf, delta, value]
-        count += 1
-    return ["1" if plain else "", count, *args], errors
+        kind = "append_array" if array_form and isinstance(op, AppendOp) else name
+        args += [index, kind, path if segments else b"", value]
+    return ["1" if plain else "", len(args) // 4, *args], errors
 
 
 def _decode(text: bytes, field: str) -> Any:
@@ -188,9 +223,42 @@ def _decode(text: bytes, field: str) -> Any:
         raise InvalidRequest(f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
 
 
-def merge_errors(checked: list[OpError], applied: list[Any]) -> list[OpError]:
-    """Errors from the checks and from the script (flat index, code, message), by op index."""
-    from_script = [OpError(int(applied[i]), applied[i + 1].decode(), applied[i + 2].decode())
+def _labels(op: Op) -> tuple[str, str]:
+    """How messages name an op's path: the path ("root", a field, or "[a, b]" for append),
+    and the place a type mismatch names (append: the leaf)."""
+    segments, _ = segments_of(op)
+    if not segments:
+        return "root", "root"
+    if isinstance(op, AppendOp):
+        return "[" + ", ".join(segments) + "]", segments[-1]
+    return segments[0], segments[0]
+
+
+def script_error(op: Op, index: int, code: str, detail: str) -> OpError:
+    """An error that update.lua found, with its message (the script returns the op index, the
+    code and the JSON type that the message names)."""
+    name = _NAMES[type(op)]
+    label, place = _labels(op)
+    problem = code.rpartition(".")[2]
+    if code == "append.value_not_string":
+        return OpError(index, "append.type_mismatch",
+                       f"Expected string append value at path '{place}', got {detail}.")
+    if code == "append.type_mismatch":
+        message = (f"Cannot append at path '{place}': target is {detail}, expected array, "
+                   "string, null, or missing field.")
+    elif problem == "target_not_object":
+        message = f"Cannot {name} at path '{label}': target is {detail}, expected object."
+    elif problem == "not_number":
+        message = f"Expected number at path '{label}', got {detail}."
+    else:  # out_of_range
+        message = (f"Result of {name} at path '{label}' is outside the 64-bit signed integer "
+                   "range.")
+    return OpError(index, code, message)
+
+
+def merge_errors(ops: list[Op], checked: list[OpError], applied: list[Any]) -> list[OpError]:
+    """Errors from the checks and from the script (flat index, code, detail), by op index."""
+    from_script = [script_error(ops[int(applied[i])], int(applied[i]), applied[i + 1].decode(),
+                                applied[i + 2].decode())
                    for i in range(0, len(applied), 3)]
     return sorted(checked + from_script, key=lambda e: e.op_index)
-

@@ -12,14 +12,16 @@
     ARGV[10] topic: "" keep | "-" clear | "=" .. topic
     ARGV[11] ttl ms: "" keep the current expiry, else a new expiry from now
     ARGV[12] "1" when no string in any op value holds a bracket or brace
-    ARGV[13] number of ops, then 7 ARGV per op:
+    ARGV[13] number of ops, then 4 ARGV per op:
       op index; type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
-      path as messages name it (append: "[a, b]"); the leaf as messages name it (append);
-      delta (increment/decrement: the signed integer to add); value (compact JSON)
+      value (compact JSON; increment/decrement: the signed integer to add)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
-     {op index, code, message, ...}}
+     {op index, code, detail, ...}}
+      An op error's detail is the JSON type the message names (ops.py writes the message);
+      code 'append.value_not_string' is append.type_mismatch for a string target and a
+      non-string value (the detail: the value's type).
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
@@ -47,10 +49,10 @@ JSON_NO_BRACKETS_IN_STRINGS = plain
 local fresh = cur == nil -- the key was missing and no op has applied yet
 local errors = {}
 
-local function fail(index, code, message)
+local function fail(index, code, detail)
   errors[#errors + 1] = index
   errors[#errors + 1] = code
-  errors[#errors + 1] = message
+  errors[#errors + 1] = detail or ''
   return false
 end
 
@@ -70,19 +72,89 @@ local function child_object(node, seg)
   return obj
 end
 
--- Splicing an untouched document costs its size per op. Past these bounds the root object is
--- opened once and later ops are table updates, so an update's work stays O(size + ops).
+-- First-level edits of a raw object document are kept aside and written in one splice by
+-- flush(): a Lua string costs its length to create (Redis hashes every byte), so splicing
+-- per op would copy the document once per op. `edits[key]` = {value start, value end, new
+-- value text}; a field that the document did not have has start false and is listed in
+-- `added` (new fields go last, in the order they came). Only set and increment/decrement
+-- record edits; anything else flushes first. Past these bounds the root object is opened
+-- once and later ops are table updates, so an update's work stays O(size + ops).
 local RAW_EDIT_MAX_BYTES = 16384
 local RAW_EDIT_MAX_OPS = 16
 local raw_edits = 0
+local edits, added = nil, nil
+
+local function by_start(a, b)
+  return a[1] < b[1]
+end
+
+local function flush()
+  if not edits then return end
+  local spans = {}
+  for _, e in pairs(edits) do
+    if e[1] then spans[#spans + 1] = e end
+  end
+  table.sort(spans, by_start)
+  local out, p = {}, 1
+  for i = 1, #spans do
+    local e = spans[i]
+    out[#out + 1] = string.sub(doc, p, e[1] - 1)
+    out[#out + 1] = e[3]
+    p = e[2] + 1
+  end
+  if #added == 0 then
+    out[#out + 1] = string.sub(doc, p)
+  else
+    out[#out + 1] = string.sub(doc, p, -2) -- up to the closing '}'
+    local sep = #doc > 2 and ',' or '' -- '{}' is the only object without fields
+    for _, key in ipairs(added) do
+      out[#out + 1] = sep
+      out[#out + 1] = key
+      out[#out + 1] = ':'
+      out[#out + 1] = edits[key][3]
+      sep = ','
+    end
+    out[#out + 1] = '}'
+  end
+  doc = table.concat(out)
+  edits, added = nil, nil
+end
+
+-- Field `key` of the raw document: its pending edit, else its value span (nil when absent).
+local function raw_locate(key)
+  local e = edits and edits[key]
+  if e then return e end
+  local _, vs, ve = json_find(doc, key)
+  return nil, vs, ve
+end
+
+local function raw_set(key, value, e, vs, ve)
+  if e then
+    e[3] = value
+    return
+  end
+  if not edits then
+    edits, added = {}, {}
+  end
+  edits[key] = {vs or false, ve or false, value}
+  if not vs then
+    added[#added + 1] = key
+  end
+end
+
+-- The whole document replaced (a root op): pending edits no longer apply.
+local function replace_doc(value)
+  doc, edits, added = value, nil, nil
+end
 
 local function root_object()
+  flush()
   local obj = json_as_object(doc)
   if obj then doc = obj end
   return obj
 end
 
--- True when this first-level op may splice the document's raw text (small, few ops so far);
+-- True when this first-level op may edit the document's raw text (small, few ops so far);
 -- otherwise the root object is opened, once. Callers have checked that doc is an object.
 local function stay_raw()
   if type(doc) ~= 'string' then
@@ -96,33 +168,32 @@ local function stay_raw()
   return false
 end
 
-local function op_set(index, path, label, value)
+local function op_set(index, path, value)
   if path == '' then
-    doc = value
+    replace_doc(value)
     return true
   end
   if json_type(doc) ~= 'object' then
-    return fail(index, 'set.target_not_object', "Cannot set at path '" .. label ..
-      "': target is " .. json_type(doc) .. ', expected object.')
+    return fail(index, 'set.target_not_object', json_type(doc))
   end
   if stay_raw() then
-    doc = json_raw_put(doc, path, value)
+    raw_set(path, value, raw_locate(path))
   else
     json_put(doc, path, value)
   end
   return true
 end
 
-local function op_remove(index, path, label)
+local function op_remove(index, path)
   if path == '' then
-    doc = 'null'
+    replace_doc('null')
     return true
   end
   if json_type(doc) ~= 'object' then
-    return fail(index, 'remove.target_not_object', "Cannot remove at path '" .. label ..
-      "': target is " .. json_type(doc) .. ', expected object.')
+    return fail(index, 'remove.target_not_object', json_type(doc))
   end
   if stay_raw() then
+    flush()
     doc = json_raw_remove(doc, path)
   else
     json_remove(doc, path)
@@ -130,37 +201,37 @@ local function op_remove(index, path, label)
   return true
 end
 
-local function out_of_range(index, name, label)
-  return fail(index, name .. '.out_of_range', 'Result of ' .. name .. " at path '" .. label ..
-    "' is outside the 64-bit signed integer range.")
+local function out_of_range(index, name)
+  return fail(index, name .. '.out_of_range')
 end
 
-local function op_add(index, name, path, label, delta)
+local function op_add(index, name, path, delta)
   if path == '' then
     if fresh then
       local result = num_add_int('0', delta)
-      if not result then return out_of_range(index, name, label) end
-      doc = result
+      if not result then return out_of_range(index, name) end
+      replace_doc(result)
       return true
     end
     if json_type(doc) ~= 'number' then
-      return fail(index, name .. '.not_number', "Expected number at path '" .. label ..
-        "', got " .. json_type(doc) .. '.')
+      return fail(index, name .. '.not_number', json_type(doc))
     end
     local result = num_add(doc, delta)
-    if not result then return out_of_range(index, name, label) end
-    doc = result
+    if not result then return out_of_range(index, name) end
+    replace_doc(result)
     return true
   end
   if json_type(doc) ~= 'object' then
-    return fail(index, name .. '.target_not_object', 'Cannot ' .. name .. " at path '" ..
-      label .. "': target is " .. json_type(doc) .. ', expected object.')
+    return fail(index, name .. '.target_not_object', json_type(doc))
   end
-  local raw, current, vs, ve = stay_raw(), nil, false, false
+  local raw, current, e, vs, ve = stay_raw(), nil, nil, nil, nil
   if raw then
-    local _
-    _, vs, ve = json_find(doc, path)
-    current = vs and string.sub(doc, vs, ve) or nil
+    e, vs, ve = raw_locate(path)
+    if e then
+      current = e[3]
+    elseif vs then
+      current = string.sub(doc, vs, ve)
+    end
   else
     current = json_field(doc, path)
   end
@@ -170,12 +241,11 @@ local function op_add(index, name, path, label, delta)
   elseif json_type(current) == 'number' then
     result = num_add(current, delta)
   else
-    return fail(index, name .. '.not_number', "Expected number at path '" .. label ..
-      "', got " .. json_type(current) .. '.')
+    return fail(index, name .. '.not_number', json_type(current))
   end
-  if not result then return out_of_range(index, name, label) end
+  if not result then return out_of_range(index, name) end
   if raw then
-    doc = json_raw_put(doc, path, result, vs, ve)
+    raw_set(path, result, e, vs, ve)
   else
     json_put(doc, path, result)
   end
@@ -211,15 +281,14 @@ local function first_append(value)
 end
 
 -- The target with `value` appended, or nil after reporting why not.
-local function append_to(index, target, value, label)
+local function append_to(index, target, value)
   local kind = json_type(target)
   if kind == 'null' then
     return first_append(value)
   end
   if kind == 'string' then
     if json_type(value) ~= 'string' then
-      fail(index, 'append.type_mismatch', "Expected string append value at path '" .. label ..
-        "', got " .. json_type(value) .. '.')
+      fail(index, 'append.value_not_string', json_type(value))
       return nil
     end
     return json_string_append(target, value)
@@ -234,22 +303,20 @@ local function append_to(index, target, value, label)
     arr.items[#arr.items + 1] = value
     return arr
   end
-  fail(index, 'append.type_mismatch', "Cannot append at path '" .. label .. "': target is " ..
-    kind .. ', expected array, string, null, or missing field.')
+  fail(index, 'append.type_mismatch', kind)
   return nil
 end
 
-local function op_append(index, path, full, leaf_label, value, array_form)
+local function op_append(index, path, value, array_form)
   if path == '' then
-    local result = append_to(index, fresh and 'null' or doc, value, 'root')
+    local result = append_to(index, fresh and 'null' or doc, value)
     if result == nil then return false end
-    doc = result
+    replace_doc(result)
     return true
   end
   local obj = root_object()
   if not obj then
-    return fail(index, 'append.target_not_object', "Cannot append at path '" .. full ..
-      "': target is " .. json_type(doc) .. ', expected object.')
+    return fail(index, 'append.target_not_object', json_type(doc))
   end
   local segments = split(path)
   local leaf = table.remove(segments)
@@ -262,7 +329,7 @@ local function op_append(index, path, full, leaf_label, value, array_form)
       or first_append(value))
     return true
   end
-  local result = append_to(index, current, value, leaf_label)
+  local result = append_to(index, current, value)
   if result == nil then return false end
   json_put(obj, leaf, result)
   return true
@@ -271,22 +338,19 @@ end
 local applied = false
 local nops = tonumber(ARGV[13])
 for n = 0, nops - 1 do
-  local base = 14 + n * 7
-  local index, kind, path = tonumber(ARGV[base]), ARGV[base + 1], ARGV[base + 2]
-  local label, leafLabel = ARGV[base + 3], ARGV[base + 4]
-  local delta, value = ARGV[base + 5], ARGV[base + 6]
+  local base = 14 + n * 4
+  local index, kind, path, value = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
   local ok
   if kind == 'set' then
-    ok = op_set(index, path, label, value)
-  elseif kind == 'remove' then
-    ok = op_remove(index, path, label)
+    ok = op_set(index, path, value)
   elseif kind == 'increment' or kind == 'decrement' then
-    ok = op_add(index, kind, path, label, delta)
+    ok = op_add(index, kind, path, value)
+  elseif kind == 'remove' then
+    ok = op_remove(index, path)
   elseif kind == 'merge' then
-    local result = op_merge(index, path, value)
-    ok = result == 'applied'
+    ok = op_merge(index, path, value) == 'applied'
   else
-    ok = op_append(index, path, label, leafLabel, value, kind == 'append_array')
+    ok = op_append(index, path, value, kind == 'append_array')
   end
   if ok then
     applied = true
@@ -299,6 +363,7 @@ if not applied and cur then
   return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors})
 end
 
+flush()
 local new = json_encode(doc)
 if #new > tonumber(ARGV[8]) then
   return finish({ST.VALUE_TOO_LARGE, #new})

@@ -130,22 +130,6 @@ local function json_find(raw, key)
   return nil
 end
 
--- A raw object with field `key` set to raw `value` (in place, or appended last). `vs`, `ve`:
--- the field's value span when the caller already found it (false: known to be absent).
-local function json_raw_put(raw, key, value, vs, ve)
-  if vs == nil then
-    local _
-    _, vs, ve = json_find(raw, key)
-  end
-  if vs then
-    return string.sub(raw, 1, vs - 1) .. value .. string.sub(raw, ve + 1)
-  end
-  if raw == '{}' then
-    return '{' .. key .. ':' .. value .. '}'
-  end
-  return string.sub(raw, 1, -2) .. ',' .. key .. ':' .. value .. '}'
-end
-
 -- A raw object without field `key`.
 local function json_raw_remove(raw, key)
   local ks, _, ve = json_find(raw, key)
