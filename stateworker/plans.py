@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, StateError, Unavailable
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.scripts import Scripts
+from stateworker.scripts import FUNCTION_MISSING, Scripts
 
 log = logging.getLogger("stateworker.plans")
 
@@ -66,13 +66,13 @@ def send_first_step(conn: RedisConnection, plans: Sequence[Plan]) -> Sent:
 
 async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[Sequence[Arg]],
                    sent: Sent = None) -> list[Any]:
-    """Send commands back to back (or wait for those already `sent`); a script Redis forgot
-    (restart, SCRIPT FLUSH) is loaded again and its call repeated (a NOSCRIPT call did not
-    run)."""
+    """Send commands back to back (or wait for those already `sent`); when Redis lost the
+    script library (a restart without persistence, FUNCTION FLUSH) it is loaded again and the
+    calls that found their function missing are repeated (they did not run)."""
     try:
         results = await sent if sent is not None else await conn.pipeline(commands)
         missing = [i for i, r in enumerate(results)
-                   if isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT")]
+                   if isinstance(r, ReplyError) and FUNCTION_MISSING in str(r)]
         if missing:
             await scripts.load_all()
             retried = await conn.pipeline([commands[i] for i in missing])

@@ -34,20 +34,10 @@
 --- @include "numbers"
 --- @include "text"
 
-local dup, ctx, cur = begin_entry()
-if dup then
-  return dup
-end
-
-if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
-  return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
-end
-
-local doc = cur and cur[1] or '{}'
-local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'
-JSON_NO_BRACKETS_IN_STRINGS = plain
-local fresh = cur == nil -- the key was missing and no op has applied yet
-local errors = {}
+-- The running call's state, set by its first lines (the library outlives the call): the
+-- document (raw text, a scalar, or an opened object), whether the key is still missing with
+-- no op applied, the op errors found, and the raw edits (see flush).
+local doc, fresh, errors, raw_edits, edits, added
 
 local function fail(index, code, detail)
   errors[#errors + 1] = index
@@ -81,8 +71,6 @@ end
 -- once and later ops are table updates, so an update's work stays O(size + ops).
 local RAW_EDIT_MAX_BYTES = 16384
 local RAW_EDIT_MAX_OPS = 16
-local raw_edits = 0
-local edits, added = nil, nil
 
 local function by_start(a, b)
   return a[1] < b[1]
@@ -334,6 +322,24 @@ local function op_append(index, path, value, array_form)
   json_put(obj, leaf, result)
   return true
 end
+
+--- @per-call
+local dup, ctx, cur = begin_entry()
+if dup then
+  return dup
+end
+
+if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
+  return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+end
+
+-- this call's state (the helpers above share it)
+doc = cur and cur[1] or '{}'
+local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'
+JSON_NO_BRACKETS_IN_STRINGS = plain
+fresh = cur == nil
+errors = {}
+raw_edits, edits, added = 0, nil, nil
 
 local applied = false
 local nops = tonumber(ARGV[13])

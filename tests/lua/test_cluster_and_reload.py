@@ -1,4 +1,5 @@
-"""Every script call stays on one cluster slot; scripts survive SCRIPT FLUSH and a restart."""
+"""Every script call stays on one cluster slot; the library survives FUNCTION FLUSH and a
+restart."""
 
 from __future__ import annotations
 
@@ -63,11 +64,12 @@ async def test_every_script_call_hashes_to_one_slot(
         assert len(slots) == 1, (script.name, names)
 
 
-async def test_script_flush_is_survived(store: StateStore, scope: str,
-                                        redis_server: RedisServer) -> None:
+async def test_function_flush_is_survived(store: StateStore, scope: str,
+                                          redis_server: RedisServer) -> None:
     await store.set(scope, "k", 1)
     with redis_server.client() as client:
-        client.script_flush()
+        client.function_flush()
+        assert client.function_list() == []
     await store.set(scope, "k", 2)
     assert await store.list(scope) == [2]
     assert await store.delete(scope, "k") == 2

@@ -329,3 +329,28 @@ async def test_hash_after_update_is_the_canonical_hash(store: StateStore, scope:
         {"type": "increment", "path": "last_id", "by": 1}]})
     swap = await store.compare_and_set(scope, "k", "done", expected={"last_id": 124})
     assert swap.swapped is True
+
+
+async def test_library_state_of_one_call_does_not_leak_into_the_next(
+    store: StateStore, scope: str
+) -> None:
+    # The Lua library outlives a call. The first update runs on a document with no bracket in
+    # any string (the codec's fast container skip, for documents of 256 bytes or more); the
+    # second one must not inherit that.
+    plain = {"a": {"x": [1]}, "pad": "p" * 300, "n": 0}
+    first = await update(store, scope, [{"type": "increment", "path": "n", "by": 1}],
+                         start=plain, key="plain")
+    assert first["new_value"] == plain | {"n": 1}
+    tricky = {"a": {"s": "}", "n": 5}, "b": ["]", 7], "n": 0}
+    second = await update(store, scope, [{"type": "increment", "path": "n", "by": 1},
+                                         {"type": "set", "path": "z", "value": "}"}],
+                          start=tricky, key="brackets")
+    assert second["new_value"] == {"a": {"s": "}", "n": 5}, "b": ["]", 7], "n": 1, "z": "}"}
+    third = await update(store, scope, [{"type": "increment", "path": "m", "by": 2}],
+                         start=0, key="number")  # and a failed op leaves no errors behind
+    assert third["new_value"] == 0
+    assert [e["code"] for e in third["errors"]] == ["increment.target_not_object"]
+    fourth = await update(store, scope, [{"type": "increment", "path": "n", "by": 1}],
+                          key="plain")
+    assert fourth["new_value"] == plain | {"n": 2}
+    assert "errors" not in fourth

@@ -12,7 +12,7 @@ from stateworker.errors import (
     STATUS_ERRORS,
     lua_status_table,
 )
-from stateworker.scripts import SCRIPT_NAMES, Script
+from stateworker.scripts import SCRIPT_NAMES, assemble_library
 
 
 def lua_sources() -> dict[str, str]:
@@ -39,13 +39,20 @@ def test_every_status_is_an_outcome_or_maps_to_its_error_class() -> None:
         assert ERROR_CLASSES[code] is STATUS_ERRORS[number]
 
 
-def test_assembled_scripts_carry_the_table_after_the_shebang() -> None:
+def test_the_library_carries_the_table_once_and_every_script_as_a_function() -> None:
+    library, source = assemble_library()
+    lines = source.splitlines()
+    assert lines[0] == f"#!lua name={library}"
+    assert source.count(lua_status_table().strip()) == 1
+    assert "--- @include" not in source and "--- @per-call" not in source
+    for include in ("entry", "json", "numbers", "text", "glob"):  # each helper made once
+        text = re.sub(r"^--- @include .*\n", "", lua_sources()[f"includes/{include}.lua"],
+                      flags=re.MULTILINE)
+        assert source.count(text) == 1, include
     for name in SCRIPT_NAMES:
-        source = Script(name).source
-        lines = source.splitlines()
-        table_line = lines[1] if lines[0].startswith("#!") else lines[0]
-        assert table_line == lua_status_table().strip()
-        assert "--- @include" not in source
+        flags = ", flags = {'no-writes'}" if name in ("list", "entries") else ""
+        assert (f"function_name = '{library}_{name}', callback = function(keys, args) "
+                f"KEYS, ARGV = keys, args return run() end{flags}}}") in source
 
 
 def test_every_script_file_is_loaded_and_has_a_header() -> None:

@@ -19,6 +19,7 @@
   inside is skipped one by one.
 ]]
 
+-- Library state (it outlives a call): every call that uses the codec sets it first.
 local JSON_NO_BRACKETS_IN_STRINGS = false
 
 -- Index of the last byte of the JSON string that starts at `pos` (a '"').
