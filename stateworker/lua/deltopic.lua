@@ -30,7 +30,7 @@ for _, m in ipairs(members) do
       entry = ARGV[9] .. key, keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[1],
       scopes = KEYS[4], ttl = KEYS[5], events = KEYS[6],
       scope = ARGV[1], key = key, member = ARGV[10] .. key,
-      now = tonumber(ARGV[2]), maxlen = ARGV[3], by = ARGV[4],
+      now = tonumber(ARGV[2]), stamp = ARGV[2], maxlen = ARGV[3], by = ARGV[4],
     }
     local cur = load_live(ctx)
     if cur then

@@ -30,7 +30,7 @@ for i = 1, math.min(#due, batch) do
     updIndex = tag .. 'u:' .. scope, topicIndex = tag .. 't:' .. scope,
     scopes = KEYS[2], ttl = KEYS[1], events = KEYS[3],
     scope = scope, key = string.sub(member, colon + len + 1), member = member,
-    now = now, maxlen = ARGV[4], by = '',
+    now = now, stamp = ARGV[1], maxlen = ARGV[4], by = '',
   }
   -- load_live deletes an expired entry with its event. A member whose entry is gone is stale
   -- and dropped; a live entry is re-indexed at its real expiry so it cannot block the batch.

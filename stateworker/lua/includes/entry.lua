@@ -4,7 +4,10 @@
     ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex  -- entry hash, scope indexes
     ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
-    ctx.now, ctx.maxlen, ctx.by                            -- call time (ms), stream cap, writer
+    ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
+                                            -- stream cap, writer
+  Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
+  printf("%.17g"), a visible part of a small script's time.
   A loaded entry `cur` is {value, version, expires_at, hash, topic, plain, by}
   (HMGET v n x h t s b);
   a field that is not set is false. `s` = "1" marks a value with no bracket or brace inside a
@@ -16,7 +19,7 @@ local function emit(ctx, etype, old, new, version)
   return redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
-    'ts_ms', ctx.now, 'by', ctx.by)
+    'ts_ms', ctx.stamp, 'by', ctx.by)
 end
 
 -- The topic index holds every entry: "<topic>\0<key>", or "\255\0<key>" when untagged, so
@@ -69,7 +72,8 @@ end
 ]]
 local function write_entry(ctx, cur, value, opts)
   local version = cur and tonumber(cur[2]) + 1 or 1
-  local fields = {'v', value, 'n', version, 'u', ctx.now}
+  local version_text = string.format('%d', version)
+  local fields = {'v', value, 'n', version_text, 'u', ctx.stamp}
   local cleared = {}
   if opts.hash then
     fields[#fields + 1] = 'h'
@@ -85,11 +89,11 @@ local function write_entry(ctx, cur, value, opts)
   end
   if not cur then
     fields[#fields + 1] = 'c'
-    fields[#fields + 1] = ctx.now
-    redis.call('ZADD', ctx.keyIndex, 0, ctx.key)
-    redis.call('ZADD', ctx.scopes, 0, ctx.scope)
+    fields[#fields + 1] = ctx.stamp
+    redis.call('ZADD', ctx.keyIndex, '0', ctx.key)
+    redis.call('ZADD', ctx.scopes, '0', ctx.scope)
   end
-  redis.call('ZADD', ctx.updIndex, ctx.now, ctx.key)
+  redis.call('ZADD', ctx.updIndex, ctx.stamp, ctx.key)
 
   local oldTopic = cur and cur[5] or false
   local newTopic = oldTopic
@@ -117,7 +121,7 @@ local function write_entry(ctx, cur, value, opts)
   end
 
   if opts.ttl and opts.ttl > 0 then
-    local expires = ctx.now + opts.ttl
+    local expires = string.format('%d', ctx.now + opts.ttl)
     fields[#fields + 1] = 'x'
     fields[#fields + 1] = expires
     redis.call('ZADD', ctx.ttl, expires, ctx.member)
@@ -127,7 +131,7 @@ local function write_entry(ctx, cur, value, opts)
   end
 
   local rev = emit(ctx, cur and 'state:updated' or 'state:created', cur and cur[1] or 'null',
-    value, version)
+    value, version_text)
   fields[#fields + 1] = 'r'
   fields[#fields + 1] = rev
   redis.call('HSET', ctx.entry, unpack(fields))
@@ -145,7 +149,7 @@ local function entry_ctx()
     entry = KEYS[1], keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[4],
     scopes = KEYS[5], ttl = KEYS[6], events = KEYS[7],
     scope = ARGV[1], key = ARGV[2], member = ARGV[3],
-    now = tonumber(ARGV[4]), maxlen = ARGV[5], by = ARGV[6],
+    now = tonumber(ARGV[4]), stamp = ARGV[4], maxlen = ARGV[5], by = ARGV[6],
   }
 end
 
