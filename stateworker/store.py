@@ -231,8 +231,10 @@ class RedisState(ReadPlans):
                     "repeat the same call, a new call needs a new id", {"id": ctx.call_id})
             return finish(reply)
 
-        deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
-        record = f"{self.settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
+        record = ""  # nothing to record and no deadline: an in-process call
+        if ctx.call_id is not None or ctx.deadline_ms is not None:
+            deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
+            record = f"{self.settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
         command = self.scripts[name].command(keys, [
             scope, key, entry_member, now_ms(), self.settings.events_maxlen, ctx.by or "",
             record, *args])

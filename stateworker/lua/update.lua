@@ -5,7 +5,7 @@
   the op out); this script reports the errors that depend on the document.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the call's record; ARGV[7] "<ms kept>[:<deadline ms>]"
+    KEYS[8] (bus calls only) the call's record; ARGV[7] its arguments (entry.lua)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] max value bytes         ARGV[9] expected version ("" for none)
@@ -37,7 +37,7 @@
 -- The running call's state, set by its first lines (the library outlives the call): the
 -- document (raw text, a scalar, or an opened object), whether the key is still missing with
 -- no op applied, the op errors found, and the raw edits (see flush).
-local doc, fresh, errors, raw_edits, edits, added
+local doc, fresh, errors, raw_edits, edits, spans, added
 
 local function fail(index, code, detail)
   errors[#errors + 1] = index
@@ -65,24 +65,16 @@ end
 -- First-level edits of a raw object document are kept aside and written in one splice by
 -- flush(): a Lua string costs its length to create (Redis hashes every byte), so splicing
 -- per op would copy the document once per op. `edits[key]` = {value start, value end, new
--- value text}; a field that the document did not have has start false and is listed in
--- `added` (new fields go last, in the order they came). Only set and increment/decrement
--- record edits; anything else flushes first. Past these bounds the root object is opened
--- once and later ops are table updates, so an update's work stays O(size + ops).
+-- value text}, also listed in `spans` in document order; a field that the document did not
+-- have has start false and is listed in `added` instead (new fields go last, in the order
+-- they came). Only set and increment/decrement record edits; anything else flushes first.
+-- Past these bounds the root object is opened once and later ops are table updates, so an
+-- update's work stays O(size + ops).
 local RAW_EDIT_MAX_BYTES = 16384
 local RAW_EDIT_MAX_OPS = 16
 
-local function by_start(a, b)
-  return a[1] < b[1]
-end
-
 local function flush()
   if not edits then return end
-  local spans = {}
-  for _, e in pairs(edits) do
-    if e[1] then spans[#spans + 1] = e end
-  end
-  table.sort(spans, by_start)
   local out, p = {}, 1
   for i = 1, #spans do
     local e = spans[i]
@@ -105,7 +97,7 @@ local function flush()
     out[#out + 1] = '}'
   end
   doc = table.concat(out)
-  edits, added = nil, nil
+  edits, spans, added = nil, nil, nil
 end
 
 -- Field `key` of the raw document: its pending edit, else its value span (nil when absent).
@@ -122,17 +114,25 @@ local function raw_set(key, value, e, vs, ve)
     return
   end
   if not edits then
-    edits, added = {}, {}
+    edits, spans, added = {}, {}, {}
   end
-  edits[key] = {vs or false, ve or false, value}
+  e = {vs or false, ve or false, value}
+  edits[key] = e
   if not vs then
     added[#added + 1] = key
+    return
   end
+  local i = #spans -- insert in document order (few edits: at most RAW_EDIT_MAX_OPS)
+  while i > 0 and spans[i][1] > vs do
+    spans[i + 1] = spans[i]
+    i = i - 1
+  end
+  spans[i + 1] = e
 end
 
 -- The whole document replaced (a root op): pending edits no longer apply.
 local function replace_doc(value)
-  doc, edits, added = value, nil, nil
+  doc, edits, spans, added = value, nil, nil, nil
 end
 
 local function root_object()
@@ -339,7 +339,7 @@ local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'
 JSON_NO_BRACKETS_IN_STRINGS = plain
 fresh = cur == nil
 errors = {}
-raw_edits, edits, added = 0, nil, nil
+raw_edits, edits, spans, added = 0, nil, nil, nil
 
 local applied = false
 local nops = tonumber(ARGV[13])

@@ -354,3 +354,20 @@ async def test_library_state_of_one_call_does_not_leak_into_the_next(
                           key="plain")
     assert fourth["new_value"] == plain | {"n": 2}
     assert "errors" not in fourth
+
+
+async def test_first_level_edits_in_any_order_land_in_place(store: StateStore, scope: str) -> None:
+    result = await update(store, scope, [
+        {"type": "set", "path": "c", "value": 30},
+        {"type": "set", "path": "new", "value": [1]},
+        {"type": "increment", "path": "a", "by": 1},
+        {"type": "set", "path": "b", "value": "twenty"},
+        {"type": "increment", "path": "c", "by": 1},
+        {"type": "set", "path": "other", "value": None},
+        {"type": "increment", "path": "new2", "by": 5},
+        {"type": "set", "path": "new", "value": {"x": "}"}},
+    ], start={"a": 1, "b": {"deep": [2]}, "c": 3, "z": "]"})
+    assert list(result["new_value"]) == ["a", "b", "c", "z", "new", "other", "new2"]
+    assert result["new_value"] == {"a": 2, "b": "twenty", "c": 31, "z": "]", "new": {"x": "}"},
+                                   "other": None, "new2": 5}
+    assert "errors" not in result
