@@ -130,5 +130,5 @@ class Scripts:
         """Load the library (again); Redis older than 7.0 has no functions: a clear error."""
         reply = (await self.conn.pipeline([["FUNCTION", "LOAD", "REPLACE", self.source]]))[0]
         if isinstance(reply, Exception):
-            raise ScriptError(f"loading the Lua library {self.library} failed (stateworker needs "
-                              f"Redis 7.0 or newer, for FUNCTION LOAD): {reply}")
+            raise ScriptError(f"loading the Lua library {self.library} failed: {reply} "
+                              "(stateworker needs Redis 7.0 or newer, for functions)")

@@ -63,7 +63,6 @@ if ARGV[13] == '1' and cur and cur[4] == hash then
   return finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
 end
 
-local version, rev = write_entry(ctx, cur, value,
-  {hash = hash, topic = ARGV[10] ~= '~' and ARGV[10], ttl = tonumber(ARGV[11]) or false,
-   plain = ARGV[14] == '1'})
+local version, rev = write_entry(ctx, cur, value, hash, ARGV[10] ~= '~' and ARGV[10],
+  tonumber(ARGV[11]) or false, ARGV[14] == '1')
 return finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})

@@ -383,6 +383,5 @@ local ttl = false
 if ARGV[11] ~= '' then
   ttl = tonumber(ARGV[11])
 end
-local version = write_entry(ctx, cur, new, {hash = false, topic = topic, ttl = ttl,
-  plain = plain})
+local version = write_entry(ctx, cur, new, false, topic, ttl, plain)
 return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors})

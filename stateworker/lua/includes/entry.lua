@@ -64,28 +64,36 @@ end
 
 --[[
   Write `value` as the entry's new value, keep every index true and append the event.
-  opts.hash      the value's canonical hash, or false when unknown (computed later by Python)
-  opts.topic     false: keep the current topic; '' : no topic; '=' .. t: topic t
-  opts.ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
-  opts.plain     true when no string in the value holds a bracket or brace
+  hash      the value's canonical hash, or false when unknown (computed later by Python)
+  topic     false: keep the current topic; '' : no topic; '=' .. t: topic t
+  ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
+  plain     true when no string in the value holds a bracket or brace
+  (Arguments, not an options table: every table a call makes is garbage to collect.)
   Returns version, revision.
 ]]
-local function write_entry(ctx, cur, value, opts)
+-- `list` with `item` added (made when nil: most writes clear no field).
+local function listed(list, item)
+  list = list or {}
+  list[#list + 1] = item
+  return list
+end
+
+local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
   local version = cur and tonumber(cur[2]) + 1 or 1
   local version_text = string.format('%d', version)
   local fields = {'v', value, 'n', version_text, 'u', ctx.stamp}
-  local cleared = {}
-  if opts.hash then
+  local cleared = nil
+  if hash then
     fields[#fields + 1] = 'h'
-    fields[#fields + 1] = opts.hash
+    fields[#fields + 1] = hash
   elseif cur and cur[4] then
-    cleared[#cleared + 1] = 'h'
+    cleared = listed(cleared, 'h')
   end
-  if opts.plain then
+  if plain then
     fields[#fields + 1] = 's'
     fields[#fields + 1] = '1'
   elseif cur and cur[6] then
-    cleared[#cleared + 1] = 's'
+    cleared = listed(cleared, 's')
   end
   if not cur then
     fields[#fields + 1] = 'c'
@@ -97,36 +105,36 @@ local function write_entry(ctx, cur, value, opts)
 
   local oldTopic = cur and cur[5] or false
   local newTopic = oldTopic
-  if opts.topic then
-    newTopic = opts.topic ~= '' and string.sub(opts.topic, 2) or false
+  if topic then
+    newTopic = topic ~= '' and string.sub(topic, 2) or false
   end
   if not cur or newTopic ~= oldTopic then
     if cur then
       redis.call('ZREM', ctx.topicIndex, topic_member(oldTopic, ctx.key))
     end
-    redis.call('ZADD', ctx.topicIndex, 0, topic_member(newTopic, ctx.key))
+    redis.call('ZADD', ctx.topicIndex, '0', topic_member(newTopic, ctx.key))
   end
   if newTopic then
     fields[#fields + 1] = 't'
     fields[#fields + 1] = newTopic
   elseif oldTopic then
-    cleared[#cleared + 1] = 't'
+    cleared = listed(cleared, 't')
   end
 
   if ctx.by ~= '' then
     fields[#fields + 1] = 'b'
     fields[#fields + 1] = ctx.by
   elseif cur and cur[7] then
-    cleared[#cleared + 1] = 'b'
+    cleared = listed(cleared, 'b')
   end
 
-  if opts.ttl and opts.ttl > 0 then
-    local expires = string.format('%d', ctx.now + opts.ttl)
+  if ttl and ttl > 0 then
+    local expires = string.format('%d', ctx.now + ttl)
     fields[#fields + 1] = 'x'
     fields[#fields + 1] = expires
     redis.call('ZADD', ctx.ttl, expires, ctx.member)
-  elseif opts.ttl == 0 and cur and cur[3] then
-    cleared[#cleared + 1] = 'x'
+  elseif ttl == 0 and cur and cur[3] then
+    cleared = listed(cleared, 'x')
     redis.call('ZREM', ctx.ttl, ctx.member)
   end
 
@@ -135,7 +143,7 @@ local function write_entry(ctx, cur, value, opts)
   fields[#fields + 1] = 'r'
   fields[#fields + 1] = rev
   redis.call('HSET', ctx.entry, unpack(fields))
-  if cur and #cleared > 0 then
+  if cleared then
     redis.call('HDEL', ctx.entry, unpack(cleared))
   end
   return version, rev
@@ -144,13 +152,17 @@ end
 -- The ctx of the entry addressed by the standard keys and first arguments of the entry
 -- scripts: KEYS[1..7] = entry, key index, updated index, topic index, scopes, ttl, events;
 -- ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer.
+-- One table for every call, refilled whole each time (the library outlives calls; a call
+-- never outlives the next): no table to allocate and collect per call.
+local ENTRY_CTX = {}
+
 local function entry_ctx()
-  return {
-    entry = KEYS[1], keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[4],
-    scopes = KEYS[5], ttl = KEYS[6], events = KEYS[7],
-    scope = ARGV[1], key = ARGV[2], member = ARGV[3],
-    now = tonumber(ARGV[4]), stamp = ARGV[4], maxlen = ARGV[5], by = ARGV[6],
-  }
+  local ctx = ENTRY_CTX
+  ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
+  ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
+  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
+  return ctx
 end
 
 --[[
