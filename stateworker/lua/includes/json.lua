@@ -121,8 +121,18 @@ local function json_find(raw, key)
   local n, klen = #raw, #key
   local p = 2
   while p < n do
-    local kend = json_skip_string(raw, p)
-    local vend = json_skip(raw, kend + 2)
+    -- most keys have no escape: one match finds their end; the rest are walked
+    local _, kend = string.find(raw, '^"[^"\\]*"', p)
+    if not kend then
+      kend = json_skip_string(raw, p)
+    end
+    local vend
+    local c = string.byte(raw, kend + 2)
+    if c == 34 or c == 123 or c == 91 then -- a string or a container
+      vend = json_skip(raw, kend + 2)
+    else -- a number, true, false or null: up to the ',' or '}' after it
+      _, vend = string.find(raw, '^[^,}]+', kend + 2)
+    end
     if kend - p + 1 == klen and string.sub(raw, p, kend) == key then
       return p, kend + 2, vend
     end
