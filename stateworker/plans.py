@@ -1,6 +1,6 @@
 """Plans: a state operation as the Redis commands it needs and what to make of their replies.
 
-A `Plan` holds commands (usually one EVALSHA) and `finish(replies)`, which returns the result,
+A `Plan` holds commands (usually one FCALL) and `finish(replies)`, which returns the result,
 raises a StateError, or returns the next Plan (a second step: store a hash, the next batch of
 a delete-by-topic ...). Written this way, one call and a thousand calls run the same code:
 `execute_many` sends the commands of every plan in one pipeline, finishes them all, and sends
