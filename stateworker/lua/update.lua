@@ -36,10 +36,14 @@
 
 -- The running call's state, set by its first lines (the library outlives the call): the
 -- document (raw text, a scalar, or an opened object), whether the key is still missing with
--- no op applied, the op errors found, and the raw edits (see flush).
-local doc, fresh, errors, raw_edits, edits, spans, added
+-- no op applied, the op errors found (nil: none yet), and how many ops edited the raw text.
+local doc, fresh, errors, raw_edits
+
+-- Returned for "no op errors": the reply only reads it.
+local NO_ERRORS = {}
 
 local function fail(index, code, detail)
+  errors = errors or {}
   errors[#errors + 1] = index
   errors[#errors + 1] = code
   errors[#errors + 1] = detail or ''
@@ -64,75 +68,92 @@ end
 
 -- First-level edits of a raw object document are kept aside and written in one splice by
 -- flush(): a Lua string costs its length to create (Redis hashes every byte), so splicing
--- per op would copy the document once per op. `edits[key]` = {value start, value end, new
--- value text}, also listed in `spans` in document order; a field that the document did not
--- have has start false and is listed in `added` instead (new fields go last, in the order
--- they came). Only set and increment/decrement record edits; anything else flushes first.
--- Past these bounds the root object is opened once and later ops are table updates, so an
--- update's work stays O(size + ops).
+-- per op would copy the document once per op. Edit i changes the value at EDIT_VS[i] ..
+-- EDIT_VE[i] of the text to EDIT_VAL[i]; EDIT_AT[key] = i. ORDER[1 .. nspans] lists the
+-- in-place edits in document order; a field that the document did not have (EDIT_VS false)
+-- is in ADDED[1 .. nadded] instead (new fields go last, in the order they came). Library
+-- tables, reused by every call (every table a call makes is garbage to collect); a call's
+-- first lines clear what the last one left. Only set and increment/decrement record edits;
+-- anything else flushes first. Past these bounds the root object is opened once and later
+-- ops are table updates, so an update's work stays O(size + ops).
 local RAW_EDIT_MAX_BYTES = 16384
 local RAW_EDIT_MAX_OPS = 16
+local EDIT_KEY, EDIT_VS, EDIT_VE, EDIT_VAL, EDIT_AT = {}, {}, {}, {}, {}
+local ORDER, ADDED, OUT = {}, {}, {}
+local nedits, nspans, nadded = 0, 0, 0
 
-local function flush()
-  if not edits then return end
-  local out, p = {}, 1
-  for i = 1, #spans do
-    local e = spans[i]
-    out[#out + 1] = string.sub(doc, p, e[1] - 1)
-    out[#out + 1] = e[3]
-    p = e[2] + 1
+local function clear_edits()
+  for i = 1, nedits do
+    EDIT_AT[EDIT_KEY[i]] = nil
   end
-  if #added == 0 then
-    out[#out + 1] = string.sub(doc, p)
-  else
-    out[#out + 1] = string.sub(doc, p, -2) -- up to the closing '}'
-    local sep = #doc > 2 and ',' or '' -- '{}' is the only object without fields
-    for _, key in ipairs(added) do
-      out[#out + 1] = sep
-      out[#out + 1] = key
-      out[#out + 1] = ':'
-      out[#out + 1] = edits[key][3]
-      sep = ','
-    end
-    out[#out + 1] = '}'
-  end
-  doc = table.concat(out)
-  edits, spans, added = nil, nil, nil
+  nedits, nspans, nadded = 0, 0, 0
 end
 
--- Field `key` of the raw document: its pending edit, else its value span (nil when absent).
+local function flush()
+  if nedits == 0 then return end
+  local n, p = 0, 1
+  for k = 1, nspans do
+    local i = ORDER[k]
+    OUT[n + 1], OUT[n + 2] = string.sub(doc, p, EDIT_VS[i] - 1), EDIT_VAL[i]
+    n = n + 2
+    p = EDIT_VE[i] + 1
+  end
+  if nadded == 0 then
+    n = n + 1
+    OUT[n] = string.sub(doc, p)
+  else
+    n = n + 1
+    OUT[n] = string.sub(doc, p, -2) -- up to the closing '}'
+    local sep = #doc > 2 and ',' or '' -- '{}' is the only object without fields
+    for k = 1, nadded do
+      local i = ADDED[k]
+      OUT[n + 1], OUT[n + 2], OUT[n + 3], OUT[n + 4] = sep, EDIT_KEY[i], ':', EDIT_VAL[i]
+      n = n + 4
+      sep = ','
+    end
+    n = n + 1
+    OUT[n] = '}'
+  end
+  doc = table.concat(OUT, '', 1, n)
+  clear_edits()
+end
+
+-- Field `key` of the raw document: its pending edit's index, else its value span (nil, nil
+-- when absent).
 local function raw_locate(key)
-  local e = edits and edits[key]
-  if e then return e end
+  local i = EDIT_AT[key]
+  if i then return i end
   local _, vs, ve = json_find(doc, key)
   return nil, vs, ve
 end
 
 local function raw_set(key, value, e, vs, ve)
   if e then
-    e[3] = value
+    EDIT_VAL[e] = value
     return
   end
-  if not edits then
-    edits, spans, added = {}, {}, {}
-  end
-  e = {vs or false, ve or false, value}
-  edits[key] = e
+  nedits = nedits + 1
+  local i = nedits
+  EDIT_KEY[i], EDIT_VS[i], EDIT_VE[i], EDIT_VAL[i] = key, vs or false, ve or false, value
+  EDIT_AT[key] = i
   if not vs then
-    added[#added + 1] = key
+    nadded = nadded + 1
+    ADDED[nadded] = i
     return
   end
-  local i = #spans -- insert in document order (few edits: at most RAW_EDIT_MAX_OPS)
-  while i > 0 and spans[i][1] > vs do
-    spans[i + 1] = spans[i]
-    i = i - 1
+  local k = nspans -- insert in document order (few edits: at most RAW_EDIT_MAX_OPS)
+  while k > 0 and EDIT_VS[ORDER[k]] > vs do
+    ORDER[k + 1] = ORDER[k]
+    k = k - 1
   end
-  spans[i + 1] = e
+  ORDER[k + 1] = i
+  nspans = nspans + 1
 end
 
 -- The whole document replaced (a root op): pending edits no longer apply.
 local function replace_doc(value)
-  doc, edits, spans, added = value, nil, nil, nil
+  doc = value
+  clear_edits()
 end
 
 local function root_object()
@@ -216,7 +237,7 @@ local function op_add(index, name, path, delta)
   if raw then
     e, vs, ve = raw_locate(path)
     if e then
-      current = e[3]
+      current = EDIT_VAL[e]
     elseif vs then
       current = string.sub(doc, vs, ve)
     end
@@ -338,8 +359,8 @@ doc = cur and cur[1] or '{}'
 local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'
 JSON_NO_BRACKETS_IN_STRINGS = plain
 fresh = cur == nil
-errors = {}
-raw_edits, edits, spans, added = 0, nil, nil, nil
+errors, raw_edits = nil, 0
+clear_edits()
 
 local applied = false
 local nops = tonumber(ARGV[13])
@@ -366,7 +387,7 @@ end
 
 local old = cur and cur[1] or false
 if not applied and cur then
-  return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors})
+  return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors or NO_ERRORS})
 end
 
 flush()
@@ -384,4 +405,4 @@ if ARGV[11] ~= '' then
   ttl = tonumber(ARGV[11])
 end
 local version = write_entry(ctx, cur, new, false, topic, ttl, plain)
-return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors})
+return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors or NO_ERRORS})

@@ -78,26 +78,33 @@ local function listed(list, item)
   return list
 end
 
+-- The HSET arguments of write_entry: one table for every call, its first `n` entries used.
+local FIELDS = {}
+
+local function field(n, name, value)
+  FIELDS[n + 1], FIELDS[n + 2] = name, value
+  return n + 2
+end
+
 local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
   local version = cur and tonumber(cur[2]) + 1 or 1
   local version_text = string.format('%d', version)
-  local fields = {'v', value, 'n', version_text, 'u', ctx.stamp}
+  local n = field(field(field(0, 'v', value), 'n', version_text), 'u', ctx.stamp)
   local cleared = nil
   if hash then
-    fields[#fields + 1] = 'h'
-    fields[#fields + 1] = hash
+    n = field(n, 'h', hash)
   elseif cur and cur[4] then
     cleared = listed(cleared, 'h')
   end
   if plain then
-    fields[#fields + 1] = 's'
-    fields[#fields + 1] = '1'
+    if not (cur and cur[6] == '1') then -- (a field that keeps its value is not written)
+      n = field(n, 's', '1')
+    end
   elseif cur and cur[6] then
     cleared = listed(cleared, 's')
   end
   if not cur then
-    fields[#fields + 1] = 'c'
-    fields[#fields + 1] = ctx.stamp
+    n = field(n, 'c', ctx.stamp)
     redis.call('ZADD', ctx.keyIndex, '0', ctx.key)
     redis.call('ZADD', ctx.scopes, '0', ctx.scope)
   end
@@ -113,25 +120,24 @@ local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
       redis.call('ZREM', ctx.topicIndex, topic_member(oldTopic, ctx.key))
     end
     redis.call('ZADD', ctx.topicIndex, '0', topic_member(newTopic, ctx.key))
-  end
-  if newTopic then
-    fields[#fields + 1] = 't'
-    fields[#fields + 1] = newTopic
-  elseif oldTopic then
-    cleared = listed(cleared, 't')
+    if newTopic then
+      n = field(n, 't', newTopic)
+    else
+      cleared = cur and listed(cleared, 't') or cleared
+    end
   end
 
   if ctx.by ~= '' then
-    fields[#fields + 1] = 'b'
-    fields[#fields + 1] = ctx.by
+    if not (cur and cur[7] == ctx.by) then
+      n = field(n, 'b', ctx.by)
+    end
   elseif cur and cur[7] then
     cleared = listed(cleared, 'b')
   end
 
   if ttl and ttl > 0 then
     local expires = string.format('%d', ctx.now + ttl)
-    fields[#fields + 1] = 'x'
-    fields[#fields + 1] = expires
+    n = field(n, 'x', expires)
     redis.call('ZADD', ctx.ttl, expires, ctx.member)
   elseif ttl == 0 and cur and cur[3] then
     cleared = listed(cleared, 'x')
@@ -140,9 +146,8 @@ local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
 
   local rev = emit(ctx, cur and 'state:updated' or 'state:created', cur and cur[1] or 'null',
     value, version_text)
-  fields[#fields + 1] = 'r'
-  fields[#fields + 1] = rev
-  redis.call('HSET', ctx.entry, unpack(fields))
+  n = field(n, 'r', rev)
+  redis.call('HSET', ctx.entry, unpack(FIELDS, 1, n))
   if cleared then
     redis.call('HDEL', ctx.entry, unpack(cleared))
   end
