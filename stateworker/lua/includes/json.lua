@@ -117,22 +117,28 @@ end
 
 -- In a raw object, field `key`'s key start, value start and value end; nil when absent.
 -- Only the fields before it are walked, and nothing is copied.
+-- The field that starts at `p` in a raw object: the last byte of its key and of its value.
+local function json_field_at(raw, p)
+  -- most keys have no escape: one match finds their end; the rest are walked
+  local _, kend = string.find(raw, '^"[^"\\]*"', p)
+  if not kend then
+    kend = json_skip_string(raw, p)
+  end
+  local vend
+  local c = string.byte(raw, kend + 2)
+  if c == 34 or c == 123 or c == 91 then -- a string or a container
+    vend = json_skip(raw, kend + 2)
+  else -- a number, true, false or null: up to the ',' or '}' after it
+    _, vend = string.find(raw, '^[^,}]+', kend + 2)
+  end
+  return kend, vend
+end
+
 local function json_find(raw, key)
   local n, klen = #raw, #key
   local p = 2
   while p < n do
-    -- most keys have no escape: one match finds their end; the rest are walked
-    local _, kend = string.find(raw, '^"[^"\\]*"', p)
-    if not kend then
-      kend = json_skip_string(raw, p)
-    end
-    local vend
-    local c = string.byte(raw, kend + 2)
-    if c == 34 or c == 123 or c == 91 then -- a string or a container
-      vend = json_skip(raw, kend + 2)
-    else -- a number, true, false or null: up to the ',' or '}' after it
-      _, vend = string.find(raw, '^[^,}]+', kend + 2)
-    end
+    local kend, vend = json_field_at(raw, p)
     if kend - p + 1 == klen and string.sub(raw, p, kend) == key then
       return p, kend + 2, vend
     end
