@@ -110,16 +110,16 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     validate.address(state.settings, req.scope, req.key)
     if isinstance(req.topic, str):
         validate.topic(req.topic)
-    op_args, checked = ops.encode_ops(req.ops, state.settings.max_value_bytes)
+    encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
 
     def finish(reply: list[Any]) -> ops.UpdateResult:
         _, old, new, version, _created, _written, from_script = reply
-        errors = ops.merge_errors(req.ops, checked, from_script)
+        errors = ops.merge_errors(req.ops, encoded, from_script)
         return ops.UpdateResult(NULL if old is None else msgspec.Raw(old), msgspec.Raw(new),
                                 version, errors or msgspec.UNSET)
 
     return state.update_plan(
-        req.scope, req.key, op_args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
+        req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
         topic=req.topic, ctx=ctx,
     )

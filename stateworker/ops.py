@@ -179,14 +179,24 @@ def _value_arg(op: SetOp | MergeOp | AppendOp, index: int,
     return value, codec.plain_strings(value), error
 
 
-def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | int], list[OpError]]:
-    """The ARGV tail of update.lua (plain flag, count, 4 per op) for the ops that pass the
-    checks, and the errors of the rest."""
+class EncodedOps(Struct):
+    """update.lua's ARGV tail (plain flag, count, 3 per op) for the ops that pass the checks,
+    the errors of the rest, and the request index of each op sent (the script names an op
+    by its position among those sent)."""
+
+    args: list[bytes | str | int]
+    errors: list[OpError]
+    sent: list[int]
+
+
+def encode_ops(ops: list[Op], max_value_bytes: int) -> EncodedOps:
+    """The ops as update.lua takes them (EncodedOps)."""
     if len(ops) > MAX_OPS:
         raise InvalidRequest(f"$.ops: at most {MAX_OPS} ops per update, got {len(ops)}",
                              {"path": "$.ops", "limit": MAX_OPS})
     args: list[bytes | str | int] = []
     errors: list[OpError] = []
+    sent: list[int] = []
     plain = True
     for index, op in enumerate(ops):
         name = _NAMES[type(op)]
@@ -212,8 +222,9 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> tuple[list[bytes | str | 
             errors.append(error)
             continue
         kind = "append_array" if array_form and isinstance(op, AppendOp) else name
-        args += [index, kind, path if segments else b"", value]
-    return ["1" if plain else "", len(args) // 4, *args], errors
+        args += [kind, path if segments else b"", value]
+        sent.append(index)
+    return EncodedOps(["1" if plain else "", len(sent), *args], errors, sent)
 
 
 def _decode(text: bytes, field: str) -> Any:
@@ -256,9 +267,12 @@ def script_error(op: Op, index: int, code: str, detail: str) -> OpError:
     return OpError(index, code, message)
 
 
-def merge_errors(ops: list[Op], checked: list[OpError], applied: list[Any]) -> list[OpError]:
-    """Errors from the checks and from the script (flat index, code, detail), by op index."""
-    from_script = [script_error(ops[int(applied[i])], int(applied[i]), applied[i + 1].decode(),
-                                applied[i + 2].decode())
-                   for i in range(0, len(applied), 3)]
-    return sorted(checked + from_script, key=lambda e: e.op_index)
+def merge_errors(ops: list[Op], encoded: EncodedOps, applied: list[Any]) -> list[OpError]:
+    """Errors from the checks and from the script (flat: op position, code, detail), by op
+    index."""
+    from_script = []
+    for i in range(0, len(applied), 3):
+        index = encoded.sent[int(applied[i])]
+        from_script.append(script_error(ops[index], index, applied[i + 1].decode(),
+                                        applied[i + 2].decode()))
+    return sorted(encoded.errors + from_script, key=lambda e: e.op_index)

@@ -12,14 +12,16 @@
     ARGV[10] topic: "" keep | "-" clear | "=" .. topic
     ARGV[11] ttl ms: "" keep the current expiry, else a new expiry from now
     ARGV[12] "1" when no string in any op value holds a bracket or brace
-    ARGV[13] number of ops, then 4 ARGV per op:
-      op index; type (set remove increment decrement merge append append_array);
+    ARGV[13] number of ops, then 3 ARGV per op:
+      type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
       value (compact JSON; increment/decrement: the signed integer to add)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
-     {op index, code, detail, ...}}
-      An op error's detail is the JSON type the message names (ops.py writes the message);
+     {op position, code, detail, ...}}
+      An op error names the op by its position among the ops given here (0-based; Python
+      maps it to the request's op index) and the JSON type its message names (ops.py writes
+      the message);
       code 'append.value_not_string' is append.type_mismatch for a string target and a
       non-string value (the detail: the value's type).
     {ST.CONFLICT, current version (0 = absent), current value or false}
@@ -365,8 +367,8 @@ clear_edits()
 local applied = false
 local nops = tonumber(ARGV[13])
 for n = 0, nops - 1 do
-  local base = 14 + n * 4
-  local index, kind, path, value = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
+  local base = 14 + n * 3
+  local index, kind, path, value = n, ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local ok
   if kind == 'set' then
     ok = op_set(index, path, value)
