@@ -115,25 +115,28 @@ local function json_open(raw)
   return node
 end
 
--- In a raw object, field `key`'s key start, value start and value end; nil when absent.
--- Only the fields before it are walked, and nothing is copied.
 -- The field that starts at `p` in a raw object: the last byte of its key and of its value.
+-- The common cases take one match each: a key without escapes, a number, true, false or null
+-- (up to the ',' or '}' after it), a string without escapes; the rest are walked.
 local function json_field_at(raw, p)
-  -- most keys have no escape: one match finds their end; the rest are walked
   local _, kend = string.find(raw, '^"[^"\\]*"', p)
   if not kend then
     kend = json_skip_string(raw, p)
   end
-  local vend
-  local c = string.byte(raw, kend + 2)
-  if c == 34 or c == 123 or c == 91 then -- a string or a container
-    vend = json_skip(raw, kend + 2)
-  else -- a number, true, false or null: up to the ',' or '}' after it
-    _, vend = string.find(raw, '^[^,}]+', kend + 2)
+  local vs = kend + 2
+  local _, vend = string.find(raw, '^[^"{%[,}][^,}]*', vs)
+  if vend then
+    return kend, vend
   end
-  return kend, vend
+  if string.byte(raw, vs) == 34 then
+    _, vend = string.find(raw, '^"[^"\\]*"', vs)
+    return kend, vend or json_skip_string(raw, vs)
+  end
+  return kend, json_skip(raw, vs)
 end
 
+-- In a raw object, field `key`'s key start, value start and value end; nil when absent.
+-- Only the fields before it are walked, and nothing is copied.
 local function json_find(raw, key)
   local n, klen = #raw, #key
   local p = 2
