@@ -367,3 +367,17 @@ async def test_brackets_in_path_keys_do_not_break_later_updates(store: StateStor
         scope, key, [{"type": "increment", "path": "b", "by": 1}]))
     stored = exact_load(await store.call_json("state::get", f"{{{_address(scope, key)}}}"))
     assert to_text(stored) == '{"pad":"' + "y" * 300 + '","a":{"x{":{"c":1}},"b":6}'
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(fields=st.lists(st.sampled_from(FIELDS + [f"f{i}" for i in range(30)]), min_size=10,
+                       max_size=30, unique=True),
+       ops=st.lists(st.one_of(set_ops, add_ops, add_ops, remove_ops), min_size=17, max_size=40))
+async def test_long_first_level_batches_match_reference(
+    store: StateStore, scope: str, fields: list[str], ops: list[dict[str, Any]]
+) -> None:
+    # More first-level ops than the raw-edit bound (16): pending edits are flushed and the
+    # root object is opened mid-batch.
+    start = Obj([(name, Num(str(i)) if i % 3 else Obj([("x", "}")])) for i, name in enumerate(fields)])
+    await check(store, scope, start, ops)
