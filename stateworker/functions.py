@@ -113,8 +113,8 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
 
     def finish(reply: list[Any]) -> ops.UpdateResult:
-        _, old, new, version, _created, _written, from_script = reply
-        errors = ops.merge_errors(req.ops, encoded, from_script)
+        _, old, new, version, _created, _written, from_script, *positions = reply
+        errors = ops.merge_errors(req.ops, encoded, from_script, positions=bool(positions))
         return ops.UpdateResult(NULL if old is None else msgspec.Raw(old), msgspec.Raw(new),
                                 version, errors or msgspec.UNSET)
 

@@ -267,12 +267,17 @@ def script_error(op: Op, index: int, code: str, detail: str) -> OpError:
     return OpError(index, code, message)
 
 
-def merge_errors(ops: list[Op], encoded: EncodedOps, applied: list[Any]) -> list[OpError]:
-    """Errors from the checks and from the script (flat: op position, code, detail), by op
-    index."""
+def merge_errors(ops: list[Op], encoded: EncodedOps, applied: list[Any], *,
+                 positions: bool = True) -> list[OpError]:
+    """Errors from the checks and from the script, by op index. The script's are flat (op
+    position, code, detail); a reply recorded by an older version for a call retried now
+    (`positions` false) has (op index, code, message) instead."""
     from_script = []
     for i in range(0, len(applied), 3):
+        code, detail = applied[i + 1].decode(), applied[i + 2].decode()
+        if not positions:
+            from_script.append(OpError(int(applied[i]), code, detail))
+            continue
         index = encoded.sent[int(applied[i])]
-        from_script.append(script_error(ops[index], index, applied[i + 1].decode(),
-                                        applied[i + 2].decode()))
+        from_script.append(script_error(ops[index], index, code, detail))
     return sorted(encoded.errors + from_script, key=lambda e: e.op_index)

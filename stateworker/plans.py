@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, StateError, Unavailable
 from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.scripts import FUNCTION_MISSING, Scripts
+from stateworker.scripts import FUNCTION_MISSING, ScriptError, Scripts
 
 log = logging.getLogger("stateworker.plans")
 
@@ -74,7 +74,14 @@ async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[S
         missing = [i for i, r in enumerate(results)
                    if isinstance(r, ReplyError) and FUNCTION_MISSING in str(r)]
         if missing:
-            await scripts.load_all()
+            try:
+                await scripts.load_all()
+            except ScriptError as exc:  # (out of memory, a read-only replica ...)
+                # Those calls did not run: each fails alone, and the service goes on.
+                log.error("%s", exc, extra={"event": "scripts.load_failed"})
+                for i in missing:
+                    results[i] = ReplyError(str(exc))
+                return results
             retried = await conn.pipeline([commands[i] for i in missing])
             for i, result in zip(missing, retried, strict=True):
                 results[i] = result

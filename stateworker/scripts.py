@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "set", "delete", "reap", "list", "update", "sethash", "topic", "deltopic", "entries",
 )
 FUNCTION_MISSING = "Function not found"  # FCALL's error for a function Redis does not have
+_NAME_MARK = "@@LIBRARY@@"  # stands for the library's name until its digest is known
 
 
 class ScriptError(Exception):
@@ -105,14 +106,15 @@ def assemble_library() -> tuple[str, str]:
     wanted = "".join(f'--- @include "{n}"\n' for name in SCRIPT_NAMES
                      for n in _INCLUDE.findall(_read(f"{name}.lua")))
     shared = _expand(wanted, (), set())
-    scripts = "".join(_read(f"{name}.lua") for name in SCRIPT_NAMES)
-    digest = hashlib.sha1((lua_status_table() + shared + scripts).encode()).hexdigest()
-    library = f"stateworker_{digest[:16]}"
-    blocks = "".join(_script_block(name, f"{library}_{name}") for name in SCRIPT_NAMES)
-    source = (f"#!lua name={library}\n"
+    blocks = "".join(_script_block(name, f"{_NAME_MARK}_{name}") for name in SCRIPT_NAMES)
+    source = (f"#!lua name={_NAME_MARK}\n"
               "local KEYS, ARGV -- the running call's, set by its function's entry point\n"
               + lua_status_table() + shared + blocks)
-    return library, source
+    if source.count(_NAME_MARK) != 1 + len(SCRIPT_NAMES):
+        raise ScriptError(f"a Lua file contains {_NAME_MARK!r}")
+    # The name is a digest of the whole text: another text (another version) is another library.
+    library = f"stateworker_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
+    return library, source.replace(_NAME_MARK, library)
 
 
 class Scripts:

@@ -18,10 +18,12 @@
       value (compact JSON; increment/decrement: the signed integer to add)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
-     {op position, code, detail, ...}}
+     {op position, code, detail, ...}, 1}
       An op error names the op by its position among the ops given here (0-based; Python
       maps it to the request's op index) and the JSON type its message names (ops.py writes
-      the message);
+      the message). The last element, 1, marks this form: a reply recorded for a call by an
+      older version (a retry within the dedupe window) has none, and its errors are
+      {op index, code, message}.
       code 'append.value_not_string' is append.type_mismatch for a string target and a
       non-string value (the detail: the value's type).
     {ST.CONFLICT, current version (0 = absent), current value or false}
@@ -85,8 +87,9 @@ local ORDER, ADDED, OUT = {}, {}, {}
 local nedits, nspans, nadded = 0, 0, 0
 
 local function clear_edits()
-  for i = 1, nedits do
+  for i = 1, nedits do -- (no value stays referenced: the library outlives the call)
     EDIT_AT[EDIT_KEY[i]] = nil
+    EDIT_KEY[i], EDIT_VAL[i] = nil, nil
   end
   nedits, nspans, nadded = 0, 0, 0
 end
@@ -117,6 +120,9 @@ local function flush()
     OUT[n] = '}'
   end
   doc = table.concat(OUT, '', 1, n)
+  for k = 1, n do
+    OUT[k] = nil
+  end
   clear_edits()
 end
 
@@ -389,11 +395,13 @@ end
 
 local old = cur and cur[1] or false
 if not applied and cur then
-  return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors or NO_ERRORS})
+  doc = nil -- (the library outlives the call: hold no document)
+  return finish({ST.OK, old, old, tonumber(cur[2]), 0, 0, errors or NO_ERRORS, 1})
 end
 
 flush()
 local new = json_encode(doc)
+doc = nil
 if #new > tonumber(ARGV[8]) then
   return finish({ST.VALUE_TOO_LARGE, #new})
 end
@@ -407,4 +415,4 @@ if ARGV[11] ~= '' then
   ttl = tonumber(ARGV[11])
 end
 local version = write_entry(ctx, cur, new, false, topic, ttl, plain)
-return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors or NO_ERRORS})
+return finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors or NO_ERRORS, 1})

@@ -171,3 +171,28 @@ async def test_oversized_entry_fields_are_refused(service: StateService, raw: ar
     long_writer = await fails(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": 1},
                               context=msgspec.json.encode({"execution_id": "e" * 300}))
     assert long_writer["details"]["field"] == "context.execution_id"
+
+
+async def test_a_retry_answered_from_a_record_of_an_older_version(
+    service: StateService, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    # Records written by an older version name op errors by index with the whole message (no
+    # trailing marker); a retry after an upgrade still gets that reply back as it was.
+    body = {"scope": scope, "key": "k", "ops": [
+        {"type": "set", "path": "__proto__", "value": 1},
+        {"type": "increment", "path": "name", "by": 1}]}
+    await ok(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": {"name": "x"}})
+    first = await ok(raw, prefix, "state::update", body, call_id="old-format")
+    assert [e["op_index"] for e in first["errors"]] == [0, 1]
+    key = service.state.keys.for_scope(scope).call_record("old-format")
+    record = await raw.get(key)
+    assert record is not None
+    reply = msgspec.msgpack.decode(record[40:])
+    assert reply[7] == 1  # this version's marker
+    reply = [*reply[:6], [1, "increment.not_number", "an older version's message"]]
+    await raw.set(key, record[:40] + msgspec.msgpack.encode(reply), keepttl=True)
+    again = await ok(raw, prefix, "state::update", body, call_id="old-format")
+    assert again["errors"] == [
+        first["errors"][0],
+        {"op_index": 1, "code": "increment.not_number", "message": "an older version's message"}]
+    assert again["new_value"] == first["new_value"] == {"name": "x"}

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aredis
 from redis.crc import key_slot
 
-from stateworker import StateStore
+from stateworker import StateError, StateStore
 from stateworker.redisconn import Arg
 from stateworker.scripts import SCRIPT_NAMES, Script
 from tests.servers import RedisServer
@@ -94,3 +95,22 @@ async def test_redis_restart_is_survived(tmp_path: Path, scope: str) -> None:
             assert (await store.get_entry(scope, "k")).version == 2
     finally:
         server.kill()
+
+
+async def test_a_library_redis_refuses_to_load_fails_the_call_not_the_store(
+    store: StateStore, scope: str, raw: aredis.Redis
+) -> None:
+    await store.set(scope, "k", 1)
+    await raw.function_flush()
+    await raw.config_set("maxmemory", 1)  # now Redis refuses FUNCTION LOAD (out of memory)
+    try:
+        with pytest.raises(StateError) as failed:
+            await store.list(scope)
+        assert failed.value.code == "INTERNAL"
+        assert "loading the Lua library" in str(failed.value) and "OOM" in str(failed.value)
+    finally:
+        await raw.config_set("maxmemory", 0)
+    # the next call loads the library
+    assert await store.list(scope) == [1]
+    await store.set(scope, "k", 2)
+    assert await store.get(scope, "k") == 2

@@ -371,3 +371,24 @@ async def test_first_level_edits_in_any_order_land_in_place(store: StateStore, s
     assert result["new_value"] == {"a": 2, "b": "twenty", "c": 31, "z": "]", "new": {"x": "}"},
                                    "other": None, "new2": 5}
     assert "errors" not in result
+
+
+async def test_no_document_stays_held_by_the_library_after_its_call(
+    store: StateStore, scope: str, raw: Any
+) -> None:
+    # The Lua library outlives calls; its reused tables must not keep a call's values alive.
+    # Memory is collected lazily, so small updates run (at most 20,000) until it is back.
+    async def lua_bytes() -> int:
+        return int((await raw.info("memory"))["used_memory_vm_functions"])
+
+    baseline = await lua_bytes()
+    big = [{"type": "set", "path": f"f{i}", "value": f"{i:02d}" + "x" * 200_000} for i in range(16)]
+    with pytest.raises(StateError) as too_large:  # 3.2 MB: over the 1 MiB limit
+        await update(store, scope, big, start={"a": 1}, key="big")
+    assert too_large.value.code == "VALUE_TOO_LARGE"
+    assert await lua_bytes() > baseline + 3_000_000  # the values went through Lua
+    for n in range(20_000):
+        await update(store, scope, [{"type": "increment", "path": "n", "by": 1}], key="small")
+        if n % 500 == 0 and await lua_bytes() < baseline + 1_000_000:
+            break
+    assert await lua_bytes() < baseline + 1_000_000

@@ -148,6 +148,9 @@ local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
     value, version_text)
   n = field(n, 'r', rev)
   redis.call('HSET', ctx.entry, unpack(FIELDS, 1, n))
+  for i = 2, n, 2 do -- (hold no value past the call: the library outlives it)
+    FIELDS[i] = nil
+  end
   if cleared then
     redis.call('HDEL', ctx.entry, unpack(cleared))
   end
