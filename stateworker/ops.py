@@ -88,10 +88,6 @@ _NAMES: dict[type, str] = {SetOp: "set", RemoveOp: "remove", IncrementOp: "incre
 _WITH_VALUE = (SetOp, MergeOp, AppendOp)
 
 
-def op_name(op: Op) -> str:
-    return _NAMES[type(op)]
-
-
 def segments_of(op: Op) -> tuple[list[str], bool]:
     """The literal path segments of an op, and whether the path was given in array form."""
     path = op.path
@@ -123,15 +119,17 @@ def _segment(segment: str) -> tuple[bytes, bool, tuple[str, str] | None]:
     return codec.encode_compact(segment), not _BRACKETS.isdisjoint(segment), _segment_problem(segment)
 
 
-def path_error(name: str, index: int, segments: list[str]) -> OpError | None:
+def _path_arg(name: str, index: int, segments: list[str]) -> tuple[bytes, bool, OpError | None]:
+    """A path as update.lua takes it (escaped segments joined by NUL; "" for the root),
+    whether a segment holds a bracket or brace, and the path's problem."""
     if len(segments) > MAX_PATH_DEPTH:
-        return OpError(index, f"{name}.path.too_deep",
-                       f"Path depth {len(segments)} exceeds maximum of {MAX_PATH_DEPTH}")
-    for segment in segments:
-        problem = _segment(segment)[2]
+        return b"", False, OpError(index, f"{name}.path.too_deep",
+                                   f"Path depth {len(segments)} exceeds maximum of {MAX_PATH_DEPTH}")
+    infos = [_segment(segment) for segment in segments]
+    for _, _, problem in infos:
         if problem is not None:
-            return OpError(index, f"{name}.{problem[0]}", problem[1])
-    return None
+            return b"", False, OpError(index, f"{name}.{problem[0]}", problem[1])
+    return b"\0".join(info[0] for info in infos), any(info[1] for info in infos), None
 
 
 def _depth(tree: Any) -> int:
@@ -201,14 +199,8 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> EncodedOps:
     for index, op in enumerate(ops):
         name = _NAMES[type(op)]
         segments, array_form = segments_of(op)
-        error = path_error(name, index, segments)
-        if error is None and len(segments) == 1:
-            path, bracket, _ = _segment(segments[0])
-            plain = plain and not bracket
-        elif error is None:
-            infos = [_segment(segment) for segment in segments]
-            path = b"\0".join(info[0] for info in infos)
-            plain = plain and not any(info[1] for info in infos)
+        path, bracket, error = _path_arg(name, index, segments)
+        plain = plain and not bracket
         if isinstance(op, IncrementOp):
             value: bytes | str = str(op.by)
         elif isinstance(op, DecrementOp):
@@ -222,7 +214,7 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> EncodedOps:
             errors.append(error)
             continue
         kind = "append_array" if array_form and isinstance(op, AppendOp) else name
-        args += [kind, path if segments else b"", value]
+        args += [kind, path, value]
         sent.append(index)
     return EncodedOps(["1" if plain else "", len(sent), *args], errors, sent)
 

@@ -224,16 +224,15 @@ end
 
 local function op_add(index, name, path, delta)
   if path == '' then
-    if fresh then
-      local result = num_add_int('0', delta)
-      if not result then return out_of_range(index, name) end
-      replace_doc(result)
-      return true
-    end
-    if json_type(doc) ~= 'number' then
+    if not fresh and json_type(doc) ~= 'number' then
       return fail(index, name .. '.not_number', json_type(doc))
     end
-    local result = num_add(doc, delta)
+    local result
+    if fresh then -- a missing key counts as 0
+      result = num_add_int('0', delta)
+    else
+      result = num_add(doc, delta)
+    end
     if not result then return out_of_range(index, name) end
     replace_doc(result)
     return true
@@ -372,9 +371,9 @@ clear_edits()
 
 local applied = false
 local nops = tonumber(ARGV[13])
-for n = 0, nops - 1 do
-  local base = 14 + n * 3
-  local index, kind, path, value = n, ARGV[base], ARGV[base + 1], ARGV[base + 2]
+for index = 0, nops - 1 do -- (an op is named by its position here: see Output)
+  local base = 14 + index * 3
+  local kind, path, value = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local ok
   if kind == 'set' then
     ok = op_set(index, path, value)
