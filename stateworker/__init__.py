@@ -1,6 +1,5 @@
 """stateworker: durable, reactive key/value state over Redis streams and Lua."""
 
-from stateworker.api import ABSENT, Entry, SetOutcome, StateStore, Swap
 from stateworker.errors import (
     Conflict,
     DeadlineExceeded,
@@ -13,8 +12,9 @@ from stateworker.errors import (
     UnknownFunction,
     ValueTooLarge,
 )
-from stateworker.schemas import Event
 from stateworker.settings import Settings
+from stateworker.state.api import ABSENT, Entry, SetOutcome, StateStore, Swap
+from stateworker.state.schemas import Event
 
 __all__ = [
     "ABSENT",

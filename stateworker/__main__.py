@@ -1,5 +1,5 @@
 import sys
 
-from stateworker.cli import main
+from stateworker.app.cli import main
 
 sys.exit(main())

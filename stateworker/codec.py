@@ -14,7 +14,6 @@ import datetime as dt
 import decimal
 import hashlib
 import re
-import time
 import uuid
 from typing import Any
 
@@ -247,17 +246,3 @@ def decode_value(text: bytes | None) -> Any:
 def encode_value(value: Any, field: str, max_bytes: int) -> Value:
     """Python value (extended types allowed) -> validated stored JSON."""
     return value_from_tree(to_json_tree(value), field, max_bytes)
-
-
-# ---- time ------------------------------------------------------------------------------------
-def now_ms() -> int:
-    """The clock every script gets as an argument (scripts never read time themselves)."""
-    return time.time_ns() // 1_000_000
-
-
-def rfc3339_ms(epoch_ms: int | None) -> str | None:
-    """Epoch milliseconds -> `2026-11-29T15:04:05.123Z`."""
-    if epoch_ms is None:
-        return None
-    moment = dt.datetime.fromtimestamp(epoch_ms // 1000, tz=dt.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"

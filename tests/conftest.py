@@ -7,8 +7,8 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore
-from stateworker.bus import BusOptions
-from stateworker.service import StateService
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from tests.servers import RedisServer
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateStore
-from stateworker.service import StateService
+from stateworker.app.service import StateService
 from tests.integration.busproto import roundtrip
 from tests.servers import RedisServer, ServiceProcess
 

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
-from stateworker.codec import now_ms
-from stateworker.service import StateService
+from stateworker.app.service import StateService
+from stateworker.clock import now_ms
 from tests.integration.busproto import receive, roundtrip, send
 
 pytestmark = pytest.mark.anyio

@@ -14,12 +14,12 @@ import redis.asyncio as aredis
 from anyio.abc import TaskStatus
 
 from stateworker import Conflict
-from stateworker.bus import BusOptions, Call
-from stateworker.client import StateClient
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.worker import Worker
 from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, UnknownFunction
-from stateworker.service import StateService
 from stateworker.settings import Settings
-from stateworker.worker import Worker
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from stateworker import StateStore
-from stateworker.embedded import pid_alive
 from stateworker.errors import ConfigError
+from stateworker.transport.embedded import pid_alive
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -11,8 +11,8 @@ import redis.asyncio as aredis
 from redis.crc import key_slot
 
 from stateworker import StateError, StateStore
-from stateworker.redisconn import Arg
-from stateworker.scripts import SCRIPT_NAMES, Script
+from stateworker.transport.connection import Arg
+from stateworker.transport.library import SCRIPT_NAMES, Script
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

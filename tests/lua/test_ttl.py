@@ -5,8 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from stateworker import StateStore, expiry
-from stateworker.codec import now_ms
+from stateworker import StateStore
+from stateworker.clock import now_ms
+from stateworker.state import expiry
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateworker import codec
+from stateworker import clock, codec
 from stateworker.errors import InvalidRequest, ValueTooLarge
 from tests.jsontext import Obj, deep, exact_load, json_trees, reference_canonical, to_text
 
@@ -122,5 +122,5 @@ def test_tag_format_is_documented_shape() -> None:
 
 
 def test_rfc3339_ms() -> None:
-    assert codec.rfc3339_ms(1796042645123) == "2026-11-30T12:44:05.123Z"
-    assert codec.rfc3339_ms(None) is None
+    assert clock.rfc3339_ms(1796042645123) == "2026-11-30T12:44:05.123Z"
+    assert clock.rfc3339_ms(None) is None

@@ -12,7 +12,7 @@ from stateworker.errors import (
     STATUS_ERRORS,
     lua_status_table,
 )
-from stateworker.scripts import SCRIPT_NAMES, assemble_library
+from stateworker.transport.library import SCRIPT_NAMES, assemble_library
 
 
 def lua_sources() -> dict[str, str]:

@@ -18,11 +18,11 @@ import anyio
 import msgspec
 import redis.asyncio as aredis
 
-from stateworker import bench_bus
-from stateworker.api import StateStore
-from stateworker.benchtime import Op, timed
-from stateworker.embedded import EmbeddedRedis
+from benchmarks import bench_bus
+from benchmarks.benchtime import Op, timed
 from stateworker.loop import run as run_loop
+from stateworker.state.api import StateStore
+from stateworker.transport.embedded import EmbeddedRedis
 
 RAW_SET_LUA = """
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])

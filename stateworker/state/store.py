@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from stateworker import codec, expiry
-from stateworker.codec import now_ms
-from stateworker.embedded import EmbeddedRedis
+from stateworker import codec
+from stateworker.clock import now_ms
+from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.errors import (
     LUA_STATUS,
     CallIdReused,
@@ -32,7 +32,14 @@ from stateworker.errors import (
     ValueTooLarge,
 )
 from stateworker.keys import KeySpace, member
-from stateworker.plans import (
+from stateworker.settings import Settings
+from stateworker.state import expiry
+from stateworker.state.reads import ReadPlans
+from stateworker.state.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.embedded import EmbeddedRedis
+from stateworker.transport.library import Scripts
+from stateworker.transport.plans import (
     Plan,
     Sent,
     execute_many,
@@ -40,21 +47,8 @@ from stateworker.plans import (
     send_first_step,
     then,
 )
-from stateworker.reads import ReadPlans
-from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.schemas import (
-    NO_CONTEXT,
-    NULL,
-    CallContext,
-    DiffResult,
-    EntryResult,
-    SetResult,
-    SwapResult,
-)
-from stateworker.scripts import Scripts
-from stateworker.settings import Settings
 
-log = logging.getLogger("stateworker.store")
+log = logging.getLogger("stateworker.state.store")
 
 
 def _recorded(record: bytes) -> list[Any]:

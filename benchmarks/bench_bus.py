@@ -16,10 +16,10 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from stateworker.api import StateStore
-from stateworker.benchtime import percentile, timed
-from stateworker.client import StateClient
+from benchmarks.benchtime import percentile, timed
+from stateworker.bus.client import StateClient
 from stateworker.settings import Settings
+from stateworker.state.api import StateStore
 
 RAW_LUA = """
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskStatus
 
-from stateworker.codec import now_ms
+from stateworker.clock import now_ms
 from stateworker.errors import StateError
 from stateworker.keys import PartitionKeys
 
 if TYPE_CHECKING:
-    from stateworker.store import RedisState
+    from stateworker.state.store import RedisState
 
-log = logging.getLogger("stateworker.expiry")
+log = logging.getLogger("stateworker.state.expiry")
 
 
 async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, bool]:

@@ -11,13 +11,13 @@ from typing import Any
 
 import msgspec
 
-from stateworker import codec
-from stateworker.codec import now_ms
+from stateworker import clock
+from stateworker.clock import now_ms
 from stateworker.errors import NotFound
 from stateworker.keys import KeySpace, member
-from stateworker.plans import Plan, command_reply, then
-from stateworker.redisconn import Arg
-from stateworker.schemas import EntryResult, GroupsResult, KeysResult
+from stateworker.state.schemas import EntryResult, GroupsResult, KeysResult
+from stateworker.transport.connection import Arg
+from stateworker.transport.plans import Plan, command_reply, then
 
 
 class ReadPlans:
@@ -55,8 +55,8 @@ class ReadPlans:
                 return EntryResult(
                     True, msgspec.Raw(v), int(n), digest,
                     None if t is None else t.decode(),
-                    codec.rfc3339_ms(int(c or 0)) or "", codec.rfc3339_ms(int(u or 0)) or "",
-                    None if x is None else codec.rfc3339_ms(int(x)),
+                    clock.rfc3339_ms(int(c or 0)) or "", clock.rfc3339_ms(int(u or 0)) or "",
+                    None if x is None else clock.rfc3339_ms(int(x)),
                     None if b is None else b.decode(), (r or b"").decode())
 
             if h is None:  # left unknown by an update: compute and store it now

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from stateworker.schemas import Event
-from stateworker.store import RedisState
+from stateworker.state.schemas import Event
+from stateworker.state.store import RedisState
 
 
 async def read_events(state: RedisState, scope: str, after: str = "-",

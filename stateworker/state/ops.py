@@ -17,7 +17,7 @@ from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from stateworker import codec
 from stateworker.errors import InvalidRequest
-from stateworker.schemas import Address
+from stateworker.state.schemas import Address
 
 MAX_PATH_DEPTH = 32
 MAX_SEGMENT_BYTES = 256

@@ -14,12 +14,13 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from stateworker import codec, validate
-from stateworker.codec import now_ms
+from stateworker import clock
+from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest
 from stateworker.keys import member
-from stateworker.plans import Plan, then
-from stateworker.store import RedisState
+from stateworker.state import validate
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, then
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 1_000_000_000
@@ -150,7 +151,7 @@ def _pattern(pattern: str | None) -> str:
 
 
 def _ms(raw: bytes | None) -> str | None:
-    return None if raw is None else codec.rfc3339_ms(int(raw))
+    return None if raw is None else clock.rfc3339_ms(int(raw))
 
 
 def _entry(req: ListEntriesRequest, f: list[Any]) -> ListedEntry:

@@ -28,12 +28,12 @@ from typing import Any
 
 import msgspec
 
+from stateworker.context import CallContext
 from stateworker.errors import (
     InvalidRequest,
     StateError,
     ValueTooLarge,
 )
-from stateworker.schemas import CallContext
 
 log = logging.getLogger("stateworker.bus")
 

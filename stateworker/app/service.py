@@ -11,14 +11,14 @@ from typing import Any
 
 import anyio
 
-from stateworker import functions
-from stateworker.bus import Bus, BusOptions, Call
+from stateworker.bus.protocol import Bus, BusOptions, Call
+from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import StateError
-from stateworker.plans import Plan, Sent
-from stateworker.runtime import BusRuntime
-from stateworker.schemas import encoder
 from stateworker.settings import Settings
-from stateworker.store import RedisState
+from stateworker.state import functions
+from stateworker.state.schemas import encoder
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, Sent
 
 STATE_SERVICE = "state"
 

@@ -19,10 +19,10 @@ import anyio
 import msgspec
 
 from stateworker import codec
-from stateworker.embedded import socket_url
 from stateworker.errors import CallTimeout, ConfigError, Unavailable, error_from
-from stateworker.redisconn import Arg, ConnectionLost, RedisConnection
 from stateworker.settings import Settings
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection
+from stateworker.transport.embedded import socket_url
 
 ABSENT: Any = msgspec.UNSET
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts

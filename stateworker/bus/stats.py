@@ -8,7 +8,7 @@ import bisect
 import time
 from collections import Counter
 
-from stateworker.redisconn import Arg
+from stateworker.transport.connection import Arg
 
 # Latency buckets (upper bounds in ms) of the `latency_le_<ms>` counters.
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from importlib import resources
 
 from stateworker.errors import lua_status_table
-from stateworker.redisconn import Arg, RedisConnection
+from stateworker.transport.connection import Arg, RedisConnection
 
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 _PER_CALL = re.compile(r"^--- @per-call\s*$", re.MULTILINE)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, StateError, Unavailable
-from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.scripts import FUNCTION_MISSING, ScriptError, Scripts
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.library import FUNCTION_MISSING, ScriptError, Scripts
 
-log = logging.getLogger("stateworker.plans")
+log = logging.getLogger("stateworker.transport.plans")
 
 _KNOWN_STATUSES = frozenset(LUA_STATUS.values())
 Sent: TypeAlias = "asyncio.Future[list[Any]] | None"  # a first step already on the wire

@@ -12,13 +12,12 @@ from typing import Any
 
 import msgspec
 
-from stateworker import listing, ops, validate
-from stateworker.codec import now_ms
+from stateworker.clock import now_ms
+from stateworker.context import CallContext
 from stateworker.errors import DeadlineExceeded, InvalidRequest, UnknownFunction
-from stateworker.plans import Plan, then
-from stateworker.schemas import (
+from stateworker.state import listing, ops, validate
+from stateworker.state.schemas import (
     NULL,
-    CallContext,
     CompareAndSetRequest,
     DeleteByTopicRequest,
     DeletedResult,
@@ -35,7 +34,8 @@ from stateworker.schemas import (
     UpdateTopicRequest,
     encoder,
 )
-from stateworker.store import RedisState
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 

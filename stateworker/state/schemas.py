@@ -6,8 +6,6 @@ order and container kinds are never re-interpreted. Unknown request fields are i
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
@@ -75,25 +73,6 @@ class ListNamespacesRequest(Struct, kw_only=True):
     limit: int = 100
 
 
-class CallContext(Struct, frozen=True, kw_only=True):
-    """Who makes a call: the bus entry's `caller` and `context` fields."""
-
-    caller: str | None = None
-    context: dict[str, Any] = msgspec.field(default_factory=dict)
-    call_id: str | None = None  # a bus call's id: its reply is recorded with its change
-    deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
-    call_digest: str | None = None  # SHA-1 hex of fn + body: a reused id is told apart
-
-    @property
-    def by(self) -> str | None:
-        """The writer recorded as `updated_by` and in events: execution id, else caller."""
-        execution = self.context.get("execution_id")
-        if isinstance(execution, str) and execution:
-            return execution
-        return self.caller or None
-
-
-NO_CONTEXT = CallContext()
 
 
 # ---- results ----------------------------------------------------------------------------------

@@ -14,10 +14,13 @@ from typing import Any
 
 import msgspec
 
-from stateworker import codec, events, expiry, functions, validate
-from stateworker.schemas import NO_CONTEXT, CallContext, EntryResult, Event
+from stateworker import codec
+from stateworker.context import NO_CONTEXT, CallContext
+from stateworker.events import reader as events
 from stateworker.settings import Settings
-from stateworker.store import RedisState
+from stateworker.state import expiry, functions, validate
+from stateworker.state.schemas import EntryResult, Event
+from stateworker.state.store import RedisState
 
 ABSENT: Any = msgspec.UNSET  # compare_and_set's default `expected`: the key must be absent
 

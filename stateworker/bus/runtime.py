@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from stateworker.bus import (
+from stateworker.bus.protocol import (
     Bus,
     BusOptions,
     Call,
@@ -27,11 +27,11 @@ from stateworker.bus import (
     parse_entry,
     reply_document,
 )
-from stateworker.codec import now_ms
+from stateworker.bus.stats import FLUSH_EVERY_S, Stats
+from stateworker.clock import now_ms
 from stateworker.errors import DeadlineExceeded, InternalError, StateError, Unavailable
-from stateworker.plans import Plan, Sent
-from stateworker.redisconn import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.stats import FLUSH_EVERY_S, Stats
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.plans import Plan, Sent
 
 log = logging.getLogger("stateworker.bus")
 

@@ -26,13 +26,13 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from stateworker import codec
-from stateworker.bus import Bus, BusOptions, Call
-from stateworker.embedded import socket_url
+from stateworker.bus.protocol import Bus, BusOptions, Call
+from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import InvalidRequest, UnknownFunction
 from stateworker.loop import run
-from stateworker.redisconn import RedisConnection
-from stateworker.runtime import BusRuntime
 from stateworker.settings import Settings
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.embedded import socket_url
 
 Function = Callable[[Any, Call], Awaitable[Any]]
 

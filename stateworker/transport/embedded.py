@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 
 from stateworker.errors import ConfigError
-from stateworker.redisconn import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
 
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes; keep a margin
 

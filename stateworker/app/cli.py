@@ -1,4 +1,4 @@
-"""The `stateworker` command: serve, call, status, bench."""
+"""The `stateworker` command: serve, call, status."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from typing import Any
 
 import msgspec
 
-from stateworker import logs, service
-from stateworker.bus import BusOptions
-from stateworker.client import StateClient
-from stateworker.embedded import socket_url
+from stateworker import logs
+from stateworker.app import service
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError, StateError
 from stateworker.loop import run
-from stateworker.redisconn import ConnectionLost, RedisConnection, ReplyError
 from stateworker.settings import Settings
+from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.embedded import socket_url
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -120,11 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     call_p.add_argument("body", nargs="?", default="{}")
     call_p.add_argument("--timeout", type=float, default=10.0)
     sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters")
-    bench_p = sub.add_parser("bench", help="benchmark against raw redis-py, as ratios")
-    bench_p.add_argument("--seconds", type=float, default=2.0)
-    bench_p.add_argument("--rounds", type=int, default=3)
-    bench_p.add_argument("--sections", default="store,update,list,bus",
-                         help="comma-separated: store, update, list, bus")
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
@@ -135,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())
             return 0 if report.get("reachable") else 1
-        from stateworker import bench
-
-        bench.main(args.seconds, args.rounds, tuple(args.sections.split(",")))
+        raise AssertionError(f"unhandled command {args.command}")
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,33 @@
+"""Who makes a call and under which promises: what a bus entry carries besides its body.
+
+A leaf: the bus parses it from an entry, the state operations record its writer and honour
+its call id and deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+
+class CallContext(Struct, frozen=True, kw_only=True):
+    """Who makes a call: the bus entry's `caller` and `context` fields."""
+
+    caller: str | None = None
+    context: dict[str, Any] = msgspec.field(default_factory=dict)
+    call_id: str | None = None  # a bus call's id: its reply is recorded with its change
+    deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
+    call_digest: str | None = None  # SHA-1 hex of fn + body: a reused id is told apart
+
+    @property
+    def by(self) -> str | None:
+        """The writer recorded as `updated_by` and in events: execution id, else caller."""
+        execution = self.context.get("execution_id")
+        if isinstance(execution, str) and execution:
+            return execution
+        return self.caller or None
+
+
+NO_CONTEXT = CallContext()
