@@ -19,15 +19,11 @@ import msgspec
 import redis.asyncio as aredis
 
 from benchmarks import bench_bus
-from benchmarks.benchtime import Op, timed
+from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
 from stateworker.state.api import StateStore
 from stateworker.transport.embedded import EmbeddedRedis
 
-RAW_SET_LUA = """
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
-"""
 
 async def paired(ours: Op, raw: Op, concurrency: int, seconds: float, rounds: int) -> tuple[float, float]:
     ours_rates, raw_rates = [], []

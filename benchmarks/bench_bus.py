@@ -16,15 +16,11 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from benchmarks.benchtime import percentile, timed
+from benchmarks.benchtime import RAW_SET_LUA, percentile, timed
 from stateworker.bus.client import StateClient
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 
-RAW_LUA = """
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
-"""
 PREFIX = "benchbus"
 
 
@@ -45,7 +41,7 @@ async def bus_section(url: str, socket: str, seconds: float, rounds: int, out: A
                       ) -> dict[str, Any]:
     service = start_service(url)
     raw = aredis.Redis(unix_socket_path=socket)
-    script = raw.register_script(RAW_LUA)
+    script = raw.register_script(RAW_SET_LUA)
     value = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
     try:
         async with StateClient(settings=Settings(redis_url=url, prefix=PREFIX)) as client, \

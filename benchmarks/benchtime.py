@@ -8,6 +8,12 @@ from typing import Any
 
 import anyio
 
+# The raw side of every comparison: a minimal script with the write and the event of a set.
+RAW_SET_LUA = """
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', ARGV[2])
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, '*', 'v', ARGV[1])
+"""
+
 Op = Callable[[int, int], Awaitable[Any]]  # (worker, iteration) -> awaitable
 
 

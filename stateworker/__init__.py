@@ -1,5 +1,8 @@
 """stateworker: durable, reactive key/value state over Redis streams and Lua."""
 
+from stateworker.bus.client import StateClient
+from stateworker.bus.worker import Worker
+from stateworker.codec import ABSENT
 from stateworker.errors import (
     Conflict,
     DeadlineExceeded,
@@ -12,9 +15,9 @@ from stateworker.errors import (
     UnknownFunction,
     ValueTooLarge,
 )
+from stateworker.events.model import Event
 from stateworker.settings import Settings
-from stateworker.state.api import ABSENT, Entry, SetOutcome, StateStore, Swap
-from stateworker.state.schemas import Event
+from stateworker.state.api import Entry, SetOutcome, StateStore, Swap
 
 __all__ = [
     "ABSENT",
@@ -28,10 +31,12 @@ __all__ = [
     "ReservedScope",
     "SetOutcome",
     "Settings",
+    "StateClient",
     "StateError",
     "StateStore",
     "Swap",
     "Unavailable",
     "UnknownFunction",
     "ValueTooLarge",
+    "Worker",
 ]

@@ -3,8 +3,8 @@
 Values travel as JSON text and are stored as compact JSON text. Decoding keeps every
 non-integer number as its original text (`msgspec.Raw` from `float_hook`), integers decode
 to exact Python ints, so re-encoding writes every number exactly as it came, keeps `[]`/`{}`
-and object key order. The canonical form (DESIGN.md "Values") is the same tree encoded with
-sorted keys and Go's string escaping, and `hash` is its SHA-256.
+and object key order. The canonical form (docs/architecture.md, "Canonical hash") is the
+same tree encoded with sorted keys and Go's string escaping, and `hash` is its SHA-256.
 """
 
 from __future__ import annotations
@@ -77,15 +77,57 @@ def _may_hold_negative_zero(text: bytes) -> bool:
     return False
 
 
+MAX_DEPTH = 512  # containers nested in a value, at most (the decoder recurses)
+MAX_INT_DIGITS = 4300  # digits of an integer, at most (Python's int_max_str_digits)
+class LimitExceeded(ValueError):
+    """Raised when valid JSON is beyond what values may hold (depth, integer digits)."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+DEPTH_MESSAGE = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def check_depth(text: bytes) -> None:
+    """Values written are at most MAX_DEPTH deep (update ops may add their path's 32 levels;
+    the decoder reads about twice as deep). Only text with that many brackets can be that
+    deep, so the exact walk runs rarely."""
+    if text.count(b"[") + text.count(b"{") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:
+        raise LimitExceeded(DEPTH_MESSAGE, MAX_DEPTH)
+
+
+def nesting_depth(text: bytes) -> int:
+    """The deepest container nesting of JSON text (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(_STRING.sub(b"", text)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def decode_exact(text: bytes | str) -> Any:
-    """Decode JSON, keeping non-integer numbers as `msgspec.Raw` text; raises ValueError."""
+    """Decode JSON, keeping non-integer numbers as `msgspec.Raw` text; raises ValueError
+    (LimitExceeded for an integer longer than MAX_INT_DIGITS, or nesting deeper than the
+    decoder can go: about twice MAX_DEPTH, so whatever was written can be read)."""
     if isinstance(text, str):
         text = text.encode()
     if _may_hold_negative_zero(text):
         text = _NEG_ZERO.sub(_mark_negative_zero, text)
     try:
         return _decoder.decode(text)
-    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise LimitExceeded(DEPTH_MESSAGE, MAX_DEPTH) from exc
+    except (msgspec.DecodeError, ValueError) as exc:
+        if "Integer value out of range" in str(exc):
+            raise LimitExceeded(f"an integer has more than {MAX_INT_DIGITS} digits (the limit "
+                                f"is {MAX_INT_DIGITS}; write longer numbers as strings)",
+                                MAX_INT_DIGITS) from exc
         raise ValueError(str(exc)) from exc
 
 
@@ -143,9 +185,17 @@ def compact_from_tree(tree: Any, field: str, max_bytes: int) -> bytes:
     """Compact JSON of a tree; VALUE_TOO_LARGE names the field, size and limit."""
     try:
         compact = _compact.encode(tree)
+    except RecursionError as exc:
+        raise InvalidRequest(f"$.{field}: {DEPTH_MESSAGE}",
+                             {"path": f"$.{field}", "limit": MAX_DEPTH}) from exc
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidRequest(f"$.{field}: cannot be encoded as JSON: {exc}",
                              {"path": f"$.{field}"}) from exc
+    try:
+        check_depth(compact)
+    except LimitExceeded as exc:
+        raise InvalidRequest(f"$.{field}: {exc}", {"path": f"$.{field}", "limit": exc.limit}
+                             ) from exc
     if len(compact) > max_bytes:
         raise ValueTooLarge(
             f"{field} is {len(compact)} bytes of JSON, more than the limit of {max_bytes} bytes",
@@ -162,7 +212,11 @@ def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
             {"path": f"$.{field}", "size": len(text), "limit": max_bytes},
         )
     try:
+        check_depth(text)
         tree = decode_exact(text)
+    except LimitExceeded as exc:
+        raise InvalidRequest(f"$.{field}: {exc}", {"path": f"$.{field}", "limit": exc.limit}
+                             ) from exc
     except ValueError as exc:
         raise InvalidRequest(f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
     return value_from_tree(tree, field, max_bytes)
@@ -171,6 +225,10 @@ def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
 # ---- Python extended types <-> tagged JSON -------------------------------------------------
 # A tagged value is an object with exactly the keys "$type" and "$value" (documented in
 # docs/architecture.md for clients in other languages).
+# The Python API's "no value given" (compare_and_set's `expected`: the key must be absent;
+# get_entry's `default`: none), apart from None, which is the JSON value null.
+ABSENT: Any = msgspec.UNSET
+
 TYPE_KEY = "$type"
 VALUE_KEY = "$value"
 
@@ -245,4 +303,9 @@ def decode_value(text: bytes | None) -> Any:
 
 def encode_value(value: Any, field: str, max_bytes: int) -> Value:
     """Python value (extended types allowed) -> validated stored JSON."""
-    return value_from_tree(to_json_tree(value), field, max_bytes)
+    try:
+        tree = to_json_tree(value)
+    except RecursionError as exc:  # Python's own stack is the limit here, below MAX_DEPTH
+        raise InvalidRequest(f"$.{field}: {DEPTH_MESSAGE}",
+                             {"path": f"$.{field}", "limit": MAX_DEPTH}) from exc
+    return value_from_tree(tree, field, max_bytes)

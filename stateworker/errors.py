@@ -86,6 +86,22 @@ class DeadlineExceeded(StateError):
     code = "DEADLINE_EXCEEDED"
 
 
+def deadline_text(deadline_ms: int | None) -> tuple[str, dict[str, Any]]:
+    """Message and details of the one DEADLINE_EXCEEDED of every path (bus, plans, scripts)."""
+    return (f"deadline_ms {deadline_ms} passed before the call ran; nothing was written",
+            {"deadline_ms": deadline_ms})
+
+
+def deadline_exceeded(deadline_ms: int | None) -> DeadlineExceeded:
+    return DeadlineExceeded(*deadline_text(deadline_ms))
+
+
+class ResourceExhausted(StateError):
+    """Raised when Redis refuses a write because it reached its memory limit (`maxmemory`)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
 class InternalError(StateError):
     """Raised when the service itself failed; the message says where."""
 
@@ -146,6 +162,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         InternalError,
         CallTimeout,
         CallIdReused,
+        ResourceExhausted,
     )
 }
 

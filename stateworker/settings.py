@@ -12,6 +12,7 @@ from stateworker.errors import ConfigError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FSYNC_MODES = ("always", "everysec", "no")
+_FOREVER = float("inf")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +30,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
     dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
+    connect_timeout_s: float = 5.0  # opening a Redis connection gives up after this
+    read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.match(self.prefix):
@@ -45,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
+        if not (0 < self.connect_timeout_s < _FOREVER and 0 < self.read_timeout_s < _FOREVER):
+            raise ConfigError(f"connect_timeout_s and read_timeout_s must be positive seconds, got "
+                              f"{self.connect_timeout_s} and {self.read_timeout_s}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

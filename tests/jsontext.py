@@ -94,7 +94,7 @@ def go_string(text: str) -> str:
 
 
 def reference_canonical(tree: Any) -> bytes:
-    """The canonical form as DESIGN.md defines it, written independently of codec.py."""
+    """The canonical form as docs/architecture.md defines it, written independently of codec.py."""
     def walk(node: Any) -> str:
         if isinstance(node, Num):
             return str(node)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -17,7 +16,7 @@ from stateworker.errors import ConfigError, StateError
 from stateworker.loop import run
 from stateworker.settings import Settings
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
-from stateworker.transport.embedded import socket_url
+from stateworker.transport.embedded import client_url
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -54,7 +53,7 @@ async def _call(args: argparse.Namespace) -> int:
 
 async def status_report(settings: Settings) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters."""
-    url = settings.redis_url or socket_url(Path(settings.state_dir))
+    url = client_url(settings)
     conn = RedisConnection(url)
     report: dict[str, Any] = {"redis": url}
     try:

@@ -15,7 +15,7 @@ from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import StateError
 from stateworker.settings import Settings
-from stateworker.state import functions
+from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, Sent
@@ -58,7 +58,7 @@ class StateService:
     @asynccontextmanager
     async def running(cls, settings: Settings, options: BusOptions | None = None
                       ) -> AsyncIterator[StateService]:
-        async with RedisState.open(settings=settings, reaper=True) as state:
+        async with lifecycle.open_state(settings=settings, reaper=True) as state:
             service = cls(state, options or BusOptions())
             async with anyio.create_task_group() as tg:
                 await tg.start(service.runtime.run)

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack, suppress
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -19,12 +18,12 @@ import anyio
 import msgspec
 
 from stateworker import codec
+from stateworker.codec import ABSENT
 from stateworker.errors import CallTimeout, ConfigError, Unavailable, error_from
 from stateworker.settings import Settings
 from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection
-from stateworker.transport.embedded import socket_url
+from stateworker.transport.embedded import client_url
 
-ABSENT: Any = msgspec.UNSET
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
 
 
@@ -68,20 +67,46 @@ _reply_decoder = msgspec.json.Decoder(_Reply)
 
 
 class StateClient:
-    """`async with StateClient() as client: await client.set("s", "k", 1)`"""
+    """`async with StateClient() as client: await client.set("s", "k", 1)`
+
+    Every call raises the StateError of its error reply (`errors.error_from`: the class of
+    its code, RemoteError for a code without one), CallTimeout (TIMEOUT) when no reply came
+    after every attempt, Unavailable (UNAVAILABLE) when it could not be sent or the client
+    closed first. The typed helpers list the codes their function answers with.
+    """
 
     def __init__(self, redis_url: str | None = None, *, service: str = "state",
                  timeout: float = 10.0, retries: int = 2, caller: str | None = None,
                  settings: Settings | None = None) -> None:
+        """A client; nothing connects before `async with`.
+
+        Args:
+            redis_url: `redis://host:port/db` or `unix:///path.sock`; default
+                STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
+            service: whose stream calls go to (`<prefix>:bus:<service>`); a Worker's name
+                to call its functions.
+            timeout: seconds to wait for a reply per attempt.
+            retries: attempts after the first (each re-sends the call with the same id).
+            caller: recorded as the writer (`updated_by`, the event's `by`) of every call.
+            settings: all settings at once (then `redis_url` and the environment are ignored).
+
+        Raises:
+            ConfigError: a STATEWORKER_* variable is invalid (not a StateError: no code).
+
+        Example: `client = StateClient("redis://localhost:6379/0", caller="billing")`
+        """
         self.settings = settings or Settings.from_env(redis_url=redis_url)
-        self.url = self.settings.redis_url or socket_url(Path(self.settings.state_dir))
+        self.url = client_url(self.settings)
         self.stream = f"{self.settings.prefix}:bus:{service}"
         self.reply_key = f"{self.settings.prefix}:reply:{uuid.uuid4().hex}"
         self.timeout = timeout
         self.retries = retries
         self.caller = caller
-        self.conn = RedisConnection(self.url, write_first_at_once=False)
-        self._reader = RedisConnection(self.url)
+        self.conn = RedisConnection(self.url, write_first_at_once=False,
+                                    connect_timeout_s=self.settings.connect_timeout_s,
+                                    read_timeout_s=self.settings.read_timeout_s)
+        self._reader = RedisConnection(self.url, connect_timeout_s=self.settings.connect_timeout_s,
+                                       read_timeout_s=self.settings.read_timeout_s)
         self._pending: dict[str, _Waiter] = {}
         self._stack = AsyncExitStack()
         self._ids = itertools.count()
@@ -89,6 +114,13 @@ class StateClient:
         self._id_prefix = uuid.uuid4().hex[:16]
 
     async def __aenter__(self) -> StateClient:
+        """Connect (PING) and start the reply reader.
+
+        Raises:
+            ConfigError: no Redis answers at the URL (is the service running?).
+
+        Example: `async with StateClient() as client: ...`
+        """
         try:
             await self.conn.execute("PING")
         except ConnectionLost as exc:
@@ -102,6 +134,15 @@ class StateClient:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        """Close: calls still waiting raise Unavailable, the reply list is deleted.
+
+        Args:
+            exc_type, exc, tb: the block's exception, if any (not suppressed).
+
+        Raises: nothing of its own (a Redis already gone is ignored).
+
+        Example: the end of `async with StateClient() as client:`
+        """
         await self._stack.aclose()
 
     async def _close(self) -> None:
@@ -153,7 +194,30 @@ class StateClient:
         call_id: str | None = None, context: Mapping[str, Any] | None = None,
         deadline_ms: int | None = None,
     ) -> bytes:
-        """Call `fn` with a JSON body; the result's JSON. Errors raise their StateError."""
+        """Call `fn` with a JSON body; the result's JSON. Errors raise their StateError.
+
+        Args:
+            fn: the function id (`state::get`, `orders::create` ...).
+            body: the request as JSON text (a JSON object).
+            timeout: seconds to wait per attempt; default the client's `timeout`.
+            call_id: the call's unique id; default a new one. Reuse it only to repeat the
+                same call: it is applied at most once per id (dedupe window).
+            context: a JSON object handed to the function (`call.ctx.context`).
+            deadline_ms: epoch ms after which the call must not start anymore.
+
+        Raises:
+            CallTimeout (TIMEOUT): no reply after `retries + 1` attempts of `timeout` each.
+            Unavailable (UNAVAILABLE): the client is closed (or closed while waiting), or
+                the call could not be sent (Redis unreachable, XADD refused).
+            StateError: the error reply, as the class of its code: InvalidRequest
+                (INVALID_REQUEST), KeyTooLong (KEY_TOO_LONG), ValueTooLarge
+                (VALUE_TOO_LARGE), Conflict (CONFLICT), NotFound (NOT_FOUND), ReservedScope
+                (RESERVED_SCOPE), UnknownFunction (UNKNOWN_FUNCTION), DeadlineExceeded
+                (DEADLINE_EXCEEDED), CallIdReused (CALL_ID_REUSED), InternalError
+                (INTERNAL); RemoteError for a code without a class.
+
+        Example: `await client.call_json("state::get", b'{"scope":"orders","key":"o-1"}')`
+        """
         if self._closed:
             raise Unavailable(f"{fn}: the client is closed", {})
         call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
@@ -204,59 +268,309 @@ class StateClient:
         return bytes(reply.result)
 
     async def call(self, fn: str, body: Any, **options: Any) -> Any:
-        """Like `call_json`, body and result as Python values (tagged types converted)."""
+        """Like `call_json`, body and result as Python values (tagged types converted).
+
+        Args:
+            fn: the function id.
+            body: a JSON-able Python value (Decimal, datetime, UUID, bytes ... are sent
+                tagged), or JSON text as str/bytes, sent as is.
+            **options: `call_json`'s keyword options (timeout, call_id, context,
+                deadline_ms).
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): `body` holds a value that cannot be JSON
+                (raised before sending), or the service refused the request.
+            StateError, CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE): as `call_json`.
+
+        Example: `await client.call("orders::create", {"id": 7}, call_id="order-7")`
+        """
         data = body if isinstance(body, bytes | str) else msgspec.json.encode(
             codec.to_json_tree(body))
         return codec.decode_value(await self.call_json(fn, data, **options))
 
     # ---- typed helpers -----------------------------------------------------------------------
     async def get(self, scope: str, key: str) -> Any:
+        """`state::get`: the stored value, or None when missing or expired.
+
+        Args:
+            scope: the group of keys.
+            key: the key in it.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.get("orders", "o-1")`
+        """
         return await self.call("state::get", {"scope": scope, "key": key})
 
     async def set(self, scope: str, key: str, value: Any, **options: Any) -> Any:
+        """`state::set`: write a value (replacing its topic and expiry).
+
+        Args:
+            scope, key: where.
+            value: any JSON-able value (tagged types allowed).
+            **options: request fields: topic, ttl_ms, expected_version, create_only.
+
+        Returns: `{old_value, new_value, version, hash, created}`.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a bad option (ttl_ms, topic ...) or a
+                value that cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
+            Conflict (CONFLICT): `expected_version` / `create_only` did not hold.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.set("orders", "o-1", {"total": 12}, ttl_ms=60_000)`
+        """
         return await self.call("state::set", {"scope": scope, "key": key, "value": value,
                                               **options})
 
     async def delete(self, scope: str, key: str) -> Any:
+        """`state::delete`: remove a key; its old value (None when there was none).
+
+        Args:
+            scope, key: where.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.delete("orders", "o-1")`
+        """
         return await self.call("state::delete", {"scope": scope, "key": key})
 
     async def list(self, scope: str) -> Any:
+        """`state::list`: every live value of a scope, in key byte order.
+
+        Args:
+            scope: the scope (read whole: use `list_entries` to page a large one).
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.list("orders")`
+        """
         return await self.call("state::list", {"scope": scope})
 
     async def list_keys(self, scope: str) -> Any:
+        """`state::list_keys`: every live key of a scope, in byte order.
+
+        Args:
+            scope: the scope.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.list_keys("orders")`
+        """
         return (await self.call("state::list_keys", {"scope": scope}))["keys"]
 
     async def list_groups(self) -> Any:
+        """`state::list_groups`: the scopes holding at least one entry, byte-sorted.
+
+        Raises:
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.list_groups()`
+        """
         return (await self.call("state::list_groups", {}))["groups"]
 
     async def update(self, scope: str, key: str, ops: builtins.list[dict[str, Any]], **options: Any) -> Any:
+        """`state::update`: apply ops (set, remove, increment, decrement, merge, append).
+
+        Ops that cannot apply are reported in the result's `errors` (by op index), not
+        raised; the others are applied.
+
+        Args:
+            scope, key: where.
+            ops: e.g. `{"type": "increment", "path": "total", "by": 1}`.
+            **options: request fields: ttl_ms, expected_version, topic.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also malformed ops, too many ops, a bad option.
+            ValueTooLarge (VALUE_TOO_LARGE): the updated value would be over
+                `max_value_bytes` (nothing written).
+            Conflict (CONFLICT): `expected_version` did not hold.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.update("orders", "o-1", [{"type": "set", "path": "paid", "value": True}])`
+        """
         return await self.call("state::update", {"scope": scope, "key": key, "ops": ops,
                                                  **options})
 
     async def compare_and_set(self, scope: str, key: str, value: Any,
                               expected: Any = ABSENT) -> Any:
+        """`state::compare-and-set`: write only if the stored value deep-equals `expected`.
+
+        A mismatch is not an error: the result is `{"swapped": false, "current": ...}`.
+        The entry keeps its topic and expiry.
+
+        Args:
+            scope, key: where.
+            value: the new value.
+            expected: the value that must be stored; left out or None: the key must be
+                absent.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a value that cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): `value` or `expected` is over `max_value_bytes`.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.compare_and_set("orders", "o-1", {"total": 13}, expected={"total": 12})`
+        """
         body = {"scope": scope, "key": key, "value": value}
         if expected is not ABSENT:
             body["expected"] = expected
         return await self.call("state::compare-and-set", body)
 
     async def get_entry(self, scope: str, key: str, **options: Any) -> Any:
+        """`state::get-entry`: value with version, hash, topic, times, writer, revision.
+
+        Args:
+            scope, key: where.
+            **options: request fields: default (returned when missing), required.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            NotFound (NOT_FOUND): `required=True` and the key is missing or expired.
+            ValueTooLarge (VALUE_TOO_LARGE): `default` is over `max_value_bytes`.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.get_entry("orders", "o-1", required=True)`
+        """
         return await self.call("state::get-entry", {"scope": scope, "key": key, **options})
 
     async def list_entries(self, scope: str, **options: Any) -> Any:
+        """`state::list-entries`: one page of entries; `next_after` continues it.
+
+        Args:
+            scope: the scope.
+            **options: request fields: prefix, key_pattern, topic_pattern, order_by
+                (key, updated_at, topic), order (asc, desc), limit, offset, after,
+                include_values.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also limit/offset out of range, a cursor
+                (`after`) not from list-entries, a pattern over 1024 bytes.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.list_entries("orders", topic_pattern="open*", limit=50)`
+        """
         return await self.call("state::list-entries", {"scope": scope, **options})
 
     async def diff(self, scope: str, key: str, value: Any, **options: Any) -> Any:
+        """`state::diff`: compare with the stored value by hash; write it only if changed
+        (keeping topic and expiry).
+
+        Args:
+            scope, key: where.
+            value: the value to compare (and write).
+            **options: request fields: update (False: compare only), expected_version.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a value that cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
+            Conflict (CONFLICT): `expected_version` did not hold.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.diff("orders", "o-1", {"total": 12}, update=False)`
+        """
         return await self.call("state::diff", {"scope": scope, "key": key, "value": value,
                                                **options})
 
     async def update_topic(self, scope: str, key: str, topic: str | None) -> Any:
+        """`state::update-topic`: set or clear (None) an entry's topic; `{"updated": bool}`.
+
+        Args:
+            scope, key: where.
+            topic: the new topic (at most 1024 bytes, no NUL), or None to clear it.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a bad topic.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.update_topic("orders", "o-1", "closed")`
+        """
         return await self.call("state::update-topic", {"scope": scope, "key": key,
                                                        "topic": topic})
 
     async def delete_by_topic(self, scope: str, topic_pattern: str) -> Any:
+        """`state::delete-by-topic`: delete a scope's entries whose topic matches; the
+        count (`{"deleted": n}`).
+
+        Args:
+            scope: the scope.
+            topic_pattern: a topic, `*` the only wildcard.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a bad pattern (over 1024 bytes, NUL).
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.delete_by_topic("orders", "closed-*")`
+        """
         return await self.call("state::delete-by-topic", {"scope": scope,
                                                           "topic_pattern": topic_pattern})
 
     async def list_namespaces(self, **options: Any) -> Any:
+        """`state::list-namespaces`: `{"namespaces": [...]}`, the scopes holding entries,
+        byte-sorted, filtered by `pattern` and cut at `limit`.
+
+        Args:
+            **options: request fields: pattern (`*` the only wildcard), limit (1..1000,
+                default 100).
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): limit out of range, a pattern over 1024 bytes.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.list_namespaces(pattern="ord*", limit=10)`
+        """
         return await self.call("state::list-namespaces", options)

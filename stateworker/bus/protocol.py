@@ -1,4 +1,4 @@
-"""The bus runtime (DESIGN.md "The bus"): read calls from a service's stream with a consumer
+"""The bus protocol (version 1, README "The bus protocol"): read calls from a service's stream with a consumer
 group, run them concurrently, reply, then acknowledge.
 
 - Calls are read in batches; their Redis work is issued in the same event-loop tick, so the
@@ -48,6 +48,7 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     reply_ttl_ms: int = 300_000  # reply lists expire after this
     grace_s: float = 10.0  # on stop, how long calls in flight may take
     max_body_bytes: int = 5 * 1024 * 1024
+    max_context_bytes: int = 64 * 1024  # who makes the call, not data: ids and names
     consumer: str = ""  # default: <hostname>-<pid>
 
 
@@ -78,15 +79,16 @@ class Bus:
         self.group = service
         self.stats_key = f"{prefix}:stats:{service}"
         self.reply_prefix = f"{prefix}:reply:"
-        self._own, self._replies = f"{prefix}:".encode(), self.reply_prefix.encode()
+        self._replies = self.reply_prefix.encode()
 
     def record(self, call_id: str) -> str:
         """A user worker's record of a call's reply (the state service records in-script)."""
         return f"{self.stream}:done:{{{call_id}}}"
 
     def reply_allowed(self, key: bytes) -> bool:
-        """Replies may not land on the service's own keys, except its reply lists."""
-        return not key.startswith(self._own) or key.startswith(self._replies)
+        """Replies go only to this prefix's reply lists (`<prefix>:reply:...`): a caller can
+        never make the service write to, or set an expiry on, a key it does not own."""
+        return key.startswith(self._replies) and len(key) > len(self._replies)
 
 
 def reply_document(call_id: str | None, result: bytes | None, error: StateError | None) -> bytes:
@@ -120,7 +122,7 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
                 {"field": "body", "size": len(body), "limit": options.max_body_bytes})
         deadline = _deadline(fields.get(b"deadline_ms"))
         caller = fields.get(b"caller")
-        context = _context(fields.get(b"context"))
+        context = _context(fields.get(b"context"), options.max_context_bytes)
         _limit("id", raw_id, MAX_ID_BYTES)
         _limit("reply", reply, MAX_REPLY_KEY_BYTES)
         _limit("caller", caller, MAX_ID_BYTES)
@@ -173,9 +175,12 @@ def _deadline(raw: bytes | None) -> int | None:
                              f"{raw[:40]!r}", {"field": "deadline_ms"}) from exc
 
 
-def _context(raw: bytes | None) -> dict[str, Any]:
+def _context(raw: bytes | None, limit: int) -> dict[str, Any]:
     if raw is None or raw == b"":
         return {}
+    if len(raw) > limit:  # checked before parsing: a huge context costs nothing
+        raise ValueTooLarge(f"context is {len(raw)} bytes, more than the limit of {limit} bytes",
+                            {"field": "context", "size": len(raw), "limit": limit})
     try:
         context = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:

@@ -29,7 +29,13 @@ from stateworker.bus.protocol import (
 )
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.clock import now_ms
-from stateworker.errors import DeadlineExceeded, InternalError, StateError, Unavailable
+from stateworker.errors import (
+    InternalError,
+    InvalidRequest,
+    StateError,
+    Unavailable,
+    deadline_exceeded,
+)
 from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.transport.plans import Plan, Sent
 
@@ -63,7 +69,8 @@ class BusRuntime:
         into plans and runs a whole batch together (the state service)."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
-        self.reader_conn = RedisConnection(conn.url)  # blocking reads only
+        self.reader_conn = RedisConnection(conn.url, connect_timeout_s=conn.connect_timeout_s,
+                                           read_timeout_s=conn.read_timeout_s)  # blocking reads only
         self.bus = bus
         self.handler = handler
         self.batch = batch
@@ -190,7 +197,7 @@ class BusRuntime:
         assert self.batch is not None
         ready: list[tuple[Call, Plan]] = []
         for entry_id, flat in entries:
-            call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
+            call, reply_key, call_id, error = self._parse(entry_id, flat)
             if call is None:
                 self._answer(reply_key, call_id, None, error, entry_id, None, None)
                 continue
@@ -267,10 +274,20 @@ class BusRuntime:
                 return
             cursor = next_cursor
 
+    def _parse(self, entry_id: bytes, flat: list[bytes]
+               ) -> tuple[Call | None, bytes, str | None, StateError | None]:
+        """An entry as a Call, or the error it gets. A call whose reply list is not one of
+        this prefix's is not run at all (and its reply is not written: `_queue`)."""
+        call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
+        if call is not None and reply_key and not self.bus.reply_allowed(reply_key):
+            return None, reply_key, call_id, InvalidRequest(
+                f"reply: must be a list key under {self.bus.reply_prefix}", {"field": "reply"})
+        return call, reply_key, call_id, error
+
     # ---- serving one call --------------------------------------------------------------------
     async def _serve(self, entry_id: bytes, flat: list[bytes]) -> None:
         try:
-            call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
+            call, reply_key, call_id, error = self._parse(entry_id, flat)
             if call is None:
                 self._answer(reply_key, call_id, None, error, entry_id, None, None)
                 return
@@ -311,9 +328,7 @@ class BusRuntime:
     @staticmethod
     def _check_deadline(call: Call) -> None:
         if call.deadline_ms is not None and now_ms() > call.deadline_ms:
-            raise DeadlineExceeded(
-                f"deadline_ms {call.deadline_ms} passed before the call ran; nothing was "
-                "written", {"deadline_ms": call.deadline_ms})
+            raise deadline_exceeded(call.deadline_ms)
 
     def _answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
                 error: StateError | None, entry_id: bytes, record: str | None,
@@ -333,8 +348,9 @@ class BusRuntime:
     def _queue(self, reply_key: bytes, document: bytes | None, entry_id: bytes,
                record: str | None) -> None:
         if reply_key and not self.bus.reply_allowed(reply_key):
-            log.warning("reply key refused", extra={"event": "call.reply_refused",
-                                                    "reply": reply_key[:200].decode(errors="replace")})
+            log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
+                "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
+            self.stats.pending["reply_refused"] += 1
             reply_key = b""
         self._outgoing.append((reply_key, document, entry_id, record))
         self._outgoing_ready.set()

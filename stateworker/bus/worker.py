@@ -12,13 +12,16 @@ Replies are recorded by call id (for `dedupe_window_ms`): a call delivered again
 a redelivery after a crash) gets the recorded reply and the function does not run again.
 A crash after the function's side effects but before the reply was written runs it again
 (at-least-once) - make such effects idempotent with the call id (`call.id`).
+
+Per-function options: `@worker.function("orders::create", timeout=5.0)` cancels a run that
+takes longer than 5 s and answers it with DEADLINE_EXCEEDED (see `Worker.function`).
 """
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,13 +31,25 @@ from anyio.abc import TaskStatus
 from stateworker import codec
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
-from stateworker.errors import InvalidRequest, UnknownFunction
+from stateworker.errors import DeadlineExceeded, InvalidRequest, UnknownFunction
 from stateworker.loop import run
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.embedded import socket_url
+from stateworker.transport.embedded import client_url
 
 Function = Callable[[Any, Call], Awaitable[Any]]
+
+
+class FunctionOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How one registered function is run.
+
+    Attributes:
+        timeout: seconds a run may take (from the function's start, after the body was
+            decoded); a longer run is cancelled and answered with DEADLINE_EXCEEDED.
+            None: no limit (calls still end at the worker's stop grace period).
+    """
+
+    timeout: float | None = None
 
 
 class Worker:
@@ -42,16 +57,72 @@ class Worker:
 
     def __init__(self, service: str, redis_url: str | None = None, *,
                  options: BusOptions | None = None, settings: Settings | None = None) -> None:
+        """A worker for `service`; nothing connects before `run()`.
+
+        Args:
+            service: the service name: calls are read from `<prefix>:bus:<service>`
+                (consumer group `<service>`); functions are named `<service>::<name>`.
+            redis_url: `redis://host:port/db` or `unix:///path.sock`; default
+                STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
+            options: how the stream is read and answered (concurrency, grace_s, consumer ...).
+            settings: all settings at once (then `redis_url` and the environment are ignored).
+
+        Raises:
+            ConfigError: a STATEWORKER_* variable is invalid (not a StateError: no code).
+
+        Example: `worker = Worker("orders", options=BusOptions(grace_s=5))`
+        """
         self.service = service
         self.settings = settings or Settings.from_env(redis_url=redis_url)
         self.options = options or BusOptions()
         self.functions: dict[str, Function] = {}
+        self.function_options: dict[str, FunctionOptions] = {}
         self.runtime: BusRuntime | None = None
 
-    def function(self, name: str | None = None) -> Callable[[Function], Function]:
-        """Register an async `fn(body, call)`; its return value (JSON-able) is the result."""
+    def function(self, name: str | None = None, *,
+                 timeout: float | None = None) -> Callable[[Function], Function]:
+        """Register an async `fn(body, call)`; its return value (JSON-able) is the result.
+
+        The body arrives as Python values (tagged types such as Decimal converted); `call`
+        has `id`, `fn`, `deadline_ms` and `ctx` (`ctx.caller`, `ctx.context`). Registering a
+        name again replaces the function and its options.
+
+        Args:
+            name: the function id callers use; default `<service>::<fn.__name__>`.
+            timeout: seconds one run may take, counted from the function's start; a longer
+                run is cancelled (anyio cancellation at its next await) and answered with
+                DeadlineExceeded naming the function and the limit. That reply is recorded
+                like any other: a retry with the same call id gets it again, so retry with a
+                new id. Effects the run made before it was cancelled stay. Default None: no
+                limit.
+
+        Raises:
+            ValueError: `timeout` is not a positive, finite number (at registration).
+
+        What a caller gets back as error replies (codes) for calls of these functions:
+            UnknownFunction (UNKNOWN_FUNCTION): no function of that name is registered.
+            InvalidRequest (INVALID_REQUEST): the body is not valid JSON, the call entry is
+                malformed, or the result cannot be encoded as JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): the body is over `max_body_bytes`.
+            DeadlineExceeded (DEADLINE_EXCEEDED): the call's `deadline_ms` passed before it
+                ran, or the run took longer than `timeout`.
+            InternalError (INTERNAL): the function raised an exception that is not a
+                StateError (logged); a StateError it raises is answered with its own code.
+
+        Example: `@worker.function("orders::create", timeout=5.0)` above
+            `async def create(body, call): return {"created": body["id"]}`
+        """
+        if timeout is not None:
+            if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                    or not math.isfinite(timeout) or timeout <= 0):
+                raise ValueError(f"timeout: must be a positive number of seconds, got {timeout!r}")
+            timeout = float(timeout)
+        options = FunctionOptions(timeout=timeout)
+
         def register(fn: Function) -> Function:
-            self.functions[name or f"{self.service}::{fn.__name__}"] = fn
+            fn_name = name or f"{self.service}::{fn.__name__}"
+            self.functions[fn_name] = fn
+            self.function_options[fn_name] = options
             return fn
 
         return register
@@ -66,13 +137,41 @@ class Worker:
         except ValueError as exc:
             raise InvalidRequest(f"$: the request body is not valid JSON: {exc}",
                                  {"path": "$"}) from exc
-        result = await fn(body, call)
+        options = self.function_options.get(call.fn)
+        timeout = None if options is None else options.timeout
+        if timeout is None:
+            result = await fn(body, call)
+        else:
+            # Our own scope: a TimeoutError the function raises itself stays its own error
+            # (INTERNAL), and a cancellation from outside (the stop's grace period) passes.
+            with anyio.move_on_after(timeout) as scope:
+                result = await fn(body, call)
+            if scope.cancelled_caught:
+                raise DeadlineExceeded(
+                    f"{call.fn} ran longer than its timeout of {timeout} s and was cancelled; "
+                    "effects it made before that stay", {"fn": call.fn, "timeout_s": timeout})
         return msgspec.json.encode(codec.to_json_tree(result))
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Serve until `stop()`; calls already read are answered before it returns."""
-        url = self.settings.redis_url or socket_url(Path(self.settings.state_dir))
-        conn = RedisConnection(url)
+        """Serve until `stop()`; calls already read are answered before it returns.
+
+        Calls in flight at the stop get `options.grace_s` to finish; the rest are cancelled
+        and stay pending for another worker. Errors of single calls are replies, never
+        exceptions here.
+
+        Args:
+            task_status: for `TaskGroup.start`: started once the consumer group exists.
+
+        Raises:
+            ConnectionLost: Redis cannot be reached at start (not a StateError: no code).
+            ReplyError: Redis refused to create the consumer group (e.g. the stream key
+                holds another type).
+
+        Example: `async with anyio.create_task_group() as tg: await tg.start(worker.run)`
+        """
+        url = client_url(self.settings)
+        conn = RedisConnection(url, connect_timeout_s=self.settings.connect_timeout_s,
+                               read_timeout_s=self.settings.read_timeout_s)
         self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self.options,
                                   handler=self._handle,
                                   record_ttl_ms=self.settings.dedupe_window_ms)
@@ -83,11 +182,25 @@ class Worker:
                 await conn.close()
 
     def stop(self) -> None:
+        """Stop reading; `run()` returns once calls in flight are answered (or the grace
+        period is over). Safe to call before `run()` (then it does nothing) and twice.
+
+        Raises: nothing.
+
+        Example: `worker.stop()`
+        """
         if self.runtime is not None:
             self.runtime.stop()
 
     def serve(self) -> None:
-        """Run until SIGINT or SIGTERM (for a worker's own `__main__`)."""
+        """Run until SIGINT or SIGTERM (for a worker's own `__main__`), on uvloop when
+        installed. Blocks; must not be called from inside a running event loop.
+
+        Raises:
+            ConnectionLost, ReplyError: as `run()`.
+
+        Example: `if __name__ == "__main__": worker.serve()`
+        """
         async def main() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with anyio.create_task_group() as tg:

@@ -1,37 +1,73 @@
-"""Reading change events back from the partition streams."""
+"""A resumable reader of one partition's event stream.
+
+Its cursor is the last stream id it EXAMINED, not the last event it returned: a filter (one
+scope, one key) never makes it read the same entries twice, and a scope's events behind any
+number of other scopes' are still reached, page by page (XRANGE ... COUNT bounds the entries
+examined per round trip, not the events found).
+"""
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any, NamedTuple
 
-from stateworker.state.schemas import Event
-from stateworker.state.store import RedisState
+from stateworker.errors import Unavailable
+from stateworker.events.model import Event, decode_event, fields_of
+from stateworker.keys import KeySpace
+from stateworker.transport.connection import ConnectionLost, RedisConnection
 
-
-async def read_events(state: RedisState, scope: str, after: str = "-",
-                      count: int = 10_000) -> list[Event]:
-    """Events of one scope in revision order, after `after` (exclusive; "-" = from start)."""
-    part = state.keys.for_scope(scope)
-    start = "-" if after == "-" else "(" + after
-    entries = await state.conn.execute("XRANGE", part.events, start, "+", "COUNT", count)
-    events = []
-    for entry_id, flat in entries:
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        if fields[b"scope"].decode() != scope:
-            continue
-        events.append(decode_event(entry_id, fields))
-    return events
+START = "-"  # the cursor before the first event of a stream
+PAGE = 1000  # stream entries examined per round trip
 
 
-def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
-    return Event(
-        revision=entry_id.decode(),
-        type=fields[b"type"].decode(),
-        scope=fields[b"scope"].decode(),
-        key=fields[b"key"].decode(),
-        old_value=msgspec.Raw(fields[b"old_value"]),
-        new_value=msgspec.Raw(fields[b"new_value"]),
-        version=int(fields[b"version"]),
-        ts_ms=int(fields[b"ts_ms"]),
-        by=fields[b"by"].decode(),
-    )
+class Page(NamedTuple):
+    events: list[Event]
+    cursor: str  # the last stream id examined; pass it back to go on
+    done: bool  # the stream's end was reached (at the time of the read)
+
+
+class PartitionReader:
+    """Reads one partition's events after a cursor, optionally only one scope (and key)."""
+
+    def __init__(self, conn: RedisConnection, keys: KeySpace, partition: int, *,
+                 scope: str | None = None, key: str | None = None) -> None:
+        self.conn = conn
+        self.stream = keys.partition(partition).events
+        self.scope = None if scope is None else scope.encode()
+        self.key = None if key is None else key.encode()
+
+    def wanted(self, fields: dict[bytes, bytes]) -> bool:
+        return ((self.scope is None or fields[b"scope"] == self.scope)
+                and (self.key is None or fields[b"key"] == self.key))
+
+    async def page(self, after: str = START, count: int = PAGE) -> Page:
+        """Examine at most `count` entries after `after` (exclusive)."""
+        start = START if after == START else "(" + after
+        try:
+            entries: list[Any] = await self.conn.execute("XRANGE", self.stream, start, "+",
+                                                         "COUNT", count)
+        except ConnectionLost as exc:
+            raise Unavailable(f"Redis unavailable: {exc}") from exc
+        events = []
+        for entry_id, flat in entries:
+            fields = fields_of(flat)
+            if self.wanted(fields):
+                events.append(decode_event(entry_id, fields))
+        cursor = entries[-1][0].decode() if entries else after
+        return Page(events, cursor, len(entries) < count)
+
+    async def read_all(self, after: str = START, page: int = PAGE) -> Page:
+        """Every wanted event after `after` up to the stream's end, page by page."""
+        events: list[Event] = []
+        while True:
+            got = await self.page(after, page)
+            events += got.events
+            after = got.cursor
+            if got.done:
+                return Page(events, after, True)
+
+
+async def scope_events(conn: RedisConnection, keys: KeySpace, scope: str,
+                       after: str = START) -> list[Event]:
+    """The events of one scope still in its partition's stream, after revision `after`."""
+    reader = PartitionReader(conn, keys, keys.partition_of(scope), scope=scope)
+    return (await reader.read_all(after)).events

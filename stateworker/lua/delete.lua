@@ -14,13 +14,13 @@
 ]]
 --- @include "entry"
 
-local dup, ctx, cur = begin_entry()
+local dup, ctx, cur = entry_begin()
 if dup then
   return dup
 end
 if not cur then
-  return finish({ST.OK, false, false})
+  return entry_finish({ST.OK, false, false})
 end
-unlink(ctx, cur)
-local rev = emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
-return finish({ST.OK, cur[1], rev})
+entry_unlink(ctx, cur)
+local rev = entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+return entry_finish({ST.OK, cur[1], rev})

@@ -25,17 +25,17 @@ local deleted = 0
 for _, m in ipairs(members) do
   local z = string.find(m, '\0', 1, true)
   local topic, key = string.sub(m, 1, z - 1), string.sub(m, z + 1)
-  if topic ~= NO_TOPIC and glob_match(topic, parts) then
+  if topic ~= ENTRY_NO_TOPIC and glob_match(topic, parts) then
     local ctx = {
       entry = ARGV[9] .. key, keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[1],
       scopes = KEYS[4], ttl = KEYS[5], events = KEYS[6],
       scope = ARGV[1], key = key, member = ARGV[10] .. key,
       now = tonumber(ARGV[2]), stamp = ARGV[2], maxlen = ARGV[3], by = ARGV[4],
     }
-    local cur = load_live(ctx)
+    local cur = entry_load_live(ctx)
     if cur then
-      unlink(ctx, cur)
-      emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+      entry_unlink(ctx, cur)
+      entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
       deleted = deleted + 1
     end
   end

@@ -32,10 +32,11 @@ for i = 1, math.min(#due, batch) do
     scope = scope, key = string.sub(member, colon + len + 1), member = member,
     now = now, stamp = ARGV[1], maxlen = ARGV[4], by = '',
   }
-  -- load_live deletes an expired entry with its event. A member whose entry is gone is stale
-  -- and dropped; a live entry is re-indexed at its real expiry so it cannot block the batch.
+  -- entry_load_live deletes an expired entry with its event. A member whose entry is gone is
+  -- stale and dropped; a live entry is re-indexed at its real expiry so it cannot block the
+  -- batch.
   local existed = redis.call('EXISTS', ctx.entry) == 1
-  local live = load_live(ctx)
+  local live = entry_load_live(ctx)
   if live and live[3] then
     redis.call('ZADD', KEYS[1], live[3], member)
   else

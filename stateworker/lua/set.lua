@@ -13,7 +13,7 @@
     ARGV[6] writer ("" for none)    ARGV[7] call record arguments (entry.lua; "" for none)
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
-    ARGV[10] topic: "" for none, "=" .. topic, or "~" to keep the current one
+    ARGV[10] topic: "~" keep the current one | "-" none | "=" .. topic
     ARGV[11] ttl in ms: "0" for no expiry, "" to keep the current expiry
     ARGV[12] condition: "" none | "v<N>" stored version must be N (0 = absent)
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
@@ -33,7 +33,7 @@
 ]]
 --- @include "entry"
 
-local dup, ctx, cur = begin_entry()
+local dup, ctx, cur = entry_begin()
 if dup then
   return dup
 end
@@ -55,14 +55,14 @@ if cond ~= '' then
     ok = cur == nil or cur[1] == 'null'
   end
   if not ok then
-    return finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+    return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
   end
 end
 
 if ARGV[13] == '1' and cur and cur[4] == hash then
-  return finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
+  return entry_finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
 end
 
-local version, rev = write_entry(ctx, cur, value, hash, ARGV[10] ~= '~' and ARGV[10],
+local version, rev = entry_write(ctx, cur, value, hash, ARGV[10],
   tonumber(ARGV[11]) or false, ARGV[14] == '1')
-return finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})
+return entry_finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})

@@ -15,24 +15,24 @@
 ]]
 --- @include "entry"
 
-local dup, ctx, cur = begin_entry()
+local dup, ctx, cur = entry_begin()
 if dup then
   return dup
 end
 if not cur then
-  return finish({ST.OK, 0})
+  return entry_finish({ST.OK, 0})
 end
 local newTopic = ARGV[8] ~= '-' and string.sub(ARGV[8], 2) or false
 if newTopic == cur[5] then
-  return finish({ST.OK, 1})
+  return entry_finish({ST.OK, 1})
 end
-redis.call('ZREM', ctx.topicIndex, topic_member(cur[5], ctx.key))
-redis.call('ZADD', ctx.topicIndex, 0, topic_member(newTopic, ctx.key))
-local rev = emit(ctx, 'state:updated', cur[1], cur[1], cur[2])
+redis.call('ZREM', ctx.topicIndex, entry_topic_member(cur[5], ctx.key))
+redis.call('ZADD', ctx.topicIndex, 0, entry_topic_member(newTopic, ctx.key))
+local rev = entry_emit(ctx, 'state:updated', cur[1], cur[1], cur[2])
 if newTopic then
   redis.call('HSET', ctx.entry, 't', newTopic, 'r', rev)
 else
   redis.call('HSET', ctx.entry, 'r', rev)
   redis.call('HDEL', ctx.entry, 't')
 end
-return finish({ST.OK, 1})
+return entry_finish({ST.OK, 1})

@@ -15,14 +15,14 @@ from typing import Any
 import msgspec
 
 from stateworker import codec
+from stateworker.codec import ABSENT
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.events import reader as events
+from stateworker.events.model import Event
+from stateworker.events.reader import scope_events
 from stateworker.settings import Settings
-from stateworker.state import expiry, functions, validate
-from stateworker.state.schemas import EntryResult, Event
+from stateworker.state import expiry, functions, lifecycle, reads, validate, writes
+from stateworker.state.schemas import EntryResult
 from stateworker.state.store import RedisState
-
-ABSENT: Any = msgspec.UNSET  # compare_and_set's default `expected`: the key must be absent
 
 
 class SetOutcome(msgspec.Struct, frozen=True):
@@ -64,6 +64,15 @@ class StateStore:
     """The state store; open it with `async with StateStore.open() as store`."""
 
     def __init__(self, state: RedisState) -> None:
+        """Wrap an open `RedisState`; use `StateStore.open()` instead.
+
+        Args:
+            state: the store's Redis side (settings, connection, script library).
+
+        Raises: nothing.
+
+        Example: `store = StateStore(state)`
+        """
         self.state = state
         self.settings: Settings = state.settings
 
@@ -76,8 +85,22 @@ class StateStore:
 
         No Redis URL anywhere: an embedded redis-server is started under `state_dir` (AOF on,
         unix socket) and stopped when the block ends; its data survives to the next open.
+
+        Args:
+            redis_url: `redis://host:port/db` or `unix:///path.sock`; default
+                STATEWORKER_REDIS_URL, else the embedded Redis.
+            reaper: run the TTL reaper while the store is open.
+            **settings: `Settings` fields (prefix, partitions, max_value_bytes ...), or
+                `settings=` a whole `Settings`.
+
+        Raises:
+            ConfigError: an invalid setting; a Redis that cannot be reached or used, has AOF
+                off (unless allow_no_aof) or was created with other partitions; an embedded
+                redis-server that does not start. (Not a StateError: no code.)
+
+        Example: `async with StateStore.open("redis://localhost:6379/0", prefix="app") as store:`
         """
-        async with RedisState.open(redis_url, reaper=reaper, **settings) as state:
+        async with lifecycle.open_state(redis_url, reaper=reaper, **settings) as state:
             yield cls(state)
 
     def _value(self, value: Any, field: str = "value") -> codec.Value:
@@ -85,8 +108,24 @@ class StateStore:
 
     # ---- typed methods -----------------------------------------------------------------------
     async def get(self, scope: str, key: str) -> Any:
+        """The stored value (tagged types converted back), or None when missing or expired.
+
+        Args:
+            scope: the group of keys.
+            key: the key in it.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.get("orders", "o-1")`
+        """
         validate.address(self.settings, scope, key)
-        raw = await self.state.execute(self.state.get_plan(scope, key))
+        raw = await self.state.execute(reads.get_plan(self.state, scope, key))
         return None if raw is None else _py(raw)
 
     async def set(
@@ -101,8 +140,35 @@ class StateStore:
         create_only: bool = False,
         by: str | None = None,
     ) -> SetOutcome:
+        """Write a value, replacing the entry's topic and expiry.
+
+        Args:
+            scope, key: where.
+            value: any JSON-able value (datetime, date, time, Decimal, UUID, bytes tagged).
+            topic: the entry's topic (at most 1024 bytes, no NUL); None: no topic.
+            ttl_ms: expire after this many ms (1 ms to ten years); None: never.
+            expected_version: write only if the stored version is this (0: absent).
+            create_only: write only if the key is absent (as `expected_version=0`).
+            by: recorded as the writer (`updated_by`, the event's `by`).
+
+        Returns: `SetOutcome(old_value, new_value, version, hash, created)`.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also a bad topic, ttl_ms or expected_version, or
+                a value that cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
+            Conflict (CONFLICT): `expected_version` / `create_only` did not hold; nothing written.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.set("orders", "o-1", {"total": 12}, topic="open", ttl_ms=60_000)`
+        """
         validate.address(self.settings, scope, key)
-        result = await self.state.execute(self.state.set_plan(
+        result = await self.state.execute(writes.set_plan(self.state,
             scope, key, self._value(value), topic=validate.topic(topic),
             ttl_ms=validate.ttl_ms(ttl_ms),
             expected_version=validate.expected_version(expected_version),
@@ -112,30 +178,109 @@ class StateStore:
                           result.hash, result.created)
 
     async def delete(self, scope: str, key: str, *, by: str | None = None) -> Any:
+        """Remove a key; its old value, or None when there was none.
+
+        Args:
+            scope, key: where.
+            by: recorded as the writer of the `state:deleted` event.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.delete("orders", "o-1")`
+        """
         validate.address(self.settings, scope, key)
-        return _py(await self.state.execute(self.state.delete_plan(scope, key, ctx=_ctx(by))))
+        return _py(await self.state.execute(writes.delete_plan(self.state, scope, key, ctx=_ctx(by))))
 
     async def list(self, scope: str) -> builtins.list[Any]:
+        """Every live value of a scope, in key byte order (the whole scope: use
+        `call("state::list-entries", ...)` to page a large one).
+
+        Args:
+            scope: the scope.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.list("orders")`
+        """
         validate.scope(self.settings, scope)
-        return [_py(raw) for raw in await self.state.execute(self.state.list_values_plan(scope))]
+        return [_py(raw) for raw in await self.state.execute(reads.list_values_plan(self.state, scope))]
 
     async def list_keys(self, scope: str) -> builtins.list[str]:
+        """Every live key of a scope, in byte order.
+
+        Args:
+            scope: the scope.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.list_keys("orders")`
+        """
         validate.scope(self.settings, scope)
-        keys: builtins.list[str] = (await self.state.execute(self.state.list_keys_plan(scope))).keys
+        keys: builtins.list[str] = (await self.state.execute(reads.list_keys_plan(self.state, scope))).keys
         return keys
 
     async def list_groups(self) -> builtins.list[str]:
-        plan = self.state.list_groups_plan(validate.RESERVED_SCOPES)
+        """The scopes holding at least one entry, byte-sorted (reserved scopes left out).
+
+        Raises:
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.list_groups()`
+        """
+        plan = reads.list_groups_plan(self.state, validate.RESERVED_SCOPES)
         groups: builtins.list[str] = (await self.state.execute(plan)).groups
         return groups
 
     async def compare_and_set(
         self, scope: str, key: str, value: Any, expected: Any = ABSENT, *, by: str | None = None
     ) -> Swap:
-        """Write `value` only if the stored value deep-equals `expected` (ABSENT/None: absent)."""
+        """Write `value` only if the stored value deep-equals `expected` (ABSENT/None: absent).
+
+        A mismatch is not an error: it returns `Swap(False, current)`. The entry keeps its
+        topic and expiry.
+
+        Args:
+            scope, key: where.
+            value: the new value.
+            expected: the value that must be stored; ABSENT (left out) or None: the key must
+                be absent.
+            by: recorded as the writer.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            InvalidRequest (INVALID_REQUEST): also `value` or `expected` cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): `value` or `expected` is over `max_value_bytes`.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.compare_and_set("orders", "o-1", {"total": 13}, expected={"total": 12})`
+        """
         validate.address(self.settings, scope, key)
         want = None if expected is ABSENT else self._value(expected, "expected")
-        result = await self.state.execute(self.state.compare_and_set_plan(
+        result = await self.state.execute(writes.compare_and_set_plan(self.state,
             scope, key, want, self._value(value), ctx=_ctx(by)))
         if result.swapped:
             return Swap(True)
@@ -145,20 +290,61 @@ class StateStore:
     async def get_entry(
         self, scope: str, key: str, *, default: Any = ABSENT, required: bool = False
     ) -> Entry:
+        """The entry with its metadata: value, version, hash, topic, times, writer, revision.
+
+        Args:
+            scope, key: where.
+            default: returned as `value` (with `found=False`) when the key is missing.
+            required: a missing key raises NotFound instead.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            NotFound (NOT_FOUND): `required=True` and the key is missing or expired.
+            InvalidRequest (INVALID_REQUEST): also a `default` that cannot be JSON.
+            ValueTooLarge (VALUE_TOO_LARGE): `default` is over `max_value_bytes`.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `entry = await store.get_entry("orders", "o-1", required=True)`
+        """
         validate.address(self.settings, scope, key)
         fallback = None
         if default is not ABSENT:
             fallback = msgspec.Raw(self._value(default, "default").json)
-        result = await self.state.execute(self.state.get_entry_plan(
+        result = await self.state.execute(reads.get_entry_plan(self.state,
             scope, key, default=fallback, required=required))
         return _entry(result)
 
     async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:
-        """The change events of a scope still in its stream, after revision `after`."""
-        return await events.read_events(self.state, scope, after)
+        """The change events of a scope still in its stream, after revision `after`.
+
+        Args:
+            scope: the scope (its partition's stream is read and filtered to it).
+            after: a revision (exclusive, as `Event.revision` / `Entry.revision`); "-": from the
+                start. At most 10,000 stream entries are read per call.
+
+        Raises:
+            ConnectionLost: the connection to Redis broke (read directly: not a StateError).
+            ReplyError: Redis answered with an error.
+
+        Example: `events = await store.events("orders", after=entry.revision)`
+        """
+        return await scope_events(self.state.conn, self.state.keys, scope, after)
 
     async def reap_expired(self) -> int:
-        """Delete every entry already expired now (the reaper does this on its own too)."""
+        """Delete every entry already expired now (the reaper does this on its own too);
+        returns how many were deleted (one `state:deleted` event each).
+
+        Raises:
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `deleted = await store.reap_expired()`
+        """
         return await expiry.reap_expired(self.state)
 
     # ---- JSON, as the bus -------------------------------------------------------------------
@@ -166,7 +352,29 @@ class StateStore:
         self, fn: str, body: bytes | str, *, caller: str | None = None,
         context: Mapping[str, Any] | None = None,
     ) -> bytes:
-        """Run function `fn` on a JSON body; returns the result's JSON. Raises StateError."""
+        """Run function `fn` on a JSON body; returns the result's JSON. Raises StateError.
+
+        Args:
+            fn: a `state::*` function id (`state::get`, `state::update` ...).
+            body: the request as JSON text (a JSON object).
+            caller: recorded as the writer (`updated_by`, the event's `by`).
+            context: a JSON object for the call; a string `execution_id` in it is recorded
+                as the writer instead of `caller`.
+
+        Raises:
+            UnknownFunction (UNKNOWN_FUNCTION): no such function.
+            InvalidRequest (INVALID_REQUEST): the body is not JSON, a field is missing or wrong
+                (`details.path`).
+            KeyTooLong (KEY_TOO_LONG), ReservedScope (RESERVED_SCOPE): scope or key refused.
+            ValueTooLarge (VALUE_TOO_LARGE): a value is over `max_value_bytes`.
+            Conflict (CONFLICT): `expected_version` / `create_only` did not hold.
+            NotFound (NOT_FOUND): `required: true` of a missing entry.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.call_json("state::get", b'{"scope":"orders","key":"o-1"}')`
+        """
         ctx = NO_CONTEXT if caller is None and not context else CallContext(
             caller=caller, context=dict(context or {}))
         data = body.encode() if isinstance(body, str) else body
@@ -176,7 +384,22 @@ class StateStore:
         self, fn: str, body: Any, *, caller: str | None = None,
         context: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Like `call_json` with the body and result as plain JSON values (dicts, lists ...)."""
+        """Like `call_json` with the body and result as plain JSON values (dicts, lists ...).
+
+        No tagged types are converted here (the result is plain JSON, as the bus returns it).
+
+        Args:
+            fn: a `state::*` function id.
+            body: a JSON-able value, or JSON text as str/bytes (sent as is).
+            caller, context: as `call_json`.
+
+        Raises:
+            TypeError: `body` holds a value msgspec cannot encode as JSON (before the call).
+            StateError: as `call_json` (UNKNOWN_FUNCTION, INVALID_REQUEST, KEY_TOO_LONG,
+                VALUE_TOO_LARGE, CONFLICT, NOT_FOUND, RESERVED_SCOPE, UNAVAILABLE, INTERNAL).
+
+        Example: `await store.call("state::get", {"scope": "orders", "key": "o-1"})`
+        """
         data = body if isinstance(body, bytes | str) else msgspec.json.encode(body)
         result = await self.call_json(fn, data, caller=caller, context=context)
         return msgspec.json.decode(result)

@@ -7,28 +7,23 @@ Reads already treat an expired entry as missing; the reaper only makes the delet
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
 
-from stateworker.clock import now_ms
 from stateworker.errors import StateError
 from stateworker.keys import PartitionKeys
-
-if TYPE_CHECKING:
-    from stateworker.state.store import RedisState
+from stateworker.state.bindings import REAP, ReapReply, reap_call
+from stateworker.state.store import RedisState
 
 log = logging.getLogger("stateworker.state.expiry")
 
 
 async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, bool]:
     """Delete one batch of expired entries; returns (deleted, more are due)."""
-    reply = await state.run_script(
-        "reap", [part.ttl, part.scopes, part.events],
-        [now_ms(), state.settings.reaper_batch, part.tag, state.settings.events_maxlen],
-    )
-    return int(reply[1]), reply[2] == 1
+    keys, args = reap_call(state.settings, part)
+    done: ReapReply = await state.execute(state.script_plan(REAP, keys, args, ReapReply.read))
+    return done.deleted, done.more
 
 
 async def reap_expired(state: RedisState) -> int:

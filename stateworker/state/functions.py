@@ -8,14 +8,14 @@ sent) and returns the store's Plan for it; the plan's result is a Struct that
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import DeadlineExceeded, InvalidRequest, UnknownFunction
-from stateworker.state import listing, ops, validate
+from stateworker.errors import InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.state import listing, ops, reads, validate, writes
+from stateworker.state.bindings import KEEP, UpdateReply
 from stateworker.state.schemas import (
     NULL,
     CompareAndSetRequest,
@@ -43,7 +43,7 @@ Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 def state_get(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, GetRequest)
     validate.address(state.settings, req.scope, req.key)
-    return then(state.get_plan(req.scope, req.key), lambda found: NULL if found is None else found)
+    return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 
 def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
@@ -53,7 +53,7 @@ def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     if raw is msgspec.UNSET:
         raise InvalidRequest("$.value: the field `value` (or `data`) is required",
                              {"path": "$.value"})
-    return state.set_plan(
+    return writes.set_plan(state,
         req.scope, req.key, validate.value(state.settings, raw),
         topic=validate.topic(req.topic), ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
@@ -64,24 +64,24 @@ def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 def state_delete(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, DeleteRequest)
     validate.address(state.settings, req.scope, req.key)
-    return state.delete_plan(req.scope, req.key, ctx=ctx)
+    return writes.delete_plan(state, req.scope, req.key, ctx=ctx)
 
 
 def state_list(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ScopeRequest)
     validate.scope(state.settings, req.scope)
-    return state.list_values_plan(req.scope)
+    return reads.list_values_plan(state, req.scope)
 
 
 def state_list_keys(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ScopeRequest)
     validate.scope(state.settings, req.scope)
-    return state.list_keys_plan(req.scope)
+    return reads.list_keys_plan(state, req.scope)
 
 
 def state_list_groups(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     validate.request(body, EmptyRequest)
-    return state.list_groups_plan(validate.RESERVED_SCOPES)
+    return reads.list_groups_plan(state, validate.RESERVED_SCOPES)
 
 
 def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
@@ -93,7 +93,7 @@ def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> P
     if req.expected is not msgspec.UNSET:
         expected = validate.value(state.settings, req.expected, "expected")
     value = validate.value(state.settings, req.value)
-    return state.compare_and_set_plan(req.scope, req.key, expected, value, ctx=ctx)
+    return writes.compare_and_set_plan(state, req.scope, req.key, expected, value, ctx=ctx)
 
 
 def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
@@ -102,7 +102,7 @@ def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     default = None
     if req.default is not msgspec.UNSET:
         default = msgspec.Raw(validate.value(state.settings, req.default, "default").json)
-    return state.get_entry_plan(req.scope, req.key, default=default, required=req.required)
+    return reads.get_entry_plan(state, req.scope, req.key, default=default, required=req.required)
 
 
 def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
@@ -112,16 +112,16 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
         validate.topic(req.topic)
     encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
 
-    def finish(reply: list[Any]) -> ops.UpdateResult:
-        _, old, new, version, _created, _written, from_script, *positions = reply
-        errors = ops.merge_errors(req.ops, encoded, from_script, positions=bool(positions))
-        return ops.UpdateResult(NULL if old is None else msgspec.Raw(old), msgspec.Raw(new),
-                                version, errors or msgspec.UNSET)
+    def finish(reply: UpdateReply) -> ops.UpdateResult:
+        errors = ops.merge_errors(req.ops, encoded, reply.op_errors, positions=reply.positions)
+        old = NULL if reply.old_value is None else msgspec.Raw(reply.old_value)
+        return ops.UpdateResult(old, msgspec.Raw(reply.new_value), reply.version,
+                                errors or msgspec.UNSET)
 
-    return state.update_plan(
+    return writes.update_plan(state,
         req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
-        topic=req.topic, ctx=ctx,
+        topic=KEEP if req.topic is msgspec.UNSET else req.topic, ctx=ctx,
     )
 
 
@@ -134,7 +134,7 @@ def state_list_entries(state: RedisState, body: bytes, ctx: CallContext) -> Plan
 def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, DiffRequest)
     validate.address(state.settings, req.scope, req.key)
-    return state.diff_plan(
+    return writes.diff_plan(state,
         req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
         expected_version=validate.expected_version(req.expected_version), ctx=ctx)
 
@@ -142,7 +142,7 @@ def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, UpdateTopicRequest)
     validate.address(state.settings, req.scope, req.key)
-    plan = state.update_topic_plan(req.scope, req.key, validate.topic(req.topic), ctx=ctx)
+    plan = writes.update_topic_plan(state, req.scope, req.key, validate.topic(req.topic), ctx=ctx)
     return then(plan, UpdatedResult)
 
 
@@ -157,9 +157,7 @@ def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> P
 def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ListNamespacesRequest)
     validate.pattern("pattern", req.pattern)
-    if not 1 <= req.limit <= listing.MAX_LIMIT:
-        raise InvalidRequest(f"$.limit: must be between 1 and {listing.MAX_LIMIT}, got {req.limit}",
-                             {"path": "$.limit", "limit": listing.MAX_LIMIT})
+    validate.in_range("limit", req.limit, 1, listing.MAX_LIMIT)
     plan = listing.list_namespaces_plan(state, req.pattern, req.limit, validate.RESERVED_SCOPES)
     return then(plan, NamespacesResult)
 
@@ -193,8 +191,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)
-        raise DeadlineExceeded(f"deadline_ms {ctx.deadline_ms} passed before the call ran; "
-                               "nothing was written", {"deadline_ms": ctx.deadline_ms})
+        raise deadline_exceeded(ctx.deadline_ms)
     return plan
 
 

@@ -19,6 +19,15 @@ from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest
 from stateworker.keys import member
 from stateworker.state import validate
+from stateworker.state.bindings import (
+    DELTOPIC,
+    ENTRIES,
+    DeltopicReply,
+    EntriesReply,
+    deltopic_call,
+    pattern_arg,
+)
+from stateworker.state.reads import hash_plan, list_groups_plan
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
 
@@ -90,12 +99,8 @@ def decode_cursor(text: str, req: ListEntriesRequest) -> tuple[bytes, str, int]:
 
 
 def check(req: ListEntriesRequest) -> None:
-    if not 1 <= req.limit <= MAX_LIMIT:
-        raise InvalidRequest(f"$.limit: must be between 1 and {MAX_LIMIT}, got {req.limit}",
-                             {"path": "$.limit", "limit": MAX_LIMIT})
-    if not 0 <= req.offset <= MAX_OFFSET:
-        raise InvalidRequest(f"$.offset: must be between 0 and {MAX_OFFSET}, got {req.offset}",
-                             {"path": "$.offset", "limit": MAX_OFFSET})
+    validate.in_range("limit", req.limit, 1, MAX_LIMIT)
+    validate.in_range("offset", req.offset, 0, MAX_OFFSET)
     for field in ("prefix", "key_pattern", "topic_pattern"):
         validate.pattern(field, getattr(req, field))
 
@@ -111,7 +116,7 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
         position = b"=" + member_bytes
 
     def finish(reply: list[Any]) -> Any:
-        _, last_member, last_score, skip_left, flat = reply
+        last_member, last_score, skip_left, flat = EntriesReply.read(reply)
         result = ListEntriesResult([_entry(req, flat[i:i + 9]) for i in range(0, len(flat), 9)])
         if last_member is not None:
             result.next_after = encode_cursor(Cursor(
@@ -122,14 +127,14 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
         if not unknown:
             return result
         # hashes an update left unknown: compute and store them, then answer
-        steps = [state.hash_plan(req.scope, entry.key, entry.version, value)
+        steps = [hash_plan(state, req.scope, entry.key, entry.version, value)
                  for entry, value in unknown]
         return _with_hashes(result, unknown, steps)
 
-    return state.script_plan("entries", [index], [
+    return state.script_plan(ENTRIES, [index], [
         now_ms(), part.entry_prefix + member(req.scope, ""), req.order_by, req.order,
-        position, score, req.limit, skip, req.prefix or "", _pattern(req.key_pattern),
-        _pattern(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE],
+        position, score, req.limit, skip, req.prefix or "", pattern_arg(req.key_pattern),
+        pattern_arg(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE],
         finish)
 
 
@@ -144,10 +149,6 @@ def _with_hashes(result: ListEntriesResult, unknown: list[tuple[ListedEntry, byt
         return result
 
     return Plan([command for step in steps for command in step.commands], finish)
-
-
-def _pattern(pattern: str | None) -> str:
-    return "" if pattern is None else "=" + pattern
 
 
 def _ms(raw: bytes | None) -> str | None:
@@ -179,16 +180,15 @@ def delete_by_topic_plan(state: RedisState, scope: str, pattern: str,
 
     def batch(start: bytes, deleted: int) -> Plan:
         def finish(reply: list[Any]) -> Any:
-            total = deleted + int(reply[1])
-            if reply[2] is None:
+            done = DeltopicReply.read(reply)
+            total = deleted + done.deleted
+            if done.cursor is None:
                 return total
-            return batch(b"(" + reply[2], total)
+            return batch(b"(" + done.cursor, total)
 
-        return state.script_plan("deltopic", [
-            part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
-            part.scopes, part.ttl, part.events,
-        ], [scope, now_ms(), state.settings.events_maxlen, by or "", pattern, start, end,
-            DELETE_BATCH, part.entry_prefix + member(scope, ""), member(scope, "")], finish)
+        keys, args = deltopic_call(state.settings, part, scope, by, pattern, start, end,
+                                   DELETE_BATCH)
+        return state.script_plan(DELTOPIC, keys, args, finish)
 
     return batch(b"[" + head, 0)
 
@@ -202,7 +202,7 @@ def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
             names = [g for g in names if glob_match(g, parts)]
         return names[:limit]
 
-    return then(state.list_groups_plan(hidden), finish)
+    return then(list_groups_plan(state, hidden), finish)
 
 
 def glob_parts(pattern: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""The read operations of `RedisState`, as plans (a mixin, to keep store.py to its writes).
+"""The read operations, as plans: get, get-entry, list, list_keys, list_groups, and storing
+a hash that an update left unknown.
 
 Reads of one key are one HMGET checked against the clock here; an expired entry reads as
 missing before the reaper has deleted it. `list` and `list_keys` are one read-only script.
@@ -6,84 +7,88 @@ missing before the reaper has deleted it. `list` and `list_keys` are one read-on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from stateworker import clock
+from stateworker import clock, codec
 from stateworker.clock import now_ms
 from stateworker.errors import NotFound
-from stateworker.keys import KeySpace, member
+from stateworker.state.bindings import LIST, SETHASH, list_call
 from stateworker.state.schemas import EntryResult, GroupsResult, KeysResult
-from stateworker.transport.connection import Arg
+from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
 
 
-class ReadPlans:
-    """Uses `keys`, `script_plan` and `hash_plan`, which RedisState provides."""
+def hash_plan(state: RedisState, scope: str, key: str, version: int, value: bytes) -> Plan:
+    """Compute the hash an update left unknown, store it if the version still holds."""
+    digest = codec.hash_tree(codec.decode_exact(value))
+    entry = state.keys.for_scope(scope).entry(scope, key)
+    return state.script_plan(SETHASH, [entry], [version, digest], lambda _reply: digest)
 
-    keys: KeySpace
-    script_plan: Callable[[str, Sequence[Arg], Sequence[Arg], Callable[[list[Any]], Any]], Plan]
-    hash_plan: Callable[[str, str, int, bytes], Plan]
 
-    def get_plan(self, scope: str, key: str) -> Plan:
-        """The stored JSON, or None when missing or expired."""
-        entry = self.keys.for_scope(scope).entry(scope, key)
+def get_plan(state: RedisState, scope: str, key: str) -> Plan:
+    """The stored JSON, or None when missing or expired."""
+    entry = state.keys.for_scope(scope).entry(scope, key)
 
-        def finish(replies: list[Any]) -> msgspec.Raw | None:
-            value, expires = command_reply(replies[0], "HMGET")
-            if value is None or (expires is not None and int(expires) <= now_ms()):
-                return None
-            return msgspec.Raw(value)
+    def finish(replies: list[Any]) -> msgspec.Raw | None:
+        value, expires = command_reply(replies[0], "HMGET")
+        if value is None or (expires is not None and int(expires) <= now_ms()):
+            return None
+        return msgspec.Raw(value)
 
-        return Plan([["HMGET", entry, "v", "x"]], finish)
+    return Plan([["HMGET", entry, "v", "x"]], finish)
 
-    def get_entry_plan(self, scope: str, key: str, *, default: msgspec.Raw | None = None,
-                       required: bool = False) -> Plan:
-        entry = self.keys.for_scope(scope).entry(scope, key)
 
-        def finish(replies: list[Any]) -> Any:
-            v, n, h, t, c, u, x, b, r = command_reply(replies[0], "HMGET")
-            if v is None or (x is not None and int(x) <= now_ms()):
-                if required:
-                    raise NotFound(f"key {key!r} not found in scope {scope!r}",
-                                   {"scope": scope, "key": key})
-                return EntryResult(False) if default is None else EntryResult(False, default)
+def get_entry_plan(state: RedisState, scope: str, key: str, *,
+                   default: msgspec.Raw | None = None, required: bool = False) -> Plan:
+    entry = state.keys.for_scope(scope).entry(scope, key)
 
-            def result(digest: str) -> EntryResult:
-                return EntryResult(
-                    True, msgspec.Raw(v), int(n), digest,
-                    None if t is None else t.decode(),
-                    clock.rfc3339_ms(int(c or 0)) or "", clock.rfc3339_ms(int(u or 0)) or "",
-                    None if x is None else clock.rfc3339_ms(int(x)),
-                    None if b is None else b.decode(), (r or b"").decode())
+    def finish(replies: list[Any]) -> Any:
+        v, n, h, t, c, u, x, b, r = command_reply(replies[0], "HMGET")
+        if v is None or (x is not None and int(x) <= now_ms()):
+            if required:
+                raise NotFound(f"key {key!r} not found in scope {scope!r}",
+                               {"scope": scope, "key": key})
+            return EntryResult(False) if default is None else EntryResult(False, default)
 
-            if h is None:  # left unknown by an update: compute and store it now
-                return then(self.hash_plan(scope, key, int(n), v), result)
-            return result(h.decode())
+        def result(digest: str) -> EntryResult:
+            return EntryResult(
+                True, msgspec.Raw(v), int(n), digest,
+                None if t is None else t.decode(),
+                clock.rfc3339_ms(int(c or 0)) or "", clock.rfc3339_ms(int(u or 0)) or "",
+                None if x is None else clock.rfc3339_ms(int(x)),
+                None if b is None else b.decode(), (r or b"").decode())
 
-        return Plan([["HMGET", entry, "v", "n", "h", "t", "c", "u", "x", "b", "r"]], finish)
+        if h is None:  # left unknown by an update: compute and store it now
+            return then(hash_plan(state, scope, key, int(n), v), result)
+        return result(h.decode())
 
-    def _list_plan(self, scope: str, what: str, finish: Callable[[list[bytes]], Any]) -> Plan:
-        part = self.keys.for_scope(scope)
-        return self.script_plan("list", [part.key_index(scope)],
-                                [now_ms(), part.entry_prefix + member(scope, ""), what],
-                                lambda reply: finish(list(reply[1])))
+    return Plan([["HMGET", entry, "v", "n", "h", "t", "c", "u", "x", "b", "r"]], finish)
 
-    def list_values_plan(self, scope: str) -> Plan:
-        """Live values of a scope in key byte order."""
-        return self._list_plan(scope, "values", lambda items: [msgspec.Raw(v) for v in items])
 
-    def list_keys_plan(self, scope: str) -> Plan:
-        """Live keys of a scope in byte order."""
-        return self._list_plan(scope, "keys", lambda items: KeysResult([k.decode() for k in items]))
+def _list_plan(state: RedisState, scope: str, what: str,
+               finish: Callable[[list[bytes]], Any]) -> Plan:
+    keys, args = list_call(state.keys.for_scope(scope), scope, what)
+    return state.script_plan(LIST, keys, args, lambda reply: finish(list(reply[1])))
 
-    def list_groups_plan(self, hidden: frozenset[str] = frozenset()) -> Plan:
-        """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""
-        def finish(replies: list[Any]) -> GroupsResult:
-            scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
-            return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
 
-        return Plan([["ZRANGE", part.scopes, 0, -1] for part in self.keys.all_partitions()],
-                    finish)
+def list_values_plan(state: RedisState, scope: str) -> Plan:
+    """Live values of a scope in key byte order."""
+    return _list_plan(state, scope, "values", lambda items: [msgspec.Raw(v) for v in items])
+
+
+def list_keys_plan(state: RedisState, scope: str) -> Plan:
+    """Live keys of a scope in byte order."""
+    return _list_plan(state, scope, "keys", lambda items: KeysResult([k.decode() for k in items]))
+
+
+def list_groups_plan(state: RedisState, hidden: frozenset[str] = frozenset()) -> Plan:
+    """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""
+    def finish(replies: list[Any]) -> GroupsResult:
+        scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
+        return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
+
+    return Plan([["ZRANGE", part.scopes, 0, -1] for part in state.keys.all_partitions()],
+                finish)

@@ -1,4 +1,4 @@
-"""Request, result and event shapes (FUNCTIONS.md), as msgspec Structs.
+"""Request and result shapes of the `state::*` functions, as msgspec Structs.
 
 Values stay JSON text (`msgspec.Raw`) from request to Redis to reply, so their digits, key
 order and container kinds are never re-interpreted. Unknown request fields are ignored.
@@ -129,21 +129,6 @@ class EntryResult(Struct, omit_defaults=True):
     expires_at: str | UnsetType | None = UNSET
     updated_by: str | UnsetType | None = UNSET
     revision: str | UnsetType = UNSET
-
-
-# ---- events -----------------------------------------------------------------------------------
-class Event(Struct, kw_only=True):
-    """One change event as read back from a partition stream."""
-
-    revision: str
-    type: str
-    scope: str
-    key: str
-    old_value: Raw
-    new_value: Raw
-    version: int
-    ts_ms: int
-    by: str
 
 
 # One reused encoder; Raw fields are written through as they are.

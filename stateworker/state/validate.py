@@ -12,7 +12,7 @@ from typing import TypeVar
 import msgspec
 
 from stateworker import codec
-from stateworker.errors import InvalidRequest, KeyTooLong, ReservedScope
+from stateworker.errors import InvalidRequest, KeyTooLong, ReservedScope, StateError
 from stateworker.settings import Settings
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.
@@ -43,23 +43,35 @@ def request(body: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"$: the request body is not valid JSON: {exc}",
                              {"path": "$"}) from exc
     except RecursionError as exc:
-        raise InvalidRequest("$: the request body is nested too deeply to read",
-                             {"path": "$"}) from exc
+        raise InvalidRequest(f"$: the request body is {codec.DEPTH_MESSAGE}",
+                             {"path": "$", "limit": codec.MAX_DEPTH}) from exc
     return result
 
 
-def name(settings: Settings, field: str, text: str) -> None:
-    """A scope or key: valid UTF-8 and at most `max_key_bytes` bytes."""
+def sized_text(field: str, text: str, limit: int,
+               too_long: type[StateError] = InvalidRequest) -> None:
+    """The one UTF-8-and-size check: valid UTF-8 and at most `limit` bytes."""
     try:
         size = len(text.encode())
     except UnicodeEncodeError as exc:
         raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
                              {"path": f"$.{field}"}) from exc
-    if size > settings.max_key_bytes:
-        raise KeyTooLong(
-            f"{field} is {size} bytes, more than the limit of {settings.max_key_bytes} bytes",
-            {"path": f"$.{field}", "size": size, "limit": settings.max_key_bytes},
-        )
+    if size > limit:
+        raise too_long(f"{field} is {size} bytes, more than the limit of {limit} bytes",
+                       {"path": f"$.{field}", "size": size, "limit": limit})
+
+
+def in_range(field: str, value: int, low: int, high: int, what: str = "") -> int:
+    """The one range check of counts, limits and offsets."""
+    if not low <= value <= high:
+        raise InvalidRequest(f"$.{field}: must be between {low} and {high}{what}, got {value}",
+                             {"path": f"$.{field}", "limit": high})
+    return value
+
+
+def name(settings: Settings, field: str, text: str) -> None:
+    """A scope or key: valid UTF-8 and at most `max_key_bytes` bytes."""
+    sized_text(field, text, settings.max_key_bytes, KeyTooLong)
 
 
 def scope(settings: Settings, text: str) -> None:
@@ -77,30 +89,17 @@ def address(settings: Settings, scope_text: str, key_text: str) -> None:
 MAX_TEXT_BYTES = 1024  # topics, prefixes and patterns
 
 
-def _short_text(field: str, value: str) -> None:
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
-                             {"path": f"$.{field}"}) from exc
-    if size > MAX_TEXT_BYTES:
-        raise InvalidRequest(
-            f"$.{field}: is {size} bytes, more than the limit of {MAX_TEXT_BYTES} bytes",
-            {"path": f"$.{field}", "size": size, "limit": MAX_TEXT_BYTES})
-
-
 def pattern(field: str, value: str | None) -> str | None:
     """A prefix or `*` pattern: UTF-8, at most 1024 bytes (a pattern's cost in Redis grows
     with its length)."""
     if value is not None:
-        _short_text(field, value)
+        sized_text(field, value, MAX_TEXT_BYTES)
     return value
 
 
 def ttl_ms(value: int | None) -> int | None:
-    if value is not None and not 1 <= value <= MAX_TTL_MS:
-        raise InvalidRequest(f"$.ttl_ms: must be between 1 and {MAX_TTL_MS} (ten years), got {value}",
-                             {"path": "$.ttl_ms"})
+    if value is not None:
+        in_range("ttl_ms", value, 1, MAX_TTL_MS, " (ten years)")
     return value
 
 
@@ -114,7 +113,7 @@ def expected_version(value: int | None) -> int | None:
 def topic(value: str | None) -> str | None:
     """A topic: UTF-8, at most 1024 bytes, no NUL (it separates topic and key in the index)."""
     if value is not None:
-        _short_text("topic", value)
+        sized_text("topic", value, MAX_TEXT_BYTES)
         if "\0" in value:
             raise InvalidRequest("$.topic: must not contain the NUL character (\\u0000)",
                                  {"path": "$.topic"})

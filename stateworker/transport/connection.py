@@ -9,21 +9,40 @@ awaited redis-py calls). Replies are matched to callers in FIFO order, as RESP g
 This is the one module that uses asyncio directly (a Protocol is the cheapest way to get bytes
 in and out); it runs under anyio's asyncio backend. Blocking commands (XREADGROUP BLOCK, BLPOP)
 hold up every reply behind them, so they get a connection of their own.
+
+Timeouts. Opening a connection (TCP or unix socket, with its AUTH / SELECT) gives up after
+`connect_timeout_s`. A connection that has had replies outstanding for `read_timeout_s` without
+a single byte arriving is declared dead (a silent partition, a server that accepts and never
+answers): it is aborted, every command in flight fails with ConnectionLost and the next command
+reconnects. That costs no timer per command: one watchdog timer per connection, armed while
+anything is in flight, compares the time of the last bytes received with the clock.
+
+Blocking commands wait legitimately: `execute` reads the wait from the command's own arguments
+(XREAD / XREADGROUP `BLOCK <ms>`, BLMPOP / BZMPOP `<timeout>`, BLPOP ... `<timeout>` last, WAIT)
+and lets the connection stay silent that much longer; a wait of 0 (forever) suspends the read
+timeout until the reply comes. Derived from the command rather than configured per connection,
+the allowance always matches the wait actually asked for (the runtime's `BLOCK block_ms`, the
+client's `BLMPOP 1`) with no setting to keep in step, costs the hot path one dict lookup per
+`execute` (`pipeline` does no such lookup: send blocking commands with `execute`), and a
+blocking command on a shared connection also covers the replies queued behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import socket
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
 
 Arg = bytes | str | int | float
 EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
+DEFAULT_CONNECT_TIMEOUT_S = 5.0  # Settings.connect_timeout_s
+DEFAULT_READ_TIMEOUT_S = 10.0  # Settings.read_timeout_s
 
 
 class ReplyError(Exception):
@@ -32,6 +51,60 @@ class ReplyError(Exception):
 
 class ConnectionLost(ConnectionError):
     """Raised for every command in flight when the connection to Redis breaks."""
+
+
+def _text(arg: Arg) -> str:
+    return arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)
+
+
+def _seconds(value: Arg, scale: float) -> float:
+    """A blocking command's wait in seconds; 0 means forever (inf). Not a number: no wait
+    (Redis refuses the command at once)."""
+    try:
+        wait = float(value) * scale
+    except (TypeError, ValueError):
+        return 0.0
+    return math.inf if wait == 0 else max(wait, 0.0)
+
+
+def _xread_block(args: Sequence[Arg], first_option: int) -> float:
+    """XREAD [COUNT n] [BLOCK ms] STREAMS ...; XREADGROUP GROUP g c [COUNT n] [BLOCK ms] ..."""
+    for i in range(first_option, len(args) - 1):
+        token = _text(args[i]).upper()
+        if token == "BLOCK":
+            return _seconds(args[i + 1], 0.001)
+        if token == "STREAMS":
+            break
+    return 0.0  # no BLOCK: not a blocking read
+
+
+_WAIT_OF: dict[str, Callable[[Sequence[Arg]], float]] = {
+    "XREAD": lambda args: _xread_block(args, 1),
+    "XREADGROUP": lambda args: _xread_block(args, 4),  # after GROUP <group> <consumer>
+    "BLMPOP": lambda args: _seconds(args[1], 1.0),  # BLMPOP timeout numkeys key ...
+    "BZMPOP": lambda args: _seconds(args[1], 1.0),
+    "BLPOP": lambda args: _seconds(args[-1], 1.0),  # BLPOP key ... timeout
+    "BRPOP": lambda args: _seconds(args[-1], 1.0),
+    "BLMOVE": lambda args: _seconds(args[-1], 1.0),
+    "BRPOPLPUSH": lambda args: _seconds(args[-1], 1.0),
+    "BZPOPMIN": lambda args: _seconds(args[-1], 1.0),
+    "BZPOPMAX": lambda args: _seconds(args[-1], 1.0),
+    "WAIT": lambda args: _seconds(args[2], 0.001),  # WAIT numreplicas timeout-ms
+    "WAITAOF": lambda args: _seconds(args[3], 0.001),  # WAITAOF numlocal numreplicas ms
+}
+# The command name as callers spell it (str or bytes, upper or lower case) -> its wait.
+_BLOCKING: dict[Arg, Callable[[Sequence[Arg]], float]] = {}
+for _name, _wait in _WAIT_OF.items():
+    for _spelling in (_name, _name.lower()):
+        _BLOCKING[_spelling] = _BLOCKING[_spelling.encode()] = _wait
+
+
+def _blocking_wait(args: Sequence[Arg]) -> float:
+    """How long a blocking command may keep Redis silent (seconds; inf: forever)."""
+    try:
+        return _BLOCKING[args[0]](args)
+    except IndexError:  # too few arguments: Redis refuses it at once
+        return 0.0
 
 
 def _encode_command(args: Sequence[Arg], out: bytearray) -> None:
@@ -51,23 +124,33 @@ class _Batch:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, url: str, read_timeout_s: float | None) -> None:
+        self.url = url
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=ReplyError)
         self.waiting: collections.deque[asyncio.Future[Any] | _Batch] = collections.deque()
         self.out = bytearray()
         self.flush_scheduled = False
         self.closed: Exception | None = None
+        # The read timeout's watchdog (see the module docstring). Times are loop.time().
+        self.loop = asyncio.get_running_loop()
+        self.read_timeout_s = read_timeout_s
+        self.last_read = 0.0  # the last bytes received, or when the connection stopped idling
+        self.quiet_until = 0.0  # a blocking command in flight may keep Redis silent until then
+        self.watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a uvloop transport is one too
 
     def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
         self.reader.feed(data)
         waiting = self.waiting
         while True:
             reply = self.reader.gets()
             if reply is False:
+                if not waiting:  # nothing in flight: no blocking command to make room for
+                    self.quiet_until = 0.0
                 return
             future = waiting.popleft()
             if isinstance(future, _Batch):
@@ -83,12 +166,50 @@ class _Protocol(asyncio.Protocol):
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = ConnectionLost(f"connection to Redis lost: {exc or 'closed'}")
+        self.fail(ConnectionLost(f"connection to Redis lost: {exc or 'closed'}"))
+
+    def fail(self, error: ConnectionLost) -> None:
+        """The connection is done for: every command in flight fails with `error` (the first
+        reason given stays the connection's)."""
+        if self.closed is None:
+            self.closed = error
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
         while self.waiting:
             item = self.waiting.popleft()
             future = item.future if isinstance(item, _Batch) else item
             if not future.done():
                 future.set_exception(self.closed)
+
+    # ---- read timeout --------------------------------------------------------------------
+    def start_waiting(self) -> None:
+        """A command is queued while none was in flight: the wait for a reply starts now."""
+        self.last_read = self.loop.time()
+        if self.watchdog is None and self.read_timeout_s is not None:
+            self.watchdog = self.loop.call_later(self.read_timeout_s, self.check)
+
+    def allow_wait(self, seconds: float) -> None:
+        """A blocking command was sent: Redis may rightly stay silent `seconds` longer
+        (blocking commands queued back to back wait one after the other, so waits add up)."""
+        now = self.loop.time()
+        self.quiet_until = max(self.quiet_until, now) + seconds
+
+    def check(self) -> None:
+        """The watchdog: runs while replies are outstanding, at most every read timeout."""
+        self.watchdog = None
+        timeout = self.read_timeout_s
+        if not self.waiting or self.closed is not None or timeout is None:
+            return  # idle or gone: the next command queued re-arms it
+        now = self.loop.time()
+        silent_since = max(self.last_read, self.quiet_until)
+        if now - silent_since >= timeout:
+            self.fail(ConnectionLost(f"no reply from Redis at {self.url} within {timeout:g} s"))
+            if self.transport is not None:
+                self.transport.abort()  # not close(): that would wait to write out the buffer
+            return
+        # Next look when the silence would reach the timeout (a blocking wait: in one timeout).
+        self.watchdog = self.loop.call_at(min(silent_since, now) + timeout, self.check)
 
     def flush(self) -> None:
         self.flush_scheduled = False
@@ -110,11 +231,18 @@ class RedisConnection:
     reads the burst as one batch instead of one call and then the rest).
     """
 
-    def __init__(self, url: str, *, write_first_at_once: bool = True) -> None:
+    def __init__(self, url: str, *, write_first_at_once: bool = True,
+                 connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+                 read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S) -> None:
+        """`connect_timeout_s`, `read_timeout_s`: see the module docstring; None: no limit."""
         self.url = url
         self.write_first_at_once = write_first_at_once
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
+        self._attempts = 0  # connection attempts made
+        self._failed: ConnectionLost | None = None  # how the last attempt failed
 
     async def _connected(self) -> _Protocol:
         proto = self._proto
@@ -122,13 +250,27 @@ class RedisConnection:
             return proto
         if self._connecting is None:
             self._connecting = asyncio.Lock()
+        attempts = self._attempts
         async with self._connecting:
-            if self._proto is None or self._proto.closed is not None:
-                self._proto = await _open(self.url)
+            if self._proto is not None and self._proto.closed is None:
+                return self._proto
+            if self._attempts != attempts and self._failed is not None:
+                # An attempt made while this command waited for it failed: fail with it, as
+                # the commands in flight did, rather than wait out a connect timeout again.
+                raise ConnectionLost(str(self._failed))
+            self._attempts += 1
+            self._failed = None
+            try:
+                self._proto = await _open(self.url, self.connect_timeout_s, self.read_timeout_s)
+            except ConnectionLost as exc:
+                self._failed = exc
+                raise
             return self._proto
 
     def _send(self, proto: _Protocol, commands: Sequence[Sequence[Arg]]) -> list[asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
+        if not proto.waiting:
+            proto.start_waiting()
         futures = []
         for args in commands:
             _encode_command(args, proto.out)
@@ -157,6 +299,8 @@ class RedisConnection:
         """Send one command (coalesced with the others of this tick) and return its reply."""
         proto = await self._connected()
         (future,) = self._send(proto, [args])
+        if args[0] in _BLOCKING:  # a legitimate long wait: the read timeout starts after it
+            proto.allow_wait(_blocking_wait(args))
         return await future
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
@@ -177,6 +321,8 @@ class RedisConnection:
         if proto is None or proto.closed is not None:
             return None
         loop = asyncio.get_running_loop()
+        if not proto.waiting:
+            proto.start_waiting()
         batch = _Batch(loop.create_future(), len(commands))
         for args in commands:
             _encode_command(args, proto.out)
@@ -191,15 +337,32 @@ class RedisConnection:
             proto.transport.close()
 
 
-async def _open(url: str) -> _Protocol:
+async def _open(url: str, connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+                read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S) -> _Protocol:
+    """Connect (and AUTH / SELECT) within `connect_timeout_s`."""
+    if connect_timeout_s is None:
+        return await _connect(url, read_timeout_s)
+    try:
+        async with asyncio.timeout(connect_timeout_s):
+            return await _connect(url, read_timeout_s)
+    except TimeoutError:  # the timeout's own (an OS-level one is a ConnectionLost already)
+        raise ConnectionLost(f"cannot connect to Redis at {url} within {connect_timeout_s:g} s "
+                             "(connect timeout)") from None
+
+
+async def _connect(url: str, read_timeout_s: float | None) -> _Protocol:
     parsed = urllib.parse.urlparse(url)
     loop = asyncio.get_running_loop()
+
+    def factory() -> _Protocol:
+        return _Protocol(url, read_timeout_s)
+
     try:
         if parsed.scheme == "unix":
-            _, proto = await loop.create_unix_connection(_Protocol, parsed.path)
+            _, proto = await loop.create_unix_connection(factory, parsed.path)
         elif parsed.scheme in ("redis", ""):
             transport, proto = await loop.create_connection(
-                _Protocol, parsed.hostname or "127.0.0.1", parsed.port or 6379
+                factory, parsed.hostname or "127.0.0.1", parsed.port or 6379
             )
             sock = transport.get_extra_info("socket")
             if sock is not None:  # a peer gone without a word is noticed, not waited on forever
@@ -219,6 +382,8 @@ async def _open(url: str) -> _Protocol:
     if db and db != "0":
         setup.append(["SELECT", db])
     waits: list[asyncio.Future[Any]] = []
+    if setup:
+        proto.start_waiting()
     for args in setup:
         _encode_command(args, proto.out)
         waits.append(loop.create_future())

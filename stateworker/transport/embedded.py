@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 
 from stateworker.errors import ConfigError
+from stateworker.settings import Settings
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
 
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes; keep a margin
@@ -55,6 +56,12 @@ def _config(state_dir: Path, socket: Path, appendfsync: str) -> str:
 def socket_url(state_dir: Path) -> str:
     """The URL of the embedded Redis of a state directory (for clients of a running service)."""
     return f"unix://{_socket_path(state_dir.resolve())}"
+
+
+def client_url(settings: Settings) -> str:
+    """The one URL resolution of every client of a running service (StateClient, Worker, the
+    CLI): the configured Redis, else the embedded one of the state directory."""
+    return settings.redis_url or socket_url(Path(settings.state_dir))
 
 
 class EmbeddedRedis:

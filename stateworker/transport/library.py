@@ -20,13 +20,14 @@ A script's shebang `#!lua flags=no-writes` becomes its function's flags. Top-lev
 at the start of each call. The library's name carries a digest of its source, so services of
 different versions can share one Redis; a call that finds its function missing (a restart
 without persistence, FUNCTION FLUSH) loads the library again and is repeated (plans.pipeline).
+Which scripts there are, and how many KEYS each takes, is the state layer's (its bindings).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from stateworker.errors import lua_status_table
@@ -36,9 +37,6 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 _PER_CALL = re.compile(r"^--- @per-call\s*$", re.MULTILINE)
 _FLAGS = re.compile(r"^#!lua flags=([a-z,-]+)\s*$")
 
-SCRIPT_NAMES = (
-    "set", "delete", "reap", "list", "update", "sethash", "topic", "deltopic", "entries",
-)
 FUNCTION_MISSING = "Function not found"  # FCALL's error for a function Redis does not have
 _NAME_MARK = "@@LIBRARY@@"  # stands for the library's name until its digest is known
 
@@ -68,17 +66,6 @@ def _expand(source: str, seen: tuple[str, ...], included: set[str]) -> str:
     return _INCLUDE.sub(replace, source)
 
 
-class Script:
-    """One script of the library: its function's name and how to call it."""
-
-    def __init__(self, name: str, function: str) -> None:
-        self.name = name
-        self.function = function
-
-    def command(self, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
-        return ["FCALL", self.function, len(keys), *keys, *args]
-
-
 def _script_block(name: str, function: str) -> str:
     """One script as a block of the library: made once, its per-call part wrapped in run()."""
     source = _read(f"{name}.lua")
@@ -101,36 +88,71 @@ def _script_block(name: str, function: str) -> str:
             "end\n")
 
 
-def assemble_library() -> tuple[str, str]:
-    """(library name, library source) of every script in SCRIPT_NAMES."""
-    wanted = "".join(f'--- @include "{n}"\n' for name in SCRIPT_NAMES
+_HEADER_KEYS = re.compile(r"KEYS\[(\d+)(?:\.\.(\d+))?\]")
+
+
+def header_keys(name: str, source: str) -> int:
+    """The highest KEYS[i] that a script's header (its opening comment) names."""
+    header = source.split("]]", 1)[0]
+    found = [int(m.group(2) or m.group(1)) for m in _HEADER_KEYS.finditer(header)]
+    if not found:
+        raise ScriptError(f"lua/{name}.lua: its header names no KEYS[i]")
+    return max(found)
+
+
+def assemble_library(scripts: Mapping[str, int]) -> tuple[str, str]:
+    """(library name, library source) of `scripts` (name -> KEYS its binding passes at
+    most, checked against each script's header)."""
+    for name, keys in scripts.items():
+        declared = header_keys(name, _read(f"{name}.lua"))
+        if declared != keys:
+            raise ScriptError(f"lua/{name}.lua declares {declared} KEYS in its header, its "
+                              f"binding passes up to {keys}")
+    wanted = "".join(f'--- @include "{n}"\n' for name in scripts
                      for n in _INCLUDE.findall(_read(f"{name}.lua")))
     shared = _expand(wanted, (), set())
-    blocks = "".join(_script_block(name, f"{_NAME_MARK}_{name}") for name in SCRIPT_NAMES)
+    blocks = "".join(_script_block(name, f"{_NAME_MARK}_{name}") for name in scripts)
     source = (f"#!lua name={_NAME_MARK}\n"
               "local KEYS, ARGV -- the running call's, set by its function's entry point\n"
               + lua_status_table() + shared + blocks)
-    if source.count(_NAME_MARK) != 1 + len(SCRIPT_NAMES):
+    if source.count(_NAME_MARK) != 1 + len(scripts):
         raise ScriptError(f"a Lua file contains {_NAME_MARK!r}")
     # The name is a digest of the whole text: another text (another version) is another library.
     library = f"stateworker_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
     return library, source.replace(_NAME_MARK, library)
 
 
-class Scripts:
-    """Every script of the package, for one connection."""
+def _load_failure(library: str, reply: Exception) -> str:
+    """Why Redis refused the library, in words a user can act on."""
+    text = str(reply)
+    if "unknown command" in text.lower() or "unknown subcommand" in text.lower():
+        cause = "this Redis has no functions: stateworker needs Redis 7.0 or newer"
+    elif text.startswith("OOM"):
+        cause = "Redis is out of memory (maxmemory reached)"
+    elif text.startswith("READONLY"):
+        cause = "this Redis is a read-only replica: point stateworker at the primary"
+    elif text.startswith(("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")):
+        cause = "Redis is not ready (loading its data, busy or without its primary)"
+    else:
+        cause = "Redis refused it"
+    return f"loading the Lua library {library} failed: {cause}: {text}"
 
-    def __init__(self, conn: RedisConnection) -> None:
+
+class Library:
+    """The package's scripts as one function library, for one connection."""
+
+    def __init__(self, conn: RedisConnection, scripts: Mapping[str, int]) -> None:
         self.conn = conn
-        self.library, self.source = assemble_library()
-        self.by_name = {name: Script(name, f"{self.library}_{name}") for name in SCRIPT_NAMES}
+        self.names = tuple(scripts)
+        self.library, self.source = assemble_library(scripts)
+        self.functions = {name: f"{self.library}_{name}" for name in scripts}
 
-    def __getitem__(self, name: str) -> Script:
-        return self.by_name[name]
+    def command(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        """FCALL of script `name`."""
+        return ["FCALL", self.functions[name], len(keys), *keys, *args]
 
-    async def load_all(self) -> None:
-        """Load the library (again); Redis older than 7.0 has no functions: a clear error."""
+    async def load(self) -> None:
+        """Load the library (again); a refusal names its cause."""
         reply = (await self.conn.pipeline([["FUNCTION", "LOAD", "REPLACE", self.source]]))[0]
         if isinstance(reply, Exception):
-            raise ScriptError(f"loading the Lua library {self.library} failed: {reply} "
-                              "(stateworker needs Redis 7.0 or newer, for functions)")
+            raise ScriptError(_load_failure(self.library, reply))

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from stateworker.errors import LUA_STATUS, InternalError, StateError, Unavailable
+from stateworker.errors import LUA_STATUS, InternalError, ResourceExhausted, StateError, Unavailable
 from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
-from stateworker.transport.library import FUNCTION_MISSING, ScriptError, Scripts
+from stateworker.transport.library import FUNCTION_MISSING, Library, ScriptError
 
 log = logging.getLogger("stateworker.transport.plans")
 
@@ -42,10 +42,24 @@ def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
     return Plan(plan.commands, finish, plan.checks_deadline)
 
 
+def redis_error(reply: ReplyError, what: str) -> StateError:
+    """The error a caller gets for Redis's error reply to `what`."""
+    text = str(reply)
+    if text.startswith("OOM"):
+        log.warning("Redis refused a write: out of memory (maxmemory)",
+                    extra={"event": "redis.oom", "what": what})
+        return ResourceExhausted(
+            f"{what}: Redis refused the write because it reached its memory limit "
+            "(maxmemory); nothing was written. Free memory or raise Redis's maxmemory.",
+            {"redis_error": text[:200]})
+    return InternalError(f"{what} failed: {text}")
+
+
 def script_reply(reply: Any, name: str) -> list[Any]:
-    """A script's reply, checked: a Redis error or an unknown status is an InternalError."""
+    """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED) or an
+    unknown status is raised."""
     if isinstance(reply, ReplyError):
-        raise InternalError(f"script {name} failed: {reply}")
+        raise redis_error(reply, f"script {name}")
     if not isinstance(reply, list) or not reply or reply[0] not in _KNOWN_STATUSES:
         raise InternalError(f"script {name} returned an unexpected reply: {reply!r:.200}")
     return reply
@@ -53,7 +67,7 @@ def script_reply(reply: Any, name: str) -> list[Any]:
 
 def command_reply(reply: Any, what: str) -> Any:
     if isinstance(reply, ReplyError):
-        raise InternalError(f"{what} failed: {reply}")
+        raise redis_error(reply, what)
     return reply
 
 
@@ -64,7 +78,7 @@ def send_first_step(conn: RedisConnection, plans: Sequence[Plan]) -> Sent:
     return conn.send_pipeline(commands) if commands else None
 
 
-async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[Sequence[Arg]],
+async def pipeline(conn: RedisConnection, library: Library, commands: Sequence[Sequence[Arg]],
                    sent: Sent = None) -> list[Any]:
     """Send commands back to back (or wait for those already `sent`); when Redis lost the
     script library (a restart without persistence, FUNCTION FLUSH) it is loaded again and the
@@ -75,7 +89,7 @@ async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[S
                    if isinstance(r, ReplyError) and FUNCTION_MISSING in str(r)]
         if missing:
             try:
-                await scripts.load_all()
+                await library.load()
             except ScriptError as exc:  # (out of memory, a read-only replica ...)
                 # Those calls did not run: each fails alone, and the service goes on.
                 log.error("%s", exc, extra={"event": "scripts.load_failed"})
@@ -90,7 +104,7 @@ async def pipeline(conn: RedisConnection, scripts: Scripts, commands: Sequence[S
     return results
 
 
-async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[Plan],
+async def execute_many(conn: RedisConnection, library: Library, plans: Sequence[Plan],
                        sent: Sent = None, done: Callable[[int, Any], None] | None = None,
                        after_step: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
     """Run plans together, step by step, one pipeline per step; each result is the plan's
@@ -108,7 +122,7 @@ async def execute_many(conn: RedisConnection, scripts: Scripts, plans: Sequence[
     while pending:
         commands = [command for _, plan in pending for command in plan.commands]
         try:
-            replies = await pipeline(conn, scripts, commands, sent) if commands else []
+            replies = await pipeline(conn, library, commands, sent) if commands else []
             sent = None
         except StateError as exc:  # Redis away: every plan of the step fails alike
             for index, _ in pending:

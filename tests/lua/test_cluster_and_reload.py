@@ -11,24 +11,25 @@ import redis.asyncio as aredis
 from redis.crc import key_slot
 
 from stateworker import StateError, StateStore
+from stateworker.state.bindings import BINDINGS
 from stateworker.transport.connection import Arg
-from stateworker.transport.library import SCRIPT_NAMES, Script
+from stateworker.transport.library import Library
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
 
-def derived_keys(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[str]:
+def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[str]:
     """The key names a script builds from its arguments (see each script's header)."""
     def text(arg: Arg) -> str:
         return arg.decode() if isinstance(arg, bytes) else str(arg)
 
-    if script.name in ("list", "entries"):
+    if name in ("list", "entries"):
         return [text(args[1]) + "somekey"]
-    if script.name == "reap":
+    if name == "reap":
         tag = text(args[2])
         return [f"{tag}e:5:scopekey"] + [f"{tag}{kind}:scope" for kind in "kut"]
-    if script.name == "deltopic":
+    if name == "deltopic":
         return [text(args[8]) + "somekey"]
     return []
 
@@ -36,14 +37,14 @@ def derived_keys(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> li
 async def test_every_script_call_hashes_to_one_slot(
     store: StateStore, scope: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[tuple[Script, Sequence[Arg], Sequence[Arg]]] = []
-    original = Script.command
+    calls: list[tuple[str, Sequence[Arg], Sequence[Arg]]] = []
+    original = Library.command
 
-    def spy(self: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
-        calls.append((self, keys, args))
-        return original(self, keys, args)
+    def spy(self: Library, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        calls.append((name, keys, args))
+        return original(self, name, keys, args)
 
-    monkeypatch.setattr(Script, "command", spy)
+    monkeypatch.setattr(Library, "command", spy)
     for i, s in enumerate([scope, scope + "x", "é", ""]):
         await store.set(s, f"k{i}", i, ttl_ms=60_000, topic="t")
         await store.compare_and_set(s, f"k{i}", i + 1, expected=i)
@@ -58,11 +59,11 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
     await store.reap_expired()
-    assert {c[0].name for c in calls} == set(SCRIPT_NAMES)
+    assert {c[0] for c in calls} == {b.name for b in BINDINGS}
     for script, keys, args in calls:
         names = [str(k) for k in keys] + derived_keys(script, keys, args)
         slots = {key_slot(name.encode()) for name in names}
-        assert len(slots) == 1, (script.name, names)
+        assert len(slots) == 1, (script, names)
 
 
 async def test_function_flush_is_survived(store: StateStore, scope: str,

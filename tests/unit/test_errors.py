@@ -12,7 +12,11 @@ from stateworker.errors import (
     STATUS_ERRORS,
     lua_status_table,
 )
-from stateworker.transport.library import SCRIPT_NAMES, assemble_library
+from stateworker.state.bindings import BINDINGS
+from stateworker.transport.library import assemble_library
+
+SCRIPTS = {b.name: b.keys for b in BINDINGS}
+SCRIPT_NAMES = tuple(SCRIPTS)
 
 
 def lua_sources() -> dict[str, str]:
@@ -40,7 +44,7 @@ def test_every_status_is_an_outcome_or_maps_to_its_error_class() -> None:
 
 
 def test_the_library_carries_the_table_once_and_every_script_as_a_function() -> None:
-    library, source = assemble_library()
+    library, source = assemble_library(SCRIPTS)
     lines = source.splitlines()
     assert lines[0] == f"#!lua name={library}"
     assert source.count(lua_status_table().strip()) == 1

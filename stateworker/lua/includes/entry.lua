@@ -1,11 +1,13 @@
 --[[
-  Entry helpers shared by the mutating scripts. `ctx` holds the names and arguments of the
-  entry being changed:
+  Entry helpers shared by the mutating scripts; their names start with entry_ (constants:
+  ENTRY_), so a reader of a script knows where they come from. A `ctx` holds the names and
+  arguments of the entry being changed:
     ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex  -- entry hash, scope indexes
     ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
     ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
                                             -- stream cap, writer
+    ctx[1 .. n]                             -- entry_write's HSET arguments, while it runs
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
   A loaded entry `cur` is {value, version, expires_at, hash, topic, plain, by}
@@ -15,7 +17,7 @@
 ]]
 
 -- Append one change event; its stream id is the revision, returned.
-local function emit(ctx, etype, old, new, version)
+local function entry_emit(ctx, etype, old, new, version)
   return redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
@@ -24,18 +26,18 @@ end
 
 -- The topic index holds every entry: "<topic>\0<key>", or "\255\0<key>" when untagged, so
 -- untagged entries sort after every topic (no UTF-8 text contains the byte 255).
-local NO_TOPIC = '\255'
+local ENTRY_NO_TOPIC = '\255'
 
-local function topic_member(topic, key)
-  return (topic or NO_TOPIC) .. '\0' .. key
+local function entry_topic_member(topic, key)
+  return (topic or ENTRY_NO_TOPIC) .. '\0' .. key
 end
 
 -- Remove the entry and every index member that points at it.
-local function unlink(ctx, cur)
+local function entry_unlink(ctx, cur)
   redis.call('DEL', ctx.entry)
   redis.call('ZREM', ctx.keyIndex, ctx.key)
   redis.call('ZREM', ctx.updIndex, ctx.key)
-  redis.call('ZREM', ctx.topicIndex, topic_member(cur[5], ctx.key))
+  redis.call('ZREM', ctx.topicIndex, entry_topic_member(cur[5], ctx.key))
   if cur[3] then
     redis.call('ZREM', ctx.ttl, ctx.member)
   end
@@ -46,65 +48,66 @@ end
 
 -- The live entry or nil. An entry whose expiry has passed is deleted here, with the
 -- state:deleted event the reaper would have written (by = "").
-local function load_live(ctx)
+local function entry_load_live(ctx)
   local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's', 'b')
   if not cur[1] then
     return nil
   end
   if cur[3] and tonumber(cur[3]) <= ctx.now then
-    unlink(ctx, cur)
+    entry_unlink(ctx, cur)
     local by = ctx.by
     ctx.by = ''
-    emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+    entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
     ctx.by = by
     return nil
   end
   return cur
 end
 
---[[
-  Write `value` as the entry's new value, keep every index true and append the event.
-  hash      the value's canonical hash, or false when unknown (computed later by Python)
-  topic     false: keep the current topic; '' : no topic; '=' .. t: topic t
-  ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
-  plain     true when no string in the value holds a bracket or brace
-  (Arguments, not an options table: every table a call makes is garbage to collect.)
-  Returns version, revision.
-]]
 -- `list` with `item` added (made when nil: most writes clear no field).
-local function listed(list, item)
+local function entry_listed(list, item)
   list = list or {}
   list[#list + 1] = item
   return list
 end
 
--- The HSET arguments of write_entry: one table for every call, its first `n` entries used.
-local FIELDS = {}
-
-local function field(n, name, value)
-  FIELDS[n + 1], FIELDS[n + 2] = name, value
+-- One field of entry_write's HSET arguments, kept in the ctx's array part (a table the call
+-- has already: none to make per call); `n` arguments so far, the new count returned.
+local function entry_field(ctx, n, name, value)
+  ctx[n + 1], ctx[n + 2] = name, value
   return n + 2
 end
 
-local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
+--[[
+  Write `value` as the entry's new value, keep every index true and append the event.
+  hash      the value's canonical hash, or false when unknown (computed later by Python)
+  topic     the scripts' topic argument: '~' keep the current topic, '-' no topic,
+            '=' .. t: topic t
+  ttl       false: keep the current expiry; 0: no expiry; n > 0: expire n ms from now
+  plain     true when no string in the value holds a bracket or brace
+  (Arguments, not an options table: every table a call makes is garbage to collect.)
+  Returns version, revision.
+]]
+local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
   local version = cur and tonumber(cur[2]) + 1 or 1
   local version_text = string.format('%d', version)
-  local n = field(field(field(0, 'v', value), 'n', version_text), 'u', ctx.stamp)
+  local n = entry_field(ctx, entry_field(ctx, entry_field(ctx, 0, 'v', value), 'n', version_text),
+    'u', ctx.stamp)
   local cleared = nil
   if hash then
-    n = field(n, 'h', hash)
+    n = entry_field(ctx, n, 'h', hash)
   elseif cur and cur[4] then
-    cleared = listed(cleared, 'h')
+    cleared = entry_listed(cleared, 'h')
   end
   if plain then
     if not (cur and cur[6] == '1') then -- (a field that keeps its value is not written)
-      n = field(n, 's', '1')
+      n = entry_field(ctx, n, 's', '1')
     end
   elseif cur and cur[6] then
-    cleared = listed(cleared, 's')
+    cleared = entry_listed(cleared, 's')
   end
   if not cur then
-    n = field(n, 'c', ctx.stamp)
+    n = entry_field(ctx, n, 'c', ctx.stamp)
     redis.call('ZADD', ctx.keyIndex, '0', ctx.key)
     redis.call('ZADD', ctx.scopes, '0', ctx.scope)
   end
@@ -112,44 +115,44 @@ local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
 
   local oldTopic = cur and cur[5] or false
   local newTopic = oldTopic
-  if topic then
-    newTopic = topic ~= '' and string.sub(topic, 2) or false
+  if topic ~= '~' then
+    newTopic = topic ~= '-' and string.sub(topic, 2) or false
   end
   if not cur or newTopic ~= oldTopic then
     if cur then
-      redis.call('ZREM', ctx.topicIndex, topic_member(oldTopic, ctx.key))
+      redis.call('ZREM', ctx.topicIndex, entry_topic_member(oldTopic, ctx.key))
     end
-    redis.call('ZADD', ctx.topicIndex, '0', topic_member(newTopic, ctx.key))
+    redis.call('ZADD', ctx.topicIndex, '0', entry_topic_member(newTopic, ctx.key))
     if newTopic then
-      n = field(n, 't', newTopic)
+      n = entry_field(ctx, n, 't', newTopic)
     else
-      cleared = cur and listed(cleared, 't') or cleared
+      cleared = cur and entry_listed(cleared, 't') or cleared
     end
   end
 
   if ctx.by ~= '' then
     if not (cur and cur[7] == ctx.by) then
-      n = field(n, 'b', ctx.by)
+      n = entry_field(ctx, n, 'b', ctx.by)
     end
   elseif cur and cur[7] then
-    cleared = listed(cleared, 'b')
+    cleared = entry_listed(cleared, 'b')
   end
 
   if ttl and ttl > 0 then
     local expires = string.format('%d', ctx.now + ttl)
-    n = field(n, 'x', expires)
+    n = entry_field(ctx, n, 'x', expires)
     redis.call('ZADD', ctx.ttl, expires, ctx.member)
   elseif ttl == 0 and cur and cur[3] then
-    cleared = listed(cleared, 'x')
+    cleared = entry_listed(cleared, 'x')
     redis.call('ZREM', ctx.ttl, ctx.member)
   end
 
-  local rev = emit(ctx, cur and 'state:updated' or 'state:created', cur and cur[1] or 'null',
-    value, version_text)
-  n = field(n, 'r', rev)
-  redis.call('HSET', ctx.entry, unpack(FIELDS, 1, n))
+  local rev = entry_emit(ctx, cur and 'state:updated' or 'state:created',
+    cur and cur[1] or 'null', value, version_text)
+  n = entry_field(ctx, n, 'r', rev)
+  redis.call('HSET', ctx.entry, unpack(ctx, 1, n))
   for i = 2, n, 2 do -- (hold no value past the call: the library outlives it)
-    FIELDS[i] = nil
+    ctx[i] = nil
   end
   if cleared then
     redis.call('HDEL', ctx.entry, unpack(cleared))
@@ -157,21 +160,23 @@ local function write_entry(ctx, cur, value, hash, topic, ttl, plain)
   return version, rev
 end
 
--- The ctx of the entry addressed by the standard keys and first arguments of the entry
--- scripts: KEYS[1..7] = entry, key index, updated index, topic index, scopes, ttl, events;
--- ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer.
--- One table for every call, refilled whole each time (the library outlives calls; a call
--- never outlives the next): no table to allocate and collect per call.
-local ENTRY_CTX = {}
-
-local function entry_ctx()
-  local ctx = ENTRY_CTX
-  ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-  ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
-  ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
-  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
-  return ctx
-end
+--[[
+  The ctx of an entry script's call: the entry addressed by the standard keys and first
+  arguments of the entry scripts: KEYS[1..7] = entry, key index, updated index, topic index,
+  scopes, ttl, events; ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer.
+  All of entry.lua's per-call state, in one library table (the library outlives calls, and
+  a call never outlives the next), refilled whole by entry_begin: no table to make and
+  collect per call. It is not emptied at the end of a call: its fields are the call's KEYS
+  and ARGV (and `now`), which the library's KEYS and ARGV hold until the next call anyway,
+  so emptying it would free nothing and cost every call. What is not theirs, entry_write's
+  HSET values in its array part (a new value), is dropped after the HSET.
+]]
+local entry_ctx = { -- (every field named here: its slots are made once)
+  entry = false, keyIndex = false, updIndex = false, topicIndex = false,
+  scopes = false, ttl = false, events = false,
+  scope = false, key = false, member = false,
+  now = false, stamp = false, maxlen = false, by = false,
+}
 
 --[[
   Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
@@ -182,7 +187,7 @@ end
   in the same script as the change, so the change and its record cannot part. The deadline is
   checked after the record: a call applied in time gets its reply again when it comes late.
 ]]
-local function record_args()
+local function entry_record_args()
   if ARGV[7] == '' then
     return nil -- no call record and no deadline (a call made in-process)
   end
@@ -192,11 +197,11 @@ local function record_args()
     string.sub(ARGV[7], b + 1)
 end
 
-local function replayed()
+local function entry_replayed()
   if KEYS[8] then
     local record = redis.call('GET', KEYS[8])
     if record then
-      local _, _, digest = record_args()
+      local _, _, digest = entry_record_args()
       if string.sub(record, 1, 40) ~= digest then
         return {ST.CALL_ID_REUSED}
       end
@@ -207,23 +212,28 @@ local function replayed()
 end
 
 -- The start of every entry script: {ST.DUPLICATE, ...} when the call ran before, else the
--- entry's ctx and its live value (nil when absent).
-local function begin_entry()
-  local dup = replayed()
+-- entry's ctx (entry_ctx, filled for this call) and its live value (nil when absent).
+local function entry_begin()
+  local dup = entry_replayed()
   if dup then
     return dup
   end
-  local _, deadline = record_args()
+  local _, deadline = entry_record_args()
   if deadline and tonumber(ARGV[4]) > deadline then
     return {ST.DEADLINE_EXCEEDED}
   end
-  local ctx = entry_ctx()
-  return nil, ctx, load_live(ctx)
+  local ctx = entry_ctx
+  ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
+  ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
+  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
+  return nil, ctx, entry_load_live(ctx)
 end
 
-local function finish(reply)
+-- The end of a call that entry_begin started: its reply, recorded when the call has a record.
+local function entry_finish(reply)
   if KEYS[8] then
-    local keep, _, digest = record_args()
+    local keep, _, digest = entry_record_args()
     redis.call('SET', KEYS[8], digest .. cmsgpack.pack(reply), 'PX', keep)
   end
   return reply

@@ -3,10 +3,11 @@
   added as decimal digit strings and checked against the 64-bit signed range; a number with a
   fraction or exponent is a float and adds as a double, written back as the shortest text that
   reads back the same (%.15g, %.16g or %.17g), with ".0" when that text looks integral.
+  Names start with num_ (constants: NUM_), so a reader of a script knows where they come from.
 ]]
 
-local INT64_MAX = '9223372036854775807'
-local INT64_MIN_ABS = '9223372036854775808'
+local NUM_INT64_MAX = '9223372036854775807'
+local NUM_INT64_MIN_ABS = '9223372036854775808'
 
 local function num_is_int(text)
   return string.find(text, '^%-?%d+$') ~= nil
@@ -63,7 +64,7 @@ local function num_split(text)
 end
 
 local function num_in_range(neg, abs)
-  return num_cmp_abs(abs, neg and INT64_MIN_ABS or INT64_MAX) <= 0
+  return num_cmp_abs(abs, neg and NUM_INT64_MIN_ABS or NUM_INT64_MAX) <= 0
 end
 
 -- Exact a + b of two integer texts; nil when `a` or the sum is outside the 64-bit signed
@@ -94,12 +95,6 @@ local function num_add_int(a, b)
     return nil
   end
   return neg and ('-' .. abs) or abs
-end
-
-local function num_negate(text)
-  if text == '0' then return '0' end
-  if string.byte(text, 1) == 45 then return string.sub(text, 2) end
-  return '-' .. text
 end
 
 local function num_format_float(x)

@@ -1,0 +1,89 @@
+"""Opening and closing a `RedisState`: the embedded redis-server when no URL is set, the
+server checks (AOF, the partition count of the prefix), the script library, the TTL reaper."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from stateworker.errors import ConfigError
+from stateworker.settings import Settings
+from stateworker.state import expiry
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.embedded import EmbeddedRedis
+
+
+async def connect(settings: Settings) -> RedisState:
+    """Start (or adopt) the embedded Redis when no URL is set, check it, load the scripts."""
+    embedded = None
+    url = settings.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(Path(settings.state_dir), settings.appendfsync)
+        await embedded.start()
+        url = embedded.url
+    state = RedisState(settings, RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
+                                                  read_timeout_s=settings.read_timeout_s), embedded)
+    try:
+        await check_server(state)
+        await state.library.load()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await state.close()
+        raise
+    return state
+
+
+@asynccontextmanager
+async def open_state(redis_url: str | None = None, *, reaper: bool = True,
+                     **overrides: Any) -> AsyncIterator[RedisState]:
+    """Open a state (settings from the environment, overridden by keywords, or `settings=`)
+    with its reaper. With no Redis URL (argument or STATEWORKER_REDIS_URL) an embedded
+    redis-server is started under `state_dir` and stopped again when the block ends."""
+    settings = overrides.pop("settings", None) or Settings.from_env(redis_url=redis_url,
+                                                                    **overrides)
+    state = await connect(settings)
+    try:
+        async with anyio.create_task_group() as tg:
+            if reaper:
+                await tg.start(expiry.reaper_loop, state)
+            try:
+                yield state
+            finally:
+                tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The caller's own error comes out of the block as itself, not wrapped in a group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):
+            await state.close()
+
+
+async def check_server(state: RedisState) -> None:
+    """AOF on (unless allowed off) and the prefix's partition count unchanged."""
+    conn, settings, keys = state.conn, state.settings, state.keys
+    try:
+        info = await conn.execute("INFO", "persistence")
+    except (ConnectionLost, ReplyError) as exc:
+        raise ConfigError(f"Redis at {conn.url} is not usable: {exc}") from exc
+    aof_on = b"aof_enabled:1" in info
+    if not aof_on and not settings.allow_no_aof:
+        raise ConfigError(
+            f"Redis at {conn.url} has AOF off (appendonly no): acknowledged writes could be "
+            "lost. Turn it on (CONFIG SET appendonly yes) or set STATEWORKER_ALLOW_NO_AOF=true "
+            "to accept that risk."
+        )
+    stored = await conn.execute("HGET", keys.meta, "partitions")
+    if stored is None:
+        await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
+    elif int(stored) != keys.partitions:
+        raise ConfigError(
+            f"prefix {settings.prefix!r} was created with {int(stored)} partitions, not "
+            f"{keys.partitions}: scopes would land in other partitions"
+        )

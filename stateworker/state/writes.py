@@ -1,0 +1,158 @@
+"""The write operations, as plans: set, compare-and-set, diff, update, update-topic, delete.
+
+Each is one entry script call (bindings.py builds its KEYS and ARGV, reads its reply and turns
+its error statuses into errors). Arguments arrive validated (validate.py); values arrive as
+`codec.Value` (compact JSON + hash) and leave as `msgspec.Raw`, so no value is decoded on the
+way through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from stateworker import codec
+from stateworker.context import NO_CONTEXT, CallContext
+from stateworker.errors import LUA_STATUS, InternalError
+from stateworker.state.bindings import (
+    DELETE,
+    KEEP,
+    SET,
+    TOPIC,
+    UPDATE,
+    Keep,
+    SetReply,
+    UpdateReply,
+    optional,
+    topic_arg,
+    ttl_arg,
+)
+from stateworker.state.reads import get_entry_plan, hash_plan
+from stateworker.state.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import Arg
+from stateworker.transport.plans import Plan, then
+
+_OK, _NEEDS_HASH = LUA_STATUS["OK"], LUA_STATUS["NEEDS_HASH"]
+_CONFLICT, _UNCHANGED = LUA_STATUS["CONFLICT"], LUA_STATUS["UNCHANGED"]
+
+
+def _raw(value: bytes | None) -> msgspec.Raw:
+    return NULL if value is None else msgspec.Raw(value)
+
+
+def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
+               finish: Callable[[SetReply], Any], *, topic: str | Keep | None = None,
+               ttl_ms: int | Keep | None = None, condition: str = "", diff: bool = False,
+               expected_version: int | None = None, create_only: bool = False,
+               ctx: CallContext = NO_CONTEXT) -> Plan:
+    """set.lua; `finish` gets its reply. See the script for `condition`. A stored hash left
+    unknown by an update is computed, stored and the write repeated."""
+    args: list[Arg] = [value.json, value.hash, topic_arg(topic), ttl_arg(ttl_ms), condition,
+                       "1" if diff else "", "1" if value.plain_strings else ""]
+    target = state.target(scope, key, ctx, expected_version=expected_version,
+                          create_only=create_only)
+    accept = frozenset({_NEEDS_HASH, _CONFLICT}) if condition[:1] in ("h", "a") else \
+        frozenset({_NEEDS_HASH})
+
+    def attempt(left: int) -> Plan:
+        def check(reply: list[Any]) -> Any:
+            read = SetReply.read(reply)
+            if read.status != _NEEDS_HASH:
+                return finish(read)
+            if left == 0:
+                raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
+            return then(hash_plan(state, scope, key, read.version, read.value or b""),
+                        lambda _digest: attempt(left - 1))
+
+        return state.entry_plan(SET, target, args, check, accept)
+
+    return attempt(3)
+
+
+def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
+             topic: str | None = None, ttl_ms: int | None = None,
+             expected_version: int | None = None, create_only: bool = False,
+             ctx: CallContext = NO_CONTEXT) -> Plan:
+    expected = 0 if create_only else expected_version
+
+    def finish(reply: SetReply) -> SetResult:
+        return SetResult(_raw(reply.value), msgspec.Raw(value.json), reply.version, value.hash,
+                         reply.created)
+
+    return write_plan(state, scope, key, value, finish, topic=topic, ttl_ms=ttl_ms,
+                      condition="" if expected is None else f"v{expected}",
+                      expected_version=expected, create_only=create_only, ctx=ctx)
+
+
+def compare_and_set_plan(state: RedisState, scope: str, key: str,
+                         expected: codec.Value | None, value: codec.Value, *,
+                         ctx: CallContext = NO_CONTEXT) -> Plan:
+    """Swap when the stored value deep-equals `expected` (None or null: absent); the entry
+    keeps its topic and expiry."""
+    def finish(reply: SetReply) -> SwapResult:
+        if reply.status == _OK:
+            return SwapResult(True)
+        return SwapResult(False, _raw(reply.value))
+
+    condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
+    return write_plan(state, scope, key, value, finish, topic=KEEP, ttl_ms=KEEP,
+                      condition=condition, ctx=ctx)
+
+
+def diff_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
+              update: bool = True, expected_version: int | None = None,
+              ctx: CallContext = NO_CONTEXT) -> Plan:
+    """Compare with the stored value by hash; write (keeping topic and expiry) only when it
+    changed."""
+    if not update:
+        def compare(entry: EntryResult) -> DiffResult:
+            if not entry.found:
+                return DiffResult(changed=True, found_previous=False)
+            assert isinstance(entry.version, int) and isinstance(entry.hash, str)
+            return DiffResult(changed=entry.hash != value.hash, found_previous=True,
+                              previous_version=entry.version, previous=entry.value)
+
+        return then(get_entry_plan(state, scope, key), compare)
+
+    def finish(reply: SetReply) -> DiffResult:
+        if reply.status == _UNCHANGED:
+            return DiffResult(changed=False, found_previous=True, previous_version=reply.version,
+                              previous=_raw(reply.value), version=reply.version, hash=value.hash)
+        found = not reply.created
+        return DiffResult(
+            changed=True, found_previous=found,
+            previous_version=reply.version - 1 if found else msgspec.UNSET,
+            previous=_raw(reply.value) if found else msgspec.UNSET,
+            version=reply.version, hash=value.hash,
+        )
+
+    return write_plan(state, scope, key, value, finish, topic=KEEP, ttl_ms=KEEP, diff=True,
+                      condition="" if expected_version is None else f"v{expected_version}",
+                      expected_version=expected_version, ctx=ctx)
+
+
+def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
+                finish: Callable[[UpdateReply], Any], *, ttl_ms: int | None = None,
+                expected_version: int | None = None,
+                topic: str | Keep | None = KEEP, ctx: CallContext = NO_CONTEXT) -> Plan:
+    """update.lua with encoded ops (ops.encode_ops); `finish` gets its OK reply. No `ttl_ms`
+    keeps the current expiry."""
+    target = state.target(scope, key, ctx, expected_version=expected_version)
+    return state.entry_plan(UPDATE, target, [
+        state.settings.max_value_bytes, optional(expected_version), topic_arg(topic),
+        optional(ttl_ms), *op_args], lambda reply: finish(UpdateReply.read(reply)))
+
+
+def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,
+                      ctx: CallContext = NO_CONTEXT) -> Plan:
+    return state.entry_plan(TOPIC, state.target(scope, key, ctx), [topic_arg(topic)],
+                            lambda reply: bool(reply[1]))
+
+
+def delete_plan(state: RedisState, scope: str, key: str, *,
+                ctx: CallContext = NO_CONTEXT) -> Plan:
+    return state.entry_plan(DELETE, state.target(scope, key, ctx), [],
+                            lambda reply: _raw(reply[1]))

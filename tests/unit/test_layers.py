@@ -1,0 +1,94 @@
+"""Imports point one way: leaf -> transport -> events -> state | bus -> app.
+
+A module may import its own layer and the layers below it; `state` and `bus` never import each
+other (the bus serves any service; the state service is one of them). The package's public
+face (`stateworker/__init__.py`, `__main__.py`) sits on top. docs/architecture.md has the
+picture and says where each kind of change goes.
+"""
+
+from __future__ import annotations
+
+import ast
+from importlib import resources
+from pathlib import Path
+
+RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "app": 4, "top": 5}
+SUBPACKAGES = ("transport", "events", "state", "bus", "app")
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module of the package, by its dotted name."""
+    parts = module.split(".")
+    if parts[:1] != ["stateworker"]:
+        raise ValueError(module)
+    if len(parts) == 1 or parts[1] in ("__init__", "__main__"):
+        return "top"
+    return parts[1] if parts[1] in SUBPACKAGES else "leaf"
+
+
+def imported(source: str, module: str) -> list[str]:
+    """Every stateworker module a source imports (at any depth, TYPE_CHECKING included)."""
+    names = []
+    package = module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            # `from stateworker.state import writes` imports the module stateworker.state.writes
+            names += [f"{base}.{alias.name}" if _is_package(base) else base
+                      for alias in node.names]
+    return [n for n in names if n.split(".")[0] in ("stateworker", "benchmarks", "tests")]
+
+
+def _is_package(dotted: str) -> bool:
+    return dotted == "stateworker" or dotted in {f"stateworker.{p}" for p in SUBPACKAGES}
+
+
+def violations(source: str, module: str) -> list[str]:
+    mine = layer_of(module)
+    found = []
+    for name in imported(source, module):
+        if not name.startswith("stateworker"):
+            found.append(f"{module} imports {name}, which is outside the installed package")
+            continue
+        theirs = layer_of(name)
+        sideways = {mine, theirs} == {"state", "bus"}
+        if RANKS[theirs] > RANKS[mine] or sideways:
+            found.append(f"{module} ({mine}) imports {name} ({theirs})")
+    return found
+
+
+def package_modules() -> dict[str, str]:
+    root = Path(str(resources.files("stateworker")))
+    modules = {}
+    for path in root.rglob("*.py"):
+        dotted = ".".join(("stateworker", *path.relative_to(root).with_suffix("").parts))
+        modules[dotted.removesuffix(".__init__") if path.name == "__init__.py"
+                and path.parent != root else dotted] = path.read_text()
+    return modules
+
+
+def test_every_import_points_down() -> None:
+    modules = package_modules()
+    assert len(modules) > 30 and {layer_of(m) for m in modules} >= set(SUBPACKAGES) | {"leaf"}
+    problems = [v for module, source in modules.items() for v in violations(source, module)]
+    assert problems == []
+
+
+def test_a_wrong_import_is_caught() -> None:
+    assert violations("from stateworker.state import writes\n", "stateworker.bus.runtime") == [
+        "stateworker.bus.runtime (bus) imports stateworker.state.writes (state)"]
+    assert violations("import stateworker.app.cli\n", "stateworker.keys") == [
+        "stateworker.keys (leaf) imports stateworker.app.cli (app)"]
+    assert violations("def f():\n    from stateworker.bus import client\n",
+                      "stateworker.transport.plans") == [
+        "stateworker.transport.plans (transport) imports stateworker.bus.client (bus)"]
+    assert violations("from benchmarks import bench\n", "stateworker.app.cli") == [
+        "stateworker.app.cli imports benchmarks, which is outside the installed package"]
+    assert violations("from ..transport.plans import Plan\n", "stateworker.state.writes") == []
+    assert violations("from stateworker.events.model import Event\n",
+                      "stateworker.state.api") == []
