@@ -16,6 +16,11 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:events                       stream change events; entry id = revision
   sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
   sw:meta                                 hash   layout facts checked at start (partitions)
+  sw:callid:{<call id>}                   string the digest of the call an id belongs to
+  sw:bus:<service>                        stream calls to a service; consumer group <service>
+  sw:bus:<service>:done:{<call id>}       string a user worker's recorded reply
+  sw:reply:<client id>                    list   replies for one client
+  sw:stats:<service>                      hash   a service's counters
 The scope is length-prefixed inside entry names, so any scope and key (":" included) map to one
 name and the reaper can split a ttl member back into scope and key.
 """
@@ -75,6 +80,7 @@ class KeySpace:
         self.prefix = prefix
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
+        self._claims = f"{prefix}:callid:"
         self._parts = [self._build(n) for n in range(partitions)]
 
     def _build(self, n: int) -> PartitionKeys:
@@ -86,6 +92,11 @@ class KeySpace:
             events=f"{tag}events",
             entry_prefix=f"{tag}e:",
         )
+
+    def call_claim(self, call_id: str) -> str:
+        """Binds a bus call id to its first call across every partition (its own hash tag:
+        one slot per id on a cluster)."""
+        return f"{self._claims}{{{call_id}}}"
 
     def partition_of(self, scope: str) -> int:
         return zlib.crc32(scope.encode()) % self.partitions
@@ -102,3 +113,34 @@ class KeySpace:
 
     def all_partitions(self) -> list[PartitionKeys]:
         return list(self._parts)
+
+
+class BusKeys:
+    """The names of one service on the bus: its call stream (and consumer group), its
+    counters, the reply lists, and a user worker's call records."""
+
+    def __init__(self, prefix: str, service: str) -> None:
+        self.prefix = prefix
+        self.service = service
+        self.stream = f"{prefix}:bus:{service}"
+        self.group = service
+        self.stats_key = stats_key(prefix, service)
+        self.reply_prefix = reply_prefix(prefix)
+
+    def record(self, call_id: str) -> str:
+        """A user worker's record of a call's reply (the state service records in-script)."""
+        return f"{self.stream}:done:{{{call_id}}}"
+
+
+def reply_prefix(prefix: str) -> str:
+    """Reply lists: `<prefix>:reply:<client id>`; the only keys a service replies to."""
+    return f"{prefix}:reply:"
+
+
+def stats_key(prefix: str, service: str) -> str:
+    return f"{prefix}:stats:{service}"
+
+
+def bus_streams_pattern(prefix: str) -> str:
+    """SCAN pattern of every service's call stream."""
+    return f"{prefix}:bus:*"

@@ -19,7 +19,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the store and the service read from their environment."""
 
     redis_url: str | None = None  # None: start and manage an embedded redis-server
-    state_dir: str = "var/stateworker"  # embedded Redis data (AOF) and socket
+    # Embedded Redis data (AOF) and socket: one well-known place per user, whatever the
+    # current directory, so `serve`, `call`, `status` and StateStore.open() agree.
+    state_dir: str = msgspec.field(default_factory=lambda: default_state_dir(os.environ))
     prefix: str = "sw"  # first segment of every Redis key and stream
     partitions: int = 16  # scopes hash into this many partitions, each one event stream
     max_value_bytes: int = 1024 * 1024
@@ -34,6 +36,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
 
     def __post_init__(self) -> None:
+        # One absolute path: every process that reads the same setting finds the same Redis.
+        msgspec.structs.force_setattr(self, "state_dir", os.path.abspath(
+            os.path.expanduser(self.state_dir)))
         if not _PREFIX_RE.match(self.prefix):
             raise ConfigError(
                 f"prefix {self.prefix!r} must be 1-64 characters of [A-Za-z0-9_.-]"
@@ -56,7 +61,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from `STATEWORKER_*` variables; keyword overrides win over the environment."""
         env = os.environ if env is None else env
-        values: dict[str, object] = {}
+        values: dict[str, object] = {"state_dir": default_state_dir(env)}
         for field in msgspec.structs.fields(cls):
             raw = env.get(f"STATEWORKER_{field.name.upper()}")
             if raw is not None and raw != "":
@@ -66,6 +71,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid setting: {exc}") from exc
+
+
+def default_state_dir(env: Mapping[str, str]) -> str:
+    """The per-user data directory: $XDG_DATA_HOME/stateworker, else
+    ~/.local/share/stateworker."""
+    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "stateworker")
 
 
 def _parse(name: str, type_: object, raw: str) -> object:

@@ -241,9 +241,7 @@ class _Doc:
 
     def merge(self, segments: list[str], value: Obj) -> bool:
         if not segments:
-            if not isinstance(self.value, Obj):
-                return False
-            target = self.value
+            target = self.root_object("merge", "root", "merge.target_not_object")
         else:
             if not isinstance(self.value, Obj):
                 self.value = Obj()

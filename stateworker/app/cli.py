@@ -12,7 +12,9 @@ from stateworker import logs
 from stateworker.app import service
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
+from stateworker.clock import rfc3339_ms
 from stateworker.errors import ConfigError, StateError
+from stateworker.keys import bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.settings import Settings
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
@@ -55,7 +57,8 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters."""
     url = client_url(settings)
     conn = RedisConnection(url)
-    report: dict[str, Any] = {"redis": url}
+    report: dict[str, Any] = {"redis": url, "state_dir": None if settings.redis_url
+                              else settings.state_dir, "prefix": settings.prefix}
     try:
         info = (await conn.execute("INFO", "persistence")).decode()
     except ConnectionLost as exc:
@@ -66,7 +69,8 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         cursor = b"0"
         streams: list[bytes] = []
         while True:
-            cursor, found = await conn.execute("SCAN", cursor, "MATCH", f"{settings.prefix}:bus:*",
+            cursor, found = await conn.execute("SCAN", cursor, "MATCH",
+                                               bus_streams_pattern(settings.prefix),
                                                "TYPE", "stream", "COUNT", 1000)
             streams += found
             if cursor in (b"0", "0"):
@@ -87,13 +91,16 @@ async def _service_status(conn: RedisConnection, stream: bytes, group: str,
         consumers = await conn.execute("XINFO", "CONSUMERS", stream, group)
     except ReplyError:  # no group yet: nobody has served this stream
         pending, consumers = [0], []
-    counters = await conn.execute("HGETALL", f"{settings.prefix}:stats:{group}")
+    flat = await conn.execute("HGETALL", stats_key(settings.prefix, group))
+    counters = {k.decode(): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+    flushed = counters.pop("flushed_ms", None)
     return {
         "stream_length": length,
         "pending": pending[0],
         "consumers": [_pairs(c) for c in consumers],
-        "counters": {k.decode(): int(v) for k, v in zip(counters[::2], counters[1::2],
-                                                        strict=True)},
+        "counters": counters,
+        # The service adds its counts every FLUSH_EVERY_S: they are this old at most.
+        "counters_as_of": rfc3339_ms(flushed),
     }
 
 

@@ -34,6 +34,7 @@ from stateworker.errors import (
     StateError,
     ValueTooLarge,
 )
+from stateworker.keys import BusKeys
 
 log = logging.getLogger("stateworker.bus")
 
@@ -69,21 +70,12 @@ class Call:
 Handler = Callable[[Call], Awaitable[bytes]]  # -> result JSON; raises StateError
 
 
-class Bus:
-    """The names of one service's stream, group and record keys."""
+class Bus(BusKeys):
+    """One service's names (keys.BusKeys) and where it may reply."""
 
     def __init__(self, prefix: str, service: str) -> None:
-        self.prefix = prefix
-        self.service = service
-        self.stream = f"{prefix}:bus:{service}"
-        self.group = service
-        self.stats_key = f"{prefix}:stats:{service}"
-        self.reply_prefix = f"{prefix}:reply:"
+        super().__init__(prefix, service)
         self._replies = self.reply_prefix.encode()
-
-    def record(self, call_id: str) -> str:
-        """A user worker's record of a call's reply (the state service records in-script)."""
-        return f"{self.stream}:done:{{{call_id}}}"
 
     def reply_allowed(self, key: bytes) -> bool:
         """Replies go only to this prefix's reply lists (`<prefix>:reply:...`): a caller can

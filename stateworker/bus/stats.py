@@ -1,5 +1,5 @@
 """Counters of one service: calls, errors by code, latency. Kept in process, added to the
-Redis hash `<prefix>:stats:<service>` with the reply writes (at most once a second), so
+Redis hash `<prefix>:stats:<service>` with the reply writes (at most every FLUSH_EVERY_S), so
 `stateworker status` of any process can show them."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import bisect
 import time
 from collections import Counter
 
+from stateworker.clock import now_ms
 from stateworker.transport.connection import Arg
 
 # Latency buckets (upper bounds in ms) of the `latency_le_<ms>` counters.
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
-FLUSH_EVERY_S = 1.0
+FLUSH_EVERY_S = 0.25  # counters reach Redis at most this late (status reads them there)
 
 
 _BUCKET_NAMES = [f"latency_le_{bound}ms" for bound in LATENCY_BUCKETS_MS] + ["latency_gt_5000ms"]
@@ -59,5 +60,6 @@ class Stats:
         self.last_flush = now
         commands: list[list[Arg]] = [["HINCRBY", key, name, value]
                                      for name, value in self.pending.items()]
+        commands.append(["HSET", key, "flushed_ms", now_ms()])  # how current they are
         self.pending.clear()
         return commands

@@ -282,13 +282,15 @@ local apply_ops = (function()
     return true
   end
 
-  -- Returns 'applied', or 'noop' (root merge into a non-object document).
+  -- Returns true, or false after reporting a root that is not an object.
   local function op_merge(index, path, value)
     local source = json_open(value)
     local target
     if path == '' then
       target = root_object()
-      if not target then return 'noop' end
+      if not target then
+        return fail(index, 'merge.target_not_object', json_type(doc))
+      end
     else
       target = root_object()
       if not target then
@@ -302,7 +304,7 @@ local apply_ops = (function()
     for _, key in ipairs(source.keys) do
       json_put(target, key, json_field(source, key))
     end
-    return 'applied'
+    return true
   end
 
   local function first_append(value)
@@ -387,7 +389,7 @@ local apply_ops = (function()
       elseif kind == 'remove' then
         ok = op_remove(index, path)
       elseif kind == 'merge' then
-        ok = op_merge(index, path, value) == 'applied'
+        ok = op_merge(index, path, value)
       else
         ok = op_append(index, path, value, kind == 'append_array')
       end

@@ -8,14 +8,15 @@ sent) and returns the store's Plan for it; the plan's result is a Struct that
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
 from stateworker.state import listing, ops, reads, validate, writes
-from stateworker.state.bindings import KEEP, UpdateReply
+from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
     CompareAndSetRequest,
@@ -35,7 +36,8 @@ from stateworker.state.schemas import (
     encoder,
 )
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import Plan, then
+from stateworker.transport.connection import Arg
+from stateworker.transport.plans import Plan, command_reply, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 
@@ -180,6 +182,11 @@ FUNCTIONS: dict[str, Prepare] = {
 }
 
 
+# The functions that write: a call of one is run only after its id is bound to it.
+WRITES = frozenset({"state::set", "state::delete", "state::compare-and-set", "state::update",
+                    "state::diff", "state::update-topic", "state::delete-by-topic"})
+
+
 def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
     raises StateError."""
@@ -192,7 +199,41 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
+    if ctx.call_id is not None:
+        plan = claimed(state, ctx, plan, writes=fn in WRITES)
     return plan
+
+
+def claimed(state: RedisState, ctx: CallContext, plan: Plan, *, writes: bool) -> Plan:
+    """`plan`, run only if its call id is free or already bound to this same call.
+
+    An entry script records its call under the entry's partition, which makes a retry
+    exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
+    every bus call first binds its id to its digest (function + body) in a key of the id's
+    own (SET NX GET, kept as long as the records). A write runs in the step after the bind,
+    so a refused call never writes; a read goes in the same step and is dropped when refused.
+    """
+    claim: list[Arg] = ["SET", state.keys.call_claim(ctx.call_id or ""), ctx.call_digest or "",
+                        "NX", "GET", "PX", state.settings.dedupe_window_ms]
+
+    def check(reply: Any) -> None:
+        bound = command_reply(reply, "binding the call id")
+        if bound is not None and bound.decode() != ctx.call_digest:
+            raise CallIdReused(*STATUS_TEXTS[LUA_STATUS["CALL_ID_REUSED"]](
+                Target(state.settings, "", "", ctx), []))
+
+    if writes:
+        def bound(replies: list[Any]) -> Plan:
+            check(replies[0])
+            return plan
+
+        return Plan([claim], bound)
+
+    def read(replies: list[Any]) -> Any:
+        check(replies[0])
+        return plan.finish(replies[1:])
+
+    return Plan([claim, *plan.commands], read, plan.checks_deadline)
 
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:

@@ -118,10 +118,15 @@ async def test_merge_rules(store: StateStore, scope: str) -> None:
     assert result["new_value"] == {"a": 1, "b": 20, "n": {"x": 1}, "deep": {"er": {"y": 2}},
                                    "c": 3}
     assert list(result["new_value"]) == ["a", "b", "n", "deep", "c"]
-    # root merge into a non-object: nothing happens, nothing reported, nothing written
+    # root merge into a non-object: an op error, as for every other type mismatch
+    for start, kind in ((7, "number"), ([1], "array"), ("s", "string"), (None, "null")):
+        result = await update(store, scope, [{"type": "merge", "value": {"a": 1}}],
+                              start=start, key=f"m-{kind}")
+        assert result["new_value"] == start and result["version"] == 1
+        assert result["errors"] == [err(0, "merge.target_not_object",
+                                        f"Cannot merge at path 'root': target is {kind}, "
+                                        "expected object.")]
     result = await update(store, scope, [{"type": "merge", "value": {"a": 1}}], start=7, key="n")
-    assert result["new_value"] == 7 and "errors" not in result
-    assert result["version"] == 1
     # along a path, a non-object root becomes {}
     result = await update(store, scope, [{"type": "merge", "path": "p", "value": {"a": 1}}],
                           key="n")

@@ -210,8 +210,9 @@ EXAMPLES: list[tuple[str | None, list[dict[str, Any]], str, list[tuple[int, str]
             {"type": "merge", "path": "m", "value": Obj([(f"k{i}", Num("0")) for i in range(1024)])}],
      "{" + '"m":{' + ",".join(f'"k{i}":0' for i in range(1024)) + "}}",
      [(0, "merge.value.too_many_keys")]),
-    # merge: root of a non-object does nothing; along a path everything becomes an object
-    ("[1]", [{"type": "merge", "value": Obj([("a", Num("1"))])}], "[1]", []),
+    # merge: root of a non-object is an op error; along a path everything becomes an object
+    ("[1]", [{"type": "merge", "value": Obj([("a", Num("1"))])}], "[1]",
+     [(0, "merge.target_not_object")]),
     ("[1]", [{"type": "merge", "path": ["a", "b"], "value": Obj([("c", [])])}], '{"a":{"b":{"c":[]}}}',
      []),
     ('{"a":5,"b":1}', [{"type": "merge", "path": "a", "value": Obj([("x", Obj()), ("b", Num("2"))])}],
@@ -321,7 +322,8 @@ async def test_unchanged_entry_is_not_written(store: StateStore, scope: str) -> 
     result = dict(exact_load(await store.call_json("state::update", update_body(scope, key, ops))))
     assert to_text(result["new_value"]) == to_text(result["old_value"]) == "[1]"
     assert result["version"] == first["version"]
-    assert [dict(e)["code"] for e in result["errors"]] == ["set.target_not_object"]
+    assert [dict(e)["code"] for e in result["errors"]] == ["merge.target_not_object",
+                                                           "set.target_not_object"]
     assert apply_ops(exact_load("[1]"), ops)[2] is False
 
 
