@@ -182,11 +182,6 @@ FUNCTIONS: dict[str, Prepare] = {
 }
 
 
-# The functions that write: a call of one is run only after its id is bound to it.
-WRITES = frozenset({"state::set", "state::delete", "state::compare-and-set", "state::update",
-                    "state::diff", "state::update-topic", "state::delete-by-topic"})
-
-
 def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
     raises StateError."""
@@ -200,40 +195,31 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
     if ctx.call_id is not None:
-        plan = claimed(state, ctx, plan, writes=fn in WRITES)
+        plan = claimed(state, ctx, plan)
     return plan
 
 
-def claimed(state: RedisState, ctx: CallContext, plan: Plan, *, writes: bool) -> Plan:
+def claimed(state: RedisState, ctx: CallContext, plan: Plan) -> Plan:
     """`plan`, run only if its call id is free or already bound to this same call.
 
     An entry script records its call under the entry's partition, which makes a retry
     exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
     every bus call first binds its id to its digest (function + body) in a key of the id's
-    own (SET NX GET, kept as long as the records). A write runs in the step after the bind,
-    so a refused call never writes; a read goes in the same step and is dropped when refused.
+    own (SET NX GET, kept as long as the records), and runs in the step after: a refused call
+    never writes, and the calls of one batch keep their order (a read does not overtake a
+    write read before it).
     """
     claim: list[Arg] = ["SET", state.keys.call_claim(ctx.call_id or ""), ctx.call_digest or "",
                         "NX", "GET", "PX", state.settings.dedupe_window_ms]
 
-    def check(reply: Any) -> None:
-        bound = command_reply(reply, "binding the call id")
-        if bound is not None and bound.decode() != ctx.call_digest:
+    def bound(replies: list[Any]) -> Plan:
+        held = command_reply(replies[0], "binding the call id")
+        if held is not None and held.decode() != ctx.call_digest:
             raise CallIdReused(*STATUS_TEXTS[LUA_STATUS["CALL_ID_REUSED"]](
                 Target(state.settings, "", "", ctx), []))
+        return plan
 
-    if writes:
-        def bound(replies: list[Any]) -> Plan:
-            check(replies[0])
-            return plan
-
-        return Plan([claim], bound)
-
-    def read(replies: list[Any]) -> Any:
-        check(replies[0])
-        return plan.finish(replies[1:])
-
-    return Plan([claim, *plan.commands], read, plan.checks_deadline)
+    return Plan([claim], bound)
 
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:
