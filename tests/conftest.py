@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aredis
@@ -21,6 +22,16 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, for tests that change what the whole server shares
+    (FUNCTION FLUSH, CONFIG SET maxmemory, a restart): the session-wide one stays as it was."""
+    server = RedisServer(tmp_path / "own-redis")
     server.start()
     yield server
     server.kill()

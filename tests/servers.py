@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -11,7 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.abc
 import redis
 
 
@@ -73,6 +77,28 @@ class RedisServer:
             self.process = None
 
 
+def frozen(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP): its state in /proc is `T`."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def tcp_quiet(port: int) -> bool:
+    """No request in flight to the server on `port` on this host (/proc/net/tcp): no client
+    socket holds unsent bytes for it and none of its sockets holds unread ones, so the server
+    has read - and, for Redis, run - every command sent to it so far. (Replies waiting for a
+    client that does not read, a stopped one, do not count.)"""
+    with open("/proc/net/tcp") as table:
+        rows = table.read().splitlines()[1:]
+    for row in rows:
+        fields = row.split()
+        local, remote = (int(address.split(":")[1], 16) for address in fields[1:3])
+        tx, rx = (int(part, 16) for part in fields[4].split(":"))
+        if (local == port and rx) or (remote == port and tx):
+            return False
+    return True
+
+
 class ServiceProcess:
     """`stateworker serve` in a process of its own, for crash and signal tests."""
 
@@ -107,5 +133,117 @@ class ServiceProcess:
 
     def kill(self) -> None:
         if self.process is not None:
-            self.signal(signal.SIGKILL)
+            self.signal(signal.SIGKILL)  # (a stopped process too, without running again)
             self.wait()
+
+    def freeze(self) -> None:
+        """SIGSTOP, and wait until the process is stopped: it sends nothing more."""
+        assert self.process is not None
+        self.signal(signal.SIGSTOP)
+        pid = self.process.pid
+        wait_until(lambda: frozen(pid), 10, f"process {pid} to stop")
+
+    def thaw(self) -> None:
+        self.signal(signal.SIGCONT)
+
+
+class FaultProxy:
+    """A TCP proxy in front of a real Redis that injects one fault into the connection whose
+    requests first show `marker` (bytes):
+
+    - `hold`: that request and every later one on the connection are kept, not sent, until
+      `release()` sends them in order: a client whose call is still in flight, for as long as
+      the test says.
+    - `mute`: requests go on to Redis (the commands run), but no reply comes back from then
+      on, until `cut()` closes the connection: Redis lost in the middle of a batch, after the
+      commands ran.
+
+    Other connections, and new ones after the fault, pass untouched. Run it with
+    `await task_group.start(proxy.serve)`; clients connect to `proxy.url`.
+    """
+
+    OVERLAP = 1024  # request bytes kept from the previous chunk: a marker split in two is seen
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.mode: str | None = None
+        self.marker = b""
+        self.triggered = anyio.Event()  # set when a connection showed the marker
+        self.held_bytes = 0
+        self._victim: _Link | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def arm(self, mode: str, marker: bytes) -> None:
+        assert mode in ("hold", "mute") and self._victim is None
+        self.mode, self.marker = mode, marker
+
+    async def release(self) -> None:
+        """Send what a `hold` kept, and forward normally from then on."""
+        link = self._victim
+        assert link is not None and self.mode == "hold"
+        async with link.lock:
+            if link.kept:
+                await link.upstream.send(b"".join(link.kept))
+            link.kept.clear()
+            link.holding = False
+
+    def cut(self) -> None:
+        """Close the muted connection (both sides)."""
+        assert self._victim is not None and self.mode == "mute"
+        self._victim.scope.cancel()
+
+    async def serve(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._handle)
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_tcp("127.0.0.1", self.upstream_port) as upstream, \
+                anyio.create_task_group() as tg:
+            link = _Link(upstream, tg.cancel_scope)
+            tg.start_soon(self._requests, client, link)
+            tg.start_soon(self._replies, upstream, client, link)
+
+    async def _requests(self, client: anyio.abc.SocketStream, link: _Link) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            async for chunk in client:
+                seen, link.tail = link.tail + chunk, (link.tail + chunk)[-self.OVERLAP:]
+                if self.mode and self._victim is None and self.marker in seen:
+                    self._victim = link
+                    link.holding = self.mode == "hold"
+                    link.muted = self.mode == "mute"
+                    self.triggered.set()
+                async with link.lock:
+                    if link.holding:
+                        link.kept.append(chunk)
+                        self.held_bytes += len(chunk)
+                    else:
+                        await link.upstream.send(chunk)
+        link.scope.cancel()
+
+    async def _replies(self, upstream: anyio.abc.SocketStream, client: anyio.abc.SocketStream,
+                       link: _Link) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            async for chunk in upstream:
+                if not link.muted:
+                    await client.send(chunk)
+        link.scope.cancel()
+
+
+class _Link:
+    """One proxied connection."""
+
+    def __init__(self, upstream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
+        self.upstream = upstream
+        self.scope = scope
+        self.lock = anyio.Lock()
+        self.tail = b""
+        self.holding = False
+        self.muted = False
+        self.kept: list[bytes] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import msgspec
@@ -17,7 +18,7 @@ from stateworker.errors import ConfigError, StateError
 from stateworker.keys import bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.settings import Settings
-from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
 from stateworker.transport.embedded import client_url
 
 
@@ -42,15 +43,56 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+CALL_EPILOG = """\
+--timeout is the call's whole time: waiting for Redis (restarting, loading), sending,
+re-sending and the reply. The call carries its deadline (now + timeout, as deadline_ms), so
+after a TIMEOUT it is applied before that deadline or never; the message says so.
+
+exit status:
+  0  the call succeeded: its result (JSON) is on stdout
+  1  the call failed: {code, message, details} on stderr (JSON): an error reply
+     (INVALID_REQUEST, CONFLICT, UNKNOWN_FUNCTION ...), TIMEOUT (no reply in time; it may
+     still be applied before its deadline) or UNAVAILABLE (no Redis, or it never took the
+     call: it will not be applied)
+  2  bad usage or configuration (arguments, --redis-url, STATEWORKER_* variables)
+
+examples:
+  stateworker call state::set '{"scope":"orders","key":"o-1","value":{"total":12.50}}'
+  stateworker call --timeout 2 state::get '{"scope":"orders","key":"o-1"}'
+  stateworker call --service orders orders::create '{"id":"o-7"}'   # a Worker("orders")
+"""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _service_name(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"must be a service name without spaces, got {text!r}")
+    return text
+
+
 async def _call(args: argparse.Namespace) -> int:
-    async with StateClient(settings=_settings(args), timeout=args.timeout) as client:
-        try:
-            result = await client.call_json(args.fn, args.body.encode())
-        except StateError as exc:
-            print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
-            return 1
-        print(result.decode())
-        return 0
+    """One call; the exit status of CALL_EPILOG. `--timeout` bounds it all: opening the
+    client (which waits for a Redis that is restarting) and the call."""
+    end = time.monotonic() + args.timeout
+    try:
+        async with StateClient(settings=_settings(args), service=args.service,
+                               timeout=args.timeout) as client:
+            left = max(end - time.monotonic(), 0.001)
+            result = await client.call_json(args.fn, args.body.encode(), timeout=left)
+    except StateError as exc:
+        print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+        return 1
+    print(result.decode())
+    return 0
 
 
 async def status_report(settings: Settings) -> dict[str, Any]:
@@ -122,13 +164,24 @@ def main(argv: list[str] | None = None) -> int:
                          help="on stop, how long calls in flight may take")
     serve_p.add_argument("--concurrency", type=int, default=1024, help="calls in flight at most")
     serve_p.add_argument("--log-level", default="INFO")
-    call_p = sub.add_parser("call", help="call one function; print its JSON result")
-    call_p.add_argument("fn")
-    call_p.add_argument("body", nargs="?", default="{}")
-    call_p.add_argument("--timeout", type=float, default=10.0)
+    call_p = sub.add_parser(
+        "call", help="call one function; print its JSON result",
+        description="Call one function over the bus (the state service's, or a Worker's) "
+                    "and print its JSON result.",
+        epilog=CALL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    call_p.add_argument("fn", help="the function id: state::get, state::set, state::update "
+                        "... (README: Functions), or a Worker's, e.g. orders::create")
+    call_p.add_argument("body", nargs="?", default="{}",
+                        help="the request: one JSON object (default {}); numbers go as written")
+    call_p.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                        help="the call's whole time, and its deadline (default 10)")
+    call_p.add_argument("--service", type=_service_name, default="state",
+                        help="whose stream gets the call, <prefix>:bus:<service>: state "
+                        "(default) or a Worker's service name")
     sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters")
     args = parser.parse_args(argv)
     try:
+        check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2
         if args.command == "serve":
             return _serve(args)
         if args.command == "call":
@@ -137,11 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())
             return 0 if report.get("reachable") else 1
-        raise AssertionError(f"unhandled command {args.command}")
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return 2
-    return 0
+    raise AssertionError(f"unhandled command {args.command}")  # argparse allows no other
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
 """The state service: the `state::*` functions on the bus. Lifecycle only: start in order
 (Redis and its checks, scripts, the TTL reaper, the bus), run the loops in one task group,
-drain on stop."""
+drain on stop.
+
+A Redis that is loading its dataset (or BUSY ...) at start is waited for, at most
+`START_WAIT_S`; one that refuses connections is reported at once (a wrong URL should not
+make `serve` hang). Once serving, Redis going away or loading never stops the service: the
+bus loops back off and go on (bus/runtime.py), the reaper retries its next round."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -18,9 +25,18 @@ from stateworker.settings import Settings
 from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
 from stateworker.state.store import RedisState
+from stateworker.transport.connection import (
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    wait_ready,
+)
 from stateworker.transport.plans import Plan, Sent
 
 STATE_SERVICE = "state"
+START_WAIT_S = 60.0  # how long a start waits for a Redis that is loading its dataset
+
+log = logging.getLogger("stateworker.service")
 
 
 class StateCalls:
@@ -58,6 +74,8 @@ class StateService:
     @asynccontextmanager
     async def running(cls, settings: Settings, options: BusOptions | None = None
                       ) -> AsyncIterator[StateService]:
+        if settings.redis_url is not None:
+            await _wait_while_loading(settings)
         async with lifecycle.open_state(settings=settings, reaper=True) as state:
             service = cls(state, options or BusOptions())
             async with anyio.create_task_group() as tg:
@@ -66,6 +84,31 @@ class StateService:
                     yield service
                 finally:
                     service.runtime.stop()
+
+
+async def _wait_while_loading(settings: Settings) -> None:
+    """Wait (backoff, at most START_WAIT_S) while Redis answers LOADING, BUSY ...; anything
+    else, a refused connection included, is left to the checks that follow to report."""
+    assert settings.redis_url is not None
+    conn = RedisConnection(settings.redis_url, connect_timeout_s=settings.connect_timeout_s,
+                           read_timeout_s=settings.read_timeout_s)
+    told = False
+
+    def waiting(error: BaseException) -> None:
+        nonlocal told
+        if isinstance(error, ConnectionLost):
+            raise error  # not one to wait for: the checks report it at once
+        if not told:
+            told = True
+            log.warning("Redis at %s is not serving yet (%s); waiting for it, at most %g s",
+                        settings.redis_url, error, START_WAIT_S,
+                        extra={"event": "service.waiting", "redis": settings.redis_url})
+
+    try:
+        with contextlib.suppress(ConnectionLost, ReplyError):  # the checks report these
+            await wait_ready(conn, START_WAIT_S, waiting)
+    finally:
+        await conn.close()
 
 
 async def serve(settings: Settings, options: BusOptions | None = None,

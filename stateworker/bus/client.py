@@ -1,14 +1,23 @@
 """`StateClient`: calls functions over the bus. One reply list per client, read by one task
 that hands each reply to the call waiting for its id; a retry reuses the call's id, so the
-service applies it at most once and answers it the same way."""
+service applies it at most once and answers it the same way.
+
+Every call carries its deadline (`deadline_ms`, epoch ms: now + its timeout, unless given), so
+a call the client gave up on is never applied later. Redis that cannot serve for a while (a
+refused or broken connection, LOADING after a restart, BUSY, TRYAGAIN, CLUSTERDOWN,
+MASTERDOWN) costs a retry with backoff (50 ms doubling to 1 s, jittered) within the call's
+timeout, never the client: past the timeout the call raises UNAVAILABLE when it never reached
+the stream, TIMEOUT when it may have (see `call_json`)."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
 import itertools
+import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
@@ -18,10 +27,28 @@ import anyio
 import msgspec
 
 from stateworker import codec
+from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.codec import ABSENT
-from stateworker.errors import CallTimeout, ConfigError, Unavailable, error_from
+from stateworker.errors import (
+    CallTimeout,
+    ConfigError,
+    Unavailable,
+    error_from,
+    no_redis_text,
+    not_sent_text,
+    timeout_text,
+)
 from stateworker.settings import Settings
-from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection
+from stateworker.transport.connection import (
+    Arg,
+    Backoff,
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    check_url,
+    transient_reason,
+    wait_ready,
+)
 from stateworker.transport.embedded import client_url
 
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
@@ -44,7 +71,7 @@ class _Waiter:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reply: _Reply | None = None
         self.error: BaseException | None = None  # the XADD failed
-        self.deadline = 0.0  # time.monotonic(); the sweeper wakes the call after it
+        self.deadline = math.inf  # time.monotonic(); the sweeper wakes the call after it
 
     def wake(self) -> None:
         if not self.future.done():
@@ -53,7 +80,7 @@ class _Waiter:
     def sent(self, xadd: asyncio.Future[list[Any]]) -> None:
         """Done-callback of the XADD: a failure wakes the call with it."""
         if xadd.cancelled():
-            self.error = Unavailable("the call was not sent", {})
+            self.error = ConnectionLost("the send was cancelled")
         elif xadd.exception() is not None:
             self.error = xadd.exception()
         elif isinstance(xadd.result()[0], Exception):  # a Redis error reply to the XADD
@@ -71,8 +98,12 @@ class StateClient:
 
     Every call raises the StateError of its error reply (`errors.error_from`: the class of
     its code, RemoteError for a code without one), CallTimeout (TIMEOUT) when no reply came
-    after every attempt, Unavailable (UNAVAILABLE) when it could not be sent or the client
-    closed first. The typed helpers list the codes their function answers with.
+    within its timeout though it may have been sent, Unavailable (UNAVAILABLE) when it never
+    reached the stream (Redis unavailable all along) or the client closed first. The typed
+    helpers list the codes their function answers with.
+
+    `transient` counts the transient Redis states the client met and rode out, by kind
+    (`CONNECTION`, `LOADING`, `BUSY` ...): what a dashboard may want to watch.
     """
 
     def __init__(self, redis_url: str | None = None, *, service: str = "state",
@@ -85,18 +116,23 @@ class StateClient:
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
             service: whose stream calls go to (`<prefix>:bus:<service>`); a Worker's name
                 to call its functions.
-            timeout: seconds to wait for a reply per attempt.
-            retries: attempts after the first (each re-sends the call with the same id).
+            timeout: a call's overall time in seconds (all its sends and retries); also how
+                long `async with` waits for a Redis that is restarting or loading.
+            retries: re-sends within that time while no reply came (at even intervals; each
+                re-sends the call with the same id and deadline); a transient Redis error
+                re-sends after its backoff besides.
             caller: recorded as the writer (`updated_by`, the event's `by`) of every call.
             settings: all settings at once (then `redis_url` and the environment are ignored).
 
         Raises:
-            ConfigError: a STATEWORKER_* variable is invalid (not a StateError: no code).
+            ConfigError: a STATEWORKER_* variable is invalid, or the URL's scheme is not
+                redis:// or unix:// (not a StateError: no code).
 
         Example: `client = StateClient("redis://localhost:6379/0", caller="billing")`
         """
         self.settings = settings or Settings.from_env(redis_url=redis_url)
         self.url = client_url(self.settings)
+        check_url(self.url)
         self.stream = f"{self.settings.prefix}:bus:{service}"
         self.reply_key = f"{self.settings.prefix}:reply:{uuid.uuid4().hex}"
         self.timeout = timeout
@@ -112,19 +148,32 @@ class StateClient:
         self._ids = itertools.count()
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:16]
+        self.transient: Counter[str] = Counter()
+
+    def _met(self, error: BaseException | None) -> None:
+        self.transient[transient_reason(error) or "OTHER"] += 1
 
     async def __aenter__(self) -> StateClient:
-        """Connect (PING) and start the reply reader.
+        """Connect (PING) and start the reply reader. A Redis that refuses connections or is
+        loading its dataset is waited for (with backoff), at most `timeout` seconds.
 
         Raises:
-            ConfigError: no Redis answers at the URL (is the service running?).
+            Unavailable (UNAVAILABLE): no Redis answered at the URL within `timeout`, or it
+                stayed in a transient state (LOADING ...); the message names the URL and
+                how to start the service.
+            ConfigError: Redis refused the connection for good (e.g. NOAUTH).
 
         Example: `async with StateClient() as client: ...`
         """
         try:
-            await self.conn.execute("PING")
+            await wait_ready(self.conn, self.timeout, self._met)
         except ConnectionLost as exc:
-            raise ConfigError(f"no Redis at {self.url}: is the service running? ({exc})") from exc
+            raise Unavailable(no_redis_text(self.url, exc), {"redis": self.url}) from exc
+        except ReplyError as exc:
+            if transient_reason(exc) is None:
+                raise ConfigError(f"Redis at {self.url} refused the client: {exc}") from exc
+            raise Unavailable(f"Redis at {self.url} is not serving yet after {self.timeout:g} s: "
+                              f"{exc}", {"redis": self.url}) from exc
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._read_replies)
@@ -150,21 +199,35 @@ class StateClient:
         for waiter in list(self._pending.values()):  # calls still waiting end now
             waiter.wake()
         with anyio.CancelScope(shield=True):
-            with suppress(ConnectionLost):  # Redis gone: the reply list expires on its own
+            # Redis gone or loading: the reply list expires on its own (so a close never
+            # waits long for it, nor fails because of it).
+            with anyio.move_on_after(1.0), suppress(ConnectionLost, ReplyError):
                 await self.conn.execute("DEL", self.reply_key)
             await self.conn.close()
             await self._reader.close()
 
     async def _read_replies(self) -> None:
+        """Hand each reply to its call. A failed read (Redis restarting, loading, away) backs
+        off and reads again: this task never ends before the client closes."""
+        backoff = Backoff()
         while True:
             try:
                 # BLMPOP takes every reply waiting (a service writes a batch's replies in one
                 # LPUSH), so the calls they wake send their next requests together.
                 popped = await self._reader.execute("BLMPOP", 1, 1, self.reply_key, "LEFT",
                                                     "COUNT", 1000)
-            except ConnectionLost:
-                await anyio.sleep(0.1)  # back off; the connection reconnects on the next call
+            except (ConnectionLost, ReplyError) as exc:
+                self._met(exc)
+                if isinstance(exc, ConnectionLost) and not backoff.failures:
+                    # Replies popped on the broken connection, or pushed to a Redis that lost
+                    # them in a restart, never arrive: every waiting call re-sends (same id,
+                    # same deadline) and gets its reply again from the call's record.
+                    for waiter in list(self._pending.values()):
+                        waiter.wake()
+                await anyio.sleep(backoff.next())
                 continue
+            if backoff.failures:
+                backoff.reset()
             for document in popped[1] if popped else []:
                 self._deliver(document)
 
@@ -188,6 +251,28 @@ class StateClient:
             waiter.reply = reply
             waiter.wake()
 
+    async def _connect(self, end: float) -> BaseException | None:
+        """Connect the sending connection within the call's time; the failure, or None."""
+        try:
+            with anyio.fail_after(max(end - time.monotonic(), 0.0)):
+                await self.conn.connect()
+        except ConnectionLost as exc:
+            return exc
+        except TimeoutError:
+            return ConnectionLost(f"cannot connect to Redis at {self.url} within the call's time")
+        return None
+
+    @staticmethod
+    async def _pause(waiter: _Waiter, delay: float) -> None:
+        """Wait `delay` seconds, or less when the call is woken (its reply came, the client
+        closed); a stale send error that woke it is dropped."""
+        waiter.deadline = math.inf  # not the sweeper's to end
+        if delay > 0:
+            await asyncio.wait([waiter.future], timeout=delay)
+        if waiter.future.done():
+            waiter.future = asyncio.get_running_loop().create_future()
+            waiter.error = None
+
     # ---- calls -------------------------------------------------------------------------------
     async def call_json(
         self, fn: str, body: bytes | str, *, timeout: float | None = None,
@@ -196,19 +281,31 @@ class StateClient:
     ) -> bytes:
         """Call `fn` with a JSON body; the result's JSON. Errors raise their StateError.
 
+        The call is sent with its deadline (`deadline_ms`, default now + `timeout`): the
+        service starts it only before then, so once this returns TIMEOUT the call is applied
+        by its deadline or never. Re-sends (`retries`, and after each transient Redis error,
+        with backoff) reuse the id and the deadline.
+
         Args:
             fn: the function id (`state::get`, `orders::create` ...).
             body: the request as JSON text (a JSON object).
-            timeout: seconds to wait per attempt; default the client's `timeout`.
+            timeout: the call's overall time in seconds; default the client's `timeout`.
             call_id: the call's unique id; default a new one. Reuse it only to repeat the
-                same call: it is applied at most once per id (dedupe window).
+                same call: it is applied at most once per id (dedupe window), and a repeat
+                gets the first call's recorded reply.
             context: a JSON object handed to the function (`call.ctx.context`).
-            deadline_ms: epoch ms after which the call must not start anymore.
+            deadline_ms: epoch ms after which the call must not start anymore; default now +
+                `timeout` (pass a TIMEOUT's `details["deadline_ms"]` with its call id to learn
+                that call's outcome without applying it anew).
 
         Raises:
-            CallTimeout (TIMEOUT): no reply after `retries + 1` attempts of `timeout` each.
-            Unavailable (UNAVAILABLE): the client is closed (or closed while waiting), or
-                the call could not be sent (Redis unreachable, XADD refused).
+            CallTimeout (TIMEOUT): no reply within `timeout` though the call may have reached
+                the stream; the message and `details` (`call_id`, `deadline_ms`) say until
+                when it may still be applied.
+            Unavailable (UNAVAILABLE): the call never reached the stream within `timeout`
+                (Redis refused connections or answered LOADING, BUSY ... throughout: it will
+                never be applied; `details["sent"]` is False), the XADD was refused for
+                good, or the client is closed (or closed while waiting).
             StateError: the error reply, as the class of its code: InvalidRequest
                 (INVALID_REQUEST), KeyTooLong (KEY_TOO_LONG), ValueTooLarge
                 (VALUE_TOO_LARGE), Conflict (CONFLICT), NotFound (NOT_FOUND), ReservedScope
@@ -222,45 +319,68 @@ class StateClient:
             raise Unavailable(f"{fn}: the client is closed", {})
         call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
         wait_s = timeout or self.timeout
+        start = time.monotonic()
+        end = start + wait_s
+        if deadline_ms is None:
+            deadline_ms = now_ms() + math.ceil(wait_s * 1000)
         fields: list[Arg] = ["XADD", self.stream, "*", "id", call_id, "fn", fn, "body", body,
-                             "reply", self.reply_key]
+                             "reply", self.reply_key, "deadline_ms", deadline_ms]
         if self.caller:
             fields += ["caller", self.caller]
         if context:
             fields += ["context", msgspec.json.encode(dict(context))]
-        if deadline_ms is not None:
-            fields += ["deadline_ms", deadline_ms]
         waiter = self._pending[call_id] = _Waiter()
+        sends = 0
+        maybe_sent = False  # an XADD went out that may have reached the stream
+        last_failure: BaseException | None = None  # the last transient error met
+        backoff: Backoff | None = None
         try:
-            for _ in range(self.retries + 1):
-                waiter.deadline = time.monotonic() + wait_s
+            while waiter.reply is None:
+                failure: BaseException | None = None
                 # Sent without waiting for Redis to say so: one wake-up per call, not two.
                 xadd = self.conn.send_pipeline([fields])
-                if xadd is None:  # not connected yet
-                    try:
-                        await self.conn.execute(*fields)
-                    except ConnectionLost as exc:
-                        raise Unavailable(f"{fn}: Redis unavailable: {exc}",
-                                          {"call_id": call_id}) from exc
+                if xadd is None:  # not connected (yet, or since Redis went away)
+                    failure = await self._connect(end)
                 else:
+                    sends += 1
                     xadd.add_done_callback(waiter.sent)
-                await waiter.future
-                if waiter.reply is not None:
+                    # The re-sends are spread evenly over the call's time.
+                    waiter.deadline = min(end, start + sends * wait_s / (self.retries + 1))
+                    await waiter.future
+                    if waiter.reply is not None:
+                        break
+                    failure, waiter.error = waiter.error, None
+                    waiter.future = asyncio.get_running_loop().create_future()
+                    if not isinstance(failure, ReplyError):  # no error reply: it may have run
+                        maybe_sent = True
+                    elif transient_reason(failure) is None:  # refused for good
+                        raise Unavailable(f"{fn}: the call could not be sent: {failure}",
+                                          {"call_id": call_id}) from failure
+                if self._closed or time.monotonic() >= end:
                     break
-                if waiter.error is not None:
-                    raise Unavailable(f"{fn}: the call could not be sent: {waiter.error}",
-                                      {"call_id": call_id}) from waiter.error
+                if failure is None:
+                    continue  # connected, or time to re-send
+                # A transient error: back off (a reply to an earlier send may still come
+                # meanwhile), then re-send with the same id and deadline.
+                last_failure = failure
+                self._met(failure)
+                backoff = backoff or Backoff()
+                await self._pause(waiter, min(backoff.next(), end - time.monotonic()))
                 if self._closed:
-                    raise Unavailable(f"{fn}: the client was closed before the reply came "
-                                      f"(call id {call_id})", {"call_id": call_id})
-                waiter.future = asyncio.get_running_loop().create_future()
+                    break
         finally:
             del self._pending[call_id]
         reply = waiter.reply
         if reply is None:
-            raise CallTimeout(f"{fn}: no reply within {wait_s}s after "
-                              f"{self.retries + 1} attempts (call id {call_id})",
-                              {"call_id": call_id})
+            if self._closed:
+                raise Unavailable(f"{fn}: the client was closed before the reply came (call id "
+                                  f"{call_id}; sent with deadline_ms {deadline_ms})",
+                                  {"call_id": call_id, "deadline_ms": deadline_ms})
+            if maybe_sent:
+                raise CallTimeout(*timeout_text(fn, call_id, wait_s, sends, deadline_ms,
+                                                rfc3339_ms(deadline_ms) or ""))
+            raise Unavailable(*not_sent_text(fn, call_id, self.url, wait_s,
+                                             last_failure or "no time left to send it"))
         if not reply.ok:
             error = reply.error
             raise error_from(str(error.get("code", "INTERNAL")), str(error.get("message", "")),

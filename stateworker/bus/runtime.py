@@ -5,13 +5,20 @@
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
     reclaim  XAUTOCLAIM entries idle longer than the visibility timeout -> call tasks
+
+Redis going away or not serving for a while (a refused or broken connection, LOADING after a
+restart, BUSY ...) never ends these loops: each backs off (50 ms doubling to 1 s, jittered)
+and goes on. Calls it could not answer stay pending and unacknowledged; once Redis serves
+again, the reader reads this consumer's pending history again and answers them (from their
+records when they ran), and the reclaim takes over what any consumer left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -30,19 +37,31 @@ from stateworker.bus.protocol import (
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.clock import now_ms
 from stateworker.errors import (
+    CallIdReused,
     InternalError,
     InvalidRequest,
     StateError,
     Unavailable,
     deadline_exceeded,
+    no_redis_text,
 )
-from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import (
+    Arg,
+    Backoff,
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    transient_reason,
+)
 from stateworker.transport.plans import Plan, Sent
 
 log = logging.getLogger("stateworker.bus")
 
-# (reply key, reply document or None, entry id, record key or None)
-Outgoing = tuple[bytes, bytes | None, bytes, str | None]
+# A user worker's call record: its key and the call's digest (SHA-1 of fn and body), which
+# the record keeps before its reply document (`<digest>\n<document>`).
+Record = tuple[str, bytes]
+# (reply key, reply document or None, entry id, record or None)
+Outgoing = tuple[bytes, bytes | None, bytes, Record | None]
 
 
 class BatchHandler(Protocol):
@@ -64,9 +83,12 @@ class BusRuntime:
 
     def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, *,
                  handler: Handler | None = None, batch: BatchHandler | None = None,
-                 record_ttl_ms: int | None = None) -> None:
+                 record_ttl_ms: int | None = None, start_wait_s: float | None = 60.0,
+                 describe: dict[str, Any] | None = None) -> None:
         """`handler` runs each call in a task of its own (user workers); `batch` turns calls
-        into plans and runs a whole batch together (the state service)."""
+        into plans and runs a whole batch together (the state service). `start_wait_s`: how
+        long `run` waits for a Redis that refuses connections or is loading (None: as long
+        as it takes). `describe`: more fields for the one "serving" log line."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
         self.reader_conn = RedisConnection(conn.url, connect_timeout_s=conn.connect_timeout_s,
@@ -86,12 +108,30 @@ class BusRuntime:
         self._running: set[bytes] = set()  # entry ids being served: never served twice at once
         self._idle = anyio.Event()  # set when no call is in flight
         self._freed = anyio.Event()  # set when a call finishes
+        self.start_wait_s = start_wait_s
+        self.describe = describe or {}
+        self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
+        self._unanswered = False  # calls were left pending (Redis away): read them again
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self._create_group()
+        """Serve until `stop()`.
+
+        Raises:
+            Unavailable (UNAVAILABLE): Redis refused connections or stayed in a transient
+                state (LOADING ...) for `start_wait_s` at start; the message names the URL
+                and how to start the service.
+            ReplyError: Redis refused to create the consumer group (e.g. the stream key
+                holds another type).
+        """
+        if not await self._start():  # stopped while waiting for Redis
+            task_status.started()
+            return
+        # One line: what serves where (the JSON log line carries the fields; "serving" is
+        # what scripts wait for).
         log.info("serving", extra={"event": "bus.start", "service": self.bus.service,
-                                   "consumer": self.consumer, "stream": self.bus.stream})
+                                   "stream": self.bus.stream, "consumer": self.consumer,
+                                   **self.describe})
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._flusher)
@@ -112,6 +152,37 @@ class BusRuntime:
         """Stop reading; calls already read finish (within the grace period) and are answered."""
         self._stopping.set()
         self._freed.set()  # a reader waiting for a free call slot sees the stop at once
+
+    async def _start(self) -> bool:
+        """Create the consumer group, waiting (with backoff, at most `start_wait_s`) while
+        Redis refuses connections or is in a transient state. One log line says so. False:
+        `stop()` came first."""
+        end = None if self.start_wait_s is None else time.monotonic() + self.start_wait_s
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            try:
+                await self._create_group()
+                break
+            except (ConnectionLost, ReplyError) as exc:
+                reason = transient_reason(exc)
+                if reason is None:
+                    raise
+                self.transient[reason] += 1
+                text = (no_redis_text(self.conn.url, exc) if reason == "CONNECTION" else
+                        f"Redis at {self.conn.url} is not serving yet ({exc})")
+                delay = backoff.next()
+                if end is not None and time.monotonic() + delay >= end:
+                    raise Unavailable(f"{text}; gave up after {self.start_wait_s:g} s",
+                                      {"redis": self.conn.url}) from None
+                if backoff.failures == 1:
+                    log.warning("%s; waiting for it%s", text, "" if end is None else
+                                f" (at most {self.start_wait_s:g} s)",
+                                extra={"event": "bus.waiting", "service": self.bus.service,
+                                       "redis": self.conn.url})
+                await self._pause(delay)
+        if backoff.failures and not self._stopping.is_set():
+            log.info("Redis at %s serves", self.conn.url, extra={"event": "bus.redis_back"})
+        return not self._stopping.is_set()
 
     async def _create_group(self) -> None:
         try:
@@ -134,21 +205,40 @@ class BusRuntime:
     # ---- reading -----------------------------------------------------------------------------
     async def _read_loop(self, calls: TaskGroup) -> None:
         start = "0"  # first this consumer's own pending entries (a restart under the same name)
+        backoff = Backoff()  # failed reads in a row
+        again = Backoff()  # re-reads of the pending history for calls left unanswered
         while not self._stopping.is_set():
             count = min(self.options.read_count, self.options.concurrency - self._in_flight)
             if count <= 0:
                 await self._freed.wait()
                 self._freed = anyio.Event()
                 continue
+            if self._unanswered and start == ">":
+                # Calls met Redis away and stay pending: read them again once it serves (not
+                # at once: Redis may be away still; a reclaim takes what this one misses).
+                self._unanswered = False
+                await self._pause(again.next())
+                start = "0"
             try:
                 reply = await self.reader_conn.execute(
                     "XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
                     "BLOCK", self.options.block_ms, "STREAMS", self.bus.stream, start)
             except (ConnectionLost, ReplyError) as exc:
-                log.warning("read failed: %s", exc, extra={"event": "bus.read_failed"})
+                self.transient[transient_reason(exc) or "OTHER"] += 1
+                if not backoff.failures:  # one line per outage, not one per retry
+                    log.warning("read failed: %s; retrying with backoff", exc,
+                                extra={"event": "bus.read_failed", "service": self.bus.service})
+                await self._pause(backoff.next())
                 await self._recover()
+                start = "0"  # then this consumer's pending calls first: some lost their reply
                 continue
+            if backoff.failures:
+                log.info("reading again after %d failed reads", backoff.failures,
+                         extra={"event": "bus.read_recovered", "service": self.bus.service})
+                backoff.reset()
             entries = reply[0][1] if reply else []
+            if entries and again.failures and not self._unanswered:
+                again.reset()
             if start != ">":  # reading this consumer's own pending history, oldest first
                 if not entries:
                     start = ">"
@@ -156,9 +246,14 @@ class BusRuntime:
                 start = entries[-1][0]  # go on after the last one read
             self._spawn(calls, entries)
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but no longer than until `stop()`."""
+        with anyio.move_on_after(seconds):
+            await self._stopping.wait()
+
     async def _recover(self) -> None:
-        """Redis away (restart, failover): wait a little, re-create the group if it vanished."""
-        await anyio.sleep(0.2)  # back off before reconnecting
+        """After a failed read: re-create the group if it vanished (Redis restarted without
+        its data, the stream deleted)."""
         with contextlib.suppress(ConnectionLost, ReplyError):  # the next read reports it
             await self._create_group()
 
@@ -226,7 +321,9 @@ class BusRuntime:
             call = ready[index][0]
             if isinstance(result, Unavailable):
                 # Redis went away mid-call: the script may have run. No reply, no ack: the
-                # entry stays pending, and a reclaim answers it from the call's record.
+                # entry stays pending, and the reader (or a reclaim) serves it again, which
+                # answers it from the call's record.
+                self._unanswered = True
                 return
             if isinstance(result, StateError):
                 self._answer(call.reply, call.id, None, result, call.entry_id, None,
@@ -299,16 +396,26 @@ class BusRuntime:
     async def _run(self, call: Call) -> None:
         record = None
         if self.record_ttl_ms is not None and call.id is not None:
-            record = self.bus.record(call.id)
+            record = (self.bus.record(call.id), (call.ctx.call_digest or "").encode())
             try:
-                previous = await self.conn.execute("GET", record)
+                previous = await self.conn.execute("GET", record[0])
             except (ConnectionLost, ReplyError) as exc:
-                # Not answered, not acknowledged: the entry stays pending for a reclaim.
+                # Not answered, not acknowledged: the entry stays pending, to be read again.
                 log.warning("reading a call record failed: %s", exc, extra={
                     "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
+                self._unanswered = True
                 return
             if previous is not None:  # answered before: the same reply again, nothing re-run
-                self._queue(call.reply, previous, call.entry_id, None)
+                digest, document = (b"", previous) if previous[:1] == b"{" else (
+                    previous.partition(b"\n")[::2])  # (a record without digest: older)
+                if digest and digest != record[1]:  # the id of another call: not this one's
+                    self._answer(call.reply, call.id, None, CallIdReused(
+                        f"id {call.id!r} was used for another call (another function or body) "
+                        f"in the last {self.record_ttl_ms // 1000} s; a retry must repeat the "
+                        "same call, a new call needs a new id", {"id": call.id}),
+                        call.entry_id, None, call.started, call.fn)
+                    return
+                self._queue(call.reply, document, call.entry_id, None)
                 return
         result: bytes | None = None
         error: StateError | None = None
@@ -331,7 +438,7 @@ class BusRuntime:
             raise deadline_exceeded(call.deadline_ms)
 
     def _answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
-                error: StateError | None, entry_id: bytes, record: str | None,
+                error: StateError | None, entry_id: bytes, record: Record | None,
                 started: float | None, fn: str | None = None) -> None:
         if error is not None:
             # Bad requests are the caller's business: debug. The rest is worth a line.
@@ -346,7 +453,7 @@ class BusRuntime:
 
     # ---- replying ----------------------------------------------------------------------------
     def _queue(self, reply_key: bytes, document: bytes | None, entry_id: bytes,
-               record: str | None) -> None:
+               record: Record | None) -> None:
         if reply_key and not self.bus.reply_allowed(reply_key):
             log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
                 "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
@@ -381,9 +488,10 @@ class BusRuntime:
                 try:
                     await self._write(batch)
                 except (ConnectionLost, ReplyError) as exc:
-                    # Not acknowledged: the entries stay pending, answered after a reclaim.
+                    # Not acknowledged: the entries stay pending and are read again.
                     log.warning("writing replies failed: %s", exc, extra={
                         "event": "bus.flush_failed", "count": len(batch)})
+                    self._unanswered = True
 
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)
@@ -394,7 +502,8 @@ class BusRuntime:
             if reply_key:
                 by_key[reply_key].append(document)
             if record is not None:
-                commands.append(["SET", record, document, "PX", self.record_ttl_ms or 0])
+                commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
+                                 self.record_ttl_ms or 0])
         for reply_key, documents in by_key.items():
             commands.append(["LPUSH", reply_key, *documents])
             commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
@@ -403,8 +512,12 @@ class BusRuntime:
         commands.append(["XDEL", self.bus.stream, *ids])
         commands += self.stats.flush_commands(self.bus.stats_key)
         results = await self.conn.pipeline(commands)
-        for command, result in zip(commands, results, strict=True):
-            if isinstance(result, ReplyError):  # e.g. a reply key of another type
-                log.warning("reply write failed: %s", result, extra={
-                    "event": "bus.write_failed", "command": str(command[0])})
+        failed = [(command, result) for command, result in zip(commands, results, strict=True)
+                  if isinstance(result, ReplyError)]  # e.g. a reply key of another type
+        if failed:
+            command, result = failed[0]
+            log.warning("reply write failed: %s", result, extra={
+                "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})
+            if any(transient_reason(result) for _, result in failed):
+                self._unanswered = True  # BUSY ...: not acknowledged either: read them again
 

@@ -15,12 +15,19 @@ A crash after the function's side effects but before the reply was written runs 
 
 Per-function options: `@worker.function("orders::create", timeout=5.0)` cancels a run that
 takes longer than 5 s and answers it with DEADLINE_EXCEEDED (see `Worker.function`).
+
+Redis away or not serving for a while (restarting, LOADING its dataset ...) never stops a
+worker: at start it waits for Redis (one log line names the URL and how to start the
+service; `start_wait_s` bounds the wait), and while serving its loops back off and go on
+(bus/runtime.py).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,13 +35,19 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-from stateworker import codec
+from stateworker import codec, logs
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
-from stateworker.errors import DeadlineExceeded, InvalidRequest, UnknownFunction
+from stateworker.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InvalidRequest,
+    Unavailable,
+    UnknownFunction,
+)
 from stateworker.loop import run
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import client_url
 
 Function = Callable[[Any, Call], Awaitable[Any]]
@@ -56,7 +69,8 @@ class Worker:
     """Serves the functions registered with `@worker.function(name)` on `<prefix>:bus:<service>`."""
 
     def __init__(self, service: str, redis_url: str | None = None, *,
-                 options: BusOptions | None = None, settings: Settings | None = None) -> None:
+                 options: BusOptions | None = None, settings: Settings | None = None,
+                 start_wait_s: float | None = None) -> None:
         """A worker for `service`; nothing connects before `run()`.
 
         Args:
@@ -66,14 +80,20 @@ class Worker:
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
             options: how the stream is read and answered (concurrency, grace_s, consumer ...).
             settings: all settings at once (then `redis_url` and the environment are ignored).
+            start_wait_s: how long `run()` waits at start for a Redis that refuses
+                connections or is loading (one warning line names the URL and how to start
+                the service); None (default): as long as it takes.
 
         Raises:
-            ConfigError: a STATEWORKER_* variable is invalid (not a StateError: no code).
+            ConfigError: a STATEWORKER_* variable is invalid, or the URL's scheme is not
+                redis:// or unix:// (not a StateError: no code).
 
         Example: `worker = Worker("orders", options=BusOptions(grace_s=5))`
         """
         self.service = service
         self.settings = settings or Settings.from_env(redis_url=redis_url)
+        check_url(client_url(self.settings))
+        self.start_wait_s = start_wait_s
         self.options = options or BusOptions()
         self.functions: dict[str, Function] = {}
         self.function_options: dict[str, FunctionOptions] = {}
@@ -157,13 +177,16 @@ class Worker:
 
         Calls in flight at the stop get `options.grace_s` to finish; the rest are cancelled
         and stay pending for another worker. Errors of single calls are replies, never
-        exceptions here.
+        exceptions here. Logs one line when it serves (service, stream, consumer, functions).
+        A Redis that refuses connections or is loading is waited for at start (see
+        `start_wait_s`) and ridden out while serving (back off, go on).
 
         Args:
             task_status: for `TaskGroup.start`: started once the consumer group exists.
 
         Raises:
-            ConnectionLost: Redis cannot be reached at start (not a StateError: no code).
+            Unavailable (UNAVAILABLE): no Redis served within `start_wait_s` (when set); the
+                message names the URL and how to start the service.
             ReplyError: Redis refused to create the consumer group (e.g. the stream key
                 holds another type).
 
@@ -174,7 +197,9 @@ class Worker:
                                read_timeout_s=self.settings.read_timeout_s)
         self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self.options,
                                   handler=self._handle,
-                                  record_ttl_ms=self.settings.dedupe_window_ms)
+                                  record_ttl_ms=self.settings.dedupe_window_ms,
+                                  start_wait_s=self.start_wait_s,
+                                  describe={"functions": ",".join(sorted(self.functions))})
         try:
             await self.runtime.run(task_status=task_status)
         finally:
@@ -194,19 +219,35 @@ class Worker:
 
     def serve(self) -> None:
         """Run until SIGINT or SIGTERM (for a worker's own `__main__`), on uvloop when
-        installed. Blocks; must not be called from inside a running event loop.
+        installed. Blocks; must not be called from inside a running event loop. Logs JSON
+        lines on stderr unless logging is configured already. A worker that cannot start
+        (no Redis within `start_wait_s`, a bad setting) exits with one line on stderr, not
+        a traceback: status 1 (UNAVAILABLE), 2 (configuration).
 
         Raises:
-            ConnectionLost, ReplyError: as `run()`.
+            SystemExit: as above.
+            ReplyError: as `run()`.
 
         Example: `if __name__ == "__main__": worker.serve()`
         """
+        if not logging.getLogger().handlers and not logging.getLogger("stateworker").handlers:
+            logs.configure("INFO")
+
         async def main() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with anyio.create_task_group() as tg:
-                    await tg.start(self.run)
+                    tg.start_soon(self.run)  # a signal stops it while it waits for Redis too
                     async for _ in signals:
                         self.stop()
                         break
 
-        run(main)
+        try:
+            run(main)
+        except BaseException as exc:  # a start failure comes wrapped in the task group's
+            cause = exc
+            while isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+                cause = cause.exceptions[0]
+            if isinstance(cause, Unavailable | ConfigError):
+                print(f"worker {self.service}: {cause}", file=sys.stderr)
+                raise SystemExit(1 if isinstance(cause, Unavailable) else 2) from None
+            raise

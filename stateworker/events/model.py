@@ -12,9 +12,6 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct
 
-EVENT_TYPES = ("state:created", "state:updated", "state:deleted")
-FIELDS = (b"type", b"scope", b"key", b"old_value", b"new_value", b"version", b"ts_ms", b"by")
-
 
 class Event(Struct, kw_only=True):
     """One change event as read back from a partition stream."""

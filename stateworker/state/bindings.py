@@ -37,7 +37,6 @@ LIST = Binding("list", 1)
 ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
 BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES)
-ENTRY_SCRIPTS = (SET, DELETE, UPDATE, TOPIC)  # KEYS and first 7 ARGV as set.lua's header
 
 
 # ---- arguments ---------------------------------------------------------------------------------

@@ -32,12 +32,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import random
 import socket
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
+
+from stateworker.errors import ConfigError
 
 Arg = bytes | str | int | float
 EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
@@ -51,6 +55,58 @@ class ReplyError(Exception):
 
 class ConnectionLost(ConnectionError):
     """Raised for every command in flight when the connection to Redis breaks."""
+
+
+# The error replies of a Redis that cannot serve for a while: loading its dataset after a
+# restart, running a script past its time limit, a cluster resharding or down, a replica cut
+# off from its master. The command did not run, and the same command may succeed later.
+TRANSIENT_REPLIES = frozenset({"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"})
+SUPPORTED_SCHEMES = ("redis", "unix")
+
+
+def transient_reason(error: BaseException | None) -> str | None:
+    """Why `error` is worth a retry: the error reply's first word (`LOADING`, `BUSY` ...) or
+    `CONNECTION` (refused, broken, timed out); None when it is not transient (a retry would
+    meet it again). `BUSYGROUP` and `BUSYKEY` are not `BUSY`: only the whole word counts."""
+    if isinstance(error, ConnectionLost):
+        return "CONNECTION"
+    if isinstance(error, ReplyError):
+        word = str(error).split(" ", 1)[0]
+        return word if word in TRANSIENT_REPLIES else None
+    return None
+
+
+class Backoff:
+    """Bounded, jittered exponential backoff: `first_s` (50 ms) doubling up to `max_s` (1 s);
+    each wait is drawn from [d/2, d], so callers that failed together do not all come back in
+    the same tick. `failures` counts the waits since the last `reset()`."""
+
+    __slots__ = ("_next_s", "failures", "first_s", "max_s")
+
+    def __init__(self, first_s: float = 0.05, max_s: float = 1.0) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self._next_s = first_s
+        self.failures = 0
+
+    def next(self) -> float:
+        """The next wait in seconds (and the one after it doubles)."""
+        delay = self._next_s
+        self._next_s = min(delay * 2, self.max_s)
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self._next_s = self.first_s
+        self.failures = 0
+
+
+def check_url(url: str) -> None:
+    """Raise ConfigError (one line) for a URL this connection cannot open."""
+    scheme = urllib.parse.urlparse(url).scheme
+    if scheme not in (*SUPPORTED_SCHEMES, ""):
+        raise ConfigError(f"unsupported Redis URL scheme {scheme!r} in {url!r}: use "
+                          "redis://host:port/db or unix:///path/to/redis.sock")
 
 
 def _text(arg: Arg) -> str:
@@ -295,6 +351,10 @@ class RedisConnection:
             proto.flush_scheduled = True
             loop.call_soon(proto.end_tick)
 
+    async def connect(self) -> None:
+        """Connect now (nothing is sent); ConnectionLost when Redis cannot be reached."""
+        await self._connected()
+
     async def execute(self, *args: Arg) -> Any:
         """Send one command (coalesced with the others of this tick) and return its reply."""
         proto = await self._connected()
@@ -397,3 +457,33 @@ async def _connect(url: str, read_timeout_s: float | None) -> _Protocol:
             proto.transport.close()
         raise
     return proto
+
+
+async def wait_ready(conn: RedisConnection, within_s: float | None,
+                     waiting: Callable[[BaseException], None] | None = None) -> None:
+    """PING until Redis answers. A transient state (`transient_reason`: refused or lost
+    connections, LOADING, BUSY ...) is retried with `Backoff`, telling `waiting(error)` each
+    time; once `within_s` seconds have passed (None: never) its last error is raised. Any
+    other error is raised at once."""
+    end = None if within_s is None else time.monotonic() + within_s
+    backoff = Backoff()
+    while True:
+        try:
+            if end is None:
+                await conn.execute("PING")
+            else:
+                async with asyncio.timeout(max(end - time.monotonic(), 0.001)):
+                    await conn.execute("PING")
+            return
+        except TimeoutError:  # the bound, not Redis: a connect or reply that hangs
+            raise ConnectionLost(f"no answer from Redis at {conn.url} within {within_s:g} s") \
+                from None
+        except (ConnectionLost, ReplyError) as exc:
+            if transient_reason(exc) is None:
+                raise
+            if waiting is not None:
+                waiting(exc)
+            delay = backoff.next()
+            if end is not None and time.monotonic() + delay >= end:
+                raise
+            await asyncio.sleep(delay)

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, ResourceExhausted, StateError, Unavailable
-from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import (
+    Arg,
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    transient_reason,
+)
 from stateworker.transport.library import FUNCTION_MISSING, Library, ScriptError
 
 log = logging.getLogger("stateworker.transport.plans")
@@ -52,6 +58,9 @@ def redis_error(reply: ReplyError, what: str) -> StateError:
             f"{what}: Redis refused the write because it reached its memory limit "
             "(maxmemory); nothing was written. Free memory or raise Redis's maxmemory.",
             {"redis_error": text[:200]})
+    if transient_reason(reply) is not None:  # LOADING, BUSY ...: it did not run; try later
+        return Unavailable(f"{what}: Redis is not serving for now ({text[:200]}); it did not run",
+                           {"redis_error": text[:200]})
     return InternalError(f"{what} failed: {text}")
 
 

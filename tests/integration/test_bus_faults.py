@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -15,8 +16,9 @@ from hypothesis import strategies as st
 
 from stateworker import StateStore
 from stateworker.app.service import StateService
+from stateworker.keys import KeySpace
 from tests.integration.busproto import roundtrip
-from tests.servers import RedisServer, ServiceProcess
+from tests.servers import RedisServer, ServiceProcess, tcp_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -35,25 +37,61 @@ async def xadd_many(raw: aredis.Redis, stream: str, entries: list[dict[str, Any]
 
 async def collect(raw: aredis.Redis, reply: str, want: set[str], timeout: float
                   ) -> dict[str, list[bytes]]:
-    """Replies on `reply` by call id, until every id in `want` has one (or the timeout)."""
+    """Replies on `reply` by call id, until every id in `want` has one; after `timeout` the
+    test fails, naming how many are missing."""
     got: dict[str, list[bytes]] = {}
-    with anyio.move_on_after(timeout):
-        while not want <= got.keys():
-            popped = await raw.blpop([reply], timeout=1)
-            if popped is not None:
-                document = popped[1]
-                got.setdefault(msgspec.json.decode(document)["id"], []).append(document)
+    try:
+        with anyio.fail_after(timeout):
+            while not want <= got.keys():
+                popped = await raw.blpop([reply], timeout=1)
+                if popped is not None:
+                    document = popped[1]
+                    got.setdefault(msgspec.json.decode(document)["id"], []).append(document)
+    except TimeoutError:
+        missing = want - got.keys()
+        raise AssertionError(f"{len(missing)} of {len(want)} calls unanswered after {timeout} s, "
+                             f"e.g. {sorted(missing)[:5]}") from None
     return got
 
 
-async def wait_for_replies(raw: aredis.Redis, reply: str, count: int) -> None:
+async def first_reply(raw: aredis.Redis, reply: str, timeout: float = 30) -> None:
+    """Wait until the reply list holds a document, leaving it there (BLMOVE onto itself)."""
+    moved = await raw.blmove(reply, reply, timeout, "LEFT", "LEFT")
+    assert moved is not None, f"no reply on {reply} within {timeout} s"
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    try:
+        with anyio.fail_after(timeout):
+            while not await condition():
+                await anyio.sleep(0.005)  # polling a condition in Redis
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
+async def freeze_in_flight(service: ServiceProcess, raw: aredis.Redis, stream: str,
+                           port: int) -> list[bytes]:
+    """Stop (SIGSTOP) the service process at a moment when it has calls in flight (read from
+    the stream and not acknowledged) and Redis has run every command it sent: what Redis
+    holds then is exactly what a kill would leave. Returns the entry ids in flight."""
     with anyio.fail_after(30):
-        while await raw.llen(reply) < count:
-            await anyio.sleep(0.005)  # polling the reply list for the first answers
+        while True:
+            service.freeze()
+            while not tcp_quiet(port):
+                await anyio.sleep(0.002)  # polling the kernel's socket queues
+            pending = await raw.xpending_range(stream, "state", "-", "+", 100_000)
+            if pending:
+                return [entry["message_id"] for entry in pending]
+            service.thaw()  # between two batches: let it go on, and freeze again
 
 
-async def test_kill_9_with_1000_calls_in_flight(redis_server: RedisServer, raw: aredis.Redis,
-                                                prefix: str, scope: str) -> None:
+async def call_ids(raw: aredis.Redis, stream: str) -> dict[bytes, str]:
+    """The entries still in the stream: entry id -> call id."""
+    return {entry_id: fields[b"id"].decode() for entry_id, fields in await raw.xrange(stream)}
+
+
+async def test_kill_9_with_calls_in_flight(redis_server: RedisServer, raw: aredis.Redis,
+                                           prefix: str, scope: str) -> None:
     stream, reply = f"{prefix}:bus:state", f"{prefix}:reply:crash"
     ids = [f"call-{i}" for i in range(1000)]
     entries = [{"id": i, "fn": "state::update", "body": increment(scope), "reply": reply}
@@ -62,36 +100,75 @@ async def test_kill_9_with_1000_calls_in_flight(redis_server: RedisServer, raw: 
     first.start()
     try:
         await xadd_many(raw, stream, entries + entries[:100])  # 100 client retries on top
-        await wait_for_replies(raw, reply, 1)
+        await first_reply(raw, reply)
+        in_flight = await freeze_in_flight(first, raw, stream, redis_server.port)
         first.kill()  # SIGKILL, with calls read, running and unread
     finally:
         first.kill()
-    answered_before = await raw.llen(reply)
+    # What the kill left, counted exactly: each of the 1,100 entries is answered (and deleted
+    # from the stream), in flight (pending) or unread.
+    pending = [p["message_id"] for p in await raw.xpending_range(stream, "state", "-", "+", 2000)]
+    assert pending == in_flight and len(in_flight) > 0, "the kill must find calls in flight"
+    left = await call_ids(raw, stream)
+    before = [msgspec.json.decode(d) for d in await raw.lrange(reply, 0, -1)]
+    assert len(before) + len(left) == 1100
+    assert set(in_flight) <= left.keys()
+    # Applied calls are exactly those with a record, each applied once; every answer was applied.
+    part = KeySpace(prefix, 4).for_scope(scope)
+    async with raw.pipeline(transaction=False) as pipe:
+        for i in ids:
+            pipe.exists(part.call_record(i))
+        recorded = {i for i, found in zip(ids, await pipe.execute(), strict=True) if found}
     async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
         applied_before = (await store.get(scope, "counter") or {}).get("n", 0)
-    # calls applied but not answered at the kill are redelivered and must not apply again
-    print("answered before the kill:", answered_before, "applied:", applied_before)
-    assert applied_before >= answered_before
+    answered_before = {d["id"]: d["result"]["new_value"]["n"] for d in before}
+    assert applied_before == len(recorded)
+    assert answered_before.keys() <= recorded
+    assert len(set(answered_before.values())) == len(answered_before)
+    print(f"at the kill: {len(in_flight)} calls in flight, {len(before)} answered, "
+          f"{len(recorded)} applied ({len(recorded - answered_before.keys())} not answered), "
+          f"{len(left) - len(in_flight)} unread")
+
     await xadd_many(raw, stream, entries[500:700])  # retries while the service is down
     second = ServiceProcess(redis_server.url, prefix, consumer="crash-2",
                             visibility_timeout_ms=500)
     second.start()
     try:
-        got = await collect(raw, reply, set(ids), timeout=60)
-        assert set(ids) <= got.keys(), f"unanswered: {len(set(ids) - got.keys())}"
-        assert all(len(set(documents)) == 1 for documents in got.values())  # same reply
-        counter = await roundtrip(raw, prefix, "state::get", {"scope": scope, "key": "counter"})
-        assert counter["result"] == {"n": 1000}
-        assert answered_before < 1300  # the kill did land with calls still in flight
-        with anyio.fail_after(30):
-            while (await raw.xpending(stream, "state"))["pending"]:
-                await anyio.sleep(0.01)  # polling: the last acknowledgements are in flight
+        await until(lambda: _at_least(raw.llen(reply), 1300), 60, "1,300 replies")
+        await until(lambda: _drained(raw, stream), 30, "the stream to be acknowledged")
     finally:
         second.kill()
+    # Every entry got exactly one reply; every delivery of an id the same one; each id applied
+    # once: the counter's values 1..1000 are handed out one per id.
+    documents = await raw.lrange(reply, 0, -1)
+    assert len(documents) == 1300
+    by_id: dict[str, list[bytes]] = {}
+    for document in documents:
+        by_id.setdefault(msgspec.json.decode(document)["id"], []).append(document)
+    assert by_id.keys() == set(ids)
+    for n, call_id in enumerate(ids):
+        assert len(by_id[call_id]) == 1 + (n < 100) + (500 <= n < 700), call_id
+        assert len(set(by_id[call_id])) == 1, call_id
+    values = sorted(msgspec.json.decode(d[0])["result"]["new_value"]["n"] for d in by_id.values())
+    assert values == list(range(1, 1001))
+    for call_id, n in answered_before.items():  # answered before the kill: the same again
+        assert msgspec.json.decode(by_id[call_id][0])["result"]["new_value"]["n"] == n
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
+        assert await store.get(scope, "counter") == {"n": 1000}
 
 
-async def test_sigterm_answers_every_call_read(redis_server: RedisServer, raw: aredis.Redis,
-                                               prefix: str, scope: str) -> None:
+async def _at_least(count: Awaitable[int], target: int) -> bool:
+    return await count >= target
+
+
+async def _drained(raw: aredis.Redis, stream: str) -> bool:
+    """Every entry acknowledged and deleted."""
+    return (await raw.xpending(stream, "state"))["pending"] == 0 and await raw.xlen(stream) == 0
+
+
+async def test_sigterm_with_calls_in_flight_answers_every_call_read(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
     stream, reply = f"{prefix}:bus:state", f"{prefix}:reply:term"
     ids = [f"t-{i}" for i in range(3000)]
     entries = [{"id": i, "fn": "state::set", "reply": reply,
@@ -101,19 +178,29 @@ async def test_sigterm_answers_every_call_read(redis_server: RedisServer, raw: a
     service.start()
     try:
         await xadd_many(raw, stream, entries)
-        await wait_for_replies(raw, reply, 1)
-        service.signal(signal.SIGTERM)
+        await first_reply(raw, reply)
+        frozen_at = await freeze_in_flight(service, raw, stream, redis_server.port)
+        in_stream = await call_ids(raw, stream)
+        in_flight = {in_stream[entry_id] for entry_id in frozen_at}
+        service.signal(signal.SIGTERM)  # arrives with those calls in flight
+        service.thaw()
         assert service.wait(timeout=30) == 0
     finally:
         service.kill()
     assert (await raw.xpending(stream, "state"))["pending"] == 0  # nothing left unacknowledged
-    unread = {fields[b"id"].decode() for _, fields in await raw.xrange(stream)}
+    unread = set((await call_ids(raw, stream)).values())
     replies = await raw.lrange(reply, 0, -1)
     answered = [msgspec.json.decode(document)["id"] for document in replies]
-    assert len(answered) == len(set(answered))
+    print(f"SIGTERM with {len(in_flight)} calls in flight: {len(answered)} answered, "
+          f"{len(unread)} left unread")
+    assert len(answered) == len(set(answered))  # each call answered once
     assert set(answered) | unread == set(ids) and not set(answered) & unread
-    assert len(answered) > 0
+    assert in_flight <= set(answered)  # in flight at the signal: answered before the exit
+    assert unread, "after SIGTERM the service stops reading: the rest waits for another"
     assert all(msgspec.json.decode(document)["ok"] for document in replies)
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
+        # exactly the answered calls were applied, the unread ones not
+        assert await store.list_keys(scope) == sorted(answered, key=str.encode)
 
 
 JUNK_VALUES = st.one_of(
@@ -152,10 +239,10 @@ def junk_entry(draw: st.DrawFn) -> dict[str, bytes]:
                                                                  HealthCheck.too_slow])
 @given(drawn=st.lists(junk_entry(), min_size=50, max_size=50))
 async def test_hostile_entries_get_error_replies_and_are_acknowledged(
-    service: StateService, raw: aredis.Redis, prefix: str, scope: str,
-    drawn: list[dict[str, bytes]]
+    service: StateService, raw: aredis.Redis, prefix: str, drawn: list[dict[str, bytes]]
 ) -> None:
     stream = f"{prefix}:bus:state"
+    scope = f"hostile-{uuid.uuid4().hex}"  # one per example: its counter starts at 0
     reply = f"{prefix}:reply:junk-{uuid.uuid4().hex}"
     batch = [{k: reply.encode() if v == REPLY and k == "reply" else v for k, v in fields.items()}
              for fields in drawn]
@@ -172,10 +259,14 @@ async def test_hostile_entries_get_error_replies_and_are_acknowledged(
         if not parsed["ok"]:
             assert parsed["error"]["code"] and parsed["error"]["message"]
     goods = await collect(raw, good_reply, {g["id"] for g in good}, timeout=30)
-    assert all(msgspec.json.decode(d[0])["ok"] for d in goods.values())
-    with anyio.fail_after(30):
-        while (await raw.xpending(stream, "state"))["pending"] or await raw.xlen(stream):
-            await anyio.sleep(0.01)  # polling: acknowledgements follow the replies
+    results = [msgspec.json.decode(d[0]) for d in goods.values()]
+    assert all(r["ok"] for r in results), results
+    assert sorted(r["result"]["new_value"]["n"] for r in results) == [1, 2, 3, 4, 5]
+    await until(lambda: _drained(raw, stream), 30, "every entry acknowledged")
+    # the good calls applied once each, and no entry was answered twice
+    assert await raw.llen(reply) == 0 and await raw.llen(good_reply) == 0
+    counter = await roundtrip(raw, prefix, "state::get", {"scope": scope, "key": "counter"})
+    assert counter["result"] == {"n": 5}
 
 
 async def test_a_20_mib_body_is_refused(service: StateService, raw: aredis.Redis,

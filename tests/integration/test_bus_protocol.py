@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
+from stateworker.keys import KeySpace
 from tests.integration.busproto import receive, roundtrip, send
 
 pytestmark = pytest.mark.anyio
@@ -112,17 +115,65 @@ async def test_retry_with_the_same_id_applies_once(service: StateService, raw: a
     assert entry["version"] == 1
 
 
+async def stats(raw: aredis.Redis, prefix: str) -> dict[str, int]:
+    counters = await raw.hgetall(f"{prefix}:stats:state")
+    return {k.decode(): int(v) for k, v in counters.items() if k != b"flushed_ms"}
+
+
+async def counters_reach(raw: aredis.Redis, prefix: str, name: str, value: int
+                         ) -> dict[str, int]:
+    """The stats hash once counter `name` reached `value` (counters are written to Redis a
+    little after the calls, with the replies or by the flusher)."""
+    try:
+        with anyio.fail_after(10):
+            while (counters := await stats(raw, prefix)).get(name, 0) < value:
+                await anyio.sleep(0.02)  # polling the stats hash
+    except TimeoutError:
+        raise AssertionError(f"counter {name} did not reach {value}: "
+                             f"{await stats(raw, prefix)}") from None
+    return counters
+
+
+async def drained(raw: aredis.Redis, prefix: str) -> None:
+    """Wait until every entry of the stream is acknowledged and deleted."""
+    stream = f"{prefix}:bus:state"
+    with anyio.fail_after(10):
+        while (await raw.xpending(stream, "state"))["pending"] or await raw.xlen(stream):
+            await anyio.sleep(0.01)  # polling: acknowledgements follow the replies
+
+
 async def test_fire_and_forget_and_refused_reply_keys(service: StateService, raw: aredis.Redis,
                                                       prefix: str, scope: str) -> None:
     stream = f"{prefix}:bus:state"
     await raw.xadd(stream, {"id": "ff-1", "fn": "state::set", "reply": "",
                             "body": msgspec.json.encode({"scope": scope, "key": "f",
                                                          "value": 1})})
-    internal = f"{prefix}:{{{prefix}:p0}}:events"
-    await raw.xadd(stream, {"id": "bad-reply", "fn": "state::get", "reply": internal,
-                            "body": msgspec.json.encode({"scope": scope, "key": "f"})})
+    # Replies go only to `<prefix>:reply:<something>`. A call naming any other key is not run,
+    # is acknowledged and counted, and nothing is written to that key (no reply, no expiry).
+    outside_string, outside_list = f"other-{uuid.uuid4().hex}", f"other-{uuid.uuid4().hex}"
+    await raw.set(outside_string, "mine")
+    await raw.rpush(outside_list, "a", "b")
+    keyspace = KeySpace(prefix, 4)  # another partition's event stream than the scope's
+    events = keyspace.partition((keyspace.partition_of(scope) + 1) % 4).events
+    await raw.xadd(events, {"keep": "me"})
+    refused = [outside_string, outside_list, events, f"{prefix}:replyx", f"{prefix}:reply:",
+               f"{prefix}:stats:state", f"other:{prefix}:reply:x"]
+    for n, key in enumerate(refused):
+        await raw.xadd(stream, {"id": f"bad-reply-{n}", "fn": "state::set", "reply": key,
+                                "body": msgspec.json.encode({"scope": scope, "key": f"bad-{n}",
+                                                             "value": n})})
     assert await ok(raw, prefix, "state::get", {"scope": scope, "key": "f"}) == 1
-    assert await raw.type(internal) in (b"stream", b"none")  # never turned into a reply list
+    await drained(raw, prefix)
+    assert await ok(raw, prefix, "state::list_keys", {"scope": scope}) == {"keys": ["f"]}
+    assert await raw.get(outside_string) == b"mine" and await raw.pttl(outside_string) == -1
+    assert await raw.lrange(outside_list, 0, -1) == [b"a", b"b"]
+    assert await raw.pttl(outside_list) == -1
+    assert [fields for _, fields in await raw.xrange(events)] == [{b"keep": b"me"}]
+    assert await raw.pttl(events) == -1
+    assert not await raw.exists(f"{prefix}:replyx", f"{prefix}:reply:", f"other:{prefix}:reply:x")
+    counters = await counters_reach(raw, prefix, "reply_refused", len(refused))
+    assert counters["reply_refused"] == len(refused)
+    await raw.delete(outside_string, outside_list)
 
 
 async def test_status_counters_and_acknowledged_stream(service: StateService, raw: aredis.Redis,
@@ -130,9 +181,59 @@ async def test_status_counters_and_acknowledged_stream(service: StateService, ra
     for i in range(5):
         await ok(raw, prefix, "state::set", {"scope": scope, "key": f"k{i}", "value": i})
     await fails(raw, prefix, "state::nope", {})
+    await fails(raw, prefix, "state::set", {"scope": scope})
     _call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k1"})
     assert (await receive(raw, reply))["result"] == 1
-    assert (await raw.xpending(f"{prefix}:bus:state", "state"))["pending"] == 0
+    await drained(raw, prefix)
+    counters = await counters_reach(raw, prefix, "calls", 8)
+    assert counters["calls"] == 8
+    assert {k: v for k, v in counters.items() if k.startswith("errors:")} == {
+        "errors:UNKNOWN_FUNCTION": 1, "errors:INVALID_REQUEST": 1}
+    buckets = {k: v for k, v in counters.items() if k.startswith(("latency_le_", "latency_gt_"))}
+    assert sum(buckets.values()) == 8  # one latency per call
+    assert counters["latency_us_sum"] > 0
+
+
+async def test_reply_lists_expire(service: StateService, raw: aredis.Redis, prefix: str,
+                                  scope: str) -> None:
+    _call_id, reply = await send(raw, prefix, "state::get", {"scope": scope, "key": "k"})
+    assert await raw.blmove(reply, reply, 10, "LEFT", "LEFT") is not None  # the reply is there
+    assert 0 < await raw.pttl(reply) <= 300_000  # README: reply lists expire after 5 minutes
+
+
+async def test_reads_check_the_deadline(service: StateService, raw: aredis.Redis, prefix: str,
+                                        scope: str) -> None:
+    await ok(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": 1})
+    s, k = {"scope": scope}, {"scope": scope, "key": "k"}
+    reads = [("state::get", k), ("state::get-entry", k), ("state::list", s),
+             ("state::list_keys", s), ("state::list_groups", {}), ("state::list-entries", s),
+             ("state::list-namespaces", {}), ("state::diff", {**k, "value": 1, "update": False})]
+    for fn, body in reads:
+        for deadline in (now_ms() - 1000, now_ms() - 1):
+            late = await fails(raw, prefix, fn, body, deadline_ms=str(deadline))
+            assert late["code"] == "DEADLINE_EXCEEDED", (fn, late)
+        assert (await roundtrip(raw, prefix, fn, body, deadline_ms=str(now_ms() + 60_000)))[
+            "ok"] is True, fn  # in time: answered
+
+
+async def test_every_reserved_scope_is_refused_by_every_function(
+    service: StateService, raw: aredis.Redis, prefix: str
+) -> None:
+    for reserved in ("state_barrier", "state_triggers", "state_namespaces"):
+        s, k = {"scope": reserved}, {"scope": reserved, "key": "k"}
+        calls = [("state::get", k), ("state::set", {**k, "value": 1}), ("state::delete", k),
+                 ("state::list", s), ("state::list_keys", s),
+                 ("state::compare-and-set", {**k, "value": 1}), ("state::get-entry", k),
+                 ("state::update", {**k, "ops": [{"type": "set", "path": "a", "value": 1}]}),
+                 ("state::list-entries", s), ("state::diff", {**k, "value": 1}),
+                 ("state::update-topic", {**k, "topic": "t"}),
+                 ("state::delete-by-topic", {**s, "topic_pattern": "*"})]
+        for fn, body in calls:
+            error = await fails(raw, prefix, fn, body)
+            assert error["code"] == "RESERVED_SCOPE", (reserved, fn, error)
+            assert error["details"]["scope"] == reserved
+    groups = await ok(raw, prefix, "state::list_groups", {})
+    assert not {"state_barrier", "state_triggers", "state_namespaces"} & set(groups["groups"])
 
 
 async def test_a_late_retry_of_an_applied_call_gets_its_reply(

@@ -16,8 +16,9 @@ from anyio.abc import TaskStatus
 from stateworker import Conflict
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
-from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.worker import Worker
+from stateworker.clock import now_ms
 from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, UnknownFunction
 from stateworker.settings import Settings
 from tests.servers import RedisServer
@@ -83,11 +84,17 @@ async def test_timeout_retries_with_the_same_id(redis_server: RedisServer, prefi
     settings = client_settings(redis_server, prefix)
     async with StateClient(settings=settings, timeout=0.2, retries=2) as client:
         with pytest.raises(CallTimeout):  # no service yet: three attempts, one id
+            # A deadline well past the timeout, so the call may still run once a service
+            # starts (by default a call's deadline ends with its timeout: test_callers.py).
             await client.call("state::update", {"scope": scope, "key": "c", "ops": [
-                {"type": "increment", "path": "n", "by": 1}]}, call_id="same-id")
+                {"type": "increment", "path": "n", "by": 1}]}, call_id="same-id",
+                deadline_ms=now_ms() + 60_000)
         entries = await client.conn.execute("XRANGE", client.stream, "-", "+")
         assert [e[1][1] for e in entries] == [b"same-id"] * 3
         async with StateService.running(settings, BusOptions(block_ms=50)):
+            with anyio.fail_after(10):  # served and acknowledged (deleted) first: a get in
+                while await client.conn.execute("XLEN", client.stream):  # the same batch
+                    await anyio.sleep(0.01)  # may finish before the writes' second step
             # the three deliveries of one id apply once
             assert await client.get(scope, "c") == {"n": 1}
 
@@ -191,30 +198,82 @@ async def test_stop_takes_effect_while_every_slot_is_busy(redis_server: RedisSer
                                                           prefix: str) -> None:
     settings = client_settings(redis_server, prefix)
     worker = Worker("slow", settings=settings,
-                    options=BusOptions(block_ms=50, concurrency=1, grace_s=0.2))
-    started = anyio.Event()
+                    options=BusOptions(block_ms=50, concurrency=1, grace_s=0.2, consumer="w-slow"))
+    started, cancelled, finished = anyio.Event(), anyio.Event(), anyio.Event()
 
     @worker.function("slow::wait")
     async def wait(body: Any, call: Call) -> Any:
         started.set()
-        await anyio.sleep_forever()
-
-    finished = anyio.Event()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
 
     async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await worker.run(task_status=task_status)
         finished.set()
 
-    async with anyio.create_task_group() as tg:
-        await tg.start(serve)
-        async with StateClient(settings=settings, service="slow", timeout=0.5, retries=0) as c:
-            tg.start_soon(_ignore_timeout, c)
-            await started.wait()
+    stream, reply = f"{prefix}:bus:slow", f"{prefix}:reply:slow"
+    raw = aredis.Redis(port=redis_server.port)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve)
+            entry = await raw.xadd(stream, {"id": "never-done", "fn": "slow::wait", "body": b"{}",
+                                            "reply": reply})
+            with anyio.fail_after(10):
+                await started.wait()
             worker.stop()
             with anyio.fail_after(10):  # stop is noticed, the grace period ends, run returns
                 await finished.wait()
+        assert cancelled.is_set()  # cut off at the end of the grace period
+        # unfinished: not answered, not acknowledged: pending for another worker to take over
+        pending = await raw.xpending_range(stream, "slow", "-", "+", 10)
+        assert [(p["message_id"], p["consumer"]) for p in pending] == [(entry, b"w-slow")]
+        assert await raw.llen(reply) == 0
+        assert await raw.get(Bus(prefix, "slow").record("never-done")) is None
+    finally:
+        await raw.aclose()
 
 
-async def _ignore_timeout(client: StateClient) -> None:
-    with pytest.raises((CallTimeout, Unavailable)):  # timed out, or the client closed first
-        await client.call("slow::wait", {})
+async def test_stop_answers_calls_that_finish_within_the_grace_period(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = client_settings(redis_server, prefix)
+    worker = Worker("grace", settings=settings,
+                    options=BusOptions(block_ms=50, concurrency=1, grace_s=30))
+    started, release, finished = anyio.Event(), anyio.Event(), anyio.Event()
+
+    @worker.function("grace::work")
+    async def work(body: Any, call: Call) -> Any:
+        started.set()
+        await release.wait()
+        async with aredis.Redis(port=redis_server.port) as own:
+            for _ in range(20):  # the rest of its work: Redis round trips, all after the stop
+                await own.ping()
+        return {"done": call.id}
+
+    async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await worker.run(task_status=task_status)
+        finished.set()
+
+    stream, reply = f"{prefix}:bus:grace", f"{prefix}:reply:grace"
+    raw = aredis.Redis(port=redis_server.port)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve)
+            await raw.xadd(stream, {"id": "g-1", "fn": "grace::work", "body": b"{}",
+                                    "reply": reply})
+            with anyio.fail_after(10):
+                await started.wait()
+            worker.stop()  # with the call in flight: it has the grace period to finish
+            release.set()
+            with anyio.fail_after(10):
+                await finished.wait()
+        # answered (run() returns after the replies are written) and acknowledged
+        answered = await raw.lrange(reply, 0, -1)
+        assert [msgspec.json.decode(d) for d in answered] == [
+            {"id": "g-1", "ok": True, "result": {"done": "g-1"}}]
+        assert (await raw.xpending(stream, "grace"))["pending"] == 0
+    finally:
+        await raw.aclose()

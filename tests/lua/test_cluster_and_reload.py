@@ -66,15 +66,18 @@ async def test_every_script_call_hashes_to_one_slot(
         assert len(slots) == 1, (script, names)
 
 
-async def test_function_flush_is_survived(store: StateStore, scope: str,
-                                          redis_server: RedisServer) -> None:
-    await store.set(scope, "k", 1)
-    with redis_server.client() as client:
-        client.function_flush()
-        assert client.function_list() == []
-    await store.set(scope, "k", 2)
-    assert await store.list(scope) == [2]
-    assert await store.delete(scope, "k") == 2
+async def test_function_flush_is_survived(own_redis: RedisServer, scope: str) -> None:
+    # FUNCTION FLUSH empties the whole server's library: on a server of the test's own
+    async with StateStore.open(own_redis.url, partitions=4) as store:
+        await store.set(scope, "k", 1)
+        with own_redis.client() as client:
+            client.function_flush()
+            assert client.function_list() == []
+        await store.set(scope, "k", 2)
+        assert await store.list(scope) == [2]
+        assert await store.delete(scope, "k") == 2
+        with own_redis.client() as client:
+            assert len(client.function_list()) == 1  # loaded again, once
 
 
 async def test_redis_restart_is_survived(tmp_path: Path, scope: str) -> None:
@@ -99,19 +102,25 @@ async def test_redis_restart_is_survived(tmp_path: Path, scope: str) -> None:
 
 
 async def test_a_library_redis_refuses_to_load_fails_the_call_not_the_store(
-    store: StateStore, scope: str, raw: aredis.Redis
+    own_redis: RedisServer, scope: str
 ) -> None:
-    await store.set(scope, "k", 1)
-    await raw.function_flush()
-    await raw.config_set("maxmemory", 1)  # now Redis refuses FUNCTION LOAD (out of memory)
+    # FUNCTION FLUSH and CONFIG SET maxmemory change the whole server: a server of its own
+    raw = aredis.Redis(port=own_redis.port)
     try:
-        with pytest.raises(StateError) as failed:
-            await store.list(scope)
-        assert failed.value.code == "INTERNAL"
-        assert "loading the Lua library" in str(failed.value) and "OOM" in str(failed.value)
+        async with StateStore.open(own_redis.url, partitions=4) as store:
+            await store.set(scope, "k", 1)
+            await raw.function_flush()
+            await raw.config_set("maxmemory", 1)  # now Redis refuses FUNCTION LOAD (out of memory)
+            try:
+                with pytest.raises(StateError) as failed:
+                    await store.list(scope)
+                assert failed.value.code == "INTERNAL"
+                assert "loading the Lua library" in str(failed.value) and "OOM" in str(failed.value)
+            finally:
+                await raw.config_set("maxmemory", 0)
+            # the next call loads the library
+            assert await store.list(scope) == [1]
+            await store.set(scope, "k", 2)
+            assert await store.get(scope, "k") == 2
     finally:
-        await raw.config_set("maxmemory", 0)
-    # the next call loads the library
-    assert await store.list(scope) == [1]
-    await store.set(scope, "k", 2)
-    assert await store.get(scope, "k") == 2
+        await raw.aclose()

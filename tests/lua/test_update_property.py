@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -112,29 +112,61 @@ def _address(scope: str, key: str) -> str:
     return f'"scope":{json.dumps(scope)},"key":{json.dumps(key)}'
 
 
+class Product(NamedTuple):
+    """What the update did in Redis."""
+
+    new_value: str  # the reply's new_value, as text
+    errors: list[RefError]
+    stored: str  # the value read back
+    old_value: str  # the reply's old_value
+    version: int  # the reply's version
+    stored_version: int  # the version read back
+    events: list[tuple[str, str, str, int]]  # the update's events: (type, old, new, version)
+
+
+async def last_revision(store: StateStore, scope: str) -> str:
+    """The newest event id of the scope's partition stream ("-" when empty)."""
+    events = store.state.keys.for_scope(scope).events
+    newest = await store.state.conn.execute("XREVRANGE", events, "+", "-", "COUNT", 1)
+    return newest[0][0].decode() if newest else "-"
+
+
 async def run_product(store: StateStore, scope: str, start: Any,
-                      ops: list[dict[str, Any]]) -> tuple[str, list[RefError], str, str]:
-    """(new_value text, errors, stored value text, old_value text) of the ops run through Redis."""
+                      ops: list[dict[str, Any]]) -> Product:
+    """The ops run through Redis on a fresh key (set to `start` first unless MISSING)."""
     key = f"k-{uuid.uuid4().hex}"
     if start is not MISSING:
         await store.call_json("state::set", f"{{{_address(scope, key)},\"value\":{to_text(start)}}}")
+    after = await last_revision(store, scope)
     result = dict(exact_load(await store.call_json("state::update", update_body(scope, key, ops))))
     errors = [(int(e["op_index"]), e["code"], e["message"])
               for e in (dict(item) for item in result.get("errors", []))]
-    stored = exact_load(await store.call_json("state::get", f"{{{_address(scope, key)}}}"))
-    return to_text(result["new_value"]), errors, to_text(stored), to_text(result["old_value"])
+    entry = dict(exact_load(await store.call_json(
+        "state::get-entry", f"{{{_address(scope, key)}}}")))
+    events = [(e.type, to_text(exact_load(bytes(e.old_value))),
+               to_text(exact_load(bytes(e.new_value))), e.version)
+              for e in await store.events(scope, after) if e.key == key]
+    return Product(to_text(result["new_value"]), errors, to_text(entry["value"]),
+                   to_text(result["old_value"]), int(result["version"]), int(entry["version"]),
+                   events)
 
 
 async def check(store: StateStore, scope: str, start: Any, ops: list[dict[str, Any]]) -> None:
-    expected_value, expected_errors, _ = apply_ops(start, ops)
-    got_value, got_errors, stored, old = await run_product(store, scope, start, ops)
+    expected_value, expected_errors, written = apply_ops(start, ops)
+    got = await run_product(store, scope, start, ops)
     request = update_body(scope, "KEY", ops).decode()
     start_text = "null" if start is MISSING else to_text(start)
     context = f"start={'MISSING' if start is MISSING else start_text} request={request}"
-    assert got_errors == expected_errors, context
-    assert got_value == to_text(expected_value), context
-    assert stored == got_value, context
-    assert old == start_text, context
+    assert got.errors == expected_errors, context
+    assert got.new_value == to_text(expected_value), context
+    assert got.stored == got.new_value, context
+    assert got.old_value == start_text, context
+    # the version moves, and one event is written, exactly when the entry is written
+    version = (0 if start is MISSING else 1) + (1 if written else 0)
+    assert got.version == got.stored_version == version, context
+    kind = "state:created" if start is MISSING else "state:updated"
+    expected_events = [(kind, start_text, got.new_value, version)] if written else []
+    assert got.events == expected_events, context
 
 
 @settings(max_examples=300, deadline=None,
