@@ -38,6 +38,7 @@ from stateworker.errors import (
     not_sent_text,
     timeout_text,
 )
+from stateworker.keys import reply_prefix
 from stateworker.settings import Settings
 from stateworker.transport.connection import (
     Arg,
@@ -50,6 +51,7 @@ from stateworker.transport.connection import (
     wait_ready,
 )
 from stateworker.transport.embedded import client_url
+from stateworker.transport.plans import redis_error
 
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
 
@@ -134,7 +136,7 @@ class StateClient:
         self.url = client_url(self.settings)
         check_url(self.url)
         self.stream = f"{self.settings.prefix}:bus:{service}"
-        self.reply_key = f"{self.settings.prefix}:reply:{uuid.uuid4().hex}"
+        self.reply_key = reply_prefix(self.settings.prefix) + uuid.uuid4().hex
         self.timeout = timeout
         self.retries = retries
         self.caller = caller
@@ -354,6 +356,8 @@ class StateClient:
                     if not isinstance(failure, ReplyError):  # no error reply: it may have run
                         maybe_sent = True
                     elif transient_reason(failure) is None:  # refused for good
+                        if str(failure).startswith("OOM"):  # Redis at maxmemory
+                            raise redis_error(failure, f"{fn}: sending the call") from failure
                         raise Unavailable(f"{fn}: the call could not be sent: {failure}",
                                           {"call_id": call_id}) from failure
                 if self._closed or time.monotonic() >= end:

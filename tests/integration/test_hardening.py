@@ -14,9 +14,10 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
-from stateworker import StateError, StateStore
+from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.keys import KeySpace
+from stateworker.settings import Settings
 from tests.integration.busproto import receive, roundtrip, send
 from tests.servers import RedisServer
 
@@ -155,6 +156,13 @@ async def test_out_of_memory_is_resource_exhausted(small_redis: RedisServer) -> 
             await store.call("state::update", {"scope": "s", "key": "k0", "ops": [
                 {"type": "set", "path": "", "value": "y"}]})
         assert caught.value.code == "RESOURCE_EXHAUSTED"
+        # A caller on the bus meets it when it sends: its XADD is refused.
+        async with StateClient(settings=Settings(redis_url=small_redis.url, prefix="oom"),
+                               timeout=5) as client:
+            with pytest.raises(StateError) as caught:
+                await client.set("s", "by-bus", 1)
+            assert caught.value.code == "RESOURCE_EXHAUSTED"
+            assert "maxmemory" in caught.value.message
         await admin.config_set("maxmemory", "0")  # memory back: writes go on
         await store.set("s", f"k{n}", value)
         assert await store.get("s", f"k{n}") == value
