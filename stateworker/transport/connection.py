@@ -3,7 +3,7 @@
 Why not redis-py's client on the hot path: each awaited redis-py command costs ~70 us of Python
 CPU, and its pipelines must be built explicitly. Here every command is written into one output
 buffer and the buffer is flushed once per event-loop tick, so all calls issued concurrently go
-to Redis as one write and come back as one read (PERFORMANCE.md: ~80k ops/s against ~12k for
+to Redis as one write and come back as one read (measured here: ~80k ops/s against ~12k for
 awaited redis-py calls). Replies are matched to callers in FIFO order, as RESP guarantees.
 
 This is the one module that uses asyncio directly (a Protocol is the cheapest way to get bytes
