@@ -81,7 +81,8 @@ class Unavailable(StateError):
 
 
 class DeadlineExceeded(StateError):
-    """Raised when a call's `deadline_ms` passed before it could run."""
+    """Raised when a call's `deadline_ms` passed before it could run, or a worker function ran
+    longer than its `timeout`."""
 
     code = "DEADLINE_EXCEEDED"
 

@@ -41,6 +41,7 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import (
     ConfigError,
     DeadlineExceeded,
+    InternalError,
     InvalidRequest,
     Unavailable,
     UnknownFunction,
@@ -121,13 +122,14 @@ class Worker:
 
         What a caller gets back as error replies (codes) for calls of these functions:
             UnknownFunction (UNKNOWN_FUNCTION): no function of that name is registered.
-            InvalidRequest (INVALID_REQUEST): the body is not valid JSON, the call entry is
-                malformed, or the result cannot be encoded as JSON.
+            InvalidRequest (INVALID_REQUEST): the body is not valid JSON or the call entry is
+                malformed.
             ValueTooLarge (VALUE_TOO_LARGE): the body is over `max_body_bytes`.
             DeadlineExceeded (DEADLINE_EXCEEDED): the call's `deadline_ms` passed before it
                 ran, or the run took longer than `timeout`.
             InternalError (INTERNAL): the function raised an exception that is not a
-                StateError (logged); a StateError it raises is answered with its own code.
+                StateError (logged; a StateError it raises is answered with its own code), or
+                returned a result that cannot be encoded as JSON.
 
         Example: `@worker.function("orders::create", timeout=5.0)` above
             `async def create(body, call): return {"created": body["id"]}`
@@ -170,7 +172,12 @@ class Worker:
                 raise DeadlineExceeded(
                     f"{call.fn} ran longer than its timeout of {timeout} s and was cancelled; "
                     "effects it made before that stay", {"fn": call.fn, "timeout_s": timeout})
-        return msgspec.json.encode(codec.to_json_tree(result))
+        try:
+            return msgspec.json.encode(codec.to_json_tree(result))
+        except (InvalidRequest, TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # The function's own result: the service's fault, not the caller's request.
+            raise InternalError(f"{call.fn} returned a result that cannot be sent as JSON: "
+                                f"{type(exc).__name__}: {exc}", {"fn": call.fn}) from exc
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until `stop()`; calls already read are answered before it returns.

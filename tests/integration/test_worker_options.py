@@ -14,7 +14,7 @@ from anyio.lowlevel import checkpoint
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
-from stateworker.errors import DeadlineExceeded
+from stateworker.errors import DeadlineExceeded, StateError
 from stateworker.settings import Settings
 from tests.servers import RedisServer
 
@@ -100,3 +100,23 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(timeout: Any) -> None:
     with pytest.raises(ValueError, match="timeout: must be a positive number of seconds"):
         worker.function("opts::x", timeout=timeout)
     assert worker.functions == {}
+
+
+async def test_a_result_that_is_not_json_is_the_workers_fault(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    worker = Worker("opts", settings=settings, options=BusOptions(block_ms=50))
+
+    @worker.function("opts::odd")
+    async def odd(body: Any, call: Call) -> Any:
+        return {"a set": {1, 2}}  # no JSON for a set
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="opts", timeout=5.0) as client:
+            with pytest.raises(StateError) as caught:
+                await client.call("opts::odd", {})
+        worker.stop()
+    assert caught.value.code == "INTERNAL"  # not the caller's request
+    assert "opts::odd returned a result that cannot be sent as JSON" in caught.value.message
