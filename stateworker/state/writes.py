@@ -22,8 +22,10 @@ from stateworker.state.bindings import (
     SET,
     TOPIC,
     UPDATE,
+    DeleteReply,
     Keep,
     SetReply,
+    TopicReply,
     UpdateReply,
     optional,
     topic_arg,
@@ -149,10 +151,10 @@ def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
 def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,
                       ctx: CallContext = NO_CONTEXT) -> Plan:
     return state.entry_plan(TOPIC, state.target(scope, key, ctx), [topic_arg(topic)],
-                            lambda reply: bool(reply[1]))
+                            lambda reply: TopicReply.read(reply).found)
 
 
 def delete_plan(state: RedisState, scope: str, key: str, *,
                 ctx: CallContext = NO_CONTEXT) -> Plan:
     return state.entry_plan(DELETE, state.target(scope, key, ctx), [],
-                            lambda reply: _raw(reply[1]))
+                            lambda reply: _raw(DeleteReply.read(reply).old_value))

@@ -4,8 +4,10 @@ languages do."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import msgspec
 import redis.asyncio as aredis
 
@@ -33,3 +35,12 @@ async def roundtrip(raw: aredis.Redis, prefix: str, fn: str, body: Any, **extra:
     document = await receive(raw, reply)
     assert document["id"] == call_id
     return document
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    try:
+        with anyio.fail_after(timeout):
+            while not await condition():
+                await anyio.sleep(0.005)  # polling a condition in Redis
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.keys import KeySpace
-from tests.integration.busproto import roundtrip
+from tests.integration.busproto import roundtrip, until
 from tests.servers import RedisServer, ServiceProcess, tcp_quiet
 
 pytestmark = pytest.mark.anyio
@@ -58,15 +58,6 @@ async def first_reply(raw: aredis.Redis, reply: str, timeout: float = 30) -> Non
     """Wait until the reply list holds a document, leaving it there (BLMOVE onto itself)."""
     moved = await raw.blmove(reply, reply, timeout, "LEFT", "LEFT")
     assert moved is not None, f"no reply on {reply} within {timeout} s"
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    try:
-        with anyio.fail_after(timeout):
-            while not await condition():
-                await anyio.sleep(0.005)  # polling a condition in Redis
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
 async def freeze_in_flight(service: ServiceProcess, raw: aredis.Redis, stream: str,

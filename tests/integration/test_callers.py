@@ -31,7 +31,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import CallTimeout, DeadlineExceeded, StateError, Unavailable
 from stateworker.settings import Settings
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
-from tests.servers import RedisServer, free_port
+from tests.servers import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -61,10 +61,7 @@ class LoadingRedis(RedisServer):
 
     def start(self) -> None:
         self.launch()
-        deadline = time.monotonic() + 15
-        while not self.answers():
-            assert time.monotonic() < deadline, "redis-server did not start within 15 s"
-            time.sleep(0.01)  # polling the new server
+        wait_until(self.answers, 15, f"redis-server on port {self.port}")
 
     def fill(self, keys: int) -> None:
         """`keys` keys in the AOF's RDB base (a rewrite), which a restart loads key by key."""
@@ -74,14 +71,13 @@ class LoadingRedis(RedisServer):
                 pipe.set(f"fill:{i}", "x" * 64)
             pipe.execute()
             client.bgrewriteaof()
-            deadline = time.monotonic() + 30
-            while True:
+
+            def rewritten() -> bool:
                 info = client.info("persistence")
-                if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
-                    break
-                assert time.monotonic() < deadline, "the AOF rewrite did not end within 30 s"
-                time.sleep(0.01)  # polling the rewrite
-            assert info["aof_last_bgrewrite_status"] == "ok"
+                return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+            wait_until(rewritten, 30, "the AOF rewrite")
+            assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
 
 
 async def loading(port: int) -> bool:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
@@ -18,16 +16,10 @@ from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from tests.integration.busproto import receive, roundtrip, send
+from tests.integration.busproto import receive, roundtrip, send, until
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-async def until(condition: Any, what: str, timeout: float = 10) -> None:
-    with anyio.fail_after(timeout):
-        while not await condition():
-            await anyio.sleep(0.02)  # polling a condition, not waiting for luck
 
 
 async def acknowledged(raw: aredis.Redis, prefix: str, entry_id: bytes) -> bool:
@@ -51,7 +43,7 @@ async def test_replies_go_only_to_reply_lists_of_the_prefix(
         body = msgspec.json.encode({"scope": scope, "key": f"k{n}", "value": n})
         entries.append(await raw.xadd(stream, {"id": f"bad-{n}", "fn": "state::set",
                                                "body": body, "reply": reply}))
-    await until(lambda: acknowledged(raw, prefix, entries[-1]), "the entries acknowledged")
+    await until(lambda: acknowledged(raw, prefix, entries[-1]), 10, "the entries acknowledged")
     assert await raw.get(foreign_string) == b"mine" and await raw.ttl(foreign_string) == -1
     assert await raw.lrange(foreign_list, 0, -1) == [b"a"] and await raw.ttl(foreign_list) == -1
     assert await raw.type(own_key) in (b"hash", b"none")
@@ -62,7 +54,7 @@ async def test_replies_go_only_to_reply_lists_of_the_prefix(
     async def counted() -> bool:
         return await raw.hget(f"{prefix}:stats:state", "reply_refused") == b"4"
 
-    await until(counted, "reply_refused counted")
+    await until(counted, 10, "reply_refused counted")
 
 
 def two_scopes_in_two_partitions(prefix: str) -> tuple[str, str]:

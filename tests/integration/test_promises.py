@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from tests.integration.busproto import until
 from tests.servers import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -38,15 +38,6 @@ INCREMENT = [{"type": "increment", "path": "n", "by": 1}]
 
 def increment(scope: str, key: str = "counter") -> bytes:
     return msgspec.json.encode({"scope": scope, "key": key, "ops": INCREMENT})
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    try:
-        with anyio.fail_after(timeout):
-            while not await condition():
-                await anyio.sleep(0.005)  # polling a condition in Redis
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
 async def drained(raw: aredis.Redis, stream: str, group: str) -> bool:
