@@ -123,6 +123,50 @@ class RemoteError(StateError):
         self.code = code  # type: ignore[misc]
 
 
+class BarrierConfig(StateError):
+    """Raised when `state::barrier`'s `condition_config` is missing or bad (or differs from
+    the barrier's first arrival)."""
+
+    code = "BARRIER_CONFIG"
+
+
+class InvalidPrefix(StateError):
+    """Raised when a namespace's `functions_prefix` is not `[A-Za-z0-9_-]+`."""
+
+    code = "INVALID_PREFIX"
+
+
+class InvalidScope(StateError):
+    """Raised when a claimed scope is empty or not a string, or an accessor is called on a
+    scope its namespace does not own."""
+
+    code = "INVALID_SCOPE"
+
+
+class Forbidden(StateError):
+    """Raised when a worker claims a namespace that is not its own name."""
+
+    code = "FORBIDDEN"
+
+
+class UnknownCaller(StateError):
+    """Raised when a call that needs the caller's identity (claim-namespace) carries none."""
+
+    code = "UNKNOWN_CALLER"
+
+
+class ScopeConflict(StateError):
+    """Raised when a scope asked for is owned by another namespace (nothing is claimed)."""
+
+    code = "SCOPE_CONFLICT"
+
+
+class Compacted(StateError):
+    """Raised to a watch that resumes from a revision older than the oldest one kept."""
+
+    code = "COMPACTED"
+
+
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -137,6 +181,8 @@ LUA_STATUS: dict[str, int] = {
     "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
     "DEADLINE_EXCEEDED": 6,  # the bus call's deadline passed and it never ran; nothing written
     "CALL_ID_REUSED": 7,  # the call id's record belongs to another call; nothing written
+    "BARRIER_CONFIG": 8,  # the barrier exists with another `expect`; nothing written
+    "SCOPE_CONFLICT": 9,  # a scope asked for is owned by another namespace; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -145,6 +191,8 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
     LUA_STATUS["DEADLINE_EXCEEDED"]: DeadlineExceeded,
     LUA_STATUS["CALL_ID_REUSED"]: CallIdReused,
+    LUA_STATUS["BARRIER_CONFIG"]: BarrierConfig,
+    LUA_STATUS["SCOPE_CONFLICT"]: ScopeConflict,
 }
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
@@ -164,6 +212,13 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         CallTimeout,
         CallIdReused,
         ResourceExhausted,
+        BarrierConfig,
+        InvalidPrefix,
+        InvalidScope,
+        Forbidden,
+        UnknownCaller,
+        ScopeConflict,
+        Compacted,
     )
 }
 

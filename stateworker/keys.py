@@ -15,6 +15,14 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
   sw:{sw:p3}:events                       stream change events; entry id = revision
   sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
+  sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
+  sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
+  sw:{sw:p3}:dispatched                   string the last event id the dispatcher handed on
+  sw:{sw:p3}:cut                          hash   undispatched events cut by the hard cap
+  sw:registry                             stream changes of triggers and claims (replicas follow)
+  sw:triggers                             hash   trigger id -> registration (JSON)
+  sw:claims                               hash   claimed scope -> functions prefix
+  sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:meta                                 hash   layout facts checked at start (partitions)
   sw:callid:{<call id>}                   string the digest of the call an id belongs to
   sw:bus:<service>                        stream calls to a service; consumer group <service>
@@ -41,6 +49,13 @@ class PartitionKeys:
     ttl: str
     events: str
     entry_prefix: str  # + "<len>:<scope><key>" gives an entry
+    lease: str  # the dispatcher that holds the partition: its token, PX lease time
+    dispatched: str  # the last event id handed on by the partition's dispatcher
+    cut: str  # events the hard cap trimmed before they were dispatched: count, last id
+
+    def barrier(self, barrier_id: str) -> str:
+        """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
+        return f"{self.tag}b:{barrier_id}"
 
     def entry(self, scope: str, key: str) -> str:
         return f"{self.entry_prefix}{member(scope, key)}"
@@ -81,6 +96,10 @@ class KeySpace:
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
         self._claims = f"{prefix}:callid:"
+        self.registry = f"{prefix}:registry"  # stream: one entry per trigger/claim change
+        self.triggers = f"{prefix}:triggers"
+        self.claims = f"{prefix}:claims"
+        self.replicas = f"{prefix}:replicas"
         self._parts = [self._build(n) for n in range(partitions)]
 
     def _build(self, n: int) -> PartitionKeys:
@@ -91,6 +110,9 @@ class KeySpace:
             ttl=f"{tag}ttl",
             events=f"{tag}events",
             entry_prefix=f"{tag}e:",
+            lease=f"{tag}lease",
+            dispatched=f"{tag}dispatched",
+            cut=f"{tag}cut",
         )
 
     def call_claim(self, call_id: str) -> str:
@@ -107,6 +129,10 @@ class KeySpace:
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one KeySpace per store, kept
     def _partition_of(self, scope: str) -> int:
         return self.partition_of(scope)
+
+    def barrier_partition(self, barrier_id: str) -> PartitionKeys:
+        """Barriers spread over the partitions by their id (not all in `state_barrier`'s)."""
+        return self._parts[zlib.crc32(barrier_id.encode()) % self.partitions]
 
     def partition(self, n: int) -> PartitionKeys:
         return self._parts[n]

@@ -1,4 +1,4 @@
-"""Imports point one way: leaf -> transport -> events -> state | bus -> app.
+"""Imports point one way: leaf -> transport -> events -> state | bus -> reactive -> app.
 
 A module may import its own layer and the layers below it; `state` and `bus` never import each
 other (the bus serves any service; the state service is one of them). The package's public
@@ -12,8 +12,9 @@ import ast
 from importlib import resources
 from pathlib import Path
 
-RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "app": 4, "top": 5}
-SUBPACKAGES = ("transport", "events", "state", "bus", "app")
+RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "reactive": 4, "app": 5,
+         "top": 6}
+SUBPACKAGES = ("transport", "events", "state", "bus", "reactive", "app")
 
 
 def layer_of(module: str) -> str:
