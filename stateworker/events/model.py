@@ -12,6 +12,8 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct
 
+from stateworker.clock import rfc3339_ms
+
 
 class Event(Struct, kw_only=True):
     """One change event as read back from a partition stream."""
@@ -25,6 +27,45 @@ class Event(Struct, kw_only=True):
     version: int
     ts_ms: int
     by: str
+
+
+class EventDocument(Struct, kw_only=True):
+    """An event as programs see it: a trigger handler's call body, a watch's line.
+
+    `{type: "state", event_type, scope, key, old_value, new_value, version, revision, ts}`;
+    `by` (the writer) and `ts_ms` are extra fields, `condition_payload` is set by a trigger
+    whose barrier condition allowed it (omitted otherwise).
+    """
+
+    type: str
+    event_type: str
+    scope: str
+    key: str
+    old_value: Raw
+    new_value: Raw
+    version: int
+    revision: str
+    ts: str
+    ts_ms: int
+    by: str | None
+    condition_payload: Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+def document_of(event: Event, condition_payload: Raw | None = None) -> EventDocument:
+    return EventDocument(
+        type="state", event_type=event.type, scope=event.scope, key=event.key,
+        old_value=event.old_value, new_value=event.new_value, version=event.version,
+        revision=event.revision, ts=rfc3339_ms(event.ts_ms) or "", ts_ms=event.ts_ms,
+        by=event.by or None,
+        condition_payload=msgspec.UNSET if condition_payload is None else condition_payload)
+
+
+_document_encoder = msgspec.json.Encoder()
+
+
+def document_json(event: Event, condition_payload: Raw | None = None) -> bytes:
+    """The event document as compact JSON (values byte-exact as stored)."""
+    return _document_encoder.encode(document_of(event, condition_payload))
 
 
 def fields_of(flat: list[Any]) -> dict[bytes, bytes]:
