@@ -17,12 +17,14 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
   sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
-  sw:{sw:p3}:dispatched                   string the last event id the dispatcher handed on
+  sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
+                                                 handed on), n (its ordinal in the stream)
   sw:{sw:p3}:cut                          hash   undispatched events cut by the hard cap
-  sw:registry                             stream changes of triggers and claims (replicas follow)
-  sw:triggers                             hash   trigger id -> registration (JSON)
-  sw:claims                               hash   claimed scope -> functions prefix
+  sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
+  sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
+  sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
+  sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
   sw:meta                                 hash   layout facts checked at start (partitions)
   sw:callid:{<call id>}                   string the digest of the call an id belongs to
   sw:bus:<service>                        stream calls to a service; consumer group <service>
@@ -50,7 +52,7 @@ class PartitionKeys:
     events: str
     entry_prefix: str  # + "<len>:<scope><key>" gives an entry
     lease: str  # the dispatcher that holds the partition: its token, PX lease time
-    dispatched: str  # the last event id handed on by the partition's dispatcher
+    dispatched: str  # the dispatcher's position: id and ordinal of the last event handed on
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
 
     def barrier(self, barrier_id: str) -> str:
@@ -96,10 +98,13 @@ class KeySpace:
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
         self._claims = f"{prefix}:callid:"
-        self.registry = f"{prefix}:registry"  # stream: one entry per trigger/claim change
-        self.triggers = f"{prefix}:triggers"
-        self.claims = f"{prefix}:claims"
+        # The registry's keys share one hash tag: a change and its registry entry are one script.
+        registry_tag = f"{prefix}:{{{prefix}:reg}}:"
+        self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
+        self.triggers = f"{registry_tag}triggers"
+        self.claims = f"{registry_tag}claims"
         self.replicas = f"{prefix}:replicas"
+        self.dispatch_stats = f"{prefix}:dispatch:stats"
         self._parts = [self._build(n) for n in range(partitions)]
 
     def _build(self, n: int) -> PartitionKeys:

@@ -26,7 +26,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int = 16  # scopes hash into this many partitions, each one event stream
     max_value_bytes: int = 1024 * 1024
     max_key_bytes: int = 1024
-    events_maxlen: int = 100_000  # approximate cap of each partition's event stream
+    events_maxlen: int = 100_000  # hard cap of each partition's event stream (approximate)
+    # Events the dispatcher has handed on are kept this many seconds more for watches, then
+    # trimmed; events not yet dispatched are kept (up to events_maxlen).
+    events_retain: float = 3600.0
+    dispatch: bool = True  # `serve` runs the trigger dispatcher (replicas share partitions)
+    lease_ms: int = 5000  # a dispatcher's hold on a partition; renewed every lease_ms / 5
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
     appendfsync: str = "everysec"  # embedded Redis only
     reaper_batch: int = 200  # expired entries deleted per reaper script call
@@ -53,6 +58,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
+        if not 0 <= self.events_retain < _FOREVER:
+            raise ConfigError(f"events_retain must be 0 or more seconds, got {self.events_retain}")
+        if not 500 <= self.lease_ms <= 600_000:
+            raise ConfigError(f"lease_ms must be 500..600000, got {self.lease_ms}")
         if not (0 < self.connect_timeout_s < _FOREVER and 0 < self.read_timeout_s < _FOREVER):
             raise ConfigError(f"connect_timeout_s and read_timeout_s must be positive seconds, got "
                               f"{self.connect_timeout_s} and {self.read_timeout_s}")

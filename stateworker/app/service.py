@@ -1,6 +1,6 @@
 """The state service: the `state::*` functions on the bus. Lifecycle only: start in order
-(Redis and its checks, scripts, the TTL reaper, the bus), run the loops in one task group,
-drain on stop.
+(Redis and its checks, scripts, the TTL reaper, the bus, the trigger dispatcher), run the
+loops in one task group, drain on stop.
 
 A Redis that is loading its dataset (or BUSY ...) at start is waited for, at most
 `START_WAIT_S`; one that refuses connections is reported at once (a wrong URL should not
@@ -21,6 +21,7 @@ import anyio
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import StateError
+from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.settings import Settings
 from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
@@ -69,6 +70,7 @@ class StateService:
         self.state = state
         self.bus = Bus(state.settings.prefix, STATE_SERVICE)
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state))
+        self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
 
     @classmethod
     @asynccontextmanager
@@ -80,10 +82,14 @@ class StateService:
             service = cls(state, options or BusOptions())
             async with anyio.create_task_group() as tg:
                 await tg.start(service.runtime.run)
+                if service.dispatcher is not None:
+                    tg.start_soon(service.dispatcher.run)
                 try:
                     yield service
                 finally:
                     service.runtime.stop()
+                    if service.dispatcher is not None:
+                        service.dispatcher.stop()
 
 
 async def _wait_while_loading(settings: Settings) -> None:

@@ -36,7 +36,11 @@ REAP = Binding("reap", 3)
 LIST = Binding("list", 1)
 ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
-BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES)
+TRIGGER = Binding("trigger", 2)
+LEASE = Binding("lease", 1)  # the dispatcher's (reactive/leases.py)
+ADVANCE = Binding("advance", 2)  # the dispatcher's (reactive/dispatcher.py)
+BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, LEASE,
+            ADVANCE)
 
 
 # ---- arguments ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
-from stateworker.state import listing, ops, reads, validate, writes
+from stateworker.state import listing, ops, reads, triggers, validate, writes
 from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
@@ -179,6 +179,7 @@ FUNCTIONS: dict[str, Prepare] = {
     "state::update-topic": state_update_topic,
     "state::delete-by-topic": state_delete_by_topic,
     "state::list-namespaces": state_list_namespaces,
+    **triggers.FUNCTIONS,
 }
 
 

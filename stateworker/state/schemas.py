@@ -75,6 +75,49 @@ class ListNamespacesRequest(Struct, kw_only=True):
 
 
 
+class MatchRule(Struct, forbid_unknown_fields=True):
+    """A trigger condition that needs no round trip: the JSON at `pointer` (RFC 6901) in the
+    event document equals `equals` (deep JSON equality, as compare-and-set)."""
+
+    pointer: str
+    equals: Raw
+
+
+class TriggerConfig(Struct, kw_only=True, omit_defaults=True):
+    """What a trigger fires on; every filter given must hold."""
+
+    scope: str | None = None
+    key: str | None = None
+    key_prefix: str | None = None
+    event_types: list[str] | None = None  # created / updated / deleted (or state:created ...)
+    match: list[MatchRule] | None = None
+    condition_function_id: str | None = None
+    condition_config: Raw | UnsetType = UNSET
+    condition_service: str | None = None  # where a bus condition runs (default: `service`)
+    condition_timeout_ms: int | None = None
+
+
+class RegisterTriggerRequest(Struct, kw_only=True):
+    function_id: str
+    service: str
+    id: str | None = None
+    config: TriggerConfig = msgspec.field(default_factory=TriggerConfig)
+
+
+class TriggerIdRequest(Struct):
+    id: str
+
+
+class Trigger(Struct, kw_only=True, omit_defaults=True):
+    """A stored registration, as `list-triggers` returns it."""
+
+    id: str
+    function_id: str
+    service: str
+    config: TriggerConfig
+    created_at: str
+
+
 # ---- results ----------------------------------------------------------------------------------
 class SetResult(Struct):
     old_value: Raw
@@ -96,6 +139,19 @@ class DiffResult(Struct, kw_only=True, omit_defaults=True):
     previous: Raw | UnsetType = UNSET
     version: int | UnsetType = UNSET
     hash: str | UnsetType = UNSET
+
+
+class TriggerIdResult(Struct):
+    id: str
+
+
+class UnregisteredResult(Struct):
+    id: str
+    removed: bool
+
+
+class TriggersResult(Struct):
+    triggers: list[Trigger]
 
 
 class UpdatedResult(Struct):

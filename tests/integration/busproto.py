@@ -3,6 +3,7 @@ languages do."""
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,10 +38,16 @@ async def roundtrip(raw: aredis.Redis, prefix: str, fn: str, body: Any, **extra:
     return document
 
 
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+async def until(condition: Callable[[], Awaitable[bool] | bool], timeout: float,
+                what: str) -> None:
+    """Poll `condition()` (a coroutine function or a plain one) until it holds."""
+    async def holds() -> bool:
+        result = condition()
+        return bool(await result) if inspect.isawaitable(result) else result
+
     try:
         with anyio.fail_after(timeout):
-            while not await condition():
+            while not await holds():
                 await anyio.sleep(0.005)  # polling a condition in Redis
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None

@@ -1,0 +1,273 @@
+"""The trigger dispatcher: partition events -> handler calls on the target services' streams.
+
+One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the registry
+stream and the event streams of the partitions it leases (reactive/leases.py), so a write
+wakes it at once and a trigger change reaches it as fast as an event. For each partition's
+batch, in stream order, it finds the matching triggers (reactive/matching.py), evaluates
+their conditions, and then sends, in ONE pipeline, every handler call of the batch (XADD to
+`<prefix>:bus:<service>`, id `<trigger id>:<revision>`, fire-and-forget) followed by the
+move of the partition's position (`lua/advance.lua`, only while the lease holds).
+
+At-least-once: the position moves only after the batch's calls are appended (same pipeline,
+in order), so a crash re-dispatches the batch with the same call ids, and a handler on
+`stateworker.Worker` runs once per id. Order: one partition is dispatched by one replica at
+a time, in stream order; the events of a scope are in one partition.
+
+Conditions: `state::barrier` runs in Redis (token `<trigger id>:<revision>`: a re-dispatched
+event gets the same decision); any other function is called over the bus with the event
+document (call id `<trigger id>:<revision>:condition`) and the trigger's timeout; only an
+explicit `false` skips; an error or a timeout skips too, logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import msgspec
+
+from stateworker.bus.client import StateClient
+from stateworker.errors import StateError
+from stateworker.events.model import Event, decode_event, document_json, fields_of
+from stateworker.reactive import trimming
+from stateworker.reactive.leases import Leases
+from stateworker.reactive.matching import Matcher, TriggerSet
+from stateworker.reactive.trimming import Position
+from stateworker.state import triggers, validate
+from stateworker.state.bindings import ADVANCE
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.plans import Plan, pipeline, script_reply
+
+log = logging.getLogger("stateworker.reactive.dispatcher")
+
+BATCH = 512  # events read per partition per round trip
+ROUND_S = 1.0  # leases, trimming and counters at least this often
+
+# Evaluates the barrier condition of a trigger for an event (state/barrier.py provides it):
+# (state, event document JSON, condition_config, token) -> a Plan whose result has
+# `decision` and `payload`. None: barrier conditions skip (logged).
+BarrierPlan = Callable[[RedisState, bytes, msgspec.Raw, str], Plan]
+barrier_plan: BarrierPlan | None = None
+
+
+class Dispatcher:
+    """Runs until cancelled; `hidden(scope)` says which scopes triggers never see."""
+
+    def __init__(self, state: RedisState, hidden: Callable[[str], bool] | None = None) -> None:
+        self.state = state
+        self.replica = f"{uuid.uuid4().hex[:12]}"
+        self.leases = Leases(state, self.replica)
+        self.positions: dict[int, Position] = {}
+        self.triggers = TriggerSet()
+        self.registry_id = "0-0"
+        self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES)
+        self.counts: dict[str, int] = {}
+        self._clients: dict[str, StateClient] = {}
+        self._stack = AsyncExitStack()
+        self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
+                                       read_timeout_s=state.conn.read_timeout_s)
+        self._last_round = 0.0
+        self._scope = anyio.CancelScope()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Dispatch until `stop()` (or cancelled); gives its leases back on the way out."""
+        backoff = Backoff()
+        log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
+        try:
+            with self._scope:
+                while True:
+                    try:
+                        await self._step()
+                        backoff.reset()
+                    except (StateError, ConnectionLost, ReplyError) as exc:
+                        # Redis away or refusing: nothing moved that was not handed on; go
+                        # on from the positions in Redis once it is back.
+                        log.warning("dispatch paused: %s", exc,
+                                    extra={"event": "dispatch.paused"})
+                        self.positions.clear()
+                        await anyio.sleep(backoff.next())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+
+    def stop(self) -> None:
+        self._scope.cancel()
+
+    async def _close(self) -> None:
+        try:
+            await self._flush_counts()
+            await self.leases.drop_all()
+        except (StateError, ConnectionLost, ReplyError) as exc:
+            log.warning("could not give back the leases: %s", exc,
+                        extra={"event": "dispatch.stop_failed"})
+        await self._stack.aclose()
+        await self._reader.close()
+
+    async def _step(self) -> None:
+        now = anyio.current_time()
+        if now - self._last_round >= ROUND_S or not self.leases.held:
+            self._last_round = now
+            await self._round()
+        streams = [self.state.keys.registry]
+        ids = [self.registry_id]
+        held = sorted(self.positions)
+        for partition in held:
+            streams.append(self.state.keys.partition(partition).events)
+            ids.append(self.positions[partition].id)
+        block_ms = int(ROUND_S * 1000)
+        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", block_ms,
+                                           "STREAMS", *streams, *ids)
+        if not reply:
+            return
+        by_stream = {name: entries for name, entries in reply}
+        registry = by_stream.pop(self.state.keys.registry.encode(), None)
+        if registry:
+            self.registry_id = registry[-1][0].decode()
+            await self.reload_triggers()
+        for partition in held:
+            entries = by_stream.get(self.state.keys.partition(partition).events.encode())
+            if entries and partition in self.positions:
+                await self._dispatch(partition, entries)
+
+    async def _round(self) -> None:
+        """Leases (renew, take, give back the excess), trimming, counters."""
+        excess = self.leases.excess()
+        if excess:
+            await self.leases.drop(excess)
+        taken = await self.leases.round()
+        for partition in list(self.positions):
+            if partition not in self.leases.held:
+                del self.positions[partition]
+        for partition in sorted(taken | (self.leases.held - set(self.positions))):
+            self.positions[partition] = await trimming.position(self.state, partition)
+        if self.registry_id == "0-0":
+            await self.reload_triggers()
+        cut = await trimming.trim(self.state, self.positions, self.leases.token)
+        for partition, position in cut.items():
+            self.positions[partition] = position
+        await self._flush_counts()
+
+    async def reload_triggers(self) -> None:
+        if self.registry_id == "0-0":  # first load: follow the registry from its end
+            last = await self.state.conn.execute("XREVRANGE", self.state.keys.registry, "+",
+                                                 "-", "COUNT", 1)
+            self.registry_id = last[0][0].decode() if last else "0-0"
+            if self.registry_id == "0-0":
+                self.registry_id = "0-1"  # nothing yet: any first change is after this
+        raw = await self.state.conn.execute("HGETALL", self.state.keys.triggers)
+        self.triggers = TriggerSet(triggers.decode_trigger(r) for r in raw[1::2])
+
+    # ---- one partition's batch ---------------------------------------------------------------
+    async def _dispatch(self, partition: int, entries: list[Any]) -> None:
+        position = self.positions[partition]
+        calls: list[list[Any]] = []
+        for entry_id, flat in entries:
+            fields = fields_of(flat)
+            scope = fields[b"scope"].decode()
+            if self.hidden(scope) or not self.triggers.candidates(scope):
+                continue
+            event = decode_event(entry_id, fields)
+            for matcher in self.triggers.matching(event):
+                call = await self._handler_call(matcher, event)
+                if call is not None:
+                    calls.append(call)
+        last = entries[-1][0].decode()
+        moved = Position(last, position.n + len(entries))
+        keys = self.state.keys.partition(partition)
+        advance = self.state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
+                                             [self.leases.token, moved.id, moved.n])
+        replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
+        failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
+        if failed:
+            self._count("append_errors", len(failed))
+            log.error("could not append %d handler calls: %s", len(failed), failed[0],
+                      extra={"event": "dispatch.append_failed", "partition": partition})
+        self._count("handler_calls", len(calls) - len(failed))
+        if script_reply(replies[-1], ADVANCE.name)[1] != 1:
+            log.warning("partition %d: lease lost mid-batch; its new holder goes on",
+                        partition, extra={"event": "dispatch.lease_lost"})
+            self.leases.held.discard(partition)
+            del self.positions[partition]
+            return
+        self.positions[partition] = moved
+
+    async def _handler_call(self, matcher: Matcher, event: Event) -> list[Any] | None:
+        trigger = matcher.trigger
+        call_id = f"{trigger.id}:{event.revision}"
+        payload: msgspec.Raw | None = None
+        if matcher.is_barrier:
+            payload = await self._barrier(matcher, event, call_id)
+            if payload is None:
+                return None
+        elif matcher.condition is not None and not await self._condition(matcher, event, call_id):
+            return None
+        stream = f"{self.state.settings.prefix}:bus:{trigger.service}"
+        return ["XADD", stream, "*", "id", call_id, "fn", trigger.function_id,
+                "body", document_json(event, payload), "reply", "", "caller", "state"]
+
+    async def _barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
+        config = matcher.trigger.config.condition_config
+        if barrier_plan is None or isinstance(config, msgspec.UnsetType):
+            self._count("condition_errors")
+            return None
+        try:
+            result = await self.state.execute(barrier_plan(self.state, document_json(event),
+                                                           config, token))
+        except StateError as exc:
+            self._condition_failed(matcher, event, exc)
+            return None
+        if result.decision != "allow":
+            self._count("condition_skips")
+            return None
+        return msgspec.Raw(msgspec.json.encode(result.payload))
+
+    async def _condition(self, matcher: Matcher, event: Event, call_id: str) -> bool:
+        trigger = matcher.trigger
+        service = trigger.config.condition_service or trigger.service
+        timeout_s = (trigger.config.condition_timeout_ms or
+                     triggers.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
+        try:
+            client = await self._client(service)
+            result = await client.call_json(matcher.condition or "", document_json(event),
+                                            timeout=timeout_s, call_id=f"{call_id}:condition")
+        except StateError as exc:
+            self._condition_failed(matcher, event, exc)
+            return False
+        if result.strip() == b"false":
+            self._count("condition_skips")
+            return False
+        return True
+
+    def _condition_failed(self, matcher: Matcher, event: Event, exc: StateError) -> None:
+        self._count("condition_errors")
+        log.warning("trigger %s: condition %s failed for revision %s (skipped): %s",
+                    matcher.trigger.id, matcher.condition, event.revision, exc,
+                    extra={"event": "dispatch.condition_failed", "trigger": matcher.trigger.id,
+                           "code": exc.code})
+
+    async def _client(self, service: str) -> StateClient:
+        client = self._clients.get(service)
+        if client is None:
+            client = StateClient(settings=self.state.settings, service=service, caller="state")
+            client = await self._stack.enter_async_context(client)
+            self._clients[service] = client
+        return client
+
+    # ---- counters ----------------------------------------------------------------------------
+    def _count(self, name: str, by: int = 1) -> None:
+        if by:
+            self.counts[name] = self.counts.get(name, 0) + by
+
+    async def _flush_counts(self) -> None:
+        if not self.counts:
+            return
+        counts, self.counts = self.counts, {}
+        key = self.state.keys.dispatch_stats
+        await self.state.conn.pipeline([["HINCRBY", key, name, by]
+                                        for name, by in counts.items()])

@@ -1,0 +1,103 @@
+"""Which replica dispatches which partition: leases in Redis, shared out evenly.
+
+Every replica beats its heartbeat into `keys.replicas` (a zset scored by time) and counts the
+live ones (a beat within three lease times); its share is ceil(partitions / live). It renews
+what it holds, takes free partitions up to its share, and gives back what is over it (at a
+batch boundary: the dispatcher asks `excess()` between batches, so a partition is never
+given away with a batch half handed on). A replica that dies stops renewing; its leases
+expire after `lease_ms` and the others take them in their next round.
+
+Each partition has one lease (`lua/lease.lua`: take, renew, drop, all only with the holder's
+token); the dispatch position moves only while the lease holds (`lua/advance.lua`), so a
+replica that lost a lease (paused, cut off) cannot move the position of its successor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from typing import Any
+
+from stateworker.clock import now_ms
+from stateworker.state.bindings import LEASE
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import pipeline, script_reply
+
+log = logging.getLogger("stateworker.reactive.leases")
+
+LIVE_FACTOR = 3  # a replica is live while its last beat is within this many lease times
+
+
+class Leases:
+    """One replica's leases."""
+
+    def __init__(self, state: RedisState, token: str) -> None:
+        self.state = state
+        self.token = token  # the replica id: the lease holder's name in `status`
+        self.lease_ms = state.settings.lease_ms
+        self.held: set[int] = set()
+        # Where this replica starts looking for free partitions: replicas starting at once
+        # do not all race for partition 0.
+        self._start = zlib.crc32(token.encode()) % state.settings.partitions
+        self.share = state.settings.partitions
+
+    def _lease(self, op: str, partition: int) -> list[Any]:
+        key = self.state.keys.partition(partition).lease
+        return self.state.library.command(LEASE.name, [key], [op, self.token, self.lease_ms])
+
+    async def _run(self, op: str, partitions: list[int]) -> list[bool]:
+        if not partitions:
+            return []
+        replies = await pipeline(self.state.conn, self.state.library,
+                                 [self._lease(op, p) for p in partitions])
+        return [script_reply(reply, LEASE.name)[1] == 1 for reply in replies]
+
+    async def beat(self) -> None:
+        """Heartbeat, count the live replicas, compute the share."""
+        now = now_ms()
+        keys = self.state.keys
+        replies = await self.state.conn.pipeline([
+            ["ZADD", keys.replicas, now, self.token],
+            ["ZREMRANGEBYSCORE", keys.replicas, "-inf", now - LIVE_FACTOR * self.lease_ms],
+            ["ZCARD", keys.replicas],
+        ])
+        live = max(1, int(replies[2]))
+        self.share = math.ceil(self.state.settings.partitions / live)
+
+    async def round(self) -> set[int]:
+        """Beat, renew, take up to the share; the partitions newly taken."""
+        await self.beat()
+        held = sorted(self.held)
+        for partition, kept in zip(held, await self._run("renew", held), strict=True):
+            if not kept:
+                self.held.discard(partition)
+                log.warning("lost the lease of partition %d", partition,
+                            extra={"event": "dispatch.lease_lost", "partition": partition})
+        taken: set[int] = set()
+        want = self.share - len(self.held)
+        if want > 0:
+            count = self.state.settings.partitions
+            free = [(self._start + i) % count for i in range(count)]
+            free = [p for p in free if p not in self.held]
+            for partition, won in zip(free, await self._run("take", free), strict=True):
+                if won and want > 0:
+                    self.held.add(partition)
+                    taken.add(partition)
+                    want -= 1
+                elif won:  # took more than the share in one go: give it back at once
+                    await self._run("drop", [partition])
+        return taken
+
+    def excess(self) -> list[int]:
+        """Partitions held beyond the share: the dispatcher gives them back between batches."""
+        over = len(self.held) - self.share
+        return sorted(self.held, reverse=True)[:over] if over > 0 else []
+
+    async def drop(self, partitions: list[int]) -> None:
+        await self._run("drop", partitions)
+        self.held.difference_update(partitions)
+
+    async def drop_all(self) -> None:
+        await self.drop(sorted(self.held))
+        await self.state.conn.execute("ZREM", self.state.keys.replicas, self.token)

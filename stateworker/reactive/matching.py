@@ -1,0 +1,104 @@
+"""Which triggers an event reaches: pure functions over registrations and events.
+
+A registration's filters are compiled once (`Matcher`); the set of all of them is indexed by
+scope (`TriggerSet`), so an event meets only the triggers of its own scope plus those with no
+scope filter. `match` rules resolve an RFC 6901 pointer in the event document (the handler's
+body, events/model.py) and compare canonical JSON (deep equality, key order ignored, `1` and
+`1.0` different: what compare-and-set means by equal). Values are decoded only when a rule
+of a candidate trigger needs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import jsonpointer
+
+from stateworker import codec
+from stateworker.clock import rfc3339_ms
+from stateworker.events.model import Event
+from stateworker.state.schemas import Trigger
+from stateworker.state.triggers import BARRIER
+
+_MISSING = object()
+
+
+def document_tree(event: Event) -> dict[str, Any]:
+    """The event document as a decoded tree (numbers kept as text), for pointers."""
+    return {
+        "type": "state", "event_type": event.type, "scope": event.scope, "key": event.key,
+        "old_value": codec.decode_exact(bytes(event.old_value)),
+        "new_value": codec.decode_exact(bytes(event.new_value)),
+        "version": event.version, "revision": event.revision, "ts": rfc3339_ms(event.ts_ms),
+        "ts_ms": event.ts_ms, "by": event.by or None,
+    }
+
+
+class Matcher:
+    """One registration, compiled."""
+
+    def __init__(self, trigger: Trigger) -> None:
+        config = trigger.config
+        self.trigger = trigger
+        self.scope = config.scope
+        self.key = config.key
+        self.key_prefix = config.key_prefix
+        self.types = None if config.event_types is None else frozenset(config.event_types)
+        self.rules = [(jsonpointer.JsonPointer(rule.pointer),
+                       codec.canonical(codec.decode_exact(bytes(rule.equals))))
+                      for rule in config.match or []]
+        self.condition = config.condition_function_id
+        self.is_barrier = self.condition == BARRIER
+
+    def filters(self, event: Event) -> bool:
+        """The filters that need no value: scope, key, key prefix, event type."""
+        return ((self.scope is None or event.scope == self.scope)
+                and (self.key is None or event.key == self.key)
+                and (self.key_prefix is None or event.key.startswith(self.key_prefix))
+                and (self.types is None or event.type in self.types))
+
+    def rules_hold(self, tree: dict[str, Any]) -> bool:
+        for pointer, wanted in self.rules:
+            found = pointer.resolve(tree, _MISSING)
+            if found is _MISSING or codec.canonical(found) != wanted:
+                return False
+        return True
+
+
+class TriggerSet:
+    """Every registration, indexed by scope filter."""
+
+    def __init__(self, triggers: Iterable[Trigger] = ()) -> None:
+        self.by_scope: dict[str, list[Matcher]] = {}
+        self.any_scope: list[Matcher] = []
+        self.count = 0
+        for trigger in sorted(triggers, key=lambda t: t.id.encode()):
+            matcher = Matcher(trigger)
+            self.count += 1
+            if matcher.scope is None:
+                self.any_scope.append(matcher)
+            else:
+                self.by_scope.setdefault(matcher.scope, []).append(matcher)
+
+    def candidates(self, scope: str) -> list[Matcher]:
+        scoped = self.by_scope.get(scope)
+        if scoped is None:
+            return self.any_scope
+        return scoped + self.any_scope if self.any_scope else scoped
+
+    def matching(self, event: Event) -> list[Matcher]:
+        """The triggers whose filters and match rules the event passes (conditions not yet
+        evaluated), in trigger id order within each group."""
+        found = []
+        tree: dict[str, Any] | None = None
+        for matcher in self.candidates(event.scope):
+            if not matcher.filters(event):
+                continue
+            if matcher.rules:
+                if tree is None:
+                    tree = document_tree(event)
+                if not matcher.rules_hold(tree):
+                    continue
+            found.append(matcher)
+        return found

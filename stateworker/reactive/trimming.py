@@ -1,0 +1,109 @@
+"""Dispatch positions and the trimming of the partition event streams.
+
+The rule: a partition's stream is trimmed (`XTRIM MINID ~`) only below BOTH what its
+dispatcher has handed on and the retention window for watches (`events_retain` seconds);
+the holder of the partition's lease trims it, once a round. The entry scripts keep their
+`MAXLEN ~ events_maxlen` as a hard cap that protects memory (writes pay nothing more for
+the rule); when the cap cuts events the dispatcher had not handed on, `trim` sees it (the
+stream's `max-deleted-entry-id` is past the position), logs an error, counts the events lost
+in `<partition>:cut` (shown by `status`) and moves the position past them.
+
+A position is `(id, n)`: the last event id handed on and its ordinal in the stream (how many
+entries were ever added up to it), so `entries-added - n` is the exact dispatch lag.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from stateworker.clock import now_ms
+from stateworker.state.bindings import ADVANCE
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import ReplyError
+from stateworker.transport.plans import pipeline
+
+log = logging.getLogger("stateworker.reactive.trimming")
+
+
+class Position(msgspec.Struct):
+    """A partition's dispatch position: the last id handed on and its ordinal."""
+
+    id: str
+    n: int
+
+
+def id_key(stream_id: str | bytes) -> tuple[int, int]:
+    """A stream id as a comparable pair."""
+    text = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class StreamInfo:
+    """What XINFO STREAM says of a partition's stream (zeros when it does not exist)."""
+
+    def __init__(self, reply: Any) -> None:
+        fields = {} if isinstance(reply, ReplyError) else dict(zip(reply[::2], reply[1::2],
+                                                                  strict=True))
+        self.length = int(fields.get(b"length", 0))
+        self.added = int(fields.get(b"entries-added", 0))
+        self.max_deleted = (fields.get(b"max-deleted-entry-id") or b"0-0").decode()
+        last = fields.get(b"last-generated-id") or b"0-0"
+        self.last_id = last.decode()
+
+    @property
+    def deleted(self) -> int:
+        """Entries removed from the front (by trimming) so far: the ordinal of the last."""
+        return self.added - self.length
+
+
+async def infos(state: RedisState, partitions: list[int]) -> list[StreamInfo]:
+    commands = [["XINFO", "STREAM", state.keys.partition(p).events] for p in partitions]
+    replies = await pipeline(state.conn, state.library, commands) if commands else []
+    return [StreamInfo(reply) for reply in replies]
+
+
+async def position(state: RedisState, partition: int) -> Position:
+    """The stored position, or (first dispatch of this stream) just before its first kept
+    event: every event still in the stream is handed on."""
+    keys = state.keys.partition(partition)
+    stored = await state.conn.execute("HMGET", keys.dispatched, "id", "n")
+    if stored[0] is not None:
+        return Position(stored[0].decode(), int(stored[1]))
+    (info,) = await infos(state, [partition])
+    return Position("0-0", info.deleted)
+
+
+async def trim(state: RedisState, positions: Mapping[int, Position],
+               token: str) -> dict[int, Position]:
+    """Trim every held partition by the rule; the positions moved past events the hard cap
+    cut before they were handed on."""
+    held = sorted(positions)
+    moved: dict[int, Position] = {}
+    commands: list[list[Any]] = []
+    keep_from = (now_ms() - int(state.settings.events_retain * 1000), 0)
+    for partition, info in zip(held, await infos(state, held), strict=True):
+        keys = state.keys.partition(partition)
+        current = positions[partition]
+        if id_key(info.max_deleted) > id_key(current.id) and info.deleted > current.n:
+            lost = info.deleted - current.n
+            log.error("partition %d: the event stream's cap (events_maxlen %d) cut %d events "
+                      "before they were dispatched (up to %s); their triggers did not fire",
+                      partition, state.settings.events_maxlen, lost, info.max_deleted,
+                      extra={"event": "dispatch.events_cut", "partition": partition,
+                             "lost": lost, "up_to": info.max_deleted})
+            current = moved[partition] = Position(info.max_deleted, info.deleted)
+            commands += [["HINCRBY", keys.cut, "events", lost],
+                         ["HSET", keys.cut, "last_id", info.max_deleted, "at_ms", now_ms()],
+                         state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
+                                               [token, current.id, current.n])]
+        below = min(id_key(current.id), keep_from)
+        if below > (0, 0) and info.length:
+            commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])
+    if commands:
+        await pipeline(state.conn, state.library, commands)
+    return moved

@@ -1,0 +1,197 @@
+"""The trigger registry: `state::register-trigger`, `state::unregister-trigger`,
+`state::list-triggers`.
+
+A registration is stored as JSON in one hash (`keys.triggers`); `lua/trigger.lua` writes it and
+appends a `kind triggers` entry to the registry stream in the same script, so every replica's
+dispatcher (reactive/) reloads within its follower's wake-up. Everything a dispatcher needs to
+evaluate a trigger is checked here, at registration: a bad filter is refused with the field
+named, never found later on an event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import jsonpointer
+import msgspec
+
+from stateworker import codec
+from stateworker.clock import now_ms, rfc3339_ms
+from stateworker.context import CallContext
+from stateworker.errors import InvalidRequest, ReservedScope
+from stateworker.state import validate
+from stateworker.state.bindings import TRIGGER
+from stateworker.state.schemas import (
+    EmptyRequest,
+    RegisterTriggerRequest,
+    Trigger,
+    TriggerConfig,
+    TriggerIdRequest,
+    TriggerIdResult,
+    TriggersResult,
+    UnregisteredResult,
+)
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, command_reply
+
+MAX_TRIGGERS = 10_000  # registrations kept, at most (each is matched against every event)
+MAX_ID_BYTES = 256
+MAX_MATCH_RULES = 16
+MAX_EQUALS_BYTES = 64 * 1024
+MAX_CONDITION_TIMEOUT_MS = 60_000
+DEFAULT_CONDITION_TIMEOUT_MS = 5_000
+BARRIER = "state::barrier"  # the condition that runs in Redis, no bus round trip
+EVENT_TYPES = ("state:created", "state:updated", "state:deleted")
+
+# Checks a barrier's condition_config at registration (set by state/barrier.py's owner, so
+# this module does not import it); None: no barrier condition checks yet.
+barrier_config_check: Callable[[msgspec.Raw], None] | None = None
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Trigger)
+
+
+def _text(field: str, value: str, limit: int = MAX_ID_BYTES) -> None:
+    validate.sized_text(field, value, limit)
+    if not value:
+        raise InvalidRequest(f"$.{field}: must not be empty", {"path": f"$.{field}"})
+
+
+def _event_types(values: list[str]) -> list[str]:
+    if not values:
+        raise InvalidRequest("$.config.event_types: must name at least one of created, "
+                             "updated, deleted", {"path": "$.config.event_types"})
+    types = []
+    for index, value in enumerate(values):
+        full = value if value.startswith("state:") else f"state:{value}"
+        if full not in EVENT_TYPES:
+            raise InvalidRequest(
+                f"$.config.event_types[{index}]: {value!r} is not an event type; use created, "
+                "updated or deleted", {"path": f"$.config.event_types[{index}]"})
+        if full not in types:
+            types.append(full)
+    return types
+
+
+def _match_rules(config: TriggerConfig) -> None:
+    rules = config.match or []
+    validate.in_range("config.match", len(rules), 0, MAX_MATCH_RULES, " rules")
+    for index, rule in enumerate(rules):
+        path = f"$.config.match[{index}]"
+        try:
+            jsonpointer.JsonPointer(rule.pointer)
+        except jsonpointer.JsonPointerException as exc:
+            raise InvalidRequest(f"{path}.pointer: {rule.pointer!r} is not a JSON pointer "
+                                 f"(RFC 6901: empty, or '/' then tokens): {exc}",
+                                 {"path": f"{path}.pointer"}) from exc
+        codec.value_from_json(bytes(rule.equals), f"config.match[{index}].equals",
+                              MAX_EQUALS_BYTES)
+
+
+def _condition(config: TriggerConfig, service: str) -> TriggerConfig:
+    function_id = config.condition_function_id
+    if function_id is None:
+        if config.condition_config is not msgspec.UNSET or config.condition_service:
+            raise InvalidRequest("$.config.condition_function_id: condition_config and "
+                                 "condition_service need a condition function",
+                                 {"path": "$.config.condition_function_id"})
+        return config
+    _text("config.condition_function_id", function_id)
+    timeout = config.condition_timeout_ms
+    if timeout is None:
+        timeout = DEFAULT_CONDITION_TIMEOUT_MS
+    validate.in_range("config.condition_timeout_ms", timeout, 1, MAX_CONDITION_TIMEOUT_MS, " ms")
+    if function_id == BARRIER:
+        if config.condition_config is msgspec.UNSET:
+            raise InvalidRequest("$.config.condition_config: the state::barrier condition needs "
+                                 "a condition_config {id, expect, key_from?, carry?}",
+                                 {"path": "$.config.condition_config"})
+        if barrier_config_check is not None:
+            barrier_config_check(config.condition_config)
+        return msgspec.structs.replace(config, condition_timeout_ms=timeout)
+    condition_service = config.condition_service or service
+    _text("config.condition_service", condition_service)
+    return msgspec.structs.replace(config, condition_service=condition_service,
+                                   condition_timeout_ms=timeout)
+
+
+def checked_config(state: RedisState, config: TriggerConfig, service: str) -> TriggerConfig:
+    """The config as stored: filters checked, event types spelled `state:*`, defaults filled."""
+    if config.scope is not None:
+        validate.name(state.settings, "config.scope", config.scope)
+        if config.scope in validate.RESERVED_SCOPES:
+            raise ReservedScope(f"config.scope {config.scope!r} is reserved for the service's "
+                                "own bookkeeping; triggers never see its events",
+                                {"path": "$.config.scope", "scope": config.scope})
+    if config.key is not None:
+        validate.name(state.settings, "config.key", config.key)
+    if config.key_prefix is not None:
+        validate.name(state.settings, "config.key_prefix", config.key_prefix)
+    if config.event_types is not None:
+        config = msgspec.structs.replace(config, event_types=_event_types(config.event_types))
+    _match_rules(config)
+    return _condition(config, service)
+
+
+def register_plan(state: RedisState, req: RegisterTriggerRequest) -> Plan:
+    trigger_id = req.id if req.id is not None else f"t-{uuid.uuid4().hex}"
+    _text("id", trigger_id)
+    _text("function_id", req.function_id)
+    _text("service", req.service)
+    config = checked_config(state, req.config, req.service)
+    trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
+                      config=config, created_at=rfc3339_ms(now_ms()) or "")
+
+    def finish(reply: list[Any]) -> TriggerIdResult:
+        if reply[0] != 0:
+            raise InvalidRequest(f"$.id: {reply[1]} triggers are registered, the limit is "
+                                 f"{MAX_TRIGGERS}; unregister some first",
+                                 {"path": "$.id", "limit": MAX_TRIGGERS})
+        return TriggerIdResult(trigger_id)
+
+    keys = [state.keys.triggers, state.keys.registry]
+    return state.script_plan(TRIGGER, keys, ["set", trigger_id, _encoder.encode(trigger),
+                                             MAX_TRIGGERS], finish)
+
+
+def unregister_plan(state: RedisState, trigger_id: str) -> Plan:
+    _text("id", trigger_id)
+    keys = [state.keys.triggers, state.keys.registry]
+    return state.script_plan(TRIGGER, keys, ["del", trigger_id, "", MAX_TRIGGERS],
+                             lambda reply: UnregisteredResult(trigger_id, reply[1] == 1))
+
+
+def decode_trigger(raw: bytes) -> Trigger:
+    return _decoder.decode(raw)
+
+
+def list_plan(state: RedisState) -> Plan:
+    def finish(replies: list[Any]) -> TriggersResult:
+        flat = command_reply(replies[0], "reading the triggers")
+        triggers = [decode_trigger(raw) for raw in flat[1::2]]
+        return TriggersResult(sorted(triggers, key=lambda t: t.id.encode()))
+
+    return Plan([["HGETALL", state.keys.triggers]], finish)
+
+
+def state_register_trigger(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    return register_plan(state, validate.request(body, RegisterTriggerRequest))
+
+
+def state_unregister_trigger(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    return unregister_plan(state, validate.request(body, TriggerIdRequest).id)
+
+
+def state_list_triggers(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    validate.request(body, EmptyRequest)
+    return list_plan(state)
+
+
+FUNCTIONS = {
+    "state::register-trigger": state_register_trigger,
+    "state::unregister-trigger": state_unregister_trigger,
+    "state::list-triggers": state_list_triggers,
+}
+

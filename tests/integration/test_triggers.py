@@ -1,0 +1,186 @@
+"""Triggers: registration, filters, delivery in revision order with the documented body,
+unregistering on every replica, and at-least-once across a dispatcher's crash."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.worker import Worker
+from stateworker.errors import InvalidRequest, KeyTooLong, ReservedScope
+from stateworker.settings import Settings
+from tests.integration.busproto import until
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def settings_for(redis_server: RedisServer, prefix: str, **more: Any) -> Settings:
+    return Settings(redis_url=redis_server.url, prefix=prefix, partitions=4, **more)
+
+
+class Handler:
+    """A Worker service that records every call it gets: (call id, body)."""
+
+    def __init__(self, settings: Settings, service: str = "reactor") -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.worker = Worker(service, settings=settings, options=BusOptions(block_ms=50))
+
+        @self.worker.function(f"{service}::on_change")
+        async def on_change(body: dict[str, Any], call: Call) -> None:
+            self.calls.append((call.id or "", body))
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Handler]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.worker.run)
+            try:
+                yield self
+            finally:
+                self.worker.stop()
+
+    def keys(self) -> list[str]:
+        return [body["key"] for _, body in self.calls]
+
+
+async def test_a_scope_and_key_trigger_gets_exactly_its_events_in_order(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings, caller="writer") as client, \
+            Handler(settings).running() as handler:
+        registered = await client.call("state::register-trigger", {
+            "id": "t1", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope, "key": "k"}})
+        assert registered == {"id": "t1"}
+        await client.set(scope, "k", {"n": 1})
+        await client.set(scope, "other", 1)
+        await client.set(f"{scope}-b", "k", 1)
+        await client.update(scope, "k", [{"type": "increment", "path": "n", "by": 1}])
+        await client.delete(scope, "k")
+        await until(lambda: len(handler.calls) >= 3, 5, "three handler calls")
+        await client.set(scope, "k", "last")
+        await until(lambda: len(handler.calls) >= 4, 5, "the fourth handler call")
+        types = [body["event_type"] for _, body in handler.calls]
+        assert types == ["state:created", "state:updated", "state:deleted", "state:created"]
+        first_id, first = handler.calls[0]
+        assert first_id == f"t1:{first['revision']}"
+        assert {k: first[k] for k in ("type", "scope", "key", "old_value", "new_value",
+                                      "version", "by")} == {
+            "type": "state", "scope": scope, "key": "k", "old_value": None,
+            "new_value": {"n": 1}, "version": 1, "by": "writer"}
+        assert first["ts"].endswith("Z")
+        assert handler.calls[1][1]["old_value"] == {"n": 1}
+        assert handler.calls[1][1]["new_value"] == {"n": 2}
+        revisions = [body["revision"] for _, body in handler.calls]
+        assert revisions == sorted(revisions, key=lambda r: tuple(map(int, r.split("-"))))
+        assert len(handler.calls) == 4
+
+
+async def test_key_prefix_event_types_and_match_filters(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as client, \
+            Handler(settings).running() as handler:
+        base = {"function_id": "reactor::on_change", "service": "reactor"}
+        await client.call("state::register-trigger", {**base, "id": "prefix", "config": {
+            "scope": scope, "key_prefix": "job-", "event_types": ["created"]}})
+        await client.call("state::register-trigger", {**base, "id": "done", "config": {
+            "scope": scope, "match": [{"pointer": "/new_value/status", "equals": "done"}]}})
+        await client.set(scope, "job-1", {"status": "running"})  # prefix: created
+        await client.set(scope, "job-1", {"status": "done"})  # done: match
+        await client.set(scope, "task-1", {"status": "done"})  # done: match
+        await client.set(scope, "task-2", {"status": "done ", "n": 1.0})  # none
+        await client.set(scope, "job-2", {"status": 1})  # prefix: created
+        await until(lambda: len(handler.calls) >= 4, 5, "four handler calls")
+        got = [(call_id.split(":")[0], body["key"]) for call_id, body in handler.calls]
+        assert got == [("prefix", "job-1"), ("done", "job-1"), ("done", "task-1"),
+                       ("prefix", "job-2")]
+
+
+async def test_bad_registrations_name_the_field(
+        service: StateService, redis_server: RedisServer, prefix: str) -> None:
+    async with StateClient(settings=settings_for(redis_server, prefix)) as client:
+        base = {"function_id": "reactor::on_change", "service": "reactor"}
+        # (body, error, details.path, a word the message must hold)
+        cases: list[tuple[dict[str, Any], type[Exception], str, str]] = [
+            ({"service": "reactor"}, InvalidRequest, "$", "function_id"),
+            ({**base, "function_id": ""}, InvalidRequest, "$.function_id", "function_id"),
+            ({**base, "config": {"event_types": ["created", "renamed"]}}, InvalidRequest,
+             "$.config.event_types[1]", "config.event_types"),
+            ({**base, "config": {"event_types": []}}, InvalidRequest, "$.config.event_types",
+             "config.event_types"),
+            ({**base, "config": {"match": [{"pointer": "status", "equals": 1}]}},
+             InvalidRequest, "$.config.match[0].pointer", "config.match"),
+            ({**base, "config": {"match": [{"pointer": "/a"}]}}, InvalidRequest,
+             "$.config.match[0]", "equals"),
+            ({**base, "config": {"scope": "state_barrier"}}, ReservedScope, "$.config.scope",
+             "config.scope"),
+            ({**base, "config": {"key": "k" * 1025}}, KeyTooLong, "$.config.key", "config.key"),
+            ({**base, "config": {"condition_config": {"id": "b"}}}, InvalidRequest,
+             "$.config.condition_function_id", "config.condition_function_id"),
+            ({**base, "config": {"condition_function_id": "state::barrier"}}, InvalidRequest,
+             "$.config.condition_config", "config.condition_config"),
+            ({**base, "config": {"condition_function_id": "x::y",
+                                 "condition_timeout_ms": 0}}, InvalidRequest,
+             "$.config.condition_timeout_ms", "config.condition_timeout_ms"),
+        ]
+        for body, error, path, word in cases:
+            with pytest.raises(error) as caught:
+                await client.call("state::register-trigger", body)
+            assert caught.value.details["path"] == path, (body, caught.value)
+            assert word in str(caught.value), caught.value
+        assert await client.call("state::list-triggers", {}) == {"triggers": []}
+
+
+async def test_list_and_unregister(service: StateService, redis_server: RedisServer,
+                                   prefix: str) -> None:
+    async with StateClient(settings=settings_for(redis_server, prefix)) as client:
+        made = await client.call("state::register-trigger", {
+            "function_id": "f::g", "service": "f",
+            "config": {"event_types": ["state:deleted", "deleted"]}})
+        listed = (await client.call("state::list-triggers", {}))["triggers"]
+        assert [t["id"] for t in listed] == [made["id"]]
+        assert listed[0]["config"] == {"event_types": ["state:deleted"]}
+        assert listed[0]["function_id"] == "f::g" and listed[0]["service"] == "f"
+        assert await client.call("state::unregister-trigger", {"id": made["id"]}) == {
+            "id": made["id"], "removed": True}
+        assert await client.call("state::unregister-trigger", {"id": made["id"]}) == {
+            "id": made["id"], "removed": False}
+        assert await client.call("state::list-triggers", {}) == {"triggers": []}
+
+
+async def test_unregistering_stops_delivery_on_every_replica(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as one, \
+            StateService.running(settings, BusOptions(block_ms=50)) as two, \
+            StateClient(settings=settings) as client, Handler(settings).running() as handler:
+        dispatchers = [s.dispatcher for s in (one, two) if s.dispatcher is not None]
+        await until(lambda: all(d.leases.held for d in dispatchers)
+                    and sum(len(d.leases.held) for d in dispatchers) == 4, 10,
+                    "both replicas holding partitions")
+        scopes = [f"{scope}-{i}" for i in range(8)]  # over every partition
+        await client.call("state::register-trigger", {
+            "id": "all", "function_id": "reactor::on_change", "service": "reactor"})
+        for name in scopes:
+            await client.set(name, "k", 1)
+        await until(lambda: len(handler.calls) == 8, 5, "eight handler calls")
+        await client.call("state::register-trigger", {
+            "id": "marker", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"key": "marker"}})
+        await client.call("state::unregister-trigger", {"id": "all"})
+        await until(lambda: all(d.triggers.count == 1 for d in dispatchers), 1,
+                    "every replica dropping the trigger within a second")
+        for name in scopes:
+            await client.set(name, "k", 2)
+            await client.set(name, "marker", 0)  # after k in the same partition
+        await until(lambda: len(handler.calls) == 16, 5, "eight marker calls")
+        assert sorted(call_id.split(":")[0] for call_id, _ in handler.calls) == (
+            ["all"] * 8 + ["marker"] * 8)
