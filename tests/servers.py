@@ -103,11 +103,12 @@ class ServiceProcess:
     """`stateworker serve` in a process of its own, for crash and signal tests."""
 
     def __init__(self, redis_url: str, prefix: str, consumer: str = "svc-1",
-                 visibility_timeout_ms: int = 1000) -> None:
+                 visibility_timeout_ms: int = 1000, env: dict[str, str] | None = None) -> None:
         self.args = [sys.executable, "-m", "stateworker", "--redis-url", redis_url, "serve",
                      "--consumer", consumer, "--visibility-timeout-ms", str(visibility_timeout_ms),
                      "--log-level", "WARNING"]
-        self.env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4"}
+        self.env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
+                    **(env or {})}
         self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:

@@ -5,7 +5,7 @@ stream and the event streams of the partitions it leases (reactive/leases.py), s
 wakes it at once and a trigger change reaches it as fast as an event. For each partition's
 batch, in stream order, it finds the matching triggers (reactive/matching.py), evaluates
 their conditions, and then sends, in ONE pipeline, every handler call of the batch (XADD to
-`<prefix>:bus:<service>`, id `<trigger id>:<revision>`, fire-and-forget) followed by the
+`<prefix>:bus:<service>`, id `<trigger id>:p<partition>:<revision>`, fire-and-forget) followed by the
 move of the partition's position (`lua/advance.lua`, only while the lease holds).
 
 At-least-once: the position moves only after the batch's calls are appended (same pipeline,
@@ -13,9 +13,9 @@ in order), so a crash re-dispatches the batch with the same call ids, and a hand
 `stateworker.Worker` runs once per id. Order: one partition is dispatched by one replica at
 a time, in stream order; the events of a scope are in one partition.
 
-Conditions: `state::barrier` runs in Redis (token `<trigger id>:<revision>`: a re-dispatched
+Conditions: `state::barrier` runs in Redis (token: the handler call's id, so a re-dispatched
 event gets the same decision); any other function is called over the bus with the event
-document (call id `<trigger id>:<revision>:condition`) and the trigger's timeout; only an
+document (call id: the handler call's id + `:condition`) and the trigger's timeout; only an
 explicit `false` skips; an error or a timeout skips too, logged and counted.
 """
 
@@ -53,6 +53,13 @@ ROUND_S = 1.0  # leases, trimming and counters at least this often
 # `decision` and `payload`. None: barrier conditions skip (logged).
 BarrierPlan = Callable[[RedisState, bytes, msgspec.Raw, str], Plan]
 barrier_plan: BarrierPlan | None = None
+
+
+def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
+    """A handler call's id: one per trigger and event. A revision (stream id) is unique
+    within its partition only (two partitions can write the same id in the same
+    millisecond), so the id names the partition too."""
+    return f"{trigger_id}:p{partition}:{revision}"
 
 
 class Dispatcher:
@@ -145,7 +152,8 @@ class Dispatcher:
             if partition not in self.leases.held:
                 del self.positions[partition]
         for partition in sorted(taken | (self.leases.held - set(self.positions))):
-            self.positions[partition] = await trimming.position(self.state, partition)
+            self.positions[partition] = await trimming.position(self.state, partition,
+                                                                self.leases.token)
         if self.registry_id == "0-0":
             await self.reload_triggers()
         cut = await trimming.trim(self.state, self.positions, self.leases.token)
@@ -174,7 +182,7 @@ class Dispatcher:
                 continue
             event = decode_event(entry_id, fields)
             for matcher in self.triggers.matching(event):
-                call = await self._handler_call(matcher, event)
+                call = await self._handler_call(matcher, event, partition)
                 if call is not None:
                     calls.append(call)
         last = entries[-1][0].decode()
@@ -197,9 +205,10 @@ class Dispatcher:
             return
         self.positions[partition] = moved
 
-    async def _handler_call(self, matcher: Matcher, event: Event) -> list[Any] | None:
+    async def _handler_call(self, matcher: Matcher, event: Event,
+                            partition: int) -> list[Any] | None:
         trigger = matcher.trigger
-        call_id = f"{trigger.id}:{event.revision}"
+        call_id = call_id_of(trigger.id, partition, event.revision)
         payload: msgspec.Raw | None = None
         if matcher.is_barrier:
             payload = await self._barrier(matcher, event, call_id)

@@ -4,9 +4,9 @@ The rule: a partition's stream is trimmed (`XTRIM MINID ~`) only below BOTH what
 dispatcher has handed on and the retention window for watches (`events_retain` seconds);
 the holder of the partition's lease trims it, once a round. The entry scripts keep their
 `MAXLEN ~ events_maxlen` as a hard cap that protects memory (writes pay nothing more for
-the rule); when the cap cuts events the dispatcher had not handed on, `trim` sees it (the
-stream's `max-deleted-entry-id` is past the position), logs an error, counts the events lost
-in `<partition>:cut` (shown by `status`) and moves the position past them.
+the rule); when the cap cuts events the dispatcher had not handed on, `trim` sees it (more
+entries were removed from the stream's front than the position's ordinal), logs an error,
+counts the events lost in `<partition>:cut` (shown by `status`) and moves past them.
 
 A position is `(id, n)`: the last event id handed on and its ordinal in the stream (how many
 entries were ever added up to it), so `entries-added - n` is the exact dispatch lag.
@@ -51,7 +51,9 @@ class StreamInfo:
                                                                   strict=True))
         self.length = int(fields.get(b"length", 0))
         self.added = int(fields.get(b"entries-added", 0))
-        self.max_deleted = (fields.get(b"max-deleted-entry-id") or b"0-0").decode()
+        # (Trimming does not move `max-deleted-entry-id`, only XDEL does: the first entry
+        # kept and the count of entries removed from the front are what trimming changes.)
+        self.first_id = (fields.get(b"recorded-first-entry-id") or b"0-0").decode()
         last = fields.get(b"last-generated-id") or b"0-0"
         self.last_id = last.decode()
 
@@ -67,15 +69,19 @@ async def infos(state: RedisState, partitions: list[int]) -> list[StreamInfo]:
     return [StreamInfo(reply) for reply in replies]
 
 
-async def position(state: RedisState, partition: int) -> Position:
+async def position(state: RedisState, partition: int, token: str) -> Position:
     """The stored position, or (first dispatch of this stream) just before its first kept
-    event: every event still in the stream is handed on."""
+    event: every event still in the stream is handed on. The first position is stored at
+    once, so events the cap cuts from now on are seen as cut."""
     keys = state.keys.partition(partition)
     stored = await state.conn.execute("HMGET", keys.dispatched, "id", "n")
     if stored[0] is not None:
         return Position(stored[0].decode(), int(stored[1]))
     (info,) = await infos(state, [partition])
-    return Position("0-0", info.deleted)
+    first = Position("0-0", info.deleted)
+    await pipeline(state.conn, state.library, [state.library.command(
+        ADVANCE.name, [keys.lease, keys.dispatched], [token, first.id, first.n])])
+    return first
 
 
 async def trim(state: RedisState, positions: Mapping[int, Position],
@@ -89,16 +95,17 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
     for partition, info in zip(held, await infos(state, held), strict=True):
         keys = state.keys.partition(partition)
         current = positions[partition]
-        if id_key(info.max_deleted) > id_key(current.id) and info.deleted > current.n:
+        if info.deleted > current.n:  # (our own trimming never passes the position)
             lost = info.deleted - current.n
             log.error("partition %d: the event stream's cap (events_maxlen %d) cut %d events "
-                      "before they were dispatched (up to %s); their triggers did not fire",
-                      partition, state.settings.events_maxlen, lost, info.max_deleted,
-                      extra={"event": "dispatch.events_cut", "partition": partition,
-                             "lost": lost, "up_to": info.max_deleted})
-            current = moved[partition] = Position(info.max_deleted, info.deleted)
+                      "before they were dispatched (the first kept is %s); their triggers "
+                      "did not fire", partition, state.settings.events_maxlen, lost,
+                      info.first_id, extra={"event": "dispatch.events_cut",
+                                            "partition": partition, "lost": lost,
+                                            "first_kept": info.first_id})
+            current = moved[partition] = Position(current.id, info.deleted)
             commands += [["HINCRBY", keys.cut, "events", lost],
-                         ["HSET", keys.cut, "last_id", info.max_deleted, "at_ms", now_ms()],
+                         ["HSET", keys.cut, "first_kept", info.first_id, "at_ms", now_ms()],
                          state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
                                                [token, current.id, current.n])]
         below = min(id_key(current.id), keep_from)
