@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.bus.client import StateClient
 from stateworker.errors import StateError
@@ -75,11 +75,11 @@ class Dispatcher:
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES)
         self.counts: dict[str, int] = {}
         self._clients: dict[str, StateClient] = {}
-        self._stack = AsyncExitStack()
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
+        self._tg: TaskGroup
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -87,18 +87,21 @@ class Dispatcher:
         backoff = Backoff()
         log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
         try:
-            with self._scope:
-                while True:
-                    try:
-                        await self._step()
-                        backoff.reset()
-                    except (StateError, ConnectionLost, ReplyError) as exc:
-                        # Redis away or refusing: nothing moved that was not handed on; go
-                        # on from the positions in Redis once it is back.
-                        log.warning("dispatch paused: %s", exc,
-                                    extra={"event": "dispatch.paused"})
-                        self.positions.clear()
-                        await anyio.sleep(backoff.next())
+            # The condition clients live in tasks of their own in this group.
+            async with anyio.create_task_group() as self._tg:
+                with self._scope:
+                    while True:
+                        try:
+                            await self._step()
+                            backoff.reset()
+                        except (StateError, ConnectionLost, ReplyError) as exc:
+                            # Redis away or refusing: nothing moved that was not handed on;
+                            # go on from the positions in Redis once it is back.
+                            log.warning("dispatch paused: %s", exc,
+                                        extra={"event": "dispatch.paused"})
+                            self.positions.clear()
+                            await anyio.sleep(backoff.next())
+                self._tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -113,7 +116,6 @@ class Dispatcher:
         except (StateError, ConnectionLost, ReplyError) as exc:
             log.warning("could not give back the leases: %s", exc,
                         extra={"event": "dispatch.stop_failed"})
-        await self._stack.aclose()
         await self._reader.close()
 
     async def _step(self) -> None:
@@ -263,10 +265,17 @@ class Dispatcher:
     async def _client(self, service: str) -> StateClient:
         client = self._clients.get(service)
         if client is None:
-            client = StateClient(settings=self.state.settings, service=service, caller="state")
-            client = await self._stack.enter_async_context(client)
-            self._clients[service] = client
+            client = await self._tg.start(self._hold_client, service)
         return client
+
+    async def _hold_client(self, service: str, *,
+                           task_status: TaskStatus[StateClient]) -> None:
+        """One condition service's client, open as long as the dispatcher runs."""
+        async with StateClient(settings=self.state.settings, service=service,
+                               caller="state") as client:
+            self._clients[service] = client
+            task_status.started(client)
+            await anyio.sleep_forever()
 
     # ---- counters ----------------------------------------------------------------------------
     def _count(self, name: str, by: int = 1) -> None:

@@ -46,7 +46,7 @@ class Handler:
             finally:
                 self.worker.stop()
 
-    def keys(self) -> list[str]:
+    def delivered_keys(self) -> list[str]:
         return [body["key"] for _, body in self.calls]
 
 
@@ -184,3 +184,44 @@ async def test_unregistering_stops_delivery_on_every_replica(
         await until(lambda: len(handler.calls) == 16, 5, "eight marker calls")
         assert sorted(call_id.split(":")[0] for call_id, _ in handler.calls) == (
             ["all"] * 8 + ["marker"] * 8)
+
+
+async def test_bus_conditions_only_an_explicit_false_skips(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    handler = Handler(settings)
+    asked: list[str] = []
+
+    @handler.worker.function("reactor::check")
+    async def check(body: dict[str, Any], call: Call) -> Any:
+        asked.append(body["key"])
+        verdict = body["new_value"]
+        if verdict == "raise":
+            raise RuntimeError("the condition failed")
+        if verdict == "slow":
+            await anyio.sleep(1)  # past the trigger's condition timeout (0.2 s)
+        return verdict
+
+    async with StateClient(settings=settings) as client, handler.running():
+        await client.call("state::register-trigger", {
+            "id": "cond", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope, "condition_function_id": "reactor::check",
+                       "condition_timeout_ms": 200}})
+        verdicts: list[Any] = [True, False, None, 0, "raise", "slow", {"ok": False}, "no"]
+        for index, verdict in enumerate(verdicts):
+            await client.set(scope, f"k{index}", verdict)
+        await until(lambda: len(asked) == len(verdicts), 10, "every condition asked")
+        await client.set(scope, "last", True)
+        await until(lambda: "last" in handler.delivered_keys(), 10, "the last event delivered")
+        # Delivered: everything but an explicit false, an error and a timeout.
+        assert handler.delivered_keys() == ["k0", "k2", "k3", "k6", "k7", "last"]
+        assert service.dispatcher is not None
+
+        async def counted() -> bool:
+            assert service.dispatcher is not None
+            await service.dispatcher._flush_counts()
+            stats = await service.state.conn.execute(
+                "HGETALL", service.state.keys.dispatch_stats)
+            return dict(zip(stats[::2], stats[1::2], strict=True)).get(
+                b"condition_errors") == b"2"
+        await until(counted, 5, "two condition errors counted")

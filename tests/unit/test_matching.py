@@ -1,0 +1,100 @@
+"""Trigger matching against a plain reference: filters and `match` rules (property tests)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stateworker.events.model import Event
+from stateworker.reactive.matching import TriggerSet
+from stateworker.state.schemas import MatchRule, Trigger, TriggerConfig
+
+NAMES = st.sampled_from(["", "a", "ab", "b", "job-1", "job-2"])
+TYPES = ["state:created", "state:updated", "state:deleted"]
+POINTERS = ["/new_value", "/new_value/a", "/new_value/a/b", "/old_value/a", "/key",
+            "/new_value/0", "/version", "/missing"]
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3),
+                    st.sampled_from([1.0, 2.5, -0.5]), st.sampled_from(["", "x", "done", "1"]))
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b", "0"]), inner,
+                                                 max_size=3)), max_leaves=6)
+
+
+@st.composite
+def events(draw: st.DrawFn) -> Event:
+    return Event(revision=f"{draw(st.integers(1, 10**6))}-0", type=draw(st.sampled_from(TYPES)),
+                 scope=draw(NAMES), key=draw(NAMES),
+                 old_value=msgspec.Raw(json.dumps(draw(VALUES)).encode()),
+                 new_value=msgspec.Raw(json.dumps(draw(VALUES)).encode()),
+                 version=draw(st.integers(1, 3)), ts_ms=1_700_000_000_000, by="")
+
+
+@st.composite
+def triggers(draw: st.DrawFn) -> Trigger:
+    rules = draw(st.lists(st.tuples(st.sampled_from(POINTERS), VALUES), max_size=2))
+    config = TriggerConfig(
+        scope=draw(st.none() | NAMES), key=draw(st.none() | NAMES),
+        key_prefix=draw(st.none() | st.sampled_from(["", "job-", "a"])),
+        event_types=draw(st.none() | st.lists(st.sampled_from(TYPES), min_size=1,
+                                               unique=True)),
+        match=[MatchRule(p, msgspec.Raw(json.dumps(v).encode())) for p, v in rules] or None)
+    return Trigger(id=f"t{draw(st.integers(0, 10**6))}", function_id="f::g", service="f",
+                   config=config, created_at="")
+
+
+def resolve(doc: Any, pointer: str) -> tuple[bool, Any]:
+    for token in pointer.split("/")[1:]:
+        if isinstance(doc, dict) and token in doc:
+            doc = doc[token]
+        elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
+            doc = doc[int(token)]
+        else:
+            return False, None
+    return True, doc
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def reference(trigger: Trigger, event: Event) -> bool:
+    config = trigger.config
+    doc = {"key": event.key, "version": event.version,
+           "old_value": json.loads(bytes(event.old_value)),
+           "new_value": json.loads(bytes(event.new_value))}
+    if config.scope is not None and config.scope != event.scope:
+        return False
+    if config.key is not None and config.key != event.key:
+        return False
+    if config.key_prefix is not None and not event.key.startswith(config.key_prefix):
+        return False
+    if config.event_types is not None and event.type not in config.event_types:
+        return False
+    for rule in config.match or []:
+        found, value = resolve(doc, rule.pointer)
+        if not found or canonical(value) != canonical(json.loads(bytes(rule.equals))):
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(triggers(), max_size=6, unique_by=lambda t: t.id), events())
+def test_matching_agrees_with_the_reference(registered: list[Trigger], event: Event) -> None:
+    got = {m.trigger.id for m in TriggerSet(registered).matching(event)}
+    assert got == {t.id for t in registered if reference(t, event)}
+
+
+def test_one_and_one_point_zero_differ_and_key_order_does_not_matter() -> None:
+    def trigger(equals: bytes) -> Trigger:
+        return Trigger(id="t", function_id="f", service="s", created_at="", config=TriggerConfig(
+            match=[MatchRule("/new_value", msgspec.Raw(equals))]))
+
+    event = Event(revision="1-0", type="state:created", scope="s", key="k",
+                  old_value=msgspec.Raw(b"null"), new_value=msgspec.Raw(b'{"b":1,"a":[1.0]}'),
+                  version=1, ts_ms=0, by="")
+    assert TriggerSet([trigger(b'{"a":[1.0],"b":1}')]).matching(event)
+    assert not TriggerSet([trigger(b'{"a":[1],"b":1}')]).matching(event)
