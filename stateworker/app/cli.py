@@ -15,8 +15,9 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
 from stateworker.errors import ConfigError, StateError
-from stateworker.keys import bus_streams_pattern, stats_key
+from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
 from stateworker.loop import run
+from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
 from stateworker.transport.embedded import client_url
@@ -96,7 +97,8 @@ async def _call(args: argparse.Namespace) -> int:
 
 
 async def status_report(settings: Settings) -> dict[str, Any]:
-    """Redis, AOF, the bus streams with their pending calls and consumers, the counters."""
+    """Redis, AOF, the bus streams with their pending calls and consumers, the counters, and
+    the dispatch: triggers, replicas, per-partition holders, lag and cuts."""
     url = client_url(settings)
     conn = RedisConnection(url)
     report: dict[str, Any] = {"redis": url, "state_dir": None if settings.redis_url
@@ -120,6 +122,8 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         for stream in sorted(streams):
             name = stream.decode().rsplit(":", 1)[-1]
             report["services"][name] = await _service_status(conn, stream, name, settings)
+        report["dispatch"] = await dispatch_status(
+            conn, KeySpace(settings.prefix, settings.partitions))
     finally:
         await conn.close()
     return report
@@ -178,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     call_p.add_argument("--service", type=_service_name, default="state",
                         help="whose stream gets the call, <prefix>:bus:<service>: state "
                         "(default) or a Worker's service name")
-    sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters")
+    sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters, "
+                   "triggers and dispatch lag")
     args = parser.parse_args(argv)
     try:
         check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2

@@ -10,6 +10,7 @@ import anyio
 import pytest
 import redis.asyncio as aredis
 
+from stateworker.app.cli import status_report
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
@@ -103,6 +104,10 @@ async def test_a_stopped_dispatcher_loses_nothing_beyond_the_retention_window(
                                reaper=False) as store, anyio.create_task_group() as tg:
         for w in range(20):
             tg.start_soon(_write_many, store, f"{scope}-{w}", 2500)
+    stopped = (await status_report(settings))["dispatch"]
+    assert sum(p["lag_events"] for p in stopped["partitions"]) == 50_000
+    assert all(p["lag_ms"] > 0 for p in stopped["partitions"])
+    assert stopped["triggers"] == 1 and stopped["replicas"] == {}
     async with StateService.running(settings, BusOptions(block_ms=50)):
         async def all_handed_on() -> bool:
             return int(await raw.xlen(f"{prefix}:bus:reactor")) >= 50_000
@@ -145,4 +150,6 @@ async def test_events_the_hard_cap_cuts_before_dispatch_are_reported(
             return await raw.hget(f"{prefix}:{{{prefix}:p0}}:cut", "events") is not None
         await until(reported, 10, "the cut reported")
     assert int(await raw.hget(f"{prefix}:{{{prefix}:p0}}:cut", "events")) == cut
+    (shown,) = (await status_report(settings))["dispatch"]["partitions"]
+    assert shown["cut_events"] == cut and shown["lag_events"] == 0
     assert await raw.xlen(f"{prefix}:bus:reactor") == 1000 - cut

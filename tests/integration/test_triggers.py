@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
+from stateworker.app.cli import status_report
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
@@ -166,6 +167,9 @@ async def test_unregistering_stops_delivery_on_every_replica(
         await until(lambda: all(d.leases.held for d in dispatchers)
                     and sum(len(d.leases.held) for d in dispatchers) == 4, 10,
                     "both replicas holding partitions")
+        shown = (await status_report(settings))["dispatch"]
+        assert {p["holder"] for p in shown["partitions"]} == {d.replica for d in dispatchers}
+        assert set(shown["replicas"]) == {d.replica for d in dispatchers}
         scopes = [f"{scope}-{i}" for i in range(8)]  # over every partition
         await client.call("state::register-trigger", {
             "id": "all", "function_id": "reactor::on_change", "service": "reactor"})

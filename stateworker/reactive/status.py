@@ -1,0 +1,58 @@
+"""What `stateworker status` shows of the dispatch: triggers, replicas, per-partition lease
+holder, position, lag (events and ms), events the cap cut, and the dispatchers' counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stateworker.clock import now_ms
+from stateworker.keys import KeySpace
+from stateworker.reactive.trimming import StreamInfo, id_key
+from stateworker.transport.connection import RedisConnection
+
+
+async def dispatch_status(conn: RedisConnection, keys: KeySpace) -> dict[str, Any]:
+    now = now_ms()
+    triggers, replicas, counters = await conn.pipeline([
+        ["HLEN", keys.triggers],
+        ["ZRANGE", keys.replicas, 0, -1, "WITHSCORES"],
+        ["HGETALL", keys.dispatch_stats],
+    ])
+    partitions = []
+    for n in range(keys.partitions):
+        partitions.append(await _partition(conn, keys, n, now))
+    return {
+        "triggers": int(triggers),
+        "replicas": {r.decode(): {"last_beat_ms_ago": now - int(float(beat))}
+                     for r, beat in zip(replicas[::2], replicas[1::2], strict=True)},
+        "partitions": partitions,
+        "counters": {k.decode(): int(v) for k, v in zip(counters[::2], counters[1::2],
+                                                        strict=True)},
+    }
+
+
+async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) -> dict[str, Any]:
+    part = keys.partition(n)
+    holder, position, cut, info = await conn.pipeline([
+        ["GET", part.lease],
+        ["HMGET", part.dispatched, "id", "n"],
+        ["HMGET", part.cut, "events", "first_kept"],
+        ["XINFO", "STREAM", part.events],
+    ])
+    stream = StreamInfo(info)
+    report: dict[str, Any] = {"partition": n, "holder": holder.decode() if holder else None,
+                              "events_kept": stream.length}
+    if position[0] is None:
+        report.update(position=None, lag_events=stream.length, lag_ms=None)
+    else:
+        lag = max(0, stream.added - int(position[1]))
+        report.update(position=position[0].decode(), lag_events=lag, lag_ms=0)
+        if lag:
+            after = await conn.execute("XRANGE", part.events, "(" + position[0].decode(), "+",
+                                       "COUNT", 1)
+            if after:
+                report["lag_ms"] = max(0, now - id_key(after[0][0])[0])
+    if cut[0] is not None:
+        report["cut_events"] = int(cut[0])
+        report["cut_first_kept"] = cut[1].decode() if cut[1] else None
+    return report
