@@ -101,6 +101,10 @@ class Dispatcher:
                                         extra={"event": "dispatch.paused"})
                             self.positions.clear()
                             await anyio.sleep(backoff.next())
+                        except Exception:  # a bug: the service goes on; the batch is retried
+                            log.exception("dispatch failed", extra={"event": "dispatch.crashed"})
+                            self.positions.clear()
+                            await anyio.sleep(backoff.next())
                 self._tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -179,10 +183,17 @@ class Dispatcher:
         calls: list[list[Any]] = []
         for entry_id, flat in entries:
             fields = fields_of(flat)
-            scope = fields[b"scope"].decode()
+            scope = fields.get(b"scope", b"").decode(errors="replace")
             if self.hidden(scope) or not self.triggers.candidates(scope):
                 continue
-            event = decode_event(entry_id, fields)
+            try:
+                event = decode_event(entry_id, fields)
+            except (KeyError, ValueError) as exc:  # not written by our scripts: skipped
+                self._count("malformed_events")
+                log.error("partition %d: entry %s is not a change event (%r); skipped",
+                          partition, entry_id.decode(), exc,
+                          extra={"event": "dispatch.malformed", "partition": partition})
+                continue
             for matcher in self.triggers.matching(event):
                 call = await self._handler_call(matcher, event, partition)
                 if call is not None:

@@ -229,3 +229,17 @@ async def test_bus_conditions_only_an_explicit_false_skips(
             return dict(zip(stats[::2], stats[1::2], strict=True)).get(
                 b"condition_errors") == b"2"
         await until(counted, 5, "two condition errors counted")
+
+
+async def test_an_entry_that_is_not_an_event_is_skipped_not_fatal(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as client, \
+            Handler(settings).running() as handler:
+        await client.call("state::register-trigger", {
+            "id": "all", "function_id": "reactor::on_change", "service": "reactor"})
+        events = service.state.keys.for_scope(scope).events
+        await service.state.conn.execute("XADD", events, "*", "keep", "me")
+        await service.state.conn.execute("XADD", events, "*", "scope", scope, "type", "x")
+        await client.set(scope, "k", 1)
+        await until(lambda: handler.delivered_keys() == ["k"], 5, "the event after the junk")
