@@ -24,8 +24,8 @@ from stateworker.state.api import StateStore
 PREFIX = "benchbus"
 
 
-def start_service(url: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "STATEWORKER_PREFIX": PREFIX}
+def start_service(url: str, prefix: str = PREFIX) -> subprocess.Popen[str]:
+    env = {**os.environ, "STATEWORKER_PREFIX": prefix}
     process = subprocess.Popen(
         [sys.executable, "-m", "stateworker", "--redis-url", url, "serve", "--log-level",
          "WARNING"], env=env, stdout=subprocess.PIPE, text=True)

@@ -7,6 +7,7 @@
     KEYS[3] scope updated index     KEYS[4] scope topic index (zset, topic\0key)
     KEYS[5] partition scopes        KEYS[6] partition ttl index
     KEYS[7] partition event stream  KEYS[8] (bus calls only) the call's record
+    KEYS[9] (bus calls only) the call id's binding (entry.lua: CALL_ID_REUSED)
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN

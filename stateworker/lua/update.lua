@@ -6,6 +6,7 @@
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
     KEYS[8] (bus calls only) the call's record; ARGV[7] its arguments (entry.lua)
+    KEYS[9] (bus calls only) the call id's binding (entry.lua: CALL_ID_REUSED)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] max value bytes         ARGV[9] expected version ("" for none)

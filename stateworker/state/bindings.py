@@ -27,10 +27,10 @@ class Binding:
     keys: int  # the most KEYS the script takes (its header's highest KEYS[i])
 
 
-SET = Binding("set", 8)  # set, compare-and-set, diff; KEYS[8] only for bus calls
-DELETE = Binding("delete", 8)
-UPDATE = Binding("update", 8)
-TOPIC = Binding("topic", 8)
+SET = Binding("set", 9)  # set, compare-and-set, diff; KEYS[8..9] only for bus calls
+DELETE = Binding("delete", 9)
+UPDATE = Binding("update", 9)
+TOPIC = Binding("topic", 9)
 SETHASH = Binding("sethash", 1)
 REAP = Binding("reap", 3)
 LIST = Binding("list", 1)
@@ -87,11 +87,15 @@ def record_arg(settings: Settings, ctx: CallContext) -> str:
     return f"{settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
 
 
-def entry_keys(part: PartitionKeys, scope: str, key: str, ctx: CallContext) -> list[Arg]:
-    """KEYS of an entry script: the entry, its indexes, and the call's record for bus calls."""
+def entry_keys(part: PartitionKeys, scope: str, key: str, ctx: CallContext,
+               claim: str | None = None) -> list[Arg]:
+    """KEYS of an entry script: the entry, its indexes, and for bus calls the call's record
+    and the id's binding (`claim`, when the script binds the id itself)."""
     keys: list[Arg] = list(part.entry_keys(scope, key))
     if ctx.call_id is not None:
         keys.append(part.call_record(ctx.call_id))
+        if claim is not None:
+            keys.append(claim)
     return keys
 
 

@@ -183,6 +183,13 @@ FUNCTIONS: dict[str, Prepare] = {
 }
 
 
+# Functions whose plans change nothing: a bus call's id is bound in the same pipeline as
+# their first step (a reused id discards what they read).
+READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list_keys",
+                   "state::list_groups", "state::list-entries", "state::list-namespaces",
+                   "state::list-triggers"})
+
+
 def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
     raises StateError."""
@@ -195,29 +202,41 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
-    if ctx.call_id is not None:
-        plan = claimed(state, ctx, plan)
+    if ctx.call_id is not None and not plan.binds_call_id:
+        plan = claimed(state, ctx, plan, fn in READS)
     return plan
 
 
-def claimed(state: RedisState, ctx: CallContext, plan: Plan) -> Plan:
+def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
     """`plan`, run only if its call id is free or already bound to this same call.
 
     An entry script records its call under the entry's partition, which makes a retry
     exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
-    every bus call first binds its id to its digest (function + body) in a key of the id's
-    own (SET NX GET, kept as long as the records), and runs in the step after: a refused call
-    never writes, and the calls of one batch keep their order (a read does not overtake a
-    write read before it).
+    every bus call binds its id to its digest (function + body) in a key of the id's own
+    (SET NX GET, kept as long as the records). The entry scripts do it themselves, first
+    (`binds_call_id`); a read binds it in the same pipeline, before its own commands (what it
+    read is dropped when the id is another call's); any other call binds it in a step before
+    it runs, so a refused call never writes. The calls of one batch keep their order either
+    way (a read does not overtake a write read before it).
     """
     claim: list[Arg] = ["SET", state.keys.call_claim(ctx.call_id or ""), ctx.call_digest or "",
                         "NX", "GET", "PX", state.settings.dedupe_window_ms]
 
-    def bound(replies: list[Any]) -> Plan:
-        held = command_reply(replies[0], "binding the call id")
+    def check(reply: Any) -> None:
+        held = command_reply(reply, "binding the call id")
         if held is not None and held.decode() != ctx.call_digest:
             raise CallIdReused(*STATUS_TEXTS[LUA_STATUS["CALL_ID_REUSED"]](
                 Target(state.settings, "", "", ctx), []))
+
+    if read_only:
+        def read(replies: list[Any]) -> Any:
+            check(replies[0])
+            return plan.finish(replies[1:])
+
+        return Plan([claim, *plan.commands], read, plan.checks_deadline)
+
+    def bound(replies: list[Any]) -> Plan:
+        check(replies[0])
         return plan
 
     return Plan([claim], bound)

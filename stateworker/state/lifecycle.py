@@ -70,6 +70,8 @@ async def check_server(state: RedisState) -> None:
     conn, settings, keys = state.conn, state.settings, state.keys
     try:
         info = await conn.execute("INFO", "persistence")
+        # (On a cluster every script keeps to one slot; see RedisState.cluster.)
+        state.cluster = b"cluster_enabled:1" in await conn.execute("INFO", "cluster")
     except (ConnectionLost, ReplyError) as exc:
         raise ConfigError(f"Redis at {conn.url} is not usable: {exc}") from exc
     aof_on = b"aof_enabled:1" in info

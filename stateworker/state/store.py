@@ -54,6 +54,9 @@ class RedisState:
         self.conn = conn
         self.library = Library(conn, {b.name: b.keys for b in BINDINGS})
         self.embedded = embedded
+        # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
+        # bus call's id is bound in a step of its own, not inside the entry script.
+        self.cluster = False
 
     async def close(self) -> None:
         await self.conn.close()
@@ -101,9 +104,11 @@ class RedisState:
             raise_for_status(reply, target, accept)
             return finish(reply)
 
-        command = self.library.command(binding.name, entry_keys(part, scope, key, ctx),
+        binds = ctx.call_id is not None and not self.cluster
+        claim = self.keys.call_claim(ctx.call_id or "") if binds else None
+        command = self.library.command(binding.name, entry_keys(part, scope, key, ctx, claim),
                                        entry_args(self.settings, scope, key, ctx, args))
-        return Plan([command], replayed, checks_deadline=True)
+        return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
 
     def target(self, scope: str, key: str, ctx: CallContext, *,
                expected_version: int | None = None, create_only: bool = False) -> Target:

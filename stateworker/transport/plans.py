@@ -37,6 +37,7 @@ class Plan:
     commands: list[list[Arg]] = field(default_factory=list)
     finish: Callable[[list[Any]], Any] = lambda replies: None
     checks_deadline: bool = False  # its script checks the call's deadline (after its record)
+    binds_call_id: bool = False  # its script binds the bus call's id (entry scripts)
 
 
 def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
@@ -45,7 +46,7 @@ def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
         out = plan.finish(replies)
         return then(out, fn) if isinstance(out, Plan) else fn(out)
 
-    return Plan(plan.commands, finish, plan.checks_deadline)
+    return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)
 
 
 def redis_error(reply: ReplyError, what: str) -> StateError:

@@ -23,6 +23,7 @@ from stateworker.errors import ConfigError, Unavailable
 from stateworker.settings import Settings
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import ConnectionLost, RedisConnection
+from tests.integration.busproto import until
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -275,10 +276,14 @@ async def test_bus_with_a_read_timeout_below_its_blocking_waits(
     than a 0.2 s read timeout: calls after an idle second go through on the same connections."""
     settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
                         read_timeout_s=0.2)
-    async with StateService.running(settings, BusOptions(block_ms=600)), \
+    async with StateService.running(settings, BusOptions(block_ms=600)) as service, \
             StateClient(settings=settings) as client:
         with anyio.fail_after(10):
             await client.set(scope, "k", 1)
+            # (the dispatcher's XREAD BLOCK 1 s too, once it holds its partitions)
+            assert service.dispatcher is not None
+            dispatcher = service.dispatcher
+            await until(lambda: len(dispatcher.positions) == 4, 5, "the dispatcher reading")
             before = await connections_received(raw)
             await anyio.sleep(1.5)  # both readers block (and come back empty) meanwhile
             await client.set(scope, "k", 2)

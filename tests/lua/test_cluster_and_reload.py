@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis.asyncio as aredis
 from redis.crc import key_slot
 
 from stateworker import StateError, StateStore
+from stateworker.context import CallContext
+from stateworker.reactive import trimming
+from stateworker.reactive.leases import Leases
+from stateworker.state import functions
 from stateworker.state.bindings import BINDINGS
 from stateworker.transport.connection import Arg
 from stateworker.transport.library import Library
@@ -59,11 +64,34 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
     await store.reap_expired()
+    await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
+    await store.call("state::unregister-trigger", {"id": "t"})
+    leases = Leases(store.state, "token")
+    await leases.round()  # lease.lua
+    await trimming.position(store.state, min(leases.held), "token")  # advance.lua
     assert {c[0] for c in calls} == {b.name for b in BINDINGS}
     for script, keys, args in calls:
         names = [str(k) for k in keys] + derived_keys(script, keys, args)
         slots = {key_slot(name.encode()) for name in names}
         assert len(slots) == 1, (script, names)
+
+
+async def test_on_a_cluster_a_bus_call_binds_its_id_in_a_step_of_its_own(
+        store: StateStore, scope: str) -> None:
+    """Standalone, an entry script binds the call id itself (one round trip; the binding's
+    key is in another slot); on a cluster the binding is a step before the script."""
+    ctx = CallContext(call_id="c-1", call_digest="0" * 40)
+    body = msgspec.json.encode({"scope": scope, "key": "k", "value": 1})
+    standalone = functions.prepare(store.state, "state::set", body, ctx)
+    assert len(standalone.commands) == 1 and standalone.commands[0][0] == "FCALL"
+    assert store.state.keys.call_claim("c-1") in standalone.commands[0]
+    store.state.cluster = True
+    clustered = functions.prepare(store.state, "state::set", body, ctx)
+    assert clustered.commands[0][:2] == ["SET", store.state.keys.call_claim("c-1")]
+    script = clustered.finish([None])
+    (command,) = script.commands
+    keys = command[3:3 + int(command[2])]
+    assert len({key_slot(str(k).encode()) for k in keys}) == 1, keys
 
 
 async def test_function_flush_is_survived(own_redis: RedisServer, scope: str) -> None:

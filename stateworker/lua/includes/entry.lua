@@ -180,7 +180,8 @@ local entry_ctx = { -- (every field named here: its slots are made once)
 
 --[[
   Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
-  record, and ARGV[7] = "<ms kept>|<deadline ms or empty>|<call digest>" (the digest: SHA-1
+  record, KEYS[9], the id's binding (`<prefix>:callid:{<id>}`: another slot, so on a Redis
+  Cluster this binding has to go back to a step of its own), and ARGV[7] = "<ms kept>|<deadline ms or empty>|<call digest>" (the digest: SHA-1
   of the function and body, 40 hex). The record holds the digest and the script's reply
   (cmsgpack); a second delivery of the call finds it and gets {ST.DUPLICATE, reply} back
   without changing anything; the same id with another digest is {ST.CALL_ID_REUSED}. Written
@@ -198,6 +199,15 @@ local function entry_record_args()
 end
 
 local function entry_replayed()
+  if KEYS[9] then
+    -- The id's binding across partitions (the record below is this partition's only): the
+    -- first call to bind it owns it; another digest is a reuse, refused before any change.
+    local keep, _, digest = entry_record_args()
+    local held = redis.call('SET', KEYS[9], digest, 'NX', 'GET', 'PX', keep)
+    if held and held ~= digest then
+      return {ST.CALL_ID_REUSED}
+    end
+  end
   if KEYS[8] then
     local record = redis.call('GET', KEYS[8])
     if record then

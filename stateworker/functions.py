@@ -1,0 +1,247 @@
+"""The `state::*` functions as JSON in, JSON out: what the bus and `StateStore.call` run.
+
+Each function decodes its request Struct, validates it (a StateError before anything is
+sent) and returns the store's Plan for it; the plan's result is a Struct that
+`schemas.encoder` writes. Values stay `msgspec.Raw` the whole way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from stateworker.clock import now_ms
+from stateworker.context import CallContext
+from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.state import listing, ops, reads, triggers, validate, writes
+from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
+from stateworker.state.schemas import (
+    NULL,
+    CompareAndSetRequest,
+    DeleteByTopicRequest,
+    DeletedResult,
+    DeleteRequest,
+    DiffRequest,
+    EmptyRequest,
+    GetEntryRequest,
+    GetRequest,
+    ListNamespacesRequest,
+    NamespacesResult,
+    ScopeRequest,
+    SetRequest,
+    UpdatedResult,
+    UpdateTopicRequest,
+    encoder,
+)
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import Arg
+from stateworker.transport.plans import Plan, command_reply, then
+
+Prepare = Callable[[RedisState, bytes, CallContext], Plan]
+
+
+def state_get(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, GetRequest)
+    validate.address(state.settings, req.scope, req.key)
+    return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
+
+
+def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, SetRequest)
+    validate.address(state.settings, req.scope, req.key)
+    raw = req.value if req.value is not msgspec.UNSET else req.data
+    if raw is msgspec.UNSET:
+        raise InvalidRequest("$.value: the field `value` (or `data`) is required",
+                             {"path": "$.value"})
+    return writes.set_plan(state,
+        req.scope, req.key, validate.value(state.settings, raw),
+        topic=validate.topic(req.topic), ttl_ms=validate.ttl_ms(req.ttl_ms),
+        expected_version=validate.expected_version(req.expected_version),
+        create_only=req.create_only, ctx=ctx,
+    )
+
+
+def state_delete(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, DeleteRequest)
+    validate.address(state.settings, req.scope, req.key)
+    return writes.delete_plan(state, req.scope, req.key, ctx=ctx)
+
+
+def state_list(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, ScopeRequest)
+    validate.scope(state.settings, req.scope)
+    return reads.list_values_plan(state, req.scope)
+
+
+def state_list_keys(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, ScopeRequest)
+    validate.scope(state.settings, req.scope)
+    return reads.list_keys_plan(state, req.scope)
+
+
+def state_list_groups(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    validate.request(body, EmptyRequest)
+    return reads.list_groups_plan(state, validate.RESERVED_SCOPES)
+
+
+def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, CompareAndSetRequest)
+    validate.address(state.settings, req.scope, req.key)
+    if req.value is msgspec.UNSET:
+        raise InvalidRequest("$.value: the field `value` is required", {"path": "$.value"})
+    expected = None
+    if req.expected is not msgspec.UNSET:
+        expected = validate.value(state.settings, req.expected, "expected")
+    value = validate.value(state.settings, req.value)
+    return writes.compare_and_set_plan(state, req.scope, req.key, expected, value, ctx=ctx)
+
+
+def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, GetEntryRequest)
+    validate.address(state.settings, req.scope, req.key)
+    default = None
+    if req.default is not msgspec.UNSET:
+        default = msgspec.Raw(validate.value(state.settings, req.default, "default").json)
+    return reads.get_entry_plan(state, req.scope, req.key, default=default, required=req.required)
+
+
+def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, ops.UpdateRequest)
+    validate.address(state.settings, req.scope, req.key)
+    if isinstance(req.topic, str):
+        validate.topic(req.topic)
+    encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
+
+    def finish(reply: UpdateReply) -> ops.UpdateResult:
+        errors = ops.merge_errors(req.ops, encoded, reply.op_errors, positions=reply.positions)
+        old = NULL if reply.old_value is None else msgspec.Raw(reply.old_value)
+        return ops.UpdateResult(old, msgspec.Raw(reply.new_value), reply.version,
+                                errors or msgspec.UNSET)
+
+    return writes.update_plan(state,
+        req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
+        expected_version=validate.expected_version(req.expected_version),
+        topic=KEEP if req.topic is msgspec.UNSET else req.topic, ctx=ctx,
+    )
+
+
+def state_list_entries(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, listing.ListEntriesRequest)
+    validate.scope(state.settings, req.scope)
+    return listing.list_entries_plan(state, req)
+
+
+def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, DiffRequest)
+    validate.address(state.settings, req.scope, req.key)
+    return writes.diff_plan(state,
+        req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
+        expected_version=validate.expected_version(req.expected_version), ctx=ctx)
+
+
+def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, UpdateTopicRequest)
+    validate.address(state.settings, req.scope, req.key)
+    plan = writes.update_topic_plan(state, req.scope, req.key, validate.topic(req.topic), ctx=ctx)
+    return then(plan, UpdatedResult)
+
+
+def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, DeleteByTopicRequest)
+    validate.scope(state.settings, req.scope)
+    validate.topic(req.topic_pattern)
+    plan = listing.delete_by_topic_plan(state, req.scope, req.topic_pattern, ctx.by)
+    return then(plan, DeletedResult)
+
+
+def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, ListNamespacesRequest)
+    validate.pattern("pattern", req.pattern)
+    validate.in_range("limit", req.limit, 1, listing.MAX_LIMIT)
+    plan = listing.list_namespaces_plan(state, req.pattern, req.limit, validate.RESERVED_SCOPES)
+    return then(plan, NamespacesResult)
+
+
+FUNCTIONS: dict[str, Prepare] = {
+    "state::get": state_get,
+    "state::set": state_set,
+    "state::delete": state_delete,
+    "state::list": state_list,
+    "state::list_keys": state_list_keys,
+    "state::list_groups": state_list_groups,
+    "state::compare-and-set": state_compare_and_set,
+    "state::get-entry": state_get_entry,
+    "state::update": state_update,
+    "state::list-entries": state_list_entries,
+    "state::diff": state_diff,
+    "state::update-topic": state_update_topic,
+    "state::delete-by-topic": state_delete_by_topic,
+    "state::list-namespaces": state_list_namespaces,
+    **triggers.FUNCTIONS,
+}
+
+
+# Functions whose plans change nothing: a bus call's id is bound in the same pipeline as
+# their first step (a reused id discards what they read).
+READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list_keys",
+                   "state::list_groups", "state::list-entries", "state::list-namespaces",
+                   "state::list-triggers"})
+
+
+def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
+    """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
+    raises StateError."""
+    function = FUNCTIONS.get(fn)
+    if function is None:
+        raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
+                              f"{', '.join(sorted(FUNCTIONS))}", {"fn": fn})
+    plan = function(state, body, ctx)
+    if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
+        # (A plan whose script checks the deadline does so after the call's record: a call
+        # applied in time is answered the same when it comes again late.)
+        raise deadline_exceeded(ctx.deadline_ms)
+    if ctx.call_id is not None and not plan.binds_call_id:
+        plan = claimed(state, ctx, plan, fn in READS)
+    return plan
+
+
+def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
+    """`plan`, run only if its call id is free or already bound to this same call.
+
+    An entry script records its call under the entry's partition, which makes a retry
+    exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
+    every bus call binds its id to its digest (function + body) in a key of the id's own
+    (SET NX GET, kept as long as the records). The entry scripts do it themselves, first
+    (`binds_call_id`); a read binds it in the same pipeline, before its own commands (what it
+    read is dropped when the id is another call's); any other call binds it in a step before
+    it runs, so a refused call never writes. The calls of one batch keep their order either
+    way (a read does not overtake a write read before it).
+    """
+    claim: list[Arg] = ["SET", state.keys.call_claim(ctx.call_id or ""), ctx.call_digest or "",
+                        "NX", "GET", "PX", state.settings.dedupe_window_ms]
+
+    def check(reply: Any) -> None:
+        held = command_reply(reply, "binding the call id")
+        if held is not None and held.decode() != ctx.call_digest:
+            raise CallIdReused(*STATUS_TEXTS[LUA_STATUS["CALL_ID_REUSED"]](
+                Target(state.settings, "", "", ctx), []))
+
+    if read_only:
+        def read(replies: list[Any]) -> Any:
+            check(replies[0])
+            return plan.finish(replies[1:])
+
+        return Plan([claim, *plan.commands], read, plan.checks_deadline)
+
+    def bound(replies: list[Any]) -> Plan:
+        check(replies[0])
+        return plan
+
+    return Plan([claim], bound)
+
+
+async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:
+    """Run one function on a JSON body; the result as JSON bytes. Errors raise StateError."""
+    return encoder.encode(await state.execute(prepare(state, fn, body, ctx)))
