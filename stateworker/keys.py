@@ -19,9 +19,9 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
   sw:{sw:p3}:dispatched                   string the last event id the dispatcher handed on
   sw:{sw:p3}:cut                          hash   undispatched events cut by the hard cap
-  sw:registry                             stream changes of triggers and claims (replicas follow)
-  sw:triggers                             hash   trigger id -> registration (JSON)
-  sw:claims                               hash   claimed scope -> functions prefix
+  sw:{sw:r}:registry                      stream changes of triggers and claims (replicas follow)
+  sw:{sw:r}:triggers                      hash   trigger id -> registration (JSON)
+  sw:{sw:r}:claims                        hash   claimed scope -> functions prefix
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:meta                                 hash   layout facts checked at start (partitions)
   sw:callid:{<call id>}                   string the digest of the call an id belongs to
@@ -96,9 +96,12 @@ class KeySpace:
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
         self._claims = f"{prefix}:callid:"
-        self.registry = f"{prefix}:registry"  # stream: one entry per trigger/claim change
-        self.triggers = f"{prefix}:triggers"
-        self.claims = f"{prefix}:claims"
+        # One hash tag for the registry stream and what it announces: a script that changes
+        # claims (or triggers) writes its registry entry too, on one cluster slot.
+        shared = f"{prefix}:{{{prefix}:r}}:"
+        self.registry = f"{shared}registry"  # stream: one entry per trigger/claim change
+        self.triggers = f"{shared}triggers"
+        self.claims = f"{shared}claims"
         self.replicas = f"{prefix}:replicas"
         self._parts = [self._build(n) for n in range(partitions)]
 
