@@ -217,7 +217,7 @@ async def test_every_public_function_refuses_a_claimed_scope(store: StateStore, 
     fn, body = public_calls(scope)[index]
     error = await error_of(store, fn, body, caller="billing")  # the owner too: accessors only
     assert error.code == "RESERVED_SCOPE", fn
-    assert f"claimed by namespace 'billing'" in error.message
+    assert "claimed by namespace 'billing'" in error.message
     assert error.details == {"path": "$.scope", "scope": scope, "namespace": "billing"}
     assert await store.call("billing::state::get", {"scope": scope, "key": "k"}) == {"kept": True}
     assert len(await store.events(scope)) == 1  # only the accessor's write
