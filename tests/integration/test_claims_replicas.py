@@ -64,7 +64,9 @@ async def refuses(store: StateStore, scope: str) -> bool:
 
 
 async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
-        redis_server: RedisServer, prefix: str, scope: str) -> None:
+        redis_server: RedisServer, prefix: str, scope: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    scope += '-é/"\\'  # the registry entry carries it as JSON text
     async with replicas(redis_server, prefix, 2) as (first, second):
         one, two = StateStore(first.state), StateStore(second.state)
         await two.set(scope, "k", 1)
@@ -77,6 +79,8 @@ async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
         assert time.monotonic() - claimed_at < 1.0
         assert await two.list_groups() == []
         assert await two.call("billing::state::get", {"scope": scope, "key": "k"}) == 1
+        # learnt from the registry entry itself, not from a reload after failing to apply it
+        assert not [r for r in caplog.records if getattr(r, "event", "") == "registry.apply_failed"]
         with pytest.raises(StateError) as refused:
             await two.set(scope, "k", 2)
         assert refused.value.code == "RESERVED_SCOPE"

@@ -160,11 +160,14 @@ async def test_a_scope_of_another_namespace_is_scope_conflict_and_nothing_is_cla
     assert error.code == "SCOPE_CONFLICT"
     assert f"{scope}-taken" in error.message and "'billing'" in error.message
     assert error.details == {"path": "$.scopes", "scope": scope + "-taken", "owner": "billing"}
+    await store.state.claims.reload()  # what Redis holds, as a restart would see it
     assert await is_public(store, scope + "-free")  # all or nothing
     assert store.state.claims.owner(scope + "-taken") == "billing"  # the first claimant keeps it
     unknown = await error_of(store, "orders::state::get", {"scope": scope + "-free", "key": "k"})
     assert unknown.code == "UNKNOWN_FUNCTION"  # orders owns nothing
-    assert (await claim(store, "orders", [scope + "-free"]))["scopes"] == [scope + "-free"]
+    assert await claim(store, "orders", [scope + "-free"]) == {
+        "claimed": True, "scopes": [scope + "-free"], "functions": [
+            f"orders::state::{name}" for name in ACCESSORS]}
 
 
 async def test_of_concurrent_claims_the_first_claimant_wins_and_the_rest_claim_nothing(
@@ -189,7 +192,9 @@ async def test_of_concurrent_claims_the_first_claimant_wins_and_the_rest_claim_n
             continue
         assert isinstance(result, StateError) and result.code == "SCOPE_CONFLICT"
         assert result.details["owner"] == winner
-        assert await is_public(store, scope + "-" + worker)
+    await store.state.claims.reload()  # what Redis holds
+    for worker in outcomes:
+        assert await is_public(store, scope + "-" + worker) is (worker != winner)
     assert store.state.claims.owner(scope) == winner
 
 
