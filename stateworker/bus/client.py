@@ -123,7 +123,8 @@ class StateClient:
             retries: re-sends within that time while no reply came (at even intervals; each
                 re-sends the call with the same id and deadline); a transient Redis error
                 re-sends after its backoff besides.
-            caller: recorded as the writer (`updated_by`, the event's `by`) of every call.
+            caller: recorded as the writer (`updated_by`, the event's `by`) of every call;
+                the worker `claim_namespace` claims for.
             settings: all settings at once (then `redis_url` and the environment are ignored).
 
         Raises:

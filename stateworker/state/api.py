@@ -405,9 +405,11 @@ class StateStore:
         """Run function `fn` on a JSON body; returns the result's JSON. Raises StateError.
 
         Args:
-            fn: a `state::*` function id (`state::get`, `state::update` ...).
+            fn: a `state::*` function id (`state::get`, `state::update` ...), or an accessor
+                of a claimed namespace (`<prefix>::state::get` ...).
             body: the request as JSON text (a JSON object).
-            caller: recorded as the writer (`updated_by`, the event's `by`).
+            caller: recorded as the writer (`updated_by`, the event's `by`); the claimant
+                of `state::claim-namespace`.
             context: a JSON object for the call; a string `execution_id` in it is recorded
                 as the writer instead of `caller`.
 
@@ -419,6 +421,11 @@ class StateStore:
             ValueTooLarge (VALUE_TOO_LARGE): a value is over `max_value_bytes`.
             Conflict (CONFLICT): `expected_version` / `create_only` did not hold.
             NotFound (NOT_FOUND): `required: true` of a missing entry.
+            InvalidScope (INVALID_SCOPE): an accessor named a scope its namespace does not
+                own; state::claim-namespace: a scope that is not non-empty text.
+            InvalidPrefix (INVALID_PREFIX), UnknownCaller (UNKNOWN_CALLER), Forbidden
+                (FORBIDDEN), ScopeConflict (SCOPE_CONFLICT): state::claim-namespace refused
+                (see `claim_namespace`).
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
@@ -439,7 +446,7 @@ class StateStore:
         No tagged types are converted here (the result is plain JSON, as the bus returns it).
 
         Args:
-            fn: a `state::*` function id.
+            fn: a `state::*` function id or an accessor (`<prefix>::state::get` ...).
             body: a JSON-able value, or JSON text as str/bytes (sent as is).
             caller, context: as `call_json`.
 
