@@ -28,7 +28,7 @@ from stateworker.state.store import RedisState
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.
 RESERVED_SCOPES = frozenset({"state_barrier", "state_triggers", "state_namespaces"})
-_PREFIX = re.compile(r"[A-Za-z0-9_-]+")
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,256}")  # a namespace is a caller: at most 256 bytes
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 
 T = TypeVar("T")
@@ -119,7 +119,7 @@ def hidden_scopes(state: RedisState) -> frozenset[str]:
 # ---- state::claim-namespace ----------------------------------------------------------------
 def functions_prefix(value: Any) -> str:
     if not isinstance(value, str) or not _PREFIX.fullmatch(value):
-        raise InvalidPrefix(f"$.functions_prefix: must be text of letters, digits, _ and - "
+        raise InvalidPrefix(f"$.functions_prefix: must be 1 to 256 letters, digits, _ and - "
                             f"([A-Za-z0-9_-]+), got {_shown(value)}",
                             {"path": "$.functions_prefix"})
     return value

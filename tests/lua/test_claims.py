@@ -87,7 +87,7 @@ async def test_claiming_again_claims_nothing_new_and_says_so(store: StateStore,
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "a:b", "a::state", "bill.ing", "é", "a\n",
-                                    7, None, ["a"]])
+                                 "a" * 257, 7, None, ["a"]])
 async def test_a_prefix_outside_letters_digits_underscore_dash_is_invalid_prefix(
         store: StateStore, scope: str, bad: Any) -> None:
     error = await claim_error(store, bad, [scope], caller="a")
@@ -99,8 +99,8 @@ async def test_a_prefix_outside_letters_digits_underscore_dash_is_invalid_prefix
 
 async def test_every_allowed_prefix_character_is_accepted(store: StateStore,
                                                           scope: str) -> None:
-    prefix = "AZaz09_-"
-    assert (await claim(store, prefix, [scope]))["claimed"] is True
+    for prefix in ("AZaz09_-", "n" * 256):
+        assert (await claim(store, prefix, [scope + prefix]))["claimed"] is True
 
 
 async def test_a_claim_without_a_caller_is_unknown_caller(store: StateStore,
