@@ -20,6 +20,9 @@ class CallContext(Struct, frozen=True, kw_only=True):
     call_id: str | None = None  # a bus call's id: its reply is recorded with its change
     deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
     call_digest: str | None = None  # SHA-1 hex of fn + body: a reused id is told apart
+    # Set for a call to a private namespace's accessor (`<prefix>::state::get` ...): its
+    # functions prefix. Its scope must be one the namespace claimed (state/validate.py).
+    namespace: str | None = None
 
     @property
     def by(self) -> str | None:

@@ -18,7 +18,7 @@ import math
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack, suppress
 from types import TracebackType
 from typing import Any
@@ -123,7 +123,8 @@ class StateClient:
             retries: re-sends within that time while no reply came (at even intervals; each
                 re-sends the call with the same id and deadline); a transient Redis error
                 re-sends after its backoff besides.
-            caller: recorded as the writer (`updated_by`, the event's `by`) of every call.
+            caller: recorded as the writer (`updated_by`, the event's `by`) of every call;
+                the worker `claim_namespace` claims for.
             settings: all settings at once (then `redis_url` and the environment are ignored).
 
         Raises:
@@ -423,7 +424,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
 
@@ -444,7 +446,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a bad option (ttl_ms, topic ...) or a
                 value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
@@ -466,7 +469,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
 
@@ -483,7 +487,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
 
@@ -500,7 +505,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
 
@@ -533,7 +539,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also malformed ops, too many ops, a bad option.
             ValueTooLarge (VALUE_TOO_LARGE): the updated value would be over
                 `max_value_bytes` (nothing written).
@@ -562,7 +569,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): `value` or `expected` is over `max_value_bytes`.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
@@ -585,7 +593,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             NotFound (NOT_FOUND): `required=True` and the key is missing or expired.
             ValueTooLarge (VALUE_TOO_LARGE): `default` is over `max_value_bytes`.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
@@ -607,7 +616,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also limit/offset out of range, a cursor
                 (`after`) not from list-entries, a pattern over 1024 bytes.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
@@ -629,7 +639,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
             Conflict (CONFLICT): `expected_version` did not hold.
@@ -651,7 +662,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a bad topic.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
@@ -672,7 +684,8 @@ class StateClient:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a bad pattern (over 1024 bytes, NUL).
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
@@ -681,6 +694,35 @@ class StateClient:
         """
         return await self.call("state::delete-by-topic", {"scope": scope,
                                                           "topic_pattern": topic_pattern})
+
+    async def claim_namespace(self, functions_prefix: str, scopes: Iterable[str]) -> Any:
+        """`state::claim-namespace`: claim scopes for the private namespace of this client's
+        `caller`; `{"claimed", "scopes", "functions"}`. From then on the public functions
+        refuse them (RESERVED_SCOPE), listings leave them out, and only the accessors in
+        `functions` (`<prefix>::state::get`, `::list`, `::list_keys`, `::compare-and-set`,
+        callable by any client) serve them. All or nothing; the first claimant keeps a scope;
+        `claimed` is false when nothing was new. Claims survive restarts.
+
+        Args:
+            functions_prefix: the namespace, `[A-Za-z0-9_-]+`; must be the client's `caller`.
+            scopes: the scopes to claim (non-empty text each, at least one).
+
+        Raises:
+            InvalidPrefix (INVALID_PREFIX): `functions_prefix` is not `[A-Za-z0-9_-]+`.
+            UnknownCaller (UNKNOWN_CALLER): the client has no `caller`.
+            Forbidden (FORBIDDEN): `functions_prefix` is not the client's `caller`.
+            InvalidScope (INVALID_SCOPE): no scope, or a scope that is not non-empty text.
+            KeyTooLong (KEY_TOO_LONG): a scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): a scope the service keeps for itself.
+            ScopeConflict (SCOPE_CONFLICT): another namespace owns a scope asked for;
+                nothing was claimed.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await StateClient(caller="billing").claim_namespace("billing", ["ledger"])`
+        """
+        return await self.call("state::claim-namespace", {
+            "functions_prefix": functions_prefix, "scopes": builtins.list(scopes)})
 
     async def list_namespaces(self, **options: Any) -> Any:
         """`state::list-namespaces`: `{"namespaces": [...]}`, the scopes holding entries,

@@ -63,7 +63,8 @@ def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
 
 
 class Dispatcher:
-    """Runs until cancelled; `hidden(scope)` says which scopes triggers never see."""
+    """Runs until `stop()`; `hidden(scope)` says which scopes triggers never see (reserved
+    and claimed ones)."""
 
     def __init__(self, state: RedisState, hidden: Callable[[str], bool] | None = None) -> None:
         self.state = state
@@ -72,7 +73,8 @@ class Dispatcher:
         self.positions: dict[int, Position] = {}
         self.triggers = TriggerSet()
         self.registry_id = "0-0"
-        self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES)
+        self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
+                                 or state.claims.is_claimed(scope))
         self.counts: dict[str, int] = {}
         self._clients: dict[str, StateClient] = {}
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,

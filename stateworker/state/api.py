@@ -8,7 +8,7 @@ take and return plain JSON exactly as the bus does.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +36,12 @@ class SetOutcome(msgspec.Struct, frozen=True):
 class Swap(msgspec.Struct, frozen=True):
     swapped: bool
     current: Any = None
+
+
+class Claim(msgspec.Struct, frozen=True):
+    claimed: bool  # False when the namespace already owned every scope asked for
+    scopes: list[str]  # every scope the namespace owns, byte-sorted
+    functions: list[str]  # its accessors: <prefix>::state::get, ::list, ::list_keys, ::compare-and-set
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,14 +123,15 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
 
         Example: `await store.get("orders", "o-1")`
         """
-        validate.address(self.settings, scope, key)
+        validate.address(self.state, NO_CONTEXT, scope, key)
         raw = await self.state.execute(reads.get_plan(self.state, scope, key))
         return None if raw is None else _py(raw)
 
@@ -156,7 +163,8 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also a bad topic, ttl_ms or expected_version, or
                 a value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
@@ -167,7 +175,7 @@ class StateStore:
 
         Example: `await store.set("orders", "o-1", {"total": 12}, topic="open", ttl_ms=60_000)`
         """
-        validate.address(self.settings, scope, key)
+        validate.address(self.state, NO_CONTEXT, scope, key)
         result = await self.state.execute(writes.set_plan(self.state,
             scope, key, self._value(value), topic=validate.topic(topic),
             ttl_ms=validate.ttl_ms(ttl_ms),
@@ -187,14 +195,15 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
 
         Example: `await store.delete("orders", "o-1")`
         """
-        validate.address(self.settings, scope, key)
+        validate.address(self.state, NO_CONTEXT, scope, key)
         return _py(await self.state.execute(writes.delete_plan(self.state, scope, key, ctx=_ctx(by))))
 
     async def list(self, scope: str) -> builtins.list[Any]:
@@ -207,14 +216,15 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
 
         Example: `await store.list("orders")`
         """
-        validate.scope(self.settings, scope)
+        validate.scope(self.state, NO_CONTEXT, scope)
         return [_py(raw) for raw in await self.state.execute(reads.list_values_plan(self.state, scope))]
 
     async def list_keys(self, scope: str) -> builtins.list[str]:
@@ -226,19 +236,21 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
 
         Example: `await store.list_keys("orders")`
         """
-        validate.scope(self.settings, scope)
+        validate.scope(self.state, NO_CONTEXT, scope)
         keys: builtins.list[str] = (await self.state.execute(reads.list_keys_plan(self.state, scope))).keys
         return keys
 
     async def list_groups(self) -> builtins.list[str]:
-        """The scopes holding at least one entry, byte-sorted (reserved scopes left out).
+        """The scopes holding at least one entry, byte-sorted (reserved and claimed scopes
+        left out).
 
         Raises:
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
@@ -247,7 +259,7 @@ class StateStore:
 
         Example: `await store.list_groups()`
         """
-        plan = reads.list_groups_plan(self.state, validate.RESERVED_SCOPES)
+        plan = reads.list_groups_plan(self.state, validate.hidden_scopes(self.state))
         groups: builtins.list[str] = (await self.state.execute(plan)).groups
         return groups
 
@@ -269,7 +281,8 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             InvalidRequest (INVALID_REQUEST): also `value` or `expected` cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): `value` or `expected` is over `max_value_bytes`.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
@@ -278,7 +291,7 @@ class StateStore:
 
         Example: `await store.compare_and_set("orders", "o-1", {"total": 13}, expected={"total": 12})`
         """
-        validate.address(self.settings, scope, key)
+        validate.address(self.state, NO_CONTEXT, scope, key)
         want = None if expected is ABSENT else self._value(expected, "expected")
         result = await self.state.execute(writes.compare_and_set_plan(self.state,
             scope, key, want, self._value(value), ctx=_ctx(by)))
@@ -300,7 +313,8 @@ class StateStore:
         Raises:
             InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
             KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself.
+            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
+                or one a private namespace claimed.
             NotFound (NOT_FOUND): `required=True` and the key is missing or expired.
             InvalidRequest (INVALID_REQUEST): also a `default` that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): `default` is over `max_value_bytes`.
@@ -310,13 +324,49 @@ class StateStore:
 
         Example: `entry = await store.get_entry("orders", "o-1", required=True)`
         """
-        validate.address(self.settings, scope, key)
+        validate.address(self.state, NO_CONTEXT, scope, key)
         fallback = None
         if default is not ABSENT:
             fallback = msgspec.Raw(self._value(default, "default").json)
         result = await self.state.execute(reads.get_entry_plan(self.state,
             scope, key, default=fallback, required=required))
         return _entry(result)
+
+    async def claim_namespace(self, functions_prefix: str, scopes: Iterable[str], *,
+                              caller: str | None = None) -> Claim:
+        """Claim scopes for a private namespace (`state::claim-namespace`): from then on the
+        public functions refuse them (RESERVED_SCOPE), listings leave them out, and only the
+        namespace's accessors (`call("<prefix>::state::get", ...)`, `::list`, `::list_keys`,
+        `::compare-and-set`) serve them. All or nothing; the first claimant of a scope keeps
+        it; claiming again what is owned already returns `claimed=False`. Claims are kept in
+        Redis (they survive restarts) and every replica learns of them within a second.
+
+        Args:
+            functions_prefix: the namespace, `[A-Za-z0-9_-]+`: the claiming worker's name.
+            scopes: the scopes to claim (non-empty text each, at least one).
+            caller: who claims; None: `functions_prefix` itself (an in-process caller holds
+                the Redis connection, so it may act as any worker). Over the bus the call's
+                `caller` is used.
+
+        Returns: `Claim(claimed, scopes, functions)`.
+
+        Raises:
+            InvalidPrefix (INVALID_PREFIX): `functions_prefix` is not `[A-Za-z0-9_-]+`.
+            Forbidden (FORBIDDEN): `caller` is not `functions_prefix`.
+            InvalidScope (INVALID_SCOPE): no scope, or a scope that is not non-empty text.
+            KeyTooLong (KEY_TOO_LONG): a scope is over `max_key_bytes`.
+            ReservedScope (RESERVED_SCOPE): a scope the service keeps for itself.
+            ScopeConflict (SCOPE_CONFLICT): another namespace owns a scope asked for (its
+                details name it and the owner); nothing was claimed.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error.
+
+        Example: `await store.claim_namespace("billing", ["billing-ledger"])`
+        """
+        body = {"functions_prefix": functions_prefix, "scopes": builtins.list(scopes)}
+        result = await self.call("state::claim-namespace", body,
+                                 caller=functions_prefix if caller is None else caller)
+        return msgspec.convert(result, Claim)
 
     async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:
         """The change events of a scope still in its stream, after revision `after`.
@@ -355,9 +405,11 @@ class StateStore:
         """Run function `fn` on a JSON body; returns the result's JSON. Raises StateError.
 
         Args:
-            fn: a `state::*` function id (`state::get`, `state::update` ...).
+            fn: a `state::*` function id (`state::get`, `state::update` ...), or an accessor
+                of a claimed namespace (`<prefix>::state::get` ...).
             body: the request as JSON text (a JSON object).
-            caller: recorded as the writer (`updated_by`, the event's `by`).
+            caller: recorded as the writer (`updated_by`, the event's `by`); the claimant
+                of `state::claim-namespace`.
             context: a JSON object for the call; a string `execution_id` in it is recorded
                 as the writer instead of `caller`.
 
@@ -369,6 +421,11 @@ class StateStore:
             ValueTooLarge (VALUE_TOO_LARGE): a value is over `max_value_bytes`.
             Conflict (CONFLICT): `expected_version` / `create_only` did not hold.
             NotFound (NOT_FOUND): `required: true` of a missing entry.
+            InvalidScope (INVALID_SCOPE): an accessor named a scope its namespace does not
+                own; state::claim-namespace: a scope that is not non-empty text.
+            InvalidPrefix (INVALID_PREFIX), UnknownCaller (UNKNOWN_CALLER), Forbidden
+                (FORBIDDEN), ScopeConflict (SCOPE_CONFLICT): state::claim-namespace refused
+                (see `claim_namespace`).
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
@@ -389,7 +446,7 @@ class StateStore:
         No tagged types are converted here (the result is plain JSON, as the bus returns it).
 
         Args:
-            fn: a `state::*` function id.
+            fn: a `state::*` function id or an accessor (`<prefix>::state::get` ...).
             body: a JSON-able value, or JSON text as str/bytes (sent as is).
             caller, context: as `call_json`.
 

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, STATUS_ERRORS, deadline_text
-from stateworker.keys import PartitionKeys, member
+from stateworker.keys import KeySpace, PartitionKeys, member
 from stateworker.settings import Settings
+from stateworker.state import registry
 from stateworker.transport.connection import Arg
 
 
@@ -37,10 +38,11 @@ LIST = Binding("list", 1)
 ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
 TRIGGER = Binding("trigger", 2)
+CLAIM = Binding("claim", 2)
 LEASE = Binding("lease", 1)  # the dispatcher's (reactive/leases.py)
 ADVANCE = Binding("advance", 2)  # the dispatcher's (reactive/dispatcher.py)
-BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, LEASE,
-            ADVANCE)
+BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
+            LEASE, ADVANCE)
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -124,6 +126,11 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str |
              part.entry_prefix + member(scope, ""), member(scope, "")])
 
 
+def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str]
+               ) -> tuple[list[Arg], list[Arg]]:
+    return [keys.claims, keys.registry], [prefix, registry.MAXLEN, *scopes]
+
+
 # ---- replies -----------------------------------------------------------------------------------
 class SetReply(NamedTuple):
     """set.lua. OK: the value replaced and the new version. CONFLICT, UNCHANGED, NEEDS_HASH:
@@ -194,6 +201,17 @@ class DeltopicReply(NamedTuple):
         return cls(int(reply[1]), reply[2])
 
 
+class ClaimReply(NamedTuple):
+    """claim.lua's OK reply: whether a scope was new, and every scope the prefix owns."""
+
+    claimed: bool
+    owned: list[str]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ClaimReply:
+        return cls(reply[1] == 1, [scope.decode() for scope in reply[2]])
+
+
 class EntriesReply(NamedTuple):
     last_member: bytes | None
     last_score: bytes | None
@@ -249,6 +267,13 @@ def _reused(target: Target, reply: list[Any]) -> Text:
             "call, a new call needs a new id", {"id": call_id})
 
 
+def _scope_conflict(target: Target, reply: list[Any]) -> Text:
+    scope, owner = reply[1].decode(), reply[2].decode()
+    return (f"$.scopes: scope {scope!r} is owned by namespace {owner!r} (the first claimant "
+            "keeps a scope); nothing was claimed", {"path": "$.scopes", "scope": scope,
+                                                    "owner": owner})
+
+
 # The message of each error status; its class comes from errors.STATUS_ERRORS (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
@@ -256,6 +281,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["VALUE_TOO_LARGE"]: _too_large,
     LUA_STATUS["DEADLINE_EXCEEDED"]: _deadline,
     LUA_STATUS["CALL_ID_REUSED"]: _reused,
+    LUA_STATUS["SCOPE_CONFLICT"]: _scope_conflict,
 }
 
 

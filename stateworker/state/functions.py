@@ -15,10 +15,11 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
-from stateworker.state import listing, ops, reads, triggers, validate, writes
+from stateworker.state import listing, namespaces, ops, reads, triggers, validate, writes
 from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
+    ClaimNamespaceRequest,
     CompareAndSetRequest,
     DeleteByTopicRequest,
     DeletedResult,
@@ -44,13 +45,13 @@ Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 
 def state_get(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, GetRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 
 def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, SetRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     raw = req.value if req.value is not msgspec.UNSET else req.data
     if raw is msgspec.UNSET:
         raise InvalidRequest("$.value: the field `value` (or `data`) is required",
@@ -65,30 +66,30 @@ def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 
 def state_delete(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, DeleteRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     return writes.delete_plan(state, req.scope, req.key, ctx=ctx)
 
 
 def state_list(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ScopeRequest)
-    validate.scope(state.settings, req.scope)
+    validate.scope(state, ctx, req.scope)
     return reads.list_values_plan(state, req.scope)
 
 
 def state_list_keys(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ScopeRequest)
-    validate.scope(state.settings, req.scope)
+    validate.scope(state, ctx, req.scope)
     return reads.list_keys_plan(state, req.scope)
 
 
 def state_list_groups(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     validate.request(body, EmptyRequest)
-    return reads.list_groups_plan(state, validate.RESERVED_SCOPES)
+    return reads.list_groups_plan(state, validate.hidden_scopes(state))
 
 
 def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, CompareAndSetRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     if req.value is msgspec.UNSET:
         raise InvalidRequest("$.value: the field `value` is required", {"path": "$.value"})
     expected = None
@@ -100,7 +101,7 @@ def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> P
 
 def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, GetEntryRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     default = None
     if req.default is not msgspec.UNSET:
         default = msgspec.Raw(validate.value(state.settings, req.default, "default").json)
@@ -109,7 +110,7 @@ def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 
 def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, ops.UpdateRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     if isinstance(req.topic, str):
         validate.topic(req.topic)
     encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
@@ -129,13 +130,13 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 
 def state_list_entries(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, listing.ListEntriesRequest)
-    validate.scope(state.settings, req.scope)
+    validate.scope(state, ctx, req.scope)
     return listing.list_entries_plan(state, req)
 
 
 def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, DiffRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     return writes.diff_plan(state,
         req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
         expected_version=validate.expected_version(req.expected_version), ctx=ctx)
@@ -143,14 +144,14 @@ def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
 
 def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, UpdateTopicRequest)
-    validate.address(state.settings, req.scope, req.key)
+    validate.address(state, ctx, req.scope, req.key)
     plan = writes.update_topic_plan(state, req.scope, req.key, validate.topic(req.topic), ctx=ctx)
     return then(plan, UpdatedResult)
 
 
 def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     req = validate.request(body, DeleteByTopicRequest)
-    validate.scope(state.settings, req.scope)
+    validate.scope(state, ctx, req.scope)
     validate.topic(req.topic_pattern)
     plan = listing.delete_by_topic_plan(state, req.scope, req.topic_pattern, ctx.by)
     return then(plan, DeletedResult)
@@ -160,8 +161,17 @@ def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> P
     req = validate.request(body, ListNamespacesRequest)
     validate.pattern("pattern", req.pattern)
     validate.in_range("limit", req.limit, 1, listing.MAX_LIMIT)
-    plan = listing.list_namespaces_plan(state, req.pattern, req.limit, validate.RESERVED_SCOPES)
+    plan = listing.list_namespaces_plan(state, req.pattern, req.limit,
+                                        validate.hidden_scopes(state))
     return then(plan, NamespacesResult)
+
+
+def state_claim_namespace(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    req = validate.request(body, ClaimNamespaceRequest)
+    prefix = validate.functions_prefix(req.functions_prefix)
+    validate.claimant(ctx, prefix)
+    scopes = validate.claim_scopes(state.settings, req.scopes)
+    return namespaces.claim_plan(state, prefix, scopes, Target(state.settings, "", "", ctx))
 
 
 FUNCTIONS: dict[str, Prepare] = {
@@ -179,6 +189,7 @@ FUNCTIONS: dict[str, Prepare] = {
     "state::update-topic": state_update_topic,
     "state::delete-by-topic": state_delete_by_topic,
     "state::list-namespaces": state_list_namespaces,
+    "state::claim-namespace": state_claim_namespace,
     **triggers.FUNCTIONS,
 }
 
@@ -195,8 +206,15 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
     raises StateError."""
     function = FUNCTIONS.get(fn)
     if function is None:
-        raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
-                              f"{', '.join(sorted(FUNCTIONS))}", {"fn": fn})
+        private = namespaces.accessor(state, fn)
+        if private is None:
+            raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
+                                  f"{', '.join(sorted(FUNCTIONS))} and the accessors of "
+                                  "claimed namespaces (<prefix>::state::get, ::list, "
+                                  "::list_keys, ::compare-and-set)", {"fn": fn})
+        fn, prefix = private
+        function = FUNCTIONS[fn]
+        ctx = msgspec.structs.replace(ctx, namespace=prefix)
     plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call

@@ -1,5 +1,6 @@
 """Opening and closing a `RedisState`: the embedded redis-server when no URL is set, the
-server checks (AOF, the partition count of the prefix), the script library, the TTL reaper."""
+server checks (AOF, the partition count of the prefix), the script library, the registry
+follower (which loads the claims before the state is handed out) and the TTL reaper."""
 
 from __future__ import annotations
 
@@ -42,13 +43,15 @@ async def connect(settings: Settings) -> RedisState:
 async def open_state(redis_url: str | None = None, *, reaper: bool = True,
                      **overrides: Any) -> AsyncIterator[RedisState]:
     """Open a state (settings from the environment, overridden by keywords, or `settings=`)
-    with its reaper. With no Redis URL (argument or STATEWORKER_REDIS_URL) an embedded
-    redis-server is started under `state_dir` and stopped again when the block ends."""
+    with its registry follower (claims loaded before it is yielded) and its reaper. With no
+    Redis URL (argument or STATEWORKER_REDIS_URL) an embedded redis-server is started under
+    `state_dir` and stopped again when the block ends."""
     settings = overrides.pop("settings", None) or Settings.from_env(redis_url=redis_url,
                                                                     **overrides)
     state = await connect(settings)
     try:
         async with anyio.create_task_group() as tg:
+            await tg.start(state.registry.run)
             if reaper:
                 await tg.start(expiry.reaper_loop, state)
             try:

@@ -6,6 +6,8 @@ order and container kinds are never re-interpreted. Unknown request fields are i
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
@@ -73,6 +75,12 @@ class ListNamespacesRequest(Struct, kw_only=True):
     limit: int = 100
 
 
+class ClaimNamespaceRequest(Struct):
+    # Any: a wrong type is INVALID_PREFIX / INVALID_SCOPE (validate.py), not INVALID_REQUEST.
+    # The claimant is the call's `caller`, never a body field (iii's `_caller_worker_id` is
+    # ignored: a body is whatever the caller writes).
+    functions_prefix: Any
+    scopes: list[Any]
 
 
 class MatchRule(Struct, forbid_unknown_fields=True):
@@ -160,6 +168,12 @@ class UpdatedResult(Struct):
 
 class DeletedResult(Struct):
     deleted: int
+
+
+class ClaimResult(Struct):
+    claimed: bool  # false when the namespace already owned every scope asked for
+    scopes: list[str]  # every scope the namespace owns, byte-sorted
+    functions: list[str]  # its accessors
 
 
 class NamespacesResult(Struct):

@@ -4,7 +4,8 @@ the script library) and how its plans run.
 An operation is a function `xxx_plan(state, ...) -> Plan` in writes.py, reads.py, listing.py
 or expiry.py: the commands it needs and what to make of their replies (transport/plans.py), so
 the bus can run a whole batch of calls as one pipeline. Every mutation is one Lua script call,
-built by its binding (bindings.py). Opening and closing are in lifecycle.py.
+built by its binding (bindings.py). Opening and closing are in lifecycle.py. It also holds
+the claims cache (claims.py) and the registry follower that keeps it current (registry.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from stateworker.errors import LUA_STATUS, StateError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.state.bindings import BINDINGS, Binding, Target, entry_args, entry_keys, raise_for_status
+from stateworker.state.claims import KIND as CLAIMS
+from stateworker.state.claims import Claims
+from stateworker.state.registry import Registry
 from stateworker.transport.connection import Arg, RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.library import Library
@@ -57,6 +61,11 @@ class RedisState:
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
         # bus call's id is bound in a step of its own, not inside the entry script.
         self.cluster = False
+        # What replicas keep in memory, kept current by the registry follower (lifecycle.py
+        # runs it): the claimed scopes of private namespaces.
+        self.registry = Registry(conn, self.keys.registry)
+        self.claims = Claims(conn, self.keys.claims)
+        self.registry.on(CLAIMS, self.claims.reload, self.claims.apply)
 
     async def close(self) -> None:
         await self.conn.close()

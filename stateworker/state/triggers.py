@@ -125,6 +125,11 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
             raise ReservedScope(f"config.scope {config.scope!r} is reserved for the service's "
                                 "own bookkeeping; triggers never see its events",
                                 {"path": "$.config.scope", "scope": config.scope})
+        owner = state.claims.owner(config.scope)
+        if owner is not None:
+            raise ReservedScope(f"config.scope {config.scope!r} is claimed by namespace "
+                                f"{owner!r}; triggers never see a private scope's events",
+                                {"path": "$.config.scope", "scope": config.scope})
     if config.key is not None:
         validate.name(state.settings, "config.key", config.key)
     if config.key_prefix is not None:

@@ -7,16 +7,28 @@ before anything is written.
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from stateworker import codec
-from stateworker.errors import InvalidRequest, KeyTooLong, ReservedScope, StateError
+from stateworker.context import CallContext
+from stateworker.errors import (
+    Forbidden,
+    InvalidPrefix,
+    InvalidRequest,
+    InvalidScope,
+    KeyTooLong,
+    ReservedScope,
+    StateError,
+    UnknownCaller,
+)
 from stateworker.settings import Settings
+from stateworker.state.store import RedisState
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.
 RESERVED_SCOPES = frozenset({"state_barrier", "state_triggers", "state_namespaces"})
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,256}")  # a namespace is a caller: at most 256 bytes
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 
 T = TypeVar("T")
@@ -74,16 +86,77 @@ def name(settings: Settings, field: str, text: str) -> None:
     sized_text(field, text, settings.max_key_bytes, KeyTooLong)
 
 
-def scope(settings: Settings, text: str) -> None:
-    name(settings, "scope", text)
+def scope(state: RedisState, ctx: CallContext, text: str) -> None:
+    """The scope of a call: a name, not reserved, and public -- or, for a namespace's
+    accessor (`ctx.namespace`), one that namespace claimed."""
+    name(state.settings, "scope", text)
     if text in RESERVED_SCOPES:
         raise ReservedScope(f"scope {text!r} is reserved for the service's own bookkeeping",
                             {"path": "$.scope", "scope": text})
+    owner = state.claims.owner(text)
+    if ctx.namespace is None and owner is not None:
+        raise ReservedScope(
+            f"scope {text!r} is claimed by namespace {owner!r}: only its accessors "
+            f"({owner}::state::get, ...) serve it", {"path": "$.scope", "scope": text,
+                                                     "namespace": owner})
+    if ctx.namespace is not None and owner != ctx.namespace:
+        raise InvalidScope(
+            f"$.scope: {text!r} is not a scope of namespace {ctx.namespace!r}; its accessors "
+            "serve only the scopes it claimed", {"path": "$.scope", "scope": text,
+                                                 "namespace": ctx.namespace})
 
 
-def address(settings: Settings, scope_text: str, key_text: str) -> None:
-    scope(settings, scope_text)
-    name(settings, "key", key_text)
+def address(state: RedisState, ctx: CallContext, scope_text: str, key_text: str) -> None:
+    scope(state, ctx, scope_text)
+    name(state.settings, "key", key_text)
+
+
+def hidden_scopes(state: RedisState) -> frozenset[str]:
+    """The scopes listings leave out: reserved and claimed ones."""
+    return RESERVED_SCOPES | state.claims.scopes
+
+
+# ---- state::claim-namespace ----------------------------------------------------------------
+def functions_prefix(value: Any) -> str:
+    if not isinstance(value, str) or not _PREFIX.fullmatch(value):
+        raise InvalidPrefix(f"$.functions_prefix: must be 1 to 256 letters, digits, _ and - "
+                            f"([A-Za-z0-9_-]+), got {_shown(value)}",
+                            {"path": "$.functions_prefix"})
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
+def claimant(ctx: CallContext, prefix: str) -> None:
+    """A worker claims only the namespace of its own name (the call's `caller`)."""
+    if not ctx.caller:
+        raise UnknownCaller("the call carries no caller: state::claim-namespace claims the "
+                            "namespace of the calling worker (the bus entry's `caller`)",
+                            {"path": "caller"})
+    if ctx.caller != prefix:
+        raise Forbidden(f"$.functions_prefix: {prefix!r} is not the caller's name "
+                        f"{ctx.caller!r}; a worker claims only its own namespace",
+                        {"path": "$.functions_prefix", "caller": ctx.caller})
+
+
+def claim_scopes(settings: Settings, values: list[Any]) -> list[str]:
+    """The scopes asked for: at least one, each non-empty text, a name, not reserved;
+    duplicates once, in the order given."""
+    if not values:
+        raise InvalidScope("$.scopes: must list at least one scope", {"path": "$.scopes"})
+    for i, value in enumerate(values):
+        field = f"scopes[{i}]"
+        if not isinstance(value, str) or not value:
+            raise InvalidScope(f"$.{field}: a scope must be non-empty text, got {_shown(value)}",
+                               {"path": f"$.{field}"})
+        name(settings, field, value)
+        if value in RESERVED_SCOPES:
+            raise ReservedScope(f"$.{field}: scope {value!r} is reserved for the service's own "
+                                "bookkeeping", {"path": f"$.{field}", "scope": value})
+    return list(dict.fromkeys(values))
 
 
 MAX_TEXT_BYTES = 1024  # topics, prefixes and patterns

@@ -138,7 +138,7 @@ async def test_black_hole_then_recovery_without_reopening(redis_server: RedisSer
             f"redis://127.0.0.1:{port}/0", prefix=prefix, partitions=4,
             read_timeout_s=TIMEOUT_S, reaper=False) as store:
         assert (await store.set(scope, "k", 1)).created
-        assert proxy.accepted == 1
+        assert proxy.accepted == 2  # the store's connection and its registry follower's
 
         proxy.forwarding = False  # a silent partition: the connection stays up, nothing passes
         error, _ = await failing_in_time(lambda: store.set(scope, "k", 2), Unavailable)
@@ -148,7 +148,7 @@ async def test_black_hole_then_recovery_without_reopening(redis_server: RedisSer
         with anyio.fail_after(HANG_BOUND_S):
             await store.set(scope, "k", 3)
             assert await store.get(scope, "k") == 3
-        assert proxy.accepted == 2  # the store reconnected on its own
+        assert proxy.accepted >= 3  # the store reconnected on its own (its follower may too)
 
 
 # ---- a connect that hangs -------------------------------------------------------------------

@@ -243,3 +243,26 @@ async def test_an_entry_that_is_not_an_event_is_skipped_not_fatal(
         await service.state.conn.execute("XADD", events, "*", "scope", scope, "type", "x")
         await client.set(scope, "k", 1)
         await until(lambda: handler.delivered_keys() == ["k"], 5, "the event after the junk")
+
+
+async def test_triggers_never_see_private_or_reserved_scopes(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings, caller="vault") as client, \
+            Handler(settings).running() as handler:
+        await client.call("state::register-trigger", {
+            "id": "all", "function_id": "reactor::on_change", "service": "reactor"})
+        await client.claim_namespace("vault", [f"{scope}-secret"])
+        with pytest.raises(ReservedScope) as caught:
+            await client.call("state::register-trigger", {
+                "function_id": "reactor::on_change", "service": "reactor",
+                "config": {"scope": f"{scope}-secret"}})
+        assert caught.value.details["path"] == "$.config.scope"
+        assert "vault" in str(caught.value)
+        await client.call("vault::state::compare-and-set", {
+            "scope": f"{scope}-secret", "key": "k", "value": 1})
+        await client.call("state::barrier", {"event": {"key": "a"},
+                                             "condition_config": {"id": scope, "expect": 2}})
+        await client.set(scope, "after", 1)
+        await until(lambda: handler.delivered_keys() == ["after"], 5, "the public event")
+        assert [body["scope"] for _, body in handler.calls] == [scope]

@@ -64,6 +64,7 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
     await store.reap_expired()
+    await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
     await store.call("state::unregister-trigger", {"id": "t"})
     leases = Leases(store.state, "token")

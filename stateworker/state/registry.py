@@ -1,0 +1,141 @@
+"""The registry follower: how every replica learns of a change to what the service keeps in
+memory (claimed scopes, triggers) within a moment, without polling the keys that hold it.
+
+A script that changes such a thing also XADDs one entry to the registry stream
+(`<prefix>:{<prefix>:r}:registry`, `MAXLEN ~ MAXLEN`) with a field `kind` (`claims`,
+`triggers` ...) and whatever else its kind needs. Each replica runs one `Registry.run` loop
+on a connection of its own: `XREAD BLOCK` from the last entry it saw, handing each entry to
+the `apply` callback registered for its kind (`on`); kinds nobody registered are skipped.
+
+Nothing missed counts: at start and after every failed read (a reconnect, a Redis restart)
+the loop first notes the stream's last id, then calls every kind's `reload` (read all from
+the keys), then follows from that id. A change made in between is both in the reload and
+applied again, so `apply` must be idempotent (an overlay of the change, not a toggle).
+`reload` and `apply` never run at the same time (one lock), so a reload cannot install a
+snapshot older than a change already applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
+import anyio
+from anyio.abc import TaskStatus
+
+from stateworker.errors import Unavailable
+from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+
+log = logging.getLogger("stateworker.state.registry")
+
+MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
+READ_COUNT = 1000  # entries one read takes: a connected follower keeps up with the trim
+BLOCK_MS = 1000  # one XREAD's wait; an entry wakes it at once, so this bounds nothing else
+
+
+class RegistryEntry(NamedTuple):
+    """One registry entry: its stream id, its `kind` and all its fields (UTF-8 text)."""
+
+    id: str
+    kind: str
+    fields: dict[str, str]
+
+
+Reload = Callable[[], Awaitable[None]]
+Apply = Callable[[RegistryEntry], Awaitable[None]]
+
+
+class Registry:
+    """The registry stream of one prefix and the kinds followed on this replica."""
+
+    def __init__(self, conn: RedisConnection, stream: str) -> None:
+        """`conn`: whose URL and timeouts the follower's own connection copies."""
+        self.stream = stream
+        self._conn = conn
+        self._kinds: dict[str, tuple[Reload, Apply]] = {}
+        self._lock = anyio.Lock()
+        self.last_id = "0-0"  # the last entry handed on (or noted before a reload)
+
+    def on(self, kind: str, reload: Reload, apply: Apply) -> None:
+        """Follow `kind`: `reload()` reads everything of it from Redis (at start and after a
+        reconnect), `apply(entry)` applies one entry (idempotently). A kind registered after
+        the loop started is loaded at its next reconnect: call `reload(kind)` once after
+        `on` to load it now."""
+        self._kinds[kind] = (reload, apply)
+
+    async def reload(self, kind: str | None = None) -> None:
+        """Run the `reload` of `kind` (None: of every kind), never beside an `apply`."""
+        async with self._lock:
+            for name, (load, _) in list(self._kinds.items()):
+                if kind is None or name == kind:
+                    await load()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow the stream until cancelled. Started once every kind is loaded.
+
+        Raises:
+            Unavailable (UNAVAILABLE): Redis failed the first load (the state does not open).
+        """
+        conn = RedisConnection(self._conn.url, connect_timeout_s=self._conn.connect_timeout_s,
+                               read_timeout_s=self._conn.read_timeout_s)
+        try:
+            try:
+                await self._sync(conn)
+            except (ConnectionLost, ReplyError) as exc:
+                raise Unavailable(f"loading the registry ({self.stream}) failed: {exc}",
+                                  {"stream": self.stream}) from exc
+            task_status.started()
+            await self._follow(conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    async def _sync(self, conn: RedisConnection) -> None:
+        """Note the last id first, then reload: what lands in between is read twice, never
+        missed."""
+        newest = await conn.execute("XREVRANGE", self.stream, "+", "-", "COUNT", 1)
+        self.last_id = newest[0][0].decode() if newest else "0-0"
+        await self.reload()
+
+    async def _follow(self, conn: RedisConnection) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                if backoff.failures:
+                    await self._sync(conn)
+                reply = await conn.execute("XREAD", "COUNT", READ_COUNT, "BLOCK", BLOCK_MS,
+                                           "STREAMS", self.stream, self.last_id)
+                if backoff.failures:
+                    log.info("following the registry again (reloaded)",
+                             extra={"event": "registry.recovered"})
+                    backoff.reset()
+                for entry_id, flat in reply[0][1] if reply else []:
+                    await self._hand_on(_entry(entry_id, flat))
+            except (ConnectionLost, ReplyError) as exc:
+                if not backoff.failures:  # one line per outage
+                    log.warning("following the registry failed: %s; retrying with backoff",
+                                exc, extra={"event": "registry.read_failed"})
+                await anyio.sleep(backoff.next())
+
+    async def _hand_on(self, entry: RegistryEntry) -> None:
+        """Apply one entry; one that cannot be applied makes its kind reload (never a dead
+        follower; Redis failing that reload is a failed read: resync after a backoff)."""
+        self.last_id = entry.id
+        callbacks = self._kinds.get(entry.kind)
+        if callbacks is None:
+            return  # a kind this replica does not follow (another version's)
+        reload, apply = callbacks
+        async with self._lock:
+            try:
+                await apply(entry)
+            except Exception as exc:  # a malformed entry, Redis away mid-apply
+                log.warning("registry entry %s (%s) not applied: %s; reloading", entry.id,
+                            entry.kind, exc, extra={"event": "registry.apply_failed"})
+                await reload()
+
+
+def _entry(entry_id: bytes, flat: list[bytes]) -> RegistryEntry:
+    text = [item.decode(errors="replace") for item in flat]
+    fields = dict(zip(text[::2], text[1::2], strict=False))
+    return RegistryEntry(entry_id.decode(), fields.get("kind", ""), fields)

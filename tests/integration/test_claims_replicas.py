@@ -1,0 +1,197 @@
+"""Private namespaces across replicas and over the bus: a claim served by one state service is
+refused by another within a second, claims over the bus take the entry's `caller`, concurrent
+claimants leave one owner, and the registry follower reloads after a reconnect."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aredis
+
+from stateworker import StateError, StateStore
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.settings import Settings
+from stateworker.state.registry import RegistryEntry
+from tests.integration.busproto import roundtrip, until
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def settings_for(server: RedisServer, prefix: str) -> Settings:
+    return Settings(redis_url=server.url, prefix=prefix, partitions=4)
+
+
+@asynccontextmanager
+async def replicas(server: RedisServer, prefix: str, count: int
+                   ) -> AsyncIterator[list[StateService]]:
+    """`count` state services on the same Redis and prefix (one consumer group)."""
+    async with anyio.create_task_group() as tg:
+        services: list[StateService] = []
+        stops: list[anyio.Event] = []
+
+        async def run(name: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+            options = BusOptions(block_ms=50, consumer=name)
+            async with StateService.running(settings_for(server, prefix), options) as service:
+                services.append(service)
+                stops.append(stop := anyio.Event())
+                task_status.started()
+                await stop.wait()
+
+        for i in range(count):
+            await tg.start(run, f"replica-{i}")
+        try:
+            yield services
+        finally:
+            for stop in stops:
+                stop.set()
+
+
+async def refuses(store: StateStore, scope: str) -> bool:
+    try:
+        await store.call("state::get", {"scope": scope, "key": "k"})
+    except StateError as exc:
+        assert exc.code == "RESERVED_SCOPE", exc
+        return True
+    return False
+
+
+async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
+        redis_server: RedisServer, prefix: str, scope: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    scope += '-é/"\\'  # the registry entry carries it as JSON text
+    async with replicas(redis_server, prefix, 2) as (first, second):
+        one, two = StateStore(first.state), StateStore(second.state)
+        await two.set(scope, "k", 1)
+        assert await two.list_groups() == [scope]
+        claimed_at = time.monotonic()
+        await one.call("state::claim-namespace", {"functions_prefix": "billing",
+                                                  "scopes": [scope]}, caller="billing")
+        assert await refuses(one, scope)  # the replica that served it: at once
+        await until(lambda: refuses(two, scope), 1.0, "the second replica to refuse the scope")
+        assert time.monotonic() - claimed_at < 1.0
+        assert await two.list_groups() == []
+        assert await two.call("billing::state::get", {"scope": scope, "key": "k"}) == 1
+        # learnt from the registry entry itself, not from a reload after failing to apply it
+        assert not [r for r in caplog.records if getattr(r, "event", "") == "registry.apply_failed"]
+        with pytest.raises(StateError) as refused:
+            await two.set(scope, "k", 2)
+        assert refused.value.code == "RESERVED_SCOPE"
+
+
+async def test_a_claim_over_the_bus_is_made_as_the_entrys_caller(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings, caller="billing") as billing, \
+            StateClient(settings=settings, caller="orders") as orders, \
+            StateClient(settings=settings) as nobody:
+        with pytest.raises(StateError) as unknown:
+            await nobody.claim_namespace("billing", [scope])
+        assert unknown.value.code == "UNKNOWN_CALLER"
+        with pytest.raises(StateError) as forbidden:
+            await orders.claim_namespace("billing", [scope])
+        assert forbidden.value.code == "FORBIDDEN"
+        assert await orders.get(scope, "k") is None  # still public
+        result = await billing.claim_namespace("billing", [scope])
+        assert result == {"claimed": True, "scopes": [scope], "functions": [
+            "billing::state::get", "billing::state::list", "billing::state::list_keys",
+            "billing::state::compare-and-set"]}
+        # any caller may use the accessors; the public functions refuse the scope
+        swap = await orders.call("billing::state::compare-and-set",
+                                 {"scope": scope, "key": "k", "value": 5})
+        assert swap == {"swapped": True}
+        assert await nobody.call("billing::state::list", {"scope": scope}) == [5]
+        with pytest.raises(StateError) as reserved:
+            await billing.get(scope, "k")
+        assert reserved.value.code == "RESERVED_SCOPE"
+
+
+async def test_the_bus_entrys_caller_field_is_the_claimant(
+        service: StateService, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    body = {"functions_prefix": "billing", "scopes": [scope]}
+    refused = await roundtrip(raw, prefix, "state::claim-namespace", body)
+    assert refused["error"]["code"] == "UNKNOWN_CALLER"
+    done = await roundtrip(raw, prefix, "state::claim-namespace", body, caller="billing")
+    assert done["result"]["claimed"] is True
+
+
+async def test_concurrent_claimants_on_two_replicas_leave_one_owner(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    outcomes: dict[str, Any] = {}
+
+    async def claim(worker: str) -> None:
+        async with StateClient(settings=settings, caller=worker) as client:
+            try:
+                outcomes[worker] = await client.claim_namespace(worker, [scope + "-" + worker,
+                                                                         scope])
+            except StateError as exc:
+                outcomes[worker] = exc
+
+    async with replicas(redis_server, prefix, 2) as (first, _):
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(claim, f"w{i}")
+        winners = [w for w, got in outcomes.items() if not isinstance(got, StateError)]
+        assert len(winners) == 1, outcomes
+        for worker, got in outcomes.items():
+            if worker != winners[0]:
+                assert isinstance(got, StateError) and got.code == "SCOPE_CONFLICT"
+                assert got.details["owner"] == winners[0]
+                assert not await refuses(StateStore(first.state), scope + "-" + worker)
+
+
+async def test_a_replica_reloads_the_claims_after_its_registry_connection_breaks(
+        own_redis: RedisServer, scope: str) -> None:
+    async with replicas(own_redis, "sw", 1) as (only,):
+        store = StateStore(only.state)
+        raw = aredis.Redis(port=own_redis.port)
+        try:
+            # A claim whose registry entry this replica never sees (as one made while it
+            # was cut off and trimmed since): only a reload finds it.
+            await raw.hset(only.state.keys.claims, scope, "billing")
+            follower = [c for c in await raw.client_list() if c["cmd"] == "xread"]
+            assert len(follower) == 1
+            assert not await refuses(store, scope)
+            await raw.client_kill_filter(_id=follower[0]["id"])
+            await until(lambda: refuses(store, scope), 5.0, "the reload after the reconnect")
+        finally:
+            await raw.aclose()
+
+
+async def test_the_registry_hands_each_entry_to_the_kind_registered_for_it(
+        store: StateStore) -> None:
+    registry = store.state.registry
+    applied: list[RegistryEntry] = []
+    reloads: list[str] = []
+
+    async def reload() -> None:
+        reloads.append("reload")
+
+    async def apply(entry: RegistryEntry) -> None:
+        if entry.fields.get("bad"):
+            raise ValueError("a malformed entry")
+        applied.append(entry)
+
+    registry.on("test", reload, apply)
+    await registry.reload("test")
+    assert reloads == ["reload"]
+    conn, stream = store.state.conn, store.state.keys.registry
+    await conn.execute("XADD", stream, "*", "kind", "other", "x", "1")  # nobody follows it
+    await conn.execute("XADD", stream, "*", "kind", "test", "bad", "1")  # apply fails: reload
+    entry_id = (await conn.execute("XADD", stream, "*", "kind", "test", "name", "é")).decode()
+
+    async def delivered() -> bool:
+        return bool(applied)
+
+    await until(delivered, 1.0, "the entry to be applied")
+    assert applied == [RegistryEntry(entry_id, "test", {"kind": "test", "name": "é"})]
+    assert reloads == ["reload", "reload"]
+    assert registry.last_id == entry_id
