@@ -18,6 +18,7 @@ from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, STATUS_ERRORS, deadline_text
 from stateworker.keys import PartitionKeys, member
 from stateworker.settings import Settings
+from stateworker.state.validate import BARRIER_SCOPE
 from stateworker.transport.connection import Arg
 
 
@@ -36,7 +37,8 @@ REAP = Binding("reap", 3)
 LIST = Binding("list", 1)
 ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
-BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES)
+BARRIER = Binding("barrier", 1)
+BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, BARRIER)
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -114,6 +116,17 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str |
              part.scopes, part.ttl, part.events],
             [scope, now_ms(), settings.events_maxlen, by or "", pattern, start, end, batch,
              part.entry_prefix + member(scope, ""), member(scope, "")])
+
+
+def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, tag: str,
+                 expected: int, expect_text: str, token: str | None, cap: int,
+                 named_keys: Sequence[str] | None) -> tuple[list[Arg], list[Arg]]:
+    """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
+    order) only when the script asked for them (a new barrier of a named set)."""
+    sent: list[Arg] = [""] if named_keys is None else ["1", *named_keys]
+    return ([part.barrier(barrier_id)],
+            [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
+             cap, *sent])
 
 
 # ---- replies -----------------------------------------------------------------------------------
@@ -197,6 +210,21 @@ class EntriesReply(NamedTuple):
         return cls(reply[1], reply[2], int(reply[3]), reply[4])
 
 
+class BarrierReply(NamedTuple):
+    """barrier.lua's OK reply: outcome (allow, waiting, counted, unknown, complete, expect),
+    keys arrived and expected, the payload (allow), the first missing keys (named sets)."""
+
+    outcome: str
+    arrived: int
+    expected: int
+    payload: bytes | None
+    missing: list[bytes]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> BarrierReply:
+        return cls(reply[1].decode(), int(reply[2]), int(reply[3]), reply[4], reply[5])
+
+
 # ---- statuses that are errors ------------------------------------------------------------------
 class Target(NamedTuple):
     """What an error message names: the entry, the call and the condition it carried."""
@@ -224,6 +252,11 @@ def _conflict(target: Target, reply: list[Any]) -> Text:
 
 
 def _too_large(target: Target, reply: list[Any]) -> Text:
+    if target.scope == BARRIER_SCOPE:  # barrier.lua: {status, payload size, cap}
+        return (f"barrier `{target.key}`: its payload would be {reply[1]} bytes of JSON with "
+                f"this arrival, more than the limit of {reply[2]} bytes for a barrier's "
+                "payload (barrier.MAX_PAYLOAD_BYTES); nothing was written",
+                {"path": "$.event", "size": reply[1], "limit": reply[2]})
     limit = target.settings.max_value_bytes
     return (f"the updated value of key {target.key!r} would be {reply[1]} bytes of JSON, more "
             f"than the limit of {limit} bytes; nothing was written",
@@ -241,6 +274,14 @@ def _reused(target: Target, reply: list[Any]) -> Text:
             "call, a new call needs a new id", {"id": call_id})
 
 
+def _barrier_config(target: Target, reply: list[Any]) -> Text:
+    stored, given = reply[1].decode(), reply[2].decode()
+    return (f"$.condition_config.expect: barrier `{target.key}` expects {stored} (fixed by its "
+            f"first arrival), this arrival expects {given}; nothing was written (a new round "
+            "needs a new id)",
+            {"path": "$.condition_config.expect", "expected": stored, "given": given})
+
+
 # The message of each error status; its class comes from errors.STATUS_ERRORS (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
@@ -248,6 +289,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["VALUE_TOO_LARGE"]: _too_large,
     LUA_STATUS["DEADLINE_EXCEEDED"]: _deadline,
     LUA_STATUS["CALL_ID_REUSED"]: _reused,
+    LUA_STATUS["BARRIER_CONFIG"]: _barrier_config,
 }
 
 
