@@ -5,6 +5,8 @@ size limits) and that it writes no change event."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import uuid
 from typing import Any
 
@@ -421,11 +423,8 @@ async def test_a_barrier_writes_no_change_event_and_no_scope(store: StateStore) 
 
 
 async def test_the_typed_method_converts_tagged_values(store: StateStore) -> None:
-    import datetime as dt
-    import decimal
-
     bid = new_id()
-    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     outcome = await store.barrier({"key": "a", "at": when, "total": decimal.Decimal("1.50")},
                                   {"id": bid, "expect": 1})
     assert outcome.decision == "allow"
