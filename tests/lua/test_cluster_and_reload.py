@@ -58,6 +58,7 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
+        await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
     assert {c[0] for c in calls} == {b.name for b in BINDINGS}
     for script, keys, args in calls:
