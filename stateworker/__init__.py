@@ -4,6 +4,7 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
 from stateworker.errors import (
+    BarrierConfig,
     Conflict,
     DeadlineExceeded,
     InvalidRequest,
@@ -17,10 +18,12 @@ from stateworker.errors import (
 )
 from stateworker.events.model import Event
 from stateworker.settings import Settings
-from stateworker.state.api import Entry, SetOutcome, StateStore, Swap
+from stateworker.state.api import BarrierOutcome, Entry, SetOutcome, StateStore, Swap
 
 __all__ = [
     "ABSENT",
+    "BarrierConfig",
+    "BarrierOutcome",
     "Conflict",
     "DeadlineExceeded",
     "Entry",

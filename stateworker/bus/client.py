@@ -724,6 +724,34 @@ class StateClient:
         return await self.call("state::claim-namespace", {
             "functions_prefix": functions_prefix, "scopes": builtins.list(scopes)})
 
+    async def barrier(self, event: Any, condition_config: dict[str, Any], **options: Any) -> Any:
+        """`state::barrier`: record one arrival; `{"decision": "skip", "reason": ...}` until
+        every expected key has arrived, then once `{"decision": "allow", "payload":
+        {"results": {key: carried, ...}}, "reason": ...}`. The call's id is the arrival's
+        token: a retry of the completing call (same `call_id`) gets the same `allow`.
+
+        Args:
+            event: the arrival (any JSON-able value), e.g. a state event.
+            condition_config: `{id, expect, key_from?, carry?}` (see StateStore.barrier).
+            **options: `call_json`'s keyword options (timeout, call_id, context,
+                deadline_ms).
+
+        Raises:
+            BarrierConfig (BARRIER_CONFIG): condition_config missing or bad, or an `expect`
+                other than the one the barrier's first arrival fixed.
+            InvalidRequest (INVALID_REQUEST): the event has no arrival key at `key_from`.
+            KeyTooLong (KEY_TOO_LONG): the arrival key is over `max_key_bytes`.
+            ValueTooLarge (VALUE_TOO_LARGE): the carried value is over `max_value_bytes`, or
+                the barrier's payload would pass 2 MiB.
+            CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
+                `call_json`.
+
+        Example: `await client.barrier({"key": "shard-1"}, {"id": "load-7", "expect": 3})`
+        """
+        return await self.call("state::barrier", {"event": event,
+                                                  "condition_config": condition_config},
+                               **options)
+
     async def list_namespaces(self, **options: Any) -> Any:
         """`state::list-namespaces`: `{"namespaces": [...]}`, the scopes holding entries,
         byte-sorted, filtered by `pattern` and cut at `limit`.

@@ -25,12 +25,14 @@ class Stats:
     def __init__(self) -> None:
         self.pending: Counter[str] = Counter()
         self.calls = 0
+        self.total = 0  # calls this runtime answered since it started (the hash sums replicas)
         self.latency_us = 0
         self.buckets = [0] * len(_BUCKET_NAMES)
         self.last_flush = time.monotonic()
 
     def count(self, error_code: str | None, started: float | None) -> None:
         self.calls += 1
+        self.total += 1
         if error_code is not None:
             self.pending[f"errors:{error_code}"] += 1
         if started is not None:

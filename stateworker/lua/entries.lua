@@ -23,6 +23,7 @@
   Events: none.
 ]]
 --- @include "glob"
+--- @include "text"
 
 local idx, now, prefix = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 local orderBy, desc = ARGV[3], ARGV[4] == 'desc'
@@ -31,15 +32,6 @@ local limit, skip, keyPrefix = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local keyParts = ARGV[10] ~= '' and glob_parts(string.sub(ARGV[10], 2)) or nil
 local topicParts = ARGV[11] ~= '' and glob_parts(string.sub(ARGV[11], 2)) or nil
 local withValues, examineMax = ARGV[12] == '1', tonumber(ARGV[13])
-
--- a <= b by bytes, as the sorted sets order members (Lua's own `<=` follows the locale).
-local function bytes_le(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a <= #b
-end
 
 -- Position (0-based, in walking order) of the first member to examine.
 local function start_rank()
@@ -66,7 +58,7 @@ local function start_rank()
     exists = 0
     tiesLE = 0
     for _, m in ipairs(redis.call('ZRANGE', idx, cursorScore, cursorScore, 'BYSCORE')) do
-      if bytes_le(m, cursor) then tiesLE = tiesLE + 1 end
+      if text_bytes_le(m, cursor) then tiesLE = tiesLE + 1 end
     end
   end
   if not desc then return below + tiesLE end

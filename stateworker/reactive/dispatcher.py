@@ -37,23 +37,18 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import Matcher, TriggerSet
 from stateworker.reactive.trimming import Position
-from stateworker.state import triggers, validate
+from stateworker.state import barrier, triggers, validate
+from stateworker.state.barrier import BarrierCondition
 from stateworker.state.bindings import ADVANCE
+from stateworker.state.schemas import BarrierDecision, Trigger
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
-from stateworker.transport.plans import Plan, pipeline, script_reply
+from stateworker.transport.plans import pipeline, script_reply
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
 
 BATCH = 512  # events read per partition per round trip
 ROUND_S = 1.0  # leases, trimming and counters at least this often
-
-# Evaluates the barrier condition of a trigger for an event (state/barrier.py provides it):
-# (state, event document JSON, condition_config, token) -> a Plan whose result has
-# `decision` and `payload`. None: barrier conditions skip (logged).
-BarrierPlan = Callable[[RedisState, bytes, msgspec.Raw, str], Plan]
-barrier_plan: BarrierPlan | None = None
-
 
 def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
     """A handler call's id: one per trigger and event. A revision (stream id) is unique
@@ -76,6 +71,7 @@ class Dispatcher:
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
                                  or state.claims.is_claimed(scope))
         self.counts: dict[str, int] = {}
+        self._barriers: dict[str, tuple[Trigger, BarrierCondition]] = {}
         self._clients: dict[str, StateClient] = {}
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
@@ -236,20 +232,25 @@ class Dispatcher:
                 "body", document_json(event, payload), "reply", "", "caller", "state"]
 
     async def _barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
-        config = matcher.trigger.config.condition_config
-        if barrier_plan is None or isinstance(config, msgspec.UnsetType):
-            self._count("condition_errors")
-            return None
+        """The barrier's decision for this arrival (its token: the handler call's id, so a
+        re-dispatched event gets the same `allow`); the payload on `allow`."""
+        trigger = matcher.trigger
         try:
-            result = await self.state.execute(barrier_plan(self.state, document_json(event),
-                                                           config, token))
+            condition = self._barriers.get(trigger.id)
+            if condition is None or condition[0] is not trigger:
+                raw = trigger.config.condition_config
+                parsed = barrier.parse_condition(
+                    self.state.settings, None if isinstance(raw, msgspec.UnsetType) else raw)
+                condition = self._barriers[trigger.id] = (trigger, parsed)
+            result: BarrierDecision = await self.state.execute(barrier.barrier_plan(
+                self.state, document_json(event), condition[1], token))
         except StateError as exc:
             self._condition_failed(matcher, event, exc)
             return None
-        if result.decision != "allow":
+        if result.decision != "allow" or isinstance(result.payload, msgspec.UnsetType):
             self._count("condition_skips")
             return None
-        return msgspec.Raw(msgspec.json.encode(result.payload))
+        return result.payload
 
     async def _condition(self, matcher: Matcher, event: Event, call_id: str) -> bool:
         trigger = matcher.trigger

@@ -21,6 +21,7 @@ from stateworker.events.model import Event
 from stateworker.events.reader import scope_events
 from stateworker.settings import Settings
 from stateworker.state import expiry, functions, lifecycle, reads, validate, writes
+from stateworker.state.barrier import barrier_plan, parse_condition
 from stateworker.state.schemas import EntryResult
 from stateworker.state.store import RedisState
 
@@ -55,6 +56,12 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: str | None = None
     updated_by: str | None = None
     revision: str | None = None
+
+
+class BarrierOutcome(msgspec.Struct, frozen=True):
+    decision: str  # "allow" (once per barrier) or "skip"
+    reason: str
+    payload: Any = None  # allow: {"results": {key: carried value, ...}}
 
 
 def _ctx(by: str | None) -> CallContext:
@@ -367,6 +374,48 @@ class StateStore:
         result = await self.call("state::claim-namespace", body,
                                  caller=functions_prefix if caller is None else caller)
         return msgspec.convert(result, Claim)
+
+    async def barrier(self, event: Any, condition_config: Mapping[str, Any], *,
+                      token: str | None = None) -> BarrierOutcome:
+        """Record one arrival at a barrier: `skip` until every expected key has arrived, then
+        `allow` exactly once, with each key's carried value.
+
+        Args:
+            event: the arrival (a JSON-able value; tagged types allowed), e.g. a state event.
+            condition_config: `{id, expect, key_from?, carry?}`: the barrier's id; `expect`
+                a count (1..10000) or a list of distinct keys (1..10000); `key_from` a JSON
+                pointer to the arrival key in `event` (default `/key`; a non-string value
+                counts as its JSON text); `carry` a JSON pointer to the value kept (default
+                the whole event; a missing target keeps null).
+            token: identifies the arrival: the token of the arrival that completed the
+                barrier gets the same `allow` again (a repeated evaluation).
+
+        Returns: `BarrierOutcome(decision, reason, payload)`; `payload` is
+            `{"results": {key: carried, ...}}` on `allow`, else None. Skips: "barrier `id`:
+            n/N arrived, waiting on K more" (a named set also names the first missing
+            keys), "`a` already counted, still n/N" (its value replaced), a key outside a
+            named set (not counted), "barrier `id` already complete".
+
+        Raises:
+            BarrierConfig (BARRIER_CONFIG): condition_config is missing or bad (the field is
+                named), or its `expect` differs from the one the barrier's first arrival fixed.
+            InvalidRequest (INVALID_REQUEST): the event has no arrival key at `key_from`
+                (missing or null), or holds a value that cannot be JSON.
+            KeyTooLong (KEY_TOO_LONG): the arrival key is over `max_key_bytes`.
+            ValueTooLarge (VALUE_TOO_LARGE): the carried value is over `max_value_bytes`, or
+                the payload would pass MAX_PAYLOAD_BYTES (2 MiB); nothing was written.
+            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
+            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
+                script library).
+
+        Example: `await store.barrier({"key": "shard-1", "rows": 10}, {"id": "load-7", "expect": 3})`
+        """
+        config = parse_condition(self.settings, msgspec.json.encode(
+            codec.to_json_tree(dict(condition_config))))
+        body = msgspec.json.encode(codec.to_json_tree(event))
+        result = await self.state.execute(barrier_plan(self.state, body, config, token))
+        payload = None if result.payload is msgspec.UNSET else _py(result.payload)
+        return BarrierOutcome(result.decision, result.reason, payload)
 
     async def events(self, scope: str, after: str = "-") -> builtins.list[Event]:
         """The change events of a scope still in its stream, after revision `after`.

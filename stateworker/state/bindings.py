@@ -19,6 +19,7 @@ from stateworker.errors import LUA_STATUS, STATUS_ERRORS, deadline_text
 from stateworker.keys import KeySpace, PartitionKeys, member
 from stateworker.settings import Settings
 from stateworker.state import registry
+from stateworker.state.validate import BARRIER_SCOPE
 from stateworker.transport.connection import Arg
 
 
@@ -39,10 +40,11 @@ ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
 TRIGGER = Binding("trigger", 2)
 CLAIM = Binding("claim", 2)
+BARRIER = Binding("barrier", 1)
 LEASE = Binding("lease", 1)  # the dispatcher's (reactive/leases.py)
 ADVANCE = Binding("advance", 2)  # the dispatcher's (reactive/dispatcher.py)
 BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-            LEASE, ADVANCE)
+            BARRIER, LEASE, ADVANCE)
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -129,6 +131,17 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str |
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str]
                ) -> tuple[list[Arg], list[Arg]]:
     return [keys.claims, keys.registry], [prefix, registry.MAXLEN, *scopes]
+
+
+def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, tag: str,
+                 expected: int, expect_text: str, token: str | None, cap: int,
+                 named_keys: Sequence[str] | None) -> tuple[list[Arg], list[Arg]]:
+    """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
+    order) only when the script asked for them (a new barrier of a named set)."""
+    sent: list[Arg] = [""] if named_keys is None else ["1", *named_keys]
+    return ([part.barrier(barrier_id)],
+            [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
+             cap, *sent])
 
 
 # ---- replies -----------------------------------------------------------------------------------
@@ -223,6 +236,21 @@ class EntriesReply(NamedTuple):
         return cls(reply[1], reply[2], int(reply[3]), reply[4])
 
 
+class BarrierReply(NamedTuple):
+    """barrier.lua's OK reply: outcome (allow, waiting, counted, unknown, complete, expect),
+    keys arrived and expected, the payload (allow), the first missing keys (named sets)."""
+
+    outcome: str
+    arrived: int
+    expected: int
+    payload: bytes | None
+    missing: list[bytes]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> BarrierReply:
+        return cls(reply[1].decode(), int(reply[2]), int(reply[3]), reply[4], reply[5])
+
+
 # ---- statuses that are errors ------------------------------------------------------------------
 class Target(NamedTuple):
     """What an error message names: the entry, the call and the condition it carried."""
@@ -250,6 +278,11 @@ def _conflict(target: Target, reply: list[Any]) -> Text:
 
 
 def _too_large(target: Target, reply: list[Any]) -> Text:
+    if target.scope == BARRIER_SCOPE:  # barrier.lua: {status, payload size, cap}
+        return (f"barrier `{target.key}`: its payload would be {reply[1]} bytes of JSON with "
+                f"this arrival, more than the limit of {reply[2]} bytes for a barrier's "
+                "payload (barrier.MAX_PAYLOAD_BYTES); nothing was written",
+                {"path": "$.event", "size": reply[1], "limit": reply[2]})
     limit = target.settings.max_value_bytes
     return (f"the updated value of key {target.key!r} would be {reply[1]} bytes of JSON, more "
             f"than the limit of {limit} bytes; nothing was written",
@@ -274,6 +307,14 @@ def _scope_conflict(target: Target, reply: list[Any]) -> Text:
                                                     "owner": owner})
 
 
+def _barrier_config(target: Target, reply: list[Any]) -> Text:
+    stored, given = reply[1].decode(), reply[2].decode()
+    return (f"$.condition_config.expect: barrier `{target.key}` expects {stored} (fixed by its "
+            f"first arrival), this arrival expects {given}; nothing was written (a new round "
+            "needs a new id)",
+            {"path": "$.condition_config.expect", "expected": stored, "given": given})
+
+
 # The message of each error status; its class comes from errors.STATUS_ERRORS (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
@@ -282,6 +323,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["DEADLINE_EXCEEDED"]: _deadline,
     LUA_STATUS["CALL_ID_REUSED"]: _reused,
     LUA_STATUS["SCOPE_CONFLICT"]: _scope_conflict,
+    LUA_STATUS["BARRIER_CONFIG"]: _barrier_config,
 }
 
 

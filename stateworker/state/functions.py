@@ -15,10 +15,11 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
-from stateworker.state import listing, namespaces, ops, reads, triggers, validate, writes
+from stateworker.state import barrier, listing, namespaces, ops, reads, triggers, validate, writes
 from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
+    BarrierRequest,
     ClaimNamespaceRequest,
     CompareAndSetRequest,
     DeleteByTopicRequest,
@@ -174,6 +175,14 @@ def state_claim_namespace(state: RedisState, body: bytes, ctx: CallContext) -> P
     return namespaces.claim_plan(state, prefix, scopes, Target(state.settings, "", "", ctx))
 
 
+def state_barrier(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+    """One arrival at a barrier; a bus call's id is its token, so a retry of the completing
+    call gets the same `allow`."""
+    req = validate.request(body, BarrierRequest)
+    config = barrier.parse_condition(state.settings, req.condition_config)
+    return barrier.barrier_plan(state, req.event, config, ctx.call_id)
+
+
 FUNCTIONS: dict[str, Prepare] = {
     "state::get": state_get,
     "state::set": state_set,
@@ -189,6 +198,7 @@ FUNCTIONS: dict[str, Prepare] = {
     "state::update-topic": state_update_topic,
     "state::delete-by-topic": state_delete_by_topic,
     "state::list-namespaces": state_list_namespaces,
+    "state::barrier": state_barrier,
     "state::claim-namespace": state_claim_namespace,
     **triggers.FUNCTIONS,
 }

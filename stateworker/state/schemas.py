@@ -75,6 +75,20 @@ class ListNamespacesRequest(Struct, kw_only=True):
     limit: int = 100
 
 
+class BarrierRequest(Struct, kw_only=True):
+    event: Raw = NULL  # (a missing event has no arrival key: refused as one)
+    condition_config: Raw = NULL  # missing or null: refused by barrier.parse_condition
+
+
+class BarrierConfigShape(Struct, kw_only=True):
+    """`condition_config` as sent; barrier.parse_condition checks it into a BarrierCondition."""
+
+    id: str
+    expect: int | list[str]
+    key_from: str = "/key"
+    carry: str | None = None
+
+
 class ClaimNamespaceRequest(Struct):
     # Any: a wrong type is INVALID_PREFIX / INVALID_SCOPE (validate.py), not INVALID_REQUEST.
     # The claimant is the call's `caller`, never a body field (iii's `_caller_worker_id` is
@@ -178,6 +192,14 @@ class ClaimResult(Struct):
 
 class NamespacesResult(Struct):
     namespaces: list[str]
+
+
+class BarrierDecision(Struct, kw_only=True, omit_defaults=True):
+    """state::barrier's answer: `allow` (with the payload) once, else `skip`."""
+
+    decision: str
+    payload: Raw | UnsetType = UNSET
+    reason: str
 
 
 class KeysResult(Struct):

@@ -11,7 +11,6 @@ named, never found later on an event.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import jsonpointer
@@ -21,7 +20,7 @@ from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, ReservedScope
-from stateworker.state import validate
+from stateworker.state import barrier, validate
 from stateworker.state.bindings import TRIGGER
 from stateworker.state.schemas import (
     EmptyRequest,
@@ -44,10 +43,6 @@ MAX_CONDITION_TIMEOUT_MS = 60_000
 DEFAULT_CONDITION_TIMEOUT_MS = 5_000
 BARRIER = "state::barrier"  # the condition that runs in Redis, no bus round trip
 EVENT_TYPES = ("state:created", "state:updated", "state:deleted")
-
-# Checks a barrier's condition_config at registration (set by state/barrier.py's owner, so
-# this module does not import it); None: no barrier condition checks yet.
-barrier_config_check: Callable[[msgspec.Raw], None] | None = None
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Trigger)
@@ -90,7 +85,7 @@ def _match_rules(config: TriggerConfig) -> None:
                               MAX_EQUALS_BYTES)
 
 
-def _condition(config: TriggerConfig, service: str) -> TriggerConfig:
+def _condition(state: RedisState, config: TriggerConfig, service: str) -> TriggerConfig:
     function_id = config.condition_function_id
     if function_id is None:
         if config.condition_config is not msgspec.UNSET or config.condition_service:
@@ -108,8 +103,8 @@ def _condition(config: TriggerConfig, service: str) -> TriggerConfig:
             raise InvalidRequest("$.config.condition_config: the state::barrier condition needs "
                                  "a condition_config {id, expect, key_from?, carry?}",
                                  {"path": "$.config.condition_config"})
-        if barrier_config_check is not None:
-            barrier_config_check(config.condition_config)
+        barrier.parse_condition(state.settings, config.condition_config,
+                                "$.config.condition_config")
         return msgspec.structs.replace(config, condition_timeout_ms=timeout)
     condition_service = config.condition_service or service
     _text("config.condition_service", condition_service)
@@ -137,7 +132,7 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
     if config.event_types is not None:
         config = msgspec.structs.replace(config, event_types=_event_types(config.event_types))
     _match_rules(config)
-    return _condition(config, service)
+    return _condition(state, config, service)
 
 
 def register_plan(state: RedisState, req: RegisterTriggerRequest) -> Plan:

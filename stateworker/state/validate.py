@@ -7,7 +7,7 @@ before anything is written.
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -24,10 +24,13 @@ from stateworker.errors import (
     UnknownCaller,
 )
 from stateworker.settings import Settings
-from stateworker.state.store import RedisState
+
+if TYPE_CHECKING:  # (store.py imports bindings.py, which imports this module)
+    from stateworker.state.store import RedisState
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.
-RESERVED_SCOPES = frozenset({"state_barrier", "state_triggers", "state_namespaces"})
+BARRIER_SCOPE = "state_barrier"  # barriers (state::barrier), which are not entries
+RESERVED_SCOPES = frozenset({BARRIER_SCOPE, "state_triggers", "state_namespaces"})
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,256}")  # a namespace is a caller: at most 256 bytes
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 
@@ -36,8 +39,13 @@ _PATH_RE = re.compile(r" - at `(\$[^`]*)`$")
 _decoders: dict[type, msgspec.json.Decoder] = {}  # type: ignore[type-arg]
 
 
-def request(body: bytes, type_: type[T]) -> T:
-    """Decode a request body; a malformed one is INVALID_REQUEST with `details.path`."""
+def request(body: bytes, type_: type[T], *, root: str = "$",
+            error: type[StateError] = InvalidRequest) -> T:
+    """Decode a request body; a malformed one is INVALID_REQUEST with `details.path`.
+
+    A part of a request decoded on its own (state::barrier's `condition_config`) names its
+    place as `root` (`$.condition_config`) and may raise its own `error` class."""
+    what = "the request body" if root == "$" else "the field"
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
@@ -46,17 +54,16 @@ def request(body: bytes, type_: type[T]) -> T:
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _PATH_RE.search(text)
-        path = match.group(1) if match else "$"
+        path = root + (match.group(1)[1:] if match else "")
         problem = _PATH_RE.sub("", text)
-        if problem.startswith("Expected `object`") and path == "$":
-            problem = "the request body must be a JSON object"
-        raise InvalidRequest(f"{path}: {problem}", {"path": path}) from exc
+        if problem.startswith("Expected `object`") and path == root:
+            problem = f"{what} must be a JSON object"
+        raise error(f"{path}: {problem}", {"path": path}) from exc
     except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"$: the request body is not valid JSON: {exc}",
-                             {"path": "$"}) from exc
+        raise error(f"{root}: {what} is not valid JSON: {exc}", {"path": root}) from exc
     except RecursionError as exc:
-        raise InvalidRequest(f"$: the request body is {codec.DEPTH_MESSAGE}",
-                             {"path": "$", "limit": codec.MAX_DEPTH}) from exc
+        raise error(f"{root}: {what} is {codec.DEPTH_MESSAGE}",
+                    {"path": root, "limit": codec.MAX_DEPTH}) from exc
     return result
 
 
@@ -73,11 +80,12 @@ def sized_text(field: str, text: str, limit: int,
                        {"path": f"$.{field}", "size": size, "limit": limit})
 
 
-def in_range(field: str, value: int, low: int, high: int, what: str = "") -> int:
+def in_range(field: str, value: int, low: int, high: int, what: str = "",
+             error: type[StateError] = InvalidRequest) -> int:
     """The one range check of counts, limits and offsets."""
     if not low <= value <= high:
-        raise InvalidRequest(f"$.{field}: must be between {low} and {high}{what}, got {value}",
-                             {"path": f"$.{field}", "limit": high})
+        raise error(f"$.{field}: must be between {low} and {high}{what}, got {value}",
+                    {"path": f"$.{field}", "limit": high})
     return value
 
 

@@ -15,7 +15,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
-from stateworker.errors import InvalidRequest, KeyTooLong, ReservedScope
+from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, ReservedScope
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.servers import RedisServer
@@ -266,3 +266,48 @@ async def test_triggers_never_see_private_or_reserved_scopes(
         await client.set(scope, "after", 1)
         await until(lambda: handler.delivered_keys() == ["after"], 5, "the public event")
         assert [body["scope"] for _, body in handler.calls] == [scope]
+
+
+async def test_a_barrier_condition_wakes_the_handler_once_with_every_result(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as client, \
+            Handler(settings).running() as handler:
+        await client.call("state::register-trigger", {
+            "id": "gate", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope, "condition_function_id": "state::barrier",
+                       "condition_config": {"id": f"{scope}-gate", "expect": ["a", "b", "c"],
+                                            "carry": "/new_value"}}})
+        with pytest.raises(BarrierConfig) as caught:
+            await client.call("state::register-trigger", {
+                "function_id": "reactor::on_change", "service": "reactor",
+                "config": {"condition_function_id": "state::barrier",
+                           "condition_config": {"id": "x", "expect": 0}}})
+        assert caught.value.details["path"].startswith("$.config.condition_config")
+        async with anyio.create_task_group() as tg:
+            for key, value in (("a", 1), ("x", 0), ("b", 2), ("a", 10)):
+                tg.start_soon(client.set, scope, key, value)
+        await client.set(scope, "c", {"n": 1.50})
+        await client.set(scope, "b", 20)  # complete already: skipped
+        await client.set(scope, "marker", 0)
+        await until(_past(service, scope), 5, "the marker dispatched")
+        await until(lambda: bool(handler.calls), 5, "the wake")
+        assert len(handler.calls) == 1
+        (_call_id, body) = handler.calls[0]
+        assert body["key"] == "c"
+        results = body["condition_payload"]["results"]
+        assert results["c"] == {"n": 1.50} and results["b"] == 2
+        assert results["a"] in (1, 10)
+
+
+def _past(service: StateService, scope: str) -> Any:
+    """A condition: the dispatcher's position in the scope's partition is past the scope's
+    last event."""
+    async def past() -> bool:
+        assert service.dispatcher is not None
+        part = service.state.keys.partition_of(scope)
+        events = service.state.keys.partition(part).events
+        last = await service.state.conn.execute("XREVRANGE", events, "+", "-", "COUNT", 1)
+        position = service.dispatcher.positions.get(part)
+        return bool(last) and position is not None and position.id == last[0][0].decode()
+    return past

@@ -63,6 +63,7 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
+        await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})

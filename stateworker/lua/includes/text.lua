@@ -1,5 +1,6 @@
 --[[
-  Splitting text on a plain (non-pattern) separator, shared by the scripts.
+  Splitting text on a plain (non-pattern) separator, and comparing text by bytes, shared by
+  the scripts.
 ]]
 
 -- The pieces of `text` between occurrences of `sep` (one byte); "" gives {""}.
@@ -14,4 +15,13 @@ local function text_split(text, sep)
     parts[#parts + 1] = string.sub(text, p, at - 1)
     p = at + 1
   end
+end
+
+-- a <= b by bytes, as sorted sets order members (Lua's own `<=` follows the server's locale).
+local function text_bytes_le(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
 end
