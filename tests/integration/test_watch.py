@@ -5,17 +5,24 @@ progress bookmarks on a quiet watch; a killed connection loses and repeats nothi
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import select
+import signal
+import subprocess
+import sys
 import zlib
 from collections.abc import Awaitable, Callable
 
 import anyio
+import msgspec
 import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateClient, StateStore
+from stateworker.clock import rfc3339_ms
 from stateworker.errors import Compacted, InvalidRequest
-from stateworker.events.model import Bookmark, Event, revision_of
+from stateworker.events.model import Bookmark, Event, document_json, revision_of
 from stateworker.events.reader import PartitionReader
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
@@ -314,6 +321,99 @@ async def test_a_filtered_watch_bookmarks_past_the_events_it_passes_over(
             await store.set("s1", "wanted", 1)
             (only,) = await events_of(watch, 1)
             assert (only.scope, only.key) == ("s1", "wanted")
+
+
+# ---- the command line ------------------------------------------------------------------------
+class WatchCommand:
+    """`stateworker watch ...` in a process of its own; its lines read with a time bound."""
+
+    def __init__(self, url: str, prefix: str, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STATEWORKER_")}
+        # No STATEWORKER_PARTITIONS: the watch finds the prefix's count (4) in Redis.
+        env.update(STATEWORKER_PREFIX=prefix, STATEWORKER_WATCH_PROGRESS_S=str(PROGRESS_S))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "stateworker", "--redis-url", url, "watch", *args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def line(self, timeout: float = 20) -> bytes:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"no line within {timeout} s"
+        return self.process.stdout.readline()
+
+    def event_line(self) -> bytes:
+        """The next line that is not a bookmark (one may come while the test writes)."""
+        while (line := self.line()).startswith(b'{"type":"bookmark"'):
+            pass
+        return line
+
+    def finish(self, timeout: float = 20) -> tuple[int, bytes]:
+        """The exit status and what it wrote on stderr."""
+        _, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, err
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.communicate()
+
+
+def scope_beyond_four() -> str:
+    """A scope whose partition differs between 4 partitions and the default 16."""
+    return next(s for s in (f"orders-{i}" for i in range(100))
+                if zlib.crc32(s.encode()) % 16 != zlib.crc32(s.encode()) % 4)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+async def test_the_command_prints_one_json_line_per_event_and_bookmarks_until_stopped(
+        redis_server: RedisServer, prefix: str, store: StateStore, stop: int) -> None:
+    scope = scope_beyond_four()
+    await store.set(scope, "o-1", {"total": 12.50})
+    await store.call("state::update", {"scope": scope, "key": "o-1", "ops": [
+        {"type": "increment", "path": "items", "by": 1}]})
+    first, second = await store.events(scope)
+    command = WatchCommand(redis_server.url, prefix, "--scope", scope, "--from", first.revision)
+    try:
+        assert command.line() == document_json(second) + b"\n"
+        await store.delete(scope, "o-1")
+        (third,) = await store.events(scope, after=second.revision)
+        line = command.event_line()
+        assert line == document_json(third) + b"\n"
+        assert msgspec.json.decode(line) == {
+            "type": "state", "event_type": "state:deleted", "scope": scope, "key": "o-1",
+            "old_value": {"total": 12.50, "items": 1}, "new_value": None, "version": 2,
+            "revision": third.revision, "ts": rfc3339_ms(third.ts_ms), "ts_ms": third.ts_ms,
+            "by": None}
+        for _ in range(2):  # quiet now: bookmarks at the last event
+            assert msgspec.json.decode(command.line()) == {"type": "bookmark",
+                                                           "revision": third.revision}
+        command.process.send_signal(stop)
+        assert command.finish() == (0, b"")  # quietly
+    finally:
+        command.kill()
+
+
+async def test_the_command_reports_compacted_and_a_bad_revision(
+        redis_server: RedisServer, prefix: str, store: StateStore, raw: aredis.Redis) -> None:
+    for i in range(5):
+        await store.set("orders", "k", i)
+    written = await store.events("orders")
+    await raw.xtrim(store.state.keys.for_scope("orders").events, minid=written[3].revision,
+                    approximate=False)
+    command = WatchCommand(redis_server.url, prefix, "--from", written[1].revision)
+    try:
+        status, err = command.finish()
+    finally:
+        command.kill()
+    error = msgspec.json.decode(err)
+    assert status == 1 and error["code"] == "COMPACTED"
+    assert error["details"]["oldest_kept"] == written[3].revision
+    command = WatchCommand(redis_server.url, prefix, "--from", "yesterday")
+    try:
+        status, err = command.finish()
+    finally:
+        command.kill()
+    assert status == 2 and b"--from 'yesterday' is not a revision" in err
 
 
 # ---- reconnects ------------------------------------------------------------------------------
