@@ -222,6 +222,40 @@ async def test_xtrim_minid_compacts_exactly_the_revisions_before_the_oldest_kept
         assert rows(await events_of(watch, 4)) == rows(written[6:])
 
 
+async def test_a_trim_right_at_the_revision_is_not_compaction_when_redis_can_tell(
+        redis_server: RedisServer, prefix: str, store: StateStore, raw: aredis.Redis) -> None:
+    """The oldest entry kept is `<ms>-<seq>` with seq > 0: the one before it was `<ms>-<seq-1>`,
+    so a watch from that revision lost nothing; one from any earlier revision did."""
+    written: list[Event] = []
+    with anyio.fail_after(20):
+        while not any(revision_of(e.revision)[1] > 0 for e in written[2:]):
+            await write(store, ["orders"], writers=4, each=25)  # some share a millisecond
+            written = await store.events("orders")
+    at = next(i for i, e in enumerate(written) if i > 1 and revision_of(e.revision)[1] > 0)
+    await raw.xtrim(store.state.keys.for_scope("orders").events, minid=written[at].revision,
+                    approximate=False)
+    async with client(redis_server.url, prefix).watch("orders", None,
+                                                      written[at - 1].revision) as watch:
+        assert rows(await events_of(watch, len(written) - at)) == rows(written[at:])
+    with pytest.raises(Compacted):
+        async with client(redis_server.url, prefix).watch("orders", None,
+                                                          written[at - 2].revision) as watch:
+            await anext(watch)
+
+
+async def test_an_event_deleted_after_the_revision_is_compaction(
+        redis_server: RedisServer, prefix: str, store: StateStore, raw: aredis.Redis) -> None:
+    for i in range(4):
+        await store.set("orders", "k", i)
+    written = await store.events("orders")
+    await raw.xdel(store.state.keys.for_scope("orders").events, written[2].revision)
+    with pytest.raises(Compacted) as caught:
+        async with client(redis_server.url, prefix).watch("orders", None,
+                                                          written[0].revision) as watch:
+            await anext(watch)
+    assert caught.value.details["oldest_kept"] == written[0].revision
+
+
 async def test_a_watch_that_falls_behind_a_trim_raises_compacted_after_what_it_read(
         redis_server: RedisServer, prefix: str, store: StateStore, raw: aredis.Redis) -> None:
     stream = store.state.keys.for_scope("orders").events
@@ -257,6 +291,21 @@ async def test_a_trim_up_to_what_a_watch_has_read_is_not_compaction(
             later = await store.events("orders", after=read[-1].revision)
             await raw.xtrim(stream, minid=later[0].revision, approximate=False)  # everything read, no more
             assert rows(await events_of(watch, 3)) == rows(later)
+
+
+async def test_partitions_that_began_after_the_revision_lost_nothing(
+        redis_server: RedisServer, prefix: str, store: StateStore) -> None:
+    """Streams whose first entry is after the revision but that never lost one (entries
+    added = entries kept) are read whole, not reported as compacted."""
+    scopes = [f"s{i}" for i in range(8)]
+    await store.set("s0", "first", 0)
+    start = (await store.events("s0"))[0].revision
+    await write(store, scopes, writers=2, each=20)
+    expected = await stream_events(store, start)
+    assert len({store.state.keys.partition_of(e.scope) for e in expected}) == 4
+    async with client(redis_server.url, prefix).watch(from_revision=start) as watch:
+        got = await events_of(watch, len(expected))
+    assert sorted(rows(got)) == sorted(rows(expected))
 
 
 async def test_an_unscoped_watch_names_the_partition_that_was_trimmed(
