@@ -23,7 +23,7 @@ from stateworker import StateClient, StateStore
 from stateworker.clock import rfc3339_ms
 from stateworker.errors import Compacted, InvalidRequest
 from stateworker.events.model import Bookmark, Event, document_json, revision_of
-from stateworker.events.reader import PartitionReader
+from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from tests.integration.busproto import until
@@ -136,13 +136,15 @@ async def test_a_watch_from_a_revision_gets_every_later_event_of_its_scope_once_
     assert rows(got) == rows(wanted)
 
 
+@pytest.mark.parametrize("page", [PAGE, 7], ids=["page-1000", "page-7"])
 async def test_an_unscoped_watch_from_a_revision_merges_every_partition_once_in_revision_order(
-        redis_server: RedisServer, prefix: str, store: StateStore) -> None:
+        redis_server: RedisServer, prefix: str, store: StateStore, page: int) -> None:
     scopes = [f"s{i}" for i in range(12)]
     assert len(partitions_of(scopes)) == 4
     await write(store, scopes, writers=4, each=30)
     start = (await store.events("s3"))[-1].revision
-    async with client(redis_server.url, prefix).watch(from_revision=start) as watch:
+    settings = client(redis_server.url, prefix).settings
+    async with Watch(redis_server.url, settings, from_revision=start, page=page) as watch:
         got, expected = await while_watching(
             watch, lambda: write(store, scopes, writers=6, each=150),
             lambda: stream_events(store, start))
@@ -206,20 +208,23 @@ async def test_a_revision_trimmed_by_maxlen_is_compacted_naming_the_oldest_kept(
 
 async def test_xtrim_minid_compacts_exactly_the_revisions_before_the_oldest_kept(
         redis_server: RedisServer, prefix: str, store: StateStore, raw: aredis.Redis) -> None:
-    for i in range(10):
-        await store.set("orders", f"k{i}", i)
-    written = await store.events("orders")
+    written: list[Event] = []
+    with anyio.fail_after(20):  # the oldest kept will start a millisecond (`<ms>-0`)
+        while not any(revision_of(e.revision)[1] == 0 for e in written[4:-2]):
+            await store.set("orders", f"k{len(written)}", len(written))
+            written = await store.events("orders")
+    at = next(i for i, e in enumerate(written) if i >= 4 and revision_of(e.revision)[1] == 0)
     stream = store.state.keys.for_scope("orders").events
-    await raw.xtrim(stream, minid=written[5].revision, approximate=False)  # keeps the 6th on
+    await raw.xtrim(stream, minid=written[at].revision, approximate=False)
     with pytest.raises(Compacted) as caught:
         async with client(redis_server.url, prefix).watch("orders", None,
-                                                          written[3].revision) as watch:
+                                                          written[at - 2].revision) as watch:
             await anext(watch)
-    assert caught.value.details["oldest_kept"] == written[5].revision
-    assert caught.value.details["revision"] == written[3].revision
+    assert caught.value.details["oldest_kept"] == written[at].revision
+    assert caught.value.details["revision"] == written[at - 2].revision
     async with client(redis_server.url, prefix).watch("orders", None,
-                                                      written[5].revision) as watch:
-        assert rows(await events_of(watch, 4)) == rows(written[6:])
+                                                      written[at].revision) as watch:
+        assert rows(await events_of(watch, len(written) - at - 1)) == rows(written[at + 1:])
 
 
 async def test_a_trim_right_at_the_revision_is_not_compaction_when_redis_can_tell(
@@ -351,20 +356,27 @@ async def test_a_quiet_watch_gets_bookmarks_and_resuming_from_one_rereads_nothin
 
 async def test_a_filtered_watch_bookmarks_past_the_events_it_passes_over(
         redis_server: RedisServer, prefix: str, store: StateStore) -> None:
+    """Pages of 10 entries: the watch reads one round trip after another, finds nothing for
+    it, and still sends one bookmark per quiet interval, each at the newest entry examined."""
     scopes = [f"s{i}" for i in range(8)]
+    settings = client(redis_server.url, prefix).settings
     for scope in ("s1", None):
-        async with client(redis_server.url, prefix).watch(scope, "wanted") as watch:
+        async with Watch(redis_server.url, settings, scope=scope, key="wanted",
+                         page=10) as watch:
             await write(store, scopes, writers=3, each=40)  # never the key "wanted"
             passed = [revision_of(e.revision) for e in await stream_events(store, "0-0")
                       if scope is None or store.state.keys.partition_of(e.scope)
                       == store.state.keys.partition_of(scope)]
+            marks: list[float] = []
             with anyio.fail_after(10):
                 while True:  # bookmarks only, up to the newest entry it examined
                     mark = await anext(watch)
+                    marks.append(anyio.current_time())
                     assert isinstance(mark, Bookmark)
                     assert revision_of(mark.revision) <= max(passed)
                     if revision_of(mark.revision) == max(passed):
                         break
+            assert all(b - a >= PROGRESS_S * 0.9 for a, b in itertools.pairwise(marks))
         async with client(redis_server.url, prefix).watch(scope, "wanted",
                                                           mark.revision) as watch:
             await store.set("s1", "wanted", 1)
@@ -377,14 +389,15 @@ class WatchCommand:
     """`stateworker watch ...` in a process of its own; its lines read with a time bound."""
 
     def __init__(self, url: str, prefix: str, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STATEWORKER_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("STATEWORKER_") and k != "PYTHONUNBUFFERED"}
         # No STATEWORKER_PARTITIONS: the watch finds the prefix's count (4) in Redis.
         env.update(STATEWORKER_PREFIX=prefix, STATEWORKER_WATCH_PROGRESS_S=str(PROGRESS_S))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "stateworker", "--redis-url", url, "watch", *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def line(self, timeout: float = 20) -> bytes:
+    def line(self, timeout: float = 8) -> bytes:
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
         assert ready, f"no line within {timeout} s"
