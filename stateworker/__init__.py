@@ -4,6 +4,7 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
 from stateworker.errors import (
+    Compacted,
     Conflict,
     DeadlineExceeded,
     InvalidRequest,
@@ -15,12 +16,14 @@ from stateworker.errors import (
     UnknownFunction,
     ValueTooLarge,
 )
-from stateworker.events.model import Event
+from stateworker.events.model import Bookmark, Event
 from stateworker.settings import Settings
 from stateworker.state.api import Entry, SetOutcome, StateStore, Swap
 
 __all__ = [
     "ABSENT",
+    "Bookmark",
+    "Compacted",
     "Conflict",
     "DeadlineExceeded",
     "Entry",

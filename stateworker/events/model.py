@@ -2,7 +2,8 @@
 
 The entry scripts write these fields (lua/includes/entry.lua, `emit`) into their partition's
 stream; the stream entry id is the event's revision. Everything that reads events back (the
-store's `events()`, the coming dispatcher, watches and snapshot) decodes them here.
+store's `events()`, watches, the coming dispatcher and snapshot) decodes them here; the
+documents programs see (a trigger's body, a watch's line, a bookmark) are encoded here too.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ class Watch:
             Unavailable (UNAVAILABLE): no Redis answered within `start_timeout_s`.
             ConfigError: Redis refused the connection for good (e.g. NOAUTH).
         """
+        if self._opened:
+            return self
         try:
             await wait_ready(self.conn, self.start_timeout_s, self._met)
         except ConnectionLost as exc:
@@ -241,6 +243,11 @@ class Watch:
         try:
             await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", max(int(seconds * 1000), 1),
                                     "STREAMS", *streams, *cursors)
+        except anyio.get_cancelled_exc_class():
+            # The XREAD stays blocked in Redis: a read after it would queue behind it.
+            with anyio.CancelScope(shield=True):
+                await self.conn.close()
+            raise
         except (ConnectionLost, ReplyError) as exc:
             # Not repeated here: the read that follows rides it out (with backoff), and a
             # repeated wait would start its whole time again.
