@@ -5,6 +5,7 @@ from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
 from stateworker.errors import (
     BarrierConfig,
+    Compacted,
     Conflict,
     DeadlineExceeded,
     InvalidRequest,
@@ -16,7 +17,7 @@ from stateworker.errors import (
     UnknownFunction,
     ValueTooLarge,
 )
-from stateworker.events.model import Event
+from stateworker.events.model import Bookmark, Event
 from stateworker.settings import Settings
 from stateworker.state.api import BarrierOutcome, Entry, SetOutcome, StateStore, Swap
 
@@ -24,6 +25,8 @@ __all__ = [
     "ABSENT",
     "BarrierConfig",
     "BarrierOutcome",
+    "Bookmark",
+    "Compacted",
     "Conflict",
     "DeadlineExceeded",
     "Entry",

@@ -39,6 +39,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
     connect_timeout_s: float = 5.0  # opening a Redis connection gives up after this
     read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
+    watch_progress_s: float = 5.0  # a watch with nothing to hand on this long sends a bookmark
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.
@@ -65,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if not (0 < self.connect_timeout_s < _FOREVER and 0 < self.read_timeout_s < _FOREVER):
             raise ConfigError(f"connect_timeout_s and read_timeout_s must be positive seconds, got "
                               f"{self.connect_timeout_s} and {self.read_timeout_s}")
+
+        if not 0 < self.watch_progress_s < _FOREVER:
+            raise ConfigError(f"watch_progress_s must be a positive number of seconds, got "
+                              f"{self.watch_progress_s}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -1,12 +1,15 @@
-"""The `stateworker` command: serve, call, status."""
+"""The `stateworker` command: serve, call, watch, status."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
+import anyio
 import msgspec
 
 from stateworker import logs
@@ -14,7 +17,9 @@ from stateworker.app import service
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, StateError
+from stateworker.errors import ConfigError, InvalidRequest, StateError
+from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
+from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.reactive.status import dispatch_status
@@ -93,6 +98,76 @@ async def _call(args: argparse.Namespace) -> int:
         print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
         return 1
     print(result.decode())
+    return 0
+
+
+WATCH_EPILOG = """\
+Prints one JSON line per event, as it happens: {"type":"state","event_type":"state:updated",
+"scope","key","old_value","new_value","version","revision","ts","ts_ms","by"}; and, after
+STATEWORKER_WATCH_PROGRESS_S (5) seconds without one, a bookmark {"type":"bookmark",
+"revision":...}: every event up to it has been printed (or passed over by --scope/--key), so
+--from <its revision> goes on from there without printing anything twice. One scope's events
+come in their order; without --scope, every partition's, merged in revision order. A Redis
+restart or a broken connection is waited out; the watch goes on where it was.
+
+exit status:
+  0  stopped by Ctrl-C or SIGTERM
+  1  {code, message, details} on stderr (JSON): COMPACTED (events after the revision were
+     trimmed; details.oldest_kept names the oldest kept: resync), or UNAVAILABLE (no Redis)
+  2  bad usage or configuration (arguments, --from that is not <ms>-<seq>, --redis-url)
+
+examples:
+  stateworker watch --scope orders
+  stateworker watch --scope orders --key o-1 --from 1700000000000-0
+  stateworker watch | jq -c 'select(.type == "state")'
+"""
+
+
+def _revision(text: str) -> str:
+    try:
+        parse_revision(text, "--from")
+    except InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    """Print the watch's items until SIGINT/SIGTERM (status 0) or an error (WATCH_EPILOG)."""
+    status = 0
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+
+            async def print_items() -> None:
+                nonlocal status
+                status = await _print_watch(args, sys.stdout.buffer)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on_signal)
+            tg.start_soon(print_items)
+    return status
+
+
+async def _print_watch(args: argparse.Namespace, out: BinaryIO) -> int:
+    settings = _settings(args)
+    try:
+        async with Watch(client_url(settings), settings, scope=args.scope, key=args.key,
+                         from_revision=args.from_revision) as watch:
+            async for item in watch:
+                out.write(bookmark_json(item) if isinstance(item, Bookmark)
+                          else document_json(item))
+                out.write(b"\n")
+                out.flush()  # a line as soon as it happens, also into a pipe
+    except StateError as exc:
+        print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"stateworker: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (`| head`): done, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # nothing left to flush there
     return 0
 
 
@@ -182,6 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     call_p.add_argument("--service", type=_service_name, default="state",
                         help="whose stream gets the call, <prefix>:bus:<service>: state "
                         "(default) or a Worker's service name")
+    watch_p = sub.add_parser(
+        "watch", help="print change events as JSON lines, as they happen",
+        description="Print the change events of a scope, a key or every scope as JSON lines "
+                    "(new ones, or every one after --from).",
+        epilog=WATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch_p.add_argument("--scope", default=None, help="only this scope's events")
+    watch_p.add_argument("--key", default=None, help="only this key's events (of --scope, or "
+                         "of every scope)")
+    watch_p.add_argument("--from", dest="from_revision", type=_revision, default=None,
+                         metavar="REVISION", help="every event after this revision (an event's "
+                         "or a bookmark's); default: only new events")
     sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters, "
                    "triggers and dispatch lag")
     args = parser.parse_args(argv)
@@ -191,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "call":
             return int(run(_call, args))
+        if args.command == "watch":
+            return int(run(_watch, args))
         if args.command == "status":
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())

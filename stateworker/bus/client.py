@@ -38,6 +38,7 @@ from stateworker.errors import (
     not_sent_text,
     timeout_text,
 )
+from stateworker.events.watch import Watch
 from stateworker.keys import reply_prefix
 from stateworker.settings import Settings
 from stateworker.transport.connection import (
@@ -412,6 +413,44 @@ class StateClient:
         data = body if isinstance(body, bytes | str) else msgspec.json.encode(
             codec.to_json_tree(body))
         return codec.decode_value(await self.call_json(fn, data, **options))
+
+    # ---- watches -----------------------------------------------------------------------------
+    def watch(self, scope: str | None = None, key: str | None = None,
+              from_revision: str | None = None) -> Watch:
+        """The change events of a scope, a key or every scope, in revision order, read
+        straight from the partition streams (on a connection of the watch's own; the bus
+        and the state service are not involved).
+
+        Yields `Event`s, and a `Bookmark(revision)` after `watch_progress_s` (setting,
+        default 5 s) without one: resume from its revision and nothing it passed is read
+        again. One scope's events come in their exact order; an unscoped watch merges the
+        partitions by revision (events of two partitions can share a revision: those come
+        one after another, and a watch resumed from it skips them all). A broken connection,
+        a Redis restart or LOADING is waited out and the watch goes on where it was.
+
+        Args:
+            scope: only this scope's events; None: every scope's.
+            key: only this key's events (in `scope`, or in every scope).
+            from_revision: every event with a revision after this one (an event's
+                `revision`, a bookmark's), each once; None: only events after the watch
+                opened (as etcd does).
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): `from_revision` is not `<ms>-<seq>`, or scope
+                or key is not valid UTF-8 text (at once).
+            Unavailable (UNAVAILABLE): no Redis answered within the client's `timeout` when
+                the watch opened.
+            Compacted (COMPACTED): while iterating, when events after `from_revision` (or
+                after what the watch had read) were trimmed from the stream before it read
+                them; `details["oldest_kept"]` names the oldest revision kept. Every event
+                before them has been handed on; resync (read the state) and watch anew.
+
+        Example:
+            `async with client.watch("orders", from_revision=rev) as events:`
+            `    async for item in events: print(item)`
+        """
+        return Watch(self.url, self.settings, scope=scope, key=key, from_revision=from_revision,
+                     start_timeout_s=self.timeout)
 
     # ---- typed helpers -----------------------------------------------------------------------
     async def get(self, scope: str, key: str) -> Any:

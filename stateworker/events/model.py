@@ -2,17 +2,23 @@
 
 The entry scripts write these fields (lua/includes/entry.lua, `emit`) into their partition's
 stream; the stream entry id is the event's revision. Everything that reads events back (the
-store's `events()`, the coming dispatcher, watches and snapshot) decodes them here.
+store's `events()`, watches, the coming dispatcher and snapshot) decodes them here; the
+documents programs see (a trigger's body, a watch's line, a bookmark) are encoded here too.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 from msgspec import Raw, Struct
 
 from stateworker.clock import rfc3339_ms
+from stateworker.errors import InvalidRequest
+
+Revision = tuple[int, int]  # a stream id `<ms>-<seq>` as numbers: sorts as Redis sorts ids
+MAX_SEQ = 2**64 - 1  # the largest sequence number of a stream id
 
 
 class Event(Struct, kw_only=True):
@@ -27,6 +33,13 @@ class Event(Struct, kw_only=True):
     version: int
     ts_ms: int
     by: str
+
+
+class Bookmark(Struct, kw_only=True):
+    """A watch's progress mark: every event up to `revision` has been handed on (or passed
+    over by the watch's filter) and none after it; a watch resumed from it re-reads nothing."""
+
+    revision: str
 
 
 class EventDocument(Struct, kw_only=True):
@@ -66,6 +79,45 @@ _document_encoder = msgspec.json.Encoder()
 def document_json(event: Event, condition_payload: Raw | None = None) -> bytes:
     """The event document as compact JSON (values byte-exact as stored)."""
     return _document_encoder.encode(document_of(event, condition_payload))
+
+
+class BookmarkDocument(Struct, kw_only=True):
+    """A bookmark as programs see it (a watch's line): `{type: "bookmark", revision}`."""
+
+    type: str
+    revision: str
+
+
+def bookmark_json(bookmark: Bookmark) -> bytes:
+    return _document_encoder.encode(BookmarkDocument(type="bookmark", revision=bookmark.revision))
+
+
+def revision_of(entry_id: bytes | str) -> Revision:
+    """A stream id as numbers (`b"1700000000000-3"` -> (1700000000000, 3))."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def revision_text(revision: Revision) -> str:
+    return f"{revision[0]}-{revision[1]}"
+
+
+_REVISION_RE = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+
+
+def parse_revision(text: str, field: str = "from_revision") -> Revision:
+    """A revision a caller gives: `<ms>-<seq>` (an event's `revision`) or `<ms>` (`<ms>-0`).
+
+    Raises InvalidRequest naming the field when it is not one, or out of a stream id's range.
+    """
+    if _REVISION_RE.fullmatch(text):
+        revision = revision_of(text)
+        if max(revision) <= MAX_SEQ:
+            return revision
+    raise InvalidRequest(f"{field} {text[:64]!r} is not a revision: expected <ms>-<seq> as "
+                         f"events carry it (e.g. 1700000000000-0), each part at most {MAX_SEQ}",
+                         {"path": f"$.{field}"})
 
 
 def fields_of(flat: list[Any]) -> dict[bytes, bytes]:

@@ -8,6 +8,7 @@ examined per round trip, not the events found).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from stateworker.errors import Unavailable
@@ -39,6 +40,13 @@ class PartitionReader:
         return ((self.scope is None or fields[b"scope"] == self.scope)
                 and (self.key is None or fields[b"key"] == self.key))
 
+    def sift(self, entries: list[Any]) -> Iterator[tuple[bytes, Event | None]]:
+        """Each stream entry's id with its event, or None when the filter passes it over (a
+        watch still counts it as examined)."""
+        for entry_id, flat in entries:
+            fields = fields_of(flat)
+            yield entry_id, decode_event(entry_id, fields) if self.wanted(fields) else None
+
     async def page(self, after: str = START, count: int = PAGE) -> Page:
         """Examine at most `count` entries after `after` (exclusive)."""
         start = START if after == START else "(" + after
@@ -47,11 +55,7 @@ class PartitionReader:
                                                          "COUNT", count)
         except ConnectionLost as exc:
             raise Unavailable(f"Redis unavailable: {exc}") from exc
-        events = []
-        for entry_id, flat in entries:
-            fields = fields_of(flat)
-            if self.wanted(fields):
-                events.append(decode_event(entry_id, fields))
+        events = [event for _, event in self.sift(entries) if event is not None]
         cursor = entries[-1][0].decode() if entries else after
         return Page(events, cursor, len(entries) < count)
 

@@ -1,0 +1,352 @@
+"""Watches: the change events of one scope, one key or every scope, in revision order, read
+straight from the partition streams, resumable from any revision still kept.
+
+`async with Watch(url, settings, scope="orders") as watch: async for item in watch: ...`
+yields `Event`s and, after `watch_progress_s` without one, a `Bookmark` (the latest revision
+examined). StateClient.watch() and `stateworker watch` are both this class.
+
+Reading. Each partition has a cursor, the last stream id examined (`PartitionReader`'s rule:
+a filter never makes it read an entry twice). One read is one transaction (MULTI ... EXEC):
+`XINFO STREAM` of each partition read, one `XREAD COUNT <page>` of them all, `TIME`. Being
+atomic, the XINFO tells exactly whether events after the cursor were trimmed before this read
+(`compaction.lost_after`): then COMPACTED, after the events read before it. When a read finds
+nothing, the watch waits with `XREAD BLOCK` on every partition it reads (its reply only says
+"something came"; the transaction reads it), at most until the next bookmark is due. A
+transient Redis error (broken connection, LOADING ...) is waited out with `Backoff` and the
+read repeated from the same cursors: cursors move only with a read's reply, so nothing is lost
+or repeated across reconnects.
+
+Order. One partition's stream is totally ordered, so a scoped watch hands each event on as
+read. An unscoped watch merges the partitions by revision: an entry read from one partition is
+held until no partition can still bring an earlier one, i.e. until every other partition has
+been read past it. A partition whose read reached its end has been read up to the server's
+clock (`TIME` in the same transaction): later entries get ids of at least that millisecond,
+since `XADD *` ids come from that clock. So entries are handed on in revision order across
+partitions (two partitions can give the same id in the same millisecond: those come in
+partition order), at the cost of at most a millisecond's wait for the clock to pass the
+newest entry's. The order relies on Redis's clock not going back; if it does, an event comes
+when it is read (later than its revision says), never lost.
+
+Position. `position` is the latest revision examined such that every entry up to it (in every
+partition read) has been handed on or passed over, and none after it: a bookmark carries it,
+and a watch resumed from it starts exactly there. Resuming from an event's revision is exact
+for a scoped watch; for an unscoped one it is exact unless another partition has an event
+with the very same revision (same millisecond and sequence) still to come right after it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter, deque
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from stateworker.errors import ConfigError, InvalidRequest, StateError, Unavailable, no_redis_text
+from stateworker.events.compaction import compacted, counted_after, lost_after, stream_info
+from stateworker.events.model import (
+    MAX_SEQ,
+    Bookmark,
+    Event,
+    Revision,
+    parse_revision,
+    revision_of,
+    revision_text,
+)
+from stateworker.events.reader import PAGE, PartitionReader
+from stateworker.keys import KeySpace
+from stateworker.settings import Settings
+from stateworker.transport.connection import (
+    Arg,
+    Backoff,
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    transient_reason,
+    wait_ready,
+)
+
+FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
+CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held entry's millisecond
+
+
+class _Partition:
+    """One partition as the watch reads it."""
+
+    __slots__ = ("counted", "cursor", "frontier", "held", "index", "more", "number", "reader")
+
+    def __init__(self, reader: PartitionReader, number: int, index: int, cursor: Revision,
+                 counted: int | None) -> None:
+        self.reader = reader
+        self.number = number  # the partition's number in the key space
+        self.index = index  # its place in the watch's list (the merge refers to it)
+        self.cursor = cursor  # the last stream id examined
+        self.counted = counted  # entries ever added up to the cursor (compaction.py); None: unknown
+        self.held = 0  # its entries read but waiting in the merge for other partitions
+        self.more = True  # it may hold entries after the cursor that no read has brought yet
+        self.frontier = cursor  # every entry of it up to here has been read
+
+
+class Watch:
+    """An async iterator of `Event | Bookmark` (module docstring); also an async context
+    manager that closes its connection."""
+
+    def __init__(self, url: str, settings: Settings, *, scope: str | None = None,
+                 key: str | None = None, from_revision: str | None = None,
+                 start_timeout_s: float = 10.0, page: int = PAGE) -> None:
+        """A watch; nothing connects before `open()` (or `async with`, or the first item).
+
+        Args:
+            url: the Redis URL (`redis://` or `unix://`).
+            settings: the prefix, the partition count (the prefix's stored count wins) and
+                `watch_progress_s`, the quiet time after which a bookmark comes.
+            scope: only this scope's events (its partition alone is read); None: every scope.
+            key: only this key's events (of `scope`, or of every scope).
+            from_revision: every event after this revision (`<ms>-<seq>`); None: only events
+                that come after the watch opened.
+            start_timeout_s: how long opening waits for a Redis that is away or loading.
+            page: stream entries read per partition per round trip.
+
+        Raises:
+            InvalidRequest (INVALID_REQUEST): `from_revision` is not a revision, or scope or
+                key is not valid UTF-8 text.
+        """
+        for field, text in (("scope", scope), ("key", key)):
+            if text is not None:
+                _check_text(field, text)
+        self.url = url
+        self.settings = settings
+        self.scope, self.key = scope, key
+        self.start = None if from_revision is None else parse_revision(from_revision)
+        self.start_timeout_s = start_timeout_s
+        self.page = page
+        self.conn = RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
+                                    read_timeout_s=settings.read_timeout_s)
+        self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
+        self.position: Revision = (0, 0)  # see the module docstring
+        self._parts: list[_Partition] = []
+        self._merge: list[tuple[Revision, int, Event | None]] = []  # held entries, a heap
+        self._ready: deque[Event | Bookmark] = deque()
+        self._failure: StateError | None = None  # raised once the events before it are out
+        self._clock_us = 0  # Redis's clock at the last read (unscoped watches)
+        self._frontier: Revision = (0, 0)  # every partition has been read up to here
+        self._bookmark_at = 0.0
+        self._opened = False
+
+    # ---- opening and closing -----------------------------------------------------------------
+    async def open(self) -> Watch:
+        """Connect, find the partitions and the starting cursors.
+
+        Raises:
+            Unavailable (UNAVAILABLE): no Redis answered within `start_timeout_s`.
+            ConfigError: Redis refused the connection for good (e.g. NOAUTH).
+        """
+        if self._opened:
+            return self
+        try:
+            await wait_ready(self.conn, self.start_timeout_s, self._met)
+        except ConnectionLost as exc:
+            raise Unavailable(no_redis_text(self.url, exc), {"redis": self.url}) from exc
+        except ReplyError as exc:
+            if transient_reason(exc) is None:
+                raise ConfigError(f"Redis at {self.url} refused the watch: {exc}") from exc
+            raise Unavailable(f"Redis at {self.url} is not serving yet after "
+                              f"{self.start_timeout_s:g} s: {exc}", {"redis": self.url}) from exc
+        prefix = self.settings.prefix
+        (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
+        keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)
+        indexes = range(keys.partitions) if self.scope is None else [keys.partition_of(self.scope)]
+        readers = {n: PartitionReader(self.conn, keys, n, scope=self.scope, key=self.key)
+                   for n in indexes}
+        if self.start is not None:
+            self._parts = [_Partition(r, n, i, self.start, None)
+                           for i, (n, r) in enumerate(readers.items())]
+            self.position = self.start
+        else:  # from now: each partition from its newest id, all it ever had counted
+            infos: list[list[Arg]] = [["XINFO", "STREAM", r.stream] for r in readers.values()]
+            replies = await self._transaction(infos)
+            for i, ((n, r), reply) in enumerate(zip(readers.items(), replies, strict=True)):
+                info = stream_info(reply, r.stream)
+                self._parts.append(_Partition(r, n, i, (0, 0) if info is None else
+                                              info.last_generated,
+                                              0 if info is None else info.entries_added))
+            self.position = max(p.cursor for p in self._parts)
+        self._bookmark_at = time.monotonic() + self.settings.watch_progress_s
+        self._opened = True
+        return self
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    aclose = close
+
+    async def __aenter__(self) -> Watch:
+        return await self.open()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # ---- iteration -----------------------------------------------------------------------------
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Event | Bookmark:
+        """The next event, or a bookmark after `watch_progress_s` without one.
+
+        Raises:
+            Compacted (COMPACTED): events after the watch's cursor (its `from_revision`, or
+                where it had read to) were trimmed before it read them; every event before
+                them has been handed on. The watch is over.
+            Unavailable (UNAVAILABLE): Redis refused a read for good (not a transient state:
+                those are waited out).
+        """
+        if not self._opened:
+            await self.open()
+        while not self._ready:
+            if self._failure is not None:
+                raise self._failure
+            await self._step()
+        self._bookmark_at = time.monotonic() + self.settings.watch_progress_s
+        return self._ready.popleft()
+
+    async def _step(self) -> None:
+        """Read (now, or once Redis's clock has passed a held entry, or once something came),
+        then hand on what can go; a bookmark when nothing went for `watch_progress_s`."""
+        if any(p.more and p.held < self.page for p in self._parts):
+            await self._read()
+        elif self._merge:  # held only for Redis's clock to pass their millisecond
+            await anyio.sleep(self._clock_wait_s())
+            await self._read()
+        else:
+            left = self._bookmark_at - time.monotonic()
+            if left > 0:
+                await self._wait(left)
+            await self._read()
+        # (A watch from now starts at the newest id of all partitions: its first bookmark
+        # waits until every partition has been read past that.)
+        if (not self._ready and self._failure is None and self.position <= self._frontier
+                and time.monotonic() >= self._bookmark_at):
+            self._ready.append(Bookmark(revision=revision_text(self.position)))
+
+    def _clock_wait_s(self) -> float:
+        """Until Redis's clock (as of the last read) has passed the oldest held entry's ms."""
+        oldest_ms = self._merge[0][0][0]
+        return min(max((oldest_ms + 1) * 1000 - self._clock_us, 1) / 1e6, CLOCK_WAIT_MAX_S)
+
+    async def _wait(self, seconds: float) -> None:
+        """Block until an entry comes to a partition read (its reply is dropped: the next read
+        takes it with the compaction check) or `seconds` pass."""
+        streams, cursors = self._cursors(self._parts)
+        try:
+            await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", max(int(seconds * 1000), 1),
+                                    "STREAMS", *streams, *cursors)
+        except anyio.get_cancelled_exc_class():
+            # The XREAD stays blocked in Redis: a read after it would queue behind it.
+            with anyio.CancelScope(shield=True):
+                await self.conn.close()
+            raise
+        except (ConnectionLost, ReplyError) as exc:
+            # Not repeated here: the read that follows rides it out (with backoff), and a
+            # repeated wait would start its whole time again.
+            self._refused(exc)
+            self._met(exc)
+
+    async def _read(self) -> None:
+        """One transaction: each partition's XINFO, one XREAD of them all, TIME."""
+        parts = [p for p in self._parts if p.held < self.page]  # the others wait in the merge
+        streams, cursors = self._cursors(parts)
+        merged = len(self._parts) > 1
+        commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
+        commands.append(["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors])
+        if merged:
+            commands.append(["TIME"])
+        replies = await self._transaction(commands)
+        read = {name.decode(): entries for name, entries in _checked(replies[len(parts)]) or []}
+        if merged:
+            seconds, micros = _checked(replies[-1])
+            self._clock_us = int(seconds) * 1_000_000 + int(micros)
+        # Every entry of a partition that reached its end has been read up to the clock.
+        at_end: Revision = (self._clock_us // 1000 - 1, MAX_SEQ) if merged else FOREVER
+        for part in self._parts:
+            part.frontier = part.cursor
+        for part, reply in zip(parts, replies[:len(parts)], strict=True):
+            info = stream_info(reply, part.reader.stream)
+            if lost_after(part.cursor, part.counted, info):
+                self._failure = self._failure or compacted(part.number, part.cursor, info)
+                part.more = False
+                continue
+            entries = read.get(part.reader.stream, [])
+            self._take(part, entries)
+            to_the_end = len(entries) < self.page
+            part.counted = counted_after(part.counted, info, len(entries), to_the_end)
+            part.more = not to_the_end
+            part.frontier = at_end if to_the_end else part.cursor
+        self._release()
+
+    def _take(self, part: _Partition, entries: list[Any]) -> None:
+        for entry_id, event in part.reader.sift(entries):
+            heapq.heappush(self._merge, (revision_of(entry_id), part.index, event))
+        if entries:
+            part.held += len(entries)
+            part.cursor = revision_of(entries[-1][0])
+
+    def _release(self) -> None:
+        """Hand on every held entry no partition can still precede (module docstring)."""
+        frontier = self._frontier = min(p.frontier for p in self._parts)
+        while self._merge and self._merge[0][0] <= frontier:
+            revision, index, event = heapq.heappop(self._merge)
+            self._parts[index].held -= 1
+            self.position = max(self.position, revision)
+            if event is not None:
+                self._ready.append(event)
+
+    # ---- Redis ---------------------------------------------------------------------------------
+    @staticmethod
+    def _cursors(parts: list[_Partition]) -> tuple[list[str], list[str]]:
+        return [p.reader.stream for p in parts], [revision_text(p.cursor) for p in parts]
+
+    def _met(self, error: BaseException) -> None:
+        self.transient[transient_reason(error) or "OTHER"] += 1
+
+    async def _transaction(self, commands: list[list[Arg]]) -> list[Any]:
+        """The replies of `commands` run as one MULTI ... EXEC."""
+        replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
+        return list(_checked(replies[-1]))
+
+    async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
+        """Run commands (they only read); a transient failure is waited out with backoff and
+        they run again, for as long as it takes: a watch rides out Redis restarts."""
+        backoff = Backoff()
+        while True:
+            try:
+                replies = await self.conn.pipeline(commands)
+                for reply in replies:
+                    _checked(reply)
+                return replies
+            except (ConnectionLost, ReplyError) as exc:
+                self._refused(exc)
+                self._met(exc)
+                await anyio.sleep(backoff.next())
+
+    def _refused(self, error: ConnectionLost | ReplyError) -> None:
+        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again)."""
+        if transient_reason(error) is None:
+            raise Unavailable(f"Redis at {self.url} refused a watch's read: {error}",
+                              {"redis": self.url}) from error
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, ReplyError):
+        raise reply
+    return reply
+
+
+def _check_text(field: str, text: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
+                             {"path": f"$.{field}"}) from exc
