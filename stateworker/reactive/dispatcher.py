@@ -65,7 +65,8 @@ class Dispatcher:
         self.state = state
         self.replica = f"{uuid.uuid4().hex[:12]}"
         self.leases = Leases(state, self.replica)
-        self.positions: dict[int, Position] = {}
+        self.positions: dict[int, Position] = {}  # where dispatch is (may be ahead of...)
+        self.stored: dict[int, Position] = {}  # ... what is stored in Redis
         self.triggers = TriggerSet()
         self.registry_id = "0-0"
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
@@ -98,10 +99,12 @@ class Dispatcher:
                             log.warning("dispatch paused: %s", exc,
                                         extra={"event": "dispatch.paused"})
                             self.positions.clear()
+                            self.stored.clear()
                             await anyio.sleep(backoff.next())
                         except Exception:  # a bug: the service goes on; the batch is retried
                             log.exception("dispatch failed", extra={"event": "dispatch.crashed"})
                             self.positions.clear()
+                            self.stored.clear()
                             await anyio.sleep(backoff.next())
                 self._tg.cancel_scope.cancel()
         finally:
@@ -113,6 +116,7 @@ class Dispatcher:
 
     async def _close(self) -> None:
         try:
+            await self._persist()
             await self._flush_counts()
             await self.leases.drop_all()
         except (StateError, ConnectionLost, ReplyError) as exc:
@@ -127,7 +131,9 @@ class Dispatcher:
             await self._round()
         streams = [self.state.keys.registry]
         ids = [self.registry_id]
-        held = sorted(self.positions)
+        # With no trigger there is nothing to hand on: the rounds move the positions to the
+        # streams' ends instead, and the events are not read at all.
+        held = sorted(self.positions) if self.triggers.count else []
         for partition in held:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
@@ -155,15 +161,55 @@ class Dispatcher:
         for partition in list(self.positions):
             if partition not in self.leases.held:
                 del self.positions[partition]
+                self.stored.pop(partition, None)
         for partition in sorted(taken | (self.leases.held - set(self.positions))):
-            self.positions[partition] = await trimming.position(self.state, partition,
-                                                                self.leases.token)
+            self.positions[partition] = self.stored[partition] = await trimming.position(
+                self.state, partition, self.leases.token)
         if self.registry_id == "0-0":
             await self.reload_triggers()
-        cut = await trimming.trim(self.state, self.positions, self.leases.token)
+        if not self.triggers.count:
+            await self._skip_to_ends()
+        await self._persist()
+        # Trimmed below what is stored (not what is only in memory): a successor resumes
+        # from the stored positions and finds every event it has to read again.
+        cut = await trimming.trim(self.state, self.stored, self.leases.token)
         for partition, position in cut.items():
-            self.positions[partition] = position
+            self.positions[partition] = self.stored[partition] = position
         await self._flush_counts()
+
+    async def _skip_to_ends(self) -> None:
+        held = sorted(self.positions)
+        for partition, info in zip(held, await trimming.infos(self.state, held), strict=True):
+            if info.added > self.positions[partition].n:
+                self.positions[partition] = Position(info.last_id, info.added)
+
+    async def _persist(self) -> None:
+        """Store the positions that moved past batches without handler calls (kept in memory
+        until a round: a batch that hands nothing on costs no write)."""
+        dirty = sorted(p for p, position in self.positions.items()
+                       if self.stored.get(p) != position)
+        if not dirty:
+            return
+        commands = []
+        for partition in dirty:
+            keys = self.state.keys.partition(partition)
+            position = self.positions[partition]
+            commands.append(self.state.library.command(
+                ADVANCE.name, [keys.lease, keys.dispatched],
+                [self.leases.token, position.id, position.n]))
+        replies = await pipeline(self.state.conn, self.state.library, commands)
+        for partition, reply in zip(dirty, replies, strict=True):
+            if script_reply(reply, ADVANCE.name)[1] == 1:
+                self.stored[partition] = self.positions[partition]
+            else:
+                self._lost(partition)
+
+    def _lost(self, partition: int) -> None:
+        log.warning("partition %d: lease lost; its new holder goes on", partition,
+                    extra={"event": "dispatch.lease_lost", "partition": partition})
+        self.leases.held.discard(partition)
+        self.positions.pop(partition, None)
+        self.stored.pop(partition, None)
 
     async def reload_triggers(self) -> None:
         if self.registry_id == "0-0":  # first load: follow the registry from its end
@@ -198,6 +244,9 @@ class Dispatcher:
                     calls.append(call)
         last = entries[-1][0].decode()
         moved = Position(last, position.n + len(entries))
+        if not calls:  # nothing handed on: stored at the next round (or with the next calls)
+            self.positions[partition] = moved
+            return
         keys = self.state.keys.partition(partition)
         advance = self.state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
                                              [self.leases.token, moved.id, moved.n])
@@ -209,12 +258,9 @@ class Dispatcher:
                       extra={"event": "dispatch.append_failed", "partition": partition})
         self._count("handler_calls", len(calls) - len(failed))
         if script_reply(replies[-1], ADVANCE.name)[1] != 1:
-            log.warning("partition %d: lease lost mid-batch; its new holder goes on",
-                        partition, extra={"event": "dispatch.lease_lost"})
-            self.leases.held.discard(partition)
-            del self.positions[partition]
+            self._lost(partition)
             return
-        self.positions[partition] = moved
+        self.positions[partition] = self.stored[partition] = moved
 
     async def _handler_call(self, matcher: Matcher, event: Event,
                             partition: int) -> list[Any] | None:
