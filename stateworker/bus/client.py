@@ -31,10 +31,8 @@ from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.codec import ABSENT
 from stateworker.errors import (
     CallTimeout,
-    ConfigError,
     Unavailable,
     error_from,
-    no_redis_text,
     not_sent_text,
     timeout_text,
 )
@@ -48,8 +46,8 @@ from stateworker.transport.connection import (
     RedisConnection,
     ReplyError,
     check_url,
+    open_ready,
     transient_reason,
-    wait_ready,
 )
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
@@ -169,15 +167,7 @@ class StateClient:
 
         Example: `async with StateClient() as client: ...`
         """
-        try:
-            await wait_ready(self.conn, self.timeout, self._met)
-        except ConnectionLost as exc:
-            raise Unavailable(no_redis_text(self.url, exc), {"redis": self.url}) from exc
-        except ReplyError as exc:
-            if transient_reason(exc) is None:
-                raise ConfigError(f"Redis at {self.url} refused the client: {exc}") from exc
-            raise Unavailable(f"Redis at {self.url} is not serving yet after {self.timeout:g} s: "
-                              f"{exc}", {"redis": self.url}) from exc
+        await open_ready(self.conn, self.timeout, self._met, "the client")
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._read_replies)

@@ -44,7 +44,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import ConfigError, InvalidRequest, StateError, Unavailable, no_redis_text
+from stateworker.errors import InvalidRequest, StateError, Unavailable
 from stateworker.events.compaction import compacted, counted_after, lost_after, stream_info
 from stateworker.events.model import (
     MAX_SEQ,
@@ -64,8 +64,8 @@ from stateworker.transport.connection import (
     ConnectionLost,
     RedisConnection,
     ReplyError,
+    open_ready,
     transient_reason,
-    wait_ready,
 )
 
 FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
@@ -145,15 +145,7 @@ class Watch:
         """
         if self._opened:
             return self
-        try:
-            await wait_ready(self.conn, self.start_timeout_s, self._met)
-        except ConnectionLost as exc:
-            raise Unavailable(no_redis_text(self.url, exc), {"redis": self.url}) from exc
-        except ReplyError as exc:
-            if transient_reason(exc) is None:
-                raise ConfigError(f"Redis at {self.url} refused the watch: {exc}") from exc
-            raise Unavailable(f"Redis at {self.url} is not serving yet after "
-                              f"{self.start_timeout_s:g} s: {exc}", {"redis": self.url}) from exc
+        await open_ready(self.conn, self.start_timeout_s, self._met, "the watch")
         prefix = self.settings.prefix
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)

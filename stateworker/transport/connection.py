@@ -41,7 +41,7 @@ from typing import Any
 
 import hiredis
 
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, Unavailable, no_redis_text
 
 Arg = bytes | str | int | float
 EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
@@ -487,3 +487,19 @@ async def wait_ready(conn: RedisConnection, within_s: float | None,
             if end is not None and time.monotonic() + delay >= end:
                 raise
             await asyncio.sleep(delay)
+
+
+async def open_ready(conn: RedisConnection, within_s: float,
+                     waiting: Callable[[BaseException], None] | None, who: str) -> None:
+    """`wait_ready` for something that opens on a Redis (a client, a watch): no Redis within
+    `within_s` is Unavailable naming the URL and how to start the service, a transient state
+    that lasted is Unavailable, a refusal for good (NOAUTH ...) is ConfigError."""
+    try:
+        await wait_ready(conn, within_s, waiting)
+    except ConnectionLost as exc:
+        raise Unavailable(no_redis_text(conn.url, exc), {"redis": conn.url}) from exc
+    except ReplyError as exc:
+        if transient_reason(exc) is None:
+            raise ConfigError(f"Redis at {conn.url} refused {who}: {exc}") from exc
+        raise Unavailable(f"Redis at {conn.url} is not serving yet after {within_s:g} s: "
+                          f"{exc}", {"redis": conn.url}) from exc
