@@ -23,7 +23,7 @@ from stateworker.state.bindings import BINDINGS, Binding, Target, entry_args, en
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.registry import Registry
-from stateworker.transport.connection import Arg, RedisConnection
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.library import Library
 from stateworker.transport.plans import Plan, Sent, execute_many, script_reply, send_first_step
@@ -93,8 +93,7 @@ class RedisState:
             return await execute_many(self.conn, self.library, plans, sent, done, after_step)
         # Results are held until the AOF holds the batch: a reply only after the write is on disk.
         results = await execute_many(self.conn, self.library, plans, sent, None, after_step)
-        numlocal, _ = await self.conn.execute("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
-        if numlocal < 1:
+        if not await self._on_disk():
             lost = Unavailable(f"Redis at {self.conn.url} did not confirm the AOF fsync within "
                                f"{WAITAOF_TIMEOUT_MS} ms (durability strict): is AOF still on?")
             results = [lost for _ in results]
@@ -102,6 +101,14 @@ class RedisState:
             if done is not None:
                 done(index, result)
         return results
+
+    async def _on_disk(self) -> bool:
+        """WAITAOF 1 0: the writes sent so far are fsynced (an error when AOF is off)."""
+        try:
+            numlocal, _ = await self.conn.execute("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
+        except (ReplyError, ConnectionLost, StateError):  # AOF turned off, or Redis gone
+            return False
+        return bool(numlocal >= 1)
 
     def send_first_step(self, plans: Sequence[Plan]) -> Sent:
         return send_first_step(self.conn, plans)

@@ -12,8 +12,9 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import ConfigError, StateError
+from stateworker.errors import CallTimeout, ConfigError, StateError, Unavailable
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.servers import RedisServer
@@ -148,3 +149,48 @@ def test_durability_settings_are_checked(env: dict[str, str], problem: str) -> N
 def test_durability_modes_ask_for_their_fsync() -> None:
     assert Settings.from_env({}).appendfsync == "everysec"
     assert Settings.from_env({"STATEWORKER_DURABILITY": "strict"}).appendfsync == "always"
+
+
+async def test_strict_answers_unavailable_when_redis_does_not_confirm_the_fsync(
+        own_redis: RedisServer) -> None:
+    """Where the server has WAITAOF, a batch's results wait for its confirmation; a batch it
+    does not confirm (here: a Redis 7.0 asked for WAITAOF anyway, so it answers with an error,
+    as a 7.2 with AOF turned off does) is answered UNAVAILABLE and nothing hangs."""
+    admin = own_redis.client()
+    admin.config_set("appendfsync", "always")
+    async with StateStore.open(own_redis.url, durability="strict") as store:
+        await store.set("s", "k", 1)
+        if store.state.waitaof:  # Redis 7.2+: WAITAOF with AOF off is an error
+            admin.config_set("appendonly", "no")
+        else:  # Redis 7.0 (this machine): WAITAOF itself is unknown
+            store.state.waitaof = True
+        with anyio.fail_after(10), pytest.raises(Unavailable, match="did not confirm the AOF"):
+            await store.set("s", "k", 2)
+    admin.close()
+
+
+async def test_strict_over_the_bus_replies_only_after_the_confirmation(
+        own_redis: RedisServer) -> None:
+    """The service's batch holds its replies until the AOF confirmation: a call whose batch
+    is not confirmed gets no reply (it stays pending and is served again), so its caller sees
+    TIMEOUT, never a success; once confirmations come back, the next call is answered."""
+    with own_redis.client() as admin:
+        admin.config_set("appendfsync", "always")
+        settings = Settings(redis_url=own_redis.url, prefix="dur", durability="strict")
+        async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+                StateClient(settings=settings) as client:
+            await client.call_json("state::set", b'{"scope":"s","key":"k","value":1}')
+            has_waitaof = service.state.waitaof
+            if has_waitaof:  # Redis 7.2+: WAITAOF with AOF off is an error
+                admin.config_set("appendonly", "no")
+            else:  # Redis 7.0 (this machine): WAITAOF itself is unknown
+                service.state.waitaof = True
+            with pytest.raises(CallTimeout):
+                await client.call_json("state::set", b'{"scope":"s","key":"k","value":2}',
+                                       timeout=1.0)
+            if has_waitaof:
+                admin.config_set("appendonly", "yes")
+            else:
+                service.state.waitaof = False
+            reply = await client.call_json("state::get-entry", b'{"scope":"s","key":"k"}')
+            assert b'"value":2' in reply and b'"version":2' in reply
