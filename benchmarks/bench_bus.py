@@ -24,8 +24,9 @@ from stateworker.state.api import StateStore
 PREFIX = "benchbus"
 
 
-def start_service(url: str, prefix: str = PREFIX) -> subprocess.Popen[str]:
-    env = {**os.environ, "STATEWORKER_PREFIX": prefix}
+def start_service(url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
+                  ) -> subprocess.Popen[str]:
+    env = {**os.environ, "STATEWORKER_PREFIX": prefix, **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "stateworker", "--redis-url", url, "serve", "--log-level",
          "WARNING"], env=env, stdout=subprocess.PIPE, text=True)

@@ -11,7 +11,9 @@ import msgspec
 from stateworker.errors import ConfigError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_FSYNC_MODES = ("always", "everysec", "no")
+# What each durability mode asks of Redis's AOF: `fast` fsyncs once a second (a second of
+# acknowledged writes at risk when the host dies), `strict` before every reply.
+APPENDFSYNC = {"fast": "everysec", "strict": "always"}
 _FOREVER = float("inf")
 
 
@@ -33,7 +35,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     dispatch: bool = True  # `serve` runs the trigger dispatcher (replicas share partitions)
     lease_ms: int = 5000  # a dispatcher's hold on a partition; renewed every lease_ms / 5
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
-    appendfsync: str = "everysec"  # embedded Redis only
+    durability: str = "fast"  # "fast" or "strict": see APPENDFSYNC (checked at start)
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
     dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
@@ -53,8 +55,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"partitions must be 1..1024, got {self.partitions}")
         if self.max_value_bytes < 1 or self.max_key_bytes < 1:
             raise ConfigError("max_value_bytes and max_key_bytes must be positive")
-        if self.appendfsync not in _FSYNC_MODES:
-            raise ConfigError(f"appendfsync must be one of {_FSYNC_MODES}, got {self.appendfsync!r}")
+        if self.durability not in APPENDFSYNC:
+            raise ConfigError(f"durability must be one of {tuple(APPENDFSYNC)}, got "
+                              f"{self.durability!r}")
+        if self.durability == "strict" and self.allow_no_aof:
+            raise ConfigError("durability strict needs AOF: unset STATEWORKER_ALLOW_NO_AOF or "
+                              "use STATEWORKER_DURABILITY=fast")
         if self.dedupe_window_ms < 1000:
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
@@ -71,10 +77,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"watch_progress_s must be a positive number of seconds, got "
                               f"{self.watch_progress_s}")
 
+    @property
+    def appendfsync(self) -> str:
+        """The `appendfsync` the durability mode needs (the embedded Redis runs with it)."""
+        return APPENDFSYNC[self.durability]
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Settings from `STATEWORKER_*` variables; keyword overrides win over the environment."""
         env = os.environ if env is None else env
+        if env.get("STATEWORKER_APPENDFSYNC"):
+            raise ConfigError("STATEWORKER_APPENDFSYNC is replaced by STATEWORKER_DURABILITY: "
+                              "fast (appendfsync everysec) or strict (appendfsync always)")
         values: dict[str, object] = {"state_dir": default_state_dir(env)}
         for field in msgspec.structs.fields(cls):
             raw = env.get(f"STATEWORKER_{field.name.upper()}")

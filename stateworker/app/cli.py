@@ -43,7 +43,8 @@ def _serve(args: argparse.Namespace) -> int:
         url = svc.state.conn.url
         print(msgspec.json.encode({"serving": "state", "redis": url,
                                    "stream": svc.bus.stream,
-                                   "consumer": svc.runtime.consumer}).decode(), flush=True)
+                                   "consumer": svc.runtime.consumer,
+                                   **svc.runtime.describe}).decode(), flush=True)
 
     run(service.serve, settings, options, ready)
     return 0

@@ -69,7 +69,11 @@ class StateService:
     def __init__(self, state: RedisState, options: BusOptions) -> None:
         self.state = state
         self.bus = Bus(state.settings.prefix, STATE_SERVICE)
-        self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state))
+        # The one start line says what a reply promises (durability and how it is kept).
+        durability = {"durability": state.settings.durability,
+                      "fsync": lifecycle.fsync_guard(state)}
+        self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
+                                  describe=durability)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
 
     @classmethod

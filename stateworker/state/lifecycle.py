@@ -69,7 +69,8 @@ async def open_state(redis_url: str | None = None, *, reaper: bool = True,
 
 
 async def check_server(state: RedisState) -> None:
-    """AOF on (unless allowed off) and the prefix's partition count unchanged."""
+    """AOF on (unless allowed off), the durability mode's fsync, and the prefix's partition
+    count unchanged."""
     conn, settings, keys = state.conn, state.settings, state.keys
     try:
         info = await conn.execute("INFO", "persistence")
@@ -84,6 +85,8 @@ async def check_server(state: RedisState) -> None:
             "lost. Turn it on (CONFIG SET appendonly yes) or set STATEWORKER_ALLOW_NO_AOF=true "
             "to accept that risk."
         )
+    if settings.durability == "strict":
+        await check_strict(state)
     stored = await conn.execute("HGET", keys.meta, "partitions")
     if stored is None:
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
@@ -92,3 +95,37 @@ async def check_server(state: RedisState) -> None:
             f"prefix {settings.prefix!r} was created with {int(stored)} partitions, not "
             f"{keys.partitions}: scopes would land in other partitions"
         )
+
+
+async def check_strict(state: RedisState) -> None:
+    """`strict`: Redis fsyncs the AOF before it replies (`appendfsync always`: the embedded
+    Redis is switched to it, an external one must be configured so), and where the server has
+    WAITAOF (7.2+) every batch is confirmed with it as well (`state.waitaof`)."""
+    conn = state.conn
+    try:
+        reply = await conn.execute("CONFIG", "GET", "appendfsync")
+    except ReplyError as exc:
+        raise ConfigError(
+            f"Redis at {conn.url} refused CONFIG GET appendfsync ({exc}), so "
+            "STATEWORKER_DURABILITY=strict cannot check that writes are fsynced before the "
+            "reply: allow CONFIG GET for this user, or use STATEWORKER_DURABILITY=fast") from exc
+    fsync = dict(zip(reply[::2], reply[1::2], strict=True)).get(b"appendfsync", b"").decode()
+    if fsync != "always" and state.embedded is not None:
+        await conn.execute("CONFIG", "SET", "appendfsync", "always")  # our own server: adopted
+    elif fsync != "always":
+        raise ConfigError(
+            f"STATEWORKER_DURABILITY=strict needs Redis at {conn.url} to fsync every write "
+            f"before it replies, but its appendfsync is {fsync!r}: set `appendfsync always` "
+            "(CONFIG SET appendfsync always, and in redis.conf), or use "
+            "STATEWORKER_DURABILITY=fast")
+    try:
+        state.waitaof = (await conn.execute("COMMAND", "INFO", "WAITAOF")) != [None]
+    except ReplyError:  # COMMAND refused (ACL): appendfsync always alone, as on Redis < 7.2
+        state.waitaof = False
+
+
+def fsync_guard(state: RedisState) -> str:
+    """What makes a reply wait for the disk, for the start log line."""
+    if state.settings.durability == "fast":
+        return "appendfsync everysec"
+    return "appendfsync always + WAITAOF" if state.waitaof else "appendfsync always"

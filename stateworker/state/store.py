@@ -16,19 +16,20 @@ from typing import Any
 import msgspec
 
 from stateworker.context import CallContext
-from stateworker.errors import LUA_STATUS, StateError
+from stateworker.errors import LUA_STATUS, StateError, Unavailable
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.state.bindings import BINDINGS, Binding, Target, entry_args, entry_keys, raise_for_status
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.registry import Registry
-from stateworker.transport.connection import Arg, RedisConnection
+from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.library import Library
 from stateworker.transport.plans import Plan, Sent, execute_many, script_reply, send_first_step
 
 _DUPLICATE = LUA_STATUS["DUPLICATE"]
+WAITAOF_TIMEOUT_MS = 1000  # with appendfsync always the fsync is already done: no real wait
 
 
 def _recorded(record: bytes) -> list[Any]:
@@ -61,6 +62,9 @@ class RedisState:
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
         # bus call's id is bound in a step of its own, not inside the entry script.
         self.cluster = False
+        # `strict` on a Redis that has WAITAOF (7.2+; checked at start): every batch of plans
+        # is confirmed fsynced to the AOF (WAITAOF 1 0) before any of its results is handed on.
+        self.waitaof = False
         # What replicas keep in memory, kept current by the registry follower (lifecycle.py
         # runs it): the claimed scopes of private namespaces.
         self.registry = Registry(conn, self.keys.registry)
@@ -75,7 +79,7 @@ class RedisState:
     # ---- running plans -----------------------------------------------------------------------
     async def execute(self, plan: Plan) -> Any:
         """Run one plan to its result; its StateError is raised."""
-        (result,) = await execute_many(self.conn, self.library, [plan])
+        (result,) = await self.execute_many([plan])
         if isinstance(result, StateError):
             raise result
         return result
@@ -85,7 +89,26 @@ class RedisState:
                            after_step: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
         """Run plans together (one pipeline per step); results or StateErrors, in order.
         `sent`: their first step, already sent with `send_first_step`; see plans.py."""
-        return await execute_many(self.conn, self.library, plans, sent, done, after_step)
+        if not self.waitaof:
+            return await execute_many(self.conn, self.library, plans, sent, done, after_step)
+        # Results are held until the AOF holds the batch: a reply only after the write is on disk.
+        results = await execute_many(self.conn, self.library, plans, sent, None, after_step)
+        if not await self._on_disk():
+            lost = Unavailable(f"Redis at {self.conn.url} did not confirm the AOF fsync within "
+                               f"{WAITAOF_TIMEOUT_MS} ms (durability strict): is AOF still on?")
+            results = [lost for _ in results]
+        for index, result in enumerate(results):
+            if done is not None:
+                done(index, result)
+        return results
+
+    async def _on_disk(self) -> bool:
+        """WAITAOF 1 0: the writes sent so far are fsynced (an error when AOF is off)."""
+        try:
+            numlocal, _ = await self.conn.execute("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
+        except (ReplyError, ConnectionLost, StateError):  # AOF turned off, or Redis gone
+            return False
+        return bool(numlocal >= 1)
 
     def send_first_step(self, plans: Sequence[Plan]) -> Sent:
         return send_first_step(self.conn, plans)

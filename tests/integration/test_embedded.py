@@ -37,7 +37,7 @@ async def test_write_close_reopen_read(tmp_path: Path) -> None:
 
 
 async def test_kill_9_of_redis_keeps_acknowledged_writes(tmp_path: Path) -> None:
-    async with StateStore.open(state_dir=str(tmp_path), appendfsync="always") as store:
+    async with StateStore.open(state_dir=str(tmp_path), durability="strict") as store:
         for i in range(300):
             await store.set("s", f"k{i}", i)
         embedded = store.state.embedded
@@ -69,7 +69,7 @@ OWNER = """
 import anyio, sys
 from stateworker import StateStore
 async def main():
-    async with StateStore.open(state_dir=sys.argv[1], appendfsync="always") as store:
+    async with StateStore.open(state_dir=sys.argv[1], durability="strict") as store:
         await store.set("s", "k", 1)
         print(store.state.embedded.pid, flush=True)
         await anyio.sleep_forever()
