@@ -24,6 +24,7 @@ from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
+from stateworker.snapshot.status import snapshot_status
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
 from stateworker.transport.embedded import client_url
 
@@ -173,7 +174,8 @@ async def _print_watch(args: argparse.Namespace, out: BinaryIO) -> int:
 
 async def status_report(settings: Settings) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters, and
-    the dispatch: triggers, replicas, per-partition holders, lag and cuts."""
+    the dispatch: triggers, replicas, per-partition holders, lag and cuts; the snapshot:
+    per-partition lag (events, ms) and its last error (null: no snapshot ran)."""
     url = client_url(settings)
     conn = RedisConnection(url)
     report: dict[str, Any] = {"redis": url, "state_dir": None if settings.redis_url
@@ -197,8 +199,9 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         for stream in sorted(streams):
             name = stream.decode().rsplit(":", 1)[-1]
             report["services"][name] = await _service_status(conn, stream, name, settings)
-        report["dispatch"] = await dispatch_status(
-            conn, KeySpace(settings.prefix, settings.partitions))
+        keys = KeySpace(settings.prefix, settings.partitions)
+        report["dispatch"] = await dispatch_status(conn, keys)
+        report["snapshot"] = await snapshot_status(conn, keys)
     finally:
         await conn.close()
     return report
