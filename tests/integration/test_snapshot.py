@@ -111,3 +111,14 @@ async def test_migrations_apply_once(postgres_url: str) -> None:
         versions = [r[0] for r in conn.execute(
             "SELECT version FROM sw_schema_migrations ORDER BY version").fetchall()]
     assert versions == list(range(1, schema.known_version() + 1))
+
+
+async def test_without_postgres_the_service_says_once_it_runs_on_redis_alone(
+        redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    with caplog.at_level("WARNING", logger="stateworker.snapshot"):
+        async with StateService.running(settings, BusOptions(block_ms=50)) as running:
+            assert running.snapshotter is None
+    said = [r.getMessage() for r in caplog.records if "running on Redis alone" in r.getMessage()]
+    assert said == ["no STATEWORKER_POSTGRES_URL: running on Redis alone (no snapshot in "
+                    "PostgreSQL)"]
