@@ -24,7 +24,9 @@ from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
+from stateworker.snapshot import restore
 from stateworker.snapshot.status import snapshot_status
+from stateworker.state import lifecycle
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
 from stateworker.transport.embedded import client_url
 
@@ -228,6 +230,25 @@ async def _service_status(conn: RedisConnection, stream: bytes, group: str,
     }
 
 
+async def _restore(settings: Settings) -> int:
+    """Rebuild Redis from PostgreSQL: a progress line on stderr, the summary (JSON) on stdout."""
+    if not settings.postgres_url:
+        raise ConfigError("restore reads the snapshot in PostgreSQL: set "
+                          "STATEWORKER_POSTGRES_URL")
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        line = f"restored {done}/{total} entries"
+        print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    async with lifecycle.open_state(settings=settings, reaper=False) as state:
+        summary = await restore.restore(state, settings.postgres_url, progress)
+    if tty:
+        print(file=sys.stderr)
+    print(msgspec.json.encode(summary).decode(), flush=True)
+    return 0
+
+
 def _pairs(flat: list[Any]) -> dict[str, Any]:
     return {k.decode(): (v.decode() if isinstance(v, bytes) else v)
             for k, v in zip(flat[::2], flat[1::2], strict=True)}
@@ -273,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                          "or a bookmark's); default: only new events")
     sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters, "
                    "triggers and dispatch lag")
+    sub.add_parser("restore", help="rebuild an empty Redis from the PostgreSQL snapshot "
+                   "(STATEWORKER_POSTGRES_URL): entries, triggers, claims")
     args = parser.parse_args(argv)
     try:
         check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2
@@ -282,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(run(_call, args))
         if args.command == "watch":
             return int(run(_watch, args))
+        if args.command == "restore":
+            return int(run(_restore, _settings(args)))
         if args.command == "status":
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())

@@ -11,8 +11,8 @@ from stateworker.snapshot.tables import Gone, Row
 from stateworker.state.store import RedisState
 
 # v value, n version, h hash, t topic, c/u created/updated ms, x expires ms, b updated_by,
-# r revision (keys.py has the layout).
-FIELDS = ("v", "n", "h", "t", "c", "u", "x", "b", "r")
+# r revision, s plain-strings mark (keys.py has the layout).
+FIELDS = ("v", "n", "h", "t", "c", "u", "x", "b", "r", "s")
 SCAN_COUNT = 1000
 
 
@@ -26,12 +26,13 @@ def _number(raw: bytes | None) -> int | None:
 
 def row_of(scope: str, key: str, fields: list[Any]) -> Row | None:
     """The row of an entry's HMGET reply; None when the entry is absent."""
-    v, n, h, t, c, u, x, b, r = fields
+    v, n, h, t, c, u, x, b, r, plain = fields
     if v is None:
         return None
     return Row(scope=scope, key=key, value_text=v.decode(), version=int(n), hash=_text(h),
                topic=_text(t), created_ms=_number(c), updated_ms=_number(u),
-               expires_ms=_number(x), updated_by=_text(b), revision=id_key(r or b"0-0"))
+               expires_ms=_number(x), updated_by=_text(b), revision=id_key(r or b"0-0"),
+               plain=plain == b"1")
 
 
 async def read_changed(state: RedisState, partition: PartitionKeys,

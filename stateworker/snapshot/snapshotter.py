@@ -16,6 +16,10 @@ A partition whose position is unknown (never snapshotted) or whose unread events
 cap cut is rescanned: every entry of the partition, the rows of those gone removed, and the
 position set to the stream's end as it was when the scan began.
 
+The registry (trigger registrations and namespace claims) is copied whole into `sw_triggers`
+and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
+stream has a new entry (checked once a round).
+
 PostgreSQL away: Redis writes go on, the snapshotter records the error (Redis
 `snapshot:status`, shown by `status`), backs off (up to MAX_BACKOFF_S) and resumes from the
 positions stored in PostgreSQL; the trimming holds the events meanwhile.
@@ -98,6 +102,7 @@ class Snapshotter:
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
         self._last_round = 0.0
+        self._registry_copied: bytes | None = None  # the registry entry last copied
         self._scope = anyio.CancelScope()
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -132,6 +137,7 @@ class Snapshotter:
         message = f"{where}: {type(exc).__name__}: {exc}".strip()
         log.warning("snapshot paused: %s", message, extra={"event": "snapshot.paused"})
         self.positions.clear()
+        self._registry_copied = None
         await self._close_pg()
         with contextlib.suppress(ConnectionLost, ReplyError):  # Redis away too: the log has it
             await self.state.conn.execute(
@@ -194,8 +200,26 @@ class Snapshotter:
             position = self.positions.get(partition)
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
+        if 0 in self.leases.held:
+            await self._copy_registry(pg)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
+
+    async def _copy_registry(self, pg: PgConnection) -> None:
+        keys = self.state.keys
+        last, triggers, claims = await self.state.conn.pipeline([
+            ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
+            ["HGETALL", keys.triggers],
+            ["HGETALL", keys.claims]])
+        last_id = last[0][0] if last else b"0-0"
+        if last_id == self._registry_copied:
+            return
+
+        def texts(flat: list[bytes]) -> dict[str, str]:
+            return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+        await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims))
+        self._registry_copied = last_id
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,
                       position: StoredPosition | None) -> None:

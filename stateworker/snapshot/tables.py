@@ -19,14 +19,15 @@ PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
 
 UPSERT = """
 INSERT INTO sw_entries AS e (prefix, scope, key, partition, value, value_text, version, hash,
-    topic, created_ms, updated_ms, expires_ms, updated_by, revision_ms, revision_seq)
-VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    topic, created_ms, updated_ms, expires_ms, updated_by, revision_ms, revision_seq, plain)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (prefix, scope, key) DO UPDATE SET
     partition = excluded.partition, value = excluded.value, value_text = excluded.value_text,
     version = excluded.version, hash = excluded.hash, topic = excluded.topic,
     created_ms = excluded.created_ms, updated_ms = excluded.updated_ms,
     expires_ms = excluded.expires_ms, updated_by = excluded.updated_by,
-    revision_ms = excluded.revision_ms, revision_seq = excluded.revision_seq
+    revision_ms = excluded.revision_ms, revision_seq = excluded.revision_seq,
+    plain = excluded.plain
 WHERE (e.revision_ms, e.revision_seq) < (excluded.revision_ms, excluded.revision_seq)
 """
 
@@ -68,13 +69,14 @@ class Row:
     expires_ms: int | None
     updated_by: str | None
     revision: tuple[int, int]
+    plain: bool = False  # the entry's `s` mark: no string in the value holds a bracket
 
     def params(self, prefix: str, partition: int) -> tuple[object, ...]:
         # jsonb refuses a \u0000 inside a string: such a value keeps only its exact text.
         as_jsonb = None if "\\u0000" in self.value_text else self.value_text
         return (prefix, self.scope, self.key, partition, as_jsonb, self.value_text,
                 self.version, self.hash, self.topic, self.created_ms, self.updated_ms,
-                self.expires_ms, self.updated_by, *self.revision)
+                self.expires_ms, self.updated_by, *self.revision, self.plain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +127,30 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
         "SELECT partition, last_id, n FROM sw_positions WHERE prefix = %s", (prefix,))
     return {int(p): StoredPosition(str(i), int(n))  # type: ignore[call-overload]
             for p, i, n in await cursor.fetchall()}
+
+
+async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
+                           claims: dict[str, str]) -> None:
+    """The prefix's trigger registrations (id -> JSON) and claims (scope -> namespace) as
+    Redis holds them now, in one transaction."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute("DELETE FROM sw_triggers WHERE prefix = %s", (prefix,))
+        await cursor.execute("DELETE FROM sw_claims WHERE prefix = %s", (prefix,))
+        if triggers:
+            await cursor.executemany(
+                "INSERT INTO sw_triggers (prefix, id, registration) VALUES (%s, %s, %s)",
+                [(prefix, i, r) for i, r in triggers.items()])
+        if claims:
+            await cursor.executemany(
+                "INSERT INTO sw_claims (prefix, scope, namespace) VALUES (%s, %s, %s)",
+                [(prefix, s, n) for s, n in claims.items()])
+
+
+async def reset_positions(conn: PgConnection, prefix: str,
+                          positions: dict[int, StoredPosition]) -> None:
+    """Set the positions as given, forward or back (a restore into new event streams)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
+        await cursor.executemany(POSITION, [
+            (prefix, n, p.id, *(int(part or 0) for part in p.id.partition("-")[::2]), p.n,
+             now_ms()) for n, p in positions.items()])

@@ -21,6 +21,7 @@ CREATE TABLE sw_entries (
     updated_by    text,
     revision_ms   bigint  NOT NULL,
     revision_seq  bigint  NOT NULL,
+    plain         boolean NOT NULL DEFAULT false,  -- Redis's `s` mark (no bracket in a string)
     PRIMARY KEY (prefix, scope, key)
 );
 CREATE INDEX sw_entries_partition ON sw_entries (prefix, partition);
