@@ -122,3 +122,25 @@ async def test_without_postgres_the_service_says_once_it_runs_on_redis_alone(
     said = [r.getMessage() for r in caplog.records if "running on Redis alone" in r.getMessage()]
     assert said == ["no STATEWORKER_POSTGRES_URL: running on Redis alone (no snapshot in "
                     "PostgreSQL)"]
+
+
+async def test_a_snapshot_started_late_rescans_what_the_streams_no_longer_hold(
+        redis_server: RedisServer, prefix: str, store: StateStore, postgres_url: str) -> None:
+    await mixed_writes(store, 1500, seed=3)
+    client = redis_server.client()
+    for part in store.state.keys.all_partitions():  # the events are long trimmed away
+        client.xtrim(part.events, maxlen=0)
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        postgres_url=postgres_url, lease_ms=1000)
+    async with StateService.running(settings, BusOptions(block_ms=50)):
+        await mixed_writes(store, 500, seed=4)
+        await converged(redis_server, store, postgres_url, 60)
+    # While no snapshot runs, changes whose events are then cut (the hard cap): the rescan
+    # finds them, deletes included.
+    for scope, key in list(redis_entries(client, store.state.keys))[:100]:
+        await store.delete(scope, key)
+    await mixed_writes(store, 300, seed=5)
+    for part in store.state.keys.all_partitions():
+        client.xtrim(part.events, maxlen=0)
+    async with StateService.running(settings, BusOptions(block_ms=50)):
+        await converged(redis_server, store, postgres_url, 60)
