@@ -9,7 +9,8 @@ from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace
-from stateworker.reactive.trimming import StreamInfo, id_key
+from stateworker.reactive.status import lag
+from stateworker.reactive.trimming import StreamInfo
 from stateworker.transport.connection import RedisConnection
 
 
@@ -41,16 +42,6 @@ async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) ->
         ["HMGET", part.snapshotted, "id", "n"],
         ["XINFO", "STREAM", part.events],
     ])
-    stream = StreamInfo(info)
     report: dict[str, Any] = {"partition": n, "holder": holder.decode() if holder else None}
-    if position[0] is None:
-        report.update(position=None, lag_events=stream.length, lag_ms=None)
-        return report
-    lag = max(0, stream.added - int(position[1]))
-    report.update(position=position[0].decode(), lag_events=lag, lag_ms=0)
-    if lag:
-        after = await conn.execute("XRANGE", part.events, "(" + position[0].decode(), "+",
-                                   "COUNT", 1)
-        if after:
-            report["lag_ms"] = max(0, now - id_key(after[0][0])[0])
+    report.update(await lag(conn, part.events, StreamInfo(info), position, now))
     return report
