@@ -46,3 +46,19 @@ ensure_venv() {
     echo "$want" > "$stamp"
   fi
 }
+
+# PostgreSQL for the tests (they start their own cluster with initdb/pg_ctl in a temporary
+# directory): Debian keeps the tools in /usr/lib/postgresql/<version>/bin, not on PATH. As
+# root, the tests run them as `nobody` (root cannot run initdb) through runuser.
+ensure_postgres() {
+  if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then return; fi
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    log "installing Debian's postgresql"
+    apt_install postgresql
+    # Debian's package starts a system cluster; ours are started per test run, so stop it.
+    if command -v service >/dev/null 2>&1; then service postgresql stop >/dev/null 2>&1 || true; fi
+  fi
+  if [ "$(id -u)" -eq 0 ] && ! command -v runuser >/dev/null 2>&1; then
+    apt_install util-linux
+  fi
+}

@@ -20,11 +20,16 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
                                                  handed on), n (its ordinal in the stream)
   sw:{sw:p3}:cut                          hash   undispatched events cut by the hard cap
+  sw:{sw:p3}:snapshot_lease               string the snapshotter holding the partition (token)
+  sw:{sw:p3}:snapshotted                  hash   the snapshot's acknowledged position (id, n),
+                                                 mirrored from PostgreSQL after each commit
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
   sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
+  sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
+  sw:snapshot:status                      hash   the snapshotters' last error and last commit
   sw:meta                                 hash   layout facts checked at start (partitions)
   sw:callid:{<call id>}                   string the digest of the call an id belongs to
   sw:bus:<service>                        stream calls to a service; consumer group <service>
@@ -54,6 +59,8 @@ class PartitionKeys:
     lease: str  # the dispatcher that holds the partition: its token, PX lease time
     dispatched: str  # the dispatcher's position: id and ordinal of the last event handed on
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
+    snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
+    snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
 
     def barrier(self, barrier_id: str) -> str:
         """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
@@ -105,6 +112,8 @@ class KeySpace:
         self.claims = f"{registry_tag}claims"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
+        self.snapshot_replicas = f"{prefix}:snapshot:replicas"
+        self.snapshot_status = f"{prefix}:snapshot:status"
         self._parts = [self._build(n) for n in range(partitions)]
 
     def _build(self, n: int) -> PartitionKeys:
@@ -118,6 +127,8 @@ class KeySpace:
             lease=f"{tag}lease",
             dispatched=f"{tag}dispatched",
             cut=f"{tag}cut",
+            snapshot_lease=f"{tag}snapshot_lease",
+            snapshotted=f"{tag}snapshotted",
         )
 
     def call_claim(self, call_id: str) -> str:

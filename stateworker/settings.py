@@ -34,6 +34,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     events_retain: float = 3600.0
     dispatch: bool = True  # `serve` runs the trigger dispatcher (replicas share partitions)
     lease_ms: int = 5000  # a dispatcher's hold on a partition; renewed every lease_ms / 5
+    # PostgreSQL (libpq URL) that `serve` keeps a continuous snapshot in; None: Redis alone.
+    postgres_url: str | None = None
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
     durability: str = "fast"  # "fast" or "strict": see APPENDFSYNC (checked at start)
     reaper_batch: int = 200  # expired entries deleted per reaper script call

@@ -4,6 +4,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis.asyncio as aredis
 
@@ -11,7 +12,7 @@ from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
-from tests.servers import RedisServer
+from tests.servers import PostgresServer, RedisServer
 
 
 @pytest.fixture
@@ -68,3 +69,24 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
     client = aredis.Redis(port=redis_server.port)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.init()
+    server.start()
+    yield server
+    server.stop()
+    server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh database per test on the session's PostgreSQL (dropped after the test)."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield postgres_server.url_for(name)
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -24,6 +24,9 @@ from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
 from stateworker.loop import run
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
+from stateworker.snapshot import restore
+from stateworker.snapshot.status import snapshot_status
+from stateworker.state import lifecycle
 from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
 from stateworker.transport.embedded import client_url
 
@@ -174,7 +177,8 @@ async def _print_watch(args: argparse.Namespace, out: BinaryIO) -> int:
 
 async def status_report(settings: Settings) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters, and
-    the dispatch: triggers, replicas, per-partition holders, lag and cuts."""
+    the dispatch: triggers, replicas, per-partition holders, lag and cuts; the snapshot:
+    per-partition lag (events, ms) and its last error (null: no snapshot ran)."""
     url = client_url(settings)
     conn = RedisConnection(url)
     report: dict[str, Any] = {"redis": url, "state_dir": None if settings.redis_url
@@ -198,8 +202,9 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         for stream in sorted(streams):
             name = stream.decode().rsplit(":", 1)[-1]
             report["services"][name] = await _service_status(conn, stream, name, settings)
-        report["dispatch"] = await dispatch_status(
-            conn, KeySpace(settings.prefix, settings.partitions))
+        keys = KeySpace(settings.prefix, settings.partitions)
+        report["dispatch"] = await dispatch_status(conn, keys)
+        report["snapshot"] = await snapshot_status(conn, keys)
     finally:
         await conn.close()
     return report
@@ -224,6 +229,25 @@ async def _service_status(conn: RedisConnection, stream: bytes, group: str,
         # The service adds its counts every FLUSH_EVERY_S: they are this old at most.
         "counters_as_of": rfc3339_ms(flushed),
     }
+
+
+async def _restore(settings: Settings) -> int:
+    """Rebuild Redis from PostgreSQL: a progress line on stderr, the summary (JSON) on stdout."""
+    if not settings.postgres_url:
+        raise ConfigError("restore reads the snapshot in PostgreSQL: set "
+                          "STATEWORKER_POSTGRES_URL")
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        line = f"restored {done}/{total} entries"
+        print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    async with lifecycle.open_state(settings=settings, reaper=False) as state:
+        summary = await restore.restore(state, settings.postgres_url, progress)
+    if tty:
+        print(file=sys.stderr)
+    print(msgspec.json.encode(summary).decode(), flush=True)
+    return 0
 
 
 def _pairs(flat: list[Any]) -> dict[str, Any]:
@@ -271,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                          "or a bookmark's); default: only new events")
     sub.add_parser("status", help="Redis, AOF, streams, pending calls, consumers, counters, "
                    "triggers and dispatch lag")
+    sub.add_parser("restore", help="rebuild an empty Redis from the PostgreSQL snapshot "
+                   "(STATEWORKER_POSTGRES_URL): entries, triggers, claims")
     args = parser.parse_args(argv)
     try:
         check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2
@@ -280,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(run(_call, args))
         if args.command == "watch":
             return int(run(_watch, args))
+        if args.command == "restore":
+            return int(run(_restore, _settings(args)))
         if args.command == "status":
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())

@@ -1,6 +1,7 @@
 """The state service: the `state::*` functions on the bus. Lifecycle only: start in order
-(Redis and its checks, scripts, the TTL reaper, the bus, the trigger dispatcher), run the
-loops in one task group, drain on stop.
+(Redis and its checks, scripts, the TTL reaper, the bus, the trigger dispatcher, the
+PostgreSQL snapshot when `postgres_url` is set), run the loops in one task group, drain on
+stop.
 
 A Redis that is loading its dataset (or BUSY ...) at start is waited for, at most
 `START_WAIT_S`; one that refuses connections is reported at once (a wrong URL should not
@@ -23,6 +24,7 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.settings import Settings
+from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
 from stateworker.state.store import RedisState
@@ -75,6 +77,8 @@ class StateService:
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
                                   describe=durability)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
+        url = state.settings.postgres_url
+        self.snapshotter = Snapshotter(state, url) if url else None
 
     @classmethod
     @asynccontextmanager
@@ -82,18 +86,23 @@ class StateService:
                       ) -> AsyncIterator[StateService]:
         if settings.redis_url is not None:
             await _wait_while_loading(settings)
+        await prepare(settings)
         async with lifecycle.open_state(settings=settings, reaper=True) as state:
             service = cls(state, options or BusOptions())
             async with anyio.create_task_group() as tg:
                 await tg.start(service.runtime.run)
                 if service.dispatcher is not None:
                     tg.start_soon(service.dispatcher.run)
+                if service.snapshotter is not None:
+                    tg.start_soon(service.snapshotter.run)
                 try:
                     yield service
                 finally:
                     service.runtime.stop()
                     if service.dispatcher is not None:
                         service.dispatcher.stop()
+                    if service.snapshotter is not None:
+                        service.snapshotter.stop()
 
 
 async def _wait_while_loading(settings: Settings) -> None:

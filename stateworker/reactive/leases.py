@@ -7,6 +7,9 @@ batch boundary: the dispatcher asks `excess()` between batches, so a partition i
 given away with a batch half handed on). A replica that dies stops renewing; its leases
 expire after `lease_ms` and the others take them in their next round.
 
+The snapshotter (snapshot/) shares its partitions the same way with leases of its own
+(`Leases(..., lease_of=..., replicas=...)`): its own lease key and replica set.
+
 Each partition has one lease (`lua/lease.lua`: take, renew, drop, all only with the holder's
 token); the dispatch position moves only while the lease holds (`lua/advance.lua`), so a
 replica that lost a lease (paused, cut off) cannot move the position of its successor.
@@ -17,9 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from stateworker.clock import now_ms
+from stateworker.keys import PartitionKeys
 from stateworker.state.bindings import LEASE
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline, script_reply
@@ -32,9 +37,13 @@ LIVE_FACTOR = 3  # a replica is live while its last beat is within this many lea
 class Leases:
     """One replica's leases."""
 
-    def __init__(self, state: RedisState, token: str) -> None:
+    def __init__(self, state: RedisState, token: str,
+                 lease_of: Callable[[PartitionKeys], str] = lambda keys: keys.lease,
+                 replicas: str | None = None) -> None:
         self.state = state
         self.token = token  # the replica id: the lease holder's name in `status`
+        self.lease_of = lease_of  # which lease key of a partition (dispatch or snapshot)
+        self.replicas = replicas or state.keys.replicas  # the zset this kind of replica beats in
         self.lease_ms = state.settings.lease_ms
         self.held: set[int] = set()
         # Where this replica starts looking for free partitions: replicas starting at once
@@ -43,7 +52,7 @@ class Leases:
         self.share = state.settings.partitions
 
     def _lease(self, op: str, partition: int) -> list[Any]:
-        key = self.state.keys.partition(partition).lease
+        key = self.lease_of(self.state.keys.partition(partition))
         return self.state.library.command(LEASE.name, [key], [op, self.token, self.lease_ms])
 
     async def _run(self, op: str, partitions: list[int]) -> list[bool]:
@@ -56,11 +65,10 @@ class Leases:
     async def beat(self) -> None:
         """Heartbeat, count the live replicas, compute the share."""
         now = now_ms()
-        keys = self.state.keys
         replies = await self.state.conn.pipeline([
-            ["ZADD", keys.replicas, now, self.token],
-            ["ZREMRANGEBYSCORE", keys.replicas, "-inf", now - LIVE_FACTOR * self.lease_ms],
-            ["ZCARD", keys.replicas],
+            ["ZADD", self.replicas, now, self.token],
+            ["ZREMRANGEBYSCORE", self.replicas, "-inf", now - LIVE_FACTOR * self.lease_ms],
+            ["ZCARD", self.replicas],
         ])
         live = max(1, int(replies[2]))
         self.share = math.ceil(self.state.settings.partitions / live)
@@ -100,4 +108,4 @@ class Leases:
 
     async def drop_all(self) -> None:
         await self.drop(sorted(self.held))
-        await self.state.conn.execute("ZREM", self.state.keys.replicas, self.token)
+        await self.state.conn.execute("ZREM", self.replicas, self.token)

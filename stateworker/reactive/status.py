@@ -42,17 +42,23 @@ async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) ->
     stream = StreamInfo(info)
     report: dict[str, Any] = {"partition": n, "holder": holder.decode() if holder else None,
                               "events_kept": stream.length}
-    if position[0] is None:
-        report.update(position=None, lag_events=stream.length, lag_ms=None)
-    else:
-        lag = max(0, stream.added - int(position[1]))
-        report.update(position=position[0].decode(), lag_events=lag, lag_ms=0)
-        if lag:
-            after = await conn.execute("XRANGE", part.events, "(" + position[0].decode(), "+",
-                                       "COUNT", 1)
-            if after:
-                report["lag_ms"] = max(0, now - id_key(after[0][0])[0])
+    report.update(await lag(conn, part.events, stream, position, now))
     if cut[0] is not None:
         report["cut_events"] = int(cut[0])
         report["cut_first_kept"] = cut[1].decode() if cut[1] else None
+    return report
+
+
+async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: list[Any],
+              now: int) -> dict[str, Any]:
+    """A follower's position (HMGET id n) behind its stream: events, and the age in ms of
+    the first event it has not passed (the dispatcher's and the snapshot's alike)."""
+    if position[0] is None:
+        return {"position": None, "lag_events": stream.length, "lag_ms": None}
+    behind = max(0, stream.added - int(position[1]))
+    report: dict[str, Any] = {"position": position[0].decode(), "lag_events": behind, "lag_ms": 0}
+    if behind:
+        after = await conn.execute("XRANGE", events, "(" + position[0].decode(), "+", "COUNT", 1)
+        if after:
+            report["lag_ms"] = max(0, now - id_key(after[0][0])[0])
     return report

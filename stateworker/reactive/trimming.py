@@ -1,7 +1,9 @@
 """Dispatch positions and the trimming of the partition event streams.
 
-The rule: a partition's stream is trimmed (`XTRIM MINID ~`) only below BOTH what its
-dispatcher has handed on and the retention window for watches (`events_retain` seconds);
+The rule: a partition's stream is trimmed (`XTRIM MINID ~`) only below ALL of what its
+dispatcher has handed on, what the snapshot has committed to PostgreSQL (its `snapshotted`
+position, when the partition has one: a snapshot that lags holds trimming back) and the
+retention window for watches (`events_retain` seconds);
 the holder of the partition's lease trims it, once a round. The entry scripts keep their
 `MAXLEN ~ events_maxlen` as a hard cap that protects memory (writes pay nothing more for
 the rule); when the cap cuts events the dispatcher had not handed on, `trim` sees it (more
@@ -69,6 +71,13 @@ async def infos(state: RedisState, partitions: list[int]) -> list[StreamInfo]:
     return [StreamInfo(reply) for reply in replies]
 
 
+async def snapshot_positions(state: RedisState, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """The snapshot's acknowledged positions of the partitions that have one."""
+    commands = [["HGET", state.keys.partition(p).snapshotted, "id"] for p in partitions]
+    replies = await state.conn.pipeline(commands) if commands else []
+    return {p: id_key(reply) for p, reply in zip(partitions, replies, strict=True) if reply}
+
+
 async def position(state: RedisState, partition: int, token: str) -> Position:
     """The stored position, or (first dispatch of this stream) just before its first kept
     event: every event still in the stream is handed on. The first position is stored at
@@ -92,6 +101,7 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
     moved: dict[int, Position] = {}
     commands: list[list[Any]] = []
     keep_from = (now_ms() - int(state.settings.events_retain * 1000), 0)
+    snapshotted = await snapshot_positions(state, held)
     for partition, info in zip(held, await infos(state, held), strict=True):
         keys = state.keys.partition(partition)
         current = positions[partition]
@@ -108,7 +118,7 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
                          ["HSET", keys.cut, "first_kept", info.first_id, "at_ms", now_ms()],
                          state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
                                                [token, current.id, current.n])]
-        below = min(id_key(current.id), keep_from)
+        below = min(id_key(current.id), keep_from, snapshotted.get(partition, keep_from))
         if below > (0, 0) and info.length:
             commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])
     if commands:

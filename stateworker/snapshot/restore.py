@@ -1,0 +1,133 @@
+"""`stateworker restore`: rebuild a prefix's Redis state from the PostgreSQL snapshot.
+
+Every row not yet expired becomes its entry hash again (value text, version, hash, topic,
+created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
+`lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
+registrations and claims go back into their hashes. Nothing is written to the event streams,
+and every partition's dispatch and snapshot positions are set to its stream's end (also in
+PostgreSQL): no trigger fires for a restored entry, and the snapshot goes on from there.
+
+A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
+flushed) one; it does not merge."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from stateworker.clock import now_ms
+from stateworker.errors import ConfigError
+from stateworker.keys import member
+from stateworker.reactive import trimming
+from stateworker.snapshot import tables
+from stateworker.snapshot.snapshotter import connect
+from stateworker.snapshot.tables import PgConnection
+from stateworker.state.store import RedisState
+
+BATCH = 1000  # rows per fetch and per Redis pipeline
+NO_TOPIC = b"\xff"  # the topic index's mark of an untagged entry (lua/includes/entry.lua)
+
+ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, updated_ms, "
+                 "expires_ms, updated_by, revision_ms, revision_seq, plain")
+
+
+class Summary(msgspec.Struct):
+    entries: int = 0
+    skipped_expired: int = 0
+    triggers: int = 0
+    claims: int = 0
+    seconds: float = 0.0
+
+
+def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
+    """The writes that make one row an entry again, as the entry scripts leave it."""
+    (scope, key, text, version, hash_, topic, created, updated, expires, by, rev_ms,
+     rev_seq, plain) = row
+    part = state.keys.for_scope(scope)
+    fields: list[Any] = ["v", text, "n", version, "r", f"{rev_ms}-{rev_seq}"]
+    for name, value in (("h", hash_), ("t", topic), ("c", created), ("u", updated),
+                        ("x", expires), ("b", by)):
+        if value is not None:
+            fields += [name, value]
+    if plain:
+        fields += ["s", "1"]
+    topic_member = (topic.encode() if topic is not None else NO_TOPIC) + b"\0" + key.encode()
+    commands = [["HSET", part.entry(scope, key), *fields],
+                ["ZADD", part.key_index(scope), 0, key],
+                ["ZADD", part.updated_index(scope), updated or 0, key],
+                ["ZADD", part.topic_index(scope), 0, topic_member],
+                ["ZADD", part.scopes, 0, scope]]
+    if expires is not None:
+        commands.append(["ZADD", part.ttl, expires, member(scope, key)])
+    return commands
+
+
+async def _refuse_non_empty(state: RedisState) -> None:
+    counts = await state.conn.pipeline([["ZCARD", p.scopes] for p in state.keys.all_partitions()])
+    if any(int(c) for c in counts):
+        raise ConfigError(
+            f"Redis already holds entries of prefix {state.settings.prefix!r}: restore rebuilds "
+            f"an empty Redis (a new server, or one flushed), it does not merge")
+
+
+async def restore(state: RedisState, url: str,
+                  progress: Callable[[int, int], None] | None = None) -> Summary:
+    """Rebuild the prefix from PostgreSQL; `progress(done, total)` after each batch."""
+    started = time.monotonic()
+    await _refuse_non_empty(state)
+    prefix = state.settings.prefix
+    pg = await connect(url)
+    try:
+        summary = Summary()
+        now = now_ms()
+        live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
+        counted = await (await pg.execute(
+            f"SELECT count(*) FILTER (WHERE {live}), count(*) FROM sw_entries WHERE prefix = %s",
+            (prefix, now, prefix))).fetchone()
+        total, every = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
+        summary.skipped_expired = every - total
+        async with pg.transaction(), pg.cursor(name="restore") as cursor:
+            await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
+                                 (prefix, now))
+            while batch := await cursor.fetchmany(BATCH):
+                await state.conn.pipeline([c for row in batch for c in entry_commands(state, row)])
+                summary.entries += len(batch)
+                if progress is not None:
+                    progress(summary.entries, total)
+        summary.triggers, summary.claims = await _restore_registry(state, pg)
+        await _positions_to_ends(state, pg)
+    finally:
+        await pg.close()
+    summary.seconds = round(time.monotonic() - started, 3)
+    return summary
+
+
+async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, int]:
+    prefix, keys = state.settings.prefix, state.keys
+    triggers = await (await pg.execute(
+        "SELECT id, registration FROM sw_triggers WHERE prefix = %s", (prefix,))).fetchall()
+    claims = await (await pg.execute(
+        "SELECT scope, namespace FROM sw_claims WHERE prefix = %s", (prefix,))).fetchall()
+    commands: list[list[Any]] = [["HSET", keys.triggers, str(i), str(r)] for i, r in triggers]
+    commands += [["HSET", keys.claims, str(s), str(n)] for s, n in claims]
+    if commands:
+        await state.conn.pipeline(commands)
+    return len(triggers), len(claims)
+
+
+async def _positions_to_ends(state: RedisState, pg: PgConnection) -> None:
+    """Dispatch and snapshot positions at every stream's end: nothing restored is an event."""
+    count = state.settings.partitions
+    infos = await trimming.infos(state, list(range(count)))
+    commands: list[list[Any]] = []
+    for n, info in enumerate(infos):
+        part = state.keys.partition(n)
+        commands += [["HSET", part.dispatched, "id", info.last_id, "n", info.added],
+                     ["HSET", part.snapshotted, "id", info.last_id, "n", info.added]]
+    await state.conn.pipeline(commands)
+    await tables.reset_positions(pg, state.settings.prefix,
+                                 {n: tables.StoredPosition(i.last_id, i.added)
+                                  for n, i in enumerate(infos)})

@@ -1,0 +1,266 @@
+"""The snapshotter: partition events -> rows in PostgreSQL (in `stateworker serve` when
+`postgres_url` is set).
+
+It follows the partition event streams the way the dispatcher does (reactive/dispatcher.py):
+replicas share the partitions with leases of their own (`snapshot_lease`, the replica set
+`snapshot:replicas`), and one loop blocks on ONE `XREAD` over the streams it holds, from
+each partition's position. For a partition's batch it reads the CURRENT entry hash of every
+key the batch touched (one pipelined HMGET per key: the events lack hash, topic and expiry)
+and, in ONE PostgreSQL transaction, upserts those that exist (only over an older revision),
+deletes those that do not (only up to the revision of the change read), and stores the
+partition's position. After the commit it mirrors the position into Redis (`snapshotted`,
+only while the lease holds): the trimming keeps every event above it, and `status` shows the
+lag from it.
+
+A partition whose position is unknown (never snapshotted) or whose unread events the hard
+cap cut is rescanned: every entry of the partition, the rows of those gone removed, and the
+position set to the stream's end as it was when the scan began.
+
+The registry (trigger registrations and namespace claims) is copied whole into `sw_triggers`
+and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
+stream has a new entry (checked once a round).
+
+PostgreSQL away: Redis writes go on, the snapshotter records the error (Redis
+`snapshot:status`, shown by `status`), backs off (up to MAX_BACKOFF_S) and resumes from the
+positions stored in PostgreSQL; the trimming holds the events meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import anyio
+import psycopg
+
+from stateworker.clock import now_ms
+from stateworker.errors import ConfigError, StateError
+from stateworker.events.model import fields_of
+from stateworker.reactive import trimming
+from stateworker.reactive.leases import Leases
+from stateworker.reactive.trimming import id_key
+from stateworker.settings import Settings
+from stateworker.snapshot import rows, schema, tables
+from stateworker.snapshot.tables import PgConnection, StoredPosition
+from stateworker.state.bindings import ADVANCE
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.plans import pipeline, script_reply
+
+log = logging.getLogger("stateworker.snapshot")
+
+BATCH = 1000  # events read per partition per round trip
+ROUND_S = 1.0  # leases and cut checks at least this often
+MAX_BACKOFF_S = 5.0
+CONNECT_TIMEOUT_S = 5
+
+
+async def connect(url: str) -> PgConnection:
+    """An autocommit connection (each batch opens its own transaction), schema migrated."""
+    conn: PgConnection = await psycopg.AsyncConnection.connect(
+        url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    try:
+        await schema.migrate(conn)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+async def prepare(settings: Settings) -> None:
+    """At start: without a PostgreSQL URL say once that the service runs on Redis alone;
+    with one, migrate the schema (a schema newer than this code: ConfigError, the service
+    does not start). PostgreSQL unreachable: the service starts anyway and the snapshotter
+    retries (writes go on; the lag shows in `status`)."""
+    if not settings.postgres_url:
+        log.warning("no STATEWORKER_POSTGRES_URL: running on Redis alone (no snapshot in "
+                    "PostgreSQL)", extra={"event": "snapshot.off"})
+        return
+    try:
+        conn = await connect(settings.postgres_url)
+    except (psycopg.Error, OSError) as exc:
+        log.warning("PostgreSQL is not reachable at start (%s); the snapshot retries", exc,
+                    extra={"event": "snapshot.unreachable"})
+        return
+    await conn.close()
+
+
+class Snapshotter:
+    """Runs until `stop()`."""
+
+    def __init__(self, state: RedisState, url: str) -> None:
+        self.state = state
+        self.url = url
+        self.prefix = state.settings.prefix
+        self.replica = uuid.uuid4().hex[:12]
+        self.leases = Leases(state, self.replica, lease_of=lambda keys: keys.snapshot_lease,
+                             replicas=state.keys.snapshot_replicas)
+        self.positions: dict[int, StoredPosition] = {}
+        self._pg: PgConnection | None = None
+        self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
+                                       read_timeout_s=state.conn.read_timeout_s)
+        self._last_round = 0.0
+        self._registry_copied: bytes | None = None  # the registry entry last copied
+        self._scope = anyio.CancelScope()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    async def run(self) -> None:
+        backoff = Backoff(max_s=MAX_BACKOFF_S)
+        log.info("snapshotting", extra={"event": "snapshot.start", "replica": self.replica})
+        try:
+            with self._scope:
+                while True:
+                    try:
+                        await self._step()
+                        backoff.reset()
+                    except (psycopg.Error, OSError, ConfigError) as exc:
+                        await self._failed("PostgreSQL", exc)
+                        await anyio.sleep(backoff.next())
+                    except (StateError, ConnectionLost, ReplyError) as exc:
+                        await self._failed("Redis", exc)
+                        await anyio.sleep(backoff.next())
+                    except Exception as exc:  # a bug: the service goes on; the batch is retried
+                        log.exception("snapshot failed", extra={"event": "snapshot.crashed"})
+                        await self._failed("snapshot", exc)
+                        await anyio.sleep(backoff.next())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+
+    def stop(self) -> None:
+        self._scope.cancel()
+
+    async def _failed(self, where: str, exc: BaseException) -> None:
+        """Log, record the error for `status`, and start again from what PostgreSQL holds."""
+        message = f"{where}: {type(exc).__name__}: {exc}".strip()
+        log.warning("snapshot paused: %s", message, extra={"event": "snapshot.paused"})
+        self.positions.clear()
+        self._registry_copied = None
+        await self._close_pg()
+        with contextlib.suppress(ConnectionLost, ReplyError):  # Redis away too: the log has it
+            await self.state.conn.execute(
+                "HSET", self.state.keys.snapshot_status, "last_error", message[:1000],
+                "last_error_ms", now_ms(), "last_error_replica", self.replica)
+
+    async def _close_pg(self) -> None:
+        if self._pg is not None:
+            pg, self._pg = self._pg, None
+            with contextlib.suppress(psycopg.Error, OSError):
+                await pg.close()
+
+    async def _close(self) -> None:
+        await self._close_pg()
+        try:
+            await self.leases.drop_all()
+        except (StateError, ConnectionLost, ReplyError) as exc:
+            log.warning("could not give back the snapshot leases: %s", exc,
+                        extra={"event": "snapshot.stop_failed"})
+        await self._reader.close()
+
+    async def _step(self) -> None:
+        if self._pg is None or self._pg.closed:
+            self._pg = await connect(self.url)
+        now = anyio.current_time()
+        if now - self._last_round >= ROUND_S or not self.leases.held:
+            self._last_round = now
+            await self._round(self._pg)
+        held = sorted(self.positions)
+        if not held:
+            await anyio.sleep(ROUND_S)
+            return
+        streams = [self.state.keys.partition(p).events for p in held]
+        ids = [self.positions[p].id for p in held]
+        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(ROUND_S * 1000),
+                                           "STREAMS", *streams, *ids)
+        for name, entries in reply or []:
+            partition = held[streams.index(name.decode())]
+            if entries and partition in self.positions:
+                await self._apply(self._pg, partition, entries)
+
+    async def _round(self, pg: PgConnection) -> None:
+        """Leases (give back the excess, renew, take), positions of the partitions taken,
+        rescans of those never snapshotted or cut."""
+        excess = self.leases.excess()
+        if excess:
+            await self.leases.drop(excess)
+        await self.leases.round()
+        for partition in list(self.positions):
+            if partition not in self.leases.held:
+                del self.positions[partition]
+        missing = sorted(self.leases.held - set(self.positions))
+        stored = await tables.positions(pg, self.prefix) if missing else {}
+        for partition in missing:
+            if partition in stored:
+                self.positions[partition] = stored[partition]
+                await self._mirror(partition)
+        held = sorted(self.leases.held)
+        for partition, info in zip(held, await trimming.infos(self.state, held), strict=True):
+            position = self.positions.get(partition)
+            if position is None or info.deleted > position.n:
+                await self._rescan(pg, partition, info, position)
+        if 0 in self.leases.held:
+            await self._copy_registry(pg)
+        await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
+                                      now_ms())
+
+    async def _copy_registry(self, pg: PgConnection) -> None:
+        keys = self.state.keys
+        last, triggers, claims = await self.state.conn.pipeline([
+            ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
+            ["HGETALL", keys.triggers],
+            ["HGETALL", keys.claims]])
+        last_id = last[0][0] if last else b"0-0"
+        if last_id == self._registry_copied:
+            return
+
+        def texts(flat: list[bytes]) -> dict[str, str]:
+            return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+        await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims))
+        self._registry_copied = last_id
+
+    async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,
+                      position: StoredPosition | None) -> None:
+        if position is not None:
+            log.error("partition %d: the event stream's cap cut %d events the snapshot had not "
+                      "applied; rescanning the partition", partition, info.deleted - position.n,
+                      extra={"event": "snapshot.events_cut", "partition": partition})
+        start = StoredPosition(info.last_id, info.added)
+        found = await rows.scan_partition(self.state, self.state.keys.partition(partition))
+        await tables.apply_rescan(pg, self.prefix, partition, found, start)
+        self.positions[partition] = start
+        await self._mirror(partition)
+        log.info("partition %d: rescanned, %d entries", partition, len(found),
+                 extra={"event": "snapshot.rescanned", "partition": partition,
+                        "entries": len(found)})
+
+    # ---- one partition's batch ---------------------------------------------------------------
+    async def _apply(self, pg: PgConnection, partition: int, entries: list[Any]) -> None:
+        changed: dict[tuple[str, str], tuple[int, int]] = {}
+        for entry_id, flat in entries:
+            fields = fields_of(flat)
+            scope, key = fields.get(b"scope"), fields.get(b"key")
+            if scope is not None and key is not None:
+                changed[(scope.decode(), key.decode())] = id_key(entry_id)
+        found, gone = await rows.read_changed(self.state, self.state.keys.partition(partition),
+                                              changed)
+        moved = StoredPosition(entries[-1][0].decode(), self.positions[partition].n + len(entries))
+        await tables.apply(pg, self.prefix, partition, found, gone, moved)
+        self.positions[partition] = moved
+        await self._mirror(partition)
+
+    async def _mirror(self, partition: int) -> None:
+        """The committed position into Redis (`snapshotted`), only while the lease holds."""
+        keys = self.state.keys.partition(partition)
+        position = self.positions[partition]
+        replies = await pipeline(self.state.conn, self.state.library, [
+            self.state.library.command(ADVANCE.name, [keys.snapshot_lease, keys.snapshotted],
+                                       [self.leases.token, position.id, position.n]),
+            ["HSET", self.state.keys.snapshot_status, "last_commit_ms", now_ms()]])
+        if script_reply(replies[0], ADVANCE.name)[1] != 1:
+            log.warning("partition %d: snapshot lease lost; its new holder goes on", partition,
+                        extra={"event": "snapshot.lease_lost", "partition": partition})
+            self.leases.held.discard(partition)
+            self.positions.pop(partition, None)

@@ -1,0 +1,156 @@
+"""The snapshot's writes to PostgreSQL: one partition batch in ONE transaction (upserts,
+deletes and the partition's position), and its reads (positions, for a partition taken).
+
+Idempotent by construction: an upsert replaces a row only when the stored revision is older,
+a delete removes a row only up to the revision of the change that deleted it, and a position
+only moves forward. So a batch applied twice (a crash between the commit and the Redis
+mirror, a replica that lost its lease mid-batch) changes nothing, and no row goes back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from stateworker.clock import now_ms
+
+PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
+
+UPSERT = """
+INSERT INTO sw_entries AS e (prefix, scope, key, partition, value, value_text, version, hash,
+    topic, created_ms, updated_ms, expires_ms, updated_by, revision_ms, revision_seq, plain)
+VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (prefix, scope, key) DO UPDATE SET
+    partition = excluded.partition, value = excluded.value, value_text = excluded.value_text,
+    version = excluded.version, hash = excluded.hash, topic = excluded.topic,
+    created_ms = excluded.created_ms, updated_ms = excluded.updated_ms,
+    expires_ms = excluded.expires_ms, updated_by = excluded.updated_by,
+    revision_ms = excluded.revision_ms, revision_seq = excluded.revision_seq,
+    plain = excluded.plain
+WHERE (e.revision_ms, e.revision_seq) < (excluded.revision_ms, excluded.revision_seq)
+"""
+
+DELETE = """
+DELETE FROM sw_entries
+WHERE prefix = %s AND scope = %s AND key = %s AND (revision_ms, revision_seq) <= (%s, %s)
+"""
+
+POSITION = """
+INSERT INTO sw_positions AS p (prefix, partition, last_id, last_ms, last_seq, n, updated_ms)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (prefix, partition) DO UPDATE SET
+    last_id = excluded.last_id, last_ms = excluded.last_ms, last_seq = excluded.last_seq,
+    n = excluded.n, updated_ms = excluded.updated_ms
+WHERE (p.last_ms, p.last_seq) <= (excluded.last_ms, excluded.last_seq)
+"""
+
+# Rows of a partition not among the keys a full rescan found, up to the rescan's start.
+DELETE_UNSEEN = """
+DELETE FROM sw_entries e
+WHERE e.prefix = %s AND e.partition = %s AND (e.revision_ms, e.revision_seq) <= (%s, %s)
+  AND NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::text[]) AS seen(scope, key)
+                  WHERE seen.scope = e.scope AND seen.key = e.key)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One live entry as the snapshot stores it (what Redis's entry hash holds)."""
+
+    scope: str
+    key: str
+    value_text: str
+    version: int
+    hash: str | None
+    topic: str | None
+    created_ms: int | None
+    updated_ms: int | None
+    expires_ms: int | None
+    updated_by: str | None
+    revision: tuple[int, int]
+    plain: bool = False  # the entry's `s` mark: no string in the value holds a bracket
+
+    def params(self, prefix: str, partition: int) -> tuple[object, ...]:
+        # jsonb refuses a \u0000 inside a string: such a value keeps only its exact text.
+        as_jsonb = None if "\\u0000" in self.value_text else self.value_text
+        return (prefix, self.scope, self.key, partition, as_jsonb, self.value_text,
+                self.version, self.hash, self.topic, self.created_ms, self.updated_ms,
+                self.expires_ms, self.updated_by, *self.revision, self.plain)
+
+
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """An entry absent from Redis after the change at `revision` (the last one read)."""
+
+    scope: str
+    key: str
+    revision: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPosition:
+    id: str
+    n: int
+
+
+async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
+                gone: Sequence[Gone], position: StoredPosition) -> None:
+    """One batch: its rows, its deletes and the partition's new position, one transaction."""
+    ms, _, seq = position.id.partition("-")
+    async with conn.transaction(), conn.cursor() as cursor:
+        if rows:
+            await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
+        if gone:
+            await cursor.executemany(DELETE, [(prefix, g.scope, g.key, *g.revision)
+                                              for g in gone])
+        await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
+                                        position.n, now_ms()))
+
+
+async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
+                       position: StoredPosition) -> None:
+    """A partition's full rescan: every live entry, and the rows of entries no longer in
+    Redis removed (up to the position the rescan started from)."""
+    ms, _, seq = position.id.partition("-")
+    async with conn.transaction(), conn.cursor() as cursor:
+        if rows:
+            await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
+        await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
+                                             [r.scope for r in rows], [r.key for r in rows]))
+        await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
+                                        position.n, now_ms()))
+
+
+async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition]:
+    cursor = await conn.execute(
+        "SELECT partition, last_id, n FROM sw_positions WHERE prefix = %s", (prefix,))
+    return {int(p): StoredPosition(str(i), int(n))  # type: ignore[call-overload]
+            for p, i, n in await cursor.fetchall()}
+
+
+async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
+                           claims: dict[str, str]) -> None:
+    """The prefix's trigger registrations (id -> JSON) and claims (scope -> namespace) as
+    Redis holds them now, in one transaction."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute("DELETE FROM sw_triggers WHERE prefix = %s", (prefix,))
+        await cursor.execute("DELETE FROM sw_claims WHERE prefix = %s", (prefix,))
+        if triggers:
+            await cursor.executemany(
+                "INSERT INTO sw_triggers (prefix, id, registration) VALUES (%s, %s, %s)",
+                [(prefix, i, r) for i, r in triggers.items()])
+        if claims:
+            await cursor.executemany(
+                "INSERT INTO sw_claims (prefix, scope, namespace) VALUES (%s, %s, %s)",
+                [(prefix, s, n) for s, n in claims.items()])
+
+
+async def reset_positions(conn: PgConnection, prefix: str,
+                          positions: dict[int, StoredPosition]) -> None:
+    """Set the positions as given, forward or back (a restore into new event streams)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
+        await cursor.executemany(POSITION, [
+            (prefix, n, p.id, *(int(part or 0) for part in p.id.partition("-")[::2]), p.n,
+             now_ms()) for n, p in positions.items()])
