@@ -61,7 +61,7 @@ async def test_kill_9_of_a_replica_mid_dispatch_loses_and_reorders_nothing(
             await tg.start(worker.run)
             await register(store, "all")
             # Both replicas dispatch before the writes start.
-            await until(lambda: _holders(raw, prefix), 10, "leases on both replicas")
+            await until(lambda: _holders(raw, prefix), 30, "leases on both replicas")
 
             async def write(name: str) -> None:
                 for n in range(125):
