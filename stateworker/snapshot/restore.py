@@ -67,9 +67,14 @@ def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
     return commands
 
 
-async def _refuse_non_empty(state: RedisState) -> None:
+async def holds_entries(state: RedisState) -> bool:
+    """Whether Redis holds any entry of the prefix (a scope index of a partition)."""
     counts = await state.conn.pipeline([["ZCARD", p.scopes] for p in state.keys.all_partitions()])
-    if any(int(c) for c in counts):
+    return any(int(c) for c in counts)
+
+
+async def _refuse_non_empty(state: RedisState) -> None:
+    if await holds_entries(state):
         raise ConfigError(
             f"Redis already holds entries of prefix {state.settings.prefix!r}: restore rebuilds "
             f"an empty Redis (a new server, or one flushed), it does not merge")
