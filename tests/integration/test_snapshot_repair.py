@@ -24,6 +24,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.snapshot.barriers import forget
 from tests.integration.busproto import until
 from tests.integration.snapshots import caught_up, mixed_writes, nothing_to_reap
 from tests.integration.test_snapshot_restore import dump, restore_command
@@ -211,3 +212,21 @@ async def test_a_redis_behind_postgres_that_holds_entries_is_not_merged(
     assert "Redis is behind PostgreSQL" in message and "does not merge" in message
     assert "stateworker restore" in message
     assert client.hget(KeySpace(prefix, PARTITIONS).for_scope("s2").entry("s2", "new"), "v") == b"1"
+
+
+async def test_a_barrier_written_again_after_it_was_read_stays_marked(store: StateStore) -> None:
+    """forget.lua unmarks a barrier only at the write count stored: a later write keeps it
+    marked for the next round (else PostgreSQL would keep the older state for good)."""
+    config = {"id": "marked", "expect": 3}
+    part = store.state.keys.barrier_partition("marked")
+    name = part.barrier("marked")
+    await store.barrier({"key": "a"}, config)
+    assert [int(await store.state.conn.execute("HGET", name, "w"))] == [1]
+    await store.barrier({"key": "b"}, config)
+    await forget(store.state, part, [name.encode()], {name: 1})  # the state of write 1
+    assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 1
+    await forget(store.state, part, [name.encode()], {name: 2})
+    assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 0
+    await store.barrier({"key": "c"}, config)  # completes it: marked again, count kept
+    assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 1
+    assert await store.state.conn.execute("HGET", name, "w") == b"3"
