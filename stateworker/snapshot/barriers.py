@@ -91,11 +91,12 @@ async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, byte
 
 
 def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
-    """The HSETs that write the stored barrier hashes back exactly (write count included)."""
+    """The writes that put the stored barrier hashes back exactly (write count included): a
+    hash Redis still has of the barrier is replaced, not merged field by field."""
     commands: list[list[Any]] = []
     for barrier_id, exact in stored:
         fields = msgspec.msgpack.decode(exact, type=dict[bytes, bytes])
         flat = [part for pair in fields.items() for part in pair]
-        commands.append(["HSET", state.keys.barrier_partition(barrier_id).barrier(barrier_id),
-                         *flat])
+        name = state.keys.barrier_partition(barrier_id).barrier(barrier_id)
+        commands += [["DEL", name], ["HSET", name, *flat]]
     return commands
