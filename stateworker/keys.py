@@ -16,6 +16,8 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:events                       stream change events; entry id = revision
   sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
+  sw:{sw:p3}:barriers_changed             set    names of the partition's barrier hashes
+                                                 changed since the snapshot last stored them
   sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
   sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
                                                  handed on), n (its ordinal in the stream)
@@ -61,10 +63,19 @@ class PartitionKeys:
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
+    barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
 
     def barrier(self, barrier_id: str) -> str:
         """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
-        return f"{self.tag}b:{barrier_id}"
+        return f"{self.barrier_prefix}{barrier_id}"
+
+    @property
+    def barrier_prefix(self) -> str:
+        """+ "<barrier id>" gives a barrier's hash (`barrier_id_of` strips it again)."""
+        return f"{self.tag}b:"
+
+    def barrier_id_of(self, name: bytes) -> str:
+        return name.decode()[len(self.barrier_prefix):]
 
     def entry(self, scope: str, key: str) -> str:
         return f"{self.entry_prefix}{member(scope, key)}"
@@ -129,6 +140,7 @@ class KeySpace:
             cut=f"{tag}cut",
             snapshot_lease=f"{tag}snapshot_lease",
             snapshotted=f"{tag}snapshotted",
+            barriers_changed=f"{tag}barriers_changed",
         )
 
     def call_claim(self, call_id: str) -> str:

@@ -36,6 +36,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     lease_ms: int = 5000  # a dispatcher's hold on a partition; renewed every lease_ms / 5
     # PostgreSQL (libpq URL) that `serve` keeps a continuous snapshot in; None: Redis alone.
     postgres_url: str | None = None
+    # At start, a Redis empty of the prefix or behind PostgreSQL is rebuilt from it (restore)
+    # before serving; false: the service refuses to start and names `stateworker restore`.
+    repair: bool = True
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
     durability: str = "fast"  # "fast" or "strict": see APPENDFSYNC (checked at start)
     reaper_batch: int = 200  # expired entries deleted per reaper script call

@@ -24,6 +24,7 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.settings import Settings
+from stateworker.snapshot.repair import repair_at_start
 from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
@@ -87,6 +88,7 @@ class StateService:
         if settings.redis_url is not None:
             await _wait_while_loading(settings)
         await prepare(settings)
+        await repair_at_start(settings)
         async with lifecycle.open_state(settings=settings, reaper=True) as state:
             service = cls(state, options or BusOptions())
             async with anyio.create_task_group() as tg:

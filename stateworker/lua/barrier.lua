@@ -6,6 +6,8 @@
   the payload cap) are checked here, before the first write.
   Input:
     KEYS[1] the barrier's hash (keys: PartitionKeys.barrier)
+    KEYS[2] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed):
+            every write adds KEYS[1] to it, for the snapshot in PostgreSQL
     ARGV[1] arrival key (text)
     ARGV[2] the arrival's result: JSON text of the key .. ':' .. carried JSON
     ARGV[3] expect tag: "n:<count>" | "k:<SHA-1 of the key list's JSON>"
@@ -16,10 +18,11 @@
     ARGV[8] "1" when the named keys follow in ARGV[9..] (byte order), else ""
   Hash fields (single-letter names; a key's fields are a letter .. key):
     e expect tag    E expect text    n N    c keys arrived    s bytes of the results so far
+    w writes so far (every write adds 1: the snapshot keeps only the newest state it saw)
     a<key> the key's result (ARGV[2] of its last arrival)
     named sets, while keys are missing: h "=" .. first missing key (byte order);
       p<key> / x<key> a missing key's previous / next missing key ("=" .. key, "-": none)
-    complete: only e E n c, d the payload JSON, t the completing arrival's token
+    complete: only e E n c w, d the payload JSON, t the completing arrival's token
   Output:
     {ST.OK, outcome, arrived, N, payload JSON or false, {missing key, ...}}, outcome:
       'allow'     this arrival completed the barrier (or it is the completing token again)
@@ -30,7 +33,8 @@
       'expect'    the barrier is new and its named keys were not sent: call again with them
     {ST.BARRIER_CONFIG, stored expect text, this arrival's expect text}   nothing written
     {ST.VALUE_TOO_LARGE, payload size with this arrival, the cap}        nothing written
-  Events: none. A barrier is not an entry: no change event, no index, no expiry.
+  Events: none. A barrier is not an entry: no change event, no index, no expiry. A write
+  adds KEYS[1] to KEYS[2] instead (the snapshotter stores it, then forgets it: forget.lua).
 ]]
 --- @include "text"
 
@@ -119,13 +123,20 @@ local function barrier_payload(barrier, key, result)
   return '{"results":{' .. table.concat(parts, ',') .. '}}'
 end
 
+-- Count one more write (`w`, from `before`: the count read before the write) and mark the
+-- barrier changed for the snapshot.
+local function barrier_changed(barrier, before)
+  redis.call('HSET', barrier, 'w', string.format('%d', (tonumber(before) or 0) + 1))
+  redis.call('SADD', KEYS[2], barrier)
+end
+
 --- @per-call
 local barrier = KEYS[1]
 local key, result, tag, need = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local token, cap = ARGV[6], tonumber(ARGV[7])
 local named = string.sub(tag, 1, 2) == 'k:'
 
-local f = redis.call('HMGET', barrier, 'e', 'E', 'c', 's', 'd', 't')
+local f = redis.call('HMGET', barrier, 'e', 'E', 'c', 's', 'd', 't', 'w')
 local fresh = not f[1]
 if not fresh then
   if f[1] ~= tag then
@@ -167,10 +178,12 @@ if not old and arrived + 1 == need then
   redis.call('DEL', barrier) -- the results and links are in the payload now
   redis.call('HSET', barrier, 'e', tag, 'E', ARGV[5], 'n', ARGV[4], 'c', ARGV[4],
     'd', payload, 't', token)
+  barrier_changed(barrier, f[7])
   return {ST.OK, 'allow', need, need, payload, {}}
 end
 
 local grown_text = string.format('%d', grown)
+barrier_changed(barrier, f[7])
 if fresh then
   redis.call('HSET', barrier, 'e', tag, 'E', ARGV[5], 'n', ARGV[4])
   if named then

@@ -3,9 +3,10 @@
 Every row not yet expired becomes its entry hash again (value text, version, hash, topic,
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
-registrations and claims go back into their hashes. Nothing is written to the event streams,
-and every partition's dispatch and snapshot positions are set to its stream's end (also in
-PostgreSQL): no trigger fires for a restored entry, and the snapshot goes on from there.
+registrations, claims and barrier hashes (snapshot/barriers.py) go back exactly as stored.
+Nothing is written to the event streams, and every partition's dispatch and snapshot
+positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
+entry, and the snapshot goes on from there.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
 flushed) one; it does not merge."""
@@ -22,7 +23,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import member
 from stateworker.reactive import trimming
-from stateworker.snapshot import tables
+from stateworker.snapshot import barriers, tables
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state.store import RedisState
@@ -39,6 +40,7 @@ class Summary(msgspec.Struct):
     skipped_expired: int = 0
     triggers: int = 0
     claims: int = 0
+    barriers: int = 0
     seconds: float = 0.0
 
 
@@ -65,9 +67,14 @@ def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
     return commands
 
 
-async def _refuse_non_empty(state: RedisState) -> None:
+async def holds_entries(state: RedisState) -> bool:
+    """Whether Redis holds any entry of the prefix (a scope index of a partition)."""
     counts = await state.conn.pipeline([["ZCARD", p.scopes] for p in state.keys.all_partitions()])
-    if any(int(c) for c in counts):
+    return any(int(c) for c in counts)
+
+
+async def _refuse_non_empty(state: RedisState) -> None:
+    if await holds_entries(state):
         raise ConfigError(
             f"Redis already holds entries of prefix {state.settings.prefix!r}: restore rebuilds "
             f"an empty Redis (a new server, or one flushed), it does not merge")
@@ -98,6 +105,10 @@ async def restore(state: RedisState, url: str,
                 if progress is not None:
                     progress(summary.entries, total)
         summary.triggers, summary.claims = await _restore_registry(state, pg)
+        stored = await barriers.stored_barriers(pg, prefix)
+        for start in range(0, len(stored), BATCH):
+            await state.conn.pipeline(barriers.restore_commands(state, stored[start:start + BATCH]))
+        summary.barriers = len(stored)
         await _positions_to_ends(state, pg)
     finally:
         await pg.close()

@@ -16,6 +16,9 @@ A partition whose position is unknown (never snapshotted) or whose unread events
 cap cut is rescanned: every entry of the partition, the rows of those gone removed, and the
 position set to the stream's end as it was when the scan began.
 
+Barrier state (no change events) is stored once a round per partition held, from the
+partition's set of changed barriers (snapshot/barriers.py).
+
 The registry (trigger registrations and namespace claims) is copied whole into `sw_triggers`
 and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
 stream has a new entry (checked once a round).
@@ -42,7 +45,7 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.trimming import id_key
 from stateworker.settings import Settings
-from stateworker.snapshot import rows, schema, tables
+from stateworker.snapshot import barriers, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.bindings import ADVANCE
 from stateworker.state.store import RedisState
@@ -200,6 +203,8 @@ class Snapshotter:
             position = self.positions.get(partition)
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
+        for partition in sorted(self.leases.held):
+            await barriers.store_changed(self.state, pg, self.prefix, partition)
         if 0 in self.leases.held:
             await self._copy_registry(pg)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",

@@ -40,11 +40,12 @@ ENTRIES = Binding("entries", 1)
 DELTOPIC = Binding("deltopic", 6)
 TRIGGER = Binding("trigger", 2)
 CLAIM = Binding("claim", 2)
-BARRIER = Binding("barrier", 1)
+BARRIER = Binding("barrier", 2)
+FORGET = Binding("forget", 1)  # the snapshotter's; KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1)  # the dispatcher's (reactive/leases.py)
 ADVANCE = Binding("advance", 2)  # the dispatcher's (reactive/dispatcher.py)
 BINDINGS = (SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-            BARRIER, LEASE, ADVANCE)
+            BARRIER, LEASE, ADVANCE, FORGET)
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, 
     """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
     order) only when the script asked for them (a new barrier of a named set)."""
     sent: list[Arg] = [""] if named_keys is None else ["1", *named_keys]
-    return ([part.barrier(barrier_id)],
+    return ([part.barrier(barrier_id), part.barriers_changed],
             [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
              cap, *sent])
 

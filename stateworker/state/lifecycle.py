@@ -89,6 +89,7 @@ async def check_server(state: RedisState) -> None:
         await check_strict(state)
     stored = await conn.execute("HGET", keys.meta, "partitions")
     if stored is None:
+        state.created = True
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
     elif int(stored) != keys.partitions:
         raise ConfigError(

@@ -65,6 +65,9 @@ class RedisState:
         # `strict` on a Redis that has WAITAOF (7.2+; checked at start): every batch of plans
         # is confirmed fsynced to the AOF (WAITAOF 1 0) before any of its results is handed on.
         self.waitaof = False
+        # The prefix's meta key was absent at start (check_server wrote it): a new Redis, or
+        # one wiped; the repair at start (snapshot/repair.py) reads it.
+        self.created = False
         # What replicas keep in memory, kept current by the registry follower (lifecycle.py
         # runs it): the claimed scopes of private namespaces.
         self.registry = Registry(conn, self.keys.registry)

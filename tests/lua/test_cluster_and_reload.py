@@ -15,6 +15,7 @@ from stateworker import StateError, StateStore
 from stateworker.context import CallContext
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
+from stateworker.snapshot import barriers
 from stateworker.state import functions
 from stateworker.state.bindings import BINDINGS
 from stateworker.transport.connection import Arg
@@ -71,6 +72,8 @@ async def test_every_script_call_hashes_to_one_slot(
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
+    part = store.state.keys.barrier_partition(f"b{scope}")
+    await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
     assert {c[0] for c in calls} == {b.name for b in BINDINGS}
     for script, keys, args in calls:
         names = [str(k) for k in keys] + derived_keys(script, keys, args)

@@ -1,0 +1,20 @@
+--[[
+  Forget the barriers the snapshot has stored, each only if it has not changed since it was
+  read (the snapshotter: snapshot/barriers.py). A barrier written again meanwhile stays in
+  the set and is stored at the next round.
+  Input:
+    KEYS[1] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed)
+    KEYS[2..] the barrier hashes stored (keys: PartitionKeys.barrier, same partition)
+    ARGV[i] the write count `w` stored in PostgreSQL for KEYS[i + 1]
+  Output:
+    {ST.OK, number forgotten}
+  Events: none.
+]]
+local forgotten = 0
+for i = 2, #KEYS do
+  local w = redis.call('HGET', KEYS[i], 'w')
+  if w == false or w == ARGV[i - 1] then -- (absent: nothing left to store)
+    forgotten = forgotten + redis.call('SREM', KEYS[1], KEYS[i])
+  end
+end
+return {ST.OK, forgotten}

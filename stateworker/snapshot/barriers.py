@@ -1,0 +1,102 @@
+"""Barrier state -> PostgreSQL (`sw_barriers`), and back at a restore.
+
+A barrier writes no change event, so the snapshot cannot follow it in the event streams.
+Instead every write of `lua/barrier.lua` adds the barrier's hash to its partition's
+`barriers_changed` set and counts one more write in the hash's `w` field. Once a round, for
+each partition it holds, the snapshotter reads that set (SMEMBERS: only what changed, never a
+scan), reads those hashes (HGETALL, pipelined), upserts them in one transaction (a row is
+replaced only by one with a higher `w`), and then forgets them (`lua/forget.lua`): each is
+removed from the set only if its `w` is still the one stored, so a barrier written again
+between the read and the forget stays marked for the next round. A crash anywhere in
+between leaves the set as it was: the next holder stores the same states again (changing
+nothing) and forgets them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from stateworker.keys import PartitionKeys
+from stateworker.snapshot.tables import PgConnection
+from stateworker.state.bindings import FORGET
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import pipeline, script_reply
+
+UPSERT = """
+INSERT INTO sw_barriers AS b (prefix, id, partition, fields, exact, w)
+VALUES (%s, %s, %s, %s::jsonb, %s, %s)
+ON CONFLICT (prefix, id) DO UPDATE SET
+    partition = excluded.partition, fields = excluded.fields, exact = excluded.exact,
+    w = excluded.w
+WHERE b.w < excluded.w
+"""
+
+BATCH = 1000  # barriers read and stored per round and partition, at most
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierRow:
+    """One barrier's hash as read (HGETALL), with its write count."""
+
+    id: str
+    fields: dict[bytes, bytes]
+
+    @property
+    def w(self) -> int:
+        return int(self.fields.get(b"w", b"0"))
+
+    def params(self, prefix: str, partition: int) -> tuple[object, ...]:
+        exact = msgspec.msgpack.encode(self.fields)
+        try:
+            texts = {k.decode(): v.decode() for k, v in self.fields.items()}
+            as_json = None if any("\0" in k or "\0" in v for k, v in texts.items()) \
+                else msgspec.json.encode(texts).decode()
+        except UnicodeDecodeError:
+            as_json = None
+        return (prefix, self.id, partition, as_json, exact, self.w)
+
+
+async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int) -> int:
+    """Store the partition's changed barriers and forget them; how many were stored."""
+    keys = state.keys.partition(partition)
+    names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
+    if not names:
+        return 0
+    replies = await state.conn.pipeline([["HGETALL", name] for name in names])
+    found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
+             for name, flat in zip(names, replies, strict=True) if flat]
+    if found:
+        async with pg.transaction(), pg.cursor() as cursor:
+            await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
+    await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
+    return len(found)
+
+
+async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
+                 stored: dict[str, int]) -> None:
+    """Unmark the barriers still at the write count stored (absent ones: nothing to store)."""
+    texts = [name.decode() for name in names]
+    reply = await pipeline(state.conn, state.library, [state.library.command(
+        FORGET.name, [keys.barriers_changed, *texts],
+        [str(stored.get(text, "")) for text in texts])])
+    script_reply(reply[0], FORGET.name)
+
+
+async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:
+    """(id, exact msgpack) of every barrier of the prefix in PostgreSQL."""
+    cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s", (prefix,))
+    return [(str(i), bytes(e)) for i, e in await cursor.fetchall()]  # type: ignore[call-overload]
+
+
+def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
+    """The writes that put the stored barrier hashes back exactly (write count included): a
+    hash Redis still has of the barrier is replaced, not merged field by field."""
+    commands: list[list[Any]] = []
+    for barrier_id, exact in stored:
+        fields = msgspec.msgpack.decode(exact, type=dict[bytes, bytes])
+        flat = [part for pair in fields.items() for part in pair]
+        name = state.keys.barrier_partition(barrier_id).barrier(barrier_id)
+        commands += [["DEL", name], ["HSET", name, *flat]]
+    return commands

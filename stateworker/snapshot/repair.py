@@ -1,0 +1,95 @@
+"""The repair at start (`serve` with a PostgreSQL URL): a Redis that lost what PostgreSQL
+holds is rebuilt from it (`stateworker restore`) before the service serves.
+
+The rule, with PostgreSQL holding something of the prefix (a row of an entry, barrier,
+trigger or claim, or a partition position past event 0):
+  - Redis is NEW: the prefix's meta key was absent (a new server, or a flushed one);
+  - or Redis is BEHIND: a partition's event stream has had fewer events added than the
+    snapshot's position stored in PostgreSQL (events PostgreSQL applied that Redis no longer
+    has: a wipe, or a Redis started on an older copy of its data).
+Either, with Redis holding no entry of the prefix, is repaired by a restore (with `repair`
+off: ConfigError naming `stateworker restore`, and Redis left as found). BEHIND with entries
+still in Redis is never repaired automatically: restore rebuilds, it does not merge, and the
+entries Redis kept may be newer than PostgreSQL's rows; the service refuses to start and says
+what to do. PostgreSQL unreachable at start: no check (the service starts on Redis alone and
+the snapshot retries; `status` shows it)."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from stateworker.errors import ConfigError
+from stateworker.reactive import trimming
+from stateworker.settings import Settings
+from stateworker.snapshot import restore, tables
+from stateworker.snapshot.snapshotter import connect
+from stateworker.snapshot.tables import PgConnection
+from stateworker.state import lifecycle
+from stateworker.state.store import RedisState
+
+log = logging.getLogger("stateworker.snapshot.repair")
+
+HOLDS = """
+SELECT EXISTS (SELECT 1 FROM sw_entries WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_barriers WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_triggers WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_claims WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_positions WHERE prefix = %(p)s AND n > 0)
+"""
+
+
+async def repair_at_start(settings: Settings) -> None:
+    """Check Redis against PostgreSQL and restore it when the rule above says so."""
+    if not settings.postgres_url:
+        return
+    try:
+        pg = await connect(settings.postgres_url)
+    except (psycopg.Error, OSError):
+        return  # (`prepare` has said so; the snapshot retries)
+    try:
+        async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            reason = await lost(state, pg)
+            if reason is not None:
+                await _repair(state, reason)
+    finally:
+        await pg.close()
+
+
+async def lost(state: RedisState, pg: PgConnection) -> str | None:
+    """Why Redis needs the restore (new, or behind PostgreSQL); None: it does not."""
+    prefix = state.settings.prefix
+    row = await (await pg.execute(HOLDS, {"p": prefix})).fetchone()
+    if not row or not row[0]:
+        return None
+    if state.created:
+        return f"Redis holds nothing of prefix {prefix!r} (no meta key) but PostgreSQL does"
+    stored = await tables.positions(pg, prefix)
+    infos = await trimming.infos(state, sorted(stored))
+    for (partition, position), info in zip(sorted(stored.items()), infos, strict=True):
+        if info.added < position.n:
+            return (f"Redis is behind PostgreSQL: partition {partition}'s event stream has had "
+                    f"{info.added} events added, PostgreSQL applied {position.n}")
+    return None
+
+
+async def _repair(state: RedisState, reason: str) -> None:
+    prefix = state.settings.prefix
+    if await restore.holds_entries(state):
+        raise ConfigError(
+            f"{reason}, and Redis still holds entries of prefix {prefix!r}: restore rebuilds, it "
+            f"does not merge. Keep this Redis as it is (start on a copy of its data that is "
+            f"not behind), or delete the prefix's keys and run `stateworker restore`")
+    if not state.settings.repair:
+        if state.created:  # left as found: the next start sees it new again
+            await state.conn.execute("DEL", state.keys.meta)
+        raise ConfigError(f"{reason}: run `stateworker restore` to rebuild it from PostgreSQL "
+                          f"(repair at start is off: STATEWORKER_REPAIR=false)")
+    log.warning("%s: restoring it from PostgreSQL before serving", reason,
+                extra={"event": "repair.start"})
+    assert state.settings.postgres_url is not None
+    summary = await restore.restore(state, state.settings.postgres_url)
+    log.warning("repaired: restored %d entries, %d barriers, %d triggers, %d claims in %.3f s",
+                summary.entries, summary.barriers, summary.triggers, summary.claims,
+                summary.seconds, extra={"event": "repair.done", "entries": summary.entries})
