@@ -18,7 +18,7 @@ import anyio
 import msgspec
 import redis.asyncio as aredis
 
-from benchmarks import bench_bus, bench_durability, bench_reactive
+from benchmarks import bench_bus, bench_durability, bench_reactive, bench_snapshot
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
 from stateworker.state.api import StateStore
@@ -45,6 +45,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "durability" in sections:  # two fresh servers of its own, one per mode
                 figures["durability"] = await bench_durability.durability_section(
                     seconds, rounds, out)
+            if "snapshot" in sections:  # its own servers: four Redis and a PostgreSQL
+                figures["snapshot"] = await bench_snapshot.snapshot_section(seconds, rounds, out)
             if "reactive" in sections:
                 figures["reactive"] = await bench_reactive.reactive_section(
                     server.url, seconds, rounds, out)
@@ -202,7 +204,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
         report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
-SECTIONS = ("store", "update", "list", "bus", "durability", "reactive")
+SECTIONS = ("store", "update", "list", "bus", "durability", "snapshot", "reactive")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -29,11 +29,14 @@ CASES = (("store", 1), ("store", 64), ("bus", 64))
 
 
 @asynccontextmanager
-async def _mode(directory: Path, durability: str) -> AsyncIterator[dict[str, Op]]:
-    """A redis-server, a store and a service in `durability`; yields the set of each path."""
+async def durability_mode(directory: Path, durability: str, env: dict[str, str] | None = None
+                          ) -> AsyncIterator[dict[str, Op]]:
+    """A redis-server, a store and a service in `durability` (its environment plus `env`);
+    yields the set of each path."""
     server = EmbeddedRedis(directory, APPENDFSYNC[durability])
     await server.start()
-    service = start_service(server.url, PREFIX, {"STATEWORKER_DURABILITY": durability})
+    service = start_service(server.url, PREFIX,
+                            {"STATEWORKER_DURABILITY": durability, **(env or {})})
     try:
         async with AsyncExitStack() as stack:
             store = await stack.enter_async_context(StateStore.open(
@@ -60,8 +63,8 @@ async def _mode(directory: Path, durability: str) -> AsyncIterator[dict[str, Op]
 async def durability_section(seconds: float, rounds: int, out: Any) -> dict[str, Any]:
     rates: dict[tuple[str, str, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="sw-bench-durability-") as tmp:
-        async with _mode(Path(tmp) / "fast", "fast") as fast, \
-                _mode(Path(tmp) / "strict", "strict") as strict:
+        async with durability_mode(Path(tmp) / "fast", "fast") as fast, \
+                durability_mode(Path(tmp) / "strict", "strict") as strict:
             for _ in range(rounds):
                 for path, concurrency in CASES:
                     for mode, ops in (("fast", fast), ("strict", strict)):

@@ -1,10 +1,11 @@
 """The snapshot under faults: a `stateworker serve` killed (-9) mid-batch and restarted, and
-PostgreSQL stopped under load: Postgres converges to Redis with nothing lost, duplicated or
+PostgreSQL stopped for 30 s under load: Postgres converges to Redis with nothing lost, duplicated or
 older; while it lags, `status` shows the lag and the error and the event trimming keeps what
 the snapshot has not applied."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,27 +101,65 @@ async def dispatch_round_done(redis_server: RedisServer, store: StateStore) -> N
     await until(at_ends, 30, "the dispatch positions at the streams' ends again")
 
 
-async def test_postgres_down_under_load(
+OUTAGE_S = 30.0  # PostgreSQL down this long while the writes go on
+CHUNK = 25  # writes between two looks at the clock
+
+
+class Outage:
+    """What the writers saw while PostgreSQL was down: writes made, when each writer made
+    its last one, and `status`'s snapshot part sampled about once a second."""
+
+    def __init__(self, settings: Settings, seconds: float) -> None:
+        self.settings = settings
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.writes = 0
+        self.last_write: list[float] = []
+        self.samples: list[dict[str, Any]] = []
+
+    async def write(self, store: StateStore, seed: int) -> None:
+        """Mixed writes until the outage's end; any failed write fails the test."""
+        n = 0
+        while time.monotonic() < self.end:
+            await mixed_writes(store, CHUNK, seed=seed * 1_000_000 + n)
+            n, self.writes = n + 1, self.writes + CHUNK
+            if seed == 0 and time.monotonic() - self.sampled_at() >= 1.0:
+                await self.sample()
+        self.last_write.append(time.monotonic())
+
+    def sampled_at(self) -> float:
+        return self.samples[-1]["at"] if self.samples else self.start
+
+    async def sample(self) -> None:
+        shown = (await status_report(self.settings))["snapshot"]
+        self.samples.append({
+            "at": time.monotonic(), "last_error": shown["last_error"],
+            "lag_events": sum(p["lag_events"] for p in shown["partitions"]),
+            "lag_ms": max(p["lag_ms"] or 0 for p in shown["partitions"])})
+
+
+async def test_postgres_down_30_s_under_load(
         snapshotting: Settings, redis_server: RedisServer, store: StateStore,
         postgres_server: PostgresServer, postgres_url: str) -> None:
     await mixed_writes(store, 2000, seed=1)
     client, keys = redis_server.client(), store.state.keys
     await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
     postgres_server.stop()
+    outage = Outage(snapshotting, OUTAGE_S)
     try:
         async with anyio.create_task_group() as tg:
             for worker in range(4):
-                tg.start_soon(mixed_writes, store, 1000, 10 + worker)
-        report: dict[str, Any] = {}
-
-        async def error_and_lag_shown() -> bool:
-            report.update(await status_report(snapshotting))
-            shown = report["snapshot"]
-            return bool(shown["last_error"]) and any(
-                p["lag_events"] > 0 and p["lag_ms"] > 0 for p in shown["partitions"])
-
-        await until(error_and_lag_shown, 30, "status to show the snapshot's error and lag")
-        assert "PostgreSQL" in report["snapshot"]["last_error"]
+                tg.start_soon(outage.write, store, worker)
+        await outage.sample()
+        # The writes went on, all of them answered, for the whole outage.
+        assert min(outage.last_write) >= outage.end and outage.writes >= 4 * CHUNK
+        # The lag grew all along and is shown: the oldest event PostgreSQL lacks is from
+        # the outage's first moments, the events behind are every write since.
+        lags = [s["lag_ms"] for s in outage.samples]
+        assert len(lags) >= OUTAGE_S * 0.8 and lags == sorted(lags)
+        assert lags[-1] >= (OUTAGE_S - 3) * 1000
+        assert outage.samples[-1]["lag_events"] > outage.samples[0]["lag_events"] > 0
+        assert "PostgreSQL" in outage.samples[-1]["last_error"]
         # The dispatcher is at the ends, the snapshot is not: the events after the
         # snapshot's position stay.
         await dispatch_round_done(redis_server, store)
