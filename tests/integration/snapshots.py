@@ -53,6 +53,13 @@ def caught_up(client: redis.Redis, keys: KeySpace) -> bool:
     return True
 
 
+def all_dispatched(client: redis.Redis, keys: KeySpace) -> bool:
+    """Every partition's dispatch position is at its stream's end."""
+    return all(int(client.hget(p.dispatched, "n") or -1)
+               == client.xinfo_stream(p.events)["entries-added"]
+               for p in keys.all_partitions() if client.exists(p.events))
+
+
 def nothing_to_reap(client: redis.Redis, keys: KeySpace, now_ms: int) -> bool:
     return all(client.zcount(p.ttl, "-inf", now_ms) == 0 for p in keys.all_partitions())
 

@@ -26,7 +26,7 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.snapshot.barriers import forget
 from tests.integration.busproto import until
-from tests.integration.snapshots import caught_up, mixed_writes, nothing_to_reap
+from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap
 from tests.integration.test_snapshot_restore import dump, restore_command
 from tests.servers import RedisServer
 
@@ -120,12 +120,7 @@ async def check_restored(client: redis.Redis, settings: Settings, entries: dict[
         await store.set("s1", "after-restore", 1)
         reactor = f"{settings.prefix}:bus:reactor"
 
-        def dispatched_all() -> bool:
-            return all(int(client.hget(p.dispatched, "n") or -1)
-                       == client.xinfo_stream(p.events)["entries-added"]
-                       for p in keys.all_partitions() if client.exists(p.events))
-
-        await until(lambda: client.exists(reactor) and dispatched_all(), 30,
+        await until(lambda: client.exists(reactor) and all_dispatched(client, keys), 30,
                     "the new write dispatched")
         calls = client.xrange(reactor)
         assert len(calls) == 1 and b"after-restore" in calls[0][1][b"body"]

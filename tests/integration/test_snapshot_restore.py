@@ -21,7 +21,7 @@ from stateworker.clock import now_ms
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
-from tests.integration.snapshots import caught_up, mixed_writes, nothing_to_reap
+from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -93,12 +93,7 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
             StateService.running(settings, BusOptions(block_ms=50)):
         await store.set("s1", "after-restore", 1)
 
-        def dispatched_all() -> bool:
-            return all(int(client.hget(p.dispatched, "n") or -1)
-                       == client.xinfo_stream(p.events)["entries-added"]
-                       for p in keys.all_partitions() if client.exists(p.events))
-
-        await until(lambda: client.exists(reactor) and dispatched_all(), 30,
+        await until(lambda: client.exists(reactor) and all_dispatched(client, keys), 30,
                     "the new write dispatched")
         calls = client.xrange(reactor)
         assert len(calls) == 1 and b"after-restore" in calls[0][1][b"body"]
