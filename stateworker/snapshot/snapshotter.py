@@ -55,6 +55,10 @@ from stateworker.transport.plans import pipeline, script_reply
 log = logging.getLogger("stateworker.snapshot")
 
 BATCH = 1000  # events read per partition per round trip
+# After a read that found less than a full batch anywhere, wait this long before the next:
+# events gather into fewer, larger transactions (one per partition per read). It bounds the
+# lag it adds (the lag target is < 1 s) and saved most of the snapshot's cost to writes.
+GATHER_S = 0.1
 ROUND_S = 1.0  # leases and cut checks at least this often
 MAX_BACKOFF_S = 5.0
 CONNECT_TIMEOUT_S = 5
@@ -177,10 +181,14 @@ class Snapshotter:
         ids = [self.positions[p].id for p in held]
         reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(ROUND_S * 1000),
                                            "STREAMS", *streams, *ids)
+        full = False
         for name, entries in reply or []:
             partition = held[streams.index(name.decode())]
+            full = full or len(entries) >= BATCH
             if entries and partition in self.positions:
                 await self._apply(self._pg, partition, entries)
+        if reply and not full:
+            await anyio.sleep(GATHER_S)
 
     async def _round(self, pg: PgConnection) -> None:
         """Leases (give back the excess, renew, take), positions of the partitions taken,
