@@ -4,6 +4,7 @@ listed. Kept apart from the transport (bus/client.py: sends, retries, replies)."
 
 from __future__ import annotations
 
+import abc
 import builtins
 from collections.abc import Iterable
 from typing import Any
@@ -11,11 +12,12 @@ from typing import Any
 from stateworker.codec import ABSENT
 
 
-class TypedCalls:
+class TypedCalls(abc.ABC):
     """`state::*` as methods; the class that mixes it in provides `call`."""
 
+    @abc.abstractmethod
     async def call(self, fn: str, body: Any, **options: Any) -> Any:
-        raise NotImplementedError
+        """Call `fn` with `body` (Python values); the result as Python values."""
 
     async def get(self, scope: str, key: str) -> Any:
         """`state::get`: the stored value, or None when missing or expired.

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from stateworker.clock import now_ms
+from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
-from stateworker.reactive.trimming import StreamInfo, id_key
+from stateworker.reactive.trimming import StreamInfo
 from stateworker.transport.connection import RedisConnection
 
 
@@ -60,5 +61,5 @@ async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: 
     if behind:
         after = await conn.execute("XRANGE", events, "(" + position[0].decode(), "+", "COUNT", 1)
         if after:
-            report["lag_ms"] = max(0, now - id_key(after[0][0])[0])
+            report["lag_ms"] = max(0, now - revision_of(after[0][0])[0])
     return report

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
+from stateworker.events.model import revision_of
 from stateworker.state.bindings import ADVANCE
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import ReplyError
@@ -36,13 +37,6 @@ class Position(msgspec.Struct):
 
     id: str
     n: int
-
-
-def id_key(stream_id: str | bytes) -> tuple[int, int]:
-    """A stream id as a comparable pair."""
-    text = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class StreamInfo:
@@ -75,7 +69,7 @@ async def snapshot_positions(state: RedisState, partitions: list[int]) -> dict[i
     """The snapshot's acknowledged positions of the partitions that have one."""
     commands = [["HGET", state.keys.partition(p).snapshotted, "id"] for p in partitions]
     replies = await state.conn.pipeline(commands) if commands else []
-    return {p: id_key(reply) for p, reply in zip(partitions, replies, strict=True) if reply}
+    return {p: revision_of(reply) for p, reply in zip(partitions, replies, strict=True) if reply}
 
 
 async def position(state: RedisState, partition: int, token: str) -> Position:
@@ -118,7 +112,7 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
                          ["HSET", keys.cut, "first_kept", info.first_id, "at_ms", now_ms()],
                          state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
                                                [token, current.id, current.n])]
-        below = min(id_key(current.id), keep_from, snapshotted.get(partition, keep_from))
+        below = min(revision_of(current.id), keep_from, snapshotted.get(partition, keep_from))
         if below > (0, 0) and info.length:
             commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])
     if commands:

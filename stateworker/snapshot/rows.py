@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stateworker.events.model import revision_of
 from stateworker.keys import PartitionKeys
-from stateworker.reactive.trimming import id_key
 from stateworker.snapshot.tables import Gone, Row
 from stateworker.state.store import RedisState
 
@@ -31,7 +31,7 @@ def row_of(scope: str, key: str, fields: list[Any]) -> Row | None:
         return None
     return Row(scope=scope, key=key, value_text=v.decode(), version=int(n), hash=_text(h),
                topic=_text(t), created_ms=_number(c), updated_ms=_number(u),
-               expires_ms=_number(x), updated_by=_text(b), revision=id_key(r or b"0-0"),
+               expires_ms=_number(x), updated_by=_text(b), revision=revision_of(r or b"0-0"),
                plain=plain == b"1")
 
 

@@ -40,10 +40,9 @@ import psycopg
 
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, StateError
-from stateworker.events.model import fields_of
+from stateworker.events.model import fields_of, revision_of
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.reactive.trimming import id_key
 from stateworker.settings import Settings
 from stateworker.snapshot import barriers, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
@@ -256,7 +255,7 @@ class Snapshotter:
             fields = fields_of(flat)
             scope, key = fields.get(b"scope"), fields.get(b"key")
             if scope is not None and key is not None:
-                changed[(scope.decode(), key.decode())] = id_key(entry_id)
+                changed[(scope.decode(), key.decode())] = revision_of(entry_id)
         found, gone = await rows.read_changed(self.state, self.state.keys.partition(partition),
                                               changed)
         moved = StoredPosition(entries[-1][0].decode(), self.positions[partition].n + len(entries))
