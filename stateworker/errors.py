@@ -167,6 +167,33 @@ class Compacted(StateError):
     code = "COMPACTED"
 
 
+class KeyLimit(StateError):
+    """Raised when a write would create a key in a scope that already holds `max_keys` live
+    keys (KeeperHub's ceiling); nothing is written. Overwriting a key never counts."""
+
+    code = "KEY_LIMIT"
+
+
+class InvalidContext(StateError):
+    """Raised when a call needs a field of its bus `context` that it lacks or that is
+    malformed (moco's user-scoped namespaces need `user_id`, Dagu's `dag` scope `dag_name`,
+    an isolated native call `org_id` and `workflow_id`): isolation comes from the context
+    only, never from the body."""
+
+    code = "INVALID_CONTEXT"
+
+
+class ReservedNamespace(StateError):
+    """moco's ReservedNamespaceError: the namespace `secret` or `<anyone>:secret`, which hold
+    secrets, named to a `builtin.state.*` function. The code is moco's own class name, so a
+    moco caller catches what it always caught (the Python client raises this class)."""
+
+    code = "ReservedNamespaceError"
+
+
+ReservedNamespaceError = ReservedNamespace  # moco's name for it
+
+
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -183,6 +210,7 @@ LUA_STATUS: dict[str, int] = {
     "CALL_ID_REUSED": 7,  # the call id's record belongs to another call; nothing written
     "BARRIER_CONFIG": 8,  # the barrier exists with another `expect`; nothing written
     "SCOPE_CONFLICT": 9,  # a scope asked for is owned by another namespace; nothing written
+    "KEY_LIMIT": 10,  # a new key would pass the scope's max_keys; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -193,6 +221,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["CALL_ID_REUSED"]: CallIdReused,
     LUA_STATUS["BARRIER_CONFIG"]: BarrierConfig,
     LUA_STATUS["SCOPE_CONFLICT"]: ScopeConflict,
+    LUA_STATUS["KEY_LIMIT"]: KeyLimit,
 }
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
@@ -219,6 +248,9 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         UnknownCaller,
         ScopeConflict,
         Compacted,
+        KeyLimit,
+        InvalidContext,
+        ReservedNamespace,
     )
 }
 

@@ -21,6 +21,7 @@ import anyio
 
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
+from stateworker.engines.catalog import CATALOG
 from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.settings import Settings
@@ -50,7 +51,7 @@ class StateCalls:
         self.state = state
 
     def prepare(self, call: Call) -> Plan:
-        return functions.prepare(self.state, call.fn, call.body, call.ctx)
+        return functions.prepare(self.state, call.fn, call.body, call.ctx, CATALOG)
 
     def send(self, plans: Sequence[Plan]) -> Sent:
         return self.state.send_first_step(plans)

@@ -20,10 +20,12 @@
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
     ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
     ARGV[14] "1" when no string in the value holds a bracket or brace
+    ARGV[15] max live keys of the scope when this write creates a key ("" for no limit)
   Output:
     {ST.OK, old value or false, version, created (1/0), revision}
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.UNCHANGED, current version, current value}    diff mode, same hash
+    {ST.KEY_LIMIT, live keys, limit}   the key is new and the scope holds max live keys
     {ST.NEEDS_HASH, current version, current value}   the stored hash is unknown (after an
                                                        update): the caller stores it, retries
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
@@ -62,6 +64,11 @@ end
 
 if ARGV[13] == '1' and cur and cur[4] == hash then
   return entry_finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
+end
+
+local full = entry_key_limit(ctx, cur, ARGV[15])
+if full then
+  return entry_finish(full)
 end
 
 local version, rev = entry_write(ctx, cur, value, hash, ARGV[10],

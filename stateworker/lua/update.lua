@@ -17,6 +17,8 @@
       type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
       value (compact JSON; increment/decrement: the signed integer to add)
+    ARGV[14 + 3 * number of ops] max live keys of the scope when this call creates the key
+      ("" for no limit)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
      {op position, code, detail, ...}, 1}
@@ -29,6 +31,7 @@
       non-string value (the detail: the value's type).
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
+    {ST.KEY_LIMIT, live keys, limit}   the key is new and the scope holds max live keys
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Events: state:created or state:updated when written (the key was missing or an op
@@ -422,6 +425,11 @@ end
 
 if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
   return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+end
+
+local full = entry_key_limit(ctx, cur, ARGV[14 + tonumber(ARGV[13]) * 3])
+if full then
+  return entry_finish(full)
 end
 
 local plain = (cur == nil or cur[6] == '1') and ARGV[12] == '1'

@@ -290,6 +290,15 @@ def _too_large(target: Target, reply: list[Any]) -> Text:
             {"path": "$.ops", "size": reply[1], "limit": limit})
 
 
+def _key_limit(target: Target, reply: list[Any]) -> Text:
+    live, limit = reply[1], reply[2]
+    return (f"max_keys: scope {target.scope!r} holds {live} live keys and its limit is "
+            f"{limit}; key {target.key!r} would be a new one, so nothing was written "
+            "(overwriting a key that exists is always allowed)",
+            {"path": "$.max_keys", "scope": target.scope, "key": target.key,
+             "live_keys": live, "limit": limit})
+
+
 def _deadline(target: Target, reply: list[Any]) -> Text:
     return deadline_text(target.ctx.deadline_ms)
 
@@ -325,6 +334,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["CALL_ID_REUSED"]: _reused,
     LUA_STATUS["SCOPE_CONFLICT"]: _scope_conflict,
     LUA_STATUS["BARRIER_CONFIG"]: _barrier_config,
+    LUA_STATUS["KEY_LIMIT"]: _key_limit,
 }
 
 

@@ -1,14 +1,17 @@
 """The `state::*` functions as JSON in, JSON out: what the bus and `StateStore.call` run.
 
-Each function decodes its request Struct, validates it (a StateError before anything is
-sent) and returns the store's Plan for it; the plan's result is a Struct that
-`schemas.encoder` writes. Values stay `msgspec.Raw` the whole way.
+Each function takes its decoded request Struct, validates it (a StateError before anything
+is sent) and returns the store's Plan for it; the plan's result is a Struct that
+`schemas.encoder` writes. Values stay `msgspec.Raw` the whole way. `FUNCTIONS` pairs each
+with its request type (`decoded`); the engines' front-ends (`stateworker/engines/`) call the
+typed functions themselves, so a translated call is checked and run exactly as a native one.
+A `Catalog` is what a service serves: the native functions, or those and the engines'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -42,16 +45,25 @@ from stateworker.transport.connection import Arg
 from stateworker.transport.plans import Plan, command_reply, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
+R = TypeVar("R")
 
 
-def state_get(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, GetRequest)
+def decoded(request_type: type[R], function: Callable[[RedisState, R, CallContext], Plan]
+            ) -> Prepare:
+    """`function` on a JSON body: the body decoded as `request_type` first (a malformed one
+    is INVALID_REQUEST with `details.path`)."""
+    def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+        return function(state, validate.request(body, request_type), ctx)
+
+    return prepare_call
+
+
+def state_get(state: RedisState, req: GetRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 
-def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, SetRequest)
+def state_set(state: RedisState, req: SetRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     raw = req.value if req.value is not msgspec.UNSET else req.data
     if raw is msgspec.UNSET:
@@ -61,35 +73,30 @@ def state_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
         req.scope, req.key, validate.value(state.settings, raw),
         topic=validate.topic(req.topic), ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
-        create_only=req.create_only, ctx=ctx,
+        create_only=req.create_only, max_keys=validate.max_keys(req.max_keys), ctx=ctx,
     )
 
 
-def state_delete(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, DeleteRequest)
+def state_delete(state: RedisState, req: DeleteRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     return writes.delete_plan(state, req.scope, req.key, ctx=ctx)
 
 
-def state_list(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, ScopeRequest)
+def state_list(state: RedisState, req: ScopeRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     return reads.list_values_plan(state, req.scope)
 
 
-def state_list_keys(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, ScopeRequest)
+def state_list_keys(state: RedisState, req: ScopeRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     return reads.list_keys_plan(state, req.scope)
 
 
-def state_list_groups(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    validate.request(body, EmptyRequest)
+def state_list_groups(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:
     return reads.list_groups_plan(state, validate.hidden_scopes(state))
 
 
-def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, CompareAndSetRequest)
+def state_compare_and_set(state: RedisState, req: CompareAndSetRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     if req.value is msgspec.UNSET:
         raise InvalidRequest("$.value: the field `value` is required", {"path": "$.value"})
@@ -97,11 +104,11 @@ def state_compare_and_set(state: RedisState, body: bytes, ctx: CallContext) -> P
     if req.expected is not msgspec.UNSET:
         expected = validate.value(state.settings, req.expected, "expected")
     value = validate.value(state.settings, req.value)
-    return writes.compare_and_set_plan(state, req.scope, req.key, expected, value, ctx=ctx)
+    return writes.compare_and_set_plan(state, req.scope, req.key, expected, value,
+                                       max_keys=validate.max_keys(req.max_keys), ctx=ctx)
 
 
-def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, GetEntryRequest)
+def state_get_entry(state: RedisState, req: GetEntryRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     default = None
     if req.default is not msgspec.UNSET:
@@ -109,8 +116,7 @@ def state_get_entry(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     return reads.get_entry_plan(state, req.scope, req.key, default=default, required=req.required)
 
 
-def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, ops.UpdateRequest)
+def state_update(state: RedisState, req: ops.UpdateRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     if isinstance(req.topic, str):
         validate.topic(req.topic)
@@ -125,41 +131,38 @@ def state_update(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
     return writes.update_plan(state,
         req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
-        topic=KEEP if req.topic is msgspec.UNSET else req.topic, ctx=ctx,
+        topic=KEEP if req.topic is msgspec.UNSET else req.topic,
+        max_keys=validate.max_keys(req.max_keys), ctx=ctx,
     )
 
 
-def state_list_entries(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, listing.ListEntriesRequest)
+def state_list_entries(state: RedisState, req: listing.ListEntriesRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     return listing.list_entries_plan(state, req)
 
 
-def state_diff(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, DiffRequest)
+def state_diff(state: RedisState, req: DiffRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     return writes.diff_plan(state,
         req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
-        expected_version=validate.expected_version(req.expected_version), ctx=ctx)
+        expected_version=validate.expected_version(req.expected_version),
+        max_keys=validate.max_keys(req.max_keys), ctx=ctx)
 
 
-def state_update_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, UpdateTopicRequest)
+def state_update_topic(state: RedisState, req: UpdateTopicRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     plan = writes.update_topic_plan(state, req.scope, req.key, validate.topic(req.topic), ctx=ctx)
     return then(plan, UpdatedResult)
 
 
-def state_delete_by_topic(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, DeleteByTopicRequest)
+def state_delete_by_topic(state: RedisState, req: DeleteByTopicRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     validate.topic(req.topic_pattern)
     plan = listing.delete_by_topic_plan(state, req.scope, req.topic_pattern, ctx.by)
     return then(plan, DeletedResult)
 
 
-def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, ListNamespacesRequest)
+def state_list_namespaces(state: RedisState, req: ListNamespacesRequest, ctx: CallContext) -> Plan:
     validate.pattern("pattern", req.pattern)
     validate.in_range("limit", req.limit, 1, listing.MAX_LIMIT)
     plan = listing.list_namespaces_plan(state, req.pattern, req.limit,
@@ -167,39 +170,37 @@ def state_list_namespaces(state: RedisState, body: bytes, ctx: CallContext) -> P
     return then(plan, NamespacesResult)
 
 
-def state_claim_namespace(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    req = validate.request(body, ClaimNamespaceRequest)
+def state_claim_namespace(state: RedisState, req: ClaimNamespaceRequest, ctx: CallContext) -> Plan:
     prefix = validate.functions_prefix(req.functions_prefix)
     validate.claimant(ctx, prefix)
     scopes = validate.claim_scopes(state.settings, req.scopes)
     return namespaces.claim_plan(state, prefix, scopes, Target(state.settings, "", "", ctx))
 
 
-def state_barrier(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+def state_barrier(state: RedisState, req: BarrierRequest, ctx: CallContext) -> Plan:
     """One arrival at a barrier; a bus call's id is its token, so a retry of the completing
     call gets the same `allow`."""
-    req = validate.request(body, BarrierRequest)
     config = barrier.parse_condition(state.settings, req.condition_config)
     return barrier.barrier_plan(state, req.event, config, ctx.call_id)
 
 
 FUNCTIONS: dict[str, Prepare] = {
-    "state::get": state_get,
-    "state::set": state_set,
-    "state::delete": state_delete,
-    "state::list": state_list,
-    "state::list_keys": state_list_keys,
-    "state::list_groups": state_list_groups,
-    "state::compare-and-set": state_compare_and_set,
-    "state::get-entry": state_get_entry,
-    "state::update": state_update,
-    "state::list-entries": state_list_entries,
-    "state::diff": state_diff,
-    "state::update-topic": state_update_topic,
-    "state::delete-by-topic": state_delete_by_topic,
-    "state::list-namespaces": state_list_namespaces,
-    "state::barrier": state_barrier,
-    "state::claim-namespace": state_claim_namespace,
+    "state::get": decoded(GetRequest, state_get),
+    "state::set": decoded(SetRequest, state_set),
+    "state::delete": decoded(DeleteRequest, state_delete),
+    "state::list": decoded(ScopeRequest, state_list),
+    "state::list_keys": decoded(ScopeRequest, state_list_keys),
+    "state::list_groups": decoded(EmptyRequest, state_list_groups),
+    "state::compare-and-set": decoded(CompareAndSetRequest, state_compare_and_set),
+    "state::get-entry": decoded(GetEntryRequest, state_get_entry),
+    "state::update": decoded(ops.UpdateRequest, state_update),
+    "state::list-entries": decoded(listing.ListEntriesRequest, state_list_entries),
+    "state::diff": decoded(DiffRequest, state_diff),
+    "state::update-topic": decoded(UpdateTopicRequest, state_update_topic),
+    "state::delete-by-topic": decoded(DeleteByTopicRequest, state_delete_by_topic),
+    "state::list-namespaces": decoded(ListNamespacesRequest, state_list_namespaces),
+    "state::barrier": decoded(BarrierRequest, state_barrier),
+    "state::claim-namespace": decoded(ClaimNamespaceRequest, state_claim_namespace),
     **triggers.FUNCTIONS,
 }
 
@@ -211,15 +212,26 @@ READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list
                    "state::list-triggers"})
 
 
-def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
+class Catalog(NamedTuple):
+    """The functions a service serves, and which of them change nothing (`READS`)."""
+
+    functions: Mapping[str, Prepare]
+    reads: frozenset[str]
+
+
+NATIVE = Catalog(FUNCTIONS, READS)
+
+
+def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
+            catalog: Catalog = NATIVE) -> Plan:
     """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
     raises StateError."""
-    function = FUNCTIONS.get(fn)
+    function = catalog.functions.get(fn)
     if function is None:
         private = namespaces.accessor(state, fn)
         if private is None:
             raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
-                                  f"{', '.join(sorted(FUNCTIONS))} and the accessors of "
+                                  f"{', '.join(sorted(catalog.functions))} and the accessors of "
                                   "claimed namespaces (<prefix>::state::get, ::list, "
                                   "::list_keys, ::compare-and-set)", {"fn": fn})
         fn, prefix = private
@@ -231,7 +243,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> Plan:
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
     if ctx.call_id is not None and not plan.binds_call_id:
-        plan = claimed(state, ctx, plan, fn in READS)
+        plan = claimed(state, ctx, plan, fn in catalog.reads)
     return plan
 
 
@@ -270,6 +282,7 @@ def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) ->
     return Plan([claim], bound)
 
 
-async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext) -> bytes:
+async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext,
+                    catalog: Catalog = NATIVE) -> bytes:
     """Run one function on a JSON body; the result as JSON bytes. Errors raise StateError."""
-    return encoder.encode(await state.execute(prepare(state, fn, body, ctx)))
+    return encoder.encode(await state.execute(prepare(state, fn, body, ctx, catalog)))

@@ -68,6 +68,7 @@ class UpdateRequest(Address, kw_only=True):
     ttl_ms: int | None = None
     expected_version: int | None = None
     topic: str | UnsetType | None = UNSET  # absent: keep; null: clear
+    max_keys: int | None = None  # the scope's ceiling of live keys, for a new key
 
 
 class OpError(Struct):

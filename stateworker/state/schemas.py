@@ -31,6 +31,7 @@ class SetRequest(Address, kw_only=True):
     ttl_ms: int | None = None
     expected_version: int | None = None
     create_only: bool = False
+    max_keys: int | None = None  # the scope's ceiling of live keys, for a new key
 
 
 class DeleteRequest(Address):
@@ -48,6 +49,7 @@ class EmptyRequest(Struct):
 class CompareAndSetRequest(Address, kw_only=True):
     value: Raw | UnsetType = UNSET
     expected: Raw | UnsetType = UNSET
+    max_keys: int | None = None
 
 
 class GetEntryRequest(Address, kw_only=True):
@@ -59,6 +61,7 @@ class DiffRequest(Address, kw_only=True):
     value: Raw
     update: bool = True
     expected_version: int | None = None
+    max_keys: int | None = None
 
 
 class UpdateTopicRequest(Address):

@@ -184,6 +184,16 @@ def ttl_ms(value: int | None) -> int | None:
     return value
 
 
+MAX_KEYS_LIMIT = 100_000_000  # a ceiling above this is no ceiling
+
+
+def max_keys(value: int | None) -> int | None:
+    """A scope's ceiling of live keys (KeeperHub's), checked by the script that creates one."""
+    if value is not None:
+        in_range("max_keys", value, 1, MAX_KEYS_LIMIT)
+    return value
+
+
 def expected_version(value: int | None) -> int | None:
     if value is not None and value < 0:
         raise InvalidRequest(f"$.expected_version: must be 0 or more, got {value}",

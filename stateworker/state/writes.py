@@ -49,11 +49,13 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
                finish: Callable[[SetReply], Any], *, topic: str | Keep | None = None,
                ttl_ms: int | Keep | None = None, condition: str = "", diff: bool = False,
                expected_version: int | None = None, create_only: bool = False,
-               ctx: CallContext = NO_CONTEXT) -> Plan:
+               max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
     """set.lua; `finish` gets its reply. See the script for `condition`. A stored hash left
-    unknown by an update is computed, stored and the write repeated."""
+    unknown by an update is computed, stored and the write repeated. `max_keys`: the
+    scope's ceiling of live keys for a write that creates one (KEY_LIMIT)."""
     args: list[Arg] = [value.json, value.hash, topic_arg(topic), ttl_arg(ttl_ms), condition,
-                       "1" if diff else "", "1" if value.plain_strings else ""]
+                       "1" if diff else "", "1" if value.plain_strings else "",
+                       optional(max_keys)]
     target = state.target(scope, key, ctx, expected_version=expected_version,
                           create_only=create_only)
     accept = frozenset({_NEEDS_HASH, _CONFLICT}) if condition[:1] in ("h", "a") else \
@@ -77,7 +79,7 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
 def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
              topic: str | None = None, ttl_ms: int | None = None,
              expected_version: int | None = None, create_only: bool = False,
-             ctx: CallContext = NO_CONTEXT) -> Plan:
+             max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
     expected = 0 if create_only else expected_version
 
     def finish(reply: SetReply) -> SetResult:
@@ -86,12 +88,13 @@ def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
 
     return write_plan(state, scope, key, value, finish, topic=topic, ttl_ms=ttl_ms,
                       condition="" if expected is None else f"v{expected}",
-                      expected_version=expected, create_only=create_only, ctx=ctx)
+                      expected_version=expected, create_only=create_only, max_keys=max_keys,
+                      ctx=ctx)
 
 
 def compare_and_set_plan(state: RedisState, scope: str, key: str,
                          expected: codec.Value | None, value: codec.Value, *,
-                         ctx: CallContext = NO_CONTEXT) -> Plan:
+                         max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
     """Swap when the stored value deep-equals `expected` (None or null: absent); the entry
     keeps its topic and expiry."""
     def finish(reply: SetReply) -> SwapResult:
@@ -101,12 +104,12 @@ def compare_and_set_plan(state: RedisState, scope: str, key: str,
 
     condition = "a" if expected is None or expected.json == b"null" else "h" + expected.hash
     return write_plan(state, scope, key, value, finish, topic=KEEP, ttl_ms=KEEP,
-                      condition=condition, ctx=ctx)
+                      condition=condition, max_keys=max_keys, ctx=ctx)
 
 
 def diff_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
               update: bool = True, expected_version: int | None = None,
-              ctx: CallContext = NO_CONTEXT) -> Plan:
+              max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
     """Compare with the stored value by hash; write (keeping topic and expiry) only when it
     changed."""
     if not update:
@@ -133,19 +136,20 @@ def diff_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
 
     return write_plan(state, scope, key, value, finish, topic=KEEP, ttl_ms=KEEP, diff=True,
                       condition="" if expected_version is None else f"v{expected_version}",
-                      expected_version=expected_version, ctx=ctx)
+                      expected_version=expected_version, max_keys=max_keys, ctx=ctx)
 
 
 def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
                 finish: Callable[[UpdateReply], Any], *, ttl_ms: int | None = None,
-                expected_version: int | None = None,
-                topic: str | Keep | None = KEEP, ctx: CallContext = NO_CONTEXT) -> Plan:
+                expected_version: int | None = None, topic: str | Keep | None = KEEP,
+                max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
     """update.lua with encoded ops (ops.encode_ops); `finish` gets its OK reply. No `ttl_ms`
     keeps the current expiry."""
     target = state.target(scope, key, ctx, expected_version=expected_version)
     return state.entry_plan(UPDATE, target, [
         state.settings.max_value_bytes, optional(expected_version), topic_arg(topic),
-        optional(ttl_ms), *op_args], lambda reply: finish(UpdateReply.read(reply)))
+        optional(ttl_ms), *op_args, optional(max_keys)],
+        lambda reply: finish(UpdateReply.read(reply)))
 
 
 def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,

@@ -12,9 +12,9 @@ import ast
 from importlib import resources
 from pathlib import Path
 
-RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "reactive": 4, "snapshot": 4, "app": 5,
-         "top": 6}
-SUBPACKAGES = ("transport", "events", "state", "bus", "reactive", "snapshot", "app")
+RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "reactive": 4,
+         "snapshot": 4, "engines": 4, "app": 5, "top": 6}
+SUBPACKAGES = ("transport", "events", "state", "bus", "reactive", "snapshot", "engines", "app")
 
 
 def layer_of(module: str) -> str:

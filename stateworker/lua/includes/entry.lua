@@ -64,6 +64,34 @@ local function entry_load_live(ctx)
   return cur
 end
 
+--[[
+  KEY_LIMIT (a scope's `max_keys`, KeeperHub's ceiling): nil when the write may go on, else
+  the reply {ST.KEY_LIMIT, live keys, limit}. Only a write that creates a key counts (`cur`
+  nil); `max` is the limit as text, '' for none. Live keys: the scope's key index less its
+  entries whose expiry has passed and which the reaper has not deleted yet (an expired key
+  frees its slot at once). Those are read only when the index is at the limit already.
+]]
+local function entry_key_limit(ctx, cur, max)
+  if cur or max == '' then
+    return nil
+  end
+  local limit = tonumber(max)
+  local live = redis.call('ZCARD', ctx.keyIndex)
+  if live < limit then
+    return nil
+  end
+  local prefix = string.sub(ctx.member, 1, #ctx.member - #ctx.key) -- "<len>:<scope>"
+  for _, due in ipairs(redis.call('ZRANGEBYSCORE', ctx.ttl, '-inf', ctx.stamp)) do
+    if string.sub(due, 1, #prefix) == prefix then -- (length-prefixed: this scope's only)
+      live = live - 1
+    end
+  end
+  if live < limit then
+    return nil
+  end
+  return {ST.KEY_LIMIT, live, limit}
+end
+
 -- `list` with `item` added (made when nil: most writes clear no field).
 local function entry_listed(list, item)
   list = list or {}

@@ -1,0 +1,8 @@
+"""Dagu's state executor actions (`state.*`) over the native state functions."""
+
+from __future__ import annotations
+
+from stateworker.state.functions import Prepare
+
+FUNCTIONS: dict[str, Prepare] = {}
+READS: frozenset[str] = frozenset()
