@@ -70,6 +70,7 @@ examples:
   stateworker call state::set '{"scope":"orders","key":"o-1","value":{"total":12.50}}'
   stateworker call --timeout 2 state::get '{"scope":"orders","key":"o-1"}'
   stateworker call --service orders orders::create '{"id":"o-7"}'   # a Worker("orders")
+  stateworker call --context '{"dag_name":"etl"}' state.set '{"key":"cursor","value":7}'
 """
 
 
@@ -80,6 +81,16 @@ def _seconds(text: str) -> float:
         value = 0.0
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _context(text: str) -> dict[str, Any]:
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
 
 
@@ -97,7 +108,8 @@ async def _call(args: argparse.Namespace) -> int:
         async with StateClient(settings=_settings(args), service=args.service,
                                timeout=args.timeout) as client:
             left = max(end - time.monotonic(), 0.001)
-            result = await client.call_json(args.fn, args.body.encode(), timeout=left)
+            result = await client.call_json(args.fn, args.body.encode(), timeout=left,
+                                            context=args.context)
     except StateError as exc:
         print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
         return 1
@@ -282,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     call_p.add_argument("--service", type=_service_name, default="state",
                         help="whose stream gets the call, <prefix>:bus:<service>: state "
                         "(default) or a Worker's service name")
+    call_p.add_argument("--context", type=_context, default=None, metavar="JSON",
+                        help="the call's context, a JSON object: who calls, for the functions "
+                        "that take isolation from it (user_id, dag_name, root_dag_name, "
+                        "org_id, workflow_id, execution_id ...)")
     watch_p = sub.add_parser(
         "watch", help="print change events as JSON lines, as they happen",
         description="Print the change events of a scope, a key or every scope as JSON lines "

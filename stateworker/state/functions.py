@@ -18,7 +18,17 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
-from stateworker.state import barrier, listing, namespaces, ops, reads, triggers, validate, writes
+from stateworker.state import (
+    barrier,
+    isolation,
+    listing,
+    namespaces,
+    ops,
+    reads,
+    triggers,
+    validate,
+    writes,
+)
 from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
@@ -212,6 +222,13 @@ READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list
                    "state::list-triggers"})
 
 
+# Functions that address a scope: `isolation: "workflow"` sets it from the call's context.
+SCOPED = frozenset({"state::get", "state::set", "state::delete", "state::list",
+                    "state::list_keys", "state::compare-and-set", "state::get-entry",
+                    "state::update", "state::list-entries", "state::diff",
+                    "state::update-topic", "state::delete-by-topic"})
+
+
 class Catalog(NamedTuple):
     """The functions a service serves, and which of them change nothing (`READS`)."""
 
@@ -237,7 +254,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
-    plan = function(state, body, ctx)
+    plan = function(state, isolation.isolated(fn, body, ctx, SCOPED), ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)

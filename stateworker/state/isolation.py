@@ -1,0 +1,66 @@
+"""Isolation from the call's context (KeeperHub's rule): a native call with
+`"isolation": "workflow"` names no scope; its scope is the workflow's own,
+`wf/<context.org_id>/<context.workflow_id>`, taken from the bus entry's `context` and never
+from the body. A front-end that always sends it gives each workflow state that no body can
+reach out of: another workflow's scope is simply not addressable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from stateworker.context import CallContext
+from stateworker.errors import InvalidContext, InvalidRequest
+from stateworker.state import validate
+
+MARKER = b'"isolation"'  # bodies without it (nearly all) are passed on untouched
+MODES = ("workflow",)
+SCOPE_PREFIX = "wf/"
+
+
+def workflow_scope(ctx: CallContext) -> str:
+    """`wf/<org_id>/<workflow_id>`; the org id holds no "/", so no two workflows share one."""
+    org, workflow = (_context_text(ctx, name) for name in ("org_id", "workflow_id"))
+    if "/" in org:
+        raise InvalidContext(f"context.org_id: must not contain '/' (it ends the org's part "
+                             f"of the scope {SCOPE_PREFIX}<org_id>/<workflow_id>), got {org!r}",
+                             {"path": "context.org_id"})
+    return f"{SCOPE_PREFIX}{org}/{workflow}"
+
+
+def _context_text(ctx: CallContext, name: str) -> str:
+    value = ctx.context.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidContext(
+            f"context.{name}: an isolated call (isolation: workflow) takes its scope from the "
+            f"bus entry's context, which must carry {name} as non-empty text; got {value!r}",
+            {"path": f"context.{name}"})
+    return value
+
+
+def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> bytes:
+    """`body` with its scope set from the context when it asks for isolation; other bodies
+    as they are. `scoped`: the functions that take a scope."""
+    if MARKER not in body:
+        return body
+    fields = validate.request(body, dict[str, msgspec.Raw])
+    raw = fields.pop("isolation", None)
+    if raw is None:  # (the marker was inside a value)
+        return body
+    mode: Any = msgspec.json.decode(raw)
+    if mode is None:
+        return body
+    if mode not in MODES:
+        raise InvalidRequest(f"$.isolation: must be one of {', '.join(MODES)} (or null), got "
+                             f"{bytes(raw).decode()[:100]}", {"path": "$.isolation"})
+    if fn not in scoped:
+        raise InvalidRequest(f"$.isolation: {fn} takes no scope, so it cannot be isolated",
+                             {"path": "$.isolation"})
+    if "scope" in fields:
+        raise InvalidRequest("$.scope: an isolated call (isolation: workflow) takes its scope "
+                             "from its context (org_id, workflow_id); leave scope out",
+                             {"path": "$.scope"})
+    fields["scope"] = msgspec.Raw(msgspec.json.encode(workflow_scope(ctx)))
+    return msgspec.json.encode(fields)
