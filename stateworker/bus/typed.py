@@ -44,7 +44,8 @@ class TypedCalls(abc.ABC):
         Args:
             scope, key: where.
             value: any JSON-able value (tagged types allowed).
-            **options: request fields: topic, ttl_ms, expected_version, create_only.
+            **options: request fields: topic, ttl_ms, expected_version, create_only,
+                max_keys.
 
         Returns: `{old_value, new_value, version, hash, created}`.
 
@@ -57,6 +58,7 @@ class TypedCalls(abc.ABC):
                 value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
             Conflict (CONFLICT): `expected_version` / `create_only` did not hold.
+            KeyLimit (KEY_LIMIT): the key is new and the scope holds `max_keys` live keys.
             CallTimeout (TIMEOUT), Unavailable (UNAVAILABLE), InternalError (INTERNAL): as
                 `call_json`.
 

@@ -152,6 +152,7 @@ class StateStore:
         ttl_ms: int | None = None,
         expected_version: int | None = None,
         create_only: bool = False,
+        max_keys: int | None = None,
         by: str | None = None,
     ) -> SetOutcome:
         """Write a value, replacing the entry's topic and expiry.
@@ -163,6 +164,8 @@ class StateStore:
             ttl_ms: expire after this many ms (1 ms to ten years); None: never.
             expected_version: write only if the stored version is this (0: absent).
             create_only: write only if the key is absent (as `expected_version=0`).
+            max_keys: when the key is new, write only if the scope holds fewer live keys
+                (KeeperHub's ceiling; overwriting is always allowed).
             by: recorded as the writer (`updated_by`, the event's `by`).
 
         Returns: `SetOutcome(old_value, new_value, version, hash, created)`.
@@ -176,6 +179,7 @@ class StateStore:
                 a value that cannot be JSON.
             ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
             Conflict (CONFLICT): `expected_version` / `create_only` did not hold; nothing written.
+            KeyLimit (KEY_LIMIT): the key is new and the scope holds `max_keys` live keys.
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
@@ -187,7 +191,7 @@ class StateStore:
             scope, key, self._value(value), topic=validate.topic(topic),
             ttl_ms=validate.ttl_ms(ttl_ms),
             expected_version=validate.expected_version(expected_version),
-            create_only=create_only, ctx=_ctx(by),
+            create_only=create_only, max_keys=validate.max_keys(max_keys), ctx=_ctx(by),
         ))
         return SetOutcome(_py(result.old_value), _py(result.new_value), result.version,
                           result.hash, result.created)

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.docblocks import fenced_blocks
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def readme_blocks() -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer((ROOT / "README.md").read_text())]
+    return fenced_blocks("README.md")
 
 
 def session(text: str) -> list[tuple[str, list[str]]]:
