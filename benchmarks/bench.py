@@ -18,7 +18,7 @@ import anyio
 import msgspec
 import redis.asyncio as aredis
 
-from benchmarks import bench_bus, bench_durability, bench_reactive, bench_snapshot
+from benchmarks import bench_bus, bench_durability, bench_engines, bench_reactive, bench_snapshot
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
 from stateworker.state.api import StateStore
@@ -47,6 +47,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
                     seconds, rounds, out)
             if "snapshot" in sections:  # its own servers: four Redis and a PostgreSQL
                 figures["snapshot"] = await bench_snapshot.snapshot_section(seconds, rounds, out)
+            if "engines" in sections:
+                figures["engines"] = await bench_engines.engines_section(
+                    server.url, seconds, rounds, out)
             if "reactive" in sections:
                 figures["reactive"] = await bench_reactive.reactive_section(
                     server.url, seconds, rounds, out)
@@ -204,7 +207,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
         report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
-SECTIONS = ("store", "update", "list", "bus", "durability", "snapshot", "reactive")
+SECTIONS = ("store", "update", "list", "bus", "durability", "snapshot", "reactive", "engines")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

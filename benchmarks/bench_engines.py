@@ -1,0 +1,88 @@
+"""The engines part of `stateworker bench`: each front-end call (moco's activities, Dagu's
+actions, a KeeperHub-style isolated call) side by side with the native call it maps to, over
+the bus of one `stateworker serve` process, as ratios (compat ÷ native, target ≥ 0.9).
+
+The two sides of a pair run in alternation, round by round, on the same service and Redis, so
+drift on this shared machine hits both alike. Both write the same entries (the native call
+addresses the scope the front-end resolves to), so neither side pays for a bigger keyspace.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmarks.bench_bus import start_service
+from benchmarks.benchtime import Op, timed
+from stateworker.bus.client import StateClient
+from stateworker.settings import Settings
+
+PREFIX = "benchengines"
+VALUE = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
+MOCO = {"user_id": "u1"}
+DAGU = {"dag_name": "etl"}
+KEEPERHUB = {"org_id": "o1", "workflow_id": "w1", "execution_id": "e1"}
+
+
+def pairs(client: StateClient) -> dict[str, tuple[Op, Op]]:
+    """name -> (front-end call, the native call it maps to)."""
+    def call(fn: str, body: bytes, context: dict[str, Any] | None = None) -> Op:
+        async def op(w: int, i: int) -> Any:
+            return await client.call_json(fn, body % w, context=context)
+        return op
+
+    return {
+        "moco set_state / state::set": (
+            call("builtin.state.set_state", b'{"namespace":"bench","key":"k%d","value":' + VALUE
+                 + b"}", MOCO),
+            call("state::set", b'{"scope":"u1:bench","key":"k%d","value":' + VALUE + b"}")),
+        "moco get_state / state::get": (
+            call("builtin.state.get_state", b'{"namespace":"bench","key":"k%d"}', MOCO),
+            call("state::get", b'{"scope":"u1:bench","key":"k%d"}')),
+        "dagu state.set / state::set": (
+            call("state.set", b'{"key":"k%d","value":' + VALUE + b"}", DAGU),
+            call("state::set", b'{"scope":"dagu/dag/etl","key":"k%d","value":' + VALUE + b"}")),
+        "dagu state.get / state::get-entry": (
+            call("state.get", b'{"key":"k%d"}', DAGU),
+            call("state::get-entry", b'{"scope":"dagu/dag/etl","key":"k%d"}')),
+        "isolated set / state::set": (
+            call("state::set", b'{"isolation":"workflow","key":"k%d","max_keys":1000,"value":'
+                 + VALUE + b"}", KEEPERHUB),
+            call("state::set", b'{"scope":"wf/o1/w1","key":"k%d","value":' + VALUE + b"}")),
+    }
+
+
+async def engines_section(url: str, seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+    service = start_service(url, PREFIX)
+    figures: dict[str, Any] = {}
+    try:
+        async with StateClient(settings=Settings(redis_url=url, prefix=PREFIX)) as client:
+            measured = pairs(client)
+            for compat, native in measured.values():  # warm up; the reads find their keys
+                for w in range(64):
+                    await native(w, 0)
+                    await compat(w, 0)
+            for concurrency in (1, 64):
+                for name, (compat, native) in measured.items():
+                    compat_rates, native_rates = [], []
+                    for _ in range(rounds):
+                        compat_rates.append((await timed(compat, concurrency, seconds))[0])
+                        native_rates.append((await timed(native, concurrency, seconds))[0])
+                    figures[f"{name} c={concurrency}"] = {
+                        "compat_ops_per_s": round(statistics.median(compat_rates)),
+                        "native_ops_per_s": round(statistics.median(native_rates)),
+                    }
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+    report(figures, out)
+    return figures
+
+
+def report(figures: dict[str, Any], out: Any) -> None:
+    print(f"\n{'front-end call / native call':<44}{'compat/s':>10}{'native/s':>10}"
+          f"{'ratio':>8}", file=out)
+    for name, row in figures.items():
+        row["ratio"] = round(row["compat_ops_per_s"] / row["native_ops_per_s"], 3)
+        print(f"{name:<44}{row['compat_ops_per_s']:>10,}{row['native_ops_per_s']:>10,}"
+              f"{row['ratio']:>8.2f}", file=out)
