@@ -465,6 +465,7 @@ async def test_typed_values_round_trip(client: StateClient) -> None:
             dt.timedelta(hours=5, minutes=30))),
         "naive": dt.datetime(2026, 3, 1, 12, 30, 5),
         "day": dt.date(2026, 3, 1),
+        "at": dt.time(23, 59, 58, 999000),
         "amount": decimal.Decimal("1234.5000"),
         "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
         "blob": b"\x00\xffbytes",
@@ -586,6 +587,20 @@ async def test_a_write_fires_the_triggers_of_its_resolved_namespace(
         worker.stop()
     assert [(c["scope"], c["key"], c["new_value"], c["by"]) for c in calls] == [
         ("alice:tasks", "t-1", 2, "run-a")]
+
+
+async def test_a_retried_call_is_applied_once(client: StateClient) -> None:
+    """moco retries an activity; the same call id changes state once."""
+    body = {"namespace": "tasks", "key": "t-1", "value": 1, "topic": "done"}
+    for _ in range(2):
+        assert await moco(client, "set_state", body) is None
+        await client.call("builtin.state.set_state", body, context=ALICE, call_id="save-1")
+    entry = await native(client, "get-entry", {"scope": "alice:tasks", "key": "t-1"})
+    assert entry["version"] == 3  # two calls without an id, one with an id sent twice
+    purge = {"namespace": "tasks", "topic_pattern": "done"}
+    for expected in (1, 0):
+        assert await client.call("builtin.state.delete_by_topic", purge, context=ALICE,
+                                 call_id="purge-1") == expected
 
 
 # ---- docs/moco.md -------------------------------------------------------------------------------
