@@ -1,8 +1,206 @@
-"""moco's State Store Activities (`builtin.state.*`) over the native state functions."""
+"""moco's State Store Activities (`builtin.state.*`) over the native state functions.
+
+Each activity resolves its namespace (moco_schemas.resolve: the native scope), builds the
+native request and calls the native function, so it is checked, written, evented and
+triggered exactly as that call; only its result is reshaped to moco's. docs/moco.md is the
+user's guide.
+"""
 
 from __future__ import annotations
 
-from stateworker.state.functions import Prepare
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, TypeVar
 
-FUNCTIONS: dict[str, Prepare] = {}
-READS: frozenset[str] = frozenset()
+import msgspec
+
+from stateworker.context import CallContext
+from stateworker.engines import moco_schemas as m
+from stateworker.errors import StateError
+from stateworker.state import functions, listing, schemas, validate
+from stateworker.state.functions import Prepare
+from stateworker.state.schemas import NULL, DeletedResult, EntryResult, GroupsResult
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, then
+
+R = TypeVar("R", bound=msgspec.Struct)
+# moco's order_by -> native list-entries' (whose index of update times is `updated_at`)
+ORDER_BY: dict[str, Literal["key", "updated_at", "topic"]] = {
+    "key": "key", "last_update_time": "updated_at", "topic": "topic"}
+
+
+@contextmanager
+def renamed(native: str, field: str) -> Iterator[None]:
+    """A native check names its own field (`scope`); the moco caller sent `field`
+    (`namespace`): the same error, named as sent."""
+    try:
+        yield
+    except StateError as exc:
+        if exc.details.get("path") != f"$.{native}":
+            raise
+        message = exc.message.replace(f"$.{native}", f"$.{field}", 1) \
+            if exc.message.startswith("$.") else exc.message.replace(native, field, 1)
+        raise type(exc)(message, {**exc.details, "path": f"$.{field}"}) from exc
+
+
+def _null(_result: Any) -> msgspec.Raw:
+    return NULL
+
+
+def set_state(state: RedisState, req: m.SetStateRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"):
+        # topic None clears an earlier tag: moco's set_state always writes the topic column.
+        plan = functions.state_set(state, schemas.SetRequest(
+            scope, req.key, value=req.value, topic=req.topic), ctx)
+    return then(plan, _null)
+
+
+def get_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"):
+        return functions.state_get(state, schemas.GetRequest(scope, req.key), ctx)
+
+
+def iso_utc(rfc3339: str) -> str:
+    """`...T15:04:05.123Z` -> `...T15:04:05.123+00:00`: Python's datetime.fromisoformat reads
+    the `Z` only from 3.11 on; moco's own example parses last_update_time with it."""
+    return rfc3339.removesuffix("Z") + "+00:00"
+
+
+def get_state_with_ts(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"):
+        plan = functions.state_get_entry(state, schemas.GetEntryRequest(scope, req.key), ctx)
+
+    def reshape(entry: EntryResult) -> m.StateWithTs:
+        if not entry.found or not isinstance(entry.updated_at, str):
+            return m.StateWithTs(NULL, None)
+        assert isinstance(entry.value, msgspec.Raw)
+        return m.StateWithTs(entry.value, iso_utc(entry.updated_at))
+
+    return then(plan, reshape)
+
+
+def del_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"):
+        plan = functions.state_delete(state, schemas.DeleteRequest(scope, req.key), ctx)
+    return then(plan, _null)
+
+
+def update_topic(state: RedisState, req: m.UpdateTopicRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"):
+        # A missing key: native update-topic answers {updated: false} and writes nothing.
+        plan = functions.state_update_topic(
+            state, schemas.UpdateTopicRequest(scope, req.key, req.topic), ctx)
+    return then(plan, _null)
+
+
+def delete_by_topic(state: RedisState, req: m.DeleteByTopicRequest, ctx: CallContext) -> Plan:
+    scope = m.resolve(state.settings, ctx, req)
+    with renamed("scope", "namespace"), renamed("topic", "topic_pattern"):
+        plan = functions.state_delete_by_topic(
+            state, schemas.DeleteByTopicRequest(scope, req.topic_pattern), ctx)
+
+    def deleted(result: DeletedResult) -> int:
+        return result.deleted
+
+    return then(plan, deleted)
+
+
+def list_states(state: RedisState, req: m.ListStatesRequest, ctx: CallContext) -> Plan:
+    """Pages of native list-entries (at most listing.MAX_LIMIT rows each, walked with its
+    `next_after` cursor) until `limit` rows, or every row when it is null."""
+    scope = m.resolve(state.settings, ctx, req)
+    wanted, offset = m.count("limit", req.limit), m.count("offset", req.offset)
+    validate.pattern("key_pattern", req.key_pattern)  # (before the prefix taken from it)
+    native = listing.ListEntriesRequest(
+        scope=scope, prefix=literal_start(req.key_pattern), key_pattern=req.key_pattern,
+        topic_pattern=req.topic_pattern, order_by=ORDER_BY[req.order_by],
+        order=req.order_direction, limit=page_limit(wanted), offset=offset or 0)
+    rows: list[m.StateRow] = []
+
+    def pages(page_req: listing.ListEntriesRequest) -> Plan:
+        with renamed("scope", "namespace"):
+            plan = functions.state_list_entries(state, page_req, ctx)
+
+        def more(page: listing.ListEntriesResult) -> list[m.StateRow] | Plan:
+            rows.extend(m.StateRow(entry.key, entry.topic) for entry in page.entries)
+            if wanted == 0:  # (the page of 1 only checked the request)
+                return []
+            left = None if wanted is None else wanted - len(rows)
+            if isinstance(page.next_after, msgspec.UnsetType) or left == 0:
+                return rows
+            return pages(msgspec.structs.replace(page_req, after=page.next_after,
+                                                 limit=page_limit(left)))
+
+        return then(plan, more)
+
+    return pages(native)
+
+
+def page_limit(left: int | None) -> int:
+    """The native page size for `left` rows still wanted (None: all); at least 1, which the
+    native check requires (a limit of 0 still reads one page, to check the request)."""
+    return listing.MAX_LIMIT if left is None else max(1, min(left, listing.MAX_LIMIT))
+
+
+def literal_start(pattern: str | None) -> str | None:
+    """What every key a `*` pattern matches starts with: as the native `prefix`, a list in key
+    order starts there in O(log n) and stops past it, instead of walking the whole index."""
+    if not pattern:
+        return None
+    return pattern.split("*", 1)[0] or None
+
+
+def list_namespaces(state: RedisState, req: m.ListNamespacesRequest, ctx: CallContext) -> Plan:
+    """Native list_groups (every scope holding an entry, reserved and claimed ones left out;
+    list-namespaces is the same read, cut at 1000 with no cursor), then moco's filters."""
+    limit = m.count("limit", req.limit)
+    validate.pattern("name_pattern", req.name_pattern)
+    own = None if req.in_global_ns else m.user_id(ctx) + ":"
+    parts = None if req.name_pattern is None else listing.glob_parts(req.name_pattern)
+
+    def names(groups: GroupsResult) -> list[str]:
+        found = []
+        for scope in groups.groups:
+            if m.is_secret(scope):
+                continue
+            if own is None:
+                name = scope if ":" not in scope else None  # a user's scope always has one
+            else:
+                name = scope[len(own):] if scope.startswith(own) else None
+            if name is not None and (parts is None or listing.glob_match(name, parts)):
+                found.append(name)
+        return found if limit is None else found[:limit]
+
+    plan = functions.state_list_groups(state, schemas.EmptyRequest(), ctx)
+    return then(plan, names)
+
+
+def served(name: str, request_type: type[R],
+           function: Callable[[RedisState, R, CallContext], Plan]) -> tuple[str, Prepare]:
+    """`builtin.state.<name>`: `function` on a JSON body decoded as `request_type`
+    (moco_schemas.request)."""
+    fn = f"builtin.state.{name}"
+
+    def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+        return function(state, m.request(fn, body, request_type), ctx)
+
+    return fn, prepare_call
+
+
+FUNCTIONS: dict[str, Prepare] = dict([
+    served("set_state", m.SetStateRequest, set_state),
+    served("get_state", m.KeyRequest, get_state),
+    served("get_state_with_ts", m.KeyRequest, get_state_with_ts),
+    served("del_state", m.KeyRequest, del_state),
+    served("list_states", m.ListStatesRequest, list_states),
+    served("list_namespaces", m.ListNamespacesRequest, list_namespaces),
+    served("update_topic", m.UpdateTopicRequest, update_topic),
+    served("delete_by_topic", m.DeleteByTopicRequest, delete_by_topic),
+])
+READS: frozenset[str] = frozenset(f"builtin.state.{name}" for name in (
+    "get_state", "get_state_with_ts", "list_states", "list_namespaces"))
