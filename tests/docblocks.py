@@ -17,3 +17,14 @@ def fenced_blocks(document: str) -> list[tuple[str, str]]:
 
 def blocks_of(document: str, language: str) -> list[str]:
     return [text for lang, text in fenced_blocks(document) if lang == language]
+
+
+def session(text: str) -> list[tuple[str, list[str]]]:
+    """A console block as (command, expected output lines)."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps and line.strip():
+            steps[-1][1].append(line)
+    return steps

@@ -32,8 +32,8 @@ from stateworker.errors import (
 )
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
+from tests.docblocks import fenced_blocks, session
 from tests.integration.busproto import until
-from tests.integration.test_readme import FENCE, session
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -609,8 +609,7 @@ async def test_the_docs_examples_run_as_written(service: StateService, redis_ser
     """Every block of docs/moco.md (not copied here), in order, against the service: a
     `python` block is a program that must print what its `# prints` comments say, a `console`
     block's `$ ` lines are commands that must print the lines after them."""
-    blocks = [(m.group(1), m.group(2))
-              for m in FENCE.finditer((ROOT / "docs" / "moco.md").read_text())]
+    blocks = fenced_blocks("docs/moco.md")
     env = {**os.environ, "STATEWORKER_REDIS_URL": redis_server.url,
            "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

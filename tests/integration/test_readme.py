@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docblocks import fenced_blocks
+from tests.docblocks import fenced_blocks, session
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,17 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def readme_blocks() -> list[tuple[str, str]]:
     return fenced_blocks("README.md")
-
-
-def session(text: str) -> list[tuple[str, list[str]]]:
-    """A console block as (command, expected output lines)."""
-    steps: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        if line.startswith("$ "):
-            steps.append((line[2:], []))
-        elif steps and line.strip():
-            steps[-1][1].append(line)
-    return steps
 
 
 def matches(expected: str, actual: str) -> bool:
