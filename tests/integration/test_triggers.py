@@ -3,8 +3,6 @@ unregistering on every replica, and at-least-once across a dispatcher's crash.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -14,10 +12,10 @@ from stateworker.app.cli import status_report
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
-from stateworker.bus.worker import Worker
 from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, ReservedScope
 from stateworker.settings import Settings
 from tests.integration.busproto import until
+from tests.integration.handlers import Handler
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -25,30 +23,6 @@ pytestmark = pytest.mark.anyio
 
 def settings_for(redis_server: RedisServer, prefix: str, **more: Any) -> Settings:
     return Settings(redis_url=redis_server.url, prefix=prefix, partitions=4, **more)
-
-
-class Handler:
-    """A Worker service that records every call it gets: (call id, body)."""
-
-    def __init__(self, settings: Settings, service: str = "reactor") -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.worker = Worker(service, settings=settings, options=BusOptions(block_ms=50))
-
-        @self.worker.function(f"{service}::on_change")
-        async def on_change(body: dict[str, Any], call: Call) -> None:
-            self.calls.append((call.id or "", body))
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[Handler]:
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.worker.run)
-            try:
-                yield self
-            finally:
-                self.worker.stop()
-
-    def delivered_keys(self) -> list[str]:
-        return [body["key"] for _, body in self.calls]
 
 
 async def test_a_scope_and_key_trigger_gets_exactly_its_events_in_order(
