@@ -282,9 +282,11 @@ async def test_expected_version_takes_an_integer_or_its_decimal_text(
     await dagu(client, "set", {"key": "k", "value": 1})
     assert (await dagu(client, "set", {"key": "k", "value": 2, "expected_version": "1"}))[
         "version"] == 2
-    for bad in ("two", "0x2", "", 2.5, -1):
-        error = await refused(client, "set", {"key": "k", "value": 3, "expected_version": bad})
-        assert error.details["path"] == "$.expected_version", bad
+    for bad in ("two", "0x2", "", 2.5, -1, "-1"):
+        for action, update in (("set", None), ("diff", None), ("diff", False)):
+            error = await refused(client, action, {"key": "k", "value": 3, "update": update,
+                                                   "expected_version": bad})
+            assert error.details["path"] == "$.expected_version", (bad, action, update)
     assert (await dagu(client, "get", {"key": "k"}))["version"] == 2
 
 
