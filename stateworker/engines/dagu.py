@@ -105,18 +105,18 @@ def go_time(text: str | None) -> str:
 def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     rules.configuration("get", req)
     where, key = rules.address(req, ctx)
-    default: Raw | UnsetType = UNSET
-    if req.default is not UNSET and not req.required:  # (required beats default)
-        default = Raw(rules.normalized(state, req.default, "default").json)
 
     def answer(entry: EntryResult) -> GetOutput:
         if entry.found:
             return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
                              key=key, found=True, version=entry.version, hash=entry.hash,
                              value=entry.value)
-        if req.required:
+        if req.required:  # (it beats default)
             raise NotFound("dag state: not found", {"path": "$.key", "scope": where.scope,
                                                     "namespace": where.namespace, "key": key})
+        default: Raw | UnsetType = UNSET
+        if not isinstance(req.default, UnsetType):  # normalized only when used, as in Dagu
+            default = Raw(rules.normalized(state, req.default, "default").json)
         return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
                          key=key, found=False, value=default)
 

@@ -300,6 +300,14 @@ async def test_a_value_over_max_value_bytes_is_too_large(redis_server: RedisServ
             assert str(info.value) == f"dag state: value too large: {size} bytes exceeds 64"
             assert (info.value.details["size"], info.value.details["limit"]) == (size, 64)
         assert not (await dagu(small, "get", {"key": "k"}))["found"]
+        # a default is normalized (and sized) only when a miss uses it; required beats it
+        big = {"key": "k", "default": "x" * 100}
+        with pytest.raises(ValueTooLarge):
+            await dagu(small, "get", big)
+        with pytest.raises(NotFound):
+            await dagu(small, "get", {**big, "required": True})
+        await dagu(small, "set", {"key": "k", "value": 1})
+        assert (await dagu(small, "get", big))["value"] == 1
 
 
 @asynccontextmanager
