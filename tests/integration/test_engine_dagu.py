@@ -290,33 +290,6 @@ async def test_expected_version_takes_an_integer_or_its_decimal_text(
     assert (await dagu(client, "get", {"key": "k"}))["version"] == 2
 
 
-async def test_a_value_over_max_value_bytes_is_too_large(redis_server: RedisServer) -> None:
-    settings = Settings(redis_url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:12]}",
-                        partitions=4, max_value_bytes=64)
-    async with small_service(settings) as small:
-        for value, size in (("x" * 100, 102), ("<" * 20, 122)):  # (Go escapes < as \u003c)
-            with pytest.raises(ValueTooLarge) as info:
-                await dagu(small, "set", {"key": "k", "value": value})
-            assert str(info.value) == f"dag state: value too large: {size} bytes exceeds 64"
-            assert (info.value.details["size"], info.value.details["limit"]) == (size, 64)
-        assert not (await dagu(small, "get", {"key": "k"}))["found"]
-        # a default is normalized (and sized) only when a miss uses it; required beats it
-        big = {"key": "k", "default": "x" * 100}
-        with pytest.raises(ValueTooLarge):
-            await dagu(small, "get", big)
-        with pytest.raises(NotFound):
-            await dagu(small, "get", {**big, "required": True})
-        await dagu(small, "set", {"key": "k", "value": 1})
-        assert (await dagu(small, "get", big))["value"] == 1
-
-
-@asynccontextmanager
-async def small_service(settings: Settings) -> AsyncIterator[StateClient]:
-    async with StateService.running(settings, BusOptions(block_ms=50)), \
-            StateClient(settings=settings) as opened:
-        yield opened
-
-
 # ---- get: required and default ------------------------------------------------------------------
 async def test_a_required_get_of_a_missing_key_is_not_found(client: StateClient) -> None:
     with pytest.raises(NotFound) as info:
@@ -504,3 +477,31 @@ async def test_diff_expected_version_conflicts_before_comparing(client: StateCli
         matched = await dagu(client, "diff", {"key": key, "value": 5, "update": update,
                                               "expected_version": str(version)})
         assert (matched["changed"], matched["version"]) == (True, version + update)
+
+
+# ---- the service's value limit (last: it starts a service of its own) -------------------------
+async def test_a_value_over_max_value_bytes_is_too_large(redis_server: RedisServer) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:12]}",
+                        partitions=4, max_value_bytes=64)
+    async with small_service(settings) as small:
+        for value, size in (("x" * 100, 102), ("<" * 20, 122)):  # (Go escapes < as \u003c)
+            with pytest.raises(ValueTooLarge) as info:
+                await dagu(small, "set", {"key": "k", "value": value})
+            assert str(info.value) == f"dag state: value too large: {size} bytes exceeds 64"
+            assert (info.value.details["size"], info.value.details["limit"]) == (size, 64)
+        assert not (await dagu(small, "get", {"key": "k"}))["found"]
+        # a default is normalized (and sized) only when a miss uses it; required beats it
+        big = {"key": "k", "default": "x" * 100}
+        with pytest.raises(ValueTooLarge):
+            await dagu(small, "get", big)
+        with pytest.raises(NotFound):
+            await dagu(small, "get", {**big, "required": True})
+        await dagu(small, "set", {"key": "k", "value": 1})
+        assert (await dagu(small, "get", big))["value"] == 1
+
+
+@asynccontextmanager
+async def small_service(settings: Settings) -> AsyncIterator[StateClient]:
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as opened:
+        yield opened
