@@ -1,8 +1,252 @@
-"""Dagu's state executor actions (`state.*`) over the native state functions."""
+"""Dagu's state executor actions (`state.get`, `state.set`, `state.delete`, `state.list`,
+`state.diff`) over the native state functions.
+
+A call's body is the step's `with:` fields (dagu_rules.py: decoded, checked with Dagu's texts,
+placed in the native scope `dagu/<scope>/<namespace>`); each action builds the native request
+and runs the native function (`state::get-entry`, `set`, `delete`, `list-entries`, `diff`), so
+it is validated, written, evented and triggered as the native call is; the result is Dagu's
+executor output, field for field.
+"""
 
 from __future__ import annotations
 
-from stateworker.state.functions import Prepare
+from collections.abc import Callable
+from typing import Any
 
-FUNCTIONS: dict[str, Prepare] = {}
-READS: frozenset[str] = frozenset()
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from stateworker.context import CallContext
+from stateworker.engines import dagu_rules as rules
+from stateworker.engines.dagu_rules import DaguRequest, Place
+from stateworker.errors import NotFound, StateError
+from stateworker.state import functions
+from stateworker.state.functions import Prepare
+from stateworker.state.listing import MAX_LIMIT as PAGE_LIMIT
+from stateworker.state.listing import ListedEntry, ListEntriesRequest, ListEntriesResult
+from stateworker.state.schemas import (
+    NULL,
+    DeleteRequest,
+    DiffRequest,
+    DiffResult,
+    EntryResult,
+    GetEntryRequest,
+    SetRequest,
+    SetResult,
+)
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import Arg
+from stateworker.transport.plans import Plan, command_reply, then
+
+
+# ---- Dagu's outputs ------------------------------------------------------------------------------
+class Placed(Struct, kw_only=True):
+    operation: str
+    scope: str
+    namespace: str
+
+
+class Keyed(Placed, kw_only=True):
+    key: str
+
+
+class GetOutput(Keyed, kw_only=True, omit_defaults=True):
+    found: bool
+    version: int | UnsetType = UNSET
+    hash: str | UnsetType = UNSET
+    value: Raw | UnsetType = UNSET  # a miss: the default, when one was given
+
+
+class SetOutput(Keyed, kw_only=True):
+    version: int
+    hash: str
+    created: bool
+
+
+class DeleteOutput(Keyed, kw_only=True):
+    deleted: bool
+
+
+class ListedOutput(Struct, kw_only=True, omit_defaults=True):
+    scope: str
+    namespace: str
+    key: str
+    version: int
+    hash: str
+    created_at: str = msgspec.field(name="createdAt")
+    updated_at: str = msgspec.field(name="updatedAt")
+    value: Raw | UnsetType = UNSET  # only with include_values
+
+
+class ListOutput(Placed, kw_only=True, omit_defaults=True):
+    prefix: str = ""
+    entries: list[ListedOutput]
+
+
+class DiffOutput(Keyed, kw_only=True, omit_defaults=True):
+    changed: bool
+    found_previous: bool = msgspec.field(name="foundPrevious")
+    previous_version: int = msgspec.field(default=0, name="previousVersion")
+    version: int = 0
+    hash: str = ""
+    previous: Raw | UnsetType = UNSET
+    current: Raw
+
+
+def go_time(text: str | None) -> str:
+    """An RFC 3339 time in milliseconds as Go's RFC3339Nano writes it: the fraction's
+    trailing zeros dropped, and the fraction with them when it is zero."""
+    head, _, fraction = (text or "").removesuffix("Z").partition(".")
+    fraction = fraction.rstrip("0")
+    return f"{head}.{fraction}Z" if fraction else f"{head}Z"
+
+
+# ---- the actions ---------------------------------------------------------------------------------
+def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+    rules.configuration("get", req)
+    where, key = rules.address(req, ctx)
+
+    def answer(entry: EntryResult) -> GetOutput:
+        if entry.found:
+            return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
+                             key=key, found=True, version=entry.version, hash=entry.hash,
+                             value=entry.value)
+        if req.required:  # (it beats default)
+            raise NotFound("dag state: not found", {"path": "$.key", "scope": where.scope,
+                                                    "namespace": where.namespace, "key": key})
+        default: Raw | UnsetType = UNSET
+        if not isinstance(req.default, UnsetType):  # normalized only when used, as in Dagu
+            default = Raw(rules.normalized(state, req.default, "default").json)
+        return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
+                         key=key, found=False, value=default)
+
+    entry = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+    return then(entry, answer)
+
+
+def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+    rules.configuration("set", req)
+    where, key = rules.address(req, ctx)
+    assert not isinstance(req.value, UnsetType)  # (configuration checked it)
+    value = rules.normalized(state, req.value, "value")
+    native = SetRequest(where.native, key, value=Raw(value.json),
+                        expected_version=rules.expected_version(req.expected_version),
+                        create_only=bool(req.create_only))
+
+    def answer(result: SetResult) -> SetOutput:
+        return SetOutput(operation="set", scope=where.scope, namespace=where.namespace, key=key,
+                         version=result.version, hash=result.hash, created=result.version == 1)
+
+    return then(functions.state_set(state, native, ctx), answer)
+
+
+def dagu_delete(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+    """Native delete answers the old value, `null` both for a missing key and a stored
+    `null`; an EXISTS just before it (same pipeline) tells the two apart."""
+    rules.configuration("delete", req)
+    where, key = rules.address(req, ctx)
+    delete = functions.state_delete(state, DeleteRequest(where.native, key), ctx)
+    exists: list[Arg] = ["EXISTS", state.keys.for_scope(where.native).entry(where.native, key)]
+
+    def finish(replies: list[Any]) -> DeleteOutput:
+        found = command_reply(replies[0], "EXISTS") == 1
+        old = delete.finish(replies[1:])
+        return DeleteOutput(operation="delete", scope=where.scope, namespace=where.namespace,
+                            key=key, deleted=bytes(old) != bytes(NULL) or found)
+
+    return Plan([exists, *delete.commands], finish, delete.checks_deadline, delete.binds_call_id)
+
+
+def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+    """Every entry of the namespace (with the prefix), in key byte order, up to `limit`
+    (0: all), read in native pages of at most PAGE_LIMIT."""
+    rules.configuration("list", req)
+    where = rules.place(req, ctx)
+    limit = rules.list_limit(req)
+    prefix = rules.list_prefix(req)
+    entries: list[ListedOutput] = []
+
+    def page(after: str | None) -> Plan:
+        wanted = PAGE_LIMIT if limit == 0 else min(PAGE_LIMIT, limit - len(entries))
+        native = ListEntriesRequest(scope=where.native, prefix=prefix or None, limit=wanted,
+                                    after=after, include_values=bool(req.include_values))
+        return then(functions.state_list_entries(state, native, ctx), collect)
+
+    def collect(result: ListEntriesResult) -> Plan | ListOutput:
+        entries.extend(_listed(where, entry) for entry in result.entries)
+        if isinstance(result.next_after, str) and (limit == 0 or len(entries) < limit):
+            return page(result.next_after)
+        return ListOutput(operation="list", scope=where.scope, namespace=where.namespace,
+                          prefix=prefix, entries=entries)
+
+    return page(None)
+
+
+def _listed(where: Place, entry: ListedEntry) -> ListedOutput:
+    return ListedOutput(scope=where.scope, namespace=where.namespace, key=entry.key,
+                        version=entry.version, hash=entry.hash,
+                        created_at=go_time(entry.created_at),
+                        updated_at=go_time(entry.updated_at), value=entry.value)
+
+
+def dagu_diff(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+    """Compare the value with the stored one by hash; when it changed (or is new) and
+    `update` is not false, write it as native `state::diff` does (one script: compare and
+    write, so no writer gets between them)."""
+    rules.configuration("diff", req)
+    where, key = rules.address(req, ctx)
+    assert not isinstance(req.value, UnsetType)  # (configuration checked it)
+    current = rules.normalized(state, req.value, "value")
+    expected = rules.expected_version(req.expected_version)
+    output = DiffOutput(operation="diff", scope=where.scope, namespace=where.namespace,
+                        key=key, changed=True, found_previous=False, current=Raw(current.json))
+    if req.update is False:
+        return _compare(state, where, key, current.hash, expected, output, ctx)
+
+    def answer(diff: DiffResult) -> DiffOutput:
+        return msgspec.structs.replace(
+            output, changed=diff.changed, found_previous=diff.found_previous,
+            previous_version=diff.previous_version or 0, version=diff.version or 0,
+            hash=diff.hash or "", previous=diff.previous)
+
+    native = DiffRequest(where.native, key, value=Raw(current.json), update=True,
+                         expected_version=expected)
+    return then(functions.state_diff(state, native, ctx), answer)
+
+
+def _compare(state: RedisState, where: Place, key: str, digest: str, expected: int | None,
+             output: DiffOutput, ctx: CallContext) -> Plan:
+    """`update: false`: nothing is written; version and hash describe the stored entry."""
+    def answer(entry: EntryResult) -> DiffOutput:
+        stored = entry.version if isinstance(entry.version, int) else 0
+        if expected is not None and expected != stored:  # (a missing key is version 0)
+            raise rules.conflict({"expected_version": expected, "current_version": stored})
+        if not entry.found:
+            return output
+        return msgspec.structs.replace(
+            output, changed=entry.hash != digest, found_previous=True, previous_version=stored,
+            version=stored, hash=entry.hash or "", previous=entry.value)
+
+    return then(functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx), answer)
+
+
+def served(action: Callable[[RedisState, DaguRequest, CallContext], Plan]) -> Prepare:
+    """`action` on a JSON body; its errors, raised now or by its plan, in Dagu's terms."""
+    def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
+        try:
+            plan = action(state, rules.decode(body), ctx)
+        except StateError as exc:
+            rules.raise_in_dagu_terms(exc)
+        return rules.dagu_texts(plan)
+
+    return prepare_call
+
+
+FUNCTIONS: dict[str, Prepare] = {
+    "state.get": served(dagu_get),
+    "state.set": served(dagu_set),
+    "state.delete": served(dagu_delete),
+    "state.list": served(dagu_list),
+    "state.diff": served(dagu_diff),
+}
+READS: frozenset[str] = frozenset({"state.get", "state.list"})

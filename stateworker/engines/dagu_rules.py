@@ -1,0 +1,272 @@
+"""Dagu's state steps as Dagu reads them: the `with:` fields, where a key lives, the checks
+with Dagu's own texts, and the value as Dagu stores it.
+
+Dagu's texts come in three families, each with its prefix: `state: configuration error: ...`
+(the step's configuration: key, value, limit, scope), `dag state: invalid ref: ...` (a
+namespace, key or prefix Dagu's store refuses) and `dag state: <condition>` (not found,
+conflict, value too large). The quoted values are Go's `%q`; spaces are trimmed as Go's
+`strings.TrimSpace` trims them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, NoReturn
+
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from stateworker import codec
+from stateworker.context import CallContext
+from stateworker.errors import Conflict, InvalidContext, InvalidRequest, StateError, ValueTooLarge
+from stateworker.state import validate
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan
+
+SCOPES = ("dag", "root_dag", "global", "custom")
+GLOBAL_NAMESPACE = "_"  # Dagu's DefaultGlobalNamespace
+NATIVE_PREFIX = "dagu/"  # native scopes `dagu/<scope>/<namespace>`
+MAX_LIMIT = 2**31 - 1  # Dagu refuses a list limit above a 32-bit int
+MAX_VERSION = 2**63 - 1  # an int64, as Dagu's expected_version
+
+# unicode.IsSpace: what Go's strings.TrimSpace removes (Python's strip() also removes
+# U+001C..U+001F, which Go keeps).
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007" \
+           "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+                  "\t": "\\t", "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+_UNKNOWN_FIELD = re.compile(r"unknown field `(.*)`")
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+class DaguRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A state step's `with:` fields, every one for every action, as Dagu's executor takes
+    them (an unknown field is refused: Dagu decodes with ErrorUnused). `null` is "not given"
+    except for `value` and `default`, where `null` is the value."""
+
+    scope: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+    prefix: str | None = None
+    value: Raw | UnsetType = UNSET
+    default: Raw | UnsetType = UNSET
+    expected_version: int | str | None = None  # Dagu decodes weakly: "3" is 3
+    create_only: bool | None = None
+    required: bool | None = None
+    update: bool | None = None
+    limit: int | None = None
+    include_values: bool | None = None
+
+
+FIELDS = tuple(DaguRequest.__struct_fields__)
+
+
+class Place(NamedTuple):
+    """Where a Dagu entry lives: its Dagu scope and namespace; `native` is the native scope
+    that holds it (the Dagu scope is part of it, as it is of Dagu's record ids)."""
+
+    scope: str
+    namespace: str
+
+    @property
+    def native(self) -> str:
+        return f"{NATIVE_PREFIX}{self.scope}/{self.namespace}"
+
+
+def go_trim(text: str | None) -> str:
+    return (text or "").strip(GO_SPACE)
+
+
+def go_quote(text: str) -> str:
+    """Go's `%q` of a string (strconv.Quote)."""
+    out = ['"']
+    for char in text:
+        code = ord(char)
+        if char in _QUOTE_ESCAPES:
+            out.append(_QUOTE_ESCAPES[char])
+        elif char.isprintable():  # (Python's printable set is Go's IsPrint)
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def configuration_error(text: str, field: str) -> InvalidRequest:
+    return InvalidRequest(f"state: configuration error: {text}", {"path": f"$.{field}"})
+
+
+def invalid_ref(text: str, path: str) -> InvalidRequest:
+    return InvalidRequest(f"dag state: invalid ref: {text}", {"path": path})
+
+
+def decode(body: bytes) -> DaguRequest:
+    """The step's fields; an unknown one is INVALID_REQUEST naming it."""
+    try:
+        return validate.request(body, DaguRequest)
+    except InvalidRequest as exc:
+        unknown = _UNKNOWN_FIELD.search(exc.message)
+        if unknown is None:
+            raise
+        name = unknown.group(1)
+        raise InvalidRequest(f"$.{name}: unknown field {go_quote(name)}: a Dagu state step "
+                             f"takes only {', '.join(FIELDS)}", {"path": f"$.{name}"}) from exc
+
+
+def configuration(action: str, req: DaguRequest) -> None:
+    """What Dagu checks of a step before it runs (`dagu validate`)."""
+    if action != "list" and not go_trim(req.key):
+        raise configuration_error("key is required", "key")
+    if action in ("set", "diff") and req.value is UNSET:  # (null is a value)
+        raise configuration_error(f"value is required for {action}", "value")
+    if (req.limit or 0) < 0:
+        raise configuration_error("limit must be greater than or equal to zero", "limit")
+
+
+# ---- where an entry lives ---------------------------------------------------------------------
+def place(req: DaguRequest, ctx: CallContext) -> Place:
+    """The scope (default `dag`) and namespace (given, else from the step's DAG); checked."""
+    scope = go_trim(req.scope) or "dag"
+    if scope not in SCOPES:
+        raise configuration_error(f"unsupported scope {go_quote(scope)}", "scope")
+    namespace, path = go_trim(req.namespace), "$.namespace"
+    if not namespace:
+        if scope == "custom":
+            raise configuration_error("namespace is required for custom scope", "namespace")
+        namespace, path = _default_namespace(scope, ctx)
+    if not go_trim(namespace):
+        raise invalid_ref("namespace is required", path)
+    if "/" in namespace or "\\" in namespace or namespace in (".", ".."):
+        raise invalid_ref(f"invalid namespace {go_quote(namespace)}", path)
+    return Place(scope, namespace)
+
+
+def _default_namespace(scope: str, ctx: CallContext) -> tuple[str, str]:
+    """The namespace of a scope given none, and the context field it came from. Dagu takes
+    the step's DAG name as it is, the root run's name trimmed."""
+    if scope == "global":
+        return GLOBAL_NAMESPACE, "$.namespace"
+    if scope == "root_dag":
+        root = go_trim(_context_text(ctx, "root_dag_name", scope))
+        if root:
+            return root, "context.root_dag_name"
+    name = _context_text(ctx, "dag_name", scope)
+    if not name:
+        raise InvalidContext(
+            f"context.dag_name: Dagu's {scope} scope takes its namespace from the call's "
+            "context (dag_name: the step's DAG, Dagu's DAG_NAME"
+            + (", or root_dag_name" if scope == "root_dag" else "") + "), which has none; "
+            "send it (stateworker call --context '{\"dag_name\":\"...\"}') or give namespace",
+            {"path": "context.dag_name"})
+    return name, "context.dag_name"
+
+
+def _context_text(ctx: CallContext, name: str, scope: str) -> str:
+    value = ctx.context.get(name)
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise InvalidContext(f"context.{name}: must be text (the name of a DAG, for Dagu's {scope} "
+                         f"scope), got {type(value).__name__}", {"path": f"context.{name}"})
+
+
+def address(req: DaguRequest, ctx: CallContext) -> tuple[Place, str]:
+    """The place and the key (trimmed, checked) of a get, set, delete or diff."""
+    where = place(req, ctx)
+    key = go_trim(req.key)
+    check_key(key)
+    return where, key
+
+
+def check_key(key: str, name: str = "key", path: str = "$.key") -> None:
+    """Dagu's key rule: `/`-separated parts, none empty, `.` or `..`; no `\\`."""
+    if not go_trim(key):
+        raise invalid_ref(f"{name} is required", path)
+    if key.startswith("/") or key.endswith("/") or "\\" in key or \
+            any(part in ("", ".", "..") for part in key.split("/")):
+        raise invalid_ref(f"invalid {name} {go_quote(key)}", path)
+
+
+def list_prefix(req: DaguRequest) -> str:
+    """The list's key prefix (trimmed): a key's start, perhaps ending with `/`."""
+    prefix = go_trim(req.prefix)
+    if prefix.startswith("/") or "\\" in prefix:
+        raise invalid_ref(f"invalid key prefix {go_quote(prefix)}", "$.prefix")
+    if prefix.removesuffix("/"):
+        check_key(prefix.removesuffix("/"), "key_prefix", "$.prefix")
+    return prefix
+
+
+def list_limit(req: DaguRequest) -> int:
+    """The list's limit; 0 (or none) is no limit."""
+    limit = req.limit or 0
+    if limit > MAX_LIMIT:
+        raise invalid_ref(f"limit exceeds {MAX_LIMIT}", "$.limit")
+    return limit
+
+
+def expected_version(value: int | str | None) -> int | None:
+    """An integer, or its base-10 text (Dagu decodes the field weakly)."""
+    if isinstance(value, str):
+        if not _DECIMAL.fullmatch(value):
+            raise InvalidRequest(f"$.expected_version: must be an integer or its base-10 text, "
+                                 f"got {go_quote(value)}", {"path": "$.expected_version"})
+        value = int(value)
+    if value is not None:
+        validate.in_range("expected_version", value, 0, MAX_VERSION,
+                          " (a version; a negative one never matches)")
+    return value
+
+
+# ---- values -------------------------------------------------------------------------------------
+def normalized(state: RedisState, raw: Raw, field: str) -> codec.Value:
+    """Dagu's normalized value: compact JSON with every object's keys sorted and numbers as
+    written (Go's encoding/json), which is the canonical form, so its SHA-256 is its hash.
+    Its size counts against `max_value_bytes`."""
+    checked = validate.value(state.settings, raw, field)
+    text = codec.canonical(codec.decode_exact(checked.json))
+    limit = state.settings.max_value_bytes
+    if len(text) > limit:
+        raise ValueTooLarge(too_large_text(len(text), limit),
+                            {"path": f"$.{field}", "size": len(text), "limit": limit})
+    return codec.Value(text, checked.hash)
+
+
+def too_large_text(size: int, limit: int) -> str:
+    return f"dag state: value too large: {size} bytes exceeds {limit}"
+
+
+# ---- Dagu's texts for the native errors -------------------------------------------------------
+def conflict(details: dict[str, object]) -> Conflict:
+    return Conflict("dag state: conflict", details)
+
+
+def in_dagu_terms(exc: StateError) -> StateError:
+    """A native error as Dagu says it (code and details kept)."""
+    if isinstance(exc, Conflict):
+        return conflict(exc.details)
+    if isinstance(exc, ValueTooLarge) and "size" in exc.details:
+        return ValueTooLarge(too_large_text(exc.details["size"], exc.details["limit"]),
+                             exc.details)
+    return exc
+
+
+def raise_in_dagu_terms(exc: StateError) -> NoReturn:
+    translated = in_dagu_terms(exc)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
+def dagu_texts(plan: Plan) -> Plan:
+    """`plan`, its errors (in any of its steps) in Dagu's terms."""
+    def finish(replies: list[object]) -> object:
+        try:
+            out = plan.finish(replies)
+        except StateError as exc:
+            raise_in_dagu_terms(exc)
+        return dagu_texts(out) if isinstance(out, Plan) else out
+
+    return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)
