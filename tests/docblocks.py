@@ -28,3 +28,8 @@ def session(text: str) -> list[tuple[str, list[str]]]:
         elif steps and line.strip():
             steps[-1][1].append(line)
     return steps
+
+
+def matches(expected: str, actual: str) -> bool:
+    pattern = ".*".join(re.escape(part) for part in expected.split("…"))
+    return re.fullmatch(pattern, actual) is not None

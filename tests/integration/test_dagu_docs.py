@@ -5,7 +5,6 @@ service; each prints the line the page shows after the DAG (`…` stands for any
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,28 +15,22 @@ import pytest
 import yaml
 
 from stateworker.app.service import StateService
+from tests.docblocks import fenced_blocks, matches
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def the_example() -> tuple[dict[str, Any], list[str]]:
     """The page's DAG (the yaml block that calls stateworker) and the json block after it."""
-    blocks = [(m.group(1), m.group(2)) for m in
-              FENCE.finditer((ROOT / "docs" / "dagu.md").read_text())]
+    blocks = fenced_blocks("docs/dagu.md")
     at = next(i for i, (kind, text) in enumerate(blocks)
               if kind == "yaml" and "stateworker call" in text)
     kind, printed = blocks[at + 1]
     assert kind == "json"
     return yaml.safe_load(blocks[at][1]), printed.splitlines()
-
-
-def matches(expected: str, actual: str) -> bool:
-    pattern = ".*".join(re.escape(part) for part in expected.split("…"))
-    return re.fullmatch(pattern, actual) is not None
 
 
 async def test_the_dagu_example_runs_as_written(service: StateService, redis_server: RedisServer,

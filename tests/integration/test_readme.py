@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docblocks import fenced_blocks, session
+from tests.docblocks import fenced_blocks, matches, session
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def readme_blocks() -> list[tuple[str, str]]:
     return fenced_blocks("README.md")
-
-
-def matches(expected: str, actual: str) -> bool:
-    pattern = ".*".join(re.escape(part) for part in expected.split("…"))
-    return re.fullmatch(pattern, actual) is not None
 
 
 class Background:
