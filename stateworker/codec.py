@@ -206,6 +206,23 @@ def compact_from_tree(tree: Any, field: str, max_bytes: int) -> bytes:
 
 def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
     """Validate JSON text from a request and give its compact form and hash."""
+    return value_from_tree(tree_from_json(text, field, max_bytes), field, max_bytes)
+
+
+def canonical_value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
+    """Validate JSON text from a request; its canonical form is what is kept (Dagu's
+    normalized value), so the hash is that text's SHA-256. Decoded once."""
+    canonical_text = canonical(tree_from_json(text, field, max_bytes))
+    if len(canonical_text) > max_bytes:
+        raise ValueTooLarge(
+            f"{field} is {len(canonical_text)} bytes of JSON, more than the limit of "
+            f"{max_bytes} bytes",
+            {"path": f"$.{field}", "size": len(canonical_text), "limit": max_bytes})
+    return Value(canonical_text, hashlib.sha256(canonical_text).hexdigest())
+
+
+def tree_from_json(text: bytes, field: str, max_bytes: int) -> Any:
+    """Request JSON decoded exactly, after the size and depth checks (naming `field`)."""
     if len(text) > 4 * max_bytes + 1024:  # far too large even before compaction
         raise ValueTooLarge(
             f"{field} is {len(text)} bytes of JSON, more than the limit of {max_bytes} bytes",
@@ -219,7 +236,7 @@ def value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
                              ) from exc
     except ValueError as exc:
         raise InvalidRequest(f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
-    return value_from_tree(tree, field, max_bytes)
+    return tree
 
 
 # ---- Python extended types <-> tagged JSON -------------------------------------------------

@@ -137,7 +137,7 @@ def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
         return SetOutput(operation="set", scope=where.scope, namespace=where.namespace, key=key,
                          version=result.version, hash=result.hash, created=result.version == 1)
 
-    return then(functions.state_set(state, native, ctx), answer)
+    return then(functions.state_set(state, native, ctx, checked=value), answer)
 
 
 def dagu_delete(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
@@ -211,7 +211,7 @@ def dagu_diff(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
 
     native = DiffRequest(where.native, key, value=Raw(current.json), update=True,
                          expected_version=expected)
-    return then(functions.state_diff(state, native, ctx), answer)
+    return then(functions.state_diff(state, native, ctx, checked=current), answer)
 
 
 def _compare(state: RedisState, where: Place, key: str, digest: str, expected: int | None,
@@ -230,23 +230,25 @@ def _compare(state: RedisState, where: Place, key: str, digest: str, expected: i
     return then(functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx), answer)
 
 
-def served(action: Callable[[RedisState, DaguRequest, CallContext], Plan]) -> Prepare:
-    """`action` on a JSON body; its errors, raised now or by its plan, in Dagu's terms."""
+def served(action: Callable[[RedisState, DaguRequest, CallContext], Plan],
+           writes_value: bool = False) -> Prepare:
+    """`action` on a JSON body; its errors, raised now or (`writes_value`: an action whose
+    plan may end in CONFLICT or VALUE_TOO_LARGE) by its plan, in Dagu's terms."""
     def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
         try:
             plan = action(state, rules.decode(body), ctx)
         except StateError as exc:
             rules.raise_in_dagu_terms(exc)
-        return rules.dagu_texts(plan)
+        return rules.dagu_texts(plan) if writes_value else plan
 
     return prepare_call
 
 
 FUNCTIONS: dict[str, Prepare] = {
     "state.get": served(dagu_get),
-    "state.set": served(dagu_set),
+    "state.set": served(dagu_set, writes_value=True),
     "state.delete": served(dagu_delete),
     "state.list": served(dagu_list),
-    "state.diff": served(dagu_diff),
+    "state.diff": served(dagu_diff, writes_value=True),
 }
 READS: frozenset[str] = frozenset({"state.get", "state.list"})

@@ -184,6 +184,8 @@ def check_key(key: str, name: str = "key", path: str = "$.key") -> None:
     """Dagu's key rule: `/`-separated parts, none empty, `.` or `..`; no `\\`."""
     if not go_trim(key):
         raise invalid_ref(f"{name} is required", path)
+    if "/" not in key and "\\" not in key and key not in (".", ".."):
+        return  # (the common key: one part, no separator)
     if key.startswith("/") or key.endswith("/") or "\\" in key or \
             any(part in ("", ".", "..") for part in key.split("/")):
         raise invalid_ref(f"invalid {name} {go_quote(key)}", path)
@@ -225,13 +227,13 @@ def normalized(state: RedisState, raw: Raw, field: str) -> codec.Value:
     """Dagu's normalized value: compact JSON with every object's keys sorted and numbers as
     written (Go's encoding/json), which is the canonical form, so its SHA-256 is its hash.
     Its size counts against `max_value_bytes`."""
-    checked = validate.value(state.settings, raw, field)
-    text = codec.canonical(codec.decode_exact(checked.json))
     limit = state.settings.max_value_bytes
-    if len(text) > limit:
-        raise ValueTooLarge(too_large_text(len(text), limit),
-                            {"path": f"$.{field}", "size": len(text), "limit": limit})
-    return codec.Value(text, checked.hash)
+    try:
+        return codec.canonical_value_from_json(bytes(raw), field, limit)
+    except ValueTooLarge as exc:
+        size = exc.details["size"]
+        raise ValueTooLarge(too_large_text(size, limit),
+                            {"path": f"$.{field}", "size": size, "limit": limit}) from exc
 
 
 def too_large_text(size: int, limit: int) -> str:

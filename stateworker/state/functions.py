@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
+from stateworker import codec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
@@ -73,14 +74,19 @@ def state_get(state: RedisState, req: GetRequest, ctx: CallContext) -> Plan:
     return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 
-def state_set(state: RedisState, req: SetRequest, ctx: CallContext) -> Plan:
+def state_set(state: RedisState, req: SetRequest, ctx: CallContext,
+              checked: codec.Value | None = None) -> Plan:
+    """`checked`: the value as a front-end already checked it (Dagu's normalized form),
+    written as it is instead of `req.value`."""
     validate.address(state, ctx, req.scope, req.key)
-    raw = req.value if req.value is not msgspec.UNSET else req.data
-    if raw is msgspec.UNSET:
-        raise InvalidRequest("$.value: the field `value` (or `data`) is required",
-                             {"path": "$.value"})
+    if checked is None:
+        raw = req.value if req.value is not msgspec.UNSET else req.data
+        if raw is msgspec.UNSET:
+            raise InvalidRequest("$.value: the field `value` (or `data`) is required",
+                                 {"path": "$.value"})
+        checked = validate.value(state.settings, raw)
     return writes.set_plan(state,
-        req.scope, req.key, validate.value(state.settings, raw),
+        req.scope, req.key, checked,
         topic=validate.topic(req.topic), ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
         create_only=req.create_only, max_keys=validate.max_keys(req.max_keys), ctx=ctx,
@@ -151,10 +157,13 @@ def state_list_entries(state: RedisState, req: listing.ListEntriesRequest, ctx: 
     return listing.list_entries_plan(state, req)
 
 
-def state_diff(state: RedisState, req: DiffRequest, ctx: CallContext) -> Plan:
+def state_diff(state: RedisState, req: DiffRequest, ctx: CallContext,
+               checked: codec.Value | None = None) -> Plan:
+    """`checked`: as `state_set`'s."""
     validate.address(state, ctx, req.scope, req.key)
     return writes.diff_plan(state,
-        req.scope, req.key, validate.value(state.settings, req.value), update=req.update,
+        req.scope, req.key, checked or validate.value(state.settings, req.value),
+        update=req.update,
         expected_version=validate.expected_version(req.expected_version),
         max_keys=validate.max_keys(req.max_keys), ctx=ctx)
 
