@@ -8,7 +8,7 @@ import psycopg
 import pytest
 import redis.asyncio as aredis
 
-from stateworker import StateStore
+from stateworker import StateClient, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
@@ -61,6 +61,15 @@ async def service(redis_server: RedisServer, prefix: str) -> AsyncIterator[State
     settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
     async with StateService.running(settings, BusOptions(block_ms=50)) as running:
         yield running
+
+
+@pytest.fixture
+async def client(service: StateService, redis_server: RedisServer,
+                 prefix: str) -> AsyncIterator[StateClient]:
+    """A StateClient of the `service`: calls over the bus, as another program makes them."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    async with StateClient(settings=settings, timeout=30) as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -32,14 +32,6 @@ AB_HASH = "43258cff783fe7036d8a43033f830adfc60ec037382473548ac742b888292777"  # 
 GO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{0,2}[1-9])?Z")
 
 
-@pytest.fixture
-async def client(service: StateService, redis_server: RedisServer,
-                 prefix: str) -> AsyncIterator[StateClient]:
-    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
-    async with StateClient(settings=settings) as opened:
-        yield opened
-
-
 async def dagu(client: StateClient, action: str, body: dict[str, Any],
                context: dict[str, Any] | None = ETL) -> Any:
     return await client.call(f"state.{action}", body, context=context)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,6 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = {"org_id": "org_1", "workflow_id": "wf_7", "execution_id": "exec_42"}
-
-
-@pytest.fixture
-async def client(service: StateService, redis_server: RedisServer,
-                 prefix: str) -> AsyncIterator[StateClient]:
-    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
-    async with StateClient(settings=settings, timeout=30) as opened:
-        yield opened
 
 
 async def fill(store: StateStore, scope: str, count: int) -> None:

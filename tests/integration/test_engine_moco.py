@@ -11,7 +11,6 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,6 @@ pytestmark = pytest.mark.anyio
 ALICE = {"user_id": "alice", "execution_id": "run-a"}
 BOB = {"user_id": "bob", "execution_id": "run-b"}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def client(service: StateService, redis_server: RedisServer,
-                 prefix: str) -> AsyncIterator[StateClient]:
-    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
-    async with StateClient(settings=settings) as opened:
-        yield opened
 
 
 async def moco(client: StateClient, activity: str, body: dict[str, Any],
