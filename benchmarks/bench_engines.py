@@ -11,6 +11,7 @@ is the same program), so the ratio is the translation's cost alone.
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -24,6 +25,20 @@ VALUE = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
 MOCO = {"user_id": "u1"}
 DAGU = {"dag_name": "etl"}
 KEEPERHUB = {"org_id": "o1", "workflow_id": "w1", "execution_id": "e1"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time a process has used so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured(op: Op, concurrency: int, seconds: float, pid: int) -> tuple[float, float]:
+    """Ops/s of `op`, and the service's CPU seconds per call while it ran."""
+    before = cpu_seconds(pid)
+    rate, latencies = await timed(op, concurrency, seconds)
+    return rate, (cpu_seconds(pid) - before) / max(len(latencies), 1)
 
 
 def pairs(client: StateClient) -> dict[str, tuple[Op, Op]]:
@@ -62,21 +77,23 @@ async def engines_section(url: str, seconds: float, rounds: int, out: Any) -> di
     figures: dict[str, Any] = {}
     try:
         async with StateClient(settings=Settings(redis_url=url, prefix=PREFIX)) as client:
-            measured = pairs(client)
-            for compat, native in measured.values():  # warm up; the reads find their keys
+            calls = pairs(client)
+            for compat, native in calls.values():  # warm up; the reads find their keys
                 for w in range(64):
                     await native(w, 0)
                     await compat(w, 0)
             for concurrency in (1, 64):
-                for name, (compat, native) in measured.items():
-                    rates: dict[Op, list[float]] = {compat: [], native: []}
+                for name, (compat, native) in calls.items():
+                    runs: dict[Op, list[tuple[float, float]]] = {compat: [], native: []}
                     for round_ in range(rounds):
                         for op in (compat, native) if round_ % 2 == 0 else (native, compat):
-                            rates[op].append((await timed(op, concurrency, seconds))[0])
-                    compat_rates, native_rates = rates[compat], rates[native]
+                            runs[op].append(await measured(op, concurrency, seconds,
+                                                           service.pid))
                     figures[f"{name} c={concurrency}"] = {
-                        "compat_ops_per_s": round(statistics.median(compat_rates)),
-                        "native_ops_per_s": round(statistics.median(native_rates)),
+                        "compat_ops_per_s": round(statistics.median(r for r, _ in runs[compat])),
+                        "native_ops_per_s": round(statistics.median(r for r, _ in runs[native])),
+                        "compat_cpu_us": round(statistics.median(c for _, c in runs[compat]) * 1e6),
+                        "native_cpu_us": round(statistics.median(c for _, c in runs[native]) * 1e6),
                     }
     finally:
         service.terminate()
@@ -86,9 +103,13 @@ async def engines_section(url: str, seconds: float, rounds: int, out: Any) -> di
 
 
 def report(figures: dict[str, Any], out: Any) -> None:
-    print(f"\n{'front-end call / native call':<44}{'compat/s':>10}{'native/s':>10}"
-          f"{'ratio':>8}", file=out)
+    """Throughput ratio (compat ÷ native ops/s) and cost ratio (native ÷ compat service CPU
+    per call: what the service spends on one call, steadier than ops/s on a shared machine)."""
+    print(f"\n{'front-end call / native call':<40}{'compat/s':>9}{'native/s':>9}{'ratio':>7}"
+          f"{'cpu us':>8}{'native':>8}{'ratio':>7}", file=out)
     for name, row in figures.items():
         row["ratio"] = round(row["compat_ops_per_s"] / row["native_ops_per_s"], 3)
-        print(f"{name:<44}{row['compat_ops_per_s']:>10,}{row['native_ops_per_s']:>10,}"
-              f"{row['ratio']:>8.2f}", file=out)
+        row["cpu_ratio"] = round(row["native_cpu_us"] / max(row["compat_cpu_us"], 1), 3)
+        print(f"{name:<40}{row['compat_ops_per_s']:>9,}{row['native_ops_per_s']:>9,}"
+              f"{row['ratio']:>7.2f}{row['compat_cpu_us']:>8}{row['native_cpu_us']:>8}"
+              f"{row['cpu_ratio']:>7.2f}", file=out)

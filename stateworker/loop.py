@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,3 +19,18 @@ def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     except ImportError:
         return anyio.run(fn, *args)
     return anyio.run(fn, *args, backend_options={"use_uvloop": True})
+
+
+# Young-generation collections at most every 100,000 net allocations (Python's default is
+# 700): a serving process allocates a few dozen objects per call and keeps almost none.
+GC_THRESHOLDS = (100_000, 50, 100)
+
+
+def tune_gc_for_serving() -> None:
+    """For a long-running server, called once everything is imported: what exists now (the
+    modules, the script library's texts ...) lives as long as the process, so `gc.freeze()`
+    keeps every collection from scanning it again; young collections run far less often.
+    Measured on the bus (`stateworker bench --sections engines`, 64 calls in flight):
+    the service's CPU per `state::get-entry` went from about 115 to 88 us."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)

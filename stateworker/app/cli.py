@@ -21,7 +21,7 @@ from stateworker.errors import ConfigError, InvalidRequest, StateError
 from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
 from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
-from stateworker.loop import run
+from stateworker.loop import run, tune_gc_for_serving
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot import restore
@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    "consumer": svc.runtime.consumer,
                                    **svc.runtime.describe}).decode(), flush=True)
 
+    tune_gc_for_serving()
     run(service.serve, settings, options, ready)
     return 0
 
