@@ -76,6 +76,11 @@ async def test_values_are_stored_normalized_so_the_stored_text_hashes_to_the_has
                                     context=ETL)  # (numbers as written: 1.50 stays 1.50)
     assert msgspec.json.decode(nested)["hash"] == \
         hashlib.sha256(b'{"z":[{"x":1.50,"y":1}]}').hexdigest()
+    escaped = await dagu(client, "set", {"key": "e", "value": {"b": "<&>\u2028", "a": "é"}})
+    got = await dagu_json(client, "get", {"key": "e"})
+    go_text = '{"a":"é","b":"\\u003c\\u0026\\u003e\\u2028"}'.encode()  # Go's escapes
+    assert got.endswith(b'"value":' + go_text + b"}")
+    assert escaped["hash"] == hashlib.sha256(go_text).hexdigest()
 
 
 async def test_a_dagu_write_is_the_native_entry_of_dagu_scope_namespace(
