@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from stateworker.keys import PartitionKeys
+from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state.bindings import FORGET
 from stateworker.state.store import RedisState
@@ -55,7 +56,7 @@ class BarrierRow:
                 else msgspec.json.encode(texts).decode()
         except UnicodeDecodeError:
             as_json = None
-        return (prefix, self.id, partition, as_json, exact, self.w)
+        return (prefix, to_pg(self.id), partition, as_json, exact, self.w)
 
 
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int) -> int:
@@ -87,7 +88,8 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
 async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:
     """(id, exact msgpack) of every barrier of the prefix in PostgreSQL."""
     cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s", (prefix,))
-    return [(str(i), bytes(e)) for i, e in await cursor.fetchall()]  # type: ignore[call-overload]
+    return [(from_pg(str(i)), bytes(e))  # type: ignore[call-overload]
+            for i, e in await cursor.fetchall()]
 
 
 def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:

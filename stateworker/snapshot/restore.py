@@ -24,6 +24,7 @@ from stateworker.errors import ConfigError
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, tables
+from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state.store import RedisState
@@ -46,8 +47,10 @@ class Summary(msgspec.Struct):
 
 def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
     """The writes that make one row an entry again, as the entry scripts leave it."""
-    (scope, key, text, version, hash_, topic, created, updated, expires, by, rev_ms,
-     rev_seq, plain) = row
+    (stored_scope, stored_key, text, version, hash_, stored_topic, created, updated, expires,
+     stored_by, rev_ms, rev_seq, plain) = row
+    scope, key, topic, by = (from_pg(name) for name in (stored_scope, stored_key,
+                                                        stored_topic, stored_by))
     part = state.keys.for_scope(scope)
     fields: list[Any] = ["v", text, "n", version, "r", f"{rev_ms}-{rev_seq}"]
     for name, value in (("h", hash_), ("t", topic), ("c", created), ("u", updated),
@@ -122,8 +125,9 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
         "SELECT id, registration FROM sw_triggers WHERE prefix = %s", (prefix,))).fetchall()
     claims = await (await pg.execute(
         "SELECT scope, namespace FROM sw_claims WHERE prefix = %s", (prefix,))).fetchall()
-    commands: list[list[Any]] = [["HSET", keys.triggers, str(i), str(r)] for i, r in triggers]
-    commands += [["HSET", keys.claims, str(s), str(n)] for s, n in claims]
+    commands: list[list[Any]] = [["HSET", keys.triggers, from_pg(str(i)), str(r)]
+                                 for i, r in triggers]
+    commands += [["HSET", keys.claims, from_pg(str(s)), from_pg(str(n))] for s, n in claims]
     if commands:
         await state.conn.pipeline(commands)
     return len(triggers), len(claims)

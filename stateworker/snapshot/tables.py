@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import psycopg
 
 from stateworker.clock import now_ms
+from stateworker.snapshot.names import to_pg
 
 PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -74,9 +75,10 @@ class Row:
     def params(self, prefix: str, partition: int) -> tuple[object, ...]:
         # jsonb refuses a \u0000 inside a string: such a value keeps only its exact text.
         as_jsonb = None if "\\u0000" in self.value_text else self.value_text
-        return (prefix, self.scope, self.key, partition, as_jsonb, self.value_text,
-                self.version, self.hash, self.topic, self.created_ms, self.updated_ms,
-                self.expires_ms, self.updated_by, *self.revision, self.plain)
+        return (prefix, to_pg(self.scope), to_pg(self.key), partition, as_jsonb,
+                self.value_text, self.version, self.hash, to_pg(self.topic), self.created_ms,
+                self.updated_ms, self.expires_ms, to_pg(self.updated_by), *self.revision,
+                self.plain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +104,8 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
         if rows:
             await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
         if gone:
-            await cursor.executemany(DELETE, [(prefix, g.scope, g.key, *g.revision)
-                                              for g in gone])
+            await cursor.executemany(DELETE, [(prefix, to_pg(g.scope), to_pg(g.key),
+                                               *g.revision) for g in gone])
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
 
@@ -117,7 +119,8 @@ async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Se
         if rows:
             await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
-                                             [r.scope for r in rows], [r.key for r in rows]))
+                                             [to_pg(r.scope) for r in rows],
+                                             [to_pg(r.key) for r in rows]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
 
@@ -139,11 +142,11 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
         if triggers:
             await cursor.executemany(
                 "INSERT INTO sw_triggers (prefix, id, registration) VALUES (%s, %s, %s)",
-                [(prefix, i, r) for i, r in triggers.items()])
+                [(prefix, to_pg(i), r) for i, r in triggers.items()])
         if claims:
             await cursor.executemany(
                 "INSERT INTO sw_claims (prefix, scope, namespace) VALUES (%s, %s, %s)",
-                [(prefix, s, n) for s, n in claims.items()])
+                [(prefix, to_pg(s), to_pg(n)) for s, n in claims.items()])
 
 
 async def reset_positions(conn: PgConnection, prefix: str,

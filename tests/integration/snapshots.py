@@ -13,6 +13,7 @@ import redis
 from stateworker import StateStore
 from stateworker.errors import StateError
 from stateworker.keys import KeySpace
+from stateworker.snapshot.names import from_pg
 
 FIELDS = ("v", "n", "h", "t", "x")
 
@@ -39,7 +40,7 @@ def postgres_entries(url: str, prefix: str) -> dict[tuple[str, str], tuple[Any, 
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT scope, key, value_text, version, hash, topic, expires_ms "
                             "FROM sw_entries WHERE prefix = %s", (prefix,)).fetchall()
-    return {(r[0], r[1]): tuple(r[2:]) for r in rows}
+    return {(from_pg(r[0]), from_pg(r[1])): (*r[2:5], from_pg(r[5]), r[6]) for r in rows}
 
 
 def caught_up(client: redis.Redis, keys: KeySpace) -> bool:

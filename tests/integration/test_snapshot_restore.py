@@ -62,7 +62,17 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
                 "scope": "s1"})
             await store.claim_namespace("billing", ["private"], caller="billing")
             await mixed_writes(store, 3000, seed=7)
-            await until(lambda: caught_up(client, keys) and nothing_to_reap(client, keys, now_ms()),
+            # Names with NUL (PostgreSQL text holds none) and U+FFFF (the escape) round-trip.
+            await store.set("nul\0scope", "k\0ey\uffff0", {"v": "\u0000"}, topic="t\uffff",
+                            by="writer\0")
+            await store.call("state::register-trigger", {
+                "id": "t\0nul", "function_id": "reactor::on_change", "service": "reactor",
+                "config": {"scope": "nul\0scope"}})
+            await store.claim_namespace("billing", ["pri\0vate"], caller="billing")
+            await store.barrier({"key": "a\0"}, {"id": "b\0arrier", "expect": 2})
+            await until(lambda: caught_up(client, keys) and nothing_to_reap(client, keys, now_ms())
+                        and not any(client.scard(p.barriers_changed)
+                                    for p in keys.all_partitions()),
                         60, "the snapshot to catch up")
 
             def registry_copied() -> bool:
@@ -70,7 +80,7 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
                     row = conn.execute("SELECT (SELECT count(*) FROM sw_triggers WHERE prefix = %s)"
                                        " + (SELECT count(*) FROM sw_claims WHERE prefix = %s)",
                                        (prefix, prefix)).fetchone()
-                return row is not None and row[0] == 2
+                return row is not None and row[0] == 4
 
             await until(registry_copied, 30, "the triggers and claims in PostgreSQL")
         before = dump(client, prefix)
@@ -81,7 +91,8 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
     assert done.returncode == 0, done.stderr
     entries = sum(1 for name in before if b":e:" in name)
     summary = msgspec.json.decode(done.stdout)
-    assert summary["entries"] == entries and summary["triggers"] == 1 and summary["claims"] == 1
+    assert summary["entries"] == entries and summary["triggers"] == 2 and summary["claims"] == 2
+    assert summary["barriers"] == 1
     assert f"restored {entries}/{entries} entries" in done.stderr
     assert dump(client, prefix) == before
 
