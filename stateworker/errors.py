@@ -8,6 +8,7 @@ a script names exists here.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any, ClassVar
 
 
@@ -272,9 +273,19 @@ HOW_TO_START = ("Start it with ./scripts/run, or set STATEWORKER_REDIS_URL (--re
                 "the Redis it uses")
 
 
+def shown_url(url: str) -> str:
+    """A URL as messages, logs and `status` show it: a password in it replaced by `***`."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def no_redis_text(url: str, reason: object) -> str:
     """One line for a Redis that cannot be reached: where, why, and how to get one."""
-    return f"no Redis at {url} ({reason}): is the service running? {HOW_TO_START}"
+    return f"no Redis at {shown_url(url)} ({reason}): is the service running? {HOW_TO_START}"
 
 
 def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
@@ -294,6 +305,6 @@ def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
                   reason: object) -> tuple[str, dict[str, Any]]:
     """Message and details of a client's UNAVAILABLE for a call that never reached the
     stream: it will never be applied."""
-    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {url} was unavailable ({reason}); "
+    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
             f"the call (id {call_id!r}) never reached the bus and will not be applied",
             {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})

@@ -17,7 +17,7 @@ from stateworker.app import service
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, InvalidRequest, StateError
+from stateworker.errors import ConfigError, InvalidRequest, StateError, shown_url
 from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
 from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
 
     def ready(svc: service.StateService) -> None:
-        url = svc.state.conn.url
+        url = svc.state.conn.shown
         print(msgspec.json.encode({"serving": "state", "redis": url,
                                    "stream": svc.bus.stream,
                                    "consumer": svc.runtime.consumer,
@@ -194,7 +194,7 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     per-partition lag (events, ms) and its last error (null: no snapshot ran)."""
     url = client_url(settings)
     conn = RedisConnection(url)
-    report: dict[str, Any] = {"redis": url, "state_dir": None if settings.redis_url
+    report: dict[str, Any] = {"redis": shown_url(url), "state_dir": None if settings.redis_url
                               else settings.state_dir, "prefix": settings.prefix}
     try:
         info = (await conn.execute("INFO", "persistence")).decode()

@@ -123,8 +123,8 @@ async def _wait_while_loading(settings: Settings) -> None:
         if not told:
             told = True
             log.warning("Redis at %s is not serving yet (%s); waiting for it, at most %g s",
-                        settings.redis_url, error, START_WAIT_S,
-                        extra={"event": "service.waiting", "redis": settings.redis_url})
+                        conn.shown, error, START_WAIT_S,
+                        extra={"event": "service.waiting", "redis": conn.shown})
 
     try:
         with contextlib.suppress(ConnectionLost, ReplyError):  # the checks report these

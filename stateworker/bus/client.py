@@ -33,6 +33,7 @@ from stateworker.errors import (
     Unavailable,
     error_from,
     not_sent_text,
+    shown_url,
     timeout_text,
 )
 from stateworker.events.watch import Watch
@@ -252,7 +253,8 @@ class StateClient(TypedCalls):
         except ConnectionLost as exc:
             return exc
         except TimeoutError:
-            return ConnectionLost(f"cannot connect to Redis at {self.url} within the call's time")
+            return ConnectionLost(f"cannot connect to Redis at {shown_url(self.url)} within the "
+                                  "call's time")
         return None
 
     @staticmethod

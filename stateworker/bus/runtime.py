@@ -169,19 +169,19 @@ class BusRuntime:
                     raise
                 self.transient[reason] += 1
                 text = (no_redis_text(self.conn.url, exc) if reason == "CONNECTION" else
-                        f"Redis at {self.conn.url} is not serving yet ({exc})")
+                        f"Redis at {self.conn.shown} is not serving yet ({exc})")
                 delay = backoff.next()
                 if end is not None and time.monotonic() + delay >= end:
                     raise Unavailable(f"{text}; gave up after {self.start_wait_s:g} s",
-                                      {"redis": self.conn.url}) from None
+                                      {"redis": self.conn.shown}) from None
                 if backoff.failures == 1:
                     log.warning("%s; waiting for it%s", text, "" if end is None else
                                 f" (at most {self.start_wait_s:g} s)",
                                 extra={"event": "bus.waiting", "service": self.bus.service,
-                                       "redis": self.conn.url})
+                                       "redis": self.conn.shown})
                 await self._pause(delay)
         if backoff.failures and not self._stopping.is_set():
-            log.info("Redis at %s serves", self.conn.url, extra={"event": "bus.redis_back"})
+            log.info("Redis at %s serves", self.conn.shown, extra={"event": "bus.redis_back"})
         return not self._stopping.is_set()
 
     async def _create_group(self) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import InvalidRequest, StateError, Unavailable
+from stateworker.errors import InvalidRequest, StateError, Unavailable, shown_url
 from stateworker.events.compaction import compacted, counted_after, lost_after, stream_info
 from stateworker.events.model import (
     MAX_SEQ,
@@ -326,8 +326,8 @@ class Watch:
     def _refused(self, error: ConnectionLost | ReplyError) -> None:
         """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again)."""
         if transient_reason(error) is None:
-            raise Unavailable(f"Redis at {self.url} refused a watch's read: {error}",
-                              {"redis": self.url}) from error
+            raise Unavailable(f"Redis at {shown_url(self.url)} refused a watch's read: {error}",
+                              {"redis": shown_url(self.url)}) from error
 
 
 def _checked(reply: Any) -> Any:

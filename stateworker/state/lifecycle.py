@@ -77,11 +77,11 @@ async def check_server(state: RedisState) -> None:
         # (On a cluster every script keeps to one slot; see RedisState.cluster.)
         state.cluster = b"cluster_enabled:1" in await conn.execute("INFO", "cluster")
     except (ConnectionLost, ReplyError) as exc:
-        raise ConfigError(f"Redis at {conn.url} is not usable: {exc}") from exc
+        raise ConfigError(f"Redis at {conn.shown} is not usable: {exc}") from exc
     aof_on = b"aof_enabled:1" in info
     if not aof_on and not settings.allow_no_aof:
         raise ConfigError(
-            f"Redis at {conn.url} has AOF off (appendonly no): acknowledged writes could be "
+            f"Redis at {conn.shown} has AOF off (appendonly no): acknowledged writes could be "
             "lost. Turn it on (CONFIG SET appendonly yes) or set STATEWORKER_ALLOW_NO_AOF=true "
             "to accept that risk."
         )
@@ -107,7 +107,7 @@ async def check_strict(state: RedisState) -> None:
         reply = await conn.execute("CONFIG", "GET", "appendfsync")
     except ReplyError as exc:
         raise ConfigError(
-            f"Redis at {conn.url} refused CONFIG GET appendfsync ({exc}), so "
+            f"Redis at {conn.shown} refused CONFIG GET appendfsync ({exc}), so "
             "STATEWORKER_DURABILITY=strict cannot check that writes are fsynced before the "
             "reply: allow CONFIG GET for this user, or use STATEWORKER_DURABILITY=fast") from exc
     fsync = dict(zip(reply[::2], reply[1::2], strict=True)).get(b"appendfsync", b"").decode()
@@ -115,7 +115,7 @@ async def check_strict(state: RedisState) -> None:
         await conn.execute("CONFIG", "SET", "appendfsync", "always")  # our own server: adopted
     elif fsync != "always":
         raise ConfigError(
-            f"STATEWORKER_DURABILITY=strict needs Redis at {conn.url} to fsync every write "
+            f"STATEWORKER_DURABILITY=strict needs Redis at {conn.shown} to fsync every write "
             f"before it replies, but its appendfsync is {fsync!r}: set `appendfsync always` "
             "(CONFIG SET appendfsync always, and in redis.conf), or use "
             "STATEWORKER_DURABILITY=fast")

@@ -97,7 +97,7 @@ class RedisState:
         # Results are held until the AOF holds the batch: a reply only after the write is on disk.
         results = await execute_many(self.conn, self.library, plans, sent, None, after_step)
         if not await self._on_disk():
-            lost = Unavailable(f"Redis at {self.conn.url} did not confirm the AOF fsync within "
+            lost = Unavailable(f"Redis at {self.conn.shown} did not confirm the AOF fsync within "
                                f"{WAITAOF_TIMEOUT_MS} ms (durability strict): is AOF still on?")
             results = [lost for _ in results]
         for index, result in enumerate(results):

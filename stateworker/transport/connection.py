@@ -41,7 +41,7 @@ from typing import Any
 
 import hiredis
 
-from stateworker.errors import ConfigError, Unavailable, no_redis_text
+from stateworker.errors import ConfigError, Unavailable, no_redis_text, shown_url
 
 Arg = bytes | str | int | float
 EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
@@ -105,7 +105,7 @@ def check_url(url: str) -> None:
     """Raise ConfigError (one line) for a URL this connection cannot open."""
     scheme = urllib.parse.urlparse(url).scheme
     if scheme not in (*SUPPORTED_SCHEMES, ""):
-        raise ConfigError(f"unsupported Redis URL scheme {scheme!r} in {url!r}: use "
+        raise ConfigError(f"unsupported Redis URL scheme {scheme!r} in {shown_url(url)!r}: use "
                           "redis://host:port/db or unix:///path/to/redis.sock")
 
 
@@ -291,7 +291,8 @@ class RedisConnection:
                  connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
                  read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S) -> None:
         """`connect_timeout_s`, `read_timeout_s`: see the module docstring; None: no limit."""
-        self.url = url
+        self.url = url  # (to connect; messages show `shown`: no password)
+        self.shown = shown_url(url)
         self.write_first_at_once = write_first_at_once
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -406,7 +407,8 @@ async def _open(url: str, connect_timeout_s: float | None = DEFAULT_CONNECT_TIME
         async with asyncio.timeout(connect_timeout_s):
             return await _connect(url, read_timeout_s)
     except TimeoutError:  # the timeout's own (an OS-level one is a ConnectionLost already)
-        raise ConnectionLost(f"cannot connect to Redis at {url} within {connect_timeout_s:g} s "
+        raise ConnectionLost(f"cannot connect to Redis at {shown_url(url)} within "
+                             f"{connect_timeout_s:g} s "
                              "(connect timeout)") from None
 
 
@@ -415,7 +417,7 @@ async def _connect(url: str, read_timeout_s: float | None) -> _Protocol:
     loop = asyncio.get_running_loop()
 
     def factory() -> _Protocol:
-        return _Protocol(url, read_timeout_s)
+        return _Protocol(shown_url(url), read_timeout_s)
 
     try:
         if parsed.scheme == "unix":
@@ -428,9 +430,10 @@ async def _connect(url: str, read_timeout_s: float | None) -> _Protocol:
             if sock is not None:  # a peer gone without a word is noticed, not waited on forever
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         else:
-            raise ValueError(f"unsupported Redis URL scheme {parsed.scheme!r} in {url!r}")
+            raise ValueError(f"unsupported Redis URL scheme {parsed.scheme!r} in "
+                             f"{shown_url(url)!r}")
     except OSError as exc:
-        raise ConnectionLost(f"cannot connect to Redis at {url}: {exc}") from exc
+        raise ConnectionLost(f"cannot connect to Redis at {shown_url(url)}: {exc}") from exc
     setup: list[list[Arg]] = []
     if parsed.password:
         auth: list[Arg] = ["AUTH", urllib.parse.unquote(parsed.password)]
@@ -476,7 +479,7 @@ async def wait_ready(conn: RedisConnection, within_s: float | None,
                     await conn.execute("PING")
             return
         except TimeoutError:  # the bound, not Redis: a connect or reply that hangs
-            raise ConnectionLost(f"no answer from Redis at {conn.url} within {within_s:g} s") \
+            raise ConnectionLost(f"no answer from Redis at {conn.shown} within {within_s:g} s") \
                 from None
         except (ConnectionLost, ReplyError) as exc:
             if transient_reason(exc) is None:
@@ -497,9 +500,9 @@ async def open_ready(conn: RedisConnection, within_s: float,
     try:
         await wait_ready(conn, within_s, waiting)
     except ConnectionLost as exc:
-        raise Unavailable(no_redis_text(conn.url, exc), {"redis": conn.url}) from exc
+        raise Unavailable(no_redis_text(conn.url, exc), {"redis": conn.shown}) from exc
     except ReplyError as exc:
         if transient_reason(exc) is None:
-            raise ConfigError(f"Redis at {conn.url} refused {who}: {exc}") from exc
-        raise Unavailable(f"Redis at {conn.url} is not serving yet after {within_s:g} s: "
-                          f"{exc}", {"redis": conn.url}) from exc
+            raise ConfigError(f"Redis at {conn.shown} refused {who}: {exc}") from exc
+        raise Unavailable(f"Redis at {conn.shown} is not serving yet after {within_s:g} s: "
+                          f"{exc}", {"redis": conn.shown}) from exc
