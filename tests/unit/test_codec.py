@@ -124,3 +124,12 @@ def test_tag_format_is_documented_shape() -> None:
 def test_rfc3339_ms() -> None:
     assert clock.rfc3339_ms(1796042645123) == "2026-11-30T12:44:05.123Z"
     assert clock.rfc3339_ms(None) is None
+
+
+@given(st.integers(0, 2**42), st.integers(0, 2**42))
+def test_rfc3339_ms_is_the_utc_time_to_the_millisecond(epoch_ms: int, other_ms: int) -> None:
+    clock.rfc3339_ms(other_ms)  # (a second formatted before is looked up, not formatted)
+    moment = dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.UTC)
+    expected = moment.replace(microsecond=epoch_ms % 1000 * 1000)
+    assert dt.datetime.fromisoformat(clock.rfc3339_ms(epoch_ms) or "") == expected
+    assert (clock.rfc3339_ms(epoch_ms) or "").endswith(f".{epoch_ms % 1000:03d}Z")
