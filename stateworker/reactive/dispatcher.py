@@ -223,6 +223,29 @@ class Dispatcher:
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch(self, partition: int, entries: list[Any]) -> None:
+        """One batch while its leases are kept: a bus condition may take up to its timeout
+        (60 s at most), far past `lease_ms`, and a lease that lapsed meanwhile would refuse
+        the position's move, so the batch would be handed on again."""
+        kept = anyio.CancelScope()
+        self._tg.start_soon(self._keep_leases, kept)
+        try:
+            await self._dispatch_batch(partition, entries)
+        finally:
+            kept.cancel()
+
+    async def _keep_leases(self, scope: anyio.CancelScope) -> None:
+        """Renew the leases every third of `lease_ms` until `scope` is cancelled (a batch
+        that ends sooner costs no renewal)."""
+        with scope:
+            while True:
+                await anyio.sleep(self.leases.lease_ms / 3000)
+                try:
+                    await self.leases.renew()
+                except (StateError, ConnectionLost, ReplyError) as exc:  # the round retries
+                    log.warning("could not renew the leases: %s", exc,
+                                extra={"event": "dispatch.renew_failed"})
+
+    async def _dispatch_batch(self, partition: int, entries: list[Any]) -> None:
         position = self.positions[partition]
         calls: list[list[Any]] = []
         for entry_id, flat in entries:

@@ -97,6 +97,15 @@ class Leases:
                     await self._run("drop", [partition])
         return taken
 
+    async def renew(self) -> None:
+        """Beat and renew what is held, taking nothing (while a batch waits on conditions)."""
+        await self.beat()
+        held = sorted(self.held)
+        for partition, kept in zip(held, await self._run("renew", held), strict=True):
+            if not kept:
+                log.warning("lost the lease of partition %d", partition,
+                            extra={"event": "dispatch.lease_lost", "partition": partition})
+
     def excess(self) -> list[int]:
         """Partitions held beyond the share: the dispatcher gives them back between batches."""
         over = len(self.held) - self.share

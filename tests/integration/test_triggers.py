@@ -16,6 +16,7 @@ from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, Reserv
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
+from tests.integration.snapshots import all_dispatched
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -285,3 +286,35 @@ def _past(service: StateService, scope: str) -> Any:
         position = service.dispatcher.positions.get(part)
         return bool(last) and position is not None and position.id == last[0][0].decode()
     return past
+
+
+async def test_a_condition_slower_than_the_lease_keeps_it_and_delivers_once(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """A batch waiting on a slow bus condition renews its partition's lease: were the lease
+    to lapse (lease_ms 500 here, the condition takes 1.6 s), the position could not move
+    and the batch would be handed on again (a repeated condition call is answered from the
+    checker's record, so only the handler's stream tells)."""
+    settings = settings_for(redis_server, prefix, lease_ms=500)
+    checker = Handler(settings, service="checker")
+    asked: list[str] = []
+
+    @checker.worker.function("checker::slow")
+    async def slow(body: dict[str, Any], call: Call) -> bool:
+        asked.append(call.id or "")
+        await anyio.sleep(1.6)  # the condition service is slow: the behaviour under test
+        return True
+
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings) as client, checker.running(), \
+            Handler(settings).running() as handler:
+        await client.call("state::register-trigger", {
+            "id": "slow", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope, "condition_function_id": "checker::slow",
+                       "condition_service": "checker", "condition_timeout_ms": 5000}})
+        await client.set(scope, "k", 1)
+        await until(lambda: handler.delivered_keys() == ["k"], 10, "the handler call")
+        keys = service.state.keys
+        await until(lambda: all_dispatched(redis_server.client(), keys), 10,
+                    "the position stored")
+        handed_on = redis_server.client().xinfo_stream(f"{prefix}:bus:reactor")["entries-added"]
+        assert handed_on == 1 and len(asked) == 1
