@@ -18,6 +18,7 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 
 from stateworker.context import CallContext
 from stateworker.engines import dagu_rules as rules
+from stateworker.engines.common import renamed
 from stateworker.engines.dagu_rules import DaguRequest, Place
 from stateworker.errors import NotFound, StateError
 from stateworker.state import functions
@@ -104,7 +105,7 @@ def go_time(text: str | None) -> str:
 # ---- the actions ---------------------------------------------------------------------------------
 def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     rules.configuration("get", req)
-    where, key = rules.address(req, ctx)
+    where, key = rules.address(req, ctx, state.settings.max_key_bytes)
 
     def answer(entry: EntryResult) -> GetOutput:
         if entry.found:
@@ -120,13 +121,14 @@ def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
         return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
                          key=key, found=False, value=default)
 
-    entry = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+    with renamed("scope", "namespace"):
+        entry = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
     return then(entry, answer)
 
 
 def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     rules.configuration("set", req)
-    where, key = rules.address(req, ctx)
+    where, key = rules.address(req, ctx, state.settings.max_key_bytes)
     assert not isinstance(req.value, UnsetType)  # (configuration checked it)
     value = rules.normalized(state, req.value, "value")
     native = SetRequest(where.native, key, value=Raw(value.json),
@@ -137,15 +139,17 @@ def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
         return SetOutput(operation="set", scope=where.scope, namespace=where.namespace, key=key,
                          version=result.version, hash=result.hash, created=result.version == 1)
 
-    return then(functions.state_set(state, native, ctx, checked=value), answer)
+    with renamed("scope", "namespace"):
+        return then(functions.state_set(state, native, ctx, checked=value), answer)
 
 
 def dagu_delete(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     """Native delete answers the old value, `null` both for a missing key and a stored
     `null`; an EXISTS just before it (same pipeline) tells the two apart."""
     rules.configuration("delete", req)
-    where, key = rules.address(req, ctx)
-    delete = functions.state_delete(state, DeleteRequest(where.native, key), ctx)
+    where, key = rules.address(req, ctx, state.settings.max_key_bytes)
+    with renamed("scope", "namespace"):
+        delete = functions.state_delete(state, DeleteRequest(where.native, key), ctx)
     exists: list[Arg] = ["EXISTS", state.keys.for_scope(where.native).entry(where.native, key)]
 
     def finish(replies: list[Any]) -> DeleteOutput:
@@ -161,7 +165,7 @@ def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     """Every entry of the namespace (with the prefix), in key byte order, up to `limit`
     (0: all), read in native pages of at most PAGE_LIMIT."""
     rules.configuration("list", req)
-    where = rules.place(req, ctx)
+    where = rules.place(req, ctx, state.settings.max_key_bytes)
     limit = rules.list_limit(req)
     prefix = rules.list_prefix(req)
     entries: list[ListedOutput] = []
@@ -170,7 +174,8 @@ def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
         wanted = PAGE_LIMIT if limit == 0 else min(PAGE_LIMIT, limit - len(entries))
         native = ListEntriesRequest(scope=where.native, prefix=prefix or None, limit=wanted,
                                     after=after, include_values=bool(req.include_values))
-        return then(functions.state_list_entries(state, native, ctx), collect)
+        with renamed("scope", "namespace"):
+            return then(functions.state_list_entries(state, native, ctx), collect)
 
     def collect(result: ListEntriesResult) -> Plan | ListOutput:
         entries.extend(_listed(where, entry) for entry in result.entries)
@@ -194,7 +199,7 @@ def dagu_diff(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     `update` is not false, write it as native `state::diff` does (one script: compare and
     write, so no writer gets between them)."""
     rules.configuration("diff", req)
-    where, key = rules.address(req, ctx)
+    where, key = rules.address(req, ctx, state.settings.max_key_bytes)
     assert not isinstance(req.value, UnsetType)  # (configuration checked it)
     current = rules.normalized(state, req.value, "value")
     expected = rules.expected_version(req.expected_version)
@@ -211,7 +216,8 @@ def dagu_diff(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
 
     native = DiffRequest(where.native, key, value=Raw(current.json), update=True,
                          expected_version=expected)
-    return then(functions.state_diff(state, native, ctx, checked=current), answer)
+    with renamed("scope", "namespace"):
+        return then(functions.state_diff(state, native, ctx, checked=current), answer)
 
 
 def _compare(state: RedisState, where: Place, key: str, digest: str, expected: int | None,
@@ -227,7 +233,9 @@ def _compare(state: RedisState, where: Place, key: str, digest: str, expected: i
             output, changed=entry.hash != digest, found_previous=True, previous_version=stored,
             version=stored, hash=entry.hash or "", previous=entry.value)
 
-    return then(functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx), answer)
+    with renamed("scope", "namespace"):
+        plan = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+    return then(plan, answer)
 
 
 def served(action: Callable[[RedisState, DaguRequest, CallContext], Plan],

@@ -17,7 +17,14 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 
 from stateworker import codec
 from stateworker.context import CallContext
-from stateworker.errors import Conflict, InvalidContext, InvalidRequest, StateError, ValueTooLarge
+from stateworker.errors import (
+    Conflict,
+    InvalidContext,
+    InvalidRequest,
+    KeyTooLong,
+    StateError,
+    ValueTooLarge,
+)
 from stateworker.state import validate
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan
@@ -127,8 +134,9 @@ def configuration(action: str, req: DaguRequest) -> None:
 
 
 # ---- where an entry lives ---------------------------------------------------------------------
-def place(req: DaguRequest, ctx: CallContext) -> Place:
-    """The scope (default `dag`) and namespace (given, else from the step's DAG); checked."""
+def place(req: DaguRequest, ctx: CallContext, max_bytes: int) -> Place:
+    """The scope (default `dag`) and namespace (given, else from the step's DAG); checked,
+    also that the native scope `dagu/<scope>/<namespace>` fits `max_bytes` (max_key_bytes)."""
     scope = go_trim(req.scope) or "dag"
     if scope not in SCOPES:
         raise configuration_error(f"unsupported scope {go_quote(scope)}", "scope")
@@ -141,7 +149,14 @@ def place(req: DaguRequest, ctx: CallContext) -> Place:
         raise invalid_ref("namespace is required", path)
     if "/" in namespace or "\\" in namespace or namespace in (".", ".."):
         raise invalid_ref(f"invalid namespace {go_quote(namespace)}", path)
-    return Place(scope, namespace)
+    where = Place(scope, namespace)
+    size = len(where.native.encode())
+    if size > max_bytes:
+        raise KeyTooLong(
+            f"namespace {go_quote(namespace[:100])}: its native scope dagu/{scope}/<namespace> "
+            f"would be {size} bytes, more than the limit of {max_bytes} bytes (max_key_bytes)",
+            {"path": path, "size": size, "limit": max_bytes})
+    return where
 
 
 def _default_namespace(scope: str, ctx: CallContext) -> tuple[str, str]:
@@ -172,9 +187,9 @@ def _context_text(ctx: CallContext, name: str, scope: str) -> str:
                          f"scope), got {type(value).__name__}", {"path": f"context.{name}"})
 
 
-def address(req: DaguRequest, ctx: CallContext) -> tuple[Place, str]:
+def address(req: DaguRequest, ctx: CallContext, max_bytes: int) -> tuple[Place, str]:
     """The place and the key (trimmed, checked) of a get, set, delete or diff."""
-    where = place(req, ctx)
+    where = place(req, ctx, max_bytes)
     key = go_trim(req.key)
     check_key(key)
     return where, key

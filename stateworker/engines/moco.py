@@ -8,15 +8,14 @@ user's guide.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from stateworker.context import CallContext
 from stateworker.engines import moco_schemas as m
-from stateworker.errors import StateError
+from stateworker.engines.common import renamed
 from stateworker.state import functions, listing, schemas, validate
 from stateworker.state.functions import Prepare
 from stateworker.state.schemas import NULL, DeletedResult, EntryResult, GroupsResult
@@ -27,20 +26,6 @@ R = TypeVar("R", bound=msgspec.Struct)
 # moco's order_by -> native list-entries' (whose index of update times is `updated_at`)
 ORDER_BY: dict[str, Literal["key", "updated_at", "topic"]] = {
     "key": "key", "last_update_time": "updated_at", "topic": "topic"}
-
-
-@contextmanager
-def renamed(native: str, field: str) -> Iterator[None]:
-    """A native check names its own field (`scope`); the moco caller sent `field`
-    (`namespace`): the same error, named as sent."""
-    try:
-        yield
-    except StateError as exc:
-        if exc.details.get("path") != f"$.{native}":
-            raise
-        message = exc.message.replace(f"$.{native}", f"$.{field}", 1) \
-            if exc.message.startswith("$.") else exc.message.replace(native, field, 1)
-        raise type(exc)(message, {**exc.details, "path": f"$.{field}"}) from exc
 
 
 def _null(_result: Any) -> msgspec.Raw:

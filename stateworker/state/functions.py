@@ -263,7 +263,9 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
-    plan = function(state, isolation.isolated(fn, body, ctx, SCOPED), ctx)
+    if fn in FUNCTIONS:  # (the engines' own functions refuse fields they do not know)
+        body = isolation.isolated(fn, body, ctx, SCOPED)
+    plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)

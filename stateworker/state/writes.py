@@ -15,11 +15,12 @@ import msgspec
 
 from stateworker import codec
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.errors import LUA_STATUS, InternalError
+from stateworker.errors import LUA_STATUS, Conflict, InternalError
 from stateworker.state.bindings import (
     DELETE,
     KEEP,
     SET,
+    STATUS_TEXTS,
     TOPIC,
     UPDATE,
     DeleteReply,
@@ -114,6 +115,11 @@ def diff_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
     changed."""
     if not update:
         def compare(entry: EntryResult) -> DiffResult:
+            stored = entry.version if isinstance(entry.version, int) else 0  # (0: absent)
+            if expected_version is not None and expected_version != stored:
+                # As with update: a stale expected_version is a conflict, written or not.
+                target = state.target(scope, key, ctx, expected_version=expected_version)
+                raise Conflict(*STATUS_TEXTS[_CONFLICT](target, [_CONFLICT, stored]))
             if not entry.found:
                 return DiffResult(changed=True, found_previous=False)
             assert isinstance(entry.version, int) and isinstance(entry.hash, str)

@@ -20,7 +20,15 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.engines.dagu import go_time
-from stateworker.errors import Conflict, InvalidContext, InvalidRequest, NotFound, ValueTooLarge
+from stateworker.errors import (
+    Conflict,
+    InvalidContext,
+    InvalidRequest,
+    KeyTooLong,
+    NotFound,
+    ReservedScope,
+    ValueTooLarge,
+)
 from stateworker.settings import Settings
 from tests.servers import RedisServer
 
@@ -81,6 +89,23 @@ async def test_values_are_stored_normalized_so_the_stored_text_hashes_to_the_has
     go_text = '{"a":"é","b":"\\u003c\\u0026\\u003e\\u2028"}'.encode()  # Go's escapes
     assert got.endswith(b'"value":' + go_text + b"}")
     assert escaped["hash"] == hashlib.sha256(go_text).hexdigest()
+
+
+
+async def test_the_native_scope_limits_are_named_as_the_namespace(client: StateClient) -> None:
+    fits = "n" * (1024 - len("dagu/custom/"))
+    await dagu(client, "set", {"scope": "custom", "namespace": fits, "key": "k", "value": 1})
+    with pytest.raises(KeyTooLong) as too_long:
+        await dagu(client, "set", {"scope": "custom", "namespace": fits + "n", "key": "k",
+                                   "value": 1})
+    assert too_long.value.details == {"path": "$.namespace", "size": 1025, "limit": 1024}
+    assert "native scope dagu/custom/<namespace> would be 1025 bytes" in str(too_long.value)
+    async with StateClient(settings=client.settings, caller="vault") as vault:
+        await vault.claim_namespace("vault", ["dagu/custom/locked"])
+    with pytest.raises(ReservedScope) as claimed:
+        await dagu(client, "get", {"scope": "custom", "namespace": "locked", "key": "k"})
+    assert claimed.value.details["path"] == "$.namespace"
+    assert "claimed by namespace 'vault'" in str(claimed.value)
 
 
 async def test_a_dagu_write_is_the_native_entry_of_dagu_scope_namespace(

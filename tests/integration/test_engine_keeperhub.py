@@ -217,3 +217,59 @@ async def test_the_docs_example_runs_as_written(service: StateService, redis_ser
         [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60))
     assert done.returncode == 0, done.stderr
     assert done.stdout == expected
+
+
+@pytest.mark.parametrize(("fn", "body", "expected"), [
+    ("state::delete", {"key": "cursor"}, 7),
+    ("state::list", {}, [7]),
+    ("state::list_keys", {}, {"keys": ["cursor"]}),
+    ("state::compare-and-set", {"key": "cursor", "expected": 7, "value": 8}, {"swapped": True}),
+    ("state::update", {"key": "cursor", "ops": [{"type": "increment", "path": "", "by": 1}]},
+     {"old_value": 7, "new_value": 8, "version": 2}),
+    ("state::diff", {"key": "cursor", "value": 7, "update": False},
+     {"changed": False, "found_previous": True, "previous_version": 1, "previous": 7}),
+    ("state::update-topic", {"key": "cursor", "topic": "t"}, {"updated": True}),
+    ("state::delete-by-topic", {"topic_pattern": "*"}, {"deleted": 0}),
+])
+async def test_every_scoped_function_takes_isolation(
+        client: StateClient, store: StateStore, fn: str, body: dict[str, Any],
+        expected: Any) -> None:
+    await store.set("wf/org_1/wf_7", "cursor", 7)
+    await store.set("wf/org_1/wf_8", "cursor", 70)  # another workflow's: never touched
+    result = await client.call(fn, {"isolation": "workflow", **body}, context=RUN)
+    assert result == expected
+    assert await store.get("wf/org_1/wf_8", "cursor") == 70
+
+
+async def test_isolation_null_is_no_isolation(client: StateClient, store: StateStore) -> None:
+    await client.call("state::set", {"isolation": None, "scope": "plain", "key": "k",
+                                     "value": 1}, context=RUN)
+    assert await store.get("plain", "k") == 1
+
+
+async def test_an_engines_function_refuses_isolation_as_an_unknown_field(
+        client: StateClient) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        await client.call("builtin.state.get_state", {"namespace": "n", "key": "k",
+                                                      "isolation": "workflow"},
+                          context={"user_id": "alice"})
+    assert refused.value.details == {"path": "$.isolation"}
+    assert "unknown field `isolation`" in str(refused.value)
+
+
+@pytest.mark.parametrize(("fn", "body"), [
+    ("state::update", {"ops": [{"type": "set", "path": "", "value": 9}]}),
+    ("state::diff", {"value": 9}),
+    ("state::diff", {"value": 9, "update": False}),
+])
+async def test_every_versioned_write_names_both_versions(client: StateClient, store: StateStore,
+                                                         scope: str, fn: str,
+                                                         body: dict[str, Any]) -> None:
+    await store.set(scope, "cursor", 1)
+    await store.set(scope, "cursor", 2)
+    with pytest.raises(Conflict) as refused:
+        await client.call(fn, {"scope": scope, "key": "cursor", "expected_version": 1, **body})
+    assert str(refused.value) == (f"expected_version 1 does not match current version 2 of "
+                                  f"key 'cursor' in scope {scope!r}")
+    assert refused.value.details == {"expected_version": 1, "current_version": 2}
+    assert await store.get(scope, "cursor") == 2
