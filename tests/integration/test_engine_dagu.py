@@ -108,6 +108,17 @@ async def test_the_native_scope_limits_are_named_as_the_namespace(client: StateC
     assert "claimed by namespace 'vault'" in str(claimed.value)
 
 
+
+async def test_scope_namespace_key_and_prefix_are_trimmed_as_dagu_trims_them(
+        client: StateClient) -> None:
+    written = await dagu(client, "set", {"scope": " custom\t", "namespace": "\u3000team ",
+                                         "key": " k ", "value": 1})
+    assert (written["scope"], written["namespace"], written["key"]) == ("custom", "team", "k")
+    listed = await dagu(client, "list", {"scope": "custom", "namespace": "team",
+                                         "prefix": " k"})
+    assert [entry["key"] for entry in listed["entries"]] == ["k"]
+
+
 async def test_a_dagu_write_is_the_native_entry_of_dagu_scope_namespace(
         client: StateClient) -> None:
     for scope, namespace, context in (("dag", "etl", ETL), ("global", "_", None),

@@ -28,6 +28,7 @@ from stateworker.errors import (
     KeyTooLong,
     ReservedNamespace,
     ReservedScope,
+    ValueTooLarge,
 )
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
@@ -95,6 +96,23 @@ async def test_the_native_scope_is_the_resolved_namespace(client: StateClient) -
     await native(client, "set", {"scope": "bob:tasks", "key": "t-2", "value": "native"})
     assert await moco(client, "get_state", {"namespace": "tasks", "key": "t-2"}, BOB) == "native"
 
+
+async def test_a_shared_name_with_a_colon_is_that_users_private_namespace(
+        client: StateClient) -> None:
+    """moco's own resolution rule, kept (and documented): `in_global_ns` with `alice:tasks`
+    is Alice's private `tasks`."""
+    await moco(client, "set_state", {"namespace": "tasks", "key": "t", "value": "hers"})
+    shared = {"namespace": "alice:tasks", "key": "t", "in_global_ns": True}
+    assert await moco(client, "get_state", shared, BOB) == "hers"
+
+
+async def test_a_value_over_the_limit_is_refused_naming_value(client: StateClient) -> None:
+    big = "x" * (1 << 20)  # its JSON is 2 bytes more than the 1 MiB default
+    with pytest.raises(ValueTooLarge) as refused:
+        await moco(client, "set_state", {"namespace": "tasks", "key": "t", "value": big})
+    assert refused.value.details["path"] == "$.value"
+    assert refused.value.details["limit"] == 1 << 20
+    assert await moco(client, "get_state", {"namespace": "tasks", "key": "t"}) is None
 
 async def test_the_user_comes_from_the_context_only(client: StateClient) -> None:
     body = {"namespace": "tasks", "key": "t-1", "value": 1}
