@@ -79,6 +79,7 @@ class Dispatcher:
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
+        self._keeper: anyio.CancelScope | None = None  # the running batch's lease keeper
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -223,15 +224,22 @@ class Dispatcher:
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch(self, partition: int, entries: list[Any]) -> None:
-        """One batch while its leases are kept: a bus condition may take up to its timeout
-        (60 s at most), far past `lease_ms`, and a lease that lapsed meanwhile would refuse
-        the position's move, so the batch would be handed on again."""
-        kept = anyio.CancelScope()
-        self._tg.start_soon(self._keep_leases, kept)
+        """One batch; once it waits on a bus condition, its leases are kept (`_keeping`)."""
         try:
             await self._dispatch_batch(partition, entries)
         finally:
-            kept.cancel()
+            if self._keeper is not None:
+                self._keeper.cancel()
+                self._keeper = None
+
+    def _keeping(self) -> None:
+        """Keep the leases while this batch runs: a bus condition may take up to its timeout
+        (60 s at most), far past `lease_ms`, and a lease that lapsed meanwhile would refuse
+        the position's move, so the batch would be handed on again. Started by the batch's
+        first bus condition only: a batch without one starts no task."""
+        if self._keeper is None:
+            self._keeper = anyio.CancelScope()
+            self._tg.start_soon(self._keep_leases, self._keeper)
 
     async def _keep_leases(self, scope: anyio.CancelScope) -> None:
         """Renew the leases every third of `lease_ms` until `scope` is cancelled (a batch
@@ -322,6 +330,7 @@ class Dispatcher:
         return result.payload
 
     async def _condition(self, matcher: Matcher, event: Event, call_id: str) -> bool:
+        self._keeping()
         trigger = matcher.trigger
         service = trigger.config.condition_service or trigger.service
         timeout_s = (trigger.config.condition_timeout_ms or
