@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import NoReturn
 
 from stateworker.errors import StateError
+
+
+def renamed_error(exc: StateError, native: str, field: str) -> StateError:
+    """`exc` named as the engine's caller sent it: a native check names its own field
+    (`scope`), the caller sent `field` (`namespace`). `exc` itself when it names another."""
+    if exc.details.get("path") != f"$.{native}":
+        return exc
+    message = exc.message.replace(f"$.{native}", f"$.{field}", 1) \
+        if exc.message.startswith("$.") else exc.message.replace(native, field, 1)
+    return type(exc)(message, {**exc.details, "path": f"$.{field}"})
+
+
+def raise_as_namespace(exc: StateError) -> NoReturn:
+    """Raise `exc` with a native scope's error named as the engine's namespace (a claimed
+    scope's RESERVED_SCOPE, a scope too long ...). For an `except StateError` around a
+    native call on an engine's hot path, where a `with renamed(...)` costs two calls."""
+    named = renamed_error(exc, "scope", "namespace")
+    if named is exc:
+        raise exc
+    raise named from exc
 
 
 class _Renamed:
@@ -21,15 +42,19 @@ class _Renamed:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        if not isinstance(exc, StateError) or exc.details.get("path") != f"$.{self.native}":
+        if not isinstance(exc, StateError):
             return
-        native, field = self.native, self.field
-        message = exc.message.replace(f"$.{native}", f"$.{field}", 1) \
-            if exc.message.startswith("$.") else exc.message.replace(native, field, 1)
-        raise type(exc)(message, {**exc.details, "path": f"$.{field}"}) from exc
+        named = renamed_error(exc, self.native, self.field)
+        if named is not exc:
+            raise named from exc
 
 
 def renamed(native: str, field: str) -> _Renamed:
     """A native check names its own field (`scope`); the engine's caller sent `field`
     (`namespace`): the same error, named as sent (a claimed scope's RESERVED_SCOPE ...)."""
     return _Renamed(native, field)
+
+
+# The rename every engine needs (a native scope is an engine's namespace): one instance,
+# as `_Renamed` holds no state of a call.
+SCOPE_AS_NAMESPACE = renamed("scope", "namespace")

@@ -10,9 +10,12 @@ conflict, value too large). The quoted values are Go's `%q`; spaces are trimmed 
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import NamedTuple, NoReturn
+from collections.abc import Callable
+from typing import Any, NamedTuple, NoReturn
 
+import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from stateworker import codec
@@ -68,15 +71,13 @@ FIELDS = tuple(DaguRequest.__struct_fields__)
 
 
 class Place(NamedTuple):
-    """Where a Dagu entry lives: its Dagu scope and namespace; `native` is the native scope
-    that holds it (the Dagu scope is part of it, as it is of Dagu's record ids)."""
+    """Where a Dagu entry lives: its Dagu scope and namespace, and `native`, the native scope
+    `dagu/<scope>/<namespace>` that holds it (the Dagu scope is part of it, as it is of
+    Dagu's record ids)."""
 
     scope: str
     namespace: str
-
-    @property
-    def native(self) -> str:
-        return f"{NATIVE_PREFIX}{self.scope}/{self.namespace}"
+    native: str
 
 
 def go_trim(text: str | None) -> str:
@@ -110,8 +111,17 @@ def invalid_ref(text: str, path: str) -> InvalidRequest:
     return InvalidRequest(f"dag state: invalid ref: {text}", {"path": path})
 
 
+_DECODER = msgspec.json.Decoder(DaguRequest)
+
+
 def decode(body: bytes) -> DaguRequest:
-    """The step's fields; an unknown one is INVALID_REQUEST naming it."""
+    """The step's fields; a malformed body is INVALID_REQUEST naming the field, an unknown
+    field with Dagu's list of fields. (A well-formed body takes one C call: this is on
+    every Dagu call's path.)"""
+    try:
+        return _DECODER.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        pass  # (the native decoding says what is wrong, with its path)
     try:
         return validate.request(body, DaguRequest)
     except InvalidRequest as exc:
@@ -123,52 +133,110 @@ def decode(body: bytes) -> DaguRequest:
                              f"takes only {', '.join(FIELDS)}", {"path": f"$.{name}"}) from exc
 
 
+_TAKES_VALUE = ("set", "diff")
+
+
 def configuration(action: str, req: DaguRequest) -> None:
     """What Dagu checks of a step before it runs (`dagu validate`)."""
     if action != "list" and not go_trim(req.key):
         raise configuration_error("key is required", "key")
-    if action in ("set", "diff") and req.value is UNSET:  # (null is a value)
+    if action in _TAKES_VALUE and req.value is UNSET:  # (null is a value)
         raise configuration_error(f"value is required for {action}", "value")
     if (req.limit or 0) < 0:
         raise configuration_error("limit must be greater than or equal to zero", "limit")
 
 
 # ---- where an entry lives ---------------------------------------------------------------------
+# A step addresses the same few places and keys again and again: each is resolved and
+# checked once (pure functions of the step's fields, the context's DAG names and the limit,
+# cached; an error is raised again each time, never cached).
+_RESOLVED = 4096
+
+
+class _NotText(NamedTuple):
+    """A context DAG name that is not text (any JSON value, hashable as its type's name)."""
+
+    kind: str
+
+
+DagName = str | _NotText | None
+
+
+def _dag_names(ctx: CallContext) -> tuple[DagName, DagName]:
+    """The context's `dag_name` and `root_dag_name`, as cache keys."""
+    dag, root = ctx.context.get("dag_name"), ctx.context.get("root_dag_name")
+    if not (dag is None or type(dag) is str):
+        dag = _NotText(type(dag).__name__)
+    if not (root is None or type(root) is str):
+        root = _NotText(type(root).__name__)
+    return dag, root
+
+
 def place(req: DaguRequest, ctx: CallContext, max_bytes: int) -> Place:
     """The scope (default `dag`) and namespace (given, else from the step's DAG); checked,
     also that the native scope `dagu/<scope>/<namespace>` fits `max_bytes` (max_key_bytes)."""
-    scope = go_trim(req.scope) or "dag"
+    return _place(req.scope, req.namespace, *_dag_names(ctx), max_bytes)
+
+
+def address(action: str, req: DaguRequest, ctx: CallContext, max_bytes: int
+            ) -> tuple[Place, str]:
+    """The place and the key (trimmed, checked) of a get, set, delete or diff, after the
+    step's `configuration` (in its order: the key, then the value, then the limit)."""
+    if (req.value is UNSET and action in _TAKES_VALUE) or (req.limit or 0) < 0:
+        configuration(action, req)  # (raises, naming the first problem)
+    dag, root = ctx.context.get("dag_name"), ctx.context.get("root_dag_name")
+    if not ((dag is None or type(dag) is str) and (root is None or type(root) is str)):
+        dag, root = _dag_names(ctx)
+    return _address(req.scope, req.namespace, req.key, dag, root, max_bytes)
+
+
+@functools.lru_cache(maxsize=_RESOLVED)
+def _address(scope: str | None, namespace: str | None, key: str | None, dag: DagName,
+             root: DagName, max_bytes: int) -> tuple[Place, str]:
+    trimmed = go_trim(key)
+    if not trimmed:
+        raise configuration_error("key is required", "key")
+    where = _place(scope, namespace, dag, root, max_bytes)
+    check_key(trimmed)
+    return where, trimmed
+
+
+@functools.lru_cache(maxsize=_RESOLVED)
+def _place(given_scope: str | None, given_namespace: str | None, dag: DagName,
+           root: DagName, max_bytes: int) -> Place:
+    scope = go_trim(given_scope) or "dag"
     if scope not in SCOPES:
         raise configuration_error(f"unsupported scope {go_quote(scope)}", "scope")
-    namespace, path = go_trim(req.namespace), "$.namespace"
+    namespace, path = go_trim(given_namespace), "$.namespace"
     if not namespace:
         if scope == "custom":
             raise configuration_error("namespace is required for custom scope", "namespace")
-        namespace, path = _default_namespace(scope, ctx)
+        namespace, path = _default_namespace(scope, dag, root)
     if not go_trim(namespace):
         raise invalid_ref("namespace is required", path)
     if "/" in namespace or "\\" in namespace or namespace in (".", ".."):
         raise invalid_ref(f"invalid namespace {go_quote(namespace)}", path)
-    where = Place(scope, namespace)
-    size = len(where.native.encode())
+    native = f"{NATIVE_PREFIX}{scope}/{namespace}"
+    size = len(native.encode())
     if size > max_bytes:
         raise KeyTooLong(
             f"namespace {go_quote(namespace[:100])}: its native scope dagu/{scope}/<namespace> "
             f"would be {size} bytes, more than the limit of {max_bytes} bytes (max_key_bytes)",
             {"path": path, "size": size, "limit": max_bytes})
-    return where
+    return Place(scope, namespace, native)
 
 
-def _default_namespace(scope: str, ctx: CallContext) -> tuple[str, str]:
-    """The namespace of a scope given none, and the context field it came from. Dagu takes
-    the step's DAG name as it is, the root run's name trimmed."""
+def _default_namespace(scope: str, dag: DagName, root: DagName) -> tuple[str, str]:
+    """The namespace of a scope given none (`dag`, `root`: the context's `dag_name` and
+    `root_dag_name`), and the context field it came from. Dagu takes the step's DAG name as
+    it is, the root run's name trimmed."""
     if scope == "global":
         return GLOBAL_NAMESPACE, "$.namespace"
     if scope == "root_dag":
-        root = go_trim(_context_text(ctx, "root_dag_name", scope))
-        if root:
-            return root, "context.root_dag_name"
-    name = _context_text(ctx, "dag_name", scope)
+        root_name = go_trim(_context_text(root, "root_dag_name", scope))
+        if root_name:
+            return root_name, "context.root_dag_name"
+    name = _context_text(dag, "dag_name", scope)
     if not name:
         raise InvalidContext(
             f"context.dag_name: Dagu's {scope} scope takes its namespace from the call's "
@@ -179,20 +247,11 @@ def _default_namespace(scope: str, ctx: CallContext) -> tuple[str, str]:
     return name, "context.dag_name"
 
 
-def _context_text(ctx: CallContext, name: str, scope: str) -> str:
-    value = ctx.context.get(name)
-    if value is None or isinstance(value, str):
+def _context_text(value: DagName, name: str, scope: str) -> str:
+    if not isinstance(value, _NotText):
         return value or ""
     raise InvalidContext(f"context.{name}: must be text (the name of a DAG, for Dagu's {scope} "
-                         f"scope), got {type(value).__name__}", {"path": f"context.{name}"})
-
-
-def address(req: DaguRequest, ctx: CallContext, max_bytes: int) -> tuple[Place, str]:
-    """The place and the key (trimmed, checked) of a get, set, delete or diff."""
-    where = place(req, ctx, max_bytes)
-    key = go_trim(req.key)
-    check_key(key)
-    return where, key
+                         f"scope), got {value.kind}", {"path": f"context.{name}"})
 
 
 def check_key(key: str, name: str = "key", path: str = "$.key") -> None:
@@ -277,13 +336,14 @@ def raise_in_dagu_terms(exc: StateError) -> NoReturn:
     raise translated from exc
 
 
-def dagu_texts(plan: Plan) -> Plan:
-    """`plan`, its errors (in any of its steps) in Dagu's terms."""
-    def finish(replies: list[object]) -> object:
+def in_dagu_texts(plan: Plan, answer: Callable[[Any], Any]) -> Plan:
+    """`plan` (a native write), its result passed through `answer`, its errors (in any of
+    its steps) in Dagu's terms."""
+    def finish(replies: list[Any]) -> Any:
         try:
             out = plan.finish(replies)
         except StateError as exc:
             raise_in_dagu_terms(exc)
-        return dagu_texts(out) if isinstance(out, Plan) else out
+        return in_dagu_texts(out, answer) if isinstance(out, Plan) else answer(out)
 
     return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)

@@ -15,7 +15,7 @@ import msgspec
 
 from stateworker.context import CallContext
 from stateworker.engines import moco_schemas as m
-from stateworker.engines.common import renamed
+from stateworker.engines.common import SCOPE_AS_NAMESPACE, renamed
 from stateworker.state import functions, listing, schemas, validate
 from stateworker.state.functions import Prepare
 from stateworker.state.schemas import NULL, DeletedResult, EntryResult, GroupsResult
@@ -34,7 +34,7 @@ def _null(_result: Any) -> msgspec.Raw:
 
 def set_state(state: RedisState, req: m.SetStateRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"):
+    with SCOPE_AS_NAMESPACE:
         # topic None clears an earlier tag: moco's set_state always writes the topic column.
         plan = functions.state_set(state, schemas.SetRequest(
             scope, req.key, value=req.value, topic=req.topic), ctx)
@@ -43,7 +43,7 @@ def set_state(state: RedisState, req: m.SetStateRequest, ctx: CallContext) -> Pl
 
 def get_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"):
+    with SCOPE_AS_NAMESPACE:
         return functions.state_get(state, schemas.GetRequest(scope, req.key), ctx)
 
 
@@ -55,7 +55,7 @@ def iso_utc(rfc3339: str) -> str:
 
 def get_state_with_ts(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"):
+    with SCOPE_AS_NAMESPACE:
         plan = functions.state_get_entry(state, schemas.GetEntryRequest(scope, req.key), ctx)
 
     def reshape(entry: EntryResult) -> m.StateWithTs:
@@ -69,14 +69,14 @@ def get_state_with_ts(state: RedisState, req: m.KeyRequest, ctx: CallContext) ->
 
 def del_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"):
+    with SCOPE_AS_NAMESPACE:
         plan = functions.state_delete(state, schemas.DeleteRequest(scope, req.key), ctx)
     return then(plan, _null)
 
 
 def update_topic(state: RedisState, req: m.UpdateTopicRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"):
+    with SCOPE_AS_NAMESPACE:
         # A missing key: native update-topic answers {updated: false} and writes nothing.
         plan = functions.state_update_topic(
             state, schemas.UpdateTopicRequest(scope, req.key, req.topic), ctx)
@@ -85,7 +85,7 @@ def update_topic(state: RedisState, req: m.UpdateTopicRequest, ctx: CallContext)
 
 def delete_by_topic(state: RedisState, req: m.DeleteByTopicRequest, ctx: CallContext) -> Plan:
     scope = m.resolve(state.settings, ctx, req)
-    with renamed("scope", "namespace"), renamed("topic", "topic_pattern"):
+    with SCOPE_AS_NAMESPACE, renamed("topic", "topic_pattern"):
         plan = functions.state_delete_by_topic(
             state, schemas.DeleteByTopicRequest(scope, req.topic_pattern), ctx)
 
@@ -108,7 +108,7 @@ def list_states(state: RedisState, req: m.ListStatesRequest, ctx: CallContext) -
     rows: list[m.StateRow] = []
 
     def pages(page_req: listing.ListEntriesRequest) -> Plan:
-        with renamed("scope", "namespace"):
+        with SCOPE_AS_NAMESPACE:
             plan = functions.state_list_entries(state, page_req, ctx)
 
         def more(page: listing.ListEntriesResult) -> list[m.StateRow] | Plan:
