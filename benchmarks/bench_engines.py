@@ -89,12 +89,7 @@ async def engines_section(url: str, seconds: float, rounds: int, out: Any) -> di
                         for op in (compat, native) if round_ % 2 == 0 else (native, compat):
                             runs[op].append(await measured(op, concurrency, seconds,
                                                            service.pid))
-                    figures[f"{name} c={concurrency}"] = {
-                        "compat_ops_per_s": round(statistics.median(r for r, _ in runs[compat])),
-                        "native_ops_per_s": round(statistics.median(r for r, _ in runs[native])),
-                        "compat_cpu_us": round(statistics.median(c for _, c in runs[compat]) * 1e6),
-                        "native_cpu_us": round(statistics.median(c for _, c in runs[native]) * 1e6),
-                    }
+                    figures[f"{name} c={concurrency}"] = summary(runs[compat], runs[native])
     finally:
         service.terminate()
         service.wait(timeout=30)
@@ -102,14 +97,28 @@ async def engines_section(url: str, seconds: float, rounds: int, out: Any) -> di
     return figures
 
 
+def summary(compat: list[tuple[float, float]], native: list[tuple[float, float]]
+            ) -> dict[str, Any]:
+    """Medians over the rounds; the ratios are medians of each round's own pair (its two
+    sides ran back to back, so what drifts between rounds cancels within a pair)."""
+    return {
+        "compat_ops_per_s": round(statistics.median(r for r, _ in compat)),
+        "native_ops_per_s": round(statistics.median(r for r, _ in native)),
+        "compat_cpu_us": round(statistics.median(c for _, c in compat) * 1e6),
+        "native_cpu_us": round(statistics.median(c for _, c in native) * 1e6),
+        "ratio": round(statistics.median(
+            a / b for (a, _), (b, _) in zip(compat, native, strict=True)), 3),
+        "cpu_ratio": round(statistics.median(
+            b / a for (_, a), (_, b) in zip(compat, native, strict=True) if a > 0), 3),
+    }
+
+
 def report(figures: dict[str, Any], out: Any) -> None:
     """Throughput ratio (compat ÷ native ops/s) and cost ratio (native ÷ compat service CPU
-    per call: what the service spends on one call, steadier than ops/s on a shared machine)."""
+    per call: what the service spends on one call), each the median of the rounds' pairs."""
     print(f"\n{'front-end call / native call':<40}{'compat/s':>9}{'native/s':>9}{'ratio':>7}"
           f"{'cpu us':>8}{'native':>8}{'ratio':>7}", file=out)
     for name, row in figures.items():
-        row["ratio"] = round(row["compat_ops_per_s"] / row["native_ops_per_s"], 3)
-        row["cpu_ratio"] = round(row["native_cpu_us"] / max(row["compat_cpu_us"], 1), 3)
         print(f"{name:<40}{row['compat_ops_per_s']:>9,}{row['native_ops_per_s']:>9,}"
               f"{row['ratio']:>7.2f}{row['compat_cpu_us']:>8}{row['native_cpu_us']:>8}"
               f"{row['cpu_ratio']:>7.2f}", file=out)

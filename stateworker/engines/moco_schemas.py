@@ -6,6 +6,7 @@ Requests are exactly the fields moco documents; any other field is refused (a mi
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal, TypeVar
 
@@ -111,7 +112,11 @@ def is_secret(namespace: str) -> bool:
 
 def user_id(ctx: CallContext) -> str:
     """The calling user, from the bus entry's context only (never the body)."""
-    user = ctx.context.get("user_id")
+    return checked_user(ctx.context.get("user_id"))
+
+
+def checked_user(user: object) -> str:
+    """The context's `user_id`, which must be non-empty text without ':'."""
     if not isinstance(user, str) or not user:
         raise InvalidContext(
             "context.user_id: a private namespace (in_global_ns false) is "
@@ -130,15 +135,24 @@ def resolve(settings: Settings, ctx: CallContext, req: NamespaceRequest) -> str:
     `<namespace>` with in_global_ns. Secret namespaces are refused, before the user is even
     looked at: the given name is checked, which is the whole check, since
     `<user_id>:<namespace>` is `secret` or ends in `:secret` exactly when the given name is
-    (`<user_id>` holds no ':')."""
-    if is_secret(req.namespace):
+    (`<user_id>` holds no ':'). Each resolution is checked once and cached (a function of
+    its arguments; an error is raised again each time, never cached)."""
+    user = None if req.in_global_ns else ctx.context.get("user_id")
+    if not (user is None or type(user) is str):  # (refused, after the secret check)
+        return _resolved.__wrapped__(req.namespace, False, user, settings.max_key_bytes)
+    return _resolved(req.namespace, req.in_global_ns, user, settings.max_key_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(namespace: str, in_global_ns: bool, user: object, limit: int) -> str:
+    if is_secret(namespace):
         raise ReservedNamespace(
-            f"namespace {req.namespace!r:.100} is reserved: `secret` and `<user_id>:secret` "
+            f"namespace {namespace!r:.100} is reserved: `secret` and `<user_id>:secret` "
             "hold secrets, which the state activities never read or write (use the Secret "
-            "Activities)", {"path": "$.namespace", "namespace": req.namespace})
-    resolved = req.namespace if req.in_global_ns else f"{user_id(ctx)}:{req.namespace}"
-    validate.sized_text("namespace", req.namespace, settings.max_key_bytes, KeyTooLong)
-    size, limit = len(resolved.encode()), settings.max_key_bytes
+            "Activities)", {"path": "$.namespace", "namespace": namespace})
+    resolved = namespace if in_global_ns else f"{checked_user(user)}:{namespace}"
+    validate.sized_text("namespace", namespace, limit, KeyTooLong)
+    size = len(resolved.encode())
     if size > limit:
         raise KeyTooLong(f"namespace resolves to {resolved!r:.100} ({size} bytes with its "
                          f"`<user_id>:`), more than the limit of {limit} bytes",
