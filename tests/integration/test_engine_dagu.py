@@ -261,6 +261,31 @@ async def test_limit_below_zero_or_beyond_an_int32_is_refused(client: StateClien
     assert (await dagu(client, "list", {"limit": 2**31 - 1}))["entries"] == []
 
 
+async def test_a_step_with_several_faults_is_refused_for_the_first_in_daguss_order(
+        client: StateClient) -> None:
+    """Dagu checks the step's configuration (key, value, limit, scope), then where the entry
+    lives (the namespace, from the context when not given), then the key's parts."""
+    bad_scope, no_dag = {"scope": "run"}, {"dag_name": None}
+    cases: list[tuple[str, dict[str, Any], dict[str, Any] | None, str]] = [
+        ("set", {**bad_scope, "limit": -1}, None, "$.key"),  # no key, no value
+        ("get", bad_scope, no_dag, "$.key"),
+        ("delete", {"key": " "}, no_dag, "$.key"),
+        ("set", {**bad_scope, "key": "a//b", "limit": -1}, None, "$.value"),
+        ("diff", {**bad_scope, "key": "a//b", "value": 1, "limit": -1}, None, "$.limit"),
+        ("get", {**bad_scope, "key": "a//b"}, no_dag, "$.scope"),
+        ("get", {"key": "a//b"}, no_dag, "context.dag_name"),
+        ("delete", {"key": "a//b"}, {"dag_name": "a/b"}, "context.dag_name"),
+        ("get", {"namespace": "..", "key": "a//b"}, None, "$.namespace"),
+        ("get", {"namespace": "n", "key": "a//b"}, None, "$.key"),
+    ]
+    for action, body, context, path in cases:
+        with pytest.raises((InvalidRequest, InvalidContext)) as info:
+            await dagu(client, action, body, context)
+        assert info.value.details["path"] == path, (action, body, context, str(info.value))
+    # the same step, once corrected, runs: nothing of a refusal is remembered
+    assert (await dagu(client, "get", {"namespace": "n", "key": "a/b"}))["found"] is False
+
+
 async def test_namespaces_with_a_separator_or_dots_are_invalid_refs(client: StateClient) -> None:
     for namespace, quoted in (("a/b", '"a/b"'), ("a\\b", '"a\\\\b"'), (".", '"."'),
                               ("..", '".."'), ("a/\x01", '"a/\\x01"')):
