@@ -10,12 +10,17 @@ from stateworker.errors import StateError
 
 def renamed_error(exc: StateError, native: str, field: str) -> StateError:
     """`exc` named as the engine's caller sent it: a native check names its own field
-    (`scope`), the caller sent `field` (`namespace`). `exc` itself when it names another."""
+    (`scope`), the caller sent `field` (`namespace`). `exc` itself when it names another.
+    A detail of the native error already called `field` is kept as `claimed_by`: it is the
+    claimant of a claimed scope (RESERVED_SCOPE), which the caller would read as its own."""
     if exc.details.get("path") != f"$.{native}":
         return exc
     message = exc.message.replace(f"$.{native}", f"$.{field}", 1) \
         if exc.message.startswith("$.") else exc.message.replace(native, field, 1)
-    return type(exc)(message, {**exc.details, "path": f"$.{field}"})
+    details = dict(exc.details)
+    if field in details:
+        details["claimed_by"] = details.pop(field)
+    return type(exc)(message, {**details, "path": f"$.{field}"})
 
 
 def raise_as_namespace(exc: StateError) -> NoReturn:

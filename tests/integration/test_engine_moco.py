@@ -159,8 +159,20 @@ async def test_the_service_s_own_scopes_are_refused_naming_the_namespace(
     with pytest.raises(ReservedScope) as caught:
         await moco(client, "set_state", {"namespace": "state_barrier", "key": "k", "value": 1,
                                          "in_global_ns": True})
-    assert caught.value.details["path"] == "$.namespace"
+    assert caught.value.details == {"path": "$.namespace", "scope": "state_barrier"}
     assert str(caught.value).startswith("namespace 'state_barrier' is reserved")
+
+
+async def test_a_claimed_namespace_is_refused_naming_who_claimed_it(
+        client: StateClient) -> None:
+    async with StateClient(settings=client.settings, caller="vault") as vault:
+        await vault.claim_namespace("vault", ["alice:locked"])
+    for activity, body in (("set_state", {"namespace": "locked", "key": "k", "value": 1}),
+                           ("get_state", {"namespace": "locked", "key": "k"})):
+        with pytest.raises(ReservedScope) as caught:
+            await moco(client, activity, body)
+        assert caught.value.details == {"path": "$.namespace", "scope": "alice:locked",
+                                        "claimed_by": "vault"}, activity
 
 
 # ---- secret namespaces --------------------------------------------------------------------------
