@@ -180,25 +180,37 @@ def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     (0: all), read in native pages of at most PAGE_LIMIT."""
     rules.configuration("list", req)
     where = rules.place(req, ctx, state.settings.max_key_bytes)
-    limit = rules.list_limit(req)
-    prefix = rules.list_prefix(req)
-    entries: list[ListedOutput] = []
+    return _Listing(state, req, ctx, where, rules.list_limit(req), rules.list_prefix(req)
+                    ).page(None)
 
-    def page(after: str | None) -> Plan:
-        wanted = PAGE_LIMIT if limit == 0 else min(PAGE_LIMIT, limit - len(entries))
-        native = ListEntriesRequest(scope=where.native, prefix=prefix or None, limit=wanted,
-                                    after=after, include_values=bool(req.include_values))
+
+class _Listing:
+    """One list, page after page. (A class: two closures calling each other would be a
+    reference cycle per list, state/writes.py `_write_attempt`.)"""
+
+    def __init__(self, state: RedisState, req: DaguRequest, ctx: CallContext, where: Place,
+                 limit: int, prefix: str) -> None:
+        self.state, self.req, self.ctx, self.where = state, req, ctx, where
+        self.limit, self.prefix = limit, prefix
+        self.entries: list[ListedOutput] = []
+
+    def page(self, after: str | None) -> Plan:
+        limit = self.limit
+        wanted = PAGE_LIMIT if limit == 0 else min(PAGE_LIMIT, limit - len(self.entries))
+        native = ListEntriesRequest(scope=self.where.native, prefix=self.prefix or None,
+                                    limit=wanted, after=after,
+                                    include_values=bool(self.req.include_values))
         with SCOPE_AS_NAMESPACE:
-            return then(functions.state_list_entries(state, native, ctx), collect)
+            return then(functions.state_list_entries(self.state, native, self.ctx),
+                        self.collect)
 
-    def collect(result: ListEntriesResult) -> Plan | ListOutput:
+    def collect(self, result: ListEntriesResult) -> Plan | ListOutput:
+        where, limit, entries = self.where, self.limit, self.entries
         entries.extend(_listed(where, entry) for entry in result.entries)
         if isinstance(result.next_after, str) and (limit == 0 or len(entries) < limit):
-            return page(result.next_after)
+            return self.page(result.next_after)
         return ListOutput(operation="list", scope=where.scope, namespace=where.namespace,
-                          prefix=prefix, entries=entries)
-
-    return page(None)
+                          prefix=self.prefix, entries=entries)
 
 
 def _listed(where: Place, entry: ListedEntry) -> ListedOutput:

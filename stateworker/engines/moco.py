@@ -8,6 +8,7 @@ user's guide.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
@@ -122,25 +123,33 @@ def list_states(state: RedisState, req: m.ListStatesRequest, ctx: CallContext) -
         scope=scope, prefix=literal_start(req.key_pattern), key_pattern=req.key_pattern,
         topic_pattern=req.topic_pattern, order_by=ORDER_BY[req.order_by],
         order=req.order_direction, limit=page_limit(wanted), offset=offset or 0)
-    rows: list[m.StateRow] = []
+    return _StatesListing(state, ctx, wanted).pages(native)
 
-    def pages(page_req: listing.ListEntriesRequest) -> Plan:
+
+class _StatesListing:
+    """One list_states, page after page. (A class: closures calling each other would be a
+    reference cycle per list, state/writes.py `_write_attempt`.)"""
+
+    def __init__(self, state: RedisState, ctx: CallContext, wanted: int | None) -> None:
+        self.state, self.ctx, self.wanted = state, ctx, wanted
+        self.rows: list[m.StateRow] = []
+
+    def pages(self, page_req: listing.ListEntriesRequest) -> Plan:
         with SCOPE_AS_NAMESPACE:
-            plan = functions.state_list_entries(state, page_req, ctx)
+            plan = functions.state_list_entries(self.state, page_req, self.ctx)
+        return then(plan, functools.partial(self.more, page_req))
 
-        def more(page: listing.ListEntriesResult) -> list[m.StateRow] | Plan:
-            rows.extend(m.StateRow(entry.key, entry.topic) for entry in page.entries)
-            if wanted == 0:  # (the page of 1 only checked the request)
-                return []
-            left = None if wanted is None else wanted - len(rows)
-            if isinstance(page.next_after, msgspec.UnsetType) or left == 0:
-                return rows
-            return pages(msgspec.structs.replace(page_req, after=page.next_after,
-                                                 limit=page_limit(left)))
-
-        return then(plan, more)
-
-    return pages(native)
+    def more(self, page_req: listing.ListEntriesRequest, page: listing.ListEntriesResult
+             ) -> list[m.StateRow] | Plan:
+        rows, wanted = self.rows, self.wanted
+        rows.extend(m.StateRow(entry.key, entry.topic) for entry in page.entries)
+        if wanted == 0:  # (the page of 1 only checked the request)
+            return []
+        left = None if wanted is None else wanted - len(rows)
+        if isinstance(page.next_after, msgspec.UnsetType) or left == 0:
+            return rows
+        return self.pages(msgspec.structs.replace(page_req, after=page.next_after,
+                                                  limit=page_limit(left)))
 
 
 def page_limit(left: int | None) -> int:

@@ -27,6 +27,7 @@ from jsonpointer import JsonPointer, JsonPointerException
 from stateworker import codec
 from stateworker.context import NO_CONTEXT
 from stateworker.errors import BarrierConfig, InternalError, InvalidRequest, KeyTooLong
+from stateworker.keys import PartitionKeys
 from stateworker.settings import Settings
 from stateworker.state import validate
 from stateworker.state.bindings import BARRIER, BarrierReply, Target, barrier_call, raise_for_status
@@ -195,22 +196,29 @@ def barrier_plan(state: RedisState, event: msgspec.Raw | bytes, config: BarrierC
     part = state.keys.barrier_partition(config.id)
     target = Target(settings, validate.BARRIER_SCOPE, config.id, NO_CONTEXT)
 
-    def attempt(named_keys: tuple[str, ...] | None) -> Plan:
-        keys, args = barrier_call(part, config.id, key, result, config.tag, config.expected,
-                                  config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys)
+    return _barrier_attempt(state, part, config, key, result, token, target, None)
 
-        def finish(reply: list[Any]) -> Any:
-            raise_for_status(reply, target)
-            read = BarrierReply.read(reply)
-            if read.outcome != "expect":
-                return decision(config, key, read)
-            if named_keys is not None or isinstance(config.expect, int):
-                raise InternalError(f"barrier `{config.id}`: the script asked for its keys twice")
-            return attempt(config.expect)  # a new named barrier: its keys, once
 
-        return state.script_plan(BARRIER, keys, args, finish)
+def _barrier_attempt(state: RedisState, part: PartitionKeys, config: BarrierCondition,
+                     key: str, result: bytes, token: str | None, target: Target,
+                     named_keys: tuple[str, ...] | None) -> Plan:
+    """One run of barrier.lua; a new named barrier asks for its keys, and runs again with
+    them. (A module function, not a closure calling itself: that would be a reference cycle
+    per arrival, writes.py `_write_attempt`.)"""
+    keys, args = barrier_call(part, config.id, key, result, config.tag, config.expected,
+                              config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys)
 
-    return attempt(None)
+    def finish(reply: list[Any]) -> Any:
+        raise_for_status(reply, target)
+        read = BarrierReply.read(reply)
+        if read.outcome != "expect":
+            return decision(config, key, read)
+        if named_keys is not None or isinstance(config.expect, int):
+            raise InternalError(f"barrier `{config.id}`: the script asked for its keys twice")
+        return _barrier_attempt(state, part, config, key, result, token, target,
+                                config.expect)  # a new named barrier: its keys, once
+
+    return state.script_plan(BARRIER, keys, args, finish)
 
 
 def decision(config: BarrierCondition, key: str, reply: BarrierReply) -> BarrierDecision:

@@ -26,6 +26,7 @@ from stateworker.state.bindings import (
     DeleteReply,
     Keep,
     SetReply,
+    Target,
     TopicReply,
     UpdateReply,
     optional,
@@ -61,20 +62,26 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
                           create_only=create_only)
     accept = frozenset({_NEEDS_HASH, _CONFLICT}) if condition[:1] in ("h", "a") else \
         frozenset({_NEEDS_HASH})
+    return _write_attempt(state, scope, key, target, args, finish, accept, 3)
 
-    def attempt(left: int) -> Plan:
-        def check(reply: list[Any]) -> Any:
-            read = SetReply.read(reply)
-            if read.status != _NEEDS_HASH:
-                return finish(read)
-            if left == 0:
-                raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
-            return then(hash_plan(state, scope, key, read.version, read.value or b""),
-                        lambda _digest: attempt(left - 1))
 
-        return state.entry_plan(SET, target, args, check, accept)
+def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args: list[Arg],
+                   finish: Callable[[SetReply], Any], accept: frozenset[int], left: int) -> Plan:
+    """One run of set.lua; when the stored hash is unknown, that hash first, then again
+    (`left` more times). A module function, not a closure calling itself: such a closure is a
+    reference cycle, and a cycle per write kept Python's collector busy for 100+ ms at a time
+    under load (docs/architecture.md, "No reference cycles per call")."""
+    def check(reply: list[Any]) -> Any:
+        read = SetReply.read(reply)
+        if read.status != _NEEDS_HASH:
+            return finish(read)
+        if left == 0:
+            raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
+        return then(hash_plan(state, scope, key, read.version, read.value or b""),
+                    lambda _digest: _write_attempt(state, scope, key, target, args, finish,
+                                                   accept, left - 1))
 
-    return attempt(3)
+    return state.entry_plan(SET, target, args, check, accept)
 
 
 def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,

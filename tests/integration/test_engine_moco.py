@@ -448,6 +448,23 @@ async def test_limit_null_returns_every_row_past_the_native_page(client: StateCl
         ("k2498", "rare"), ("k1999", "rare"), ("k0003", "rare")]
 
 
+async def test_a_pattern_is_at_most_1024_bytes_in_every_activity_that_takes_one(
+        client: StateClient) -> None:
+    fits, over = "é" * 511 + "**", "é" * 511 + "***"  # 1024 and 1025 bytes of UTF-8
+    await moco(client, "set_state", {"namespace": "p", "key": "k", "value": 1, "topic": "t"})
+    calls = [("list_states", {"namespace": "p"}, "key_pattern"),
+             ("list_states", {"namespace": "p"}, "topic_pattern"),
+             ("list_namespaces", {}, "name_pattern"),
+             ("delete_by_topic", {"namespace": "p"}, "topic_pattern")]
+    for activity, body, field in calls:
+        assert await moco(client, activity, {**body, field: fits}) in ([], 0), (activity, field)
+        with pytest.raises(InvalidRequest) as caught:
+            await moco(client, activity, {**body, field: over})
+        assert caught.value.details == {"path": f"$.{field}", "size": 1025, "limit": 1024}
+        assert str(caught.value) == f"{field} is 1025 bytes, more than the limit of 1024 bytes"
+    assert await moco(client, "get_state", {"namespace": "p", "key": "k"}) == 1
+
+
 # ---- reads --------------------------------------------------------------------------------------
 async def test_get_state_with_ts_gives_an_aware_time_fromisoformat_reads(
         client: StateClient) -> None:

@@ -1,0 +1,65 @@
+"""Serving a call leaves no reference cycles behind.
+
+Python frees an object the moment its last reference goes, except when objects refer to each
+other in a cycle: those wait for the cyclic collector, which pauses the whole service while
+it walks them. A cycle made per call (a closure that calls itself) piled up about 17 objects
+per write; under 64 writers the service paused 110-180 ms about once a second, and the
+slowest calls took 190 ms instead of 30. So every function, native and engine, is served
+here over the bus with the collector off, and what it left must be nothing."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import msgspec
+import pytest
+
+from stateworker.bus.client import StateClient
+
+pytestmark = pytest.mark.anyio
+
+VALUE = {"n": 1, "tags": ["a", "b"]}
+MOCO = {"user_id": "u1"}
+DAGU = {"dag_name": "etl"}
+# (function, body, context): every write path (set.lua's retry included), the barrier, the
+# paged lists, and the reads.
+CALLS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
+    ("state::set", {"scope": "s", "key": "k", "value": VALUE}, None),
+    ("state::get", {"scope": "s", "key": "k"}, None),
+    ("state::get-entry", {"scope": "s", "key": "k"}, None),
+    ("state::compare-and-set", {"scope": "s", "key": "c", "expected": None, "value": 1}, None),
+    ("state::diff", {"scope": "s", "key": "d", "value": VALUE}, None),
+    ("state::update", {"scope": "s", "key": "u", "ops": [
+        {"type": "increment", "path": "/n", "by": 1}]}, None),
+    ("state::list-entries", {"scope": "s"}, None),
+    ("state::delete", {"scope": "s", "key": "gone"}, None),
+    ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
+     {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
+    ("state::barrier", {"event": {"key": "a"}, "condition_config": {"id": "b", "expect": 99}},
+     None),
+    ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": VALUE}, MOCO),
+    ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
+    ("builtin.state.list_states", {"namespace": "n"}, MOCO),
+    ("state.set", {"key": "k", "value": VALUE}, DAGU),
+    ("state.get", {"key": "k"}, DAGU),
+    ("state.diff", {"key": "d", "value": VALUE}, DAGU),
+    ("state.list", {}, DAGU),
+    ("state.delete", {"key": "gone"}, DAGU),
+]
+
+
+async def test_no_call_leaves_a_reference_cycle(client: StateClient) -> None:
+    for fn, body, context in CALLS:  # each path once, so every cache is filled first
+        await client.call_json(fn, msgspec.json.encode(body), context=context)
+    gc.collect()
+    gc.disable()
+    try:
+        left: dict[str, int] = {}
+        for fn, body, context in CALLS:
+            for _ in range(20):
+                await client.call_json(fn, msgspec.json.encode(body), context=context)
+            left[fn] = left.get(fn, 0) + gc.collect()
+    finally:
+        gc.enable()
+    assert {fn: n for fn, n in left.items() if n} == {}
