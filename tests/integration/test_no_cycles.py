@@ -12,10 +12,15 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
 from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.worker import Worker
+from stateworker.settings import Settings
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -63,3 +68,29 @@ async def test_no_call_leaves_a_reference_cycle(client: StateClient) -> None:
     finally:
         gc.enable()
     assert {fn: n for fn, n in left.items() if n} == {}
+
+
+async def test_a_user_workers_call_leaves_no_reference_cycle(redis_server: RedisServer,
+                                                              prefix: str) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+
+    @worker.function("orders::create")
+    async def create(body: Any, call: Call) -> Any:
+        return {"order": body["id"], "by": call.ctx.caller}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", caller="shop") as client:
+            await client.call("orders::create", {"id": 0})
+            gc.collect()
+            gc.disable()
+            try:
+                for n in range(20):
+                    assert await client.call("orders::create", {"id": n}) == \
+                        {"order": n, "by": "shop"}
+                left = gc.collect()
+            finally:
+                gc.enable()
+        worker.stop()
+    assert left == 0
