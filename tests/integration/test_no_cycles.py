@@ -20,6 +20,8 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
 from stateworker.settings import Settings
+from tests.integration.busproto import until
+from tests.integration.handlers import Handler
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -94,3 +96,32 @@ async def test_a_user_workers_call_leaves_no_reference_cycle(redis_server: Redis
                 gc.enable()
         worker.stop()
     assert left == 0
+
+
+async def test_dispatching_an_event_to_a_trigger_leaves_no_reference_cycle(
+        client: StateClient) -> None:
+    """The dispatcher runs in the service: events read, matched, a condition evaluated (the
+    barrier, in Redis), the handler's call appended, the position moved."""
+    async with Handler(client.settings).running() as handler:
+        gated = {"condition_function_id": "state::barrier",
+                 "condition_config": {"id": "b", "expect": 99}}
+        for trigger_id, config in (("plain", {"scope": "t"}),
+                                   ("gated", {"scope": "t", **gated})):
+            await client.call("state::register-trigger", {
+                "id": trigger_id, "function_id": "reactor::on_change", "service": "reactor",
+                "config": config})
+        await client.call("state::set", {"scope": "t", "key": "g0", "value": 0})
+        await until(lambda: len(handler.calls) >= 1, 10, "the first handler call")
+        gc.collect()
+        gc.disable()
+        try:
+            for n in range(1, 21):
+                await client.call("state::set", {"scope": "t", "key": f"g{n}", "value": n})
+            await until(lambda: len(handler.calls) >= 21, 10, "21 handler calls")
+            left = gc.collect()
+        finally:
+            gc.enable()
+    assert left == 0
+    arrived = await client.call("state::barrier", {
+        "event": {"key": "last"}, "condition_config": {"id": "b", "expect": 99}})
+    assert arrived["reason"] == "barrier `b`: 22/99 arrived, waiting on 77 more"
