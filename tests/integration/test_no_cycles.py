@@ -16,12 +16,15 @@ import anyio
 import msgspec
 import pytest
 
+from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
+from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
+from tests.integration.snapshots import caught_up
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -125,3 +128,27 @@ async def test_dispatching_an_event_to_a_trigger_leaves_no_reference_cycle(
     arrived = await client.call("state::barrier", {
         "event": {"key": "last"}, "condition_config": {"id": "b", "expect": 99}})
     assert arrived["reason"] == "barrier `b`: 22/99 arrived, waiting on 77 more"
+
+
+async def test_snapshotting_writes_to_postgresql_leaves_no_reference_cycle(
+        redis_server: RedisServer, prefix: str, postgres_url: str) -> None:
+    """The snapshot runs in the service too: events read, batched, written to PostgreSQL,
+    the position moved."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        postgres_url=postgres_url)
+    keys = KeySpace(prefix, 4)
+    redis_client = redis_server.client()
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        await client.call("state::set", {"scope": "p", "key": "k0", "value": 0})
+        await until(lambda: caught_up(redis_client, keys), 20, "the first snapshot round")
+        gc.collect()
+        gc.disable()
+        try:
+            for n in range(1, 21):
+                await client.call("state::set", {"scope": "p", "key": f"k{n}", "value": n})
+            await until(lambda: caught_up(redis_client, keys), 20, "the snapshot to catch up")
+            left = gc.collect()
+        finally:
+            gc.enable()
+    assert left == 0
