@@ -1,6 +1,7 @@
 """`StateClient`: calls functions over the bus. One reply list per client, read by one task
-that hands each reply to the call waiting for its id; a retry reuses the call's id, so the
-service applies it at most once and answers it the same way.
+that hands each reply to the call waiting for its id (bus/reply_reader.py); a retry reuses the
+call's id, so the service applies it at most once and answers it the same way. Its typed
+`state::*` helpers are in bus/typed.py.
 
 Every call carries its deadline (`deadline_ms`, epoch ms: now + its timeout, unless given), so
 a call the client gave up on is never applied later. Redis that cannot serve for a while (a
@@ -26,6 +27,7 @@ import anyio
 import msgspec
 
 from stateworker import codec
+from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import (
@@ -51,47 +53,6 @@ from stateworker.transport.connection import (
 )
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
-
-SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
-
-
-class _Reply(msgspec.Struct):
-    id: str | None
-    ok: bool
-    result: msgspec.Raw = msgspec.Raw(b"null")
-    error: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class _Waiter:
-    """One call waiting for its reply. A bare asyncio future (as in redisconn.py): an anyio
-    Event and cancel scope per call cost more than the rest of the client's work for it."""
-
-    __slots__ = ("deadline", "error", "future", "reply")
-
-    def __init__(self) -> None:
-        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.reply: _Reply | None = None
-        self.error: BaseException | None = None  # the XADD failed
-        self.deadline = math.inf  # time.monotonic(); the sweeper wakes the call after it
-
-    def wake(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-    def sent(self, xadd: asyncio.Future[list[Any]]) -> None:
-        """Done-callback of the XADD: a failure wakes the call with it."""
-        if xadd.cancelled():
-            self.error = ConnectionLost("the send was cancelled")
-        elif xadd.exception() is not None:
-            self.error = xadd.exception()
-        elif isinstance(xadd.result()[0], Exception):  # a Redis error reply to the XADD
-            self.error = xadd.result()[0]
-        else:
-            return
-        self.wake()
-
-
-_reply_decoder = msgspec.json.Decoder(_Reply)
 
 
 class StateClient(TypedCalls):
@@ -143,9 +104,9 @@ class StateClient(TypedCalls):
         self.conn = RedisConnection(self.url, write_first_at_once=False,
                                     connect_timeout_s=self.settings.connect_timeout_s,
                                     read_timeout_s=self.settings.read_timeout_s)
-        self._reader = RedisConnection(self.url, connect_timeout_s=self.settings.connect_timeout_s,
-                                       read_timeout_s=self.settings.read_timeout_s)
-        self._pending: dict[str, _Waiter] = {}
+        self._pending: dict[str, Waiter] = {}  # the calls waiting for their reply, by id
+        self._replies = ReplyReader(self.url, self.settings, self.reply_key, self._pending,
+                                    self._met)
         self._stack = AsyncExitStack()
         self._ids = itertools.count()
         self._closed = False
@@ -170,8 +131,8 @@ class StateClient(TypedCalls):
         await open_ready(self.conn, self.timeout, self._met, "the client")
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
-        tg.start_soon(self._read_replies)
-        tg.start_soon(self._sweep_timeouts)
+        tg.start_soon(self._replies.read)
+        tg.start_soon(self._replies.sweep_timeouts)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
 
@@ -190,60 +151,14 @@ class StateClient(TypedCalls):
 
     async def _close(self) -> None:
         self._closed = True
-        for waiter in list(self._pending.values()):  # calls still waiting end now
-            waiter.wake()
+        self._replies.wake_all()  # calls still waiting end now
         with anyio.CancelScope(shield=True):
             # Redis gone or loading: the reply list expires on its own (so a close never
             # waits long for it, nor fails because of it).
             with anyio.move_on_after(1.0), suppress(ConnectionLost, ReplyError):
                 await self.conn.execute("DEL", self.reply_key)
             await self.conn.close()
-            await self._reader.close()
-
-    async def _read_replies(self) -> None:
-        """Hand each reply to its call. A failed read (Redis restarting, loading, away) backs
-        off and reads again: this task never ends before the client closes."""
-        backoff = Backoff()
-        while True:
-            try:
-                # BLMPOP takes every reply waiting (a service writes a batch's replies in one
-                # LPUSH), so the calls they wake send their next requests together.
-                popped = await self._reader.execute("BLMPOP", 1, 1, self.reply_key, "LEFT",
-                                                    "COUNT", 1000)
-            except (ConnectionLost, ReplyError) as exc:
-                self._met(exc)
-                if isinstance(exc, ConnectionLost) and not backoff.failures:
-                    # Replies popped on the broken connection, or pushed to a Redis that lost
-                    # them in a restart, never arrive: every waiting call re-sends (same id,
-                    # same deadline) and gets its reply again from the call's record.
-                    for waiter in list(self._pending.values()):
-                        waiter.wake()
-                await anyio.sleep(backoff.next())
-                continue
-            if backoff.failures:
-                backoff.reset()
-            for document in popped[1] if popped else []:
-                self._deliver(document)
-
-    async def _sweep_timeouts(self) -> None:
-        """Wake the calls whose time is up. One sweeper instead of a cancel scope per call:
-        a call's own timeout would cost more than the call's Redis work."""
-        while True:
-            await anyio.sleep(SWEEP_INTERVAL_S)
-            now = time.monotonic()
-            for waiter in list(self._pending.values()):
-                if waiter.deadline <= now:
-                    waiter.wake()
-
-    def _deliver(self, document: bytes) -> None:
-        try:
-            reply = _reply_decoder.decode(document)
-        except msgspec.DecodeError:
-            return
-        waiter = self._pending.get(reply.id or "")
-        if waiter is not None and waiter.reply is None:
-            waiter.reply = reply
-            waiter.wake()
+            await self._replies.conn.close()
 
     async def _connect(self, end: float) -> BaseException | None:
         """Connect the sending connection within the call's time; the failure, or None."""
@@ -256,17 +171,6 @@ class StateClient(TypedCalls):
             return ConnectionLost(f"cannot connect to Redis at {shown_url(self.url)} within the "
                                   "call's time")
         return None
-
-    @staticmethod
-    async def _pause(waiter: _Waiter, delay: float) -> None:
-        """Wait `delay` seconds, or less when the call is woken (its reply came, the client
-        closed); a stale send error that woke it is dropped."""
-        waiter.deadline = math.inf  # not the sweeper's to end
-        if delay > 0:
-            await asyncio.wait([waiter.future], timeout=delay)
-        if waiter.future.done():
-            waiter.future = asyncio.get_running_loop().create_future()
-            waiter.error = None
 
     # ---- calls -------------------------------------------------------------------------------
     async def call_json(
@@ -324,7 +228,7 @@ class StateClient(TypedCalls):
             fields += ["caller", self.caller]
         if context:
             fields += ["context", msgspec.json.encode(dict(context))]
-        waiter = self._pending[call_id] = _Waiter()
+        waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream
         last_failure: BaseException | None = None  # the last transient error met
@@ -362,7 +266,7 @@ class StateClient(TypedCalls):
                 last_failure = failure
                 self._met(failure)
                 backoff = backoff or Backoff()
-                await self._pause(waiter, min(backoff.next(), end - time.monotonic()))
+                await waiter.pause(min(backoff.next(), end - time.monotonic()))
                 if self._closed:
                     break
         finally:

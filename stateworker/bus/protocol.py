@@ -13,6 +13,10 @@ group, run them concurrently, reply, then acknowledge.
   a reply list) and is acknowledged.
 - Stopping: intake stops, calls in flight finish within the grace period, then the rest is
   cancelled (and stays pending for a later reclaim).
+
+Here: the options (`BusOptions`), a call as read (`Call`), what a service gives the runtime
+(`Handler`: one call at a time; `BatchHandler`: calls as plans, run together), the names
+(`Bus`), parsing an entry, the reply document. The loops: bus/runtime.py.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -35,6 +39,7 @@ from stateworker.errors import (
     ValueTooLarge,
 )
 from stateworker.keys import BusKeys
+from stateworker.transport.plans import Plan, Sent
 
 log = logging.getLogger("stateworker.bus")
 
@@ -68,6 +73,20 @@ class Call:
 
 
 Handler = Callable[[Call], Awaitable[bytes]]  # -> result JSON; raises StateError
+
+
+class BatchHandler(Protocol):
+    """Calls as plans: `prepare` validates (raising StateError) and gives the call's Plan,
+    whose result is the reply's JSON; `execute_many` runs plans together."""
+
+    def prepare(self, call: Call) -> Plan: ...
+
+    def send(self, plans: Sequence[Plan]) -> Sent:
+        """Put the plans' first step on the wire now; the token goes to execute_many."""
+
+    async def execute_many(self, plans: Sequence[Plan], sent: Sent,
+                           done: Callable[[int, Any], None],
+                           after_step: Callable[[], Awaitable[None]]) -> list[Any]: ...
 
 
 class Bus(BusKeys):

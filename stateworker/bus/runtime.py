@@ -1,9 +1,10 @@
-"""`BusRuntime`: the loops that serve one service's stream (see bus.py for the protocol).
+"""`BusRuntime`: the loops that serve one service's stream (bus/protocol.py: the protocol).
 
     reader   XREADGROUP batches -> one task per batch (plans) or per call (user handlers),
              bounded by `concurrency` calls in flight
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
+             (the queue, the flusher and the call records: bus/reply_writer.py)
     reclaim  XAUTOCLAIM entries idle longer than the visibility timeout -> call tasks
 
 Redis going away or not serving for a while (a refused or broken connection, LOADING after a
@@ -18,26 +19,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections import Counter
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.bus.protocol import (
+    BatchHandler,
     Bus,
     BusOptions,
     Call,
     Handler,
     default_consumer,
     parse_entry,
-    reply_document,
 )
-from stateworker.bus.stats import FLUSH_EVERY_S, Stats
+from stateworker.bus.reply_writer import ReplyWriter
+from stateworker.bus.stats import Stats
 from stateworker.clock import now_ms
 from stateworker.errors import (
-    CallIdReused,
     InternalError,
     InvalidRequest,
     StateError,
@@ -46,7 +46,6 @@ from stateworker.errors import (
     no_redis_text,
 )
 from stateworker.transport.connection import (
-    Arg,
     Backoff,
     ConnectionLost,
     RedisConnection,
@@ -56,26 +55,6 @@ from stateworker.transport.connection import (
 from stateworker.transport.plans import Plan, Sent
 
 log = logging.getLogger("stateworker.bus")
-
-# A user worker's call record: its key and the call's digest (SHA-1 of fn and body), which
-# the record keeps before its reply document (`<digest>\n<document>`).
-Record = tuple[str, bytes]
-# (reply key, reply document or None, entry id, record or None)
-Outgoing = tuple[bytes, bytes | None, bytes, Record | None]
-
-
-class BatchHandler(Protocol):
-    """Calls as plans: `prepare` validates (raising StateError) and gives the call's Plan,
-    whose result is the reply's JSON; `execute_many` runs plans together."""
-
-    def prepare(self, call: Call) -> Plan: ...
-
-    def send(self, plans: Sequence[Plan]) -> Sent:
-        """Put the plans' first step on the wire now; the token goes to execute_many."""
-
-    async def execute_many(self, plans: Sequence[Plan], sent: Sent,
-                           done: Callable[[int, Any], None],
-                           after_step: Callable[[], Awaitable[None]]) -> list[Any]: ...
 
 
 class BusRuntime:
@@ -98,11 +77,9 @@ class BusRuntime:
         self.batch = batch
         self.options = options
         self.consumer = options.consumer or default_consumer()
-        self.record_ttl_ms = record_ttl_ms  # set: replies are recorded here (user workers)
         self.stats = Stats()
-        self._outgoing: list[Outgoing] = []
-        self._outgoing_ready = anyio.Event()
-        self._flush_lock = anyio.Lock()
+        # record_ttl_ms set: replies are recorded (user workers)
+        self.replies = ReplyWriter(conn, bus, options, self.stats, record_ttl_ms)
         self._stopping = anyio.Event()
         self._in_flight = 0
         self._running: set[bytes] = set()  # entry ids being served: never served twice at once
@@ -111,7 +88,6 @@ class BusRuntime:
         self.start_wait_s = start_wait_s
         self.describe = describe or {}
         self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
-        self._unanswered = False  # calls were left pending (Redis away): read them again
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -134,14 +110,14 @@ class BusRuntime:
                                    **self.describe})
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._flusher)
+                tg.start_soon(self.replies.flusher)
                 async with anyio.create_task_group() as calls:
                     calls.start_soon(self._reclaim_loop, calls)
                     task_status.started()
                     await self._read_loop(calls)
                     await self._drain(calls)
-                await self._flush_all()
-                await self._write_stats(force=True)
+                await self.replies.flush_all()
+                await self.replies.write_stats(force=True)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -213,10 +189,10 @@ class BusRuntime:
                 await self._freed.wait()
                 self._freed = anyio.Event()
                 continue
-            if self._unanswered and start == ">":
+            if self.replies.unanswered and start == ">":
                 # Calls met Redis away and stay pending: read them again once it serves (not
                 # at once: Redis may be away still; a reclaim takes what this one misses).
-                self._unanswered = False
+                self.replies.unanswered = False
                 await self._pause(again.next())
                 start = "0"
             try:
@@ -237,7 +213,7 @@ class BusRuntime:
                          extra={"event": "bus.read_recovered", "service": self.bus.service})
                 backoff.reset()
             entries = reply[0][1] if reply else []
-            if entries and again.failures and not self._unanswered:
+            if entries and again.failures and not self.replies.unanswered:
                 again.reset()
             if start != ">":  # reading this consumer's own pending history, oldest first
                 if not entries:
@@ -261,7 +237,7 @@ class BusRuntime:
         live = []
         for entry_id, flat in entries:
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
-                self._queue(b"", None, entry_id, None)
+                self.replies.queue(b"", None, entry_id, None)
             elif entry_id not in self._running:  # not one this consumer is still serving
                 live.append((entry_id, flat))
                 self._running.add(entry_id)
@@ -290,23 +266,24 @@ class BusRuntime:
                        ) -> list[tuple[Call, Plan]]:
         """Calls as plans; a malformed or late call is answered (queued) here."""
         assert self.batch is not None
+        answer = self.replies.answer
         ready: list[tuple[Call, Plan]] = []
         for entry_id, flat in entries:
             call, reply_key, call_id, error = self._parse(entry_id, flat)
             if call is None:
-                self._answer(reply_key, call_id, None, error, entry_id, None, None)
+                answer(reply_key, call_id, None, error, entry_id, None, None)
                 continue
             try:
                 # The deadline is checked by the plan: a call that was applied before its
                 # deadline passed must still get its recorded reply when delivered again.
                 ready.append((call, self.batch.prepare(call)))
             except StateError as exc:
-                self._answer(call.reply, call.id, None, exc, call.entry_id, None,
-                             call.started, call.fn)
+                answer(call.reply, call.id, None, exc, call.entry_id, None, call.started,
+                       call.fn)
             except Exception as exc:  # a bug costs one call, not the batch
                 log.exception("preparing a call failed", extra={
                     "event": "call.crashed", "call_id": call.id, "fn": call.fn})
-                self._answer(call.reply, call.id, None, InternalError(
+                answer(call.reply, call.id, None, InternalError(
                     f"{call.fn} failed inside the service: {type(exc).__name__}"),
                     call.entry_id, None, call.started, call.fn)
         return ready
@@ -316,6 +293,8 @@ class BusRuntime:
         """Wait for a batch's plans (every step of all calls in one pipeline); each call is
         answered when its plan is done, and the replies are written after every step."""
         assert self.batch is not None
+        replies = self.replies
+        answer = replies.answer
 
         def done(index: int, result: Any) -> None:
             call = ready[index][0]
@@ -323,20 +302,20 @@ class BusRuntime:
                 # Redis went away mid-call: the script may have run. No reply, no ack: the
                 # entry stays pending, and the reader (or a reclaim) serves it again, which
                 # answers it from the call's record.
-                self._unanswered = True
+                replies.unanswered = True
                 return
             if isinstance(result, StateError):
-                self._answer(call.reply, call.id, None, result, call.entry_id, None,
-                             call.started, call.fn)
+                answer(call.reply, call.id, None, result, call.entry_id, None, call.started,
+                       call.fn)
             else:
-                self._answer(call.reply, call.id, result, None, call.entry_id, None,
-                             call.started, call.fn)
+                answer(call.reply, call.id, result, None, call.entry_id, None, call.started,
+                       call.fn)
 
         try:
             if ready:
                 await self.batch.execute_many([plan for _, plan in ready], sent, done,
-                                              self._flush_all)
-            await self._flush_all()  # at once, rather than a loop iteration later
+                                              replies.flush_all)
+            await replies.flush_all()  # at once, rather than a loop iteration later
         finally:
             self._finished(entry_ids)
 
@@ -366,7 +345,7 @@ class BusRuntime:
                     "event": "bus.reclaim", "service": self.bus.service, "count": len(entries)})
                 self._spawn(calls, entries)
             for entry_id in rest[0] if rest else []:
-                self._queue(b"", None, entry_id, None)  # deleted from the stream meanwhile
+                self.replies.queue(b"", None, entry_id, None)  # deleted from the stream meanwhile
             if next_cursor in (b"0-0", "0-0"):
                 return
             cursor = next_cursor
@@ -374,7 +353,7 @@ class BusRuntime:
     def _parse(self, entry_id: bytes, flat: list[bytes]
                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
         """An entry as a Call, or the error it gets. A call whose reply list is not one of
-        this prefix's is not run at all (and its reply is not written: `_queue`)."""
+        this prefix's is not run at all (and its reply is not written: `ReplyWriter.queue`)."""
         call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
         if call is not None and reply_key and not self.bus.reply_allowed(reply_key):
             return None, reply_key, call_id, InvalidRequest(
@@ -386,41 +365,25 @@ class BusRuntime:
         try:
             call, reply_key, call_id, error = self._parse(entry_id, flat)
             if call is None:
-                self._answer(reply_key, call_id, None, error, entry_id, None, None)
+                self.replies.answer(reply_key, call_id, None, error, entry_id, None, None)
                 return
             await self._run(call)
-            await self._flush_all()
+            await self.replies.flush_all()
         finally:
             self._finished([entry_id])
 
     async def _run(self, call: Call) -> None:
+        replies = self.replies
         record = None
-        if self.record_ttl_ms is not None and call.id is not None:
+        if replies.record_ttl_ms is not None and call.id is not None:
             record = (self.bus.record(call.id), (call.ctx.call_digest or "").encode())
-            try:
-                previous = await self.conn.execute("GET", record[0])
-            except (ConnectionLost, ReplyError) as exc:
-                # Not answered, not acknowledged: the entry stays pending, to be read again.
-                log.warning("reading a call record failed: %s", exc, extra={
-                    "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
-                self._unanswered = True
-                return
-            if previous is not None:  # answered before: the same reply again, nothing re-run
-                digest, document = (b"", previous) if previous[:1] == b"{" else (
-                    previous.partition(b"\n")[::2])  # (a record without digest: older)
-                if digest and digest != record[1]:  # the id of another call: not this one's
-                    self._answer(call.reply, call.id, None, CallIdReused(
-                        f"id {call.id!r} was used for another call (another function or body) "
-                        f"in the last {self.record_ttl_ms // 1000} s; a retry must repeat the "
-                        "same call, a new call needs a new id", {"id": call.id}),
-                        call.entry_id, None, call.started, call.fn)
-                    return
-                self._queue(call.reply, document, call.entry_id, None)
+            if await replies.replayed(call, record):
                 return
         result: bytes | None = None
         error: StateError | None = None
         try:
-            self._check_deadline(call)
+            if call.deadline_ms is not None and now_ms() > call.deadline_ms:
+                raise deadline_exceeded(call.deadline_ms)
             assert self.handler is not None
             result = await self.handler(call)
         except StateError as exc:
@@ -429,95 +392,5 @@ class BusRuntime:
             log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
-        self._answer(call.reply, call.id, result, error, call.entry_id, record, call.started,
-                     call.fn)
-
-    @staticmethod
-    def _check_deadline(call: Call) -> None:
-        if call.deadline_ms is not None and now_ms() > call.deadline_ms:
-            raise deadline_exceeded(call.deadline_ms)
-
-    def _answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
-                error: StateError | None, entry_id: bytes, record: Record | None,
-                started: float | None, fn: str | None = None) -> None:
-        if error is not None:
-            # Bad requests are the caller's business: debug. The rest is worth a line.
-            level = logging.DEBUG if error.code in ("INVALID_REQUEST", "UNKNOWN_FUNCTION",
-                                                    "CONFLICT", "NOT_FOUND") else logging.INFO
-            log.log(level, "call error", extra={"event": "call.error", "call_id": call_id,
-                                                "fn": fn, "code": error.code,
-                                                "error": error.message})
-        self.stats.count(error.code if error else None, started)
-        document = reply_document(call_id, result, error)
-        self._queue(reply_key, document, entry_id, record)
-
-    # ---- replying ----------------------------------------------------------------------------
-    def _queue(self, reply_key: bytes, document: bytes | None, entry_id: bytes,
-               record: Record | None) -> None:
-        if reply_key and not self.bus.reply_allowed(reply_key):
-            log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
-                "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
-            self.stats.pending["reply_refused"] += 1
-            reply_key = b""
-        self._outgoing.append((reply_key, document, entry_id, record))
-        self._outgoing_ready.set()
-
-    async def _flusher(self) -> None:
-        while True:
-            with anyio.move_on_after(FLUSH_EVERY_S):
-                await self._outgoing_ready.wait()
-            if self._outgoing:
-                await self._flush_all()
-            else:  # quiet: still bring the counters up to date
-                await self._write_stats(force=True)
-
-    async def _write_stats(self, force: bool) -> None:
-        commands = self.stats.flush_commands(self.bus.stats_key, force=force)
-        if commands:
-            with contextlib.suppress(ConnectionLost):
-                await self.conn.pipeline(commands)
-
-    async def _flush_all(self) -> None:
-        """Write what is queued, until nothing is. One flush at a time: a second caller waits
-        for the running one and then writes what is left, so when it returns, every reply
-        queued before the call is written (a call is finished only after that)."""
-        async with self._flush_lock:
-            while self._outgoing:
-                batch, self._outgoing = self._outgoing, []
-                self._outgoing_ready = anyio.Event()
-                try:
-                    await self._write(batch)
-                except (ConnectionLost, ReplyError) as exc:
-                    # Not acknowledged: the entries stay pending and are read again.
-                    log.warning("writing replies failed: %s", exc, extra={
-                        "event": "bus.flush_failed", "count": len(batch)})
-                    self._unanswered = True
-
-    async def _write(self, batch: list[Outgoing]) -> None:
-        by_key: dict[bytes, list[bytes]] = defaultdict(list)
-        commands: list[list[Arg]] = []
-        for reply_key, document, _entry_id, record in batch:
-            if document is None:
-                continue
-            if reply_key:
-                by_key[reply_key].append(document)
-            if record is not None:
-                commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
-                                 self.record_ttl_ms or 0])
-        for reply_key, documents in by_key.items():
-            commands.append(["LPUSH", reply_key, *documents])
-            commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
-        ids = [entry_id for _, _, entry_id, _ in batch]
-        commands.append(["XACK", self.bus.stream, self.bus.group, *ids])
-        commands.append(["XDEL", self.bus.stream, *ids])
-        commands += self.stats.flush_commands(self.bus.stats_key)
-        results = await self.conn.pipeline(commands)
-        failed = [(command, result) for command, result in zip(commands, results, strict=True)
-                  if isinstance(result, ReplyError)]  # e.g. a reply key of another type
-        if failed:
-            command, result = failed[0]
-            log.warning("reply write failed: %s", result, extra={
-                "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})
-            if any(transient_reason(result) for _, result in failed):
-                self._unanswered = True  # BUSY ...: not acknowledged either: read them again
-
+        replies.answer(call.reply, call.id, result, error, call.entry_id, record, call.started,
+                       call.fn)

@@ -1,6 +1,7 @@
 """The typed helpers of `StateClient`: one method per `state::*` function, each a thin
 `call(fn, body)` with the function's request built from Python arguments and its error codes
-listed. Kept apart from the transport (bus/client.py: sends, retries, replies)."""
+listed. Kept apart from the transport (bus/client.py: sends, retries; bus/reply_reader.py:
+replies)."""
 
 from __future__ import annotations
 

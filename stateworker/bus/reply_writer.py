@@ -1,0 +1,167 @@
+"""`ReplyWriter`: the answering side of a `BusRuntime` (bus/runtime.py).
+
+    answer   error logged, counted (bus/stats.py), reply document -> queue
+    queue    (reply key, reply document, entry id, call record) kept until the next flush
+    flush    queued replies -> LPUSH per reply list, PEXPIRE, the call records (SET), XACK,
+             XDEL and the counters, in one pipeline; by the flusher task, or by the call at once
+
+A user worker's call records are kept here both ways: written with the reply, and read back
+(`replayed`) when a call is delivered again, so it gets its recorded reply rather than a second
+run. A record is `<digest>\\n<reply document>` (the digest: SHA-1 of the call's fn and body).
+
+`unanswered` says calls were left pending, unacknowledged (Redis away while answering them):
+the runtime's reader reads its pending history again to answer them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+
+import anyio
+
+from stateworker.bus.protocol import Bus, BusOptions, Call, reply_document
+from stateworker.bus.stats import FLUSH_EVERY_S, Stats
+from stateworker.errors import CallIdReused, StateError
+from stateworker.transport.connection import (
+    Arg,
+    ConnectionLost,
+    RedisConnection,
+    ReplyError,
+    transient_reason,
+)
+
+log = logging.getLogger("stateworker.bus")
+
+# A user worker's call record: its key and the call's digest (SHA-1 of fn and body), which
+# the record keeps before its reply document (`<digest>\n<document>`).
+Record = tuple[str, bytes]
+# (reply key, reply document or None, entry id, record or None)
+Outgoing = tuple[bytes, bytes | None, bytes, Record | None]
+
+
+class ReplyWriter:
+    """Queues the replies of one service's calls and writes them with their acknowledgements."""
+
+    def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, stats: Stats,
+                 record_ttl_ms: int | None) -> None:
+        self.conn = conn  # shared, pipelined
+        self.bus = bus
+        self.options = options
+        self.stats = stats
+        self.record_ttl_ms = record_ttl_ms  # set: replies are recorded here (user workers)
+        self.unanswered = False  # calls were left pending (Redis away): read them again
+        self._outgoing: list[Outgoing] = []
+        self._outgoing_ready = anyio.Event()
+        self._flush_lock = anyio.Lock()
+
+    def answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
+               error: StateError | None, entry_id: bytes, record: Record | None,
+               started: float | None, fn: str | None = None) -> None:
+        if error is not None:
+            # Bad requests are the caller's business: debug. The rest is worth a line.
+            level = logging.DEBUG if error.code in ("INVALID_REQUEST", "UNKNOWN_FUNCTION",
+                                                    "CONFLICT", "NOT_FOUND") else logging.INFO
+            log.log(level, "call error", extra={"event": "call.error", "call_id": call_id,
+                                                "fn": fn, "code": error.code,
+                                                "error": error.message})
+        self.stats.count(error.code if error else None, started)
+        document = reply_document(call_id, result, error)
+        self.queue(reply_key, document, entry_id, record)
+
+    def queue(self, reply_key: bytes, document: bytes | None, entry_id: bytes,
+              record: Record | None) -> None:
+        if reply_key and not self.bus.reply_allowed(reply_key):
+            log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
+                "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
+            self.stats.pending["reply_refused"] += 1
+            reply_key = b""
+        self._outgoing.append((reply_key, document, entry_id, record))
+        self._outgoing_ready.set()
+
+    async def replayed(self, call: Call, record: Record) -> bool:
+        """True when `call` needs no run: it ran before and is answered from its record
+        (CALL_ID_REUSED when the record is another call's), or its record could not be read
+        (then it is left pending, to be read again). False: run it."""
+        try:
+            previous = await self.conn.execute("GET", record[0])
+        except (ConnectionLost, ReplyError) as exc:
+            # Not answered, not acknowledged: the entry stays pending, to be read again.
+            log.warning("reading a call record failed: %s", exc, extra={
+                "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
+            self.unanswered = True
+            return True
+        if previous is None:
+            return False
+        # Answered before: the same reply again, nothing re-run.
+        digest, document = (b"", previous) if previous[:1] == b"{" else (
+            previous.partition(b"\n")[::2])  # (a record without digest: older)
+        if digest and digest != record[1]:  # the id of another call: not this one's
+            self.answer(call.reply, call.id, None, CallIdReused(
+                f"id {call.id!r} was used for another call (another function or body) in the "
+                f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
+                "call, a new call needs a new id", {"id": call.id}),
+                call.entry_id, None, call.started, call.fn)
+            return True
+        self.queue(call.reply, document, call.entry_id, None)
+        return True
+
+    async def flusher(self) -> None:
+        while True:
+            with anyio.move_on_after(FLUSH_EVERY_S):
+                await self._outgoing_ready.wait()
+            if self._outgoing:
+                await self.flush_all()
+            else:  # quiet: still bring the counters up to date
+                await self.write_stats(force=True)
+
+    async def write_stats(self, force: bool) -> None:
+        commands = self.stats.flush_commands(self.bus.stats_key, force=force)
+        if commands:
+            with contextlib.suppress(ConnectionLost):
+                await self.conn.pipeline(commands)
+
+    async def flush_all(self) -> None:
+        """Write what is queued, until nothing is. One flush at a time: a second caller waits
+        for the running one and then writes what is left, so when it returns, every reply
+        queued before the call is written (a call is finished only after that)."""
+        async with self._flush_lock:
+            while self._outgoing:
+                batch, self._outgoing = self._outgoing, []
+                self._outgoing_ready = anyio.Event()
+                try:
+                    await self._write(batch)
+                except (ConnectionLost, ReplyError) as exc:
+                    # Not acknowledged: the entries stay pending and are read again.
+                    log.warning("writing replies failed: %s", exc, extra={
+                        "event": "bus.flush_failed", "count": len(batch)})
+                    self.unanswered = True
+
+    async def _write(self, batch: list[Outgoing]) -> None:
+        by_key: dict[bytes, list[bytes]] = defaultdict(list)
+        commands: list[list[Arg]] = []
+        for reply_key, document, _entry_id, record in batch:
+            if document is None:
+                continue
+            if reply_key:
+                by_key[reply_key].append(document)
+            if record is not None:
+                commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
+                                 self.record_ttl_ms or 0])
+        for reply_key, documents in by_key.items():
+            commands.append(["LPUSH", reply_key, *documents])
+            commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
+        ids = [entry_id for _, _, entry_id, _ in batch]
+        commands.append(["XACK", self.bus.stream, self.bus.group, *ids])
+        commands.append(["XDEL", self.bus.stream, *ids])
+        commands += self.stats.flush_commands(self.bus.stats_key)
+        results = await self.conn.pipeline(commands)
+        failed = [(command, result) for command, result in zip(commands, results, strict=True)
+                  if isinstance(result, ReplyError)]  # e.g. a reply key of another type
+        if failed:
+            command, result = failed[0]
+            log.warning("reply write failed: %s", result, extra={
+                "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})
+            if any(transient_reason(result) for _, result in failed):
+                self.unanswered = True  # BUSY ...: not acknowledged either: read them again
