@@ -22,7 +22,8 @@ from stateworker.errors import (
 )
 from stateworker.events.model import Bookmark, Event
 from stateworker.settings import Settings
-from stateworker.state.api import BarrierOutcome, Entry, SetOutcome, StateStore, Swap
+from stateworker.state.api import StateStore
+from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
 
 __all__ = [
     "ABSENT",

@@ -27,8 +27,9 @@ from stateworker.settings import Settings
 from stateworker.snapshot import restore
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state import lifecycle
-from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError, check_url
+from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import client_url
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
 def _settings(args: argparse.Namespace) -> Settings:

@@ -30,13 +30,10 @@ from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.state import functions, lifecycle
 from stateworker.state.schemas import encoder
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import (
-    ConnectionLost,
-    RedisConnection,
-    ReplyError,
-    wait_ready,
-)
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent
+from stateworker.transport.retry import wait_ready
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 STATE_SERVICE = "state"
 START_WAIT_S = 60.0  # how long a start waits for a Redis that is loading its dataset

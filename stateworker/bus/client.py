@@ -41,18 +41,11 @@ from stateworker.errors import (
 from stateworker.events.watch import Watch
 from stateworker.keys import reply_prefix
 from stateworker.settings import Settings
-from stateworker.transport.connection import (
-    Arg,
-    Backoff,
-    ConnectionLost,
-    RedisConnection,
-    ReplyError,
-    check_url,
-    open_ready,
-    transient_reason,
-)
+from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
+from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 
 class StateClient(TypedCalls):

@@ -14,7 +14,9 @@ import anyio
 import msgspec
 
 from stateworker.settings import Settings
-from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import Backoff
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
 

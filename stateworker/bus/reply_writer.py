@@ -24,13 +24,9 @@ import anyio
 from stateworker.bus.protocol import Bus, BusOptions, Call, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.errors import CallIdReused, StateError
-from stateworker.transport.connection import (
-    Arg,
-    ConnectionLost,
-    RedisConnection,
-    ReplyError,
-    transient_reason,
-)
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import transient_reason
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
 

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 
 from stateworker.clock import now_ms
-from stateworker.transport.connection import Arg
+from stateworker.transport.wire import Arg
 
 # Latency buckets (upper bounds in ms) of the `latency_le_<ms>` counters.
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)

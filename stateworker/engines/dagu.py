@@ -36,8 +36,8 @@ from stateworker.state.schemas import (
     SetResult,
 )
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import Arg
 from stateworker.transport.plans import Plan, command_reply, then
+from stateworker.transport.wire import Arg
 
 
 # ---- Dagu's outputs ------------------------------------------------------------------------------

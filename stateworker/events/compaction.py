@@ -29,7 +29,7 @@ from typing import Any
 
 from stateworker.errors import Compacted, Unavailable
 from stateworker.events.model import Revision, revision_of, revision_text
-from stateworker.transport.connection import ReplyError
+from stateworker.transport.wire import ReplyError
 
 
 @dataclass(frozen=True, slots=True)

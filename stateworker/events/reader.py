@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 from stateworker.errors import Unavailable
 from stateworker.events.model import Event, decode_event, fields_of
 from stateworker.keys import KeySpace
-from stateworker.transport.connection import ConnectionLost, RedisConnection
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost
 
 START = "-"  # the cursor before the first event of a stream
 PAGE = 1000  # stream entries examined per round trip

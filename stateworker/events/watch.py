@@ -58,15 +58,9 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.transport.connection import (
-    Arg,
-    Backoff,
-    ConnectionLost,
-    RedisConnection,
-    ReplyError,
-    open_ready,
-    transient_reason,
-)
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
 CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held entry's millisecond

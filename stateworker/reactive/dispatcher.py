@@ -42,8 +42,10 @@ from stateworker.state.barrier import BarrierCondition
 from stateworker.state.bindings import ADVANCE
 from stateworker.state.schemas import BarrierDecision, Trigger
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.retry import Backoff
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
 

@@ -26,8 +26,8 @@ from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.state.bindings import ADVANCE
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import ReplyError
 from stateworker.transport.plans import pipeline
+from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.trimming")
 

@@ -48,8 +48,10 @@ from stateworker.snapshot import barriers, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.bindings import ADVANCE
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.retry import Backoff
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.snapshot")
 

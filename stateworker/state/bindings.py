@@ -20,7 +20,7 @@ from stateworker.keys import KeySpace, PartitionKeys, member
 from stateworker.settings import Settings
 from stateworker.state import registry
 from stateworker.state.validate import BARRIER_SCOPE
-from stateworker.transport.connection import Arg
+from stateworker.transport.wire import Arg
 
 
 @dataclass(frozen=True, slots=True)

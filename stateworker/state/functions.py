@@ -52,8 +52,8 @@ from stateworker.state.schemas import (
     encoder,
 )
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import Arg
 from stateworker.transport.plans import Plan, command_reply, then
+from stateworker.transport.wire import Arg
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 R = TypeVar("R")

@@ -15,8 +15,9 @@ from stateworker.errors import ConfigError
 from stateworker.settings import Settings
 from stateworker.state import expiry
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
 async def connect(settings: Settings) -> RedisState:

@@ -25,7 +25,9 @@ import anyio
 from anyio.abc import TaskStatus
 
 from stateworker.errors import Unavailable
-from stateworker.transport.connection import Backoff, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import Backoff
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.state.registry")
 

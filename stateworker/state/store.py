@@ -23,10 +23,11 @@ from stateworker.state.bindings import BINDINGS, Binding, Target, entry_args, en
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.registry import Registry
-from stateworker.transport.connection import Arg, ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.library import Library
 from stateworker.transport.plans import Plan, Sent, execute_many, script_reply, send_first_step
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 _DUPLICATE = LUA_STATUS["DUPLICATE"]
 WAITAOF_TIMEOUT_MS = 1000  # with appendfsync always the fsync is already done: no real wait

@@ -36,8 +36,8 @@ from stateworker.state.bindings import (
 from stateworker.state.reads import get_entry_plan, hash_plan
 from stateworker.state.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import Arg
 from stateworker.transport.plans import Plan, then
+from stateworker.transport.wire import Arg
 
 _OK, _NEEDS_HASH = LUA_STATUS["OK"], LUA_STATUS["NEEDS_HASH"]
 _CONFLICT, _UNCHANGED = LUA_STATUS["CONFLICT"], LUA_STATUS["UNCHANGED"]

@@ -22,7 +22,8 @@ import anyio
 
 from stateworker.errors import ConfigError
 from stateworker.settings import Settings
-from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes; keep a margin
 

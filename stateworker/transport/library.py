@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from stateworker.errors import lua_status_table
-from stateworker.transport.connection import Arg, RedisConnection
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import Arg
 
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 _PER_CALL = re.compile(r"^--- @per-call\s*$", re.MULTILINE)

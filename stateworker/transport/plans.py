@@ -17,14 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from stateworker.errors import LUA_STATUS, InternalError, ResourceExhausted, StateError, Unavailable
-from stateworker.transport.connection import (
-    Arg,
-    ConnectionLost,
-    RedisConnection,
-    ReplyError,
-    transient_reason,
-)
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.library import FUNCTION_MISSING, Library, ScriptError
+from stateworker.transport.retry import transient_reason
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.transport.plans")
 

@@ -30,7 +30,8 @@ from stateworker.bus.worker import Worker
 from stateworker.clock import now_ms
 from stateworker.errors import CallTimeout, DeadlineExceeded, StateError, Unavailable
 from stateworker.settings import Settings
-from stateworker.transport.connection import ConnectionLost, RedisConnection, ReplyError
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost, ReplyError
 from tests.servers import RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.anyio

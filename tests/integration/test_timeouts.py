@@ -22,7 +22,8 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError, Unavailable
 from stateworker.settings import Settings
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import ConnectionLost, RedisConnection
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost
 from tests.integration.busproto import until
 from tests.servers import RedisServer
 

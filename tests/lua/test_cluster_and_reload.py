@@ -18,8 +18,8 @@ from stateworker.reactive.leases import Leases
 from stateworker.snapshot import barriers
 from stateworker.state import functions
 from stateworker.state.bindings import BINDINGS
-from stateworker.transport.connection import Arg
 from stateworker.transport.library import Library
+from stateworker.transport.wire import Arg
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
