@@ -13,6 +13,13 @@ in order), so a crash re-dispatches the batch with the same call ids, and a hand
 `stateworker.Worker` runs once per id. Order: one partition is dispatched by one replica at
 a time, in stream order; the events of a scope are in one partition.
 
+A slow condition holds up only its own partition: while a trigger has a bus condition, each
+partition's batch runs in a task of its own, and the partition is left out of the reads
+until it ends; the loop goes on reading the other partitions and running the rounds, which
+keep every lease held (a batch may wait up to a condition's timeout, 60 s at most, far past
+`lease_ms`). Without one (no condition, or only barriers, which run in Redis), batches run in
+the loop itself, one after another, as that costs no task.
+
 Conditions: `state::barrier` runs in Redis (token: the handler call's id, so a re-dispatched
 event gets the same decision); any other function is called over the bus with the event
 document (call id: the handler call's id + `:condition`) and the trigger's timeout; only an
@@ -50,7 +57,10 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.reactive.dispatcher")
 
 BATCH = 512  # events read per partition per round trip
-ROUND_S = 1.0  # leases, trimming and counters at least this often
+ROUND_S = 1.0  # leases, trimming and counters at least this often (and at least five
+# times per lease: Leases.renew_s)
+ASIDE_BLOCK_MS = 50  # how long a read waits while a batch runs aside (its partition is
+# read again once it ends, within this)
 
 def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
     """A handler call's id: one per trigger and event. A revision (stream id) is unique
@@ -81,7 +91,8 @@ class Dispatcher:
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
-        self._keeper: anyio.CancelScope | None = None  # the running batch's lease keeper
+        self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
+        self._opening = anyio.Lock()  # one condition client per service, however many ask
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -129,18 +140,20 @@ class Dispatcher:
 
     async def _step(self) -> None:
         now = anyio.current_time()
-        if now - self._last_round >= ROUND_S or not self.leases.held:
+        round_s = min(ROUND_S, self.leases.renew_s)
+        if now - self._last_round >= round_s or not self.leases.held:
             self._last_round = now
             await self._round()
         streams = [self.state.keys.registry]
         ids = [self.registry_id]
         # With no trigger there is nothing to hand on: the rounds move the positions to the
         # streams' ends instead, and the events are not read at all.
-        held = sorted(self.positions) if self.triggers.count else []
+        held = [p for p in sorted(self.positions) if p not in self._aside] \
+            if self.triggers.count else []
         for partition in held:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
-        block_ms = int(ROUND_S * 1000)
+        block_ms = ASIDE_BLOCK_MS if self._aside else int(round_s * 1000)
         reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", block_ms,
                                            "STREAMS", *streams, *ids)
         if not reply:
@@ -150,14 +163,20 @@ class Dispatcher:
         if registry:
             self.registry_id = registry[-1][0].decode()
             await self.reload_triggers()
+        aside = self.triggers.asks_the_bus
         for partition in held:
             entries = by_stream.get(self.state.keys.partition(partition).events.encode())
-            if entries and partition in self.positions:
-                await self._dispatch(partition, entries)
+            if not entries or partition not in self.positions:
+                continue
+            if aside:
+                self._aside.add(partition)
+                self._tg.start_soon(self._dispatch_aside, partition, entries)
+            else:
+                await self._dispatch_batch(partition, entries)
 
     async def _round(self) -> None:
         """Leases (renew, take, give back the excess), trimming, counters."""
-        excess = self.leases.excess()
+        excess = [p for p in self.leases.excess() if p not in self._aside]  # (later, then)
         if excess:
             await self.leases.drop(excess)
         taken = await self.leases.round()
@@ -225,35 +244,26 @@ class Dispatcher:
         self.triggers = TriggerSet(triggers.decode_trigger(r) for r in raw[1::2])
 
     # ---- one partition's batch ---------------------------------------------------------------
-    async def _dispatch(self, partition: int, entries: list[Any]) -> None:
-        """One batch; once it waits on a bus condition, its leases are kept (`_keeping`)."""
+    async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:
+        """One partition's batch in a task of its own (module docstring). A failure costs this
+        partition its position in memory: the next round reads it again from Redis, and its
+        batch is dispatched again from there."""
         try:
             await self._dispatch_batch(partition, entries)
+        except (StateError, ConnectionLost, ReplyError) as exc:
+            log.warning("partition %d: dispatch paused: %s", partition, exc,
+                        extra={"event": "dispatch.paused", "partition": partition})
+            self._forget(partition)
+        except Exception:  # a bug: the dispatcher goes on; the batch is retried
+            log.exception("partition %d: dispatch failed", partition,
+                          extra={"event": "dispatch.crashed", "partition": partition})
+            self._forget(partition)
         finally:
-            if self._keeper is not None:
-                self._keeper.cancel()
-                self._keeper = None
+            self._aside.discard(partition)
 
-    def _keeping(self) -> None:
-        """Keep the leases while this batch runs: a bus condition may take up to its timeout
-        (60 s at most), far past `lease_ms`, and a lease that lapsed meanwhile would refuse
-        the position's move, so the batch would be handed on again. Started by the batch's
-        first bus condition only: a batch without one starts no task."""
-        if self._keeper is None:
-            self._keeper = anyio.CancelScope()
-            self._tg.start_soon(self._keep_leases, self._keeper)
-
-    async def _keep_leases(self, scope: anyio.CancelScope) -> None:
-        """Renew the leases every third of `lease_ms` until `scope` is cancelled (a batch
-        that ends sooner costs no renewal)."""
-        with scope:
-            while True:
-                await anyio.sleep(self.leases.lease_ms / 3000)
-                try:
-                    await self.leases.renew()
-                except (StateError, ConnectionLost, ReplyError) as exc:  # the round retries
-                    log.warning("could not renew the leases: %s", exc,
-                                extra={"event": "dispatch.renew_failed"})
+    def _forget(self, partition: int) -> None:
+        self.positions.pop(partition, None)
+        self.stored.pop(partition, None)
 
     async def _dispatch_batch(self, partition: int, entries: list[Any]) -> None:
         position = self.positions[partition]
@@ -332,7 +342,6 @@ class Dispatcher:
         return result.payload
 
     async def _condition(self, matcher: Matcher, event: Event, call_id: str) -> bool:
-        self._keeping()
         trigger = matcher.trigger
         service = trigger.config.condition_service or trigger.service
         timeout_s = (trigger.config.condition_timeout_ms or
@@ -359,7 +368,10 @@ class Dispatcher:
     async def _client(self, service: str) -> StateClient:
         client = self._clients.get(service)
         if client is None:
-            client = await self._tg.start(self._hold_client, service)
+            async with self._opening:  # (two batches asking at once open one client)
+                client = self._clients.get(service)
+                if client is None:
+                    client = await self._tg.start(self._hold_client, service)
         return client
 
     async def _hold_client(self, service: str, *,

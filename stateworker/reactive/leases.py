@@ -45,6 +45,9 @@ class Leases:
         self.lease_of = lease_of  # which lease key of a partition (dispatch or snapshot)
         self.replicas = replicas or state.keys.replicas  # the zset this kind of replica beats in
         self.lease_ms = state.settings.lease_ms
+        # A holder renews five times per lease (settings.lease_ms), so a round that comes
+        # late or fails once still renews in time.
+        self.renew_s = self.lease_ms / 5000
         self.held: set[int] = set()
         # Where this replica starts looking for free partitions: replicas starting at once
         # do not all race for partition 0.
@@ -96,15 +99,6 @@ class Leases:
                 elif won:  # took more than the share in one go: give it back at once
                     await self._run("drop", [partition])
         return taken
-
-    async def renew(self) -> None:
-        """Beat and renew what is held, taking nothing (while a batch waits on conditions)."""
-        await self.beat()
-        held = sorted(self.held)
-        for partition, kept in zip(held, await self._run("renew", held), strict=True):
-            if not kept:
-                log.warning("lost the lease of partition %d", partition,
-                            extra={"event": "dispatch.lease_lost", "partition": partition})
 
     def excess(self) -> list[int]:
         """Partitions held beyond the share: the dispatcher gives them back between batches."""

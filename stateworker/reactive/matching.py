@@ -73,9 +73,11 @@ class TriggerSet:
         self.by_scope: dict[str, list[Matcher]] = {}
         self.any_scope: list[Matcher] = []
         self.count = 0
+        self.asks_the_bus = False  # a trigger's condition is a call over the bus (slow maybe)
         for trigger in sorted(triggers, key=lambda t: t.id.encode()):
             matcher = Matcher(trigger)
             self.count += 1
+            self.asks_the_bus |= matcher.condition is not None and not matcher.is_barrier
             if matcher.scope is None:
                 self.any_scope.append(matcher)
             else:

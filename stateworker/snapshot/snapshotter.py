@@ -171,16 +171,17 @@ class Snapshotter:
         if self._pg is None or self._pg.closed:
             self._pg = await connect(self.url)
         now = anyio.current_time()
-        if now - self._last_round >= ROUND_S or not self.leases.held:
+        round_s = min(ROUND_S, self.leases.renew_s)  # (five times per lease at least)
+        if now - self._last_round >= round_s or not self.leases.held:
             self._last_round = now
             await self._round(self._pg)
         held = sorted(self.positions)
         if not held:
-            await anyio.sleep(ROUND_S)
+            await anyio.sleep(round_s)
             return
         streams = [self.state.keys.partition(p).events for p in held]
         ids = [self.positions[p].id for p in held]
-        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(ROUND_S * 1000),
+        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000),
                                            "STREAMS", *streams, *ids)
         full = False
         for name, entries in reply or []:

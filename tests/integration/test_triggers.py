@@ -13,6 +13,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, ReservedScope
+from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
@@ -318,3 +319,43 @@ async def test_a_condition_slower_than_the_lease_keeps_it_and_delivers_once(
                     "the position stored")
         handed_on = redis_server.client().xinfo_stream(f"{prefix}:bus:reactor")["entries-added"]
         assert handed_on == 1 and len(asked) == 1
+
+
+async def test_a_slow_condition_holds_up_only_its_own_partition(
+        redis_server: RedisServer, prefix: str) -> None:
+    """A condition still running in one partition does not hold up the triggers of the
+    others (one replica leases all four partitions here): the second write is handed on
+    while the first one's condition is still waiting, and the first once it answers."""
+    settings = settings_for(redis_server, prefix)
+    keys = KeySpace(prefix, 4)
+    slow_scope = "orders"
+    fast_scope = next(f"users-{n}" for n in range(100)
+                      if keys.partition_of(f"users-{n}") != keys.partition_of(slow_scope))
+    checker = Handler(settings, service="checker")
+    release, asked = anyio.Event(), anyio.Event()
+
+    @checker.worker.function("checker::gate")
+    async def gate(body: dict[str, Any], call: Call) -> bool:
+        asked.set()
+        await release.wait()  # answers only when the test says so
+        return True
+
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client, checker.running(), \
+            Handler(settings).running() as handler:
+        for trigger_id, config in (
+                ("gated", {"scope": slow_scope, "condition_function_id": "checker::gate",
+                           "condition_service": "checker", "condition_timeout_ms": 60000}),
+                ("plain", {"scope": fast_scope})):
+            await client.call("state::register-trigger", {
+                "id": trigger_id, "function_id": "reactor::on_change", "service": "reactor",
+                "config": config})
+        await client.set(slow_scope, "first", 1)
+        with anyio.fail_after(10):
+            await asked.wait()
+        await client.set(fast_scope, "second", 2)
+        await until(lambda: handler.delivered_keys() == ["second"], 10,
+                    "the other partition's call while the condition waits")
+        release.set()
+        await until(lambda: handler.delivered_keys() == ["second", "first"], 10,
+                    "the gated call once its condition answers")
