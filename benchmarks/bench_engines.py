@@ -108,9 +108,9 @@ def summary(compat: list[tuple[float, float]], native: list[tuple[float, float]]
         "native_cpu_us": round(statistics.median(c for _, c in native) * 1e6),
         "ratio": round(statistics.median(
             a / b for (a, _), (b, _) in zip(compat, native, strict=True)), 3),
-        "cpu_ratio": round(statistics.median(  # (no CPU tick counted: 0, shown as such)
-            [b / a for (_, a), (_, b) in zip(compat, native, strict=True) if a > 0] or [0.0]),
-            3),
+        "cpu_ratio": round(statistics.median(  # (a side without a CPU tick: no ratio)
+            [b / a for (_, a), (_, b) in zip(compat, native, strict=True) if a > 0 and b > 0]
+            or [0.0]), 3),
     }
 
 

@@ -149,8 +149,11 @@ def configuration(action: str, req: DaguRequest) -> None:
 # ---- where an entry lives ---------------------------------------------------------------------
 # A step addresses the same few places and keys again and again: each is resolved and
 # checked once (pure functions of the step's fields, the context's DAG names and the limit,
-# cached; an error is raised again each time, never cached).
+# cached; an error is raised again each time, never cached). Only short texts are cached:
+# 4096 entries of at most CACHED_CHARS characters in all stay under 17 MiB, where long ones
+# (a key may be sent 4 MiB long, to be refused) would not.
 _RESOLVED = 4096
+CACHED_CHARS = 1024
 
 
 class _NotText(NamedTuple):
@@ -175,7 +178,11 @@ def _dag_names(ctx: CallContext) -> tuple[DagName, DagName]:
 def place(req: DaguRequest, ctx: CallContext, max_bytes: int) -> Place:
     """The scope (default `dag`) and namespace (given, else from the step's DAG); checked,
     also that the native scope `dagu/<scope>/<namespace>` fits `max_bytes` (max_key_bytes)."""
-    return _place(req.scope, req.namespace, *_dag_names(ctx), max_bytes)
+    dag, root = _dag_names(ctx)
+    short = len(req.scope or "") + len(req.namespace or "") + len(dag or "") + \
+        len(root or "") <= CACHED_CHARS
+    return (_place if short else _place.__wrapped__)(req.scope, req.namespace, dag, root,
+                                                     max_bytes)
 
 
 def address(action: str, req: DaguRequest, ctx: CallContext, max_bytes: int
@@ -187,7 +194,10 @@ def address(action: str, req: DaguRequest, ctx: CallContext, max_bytes: int
     dag, root = ctx.context.get("dag_name"), ctx.context.get("root_dag_name")
     if not ((dag is None or type(dag) is str) and (root is None or type(root) is str)):
         dag, root = _dag_names(ctx)
-    return _address(req.scope, req.namespace, req.key, dag, root, max_bytes)
+    short = len(req.scope or "") + len(req.namespace or "") + len(req.key or "") + \
+        len(dag or "") + len(root or "") <= CACHED_CHARS  # (a _NotText is 1 long)
+    return (_address if short else _address.__wrapped__)(req.scope, req.namespace, req.key,
+                                                         dag, root, max_bytes)
 
 
 @functools.lru_cache(maxsize=_RESOLVED)

@@ -19,6 +19,7 @@ from stateworker.settings import Settings
 from stateworker.state import validate
 
 SECRET = "secret"  # moco keeps secrets in the same table, under `secret` and `<user_id>:secret`
+CACHED_CHARS = 1024  # longer namespace + user id: resolved each time (memory: dagu_rules)
 
 
 # ---- requests (moco's `input_data`) -----------------------------------------------------------
@@ -138,8 +139,10 @@ def resolve(settings: Settings, ctx: CallContext, req: NamespaceRequest) -> str:
     (`<user_id>` holds no ':'). Each resolution is checked once and cached (a function of
     its arguments; an error is raised again each time, never cached)."""
     user = None if req.in_global_ns else ctx.context.get("user_id")
-    if not (user is None or type(user) is str):  # (refused, after the secret check)
-        return _resolved.__wrapped__(req.namespace, False, user, settings.max_key_bytes)
+    if not (user is None or type(user) is str) or \
+            len(req.namespace) + len(user or "") > CACHED_CHARS:  # (not text: refused later)
+        return _resolved.__wrapped__(req.namespace, req.in_global_ns, user,
+                                     settings.max_key_bytes)
     return _resolved(req.namespace, req.in_global_ns, user, settings.max_key_bytes)
 
 

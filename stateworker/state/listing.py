@@ -17,7 +17,7 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 from stateworker import clock
 from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest
-from stateworker.keys import member
+from stateworker.keys import PartitionKeys, member
 from stateworker.state import validate
 from stateworker.state.bindings import (
     DELTOPIC,
@@ -178,19 +178,23 @@ def delete_by_topic_plan(state: RedisState, scope: str, pattern: str,
         head = pattern.encode() + b"\0"
     end = b"[" + head + b"\xff"
 
-    def batch(start: bytes, deleted: int) -> Plan:
-        def finish(reply: list[Any]) -> Any:
-            done = DeltopicReply.read(reply)
-            total = deleted + done.deleted
-            if done.cursor is None:
-                return total
-            return batch(b"(" + done.cursor, total)
+    return _deltopic_batch(state, part, scope, by, pattern, b"[" + head, end, 0)
 
-        keys, args = deltopic_call(state.settings, part, scope, by, pattern, start, end,
-                                   DELETE_BATCH)
-        return state.script_plan(DELTOPIC, keys, args, finish)
 
-    return batch(b"[" + head, 0)
+def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, by: str | None,
+                    pattern: str, start: bytes, end: bytes, deleted: int) -> Plan:
+    """One batch of a delete-by-topic, then the next from its cursor. (A module function,
+    not a closure calling itself: that is a reference cycle per call, writes.py.)"""
+    def finish(reply: list[Any]) -> Any:
+        done = DeltopicReply.read(reply)
+        total = deleted + done.deleted
+        if done.cursor is None:
+            return total
+        return _deltopic_batch(state, part, scope, by, pattern, b"(" + done.cursor, end, total)
+
+    keys, args = deltopic_call(state.settings, part, scope, by, pattern, start, end,
+                               DELETE_BATCH)
+    return state.script_plan(DELTOPIC, keys, args, finish)
 
 
 def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,

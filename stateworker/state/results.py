@@ -1,9 +1,10 @@
 """What `StateStore`'s typed methods return, and the conversions from the operations' results.
 
-The Structs (`SetOutcome`, `Swap`, `Claim`, `Entry`, `BarrierOutcome`) are public (exported
-from `stateworker`). The operations answer with the JSON-shaped results of schemas.py, values
-kept as raw JSON; the conversions here decode those values (tagged datetime, Decimal, UUID,
-bytes ... back to their types, codec.py) and turn unset fields into None.
+The Structs are what callers get back (`SetOutcome`, `Swap`, `Entry` and `BarrierOutcome` are
+exported from `stateworker`; `Claim` is only returned). The operations answer with the
+JSON-shaped results of schemas.py, values kept as raw JSON; the conversions here decode those
+values (tagged datetime, Decimal, UUID, bytes ... back to their types, codec.py) and turn
+unset fields into None.
 """
 
 from __future__ import annotations

@@ -36,18 +36,19 @@ WAITAOF_TIMEOUT_MS = 1000  # with appendfsync always the fsync is already done: 
 def _recorded(record: bytes) -> list[Any]:
     """A recorded script reply (cmsgpack) in the shape Redis returned it: bytes for strings,
     None for false, lists for tables."""
-    def plain(item: Any) -> Any:
-        if isinstance(item, str):
-            return item.encode()
-        if item is False:
-            return None
-        if isinstance(item, dict):  # an empty Lua table packs as a map
-            return [plain(v) for v in item.values()]
-        if isinstance(item, list):
-            return [plain(v) for v in item]
-        return item
+    return list(_plain(msgspec.msgpack.decode(record)))
 
-    return list(plain(msgspec.msgpack.decode(record)))
+
+def _plain(item: Any) -> Any:
+    if isinstance(item, str):
+        return item.encode()
+    if item is False:
+        return None
+    if isinstance(item, dict):  # an empty Lua table packs as a map
+        return [_plain(v) for v in item.values()]
+    if isinstance(item, list):
+        return [_plain(v) for v in item]
+    return item
 
 
 class RedisState:

@@ -19,6 +19,7 @@ from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
+from stateworker.engines import dagu_rules as rules
 from stateworker.engines.dagu import go_time
 from stateworker.errors import (
     Conflict,
@@ -283,8 +284,26 @@ async def test_a_step_with_several_faults_is_refused_for_the_first_in_daguss_ord
         with pytest.raises((InvalidRequest, InvalidContext)) as info:
             await dagu(client, action, body, context)
         assert info.value.details["path"] == path, (action, body, context, str(info.value))
-    # the same step, once corrected, runs: nothing of a refusal is remembered
-    assert (await dagu(client, "get", {"namespace": "n", "key": "a/b"}))["found"] is False
+    # a refusal is not remembered: the same step is refused again, and with the context it
+    # lacked it runs
+    for _ in range(2):
+        with pytest.raises(InvalidContext):
+            await dagu(client, "get", {"key": "a/b"}, no_dag)
+    assert (await dagu(client, "get", {"key": "a/b"}, ETL))["found"] is False
+
+
+async def test_steps_with_long_texts_are_not_kept_in_the_resolution_cache(
+        client: StateClient) -> None:
+    """Places and keys are resolved once and cached, but a refused step with a key of
+    megabytes must not stay in memory (nor a long DAG name): only short texts are cached."""
+    resolved = rules._address.cache_info().currsize
+    for n in range(3):
+        with pytest.raises(KeyTooLong):
+            await dagu(client, "get", {"key": f"{n}" + "k" * 200_000})
+        await dagu(client, "get", {"namespace": "n", "key": "k"}, {"dag_name": f"{n}" * 2000})
+    assert rules._address.cache_info().currsize == resolved
+    await dagu(client, "get", {"key": "short"})
+    assert rules._address.cache_info().currsize == resolved + 1
 
 
 async def test_namespaces_with_a_separator_or_dots_are_invalid_refs(client: StateClient) -> None:

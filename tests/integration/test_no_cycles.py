@@ -18,7 +18,8 @@ import pytest
 
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
-from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.protocol import BusOptions
+from stateworker.bus.protocol import Call as BusCall
 from stateworker.bus.worker import Worker
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
@@ -32,48 +33,64 @@ pytestmark = pytest.mark.anyio
 VALUE = {"n": 1, "tags": ["a", "b"]}
 MOCO = {"user_id": "u1"}
 DAGU = {"dag_name": "etl"}
-# (function, body, context): every write path (set.lua's retry included), the barrier, the
-# paged lists, and the reads.
-CALLS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
-    ("state::set", {"scope": "s", "key": "k", "value": VALUE}, None),
-    ("state::get", {"scope": "s", "key": "k"}, None),
-    ("state::get-entry", {"scope": "s", "key": "k"}, None),
-    ("state::compare-and-set", {"scope": "s", "key": "c", "expected": None, "value": 1}, None),
-    ("state::diff", {"scope": "s", "key": "d", "value": VALUE}, None),
-    ("state::update", {"scope": "s", "key": "u", "ops": [
-        {"type": "increment", "path": "/n", "by": 1}]}, None),
-    ("state::list-entries", {"scope": "s"}, None),
-    ("state::delete", {"scope": "s", "key": "gone"}, None),
-    ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
-     {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
-    ("state::barrier", {"event": {"key": "a"}, "condition_config": {"id": "b", "expect": 99}},
-     None),
-    ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": VALUE}, MOCO),
-    ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
-    ("builtin.state.list_states", {"namespace": "n"}, MOCO),
-    ("state.set", {"key": "k", "value": VALUE}, DAGU),
-    ("state.get", {"key": "k"}, DAGU),
-    ("state.diff", {"key": "d", "value": VALUE}, DAGU),
-    ("state.list", {}, DAGU),
-    ("state.delete", {"key": "gone"}, DAGU),
-]
+Call = tuple[str, dict[str, Any], dict[str, Any] | None]
+
+
+def calls(r: int) -> list[Call]:
+    """Round `r`'s calls (function, body, context): every write path, the retry of set.lua
+    (an update leaves the stored hash unknown: the diff after it computes the hash, then
+    writes again), the barrier (a new named one asks for its keys: a second run), the paged
+    lists and deletes, and the reads, native and through each engine."""
+    return [
+        ("state::set", {"scope": "s", "key": "k", "value": VALUE}, None),
+        ("state::get", {"scope": "s", "key": "k"}, None),
+        ("state::get-entry", {"scope": "s", "key": "k"}, None),
+        ("state::compare-and-set", {"scope": "s", "key": "c", "expected": None, "value": r},
+         None),
+        ("state::update", {"scope": "s", "key": "u", "ops": [
+            {"type": "increment", "path": "/n", "by": 1}]}, None),
+        ("state::diff", {"scope": "s", "key": "u", "value": {"n": -r}}, None),
+        ("state::list-entries", {"scope": "s"}, None),
+        ("state::set", {"scope": "s", "key": f"t{r}", "value": r, "topic": "old"}, None),
+        ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),
+        ("state::delete", {"scope": "s", "key": "gone"}, None),
+        ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
+         {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
+        ("state::barrier", {"event": {"key": "a"},
+                            "condition_config": {"id": f"named-{r}", "expect": ["a", "b"]}},
+         None),
+        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": VALUE,
+                                     "topic": "t"}, MOCO),
+        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
+        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
+        ("builtin.state.list_namespaces", {}, MOCO),
+        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
+        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
+        ("state.set", {"key": "k", "value": VALUE}, DAGU),
+        ("state.get", {"key": "k"}, DAGU),
+        ("state.diff", {"key": "d", "value": VALUE}, DAGU),
+        ("state.diff", {"key": "d", "value": r, "update": False}, DAGU),
+        ("state.list", {}, DAGU),
+        ("state.delete", {"key": "gone"}, DAGU),
+    ]
 
 
 async def test_no_call_leaves_a_reference_cycle(client: StateClient) -> None:
-    for fn, body, context in CALLS:  # each path once, so every cache is filled first
+    for fn, body, context in calls(0):  # each path once, so every cache is filled first
         await client.call_json(fn, msgspec.json.encode(body), context=context)
     gc.collect()
     gc.disable()
     try:
         left: dict[str, int] = {}
-        for fn, body, context in CALLS:
-            for _ in range(20):
+        for r in range(1, 6):
+            for fn, body, context in calls(r):
                 await client.call_json(fn, msgspec.json.encode(body), context=context)
-            left[fn] = left.get(fn, 0) + gc.collect()
+                left[fn] = left.get(fn, 0) + gc.collect()
     finally:
         gc.enable()
     assert {fn: n for fn, n in left.items() if n} == {}
-
 
 async def test_a_user_workers_call_leaves_no_reference_cycle(redis_server: RedisServer,
                                                               prefix: str) -> None:
@@ -81,7 +98,7 @@ async def test_a_user_workers_call_leaves_no_reference_cycle(redis_server: Redis
     worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
 
     @worker.function("orders::create")
-    async def create(body: Any, call: Call) -> Any:
+    async def create(body: Any, call: BusCall) -> Any:
         return {"order": body["id"], "by": call.ctx.caller}
 
     async with anyio.create_task_group() as tg:
