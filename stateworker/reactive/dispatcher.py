@@ -288,7 +288,8 @@ class Dispatcher:
         last = entries[-1][0].decode()
         moved = Position(last, position.n + len(entries))
         if not calls:  # nothing handed on: stored at the next round (or with the next calls)
-            self.positions[partition] = moved
+            if partition in self.positions:  # (a round may have given it up meanwhile)
+                self.positions[partition] = moved
             return
         keys = self.state.keys.partition(partition)
         advance = self.state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
