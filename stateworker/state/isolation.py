@@ -7,6 +7,7 @@ reach out of: another workflow's scope is simply not addressable.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -22,7 +23,10 @@ SCOPE_PREFIX = "wf/"
 
 def workflow_scope(ctx: CallContext) -> str:
     """`wf/<org_id>/<workflow_id>`; the org id holds no "/", so no two workflows share one."""
-    org, workflow = _context_text(ctx, "org_id"), _context_text(ctx, "workflow_id")
+    return _scope_of(_context_text(ctx, "org_id"), _context_text(ctx, "workflow_id"))
+
+
+def _scope_of(org: str, workflow: str) -> str:
     if "/" in org:
         raise InvalidContext(f"context.org_id: must not contain '/' (it ends the org's part "
                              f"of the scope {SCOPE_PREFIX}<org_id>/<workflow_id>), got {org!r}",
@@ -50,6 +54,10 @@ class _Asked(msgspec.Struct):
     scope: msgspec.Raw = ABSENT
 
 
+_ASKED = msgspec.json.Decoder(_Asked)
+_WORKFLOW = b'"workflow"'  # (the mode as it is nearly always written)
+
+
 def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> bytes:
     """`body` with its scope set from the context when it asks for isolation; other bodies
     as they are. `scoped`: the functions that take a scope. (The scope is written in front
@@ -57,15 +65,20 @@ def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> 
     isolated call; `isolation` stays, a field the native functions ignore.)"""
     if MARKER not in body:
         return body
-    asked = validate.request(body, _Asked)
+    try:
+        asked = _ASKED.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        asked = validate.request(body, _Asked)  # (raises, saying what is wrong)
     if not asked.isolation:  # (the marker was inside a value)
         return body
-    mode: Any = msgspec.json.decode(asked.isolation)
-    if mode is None:
-        return body
-    if mode not in MODES:
-        raise InvalidRequest(f"$.isolation: must be one of {', '.join(MODES)} (or null), got "
-                             f"{bytes(asked.isolation).decode()[:100]}", {"path": "$.isolation"})
+    if bytes(asked.isolation) != _WORKFLOW:
+        mode: Any = msgspec.json.decode(asked.isolation)
+        if mode is None:
+            return body
+        if mode not in MODES:
+            raise InvalidRequest(f"$.isolation: must be one of {', '.join(MODES)} (or null), "
+                                 f"got {bytes(asked.isolation).decode()[:100]}",
+                                 {"path": "$.isolation"})
     if fn not in scoped:
         raise InvalidRequest(f"$.isolation: {fn} takes no scope, so it cannot be isolated",
                              {"path": "$.isolation"})
@@ -74,5 +87,19 @@ def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> 
                              "from its context (org_id, workflow_id); leave scope out",
                              {"path": "$.scope"})
     brace = body.index(b"{") + 1  # (a JSON object, with "isolation" in it: never empty)
-    return b"".join((body[:brace], b'"scope":', msgspec.json.encode(workflow_scope(ctx)), b",",
-                     body[brace:]))
+    return b"".join((body[:brace], b'"scope":', _scope_json(ctx), b",", body[brace:]))
+
+
+def _scope_json(ctx: CallContext) -> bytes:
+    """The workflow's scope as JSON text; checked and encoded once per workflow (an error is
+    raised again each time, never cached)."""
+    org, workflow = ctx.context.get("org_id"), ctx.context.get("workflow_id")
+    if type(org) is str and type(workflow) is str and org and workflow and \
+            len(org) + len(workflow) <= 1024:
+        return _scope_text(org, workflow)
+    return msgspec.json.encode(workflow_scope(ctx))  # (refused, or too long to keep)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scope_text(org: str, workflow: str) -> bytes:
+    return msgspec.json.encode(_scope_of(org, workflow))
