@@ -10,6 +10,7 @@ executor output, field for field.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -112,31 +113,30 @@ def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     except StateError as exc:
         raise_as_namespace(exc)
 
-    def answer(entry: EntryResult) -> GetOutput:
-        if entry.found:
-            return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
-                             key=key, found=True, version=entry.version, hash=entry.hash,
-                             value=entry.value)
-        if req.required:  # (it beats default)
-            raise NotFound("dag state: not found", {"path": "$.key", "scope": where.scope,
-                                                    "namespace": where.namespace, "key": key})
-        default: Raw | UnsetType = UNSET
-        if not isinstance(req.default, UnsetType):  # normalized only when used, as in Dagu
-            default = Raw(rules.normalized(state, req.default, "default").json)
-        return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
-                         key=key, found=False, value=default)
-
     def finish(replies: list[Any]) -> Plan | GetOutput:
-        entry = native.finish(replies)
-        if isinstance(entry, Plan):  # (its hash is computed first)
-            return then(entry, answer)
-        if entry.found:  # (the common case, without a call more)
-            return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
-                             key=key, found=True, version=entry.version, hash=entry.hash,
-                             value=entry.value)
-        return answer(entry)
+        return _get_output(state, req, where, key, native.finish(replies))
 
     return Plan(native.commands, finish, native.checks_deadline, native.binds_call_id)
+
+
+def _get_output(state: RedisState, req: DaguRequest, where: Place, key: str,
+                entry: EntryResult | Plan) -> Plan | GetOutput:
+    """Dagu's output of a get. (A module function: a closure passing itself to `then` would
+    be a reference cycle per call, docs/architecture.md.)"""
+    if isinstance(entry, Plan):  # (its hash is computed first)
+        return then(entry, functools.partial(_get_output, state, req, where, key))
+    if entry.found:
+        return GetOutput(operation="get", scope=where.scope, namespace=where.namespace,
+                         key=key, found=True, version=entry.version, hash=entry.hash,
+                         value=entry.value)
+    if req.required:  # (it beats default)
+        raise NotFound("dag state: not found", {"path": "$.key", "scope": where.scope,
+                                                "namespace": where.namespace, "key": key})
+    default: Raw | UnsetType = UNSET
+    if not isinstance(req.default, UnsetType):  # normalized only when used, as in Dagu
+        default = Raw(rules.normalized(state, req.default, "default").json)
+    return GetOutput(operation="get", scope=where.scope, namespace=where.namespace, key=key,
+                     found=False, value=default)
 
 
 def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:

@@ -230,8 +230,7 @@ class Dispatcher:
         log.warning("partition %d: lease lost; its new holder goes on", partition,
                     extra={"event": "dispatch.lease_lost", "partition": partition})
         self.leases.held.discard(partition)
-        self.positions.pop(partition, None)
-        self.stored.pop(partition, None)
+        self._forget(partition)
 
     async def reload_triggers(self) -> None:
         if self.registry_id == "0-0":  # first load: follow the registry from its end

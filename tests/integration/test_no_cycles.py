@@ -37,10 +37,11 @@ Call = tuple[str, dict[str, Any], dict[str, Any] | None]
 
 
 def calls(r: int) -> list[Call]:
-    """Round `r`'s calls (function, body, context): every write path, the retry of set.lua
-    (an update leaves the stored hash unknown: the diff after it computes the hash, then
-    writes again), the barrier (a new named one asks for its keys: a second run), the paged
-    lists and deletes, and the reads, native and through each engine."""
+    """Round `r`'s calls (function, body, context): every write path, the retry of set.lua (an
+    update leaves the stored hash unknown: the diff after it computes the hash, then
+    writes again; a Dagu get after one computes it before it answers), the barrier (a
+    new named one asks for its keys: a second run), the paged lists and deletes, and the
+    reads, native and through each engine."""
     return [
         ("state::set", {"scope": "s", "key": "k", "value": VALUE}, None),
         ("state::get", {"scope": "s", "key": "k"}, None),
@@ -70,6 +71,9 @@ def calls(r: int) -> list[Call]:
         ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
         ("state.set", {"key": "k", "value": VALUE}, DAGU),
         ("state.get", {"key": "k"}, DAGU),
+        ("state::update", {"scope": "dagu/dag/etl", "key": "u", "ops": [
+            {"type": "increment", "path": "/n", "by": 1}]}, None),
+        ("state.get", {"key": "u"}, DAGU),  # (the stored hash unknown: computed first)
         ("state.diff", {"key": "d", "value": VALUE}, DAGU),
         ("state.diff", {"key": "d", "value": r, "update": False}, DAGU),
         ("state.list", {}, DAGU),
