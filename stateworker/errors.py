@@ -199,32 +199,10 @@ class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
 
-# The statuses scripts return first in their reply; the scripts read them as ST.<name>.
-LUA_STATUS: dict[str, int] = {
-    "OK": 0,
-    "CONFLICT": 1,  # a version or value condition did not hold; nothing written
-    "VALUE_TOO_LARGE": 2,  # the value a script built is over max_value_bytes; nothing written
-    "UNCHANGED": 3,  # state::diff: same hash, nothing written
-    "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
-    "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
-    "DEADLINE_EXCEEDED": 6,  # the bus call's deadline passed and it never ran; nothing written
-    "CALL_ID_REUSED": 7,  # the call id's record belongs to another call; nothing written
-    "BARRIER_CONFIG": 8,  # the barrier exists with another `expect`; nothing written
-    "SCOPE_CONFLICT": 9,  # a scope asked for is owned by another namespace; nothing written
-    "KEY_LIMIT": 10,  # a new key would pass the scope's max_keys; nothing written
-}
+class ScriptError(Exception):
+    """Raised when a Lua file or one of its includes cannot be assembled, or Redis refuses
+    to load the library (the reason named)."""
 
-# The statuses that are errors, and the exception each becomes; the others are outcomes.
-STATUS_ERRORS: dict[int, type[StateError]] = {
-    LUA_STATUS["CONFLICT"]: Conflict,
-    LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
-    LUA_STATUS["DEADLINE_EXCEEDED"]: DeadlineExceeded,
-    LUA_STATUS["CALL_ID_REUSED"]: CallIdReused,
-    LUA_STATUS["BARRIER_CONFIG"]: BarrierConfig,
-    LUA_STATUS["SCOPE_CONFLICT"]: ScopeConflict,
-    LUA_STATUS["KEY_LIMIT"]: KeyLimit,
-}
-OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
 ERROR_CLASSES: dict[str, type[StateError]] = {
     cls.code: cls
@@ -260,12 +238,6 @@ def error_from(code: str, message: str, details: dict[str, Any] | None = None) -
     """The exception for an error reply (`{code, message, details}`) read off the bus."""
     cls = ERROR_CLASSES.get(code)
     return cls(message, details) if cls is not None else RemoteError(code, message, details)
-
-
-def lua_status_table() -> str:
-    """The Lua source of the `ST` table, prepended to every script by the loader."""
-    fields = ", ".join(f"{name} = {value}" for name, value in LUA_STATUS.items())
-    return f"local ST = {{ {fields} }}\n"
 
 
 # ---- callers' messages (StateClient, Worker, the CLI) -------------------------------------------

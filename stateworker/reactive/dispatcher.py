@@ -44,13 +44,13 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import Matcher, TriggerSet
 from stateworker.reactive.trimming import Position
+from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state import barrier, triggers, validate
 from stateworker.state.barrier import BarrierCondition
-from stateworker.state.bindings import ADVANCE
 from stateworker.state.schemas import BarrierDecision, Trigger
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -216,12 +216,11 @@ class Dispatcher:
         for partition in dirty:
             keys = self.state.keys.partition(partition)
             position = self.positions[partition]
-            commands.append(self.state.library.command(
-                ADVANCE.name, [keys.lease, keys.dispatched],
-                [self.leases.token, position.id, position.n]))
+            commands.append(ADVANCE.command(self.state.library, *advance_call(
+                keys.lease, keys.dispatched, self.leases.token, position.id, position.n)))
         replies = await pipeline(self.state.conn, self.state.library, commands)
         for partition, reply in zip(dirty, replies, strict=True):
-            if script_reply(reply, ADVANCE.name)[1] == 1:
+            if ADVANCE.read(reply).done:
                 self.stored[partition] = self.positions[partition]
             else:
                 self._lost(partition)
@@ -291,8 +290,8 @@ class Dispatcher:
                 self.positions[partition] = moved
             return
         keys = self.state.keys.partition(partition)
-        advance = self.state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
-                                             [self.leases.token, moved.id, moved.n])
+        advance = ADVANCE.command(self.state.library, *advance_call(
+            keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
         replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
         failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
         if failed:
@@ -300,7 +299,7 @@ class Dispatcher:
             log.error("could not append %d handler calls: %s", len(failed), failed[0],
                       extra={"event": "dispatch.append_failed", "partition": partition})
         self._count("handler_calls", len(calls) - len(failed))
-        if script_reply(replies[-1], ADVANCE.name)[1] != 1:
+        if not ADVANCE.read(replies[-1]).done:
             self._lost(partition)
             return
         self.positions[partition] = self.stored[partition] = moved

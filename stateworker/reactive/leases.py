@@ -25,9 +25,9 @@ from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
-from stateworker.state.bindings import LEASE
+from stateworker.scripts.bindings import LEASE, lease_call
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.plans import pipeline
 
 log = logging.getLogger("stateworker.reactive.leases")
 
@@ -56,14 +56,14 @@ class Leases:
 
     def _lease(self, op: str, partition: int) -> list[Any]:
         key = self.lease_of(self.state.keys.partition(partition))
-        return self.state.library.command(LEASE.name, [key], [op, self.token, self.lease_ms])
+        return LEASE.command(self.state.library, *lease_call(key, op, self.token, self.lease_ms))
 
     async def _run(self, op: str, partitions: list[int]) -> list[bool]:
         if not partitions:
             return []
         replies = await pipeline(self.state.conn, self.state.library,
                                  [self._lease(op, p) for p in partitions])
-        return [script_reply(reply, LEASE.name)[1] == 1 for reply in replies]
+        return [LEASE.read(reply).done for reply in replies]
 
     async def beat(self) -> None:
         """Heartbeat, count the live replicas, compute the share."""

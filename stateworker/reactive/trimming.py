@@ -24,7 +24,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
-from stateworker.state.bindings import ADVANCE
+from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
@@ -82,8 +82,8 @@ async def position(state: RedisState, partition: int, token: str) -> Position:
         return Position(stored[0].decode(), int(stored[1]))
     (info,) = await infos(state, [partition])
     first = Position("0-0", info.deleted)
-    await pipeline(state.conn, state.library, [state.library.command(
-        ADVANCE.name, [keys.lease, keys.dispatched], [token, first.id, first.n])])
+    await pipeline(state.conn, state.library, [ADVANCE.command(
+        state.library, *advance_call(keys.lease, keys.dispatched, token, first.id, first.n))])
     return first
 
 
@@ -110,8 +110,8 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
             current = moved[partition] = Position(current.id, info.deleted)
             commands += [["HINCRBY", keys.cut, "events", lost],
                          ["HSET", keys.cut, "first_kept", info.first_id, "at_ms", now_ms()],
-                         state.library.command(ADVANCE.name, [keys.lease, keys.dispatched],
-                                               [token, current.id, current.n])]
+                         ADVANCE.command(state.library, *advance_call(
+                             keys.lease, keys.dispatched, token, current.id, current.n))]
         below = min(revision_of(current.id), keep_from, snapshotted.get(partition, keep_from))
         if below > (0, 0) and info.length:
             commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])

@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 
 from stateworker.keys import PartitionKeys
+from stateworker.scripts.bindings import FORGET, forget_call
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state.bindings import FORGET
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.plans import pipeline
 
 UPSERT = """
 INSERT INTO sw_barriers AS b (prefix, id, partition, fields, exact, w)
@@ -79,10 +79,9 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
                  stored: dict[str, int]) -> None:
     """Unmark the barriers still at the write count stored (absent ones: nothing to store)."""
     texts = [name.decode() for name in names]
-    reply = await pipeline(state.conn, state.library, [state.library.command(
-        FORGET.name, [keys.barriers_changed, *texts],
-        [str(stored.get(text, "")) for text in texts])])
-    script_reply(reply[0], FORGET.name)
+    call = forget_call(keys.barriers_changed, texts, [str(stored.get(t, "")) for t in texts])
+    reply = await pipeline(state.conn, state.library, [FORGET.command(state.library, *call)])
+    FORGET.read(reply[0])
 
 
 async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:

@@ -43,13 +43,13 @@ from stateworker.errors import ConfigError, StateError
 from stateworker.events.model import fields_of, revision_of
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
+from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.settings import Settings
 from stateworker.snapshot import barriers, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
-from stateworker.state.bindings import ADVANCE
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import pipeline, script_reply
+from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -271,10 +271,11 @@ class Snapshotter:
         keys = self.state.keys.partition(partition)
         position = self.positions[partition]
         replies = await pipeline(self.state.conn, self.state.library, [
-            self.state.library.command(ADVANCE.name, [keys.snapshot_lease, keys.snapshotted],
-                                       [self.leases.token, position.id, position.n]),
+            ADVANCE.command(self.state.library, *advance_call(
+                keys.snapshot_lease, keys.snapshotted, self.leases.token, position.id,
+                position.n)),
             ["HSET", self.state.keys.snapshot_status, "last_commit_ms", now_ms()]])
-        if script_reply(replies[0], ADVANCE.name)[1] != 1:
+        if not ADVANCE.read(replies[0]).done:
             log.warning("partition %d: snapshot lease lost; its new holder goes on", partition,
                         extra={"event": "snapshot.lease_lost", "partition": partition})
             self.leases.held.discard(partition)

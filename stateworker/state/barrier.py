@@ -28,9 +28,11 @@ from stateworker import codec
 from stateworker.context import NO_CONTEXT
 from stateworker.errors import BarrierConfig, InternalError, InvalidRequest, KeyTooLong
 from stateworker.keys import PartitionKeys
+from stateworker.scripts.bindings import BARRIER, barrier_call
+from stateworker.scripts.replies import BarrierReply
+from stateworker.scripts.statuses import Target
 from stateworker.settings import Settings
 from stateworker.state import validate
-from stateworker.state.bindings import BARRIER, BarrierReply, Target, barrier_call, raise_for_status
 from stateworker.state.schemas import BarrierConfigShape, BarrierDecision
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan
@@ -194,7 +196,7 @@ def barrier_plan(state: RedisState, event: msgspec.Raw | bytes, config: BarrierC
     key = arrival_key(settings, tree, config)
     result = msgspec.json.encode(key) + b":" + carried_json(settings, tree, config)
     part = state.keys.barrier_partition(config.id)
-    target = Target(settings, validate.BARRIER_SCOPE, config.id, NO_CONTEXT)
+    target = Target(settings, validate.BARRIER_SCOPE, config.id, NO_CONTEXT, barrier=True)
 
     return _barrier_attempt(state, part, config, key, result, token, target, None)
 
@@ -205,12 +207,10 @@ def _barrier_attempt(state: RedisState, part: PartitionKeys, config: BarrierCond
     """One run of barrier.lua; a new named barrier asks for its keys, and runs again with
     them. (A module function, not a closure calling itself: that would be a reference cycle
     per arrival, writes.py `_write_attempt`.)"""
-    keys, args = barrier_call(part, config.id, key, result, config.tag, config.expected,
-                              config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys)
+    call = barrier_call(part, config.id, key, result, config.tag, config.expected,
+                        config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys)
 
-    def finish(reply: list[Any]) -> Any:
-        raise_for_status(reply, target)
-        read = BarrierReply.read(reply)
+    def finish(read: BarrierReply) -> Any:
         if read.outcome != "expect":
             return decision(config, key, read)
         if named_keys is not None or isinstance(config.expect, int):
@@ -218,7 +218,7 @@ def _barrier_attempt(state: RedisState, part: PartitionKeys, config: BarrierCond
         return _barrier_attempt(state, part, config, key, result, token, target,
                                 config.expect)  # a new named barrier: its keys, once
 
-    return state.script_plan(BARRIER, keys, args, finish)
+    return state.script_plan(BARRIER, call, finish, target)
 
 
 def decision(config: BarrierCondition, key: str, reply: BarrierReply) -> BarrierDecision:

@@ -13,7 +13,8 @@ from anyio.abc import TaskStatus
 
 from stateworker.errors import StateError
 from stateworker.keys import PartitionKeys
-from stateworker.state.bindings import REAP, ReapReply, reap_call
+from stateworker.scripts.bindings import REAP, reap_call
+from stateworker.scripts.replies import ReapReply
 from stateworker.state.store import RedisState
 
 log = logging.getLogger("stateworker.state.expiry")
@@ -21,8 +22,8 @@ log = logging.getLogger("stateworker.state.expiry")
 
 async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, bool]:
     """Delete one batch of expired entries; returns (deleted, more are due)."""
-    keys, args = reap_call(state.settings, part)
-    done: ReapReply = await state.execute(state.script_plan(REAP, keys, args, ReapReply.read))
+    plan = state.script_plan(REAP, reap_call(state.settings, part), lambda reply: reply)
+    done: ReapReply = await state.execute(plan)
     return done.deleted, done.more
 
 

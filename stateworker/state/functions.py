@@ -18,7 +18,10 @@ import msgspec
 from stateworker import codec
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.errors import CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.scripts.bindings import KEEP
+from stateworker.scripts.replies import UpdateReply
+from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.state import (
     barrier,
     isolation,
@@ -30,7 +33,6 @@ from stateworker.state import (
     validate,
     writes,
 )
-from stateworker.state.bindings import KEEP, STATUS_TEXTS, Target, UpdateReply
 from stateworker.state.schemas import (
     NULL,
     BarrierRequest,

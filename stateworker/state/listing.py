@@ -15,18 +15,11 @@ import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from stateworker import clock
-from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest
-from stateworker.keys import PartitionKeys, member
+from stateworker.keys import PartitionKeys
+from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entries_call
+from stateworker.scripts.replies import DeltopicReply, EntriesReply
 from stateworker.state import validate
-from stateworker.state.bindings import (
-    DELTOPIC,
-    ENTRIES,
-    DeltopicReply,
-    EntriesReply,
-    deltopic_call,
-    pattern_arg,
-)
 from stateworker.state.reads import hash_plan, list_groups_plan
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
@@ -115,8 +108,8 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
         member_bytes, score, skip = decode_cursor(req.after, req)
         position = b"=" + member_bytes
 
-    def finish(reply: list[Any]) -> Any:
-        last_member, last_score, skip_left, flat = EntriesReply.read(reply)
+    def finish(reply: EntriesReply) -> Any:
+        last_member, last_score, skip_left, flat = reply
         result = ListEntriesResult([_entry(req, flat[i:i + 9]) for i in range(0, len(flat), 9)])
         if last_member is not None:
             result.next_after = encode_cursor(Cursor(
@@ -131,11 +124,10 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
                  for entry, value in unknown]
         return _with_hashes(result, unknown, steps)
 
-    return state.script_plan(ENTRIES, [index], [
-        now_ms(), part.entry_prefix + member(req.scope, ""), req.order_by, req.order,
-        position, score, req.limit, skip, req.prefix or "", pattern_arg(req.key_pattern),
-        pattern_arg(req.topic_pattern), "1" if req.include_values else "", EXAMINE_PER_PAGE],
-        finish)
+    call = entries_call(part, req.scope, index, req.order_by, req.order, position, score,
+                        req.limit, skip, req.prefix, req.key_pattern, req.topic_pattern,
+                        req.include_values, EXAMINE_PER_PAGE)
+    return state.script_plan(ENTRIES, call, finish)
 
 
 def _with_hashes(result: ListEntriesResult, unknown: list[tuple[ListedEntry, bytes]],
@@ -185,16 +177,14 @@ def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, by: str 
                     pattern: str, start: bytes, end: bytes, deleted: int) -> Plan:
     """One batch of a delete-by-topic, then the next from its cursor. (A module function,
     not a closure calling itself: that is a reference cycle per call, writes.py.)"""
-    def finish(reply: list[Any]) -> Any:
-        done = DeltopicReply.read(reply)
+    def finish(done: DeltopicReply) -> Any:
         total = deleted + done.deleted
         if done.cursor is None:
             return total
         return _deltopic_batch(state, part, scope, by, pattern, b"(" + done.cursor, end, total)
 
-    keys, args = deltopic_call(state.settings, part, scope, by, pattern, start, end,
-                               DELETE_BATCH)
-    return state.script_plan(DELTOPIC, keys, args, finish)
+    call = deltopic_call(state.settings, part, scope, by, pattern, start, end, DELETE_BATCH)
+    return state.script_plan(DELTOPIC, call, finish)
 
 
 def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,

@@ -12,9 +12,9 @@ functions and from triggers, it does not authenticate readers.
 
 from __future__ import annotations
 
-from typing import Any
-
-from stateworker.state.bindings import CLAIM, ClaimReply, Target, claim_call, raise_for_status
+from stateworker.scripts.bindings import CLAIM, claim_call
+from stateworker.scripts.replies import ClaimReply
+from stateworker.scripts.statuses import Target
 from stateworker.state.schemas import ClaimResult
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan
@@ -39,14 +39,10 @@ def accessor(state: RedisState, fn: str) -> tuple[str, str] | None:
 def claim_plan(state: RedisState, prefix: str, scopes: list[str], target: Target) -> Plan:
     """Claim `scopes` (validated) for `prefix`; this replica's cache learns of it at once,
     the others through the registry entry the script writes."""
-    keys, args = claim_call(state.keys, prefix, scopes)
-
-    def finish(reply: list[Any]) -> ClaimResult:
-        raise_for_status(reply, target)
-        done = ClaimReply.read(reply)
+    def finish(done: ClaimReply) -> ClaimResult:
         state.claims.add(prefix, done.owned)
         return ClaimResult(done.claimed, sorted(done.owned, key=lambda s: s.encode()),
                            accessor_ids(prefix))
 
-    return state.script_plan(CLAIM, keys, args, finish)
+    return state.script_plan(CLAIM, claim_call(state.keys, prefix, scopes), finish, target)
 

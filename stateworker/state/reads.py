@@ -15,7 +15,7 @@ import msgspec
 from stateworker import clock, codec
 from stateworker.clock import now_ms
 from stateworker.errors import NotFound
-from stateworker.state.bindings import LIST, SETHASH, list_call
+from stateworker.scripts.bindings import LIST, SETHASH, list_call, sethash_call
 from stateworker.state.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
@@ -24,8 +24,8 @@ from stateworker.transport.plans import Plan, command_reply, then
 def hash_plan(state: RedisState, scope: str, key: str, version: int, value: bytes) -> Plan:
     """Compute the hash an update left unknown, store it if the version still holds."""
     digest = codec.hash_tree(codec.decode_exact(value))
-    entry = state.keys.for_scope(scope).entry(scope, key)
-    return state.script_plan(SETHASH, [entry], [version, digest], lambda _reply: digest)
+    call = sethash_call(state.keys.for_scope(scope), scope, key, version, digest)
+    return state.script_plan(SETHASH, call, lambda _stored: digest)
 
 
 def get_plan(state: RedisState, scope: str, key: str) -> Plan:
@@ -70,8 +70,8 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
 
 def _list_plan(state: RedisState, scope: str, what: str,
                finish: Callable[[list[bytes]], Any]) -> Plan:
-    keys, args = list_call(state.keys.for_scope(scope), scope, what)
-    return state.script_plan(LIST, keys, args, lambda reply: finish(list(reply[1])))
+    call = list_call(state.keys.for_scope(scope), scope, what)
+    return state.script_plan(LIST, call, lambda reply: finish(reply.items))
 
 
 def list_values_plan(state: RedisState, scope: str) -> Plan:

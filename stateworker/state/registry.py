@@ -25,13 +25,14 @@ import anyio
 from anyio.abc import TaskStatus
 
 from stateworker.errors import Unavailable
+from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.state.registry")
 
-MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
+MAXLEN = REGISTRY_MAXLEN  # entries kept (MAXLEN ~): a replica that reconnects reloads anyway
 READ_COUNT = 1000  # entries one read takes: a connected follower keeps up with the trim
 BLOCK_MS = 1000  # one XREAD's wait; an entry wakes it at once, so this bounds nothing else
 

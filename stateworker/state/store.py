@@ -4,31 +4,32 @@ the script library) and how its plans run.
 An operation is a function `xxx_plan(state, ...) -> Plan` in writes.py, reads.py, listing.py
 or expiry.py: the commands it needs and what to make of their replies (transport/plans.py), so
 the bus can run a whole batch of calls as one pipeline. Every mutation is one Lua script call,
-built by its binding (bindings.py). Opening and closing are in lifecycle.py. It also holds
+built by its binding (scripts/bindings.py). Opening and closing are in lifecycle.py. It also holds
 the claims cache (claims.py) and the registry follower that keeps it current (registry.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from stateworker.context import CallContext
-from stateworker.errors import LUA_STATUS, StateError, Unavailable
+from stateworker.errors import StateError, Unavailable
 from stateworker.keys import KeySpace
+from stateworker.scripts.bindings import Binding, Call, entry_call, library_of
+from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
-from stateworker.state.bindings import BINDINGS, Binding, Target, entry_args, entry_keys, raise_for_status
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.registry import Registry
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
-from stateworker.transport.library import Library
-from stateworker.transport.plans import Plan, Sent, execute_many, script_reply, send_first_step
+from stateworker.transport.plans import Plan, Sent, execute_many, send_first_step
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
+R = TypeVar("R")
 _DUPLICATE = LUA_STATUS["DUPLICATE"]
 WAITAOF_TIMEOUT_MS = 1000  # with appendfsync always the fsync is already done: no real wait
 
@@ -59,7 +60,7 @@ class RedisState:
         self.settings = settings
         self.keys = KeySpace(settings.prefix, settings.partitions)
         self.conn = conn
-        self.library = Library(conn, {b.name: b.keys for b in BINDINGS})
+        self.library = library_of(conn)
         self.embedded = embedded
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
         # bus call's id is bound in a step of its own, not inside the entry script.
@@ -119,18 +120,25 @@ class RedisState:
         return send_first_step(self.conn, plans)
 
     # ---- script plans ------------------------------------------------------------------------
-    def script_plan(self, binding: Binding, keys: Sequence[Arg], args: Sequence[Arg],
-                    finish: Callable[[list[Any]], Any]) -> Plan:
-        """One script call; `finish` gets its checked reply (status first)."""
-        command = self.library.command(binding.name, keys, args)
-        return Plan([command], lambda replies: finish(script_reply(replies[0], binding.name)))
+    def script_plan(self, binding: Binding[R], call: Call, finish: Callable[[R], Any],
+                    target: Target | None = None) -> Plan:
+        """One script call (`call`: its KEYS and ARGV, from its builder); `finish` gets its
+        typed reply. With a `target`, the statuses that are errors are raised first."""
+        def done(replies: list[Any]) -> Any:
+            reply = script_reply(replies[0], binding.name)
+            if target is not None:
+                raise_for_status(reply, target)
+            return finish(binding.reply(reply))
 
-    def entry_plan(self, binding: Binding, target: Target, args: Sequence[Arg],
-                   finish: Callable[[list[Any]], Any],
+        return Plan([binding.command(self.library, *call)], done)
+
+    def entry_plan(self, binding: Binding[R], target: Target, args: Sequence[Arg],
+                   finish: Callable[[R], Any],
                    accept: frozenset[int] = frozenset()) -> Plan:
         """An entry script (KEYS and first ARGV as set.lua's header). A bus call's reply is
         recorded with the change; a second delivery gets the recorded reply. Statuses that are
-        errors are raised (bindings.STATUS_ERRORS) unless `accept`ed; `finish` gets the rest."""
+        errors are raised (statuses.STATUS_ERRORS) unless `accept`ed; `finish` gets the rest,
+        typed (the binding's reply tuple)."""
         scope, key, ctx = target.scope, target.key, target.ctx
         part = self.keys.for_scope(scope)
 
@@ -139,12 +147,12 @@ class RedisState:
             if reply[0] == _DUPLICATE:
                 reply = _recorded(reply[1])
             raise_for_status(reply, target, accept)
-            return finish(reply)
+            return finish(binding.reply(reply))
 
         binds = ctx.call_id is not None and not self.cluster
         claim = self.keys.call_claim(ctx.call_id or "") if binds else None
-        command = self.library.command(binding.name, entry_keys(part, scope, key, ctx, claim),
-                                       entry_args(self.settings, scope, key, ctx, args))
+        command = binding.command(self.library,
+                                  *entry_call(self.settings, part, scope, key, ctx, claim, args))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
 
     def target(self, scope: str, key: str, ctx: CallContext, *,

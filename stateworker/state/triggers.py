@@ -20,8 +20,9 @@ from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, ReservedScope
+from stateworker.scripts.bindings import TRIGGER, trigger_call
+from stateworker.scripts.replies import TriggerReply
 from stateworker.state import barrier, validate
-from stateworker.state.bindings import TRIGGER
 from stateworker.state.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -144,23 +145,22 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest) -> Plan:
     trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
                       config=config, created_at=rfc3339_ms(now_ms()) or "")
 
-    def finish(reply: list[Any]) -> TriggerIdResult:
-        if reply[0] != 0:
-            raise InvalidRequest(f"$.id: {reply[1]} triggers are registered, the limit is "
+    def finish(reply: TriggerReply) -> TriggerIdResult:
+        if reply.refused:
+            raise InvalidRequest(f"$.id: {reply.registered} triggers are registered, the limit is "
                                  f"{MAX_TRIGGERS}; unregister some first",
                                  {"path": "$.id", "limit": MAX_TRIGGERS})
         return TriggerIdResult(trigger_id)
 
-    keys = [state.keys.triggers, state.keys.registry]
-    return state.script_plan(TRIGGER, keys, ["set", trigger_id, _encoder.encode(trigger),
-                                             MAX_TRIGGERS], finish)
+    call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(trigger), MAX_TRIGGERS)
+    return state.script_plan(TRIGGER, call, finish)
 
 
 def unregister_plan(state: RedisState, trigger_id: str) -> Plan:
     _text("id", trigger_id)
-    keys = [state.keys.triggers, state.keys.registry]
-    return state.script_plan(TRIGGER, keys, ["del", trigger_id, "", MAX_TRIGGERS],
-                             lambda reply: UnregisteredResult(trigger_id, reply[1] == 1))
+    call = trigger_call(state.keys, "del", trigger_id, "", MAX_TRIGGERS)
+    return state.script_plan(TRIGGER, call,
+                             lambda reply: UnregisteredResult(trigger_id, reply.existed))
 
 
 def decode_trigger(raw: bytes) -> Trigger:

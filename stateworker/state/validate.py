@@ -25,7 +25,7 @@ from stateworker.errors import (
 )
 from stateworker.settings import Settings
 
-if TYPE_CHECKING:  # (store.py imports bindings.py, which imports this module)
+if TYPE_CHECKING:  # (store.py's operations call these checks; only its type is needed)
     from stateworker.state.store import RedisState
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.

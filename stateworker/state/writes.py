@@ -15,24 +15,10 @@ import msgspec
 
 from stateworker import codec
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.errors import LUA_STATUS, Conflict, InternalError
-from stateworker.state.bindings import (
-    DELETE,
-    KEEP,
-    SET,
-    STATUS_TEXTS,
-    TOPIC,
-    UPDATE,
-    DeleteReply,
-    Keep,
-    SetReply,
-    Target,
-    TopicReply,
-    UpdateReply,
-    optional,
-    topic_arg,
-    ttl_arg,
-)
+from stateworker.errors import Conflict, InternalError
+from stateworker.scripts.bindings import DELETE, KEEP, SET, TOPIC, UPDATE, Keep, optional, topic_arg, ttl_arg
+from stateworker.scripts.replies import SetReply, UpdateReply
+from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.state.reads import get_entry_plan, hash_plan
 from stateworker.state.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
 from stateworker.state.store import RedisState
@@ -71,8 +57,7 @@ def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args
     (`left` more times). A module function, not a closure calling itself: such a closure is a
     reference cycle, and a cycle per write kept Python's collector busy for 100+ ms at a time
     under load (docs/architecture.md, "No reference cycles per call")."""
-    def check(reply: list[Any]) -> Any:
-        read = SetReply.read(reply)
+    def check(read: SetReply) -> Any:
         if read.status != _NEEDS_HASH:
             return finish(read)
         if left == 0:
@@ -161,17 +146,16 @@ def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
     target = state.target(scope, key, ctx, expected_version=expected_version)
     return state.entry_plan(UPDATE, target, [
         state.settings.max_value_bytes, optional(expected_version), topic_arg(topic),
-        optional(ttl_ms), *op_args, optional(max_keys)],
-        lambda reply: finish(UpdateReply.read(reply)))
+        optional(ttl_ms), *op_args, optional(max_keys)], finish)
 
 
 def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,
                       ctx: CallContext = NO_CONTEXT) -> Plan:
     return state.entry_plan(TOPIC, state.target(scope, key, ctx), [topic_arg(topic)],
-                            lambda reply: TopicReply.read(reply).found)
+                            lambda reply: reply.found)
 
 
 def delete_plan(state: RedisState, scope: str, key: str, *,
                 ctx: CallContext = NO_CONTEXT) -> Plan:
     return state.entry_plan(DELETE, state.target(scope, key, ctx), [],
-                            lambda reply: _raw(DeleteReply.read(reply).old_value))
+                            lambda reply: _raw(reply.old_value))

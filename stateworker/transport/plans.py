@@ -14,18 +14,26 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
-from stateworker.errors import LUA_STATUS, InternalError, ResourceExhausted, StateError, Unavailable
+from stateworker.errors import InternalError, ResourceExhausted, ScriptError, StateError, Unavailable
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.library import FUNCTION_MISSING, Library, ScriptError
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.transport.plans")
 
-_KNOWN_STATUSES = frozenset(LUA_STATUS.values())
 Sent: TypeAlias = "asyncio.Future[list[Any]] | None"  # a first step already on the wire
+
+
+FUNCTION_MISSING = "Function not found"  # FCALL's error for a function Redis does not have
+
+
+class Library(Protocol):
+    """What a pipeline needs of the script library (scripts/library.py): loading it again."""
+
+    async def load(self) -> None:
+        """Load the library; ScriptError (naming the cause) when Redis refuses it."""
 
 
 @dataclass(slots=True)
@@ -59,16 +67,6 @@ def redis_error(reply: ReplyError, what: str) -> StateError:
         return Unavailable(f"{what}: Redis is not serving for now ({text[:200]}); it did not run",
                            {"redis_error": text[:200]})
     return InternalError(f"{what} failed: {text}")
-
-
-def script_reply(reply: Any, name: str) -> list[Any]:
-    """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED) or an
-    unknown status is raised."""
-    if isinstance(reply, ReplyError):
-        raise redis_error(reply, f"script {name}")
-    if not isinstance(reply, list) or not reply or reply[0] not in _KNOWN_STATUSES:
-        raise InternalError(f"script {name} returned an unexpected reply: {reply!r:.200}")
-    return reply
 
 
 def command_reply(reply: Any, what: str) -> Any:

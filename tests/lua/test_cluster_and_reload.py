@@ -15,10 +15,10 @@ from stateworker import StateError, StateStore
 from stateworker.context import CallContext
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
+from stateworker.scripts.bindings import BINDINGS
+from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
 from stateworker.state import functions
-from stateworker.state.bindings import BINDINGS
-from stateworker.transport.library import Library
 from stateworker.transport.wire import Arg
 from tests.servers import RedisServer
 
@@ -44,13 +44,13 @@ async def test_every_script_call_hashes_to_one_slot(
     store: StateStore, scope: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[str, Sequence[Arg], Sequence[Arg]]] = []
-    original = Library.command
+    original = Library.fcall
 
     def spy(self: Library, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
         calls.append((name, keys, args))
         return original(self, name, keys, args)
 
-    monkeypatch.setattr(Library, "command", spy)
+    monkeypatch.setattr(Library, "fcall", spy)
     for i, s in enumerate([scope, scope + "x", "é", ""]):
         await store.set(s, f"k{i}", i, ttl_ms=60_000, topic="t")
         await store.compare_and_set(s, f"k{i}", i + 1, expected=i)

@@ -1,26 +1,22 @@
-"""The status table is one table: every ST.<code> a script names exists in errors.LUA_STATUS."""
+"""The status table is one table: every ST.<code> a script names exists in
+scripts.statuses.LUA_STATUS."""
 
 from __future__ import annotations
 
 import re
 from importlib import resources
 
-from stateworker.errors import (
-    ERROR_CLASSES,
-    LUA_STATUS,
-    OUTCOME_STATUSES,
-    STATUS_ERRORS,
-    lua_status_table,
-)
-from stateworker.state.bindings import BINDINGS
-from stateworker.transport.library import assemble_library
+from stateworker.errors import ERROR_CLASSES
+from stateworker.scripts.bindings import BINDINGS
+from stateworker.scripts.library import assemble_library
+from stateworker.scripts.statuses import LUA_STATUS, OUTCOME_STATUSES, STATUS_ERRORS, lua_status_table
 
 SCRIPTS = {b.name: b.keys for b in BINDINGS}
 SCRIPT_NAMES = tuple(SCRIPTS)
 
 
 def lua_sources() -> dict[str, str]:
-    root = resources.files("stateworker").joinpath("lua")
+    root = resources.files("stateworker").joinpath("scripts", "lua")
     files = {f"{p.name}": p.read_text() for p in root.iterdir() if p.name.endswith(".lua")}
     files.update({f"includes/{p.name}": p.read_text()
                   for p in root.joinpath("includes").iterdir() if p.name.endswith(".lua")})

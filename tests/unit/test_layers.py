@@ -1,9 +1,12 @@
-"""Imports point one way: leaf -> transport -> events -> state | bus -> reactive -> app.
+"""Imports point one way: leaf -> transport -> scripts -> events -> state | bus -> reactive |
+engines -> snapshot -> app.
 
-A module may import its own layer and the layers below it; `state` and `bus` never import each
-other (the bus serves any service; the state service is one of them). The package's public
-face (`stateworker/__init__.py`, `__main__.py`) sits on top. docs/architecture.md has the
-picture and says where each kind of change goes.
+A module may import its own layer and the layers of a lower rank, never one of the same rank:
+`state` and `bus` never import each other (the bus serves any service; the state service is
+one of them), nor do `reactive` and `engines`; `snapshot` sits above `reactive` (it follows the
+streams with reactive's leases), so reactive never imports it. The package's public face
+(`stateworker/__init__.py`, `__main__.py`) sits on top. docs/architecture.md has the picture
+and says where each kind of change goes.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import ast
 from importlib import resources
 from pathlib import Path
 
-RANKS = {"leaf": 0, "transport": 1, "events": 2, "state": 3, "bus": 3, "reactive": 4,
-         "snapshot": 4, "engines": 4, "app": 5, "top": 6}
-SUBPACKAGES = ("transport", "events", "state", "bus", "reactive", "snapshot", "engines", "app")
+RANKS = {"leaf": 0, "transport": 1, "scripts": 2, "events": 3, "state": 4, "bus": 4,
+         "reactive": 5, "engines": 5, "snapshot": 6, "app": 7, "top": 8}
+SUBPACKAGES = ("transport", "scripts", "events", "state", "bus", "reactive", "snapshot", "engines",
+               "app")
 
 
 def layer_of(module: str) -> str:
@@ -57,7 +61,7 @@ def violations(source: str, module: str) -> list[str]:
             found.append(f"{module} imports {name}, which is outside the installed package")
             continue
         theirs = layer_of(name)
-        sideways = {mine, theirs} == {"state", "bus"}
+        sideways = theirs != mine and RANKS[theirs] == RANKS[mine]
         if RANKS[theirs] > RANKS[mine] or sideways:
             found.append(f"{module} ({mine}) imports {name} ({theirs})")
     return found
@@ -93,3 +97,70 @@ def test_a_wrong_import_is_caught() -> None:
     assert violations("from ..transport.plans import Plan\n", "stateworker.state.writes") == []
     assert violations("from stateworker.events.model import Event\n",
                       "stateworker.state.api") == []
+    assert violations("from stateworker.snapshot import status\n",
+                      "stateworker.reactive.status") == [
+        "stateworker.reactive.status (reactive) imports stateworker.snapshot.status (snapshot)"]
+    assert violations("from stateworker.engines import catalog\n",
+                      "stateworker.reactive.dispatcher") == [
+        "stateworker.reactive.dispatcher (reactive) imports stateworker.engines.catalog (engines)"]
+    assert violations("from stateworker.state import store\n",
+                      "stateworker.scripts.bindings") == [
+        "stateworker.scripts.bindings (scripts) imports stateworker.state.store (state)"]
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the package modules it imports (type-only imports included)."""
+    return {module: {name for name in imported(source, module) if name in modules}
+            for module, source in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle: the strongly connected groups of more than one module (or a
+    module importing itself), each sorted (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1 or node in graph[node]:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert circles(import_graph(package_modules())) == []
+
+
+def test_an_import_circle_is_caught() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["e"]]

@@ -20,7 +20,8 @@ A script's shebang `#!lua flags=no-writes` becomes its function's flags. Top-lev
 at the start of each call. The library's name carries a digest of its source, so services of
 different versions can share one Redis; a call that finds its function missing (a restart
 without persistence, FUNCTION FLUSH) loads the library again and is repeated (plans.pipeline).
-Which scripts there are, and how many KEYS each takes, is the state layer's (its bindings).
+Which scripts there are, and how many KEYS each takes, is said by their bindings
+(bindings.py); an FCALL is written only by `Library.fcall`, which only a binding calls.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
-from stateworker.errors import lua_status_table
+from stateworker.errors import ScriptError
+from stateworker.scripts.statuses import lua_status_table
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
 
@@ -38,16 +40,11 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 _PER_CALL = re.compile(r"^--- @per-call\s*$", re.MULTILINE)
 _FLAGS = re.compile(r"^#!lua flags=([a-z,-]+)\s*$")
 
-FUNCTION_MISSING = "Function not found"  # FCALL's error for a function Redis does not have
 _NAME_MARK = "@@LIBRARY@@"  # stands for the library's name until its digest is known
 
 
-class ScriptError(Exception):
-    """Raised when a Lua file or one of its includes cannot be assembled."""
-
-
 def _read(relative: str) -> str:
-    path = resources.files("stateworker").joinpath("lua", relative)
+    path = resources.files("stateworker").joinpath("scripts", "lua", relative)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -148,8 +145,8 @@ class Library:
         self.library, self.source = assemble_library(scripts)
         self.functions = {name: f"{self.library}_{name}" for name in scripts}
 
-    def command(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
-        """FCALL of script `name`."""
+    def fcall(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        """FCALL of script `name` (called by its binding only: Binding.command)."""
         return ["FCALL", self.functions[name], len(keys), *keys, *args]
 
     async def load(self) -> None:

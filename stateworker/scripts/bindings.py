@@ -1,0 +1,211 @@
+"""One binding per Lua script: its KEYS and ARGV built in one place, its reply read into a
+typed tuple (replies.py), its error statuses turned into errors by one table (statuses.py).
+
+A `Binding` names its script (`lua/<name>.lua`), how many KEYS the script's header declares
+(the library loader checks the two agree when it assembles the library, so a script and its
+binding cannot drift apart silently) and its reply tuple. `Binding.command` is the only code
+that writes an FCALL: the builders below give it the KEYS and ARGV, in the order each
+script's header documents. The KEYS a builder returns are every key the script touches, all
+under one cluster hash tag, so a router can send any command by its first key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from stateworker.clock import now_ms
+from stateworker.context import CallContext
+from stateworker.keys import KeySpace, PartitionKeys, member
+from stateworker.scripts.library import Library
+from stateworker.scripts.replies import (
+    BarrierReply,
+    ClaimReply,
+    Counted,
+    DeleteReply,
+    DeltopicReply,
+    EntriesReply,
+    ListReply,
+    Moved,
+    ReapReply,
+    SetReply,
+    TopicReply,
+    TriggerReply,
+    UpdateReply,
+)
+from stateworker.scripts.statuses import script_reply
+from stateworker.settings import Settings
+from stateworker.transport.wire import Arg
+
+R = TypeVar("R")
+Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV
+REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
+
+
+@dataclass(frozen=True, slots=True)
+class Binding(Generic[R]):
+    name: str  # lua/<name>.lua
+    keys: int  # the most KEYS the script takes (its header's highest KEYS[i])
+    reply: Callable[[list[Any]], R]  # its reply tuple's `read`
+
+    def command(self, library: Library, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        """The FCALL of this script on `library`."""
+        return library.fcall(self.name, keys, args)
+
+    def read(self, raw: Any) -> R:
+        """Its reply, checked (statuses.script_reply) and typed."""
+        return self.reply(script_reply(raw, self.name))
+
+
+SET = Binding("set", 9, SetReply.read)  # set, compare-and-set, diff; KEYS[8..9] for bus calls
+DELETE = Binding("delete", 9, DeleteReply.read)
+UPDATE = Binding("update", 9, UpdateReply.read)
+TOPIC = Binding("topic", 9, TopicReply.read)
+SETHASH = Binding("sethash", 1, Moved.read)
+REAP = Binding("reap", 3, ReapReply.read)
+LIST = Binding("list", 1, ListReply.read)
+ENTRIES = Binding("entries", 1, EntriesReply.read)
+DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
+TRIGGER = Binding("trigger", 2, TriggerReply.read)
+CLAIM = Binding("claim", 2, ClaimReply.read)
+BARRIER = Binding("barrier", 2, BarrierReply.read)
+FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
+LEASE = Binding("lease", 1, Moved.read)
+ADVANCE = Binding("advance", 2, Moved.read)
+BINDINGS: tuple[Binding[Any], ...] = (
+    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
+    BARRIER, LEASE, ADVANCE, FORGET)
+
+
+def library_of(conn: Any) -> Library:
+    """The library of every binding's script, for `conn`."""
+    return Library(conn, {b.name: b.keys for b in BINDINGS})
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+class Keep:
+    """Marks a write that keeps the entry's current topic or expiry."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
+
+
+def topic_arg(topic: str | Keep | None) -> str:
+    """The one topic encoding of every script: "~" keep, "-" clear, "=" + topic set."""
+    if isinstance(topic, Keep):
+        return "~"
+    return "-" if topic is None else "=" + topic
+
+
+def ttl_arg(ttl_ms: int | Keep | None) -> Arg:
+    """Expiry: "" keep the current one, "0" none, else milliseconds from now."""
+    if isinstance(ttl_ms, Keep):
+        return ""
+    return ttl_ms or 0
+
+
+def optional(value: int | str | None) -> Arg:
+    """An optional number or text: "" for none."""
+    return "" if value is None else value
+
+
+def pattern_arg(pattern: str | None) -> str:
+    """An optional pattern: "" for none, else "=" + pattern (an empty pattern is a pattern)."""
+    return "" if pattern is None else "=" + pattern
+
+
+def record_arg(settings: Settings, ctx: CallContext) -> str:
+    """ARGV[7] of the entry scripts: "<ms kept>|<deadline>|<digest>", "" for an in-process
+    call (nothing to record, no deadline)."""
+    if ctx.call_id is None and ctx.deadline_ms is None:
+        return ""
+    deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
+    return f"{settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
+
+
+# ---- KEYS and ARGV of each script ----------------------------------------------------------------
+def entry_call(settings: Settings, part: PartitionKeys, scope: str, key: str, ctx: CallContext,
+               claim: str | None, extra: Sequence[Arg]) -> Call:
+    """An entry script (set, delete, update, topic): KEYS the entry, its indexes, and for bus
+    calls the call's record and the id's binding (`claim`, when the script binds the id
+    itself); ARGV the 7 shared ones (set.lua's header), then the script's own (`extra`)."""
+    keys: list[Arg] = list(part.entry_keys(scope, key))
+    if ctx.call_id is not None:
+        keys.append(part.call_record(ctx.call_id))
+        if claim is not None:
+            keys.append(claim)
+    return keys, [scope, key, member(scope, key), now_ms(), settings.events_maxlen,
+                  ctx.by or "", record_arg(settings, ctx), *extra]
+
+
+def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest: str) -> Call:
+    return [part.entry(scope, key)], [version, digest]
+
+
+def reap_call(settings: Settings, part: PartitionKeys) -> Call:
+    return ([part.ttl, part.scopes, part.events],
+            [now_ms(), settings.reaper_batch, part.tag, settings.events_maxlen])
+
+
+def list_call(part: PartitionKeys, scope: str, what: str) -> Call:
+    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), what]
+
+
+def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, order: str,
+                 position: bytes, score: str, limit: int, skip: int, prefix: str | None,
+                 key_pattern: str | None, topic_pattern: str | None, values: bool,
+                 examine: int) -> Call:
+    """entries.lua over one of the scope's indexes (`index`), from `position` ("" or "=" +
+    the cursor's member)."""
+    return [index], [now_ms(), part.entry_prefix + member(scope, ""), order_by, order,
+                     position, score, limit, skip, prefix or "", pattern_arg(key_pattern),
+                     pattern_arg(topic_pattern), "1" if values else "", examine]
+
+
+def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str | None,
+                  pattern: str, start: bytes, end: bytes, batch: int) -> Call:
+    return ([part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
+             part.scopes, part.ttl, part.events],
+            [scope, now_ms(), settings.events_maxlen, by or "", pattern, start, end, batch,
+             part.entry_prefix + member(scope, ""), member(scope, "")])
+
+
+def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
+                 cap: int) -> Call:
+    """trigger.lua: `op` "set" (with the registration's JSON) or "del"."""
+    return [keys.triggers, keys.registry], [op, trigger_id, registration, cap]
+
+
+def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str]) -> Call:
+    return [keys.claims, keys.registry], [prefix, REGISTRY_MAXLEN, *scopes]
+
+
+def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, tag: str,
+                 expected: int, expect_text: str, token: str | None, cap: int,
+                 named_keys: Sequence[str] | None) -> Call:
+    """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
+    order) only when the script asked for them (a new barrier of a named set)."""
+    sent: list[Arg] = [""] if named_keys is None else ["1", *named_keys]
+    return ([part.barrier(barrier_id), part.barriers_changed],
+            [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
+             cap, *sent])
+
+
+def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
+    """forget.lua: the partition's changed-barriers set, the barriers stored and the write
+    count stored for each (`""`: absent)."""
+    return [changed, *barriers], list(writes)
+
+
+def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
+    """lease.lua: `op` "take", "renew" or "drop"."""
+    return [lease], [op, token, lease_ms]
+
+
+def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
+    """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
+    return [lease, position], [token, last_id, n]

@@ -1,0 +1,163 @@
+"""What each script replies, read into a typed tuple (its binding's `reply`): one class per
+script, fields named as the script's header names them. `read` gets the reply already checked
+(statuses.script_reply); for an entry script, after a recorded reply was replayed and the
+error statuses raised (RedisState.entry_plan).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from stateworker.scripts.statuses import LUA_STATUS
+
+
+class SetReply(NamedTuple):
+    """set.lua. OK: the value replaced and the new version. CONFLICT, UNCHANGED, NEEDS_HASH:
+    the current value and version (0 = absent)."""
+
+    status: int
+    value: bytes | None
+    version: int
+    created: bool = False
+    revision: bytes | None = None
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> SetReply:
+        if reply[0] == LUA_STATUS["OK"]:
+            return cls(reply[0], reply[1], reply[2], reply[3] == 1, reply[4])
+        return cls(reply[0], reply[2], reply[1])
+
+
+class UpdateReply(NamedTuple):
+    """update.lua's OK reply; `positions`: op errors name ops by position (this version's
+    form) rather than by index (a record written by an older version)."""
+
+    old_value: bytes | None
+    new_value: bytes
+    version: int
+    created: bool
+    written: bool
+    op_errors: list[Any]
+    positions: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> UpdateReply:
+        _, old, new, version, created, written, errors, *marker = reply
+        return cls(old, new, version, created == 1, written == 1, errors, bool(marker))
+
+
+class DeleteReply(NamedTuple):
+    old_value: bytes | None
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> DeleteReply:
+        return cls(reply[1])
+
+
+class TopicReply(NamedTuple):
+    found: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> TopicReply:
+        return cls(bool(reply[1]))
+
+
+class ReapReply(NamedTuple):
+    deleted: int
+    more: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ReapReply:
+        return cls(int(reply[1]), reply[2] == 1)
+
+
+class DeltopicReply(NamedTuple):
+    deleted: int
+    cursor: bytes | None  # the last member examined; None when the range is done
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> DeltopicReply:
+        return cls(int(reply[1]), reply[2])
+
+
+class ClaimReply(NamedTuple):
+    """claim.lua's OK reply: whether a scope was new, and every scope the prefix owns."""
+
+    claimed: bool
+    owned: list[str]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ClaimReply:
+        return cls(reply[1] == 1, [scope.decode() for scope in reply[2]])
+
+
+class EntriesReply(NamedTuple):
+    last_member: bytes | None
+    last_score: bytes | None
+    skip_left: int
+    fields: list[Any]  # 9 per entry (entries.lua)
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> EntriesReply:
+        return cls(reply[1], reply[2], int(reply[3]), reply[4])
+
+
+class BarrierReply(NamedTuple):
+    """barrier.lua's OK reply: outcome (allow, waiting, counted, unknown, complete, expect),
+    keys arrived and expected, the payload (allow), the first missing keys (named sets)."""
+
+    outcome: str
+    arrived: int
+    expected: int
+    payload: bytes | None
+    missing: list[bytes]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> BarrierReply:
+        return cls(reply[1].decode(), int(reply[2]), int(reply[3]), reply[4], reply[5])
+
+
+class Moved(NamedTuple):
+    """advance.lua, lease.lua, sethash.lua: whether the script wrote (the position moved, the
+    lease was taken / renewed / dropped, the hash stored); 0: nothing written."""
+
+    done: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Moved:
+        return cls(reply[1] == 1)
+
+
+class Counted(NamedTuple):
+    """forget.lua: how many it forgot."""
+
+    forgotten: int
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Counted:
+        return cls(int(reply[1]))
+
+
+class TriggerReply(NamedTuple):
+    """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
+    `registered` registrations already."""
+
+    refused: bool
+    existed: bool
+    registered: int
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> TriggerReply:
+        if reply[0] == LUA_STATUS["OK"]:
+            return cls(False, reply[1] == 1, 0)
+        return cls(True, False, int(reply[1]))
+
+
+class ListReply(NamedTuple):
+    """list.lua: the live keys or values, in key byte order."""
+
+    items: list[bytes]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ListReply:
+        return cls(list(reply[1]))

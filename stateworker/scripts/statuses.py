@@ -1,0 +1,169 @@
+"""The statuses every script returns first in its reply, and what becomes of them: the Lua
+`ST` table (written into the library from `LUA_STATUS`, so the two sides cannot disagree),
+the checked reply, and the exception and message of each error status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from stateworker.context import CallContext
+from stateworker.errors import (
+    BarrierConfig,
+    CallIdReused,
+    Conflict,
+    DeadlineExceeded,
+    InternalError,
+    KeyLimit,
+    ScopeConflict,
+    StateError,
+    ValueTooLarge,
+    deadline_text,
+)
+from stateworker.settings import Settings
+from stateworker.transport.plans import redis_error
+from stateworker.transport.wire import ReplyError
+
+# The statuses scripts return first in their reply; the scripts read them as ST.<name>.
+LUA_STATUS: dict[str, int] = {
+    "OK": 0,
+    "CONFLICT": 1,  # a version or value condition did not hold; nothing written
+    "VALUE_TOO_LARGE": 2,  # the value a script built is over max_value_bytes; nothing written
+    "UNCHANGED": 3,  # state::diff: same hash, nothing written
+    "NEEDS_HASH": 4,  # the stored hash is unknown (after an update); store it and retry
+    "DUPLICATE": 5,  # the bus call ran before: its recorded reply, nothing changed
+    "DEADLINE_EXCEEDED": 6,  # the bus call's deadline passed and it never ran; nothing written
+    "CALL_ID_REUSED": 7,  # the call id's record belongs to another call; nothing written
+    "BARRIER_CONFIG": 8,  # the barrier exists with another `expect`; nothing written
+    "SCOPE_CONFLICT": 9,  # a scope asked for is owned by another namespace; nothing written
+    "KEY_LIMIT": 10,  # a new key would pass the scope's max_keys; nothing written
+}
+
+# The statuses that are errors, and the exception each becomes; the others are outcomes.
+STATUS_ERRORS: dict[int, type[StateError]] = {
+    LUA_STATUS["CONFLICT"]: Conflict,
+    LUA_STATUS["VALUE_TOO_LARGE"]: ValueTooLarge,
+    LUA_STATUS["DEADLINE_EXCEEDED"]: DeadlineExceeded,
+    LUA_STATUS["CALL_ID_REUSED"]: CallIdReused,
+    LUA_STATUS["BARRIER_CONFIG"]: BarrierConfig,
+    LUA_STATUS["SCOPE_CONFLICT"]: ScopeConflict,
+    LUA_STATUS["KEY_LIMIT"]: KeyLimit,
+}
+OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
+
+
+
+def lua_status_table() -> str:
+    """The Lua source of the `ST` table, prepended to every script by the loader."""
+    fields = ", ".join(f"{name} = {value}" for name, value in LUA_STATUS.items())
+    return f"local ST = {{ {fields} }}\n"
+
+
+_KNOWN_STATUSES = frozenset(LUA_STATUS.values())
+
+
+def script_reply(reply: Any, name: str) -> list[Any]:
+    """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED) or an
+    unknown status is raised."""
+    if isinstance(reply, ReplyError):
+        raise redis_error(reply, f"script {name}")
+    if not isinstance(reply, list) or not reply or reply[0] not in _KNOWN_STATUSES:
+        raise InternalError(f"script {name} returned an unexpected reply: {reply!r:.200}")
+    return reply
+
+
+# ---- statuses that are errors ------------------------------------------------------------------
+class Target(NamedTuple):
+    """What an error message names: the entry, the call and the condition it carried."""
+
+    settings: Settings
+    scope: str
+    key: str
+    ctx: CallContext
+    expected_version: int | None = None
+    create_only: bool = False
+    barrier: bool = False  # the key is a barrier's id (barrier.lua), not an entry's key
+
+
+Text = tuple[str, dict[str, Any]]  # an error's message and details
+
+
+def _conflict(target: Target, reply: list[Any]) -> Text:
+    current = reply[1]
+    where = f"key {target.key!r} in scope {target.scope!r}"
+    details = {"expected_version": target.expected_version or 0, "current_version": current}
+    if target.create_only:
+        return (f"create_only: {where} already exists (version {current}); nothing was "
+                "written", details)
+    return (f"expected_version {details['expected_version']} does not match current version "
+            f"{current} of {where}", details)
+
+
+def _too_large(target: Target, reply: list[Any]) -> Text:
+    if target.barrier:  # barrier.lua: {status, payload size, cap}
+        return (f"barrier `{target.key}`: its payload would be {reply[1]} bytes of JSON with "
+                f"this arrival, more than the limit of {reply[2]} bytes for a barrier's "
+                "payload (barrier.MAX_PAYLOAD_BYTES); nothing was written",
+                {"path": "$.event", "size": reply[1], "limit": reply[2]})
+    limit = target.settings.max_value_bytes
+    return (f"the updated value of key {target.key!r} would be {reply[1]} bytes of JSON, more "
+            f"than the limit of {limit} bytes; nothing was written",
+            {"path": "$.ops", "size": reply[1], "limit": limit})
+
+
+def _key_limit(target: Target, reply: list[Any]) -> Text:
+    live, limit = reply[1], reply[2]
+    return (f"max_keys: scope {target.scope!r} holds {live} live keys and its limit is "
+            f"{limit}; key {target.key!r} would be a new one, so nothing was written "
+            "(overwriting a key that exists is always allowed)",
+            {"path": "$.max_keys", "scope": target.scope, "key": target.key,
+             "live_keys": live, "limit": limit})
+
+
+def _deadline(target: Target, reply: list[Any]) -> Text:
+    return deadline_text(target.ctx.deadline_ms)
+
+
+def _reused(target: Target, reply: list[Any]) -> Text:
+    call_id = target.ctx.call_id
+    return (f"id {call_id!r} was used for another call (another function or body) in the "
+            f"last {target.settings.dedupe_window_ms // 1000} s; a retry must repeat the same "
+            "call, a new call needs a new id", {"id": call_id})
+
+
+def _scope_conflict(target: Target, reply: list[Any]) -> Text:
+    scope, owner = reply[1].decode(), reply[2].decode()
+    return (f"$.scopes: scope {scope!r} is owned by namespace {owner!r} (the first claimant "
+            "keeps a scope); nothing was claimed", {"path": "$.scopes", "scope": scope,
+                                                    "owner": owner})
+
+
+def _barrier_config(target: Target, reply: list[Any]) -> Text:
+    stored, given = reply[1].decode(), reply[2].decode()
+    return (f"$.condition_config.expect: barrier `{target.key}` expects {stored} (fixed by its "
+            f"first arrival), this arrival expects {given}; nothing was written (a new round "
+            "needs a new id)",
+            {"path": "$.condition_config.expect", "expected": stored, "given": given})
+
+
+# The message of each error status; its class comes from errors.STATUS_ERRORS (one table of
+# status -> exception, shared with the Lua side through LUA_STATUS).
+STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
+    LUA_STATUS["CONFLICT"]: _conflict,
+    LUA_STATUS["VALUE_TOO_LARGE"]: _too_large,
+    LUA_STATUS["DEADLINE_EXCEEDED"]: _deadline,
+    LUA_STATUS["CALL_ID_REUSED"]: _reused,
+    LUA_STATUS["SCOPE_CONFLICT"]: _scope_conflict,
+    LUA_STATUS["BARRIER_CONFIG"]: _barrier_config,
+    LUA_STATUS["KEY_LIMIT"]: _key_limit,
+}
+
+
+def raise_for_status(reply: list[Any], target: Target,
+                     accept: frozenset[int] = frozenset()) -> None:
+    """Raise the error a script's status stands for, unless the caller handles it (`accept`)."""
+    status = reply[0]
+    error = STATUS_ERRORS.get(status)
+    if error is not None and status not in accept:
+        raise error(*STATUS_TEXTS[status](target, reply))
