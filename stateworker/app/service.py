@@ -24,11 +24,11 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.engines.catalog import CATALOG
 from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
+from stateworker.schemas import encoder
 from stateworker.settings import Settings
 from stateworker.snapshot.repair import repair_at_start
 from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.state import functions, lifecycle
-from stateworker.state.schemas import encoder
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent

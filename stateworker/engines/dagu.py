@@ -22,20 +22,22 @@ from stateworker.engines import dagu_rules as rules
 from stateworker.engines.common import SCOPE_AS_NAMESPACE, raise_as_namespace
 from stateworker.engines.dagu_rules import DaguRequest, Place
 from stateworker.errors import NotFound, StateError
-from stateworker.state import functions
-from stateworker.state.functions import Prepare
-from stateworker.state.listing import MAX_LIMIT as PAGE_LIMIT
-from stateworker.state.listing import ListedEntry, ListEntriesRequest, ListEntriesResult
-from stateworker.state.schemas import (
+from stateworker.schemas import (
     NULL,
     DeleteRequest,
     DiffRequest,
     DiffResult,
     EntryResult,
     GetEntryRequest,
+    ListedEntry,
+    ListEntriesRequest,
+    ListEntriesResult,
     SetRequest,
     SetResult,
 )
+from stateworker.state import functions
+from stateworker.state.functions import Prepare
+from stateworker.state.listing import MAX_LIMIT as PAGE_LIMIT
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import Arg

@@ -14,13 +14,21 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from stateworker import schemas
 from stateworker.context import CallContext
 from stateworker.engines import moco_schemas as m
 from stateworker.engines.common import SCOPE_AS_NAMESPACE, raise_as_namespace, renamed
 from stateworker.errors import StateError
-from stateworker.state import functions, listing, schemas, validate
+from stateworker.schemas import (
+    NULL,
+    DeletedResult,
+    EntryResult,
+    GroupsResult,
+    ListEntriesRequest,
+    ListEntriesResult,
+)
+from stateworker.state import functions, listing, validate
 from stateworker.state.functions import Prepare
-from stateworker.state.schemas import NULL, DeletedResult, EntryResult, GroupsResult
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
 
@@ -119,7 +127,7 @@ def list_states(state: RedisState, req: m.ListStatesRequest, ctx: CallContext) -
     scope = m.resolve(state.settings, ctx, req)
     wanted, offset = m.count("limit", req.limit), m.count("offset", req.offset)
     validate.pattern("key_pattern", req.key_pattern)  # (before the prefix taken from it)
-    native = listing.ListEntriesRequest(
+    native = ListEntriesRequest(
         scope=scope, prefix=literal_start(req.key_pattern), key_pattern=req.key_pattern,
         topic_pattern=req.topic_pattern, order_by=ORDER_BY[req.order_by],
         order=req.order_direction, limit=page_limit(wanted), offset=offset or 0)
@@ -134,12 +142,12 @@ class _StatesListing:
         self.state, self.ctx, self.wanted = state, ctx, wanted
         self.rows: list[m.StateRow] = []
 
-    def pages(self, page_req: listing.ListEntriesRequest) -> Plan:
+    def pages(self, page_req: ListEntriesRequest) -> Plan:
         with SCOPE_AS_NAMESPACE:
             plan = functions.state_list_entries(self.state, page_req, self.ctx)
         return then(plan, functools.partial(self.more, page_req))
 
-    def more(self, page_req: listing.ListEntriesRequest, page: listing.ListEntriesResult
+    def more(self, page_req: ListEntriesRequest, page: ListEntriesResult
              ) -> list[m.StateRow] | Plan:
         rows, wanted = self.rows, self.wanted
         rows.extend(m.StateRow(entry.key, entry.topic) for entry in page.entries)

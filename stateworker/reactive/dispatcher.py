@@ -44,10 +44,10 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import Matcher, TriggerSet
 from stateworker.reactive.trimming import Position
+from stateworker.schemas import BarrierDecision, Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state import barrier, triggers, validate
 from stateworker.state.barrier import BarrierCondition
-from stateworker.state.schemas import BarrierDecision, Trigger
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import pipeline

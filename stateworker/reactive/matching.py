@@ -18,7 +18,7 @@ import jsonpointer
 from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event
-from stateworker.state.schemas import Trigger
+from stateworker.schemas import Trigger
 from stateworker.state.triggers import BARRIER
 
 _MISSING = object()

@@ -5,8 +5,9 @@ A `Binding` names its script (`lua/<name>.lua`), how many KEYS the script's head
 (the library loader checks the two agree when it assembles the library, so a script and its
 binding cannot drift apart silently) and its reply tuple. `Binding.command` is the only code
 that writes an FCALL: the builders below give it the KEYS and ARGV, in the order each
-script's header documents. The KEYS a builder returns are every key the script touches, all
-under one cluster hash tag, so a router can send any command by its first key.
+script's header documents. Every key a script touches, named in its KEYS or built from an
+ARGV prefix (a scope's entries), carries the hash tag of its first KEY, so a cluster router
+can send any command by that key (tests/lua: every script call hashes to one slot).
 """
 
 from __future__ import annotations

@@ -14,23 +14,26 @@ from __future__ import annotations
 import builtins
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
-from stateworker import codec
+from stateworker import codec, specs
 from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.events.model import Event
 from stateworker.events.reader import scope_events
+from stateworker.specs import Spec, spec_method, with_raises
 from stateworker.state import expiry, functions, lifecycle, results
 from stateworker.state.barrier import barrier_plan, parse_condition
-from stateworker.state.keyvalue import KeyValueMethods
+from stateworker.state.keyvalue import STORE, KeyValueMethods
 from stateworker.state.results import BarrierOutcome, Claim
 from stateworker.state.store import RedisState
 
 
 class StateStore(KeyValueMethods):
     """The state store; open it with `async with StateStore.open() as store`."""
+
+    catalog: ClassVar[functions.Catalog] = functions.NATIVE  # what `call` and `typed` serve
 
     def __init__(self, state: RedisState) -> None:
         """Wrap an open `RedisState`; use `StateStore.open()` instead.
@@ -73,6 +76,7 @@ class StateStore(KeyValueMethods):
             yield cls(state)
 
     # ---- typed methods (those on keys and scopes: KeyValueMethods) --------------------------
+    @with_raises(specs.CLAIM_NAMESPACE, STORE)
     async def claim_namespace(self, functions_prefix: str, scopes: Iterable[str], *,
                               caller: str | None = None) -> Claim:
         """Claim scopes for a private namespace (`state::claim-namespace`): from then on the
@@ -91,17 +95,6 @@ class StateStore(KeyValueMethods):
 
         Returns: `Claim(claimed, scopes, functions)`.
 
-        Raises:
-            InvalidPrefix (INVALID_PREFIX): `functions_prefix` is not `[A-Za-z0-9_-]+`.
-            Forbidden (FORBIDDEN): `caller` is not `functions_prefix`.
-            InvalidScope (INVALID_SCOPE): no scope, or a scope that is not non-empty text.
-            KeyTooLong (KEY_TOO_LONG): a scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): a scope the service keeps for itself.
-            ScopeConflict (SCOPE_CONFLICT): another namespace owns a scope asked for (its
-                details name it and the owner); nothing was claimed.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error.
-
         Example: `await store.claim_namespace("billing", ["billing-ledger"])`
         """
         body = {"functions_prefix": functions_prefix, "scopes": builtins.list(scopes)}
@@ -109,6 +102,7 @@ class StateStore(KeyValueMethods):
                                  caller=functions_prefix if caller is None else caller)
         return msgspec.convert(result, Claim)
 
+    @with_raises(specs.BARRIER, STORE)
     async def barrier(self, event: Any, condition_config: Mapping[str, Any], *,
                       token: str | None = None) -> BarrierOutcome:
         """Record one arrival at a barrier: `skip` until every expected key has arrived, then
@@ -129,18 +123,6 @@ class StateStore(KeyValueMethods):
             n/N arrived, waiting on K more" (a named set also names the first missing
             keys), "`a` already counted, still n/N" (its value replaced), a key outside a
             named set (not counted), "barrier `id` already complete".
-
-        Raises:
-            BarrierConfig (BARRIER_CONFIG): condition_config is missing or bad (the field is
-                named), or its `expect` differs from the one the barrier's first arrival fixed.
-            InvalidRequest (INVALID_REQUEST): the event has no arrival key at `key_from`
-                (missing or null), or holds a value that cannot be JSON.
-            KeyTooLong (KEY_TOO_LONG): the arrival key is over `max_key_bytes`.
-            ValueTooLarge (VALUE_TOO_LARGE): the carried value is over `max_value_bytes`, or
-                the payload would pass MAX_PAYLOAD_BYTES (2 MiB); nothing was written.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
 
         Example: `await store.barrier({"key": "shard-1", "rows": 10}, {"id": "load-7", "expect": 3})`
         """
@@ -217,7 +199,7 @@ class StateStore(KeyValueMethods):
         ctx = NO_CONTEXT if caller is None and not context else CallContext(
             caller=caller, context=dict(context or {}))
         data = body.encode() if isinstance(body, str) else body
-        return await functions.call_json(self.state, fn, data, ctx)
+        return await functions.call_json(self.state, fn, data, ctx, self.catalog)
 
     async def call(
         self, fn: str, body: Any, *, caller: str | None = None,
@@ -242,3 +224,53 @@ class StateStore(KeyValueMethods):
         data = body if isinstance(body, bytes | str) else msgspec.json.encode(body)
         result = await self.call_json(fn, data, caller=caller, context=context)
         return msgspec.json.decode(result)
+
+    # ---- the other functions, typed from their specs -----------------------------------------
+    async def call_python(self, fn: str, body: Any, *, caller: str | None = None,
+                          context: Mapping[str, Any] | None = None) -> Any:
+        """Like `call`, with tagged types converted both ways (as the typed methods do).
+
+        Args:
+            fn, caller, context: as `call_json`.
+            body: a JSON-able Python value (Decimal, datetime, UUID, bytes ... tagged).
+
+        Raises:
+            StateError: as `call_json`.
+
+        Example: `await store.call_python("state::update", {"scope": "s", "key": "k", "ops": []})`
+        """
+        data = msgspec.json.encode(codec.to_json_tree(body))
+        return codec.decode_value(await self.call_json(fn, data, caller=caller, context=context))
+
+    async def typed(self, spec: Spec, request: msgspec.Struct, *, caller: str | None = None,
+                    context: Mapping[str, Any] | None = None) -> Any:
+        """Run `spec`'s function on its request Struct; its result as `spec.result` (values as
+        raw JSON, `msgspec.Raw`), with the checks of a bus call and no JSON in between.
+
+        Args:
+            spec: a native function's spec (stateworker.specs), or an engine's that this
+                store serves (its `catalog`).
+            request: an instance of `spec.request`.
+            caller, context: as `call_json`.
+
+        Raises:
+            UnknownFunction (UNKNOWN_FUNCTION): a function this store does not serve.
+            StateError: the errors of the function (its spec's `raises`), UNAVAILABLE,
+                INTERNAL.
+
+        Example: `await store.typed(specs.GET, GetRequest("orders", "o-1"))`
+        """
+        ctx = NO_CONTEXT if caller is None and not context else CallContext(
+            caller=caller, context=dict(context or {}))
+        return await self.state.execute(functions.typed_plan(self.state, spec, request, ctx,
+                                                             self.catalog))
+
+    update = spec_method(specs.UPDATE, STORE)
+    list_entries = spec_method(specs.LIST_ENTRIES, STORE)
+    diff = spec_method(specs.DIFF, STORE)
+    update_topic = spec_method(specs.UPDATE_TOPIC, STORE)
+    delete_by_topic = spec_method(specs.DELETE_BY_TOPIC, STORE)
+    list_namespaces = spec_method(specs.LIST_NAMESPACES, STORE)
+    register_trigger = spec_method(specs.REGISTER_TRIGGER, STORE)
+    unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
+    list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)

@@ -28,12 +28,12 @@ from stateworker import codec
 from stateworker.context import NO_CONTEXT
 from stateworker.errors import BarrierConfig, InternalError, InvalidRequest, KeyTooLong
 from stateworker.keys import PartitionKeys
+from stateworker.schemas import BarrierConfigShape, BarrierDecision
 from stateworker.scripts.bindings import BARRIER, barrier_call
 from stateworker.scripts.replies import BarrierReply
 from stateworker.scripts.statuses import Target
 from stateworker.settings import Settings
 from stateworker.state import validate
-from stateworker.state.schemas import BarrierConfigShape, BarrierDecision
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan
 

@@ -10,30 +10,16 @@ A `Catalog` is what a service serves: the native functions, or those and the eng
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
-from stateworker import codec
+from stateworker import codec, specs
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
-from stateworker.scripts.bindings import KEEP
-from stateworker.scripts.replies import UpdateReply
-from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
-from stateworker.state import (
-    barrier,
-    isolation,
-    listing,
-    namespaces,
-    ops,
-    reads,
-    triggers,
-    validate,
-    writes,
-)
-from stateworker.state.schemas import (
+from stateworker.schemas import (
     NULL,
     BarrierRequest,
     ClaimNamespaceRequest,
@@ -45,13 +31,31 @@ from stateworker.state.schemas import (
     EmptyRequest,
     GetEntryRequest,
     GetRequest,
+    ListEntriesRequest,
     ListNamespacesRequest,
     NamespacesResult,
     ScopeRequest,
     SetRequest,
     UpdatedResult,
+    UpdateRequest,
+    UpdateResult,
     UpdateTopicRequest,
     encoder,
+)
+from stateworker.scripts.bindings import KEEP
+from stateworker.scripts.replies import UpdateReply
+from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
+from stateworker.specs import Spec
+from stateworker.state import (
+    barrier,
+    isolation,
+    listing,
+    namespaces,
+    ops,
+    reads,
+    triggers,
+    validate,
+    writes,
 )
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
@@ -59,6 +63,7 @@ from stateworker.transport.wire import Arg
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 R = TypeVar("R")
+_ACCESSOR_TEXT = ", ".join(f"<prefix>::{name}" for name in specs.ACCESSORS)
 
 
 def decoded(request_type: type[R], function: Callable[[RedisState, R, CallContext], Plan]
@@ -77,11 +82,14 @@ def state_get(state: RedisState, req: GetRequest, ctx: CallContext) -> Plan:
 
 
 def state_set(state: RedisState, req: SetRequest, ctx: CallContext,
-              checked: codec.Value | None = None) -> Plan:
-    """`checked`: the value as a front-end already checked it (Dagu's normalized form),
-    written as it is instead of `req.value`."""
+              checked: codec.Value | Callable[[], codec.Value] | None = None) -> Plan:
+    """`checked`: the value as a front-end already checked it (Dagu's normalized form), or
+    the check to make after the address's (StateStore's Python value), written instead of
+    `req.value`."""
     validate.address(state, ctx, req.scope, req.key)
-    if checked is None:
+    if callable(checked):
+        checked = checked()
+    elif checked is None:
         raw = req.value if req.value is not msgspec.UNSET else req.data
         if raw is msgspec.UNSET:
             raise InvalidRequest("$.value: the field `value` (or `data`) is required",
@@ -114,8 +122,16 @@ def state_list_groups(state: RedisState, req: EmptyRequest, ctx: CallContext) ->
     return reads.list_groups_plan(state, validate.hidden_scopes(state))
 
 
-def state_compare_and_set(state: RedisState, req: CompareAndSetRequest, ctx: CallContext) -> Plan:
+def state_compare_and_set(
+        state: RedisState, req: CompareAndSetRequest, ctx: CallContext,
+        checked: Callable[[], tuple[codec.Value | None, codec.Value]] | None = None) -> Plan:
+    """`checked`: the check of (expected, value) to make after the address's, instead of
+    the request's (StateStore's Python values)."""
     validate.address(state, ctx, req.scope, req.key)
+    if checked is not None:
+        expected, value = checked()
+        return writes.compare_and_set_plan(state, req.scope, req.key, expected, value,
+                                           max_keys=validate.max_keys(req.max_keys), ctx=ctx)
     if req.value is msgspec.UNSET:
         raise InvalidRequest("$.value: the field `value` is required", {"path": "$.value"})
     expected = None
@@ -126,24 +142,28 @@ def state_compare_and_set(state: RedisState, req: CompareAndSetRequest, ctx: Cal
                                        max_keys=validate.max_keys(req.max_keys), ctx=ctx)
 
 
-def state_get_entry(state: RedisState, req: GetEntryRequest, ctx: CallContext) -> Plan:
+def state_get_entry(state: RedisState, req: GetEntryRequest, ctx: CallContext,
+                    checked: Callable[[], codec.Value] | None = None) -> Plan:
+    """`checked`: the check of the default to make after the address's (StateStore's)."""
     validate.address(state, ctx, req.scope, req.key)
     default = None
-    if req.default is not msgspec.UNSET:
+    if checked is not None:
+        default = msgspec.Raw(checked().json)
+    elif req.default is not msgspec.UNSET:
         default = msgspec.Raw(validate.value(state.settings, req.default, "default").json)
     return reads.get_entry_plan(state, req.scope, req.key, default=default, required=req.required)
 
 
-def state_update(state: RedisState, req: ops.UpdateRequest, ctx: CallContext) -> Plan:
+def state_update(state: RedisState, req: UpdateRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
     if isinstance(req.topic, str):
         validate.topic(req.topic)
     encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
 
-    def finish(reply: UpdateReply) -> ops.UpdateResult:
+    def finish(reply: UpdateReply) -> UpdateResult:
         errors = ops.merge_errors(req.ops, encoded, reply.op_errors, positions=reply.positions)
         old = NULL if reply.old_value is None else msgspec.Raw(reply.old_value)
-        return ops.UpdateResult(old, msgspec.Raw(reply.new_value), reply.version,
+        return UpdateResult(old, msgspec.Raw(reply.new_value), reply.version,
                                 errors or msgspec.UNSET)
 
     return writes.update_plan(state,
@@ -154,7 +174,7 @@ def state_update(state: RedisState, req: ops.UpdateRequest, ctx: CallContext) ->
     )
 
 
-def state_list_entries(state: RedisState, req: listing.ListEntriesRequest, ctx: CallContext) -> Plan:
+def state_list_entries(state: RedisState, req: ListEntriesRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     return listing.list_entries_plan(state, req)
 
@@ -205,49 +225,68 @@ def state_barrier(state: RedisState, req: BarrierRequest, ctx: CallContext) -> P
     return barrier.barrier_plan(state, req.event, config, ctx.call_id)
 
 
-FUNCTIONS: dict[str, Prepare] = {
-    "state::get": decoded(GetRequest, state_get),
-    "state::set": decoded(SetRequest, state_set),
-    "state::delete": decoded(DeleteRequest, state_delete),
-    "state::list": decoded(ScopeRequest, state_list),
-    "state::list_keys": decoded(ScopeRequest, state_list_keys),
-    "state::list_groups": decoded(EmptyRequest, state_list_groups),
-    "state::compare-and-set": decoded(CompareAndSetRequest, state_compare_and_set),
-    "state::get-entry": decoded(GetEntryRequest, state_get_entry),
-    "state::update": decoded(ops.UpdateRequest, state_update),
-    "state::list-entries": decoded(listing.ListEntriesRequest, state_list_entries),
-    "state::diff": decoded(DiffRequest, state_diff),
-    "state::update-topic": decoded(UpdateTopicRequest, state_update_topic),
-    "state::delete-by-topic": decoded(DeleteByTopicRequest, state_delete_by_topic),
-    "state::list-namespaces": decoded(ListNamespacesRequest, state_list_namespaces),
-    "state::barrier": decoded(BarrierRequest, state_barrier),
-    "state::claim-namespace": decoded(ClaimNamespaceRequest, state_claim_namespace),
-    **triggers.FUNCTIONS,
-}
+class Served(NamedTuple):
+    """A function as a service serves it: its spec, its typed function (request Struct in,
+    plan out: what engines and `StateStore.typed` call) and `prepare` (JSON body in)."""
+
+    spec: Spec
+    typed: Callable[[RedisState, Any, CallContext], Plan]
+    prepare: Prepare
 
 
-# Functions whose plans change nothing: a bus call's id is bound in the same pipeline as
-# their first step (a reused id discards what they read).
-READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list_keys",
-                   "state::list_groups", "state::list-entries", "state::list-namespaces",
-                   "state::list-triggers"})
+def served(spec: Spec, typed: Callable[[RedisState, Any, CallContext], Plan],
+           prepare: Prepare | None = None) -> Served:
+    """`spec` served by `typed`; its body decoded as `spec.request` unless a front-end
+    decodes it itself (`prepare`)."""
+    return Served(spec, typed, prepare or decoded(spec.request, typed))
 
 
-# Functions that address a scope: `isolation: "workflow"` sets it from the call's context.
-SCOPED = frozenset({"state::get", "state::set", "state::delete", "state::list",
-                    "state::list_keys", "state::compare-and-set", "state::get-entry",
-                    "state::update", "state::list-entries", "state::diff",
-                    "state::update-topic", "state::delete-by-topic"})
+NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in (
+    (specs.GET, state_get),
+    (specs.SET, state_set),
+    (specs.DELETE, state_delete),
+    (specs.LIST, state_list),
+    (specs.LIST_KEYS, state_list_keys),
+    (specs.LIST_GROUPS, state_list_groups),
+    (specs.COMPARE_AND_SET, state_compare_and_set),
+    (specs.GET_ENTRY, state_get_entry),
+    (specs.UPDATE, state_update),
+    (specs.LIST_ENTRIES, state_list_entries),
+    (specs.DIFF, state_diff),
+    (specs.UPDATE_TOPIC, state_update_topic),
+    (specs.DELETE_BY_TOPIC, state_delete_by_topic),
+    (specs.LIST_NAMESPACES, state_list_namespaces),
+    (specs.BARRIER, state_barrier),
+    (specs.CLAIM_NAMESPACE, state_claim_namespace),
+    (specs.REGISTER_TRIGGER, triggers.state_register_trigger),
+    (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
+    (specs.LIST_TRIGGERS, triggers.state_list_triggers),
+))
 
 
-class Catalog(NamedTuple):
-    """The functions a service serves, and which of them change nothing (`READS`)."""
+class Catalog:
+    """The functions a service serves (the native ones, or those and the engines'), derived
+    from their specs: `functions` (id -> prepare), `reads` (the read-only ones: a bus call's
+    id is bound in the same pipeline as their first step), `scoped` (the native ones with a
+    scope: `isolation: "workflow"` sets it from the call's context)."""
 
-    functions: Mapping[str, Prepare]
-    reads: frozenset[str]
+    def __init__(self, served: tuple[Served, ...]) -> None:
+        self.served = {entry.spec.name: entry for entry in served}
+        if len(self.served) != len(served):
+            raise ValueError("a function is served twice")
+        self.functions: dict[str, Prepare] = {n: e.prepare for n, e in self.served.items()}
+        self.reads = frozenset(n for n, e in self.served.items() if e.spec.read_only)
+        self.scoped = frozenset(n for n, e in self.served.items()
+                                if e.spec.scoped and e.spec.engine == "state")
+
+    def __add__(self, more: tuple[Served, ...]) -> Catalog:
+        return Catalog((*self.served.values(), *more))
 
 
-NATIVE = Catalog(FUNCTIONS, READS)
+NATIVE = Catalog(NATIVE_SERVED)
+FUNCTIONS = NATIVE.functions  # the native functions (the accessors run these)
+READS = NATIVE.reads
+SCOPED = NATIVE.scoped
 
 
 def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
@@ -260,8 +299,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         if private is None:
             raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
                                   f"{', '.join(sorted(catalog.functions))} and the accessors of "
-                                  "claimed namespaces (<prefix>::state::get, ::list, "
-                                  "::list_keys, ::compare-and-set)", {"fn": fn})
+                                  f"claimed namespaces ({_ACCESSOR_TEXT})", {"fn": fn})
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
@@ -275,6 +313,17 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
     if ctx.call_id is not None and not plan.binds_call_id:
         plan = claimed(state, ctx, plan, fn in catalog.reads)
     return plan
+
+
+def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
+               catalog: Catalog = NATIVE) -> Plan:
+    """The plan of `spec`'s function on its request Struct (`StateStore.typed`: in-process,
+    so no call id to bind and no deadline)."""
+    entry = catalog.served.get(spec.name)
+    if entry is None:
+        raise UnknownFunction(f"fn: {spec.name!r} is not served here; this store serves "
+                              f"{', '.join(sorted(catalog.functions))}", {"fn": spec.name})
+    return entry.typed(state, request, ctx)
 
 
 def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:

@@ -1,9 +1,12 @@
-"""`KeyValueMethods`: `StateStore`'s typed methods on keys and scopes.
+"""`KeyValueMethods`: `StateStore`'s typed methods on keys and scopes, with Python results
+(`SetOutcome`, `Swap`, `Entry`: results.py).
 
 get, set, delete, compare_and_set and get_entry on one key; list, list_keys and list_groups on
-scopes. `StateStore` (api.py) inherits them; it adds opening, `call` / `call_json`, namespaces,
-barriers, events and the reaper. Values go in through codec.py (tagged types, `max_value_bytes`)
-and come back through results.py.
+scopes. Each runs its function's typed plan (state/functions.py: the same checks as a bus
+call) and carries its spec's one Raises text (specs.with_raises). `StateStore` (api.py)
+inherits them; it adds opening, `call` / `call_json`, the other functions' typed methods,
+namespaces, barriers, events and the reaper. Values go in through codec.py (tagged types,
+`max_value_bytes`).
 """
 
 from __future__ import annotations
@@ -11,15 +14,28 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-import msgspec
-
-from stateworker import codec
+from stateworker import codec, specs
 from stateworker.codec import ABSENT
 from stateworker.context import NO_CONTEXT, CallContext
+from stateworker.schemas import (
+    CompareAndSetRequest,
+    DeleteRequest,
+    EmptyRequest,
+    GetEntryRequest,
+    GetRequest,
+    ScopeRequest,
+    SetRequest,
+)
 from stateworker.settings import Settings
-from stateworker.state import reads, results, validate, writes
+from stateworker.specs import Face, with_raises
+from stateworker.state import functions, results
 from stateworker.state.results import Entry, SetOutcome, Swap, py_value
 from stateworker.state.store import RedisState
+
+# StateStore's face: calls run in-process, so no TIMEOUT; Redis's errors are its own.
+STORE = Face("call_python", "Unavailable (UNAVAILABLE): the connection to Redis broke (the next "
+                            "call reconnects).\nInternalError (INTERNAL): Redis answered with an "
+                            "error (e.g. it refused to load the script library).")
 
 
 def _ctx(by: str | None) -> CallContext:
@@ -36,6 +52,7 @@ class KeyValueMethods:
     def _value(self, value: Any, field: str = "value") -> codec.Value:
         return codec.encode_value(value, field, self.settings.max_value_bytes)
 
+    @with_raises(specs.GET, STORE)
     async def get(self, scope: str, key: str) -> Any:
         """The stored value (tagged types converted back), or None when missing or expired.
 
@@ -43,21 +60,12 @@ class KeyValueMethods:
             scope: the group of keys.
             key: the key in it.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.get("orders", "o-1")`
         """
-        validate.address(self.state, NO_CONTEXT, scope, key)
-        raw = await self.state.execute(reads.get_plan(self.state, scope, key))
-        return None if raw is None else py_value(raw)
+        return py_value(await self.state.execute(functions.state_get(self.state, GetRequest(scope, key),
+                                                            NO_CONTEXT)))
 
+    @with_raises(specs.SET, STORE)
     async def set(
         self,
         scope: str,
@@ -86,31 +94,15 @@ class KeyValueMethods:
 
         Returns: `SetOutcome(old_value, new_value, version, hash, created)`.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            InvalidRequest (INVALID_REQUEST): also a bad topic, ttl_ms or expected_version, or
-                a value that cannot be JSON.
-            ValueTooLarge (VALUE_TOO_LARGE): the value is over `max_value_bytes`.
-            Conflict (CONFLICT): `expected_version` / `create_only` did not hold; nothing written.
-            KeyLimit (KEY_LIMIT): the key is new and the scope holds `max_keys` live keys.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.set("orders", "o-1", {"total": 12}, topic="open", ttl_ms=60_000)`
         """
-        validate.address(self.state, NO_CONTEXT, scope, key)
-        result = await self.state.execute(writes.set_plan(self.state,
-            scope, key, self._value(value), topic=validate.topic(topic),
-            ttl_ms=validate.ttl_ms(ttl_ms),
-            expected_version=validate.expected_version(expected_version),
-            create_only=create_only, max_keys=validate.max_keys(max_keys), ctx=_ctx(by),
-        ))
-        return results.set_outcome(result)
+        req = SetRequest(scope, key, topic=topic, ttl_ms=ttl_ms,
+                         expected_version=expected_version, create_only=create_only,
+                         max_keys=max_keys)
+        plan = functions.state_set(self.state, req, _ctx(by), lambda: self._value(value))
+        return results.set_outcome(await self.state.execute(plan))
 
+    @with_raises(specs.DELETE, STORE)
     async def delete(self, scope: str, key: str, *, by: str | None = None) -> Any:
         """Remove a key; its old value, or None when there was none.
 
@@ -118,20 +110,12 @@ class KeyValueMethods:
             scope, key: where.
             by: recorded as the writer of the `state:deleted` event.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.delete("orders", "o-1")`
         """
-        validate.address(self.state, NO_CONTEXT, scope, key)
-        return py_value(await self.state.execute(writes.delete_plan(self.state, scope, key, ctx=_ctx(by))))
+        plan = functions.state_delete(self.state, DeleteRequest(scope, key), _ctx(by))
+        return py_value(await self.state.execute(plan))
 
+    @with_raises(specs.LIST, STORE)
     async def list(self, scope: str) -> builtins.list[Any]:
         """Every live value of a scope, in key byte order (the whole scope: use
         `call("state::list-entries", ...)` to page a large one).
@@ -139,56 +123,36 @@ class KeyValueMethods:
         Args:
             scope: the scope.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.list("orders")`
         """
-        validate.scope(self.state, NO_CONTEXT, scope)
-        return [py_value(raw) for raw in await self.state.execute(reads.list_values_plan(self.state, scope))]
+        plan = functions.state_list(self.state, ScopeRequest(scope), NO_CONTEXT)
+        return [py_value(raw) for raw in await self.state.execute(plan)]
 
+    @with_raises(specs.LIST_KEYS, STORE)
     async def list_keys(self, scope: str) -> builtins.list[str]:
         """Every live key of a scope, in byte order.
 
         Args:
             scope: the scope.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): the scope is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): the scope is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.list_keys("orders")`
         """
-        validate.scope(self.state, NO_CONTEXT, scope)
-        keys: builtins.list[str] = (await self.state.execute(reads.list_keys_plan(self.state, scope))).keys
+        plan = functions.state_list_keys(self.state, ScopeRequest(scope), NO_CONTEXT)
+        keys: builtins.list[str] = (await self.state.execute(plan)).keys
         return keys
 
+    @with_raises(specs.LIST_GROUPS, STORE)
     async def list_groups(self) -> builtins.list[str]:
         """The scopes holding at least one entry, byte-sorted (reserved and claimed scopes
         left out).
 
-        Raises:
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.list_groups()`
         """
-        plan = reads.list_groups_plan(self.state, validate.hidden_scopes(self.state))
+        plan = functions.state_list_groups(self.state, EmptyRequest(), NO_CONTEXT)
         groups: builtins.list[str] = (await self.state.execute(plan)).groups
         return groups
 
+    @with_raises(specs.COMPARE_AND_SET, STORE)
     async def compare_and_set(
         self, scope: str, key: str, value: Any, expected: Any = ABSENT, *, by: str | None = None
     ) -> Swap:
@@ -204,25 +168,17 @@ class KeyValueMethods:
                 be absent.
             by: recorded as the writer.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            InvalidRequest (INVALID_REQUEST): also `value` or `expected` cannot be JSON.
-            ValueTooLarge (VALUE_TOO_LARGE): `value` or `expected` is over `max_value_bytes`.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `await store.compare_and_set("orders", "o-1", {"total": 13}, expected={"total": 12})`
         """
-        validate.address(self.state, NO_CONTEXT, scope, key)
-        want = None if expected is ABSENT else self._value(expected, "expected")
-        result = await self.state.execute(writes.compare_and_set_plan(self.state,
-            scope, key, want, self._value(value), ctx=_ctx(by)))
-        return results.swap(result)
+        def checked() -> tuple[codec.Value | None, codec.Value]:
+            want = None if expected is ABSENT else self._value(expected, "expected")
+            return want, self._value(value)
 
+        plan = functions.state_compare_and_set(self.state, CompareAndSetRequest(scope, key),
+                                               _ctx(by), checked)
+        return results.swap(await self.state.execute(plan))
+
+    @with_raises(specs.GET_ENTRY, STORE)
     async def get_entry(
         self, scope: str, key: str, *, default: Any = ABSENT, required: bool = False
     ) -> Entry:
@@ -233,24 +189,10 @@ class KeyValueMethods:
             default: returned as `value` (with `found=False`) when the key is missing.
             required: a missing key raises NotFound instead.
 
-        Raises:
-            InvalidRequest (INVALID_REQUEST): scope or key is not valid UTF-8 text.
-            KeyTooLong (KEY_TOO_LONG): scope or key is over `max_key_bytes`.
-            ReservedScope (RESERVED_SCOPE): the scope is one the service keeps for itself,
-                or one a private namespace claimed.
-            NotFound (NOT_FOUND): `required=True` and the key is missing or expired.
-            InvalidRequest (INVALID_REQUEST): also a `default` that cannot be JSON.
-            ValueTooLarge (VALUE_TOO_LARGE): `default` is over `max_value_bytes`.
-            Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
-            InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
-                script library).
-
         Example: `entry = await store.get_entry("orders", "o-1", required=True)`
         """
-        validate.address(self.state, NO_CONTEXT, scope, key)
-        fallback = None
-        if default is not ABSENT:
-            fallback = msgspec.Raw(self._value(default, "default").json)
-        result = await self.state.execute(reads.get_entry_plan(self.state,
-            scope, key, default=fallback, required=required))
-        return results.entry(result)
+        checked = None if default is ABSENT else lambda: self._value(default, "default")
+        plan = functions.state_get_entry(self.state, GetEntryRequest(scope, key,
+                                                                     required=required),
+                                         NO_CONTEXT, checked)
+        return results.entry(await self.state.execute(plan))

@@ -9,14 +9,15 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import Raw, Struct
 
 from stateworker import clock
 from stateworker.errors import InvalidRequest
 from stateworker.keys import PartitionKeys
+from stateworker.schemas import ListedEntry, ListEntriesRequest, ListEntriesResult
 from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entries_call
 from stateworker.scripts.replies import DeltopicReply, EntriesReply
 from stateworker.state import validate
@@ -29,36 +30,6 @@ MAX_OFFSET = 1_000_000_000
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
 EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most
 DELETE_BATCH = 500  # index members one delete-by-topic script call examines at most
-
-
-class ListEntriesRequest(Struct, kw_only=True):
-    scope: str
-    prefix: str | None = None
-    key_pattern: str | None = None
-    topic_pattern: str | None = None
-    order_by: Literal["key", "updated_at", "topic"] = "key"
-    order: Literal["asc", "desc"] = "asc"
-    limit: int = 100
-    offset: int = 0
-    after: str | None = None
-    include_values: bool = False
-
-
-class ListedEntry(Struct, omit_defaults=True):
-    key: str
-    topic: str | None
-    version: int
-    hash: str
-    created_at: str | None
-    updated_at: str | None
-    expires_at: str | None
-    updated_by: str | None
-    value: Raw | UnsetType = UNSET
-
-
-class ListEntriesResult(Struct, omit_defaults=True):
-    entries: list[ListedEntry]
-    next_after: str | UnsetType = UNSET
 
 
 class Cursor(Struct, array_like=True):

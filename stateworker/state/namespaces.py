@@ -12,14 +12,15 @@ functions and from triggers, it does not authenticate readers.
 
 from __future__ import annotations
 
+from stateworker.schemas import ClaimResult
 from stateworker.scripts.bindings import CLAIM, claim_call
 from stateworker.scripts.replies import ClaimReply
 from stateworker.scripts.statuses import Target
-from stateworker.state.schemas import ClaimResult
+from stateworker.specs import ACCESSORS as ACCESSED
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan
 
-ACCESSORS = ("get", "list", "list_keys", "compare-and-set")
+ACCESSORS = tuple(name.removeprefix("state::") for name in ACCESSED)  # (specs.py)
 _INFIX = "::state::"  # <prefix>::state::<accessor>
 
 

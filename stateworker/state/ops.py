@@ -1,4 +1,4 @@
-"""`state::update` ops: their request shapes, the checks that need no document, and their
+"""`state::update` ops (their shapes are in schemas.py): the checks that need no document, and their
 encoding for update.lua.
 
 The checks here (path depth, segment size, empty and prototype-polluting segments, merge value
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Annotated, Any
+from typing import Any
 
-from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+from msgspec import UNSET, Struct
 
 from stateworker import codec
 from stateworker.errors import InvalidRequest
-from stateworker.state.schemas import Address
+from stateworker.schemas import AppendOp, DecrementOp, IncrementOp, MergeOp, Op, OpError, RemoveOp, SetOp
 
 MAX_PATH_DEPTH = 32
 MAX_SEGMENT_BYTES = 256
@@ -26,63 +26,6 @@ MAX_MERGE_DEPTH = 16
 MAX_OPS = 1000
 _BRACKETS = frozenset("[]{}")
 PROTO_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
-
-Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-NestedPath = str | list[str] | None
-
-
-class SetOp(Struct, tag="set", tag_field="type"):
-    path: str
-    value: Raw | UnsetType = UNSET  # missing means null
-
-
-class RemoveOp(Struct, tag="remove", tag_field="type"):
-    path: str
-
-
-class IncrementOp(Struct, tag="increment", tag_field="type"):
-    path: str
-    by: Int64
-
-
-class DecrementOp(Struct, tag="decrement", tag_field="type"):
-    path: str
-    by: Int64
-
-
-class MergeOp(Struct, tag="merge", tag_field="type"):
-    value: Raw
-    path: NestedPath = None
-
-
-class AppendOp(Struct, tag="append", tag_field="type"):
-    value: Raw
-    path: NestedPath = None
-
-
-Op = SetOp | RemoveOp | IncrementOp | DecrementOp | MergeOp | AppendOp
-
-
-class UpdateRequest(Address, kw_only=True):
-    ops: list[Op]
-    ttl_ms: int | None = None
-    expected_version: int | None = None
-    topic: str | UnsetType | None = UNSET  # absent: keep; null: clear
-    max_keys: int | None = None  # the scope's ceiling of live keys, for a new key
-
-
-class OpError(Struct):
-    op_index: int
-    code: str
-    message: str
-
-
-class UpdateResult(Struct, omit_defaults=True):
-    old_value: Raw
-    new_value: Raw
-    version: int
-    errors: list[OpError] | UnsetType = UNSET
-
 
 _NAMES: dict[type, str] = {SetOp: "set", RemoveOp: "remove", IncrementOp: "increment",
                            DecrementOp: "decrement", MergeOp: "merge", AppendOp: "append"}

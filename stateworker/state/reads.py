@@ -15,8 +15,8 @@ import msgspec
 from stateworker import clock, codec
 from stateworker.clock import now_ms
 from stateworker.errors import NotFound
+from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import LIST, SETHASH, list_call, sethash_call
-from stateworker.state.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
 

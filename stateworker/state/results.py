@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from stateworker import codec
-from stateworker.state.schemas import BarrierDecision, EntryResult, SetResult, SwapResult
+from stateworker.schemas import BarrierDecision, EntryResult, SetResult, SwapResult
 
 
 class SetOutcome(msgspec.Struct, frozen=True):

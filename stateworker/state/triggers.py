@@ -20,10 +20,7 @@ from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, ReservedScope
-from stateworker.scripts.bindings import TRIGGER, trigger_call
-from stateworker.scripts.replies import TriggerReply
-from stateworker.state import barrier, validate
-from stateworker.state.schemas import (
+from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
     Trigger,
@@ -33,6 +30,9 @@ from stateworker.state.schemas import (
     TriggersResult,
     UnregisteredResult,
 )
+from stateworker.scripts.bindings import TRIGGER, trigger_call
+from stateworker.scripts.replies import TriggerReply
+from stateworker.state import barrier, validate
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply
 
@@ -176,22 +176,15 @@ def list_plan(state: RedisState) -> Plan:
     return Plan([["HGETALL", state.keys.triggers]], finish)
 
 
-def state_register_trigger(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    return register_plan(state, validate.request(body, RegisterTriggerRequest))
+def state_register_trigger(state: RedisState, req: RegisterTriggerRequest,
+                           ctx: CallContext) -> Plan:
+    return register_plan(state, req)
 
 
-def state_unregister_trigger(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    return unregister_plan(state, validate.request(body, TriggerIdRequest).id)
+def state_unregister_trigger(state: RedisState, req: TriggerIdRequest, ctx: CallContext) -> Plan:
+    return unregister_plan(state, req.id)
 
 
-def state_list_triggers(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
-    validate.request(body, EmptyRequest)
+def state_list_triggers(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:
     return list_plan(state)
-
-
-FUNCTIONS = {
-    "state::register-trigger": state_register_trigger,
-    "state::unregister-trigger": state_unregister_trigger,
-    "state::list-triggers": state_list_triggers,
-}
 

@@ -16,11 +16,11 @@ import msgspec
 from stateworker import codec
 from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.errors import Conflict, InternalError
+from stateworker.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
 from stateworker.scripts.bindings import DELETE, KEEP, SET, TOPIC, UPDATE, Keep, optional, topic_arg, ttl_arg
 from stateworker.scripts.replies import SetReply, UpdateReply
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.state.reads import get_entry_plan, hash_plan
-from stateworker.state.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
 from stateworker.transport.wire import Arg

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from stateworker.events.model import Event
 from stateworker.reactive.matching import TriggerSet
-from stateworker.state.schemas import MatchRule, Trigger, TriggerConfig
+from stateworker.schemas import MatchRule, Trigger, TriggerConfig
 
 NAMES = st.sampled_from(["", "a", "ab", "b", "job-1", "job-2"])
 TYPES = ["state:created", "state:updated", "state:deleted"]

@@ -6,10 +6,10 @@ order and container kinds are never re-interpreted. Unknown request fields are i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 NULL = Raw(b"null")
 
@@ -228,3 +228,92 @@ class EntryResult(Struct, omit_defaults=True):
 
 # One reused encoder; Raw fields are written through as they are.
 encoder = msgspec.json.Encoder()
+
+
+# ---- state::update -----------------------------------------------------------------------------
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+NestedPath = str | list[str] | None
+
+
+class SetOp(Struct, tag="set", tag_field="type"):
+    path: str
+    value: Raw | UnsetType = UNSET  # missing means null
+
+
+class RemoveOp(Struct, tag="remove", tag_field="type"):
+    path: str
+
+
+class IncrementOp(Struct, tag="increment", tag_field="type"):
+    path: str
+    by: Int64
+
+
+class DecrementOp(Struct, tag="decrement", tag_field="type"):
+    path: str
+    by: Int64
+
+
+class MergeOp(Struct, tag="merge", tag_field="type"):
+    value: Raw
+    path: NestedPath = None
+
+
+class AppendOp(Struct, tag="append", tag_field="type"):
+    value: Raw
+    path: NestedPath = None
+
+
+Op = SetOp | RemoveOp | IncrementOp | DecrementOp | MergeOp | AppendOp
+
+
+class UpdateRequest(Address, kw_only=True):
+    ops: list[Op]
+    ttl_ms: int | None = None
+    expected_version: int | None = None
+    topic: str | UnsetType | None = UNSET  # absent: keep; null: clear
+    max_keys: int | None = None  # the scope's ceiling of live keys, for a new key
+
+
+class OpError(Struct):
+    op_index: int
+    code: str
+    message: str
+
+
+class UpdateResult(Struct, omit_defaults=True):
+    old_value: Raw
+    new_value: Raw
+    version: int
+    errors: list[OpError] | UnsetType = UNSET
+
+
+# ---- state::list-entries --------------------------------------------------------------------------
+class ListEntriesRequest(Struct, kw_only=True):
+    scope: str
+    prefix: str | None = None
+    key_pattern: str | None = None
+    topic_pattern: str | None = None
+    order_by: Literal["key", "updated_at", "topic"] = "key"
+    order: Literal["asc", "desc"] = "asc"
+    limit: int = 100
+    offset: int = 0
+    after: str | None = None
+    include_values: bool = False
+
+
+class ListedEntry(Struct, omit_defaults=True):
+    key: str
+    topic: str | None
+    version: int
+    hash: str
+    created_at: str | None
+    updated_at: str | None
+    expires_at: str | None
+    updated_by: str | None
+    value: Raw | UnsetType = UNSET
+
+
+class ListEntriesResult(Struct, omit_defaults=True):
+    entries: list[ListedEntry]
+    next_after: str | UnsetType = UNSET
