@@ -8,7 +8,7 @@ a script names exists here.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 class StateError(Exception):
@@ -183,17 +183,6 @@ class InvalidContext(StateError):
     code = "INVALID_CONTEXT"
 
 
-class ReservedNamespace(StateError):
-    """moco's ReservedNamespaceError: the namespace `secret` or `<anyone>:secret`, which hold
-    secrets, named to a `builtin.state.*` function. The code is moco's own class name, so a
-    moco caller catches what it always caught (the Python client raises this class)."""
-
-    code = "ReservedNamespaceError"
-
-
-ReservedNamespaceError = ReservedNamespace  # moco's name for it
-
-
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -250,9 +239,19 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         Compacted,
         KeyLimit,
         InvalidContext,
-        ReservedNamespace,
     )
 }
+
+E = TypeVar("E", bound=StateError)
+
+
+def register(cls: type[E]) -> type[E]:
+    """Map `cls.code` back to `cls` in `error_from`, for an error class of its own outside
+    this module (an engine's: moco's ReservedNamespaceError, engines/moco/rules.py).
+    `stateworker/__init__.py` imports every such class, so every process's clients know it."""
+    if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
+        raise ValueError(f"error code {cls.code!r} is {ERROR_CLASSES[cls.code]!r}'s already")
+    return cls
 
 
 def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:

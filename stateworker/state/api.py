@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -31,6 +31,11 @@ from stateworker.state.store import RedisState
 
 class StateStore(KeyValueMethods):
     """The state store; open it with `async with StateStore.open() as store`."""
+
+    # What `call` / `call_json` serve: the native functions, with the option every native
+    # function takes, which lives above this layer (KeeperHub's isolation):
+    # stateworker/__init__.py sets engines/catalog.py's IN_PROCESS here, before any store opens.
+    catalog: ClassVar[functions.Catalog] = functions.NATIVE
 
     def __init__(self, state: RedisState) -> None:
         """Wrap an open `RedisState`; use `StateStore.open()` instead.
@@ -217,7 +222,7 @@ class StateStore(KeyValueMethods):
         ctx = NO_CONTEXT if caller is None and not context else CallContext(
             caller=caller, context=dict(context or {}))
         data = body.encode() if isinstance(body, str) else body
-        return await functions.call_json(self.state, fn, data, ctx)
+        return await functions.call_json(self.state, fn, data, ctx, self.catalog)
 
     async def call(
         self, fn: str, body: Any, *, caller: str | None = None,

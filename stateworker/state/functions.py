@@ -21,7 +21,6 @@ from stateworker.context import CallContext
 from stateworker.errors import LUA_STATUS, CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
 from stateworker.state import (
     barrier,
-    isolation,
     listing,
     namespaces,
     ops,
@@ -56,6 +55,7 @@ from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import Arg
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
+Rewrite = Callable[[str, bytes, CallContext], bytes]  # (fn, body, ctx) -> the body to decode
 R = TypeVar("R")
 
 
@@ -231,7 +231,8 @@ READS = frozenset({"state::get", "state::get-entry", "state::list", "state::list
                    "state::list-triggers"})
 
 
-# Functions that address a scope: `isolation: "workflow"` sets it from the call's context.
+# Functions that address a scope (KeeperHub's `isolation: "workflow"` sets it from the call's
+# context: engines/keeperhub/rules.py).
 SCOPED = frozenset({"state::get", "state::set", "state::delete", "state::list",
                     "state::list_keys", "state::compare-and-set", "state::get-entry",
                     "state::update", "state::list-entries", "state::diff",
@@ -239,10 +240,13 @@ SCOPED = frozenset({"state::get", "state::set", "state::delete", "state::list",
 
 
 class Catalog(NamedTuple):
-    """The functions a service serves, and which of them change nothing (`READS`)."""
+    """The functions a service serves, which of them change nothing (`READS`), and what
+    rewrites the body of each native function before it is decoded (an option every native
+    function takes: KeeperHub's `isolation`, plugged in by engines/catalog.py)."""
 
     functions: Mapping[str, Prepare]
     reads: frozenset[str]
+    rewrite: Rewrite | None = None
 
 
 NATIVE = Catalog(FUNCTIONS, READS)
@@ -263,8 +267,8 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
-    if fn in FUNCTIONS:  # (the engines' own functions refuse fields they do not know)
-        body = isolation.isolated(fn, body, ctx, SCOPED)
+    if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None:
+        body = rewrite(fn, body, ctx)  # (the engines' own functions refuse fields they do not know)
     plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call

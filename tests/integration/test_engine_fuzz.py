@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from stateworker import StateStore
 from stateworker.context import CallContext
 from stateworker.engines import dagu
-from stateworker.engines import moco_schemas as m
 from stateworker.engines.catalog import CATALOG
+from stateworker.engines.moco import schemas as m
 from stateworker.errors import ERROR_CLASSES, StateError
 from stateworker.state import functions
 
