@@ -264,4 +264,3 @@ def lua_status_table() -> str:
     """The Lua source of the `ST` table, prepended to every script by the loader."""
     fields = ", ".join(f"{name} = {value}" for name, value in LUA_STATUS.items())
     return f"local ST = {{ {fields} }}\n"
-
