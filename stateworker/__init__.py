@@ -3,6 +3,8 @@
 from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
+from stateworker.engines.catalog import IN_PROCESS
+from stateworker.engines.moco.rules import ReservedNamespaceError
 from stateworker.errors import (
     BarrierConfig,
     Compacted,
@@ -13,7 +15,6 @@ from stateworker.errors import (
     KeyLimit,
     KeyTooLong,
     NotFound,
-    ReservedNamespaceError,
     ReservedScope,
     StateError,
     Unavailable,
@@ -24,6 +25,11 @@ from stateworker.events.model import Bookmark, Event
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
+
+# The engines plugged into the layers below them: an in-process StateStore.call takes the
+# native functions' options as the bus service does (KeeperHub's isolation); moco's error
+# is mapped back to its class by every client (engines/moco/rules.py registers it).
+StateStore.catalog = IN_PROCESS
 
 __all__ = [
     "ABSENT",

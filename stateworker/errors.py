@@ -8,8 +8,7 @@ a script names exists here.
 
 from __future__ import annotations
 
-import urllib.parse
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 class StateError(Exception):
@@ -184,17 +183,6 @@ class InvalidContext(StateError):
     code = "INVALID_CONTEXT"
 
 
-class ReservedNamespace(StateError):
-    """moco's ReservedNamespaceError: the namespace `secret` or `<anyone>:secret`, which hold
-    secrets, named to a `builtin.state.*` function. The code is moco's own class name, so a
-    moco caller catches what it always caught (the Python client raises this class)."""
-
-    code = "ReservedNamespaceError"
-
-
-ReservedNamespaceError = ReservedNamespace  # moco's name for it
-
-
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -229,9 +217,19 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         Compacted,
         KeyLimit,
         InvalidContext,
-        ReservedNamespace,
     )
 }
+
+E = TypeVar("E", bound=StateError)
+
+
+def register(cls: type[E]) -> type[E]:
+    """Map `cls.code` back to `cls` in `error_from`, for an error class of its own outside
+    this module (an engine's: moco's ReservedNamespaceError, engines/moco/rules.py).
+    `stateworker/__init__.py` imports every such class, so every process's clients know it."""
+    if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
+        raise ValueError(f"error code {cls.code!r} is {ERROR_CLASSES[cls.code]!r}'s already")
+    return cls
 
 
 def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:
@@ -240,43 +238,3 @@ def error_from(code: str, message: str, details: dict[str, Any] | None = None) -
     return cls(message, details) if cls is not None else RemoteError(code, message, details)
 
 
-# ---- callers' messages (StateClient, Worker, the CLI) -------------------------------------------
-HOW_TO_START = ("Start it with ./scripts/run, or set STATEWORKER_REDIS_URL (--redis-url) to "
-                "the Redis it uses")
-
-
-def shown_url(url: str) -> str:
-    """A URL as messages, logs and `status` show it: a password in it replaced by `***`."""
-    parts = urllib.parse.urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def no_redis_text(url: str, reason: object) -> str:
-    """One line for a Redis that cannot be reached: where, why, and how to get one."""
-    return f"no Redis at {shown_url(url)} ({reason}): is the service running? {HOW_TO_START}"
-
-
-def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
-                 when: str) -> tuple[str, dict[str, Any]]:
-    """Message and details of a client's TIMEOUT for a call sent with `deadline_ms` (`when`:
-    the same time as RFC 3339): whether it may still be applied, how to learn its outcome."""
-    return (f"{fn}: no reply within {timeout_s:g} s (call id {call_id!r}, sent {sends} "
-            f"time(s)). It carries deadline_ms {deadline_ms} ({when}): the service starts it "
-            f"only before then, so it is applied by {when} or never (a state::* call applies "
-            "in one step; a worker function started in time may still be running). A call with "
-            "the same id returns its outcome (its recorded reply; with the same deadline_ms, "
-            "DEADLINE_EXCEEDED when it never ran).",
-            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when})
-
-
-def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
-                  reason: object) -> tuple[str, dict[str, Any]]:
-    """Message and details of a client's UNAVAILABLE for a call that never reached the
-    stream: it will never be applied."""
-    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
-            f"the call (id {call_id!r}) never reached the bus and will not be applied",
-            {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})

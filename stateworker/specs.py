@@ -12,7 +12,7 @@ may not import the state layer, where the plans are.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -139,6 +139,8 @@ _WHY: dict[str, str] = {
     "FORBIDDEN": "the prefix is not the caller",
     "INVALID_SCOPE": "a scope is not non-empty text",
     "SCOPE_CONFLICT": "a scope is owned by another namespace (`details.owner`)",
+    "INVALID_CONTEXT": "the call's context lacks the field the engine takes the caller from",
+    "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
 }
 
 
@@ -202,7 +204,7 @@ def _body(params: tuple[str, ...], fields: frozenset[str], args: tuple[Any, ...]
     return body, options
 
 
-def spec_method(spec: Spec, face: Face) -> Callable[..., Awaitable[Any]]:
+def spec_method(spec: Spec, face: Face) -> Callable[..., Coroutine[Any, Any, Any]]:
     """`spec`'s typed method on `face`: positional arguments are the fields `spec.params`,
     keyword arguments the request's other fields or, when not request fields, options of the
     face's call (timeout, call_id ...); the result (or its `unwrap` field) as Python values."""

@@ -17,7 +17,7 @@ from stateworker.app import service
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, InvalidRequest, StateError, shown_url
+from stateworker.errors import ConfigError, InvalidRequest, StateError
 from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
 from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
@@ -27,7 +27,7 @@ from stateworker.settings import Settings
 from stateworker.snapshot import restore
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state import lifecycle
-from stateworker.transport.connection import RedisConnection, check_url
+from stateworker.transport.connection import RedisConnection, check_url, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
 

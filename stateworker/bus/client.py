@@ -30,22 +30,37 @@ from stateworker import codec
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import (
-    CallTimeout,
-    Unavailable,
-    error_from,
-    not_sent_text,
-    shown_url,
-    timeout_text,
-)
+from stateworker.errors import CallTimeout, Unavailable, error_from
 from stateworker.events.watch import Watch
 from stateworker.keys import reply_prefix
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection, check_url
+from stateworker.transport.connection import RedisConnection, check_url, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+
+
+def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
+                 when: str) -> tuple[str, dict[str, Any]]:
+    """Message and details of a client's TIMEOUT for a call sent with `deadline_ms` (`when`:
+    the same time as RFC 3339): whether it may still be applied, how to learn its outcome."""
+    return (f"{fn}: no reply within {timeout_s:g} s (call id {call_id!r}, sent {sends} "
+            f"time(s)). It carries deadline_ms {deadline_ms} ({when}): the service starts it "
+            f"only before then, so it is applied by {when} or never (a state::* call applies "
+            "in one step; a worker function started in time may still be running). A call with "
+            "the same id returns its outcome (its recorded reply; with the same deadline_ms, "
+            "DEADLINE_EXCEEDED when it never ran).",
+            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when})
+
+
+def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
+                  reason: object) -> tuple[str, dict[str, Any]]:
+    """Message and details of a client's UNAVAILABLE for a call that never reached the
+    stream: it will never be applied."""
+    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
+            f"the call (id {call_id!r}) never reached the bus and will not be applied",
+            {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})
 
 
 class StateClient(TypedCalls):

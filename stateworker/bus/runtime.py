@@ -43,11 +43,10 @@ from stateworker.errors import (
     StateError,
     Unavailable,
     deadline_exceeded,
-    no_redis_text,
 )
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent
-from stateworker.transport.retry import Backoff, transient_reason
+from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")

@@ -44,7 +44,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import InvalidRequest, StateError, Unavailable, shown_url
+from stateworker.errors import InvalidRequest, StateError, Unavailable
 from stateworker.events.compaction import compacted, counted_after, lost_after, stream_info
 from stateworker.events.model import (
     MAX_SEQ,
@@ -58,7 +58,7 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 

@@ -33,7 +33,10 @@ from stateworker.state.store import RedisState
 class StateStore(KeyValueMethods):
     """The state store; open it with `async with StateStore.open() as store`."""
 
-    catalog: ClassVar[functions.Catalog] = functions.NATIVE  # what `call` and `typed` serve
+    # What `call`, `call_json` and `typed` serve: the native functions, with the option every
+    # native function takes, which lives above this layer (KeeperHub's isolation):
+    # stateworker/__init__.py sets engines/catalog.py's IN_PROCESS here, before any store opens.
+    catalog: ClassVar[functions.Catalog] = functions.NATIVE
 
     def __init__(self, state: RedisState) -> None:
         """Wrap an open `RedisState`; use `StateStore.open()` instead.

@@ -48,7 +48,6 @@ from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
-    isolation,
     listing,
     namespaces,
     ops,
@@ -62,6 +61,7 @@ from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import Arg
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
+Rewrite = Callable[[str, bytes, CallContext], bytes]  # (fn, body, ctx) -> the body to decode
 R = TypeVar("R")
 _ACCESSOR_TEXT = ", ".join(f"<prefix>::{name}" for name in specs.ACCESSORS)
 
@@ -268,9 +268,12 @@ class Catalog:
     """The functions a service serves (the native ones, or those and the engines'), derived
     from their specs: `functions` (id -> prepare), `reads` (the read-only ones: a bus call's
     id is bound in the same pipeline as their first step), `scoped` (the native ones with a
-    scope: `isolation: "workflow"` sets it from the call's context)."""
+    scope); and `rewrite`, what rewrites the body of each native function before it is decoded
+    (an option every native function takes: KeeperHub's `isolation`, plugged in by
+    engines/catalog.py, which sets a scoped function's scope from the call's context)."""
 
-    def __init__(self, served: tuple[Served, ...]) -> None:
+    def __init__(self, served: tuple[Served, ...], rewrite: Rewrite | None = None) -> None:
+        self.rewrite = rewrite
         self.served = {entry.spec.name: entry for entry in served}
         if len(self.served) != len(served):
             raise ValueError("a function is served twice")
@@ -279,8 +282,9 @@ class Catalog:
         self.scoped = frozenset(n for n, e in self.served.items()
                                 if e.spec.scoped and e.spec.engine == "state")
 
-    def __add__(self, more: tuple[Served, ...]) -> Catalog:
-        return Catalog((*self.served.values(), *more))
+    def joined(self, more: tuple[Served, ...], rewrite: Rewrite | None) -> Catalog:
+        """This catalogue with `more` functions, and `rewrite` for the native ones."""
+        return Catalog((*self.served.values(), *more), rewrite)
 
 
 NATIVE = Catalog(NATIVE_SERVED)
@@ -303,8 +307,8 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
-    if fn in FUNCTIONS:  # (the engines' own functions refuse fields they do not know)
-        body = isolation.isolated(fn, body, ctx, SCOPED)
+    if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None:
+        body = rewrite(fn, body, ctx)  # (the engines' own functions refuse fields they do not know)
     plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call

@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from stateworker.errors import ConfigError, shown_url
+from stateworker.errors import ConfigError
 from stateworker.transport.wire import (
     BLOCKING,
     Arg,
@@ -40,6 +40,16 @@ EAGER_WRITE_BYTES = 8192  # a tick that queued this much writes it at once
 DEFAULT_CONNECT_TIMEOUT_S = 5.0  # Settings.connect_timeout_s
 DEFAULT_READ_TIMEOUT_S = 10.0  # Settings.read_timeout_s
 SUPPORTED_SCHEMES = ("redis", "unix")
+
+
+def shown_url(url: str) -> str:
+    """A URL as messages, logs and `status` show it: a password in it replaced by `***`."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def check_url(url: str) -> None:

@@ -10,14 +10,23 @@ import random
 import time
 from collections.abc import Callable
 
-from stateworker.errors import ConfigError, Unavailable, no_redis_text
-from stateworker.transport.connection import RedisConnection
+from stateworker.errors import ConfigError, Unavailable
+from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 # The error replies of a Redis that cannot serve for a while: loading its dataset after a
 # restart, running a script past its time limit, a cluster resharding or down, a replica cut
 # off from its master. The command did not run, and the same command may succeed later.
 TRANSIENT_REPLIES = frozenset({"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"})
+
+# What a caller told there is no Redis (StateClient, Worker, the CLI) can do about it.
+HOW_TO_START = ("Start it with ./scripts/run, or set STATEWORKER_REDIS_URL (--redis-url) to "
+                "the Redis it uses")
+
+
+def no_redis_text(url: str, reason: object) -> str:
+    """One line for a Redis that cannot be reached: where, why, and how to get one."""
+    return f"no Redis at {shown_url(url)} ({reason}): is the service running? {HOW_TO_START}"
 
 
 def transient_reason(error: BaseException | None) -> str | None:

@@ -19,8 +19,8 @@ from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.engines import dagu_rules as rules
-from stateworker.engines.dagu import go_time
+from stateworker.engines.dagu import rules
+from stateworker.engines.dagu.rules import go_time
 from stateworker.errors import (
     Conflict,
     InvalidContext,

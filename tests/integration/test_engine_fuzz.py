@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from stateworker import StateStore
 from stateworker.context import CallContext
-from stateworker.engines import dagu
-from stateworker.engines import moco_schemas as m
+from stateworker.engines import dagu, moco
 from stateworker.engines.catalog import CATALOG
 from stateworker.errors import ERROR_CLASSES, StateError
 from stateworker.state import functions
@@ -57,14 +56,9 @@ DAGU = {"scope": "scope", "namespace": "text", "key": "text", "prefix": "text",
         "include_values": "bool"}
 NATIVE = {"isolation": "text", "scope": "text", "key": "text", "value": "value",
           "max_keys": "count", "expected_version": "count", "ops": "ops", "limit": "count"}
-MOCO_REQUESTS = {"set_state": m.SetStateRequest, "get_state": m.KeyRequest,
-                 "get_state_with_ts": m.KeyRequest, "del_state": m.KeyRequest,
-                 "list_states": m.ListStatesRequest, "list_namespaces": m.ListNamespacesRequest,
-                 "update_topic": m.UpdateTopicRequest,
-                 "delete_by_topic": m.DeleteByTopicRequest}
-FIELDS = {**{f"builtin.state.{name}": {f.name: MOCO[f.name] for f in msgspec.structs.fields(t)}
-             for name, t in MOCO_REQUESTS.items()},
-          **{fn: DAGU for fn in dagu.FUNCTIONS},
+FIELDS = {**{spec.name: {f.name: MOCO[f.name] for f in msgspec.structs.fields(spec.request)}
+             for spec in moco.SPECS},
+          **{spec.name: DAGU for spec in dagu.SPECS},
           **{fn: NATIVE for fn in ("state::set", "state::get-entry", "state::list-entries",
                                    "state::update")}}
 

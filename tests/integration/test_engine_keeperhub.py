@@ -241,6 +241,22 @@ async def test_every_scoped_function_takes_isolation(
     assert await store.get("wf/org_1/wf_8", "cursor") == 70
 
 
+async def test_an_in_process_call_is_isolated_as_a_bus_call(store: StateStore) -> None:
+    await store.set("wf/org_1/wf_8", "cursor", 70)
+    assert await store.call("state::set", {"isolation": "workflow", "key": "cursor",
+                                           "value": 7}, context=RUN) == {
+        "old_value": None, "new_value": 7, "version": 1,
+        "hash": (await store.get_entry("wf/org_1/wf_7", "cursor")).hash, "created": True}
+    assert await store.call("state::get", {"isolation": "workflow", "key": "cursor"},
+                            context={**RUN, "workflow_id": "wf_8"}) == 70
+    with pytest.raises(InvalidRequest) as refused:
+        await store.call("state::set", {"isolation": "workflow", "scope": "victim",
+                                        "key": "cursor", "value": 666}, context=RUN)
+    assert refused.value.details == {"path": "$.scope"}
+    with pytest.raises(InvalidContext):
+        await store.call("state::get", {"isolation": "workflow", "key": "cursor"})
+
+
 async def test_isolation_null_is_no_isolation(client: StateClient, store: StateStore) -> None:
     await client.call("state::set", {"isolation": None, "scope": "plain", "key": "k",
                                      "value": 1}, context=RUN)

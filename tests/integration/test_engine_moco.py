@@ -9,6 +9,7 @@ import datetime as dt
 import decimal
 import os
 import re
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -17,17 +18,19 @@ from typing import Any
 import anyio
 import pytest
 
+import stateworker
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
 from stateworker.clock import now_ms
+from stateworker.engines.moco.rules import ReservedNamespace
 from stateworker.errors import (
     InvalidContext,
     InvalidRequest,
     KeyTooLong,
-    ReservedNamespace,
     ReservedScope,
+    StateError,
     ValueTooLarge,
 )
 from stateworker.settings import Settings
@@ -219,6 +222,34 @@ async def test_a_secret_namespace_is_refused_before_the_user_is_looked_at(
         client: StateClient) -> None:
     with pytest.raises(ReservedNamespace):
         await moco(client, "get_state", {"namespace": "secret", "key": "k"}, {})
+
+
+async def test_a_client_raises_stateworkers_reserved_namespace_error(
+        client: StateClient) -> None:
+    try:
+        await moco(client, "get_state", {"namespace": "secret", "key": "k"})
+    except StateError as refused:  # (what a caller catching every state error catches)
+        assert type(refused) is stateworker.ReservedNamespaceError
+        assert refused.to_dict() == {
+            "code": "ReservedNamespaceError", "details": {"path": "$.namespace",
+                                                          "namespace": "secret"},
+            "message": "namespace 'secret' is reserved: `secret` and `<user_id>:secret` hold "
+                       "secrets, which the state activities never read or write (use the "
+                       "Secret Activities)"}
+    else:
+        raise AssertionError("not refused")
+
+
+def test_every_process_maps_the_code_to_its_class() -> None:
+    """A process that imports only the error table (as a client's reply does) maps moco's
+    code to its class: importing any stateworker module imports the package first, which
+    registers it (engines/moco/rules.py)."""
+    program = ("from stateworker.errors import error_from\n"
+               "cls = type(error_from('ReservedNamespaceError', 'm'))\n"
+               "print(cls.__module__, cls.__name__)")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == ["stateworker.engines.moco.rules", "ReservedNamespace"]
 
 
 async def test_list_namespaces_never_lists_secret_namespaces(

@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from stateworker.errors import shown_url
+from stateworker.transport.connection import shown_url
 from tests.servers import RedisServer, free_port
 
 SECRET = "s3cr3t-pa55"

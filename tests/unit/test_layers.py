@@ -6,7 +6,8 @@ A module may import its own layer and the layers of a lower rank, never one of t
 one of them), nor do `reactive` and `engines`; `snapshot` sits above `reactive` (it follows the
 streams with reactive's leases), so reactive never imports it. The package's public face
 (`stateworker/__init__.py`, `__main__.py`) sits on top. docs/architecture.md has the picture
-and says where each kind of change goes.
+and says where each kind of change goes. Inside `engines`, an
+engine's room (`engines/moco/` ...) imports no other engine's; only `catalog.py` joins them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ RANKS = {"leaf": 0, "transport": 1, "scripts": 2, "events": 3, "state": 4, "bus"
          "reactive": 5, "engines": 5, "snapshot": 6, "app": 7, "top": 8}
 SUBPACKAGES = ("transport", "scripts", "events", "state", "bus", "reactive", "snapshot", "engines",
                "app")
+ROOT = Path(str(resources.files("stateworker")))
+PACKAGES = frozenset(".".join(("stateworker", *init.parent.relative_to(ROOT).parts))
+                     for init in ROOT.rglob("__init__.py"))
+ENGINES_JOINED = "stateworker.engines.catalog"  # the one engines module that imports every room
 
 
 def layer_of(module: str) -> str:
@@ -50,7 +55,17 @@ def imported(source: str, module: str) -> list[str]:
 
 
 def _is_package(dotted: str) -> bool:
-    return dotted == "stateworker" or dotted in {f"stateworker.{p}" for p in SUBPACKAGES}
+    return dotted in PACKAGES
+
+
+def engine_of(module: str) -> str | None:
+    """The engine whose room a module is in (`stateworker.engines.moco.rules`: moco); None
+    for any other module (engines/common.py and catalog.py are every engine's)."""
+    parts = module.split(".")
+    if parts[:2] != ["stateworker", "engines"] or len(parts) < 3:
+        return None
+    room = ".".join(parts[:3])
+    return parts[2] if room in PACKAGES else None
 
 
 def violations(source: str, module: str) -> list[str]:
@@ -64,16 +79,18 @@ def violations(source: str, module: str) -> list[str]:
         sideways = theirs != mine and RANKS[theirs] == RANKS[mine]
         if RANKS[theirs] > RANKS[mine] or sideways:
             found.append(f"{module} ({mine}) imports {name} ({theirs})")
+        elif mine == "engines" and module != ENGINES_JOINED and \
+                engine_of(name) not in (None, engine_of(module)):
+            found.append(f"{module} imports {name}: an engine's room imports no other engine's")
     return found
 
 
 def package_modules() -> dict[str, str]:
-    root = Path(str(resources.files("stateworker")))
     modules = {}
-    for path in root.rglob("*.py"):
-        dotted = ".".join(("stateworker", *path.relative_to(root).with_suffix("").parts))
+    for path in ROOT.rglob("*.py"):
+        dotted = ".".join(("stateworker", *path.relative_to(ROOT).with_suffix("").parts))
         modules[dotted.removesuffix(".__init__") if path.name == "__init__.py"
-                and path.parent != root else dotted] = path.read_text()
+                and path.parent != ROOT else dotted] = path.read_text()
     return modules
 
 
@@ -164,3 +181,23 @@ def test_no_import_circle() -> None:
 def test_an_import_circle_is_caught() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert sorted(circles(graph)) == [["a", "b", "c"], ["e"]]
+
+
+def test_an_engines_room_imports_no_other_engines() -> None:
+    assert violations("from stateworker.engines.dagu import rules\n",
+                      "stateworker.engines.moco.functions") == [
+        "stateworker.engines.moco.functions imports stateworker.engines.dagu.rules: an "
+        "engine's room imports no other engine's"]
+    assert violations("from stateworker.engines.keeperhub.rules import isolated\n",
+                      "stateworker.engines.common") == [
+        "stateworker.engines.common imports stateworker.engines.keeperhub.rules: an "
+        "engine's room imports no other engine's"]
+    assert violations("from stateworker.engines.moco import rules, schemas\n"
+                      "from stateworker.engines.common import renamed\n",
+                      "stateworker.engines.moco.functions") == []
+    assert violations("from stateworker.engines import dagu, keeperhub, moco\n",
+                      ENGINES_JOINED) == []
+    assert violations("from stateworker.engines.keeperhub import rules\n",
+                      "stateworker.state.functions") == [
+        "stateworker.state.functions (state) imports stateworker.engines.keeperhub.rules "
+        "(engines)"]

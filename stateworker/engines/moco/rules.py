@@ -1,76 +1,38 @@
-"""moco's State Store Activities: their `input_data` shapes and results, and the namespace rule.
-
-Requests are exactly the fields moco documents; any other field is refused (a misspelt
-`in_global_ns` must not silently write to a user's private namespace instead of the shared one).
+"""moco's rules: a request decoded with moco's texts (the field at fault named, unknown
+fields refused), `limit` / `offset`, and namespaces: `<user_id>:<namespace>` or
+`<namespace>` (which is the native scope), the user from the call's context, secret
+namespaces refused with moco's own error.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import msgspec
-from msgspec import Raw, Struct
+from msgspec import Struct
 
 from stateworker.context import CallContext
-from stateworker.errors import InvalidContext, InvalidRequest, KeyTooLong, ReservedNamespace
+from stateworker.engines.moco.schemas import NamespaceRequest
+from stateworker.errors import InvalidContext, InvalidRequest, KeyTooLong, StateError, register
 from stateworker.settings import Settings
 from stateworker.state import validate
 
 SECRET = "secret"  # moco keeps secrets in the same table, under `secret` and `<user_id>:secret`
-CACHED_CHARS = 1024  # longer namespace + user id: resolved each time (memory: dagu_rules)
+CACHED_CHARS = 1024  # longer namespace + user id: resolved each time (memory: dagu/rules.py)
 
 
-# ---- requests (moco's `input_data`) -----------------------------------------------------------
-class NamespaceRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    namespace: str
-    in_global_ns: bool = False
+@register  # (a client raises this class for its code: errors.error_from)
+class ReservedNamespace(StateError):
+    """moco's ReservedNamespaceError: the namespace `secret` or `<anyone>:secret`, which hold
+    secrets, named to a `builtin.state.*` function. The code is moco's own class name, so a
+    moco caller catches what it always caught (the Python client raises this class)."""
+
+    code = "ReservedNamespaceError"
 
 
-class KeyRequest(NamespaceRequest, kw_only=True):
-    """get_state, get_state_with_ts, del_state."""
-
-    key: str
-
-
-class SetStateRequest(KeyRequest, kw_only=True):
-    value: Raw
-    topic: str | None = None  # omitted: the row's earlier topic is cleared (moco's rule)
-
-
-class UpdateTopicRequest(KeyRequest, kw_only=True):
-    topic: str | None = None  # null or omitted: the tag is cleared
-
-
-class ListStatesRequest(NamespaceRequest, kw_only=True):
-    key_pattern: str | None = None
-    topic_pattern: str | None = None
-    limit: int | None = None  # null: every row
-    offset: int | None = None
-    order_by: Literal["key", "last_update_time", "topic"] = "key"
-    order_direction: Literal["asc", "desc"] = "asc"
-
-
-class DeleteByTopicRequest(NamespaceRequest, kw_only=True):
-    topic_pattern: str
-
-
-class ListNamespacesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    name_pattern: str | None = None
-    limit: int | None = None  # null: every namespace
-    in_global_ns: bool = False
-
-
-# ---- results ----------------------------------------------------------------------------------
-class StateWithTs(Struct):
-    value: Raw
-    last_update_time: str | None
-
-
-class StateRow(Struct):
-    key: str
-    topic: str | None
+ReservedNamespaceError = ReservedNamespace  # moco's name for it
 
 
 # ---- decoding ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Isolation from the call's context (KeeperHub's rule): a native call with
+"""KeeperHub's isolation from the call's context: a native call with
 `"isolation": "workflow"` names no scope; its scope is the workflow's own,
 `wf/<context.org_id>/<context.workflow_id>`, taken from the bus entry's `context` and never
 from the body. A front-end that always sends it gives each workflow state that no body can
@@ -15,6 +15,7 @@ import msgspec
 from stateworker.context import CallContext
 from stateworker.errors import InvalidContext, InvalidRequest
 from stateworker.state import validate
+from stateworker.state.functions import SCOPED
 
 MARKER = b'"isolation"'  # bodies without it (nearly all) are passed on untouched
 MODES = ("workflow",)
@@ -58,11 +59,12 @@ _ASKED = msgspec.json.Decoder(_Asked)
 _WORKFLOW = b'"workflow"'  # (the mode as it is nearly always written)
 
 
-def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> bytes:
-    """`body` with its scope set from the context when it asks for isolation; other bodies
-    as they are. `scoped`: the functions that take a scope. (The scope is written in front
-    of the body's own fields rather than the body encoded again: this runs on every
-    isolated call; `isolation` stays, a field the native functions ignore.)"""
+def isolated(fn: str, body: bytes, ctx: CallContext) -> bytes:
+    """`body` of the native function `fn` with its scope set from the context when it asks
+    for isolation; other bodies as they are (a `Catalog`'s rewrite: engines/catalog.py).
+    (The scope is written in front of the body's own fields rather than the body encoded
+    again: this runs on every isolated call; `isolation` stays, a field the native
+    functions ignore.)"""
     if MARKER not in body:
         return body
     try:
@@ -79,7 +81,7 @@ def isolated(fn: str, body: bytes, ctx: CallContext, scoped: frozenset[str]) -> 
             raise InvalidRequest(f"$.isolation: must be one of {', '.join(MODES)} (or null), "
                                  f"got {bytes(asked.isolation).decode()[:100]}",
                                  {"path": "$.isolation"})
-    if fn not in scoped:
+    if fn not in SCOPED:
         raise InvalidRequest(f"$.isolation: {fn} takes no scope, so it cannot be isolated",
                              {"path": "$.isolation"})
     if asked.scope:

@@ -1,7 +1,7 @@
 """Dagu's state executor actions (`state.get`, `state.set`, `state.delete`, `state.list`,
 `state.diff`) over the native state functions.
 
-A call's body is the step's `with:` fields (dagu_rules.py: decoded, checked with Dagu's texts,
+A call's body is the step's `with:` fields (rules.py: decoded, checked with Dagu's texts,
 placed in the native scope `dagu/<scope>/<namespace>`); each action builds the native request
 and runs the native function (`state::get-entry`, `set`, `delete`, `list-entries`, `diff`), so
 it is validated, written, evented and triggered as the native call is; the result is Dagu's
@@ -15,12 +15,21 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import UNSET, Raw, UnsetType
 
 from stateworker.context import CallContext
-from stateworker.engines import dagu_rules as rules
 from stateworker.engines.common import SCOPE_AS_NAMESPACE, raise_as_namespace
-from stateworker.engines.dagu_rules import DaguRequest, Place
+from stateworker.engines.dagu import rules, specs
+from stateworker.engines.dagu.rules import Place, go_time
+from stateworker.engines.dagu.schemas import (
+    DaguRequest,
+    DeleteOutput,
+    DiffOutput,
+    GetOutput,
+    ListedOutput,
+    ListOutput,
+    SetOutput,
+)
 from stateworker.errors import NotFound, StateError
 from stateworker.schemas import (
     NULL,
@@ -35,74 +44,12 @@ from stateworker.schemas import (
     SetRequest,
     SetResult,
 )
+from stateworker.specs import Spec
 from stateworker.state import functions
-from stateworker.state.functions import Prepare
 from stateworker.state.listing import MAX_LIMIT as PAGE_LIMIT
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import Arg
-
-
-# ---- Dagu's outputs ------------------------------------------------------------------------------
-class Placed(Struct, kw_only=True):
-    operation: str
-    scope: str
-    namespace: str
-
-
-class Keyed(Placed, kw_only=True):
-    key: str
-
-
-class GetOutput(Keyed, kw_only=True, omit_defaults=True):
-    found: bool
-    version: int | UnsetType = UNSET
-    hash: str | UnsetType = UNSET
-    value: Raw | UnsetType = UNSET  # a miss: the default, when one was given
-
-
-class SetOutput(Keyed, kw_only=True):
-    version: int
-    hash: str
-    created: bool
-
-
-class DeleteOutput(Keyed, kw_only=True):
-    deleted: bool
-
-
-class ListedOutput(Struct, kw_only=True, omit_defaults=True):
-    scope: str
-    namespace: str
-    key: str
-    version: int
-    hash: str
-    created_at: str = msgspec.field(name="createdAt")
-    updated_at: str = msgspec.field(name="updatedAt")
-    value: Raw | UnsetType = UNSET  # only with include_values
-
-
-class ListOutput(Placed, kw_only=True, omit_defaults=True):
-    prefix: str = ""
-    entries: list[ListedOutput]
-
-
-class DiffOutput(Keyed, kw_only=True, omit_defaults=True):
-    changed: bool
-    found_previous: bool = msgspec.field(name="foundPrevious")
-    previous_version: int = msgspec.field(default=0, name="previousVersion")
-    version: int = 0
-    hash: str = ""
-    previous: Raw | UnsetType = UNSET
-    current: Raw
-
-
-def go_time(text: str | None) -> str:
-    """An RFC 3339 time in milliseconds as Go's RFC3339Nano writes it: the fraction's
-    trailing zeros dropped, and the fraction with them when it is zero."""
-    head, _, fraction = (text or "").removesuffix("Z").partition(".")
-    fraction = fraction.rstrip("0")
-    return f"{head}.{fraction}Z" if fraction else f"{head}Z"
 
 
 # ---- the actions ---------------------------------------------------------------------------------
@@ -266,23 +213,30 @@ def _compare(state: RedisState, where: Place, key: str, digest: str, expected: i
     return then(plan, answer)
 
 
-def served(action: Callable[[RedisState, DaguRequest, CallContext], Plan]) -> Prepare:
-    """`action` on a JSON body; its errors in Dagu's terms (an action whose plan may end in
-    CONFLICT or VALUE_TOO_LARGE says them in Dagu's terms itself: rules.in_dagu_texts)."""
+def served(spec: Spec, action: Callable[[RedisState, DaguRequest, CallContext], Plan]
+           ) -> functions.Served:
+    """`spec`'s action, on a JSON body or a request Struct; its errors in Dagu's terms (an
+    action whose plan may end in CONFLICT or VALUE_TOO_LARGE says them in Dagu's terms itself:
+    rules.in_dagu_texts)."""
+    def typed(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
+        try:
+            return action(state, req, ctx)
+        except StateError as exc:
+            rules.raise_in_dagu_terms(exc)
+
     def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
         try:
             return action(state, rules.decode(body), ctx)
         except StateError as exc:
             rules.raise_in_dagu_terms(exc)
 
-    return prepare_call
+    return functions.Served(spec, typed, prepare_call)
 
 
-FUNCTIONS: dict[str, Prepare] = {
-    "state.get": served(dagu_get),
-    "state.set": served(dagu_set),
-    "state.delete": served(dagu_delete),
-    "state.list": served(dagu_list),
-    "state.diff": served(dagu_diff),
-}
-READS: frozenset[str] = frozenset({"state.get", "state.list"})
+SERVED: tuple[functions.Served, ...] = (
+    served(specs.GET, dagu_get),
+    served(specs.SET, dagu_set),
+    served(specs.DELETE, dagu_delete),
+    served(specs.LIST, dagu_list),
+    served(specs.DIFF, dagu_diff),
+)

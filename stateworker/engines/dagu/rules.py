@@ -1,5 +1,5 @@
-"""Dagu's state steps as Dagu reads them: the `with:` fields, where a key lives, the checks
-with Dagu's own texts, and the value as Dagu stores it.
+"""Dagu's state steps as Dagu reads them: the `with:` fields decoded (schemas.py), where a
+key lives, the checks with Dagu's own texts, and the value as Dagu stores it.
 
 Dagu's texts come in three families, each with its prefix: `state: configuration error: ...`
 (the step's configuration: key, value, limit, scope), `dag state: invalid ref: ...` (a
@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import UNSET, Raw
 
 from stateworker import codec
 from stateworker.context import CallContext
+from stateworker.engines.dagu.schemas import DaguRequest
 from stateworker.errors import (
     Conflict,
     InvalidContext,
@@ -46,27 +47,6 @@ _QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r
                   "\t": "\\t", "\v": "\\v", "\\": "\\\\", '"': '\\"'}
 _UNKNOWN_FIELD = re.compile(r"unknown field `(.*)`")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
-
-
-class DaguRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """A state step's `with:` fields, every one for every action, as Dagu's executor takes
-    them (an unknown field is refused: Dagu decodes with ErrorUnused). `null` is "not given"
-    except for `value` and `default`, where `null` is the value."""
-
-    scope: str | None = None
-    namespace: str | None = None
-    key: str | None = None
-    prefix: str | None = None
-    value: Raw | UnsetType = UNSET
-    default: Raw | UnsetType = UNSET
-    expected_version: int | str | None = None  # Dagu decodes weakly: "3" is 3
-    create_only: bool | None = None
-    required: bool | None = None
-    update: bool | None = None
-    limit: int | None = None
-    include_values: bool | None = None
-
-
 FIELDS = tuple(DaguRequest.__struct_fields__)
 
 
@@ -101,6 +81,14 @@ def go_quote(text: str) -> str:
             out.append(f"\\U{code:08x}")
     out.append('"')
     return "".join(out)
+
+
+def go_time(text: str | None) -> str:
+    """An RFC 3339 time in milliseconds as Go's RFC3339Nano writes it: the fraction's
+    trailing zeros dropped, and the fraction with them when it is zero."""
+    head, _, fraction = (text or "").removesuffix("Z").partition(".")
+    fraction = fraction.rstrip("0")
+    return f"{head}.{fraction}Z" if fraction else f"{head}Z"
 
 
 def configuration_error(text: str, field: str) -> InvalidRequest:

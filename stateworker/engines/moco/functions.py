@@ -1,6 +1,6 @@
 """moco's State Store Activities (`builtin.state.*`) over the native state functions.
 
-Each activity resolves its namespace (moco_schemas.resolve: the native scope), builds the
+Each activity resolves its namespace (rules.resolve: the native scope), builds the
 native request and calls the native function, so it is checked, written, evented and
 triggered exactly as that call; only its result is reshaped to moco's. docs/moco.md is the
 user's guide.
@@ -16,8 +16,9 @@ import msgspec
 
 from stateworker import schemas
 from stateworker.context import CallContext
-from stateworker.engines import moco_schemas as m
 from stateworker.engines.common import SCOPE_AS_NAMESPACE, raise_as_namespace, renamed
+from stateworker.engines.moco import rules, specs
+from stateworker.engines.moco import schemas as moco
 from stateworker.errors import StateError
 from stateworker.schemas import (
     NULL,
@@ -27,8 +28,8 @@ from stateworker.schemas import (
     ListEntriesRequest,
     ListEntriesResult,
 )
+from stateworker.specs import Spec
 from stateworker.state import functions, listing, validate
-from stateworker.state.functions import Prepare
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
 
@@ -54,8 +55,8 @@ def answered_null(plan: Plan) -> Plan:
 
 # (set_state and get_state, the common calls, name the native errors without a `with`: it
 # costs two calls more on their path, docs/architecture.md "What a translation costs".)
-def set_state(state: RedisState, req: m.SetStateRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def set_state(state: RedisState, req: moco.SetStateRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     try:
         # topic None clears an earlier tag: moco's set_state always writes the topic column.
         plan = functions.state_set(state, schemas.SetRequest(
@@ -65,8 +66,8 @@ def set_state(state: RedisState, req: m.SetStateRequest, ctx: CallContext) -> Pl
     return answered_null(plan)
 
 
-def get_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def get_state(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     try:
         return functions.state_get(state, schemas.GetRequest(scope, req.key), ctx)
     except StateError as exc:
@@ -79,29 +80,29 @@ def iso_utc(rfc3339: str) -> str:
     return rfc3339.removesuffix("Z") + "+00:00"
 
 
-def get_state_with_ts(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def get_state_with_ts(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
         plan = functions.state_get_entry(state, schemas.GetEntryRequest(scope, req.key), ctx)
 
-    def reshape(entry: EntryResult) -> m.StateWithTs:
+    def reshape(entry: EntryResult) -> moco.StateWithTs:
         if not entry.found or not isinstance(entry.updated_at, str):
-            return m.StateWithTs(NULL, None)
+            return moco.StateWithTs(NULL, None)
         assert isinstance(entry.value, msgspec.Raw)
-        return m.StateWithTs(entry.value, iso_utc(entry.updated_at))
+        return moco.StateWithTs(entry.value, iso_utc(entry.updated_at))
 
     return then(plan, reshape)
 
 
-def del_state(state: RedisState, req: m.KeyRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def del_state(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
         plan = functions.state_delete(state, schemas.DeleteRequest(scope, req.key), ctx)
     return answered_null(plan)
 
 
-def update_topic(state: RedisState, req: m.UpdateTopicRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def update_topic(state: RedisState, req: moco.UpdateTopicRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
         # A missing key: native update-topic answers {updated: false} and writes nothing.
         plan = functions.state_update_topic(
@@ -109,8 +110,8 @@ def update_topic(state: RedisState, req: m.UpdateTopicRequest, ctx: CallContext)
     return answered_null(plan)
 
 
-def delete_by_topic(state: RedisState, req: m.DeleteByTopicRequest, ctx: CallContext) -> Plan:
-    scope = m.resolve(state.settings, ctx, req)
+def delete_by_topic(state: RedisState, req: moco.DeleteByTopicRequest, ctx: CallContext) -> Plan:
+    scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE, renamed("topic", "topic_pattern"):
         plan = functions.state_delete_by_topic(
             state, schemas.DeleteByTopicRequest(scope, req.topic_pattern), ctx)
@@ -121,11 +122,11 @@ def delete_by_topic(state: RedisState, req: m.DeleteByTopicRequest, ctx: CallCon
     return then(plan, deleted)
 
 
-def list_states(state: RedisState, req: m.ListStatesRequest, ctx: CallContext) -> Plan:
+def list_states(state: RedisState, req: moco.ListStatesRequest, ctx: CallContext) -> Plan:
     """Pages of native list-entries (at most listing.MAX_LIMIT rows each, walked with its
     `next_after` cursor) until `limit` rows, or every row when it is null."""
-    scope = m.resolve(state.settings, ctx, req)
-    wanted, offset = m.count("limit", req.limit), m.count("offset", req.offset)
+    scope = rules.resolve(state.settings, ctx, req)
+    wanted, offset = rules.count("limit", req.limit), rules.count("offset", req.offset)
     validate.pattern("key_pattern", req.key_pattern)  # (before the prefix taken from it)
     native = ListEntriesRequest(
         scope=scope, prefix=literal_start(req.key_pattern), key_pattern=req.key_pattern,
@@ -140,7 +141,7 @@ class _StatesListing:
 
     def __init__(self, state: RedisState, ctx: CallContext, wanted: int | None) -> None:
         self.state, self.ctx, self.wanted = state, ctx, wanted
-        self.rows: list[m.StateRow] = []
+        self.rows: list[moco.StateRow] = []
 
     def pages(self, page_req: ListEntriesRequest) -> Plan:
         with SCOPE_AS_NAMESPACE:
@@ -148,9 +149,9 @@ class _StatesListing:
         return then(plan, functools.partial(self.more, page_req))
 
     def more(self, page_req: ListEntriesRequest, page: ListEntriesResult
-             ) -> list[m.StateRow] | Plan:
+             ) -> list[moco.StateRow] | Plan:
         rows, wanted = self.rows, self.wanted
-        rows.extend(m.StateRow(entry.key, entry.topic) for entry in page.entries)
+        rows.extend(moco.StateRow(entry.key, entry.topic) for entry in page.entries)
         if wanted == 0:  # (the page of 1 only checked the request)
             return []
         left = None if wanted is None else wanted - len(rows)
@@ -174,18 +175,18 @@ def literal_start(pattern: str | None) -> str | None:
     return pattern.split("*", 1)[0] or None
 
 
-def list_namespaces(state: RedisState, req: m.ListNamespacesRequest, ctx: CallContext) -> Plan:
+def list_namespaces(state: RedisState, req: moco.ListNamespacesRequest, ctx: CallContext) -> Plan:
     """Native list_groups (every scope holding an entry, reserved and claimed ones left out;
     list-namespaces is the same read, cut at 1000 with no cursor), then moco's filters."""
-    limit = m.count("limit", req.limit)
+    limit = rules.count("limit", req.limit)
     validate.pattern("name_pattern", req.name_pattern)
-    own = None if req.in_global_ns else m.user_id(ctx) + ":"
+    own = None if req.in_global_ns else rules.user_id(ctx) + ":"
     parts = None if req.name_pattern is None else listing.glob_parts(req.name_pattern)
 
     def names(groups: GroupsResult) -> list[str]:
         found = []
         for scope in groups.groups:
-            if m.is_secret(scope):
+            if rules.is_secret(scope):
                 continue
             if own is None:
                 name = scope if ":" not in scope else None  # a user's scope always has one
@@ -199,32 +200,29 @@ def list_namespaces(state: RedisState, req: m.ListNamespacesRequest, ctx: CallCo
     return then(plan, names)
 
 
-def served(name: str, request_type: type[R],
-           function: Callable[[RedisState, R, CallContext], Plan]) -> tuple[str, Prepare]:
-    """`builtin.state.<name>`: `function` on a JSON body decoded as `request_type`
-    (moco_schemas.request)."""
-    fn = f"builtin.state.{name}"
+def served(spec: Spec, function: Callable[[RedisState, R, CallContext], Plan]
+           ) -> functions.Served:
+    """`spec`'s activity: `function` on a JSON body decoded as its request (rules.request)."""
+    fn, request_type = spec.name, spec.request
     decoder = msgspec.json.Decoder(request_type)
 
     def prepare_call(state: RedisState, body: bytes, ctx: CallContext) -> Plan:
         try:
             req = decoder.decode(body)  # (a well-formed body: one C call)
         except (msgspec.DecodeError, RecursionError):
-            req = m.request(fn, body, request_type)  # (raises, naming the field)
+            req = rules.request(fn, body, request_type)  # (raises, naming the field)
         return function(state, req, ctx)
 
-    return fn, prepare_call
+    return functions.Served(spec, function, prepare_call)
 
 
-FUNCTIONS: dict[str, Prepare] = dict([
-    served("set_state", m.SetStateRequest, set_state),
-    served("get_state", m.KeyRequest, get_state),
-    served("get_state_with_ts", m.KeyRequest, get_state_with_ts),
-    served("del_state", m.KeyRequest, del_state),
-    served("list_states", m.ListStatesRequest, list_states),
-    served("list_namespaces", m.ListNamespacesRequest, list_namespaces),
-    served("update_topic", m.UpdateTopicRequest, update_topic),
-    served("delete_by_topic", m.DeleteByTopicRequest, delete_by_topic),
-])
-READS: frozenset[str] = frozenset(f"builtin.state.{name}" for name in (
-    "get_state", "get_state_with_ts", "list_states", "list_namespaces"))
+SERVED: tuple[functions.Served, ...] = (
+    served(specs.SET_STATE, set_state),
+    served(specs.GET_STATE, get_state),
+    served(specs.GET_STATE_WITH_TS, get_state_with_ts),
+    served(specs.DEL_STATE, del_state),
+    served(specs.LIST_STATES, list_states),
+    served(specs.LIST_NAMESPACES, list_namespaces),
+    served(specs.UPDATE_TOPIC, update_topic),
+    served(specs.DELETE_BY_TOPIC, delete_by_topic),
+)
