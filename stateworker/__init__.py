@@ -3,7 +3,7 @@
 from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
-from stateworker.engines.catalog import IN_PROCESS
+from stateworker.engines.catalog import CATALOG
 from stateworker.engines.moco.rules import ReservedNamespaceError
 from stateworker.errors import (
     BarrierConfig,
@@ -26,10 +26,10 @@ from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
 
-# The engines plugged into the layers below them: an in-process StateStore.call takes the
-# native functions' options as the bus service does (KeeperHub's isolation); moco's error
-# is mapped back to its class by every client (engines/moco/rules.py registers it).
-StateStore.catalog = IN_PROCESS
+# The engines plugged into the layers below them: an in-process StateStore serves what the
+# bus service serves (the engines' functions, and KeeperHub's isolation on the native ones);
+# moco's error is mapped back to its class by every client (engines/moco/rules.py registers it).
+StateStore.catalog = CATALOG
 
 __all__ = [
     "ABSENT",

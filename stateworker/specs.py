@@ -241,7 +241,7 @@ def table(every: tuple[Spec, ...]) -> list[str]:
             "|---|---|---|---|---|"]
     for spec in every:
         method = (f"`{spec.method}({', '.join(spec.params)})`" if spec.engine == "state"
-                  else f"`typed({spec.engine}.{spec.method.upper()}, ...)`")
+                  else f"`typed({spec.engine}.specs.{spec.method.upper()}, request)`")
         rows.append(f"| `{spec.name}` | {spec.engine} | {'yes' if spec.read_only else ''} | "
                     f"{method} | {spec.doc} |")
     return rows

@@ -9,8 +9,7 @@ from stateworker.state.functions import NATIVE
 
 ENGINES = (moco, dagu, keeperhub)
 SPECS: tuple[Spec, ...] = tuple(spec for engine in ENGINES for spec in engine.SPECS)
+# What the bus service serves, and an in-process `StateStore` alike (stateworker/__init__.py
+# gives it to every StateStore): the native functions with their options, and the engines'.
 CATALOG = NATIVE.joined(tuple(entry for engine in ENGINES for entry in engine.SERVED),
                         keeperhub.REWRITE)
-# What an in-process `StateStore` serves (stateworker/__init__.py gives it to every
-# StateStore): the native functions only, with their options as on the bus.
-IN_PROCESS = NATIVE.joined((), keeperhub.REWRITE)

@@ -35,7 +35,8 @@ class StateStore(KeyValueMethods):
 
     # What `call`, `call_json` and `typed` serve: the native functions, with the option every
     # native function takes, which lives above this layer (KeeperHub's isolation):
-    # stateworker/__init__.py sets engines/catalog.py's IN_PROCESS here, before any store opens.
+    # stateworker/__init__.py sets engines/catalog.py's CATALOG here (the engines' functions
+    # too), before any store opens.
     catalog: ClassVar[functions.Catalog] = functions.NATIVE
 
     def __init__(self, state: RedisState) -> None:
