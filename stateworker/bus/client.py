@@ -27,6 +27,7 @@ import anyio
 import msgspec
 
 from stateworker import codec
+from stateworker.bus.protocol import call_entry
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
@@ -39,13 +40,13 @@ from stateworker.errors import (
     timeout_text,
 )
 from stateworker.events.watch import Watch
-from stateworker.keys import reply_prefix
+from stateworker.keys import bus_stream, reply_prefix
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
-from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
 class StateClient(TypedCalls):
@@ -89,7 +90,7 @@ class StateClient(TypedCalls):
         self.settings = settings or Settings.from_env(redis_url=redis_url)
         self.url = client_url(self.settings)
         check_url(self.url)
-        self.stream = f"{self.settings.prefix}:bus:{service}"
+        self.stream = bus_stream(self.settings.prefix, service)
         self.reply_key = reply_prefix(self.settings.prefix) + uuid.uuid4().hex
         self.timeout = timeout
         self.retries = retries
@@ -215,12 +216,8 @@ class StateClient(TypedCalls):
         end = start + wait_s
         if deadline_ms is None:
             deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        fields: list[Arg] = ["XADD", self.stream, "*", "id", call_id, "fn", fn, "body", body,
-                             "reply", self.reply_key, "deadline_ms", deadline_ms]
-        if self.caller:
-            fields += ["caller", self.caller]
-        if context:
-            fields += ["context", msgspec.json.encode(dict(context))]
+        fields = call_entry(self.stream, call_id, fn, body, self.reply_key, deadline_ms,
+                            self.caller, context)
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream

@@ -38,6 +38,7 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import call_entry
 from stateworker.errors import StateError
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.reactive import trimming
@@ -316,9 +317,8 @@ class Dispatcher:
                 return None
         elif matcher.condition is not None and not await self._condition(matcher, event, call_id):
             return None
-        stream = f"{self.state.settings.prefix}:bus:{trigger.service}"
-        return ["XADD", stream, "*", "id", call_id, "fn", trigger.function_id,
-                "body", document_json(event, payload), "reply", "", "caller", "state"]
+        return call_entry(self.state.keys.bus_stream(trigger.service), call_id,  # no reply
+                          trigger.function_id, document_json(event, payload), "", caller="state")
 
     async def _barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
         """The barrier's decision for this arrival (its token: the handler call's id, so a
