@@ -96,14 +96,16 @@ class Dispatcher:
         self._opening = anyio.Lock()  # one condition client per service, however many ask
 
     # ---- the loop ----------------------------------------------------------------------------
-    async def run(self) -> None:
-        """Dispatch until `stop()` (or cancelled); gives its leases back on the way out."""
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch until `stop()`, leases given back at the end; started once the reader connects."""
         backoff = Backoff()
         log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
         try:
             # The condition clients live in tasks of their own in this group.
             async with anyio.create_task_group() as self._tg:
                 with self._scope:
+                    await self._reader.try_connect()  # (Redis away: the reads retry)
+                    task_status.started()
                     while True:
                         try:
                             await self._step()
