@@ -142,7 +142,7 @@ async def _dispatch_backlog(url: str) -> float:
             for w in range(64):
                 tg.start_soon(writer, w)
         dispatcher = Dispatcher(store.state)
-        sink = f"{settings.prefix}:bus:backlogsink"
+        sink = store.state.keys.bus_stream("backlogsink")
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
             tg.start_soon(dispatcher.run)

@@ -143,6 +143,10 @@ class KeySpace:
             barriers_changed=f"{tag}barriers_changed",
         )
 
+    def bus_stream(self, service: str) -> str:
+        """The call stream of `service` (a trigger's handler calls go there)."""
+        return bus_stream(self.prefix, service)
+
     def call_claim(self, call_id: str) -> str:
         """Binds a bus call id to its first call across every partition (its own hash tag:
         one slot per id on a cluster)."""
@@ -176,7 +180,7 @@ class BusKeys:
     def __init__(self, prefix: str, service: str) -> None:
         self.prefix = prefix
         self.service = service
-        self.stream = f"{prefix}:bus:{service}"
+        self.stream = bus_stream(prefix, service)
         self.group = service
         self.stats_key = stats_key(prefix, service)
         self.reply_prefix = reply_prefix(prefix)
@@ -184,6 +188,11 @@ class BusKeys:
     def record(self, call_id: str) -> str:
         """A user worker's record of a call's reply (the state service records in-script)."""
         return f"{self.stream}:done:{{{call_id}}}"
+
+
+def bus_stream(prefix: str, service: str) -> str:
+    """A service's call stream (its consumer group is named after the service)."""
+    return f"{prefix}:bus:{service}"
 
 
 def reply_prefix(prefix: str) -> str:

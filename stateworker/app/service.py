@@ -1,7 +1,8 @@
 """The state service: the `state::*` functions on the bus. Lifecycle only: start in order
-(Redis and its checks, scripts, the TTL reaper, the bus, the trigger dispatcher, the
-PostgreSQL snapshot when `postgres_url` is set), run the loops in one task group, drain on
-stop.
+(PostgreSQL connected and migrated when `postgres_url` is set; Redis opened once, its checks
+and scripts; the repair at start on that state and that PostgreSQL connection; the registry
+follower, the TTL reaper, the bus, the trigger dispatcher, the snapshot), run the loops in
+one task group, drain on stop.
 
 A Redis that is loading its dataset (or BUSY ...) at start is waited for, at most
 `START_WAIT_S`; one that refuses connections is reported at once (a wrong URL should not
@@ -28,6 +29,7 @@ from stateworker.schemas import encoder
 from stateworker.settings import Settings
 from stateworker.snapshot.repair import repair_at_start
 from stateworker.snapshot.snapshotter import Snapshotter, prepare
+from stateworker.snapshot.tables import PgConnection
 from stateworker.state import functions, lifecycle
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
@@ -67,7 +69,9 @@ class StateService:
     """`async with StateService.running(settings) as service:` serves until the block ends,
     then stops intake and answers every call already read."""
 
-    def __init__(self, state: RedisState, options: BusOptions) -> None:
+    def __init__(self, state: RedisState, options: BusOptions,
+                 pg: PgConnection | None = None) -> None:
+        """`pg`: the start's PostgreSQL connection (`prepare`'s), the snapshotter's to keep."""
         self.state = state
         self.bus = Bus(state.settings.prefix, STATE_SERVICE)
         # The one start line says what a reply promises (durability and how it is kept).
@@ -77,40 +81,47 @@ class StateService:
                                   describe=durability)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
-        self.snapshotter = Snapshotter(state, url) if url else None
+        self.snapshotter = Snapshotter(state, url, pg) if url else None
 
     @classmethod
     @asynccontextmanager
     async def running(cls, settings: Settings, options: BusOptions | None = None
                       ) -> AsyncIterator[StateService]:
-        if settings.redis_url is not None:
-            await _wait_while_loading(settings)
-        await prepare(settings)
-        await repair_at_start(settings)
-        async with lifecycle.open_state(settings=settings, reaper=True) as state:
-            service = cls(state, options or BusOptions())
-            async with anyio.create_task_group() as tg:
-                await tg.start(service.runtime.run)
-                if service.dispatcher is not None:
-                    tg.start_soon(service.dispatcher.run)
-                if service.snapshotter is not None:
-                    tg.start_soon(service.snapshotter.run)
-                try:
-                    yield service
-                finally:
-                    service.runtime.stop()
+        # One start: PostgreSQL connected and migrated once (the repair reads it, then the
+        # snapshotter keeps it); Redis opened once, waited for on the state's own connection,
+        # checked and repaired before the registry follower loads from it; then every loop,
+        # each started (`task_status`) before the next, so a failed start is raised here.
+        pg = await prepare(settings)
+        try:
+            ready = _wait_while_loading if settings.redis_url is not None else None
+            state = await lifecycle.connect(settings, ready)
+            async with lifecycle.running(state, reaper=True,
+                                         before=lambda opened: repair_at_start(opened, pg)):
+                service = cls(state, options or BusOptions(), pg)
+                async with anyio.create_task_group() as tg:
+                    await tg.start(service.runtime.run)
                     if service.dispatcher is not None:
-                        service.dispatcher.stop()
+                        await tg.start(service.dispatcher.run)
                     if service.snapshotter is not None:
-                        service.snapshotter.stop()
+                        await tg.start(service.snapshotter.run)
+                    try:
+                        yield service
+                    finally:
+                        service.runtime.stop()
+                        if service.dispatcher is not None:
+                            service.dispatcher.stop()
+                        if service.snapshotter is not None:
+                            service.snapshotter.stop()
+        finally:
+            if pg is not None:  # (closed by the snapshotter already, unless it never ran)
+                with anyio.CancelScope(shield=True):
+                    await pg.close()
 
 
-async def _wait_while_loading(settings: Settings) -> None:
-    """Wait (backoff, at most START_WAIT_S) while Redis answers LOADING, BUSY ...; anything
-    else, a refused connection included, is left to the checks that follow to report."""
-    assert settings.redis_url is not None
-    conn = RedisConnection(settings.redis_url, connect_timeout_s=settings.connect_timeout_s,
-                           read_timeout_s=settings.read_timeout_s)
+async def _wait_while_loading(conn: RedisConnection) -> None:
+    """Wait (backoff, at most START_WAIT_S) while Redis answers LOADING, BUSY ... on the
+    state's connection; anything else, a refused connection included, is left to the checks
+    that follow to report."""
     told = False
 
     def waiting(error: BaseException) -> None:
@@ -123,11 +134,8 @@ async def _wait_while_loading(settings: Settings) -> None:
                         conn.shown, error, START_WAIT_S,
                         extra={"event": "service.waiting", "redis": conn.shown})
 
-    try:
-        with contextlib.suppress(ConnectionLost, ReplyError):  # the checks report these
-            await wait_ready(conn, START_WAIT_S, waiting)
-    finally:
-        await conn.close()
+    with contextlib.suppress(ConnectionLost, ReplyError):  # the checks report these
+        await wait_ready(conn, START_WAIT_S, waiting)
 
 
 async def serve(settings: Settings, options: BusOptions | None = None,

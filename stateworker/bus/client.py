@@ -27,18 +27,19 @@ import anyio
 import msgspec
 
 from stateworker import codec
+from stateworker.bus.protocol import call_entry
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from
 from stateworker.events.watch import Watch
-from stateworker.keys import reply_prefix
+from stateworker.keys import bus_stream, reply_prefix
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection, check_url, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
-from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
 def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
@@ -104,7 +105,7 @@ class StateClient(TypedCalls):
         self.settings = settings or Settings.from_env(redis_url=redis_url)
         self.url = client_url(self.settings)
         check_url(self.url)
-        self.stream = f"{self.settings.prefix}:bus:{service}"
+        self.stream = bus_stream(self.settings.prefix, service)
         self.reply_key = reply_prefix(self.settings.prefix) + uuid.uuid4().hex
         self.timeout = timeout
         self.retries = retries
@@ -230,12 +231,8 @@ class StateClient(TypedCalls):
         end = start + wait_s
         if deadline_ms is None:
             deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        fields: list[Arg] = ["XADD", self.stream, "*", "id", call_id, "fn", fn, "body", body,
-                             "reply", self.reply_key, "deadline_ms", deadline_ms]
-        if self.caller:
-            fields += ["caller", self.caller]
-        if context:
-            fields += ["context", msgspec.json.encode(dict(context))]
+        fields = call_entry(self.stream, call_id, fn, body, self.reply_key, deadline_ms,
+                            self.caller, context)
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream

@@ -16,7 +16,9 @@ group, run them concurrently, reply, then acknowledge.
 
 Here: the options (`BusOptions`), a call as read (`Call`), what a service gives the runtime
 (`Handler`: one call at a time; `BatchHandler`: calls as plans, run together), the names
-(`Bus`), parsing an entry, the reply document. The loops: bus/runtime.py.
+(`Bus`, from keys.py), the call entry (`call_entry` writes it, `parse_entry` reads it) and
+the reply document (`reply_document` writes it, `parse_reply` reads it). The loops:
+bus/runtime.py.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +42,7 @@ from stateworker.errors import (
 )
 from stateworker.keys import BusKeys
 from stateworker.transport.plans import Plan, Sent
+from stateworker.transport.wire import Arg
 
 log = logging.getLogger("stateworker.bus")
 
@@ -102,12 +105,54 @@ class Bus(BusKeys):
         return key.startswith(self._replies) and len(key) > len(self._replies)
 
 
+def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
+               deadline_ms: int | None = None, caller: str | None = None,
+               context: Mapping[str, Any] | None = None) -> list[Arg]:
+    """The XADD of one call (README "The bus protocol"): `id fn body reply`, then the optional
+    `deadline_ms`, `caller` and `context` (a JSON object), each only when given. `reply` is
+    the reply list's key, "" for fire-and-forget. Built as one list, as the client's send path
+    did inline: a caller's call costs nothing more for it."""
+    command: list[Arg]
+    if deadline_ms is None:
+        command = ["XADD", stream, "*", "id", call_id, "fn", fn, "body", body, "reply", reply]
+    else:  # (the client's case: one list, built at once)
+        command = ["XADD", stream, "*", "id", call_id, "fn", fn, "body", body, "reply", reply,
+                   "deadline_ms", deadline_ms]
+    if caller:
+        command += ["caller", caller]
+    if context:
+        command += ["context", msgspec.json.encode(dict(context))]
+    return command
+
+
 def reply_document(call_id: str | None, result: bytes | None, error: StateError | None) -> bytes:
+    """`{"id":…,"ok":true,"result":…}` or `{"id":…,"ok":false,"error":{code, message,
+    details}}`; `result` is JSON already, written as it is (never decoded and encoded again)."""
     head = b'{"id":' + msgspec.json.encode(call_id)
     if error is None:
         assert result is not None
         return head + b',"ok":true,"result":' + result + b"}"
     return head + b',"ok":false,"error":' + msgspec.json.encode(error.to_dict()) + b"}"
+
+
+class Reply(msgspec.Struct):
+    """A reply document as read (`parse_reply`); `result` stays JSON text."""
+
+    id: str | None
+    ok: bool
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    error: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def parse_reply(document: bytes) -> Reply | None:
+    """A reply document as a Reply; None when it is not one (a foreign push to the list)."""
+    try:
+        return _reply_decoder.decode(document)
+    except msgspec.DecodeError:
+        return None
 
 
 def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions

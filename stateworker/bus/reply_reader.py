@@ -11,21 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import msgspec
 
+from stateworker.bus.protocol import Reply, parse_reply
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
-
-
-class Reply(msgspec.Struct):
-    id: str | None
-    ok: bool
-    result: msgspec.Raw = msgspec.Raw(b"null")
-    error: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Waiter:
@@ -66,9 +59,6 @@ class Waiter:
         if self.future.done():
             self.future = asyncio.get_running_loop().create_future()
             self.error = None
-
-
-_reply_decoder = msgspec.json.Decoder(Reply)
 
 
 class ReplyReader:
@@ -123,9 +113,8 @@ class ReplyReader:
                     waiter.wake()
 
     def _deliver(self, document: bytes) -> None:
-        try:
-            reply = _reply_decoder.decode(document)
-        except msgspec.DecodeError:
+        reply = parse_reply(document)
+        if reply is None:
             return
         waiter = self.pending.get(reply.id or "")
         if waiter is not None and waiter.reply is None:

@@ -38,6 +38,7 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import call_entry
 from stateworker.errors import StateError
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.reactive import trimming
@@ -95,14 +96,16 @@ class Dispatcher:
         self._opening = anyio.Lock()  # one condition client per service, however many ask
 
     # ---- the loop ----------------------------------------------------------------------------
-    async def run(self) -> None:
-        """Dispatch until `stop()` (or cancelled); gives its leases back on the way out."""
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Dispatch until `stop()`, leases given back at the end; started once the reader connects."""
         backoff = Backoff()
         log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
         try:
             # The condition clients live in tasks of their own in this group.
             async with anyio.create_task_group() as self._tg:
                 with self._scope:
+                    await self._reader.try_connect()  # (Redis away: the reads retry)
+                    task_status.started()
                     while True:
                         try:
                             await self._step()
@@ -315,9 +318,8 @@ class Dispatcher:
                 return None
         elif matcher.condition is not None and not await self._condition(matcher, event, call_id):
             return None
-        stream = f"{self.state.settings.prefix}:bus:{trigger.service}"
-        return ["XADD", stream, "*", "id", call_id, "fn", trigger.function_id,
-                "body", document_json(event, payload), "reply", "", "caller", "state"]
+        return call_entry(self.state.keys.bus_stream(trigger.service), call_id,  # no reply
+                          trigger.function_id, document_json(event, payload), "", caller="state")
 
     async def _barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
         """The barrier's decision for this arrival (its token: the handler call's id, so a

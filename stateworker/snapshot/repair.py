@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import logging
 
-import psycopg
-
 from stateworker.errors import ConfigError
 from stateworker.reactive import trimming
-from stateworker.settings import Settings
 from stateworker.snapshot import restore, tables
-from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import lifecycle
 from stateworker.state.store import RedisState
 
 log = logging.getLogger("stateworker.snapshot.repair")
@@ -40,21 +35,16 @@ SELECT EXISTS (SELECT 1 FROM sw_entries WHERE prefix = %(p)s)
 """
 
 
-async def repair_at_start(settings: Settings) -> None:
-    """Check Redis against PostgreSQL and restore it when the rule above says so."""
-    if not settings.postgres_url:
+async def repair_at_start(state: RedisState, pg: PgConnection | None) -> None:
+    """Check Redis against PostgreSQL and restore it when the rule above says so. `state`: the
+    service's, opened and checked, before its registry follower and reaper start; `pg`: the
+    start's PostgreSQL connection (`snapshotter.prepare`), left open; None: no PostgreSQL URL,
+    or it was unreachable (`prepare` has said so; the snapshot retries)."""
+    if pg is None:
         return
-    try:
-        pg = await connect(settings.postgres_url)
-    except (psycopg.Error, OSError):
-        return  # (`prepare` has said so; the snapshot retries)
-    try:
-        async with lifecycle.open_state(settings=settings, reaper=False) as state:
-            reason = await lost(state, pg)
-            if reason is not None:
-                await _repair(state, reason)
-    finally:
-        await pg.close()
+    reason = await lost(state, pg)
+    if reason is not None:
+        await _repair(state, pg, reason)
 
 
 async def lost(state: RedisState, pg: PgConnection) -> str | None:
@@ -74,7 +64,7 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
     return None
 
 
-async def _repair(state: RedisState, reason: str) -> None:
+async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     prefix = state.settings.prefix
     if await restore.holds_entries(state):
         raise ConfigError(
@@ -89,7 +79,7 @@ async def _repair(state: RedisState, reason: str) -> None:
     log.warning("%s: restoring it from PostgreSQL before serving", reason,
                 extra={"event": "repair.start"})
     assert state.settings.postgres_url is not None
-    summary = await restore.restore(state, state.settings.postgres_url)
+    summary = await restore.restore(state, state.settings.postgres_url, pg=pg)
     log.warning("repaired: restored %d entries, %d barriers, %d triggers, %d claims in %.3f s",
                 summary.entries, summary.barriers, summary.triggers, summary.claims,
                 summary.seconds, extra={"event": "repair.done", "entries": summary.entries})

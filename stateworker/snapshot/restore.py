@@ -84,12 +84,17 @@ async def _refuse_non_empty(state: RedisState) -> None:
 
 
 async def restore(state: RedisState, url: str,
-                  progress: Callable[[int, int], None] | None = None) -> Summary:
-    """Rebuild the prefix from PostgreSQL; `progress(done, total)` after each batch."""
+                  progress: Callable[[int, int], None] | None = None, *,
+                  pg: PgConnection | None = None) -> Summary:
+    """Rebuild the prefix from PostgreSQL; `progress(done, total)` after each batch. `pg`: a
+    connection to `url` already migrated, used and left open (the repair at start's);
+    None: one of its own."""
     started = time.monotonic()
     await _refuse_non_empty(state)
     prefix = state.settings.prefix
-    pg = await connect(url)
+    own = pg is None
+    if pg is None:
+        pg = await connect(url)
     try:
         summary = Summary()
         now = now_ms()
@@ -114,7 +119,8 @@ async def restore(state: RedisState, url: str,
         summary.barriers = len(stored)
         await _positions_to_ends(state, pg)
     finally:
-        await pg.close()
+        if own:
+            await pg.close()
     summary.seconds = round(time.monotonic() - started, 3)
     return summary
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 import psycopg
+from anyio.abc import TaskStatus
 
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, StateError
@@ -77,28 +78,30 @@ async def connect(url: str) -> PgConnection:
     return conn
 
 
-async def prepare(settings: Settings) -> None:
+async def prepare(settings: Settings) -> PgConnection | None:
     """At start: without a PostgreSQL URL say once that the service runs on Redis alone;
-    with one, migrate the schema (a schema newer than this code: ConfigError, the service
-    does not start). PostgreSQL unreachable: the service starts anyway and the snapshotter
-    retries (writes go on; the lag shows in `status`)."""
+    with one, connect and migrate the schema (a schema newer than this code: ConfigError, the
+    service does not start). The connection is the start's only one: the repair at start
+    reads it, then the snapshotter takes it over. PostgreSQL unreachable (None): the service
+    starts anyway and the snapshotter retries (writes go on; the lag shows in `status`)."""
     if not settings.postgres_url:
         log.warning("no STATEWORKER_POSTGRES_URL: running on Redis alone (no snapshot in "
                     "PostgreSQL)", extra={"event": "snapshot.off"})
-        return
+        return None
     try:
-        conn = await connect(settings.postgres_url)
+        return await connect(settings.postgres_url)
     except (psycopg.Error, OSError) as exc:
         log.warning("PostgreSQL is not reachable at start (%s); the snapshot retries", exc,
                     extra={"event": "snapshot.unreachable"})
-        return
-    await conn.close()
+        return None
 
 
 class Snapshotter:
     """Runs until `stop()`."""
 
-    def __init__(self, state: RedisState, url: str) -> None:
+    def __init__(self, state: RedisState, url: str, pg: PgConnection | None = None) -> None:
+        """`pg`: a connection to `url` already migrated (`prepare`'s), taken over and closed
+        here; None: connected in the loop."""
         self.state = state
         self.url = url
         self.prefix = state.settings.prefix
@@ -106,7 +109,7 @@ class Snapshotter:
         self.leases = Leases(state, self.replica, lease_of=lambda keys: keys.snapshot_lease,
                              replicas=state.keys.snapshot_replicas)
         self.positions: dict[int, StoredPosition] = {}
-        self._pg: PgConnection | None = None
+        self._pg: PgConnection | None = pg
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
         self._last_round = 0.0
@@ -114,11 +117,15 @@ class Snapshotter:
         self._scope = anyio.CancelScope()
 
     # ---- the loop ----------------------------------------------------------------------------
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Snapshot until `stop()`; started once its reader is connected (Redis away then: the
+        loop backs off and connects it later; PostgreSQL is never waited for)."""
         backoff = Backoff(max_s=MAX_BACKOFF_S)
         log.info("snapshotting", extra={"event": "snapshot.start", "replica": self.replica})
         try:
             with self._scope:
+                await self._reader.try_connect()  # (Redis away: the reads retry)
+                task_status.started()
                 while True:
                     try:
                         await self._step()

@@ -1,10 +1,11 @@
 """Opening and closing a `RedisState`: the embedded redis-server when no URL is set, the
-server checks (AOF, the partition count of the prefix), the script library, the registry
-follower (which loads the claims before the state is handed out) and the TTL reaper."""
+server checks (AOF, the partition count of the prefix), the script library (`connect`), the
+registry follower (which loads the claims before the state is handed out) and the TTL reaper
+(`running`); `open_state` is both."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,12 @@ from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
-async def connect(settings: Settings) -> RedisState:
-    """Start (or adopt) the embedded Redis when no URL is set, check it, load the scripts."""
+async def connect(settings: Settings,
+                  ready: Callable[[RedisConnection], Awaitable[None]] | None = None
+                  ) -> RedisState:
+    """Start (or adopt) the embedded Redis when no URL is set, check it, load the scripts.
+    `ready(conn)` runs first, on the state's own connection (the state service waits out a
+    Redis that is loading there, so the wait costs no connection of its own)."""
     embedded = None
     url = settings.redis_url
     if url is None:
@@ -31,6 +36,8 @@ async def connect(settings: Settings) -> RedisState:
     state = RedisState(settings, RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
                                                   read_timeout_s=settings.read_timeout_s), embedded)
     try:
+        if ready is not None:
+            await ready(state.conn)
         await check_server(state)
         await state.library.load()
     except BaseException:
@@ -49,8 +56,20 @@ async def open_state(redis_url: str | None = None, *, reaper: bool = True,
     `state_dir` and stopped again when the block ends."""
     settings = overrides.pop("settings", None) or Settings.from_env(redis_url=redis_url,
                                                                     **overrides)
-    state = await connect(settings)
+    async with running(await connect(settings), reaper=reaper) as state:
+        yield state
+
+
+@asynccontextmanager
+async def running(state: RedisState, *, reaper: bool = True,
+                  before: Callable[[RedisState], Awaitable[None]] | None = None
+                  ) -> AsyncIterator[RedisState]:
+    """A state from `connect` with its registry follower and reaper for the block; closed
+    when it ends, or when `before` or a start fails. `before(state)` runs before the follower
+    loads the claims (the repair at start: what it restores is what they are loaded from)."""
     try:
+        if before is not None:
+            await before(state)
         async with anyio.create_task_group() as tg:
             await tg.start(state.registry.run)
             if reaper:

@@ -139,6 +139,15 @@ class RedisConnection:
         """Connect now (nothing is sent); ConnectionLost when Redis cannot be reached."""
         await self._connected()
 
+    async def try_connect(self) -> bool:
+        """Connect now if Redis can be reached; False, nothing raised, when it cannot (for a
+        loop that is ready once connected but rides out a Redis away with its own retries)."""
+        try:
+            await self._connected()
+        except ConnectionLost:
+            return False
+        return True
+
     async def execute(self, *args: Arg) -> Any:
         """Send one command (coalesced with the others of this tick) and return its reply."""
         proto = await self._connected()
