@@ -1,11 +1,10 @@
-"""Expiry: an expired entry reads as missing at once; the reaper deletes it with an event.
-
-Short TTLs are never raced: a test that needs an entry expired waits for the clock to pass the
-latest moment its expiry can be at (the write's end + ttl); what must still be alive has a TTL
-of an hour. The expiry a write stored is read from the entry's hash (`x`), which reads do not
-filter."""
+"""Expiry: the TTL reaper (reap.lua) deletes expired entries in bounded batches, each with its
+state:deleted event; before it comes, an expired entry reads as missing at once, and a write
+that meets one deletes it first, with the event the reaper would write."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 import msgspec
@@ -13,66 +12,12 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.clock import now_ms
-from stateworker.keys import member
 from stateworker.state import expiry
+from tests.calls import INCREMENT
+from tests.lua.ttl import HOUR_MS, expiring, pass_time
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-HOUR_MS = 3_600_000
-
-
-async def pass_time(until_ms: int) -> None:
-    """Wait for the clock to pass `until_ms` (the condition under test is the clock itself)."""
-    while now_ms() <= until_ms:
-        await anyio.sleep((until_ms - now_ms() + 1) / 1000)
-
-
-async def stored_expiry(store: StateStore, scope: str, key: str) -> int | None:
-    """The expiry (epoch ms) in the entry's hash, expired or not; None: no expiry. Checked
-    against the partition's ttl index."""
-    part = store.state.keys.for_scope(scope)
-    raw = await store.state.conn.execute("HGET", part.entry(scope, key), "x")
-    score = await store.state.conn.execute("ZSCORE", part.ttl, member(scope, key))
-    assert (raw is None) == (score is None), (raw, score)
-    if raw is None:
-        return None
-    assert int(float(score)) == int(raw)
-    return int(raw)
-
-
-async def expiring(store: StateStore, scope: str, keys: list[str], ttl_ms: int = 30) -> int:
-    """Write `keys` (value: the key) with `ttl_ms`; returns a time by which all have expired."""
-    latest = 0
-    for key in keys:
-        before = now_ms()
-        await store.set(scope, key, key, ttl_ms=ttl_ms)
-        after = now_ms()
-        expires = await stored_expiry(store, scope, key)
-        assert expires is not None and before + ttl_ms <= expires <= after + ttl_ms
-        latest = max(latest, expires)
-    return latest
-
-
-async def test_expired_entry_reads_as_missing_before_reaping(
-    redis_server: RedisServer, prefix: str, scope: str
-) -> None:
-    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
-        await store.set(scope, "keep", 1)
-        await store.set(scope, "later", 2, ttl_ms=HOUR_MS)
-        until = await expiring(store, scope, ["gone"])
-        await pass_time(until)
-        assert await store.get(scope, "gone") is None
-        assert (await store.get_entry(scope, "gone")).found is False
-        assert await store.get(scope, "later") == 2  # not expired yet
-        assert await store.list(scope) == [1, 2]
-        assert await store.list_keys(scope) == ["keep", "later"]
-        cas = await store.compare_and_set(scope, "gone", "new")
-        assert cas.swapped is True
-        types = [(e.type, e.key, e.version, bytes(e.old_value)) for e in await store.events(scope)]
-        # the expired entry is deleted (with its event) before the new one is created
-        assert types[-2:] == [("state:deleted", "gone", 1, b'"gone"'),
-                              ("state:created", "gone", 1, b"null")]
 
 
 async def test_reaper_deletes_in_bounded_batches(
@@ -109,47 +54,65 @@ async def test_background_reaper_emits_deleted(store: StateStore, scope: str) ->
     assert scope not in await store.list_groups()
 
 
-async def test_set_without_ttl_clears_expiry(store: StateStore, scope: str) -> None:
-    await store.set(scope, "k", "first", ttl_ms=HOUR_MS)
-    assert await stored_expiry(store, scope, "k") is not None
-    await store.set(scope, "k", "kept")
-    assert await stored_expiry(store, scope, "k") is None
-    assert (await store.get_entry(scope, "k")).expires_at is None
-
-
-async def test_update_sets_and_keeps_expiry(
+# ---- expired entries before the reaper came --------------------------------------------------
+async def test_expired_entry_reads_as_missing_before_reaping(
     redis_server: RedisServer, prefix: str, scope: str
 ) -> None:
-    increment = [{"type": "increment", "path": "n", "by": 1}]
     async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
-        async def update(key: str, **extra: int) -> None:
-            await store.call("state::update", {"scope": scope, "key": key, "ops": increment,
-                                               **extra})
+        await store.set(scope, "keep", 1)
+        await store.set(scope, "later", 2, ttl_ms=HOUR_MS)
+        until = await expiring(store, scope, ["gone"])
+        await pass_time(until)
+        assert await store.get(scope, "gone") is None
+        assert (await store.get_entry(scope, "gone")).found is False
+        assert await store.get(scope, "later") == 2  # not expired yet
+        assert await store.list(scope) == [1, 2]
+        assert await store.list_keys(scope) == ["keep", "later"]
+        cas = await store.compare_and_set(scope, "gone", "new")
+        assert cas.swapped is True
+        types = [(e.type, e.key, e.version, bytes(e.old_value)) for e in await store.events(scope)]
+        # the expired entry is deleted (with its event) before the new one is created
+        assert types[-2:] == [("state:deleted", "gone", 1, b'"gone"'),
+                              ("state:created", "gone", 1, b"null")]
 
-        await store.set(scope, "k", {"n": 0})
-        before = now_ms()
-        await update("k", ttl_ms=HOUR_MS)  # a ttl on an entry that had none
-        after = now_ms()
-        first = await stored_expiry(store, scope, "k")
-        assert first is not None and before + HOUR_MS <= first <= after + HOUR_MS
-        assert (await store.get_entry(scope, "k")).expires_at is not None
-        await update("k")  # no ttl_ms: the expiry stays as it was
-        assert await stored_expiry(store, scope, "k") == first
-        before = now_ms()
-        await update("k", ttl_ms=2 * HOUR_MS)  # a new ttl: from now
-        after = now_ms()
-        second = await stored_expiry(store, scope, "k")
-        assert second is not None and before + 2 * HOUR_MS <= second <= after + 2 * HOUR_MS
-        assert await store.get(scope, "k") == {"n": 3}
-        # an update that creates the entry sets its ttl too, and the entry does expire
-        before = now_ms()
-        await update("short", ttl_ms=30)
-        after = now_ms()
-        expires = await stored_expiry(store, scope, "short")
-        assert expires is not None and before + 30 <= expires <= after + 30
-        await pass_time(expires)
-        assert await store.get(scope, "short") is None
-        assert await store.reap_expired() == 1
-        assert [(e.type, e.key, bytes(e.old_value)) for e in await store.events(scope)
-                if e.key == "short"] == [("state:created", "short", b"null"),
-                                         ("state:deleted", "short", b'{"n":1}')]
+
+async def test_a_write_meeting_an_expired_entry_deletes_it_first(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    """set, update, delete and update-topic (beyond compare-and-set) on an entry whose expiry
+    passed before the reaper came: the entry is deleted with its state:deleted event (no
+    writer, as the reaper's) before the write goes on as on a missing key."""
+    writes: dict[str, tuple[dict[str, Any], Any, list[tuple[str, str, str, int, str]]]] = {
+        # function: (request, reply, events after the deletion)
+        "state::set": ({"value": "new"}, {"old_value": None, "new_value": "new", "version": 1,
+                                         "created": True},
+                       [("state:created", "null", '"new"', 1, "w")]),
+        "state::update": ({"ops": INCREMENT}, {"old_value": None, "new_value": {"n": 1},
+                                               "version": 1},
+                          [("state:created", "null", '{"n":1}', 1, "w")]),
+        "state::delete": ({}, None, []),
+        "state::update-topic": ({"topic": "x"}, {"updated": False}, []),
+    }
+    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
+        expired_by = 0
+        for fn in writes:
+            await store.set(scope, fn, f"old {fn}", topic="t", ttl_ms=30)
+            expired_by = now_ms() + 30
+        await pass_time(expired_by)
+        part = store.state.keys.for_scope(scope)
+        for fn, (body, expected, after) in writes.items():
+            mark = (await store.events(scope))[-1].revision
+            result = await store.call(fn, {"scope": scope, "key": fn, **body}, caller="w")
+            if fn == "state::set":
+                result = {k: v for k, v in result.items() if k != "hash"}
+            assert result == expected, fn
+            events = [(e.type, bytes(e.old_value).decode(), bytes(e.new_value).decode(),
+                       e.version, e.by) for e in await store.events(scope, mark)]
+            assert events == [
+                ("state:deleted", msgspec.json.encode(f"old {fn}").decode(), "null", 1, ""),
+                *after], fn
+        assert await store.list_keys(scope) == ["state::set", "state::update"]
+        assert await store.state.conn.execute("ZCARD", part.ttl) == 0  # no expiry left behind
+        page = await store.call("state::list-entries", {"scope": scope, "topic_pattern": "t"})
+        assert page["entries"] == []  # set replaces the topic; update of a new entry has none
+        assert await store.reap_expired() == 0  # nothing left for the reaper
