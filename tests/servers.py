@@ -20,8 +20,8 @@ import redis
 
 from benchmarks.pgserver import PostgresServer, free_port
 
-__all__ = ["FaultProxy", "PostgresServer", "RedisServer", "ServiceProcess", "free_port",
-           "frozen", "tcp_quiet", "wait_until"]
+__all__ = ["BUSY_SCRIPT", "FaultProxy", "PostgresServer", "RedisServer", "ServiceProcess",
+           "free_port", "frozen", "tcp_quiet", "wait_until"]
 
 
 def wait_until(condition: object, timeout_s: float, what: str) -> None:
@@ -74,6 +74,13 @@ class RedisServer:
             self.process.send_signal(sig)
             self.process.wait(timeout=15)
             self.process = None
+
+
+# Keeps the server busy running a script for ARGV[1] ms (EVAL BUSY_SCRIPT 0 <ms>).
+BUSY_SCRIPT = """local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
+local stop = now() + tonumber(ARGV[1]) * 1000
+while now() < stop do end
+return 1"""
 
 
 def frozen(pid: int) -> bool:

@@ -1,4 +1,5 @@
-"""state::update: every op rule and error code, each with the exact value and errors list."""
+"""state::update (update.lua): every op rule and error code, each with the exact value and
+errors list; the expiry an update sets and keeps."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 import pytest
 
 from stateworker import StateError, StateStore
+from stateworker.clock import now_ms
 from tests.jsontext import exact_load
+from tests.lua.ttl import HOUR_MS, pass_time, stored_expiry
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -397,3 +401,41 @@ async def test_no_document_stays_held_by_the_library_after_its_call(
         if n % 500 == 0 and await lua_bytes() < baseline + 1_000_000:
             break
     assert await lua_bytes() < baseline + 1_000_000
+
+
+async def test_update_sets_and_keeps_expiry(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    increment = [{"type": "increment", "path": "n", "by": 1}]
+    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
+        async def update(key: str, **extra: int) -> None:
+            await store.call("state::update", {"scope": scope, "key": key, "ops": increment,
+                                               **extra})
+
+        await store.set(scope, "k", {"n": 0})
+        before = now_ms()
+        await update("k", ttl_ms=HOUR_MS)  # a ttl on an entry that had none
+        after = now_ms()
+        first = await stored_expiry(store, scope, "k")
+        assert first is not None and before + HOUR_MS <= first <= after + HOUR_MS
+        assert (await store.get_entry(scope, "k")).expires_at is not None
+        await update("k")  # no ttl_ms: the expiry stays as it was
+        assert await stored_expiry(store, scope, "k") == first
+        before = now_ms()
+        await update("k", ttl_ms=2 * HOUR_MS)  # a new ttl: from now
+        after = now_ms()
+        second = await stored_expiry(store, scope, "k")
+        assert second is not None and before + 2 * HOUR_MS <= second <= after + 2 * HOUR_MS
+        assert await store.get(scope, "k") == {"n": 3}
+        # an update that creates the entry sets its ttl too, and the entry does expire
+        before = now_ms()
+        await update("short", ttl_ms=30)
+        after = now_ms()
+        expires = await stored_expiry(store, scope, "short")
+        assert expires is not None and before + 30 <= expires <= after + 30
+        await pass_time(expires)
+        assert await store.get(scope, "short") is None
+        assert await store.reap_expired() == 1
+        assert [(e.type, e.key, bytes(e.old_value)) for e in await store.events(scope)
+                if e.key == "short"] == [("state:created", "short", b"null"),
+                                         ("state:deleted", "short", b'{"n":1}')]

@@ -20,7 +20,7 @@ from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def the_example() -> tuple[dict[str, Any], list[str]]:

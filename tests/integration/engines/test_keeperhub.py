@@ -23,7 +23,7 @@ from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN = {"org_id": "org_1", "workflow_id": "wf_7", "execution_id": "exec_42"}
 
 

@@ -26,8 +26,8 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.snapshot.barriers import forget
 from tests.integration.busproto import until
+from tests.integration.snapshot.test_restore import dump, restore_command
 from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap
-from tests.integration.test_snapshot_restore import dump, restore_command
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -1,10 +1,14 @@
-"""StateClient over the bus, a user's Worker with the same guarantees, and the CLI."""
+"""StateClient over the bus, a user's Worker with the same guarantees (a reused call id
+refused, `Worker.serve()` answering the calls it read on SIGTERM), and the CLI."""
 
 from __future__ import annotations
 
 import decimal
+import signal
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,7 +17,7 @@ import pytest
 import redis.asyncio as aredis
 from anyio.abc import TaskStatus
 
-from stateworker import Conflict
+from stateworker import Conflict, StateError
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import Bus, BusOptions, Call
@@ -21,6 +25,7 @@ from stateworker.bus.worker import Worker
 from stateworker.clock import now_ms
 from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, UnknownFunction
 from stateworker.settings import Settings
+from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -85,7 +90,7 @@ async def test_timeout_retries_with_the_same_id(redis_server: RedisServer, prefi
     async with StateClient(settings=settings, timeout=0.2, retries=2) as client:
         with pytest.raises(CallTimeout):  # no service yet: three attempts, one id
             # A deadline well past the timeout, so the call may still run once a service
-            # starts (by default a call's deadline ends with its timeout: test_callers.py).
+            # starts (by default a call's deadline ends with its timeout: bus/test_deadlines.py).
             await client.call("state::update", {"scope": scope, "key": "c", "ops": [
                 {"type": "increment", "path": "n", "by": 1}]}, call_id="same-id",
                 deadline_ms=now_ms() + 60_000)
@@ -277,3 +282,116 @@ async def test_stop_answers_calls_that_finish_within_the_grace_period(
         assert (await raw.xpending(stream, "grace"))["pending"] == 0
     finally:
         await raw.aclose()
+
+
+# ---- user workers: a reused call id, serve() on SIGTERM --------------------------------------
+async def test_a_user_worker_refuses_a_reused_call_id(redis_server: RedisServer,
+                                                      prefix: str) -> None:
+    """The same id with another body or another function is CALL_ID_REUSED, and the function
+    is not run for it; the same call again gets the recorded reply."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[Any] = []
+
+    @worker.function("orders::create")
+    async def create(body: Any, call: Call) -> Any:
+        runs.append(("create", body))
+        return {"created": body["n"]}
+
+    @worker.function("orders::cancel")
+    async def cancel(body: Any, call: Call) -> Any:
+        runs.append(("cancel", body))
+        return {"cancelled": body["n"]}
+
+    async with anyio.create_task_group() as tg, \
+            StateClient(settings=settings, service="orders") as client:
+        await tg.start(worker.run)
+        assert await client.call("orders::create", {"n": 1}, call_id="same") == {"created": 1}
+        for fn, body in [("orders::create", {"n": 2}), ("orders::cancel", {"n": 1})]:
+            with pytest.raises(StateError) as refused:
+                await client.call(fn, body, call_id="same")
+            assert refused.value.code == "CALL_ID_REUSED", (fn, body, refused.value)
+            assert "same" in refused.value.message
+        assert await client.call("orders::create", {"n": 1}, call_id="same") == {"created": 1}
+        assert runs == [("create", {"n": 1})]
+        worker.stop()
+
+
+WORKER_SCRIPT = """
+    import sys
+
+    import redis.asyncio as aredis
+
+    from stateworker import Worker
+    from stateworker.bus.protocol import BusOptions
+    from stateworker.settings import Settings
+
+    url, prefix, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    worker = Worker("jobs", settings=Settings(redis_url=url, prefix=prefix, partitions=4),
+                    options=BusOptions(block_ms=50, concurrency=3, grace_s=30,
+                                       consumer="serve-1"))
+
+
+    @worker.function("jobs::slow")
+    async def slow(body, call):
+        async with aredis.Redis(port=port) as r:
+            await r.rpush(prefix + ":started", call.id)
+            released = await r.blpop([prefix + ":release:" + call.id], timeout=30)
+            for _ in range(20):  # more work after the release
+                await r.ping()
+        return {"id": call.id, "released": released is not None}
+
+
+    @worker.function("jobs::fast")
+    async def fast(body, call):
+        return {"id": call.id}
+
+
+    worker.serve()
+    print("served", flush=True)
+"""
+
+
+async def test_worker_serve_answers_the_calls_it_read_on_sigterm_and_exits_0(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "jobs_worker.py"
+    script.write_text(textwrap.dedent(WORKER_SCRIPT))
+    stream, reply = f"{prefix}:bus:jobs", f"{prefix}:reply:jobs"
+    slow_ids, fast_ids = [f"slow-{i}" for i in range(3)], [f"fast-{i}" for i in range(2)]
+    async with raw.pipeline(transaction=False) as pipe:
+        for call_id in slow_ids + fast_ids:
+            pipe.xadd(stream, {"id": call_id, "fn": f"jobs::{call_id.split('-')[0]}",
+                               "body": b"{}", "reply": reply})
+        await pipe.execute()
+    process = subprocess.Popen([sys.executable, str(script), redis_server.url, prefix,
+                                str(redis_server.port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        started = []
+        with anyio.fail_after(30):
+            while len(started) < 3:  # the three slow calls run, every slot taken
+                popped = await raw.blpop([f"{prefix}:started"], timeout=1)
+                if popped is not None:
+                    started.append(popped[1].decode())
+        assert sorted(started) == slow_ids
+        process.send_signal(signal.SIGTERM)  # with three calls in flight
+        for call_id in slow_ids:
+            await raw.lpush(f"{prefix}:release:{call_id}", "go")
+        out, err = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=60))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert out.strip() == "served" and "Traceback" not in err, err
+    # every call it read answered and acknowledged; the rest left in the stream, unread
+    assert (await raw.xpending(stream, "jobs"))["pending"] == 0
+    answers = {d["id"]: d for d in (msgspec.json.decode(x) for x in await raw.lrange(reply, 0, -1))}
+    unread = {fields[b"id"].decode() for _, fields in await raw.xrange(stream)}
+    assert await raw.llen(reply) == len(answers)  # one reply per call
+    for call_id in slow_ids:
+        assert answers[call_id] == {"id": call_id, "ok": True,
+                                    "result": {"id": call_id, "released": True}}
+    assert answers.keys() | unread == set(slow_ids + fast_ids)
+    assert not answers.keys() & unread

@@ -1,7 +1,7 @@
-"""Callers against a Redis that restarts, and the deadlines they send: StateClient and Worker
-ride out a kill -9 and a restart that loads a dataset; a call that timed out is never
-applied later; the `call` command (a Worker's service, --help, a bad URL); a Worker started
-before its Redis."""
+"""Riding out a Redis that cannot serve for a while (transport/retry.py), as callers meet
+it: StateClient and Worker ride out a kill -9 and a restart that loads a dataset, and a Redis
+BUSY with a slow script; a call that never reaches Redis is UNAVAILABLE; a Worker started
+before its Redis waits for it and says so once, or exits with one line."""
 
 from __future__ import annotations
 
@@ -27,16 +27,18 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
-from stateworker.clock import now_ms
-from stateworker.errors import CallTimeout, DeadlineExceeded, StateError, Unavailable
-from stateworker.settings import Settings
+from stateworker.errors import CallTimeout, StateError, Unavailable
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
-from tests.servers import RedisServer, free_port, wait_until
+from tests.integration.services import settings_for
+from tests.servers import BUSY_SCRIPT, RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
+
 LOAD_KEYS = 10_000  # keys of the dataset Redis loads after the restart
+
+
 KEY_LOAD_DELAY_US = 120  # per key: about 1.5 s of LOADING
 
 
@@ -81,26 +83,28 @@ class LoadingRedis(RedisServer):
             assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
 
 
-async def loading(port: int) -> bool:
-    """Whether Redis on `port` answers LOADING (it is loading its dataset)."""
-    conn = RedisConnection(f"redis://127.0.0.1:{port}/0", connect_timeout_s=1, read_timeout_s=1)
+async def ping_error(port: int, read_timeout_s: float) -> str:
+    """The error Redis on `port` answers PING with ("" for none); a lost connection raises."""
+    conn = RedisConnection(f"redis://127.0.0.1:{port}/0", connect_timeout_s=1,
+                           read_timeout_s=read_timeout_s)
     try:
         await conn.execute("PING")
     except ReplyError as exc:
-        return str(exc).startswith("LOADING")
-    except ConnectionLost:
-        return False
+        return str(exc)
     finally:
         await conn.close()
-    return False
+    return ""
 
 
-def settings_for(server: RedisServer, prefix: str) -> Settings:
-    return Settings(redis_url=server.url, prefix=prefix, partitions=4)
+async def loading(port: int) -> bool:
+    """Whether Redis on `port` answers LOADING (it is loading its dataset)."""
+    try:
+        return (await ping_error(port, read_timeout_s=1)).startswith("LOADING")
+    except ConnectionLost:
+        return False
 
 
 # ---- Redis killed and restarted with a dataset to load, under load ---------------------------
-
 async def test_clients_and_worker_ride_out_a_restart_that_loads(tmp_path: Path,
                                                                 prefix: str) -> None:
     server = LoadingRedis(tmp_path / "redis")
@@ -229,67 +233,7 @@ async def restart_under_load(server: LoadingRedis, prefix: str) -> None:
         worker.stop()
 
 
-# ---- deadlines: a call that timed out is never applied later ---------------------------------
-
-def run_cli(server: RedisServer, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stateworker", "--redis-url", server.url, *args],
-        env={**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4"},
-        capture_output=True, text=True, timeout=60, check=False)
-
-
-async def drained(raw: aredis.Redis, stream: str) -> None:
-    """Wait until the service has read and acknowledged every entry of `stream` (entries
-    are deleted once answered, and no call stays pending)."""
-    with anyio.fail_after(15):
-        while await raw.xlen(stream) or (await raw.xpending(stream, "state"))["pending"]:
-            await anyio.sleep(0.01)  # polling the stream
-
-
-async def test_cli_call_that_timed_out_is_never_applied(redis_server: RedisServer,
-                                                        raw: aredis.Redis, prefix: str,
-                                                        scope: str) -> None:
-    body = msgspec.json.encode({"scope": scope, "key": "late", "value": 1}).decode()
-    started = now_ms()
-    done = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call", "--timeout",
-                                          "0.5", "state::set", body)
-    assert done.returncode == 1, done.stderr
-    error = msgspec.json.decode(done.stderr)
-    assert error["code"] == "TIMEOUT"
-    deadline = error["details"]["deadline_ms"]
-    assert started + 500 <= deadline <= now_ms()  # its whole time, and over when it said so
-    assert f"deadline_ms {deadline}" in error["message"]
-    assert "or never" in error["message"] and "same id returns its outcome" in error["message"]
-    stream = f"{prefix}:bus:state"
-    assert await raw.xlen(stream) >= 1  # the call is there, waiting for a service
-
-    async with StateService.running(settings_for(redis_server, prefix),
-                                    BusOptions(block_ms=50)):
-        await drained(raw, stream)
-        async with StateClient(settings=settings_for(redis_server, prefix)) as client:
-            assert await client.get(scope, "late") is None  # read, and refused: too late
-
-
-async def test_client_call_that_timed_out_is_never_applied(redis_server: RedisServer,
-                                                           raw: aredis.Redis, prefix: str,
-                                                           scope: str) -> None:
-    settings = settings_for(redis_server, prefix)
-    async with StateClient(settings=settings, timeout=0.3) as client:
-        with pytest.raises(CallTimeout) as caught:
-            await client.set(scope, "late", 1)  # no service: sent, never answered
-        details = caught.value.details
-        assert details["deadline_ms"] <= now_ms()
-        assert "applied by" in caught.value.message and "or never" in caught.value.message
-        async with StateService.running(settings, BusOptions(block_ms=50)):
-            await drained(raw, f"{prefix}:bus:state")
-            assert await client.get(scope, "late") is None
-            # Its id and deadline again: the outcome (it never ran), nothing applied now.
-            with pytest.raises(DeadlineExceeded):
-                await client.call("state::set", {"scope": scope, "key": "late", "value": 1},
-                                  call_id=details["call_id"], deadline_ms=details["deadline_ms"])
-            assert await client.get(scope, "late") is None
-
-
+# ---- a call that never reaches Redis ---------------------------------------------------------
 async def test_a_call_that_never_reaches_redis_is_unavailable(tmp_path: Path,
                                                               prefix: str) -> None:
     server = RedisServer(tmp_path / "redis")
@@ -316,53 +260,7 @@ async def test_a_call_that_never_reaches_redis_is_unavailable(tmp_path: Path,
     assert server.url in opening.value.message and "./scripts/run" in opening.value.message
 
 
-# ---- the call command --------------------------------------------------------------------
-
-async def test_cli_calls_a_workers_service(redis_server: RedisServer, prefix: str) -> None:
-    worker = Worker("orders", settings=settings_for(redis_server, prefix),
-                    options=BusOptions(block_ms=50))
-
-    @worker.function("orders::create")
-    async def create(body: Any, call: Call) -> Any:
-        return {"created": body["id"]}
-
-    async with anyio.create_task_group() as tg:
-        await tg.start(worker.run)
-        done = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call",
-                                              "--service", "orders", "orders::create",
-                                              '{"id": "o-7"}')
-        worker.stop()
-    assert done.returncode == 0, done.stderr
-    assert msgspec.json.decode(done.stdout) == {"created": "o-7"}
-
-
-async def test_cli_call_help_and_usage_errors(redis_server: RedisServer, prefix: str) -> None:
-    shown = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call", "--help")
-    assert shown.returncode == 0
-    for text in ("fn", "body", "--timeout", "--service", "exit status", "0 ", "1 ", "2 ",
-                 "deadline"):
-        assert text in shown.stdout, text
-    bad_url = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "--redis-url",
-                                             "http://x", "call", "state::get", "{}")
-    assert bad_url.returncode == 2
-    assert bad_url.stderr.count("\n") == 1 and "Traceback" not in bad_url.stderr
-    assert "unsupported Redis URL scheme 'http'" in bad_url.stderr
-    bad_timeout = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call",
-                                                 "--timeout", "-1", "state::get", "{}")
-    assert bad_timeout.returncode == 2 and "--timeout" in bad_timeout.stderr
-
-
-async def test_cli_call_without_redis_is_one_line_unavailable(prefix: str) -> None:
-    server = RedisServer(Path("/nonexistent"))  # a free port, nothing listening
-    done = await anyio.to_thread.run_sync(run_cli, server, prefix, "call", "--timeout", "0.3",
-                                          "state::get", "{}")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    error = msgspec.json.decode(done.stderr)
-    assert error["code"] == "UNAVAILABLE" and server.url in error["message"]
-
-
-# ---- a worker started before its Redis ----------------------------------------------------
-
+# ---- a worker started before its Redis -------------------------------------------------------
 async def test_worker_waits_for_redis_and_says_so(tmp_path: Path, prefix: str,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     server = RedisServer(tmp_path / "redis")  # its port chosen, not started yet
@@ -426,7 +324,7 @@ async def test_worker_serve_without_redis_exits_with_one_line(tmp_path: Path) ->
     script.write_text(WORKER_SCRIPT)
     done = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, str(script), url], capture_output=True, text=True, timeout=60,
-        check=False, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}))
+        check=False, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -434,23 +332,59 @@ async def test_worker_serve_without_redis_exits_with_one_line(tmp_path: Path) ->
     assert "./scripts/run" in last and "STATEWORKER_REDIS_URL" in last
 
 
-async def answers_busy(port: int) -> bool:
-    conn = RedisConnection(f"redis://127.0.0.1:{port}/0", connect_timeout_s=1, read_timeout_s=5)
+WAITING_WORKER = """
+import sys
+from stateworker import Worker
+worker = Worker("orders", sys.argv[1])  # waits for its Redis as long as it takes
+
+@worker.function("orders::create")
+async def create(body, call):
+    return body
+
+worker.serve()
+"""
+
+
+def wait_for_line(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
+    """The first stderr line holding `text`; fails after `timeout_s`."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], deadline - time.monotonic())
+        if ready:
+            line = process.stderr.readline()
+            assert line, "the worker ended before saying so"
+            if text in line:
+                return line
+    raise AssertionError(f"no line with {text!r} within {timeout_s} s")
+
+
+async def test_worker_serve_waiting_for_redis_stops_on_sigterm(tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    script = tmp_path / "worker.py"
+    script.write_text(WAITING_WORKER)
+    process = subprocess.Popen(
+        [sys.executable, str(script), url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
     try:
-        await conn.execute("PING")
-    except ReplyError as exc:
-        return str(exc).startswith("BUSY ")
+        line = await anyio.to_thread.run_sync(wait_for_line, process, "waiting for it", 30)
+        logged = msgspec.json.decode(line)  # one JSON log line, naming the URL and what to do
+        assert logged["level"] == "warning" and url in logged["msg"]
+        assert "./scripts/run" in logged["msg"]
+        process.send_signal(signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=10)) == 0
+        assert process.stderr is not None
+        assert "Traceback" not in process.stderr.read()
     finally:
-        await conn.close()
-    return False
+        process.kill()
+        process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
 
 
-# ---- BUSY: Redis running a script past its time limit ---------------------------------------
-
-BUSY_SCRIPT = """local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
-local stop = now() + tonumber(ARGV[1]) * 1000
-while now() < stop do end
-return 1"""
+# ---- BUSY: Redis running a script past its time limit ----------------------------------------
+async def answers_busy(port: int) -> bool:
+    return (await ping_error(port, read_timeout_s=5)).startswith("BUSY ")
 
 
 async def test_calls_ride_out_a_busy_redis(tmp_path: Path, prefix: str, scope: str) -> None:
@@ -494,53 +428,3 @@ async def test_calls_ride_out_a_busy_redis(tmp_path: Path, prefix: str, scope: s
             assert [(await client.get(scope, f"k{i}"))["n"] for i in range(4)] == [5] * 4
     finally:
         server.kill()
-
-
-WAITING_WORKER = """
-import sys
-from stateworker import Worker
-worker = Worker("orders", sys.argv[1])  # waits for its Redis as long as it takes
-
-@worker.function("orders::create")
-async def create(body, call):
-    return body
-
-worker.serve()
-"""
-
-
-def wait_for_line(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
-    """The first stderr line holding `text`; fails after `timeout_s`."""
-    assert process.stderr is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], deadline - time.monotonic())
-        if ready:
-            line = process.stderr.readline()
-            assert line, "the worker ended before saying so"
-            if text in line:
-                return line
-    raise AssertionError(f"no line with {text!r} within {timeout_s} s")
-
-
-async def test_worker_serve_waiting_for_redis_stops_on_sigterm(tmp_path: Path) -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    script = tmp_path / "worker.py"
-    script.write_text(WAITING_WORKER)
-    process = subprocess.Popen(
-        [sys.executable, str(script), url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    try:
-        line = await anyio.to_thread.run_sync(wait_for_line, process, "waiting for it", 30)
-        logged = msgspec.json.decode(line)  # one JSON log line, naming the URL and what to do
-        assert logged["level"] == "warning" and url in logged["msg"]
-        assert "./scripts/run" in logged["msg"]
-        process.send_signal(signal.SIGTERM)
-        assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=10)) == 0
-        assert process.stderr is not None
-        assert "Traceback" not in process.stderr.read()
-    finally:
-        process.kill()
-        process.wait()
-        if process.stderr is not None:
-            process.stderr.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.servers import RedisServer, ServiceProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "coordinator"
 
 

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.anyio
 
 ALICE = {"user_id": "alice", "execution_id": "run-a"}
 BOB = {"user_id": "bob", "execution_id": "run-b"}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def moco(client: StateClient, activity: str, body: dict[str, Any],

@@ -24,7 +24,7 @@ import pytest
 from tests.docblocks import fenced_blocks, matches, session
 from tests.servers import RedisServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def readme_blocks() -> list[tuple[str, str]]:

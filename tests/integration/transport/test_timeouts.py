@@ -25,7 +25,7 @@ from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost
 from tests.integration.busproto import until
-from tests.servers import RedisServer
+from tests.servers import BUSY_SCRIPT, RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -249,12 +249,6 @@ async def test_blocking_commands_do_not_trip_the_read_timeout(redis_server: Redi
         assert await connections_received(raw) == before  # the same connection throughout
     finally:
         await conn.close()
-
-
-BUSY_SCRIPT = """local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
-local stop = now() + tonumber(ARGV[1]) * 1000
-while now() < stop do end
-return 1"""
 
 
 async def test_slow_reply_after_an_idle_spell_is_no_timeout(redis_server: RedisServer) -> None:

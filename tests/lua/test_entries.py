@@ -1,4 +1,6 @@
-"""list-entries pages, patterns, delete-by-topic, update-topic, diff and list-namespaces."""
+"""state::list-entries (entries.lua) against real Redis: pages in every order, their fields,
+prefixes and patterns, the paging it refuses, tampered cursors, long patterns, and expired
+entries left out."""
 
 from __future__ import annotations
 
@@ -11,35 +13,12 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
+from stateworker.clock import now_ms
+from tests.lua.pages import fill, walk
+from tests.lua.ttl import pass_time
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-async def fill(store: StateStore, scope: str, count: int) -> list[str]:
-    """`count` entries; topics t0..t4 on most, none on every 7th; writes run concurrently."""
-    keys = [f"k{i:05d}" for i in range(count)]
-
-    async def writer(chunk: list[str]) -> None:
-        for key in chunk:
-            i = int(key[1:])
-            topic = None if i % 7 == 0 else f"t{i % 5}"
-            await store.set(scope, key, i, topic=topic)
-
-    async with anyio.create_task_group() as tg:
-        for n in range(50):
-            tg.start_soon(writer, keys[n::50])
-    return keys
-
-
-async def walk(store: StateStore, body: dict[str, Any]) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    after = None
-    while True:
-        page = await store.call("state::list-entries", {**body, **({"after": after} if after else {})})
-        entries += page["entries"]
-        after = page.get("next_after")
-        if after is None:
-            return entries
 
 
 def ordered(entries: list[dict[str, Any]], order_by: str) -> bool:
@@ -111,78 +90,6 @@ async def test_patterns_are_literal_except_star(store: StateStore, scope: str) -
         ["50%", "5x%", "a_b", "axb", "a?c", "abc", "A_B", "a*b", "untagged"], key=str.encode)
 
 
-async def test_delete_by_topic(store: StateStore, scope: str) -> None:
-    keys = await fill(store, scope, 1200)
-    tagged_t1 = [k for k in keys if int(k[1:]) % 7 and int(k[1:]) % 5 == 1]
-    result = await store.call("state::delete-by-topic", {"scope": scope, "topic_pattern": "t1"})
-    assert result == {"deleted": len(tagged_t1)}
-    remaining = await walk(store, {"scope": scope, "limit": 1000})
-    assert len(remaining) == 1200 - len(tagged_t1)
-    all_tagged = await store.call("state::delete-by-topic", {"scope": scope, "topic_pattern": "*"})
-    untagged = [k for k in keys if int(k[1:]) % 7 == 0]
-    assert all_tagged == {"deleted": 1200 - len(tagged_t1) - len(untagged)}
-    assert await store.list_keys(scope) == untagged
-    deleted = [e for e in await store.events(scope) if e.type == "state:deleted"]
-    assert len(deleted) == 1200 - len(untagged)
-    with pytest.raises(StateError) as caught:
-        await store.call("state::delete-by-topic", {"scope": scope})
-    assert caught.value.code == "INVALID_REQUEST"
-    assert caught.value.details["path"] == "$"
-
-
-async def test_update_topic(store: StateStore, scope: str) -> None:
-    assert await store.call("state::update-topic", {"scope": scope, "key": "nope",
-                                                    "topic": "x"}) == {"updated": False}
-    await store.set(scope, "k", {"v": 1}, topic="old")
-    before = await store.get_entry(scope, "k")
-    assert await store.call("state::update-topic", {"scope": scope, "key": "k",
-                                                    "topic": "new"}) == {"updated": True}
-    after = await store.get_entry(scope, "k")
-    assert (after.topic, after.version, after.updated_at, after.value) == (
-        "new", before.version, before.updated_at, {"v": 1})
-    event = (await store.events(scope))[-1]
-    assert (event.type, bytes(event.old_value), bytes(event.new_value), event.version) == (
-        "state:updated", b'{"v":1}', b'{"v":1}', 1)
-    page = await store.call("state::list-entries", {"scope": scope, "topic_pattern": "new"})
-    assert [e["key"] for e in page["entries"]] == ["k"]
-    await store.call("state::update-topic", {"scope": scope, "key": "k", "topic": None})
-    assert (await store.get_entry(scope, "k")).topic is None
-    page = await store.call("state::list-entries", {"scope": scope, "topic_pattern": "*"})
-    assert page["entries"] == []
-
-
-async def test_diff(store: StateStore, scope: str) -> None:
-    first = await store.call("state::diff", {"scope": scope, "key": "k", "value": {"a": 1, "b": 2}})
-    assert first["changed"] is True and first["found_previous"] is False and first["version"] == 1
-    same = await store.call("state::diff", {"scope": scope, "key": "k", "value": {"b": 2, "a": 1}})
-    assert same["changed"] is False and same["previous_version"] == 1
-    assert same["previous"] == {"a": 1, "b": 2}
-    changed = await store.call("state::diff", {"scope": scope, "key": "k", "value": {"a": 2}})
-    assert changed == {"changed": True, "found_previous": True, "previous_version": 1,
-                       "previous": {"a": 1, "b": 2}, "version": 2, "hash": changed["hash"]}
-    dry = await store.call("state::diff", {"scope": scope, "key": "k", "value": 3,
-                                           "update": False})
-    assert dry["changed"] is True and "version" not in dry
-    assert await store.get(scope, "k") == {"a": 2}
-    with pytest.raises(StateError) as caught:
-        await store.call("state::diff", {"scope": scope, "key": "k", "value": 4,
-                                         "expected_version": 1})
-    assert caught.value.code == "CONFLICT"
-    assert len(await store.events(scope)) == 2
-
-
-async def test_list_namespaces(store: StateStore, scope: str) -> None:
-    for name in ["ns-a", "ns-b", "other"]:
-        await store.set(f"{scope}{name}", "k", 1)
-    result = await store.call("state::list-namespaces", {"pattern": f"{scope}ns-*"})
-    assert result == {"namespaces": [f"{scope}ns-a", f"{scope}ns-b"]}
-    groups = await store.call("state::list_groups", {})
-    everything = await store.call("state::list-namespaces", {})
-    assert everything["namespaces"] == groups["groups"]
-    limited = await store.call("state::list-namespaces", {"limit": 1})
-    assert len(limited["namespaces"]) == 1
-
-
 async def test_list_entries_rejects_bad_paging(store: StateStore, scope: str) -> None:
     for body, path in [({"limit": 0}, "$.limit"), ({"limit": 1001}, "$.limit"),
                        ({"offset": -1}, "$.offset"), ({"order_by": "size"}, "$.order_by"),
@@ -236,3 +143,36 @@ async def test_long_patterns_are_refused_and_star_runs_are_one_star(store: State
     assert [e["key"] for e in page["entries"]] == ["ab"]
     names = await store.call("state::list-namespaces", {"pattern": scope[:3] + "*" * 1000})
     assert scope in names["namespaces"]
+
+
+async def test_list_entries_skips_expired_entries(redis_server: RedisServer, prefix: str,
+                                                  scope: str) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
+        expired_by = 0
+        for key, topic, ttl in [("a", None, 30), ("b", None, None), ("c", "t", 30),
+                                ("d", "t", 3_600_000), ("e", None, None), ("f", "t", 30)]:
+            await store.set(scope, key, key, topic=topic, ttl_ms=ttl)
+            expired_by = now_ms() + 30
+        await pass_time(expired_by)  # a, c and f have expired; the reaper is off
+
+        async def keys(**body: Any) -> list[str]:
+            got, after = [], None
+            while True:
+                page = await store.call("state::list-entries", {
+                    "scope": scope, "include_values": True, **body,
+                    **({"after": after} if after else {})})
+                got += [e["key"] for e in page["entries"]]
+                assert all(e["value"] == e["key"] for e in page["entries"])
+                if (after := page.get("next_after")) is None:
+                    return got
+
+        for order_by in ("key", "updated_at", "topic"):
+            for order in ("asc", "desc"):
+                for limit in (1, 2, 1000):
+                    got = await keys(order_by=order_by, order=order, limit=limit)
+                    assert sorted(got) == ["b", "d", "e"], (order_by, order, limit, got)
+        first = await store.call("state::list-entries", {"scope": scope, "limit": 2})
+        assert [e["key"] for e in first["entries"]] == ["b", "d"]  # expired ones take no room
+        assert await keys(topic_pattern="t") == ["d"]
+        assert await keys(key_pattern="*", prefix="") == ["b", "d", "e"]
+        assert await keys(offset=1) == ["d", "e"]

@@ -1,17 +1,21 @@
-"""Every script call stays on one cluster slot; the library survives FUNCTION FLUSH and a
-restart."""
+"""The Lua library: every script call stays on one cluster slot; the library survives
+FUNCTION FLUSH (also while calls flow on the bus) and a restart, and one Redis refuses to
+load fails the call, not the store."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
 from redis.crc import key_slot
 
-from stateworker import StateError, StateStore
+from stateworker import StateClient, StateError, StateStore
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
 from stateworker.context import CallContext
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
@@ -20,6 +24,9 @@ from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
 from stateworker.state import functions
 from stateworker.transport.wire import Arg
+from tests.calls import INCREMENT
+from tests.integration.busproto import until
+from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -157,3 +164,55 @@ async def test_a_library_redis_refuses_to_load_fails_the_call_not_the_store(
             assert await store.get(scope, "k") == 2
     finally:
         await raw.aclose()
+
+
+# ---- the library reloaded under calls already sent -------------------------------------------
+async def test_function_flush_while_calls_flow_on_the_bus(own_redis: RedisServer,
+                                                         prefix: str, scope: str) -> None:
+    """FUNCTION FLUSH (on a server of its own) while 8 clients keep calling: calls whose
+    scripts were already on the wire meet "Function not found", the library is loaded again
+    and they are repeated; every call succeeds, each write applied once."""
+    settings = settings_for(own_redis.url, prefix)
+    flushes, writes = 3, [0]
+    rounds = [0] * 8  # calls made by each caller
+    admin = aredis.Redis(port=own_redis.port)
+    stop = anyio.Event()
+
+    async def caller(client: StateClient, n: int) -> None:
+        while not stop.is_set():
+            await client.update(scope, "counter", INCREMENT)
+            writes[0] += 1
+            page = await client.list_entries(scope, key_pattern="counter")
+            assert [e["key"] for e in page["entries"]] == ["counter"]
+            rounds[n] += 1
+
+    async def loaded() -> bool:
+        return len(await admin.function_list()) == 1
+
+    try:
+        async with StateService.running(settings, BusOptions(block_ms=50)), \
+                StateClient(settings=settings) as client:
+            await client.update(scope, "counter", INCREMENT)
+            writes[0] += 1
+            async with anyio.create_task_group() as tg:
+                for n in range(8):
+                    tg.start_soon(caller, client, n)
+                for _ in range(flushes):
+                    await admin.function_flush()
+                    # only a call meeting the missing library loads it again
+                    await until(loaded, 10, "the library to be loaded again")
+                    # the calls that met it, repeated, are done before the next flush: each
+                    # caller finished a round it began after the load
+                    since = list(rounds)
+
+                    async def next_rounds(since: list[int] = since) -> bool:
+                        return all(now >= then + 2 for now, then in zip(rounds, since,
+                                                                         strict=True))
+
+                    await until(next_rounds, 10, "every caller to go on")
+                stop.set()
+            assert await client.get(scope, "counter") == {"n": writes[0]}
+        errors = await admin.info("errorstats")
+        assert errors["errorstat_ERR"]["count"] >= flushes  # "ERR Function not found" replies
+    finally:
+        await admin.aclose()

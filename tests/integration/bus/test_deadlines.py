@@ -1,0 +1,71 @@
+"""Deadlines: a call that timed out is never applied later, whether the `call` command or a
+StateClient sent it; its id and deadline again get its outcome."""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.clock import now_ms
+from stateworker.errors import CallTimeout, DeadlineExceeded
+from tests.integration.services import run_cli, settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def drained(raw: aredis.Redis, stream: str) -> None:
+    """Wait until the service has read and acknowledged every entry of `stream` (entries
+    are deleted once answered, and no call stays pending)."""
+    with anyio.fail_after(15):
+        while await raw.xlen(stream) or (await raw.xpending(stream, "state"))["pending"]:
+            await anyio.sleep(0.01)  # polling the stream
+
+
+async def test_cli_call_that_timed_out_is_never_applied(redis_server: RedisServer,
+                                                        raw: aredis.Redis, prefix: str,
+                                                        scope: str) -> None:
+    body = msgspec.json.encode({"scope": scope, "key": "late", "value": 1}).decode()
+    started = now_ms()
+    done = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call", "--timeout",
+                                          "0.5", "state::set", body)
+    assert done.returncode == 1, done.stderr
+    error = msgspec.json.decode(done.stderr)
+    assert error["code"] == "TIMEOUT"
+    deadline = error["details"]["deadline_ms"]
+    assert started + 500 <= deadline <= now_ms()  # its whole time, and over when it said so
+    assert f"deadline_ms {deadline}" in error["message"]
+    assert "or never" in error["message"] and "same id returns its outcome" in error["message"]
+    stream = f"{prefix}:bus:state"
+    assert await raw.xlen(stream) >= 1  # the call is there, waiting for a service
+
+    async with StateService.running(settings_for(redis_server, prefix),
+                                    BusOptions(block_ms=50)):
+        await drained(raw, stream)
+        async with StateClient(settings=settings_for(redis_server, prefix)) as client:
+            assert await client.get(scope, "late") is None  # read, and refused: too late
+
+
+async def test_client_call_that_timed_out_is_never_applied(redis_server: RedisServer,
+                                                           raw: aredis.Redis, prefix: str,
+                                                           scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings, timeout=0.3) as client:
+        with pytest.raises(CallTimeout) as caught:
+            await client.set(scope, "late", 1)  # no service: sent, never answered
+        details = caught.value.details
+        assert details["deadline_ms"] <= now_ms()
+        assert "applied by" in caught.value.message and "or never" in caught.value.message
+        async with StateService.running(settings, BusOptions(block_ms=50)):
+            await drained(raw, f"{prefix}:bus:state")
+            assert await client.get(scope, "late") is None
+            # Its id and deadline again: the outcome (it never ran), nothing applied now.
+            with pytest.raises(DeadlineExceeded):
+                await client.call("state::set", {"scope": scope, "key": "late", "value": 1},
+                                  call_id=details["call_id"], deadline_ms=details["deadline_ms"])
+            assert await client.get(scope, "late") is None

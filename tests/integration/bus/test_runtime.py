@@ -1,0 +1,200 @@
+"""Promises of the bus runtime that the README and docs/architecture.md make: exactly once
+when a call is delivered twice at once (the visibility timeout), Redis lost in the middle of a
+batch, and the dedupe window of the call records (the state service's and a user worker's).
+
+Faults come from real processes and sockets: `FaultProxy` (tests/servers.py) holds or mutes
+one connection of an in-process service."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker import StateClient, StateStore, Worker
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import Bus, BusOptions, Call
+from stateworker.keys import KeySpace
+from tests.calls import INCREMENT
+from tests.integration.busproto import until
+from tests.integration.services import settings_for
+from tests.servers import FaultProxy, RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def increment(scope: str, key: str = "counter") -> bytes:
+    return msgspec.json.encode({"scope": scope, "key": key, "ops": INCREMENT})
+
+
+async def drained(raw: aredis.Redis, stream: str, group: str) -> bool:
+    """Every entry of the stream acknowledged and deleted."""
+    return (await raw.xpending(stream, group))["pending"] == 0 and await raw.xlen(stream) == 0
+
+
+async def pop_replies(raw: aredis.Redis, reply: str, count: int, timeout: float = 30
+                      ) -> list[bytes]:
+    """`count` reply documents from `reply`, oldest first; fails after `timeout`."""
+    documents: list[bytes] = []
+    with anyio.fail_after(timeout):
+        while len(documents) < count:
+            popped = await raw.brpop([reply], timeout=1)
+            if popped is not None:
+                documents.append(popped[1])
+    return documents
+
+
+async def redis_ms(raw: aredis.Redis) -> int:
+    seconds, micros = await raw.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# ---- two consumers, one call -----------------------------------------------------------------
+async def test_a_call_in_flight_is_kept_until_the_visibility_timeout_and_applied_once(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    """Consumer A reads a call and is slow with it (its requests are held on the way to
+    Redis). Meanwhile the same call id is delivered again, to consumer B, which applies it;
+    B also takes A's entry over - but only once it was idle for B's visibility timeout - and
+    answers it from the record. When A's requests finally arrive, A answers from the record
+    too. Three deliveries, two consumers running the same call at once: applied once, one
+    reply."""
+    stream, group = f"{prefix}:bus:state", "state"
+    call_id = f"dup-{uuid.uuid4().hex}"
+    first, second = f"{prefix}:reply:first", f"{prefix}:reply:second"
+    visibility_ms = 1000  # B's
+    proxy = FaultProxy(redis_server.port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.serve)
+        proxy.arm("hold", call_id.encode())
+        slow = StateService.running(settings_for(proxy.url, prefix), BusOptions(
+            block_ms=50, concurrency=1, visibility_timeout_ms=60_000, consumer="A"))
+        async with slow:
+            entry = await raw.xadd(stream, {"id": call_id, "fn": "state::update",
+                                            "body": increment(scope), "reply": first})
+            with anyio.fail_after(10):
+                await proxy.triggered.wait()  # A read the call; its requests are held
+            async with raw.pipeline(transaction=True) as pipe:
+                pipe.xpending_range(stream, group, "-", "+", 10)
+                pipe.time()
+                pending, (seconds, micros) = await pipe.execute()
+            assert [(p["message_id"], p["consumer"]) for p in pending] == [(entry, b"A")]
+            delivered_ms = int(seconds) * 1000 + int(micros) // 1000 - pending[0][
+                "time_since_delivered"]
+            assert proxy.held_bytes > 0
+            fast = StateService.running(settings_for(redis_server.url, prefix), BusOptions(
+                block_ms=50, visibility_timeout_ms=visibility_ms, consumer="B"))
+            async with fast:
+                await raw.xadd(stream, {"id": call_id, "fn": "state::update",
+                                        "body": increment(scope), "reply": second})
+                (by_b,) = await pop_replies(raw, second, 1)  # B applies the call
+                (taken_over,) = await pop_replies(raw, first, 1)  # B takes A's entry over
+                # ... not before A had it for the visibility timeout (Redis's clock; 2 ms
+                # for rounding to whole milliseconds)
+                assert await redis_ms(raw) - delivered_ms >= visibility_ms - 2
+                await proxy.release()  # A's requests reach Redis at last
+                (by_a,) = await pop_replies(raw, first, 1)
+                await until(lambda: drained(raw, stream, group), 10, "every entry acknowledged")
+        tg.cancel_scope.cancel()
+    assert by_b == taken_over == by_a
+    assert msgspec.json.decode(by_b) == {"id": call_id, "ok": True, "result": {
+        "old_value": None, "new_value": {"n": 1}, "version": 1}}
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
+        assert await store.get(scope, "counter") == {"n": 1}
+        assert [(e.type, e.version) for e in await store.events(scope)] == [("state:created", 1)]
+    assert await raw.llen(first) == 0 and await raw.llen(second) == 0
+
+
+# ---- Redis lost in the middle of a batch -----------------------------------------------------
+async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_records(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    """A batch's scripts run in Redis, then the connection is lost before their replies come
+    back: the calls stay pending and unanswered; once the service is connected again it
+    answers every one of them from its record, none applied twice."""
+    stream, group, reply = f"{prefix}:bus:state", "state", f"{prefix}:reply:lost"
+    batch = f"lost-{uuid.uuid4().hex[:8]}"
+    ids = [f"{batch}-{i:02d}" for i in range(16)]
+    record_prefix = KeySpace(prefix, 4).for_scope(scope).call_record(batch)
+    proxy = FaultProxy(redis_server.port)
+    async with anyio.create_task_group() as tg, StateStore.open(
+            redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
+        await tg.start(proxy.serve)
+        proxy.arm("mute", record_prefix.encode())  # from the first script of these calls on
+        async with StateService.running(settings_for(proxy.url, prefix), BusOptions(
+                block_ms=50, visibility_timeout_ms=300, consumer="lost-1")):
+            async with raw.pipeline(transaction=True) as pipe:  # one read gets all 16
+                for call_id in ids:
+                    pipe.xadd(stream, {"id": call_id, "fn": "state::update",
+                                       "body": increment(scope), "reply": reply})
+                await pipe.execute()
+
+            async def applied() -> bool:
+                return await store.get(scope, "counter") == {"n": 16}
+
+            await until(applied, 10, "the 16 scripts to run")
+            # the scripts ran; no reply reached the service: nothing answered, all pending
+            assert proxy.triggered.is_set()
+            assert await raw.llen(reply) == 0
+            assert (await raw.xpending(stream, group))["pending"] == 16
+            proxy.cut()  # the connection is lost
+            documents = await pop_replies(raw, reply, 16)
+            await until(lambda: drained(raw, stream, group), 10, "every entry acknowledged")
+        tg.cancel_scope.cancel()
+        answers = [msgspec.json.decode(d) for d in documents]
+        assert sorted(a["id"] for a in answers) == ids and all(a["ok"] for a in answers)
+        # answered from the records of the first run: the counter's values 1..16, one each
+        assert sorted(a["result"]["new_value"]["n"] for a in answers) == list(range(1, 17))
+        assert await store.get(scope, "counter") == {"n": 16}
+        assert len(await store.events(scope)) == 16
+    assert await raw.llen(reply) == 0  # one reply per call
+
+
+# ---- the dedupe window -----------------------------------------------------------------------
+async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    """A call id is applied at most once while its record is kept (`dedupe_window_ms`, here
+    2 s), by the state service and by a user worker alike; after the window the id is new."""
+    window_ms = 2000
+    settings = settings_for(redis_server.url, prefix, dedupe_window_ms=window_ms)
+    state_record = KeySpace(prefix, 4).for_scope(scope).call_record("win-1")
+    worker = Worker("win", settings=settings, options=BusOptions(block_ms=50))
+    worker_record = Bus(prefix, "win").record("win-2")
+    runs: list[str] = []
+
+    @worker.function("win::run")
+    async def run(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"run": len(runs)}
+
+    async def both() -> tuple[Any, Any]:
+        state = await client.call("state::update", {"scope": scope, "key": "n",
+                                                    "ops": INCREMENT}, call_id="win-1")
+        user = await jobs.call("win::run", {}, call_id="win-2")
+        return state, user
+
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            anyio.create_task_group() as tg, \
+            StateClient(settings=settings) as client, \
+            StateClient(settings=settings, service="win") as jobs:
+        await tg.start(worker.run)
+        first = await both()
+        for record in (state_record, worker_record):
+            assert 0 < await raw.pttl(record) <= window_ms
+        assert await both() == first  # within the window: the recorded replies, nothing run
+        assert first == ({"old_value": None, "new_value": {"n": 1}, "version": 1}, {"run": 1})
+
+        async def forgotten() -> bool:
+            return await raw.exists(state_record, worker_record) == 0
+
+        await until(forgotten, 10, "the records to expire")
+        # after the window the same id is a new call: applied again
+        assert await both() == ({"old_value": {"n": 1}, "new_value": {"n": 2}, "version": 2},
+                                {"run": 2})
+        assert runs == ["win-2", "win-2"]
+        worker.stop()

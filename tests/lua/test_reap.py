@@ -1,0 +1,118 @@
+"""Expiry: the TTL reaper (reap.lua) deletes expired entries in bounded batches, each with its
+state:deleted event; before it comes, an expired entry reads as missing at once, and a write
+that meets one deletes it first, with the event the reaper would write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from stateworker import StateStore
+from stateworker.clock import now_ms
+from stateworker.state import expiry
+from tests.calls import INCREMENT
+from tests.lua.ttl import HOUR_MS, expiring, pass_time
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reaper_deletes_in_bounded_batches(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=1, reaper=False,
+                               reaper_batch=10) as store:
+        keys = [f"k{i:02d}" for i in range(35)]
+        until = await expiring(store, scope, keys)
+        await store.set(scope, "stays", 0, ttl_ms=HOUR_MS)
+        await pass_time(until)
+        part = store.state.keys.partition(0)
+        assert await expiry.reap_partition(store.state, part) == (10, True)
+        assert await store.reap_expired() == 25
+        assert await store.reap_expired() == 0
+        deleted = [e for e in await store.events(scope) if e.type == "state:deleted"]
+        assert sorted(e.key for e in deleted) == keys
+        for event in deleted:  # what was deleted: the value, its version, no writer
+            assert bytes(event.old_value) == msgspec.json.encode(event.key), event
+            assert (bytes(event.new_value), event.version, event.by) == (b"null", 1, "")
+        assert await store.list_keys(scope) == ["stays"]
+        assert scope in await store.list_groups()
+
+
+async def test_background_reaper_emits_deleted(store: StateStore, scope: str) -> None:
+    until = await expiring(store, scope, ["a"])
+    await pass_time(until)
+    with anyio.fail_after(10):
+        while not (deleted := [e for e in await store.events(scope)
+                               if e.type == "state:deleted"]):
+            await anyio.sleep(0.05)  # polling the event stream for the reaper's event
+    assert [(e.key, bytes(e.old_value), bytes(e.new_value), e.version, e.by)
+            for e in deleted] == [("a", b'"a"', b"null", 1, "")]
+    assert scope not in await store.list_groups()
+
+
+# ---- expired entries before the reaper came --------------------------------------------------
+async def test_expired_entry_reads_as_missing_before_reaping(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
+        await store.set(scope, "keep", 1)
+        await store.set(scope, "later", 2, ttl_ms=HOUR_MS)
+        until = await expiring(store, scope, ["gone"])
+        await pass_time(until)
+        assert await store.get(scope, "gone") is None
+        assert (await store.get_entry(scope, "gone")).found is False
+        assert await store.get(scope, "later") == 2  # not expired yet
+        assert await store.list(scope) == [1, 2]
+        assert await store.list_keys(scope) == ["keep", "later"]
+        cas = await store.compare_and_set(scope, "gone", "new")
+        assert cas.swapped is True
+        types = [(e.type, e.key, e.version, bytes(e.old_value)) for e in await store.events(scope)]
+        # the expired entry is deleted (with its event) before the new one is created
+        assert types[-2:] == [("state:deleted", "gone", 1, b'"gone"'),
+                              ("state:created", "gone", 1, b"null")]
+
+
+async def test_a_write_meeting_an_expired_entry_deletes_it_first(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    """set, update, delete and update-topic (beyond compare-and-set) on an entry whose expiry
+    passed before the reaper came: the entry is deleted with its state:deleted event (no
+    writer, as the reaper's) before the write goes on as on a missing key."""
+    writes: dict[str, tuple[dict[str, Any], Any, list[tuple[str, str, str, int, str]]]] = {
+        # function: (request, reply, events after the deletion)
+        "state::set": ({"value": "new"}, {"old_value": None, "new_value": "new", "version": 1,
+                                         "created": True},
+                       [("state:created", "null", '"new"', 1, "w")]),
+        "state::update": ({"ops": INCREMENT}, {"old_value": None, "new_value": {"n": 1},
+                                               "version": 1},
+                          [("state:created", "null", '{"n":1}', 1, "w")]),
+        "state::delete": ({}, None, []),
+        "state::update-topic": ({"topic": "x"}, {"updated": False}, []),
+    }
+    async with StateStore.open(redis_server.url, prefix=prefix, reaper=False) as store:
+        expired_by = 0
+        for fn in writes:
+            await store.set(scope, fn, f"old {fn}", topic="t", ttl_ms=30)
+            expired_by = now_ms() + 30
+        await pass_time(expired_by)
+        part = store.state.keys.for_scope(scope)
+        for fn, (body, expected, after) in writes.items():
+            mark = (await store.events(scope))[-1].revision
+            result = await store.call(fn, {"scope": scope, "key": fn, **body}, caller="w")
+            if fn == "state::set":
+                result = {k: v for k, v in result.items() if k != "hash"}
+            assert result == expected, fn
+            events = [(e.type, bytes(e.old_value).decode(), bytes(e.new_value).decode(),
+                       e.version, e.by) for e in await store.events(scope, mark)]
+            assert events == [
+                ("state:deleted", msgspec.json.encode(f"old {fn}").decode(), "null", 1, ""),
+                *after], fn
+        assert await store.list_keys(scope) == ["state::set", "state::update"]
+        assert await store.state.conn.execute("ZCARD", part.ttl) == 0  # no expiry left behind
+        page = await store.call("state::list-entries", {"scope": scope, "topic_pattern": "t"})
+        assert page["entries"] == []  # set replaces the topic; update of a new entry has none
+        assert await store.reap_expired() == 0  # nothing left for the reaper
