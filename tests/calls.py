@@ -1,5 +1,5 @@
 """What the tests that call state functions share: a scope's events as tuples, the
-StateError a call raises, and an update that increments `n`."""
+StateError a call raises, an update that increments `n`, whether a claimed scope is refused."""
 
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ async def error_of(store: StateStore, fn: str, body: Any) -> StateError:
     with pytest.raises(StateError) as caught:
         await store.call(fn, body)
     return caught.value
+
+
+async def refuses(store: StateStore, scope: str) -> bool:
+    """The public functions refuse `scope` (a private namespace claimed it)."""
+    try:
+        await store.call("state::get", {"scope": scope, "key": "k"})
+    except StateError as exc:
+        assert exc.code == "RESERVED_SCOPE", exc
+        return True
+    return False

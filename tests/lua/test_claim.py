@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
+from tests.calls import refuses
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -42,12 +43,7 @@ async def claim_error(store: StateStore, prefix: Any, scopes: Any,
 
 async def is_public(store: StateStore, scope: str) -> bool:
     """The public functions serve `scope` (nothing claimed it)."""
-    try:
-        await store.call("state::get", {"scope": scope, "key": "k"})
-    except StateError as exc:
-        assert exc.code == "RESERVED_SCOPE", exc
-        return False
-    return True
+    return not await refuses(store, scope)
 
 
 async def registry_length(store: StateStore) -> int:

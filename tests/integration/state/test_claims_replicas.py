@@ -19,6 +19,7 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from stateworker.state.registry import RegistryEntry
+from tests.calls import refuses
 from tests.integration.busproto import roundtrip, until
 from tests.servers import RedisServer
 
@@ -52,15 +53,6 @@ async def replicas(server: RedisServer, prefix: str, count: int
         finally:
             for stop in stops:
                 stop.set()
-
-
-async def refuses(store: StateStore, scope: str) -> bool:
-    try:
-        await store.call("state::get", {"scope": scope, "key": "k"})
-    except StateError as exc:
-        assert exc.code == "RESERVED_SCOPE", exc
-        return True
-    return False
 
 
 async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
