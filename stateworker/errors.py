@@ -1,9 +1,6 @@
-"""Every error that leaves the service, each with a stable code.
-
-The Lua scripts return a small integer status as the first element of their reply. `LUA_STATUS`
-is the one table of those statuses: `scripts.py` writes it into every script as the Lua table
-`ST`, so Lua and Python cannot disagree, and `tests/unit/test_errors.py` checks that every `ST.X`
-a script names exists here.
+"""Every error that leaves the service, each with a stable code (`ERROR_CLASSES` maps a code
+read off the bus back to its class). The statuses the Lua scripts return, and which of them
+are errors, are the scripts layer's (scripts/statuses.py).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def _barrier_config(target: Target, reply: list[Any]) -> Text:
             {"path": "$.condition_config.expect", "expected": stored, "given": given})
 
 
-# The message of each error status; its class comes from errors.STATUS_ERRORS (one table of
+# The message of each error status; its class comes from STATUS_ERRORS above (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["CONFLICT"]: _conflict,

@@ -2,10 +2,11 @@
 
 Each function takes its decoded request Struct, validates it (a StateError before anything
 is sent) and returns the store's Plan for it; the plan's result is a Struct that
-`schemas.encoder` writes. Values stay `msgspec.Raw` the whole way. `FUNCTIONS` pairs each
-with its request type (`decoded`); the engines' front-ends (`stateworker/engines/`) call the
-typed functions themselves, so a translated call is checked and run exactly as a native one.
-A `Catalog` is what a service serves: the native functions, or those and the engines'.
+`schemas.encoder` writes. Values stay `msgspec.Raw` the whole way. `NATIVE_SERVED` pairs
+each function's spec (specs.py) with it; the engines' front-ends (`stateworker/engines/`)
+call the typed functions themselves, so a translated call is checked and run exactly as a
+native one. A `Catalog`, derived from what it serves, is what a service serves: the native
+functions, or those and the engines'.
 """
 
 from __future__ import annotations
@@ -234,11 +235,10 @@ class Served(NamedTuple):
     prepare: Prepare
 
 
-def served(spec: Spec, typed: Callable[[RedisState, Any, CallContext], Plan],
-           prepare: Prepare | None = None) -> Served:
-    """`spec` served by `typed`; its body decoded as `spec.request` unless a front-end
-    decodes it itself (`prepare`)."""
-    return Served(spec, typed, prepare or decoded(spec.request, typed))
+def served(spec: Spec, typed: Callable[[RedisState, Any, CallContext], Plan]) -> Served:
+    """`spec` served by `typed`, its body decoded as `spec.request` (an engine decodes its
+    own: engines/<engine>/functions.py builds its Served)."""
+    return Served(spec, typed, decoded(spec.request, typed))
 
 
 NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in (

@@ -2,7 +2,7 @@
 memory (claimed scopes, triggers) within a moment, without polling the keys that hold it.
 
 A script that changes such a thing also XADDs one entry to the registry stream
-(`<prefix>:{<prefix>:r}:registry`, `MAXLEN ~ MAXLEN`) with a field `kind` (`claims`,
+(`<prefix>:{<prefix>:reg}:registry`, `MAXLEN ~ MAXLEN`) with a field `kind` (`claims`,
 `triggers` ...) and whatever else its kind needs. Each replica runs one `Registry.run` loop
 on a connection of its own: `XREAD BLOCK` from the last entry it saw, handing each entry to
 the `apply` callback registered for its kind (`on`); kinds nobody registered are skipped.
