@@ -5,11 +5,11 @@ Instead every write of `lua/barrier.lua` adds the barrier's hash to its partitio
 `barriers_changed` set and counts one more write in the hash's `w` field. Once a round, for
 each partition it holds, the snapshotter reads that set (SRANDMEMBER, a batch at a time:
 only what changed, never a scan), reads those hashes (HGETALL, pipelined), upserts them in
-one transaction (a row is replaced only by one with a higher `w`), and then forgets them (`lua/forget.lua`): each is
-removed from the set only if its `w` is still the one stored, so a barrier written again
-between the read and the forget stays marked for the next round. A crash anywhere in
-between leaves the set as it was: the next holder stores the same states again (changing
-nothing) and forgets them."""
+one transaction (a row is replaced only by one with a higher `w`), and then forgets them
+(`lua/forget.lua`): each is removed from the set only if its `w` is still the one stored, so
+a barrier written again between the read and the forget stays marked for the next round. A
+crash anywhere in between leaves the set as it was: the next holder stores the same states
+again (changing nothing) and forgets them."""
 
 from __future__ import annotations
 
