@@ -53,13 +53,22 @@ async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) ->
 async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: list[Any],
               now: int) -> dict[str, Any]:
     """A follower's position (HMGET id n) behind its stream: events, and the age in ms of
-    the first event it has not passed (the dispatcher's and the snapshot's alike)."""
+    the first event it has not passed (the dispatcher's and the snapshot's alike). Once the
+    hard cap has cut that event: the age of the last event passed, which it is no older than
+    (with none passed yet, of the oldest kept). Measured from the oldest kept, younger than
+    the one lacked, the lag would go backwards while nothing is passed."""
     if position[0] is None:
         return {"position": None, "lag_events": stream.length, "lag_ms": None}
     behind = max(0, stream.added - int(position[1]))
     report: dict[str, Any] = {"position": position[0].decode(), "lag_events": behind, "lag_ms": 0}
     if behind:
-        after = await conn.execute("XRANGE", events, "(" + position[0].decode(), "+", "COUNT", 1)
-        if after:
+        # The stream looked at after the read: not cut past the position then, not before.
+        after, info = await conn.pipeline([
+            ["XRANGE", events, "(" + position[0].decode(), "+", "COUNT", 1],
+            ["XINFO", "STREAM", events]])
+        passed_ms = revision_of(position[0])[0]
+        if StreamInfo(info).deleted > int(position[1]) and passed_ms:
+            report["lag_ms"] = max(0, now - passed_ms)
+        elif after:
             report["lag_ms"] = max(0, now - revision_of(after[0][0])[0])
     return report
