@@ -23,6 +23,10 @@ class CallContext(Struct, frozen=True, kw_only=True):
     # Set for a call to a private namespace's accessor (`<prefix>::state::get` ...): its
     # functions prefix. Its scope must be one the namespace claimed (state/validate.py).
     namespace: str | None = None
+    # `acl` mode: the principal the call came from, taken from the name of the stream it was
+    # read from (keys.principal_stream), never from a field of the entry. None: `off` mode or
+    # an in-process call (a trusted caller).
+    principal: str | None = None
 
     @property
     def by(self) -> str | None:

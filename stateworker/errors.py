@@ -180,6 +180,22 @@ class InvalidContext(StateError):
     code = "INVALID_CONTEXT"
 
 
+class ScopeInUse(StateError):
+    """Raised when a namespace claims a public scope that is in use (it holds entries, a
+    trigger names it, or it was written within the dedupe window) without an admin's
+    `adopt: true`; nothing is claimed."""
+
+    code = "SCOPE_IN_USE"
+
+
+class PermissionDenied(StateError):
+    """Raised in `acl` mode when the calling principal's roles do not grant the function on
+    the scope (or let it act as the user its context names); the message names the
+    principal, the function, the scope and the missing grant."""
+
+    code = "PERMISSION_DENIED"
+
+
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -214,6 +230,8 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         Compacted,
         KeyLimit,
         InvalidContext,
+        ScopeInUse,
+        PermissionDenied,
     )
 }
 

@@ -28,6 +28,9 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
   sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
+  sw:{sw:reg}:principals                  hash   principal name -> its record (JSON: roles,
+                                                 act_as; never a password)
+  sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
@@ -35,8 +38,11 @@ Layout (`sw` prefix, partition 3):
   sw:meta                                 hash   layout facts checked at start (partitions)
   sw:callid:{<call id>}                   string the digest of the call an id belongs to
   sw:bus:<service>                        stream calls to a service; consumer group <service>
+  sw:bus:<service>:from:<principal>       stream `acl` mode: one principal's calls to a
+                                                 service; consumer group <service>
   sw:bus:<service>:done:{<call id>}       string a user worker's recorded reply
   sw:reply:<client id>                    list   replies for one client
+  sw:reply:<principal>:<client id>        list   `acl` mode: replies for one principal's client
   sw:stats:<service>                      hash   a service's counters
 The scope is length-prefixed inside entry names, so any scope and key (":" included) map to one
 name and the reaper can split a ttl member back into scope and key.
@@ -45,6 +51,7 @@ name and the reaper can split a ttl member back into scope and key.
 from __future__ import annotations
 
 import functools
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -121,6 +128,8 @@ class KeySpace:
         self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
         self.triggers = f"{registry_tag}triggers"
         self.claims = f"{registry_tag}claims"
+        self.principals = f"{registry_tag}principals"
+        self.roles = f"{registry_tag}roles"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"
@@ -207,3 +216,34 @@ def stats_key(prefix: str, service: str) -> str:
 def bus_streams_pattern(prefix: str) -> str:
     """SCAN pattern of every service's call stream."""
     return f"{prefix}:bus:*"
+
+
+# A principal's name: its Redis ACL user, the tail of its streams and the head of its reply
+# lists, and (as a namespace's functions prefix) the namespace it may claim.
+PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_FROM = ":from:"
+
+
+def principal_stream(prefix: str, service: str, principal: str) -> str:
+    """`acl` mode: the one stream `principal` may XADD its calls to `service` to."""
+    return f"{bus_stream(prefix, service)}{_FROM}{principal}"
+
+
+def principal_streams_pattern(prefix: str, service: str) -> str:
+    """SCAN / ACL pattern of every principal's stream to `service`."""
+    return f"{bus_stream(prefix, service)}{_FROM}*"
+
+
+def principal_of_stream(prefix: str, service: str, stream: str) -> str | None:
+    """The principal whose stream to `service` `stream` is; None when it is none."""
+    head = f"{bus_stream(prefix, service)}{_FROM}"
+    if not stream.startswith(head):
+        return None
+    name = stream[len(head):]
+    return name if PRINCIPAL_RE.match(name) else None
+
+
+def principal_reply_prefix(prefix: str, principal: str) -> str:
+    """`acl` mode: `principal`'s reply lists (`<prefix>:reply:<principal>:<client id>`), the
+    only ones its ACL user may read and the only ones the service answers its calls on."""
+    return f"{reply_prefix(prefix)}{principal}:"

@@ -15,6 +15,9 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # acknowledged writes at risk when the host dies), `strict` before every reply.
 APPENDFSYNC = {"fast": "everysec", "strict": "always"}
 _FOREVER = float("inf")
+# `off`: every caller is trusted (one deployment); `acl`: every caller is a principal with a
+# Redis ACL user of its own, and its identity comes from the stream it may write to.
+AUTH_MODES = ("off", "acl")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +44,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     repair: bool = True
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
     durability: str = "fast"  # "fast" or "strict": see APPENDFSYNC (checked at start)
+    auth: str = "off"  # "off" or "acl": see AUTH_MODES (docs/security.md)
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
     dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
@@ -63,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if self.durability not in APPENDFSYNC:
             raise ConfigError(f"durability must be one of {tuple(APPENDFSYNC)}, got "
                               f"{self.durability!r}")
+        if self.auth not in AUTH_MODES:
+            raise ConfigError(f"auth must be one of {AUTH_MODES}, got {self.auth!r}")
         if self.durability == "strict" and self.allow_no_aof:
             raise ConfigError("durability strict needs AOF: unset STATEWORKER_ALLOW_NO_AOF or "
                               "use STATEWORKER_DURABILITY=fast")

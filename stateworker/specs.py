@@ -140,6 +140,11 @@ _WHY: dict[str, str] = {
     "INVALID_SCOPE": "a scope is not non-empty text",
     "SCOPE_CONFLICT": "a scope is owned by another namespace (`details.owner`)",
     "INVALID_CONTEXT": "the call's context lacks the field the engine takes the caller from",
+    "SCOPE_IN_USE": "a public scope asked for is in use: it holds entries, a trigger names it or "
+                    "it was written within the dedupe window (`details.scope`; an admin may "
+                    "adopt it)",
+    "PERMISSION_DENIED": "`acl` mode: the principal's roles do not grant the function on the "
+                         "scope (`details`: principal, fn, scope, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
 }
 
