@@ -200,6 +200,11 @@ class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
 
+class MissingPermission(ConfigError):
+    """Raised at start when the service's Redis user lacks part of the service's ACL rule
+    (docs/security.md); the message is one line naming what it lacks."""
+
+
 class ScriptError(Exception):
     """Raised when a Lua file or one of its includes cannot be assembled, or Redis refuses
     to load the library (the reason named)."""

@@ -1,4 +1,4 @@
-"""The `stateworker` command: serve, call, watch, status."""
+"""The `stateworker` command: serve, call, watch, status, restore, acl-rule."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import anyio
 import msgspec
 
 from stateworker import logs
-from stateworker.app import service
+from stateworker.app import service, service_user
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, InvalidRequest, StateError
+from stateworker.errors import ConfigError, InvalidRequest, MissingPermission, StateError
 from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
 from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
@@ -315,11 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                    "triggers and dispatch lag")
     sub.add_parser("restore", help="rebuild an empty Redis from the PostgreSQL snapshot "
                    "(STATEWORKER_POSTGRES_URL): entries, triggers, claims")
+    service_user.add_command(sub)
     args = parser.parse_args(argv)
     try:
         check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2
         if args.command == "serve":
             return _serve(args)
+        if args.command == "acl-rule":
+            return service_user.print_rule(args, _settings(args))
         if args.command == "call":
             return int(run(_call, args))
         if args.command == "watch":
@@ -330,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())
             return 0 if report.get("reachable") else 1
+    except MissingPermission as exc:  # the service's Redis user: exit 1 (docs/security.md)
+        print(f"stateworker: {exc}", file=sys.stderr)
+        return 1
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return 2

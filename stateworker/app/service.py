@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from stateworker.app import service_user
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.engines.catalog import CATALOG
@@ -32,7 +33,7 @@ from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import functions, lifecycle
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -92,8 +93,9 @@ class StateService:
         # checked and repaired before the registry follower loads from it; then every loop,
         # each started (`task_status`) before the next, so a failed start is raised here.
         pg = await prepare(settings)
+        started = False
         try:
-            ready = _wait_while_loading if settings.redis_url is not None else None
+            ready = _ready(settings) if settings.redis_url is not None else None
             state = await lifecycle.connect(settings, ready)
             async with lifecycle.running(state, reaper=True,
                                          before=lambda opened: repair_at_start(opened, pg)):
@@ -105,6 +107,7 @@ class StateService:
                     if service.snapshotter is not None:
                         await tg.start(service.snapshotter.run)
                     try:
+                        started = True
                         yield service
                     finally:
                         service.runtime.stop()
@@ -112,10 +115,28 @@ class StateService:
                             service.dispatcher.stop()
                         if service.snapshotter is not None:
                             service.snapshotter.stop()
+        except BaseException as exc:
+            # A permission the start met refused (one the check cannot ask of Redis ahead,
+            # or a rule changed under it): the one line that names it, not a traceback.
+            missing = None if started else service_user.missing_from(
+                exc, settings, shown_url(settings.redis_url or ""))
+            if missing is not None:
+                raise missing from None
+            raise
         finally:
             if pg is not None:  # (closed by the snapshotter already, unless it never ran)
                 with anyio.CancelScope(shield=True):
                     await pg.close()
+
+
+def _ready(settings: Settings) -> Callable[[RedisConnection], Awaitable[None]]:
+    """What runs first on the state's connection to an external Redis: the wait while it
+    loads, then the check that the service's user has the whole ACL rule."""
+    async def ready(conn: RedisConnection) -> None:
+        await _wait_while_loading(conn)
+        await service_user.check(conn, settings)
+
+    return ready
 
 
 async def _wait_while_loading(conn: RedisConnection) -> None:

@@ -1,0 +1,238 @@
+"""The state service's own Redis user: the minimal ACL rule `stateworker serve` needs (every
+command it runs, by name and subcommand, on `~<prefix>:*`, no channels), and the check at
+start that the user it runs as has all of it (docs/security.md).
+
+The rule is one table, `_probes`: each command the service runs - in Python or inside its Lua
+functions, which Redis checks against the caller's ACL too - with a sample of it on a key the
+service really uses. `rule(prefix)` is the `+<command>` of every row; `check` asks Redis with
+`ACL DRYRUN <self> <sample>` for every row in one pipeline, so a user that lacks a command the
+service runs only rarely (XAUTOCLAIM: a dead replica's calls; the restore commands: a wiped
+Redis) is refused at start, not when that day comes. A NOPERM that still comes up during the
+start (a permission Redis checks at connect, SELECT) becomes the same one line
+(`missing_from`)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import urllib.parse
+from collections.abc import Sequence
+
+from stateworker.errors import MissingPermission
+from stateworker.keys import KeySpace, reply_prefix, stats_key
+from stateworker.settings import Settings
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+
+RULE_DOC = "docs/security.md"
+RULE_COMMAND = "stateworker acl-rule"
+DEFAULT_USER = "stateworker"
+SERVICE = "state"  # the state service's bus name (app/service.py STATE_SERVICE)
+_NOPERM_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
+_NOPERM_KEY = re.compile(r"permissions to access the '(.*)' key")
+
+
+def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
+            ) -> dict[str, list[Arg]]:
+    """Each command of the rule -> a sample of it (the arguments after `ACL DRYRUN <user>`),
+    on a key of the kind the service runs it on. Who runs it, beside each."""
+    keys = KeySpace(prefix, 1)
+    part = keys.partition(0)
+    entry, index, events = part.entry("s", "k"), part.key_index("s"), part.events
+    bus, reply = keys.bus_stream(SERVICE), f"{reply_prefix(prefix)}c"
+    stats = stats_key(prefix, SERVICE)
+    probes: dict[str, list[Arg]] = {
+        # The start: this check, the wait for a loading Redis, the server checks, the library.
+        "acl|whoami": ["ACL", "WHOAMI"],
+        "acl|dryrun": ["ACL", "DRYRUN", user, "PING"],
+        "ping": ["PING"],
+        "info": ["INFO", "persistence"],  # AOF on? a cluster?
+        "hget": ["HGET", keys.meta, "partitions"],  # (and the scripts: entry fields)
+        "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
+        "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
+        "fcall": ["FCALL", "probe", 1, entry],  # every write, list, lease, reap, trigger ...
+        # The registry follower and the dispatcher: the registry stream, triggers, claims.
+        "xread": ["XREAD", "COUNT", 1, "STREAMS", keys.registry, "0-0"],
+        "xrevrange": ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
+        "hgetall": ["HGETALL", keys.triggers],  # (and the snapshot: barriers)
+        # The bus runtime: its group, reads, reclaims, replies, acknowledgements, counters.
+        "xgroup|create": ["XGROUP", "CREATE", bus, SERVICE, "0", "MKSTREAM"],
+        "xreadgroup": ["XREADGROUP", "GROUP", SERVICE, "c", "COUNT", 1, "STREAMS", bus, ">"],
+        "xautoclaim": ["XAUTOCLAIM", bus, SERVICE, "c", 1, "0-0"],
+        "get": ["GET", part.call_record("id")],  # a recorded reply (and the scripts)
+        "set": ["SET", keys.call_claim("id"), "d", "NX", "PX", 1],  # a call id's binding
+        "lpush": ["LPUSH", reply, "r"],
+        "pexpire": ["PEXPIRE", reply, 1],  # (and the scripts: records)
+        "xack": ["XACK", bus, SERVICE, "0-1"],
+        "xdel": ["XDEL", bus, "0-1"],
+        "hincrby": ["HINCRBY", stats, "calls", 1],  # (and the dispatcher's, the cut)
+        "hset": ["HSET", stats, "flushed_ms", 1],  # (and the scripts, the snapshot, the repair)
+        # The functions outside scripts: reads, list_groups, Dagu's create_only check.
+        "hmget": ["HMGET", entry, "v"],  # (and the snapshot's rows, trimming)
+        "zrange": ["ZRANGE", part.scopes, 0, -1],
+        "exists": ["EXISTS", entry],
+        # The dispatcher: handler calls, a bus condition's client, leases, trimming.
+        "xadd": ["XADD", keys.bus_stream("handler"), "*", "f", "v"],  # (and every event)
+        "blmpop": ["BLMPOP", 1, 1, reply, "LEFT"],
+        "del": ["DEL", reply],  # (and the scripts, the repair)
+        "zadd": ["ZADD", keys.replicas, 0, "r"],  # (and the scripts' indexes, the repair)
+        "zremrangebyscore": ["ZREMRANGEBYSCORE", keys.replicas, 0, 1],
+        "zcard": ["ZCARD", keys.replicas],  # (and the scripts, the repair)
+        "zrem": ["ZREM", keys.replicas, "r"],  # (and the scripts)
+        "xinfo|stream": ["XINFO", "STREAM", events],
+        "xtrim": ["XTRIM", events, "MINID", "~", "0-1"],
+        # The snapshot: the rescan of a partition's entries, changed barriers.
+        "scan": ["SCAN", 0, "MATCH", f"{part.entry_prefix}*", "COUNT", 1],
+        "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
+        # Only inside the Lua functions (scripts/lua/).
+        "hdel": ["HDEL", entry, "x"],
+        "hexists": ["HEXISTS", keys.claims, "s"],
+        "hlen": ["HLEN", part.barrier("b")],
+        "sadd": ["SADD", part.barriers_changed, "b"],
+        "srem": ["SREM", part.barriers_changed, "b"],
+        "zcount": ["ZCOUNT", index, 0, 1],
+        "zlexcount": ["ZLEXCOUNT", index, "-", "+"],
+        "zrangebyscore": ["ZRANGEBYSCORE", part.ttl, 0, 1],
+        "zrank": ["ZRANK", index, "k"],
+        "zscore": ["ZSCORE", index, "k"],
+    }
+    if select:  # the URL names a database other than 0
+        probes["select"] = ["SELECT", 0]
+    if strict:  # lifecycle.check_strict
+        probes["config|get"] = ["CONFIG", "GET", "appendfsync"]
+        probes["command|info"] = ["COMMAND", "INFO", "WAITAOF"]
+        if waitaof:  # Redis 7.2+: every batch confirmed (RedisState.execute_many)
+            probes["waitaof"] = ["WAITAOF", 1, 0, 0]
+    return probes
+
+
+def rule(prefix: str, *, strict: bool = False, waitaof: bool = False,
+         select: bool = False) -> list[str]:
+    """The ACL SETUSER arguments (after the user name; a password is added apart, `>...`)
+    that let `stateworker serve` on `prefix` run everything it runs, and nothing more: the
+    keys `<prefix>:*`, no pub/sub channel, each command by name. `strict`: the durability
+    check (`waitaof`: on Redis 7.2+); `select`: a URL naming a database other than 0."""
+    commands = _probes(prefix, DEFAULT_USER, strict=strict, waitaof=waitaof, select=select)
+    return ["on", "resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
+            *(f"+{name}" for name in sorted(commands))]
+
+
+def selects(url: str | None) -> bool:
+    """Whether the connection to `url` sends SELECT (a database other than 0)."""
+    if url is None:
+        return False
+    parsed = urllib.parse.urlparse(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    db = (parsed.path.strip("/") if parsed.scheme != "unix" else "") or query.get("db", ["0"])[0]
+    return bool(db) and db != "0"
+
+
+def rule_for(settings: Settings, *, waitaof: bool = False) -> list[str]:
+    return rule(settings.prefix, strict=settings.durability == "strict", waitaof=waitaof,
+                select=selects(settings.redis_url))
+
+
+def setuser_line(args: Sequence[str], user: str = DEFAULT_USER) -> str:
+    """The rule as one command line for redis-cli (quoted for a shell)."""
+    return shlex.join(["ACL", "SETUSER", user, *args])
+
+
+def _line(user: str, shown: str, missing: Sequence[str]) -> str:
+    return (f"the Redis user {user!r} at {shown} lacks part of the service's ACL rule: "
+            f"{', '.join(missing)}; the whole rule is in {RULE_DOC}, or run `{RULE_COMMAND}`")
+
+
+def _refusal(prefix: str, name: str, text: str) -> str:
+    """What a refused probe (or NOPERM) names: `+<command>`, or the key and the pattern."""
+    if found := _NOPERM_COMMAND.search(text):
+        return f"+{found.group(1)}"
+    if found := _NOPERM_KEY.search(text):
+        return f"~{prefix}:* (key {found.group(1)!r})"
+    if "key" in text:
+        return f"~{prefix}:* (a key of {name})"
+    return f"{name} ({text})"
+
+
+async def check(conn: RedisConnection, settings: Settings) -> None:
+    """Raise MissingPermission (one line) when the user `conn` is logged in as lacks part of
+    the rule. A Redis that cannot be reached, or refuses the login, is left to the server
+    checks that follow (they say so)."""
+    strict = settings.durability == "strict"
+    try:
+        user = (await conn.execute("ACL", "WHOAMI")).decode()
+        waitaof = strict and await conn.execute("COMMAND", "INFO", "WAITAOF") != [None]
+    except ConnectionLost:
+        return
+    except ReplyError as exc:
+        if "NOPERM" not in str(exc):
+            return
+        raise MissingPermission(_line(_user_of(settings), conn.shown, [
+            _refusal(settings.prefix, "the login", str(exc))])) from None
+    probes = _probes(settings.prefix, user, strict=strict, waitaof=waitaof,
+                     select=selects(settings.redis_url))
+    try:
+        replies = await conn.pipeline([["ACL", "DRYRUN", user, *args]
+                                       for args in probes.values()])
+    except ConnectionLost:
+        return
+    missing: list[str] = []
+    for name, reply in zip(probes, replies, strict=True):
+        if reply == b"OK":
+            continue
+        if isinstance(reply, ReplyError):  # DRYRUN itself refused: NOPERM
+            missing = [_refusal(settings.prefix, "ACL DRYRUN", str(reply))]
+            break
+        refused = _refusal(settings.prefix, name, reply.decode())
+        if refused.startswith("~"):
+            refused = refused.split(" (", 1)[0] + f" (refused for {name})"
+            if any(m.startswith("~") for m in missing):
+                continue  # the pattern once: every keyed command would say it
+        missing.append(refused)
+    if missing:
+        raise MissingPermission(_line(user, conn.shown, missing))
+
+
+def missing_from(error: BaseException, settings: Settings, shown: str) -> MissingPermission | None:
+    """A NOPERM anywhere in `error` (its causes, an exception group's members) as the one
+    line; None when there is none."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, MissingPermission):
+            return exc
+        if "NOPERM" in str(exc):
+            text = str(exc)[str(exc).index("NOPERM"):]
+            return MissingPermission(_line(_user_of(settings), shown, [
+                _refusal(settings.prefix, "a start-up command", text)]))
+        if isinstance(exc, BaseExceptionGroup):
+            todo += exc.exceptions
+        todo += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+    return None
+
+
+def _user_of(settings: Settings) -> str:
+    url = urllib.parse.urlparse(settings.redis_url or "")
+    return urllib.parse.unquote(url.username or "default")
+
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`stateworker acl-rule`, for cli.main."""
+    parser = sub.add_parser(
+        "acl-rule", help="print the ACL SETUSER line of the service's own Redis user",
+        description="Print the minimal ACL rule `stateworker serve` needs (STATEWORKER_PREFIX, "
+                    "STATEWORKER_DURABILITY and the URL's database taken into account) as one "
+                    f"redis-cli command line; set its password apart. See {RULE_DOC}.")
+    parser.add_argument("--user", default=DEFAULT_USER, help="the ACL user's name "
+                        f"(default {DEFAULT_USER})")
+    parser.add_argument("--waitaof", action="store_true", help="STATEWORKER_DURABILITY=strict "
+                        "on Redis 7.2+: add WAITAOF, which the service then uses")
+
+
+def print_rule(args: argparse.Namespace, settings: Settings) -> int:
+    print(setuser_line(rule_for(settings, waitaof=args.waitaof), args.user))
+    return 0

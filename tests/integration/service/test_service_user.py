@@ -1,0 +1,328 @@
+"""The service's own Redis user: under exactly the rule of docs/security.md
+(`service_user.rule`) the service serves every function, dispatches triggers (a barrier, a
+condition over the bus), snapshots to PostgreSQL, reclaims a dead consumer's call, reaps, and
+repairs a wiped Redis, and Redis refuses it nothing (its ACL LOG stays empty); with one
+permission taken away, `stateworker serve` stops at once with one line naming it, exit 1.
+
+The ACL users are the server's, shared by every client: these tests have a server of their own."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import psycopg
+import pytest
+import redis.asyncio as aredis
+
+from stateworker.app import service_user
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.bus.protocol import Call as BusCall
+from stateworker.bus.worker import Worker
+from stateworker.engines.catalog import CATALOG
+from stateworker.errors import MissingPermission, StateError
+from stateworker.keys import KeySpace
+from stateworker.settings import Settings
+from tests.integration.busproto import until
+from tests.integration.snapshots import caught_up
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+PASSWORD = "service-pass"
+ROOT = Path(__file__).resolve().parents[3]
+MOCO = {"user_id": "u1"}
+DAGU = {"dag_name": "etl"}
+Call = tuple[str, dict[str, Any], dict[str, Any] | None]
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("acl-redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+def add_user(server: RedisServer, name: str, rule: list[str]) -> str:
+    """A Redis ACL user with exactly `rule` (and PASSWORD); its URL."""
+    with server.client() as admin:
+        admin.execute_command("ACL", "DELUSER", name)
+        admin.execute_command("ACL", "SETUSER", name, *rule, f">{PASSWORD}")
+    return f"redis://{name}:{PASSWORD}@127.0.0.1:{server.port}/0"
+
+
+def refusals(server: RedisServer) -> list[dict[str, Any]]:
+    """What Redis refused since the last reset (ACL LOG), as name -> value dicts."""
+    with server.client() as admin:
+        return [{k: v for k, v in e.items() if k in ("username", "reason", "object")}
+                for e in admin.acl_log()]
+
+
+def calls(prefix: str) -> list[Call]:
+    """Every function of the catalog, native and the engines', once at least (the write
+    paths' retries too: a diff and a Dagu get after an update compute the hash first)."""
+    value = {"n": 1, "tags": ["a", "b"]}
+    return [
+        ("state::set", {"scope": "s", "key": "k", "value": value}, None),
+        ("state::set", {"scope": "s", "key": "short", "value": 1, "ttl_ms": 1}, None),
+        ("state::get", {"scope": "s", "key": "k"}, None),
+        ("state::get-entry", {"scope": "s", "key": "k"}, None),
+        ("state::list", {"scope": "s"}, None),
+        ("state::list_keys", {"scope": "s"}, None),
+        ("state::list_groups", {}, None),
+        ("state::compare-and-set", {"scope": "s", "key": "c", "expected": None, "value": 1},
+         None),
+        ("state::update", {"scope": "s", "key": "u", "ops": [
+            {"type": "increment", "path": "/n", "by": 1}]}, None),
+        ("state::diff", {"scope": "s", "key": "u", "value": {"n": 7}}, None),
+        ("state::list-entries", {"scope": "s"}, None),
+        ("state::set", {"scope": "s", "key": "t", "value": 1, "topic": "old"}, None),
+        ("state::update-topic", {"scope": "s", "key": "t", "topic": "older"}, None),
+        ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),
+        ("state::delete", {"scope": "s", "key": "gone"}, None),
+        ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
+         {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
+        ("state::barrier", {"event": {"key": "a"},
+                            "condition_config": {"id": "named", "expect": ["a", "b"]}}, None),
+        ("state::claim-namespace", {"functions_prefix": "mine", "scopes": ["private"]}, None),
+        ("mine::state::compare-and-set", {"scope": "private", "key": "k", "expected": None,
+                                          "value": 1}, None),
+        ("mine::state::get", {"scope": "private", "key": "k"}, None),
+        ("mine::state::list", {"scope": "private"}, None),
+        ("state::list-namespaces", {}, None),
+        ("state::register-trigger", {"id": "gone", "function_id": "reactor::on_change",
+                                     "service": "reactor", "config": {"scope": "x"}}, None),
+        ("state::list-triggers", {}, None),
+        ("state::unregister-trigger", {"id": "gone"}, None),
+        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": value,
+                                     "topic": "t"}, MOCO),
+        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
+        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
+        ("builtin.state.list_namespaces", {}, MOCO),
+        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
+        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
+        ("state.set", {"key": "k", "value": value}, DAGU),
+        ("state.set", {"key": "k", "value": 2, "create_only": True}, DAGU),  # CONFLICT
+        ("state.get", {"key": "k"}, DAGU),
+        ("state::update", {"scope": "dagu/dag/etl", "key": "u", "ops": [
+            {"type": "increment", "path": "/n", "by": 1}]}, None),
+        ("state.get", {"key": "u"}, DAGU),
+        ("state.diff", {"key": "d", "value": value}, DAGU),
+        ("state.list", {}, DAGU),
+        ("state.delete", {"key": "gone"}, DAGU),
+    ]
+
+
+EXPECTED_ERRORS = {("state.set", "CONFLICT")}  # create_only on an existing key
+
+
+def test_every_function_of_the_catalog_is_called() -> None:
+    called = {fn for fn, _, _ in calls("p")}
+    assert set(CATALOG.functions) <= called
+
+
+class Reactor:
+    """The triggers' service: `on_change` records the calls, `allow` is a bus condition."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.calls: list[str] = []
+        self.worker = Worker("reactor", settings=settings, options=BusOptions(block_ms=50))
+
+        @self.worker.function("reactor::on_change")
+        async def on_change(body: dict[str, Any], call: BusCall) -> None:
+            self.calls.append(body["key"])
+
+        @self.worker.function("reactor::allow")
+        async def allow(body: dict[str, Any], call: BusCall) -> bool:
+            return True
+
+
+TRIGGERS = [
+    ("plain", {"scope": "watched"}),
+    ("barrier", {"scope": "watched", "condition_function_id": "state::barrier",
+                 "condition_config": {"id": "gate", "expect": 1}}),
+    ("condition", {"scope": "watched", "condition_function_id": "reactor::allow"}),
+]
+
+
+async def serve_everything(settings: Settings, admin: Settings, acl_redis: RedisServer) -> None:
+    """Every function over the bus, the triggers, a dead consumer's call, the reaper."""
+    keys = KeySpace(settings.prefix, settings.partitions)
+    reactor = Reactor(admin)
+    dead = aredis.Redis(port=acl_redis.port)
+    # A call read by a consumer that then died: the service takes it over (XAUTOCLAIM).
+    stream, reply = keys.bus_stream("state"), f"{settings.prefix}:reply:dead"
+    await dead.xgroup_create(stream, "state", id="0", mkstream=True)
+    await dead.xadd(stream, {"id": "orphan", "fn": "state::get",
+                             "body": '{"scope":"s","key":"k"}', "reply": reply})
+    assert await dead.xreadgroup("state", "dead-consumer", {stream: ">"}, count=1)
+    async with StateService.running(settings, BusOptions(block_ms=50,
+                                                         visibility_timeout_ms=500)), \
+            StateClient(settings=admin, timeout=30, caller="mine") as client, \
+            anyio.create_task_group() as tg:
+        await tg.start(reactor.worker.run)
+        for fn, body, context in calls(settings.prefix):
+            try:
+                await client.call_json(fn, msgspec.json.encode(body), context=context)
+            except StateError as exc:
+                assert (fn, exc.code) in EXPECTED_ERRORS, (fn, exc.to_dict())
+        for trigger_id, config in TRIGGERS:
+            await client.call("state::register-trigger", {
+                "id": trigger_id, "function_id": "reactor::on_change", "service": "reactor",
+                "config": config})
+        await client.call("state::set", {"scope": "watched", "key": "w", "value": 1})
+        await until(lambda: len(reactor.calls) == 3, 20, "the three triggers' calls")
+        got = await dead.blpop([reply], timeout=30)
+        await dead.aclose()
+        assert got is not None and b'"ok":true' in got[1]
+        with acl_redis.client() as raw:
+            # The reaper deleted the expired entry (reads hid it already).
+            entry = keys.for_scope("s").entry("s", "short")
+            await until(lambda: not raw.exists(entry), 20, "the reaper")
+            if settings.postgres_url:
+                await until(lambda: caught_up(raw, keys), 30, "the snapshot")
+        reactor.worker.stop()
+
+
+async def test_the_service_serves_everything_under_exactly_its_rule(
+        acl_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    url = add_user(acl_redis, "svc", service_user.rule(prefix))
+    settings = Settings(redis_url=url, prefix=prefix, partitions=4, postgres_url=postgres_url,
+                        reaper_interval_s=0.05)
+    admin = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4)
+    with acl_redis.client() as raw:
+        raw.execute_command("ACL", "LOG", "RESET")
+    await serve_everything(settings, admin, acl_redis)
+    with psycopg.connect(postgres_url) as pg:
+        row = pg.execute("SELECT count(*) FROM sw_entries WHERE prefix = %s",
+                         (prefix,)).fetchone()
+    assert row is not None and row[0] > 0
+    # Redis wiped: the repair at start rebuilds it from PostgreSQL, under the same user.
+    with acl_redis.client() as raw:
+        names = list(raw.scan_iter(match=f"{prefix}:*", count=1000))
+        raw.delete(*names)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=admin, timeout=30) as client:
+        assert await client.call("state::get", {"scope": "s", "key": "k"}) == \
+            {"n": 1, "tags": ["a", "b"]}
+    assert refusals(acl_redis) == []
+
+
+async def test_strict_durability_needs_config_get_and_command_info(
+        tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path / "strict", appendfsync="always")
+    server.start()
+    try:
+        settings = Settings(redis_url=add_user(server, "plain", service_user.rule(prefix)),
+                            prefix=prefix, partitions=4, durability="strict")
+        with pytest.raises(MissingPermission, match=re.escape("+command|info")):
+            async with StateService.running(settings):
+                pass
+        strict = service_user.rule(prefix, strict=True)
+        settings = Settings(redis_url=add_user(server, "strict", strict), prefix=prefix,
+                            partitions=4, durability="strict")
+        admin = Settings(redis_url=server.url, prefix=prefix, partitions=4)
+        with server.client() as raw:
+            raw.execute_command("ACL", "LOG", "RESET")
+        async with StateService.running(settings, BusOptions(block_ms=50)), \
+                StateClient(settings=admin, timeout=30) as client:
+            await client.call("state::set", {"scope": "s", "key": "k", "value": 1})
+        assert refusals(server) == []
+    finally:
+        server.kill()
+
+
+def without(rule: list[str], *taken: str) -> list[str]:
+    return [arg for arg in rule if arg not in taken]
+
+
+def serve(url: str, prefix: str) -> subprocess.CompletedProcess[str]:
+    """`stateworker serve` under `url` (it should stop at once: bounded by the timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stateworker", "--redis-url", url, "serve",
+         "--log-level", "ERROR"],
+        env={**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4"},
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+
+
+@pytest.mark.parametrize("taken, named", [
+    (["+xautoclaim"], "+xautoclaim"),  # run only when a consumer died
+    (["+zscore"], "+zscore"),  # run only inside the Lua functions
+    (["+function|load"], "+function|load"),
+    (["+acl|dryrun"], "+acl|dryrun"),  # the check itself
+    (["~{prefix}:*"], "~{prefix}:*"),  # the keys
+])
+def test_a_user_lacking_one_permission_gets_one_line_and_exit_1(
+        acl_redis: RedisServer, prefix: str, taken: list[str], named: str) -> None:
+    rule = without(service_user.rule(prefix), *(t.format(prefix=prefix) for t in taken))
+    done = serve(add_user(acl_redis, "lacking", rule), prefix)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert named.format(prefix=prefix) in lines[0]
+    assert lines[0].startswith("stateworker: the Redis user 'lacking'")
+    assert "docs/security.md" in lines[0] and "stateworker acl-rule" in lines[0]
+    assert PASSWORD not in done.stderr
+
+
+def test_a_user_lacking_select_for_the_urls_database_gets_one_line(
+        acl_redis: RedisServer, prefix: str) -> None:
+    """SELECT is refused at connect, before the check can ask: the same one line."""
+    rule = service_user.rule(prefix, select=True)
+    assert "+select" in rule
+    url = add_user(acl_redis, "noselect", without(rule, "+select"))
+    done = serve(url.removesuffix("/0") + "/1", prefix)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"stateworker: the Redis user 'noselect' at redis://noselect:***@127.0.0.1:"
+        f"{acl_redis.port}/1 lacks part of the service's ACL rule: +select; the whole rule is "
+        "in docs/security.md, or run `stateworker acl-rule`"]
+
+
+# Commands the code names that `serve` does not run (or runs only in a mode whose part of the
+# rule is `rule`'s flags): each with where it runs.
+NOT_SERVED = {
+    "AUTH": "the login (every user may)",
+    "SELECT": "the login, a URL with a database (rule(select=True))",
+    "CONFIG": "strict durability (rule(strict=True): config|get; SET: the embedded Redis)",
+    "COMMAND": "strict durability (rule(strict=True): command|info)",
+    "WAITAOF": "strict durability on Redis 7.2+ (rule(strict=True, waitaof=True))",
+    "XLEN": "`stateworker status` (the operator's user)",
+    "XPENDING": "`stateworker status`",
+    "MULTI": "watches (`stateworker watch`, StateClient.watch)",
+    "EXEC": "watches",
+    "TIME": "watches",
+    "XRANGE": "StateStore.events, watches (events/reader.py)",
+    "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
+    "READONLY": "an error reply's first word",
+}
+
+
+def test_every_command_the_code_names_is_in_the_rule(redis_server: RedisServer) -> None:
+    """Against drift: a command added to the code and not to the rule fails here (and the
+    service would fail at start under the documented rule)."""
+    with redis_server.client() as raw:
+        known = {name.decode().upper() for name in raw.command_list()}
+    package = ROOT / "stateworker"
+    python = {word for path in package.rglob("*.py")
+              for word in re.findall(r'"([A-Z]{3,})"', path.read_text())} & known
+    lua = {word.upper() for path in package.rglob("*.lua")
+           for word in re.findall(r"redis\.p?call\(\s*'(\w+)'", path.read_text())}
+    in_rule = {arg[1:].split("|")[0].upper() for arg in service_user.rule("sw")
+               if arg.startswith("+")}
+    blocking_only = {"BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BZPOPMIN", "BZPOPMAX",
+                     "BZMPOP", "WAIT"}  # (wire.py's table of blocking commands, not sent)
+    assert lua - in_rule == set()
+    assert python - in_rule - set(NOT_SERVED) - blocking_only == set()
