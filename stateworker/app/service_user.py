@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from stateworker.errors import MissingPermission
 from stateworker.keys import KeySpace, reply_prefix, stats_key
+from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -51,7 +52,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "hget": ["HGET", keys.meta, "partitions"],  # (and the scripts: entry fields)
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
-        "fcall": ["FCALL", "probe", 1, entry],  # every write, list, lease, reap, trigger ...
+        FCALL.lower(): [FCALL, "probe", 1, entry],  # every write, list, lease, reap, trigger ...
         # The registry follower and the dispatcher: the registry stream, triggers, claims.
         "xread": ["XREAD", "COUNT", 1, "STREAMS", keys.registry, "0-0"],
         "xrevrange": ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
@@ -185,9 +186,9 @@ async def check(conn: RedisConnection, settings: Settings) -> None:
             break
         refused = _refusal(settings.prefix, name, reply.decode())
         if refused.startswith("~"):
-            refused = refused.split(" (", 1)[0] + f" (refused for {name})"
             if any(m.startswith("~") for m in missing):
                 continue  # the pattern once: every keyed command would say it
+            refused = f"{refused[:-1]} refused for {name})"
         missing.append(refused)
     if missing:
         raise MissingPermission(_line(user, conn.shown, missing))

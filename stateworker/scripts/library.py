@@ -136,6 +136,9 @@ def _load_failure(library: str, reply: Exception) -> str:
     return f"loading the Lua library {library} failed: {cause}: {text}"
 
 
+FCALL = "FCALL"  # written here only; the service's ACL rule names it (app/service_user.py)
+
+
 class Library:
     """The package's scripts as one function library, for one connection."""
 
@@ -147,7 +150,7 @@ class Library:
 
     def fcall(self, name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
         """FCALL of script `name` (called by its binding only: Binding.command)."""
-        return ["FCALL", self.functions[name], len(keys), *keys, *args]
+        return [FCALL, self.functions[name], len(keys), *keys, *args]
 
     async def load(self) -> None:
         """Load the library (again); a refusal names its cause."""

@@ -28,6 +28,7 @@ from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state.store import RedisState
+from stateworker.transport.plans import command_reply
 
 BATCH = 1000  # rows per fetch and per Redis pipeline
 NO_TOPIC = b"\xff"  # the topic index's mark of an untagged entry (lua/includes/entry.lua)
@@ -72,8 +73,15 @@ def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
 
 async def holds_entries(state: RedisState) -> bool:
     """Whether Redis holds any entry of the prefix (a scope index of a partition)."""
-    counts = await state.conn.pipeline([["ZCARD", p.scopes] for p in state.keys.all_partitions()])
+    counts = await _run(state, [["ZCARD", p.scopes] for p in state.keys.all_partitions()])
     return any(int(c) for c in counts)
+
+
+async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
+    """A pipeline whose every reply must succeed: an error reply (NOPERM, OOM ...) is raised
+    (redis_error), not restored past."""
+    return [command_reply(reply, f"restore: {command[0]}") for command, reply
+            in zip(commands, await state.conn.pipeline(commands), strict=True)]
 
 
 async def _refuse_non_empty(state: RedisState) -> None:
@@ -108,14 +116,14 @@ async def restore(state: RedisState, url: str,
             await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
                                  (prefix, now))
             while batch := await cursor.fetchmany(BATCH):
-                await state.conn.pipeline([c for row in batch for c in entry_commands(state, row)])
+                await _run(state, [c for row in batch for c in entry_commands(state, row)])
                 summary.entries += len(batch)
                 if progress is not None:
                     progress(summary.entries, total)
         summary.triggers, summary.claims = await _restore_registry(state, pg)
         stored = await barriers.stored_barriers(pg, prefix)
         for start in range(0, len(stored), BATCH):
-            await state.conn.pipeline(barriers.restore_commands(state, stored[start:start + BATCH]))
+            await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
         summary.barriers = len(stored)
         await _positions_to_ends(state, pg)
     finally:
@@ -135,7 +143,7 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
                                  for i, r in triggers]
     commands += [["HSET", keys.claims, from_pg(str(s)), from_pg(str(n))] for s, n in claims]
     if commands:
-        await state.conn.pipeline(commands)
+        await _run(state, commands)
     return len(triggers), len(claims)
 
 
@@ -148,7 +156,7 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection) -> None:
         part = state.keys.partition(n)
         commands += [["HSET", part.dispatched, "id", info.last_id, "n", info.added],
                      ["HSET", part.snapshotted, "id", info.last_id, "n", info.added]]
-    await state.conn.pipeline(commands)
+    await _run(state, commands)
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)
                                   for n, i in enumerate(infos)})

@@ -326,3 +326,34 @@ def test_every_command_the_code_names_is_in_the_rule(redis_server: RedisServer) 
                      "BZMPOP", "WAIT"}  # (wire.py's table of blocking commands, not sent)
     assert lua - in_rule == set()
     assert python - in_rule - set(NOT_SERVED) - blocking_only == set()
+
+
+async def test_a_noperm_met_during_the_start_is_the_same_one_line(
+        acl_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """A user whose key patterns cover the check's sample keys (one of each kind, partition 0)
+    but not partition 1: the check passes, the repair at start of a wiped Redis meets NOPERM
+    on partition 1's stream, and the start ends with the one line, not a traceback."""
+    admin = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4,
+                     postgres_url=postgres_url)
+    keys = KeySpace(prefix, 4)
+    async with StateService.running(admin, BusOptions(block_ms=50)), \
+            StateClient(settings=admin, timeout=30) as client:
+        await client.call("state::set", {"scope": "s", "key": "k", "value": 1})
+        with acl_redis.client() as raw:
+            await until(lambda: caught_up(raw, keys), 30, "the snapshot")
+    with acl_redis.client() as raw:
+        raw.delete(*raw.scan_iter(match=f"{prefix}:*", count=1000))
+    samples = [f"~{prefix}:{name}" for name in (
+        "meta", f"{{{prefix}:p0}}:*", f"{{{prefix}:reg}}:*", "bus:*", "reply:*", "stats:*",
+        "callid:*", "replicas")]
+    rule = service_user.rule(prefix)
+    narrow = [arg for arg in rule if arg != f"~{prefix}:*"] + samples
+    settings = Settings(redis_url=add_user(acl_redis, "narrow", narrow), prefix=prefix,
+                        partitions=4, postgres_url=postgres_url)
+    with pytest.raises(MissingPermission) as refused:
+        async with StateService.running(settings, BusOptions(block_ms=50)):
+            pass
+    assert str(refused.value).startswith(
+        f"the Redis user 'narrow' at redis://narrow:***@127.0.0.1:{acl_redis.port}/0 lacks "
+        f"part of the service's ACL rule: ~{prefix}:* (a key of")
+    assert "\n" not in str(refused.value) and PASSWORD not in str(refused.value)
