@@ -199,12 +199,16 @@ async def serve_everything(settings: Settings, admin: Settings, acl_redis: Redis
 async def test_the_service_serves_everything_under_exactly_its_rule(
         acl_redis: RedisServer, prefix: str, postgres_url: str) -> None:
     url = add_user(acl_redis, "svc", service_user.rule(prefix))
+    # (events_retain 0: the dispatcher trims what it and the snapshot have passed, XTRIM)
     settings = Settings(redis_url=url, prefix=prefix, partitions=4, postgres_url=postgres_url,
-                        reaper_interval_s=0.05)
+                        reaper_interval_s=0.05, events_retain=0)
     admin = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4)
     with acl_redis.client() as raw:
         raw.execute_command("ACL", "LOG", "RESET")
     await serve_everything(settings, admin, acl_redis)
+    with acl_redis.client() as raw:  # rare paths that ran (no other client runs these)
+        ran = {name.removeprefix("cmdstat_") for name in raw.info("commandstats")}
+    assert {"xtrim", "scan", "srandmember", "acl|dryrun"} <= ran
     with psycopg.connect(postgres_url) as pg:
         row = pg.execute("SELECT count(*) FROM sw_entries WHERE prefix = %s",
                          (prefix,)).fetchone()
