@@ -181,7 +181,7 @@ async def check(conn: RedisConnection, settings: Settings) -> None:
     for name, reply in zip(probes, replies, strict=True):
         if reply == b"OK":
             continue
-        if isinstance(reply, ReplyError):  # DRYRUN itself refused: NOPERM
+        if isinstance(reply, ReplyError):  # DRYRUN itself refused (NOPERM), or a bad sample
             missing = [_refusal(settings.prefix, "ACL DRYRUN", str(reply))]
             break
         refused = _refusal(settings.prefix, name, reply.decode())
