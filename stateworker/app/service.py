@@ -22,8 +22,9 @@ import anyio
 
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
+from stateworker.bus.sources import Sources
 from stateworker.engines.catalog import CATALOG
-from stateworker.errors import StateError
+from stateworker.errors import ConfigError, StateError
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.schemas import encoder
 from stateworker.settings import Settings
@@ -78,7 +79,8 @@ class StateService:
         durability = {"durability": state.settings.durability,
                       "fsync": lifecycle.fsync_guard(state)}
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
-                                  describe=durability)
+                                  describe={**durability, "auth": state.settings.auth},
+                                  sources=_sources(state, self.bus))
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
         self.snapshotter = Snapshotter(state, url, pg) if url else None
@@ -116,6 +118,17 @@ class StateService:
             if pg is not None:  # (closed by the snapshotter already, unless it never ran)
                 with anyio.CancelScope(shield=True):
                     await pg.close()
+
+
+def _sources(state: RedisState, bus: Bus) -> Sources:
+    """The streams the state service reads: its own, and in `acl` mode every principal's
+    (the roles cache names them; its own stream is closed then: bus/sources.py)."""
+    if state.settings.auth != "acl":
+        return Sources(bus.prefix, bus.service, bus.stream)
+    access = state.access
+    if access is None:
+        raise ConfigError("STATEWORKER_AUTH=acl needs the roles cache (state/access.py)")
+    return Sources(bus.prefix, bus.service, bus.stream, access.principals)
 
 
 async def _wait_while_loading(conn: RedisConnection) -> None:

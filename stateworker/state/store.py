@@ -23,6 +23,7 @@ from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, s
 from stateworker.settings import Settings
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
+from stateworker.state.guard import AccessPolicy
 from stateworker.state.registry import Registry
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
@@ -76,6 +77,8 @@ class RedisState:
         self.registry = Registry(conn, self.keys.registry)
         self.claims = Claims(conn, self.keys.claims)
         self.registry.on(CLAIMS, self.claims.reload, self.claims.apply)
+        # `acl` mode: the principals and their roles (state/guard.py asks it on every call).
+        self.access: AccessPolicy | None = None
 
     async def close(self) -> None:
         await self.conn.close()
