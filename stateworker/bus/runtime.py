@@ -16,7 +16,6 @@ records when they ran), and the reclaim takes over what any consumer left.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -36,7 +35,14 @@ from stateworker.bus.protocol import (
     parse_entry,
 )
 from stateworker.bus.reply_writer import ReplyWriter
-from stateworker.bus.sources import Source, Sources
+from stateworker.bus.sources import (
+    Source,
+    Sources,
+    claimed_entries,
+    create_groups,
+    follow_principals,
+    recover_groups,
+)
 from stateworker.bus.stats import Stats
 from stateworker.clock import now_ms
 from stateworker.errors import (
@@ -136,7 +142,7 @@ class BusRuntime:
         backoff = Backoff()
         while not self._stopping.is_set():
             try:
-                await self._create_group()
+                await create_groups(self.conn, self.sources, self.bus.group)
                 break
             except (ConnectionLost, ReplyError) as exc:
                 reason = transient_reason(exc)
@@ -158,32 +164,6 @@ class BusRuntime:
         if backoff.failures and not self._stopping.is_set():
             log.info("Redis at %s serves", self.conn.shown, extra={"event": "bus.redis_back"})
         return not self._stopping.is_set()
-
-    async def _create_group(self) -> None:
-        self.sources.changed()
-        for source in list(self.sources.by_stream.values()):
-            await self._create_group_on(source, make=True)
-
-    async def _create_group_on(self, source: Source, *, make: bool) -> bool:
-        """The consumer group on `source`'s stream (MKSTREAM when `make`). False: a
-        principal's stream that is gone (removed meanwhile), dropped until it is known again."""
-        command: list[str] = ["XGROUP", "CREATE", source.stream, self.bus.group, "0"]
-        try:
-            await self.conn.execute(*command, *(["MKSTREAM"] if make else []))
-        except ReplyError as exc:
-            if str(exc).startswith("BUSYGROUP"):
-                return True
-            if source.principal is not None and not make:
-                self.sources.drop(source.stream)
-                return False
-            raise
-        return True
-
-    async def _follow_principals(self) -> None:
-        """Principals added since the last read: their streams are read from now on."""
-        for source in self.sources.changed():
-            with contextlib.suppress(ReplyError):  # (another type at the name: not read)
-                await self._create_group_on(source, make=True)
 
     async def _drain(self, calls: TaskGroup) -> None:
         """Wait for calls in flight, at most `grace_s`; then cancel what is left."""
@@ -215,7 +195,7 @@ class BusRuntime:
                 await self._pause(again.next())
                 sources.all_history()
             try:
-                await self._follow_principals()
+                await follow_principals(self.conn, self.sources, self.bus.group)
                 # COUNT is per stream: the calls in flight stay within `concurrency`.
                 count = max(1, room // len(sources.positions))
                 reply = await self.reader_conn.execute(
@@ -227,7 +207,7 @@ class BusRuntime:
                     log.warning("read failed: %s; retrying with backoff", exc,
                                 extra={"event": "bus.read_failed", "service": self.bus.service})
                 await self._pause(backoff.next())
-                await self._recover()
+                await recover_groups(self.conn, self.sources, self.bus.group)
                 sources.all_history()  # then the pending calls first: some lost their reply
                 continue
             if backoff.failures:
@@ -247,13 +227,6 @@ class BusRuntime:
         """Sleep, but no longer than until `stop()`."""
         with anyio.move_on_after(seconds):
             await self._stopping.wait()
-
-    async def _recover(self) -> None:
-        """After a failed read: re-create the groups that vanished (Redis restarted without
-        its data, a stream deleted); a principal's stream that is gone is not made again."""
-        with contextlib.suppress(ConnectionLost, ReplyError):  # the next read reports it
-            for source in list(self.sources.by_stream.values()):
-                await self._create_group_on(source, make=source.principal is None)
 
     def _spawn(self, calls: TaskGroup, entries: list[Any], source: Source) -> None:
         live: list[tuple[Ref, list[bytes]]] = []
@@ -355,32 +328,17 @@ class BusRuntime:
                 log.warning("reclaim failed: %s", exc, extra={"event": "bus.reclaim_failed"})
 
     async def _reclaim(self, calls: TaskGroup) -> None:
-        for source in list(self.sources.by_stream.values()):
-            try:
-                await self._reclaim_stream(calls, source)
-            except ReplyError as exc:
-                if source.principal is None or not str(exc).startswith("NOGROUP"):
-                    raise  # (a principal's stream removed meanwhile: nothing to take over)
-
-    async def _reclaim_stream(self, calls: TaskGroup, source: Source) -> None:
-        cursor = "0-0"
-        while True:
-            room = self.options.concurrency - self._in_flight
-            if room <= 0:  # full: the next round takes them
-                return
-            next_cursor, entries, *rest = await self.conn.execute(
-                "XAUTOCLAIM", source.stream, self.bus.group, self.consumer,
-                self.options.visibility_timeout_ms, cursor, "COUNT", min(256, room))
+        room = lambda: self.options.concurrency - self._in_flight  # noqa: E731
+        async for source, entries, deleted in claimed_entries(
+                self.conn, self.sources, self.bus.group, self.consumer,
+                self.options.visibility_timeout_ms, room):
             if entries:
                 log.info("reclaimed entries of a dead consumer", extra={
                     "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
                     "stream": source.stream})
                 self._spawn(calls, entries, source)
-            for entry_id in rest[0] if rest else []:  # deleted from the stream meanwhile
+            for entry_id in deleted:  # deleted from the stream meanwhile
                 self.replies.queue(b"", None, (source.stream, entry_id), None)
-            if next_cursor in (b"0-0", "0-0"):
-                return
-            cursor = next_cursor
 
     def _parse(self, ref: Ref, flat: list[bytes], source: Source
                ) -> tuple[Call | None, bytes, str | None, StateError | None]:

@@ -16,11 +16,14 @@ after, and ">" once it reads new entries only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, NamedTuple
 
 from stateworker.errors import PermissionDenied
 from stateworker.keys import principal_reply_prefix, principal_stream
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 HISTORY, NEW = "0", ">"
 
@@ -114,3 +117,64 @@ class Sources:
             return True
         return reply_key.startswith(principal_reply_prefix(self.prefix,
                                                            source.principal).encode())
+
+
+# ---- the consumer groups ------------------------------------------------------------------------
+async def create_groups(conn: RedisConnection, sources: Sources, group: str) -> None:
+    """At start: the group on every stream (made when missing). Raises ReplyError (a name
+    that holds another type) and ConnectionLost."""
+    sources.changed()
+    for source in list(sources.by_stream.values()):
+        await _create_group(conn, sources, group, source, make=True)
+
+
+async def follow_principals(conn: RedisConnection, sources: Sources, group: str) -> None:
+    """Before each read: the streams of principals added since are read from now on."""
+    for source in sources.changed():
+        with contextlib.suppress(ReplyError):  # (another type at the name: not read)
+            await _create_group(conn, sources, group, source, make=True)
+
+
+async def recover_groups(conn: RedisConnection, sources: Sources, group: str) -> None:
+    """After a failed read: the groups that vanished again (Redis restarted without its
+    data, a stream deleted); a principal's stream that is gone is not made again (it was
+    removed: `principal remove` deletes it once drained)."""
+    with contextlib.suppress(ConnectionLost, ReplyError):  # the next read reports it
+        for source in list(sources.by_stream.values()):
+            await _create_group(conn, sources, group, source, make=source.principal is None)
+
+
+async def _create_group(conn: RedisConnection, sources: Sources, group: str, source: Source,
+                        *, make: bool) -> None:
+    command: list[str] = ["XGROUP", "CREATE", source.stream, group, "0"]
+    try:
+        await conn.execute(*command, *(["MKSTREAM"] if make else []))
+    except ReplyError as exc:
+        if str(exc).startswith("BUSYGROUP"):
+            return
+        if source.principal is not None and not make:
+            sources.drop(source.stream)  # gone: not read until the principals change
+            return
+        raise
+
+
+async def claimed_entries(conn: RedisConnection, sources: Sources, group: str, consumer: str,
+                          idle_ms: int, room: Callable[[], int]
+                          ) -> AsyncIterator[tuple[Source, list[Any], list[bytes]]]:
+    """XAUTOCLAIM over every stream: (source, entries taken over from a dead consumer, ids
+    deleted from the stream meanwhile), batch by batch while `room()` (calls that may start)
+    is positive."""
+    for source in list(sources.by_stream.values()):
+        cursor: Any = "0-0"
+        while room() > 0:
+            try:
+                cursor, entries, *rest = await conn.execute(
+                    "XAUTOCLAIM", source.stream, group, consumer, idle_ms, cursor, "COUNT",
+                    min(256, room()))
+            except ReplyError as exc:
+                if source.principal is None or not str(exc).startswith("NOGROUP"):
+                    raise
+                break  # (a principal's stream removed meanwhile: nothing to take over)
+            yield source, entries, rest[0] if rest else []
+            if cursor in (b"0-0", "0-0"):
+                break

@@ -15,8 +15,7 @@ A call with no principal (`off` mode, an in-process call) is trusted: nothing is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -24,25 +23,8 @@ from stateworker.context import CallContext
 from stateworker.errors import PermissionDenied
 
 if TYPE_CHECKING:
+    from stateworker.state.policy import AccessPolicy
     from stateworker.state.store import RedisState
-
-
-class AccessPolicy(Protocol):
-    """What the roles cache answers (state/access.py builds it from Redis)."""
-
-    def principals(self) -> frozenset[str]: ...
-
-    def check(self, principal: str, fn: str, scopes: Sequence[str] | None) -> None:
-        """Raise PermissionDenied when `fn` is not granted on every scope (None: a function
-        that names no scope)."""
-
-    def check_context(self, principal: str, context: Mapping[str, Any]) -> None:
-        """Raise PermissionDenied when the context names a user it may not act for."""
-
-    def is_admin(self, principal: str) -> bool: ...
-
-    def acts_for_others(self, principal: str) -> bool:
-        """An engine principal (it has `act_as`): the writer its context names is kept."""
 
 
 def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> CallContext:

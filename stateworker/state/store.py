@@ -23,7 +23,7 @@ from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, s
 from stateworker.settings import Settings
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
-from stateworker.state.guard import AccessPolicy
+from stateworker.state.policy import AccessPolicy
 from stateworker.state.registry import Registry
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
