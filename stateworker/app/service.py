@@ -24,7 +24,7 @@ from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.sources import Sources
 from stateworker.engines.catalog import CATALOG
-from stateworker.errors import ConfigError, StateError
+from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.schemas import encoder
 from stateworker.settings import Settings
@@ -125,10 +125,7 @@ def _sources(state: RedisState, bus: Bus) -> Sources:
     (the roles cache names them; its own stream is closed then: bus/sources.py)."""
     if state.settings.auth != "acl":
         return Sources(bus.prefix, bus.service, bus.stream)
-    access = state.access
-    if access is None:
-        raise ConfigError("STATEWORKER_AUTH=acl needs the roles cache (state/access.py)")
-    return Sources(bus.prefix, bus.service, bus.stream, access.principals)
+    return Sources(bus.prefix, bus.service, bus.stream, state.access.principals)
 
 
 async def _wait_while_loading(conn: RedisConnection) -> None:

@@ -3,7 +3,7 @@ which scope, acting for whom (docs/security.md).
 
 Redis decides who a caller is (the stream its ACL user may write to: bus/sources.py); this
 module decides what that principal may do, asking the roles cache (`RedisState.access`,
-state/access.py) at three points:
+state/access.py) at two points:
 - `admit` (functions.prepare, once per call): the context's user fields (moco's `user_id`,
   Dagu's `dag_name` …) may name only whom the principal may act for; a function that names
   no scope needs a grant of its own; a private namespace's accessors serve only their owner
@@ -23,7 +23,6 @@ from stateworker.context import CallContext
 from stateworker.errors import PermissionDenied
 
 if TYPE_CHECKING:
-    from stateworker.state.policy import AccessPolicy
     from stateworker.state.store import RedisState
 
 
@@ -33,7 +32,7 @@ def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> Call
     principal = ctx.principal
     if principal is None:
         return ctx
-    access = _access(state)
+    access = state.access
     access.check_context(principal, ctx.context)
     if ctx.namespace is not None:
         if ctx.namespace != principal and not access.is_admin(principal):
@@ -44,7 +43,10 @@ def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> Call
                  "missing": f"ownership of namespace {ctx.namespace}"})
     elif not scoped:
         access.check(principal, fn, None)
-    writer = None if access.acts_for_others(principal) else _writer(principal, ctx)
+    record = access.principal(principal)
+    # An engine principal (it has act_as) writes for the users it acts as: the writer its
+    # context names is kept; any other is recorded as itself.
+    writer = None if record is not None and record.act_as else _writer(principal, ctx)
     return msgspec.structs.replace(ctx, function=fn, writer=writer)
 
 
@@ -52,7 +54,7 @@ def scope(state: RedisState, ctx: CallContext, text: str) -> None:
     """The principal's function must be granted on scope `text` (an accessor's call is its
     namespace's, checked by `admit`)."""
     if ctx.principal is not None and ctx.namespace is None:
-        _access(state).check(ctx.principal, ctx.function or "", [text])
+        state.access.check(ctx.principal, ctx.function or "", [text])
 
 
 def _writer(principal: str, ctx: CallContext) -> str:
@@ -60,11 +62,3 @@ def _writer(principal: str, ctx: CallContext) -> str:
     id it names (`alice/run-7`), so no field makes a write look like another's."""
     execution = ctx.context.get("execution_id")
     return f"{principal}/{execution}" if isinstance(execution, str) and execution else principal
-
-
-def _access(state: RedisState) -> AccessPolicy:
-    access = state.access
-    if access is None:  # (a state opened without the roles cache cannot serve acl calls)
-        raise PermissionDenied("acl mode: the service holds no roles; nothing is granted",
-                               {"missing": "roles"})
-    return access

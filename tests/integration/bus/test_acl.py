@@ -196,7 +196,7 @@ async def test_a_moco_user_is_accepted_only_from_an_engine_principal(
         acl_service: Any, acl_redis: RedisServer, prefix: str) -> None:
     state = acl_service.state
     alice, alice_url = await principal(state, acl_redis, ["writer"])
-    engine, engine_url = await principal(state, acl_redis, ["writer"], act_as=("*",))
+    _, engine_url = await principal(state, acl_redis, ["writer"], act_as=("*",))
     body = msgspec.json.encode({"namespace": "tasks", "key": "t1", "value": {"n": 1}})
     async with client_of(alice_url, prefix) as as_alice, \
             client_of(engine_url, prefix) as as_engine:
