@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from argparse import Namespace
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,67 @@ async def test_64_principals_at_once_each_get_their_own_replies(
         for name, url in made:
             tg.start_soon(calls, name, url)
     assert seen == {name: [(i, name) for i in range(10)] for name, _ in made}
+    for name, _ in made:  # every call acknowledged and deleted on the stream it came on
+        stream = principal_stream(prefix, "state", name)
+        assert await state.conn.execute("XLEN", stream) == 0
+        assert (await state.conn.execute("XPENDING", stream, "state"))[0] == 0
+
+
+async def test_adding_and_removing_a_principal_under_load_loses_no_call_of_the_others(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    from stateworker.app import admin
+
+    state = acl_service.state
+    writers = [await principal(state, acl_redis, ["writer"]) for _ in range(6)]
+    victim = await principal(state, acl_redis, ["writer"])
+    acknowledged: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    started = anyio.Event()
+    stop = anyio.Event()
+    progress = anyio.Condition()
+
+    async def write(name: str, url: str) -> None:
+        acknowledged[name] = failed[name] = 0
+        async with client_of(url, prefix, retries=0) as client:
+            while not stop.is_set():
+                try:
+                    await client.set(scope, f"{name}:{acknowledged[name]}", 1)
+                except Exception:  # the victim's calls after its user is deleted
+                    failed[name] += 1
+                    if name != victim[0]:
+                        raise
+                    return
+                acknowledged[name] += 1
+                if acknowledged[name] == 5:
+                    started.set()
+                async with progress:
+                    progress.notify_all()
+
+    async with anyio.create_task_group() as tg:
+        for name, url in [*writers, victim]:
+            tg.start_soon(write, name, url)
+        await started.wait()
+        late, late_url = await principal(state, acl_redis, ["writer"])  # no restart needed
+        async with client_of(late_url, prefix) as client:
+            await client.set(scope, "late", 1)
+            assert (await client.get_entry(scope, "late"))["updated_by"] == late
+        removed = await admin.principal_remove(state, Namespace(name=victim[0], timeout=30.0))
+        assert isinstance(removed, dict) and removed["removed"] is True
+        for name, _ in writers:  # each goes on after the removal
+            target = acknowledged[name] + 5
+            with anyio.fail_after(30):
+                async with progress:
+                    while acknowledged[name] < target:
+                        await progress.wait()
+        stop.set()
+    keys = {k.decode() for k in await state.conn.execute(
+        "ZRANGE", state.keys.for_scope(scope).key_index(scope), 0, -1)}
+    for name, _ in [*writers, victim]:
+        mine = {k for k in keys if k.startswith(f"{name}:")}
+        # every acknowledged call is there (and at most the one in flight at the end more)
+        assert {f"{name}:{i}" for i in range(acknowledged[name])} <= mine
+        assert len(mine) - acknowledged[name] in (0, 1)
+    assert failed[victim[0]] == 1  # its user deleted: its next call failed, it stopped
+    assert state.access.principal(victim[0]) is None
+    assert victim[0] not in state.access.principals()
+    assert await state.conn.execute("EXISTS", principal_stream(prefix, "state", victim[0])) == 0
