@@ -297,3 +297,21 @@ async def test_adding_and_removing_a_principal_under_load_loses_no_call_of_the_o
     assert state.access.principal(victim[0]) is None
     assert victim[0] not in state.access.principals()
     assert await state.conn.execute("EXISTS", principal_stream(prefix, "state", victim[0])) == 0
+
+
+@pytest.mark.parametrize("field", ["user_id", "dag_name", "root_dag_name", "org_id"])
+async def test_no_context_field_names_another_user_unless_act_as_allows(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str, field: str) -> None:
+    state = acl_service.state
+    alice, alice_url = await principal(state, acl_redis, ["writer"])
+    _, dagu_url = await principal(state, acl_redis, ["writer"], act_as=("team-*",))
+    body = msgspec.json.encode({"scope": scope, "key": "k"})
+    async with client_of(alice_url, prefix) as as_alice, client_of(dagu_url, prefix) as engine:
+        with pytest.raises(PermissionDenied) as denied:
+            await as_alice.call_json("state::get", body, context={field: "bob"})
+        assert denied.value.details["field"] == f"context.{field}"
+        assert alice in denied.value.message and "bob" in denied.value.message
+        await as_alice.call_json("state::get", body, context={field: alice})  # itself
+        await engine.call_json("state::get", body, context={field: "team-7"})
+        with pytest.raises(PermissionDenied):  # outside its act_as
+            await engine.call_json("state::get", body, context={field: "bob"})
