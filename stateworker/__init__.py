@@ -3,7 +3,7 @@
 from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
 from stateworker.codec import ABSENT
-from stateworker.engines.catalog import CATALOG
+from stateworker.engines.catalog import CATALOG, SPECS
 from stateworker.engines.moco.rules import ReservedNamespaceError
 from stateworker.errors import (
     BarrierConfig,
@@ -23,6 +23,8 @@ from stateworker.errors import (
 )
 from stateworker.events.model import Bookmark, Event
 from stateworker.settings import Settings
+from stateworker.specs import NATIVE
+from stateworker.state.access import Access
 from stateworker.state.api import StateStore
 from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
 
@@ -30,6 +32,7 @@ from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
 # bus service serves (the engines' functions, and KeeperHub's isolation on the native ones);
 # moco's error is mapped back to its class by every client (engines/moco/rules.py registers it).
 StateStore.catalog = CATALOG
+Access.specs = (*NATIVE, *SPECS)  # which function is a read, for the roles' families
 
 __all__ = [
     "ABSENT",

@@ -27,10 +27,17 @@ class CallContext(Struct, frozen=True, kw_only=True):
     # read from (keys.principal_stream), never from a field of the entry. None: `off` mode or
     # an in-process call (a trusted caller).
     principal: str | None = None
+    # `acl` mode, set when the call is admitted (state/guard.py): the function id the
+    # principal called (what its grants are checked against) and the writer recorded.
+    function: str | None = None
+    writer: str | None = None
 
     @property
     def by(self) -> str | None:
-        """The writer recorded as `updated_by` and in events: execution id, else caller."""
+        """The writer recorded as `updated_by` and in events: execution id, else caller (in
+        `acl` mode: the principal, `writer`)."""
+        if self.writer is not None:
+            return self.writer
         execution = self.context.get("execution_id")
         if isinstance(execution, str) and execution:
             return execution

@@ -247,3 +247,14 @@ def principal_reply_prefix(prefix: str, principal: str) -> str:
     """`acl` mode: `principal`'s reply lists (`<prefix>:reply:<principal>:<client id>`), the
     only ones its ACL user may read and the only ones the service answers its calls on."""
     return f"{reply_prefix(prefix)}{principal}:"
+
+
+def principal_own_streams_pattern(prefix: str, principal: str) -> str:
+    """`acl` mode: the ACL key pattern of every stream `principal` may XADD to (its stream to
+    each service). A name holds no glob character (PRINCIPAL_RE), nor does a prefix."""
+    return f"{prefix}:bus:*{_FROM}{principal}"
+
+
+def principal_reply_pattern(prefix: str, principal: str) -> str:
+    """`acl` mode: the ACL key pattern of `principal`'s reply lists."""
+    return f"{principal_reply_prefix(prefix, principal)}*"

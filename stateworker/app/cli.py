@@ -13,7 +13,7 @@ import anyio
 import msgspec
 
 from stateworker import logs
-from stateworker.app import service, service_user
+from stateworker.app import admin, service, service_user
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("restore", help="rebuild an empty Redis from the PostgreSQL snapshot "
                    "(STATEWORKER_POSTGRES_URL): entries, triggers, claims")
     service_user.add_command(sub)
+    admin.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         check_url(client_url(_settings(args)))  # an unsupported scheme: one line, status 2
@@ -329,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(run(_watch, args))
         if args.command == "restore":
             return int(run(_restore, _settings(args)))
+        if args.command in ("principal", "role"):
+            return int(run(admin.run_admin, _settings(args), args))
         if args.command == "status":
             report = run(status_report, _settings(args))
             print(msgspec.json.encode(report).decode())

@@ -23,6 +23,7 @@ import anyio
 from stateworker.app import service_user
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
+from stateworker.bus.sources import Sources
 from stateworker.engines.catalog import CATALOG
 from stateworker.errors import StateError
 from stateworker.reactive.dispatcher import Dispatcher
@@ -79,7 +80,8 @@ class StateService:
         durability = {"durability": state.settings.durability,
                       "fsync": lifecycle.fsync_guard(state)}
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
-                                  describe=durability)
+                                  describe={**durability, "auth": state.settings.auth},
+                                  sources=_sources(state, self.bus))
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
         self.snapshotter = Snapshotter(state, url, pg) if url else None
@@ -137,6 +139,14 @@ def _ready(settings: Settings) -> Callable[[RedisConnection], Awaitable[None]]:
         await service_user.check(conn, settings)
 
     return ready
+
+
+def _sources(state: RedisState, bus: Bus) -> Sources:
+    """The streams the state service reads: its own, and in `acl` mode every principal's
+    (the roles cache names them; its own stream is closed then: bus/sources.py)."""
+    if state.settings.auth != "acl":
+        return Sources(bus.prefix, bus.service, bus.stream)
+    return Sources(bus.prefix, bus.service, bus.stream, state.access.principals)
 
 
 async def _wait_while_loading(conn: RedisConnection) -> None:

@@ -27,13 +27,12 @@ import anyio
 import msgspec
 
 from stateworker import codec
-from stateworker.bus.protocol import call_entry
+from stateworker.bus.protocol import call_entry, caller_route
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from
 from stateworker.events.watch import Watch
-from stateworker.keys import bus_stream, reply_prefix
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection, check_url, shown_url
 from stateworker.transport.embedded import client_url
@@ -105,8 +104,9 @@ class StateClient(TypedCalls):
         self.settings = settings or Settings.from_env(redis_url=redis_url)
         self.url = client_url(self.settings)
         check_url(self.url)
-        self.stream = bus_stream(self.settings.prefix, service)
-        self.reply_key = reply_prefix(self.settings.prefix) + uuid.uuid4().hex
+        # (`acl` mode: the principal's own stream and reply lists, the URL's Redis user)
+        self.stream, replies, self.principal = caller_route(self.settings, self.url, service)
+        self.reply_key = replies + uuid.uuid4().hex
         self.timeout = timeout
         self.retries = retries
         self.caller = caller

@@ -36,11 +36,22 @@ import msgspec
 
 from stateworker.context import CallContext
 from stateworker.errors import (
+    ConfigError,
     InvalidRequest,
+    PermissionDenied,
     StateError,
     ValueTooLarge,
 )
-from stateworker.keys import BusKeys
+from stateworker.keys import (
+    PRINCIPAL_RE,
+    BusKeys,
+    bus_stream,
+    principal_reply_prefix,
+    principal_stream,
+    reply_prefix,
+)
+from stateworker.settings import Settings
+from stateworker.transport.connection import shown_url, url_user
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.wire import Arg
 
@@ -61,11 +72,16 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     consumer: str = ""  # default: <hostname>-<pid>
 
 
+# Where an entry was read: (its stream, its entry id). Entry ids of two streams may be equal,
+# so an entry is acknowledged, deleted and told apart by both.
+Ref = tuple[str, bytes]
+
+
 @dataclass(slots=True)
 class Call:
     """One bus call as read from the stream."""
 
-    entry_id: bytes
+    ref: Ref
     id: str | None
     fn: str
     body: bytes
@@ -73,6 +89,10 @@ class Call:
     deadline_ms: int | None
     ctx: CallContext
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def entry_id(self) -> bytes:
+        return self.ref[1]
 
 
 Handler = Callable[[Call], Awaitable[bytes]]  # -> result JSON; raises StateError
@@ -103,6 +123,27 @@ class Bus(BusKeys):
         """Replies go only to this prefix's reply lists (`<prefix>:reply:...`): a caller can
         never make the service write to, or set an expiry on, a key it does not own."""
         return key.startswith(self._replies) and len(key) > len(self._replies)
+
+
+def caller_route(settings: Settings, url: str, service: str) -> tuple[str, str, str | None]:
+    """Where a caller of `service` writes its calls and reads its replies: (call stream,
+    reply list prefix, principal). `off` mode: the service's stream and `<prefix>:reply:`;
+    `acl` mode: the principal's own stream and reply lists, the principal being the Redis
+    user the URL authenticates as (the only streams and lists its ACL user may use).
+
+    Raises:
+        ConfigError: `acl` mode and the URL names no user, or not a principal's name."""
+    prefix = settings.prefix
+    if settings.auth != "acl":
+        return bus_stream(prefix, service), reply_prefix(prefix), None
+    principal = url_user(url)
+    if principal is None or not PRINCIPAL_RE.match(principal):
+        raise ConfigError(
+            f"STATEWORKER_AUTH=acl: the Redis URL {shown_url(url)!r} must name the principal's "
+            "Redis user (redis://<principal>:<password>@host:port; a principal is 1-64 of "
+            "[A-Za-z0-9_-], made with `stateworker principal add`)")
+    return (principal_stream(prefix, service, principal),
+            principal_reply_prefix(prefix, principal), principal)
 
 
 def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
@@ -155,9 +196,13 @@ def parse_reply(document: bytes) -> Reply | None:
         return None
 
 
-def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
+def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None
                 ) -> tuple[Call | None, bytes, str | None, StateError | None]:
-    """A stream entry as a Call, or the error to answer with (and where, and to which id)."""
+    """A stream entry as a Call, or the error to answer with (and where, and to which id).
+
+    `principal`: the principal whose stream (`acl` mode) the entry was read from. It is the
+    call's caller; a `caller` field naming anyone else is refused (PERMISSION_DENIED), so no
+    field of an entry can change who makes the call."""
     fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=False))
     reply = fields.get(b"reply", b"")
     call_id: str | None = None
@@ -186,9 +231,11 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
         if isinstance(execution, str):
             _limit("context.execution_id", execution.encode(), MAX_ID_BYTES)
         digest = hashlib.sha1(fn.encode() + b"\0" + body).hexdigest()
-        ctx = CallContext(caller=None if caller is None else caller.decode(errors="replace"),
-                          context=context, call_id=call_id, deadline_ms=deadline,
-                          call_digest=digest)
+        named = None if caller is None else caller.decode(errors="replace")
+        if principal is not None:
+            named = _principal_caller(principal, named)
+        ctx = CallContext(caller=named, context=context, call_id=call_id, deadline_ms=deadline,
+                          call_digest=digest, principal=principal)
     except UnicodeDecodeError:
         return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})
     except StateError as exc:
@@ -196,7 +243,16 @@ def parse_entry(entry_id: bytes, flat: list[bytes], options: BusOptions
     except Exception as exc:  # whatever a caller sends, it is an error reply, never a crash
         return None, reply, call_id, InvalidRequest(
             f"the call entry cannot be read: {type(exc).__name__}", {"field": "entry"})
-    return Call(entry_id, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+    return Call(ref, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+
+
+def _principal_caller(principal: str, named: str | None) -> str:
+    if named is not None and named != principal:
+        raise PermissionDenied(
+            f"caller: {named!r} is not the principal {principal!r} whose stream the call came "
+            "from; in acl mode the caller is the authenticated principal (leave `caller` out)",
+            {"field": "caller", "caller": named, "principal": principal})
+    return principal
 
 
 MAX_ID_BYTES = 256  # id, caller, context.execution_id (the writer recorded in every event)

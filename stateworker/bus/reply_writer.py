@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import anyio
 
-from stateworker.bus.protocol import Bus, BusOptions, Call, reply_document
+from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.errors import CallIdReused, StateError
 from stateworker.transport.connection import RedisConnection
@@ -33,8 +33,8 @@ log = logging.getLogger("stateworker.bus")
 # A user worker's call record: its key and the call's digest (SHA-1 of fn and body), which
 # the record keeps before its reply document (`<digest>\n<document>`).
 Record = tuple[str, bytes]
-# (reply key, reply document or None, entry id, record or None)
-Outgoing = tuple[bytes, bytes | None, bytes, Record | None]
+# (reply key, reply document or None, the entry (stream, id), record or None)
+Outgoing = tuple[bytes, bytes | None, Ref, Record | None]
 
 
 class ReplyWriter:
@@ -53,7 +53,7 @@ class ReplyWriter:
         self._flush_lock = anyio.Lock()
 
     def answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
-               error: StateError | None, entry_id: bytes, record: Record | None,
+               error: StateError | None, ref: Ref, record: Record | None,
                started: float | None, fn: str | None = None) -> None:
         if error is not None:
             # Bad requests are the caller's business: debug. The rest is worth a line.
@@ -64,16 +64,16 @@ class ReplyWriter:
                                                 "error": error.message})
         self.stats.count(error.code if error else None, started)
         document = reply_document(call_id, result, error)
-        self.queue(reply_key, document, entry_id, record)
+        self.queue(reply_key, document, ref, record)
 
-    def queue(self, reply_key: bytes, document: bytes | None, entry_id: bytes,
+    def queue(self, reply_key: bytes, document: bytes | None, ref: Ref,
               record: Record | None) -> None:
         if reply_key and not self.bus.reply_allowed(reply_key):
             log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
                 "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
             self.stats.pending["reply_refused"] += 1
             reply_key = b""
-        self._outgoing.append((reply_key, document, entry_id, record))
+        self._outgoing.append((reply_key, document, ref, record))
         self._outgoing_ready.set()
 
     async def replayed(self, call: Call, record: Record) -> bool:
@@ -98,9 +98,9 @@ class ReplyWriter:
                 f"id {call.id!r} was used for another call (another function or body) in the "
                 f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
                 "call, a new call needs a new id", {"id": call.id}),
-                call.entry_id, None, call.started, call.fn)
+                call.ref, None, call.started, call.fn)
             return True
-        self.queue(call.reply, document, call.entry_id, None)
+        self.queue(call.reply, document, call.ref, None)
         return True
 
     async def flusher(self) -> None:
@@ -137,7 +137,7 @@ class ReplyWriter:
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)
         commands: list[list[Arg]] = []
-        for reply_key, document, _entry_id, record in batch:
+        for reply_key, document, _ref, record in batch:
             if document is None:
                 continue
             if reply_key:
@@ -148,9 +148,12 @@ class ReplyWriter:
         for reply_key, documents in by_key.items():
             commands.append(["LPUSH", reply_key, *documents])
             commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
-        ids = [entry_id for _, _, entry_id, _ in batch]
-        commands.append(["XACK", self.bus.stream, self.bus.group, *ids])
-        commands.append(["XDEL", self.bus.stream, *ids])
+        by_stream: dict[str, list[bytes]] = defaultdict(list)
+        for _, _, (stream, entry_id), _ in batch:
+            by_stream[stream].append(entry_id)
+        for stream, ids in by_stream.items():
+            commands.append(["XACK", stream, self.bus.group, *ids])
+            commands.append(["XDEL", stream, *ids])
         commands += self.stats.flush_commands(self.bus.stats_key)
         results = await self.conn.pipeline(commands)
         failed = [(command, result) for command, result in zip(commands, results, strict=True)

@@ -16,7 +16,6 @@ records when they ran), and the reclaim takes over what any consumer left.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -31,10 +30,19 @@ from stateworker.bus.protocol import (
     BusOptions,
     Call,
     Handler,
+    Ref,
     default_consumer,
     parse_entry,
 )
 from stateworker.bus.reply_writer import ReplyWriter
+from stateworker.bus.sources import (
+    Source,
+    Sources,
+    claimed_entries,
+    create_groups,
+    follow_principals,
+    recover_groups,
+)
 from stateworker.bus.stats import Stats
 from stateworker.clock import now_ms
 from stateworker.errors import (
@@ -58,11 +66,12 @@ class BusRuntime:
     def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, *,
                  handler: Handler | None = None, batch: BatchHandler | None = None,
                  record_ttl_ms: int | None = None, start_wait_s: float | None = 60.0,
-                 describe: dict[str, Any] | None = None) -> None:
+                 describe: dict[str, Any] | None = None, sources: Sources | None = None) -> None:
         """`handler` runs each call in a task of its own (user workers); `batch` turns calls
         into plans and runs a whole batch together (the state service). `start_wait_s`: how
         long `run` waits for a Redis that refuses connections or is loading (None: as long
-        as it takes). `describe`: more fields for the one "serving" log line."""
+        as it takes). `describe`: more fields for the one "serving" log line. `sources`: the
+        streams read (default: the service's stream alone; bus/sources.py)."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
         self.reader_conn = RedisConnection(conn.url, connect_timeout_s=conn.connect_timeout_s,
@@ -71,13 +80,14 @@ class BusRuntime:
         self.handler = handler
         self.batch = batch
         self.options = options
+        self.sources = sources or Sources(bus.prefix, bus.service, bus.stream)
         self.consumer = options.consumer or default_consumer()
         self.stats = Stats()
         # record_ttl_ms set: replies are recorded (user workers)
         self.replies = ReplyWriter(conn, bus, options, self.stats, record_ttl_ms)
         self._stopping = anyio.Event()
         self._in_flight = 0
-        self._running: set[bytes] = set()  # entry ids being served: never served twice at once
+        self._running: set[Ref] = set()  # entries being served: never served twice at once
         self._idle = anyio.Event()  # set when no call is in flight
         self._freed = anyio.Event()  # set when a call finishes
         self.start_wait_s = start_wait_s
@@ -132,7 +142,7 @@ class BusRuntime:
         backoff = Backoff()
         while not self._stopping.is_set():
             try:
-                await self._create_group()
+                await create_groups(self.conn, self.sources, self.bus.group)
                 break
             except (ConnectionLost, ReplyError) as exc:
                 reason = transient_reason(exc)
@@ -155,14 +165,6 @@ class BusRuntime:
             log.info("Redis at %s serves", self.conn.shown, extra={"event": "bus.redis_back"})
         return not self._stopping.is_set()
 
-    async def _create_group(self) -> None:
-        try:
-            await self.conn.execute("XGROUP", "CREATE", self.bus.stream, self.bus.group, "0",
-                                    "MKSTREAM")
-        except ReplyError as exc:
-            if not str(exc).startswith("BUSYGROUP"):
-                raise
-
     async def _drain(self, calls: TaskGroup) -> None:
         """Wait for calls in flight, at most `grace_s`; then cancel what is left."""
         with anyio.move_on_after(self.options.grace_s):
@@ -175,67 +177,66 @@ class BusRuntime:
 
     # ---- reading -----------------------------------------------------------------------------
     async def _read_loop(self, calls: TaskGroup) -> None:
-        start = "0"  # first this consumer's own pending entries (a restart under the same name)
+        # First this consumer's own pending entries of each stream (a restart under the same
+        # name), then new ones (bus/sources.py keeps the positions).
+        sources = self.sources
         backoff = Backoff()  # failed reads in a row
         again = Backoff()  # re-reads of the pending history for calls left unanswered
         while not self._stopping.is_set():
-            count = min(self.options.read_count, self.options.concurrency - self._in_flight)
-            if count <= 0:
+            room = min(self.options.read_count, self.options.concurrency - self._in_flight)
+            if room <= 0:
                 await self._freed.wait()
                 self._freed = anyio.Event()
                 continue
-            if self.replies.unanswered and start == ">":
+            if self.replies.unanswered and sources.reading_new():
                 # Calls met Redis away and stay pending: read them again once it serves (not
                 # at once: Redis may be away still; a reclaim takes what this one misses).
                 self.replies.unanswered = False
                 await self._pause(again.next())
-                start = "0"
+                sources.all_history()
             try:
+                await follow_principals(self.conn, self.sources, self.bus.group)
+                # COUNT is per stream: the calls in flight stay within `concurrency`.
+                count = max(1, room // len(sources.positions))
                 reply = await self.reader_conn.execute(
                     "XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
-                    "BLOCK", self.options.block_ms, "STREAMS", self.bus.stream, start)
+                    "BLOCK", self.options.block_ms, *sources.read_args())
             except (ConnectionLost, ReplyError) as exc:
                 self.transient[transient_reason(exc) or "OTHER"] += 1
                 if not backoff.failures:  # one line per outage, not one per retry
                     log.warning("read failed: %s; retrying with backoff", exc,
                                 extra={"event": "bus.read_failed", "service": self.bus.service})
                 await self._pause(backoff.next())
-                await self._recover()
-                start = "0"  # then this consumer's pending calls first: some lost their reply
+                await recover_groups(self.conn, self.sources, self.bus.group)
+                sources.all_history()  # then the pending calls first: some lost their reply
                 continue
             if backoff.failures:
                 log.info("reading again after %d failed reads", backoff.failures,
                          extra={"event": "bus.read_recovered", "service": self.bus.service})
                 backoff.reset()
-            entries = reply[0][1] if reply else []
-            if entries and again.failures and not self.replies.unanswered:
+            read = {stream.decode(): entries for stream, entries in reply or []}
+            if read and again.failures and not self.replies.unanswered:
                 again.reset()
-            if start != ">":  # reading this consumer's own pending history, oldest first
-                if not entries:
-                    start = ">"
-                    continue
-                start = entries[-1][0]  # go on after the last one read
-            self._spawn(calls, entries)
+            sources.advance(read)
+            for stream, entries in read.items():
+                source = sources.by_stream.get(stream)
+                if source is not None and entries:
+                    self._spawn(calls, entries, source)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but no longer than until `stop()`."""
         with anyio.move_on_after(seconds):
             await self._stopping.wait()
 
-    async def _recover(self) -> None:
-        """After a failed read: re-create the group if it vanished (Redis restarted without
-        its data, the stream deleted)."""
-        with contextlib.suppress(ConnectionLost, ReplyError):  # the next read reports it
-            await self._create_group()
-
-    def _spawn(self, calls: TaskGroup, entries: list[Any]) -> None:
-        live = []
+    def _spawn(self, calls: TaskGroup, entries: list[Any], source: Source) -> None:
+        live: list[tuple[Ref, list[bytes]]] = []
         for entry_id, flat in entries:
+            ref = (source.stream, entry_id)
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
-                self.replies.queue(b"", None, entry_id, None)
-            elif entry_id not in self._running:  # not one this consumer is still serving
-                live.append((entry_id, flat))
-                self._running.add(entry_id)
+                self.replies.queue(b"", None, ref, None)
+            elif ref not in self._running:  # not one this consumer is still serving
+                live.append((ref, flat))
+                self._running.add(ref)
         if not live:
             return
         self._in_flight += len(live)
@@ -243,48 +244,48 @@ class BusRuntime:
         if self.batch is not None:
             # Parsed, checked and sent right here: the scripts are on the wire before the
             # next read and before the task that waits for them even starts.
-            ready = self._prepare_batch(live)
+            ready = self._prepare_batch(live, source)
             sent = self.batch.send([plan for _, plan in ready]) if ready else None
-            calls.start_soon(self._serve_batch, ready, sent, [entry_id for entry_id, _ in live])
+            calls.start_soon(self._serve_batch, ready, sent, [ref for ref, _ in live])
         else:
-            for entry_id, flat in live:
-                calls.start_soon(self._serve, entry_id, flat)
+            for ref, flat in live:
+                calls.start_soon(self._serve, ref, flat, source)
 
-    def _finished(self, entry_ids: list[bytes]) -> None:
-        self._running.difference_update(entry_ids)
-        self._in_flight -= len(entry_ids)
+    def _finished(self, refs: list[Ref]) -> None:
+        self._running.difference_update(refs)
+        self._in_flight -= len(refs)
         self._freed.set()
         if self._in_flight == 0:
             self._idle.set()
 
-    def _prepare_batch(self, entries: list[tuple[bytes, list[bytes]]]
+    def _prepare_batch(self, entries: list[tuple[Ref, list[bytes]]], source: Source
                        ) -> list[tuple[Call, Plan]]:
         """Calls as plans; a malformed or late call is answered (queued) here."""
         assert self.batch is not None
         answer = self.replies.answer
         ready: list[tuple[Call, Plan]] = []
-        for entry_id, flat in entries:
-            call, reply_key, call_id, error = self._parse(entry_id, flat)
+        for ref, flat in entries:
+            call, reply_key, call_id, error = self._parse(ref, flat, source)
             if call is None:
-                answer(reply_key, call_id, None, error, entry_id, None, None)
+                self._refuse(reply_key, call_id, error, ref)
                 continue
             try:
                 # The deadline is checked by the plan: a call that was applied before its
                 # deadline passed must still get its recorded reply when delivered again.
                 ready.append((call, self.batch.prepare(call)))
             except StateError as exc:
-                answer(call.reply, call.id, None, exc, call.entry_id, None, call.started,
+                answer(call.reply, call.id, None, exc, call.ref, None, call.started,
                        call.fn)
             except Exception as exc:  # a bug costs one call, not the batch
                 log.exception("preparing a call failed", extra={
                     "event": "call.crashed", "call_id": call.id, "fn": call.fn})
                 answer(call.reply, call.id, None, InternalError(
                     f"{call.fn} failed inside the service: {type(exc).__name__}"),
-                    call.entry_id, None, call.started, call.fn)
+                    call.ref, None, call.started, call.fn)
         return ready
 
     async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent,
-                           entry_ids: list[bytes]) -> None:
+                           refs: list[Ref]) -> None:
         """Wait for a batch's plans (every step of all calls in one pipeline); each call is
         answered when its plan is done, and the replies are written after every step."""
         assert self.batch is not None
@@ -300,10 +301,10 @@ class BusRuntime:
                 replies.unanswered = True
                 return
             if isinstance(result, StateError):
-                answer(call.reply, call.id, None, result, call.entry_id, None, call.started,
+                answer(call.reply, call.id, None, result, call.ref, None, call.started,
                        call.fn)
             else:
-                answer(call.reply, call.id, result, None, call.entry_id, None, call.started,
+                answer(call.reply, call.id, result, None, call.ref, None, call.started,
                        call.fn)
 
         try:
@@ -312,7 +313,7 @@ class BusRuntime:
                                               replies.flush_all)
             await replies.flush_all()  # at once, rather than a loop iteration later
         finally:
-            self._finished(entry_ids)
+            self._finished(refs)
 
     async def _reclaim_loop(self, calls: TaskGroup) -> None:
         period = self.options.visibility_timeout_ms / 2000
@@ -327,45 +328,56 @@ class BusRuntime:
                 log.warning("reclaim failed: %s", exc, extra={"event": "bus.reclaim_failed"})
 
     async def _reclaim(self, calls: TaskGroup) -> None:
-        cursor = "0-0"
-        while True:
-            room = self.options.concurrency - self._in_flight
-            if room <= 0:  # full: the next round takes them
-                return
-            next_cursor, entries, *rest = await self.conn.execute(
-                "XAUTOCLAIM", self.bus.stream, self.bus.group, self.consumer,
-                self.options.visibility_timeout_ms, cursor, "COUNT", min(256, room))
+        room = lambda: self.options.concurrency - self._in_flight  # noqa: E731
+        async for source, entries, deleted in claimed_entries(
+                self.conn, self.sources, self.bus.group, self.consumer,
+                self.options.visibility_timeout_ms, room):
             if entries:
                 log.info("reclaimed entries of a dead consumer", extra={
-                    "event": "bus.reclaim", "service": self.bus.service, "count": len(entries)})
-                self._spawn(calls, entries)
-            for entry_id in rest[0] if rest else []:
-                self.replies.queue(b"", None, entry_id, None)  # deleted from the stream meanwhile
-            if next_cursor in (b"0-0", "0-0"):
-                return
-            cursor = next_cursor
+                    "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
+                    "stream": source.stream})
+                self._spawn(calls, entries, source)
+            for entry_id in deleted:  # deleted from the stream meanwhile
+                self.replies.queue(b"", None, (source.stream, entry_id), None)
 
-    def _parse(self, entry_id: bytes, flat: list[bytes]
+    def _parse(self, ref: Ref, flat: list[bytes], source: Source
                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
         """An entry as a Call, or the error it gets. A call whose reply list is not one of
-        this prefix's is not run at all (and its reply is not written: `ReplyWriter.queue`)."""
-        call, reply_key, call_id, error = parse_entry(entry_id, flat, self.options)
-        if call is not None and reply_key and not self.bus.reply_allowed(reply_key):
+        this prefix's (in `acl` mode: of its principal's) is not run at all, and its reply is
+        not written (`ReplyWriter.queue`); a call on a closed shared stream is not run."""
+        call, reply_key, call_id, error = parse_entry(ref, flat, self.options, source.principal)
+        if call is None:
+            return call, reply_key, call_id, error
+        if reply_key and not self.bus.reply_allowed(reply_key):
             return None, reply_key, call_id, InvalidRequest(
                 f"reply: must be a list key under {self.bus.reply_prefix}", {"field": "reply"})
+        if reply_key and not self.sources.reply_allowed(source, reply_key):
+            return None, b"", call_id, None  # (another principal's list: never written to)
+        refused = self.sources.refused(source)
+        if refused is not None:
+            return None, reply_key, call_id, refused
         return call, reply_key, call_id, error
 
+    def _refuse(self, reply_key: bytes, call_id: str | None, error: StateError | None,
+                ref: Ref) -> None:
+        """An entry that is not run: answered with its error (acknowledged without a reply
+        when it gets none: a reply list it may not use)."""
+        if error is None:
+            self.replies.queue(b"", None, ref, None)
+        else:
+            self.replies.answer(reply_key, call_id, None, error, ref, None, None)
+
     # ---- serving one call --------------------------------------------------------------------
-    async def _serve(self, entry_id: bytes, flat: list[bytes]) -> None:
+    async def _serve(self, ref: Ref, flat: list[bytes], source: Source) -> None:
         try:
-            call, reply_key, call_id, error = self._parse(entry_id, flat)
+            call, reply_key, call_id, error = self._parse(ref, flat, source)
             if call is None:
-                self.replies.answer(reply_key, call_id, None, error, entry_id, None, None)
+                self._refuse(reply_key, call_id, error, ref)
                 return
             await self._run(call)
             await self.replies.flush_all()
         finally:
-            self._finished([entry_id])
+            self._finished([ref])
 
     async def _run(self, call: Call) -> None:
         replies = self.replies
@@ -387,5 +399,5 @@ class BusRuntime:
             log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
-        replies.answer(call.reply, call.id, result, error, call.entry_id, record, call.started,
+        replies.answer(call.reply, call.id, result, error, call.ref, record, call.started,
                        call.fn)

@@ -21,6 +21,7 @@ from stateworker.context import CallContext
 from stateworker.keys import KeySpace, PartitionKeys, member
 from stateworker.scripts.library import Library
 from stateworker.scripts.replies import (
+    AccessReply,
     BarrierReply,
     ClaimReply,
     Counted,
@@ -70,13 +71,14 @@ ENTRIES = Binding("entries", 1, EntriesReply.read)
 DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
 TRIGGER = Binding("trigger", 2, TriggerReply.read)
 CLAIM = Binding("claim", 2, ClaimReply.read)
+ACCESS = Binding("access", 3, AccessReply.read)
 BARRIER = Binding("barrier", 2, BarrierReply.read)
 FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-    BARRIER, LEASE, ADVANCE, FORGET)
+    BARRIER, LEASE, ADVANCE, FORGET, ACCESS)
 
 
 def library_of(conn: Any) -> Library:
@@ -183,6 +185,14 @@ def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes |
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str]) -> Call:
     return [keys.claims, keys.registry], [prefix, REGISTRY_MAXLEN, *scopes]
+
+
+def access_call(keys: KeySpace, op: str, name: str, record: bytes | str,
+                roles: Sequence[str] = ()) -> Call:
+    """access.lua: `op` principal-add|-set|-del or role-set|-del; `roles`: the stored roles a
+    principal's record names (each must exist)."""
+    return ([keys.principals, keys.roles, keys.registry],
+            [op, name, record, REGISTRY_MAXLEN, *roles])
 
 
 def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, tag: str,

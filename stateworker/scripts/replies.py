@@ -80,6 +80,21 @@ class DeltopicReply(NamedTuple):
         return cls(int(reply[1]), reply[2])
 
 
+class AccessReply(NamedTuple):
+    """access.lua. OK: whether the name existed. CONFLICT: `reason` ("exists", "no-role",
+    "in-use") and the name it concerns."""
+
+    existed: bool
+    reason: str | None = None
+    about: str | None = None
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> AccessReply:
+        if reply[0] == LUA_STATUS["OK"]:
+            return cls(reply[1] == 1)
+        return cls(False, reply[1].decode(), reply[2].decode())
+
+
 class ClaimReply(NamedTuple):
     """claim.lua's OK reply: whether a scope was new, and every scope the prefix owns."""
 

@@ -49,6 +49,7 @@ from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
+    guard,
     listing,
     namespaces,
     ops,
@@ -298,6 +299,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
     """The plan of one call (its result: a Struct for `schemas.encoder`); a bad request
     raises StateError."""
     function = catalog.functions.get(fn)
+    called = fn
     if function is None:
         private = namespaces.accessor(state, fn)
         if private is None:
@@ -307,6 +309,8 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
+    if ctx.principal is not None:  # `acl` mode (state/guard.py)
+        ctx = guard.admit(state, called, ctx, scoped=_names_scopes(catalog, called))
     if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None:
         body = rewrite(fn, body, ctx)  # (the engines' own functions refuse fields they do not know)
     plan = function(state, body, ctx)
@@ -317,6 +321,14 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
     if ctx.call_id is not None and not plan.binds_call_id:
         plan = claimed(state, ctx, plan, fn in catalog.reads)
     return plan
+
+
+def _names_scopes(catalog: Catalog, fn: str) -> bool:
+    """Whether `fn`'s grants are checked per scope (validate.scope): a native function that
+    addresses a scope, an accessor, and every engine function (whose scopes come from its
+    context and pass validate.scope on their way to the native functions)."""
+    entry = catalog.served.get(fn)
+    return entry is None or entry.spec.scoped or entry.spec.engine != "state"
 
 
 def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,

@@ -5,7 +5,8 @@ An operation is a function `xxx_plan(state, ...) -> Plan` in writes.py, reads.py
 or expiry.py: the commands it needs and what to make of their replies (transport/plans.py), so
 the bus can run a whole batch of calls as one pipeline. Every mutation is one Lua script call,
 built by its binding (scripts/bindings.py). Opening and closing are in lifecycle.py. It also holds
-the claims cache (claims.py) and the registry follower that keeps it current (registry.py).
+the claims cache (claims.py), the access cache (access.py) and the registry follower that keeps
+them current (registry.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from stateworker.keys import KeySpace
 from stateworker.scripts.bindings import Binding, Call, entry_call, library_of
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
+from stateworker.state.access import PRINCIPALS, ROLES, Access
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.registry import Registry
@@ -76,6 +78,10 @@ class RedisState:
         self.registry = Registry(conn, self.keys.registry)
         self.claims = Claims(conn, self.keys.claims)
         self.registry.on(CLAIMS, self.claims.reload, self.claims.apply)
+        # `acl` mode's principals and roles (access.py), and what each may call.
+        self.access = Access(conn, self.keys)
+        self.registry.on(PRINCIPALS, self.access.reload, self.access.apply)
+        self.registry.on(ROLES, self.access.reload, self.access.apply)
 
     async def close(self) -> None:
         await self.conn.close()

@@ -24,6 +24,7 @@ from stateworker.errors import (
     UnknownCaller,
 )
 from stateworker.settings import Settings
+from stateworker.state import guard
 
 if TYPE_CHECKING:  # (store.py's operations call these checks; only its type is needed)
     from stateworker.state.store import RedisState
@@ -112,6 +113,7 @@ def scope(state: RedisState, ctx: CallContext, text: str) -> None:
             f"$.scope: {text!r} is not a scope of namespace {ctx.namespace!r}; its accessors "
             "serve only the scopes it claimed", {"path": "$.scope", "scope": text,
                                                  "namespace": ctx.namespace})
+    guard.scope(state, ctx, text)
 
 
 def address(state: RedisState, ctx: CallContext, scope_text: str, key_text: str) -> None:

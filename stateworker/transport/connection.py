@@ -60,6 +60,12 @@ def check_url(url: str) -> None:
                           "redis://host:port/db or unix:///path/to/redis.sock")
 
 
+def url_user(url: str) -> str | None:
+    """The Redis ACL user a URL authenticates as (`redis://alice:<password>@host`), or None."""
+    user = urllib.parse.urlparse(url).username
+    return urllib.parse.unquote(user) if user else None
+
+
 class RedisConnection:
     """One connection; `execute` and `pipeline` may be called from many tasks at once.
 

@@ -1,0 +1,225 @@
+"""`stateworker principal ...` and `stateworker role ...`: the administration of `acl` mode
+(docs/security-principals.md). They talk to Redis directly, as the operator (the URL's user
+must be allowed ACL SETUSER / DELUSER; the embedded default user is).
+
+Each prints one JSON document on stdout; errors are {code, message, details} on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+from stateworker.errors import NotFound, StateError
+from stateworker.keys import principal_own_streams_pattern
+from stateworker.settings import Settings
+from stateworker.state import lifecycle
+from stateworker.state import principals as p
+from stateworker.state.grants import BUILTIN, FAMILIES
+from stateworker.state.store import RedisState
+
+DRAIN_TIMEOUT_S = 60.0
+POLL_S = 0.1  # how often `principal remove` looks at the streams it waits for
+
+ADMIN_EPILOG = f"""\
+A role is one permission: --allow (function families: {', '.join(FAMILIES)}; or function-id
+patterns: state::get, state::*, builtin.state.*) on --scopes (patterns, `*` any run of
+characters), optionally only the read-only functions (--read-only), plus --services, the
+services a trigger it registers may target. Built-in roles: {', '.join(BUILTIN)}.
+
+exit status: 0 done; 1 refused ({{code, message, details}} on stderr), or `principal remove`
+timed out waiting for the service; 2 bad usage or configuration.
+"""
+
+
+def add_parsers(sub: Any) -> None:
+    """The `principal` and `role` commands, on `main`'s subparsers."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    principal = sub.add_parser("principal", help="acl mode: callers and their Redis users",
+                               epilog=ADMIN_EPILOG, formatter_class=fmt)
+    verbs = principal.add_subparsers(dest="verb", required=True)
+    add = verbs.add_parser("add", help="a principal, its ACL user and its stream; prints its "
+                           "password once")
+    add.add_argument("name")
+    add.add_argument("--role", dest="roles", action="append", required=True, metavar="ROLE")
+    add.add_argument("--act-as", dest="act_as", nargs="+", default=[], metavar="PATTERN",
+                     help="who its calls' context may name (user_id, dag_name, org_id ...)")
+    add.add_argument("--password-stdin", action="store_true",
+                     help="read the password from stdin instead of generating one")
+    verbs.add_parser("list", help="every principal: roles, act_as, whether its ACL user exists")
+    remove = verbs.add_parser("remove", help="delete its ACL user, wait until the service has "
+                              "served its calls, then delete its streams and record")
+    remove.add_argument("name")
+    remove.add_argument("--timeout", type=float, default=DRAIN_TIMEOUT_S, metavar="SECONDS")
+    passwd = verbs.add_parser("passwd", help="a new password (the old one stops working)")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true")
+    role = sub.add_parser("role", help="acl mode: what principals may call, on which scopes",
+                          epilog=ADMIN_EPILOG, formatter_class=fmt)
+    rverbs = role.add_subparsers(dest="verb", required=True)
+    radd = rverbs.add_parser("add", help="a role (replacing one of the same name)")
+    radd.add_argument("name")
+    radd.add_argument("--allow", nargs="+", required=True, metavar="FUNCTIONS",
+                      help="families or function-id patterns (also comma-separated)")
+    radd.add_argument("--scopes", nargs="+", required=True, metavar="PATTERN")
+    radd.add_argument("--read-only", action="store_true")
+    radd.add_argument("--services", nargs="+", default=[], metavar="PATTERN")
+    rverbs.add_parser("list", help="every role, built-in ones included")
+    rremove = rverbs.add_parser("remove", help="a role no principal holds")
+    rremove.add_argument("name")
+
+
+async def run_admin(settings: Settings, args: argparse.Namespace) -> int:
+    """Run one `principal` / `role` verb; its exit status."""
+    verb = VERBS[(args.command, args.verb)]
+    try:
+        async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            result = await verb(state, args)
+    except StateError as exc:
+        print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+        return 1
+    if isinstance(result, int):
+        return result
+    print(msgspec.json.encode(result).decode(), flush=True)
+    return 0
+
+
+def _password(args: argparse.Namespace) -> str:
+    if not args.password_stdin:
+        return secrets.token_urlsafe(32)
+    text = sys.stdin.readline().rstrip("\r\n")
+    if not text or any(c.isspace() for c in text):
+        raise SystemExit("stateworker: --password-stdin: one line, no spaces, not empty")
+    return text
+
+
+def _saved(state_saved: bool) -> bool:
+    if not state_saved:
+        print("stateworker: note: Redis has no aclfile, so ACL users live until redis-server "
+              "restarts (configure `aclfile`, docs/security-principals.md)", file=sys.stderr)
+    return state_saved
+
+
+async def principal_add(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    password = _password(args)
+    record = await p.add_principal(state, args.name, args.roles, args.act_as)
+    await p.set_user(state, args.name, password)  # last: the service knows it, its stream is there
+    shown = {"principal": args.name, "roles": list(record.roles), "act_as": list(record.act_as),
+             "acl_saved": _saved(await p.save_acl(state))}
+    if not args.password_stdin:
+        shown["password"] = password  # printed once: Redis keeps only its hash
+    return shown
+
+
+async def principal_list(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    stored, _ = await p.stored(state)
+    return {"principals": [
+        {"name": name, "roles": list(r.roles), "act_as": list(r.act_as),
+         "created_ms": r.created_ms, "acl_user": await p.has_user(state, name)}
+        for name, r in sorted(stored.items())]}
+
+
+async def principal_passwd(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    stored, _ = await p.stored(state)
+    if args.name not in stored:
+        raise NotFound(f"principal {args.name!r} does not exist (`principal add`)",
+                       {"name": args.name})
+    password = _password(args)
+    await p.set_password(state, args.name, password)
+    shown: dict[str, Any] = {"principal": args.name, "acl_saved": _saved(await p.save_acl(state))}
+    if not args.password_stdin:
+        shown["password"] = password
+    return shown
+
+
+async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[str, Any] | int:
+    """ACL DELUSER first (its connections are closed, no new call comes), then wait until
+    every stream of the principal is served and acknowledged, then drop the record (every
+    replica stops reading its streams) and the streams."""
+    await state.conn.execute("ACL", "DELUSER", args.name)
+    _saved(await p.save_acl(state))
+    streams = await _streams_of(state, args.name)
+    end = time.monotonic() + args.timeout
+    shown_at = 0.0
+    while waiting := [s for s in streams if not await _drained(state, s)]:
+        left = end - time.monotonic()
+        if left <= 0:
+            print(f"stateworker: principal {args.name!r}: {', '.join(waiting)} still has calls "
+                  f"not served after {args.timeout:g} s (is the service running?); its ACL user "
+                  "is deleted, run `principal remove` again to finish", file=sys.stderr)
+            return 1
+        if time.monotonic() - shown_at >= 1.0:
+            print(f"waiting for the service to serve {', '.join(waiting)} ({left:.0f} s left)",
+                  file=sys.stderr, flush=True)
+            shown_at = time.monotonic()
+        await anyio.sleep(POLL_S)
+    existed = await p.remove_principal(state, args.name)
+    if streams:
+        await state.conn.execute("DEL", *streams)
+    return {"principal": args.name, "removed": existed, "streams_deleted": streams}
+
+
+async def _streams_of(state: RedisState, name: str) -> list[str]:
+    pattern = principal_own_streams_pattern(state.settings.prefix, name)
+    found: list[str] = []
+    cursor: Any = b"0"
+    while True:
+        cursor, names = await state.conn.execute("SCAN", cursor, "MATCH", pattern, "TYPE",
+                                                 "stream", "COUNT", 1000)
+        found += [n.decode() for n in names]
+        if cursor in (b"0", "0"):
+            return sorted(set(found))
+
+
+def _id(text: bytes | str) -> tuple[int, int]:
+    ms, _, seq = (text.decode() if isinstance(text, bytes) else text).partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def _drained(state: RedisState, stream: str) -> bool:
+    """Every entry of `stream` delivered to each group and acknowledged (none pending). A
+    stream without a group is drained when empty."""
+    info, groups = await state.conn.pipeline([["XINFO", "STREAM", stream],
+                                              ["XINFO", "GROUPS", stream]])
+    if isinstance(info, Exception):  # gone already
+        return True
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    last = _id(fields[b"last-generated-id"])
+    if not groups:
+        return int(fields[b"length"]) == 0
+    for flat in groups:
+        group = dict(zip(flat[::2], flat[1::2], strict=True))
+        if int(group[b"pending"]) or _id(group[b"last-delivered-id"]) < last:
+            return False
+    return True
+
+
+async def role_add(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    allow = [item for text in args.allow for item in text.split(",") if item]
+    role, replaced = await p.add_role(state, args.name, allow, args.scopes, args.read_only,
+                                      args.services)
+    return {"role": args.name, "replaced": replaced, **msgspec.to_builtins(role)}
+
+
+async def role_list(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    return {"roles": [{"name": name, "builtin": name in BUILTIN, **msgspec.to_builtins(role)}
+                      for name, role in sorted(state.access.roles().items())]}
+
+
+async def role_remove(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    return {"role": args.name, "removed": await p.remove_role(state, args.name)}
+
+
+Verb = Callable[[RedisState, argparse.Namespace], Any]
+VERBS: dict[tuple[str, str], Verb] = {
+    ("principal", "add"): principal_add, ("principal", "list"): principal_list,
+    ("principal", "remove"): principal_remove, ("principal", "passwd"): principal_passwd,
+    ("role", "add"): role_add, ("role", "list"): role_list, ("role", "remove"): role_remove,
+}

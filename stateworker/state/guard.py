@@ -1,0 +1,64 @@
+"""`acl` mode's checks of each call before it is planned: who may call which function, on
+which scope, acting for whom (docs/security.md).
+
+Redis decides who a caller is (the stream its ACL user may write to: bus/sources.py); this
+module decides what that principal may do, asking the roles cache (`RedisState.access`,
+state/access.py) at two points:
+- `admit` (functions.prepare, once per call): the context's user fields (moco's `user_id`,
+  Dagu's `dag_name` …) may name only whom the principal may act for; a function that names
+  no scope needs a grant of its own; a private namespace's accessors serve only their owner
+  (or an admin); the writer recorded is the principal.
+- `scope` (validate.scope, for every scope a function touches, engines' included): the
+  function the principal called must be granted on that scope.
+A call with no principal (`off` mode, an in-process call) is trusted: nothing is checked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from stateworker.context import CallContext
+from stateworker.errors import PermissionDenied
+
+if TYPE_CHECKING:
+    from stateworker.state.store import RedisState
+
+
+def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> CallContext:
+    """`ctx` for a call of `fn` (the id called: an engine's, an accessor's) by its principal,
+    with the function noted for the scope checks; raises PermissionDenied."""
+    principal = ctx.principal
+    if principal is None:
+        return ctx
+    access = state.access
+    access.check_context(principal, ctx.context)
+    if ctx.namespace is not None:
+        if ctx.namespace != principal and not access.is_admin(principal):
+            raise PermissionDenied(
+                f"{fn}: namespace {ctx.namespace!r} is not principal {principal!r}'s; its "
+                "accessors serve only the principal that claimed it (or an admin)",
+                {"principal": principal, "fn": fn, "namespace": ctx.namespace,
+                 "missing": f"ownership of namespace {ctx.namespace}"})
+    elif not scoped:
+        access.check(principal, fn, None)
+    record = access.principal(principal)
+    # An engine principal (it has act_as) writes for the users it acts as: the writer its
+    # context names is kept; any other is recorded as itself.
+    writer = None if record is not None and record.act_as else _writer(principal, ctx)
+    return msgspec.structs.replace(ctx, function=fn, writer=writer)
+
+
+def scope(state: RedisState, ctx: CallContext, text: str) -> None:
+    """The principal's function must be granted on scope `text` (an accessor's call is its
+    namespace's, checked by `admit`)."""
+    if ctx.principal is not None and ctx.namespace is None:
+        state.access.check(ctx.principal, ctx.function or "", [text])
+
+
+def _writer(principal: str, ctx: CallContext) -> str:
+    """The writer recorded (`updated_by`, an event's `by`): the principal, with the execution
+    id it names (`alice/run-7`), so no field makes a write look like another's."""
+    execution = ctx.context.get("execution_id")
+    return f"{principal}/{execution}" if isinstance(execution, str) and execution else principal

@@ -1,0 +1,317 @@
+"""`acl` mode end to end: principals with Redis ACL users of their own call the state service
+over their own streams; Redis refuses them everything else, the service takes their identity
+from the stream and checks their roles (docs/security.md)."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from argparse import Namespace
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.errors import PermissionDenied
+from stateworker.keys import bus_stream, principal_reply_prefix, principal_stream
+from stateworker.settings import Settings
+from stateworker.state import principals
+from stateworker.state.store import RedisState
+from tests.integration.services import settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A server of this module's own: its ACL users are server-wide."""
+    server = RedisServer(Path(tmp_path_factory.mktemp("acl-redis")))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+async def acl_service(acl_redis: RedisServer, prefix: str) -> AsyncIterator[Any]:
+    from stateworker.app.service import StateService
+
+    settings = settings_for(acl_redis, prefix, auth="acl")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as running:
+        yield running
+
+
+async def principal(state: RedisState, server: RedisServer, roles: list[str],
+                    act_as: tuple[str, ...] = (), name: str | None = None) -> tuple[str, str]:
+    """A new principal of `roles`: (its name, its client URL)."""
+    name = name or f"p{uuid.uuid4().hex[:10]}"
+    password = secrets.token_urlsafe(16)
+    await principals.add_principal(state, name, roles, act_as)
+    await principals.set_user(state, name, password)
+    return name, f"redis://{name}:{password}@127.0.0.1:{server.port}/0"
+
+
+def client_of(url: str, prefix: str, **extra: Any) -> StateClient:
+    settings = Settings(redis_url=url, prefix=prefix, partitions=4, auth="acl")
+    return StateClient(settings=settings, timeout=20, **extra)
+
+
+async def raw_call(conn: aredis.Redis, stream: str, reply: str, fn: str, body: dict[str, Any],
+                   **fields: str) -> dict[str, Any]:
+    """One call XADDed by hand on `conn`; its reply document, popped from `reply`."""
+    call_id = uuid.uuid4().hex
+    await conn.xadd(stream, {"id": call_id, "fn": fn, "body": msgspec.json.encode(body),
+                             "reply": reply, **fields})
+    # (BLMPOP: what a principal's Redis user may pop its replies with)
+    popped = await conn.execute_command("BLMPOP", 20, 1, reply, "LEFT")
+    assert popped is not None, f"no reply to {fn} on {reply}"
+    document: dict[str, Any] = msgspec.json.decode(popped[1][0])
+    assert document["id"] == call_id
+    return document
+
+
+async def test_a_principal_calls_as_itself_and_is_recorded_as_the_writer(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    name, url = await principal(acl_service.state, acl_redis, ["writer"])
+    async with client_of(url, prefix) as client:
+        await client.set(scope, "k", 1)
+        entry = await client.get_entry(scope, "k")
+        assert entry["updated_by"] == name
+        await client.call_json("state::set", msgspec.json.encode(
+            {"scope": scope, "key": "k", "value": 2}), context={"execution_id": "run-7"})
+        assert (await client.get_entry(scope, "k"))["updated_by"] == f"{name}/run-7"
+
+
+async def test_redis_refuses_a_principal_every_other_stream_and_reply_list(
+        acl_service: Any, acl_redis: RedisServer, prefix: str) -> None:
+    alice, alice_url = await principal(acl_service.state, acl_redis, ["writer"])
+    bob, _ = await principal(acl_service.state, acl_redis, ["writer"])
+    conn = aredis.Redis.from_url(alice_url)
+    try:
+        fields = {"id": "x", "fn": "state::get", "body": "{}", "reply": ""}
+        for stream in (principal_stream(prefix, "state", bob), bus_stream(prefix, "state")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await conn.xadd(stream, fields)
+        bobs_replies = principal_reply_prefix(prefix, bob) + "c1"
+        for command in (("LPOP", bobs_replies), ("BLMPOP", 1, 1, bobs_replies, "LEFT"),
+                        ("DEL", bobs_replies), ("XRANGE", principal_stream(prefix, "state",
+                                                                          alice), "-", "+"),
+                        ("SCAN", 0), ("KEYS", "*")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await conn.execute_command(*command)
+        # and what it may do works: its own stream, its own reply list
+        await conn.xadd(principal_stream(prefix, "state", alice), fields)
+    finally:
+        await conn.aclose()
+
+
+async def test_a_forged_caller_is_refused_and_writes_nothing(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    alice, url = await principal(acl_service.state, acl_redis, ["writer"])
+    bob, _ = await principal(acl_service.state, acl_redis, ["writer"])
+    conn = aredis.Redis.from_url(url)
+    try:
+        stream = principal_stream(prefix, "state", alice)
+        reply = principal_reply_prefix(prefix, alice) + "hand"
+        body = {"scope": scope, "key": "k", "value": 1}
+        document = await raw_call(conn, stream, reply, "state::set", body, caller=bob)
+        assert document["error"]["code"] == "PERMISSION_DENIED"
+        assert bob in document["error"]["message"] and alice in document["error"]["message"]
+        assert await acl_service.state.conn.execute(
+            "EXISTS", acl_service.state.keys.for_scope(scope).entry(scope, "k")) == 0
+        # its own name as caller is accepted
+        document = await raw_call(conn, stream, reply, "state::set", body, caller=alice)
+        assert document["ok"], document
+    finally:
+        await conn.aclose()
+
+
+async def test_the_shared_stream_is_closed_in_acl_mode(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    admin = aredis.Redis(port=acl_redis.port)  # the default user may write anywhere
+    try:
+        reply = f"{prefix}:reply:admin-hand"
+        document = await raw_call(admin, bus_stream(prefix, "state"), reply, "state::set",
+                                  {"scope": scope, "key": "k", "value": 1}, caller="alice")
+        assert document["error"]["code"] == "PERMISSION_DENIED"
+        assert principal_stream(prefix, "state", "<principal>") in document["error"]["message"]
+        assert await admin.exists(acl_service.state.keys.for_scope(scope).entry(scope, "k")) == 0
+        assert await admin.xlen(bus_stream(prefix, "state")) == 0  # acknowledged and deleted
+    finally:
+        await admin.aclose()
+
+
+async def test_a_reply_list_of_another_principal_is_never_written(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    alice, url = await principal(acl_service.state, acl_redis, ["writer"])
+    bob, _ = await principal(acl_service.state, acl_redis, ["writer"])
+    conn = aredis.Redis.from_url(url)
+    admin = aredis.Redis(port=acl_redis.port)
+    try:
+        stream = principal_stream(prefix, "state", alice)
+        bobs = principal_reply_prefix(prefix, bob) + "c1"
+        await conn.xadd(stream, {"id": "r1", "fn": "state::set", "reply": bobs, "body":
+                                 msgspec.json.encode({"scope": scope, "key": "k", "value": 1})})
+        # then a call of its own, answered: the first was read and acknowledged before it
+        mine = principal_reply_prefix(prefix, alice) + "c1"
+        document = await raw_call(conn, stream, mine, "state::get", {"scope": scope, "key": "k"})
+        assert document == {"id": document["id"], "ok": True, "result": None}
+        assert await admin.exists(bobs) == 0
+    finally:
+        await conn.aclose()
+        await admin.aclose()
+
+
+async def test_roles_decide_functions_and_scopes(
+        acl_service: Any, acl_redis: RedisServer, prefix: str) -> None:
+    state = acl_service.state
+    role = f"orders-{uuid.uuid4().hex[:6]}"
+    await principals.add_role(state, role, ["read", "write"], ["orders*"], False, [])
+    clerk, clerk_url = await principal(state, acl_redis, [role])
+    reader, reader_url = await principal(state, acl_redis, ["reader"])
+    async with client_of(clerk_url, prefix) as clerk_client, \
+            client_of(reader_url, prefix) as reader_client:
+        await clerk_client.set("orders-1", "o", 1)
+        with pytest.raises(PermissionDenied) as denied:
+            await clerk_client.set("billing", "b", 1)
+        assert denied.value.details["principal"] == clerk
+        assert denied.value.details["scope"] == "billing"
+        assert denied.value.details["fn"] == "state::set"
+        assert "billing" in denied.value.message and clerk in denied.value.message
+        assert await reader_client.get("orders-1", "o") == 1
+        with pytest.raises(PermissionDenied) as denied:
+            await reader_client.set("orders-1", "o", 2)
+        assert denied.value.details["principal"] == reader
+        with pytest.raises(PermissionDenied):  # no scope named: a role on every scope needed
+            await clerk_client.list_groups()
+        assert await clerk_client.get("orders-1", "o") == 1
+
+
+async def test_a_moco_user_is_accepted_only_from_an_engine_principal(
+        acl_service: Any, acl_redis: RedisServer, prefix: str) -> None:
+    state = acl_service.state
+    alice, alice_url = await principal(state, acl_redis, ["writer"])
+    _, engine_url = await principal(state, acl_redis, ["writer"], act_as=("*",))
+    body = msgspec.json.encode({"namespace": "tasks", "key": "t1", "value": {"n": 1}})
+    async with client_of(alice_url, prefix) as as_alice, \
+            client_of(engine_url, prefix) as as_engine:
+        with pytest.raises(PermissionDenied) as denied:  # alice cannot act as bob
+            await as_alice.call_json("builtin.state.set_state", body,
+                                     context={"user_id": "bob"})
+        assert denied.value.details["field"] == "context.user_id"
+        await as_alice.call_json("builtin.state.set_state", body, context={"user_id": alice})
+        await as_engine.call_json("builtin.state.set_state", body, context={"user_id": "bob"})
+        got = msgspec.json.decode(await as_engine.call_json(
+            "builtin.state.get_state", msgspec.json.encode({"namespace": "tasks", "key": "t1"}),
+            context={"user_id": "bob"}))
+        assert got == {"n": 1} or got.get("value") == {"n": 1}
+
+
+async def test_64_principals_at_once_each_get_their_own_replies(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    state = acl_service.state
+    made = [await principal(state, acl_redis, ["writer"]) for _ in range(64)]
+    seen: dict[str, list[Any]] = {}
+
+    async def calls(name: str, url: str) -> None:
+        async with client_of(url, prefix) as client:
+            got = []
+            for i in range(10):
+                await client.set(scope, name, i)
+                entry = await client.get_entry(scope, name)
+                got.append((entry["value"], entry["updated_by"]))
+            seen[name] = got
+
+    async with anyio.create_task_group() as tg:
+        for name, url in made:
+            tg.start_soon(calls, name, url)
+    assert seen == {name: [(i, name) for i in range(10)] for name, _ in made}
+    for name, _ in made:  # every call acknowledged and deleted on the stream it came on
+        stream = principal_stream(prefix, "state", name)
+        assert await state.conn.execute("XLEN", stream) == 0
+        assert (await state.conn.execute("XPENDING", stream, "state"))[0] == 0
+
+
+async def test_adding_and_removing_a_principal_under_load_loses_no_call_of_the_others(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    from stateworker.app import admin
+
+    state = acl_service.state
+    writers = [await principal(state, acl_redis, ["writer"]) for _ in range(6)]
+    victim = await principal(state, acl_redis, ["writer"])
+    acknowledged: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    started = anyio.Event()
+    stop = anyio.Event()
+    progress = anyio.Condition()
+
+    async def write(name: str, url: str) -> None:
+        acknowledged[name] = failed[name] = 0
+        async with client_of(url, prefix, retries=0) as client:
+            while not stop.is_set():
+                try:
+                    await client.set(scope, f"{name}:{acknowledged[name]}", 1)
+                except Exception:  # the victim's calls after its user is deleted
+                    failed[name] += 1
+                    if name != victim[0]:
+                        raise
+                    return
+                acknowledged[name] += 1
+                if acknowledged[name] == 5:
+                    started.set()
+                async with progress:
+                    progress.notify_all()
+
+    async with anyio.create_task_group() as tg:
+        for name, url in [*writers, victim]:
+            tg.start_soon(write, name, url)
+        await started.wait()
+        late, late_url = await principal(state, acl_redis, ["writer"])  # no restart needed
+        async with client_of(late_url, prefix) as client:
+            await client.set(scope, "late", 1)
+            assert (await client.get_entry(scope, "late"))["updated_by"] == late
+        removed = await admin.principal_remove(state, Namespace(name=victim[0], timeout=30.0))
+        assert isinstance(removed, dict) and removed["removed"] is True
+        for name, _ in writers:  # each goes on after the removal
+            target = acknowledged[name] + 5
+            with anyio.fail_after(30):
+                async with progress:
+                    while acknowledged[name] < target:
+                        await progress.wait()
+        stop.set()
+    keys = {k.decode() for k in await state.conn.execute(
+        "ZRANGE", state.keys.for_scope(scope).key_index(scope), 0, -1)}
+    for name, _ in [*writers, victim]:
+        mine = {k for k in keys if k.startswith(f"{name}:")}
+        # every acknowledged call is there (and at most the one in flight at the end more)
+        assert {f"{name}:{i}" for i in range(acknowledged[name])} <= mine
+        assert len(mine) - acknowledged[name] in (0, 1)
+    assert failed[victim[0]] == 1  # its user deleted: its next call failed, it stopped
+    assert state.access.principal(victim[0]) is None
+    assert victim[0] not in state.access.principals()
+    assert await state.conn.execute("EXISTS", principal_stream(prefix, "state", victim[0])) == 0
+
+
+@pytest.mark.parametrize("field", ["user_id", "dag_name", "root_dag_name", "org_id"])
+async def test_no_context_field_names_another_user_unless_act_as_allows(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str, field: str) -> None:
+    state = acl_service.state
+    alice, alice_url = await principal(state, acl_redis, ["writer"])
+    _, dagu_url = await principal(state, acl_redis, ["writer"], act_as=("team-*",))
+    body = msgspec.json.encode({"scope": scope, "key": "k"})
+    async with client_of(alice_url, prefix) as as_alice, client_of(dagu_url, prefix) as engine:
+        with pytest.raises(PermissionDenied) as denied:
+            await as_alice.call_json("state::get", body, context={field: "bob"})
+        assert denied.value.details["field"] == f"context.{field}"
+        assert alice in denied.value.message and "bob" in denied.value.message
+        await as_alice.call_json("state::get", body, context={field: alice})  # itself
+        await engine.call_json("state::get", body, context={field: "team-7"})
+        with pytest.raises(PermissionDenied):  # outside its act_as
+            await engine.call_json("state::get", body, context={field: "bob"})
