@@ -44,9 +44,10 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
         return [text(args[1]) + "somekey"]
     if name == "reap":
         tag = text(args[2])
-        return [f"{tag}e:5:scopekey"] + [f"{tag}{kind}:scope" for kind in "kut"] + written(keys[1])
+        return [f"{tag}e:5:scopekey", *[f"{tag}{kind}:scope" for kind in "kut"],
+                *written(keys[1])]
     if name == "deltopic":
-        return [text(args[8]) + "somekey"] + written(keys[3])
+        return [text(args[8]) + "somekey", *written(keys[3])]
     if name in ("set", "delete", "update", "topic"):
         return written(keys[4])
     return []
