@@ -141,6 +141,28 @@ async def test_a_claim_over_the_bus_is_made_as_the_entrys_caller(
         assert reserved.value.code == "RESERVED_SCOPE"
 
 
+async def test_the_squatting_sequence_over_the_bus_is_scope_in_use(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as anyone, \
+            StateClient(settings=settings, caller="mallory") as mallory:
+        await anyone.call("state::set", {"scope": scope, "key": "o-1", "value": 1})
+        with pytest.raises(StateError) as squat:
+            await mallory.call("state::claim-namespace",
+                               {"functions_prefix": "mallory", "scopes": [scope]})
+        assert squat.value.code == "SCOPE_IN_USE"
+        assert squat.value.details["scope"] == scope and squat.value.details["entries"] == 1
+        assert await anyone.call("state::get", {"scope": scope, "key": "o-1"}) == 1
+        assert scope in (await anyone.call("state::list_groups", {}))["groups"]
+        adopted = await mallory.claim_namespace("mallory", [scope], adopt=True)  # off: trusted
+        assert adopted["adopted"] == [scope]
+        with pytest.raises(StateError) as hidden:
+            await anyone.get(scope, "o-1")
+        assert hidden.value.code == "RESERVED_SCOPE"
+        assert await mallory.release_namespace([scope]) == {"released": [scope], "scopes": []}
+        assert await anyone.get(scope, "o-1") == 1
+
+
 async def test_the_bus_entrys_caller_field_is_the_claimant(
         service: StateService, raw: aredis.Redis, prefix: str, scope: str) -> None:
     body = {"functions_prefix": "billing", "scopes": [scope]}
