@@ -144,10 +144,10 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
 def _may_target(state: RedisState, ctx: CallContext, field: str, service: str) -> None:
     if not grants.may_call_service(state, ctx, service):
         raise PermissionDenied(
-            f"$.{field}: principal {ctx.principal!r} may not call service {service!r}, so no "
-            "trigger of its may", {"path": f"$.{field}", "principal": ctx.principal,
-                                  "fn": "state::register-trigger", "service": service,
-                                  "missing": f"a grant to call {service!r}"})
+            f"$.{field}: principal {ctx.principal!r} may not call service {service!r}, so it "
+            "may not register a trigger that calls it",
+            {"path": f"$.{field}", "principal": ctx.principal, "fn": "state::register-trigger",
+             "service": service, "missing": f"a grant to call {service!r}"})
 
 
 def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallContext) -> Plan:

@@ -32,13 +32,13 @@ for i = 4, #ARGV do
   owners[#owners + 1] = owner
 end
 
-local released, pairs_ = {}, {}
+local released, flat = {}, {} -- (JSON object for the registry; pairs for the reply)
 for i = 4, #ARGV do
   local owner = owners[i - 3]
   redis.call('HDEL', claims, ARGV[i])
   released[ARGV[i]] = owner
-  pairs_[#pairs_ + 1] = ARGV[i]
-  pairs_[#pairs_ + 1] = owner
+  flat[#flat + 1] = ARGV[i]
+  flat[#flat + 1] = owner
 end
 redis.call('XADD', registry, 'MAXLEN', '~', ARGV[3], '*', 'kind', 'claims',
   'released', cjson.encode(released), 'by', caller)
@@ -49,4 +49,4 @@ for i = 1, #all, 2 do
     owned[#owned + 1] = all[i]
   end
 end
-return {ST.OK, pairs_, owned}
+return {ST.OK, flat, owned}
