@@ -13,6 +13,8 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:t:<scope>                    zset   <topic>\0<key> of tagged entries, score 0
   sw:{sw:p3}:scopes                       zset   scopes of the partition with >= 1 entry
   sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
+  sw:{sw:p3}:written                      zset   scopes by their last write ms (kept for the
+                                                 dedupe window: a claim's "in use" check)
   sw:{sw:p3}:events                       stream change events; entry id = revision
   sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
@@ -71,6 +73,11 @@ class PartitionKeys:
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
+    # zset: the partition's scopes by the ms of their last change event, also when every
+    # entry has gone since (state::claim-namespace: a scope written within the dedupe window
+    # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
+    # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
+    written: str
 
     def barrier(self, barrier_id: str) -> str:
         """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
@@ -150,6 +157,7 @@ class KeySpace:
             snapshot_lease=f"{tag}snapshot_lease",
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
+            written=f"{tag}written",
         )
 
     def bus_stream(self, service: str) -> str:
@@ -211,6 +219,28 @@ def reply_prefix(prefix: str) -> str:
 
 def stats_key(prefix: str, service: str) -> str:
     return f"{prefix}:stats:{service}"
+
+
+# The bus's name rules for what a call is sent to (a trigger's service and function): a
+# service is the tail of a stream's name and the name of its consumer group, and a worker's
+# records are `<stream>:done:{<call id>}`, so a brace would move the hash tag, `:done:` would
+# meet a worker's records, and `/`, NUL and whitespace have no place in a name a shell,
+# an ACL pattern or a log line carries.
+MAX_SERVICE_BYTES = 64
+_BANNED = (("{", "'{'"), ("}", "'}'"), (":done:", "':done:'"), ("\0", "NUL (\\u0000)"),
+           ("/", "'/'"))
+BUS_NAME_RULES = "no '{', '}', ':done:', NUL, '/' or whitespace"
+
+
+def bus_name_problem(name: str) -> str | None:
+    """What breaks the bus's name rules in `name` (a service or function id), None if nothing."""
+    for banned, shown in _BANNED:
+        if banned in name:
+            return f"contains {shown}"
+    for char in name:
+        if char.isspace():
+            return f"contains whitespace ({char!r})"
+    return None
 
 
 def bus_streams_pattern(prefix: str) -> str:

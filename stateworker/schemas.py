@@ -98,6 +98,17 @@ class ClaimNamespaceRequest(Struct):
     # ignored: a body is whatever the caller writes).
     functions_prefix: Any
     scopes: list[Any]
+    # An admin takes public scopes in use (entries, a trigger, a recent write) on purpose:
+    # logged, and named in the registry entry. Without it such a scope is SCOPE_IN_USE.
+    adopt: bool = False
+
+
+class ReleaseNamespaceRequest(Struct, kw_only=True):
+    # Any: a wrong type is INVALID_SCOPE (validate.py), as for claim-namespace. The releaser
+    # is the call's `caller` (`acl`: its principal), which must own every scope, unless an
+    # admin says `force`.
+    scopes: list[Any]
+    force: bool = False
 
 
 class MatchRule(Struct, forbid_unknown_fields=True):
@@ -187,10 +198,16 @@ class DeletedResult(Struct):
     deleted: int
 
 
-class ClaimResult(Struct):
+class ClaimResult(Struct, omit_defaults=True):
     claimed: bool  # false when the namespace already owned every scope asked for
     scopes: list[str]  # every scope the namespace owns, byte-sorted
     functions: list[str]  # its accessors
+    adopted: list[str] | UnsetType = UNSET  # the scopes in use an admin adopted (`adopt`)
+
+
+class ReleaseResult(Struct):
+    released: list[str]  # the scopes made public again, byte-sorted
+    scopes: list[str]  # every scope the caller's namespace still owns, byte-sorted
 
 
 class NamespacesResult(Struct):

@@ -47,7 +47,9 @@ class Spec:
 _ADDRESS = ("INVALID_REQUEST", "KEY_TOO_LONG", "RESERVED_SCOPE")
 _WRITE = (*_ADDRESS, "VALUE_TOO_LARGE", "KEY_LIMIT")
 _CLAIM = ("INVALID_PREFIX", "UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "RESERVED_SCOPE",
-          "SCOPE_CONFLICT")
+          "SCOPE_CONFLICT", "SCOPE_IN_USE", "PERMISSION_DENIED")
+_RELEASE = ("UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "KEY_TOO_LONG", "RESERVED_SCOPE",
+            "PERMISSION_DENIED")
 
 GET = Spec("state::get", "get", s.GetRequest, msgspec.Raw,
            "the stored value, or null when missing or expired", ("scope", "key"),
@@ -103,11 +105,17 @@ BARRIER = Spec("state::barrier", "barrier", s.BarrierRequest, s.BarrierDecision,
                raises=("BARRIER_CONFIG", "INVALID_REQUEST", "KEY_TOO_LONG", "VALUE_TOO_LARGE"))
 CLAIM_NAMESPACE = Spec("state::claim-namespace", "claim_namespace", s.ClaimNamespaceRequest,
                        s.ClaimResult, "reserve scopes for the calling worker's private "
-                       "namespace", ("functions_prefix", "scopes"), raises=_CLAIM)
+                       "namespace (none in public use, unless an admin adopts it)",
+                       ("functions_prefix", "scopes"), raises=_CLAIM)
+RELEASE_NAMESPACE = Spec("state::release-namespace", "release_namespace",
+                         s.ReleaseNamespaceRequest, s.ReleaseResult,
+                         "make a namespace's scopes public again (entries kept): by their "
+                         "owner, or an admin with `force`", ("scopes",), raises=_RELEASE)
 REGISTER_TRIGGER = Spec("state::register-trigger", "register_trigger",
                         s.RegisterTriggerRequest, s.TriggerIdResult,
                         "call a service's function for every matching change event",
-                        ("function_id", "service"), raises=("INVALID_REQUEST",))
+                        ("function_id", "service"),
+                        raises=("INVALID_REQUEST", "PERMISSION_DENIED"))
 UNREGISTER_TRIGGER = Spec("state::unregister-trigger", "unregister_trigger",
                           s.TriggerIdRequest, s.UnregisteredResult, "remove a trigger",
                           ("id",), raises=("INVALID_REQUEST",))
@@ -117,7 +125,7 @@ LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
-    CLAIM_NAMESPACE, REGISTER_TRIGGER, UNREGISTER_TRIGGER, LIST_TRIGGERS)
+    CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, UNREGISTER_TRIGGER, LIST_TRIGGERS)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 
@@ -136,15 +144,17 @@ _WHY: dict[str, str] = {
                       "the barrier's first arrival fixed",
     "INVALID_PREFIX": "`functions_prefix` is not `[A-Za-z0-9_-]+`",
     "UNKNOWN_CALLER": "the call has no caller",
-    "FORBIDDEN": "the prefix is not the caller",
-    "INVALID_SCOPE": "a scope is not non-empty text",
+    "FORBIDDEN": "the prefix is not the caller (`acl`: the principal), or a scope to release "
+                 "is another namespace's (`details.owner`)",
+    "INVALID_SCOPE": "a scope is not non-empty text, or one to release is not claimed",
     "SCOPE_CONFLICT": "a scope is owned by another namespace (`details.owner`)",
     "INVALID_CONTEXT": "the call's context lacks the field the engine takes the caller from",
     "SCOPE_IN_USE": "a public scope asked for is in use: it holds entries, a trigger names it or "
                     "it was written within the dedupe window (`details.scope`; an admin may "
                     "adopt it)",
     "PERMISSION_DENIED": "`acl` mode: the principal's roles do not grant the function on the "
-                         "scope (`details`: principal, fn, scope, missing)",
+                         "scope, an admin's option (`adopt`, `force`) or a trigger's target "
+                         "service (`details`: principal, fn, scope or service, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
 }
 

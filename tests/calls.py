@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
+from stateworker.state import principals
 
 INCREMENT = [{"type": "increment", "path": "n", "by": 1}]
 
@@ -35,3 +36,15 @@ async def refuses(store: StateStore, scope: str) -> bool:
         assert exc.code == "RESERVED_SCOPE", exc
         return True
     return False
+
+
+async def principal(store: StateStore, name: str, *roles: str, act_as: tuple[str, ...] = (),
+                    allow: tuple[str, ...] = (), services: tuple[str, ...] = ()) -> None:
+    """`acl` mode's principal `name` in the store's prefix, for in-process calls made with
+    `CallContext(principal=name)` (no Redis user: nothing connects as it). `allow`: a role of
+    its own granting those families on every scope (and `services` as trigger targets)."""
+    if allow:
+        await principals.add_role(store.state, f"{name}-role", list(allow), ["*"], False,
+                                  list(services))
+        roles = (*roles, f"{name}-role")
+    await principals.add_principal(store.state, name, list(roles), list(act_as))

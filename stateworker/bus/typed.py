@@ -62,6 +62,7 @@ class TypedCalls(abc.ABC):
     list_namespaces = spec_method(specs.LIST_NAMESPACES, CLIENT)
     barrier = spec_method(specs.BARRIER, CLIENT)
     claim_namespace = spec_method(specs.CLAIM_NAMESPACE, CLIENT)
+    release_namespace = spec_method(specs.RELEASE_NAMESPACE, CLIENT)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, CLIENT)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)

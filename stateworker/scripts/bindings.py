@@ -31,6 +31,7 @@ from stateworker.scripts.replies import (
     ListReply,
     Moved,
     ReapReply,
+    ReleaseReply,
     SetReply,
     TopicReply,
     TriggerReply,
@@ -72,13 +73,14 @@ DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
 TRIGGER = Binding("trigger", 2, TriggerReply.read)
 CLAIM = Binding("claim", 2, ClaimReply.read)
 ACCESS = Binding("access", 3, AccessReply.read)
+RELEASE = Binding("release", 2, ReleaseReply.read)
 BARRIER = Binding("barrier", 2, BarrierReply.read)
 FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-    BARRIER, LEASE, ADVANCE, FORGET, ACCESS)
+    RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS)
 
 
 def library_of(conn: Any) -> Library:
@@ -183,8 +185,18 @@ def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes |
     return [keys.triggers, keys.registry], [op, trigger_id, registration, cap]
 
 
-def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str]) -> Call:
-    return [keys.claims, keys.registry], [prefix, REGISTRY_MAXLEN, *scopes]
+def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],
+               adopter: str | None) -> Call:
+    """claim.lua: `uses[i]` is `scopes[i]`'s use ("" free, "<entries>:<why>" in use);
+    `adopter`: the admin adopting scopes in use (None: none is taken)."""
+    return ([keys.claims, keys.registry],
+            [prefix, REGISTRY_MAXLEN, "" if adopter is None else "=" + adopter, len(scopes),
+             *scopes, *uses])
+
+
+def release_call(keys: KeySpace, caller: str, force: bool, scopes: Sequence[str]) -> Call:
+    """release.lua: `caller` releases its own scopes; `force`: any namespace's (an admin)."""
+    return [keys.claims, keys.registry], [caller, "1" if force else "", REGISTRY_MAXLEN, *scopes]
 
 
 def access_call(keys: KeySpace, op: str, name: str, record: bytes | str,

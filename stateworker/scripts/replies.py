@@ -96,14 +96,31 @@ class AccessReply(NamedTuple):
 
 
 class ClaimReply(NamedTuple):
-    """claim.lua's OK reply: whether a scope was new, and every scope the prefix owns."""
+    """claim.lua's OK reply: whether a scope was new, every scope the prefix owns, and the
+    new scopes that were in use (adopted)."""
 
     claimed: bool
     owned: list[str]
+    adopted: list[str]
 
     @classmethod
     def read(cls, reply: list[Any]) -> ClaimReply:
-        return cls(reply[1] == 1, [scope.decode() for scope in reply[2]])
+        return cls(reply[1] == 1, [scope.decode() for scope in reply[2]],
+                   [scope.decode() for scope in reply[3]])
+
+
+class ReleaseReply(NamedTuple):
+    """release.lua's OK reply: each released scope with the namespace that owned it, and
+    every scope the releasing caller owns now."""
+
+    released: dict[str, str]
+    owned: list[str]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ReleaseReply:
+        flat = [item.decode() for item in reply[1]]
+        return cls(dict(zip(flat[::2], flat[1::2], strict=True)),
+                   [scope.decode() for scope in reply[2]])
 
 
 class EntriesReply(NamedTuple):

@@ -14,9 +14,12 @@ from stateworker.errors import (
     CallIdReused,
     Conflict,
     DeadlineExceeded,
+    Forbidden,
     InternalError,
+    InvalidScope,
     KeyLimit,
     ScopeConflict,
+    ScopeInUse,
     StateError,
     ValueTooLarge,
     deadline_text,
@@ -38,6 +41,9 @@ LUA_STATUS: dict[str, int] = {
     "BARRIER_CONFIG": 8,  # the barrier exists with another `expect`; nothing written
     "SCOPE_CONFLICT": 9,  # a scope asked for is owned by another namespace; nothing written
     "KEY_LIMIT": 10,  # a new key would pass the scope's max_keys; nothing written
+    "SCOPE_IN_USE": 11,  # a public scope to claim is in use, no adoption; nothing written
+    "FORBIDDEN": 12,  # release: a scope's owner is not the caller; nothing written
+    "INVALID_SCOPE": 13,  # release: a scope no namespace claimed; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -49,6 +55,9 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["BARRIER_CONFIG"]: BarrierConfig,
     LUA_STATUS["SCOPE_CONFLICT"]: ScopeConflict,
     LUA_STATUS["KEY_LIMIT"]: KeyLimit,
+    LUA_STATUS["SCOPE_IN_USE"]: ScopeInUse,
+    LUA_STATUS["FORBIDDEN"]: Forbidden,
+    LUA_STATUS["INVALID_SCOPE"]: InvalidScope,
 }
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
 
@@ -139,6 +148,35 @@ def _scope_conflict(target: Target, reply: list[Any]) -> Text:
                                                     "owner": owner})
 
 
+def _scope_in_use(target: Target, reply: list[Any]) -> Text:
+    # claim.lua: {status, scope, "<entries>:<why>"}, the use as the claim's read step found it
+    scope = reply[1].decode()
+    entries, _, why = reply[2].decode().partition(":")
+    return (f"$.scopes: scope {scope!r} is public and in use ({why}); a claim would take it "
+            "from its users, so nothing was claimed (an admin may adopt it: `adopt: true`)",
+            {"path": "$.scopes", "scope": scope, "entries": int(entries), "reason": why})
+
+
+def _caller(ctx: CallContext) -> str | None:
+    return ctx.principal if ctx.principal is not None else ctx.caller
+
+
+def _not_owner(target: Target, reply: list[Any]) -> Text:
+    # release.lua: {status, scope, owner}
+    scope, owner, caller = reply[1].decode(), reply[2].decode(), _caller(target.ctx)
+    return (f"$.scopes: scope {scope!r} is owned by namespace {owner!r}, not by the caller "
+            f"{caller!r}: only its owner releases it (an admin: with `force: true`); nothing "
+            "was released", {"path": "$.scopes", "scope": scope, "owner": owner,
+                             "caller": caller})
+
+
+def _not_claimed(target: Target, reply: list[Any]) -> Text:
+    # release.lua: {status, scope}
+    scope = reply[1].decode()
+    return (f"$.scopes: scope {scope!r} is not claimed by any namespace (it is public); "
+            "nothing was released", {"path": "$.scopes", "scope": scope})
+
+
 def _barrier_config(target: Target, reply: list[Any]) -> Text:
     stored, given = reply[1].decode(), reply[2].decode()
     return (f"$.condition_config.expect: barrier `{target.key}` expects {stored} (fixed by its "
@@ -157,6 +195,9 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["SCOPE_CONFLICT"]: _scope_conflict,
     LUA_STATUS["BARRIER_CONFIG"]: _barrier_config,
     LUA_STATUS["KEY_LIMIT"]: _key_limit,
+    LUA_STATUS["SCOPE_IN_USE"]: _scope_in_use,
+    LUA_STATUS["FORBIDDEN"]: _not_owner,
+    LUA_STATUS["INVALID_SCOPE"]: _not_claimed,
 }
 
 

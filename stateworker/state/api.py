@@ -82,13 +82,15 @@ class StateStore(KeyValueMethods):
     # ---- typed methods (those on keys and scopes: KeyValueMethods) --------------------------
     @with_raises(specs.CLAIM_NAMESPACE, STORE)
     async def claim_namespace(self, functions_prefix: str, scopes: Iterable[str], *,
-                              caller: str | None = None) -> Claim:
+                              caller: str | None = None, adopt: bool = False) -> Claim:
         """Claim scopes for a private namespace (`state::claim-namespace`): from then on the
         public functions refuse them (RESERVED_SCOPE), listings leave them out, and only the
         namespace's accessors (`call("<prefix>::state::get", ...)`, `::list`, `::list_keys`,
         `::compare-and-set`) serve them. All or nothing; the first claimant of a scope keeps
-        it; claiming again what is owned already returns `claimed=False`. Claims are kept in
-        Redis (they survive restarts) and every replica learns of them within a second.
+        it; claiming again what is owned already returns `claimed=False`. A public scope in
+        use (entries, a trigger naming it, a write within the dedupe window) is refused
+        unless `adopt`. Claims are kept in Redis (they survive restarts) and every replica
+        learns of them within a second; `release_namespace` gives scopes back.
 
         Args:
             functions_prefix: the namespace, `[A-Za-z0-9_-]+`: the claiming worker's name.
@@ -96,12 +98,17 @@ class StateStore(KeyValueMethods):
             caller: who claims; None: `functions_prefix` itself (an in-process caller holds
                 the Redis connection, so it may act as any worker). Over the bus the call's
                 `caller` is used.
+            adopt: take public scopes in use too (an admin's decision: logged, and named in
+                the registry entry); without it such a scope is SCOPE_IN_USE.
 
-        Returns: `Claim(claimed, scopes, functions)`.
+        Returns: `Claim(claimed, scopes, functions, adopted)`.
 
         Example: `await store.claim_namespace("billing", ["billing-ledger"])`
         """
-        body = {"functions_prefix": functions_prefix, "scopes": builtins.list(scopes)}
+        body: dict[str, Any] = {"functions_prefix": functions_prefix,
+                                "scopes": builtins.list(scopes)}
+        if adopt:
+            body["adopt"] = True
         result = await self.call("state::claim-namespace", body,
                                  caller=functions_prefix if caller is None else caller)
         return msgspec.convert(result, Claim)
@@ -192,8 +199,9 @@ class StateStore(KeyValueMethods):
             InvalidScope (INVALID_SCOPE): an accessor named a scope its namespace does not
                 own; state::claim-namespace: a scope that is not non-empty text.
             InvalidPrefix (INVALID_PREFIX), UnknownCaller (UNKNOWN_CALLER), Forbidden
-                (FORBIDDEN), ScopeConflict (SCOPE_CONFLICT): state::claim-namespace refused
-                (see `claim_namespace`).
+                (FORBIDDEN), ScopeConflict (SCOPE_CONFLICT), ScopeInUse (SCOPE_IN_USE):
+                state::claim-namespace or state::release-namespace refused (see
+                `claim_namespace`, `release_namespace`).
             Unavailable (UNAVAILABLE): the connection to Redis broke (the next call reconnects).
             InternalError (INTERNAL): Redis answered with an error (e.g. it refused to load the
                 script library).
@@ -275,6 +283,7 @@ class StateStore(KeyValueMethods):
     update_topic = spec_method(specs.UPDATE_TOPIC, STORE)
     delete_by_topic = spec_method(specs.DELETE_BY_TOPIC, STORE)
     list_namespaces = spec_method(specs.LIST_NAMESPACES, STORE)
+    release_namespace = spec_method(specs.RELEASE_NAMESPACE, STORE)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)

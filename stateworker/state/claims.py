@@ -2,9 +2,16 @@
 
 Redis holds the claims in one hash (`KeySpace.claims`: scope -> functions prefix), written
 only by claim.lua, which also XADDs a registry entry `{kind: claims, prefix, scopes}` (the new
-scopes, a JSON array). The cache is loaded when the state opens and after every reconnect of
-the registry follower (registry.py), updated at once on the replica that served a claim and
-by the follower on the others. Claims are never given up, so applying an entry only adds.
+scopes, a JSON array; an adoption adds `adopted` and `by`), and release.lua, whose entry is
+`{kind: claims, released, by}` (`released`: a JSON object, scope -> the namespace it was
+released from). The cache is loaded when the state opens and after every reconnect of the
+registry follower (registry.py), updated at once on the replica that served a claim or
+release and by the follower on the others.
+
+Applying is idempotent both ways (registry.py: entries after a reload's noted id are applied
+again over it): a claim sets its scopes' owner, a release drops a scope only while the
+namespace it was released from still owns it, so a release applied again after the scope
+was claimed anew (by anyone) leaves the new claim alone.
 
 Every public function asks it (`validate.scope`) on each call, hence a dict lookup and no
 round trip; the trigger dispatcher asks `is_claimed` / `owner` too.
@@ -55,8 +62,20 @@ class Claims:
         self._owners = dict(zip(text[::2], text[1::2], strict=True))
         self._changed()
 
+    def remove(self, released: dict[str, str]) -> None:
+        """Drop each released scope (scope -> the owner it was released from) that owner
+        still holds."""
+        for scope, owner in released.items():
+            if self._owners.get(scope) == owner:
+                del self._owners[scope]
+        self._changed()
+
     async def apply(self, entry: RegistryEntry) -> None:
-        """A claim another replica served (a registry entry of kind `claims`)."""
+        """A claim or release another replica served (a registry entry of kind `claims`)."""
+        released = entry.fields.get("released")
+        if released is not None:
+            self.remove(msgspec.json.decode(released, type=dict[str, str]))
+            return
         scopes = msgspec.json.decode(entry.fields["scopes"], type=list[str])
         self.add(entry.fields["prefix"], scopes)
 

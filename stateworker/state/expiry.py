@@ -1,21 +1,27 @@
 """The TTL reaper: deletes expired entries in bounded batches, one event each.
 
 Reads already treat an expired entry as missing; the reaper only makes the deletion (and its
-`state:deleted` event) happen soon after expiry even when nobody touches the key.
+`state:deleted` event) happen soon after expiry even when nobody touches the key. Each round
+also forgets the scopes last written before the dedupe window (`PartitionKeys.written`), so
+that record holds only the scopes written within it.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
+from stateworker.clock import now_ms
 from stateworker.errors import StateError
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REAP, reap_call
 from stateworker.scripts.replies import ReapReply
 from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, command_reply
+from stateworker.transport.wire import Arg
 
 log = logging.getLogger("stateworker.state.expiry")
 
@@ -38,12 +44,28 @@ async def reap_expired(state: RedisState) -> int:
     return total
 
 
+async def forget_old_writes(state: RedisState) -> int:
+    """Drop from every partition's `written` record the scopes last written before the dedupe
+    window (one ZREMRANGEBYSCORE each, in one pipeline: exact and atomic, so a scope written
+    meanwhile keeps its new score); returns how many were dropped."""
+    before = now_ms() - state.settings.dedupe_window_ms
+    commands: list[list[Arg]] = [["ZREMRANGEBYSCORE", part.written, "-inf", f"({before}"]
+                                 for part in state.keys.all_partitions()]
+
+    def finish(replies: list[Any]) -> int:
+        return sum(int(command_reply(reply, "forgetting old writes")) for reply in replies)
+
+    dropped: int = await state.execute(Plan(commands, finish))
+    return dropped
+
+
 async def reaper_loop(state: RedisState, *,
                       task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     while True:
         try:
             await reap_expired(state)
+            await forget_old_writes(state)
         except StateError as exc:  # Redis away for a moment: the next round retries
             log.warning("reaper round failed: %s", exc)
         await anyio.sleep(state.settings.reaper_interval_s)

@@ -35,6 +35,7 @@ from stateworker.schemas import (
     ListEntriesRequest,
     ListNamespacesRequest,
     NamespacesResult,
+    ReleaseNamespaceRequest,
     ScopeRequest,
     SetRequest,
     UpdatedResult,
@@ -217,7 +218,22 @@ def state_claim_namespace(state: RedisState, req: ClaimNamespaceRequest, ctx: Ca
     prefix = validate.functions_prefix(req.functions_prefix)
     validate.claimant(ctx, prefix)
     scopes = validate.claim_scopes(state.settings, req.scopes)
-    return namespaces.claim_plan(state, prefix, scopes, Target(state.settings, "", "", ctx))
+    adopter = None
+    if req.adopt:
+        guard.need_admin(state, ctx, specs.CLAIM_NAMESPACE.name, "adopt")
+        adopter = validate.identity(ctx) or prefix
+    return namespaces.claim_plan(state, prefix, scopes, Target(state.settings, "", "", ctx),
+                                 adopter)
+
+
+def state_release_namespace(state: RedisState, req: ReleaseNamespaceRequest,
+                            ctx: CallContext) -> Plan:
+    caller = validate.releaser(ctx, req.force)
+    scopes = validate.claim_scopes(state.settings, req.scopes)
+    if req.force:
+        guard.need_admin(state, ctx, specs.RELEASE_NAMESPACE.name, "force")
+    return namespaces.release_plan(state, caller, scopes, Target(state.settings, "", "", ctx),
+                                   req.force)
 
 
 def state_barrier(state: RedisState, req: BarrierRequest, ctx: CallContext) -> Plan:
@@ -259,6 +275,7 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.LIST_NAMESPACES, state_list_namespaces),
     (specs.BARRIER, state_barrier),
     (specs.CLAIM_NAMESPACE, state_claim_namespace),
+    (specs.RELEASE_NAMESPACE, state_release_namespace),
     (specs.REGISTER_TRIGGER, triggers.state_register_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),

@@ -62,3 +62,27 @@ def _writer(principal: str, ctx: CallContext) -> str:
     id it names (`alice/run-7`), so no field makes a write look like another's."""
     execution = ctx.context.get("execution_id")
     return f"{principal}/{execution}" if isinstance(execution, str) and execution else principal
+
+
+# ---- beyond a principal's own namespace -------------------------------------------------------
+def may_administer(state: RedisState, ctx: CallContext) -> bool:
+    """Whether the caller may adopt scopes in use (`state::claim-namespace` with `adopt:
+    true`) and release other namespaces' scopes (`state::release-namespace` with `force:
+    true`). `off` mode and in-process calls (no principal) are trusted; an admin still has
+    to ask (`adopt`, `force`), so no call takes a scope by accident."""
+    return ctx.principal is None or state.access.is_admin(ctx.principal)
+
+
+def may_call_service(state: RedisState, ctx: CallContext, service: str) -> bool:
+    """Whether the caller may make `service`'s functions be called (a trigger's `service`
+    and `condition_service`)."""
+    return ctx.principal is None or state.access.may_call_service(ctx.principal, service)
+
+
+def need_admin(state: RedisState, ctx: CallContext, fn: str, option: str) -> None:
+    """Refuse `option` (`adopt`, `force`) of `fn` to a principal that is not an admin."""
+    if not may_administer(state, ctx):
+        raise PermissionDenied(
+            f"$.{option}: principal {ctx.principal!r} may not {fn} with `{option}: true`: "
+            "that needs the admin role", {"path": f"$.{option}", "principal": ctx.principal,
+                                          "fn": fn, "missing": "admin"})

@@ -41,6 +41,7 @@ class Claim(msgspec.Struct, frozen=True):
     claimed: bool  # False when the namespace already owned every scope asked for
     scopes: list[str]  # every scope the namespace owns, byte-sorted
     functions: list[str]  # its accessors: <prefix>::state::get, ::list, ::list_keys, ::compare-and-set
+    adopted: list[str] = []  # the scopes in use an admin adopted (`adopt=True`), byte-sorted
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,7 +5,10 @@ A registration is stored as JSON in one hash (`keys.triggers`); `lua/trigger.lua
 appends a `kind triggers` entry to the registry stream in the same script, so every replica's
 dispatcher (reactive/) reloads within its follower's wake-up. Everything a dispatcher needs to
 evaluate a trigger is checked here, at registration: a bad filter is refused with the field
-named, never found later on an event.
+named, never found later on an event. Its targets (`service`, `function_id`, a bus
+condition's `condition_service` and `condition_function_id`) follow the bus's name rules
+(keys.bus_name_problem; a service at most `MAX_SERVICE_BYTES`), and in `acl` mode the
+registering principal must be one that may call the services (guard.may_call_service).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import msgspec
 from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
-from stateworker.errors import InvalidRequest, ReservedScope
+from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope
+from stateworker.keys import MAX_SERVICE_BYTES
 from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -32,7 +36,7 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import TRIGGER, trigger_call
 from stateworker.scripts.replies import TriggerReply
-from stateworker.state import barrier, validate
+from stateworker.state import barrier, guard, validate
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply
 
@@ -94,7 +98,8 @@ def _condition(state: RedisState, config: TriggerConfig, service: str) -> Trigge
                                  "condition_service need a condition function",
                                  {"path": "$.config.condition_function_id"})
         return config
-    _text("config.condition_function_id", function_id)
+    if function_id != BARRIER:
+        validate.bus_target("config.condition_function_id", function_id, MAX_ID_BYTES)
     timeout = config.condition_timeout_ms
     if timeout is None:
         timeout = DEFAULT_CONDITION_TIMEOUT_MS
@@ -108,7 +113,7 @@ def _condition(state: RedisState, config: TriggerConfig, service: str) -> Trigge
                                 "$.config.condition_config")
         return msgspec.structs.replace(config, condition_timeout_ms=timeout)
     condition_service = config.condition_service or service
-    _text("config.condition_service", condition_service)
+    validate.bus_target("config.condition_service", condition_service, MAX_SERVICE_BYTES)
     return msgspec.structs.replace(config, condition_service=condition_service,
                                    condition_timeout_ms=timeout)
 
@@ -136,12 +141,24 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
     return _condition(state, config, service)
 
 
-def register_plan(state: RedisState, req: RegisterTriggerRequest) -> Plan:
+def _may_target(state: RedisState, ctx: CallContext, field: str, service: str) -> None:
+    if not guard.may_call_service(state, ctx, service):
+        raise PermissionDenied(
+            f"$.{field}: principal {ctx.principal!r} may not call service {service!r}, so it "
+            "may not register a trigger that calls it",
+            {"path": f"$.{field}", "principal": ctx.principal, "fn": "state::register-trigger",
+             "service": service, "missing": f"a grant to call {service!r}"})
+
+
+def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallContext) -> Plan:
     trigger_id = req.id if req.id is not None else f"t-{uuid.uuid4().hex}"
     _text("id", trigger_id)
-    _text("function_id", req.function_id)
-    _text("service", req.service)
+    validate.bus_target("function_id", req.function_id, MAX_ID_BYTES)
+    validate.bus_target("service", req.service, MAX_SERVICE_BYTES)
     config = checked_config(state, req.config, req.service)
+    _may_target(state, ctx, "service", req.service)
+    if config.condition_service is not None and config.condition_service != req.service:
+        _may_target(state, ctx, "config.condition_service", config.condition_service)
     trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
                       config=config, created_at=rfc3339_ms(now_ms()) or "")
 
@@ -178,7 +195,7 @@ def list_plan(state: RedisState) -> Plan:
 
 def state_register_trigger(state: RedisState, req: RegisterTriggerRequest,
                            ctx: CallContext) -> Plan:
-    return register_plan(state, req)
+    return register_plan(state, req, ctx)
 
 
 def state_unregister_trigger(state: RedisState, req: TriggerIdRequest, ctx: CallContext) -> Plan:

@@ -23,6 +23,7 @@ from stateworker.errors import (
     StateError,
     UnknownCaller,
 )
+from stateworker.keys import BUS_NAME_RULES, bus_name_problem
 from stateworker.settings import Settings
 from stateworker.state import guard
 
@@ -140,8 +141,21 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 100 else text[:100] + "..."
 
 
+def identity(ctx: CallContext) -> str | None:
+    """Who makes the call: in `acl` mode the principal (from the stream's name, never a field
+    of the entry), else the call's `caller`."""
+    return ctx.principal if ctx.principal is not None else ctx.caller
+
+
 def claimant(ctx: CallContext, prefix: str) -> None:
-    """A worker claims only the namespace of its own name (the call's `caller`)."""
+    """A worker claims only the namespace of its own name: in `acl` mode the principal (the
+    `caller` field is ignored), else the call's `caller`."""
+    if ctx.principal is not None:
+        if ctx.principal != prefix:
+            raise Forbidden(f"$.functions_prefix: {prefix!r} is not the principal's name "
+                            f"{ctx.principal!r}; a principal claims only its own namespace",
+                            {"path": "$.functions_prefix", "principal": ctx.principal})
+        return
     if not ctx.caller:
         raise UnknownCaller("the call carries no caller: state::claim-namespace claims the "
                             "namespace of the calling worker (the bus entry's `caller`)",
@@ -150,6 +164,30 @@ def claimant(ctx: CallContext, prefix: str) -> None:
         raise Forbidden(f"$.functions_prefix: {prefix!r} is not the caller's name "
                         f"{ctx.caller!r}; a worker claims only its own namespace",
                         {"path": "$.functions_prefix", "caller": ctx.caller})
+
+
+def releaser(ctx: CallContext, force: bool) -> str:
+    """Who releases: the caller (or principal), whose own scopes it may release; an admin's
+    `force` may come from an in-process call with no caller ("")."""
+    who = identity(ctx)
+    if not who and not force:
+        raise UnknownCaller("the call carries no caller: state::release-namespace releases "
+                            "the calling worker's scopes (the bus entry's `caller`)",
+                            {"path": "caller"})
+    return who or ""
+
+
+def bus_target(field: str, value: str, limit: int) -> None:
+    """A service or function id a call will be sent to: non-empty, at most `limit` bytes,
+    and within the bus's name rules (keys.bus_name_problem)."""
+    sized_text(field, value, limit)
+    if not value:
+        raise InvalidRequest(f"$.{field}: must not be empty", {"path": f"$.{field}"})
+    problem = bus_name_problem(value)
+    if problem is not None:
+        raise InvalidRequest(
+            f"$.{field}: {_shown(value)} {problem}; a name on the bus has {BUS_NAME_RULES} "
+            f"and at most {limit} bytes", {"path": f"$.{field}", "limit": limit})
 
 
 def claim_scopes(settings: Settings, values: list[Any]) -> list[str]:

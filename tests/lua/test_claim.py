@@ -237,8 +237,8 @@ async def test_the_typed_methods_refuse_a_claimed_scope(store: StateStore, scope
 
 async def test_listings_leave_claimed_scopes_out(store: StateStore, scope: str) -> None:
     await store.set(scope + "-public", "k", 1)
-    await store.set(scope + "-before", "k", 1)  # holds entries before it is claimed
-    await claim(store, "billing", [scope + "-before", scope + "-private"])
+    await store.set(scope + "-before", "k", 1)  # holds entries before it is adopted
+    await store.claim_namespace("billing", [scope + "-before", scope + "-private"], adopt=True)
     await store.call("billing::state::compare-and-set",
                      {"scope": scope + "-private", "key": "k", "value": 1})
     assert await store.list_groups() == [scope + "-public"]

@@ -37,13 +37,19 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
     def text(arg: Arg) -> str:
         return arg.decode() if isinstance(arg, bytes) else str(arg)
 
+    def written(scopes: Arg) -> list[str]:  # entry.lua's entry_mark_written
+        return [text(scopes).removesuffix("scopes") + "written"]
+
     if name in ("list", "entries"):
         return [text(args[1]) + "somekey"]
     if name == "reap":
         tag = text(args[2])
-        return [f"{tag}e:5:scopekey"] + [f"{tag}{kind}:scope" for kind in "kut"]
+        return [f"{tag}e:5:scopekey", *[f"{tag}{kind}:scope" for kind in "kut"],
+                *written(keys[1])]
     if name == "deltopic":
-        return [text(args[8]) + "somekey"]
+        return [text(args[8]) + "somekey", *written(keys[3])]
+    if name in ("set", "delete", "update", "topic"):
+        return written(keys[4])
     return []
 
 
@@ -74,6 +80,7 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
+    await store.release_namespace([scope + "-private"], caller="billing")  # the same two
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
     await store.call("state::unregister-trigger", {"id": "t"})
     leases = Leases(store.state, "token")

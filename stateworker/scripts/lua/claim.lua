@@ -1,29 +1,47 @@
 --[[
   Claim scopes for a private namespace (state::claim-namespace): all or nothing, and the
-  first claimant of a scope keeps it. The prefix, the caller and the scopes' names are
-  checked by the caller; ownership is checked here, for every scope, before the first write.
+  first claimant of a scope keeps it; a public scope in use is not taken unless adopted.
+  The prefix, the caller and the scopes' names are checked by the caller, and so is each
+  scope's use (entries and last write live in the scope's partition, another slot: the
+  claim's read step finds them, namespaces.py); ownership is checked here, for every scope,
+  before the first write.
   Input:
     KEYS[1] claims hash (scope -> functions prefix)
     KEYS[2] registry stream (every replica follows it)
     ARGV[1] functions prefix        ARGV[2] registry stream MAXLEN
-    ARGV[3..] the scopes asked for (distinct)
+    ARGV[3] "" no adoption, or "=" .. the admin adopting the scopes in use
+    ARGV[4] n, the number of scopes asked for
+    ARGV[5 .. 4+n] the scopes asked for (distinct)
+    ARGV[5+n .. 4+2n] each scope's use: "" free, or "<entries>:<why>" in use
   Output:
-    {ST.OK, 1 when a scope was new else 0, {every scope the prefix owns now}}
+    {ST.OK, 1 when a scope was new else 0, {every scope the prefix owns now},
+     {the new scopes that were in use: adopted}}
     {ST.SCOPE_CONFLICT, scope, owner}   the first scope asked for that another prefix owns;
                                         nothing written
+    {ST.SCOPE_IN_USE, scope, use}       the first new scope in use, with no adoption;
+                                        nothing written
   Events: none in the partition streams. When a scope was new, one registry entry
-    {kind "claims", prefix, scopes (JSON array of the new scopes)}.
+    {kind "claims", prefix, scopes (JSON array of the new scopes)}, plus, when scopes in use
+    were adopted, adopted (JSON array) and by (the admin).
 ]]
 
 local claims, registry, prefix = KEYS[1], KEYS[2], ARGV[1]
-local new = {}
-for i = 3, #ARGV do
-  local owner = redis.call('HGET', claims, ARGV[i])
+local adopter, n = ARGV[3], tonumber(ARGV[4])
+local new, adopted = {}, {}
+for i = 5, 4 + n do
+  local scope, use = ARGV[i], ARGV[i + n]
+  local owner = redis.call('HGET', claims, scope)
   if owner and owner ~= prefix then
-    return {ST.SCOPE_CONFLICT, ARGV[i], owner}
+    return {ST.SCOPE_CONFLICT, scope, owner}
   end
   if not owner then
-    new[#new + 1] = ARGV[i]
+    if use ~= '' then
+      if adopter == '' then
+        return {ST.SCOPE_IN_USE, scope, use}
+      end
+      adopted[#adopted + 1] = scope
+    end
+    new[#new + 1] = scope
   end
 end
 
@@ -31,8 +49,14 @@ if #new > 0 then
   for _, scope in ipairs(new) do
     redis.call('HSET', claims, scope, prefix)
   end
-  redis.call('XADD', registry, 'MAXLEN', '~', ARGV[2], '*', 'kind', 'claims',
-    'prefix', prefix, 'scopes', cjson.encode(new))
+  if #adopted > 0 then
+    redis.call('XADD', registry, 'MAXLEN', '~', ARGV[2], '*', 'kind', 'claims',
+      'prefix', prefix, 'scopes', cjson.encode(new), 'adopted', cjson.encode(adopted),
+      'by', string.sub(adopter, 2))
+  else
+    redis.call('XADD', registry, 'MAXLEN', '~', ARGV[2], '*', 'kind', 'claims',
+      'prefix', prefix, 'scopes', cjson.encode(new))
+  end
 end
 
 local owned, all = {}, redis.call('HGETALL', claims)
@@ -41,4 +65,4 @@ for i = 1, #all, 2 do
     owned[#owned + 1] = all[i]
   end
 end
-return {ST.OK, #new > 0 and 1 or 0, owned}
+return {ST.OK, #new > 0 and 1 or 0, owned, adopted}

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import redis
 
-from stateworker import StateStore
+from stateworker import StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import now_ms
@@ -108,3 +108,52 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
                     "the new write dispatched")
         calls = client.xrange(reactor)
         assert len(calls) == 1 and b"after-restore" in calls[0][1][b"body"]
+
+
+def keys_of(prefix: str) -> KeySpace:
+    return KeySpace(prefix, 4)
+
+
+def snapshot_claims(postgres_url: str, prefix: str) -> dict[str, str]:
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute("SELECT scope, namespace FROM sw_claims WHERE prefix = %s",
+                            (prefix,)).fetchall()
+    return {str(scope): str(namespace) for scope, namespace in rows}
+
+
+async def test_claims_and_releases_survive_a_restore(own_redis: RedisServer, prefix: str,
+                                                     postgres_url: str) -> None:
+    settings = Settings(redis_url=own_redis.url, prefix=prefix, partitions=4,
+                        postgres_url=postgres_url, lease_ms=1000)
+    client = own_redis.client()
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store, \
+            StateService.running(settings, BusOptions(block_ms=50)):
+        await store.claim_namespace("billing", ["kept", "given-back", "to-release-later"])
+        for scope in ("kept", "given-back"):
+            await store.call("billing::state::compare-and-set",
+                             {"scope": scope, "key": "k", "value": scope})
+        await until(lambda: len(snapshot_claims(postgres_url, prefix)) == 3, 30,
+                    "the claims in PostgreSQL")
+        await store.release_namespace(["given-back"], caller="billing")
+        await until(lambda: snapshot_claims(postgres_url, prefix) == {
+            "kept": "billing", "to-release-later": "billing"}, 30,
+            "the release in PostgreSQL")
+        await until(lambda: caught_up(client, keys_of(prefix)), 60, "the snapshot to catch up")
+
+    client.flushall()
+    done = restore_command(own_redis.url, prefix, postgres_url)
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout)["claims"] == 2
+
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store, \
+            StateService.running(settings, BusOptions(block_ms=50)):
+        assert await store.get("given-back", "k") == "given-back"  # public, entry kept
+        assert await store.list_groups() == ["given-back"]
+        assert await store.call("billing::state::get", {"scope": "kept", "key": "k"}) == "kept"
+        with pytest.raises(StateError) as private:
+            await store.get("kept", "k")
+        assert private.value.code == "RESERVED_SCOPE"
+        # a release after the restore is followed too
+        await store.release_namespace(["to-release-later"], caller="billing")
+        await until(lambda: snapshot_claims(postgres_url, prefix) == {"kept": "billing"}, 30,
+                    "the later release in PostgreSQL")

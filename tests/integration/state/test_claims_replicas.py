@@ -65,7 +65,8 @@ async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
         assert await two.list_groups() == [scope]
         claimed_at = time.monotonic()
         await one.call("state::claim-namespace", {"functions_prefix": "billing",
-                                                  "scopes": [scope]}, caller="billing")
+                                                  "scopes": [scope], "adopt": True},
+                       caller="billing")
         assert await refuses(one, scope)  # the replica that served it: at once
         await until(lambda: refuses(two, scope), 1.0, "the second replica to refuse the scope")
         assert time.monotonic() - claimed_at < 1.0
@@ -76,6 +77,41 @@ async def test_a_second_replica_refuses_a_claimed_scope_within_a_second(
         with pytest.raises(StateError) as refused:
             await two.set(scope, "k", 2)
         assert refused.value.code == "RESERVED_SCOPE"
+
+
+async def test_a_release_reaches_a_second_replica_within_a_second(
+        redis_server: RedisServer, prefix: str, scope: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    scope += '-é/"\\'  # the registry entry carries it as a JSON object's key
+    settings = settings_for(redis_server, prefix)
+    async with replicas(redis_server, prefix, 2) as (first, second), \
+            StateClient(settings=settings, caller="billing") as billing, \
+            StateClient(settings=settings, caller="mallory") as mallory:
+        one, two = StateStore(first.state), StateStore(second.state)
+        await billing.claim_namespace("billing", [scope, scope + "-kept"])
+        await billing.call("billing::state::compare-and-set",
+                           {"scope": scope, "key": "k", "value": 1})
+        await until(lambda: refuses(two, scope), 1.0, "the second replica to learn the claim")
+        assert await refuses(one, scope)
+        with pytest.raises(StateError) as forbidden:
+            await mallory.release_namespace([scope])
+        assert forbidden.value.code == "FORBIDDEN"
+        assert forbidden.value.details["owner"] == "billing"
+        assert forbidden.value.details["caller"] == "mallory"
+        assert await refuses(one, scope) and await refuses(two, scope)
+        done = await billing.release_namespace([scope])
+        assert done == {"released": [scope], "scopes": [scope + "-kept"]}
+
+        async def public_on_both() -> bool:
+            return not await refuses(one, scope) and not await refuses(two, scope)
+
+        await until(public_on_both, 1.0, "both replicas to serve the released scope")
+        for store in (one, two):
+            assert await store.get(scope, "k") == 1  # the entry kept
+            assert await store.list_groups() == [scope]
+            assert await refuses(store, scope + "-kept")
+        assert await mallory.get(scope, "k") == 1  # over the bus, any replica
+        assert not [r for r in caplog.records if getattr(r, "event", "") == "registry.apply_failed"]
 
 
 async def test_a_claim_over_the_bus_is_made_as_the_entrys_caller(
@@ -103,6 +139,28 @@ async def test_a_claim_over_the_bus_is_made_as_the_entrys_caller(
         with pytest.raises(StateError) as reserved:
             await billing.get(scope, "k")
         assert reserved.value.code == "RESERVED_SCOPE"
+
+
+async def test_the_squatting_sequence_over_the_bus_is_scope_in_use(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as anyone, \
+            StateClient(settings=settings, caller="mallory") as mallory:
+        await anyone.call("state::set", {"scope": scope, "key": "o-1", "value": 1})
+        with pytest.raises(StateError) as squat:
+            await mallory.call("state::claim-namespace",
+                               {"functions_prefix": "mallory", "scopes": [scope]})
+        assert squat.value.code == "SCOPE_IN_USE"
+        assert squat.value.details["scope"] == scope and squat.value.details["entries"] == 1
+        assert await anyone.call("state::get", {"scope": scope, "key": "o-1"}) == 1
+        assert scope in (await anyone.call("state::list_groups", {}))["groups"]
+        adopted = await mallory.claim_namespace("mallory", [scope], adopt=True)  # off: trusted
+        assert adopted["adopted"] == [scope]
+        with pytest.raises(StateError) as hidden:
+            await anyone.get(scope, "o-1")
+        assert hidden.value.code == "RESERVED_SCOPE"
+        assert await mallory.release_namespace([scope]) == {"released": [scope], "scopes": []}
+        assert await anyone.get(scope, "o-1") == 1
 
 
 async def test_the_bus_entrys_caller_field_is_the_claimant(

@@ -16,8 +16,19 @@
   string (json.lua's fast container skip).
 ]]
 
+--[[
+  The partition's record of each scope's last change (keys.py `written`: the partition tag
+  .. "written", the tag being ctx.scopes less its "scopes"), kept past the scope's last
+  entry: state::claim-namespace refuses a scope written within the dedupe window. One ZADD
+  a change; the reaper drops members older than the window.
+]]
+local function entry_mark_written(ctx)
+  redis.call('ZADD', string.sub(ctx.scopes, 1, -7) .. 'written', ctx.stamp, ctx.scope)
+end
+
 -- Append one change event; its stream id is the revision, returned.
 local function entry_emit(ctx, etype, old, new, version)
+  entry_mark_written(ctx)
   return redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
