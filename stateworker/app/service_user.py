@@ -56,7 +56,8 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         # The registry follower and the dispatcher: the registry stream, triggers, claims.
         "xread": ["XREAD", "COUNT", 1, "STREAMS", keys.registry, "0-0"],
         "xrevrange": ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
-        "hgetall": ["HGETALL", keys.triggers],  # (and the snapshot: barriers)
+        "hgetall": ["HGETALL", keys.triggers],  # (and the snapshot: barriers; access)
+        "hvals": ["HVALS", keys.triggers],  # a claim: the scopes triggers name
         # The bus runtime: its group, reads, reclaims, replies, acknowledgements, counters.
         "xgroup|create": ["XGROUP", "CREATE", bus, SERVICE, "0", "MKSTREAM"],
         "xreadgroup": ["XREADGROUP", "GROUP", SERVICE, "c", "COUNT", 1, "STREAMS", bus, ">"],

@@ -14,7 +14,7 @@ from stateworker import StateError, StateStore
 from stateworker.context import CallContext
 from stateworker.keys import MAX_SERVICE_BYTES
 from stateworker.state import functions
-from tests.calls import principal
+from tests.calls import principal as make_principal
 
 pytestmark = pytest.mark.anyio
 
@@ -78,8 +78,8 @@ async def test_in_acl_mode_a_principal_targets_only_services_it_may_call(
                                         CallContext(principal=principal), store.catalog)
         return msgspec.json.decode(raw)
 
-    await principal(store, "ops", allow=("triggers",), services=("reactor",))
-    await principal(store, "mallory", allow=("triggers",))
+    await make_principal(store, "ops", allow=("triggers",), services=("reactor",))
+    await make_principal(store, "mallory", allow=("triggers",))
     assert await register("ops", {**BASE, "id": "t1"}) == {"id": "t1"}
     for principal, body, path in [
         ("mallory", {**BASE, "id": "t2"}, "$.service"),

@@ -100,6 +100,7 @@ def calls(prefix: str) -> list[Call]:
         ("mine::state::get", {"scope": "private", "key": "k"}, None),
         ("mine::state::list", {"scope": "private"}, None),
         ("state::list-namespaces", {}, None),
+        ("state::release-namespace", {"scopes": ["private"]}, None),
         ("state::register-trigger", {"id": "gone", "function_id": "reactor::on_change",
                                      "service": "reactor", "config": {"scope": "x"}}, None),
         ("state::list-triggers", {}, None),
@@ -311,6 +312,8 @@ NOT_SERVED = {
     "XRANGE": "StateStore.events, watches (events/reader.py)",
     "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
     "READONLY": "an error reply's first word",
+    "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",
+    "ROLE": "an argument name of `principal add --role`",
 }
 
 
