@@ -19,7 +19,7 @@ import redis.asyncio as aredis
 
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import PermissionDenied
+from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream, principal_reply_prefix, principal_stream
 from stateworker.settings import Settings
 from stateworker.state import principals
@@ -315,3 +315,44 @@ async def test_no_context_field_names_another_user_unless_act_as_allows(
         await engine.call_json("state::get", body, context={field: "team-7"})
         with pytest.raises(PermissionDenied):  # outside its act_as
             await engine.call_json("state::get", body, context={field: "bob"})
+
+
+async def test_claims_in_acl_mode_cannot_squat_and_serve_only_their_principal(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    state = acl_service.state
+    role = f"claimer-{uuid.uuid4().hex[:6]}"
+    await principals.add_role(state, role, ["read", "write", "claims"], ["*"], False, [])
+    owner, owner_url = await principal(state, acl_redis, [role])
+    mallory, mallory_url = await principal(state, acl_redis, [role])
+    root, root_url = await principal(state, acl_redis, ["admin"])
+    private = f"{scope}-private"
+    async with client_of(owner_url, prefix) as as_owner, \
+            client_of(mallory_url, prefix) as as_mallory, client_of(root_url, prefix) as as_root:
+        await as_owner.set(scope, "o-1", 1)  # a public scope in use
+        with pytest.raises(StateError) as squat:
+            await as_mallory.call("state::claim-namespace",
+                                  {"functions_prefix": mallory, "scopes": [scope]})
+        assert squat.value.code == "SCOPE_IN_USE"
+        with pytest.raises(StateError) as other:  # the claimant is the principal
+            await as_mallory.call("state::claim-namespace",
+                                  {"functions_prefix": owner, "scopes": [private]})
+        assert other.value.code == "FORBIDDEN"
+        with pytest.raises(PermissionDenied):  # adopting needs an admin
+            await as_mallory.call("state::claim-namespace", {
+                "functions_prefix": mallory, "scopes": [scope], "adopt": True})
+        assert await as_owner.get(scope, "o-1") == 1  # still public
+        await as_owner.call("state::claim-namespace",
+                            {"functions_prefix": owner, "scopes": [private]})
+        await as_owner.call(f"{owner}::state::compare-and-set", {
+            "scope": private, "key": "k", "expected": None, "value": 1})
+        assert await as_owner.call(f"{owner}::state::get", {"scope": private, "key": "k"}) == 1
+        with pytest.raises(PermissionDenied) as denied:  # another principal's accessor
+            await as_mallory.call(f"{owner}::state::get", {"scope": private, "key": "k"})
+        assert denied.value.details["namespace"] == owner
+        assert await as_root.call(f"{owner}::state::get", {"scope": private, "key": "k"}) == 1
+        adopted = await as_root.call("state::claim-namespace", {
+            "functions_prefix": root, "scopes": [scope], "adopt": True})
+        assert adopted["adopted"] == [scope]
+        released = await as_root.call("state::release-namespace", {"scopes": [scope]})
+        assert released["released"] == [scope]
+        assert await as_owner.get(scope, "o-1") == 1  # public again, entries kept
