@@ -24,6 +24,7 @@ from stateworker.state import lifecycle
 from stateworker.state import principals as p
 from stateworker.state.grants import BUILTIN, FAMILIES
 from stateworker.state.store import RedisState
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 DRAIN_TIMEOUT_S = 60.0
 POLL_S = 0.1  # how often `principal remove` looks at the streams it waits for
@@ -84,6 +85,10 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> int:
             result = await verb(state, args)
     except StateError as exc:
         print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+        return 1
+    except (ReplyError, ConnectionLost) as exc:  # NOPERM: the URL's user may not manage users
+        print(f"stateworker: Redis refused {args.command} {args.verb}: {exc} (the operator's "
+              "user needs ACL SETUSER, DELUSER, GETUSER)", file=sys.stderr)
         return 1
     if isinstance(result, int):
         return result
