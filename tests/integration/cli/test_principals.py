@@ -94,6 +94,8 @@ def test_a_password_from_stdin_is_not_printed_and_passwd_rotates_it(
     ok(cli(redis_server, prefix, "principal", "passwd", who, "--password-stdin",
            stdin="third-secret\n"))
     assert logs_in(redis_server, who, "third-secret")
+    user = redis_server.client().acl_getuser(who)
+    assert len(user["selectors"]) == 1 and len(user["passwords"]) == 1  # rotated, not added
     assert not logs_in(redis_server, who, rotated["password"])
     refused(cli(redis_server, prefix, "principal", "passwd", name()), "NOT_FOUND")
 
