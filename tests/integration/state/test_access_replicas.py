@@ -90,3 +90,21 @@ async def test_a_refused_change_writes_nothing(redis_server: RedisServer, prefix
         assert await state.conn.execute("XLEN", state.keys.registry) == before
         assert await state.conn.execute("HKEYS", state.keys.principals) == [
             f"a{prefix}".encode()]
+
+
+async def test_a_record_written_by_hand_that_does_not_decode_is_left_out(
+        redis_server: RedisServer, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    settings = settings_for(redis_server, prefix)
+    async with lifecycle.open_state(settings=settings, reaper=False) as state:
+        await principals.add_principal(state, "good", ["reader"], [])
+        await state.conn.execute("HSET", state.keys.principals, "bad", "{not json")
+        await state.conn.execute("HSET", state.keys.roles, "broken", '{"allow": 5}')
+    with caplog.at_level("WARNING", logger="stateworker.state.access"):
+        async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            assert state.access.principals() == frozenset({"good"})
+            assert "broken" not in state.access.roles()
+            with pytest.raises(PermissionDenied):
+                state.access.check("bad", "state::get", ["x"])
+    logged = {r.getMessage().split(" is not valid")[0] for r in caplog.records
+              if "left out" in r.getMessage()}
+    assert logged == {"principals record b'bad'", "roles record b'broken'"}
