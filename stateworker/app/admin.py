@@ -49,8 +49,10 @@ def add_parsers(sub: Any) -> None:
     add = verbs.add_parser("add", help="a principal, its ACL user and its stream; prints its "
                            "password once")
     add.add_argument("name")
-    add.add_argument("--role", dest="roles", action="append", required=True, metavar="ROLE")
-    add.add_argument("--act-as", dest="act_as", nargs="+", default=[], metavar="PATTERN",
+    add.add_argument("--role", dest="roles", action="extend", nargs="+", required=True,
+                     metavar="ROLE")
+    add.add_argument("--act-as", dest="act_as", action="extend", nargs="+", default=[],
+                     metavar="PATTERN",
                      help="who its calls' context may name (user_id, dag_name, org_id ...)")
     add.add_argument("--password-stdin", action="store_true",
                      help="read the password from stdin instead of generating one")

@@ -61,7 +61,7 @@ def test_principal_add_creates_its_user_stream_and_record(redis_server: RedisSer
                                                           prefix: str) -> None:
     who = name()
     shown = ok(cli(redis_server, prefix, "principal", "add", who, "--role", "reader",
-                   "--role", "writer", "--act-as", "tenant-*", "moco-*"))
+                   "--role", "writer", "--act-as", "tenant-*", "--act-as", "moco-*"))
     assert shown["principal"] == who and shown["roles"] == ["reader", "writer"]
     assert shown["act_as"] == ["tenant-*", "moco-*"] and len(shown["password"]) >= 32
     assert logs_in(redis_server, who, shown["password"])
@@ -145,7 +145,7 @@ def test_roles_are_added_listed_refused_and_removed(redis_server: RedisServer,
     unknown = cli(redis_server, prefix, "principal", "add", name(), "--role", "nope")
     assert refused(unknown, "NOT_FOUND")["details"] == {"role": "nope"}
     who = name()
-    ok(cli(redis_server, prefix, "principal", "add", who, "--role", "orders"))
+    ok(cli(redis_server, prefix, "principal", "add", who, "--role", "orders", "reader"))
     in_use = refused(cli(redis_server, prefix, "role", "remove", "orders"), "CONFLICT")
     assert in_use["details"] == {"role": "orders", "principal": who}
     ok(cli(redis_server, prefix, "principal", "remove", who))
