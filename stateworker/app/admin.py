@@ -24,6 +24,7 @@ from stateworker.state import lifecycle
 from stateworker.state import principals as p
 from stateworker.state.grants import BUILTIN, FAMILIES
 from stateworker.state.store import RedisState
+from stateworker.transport.wire import ConnectionLost, ReplyError
 
 DRAIN_TIMEOUT_S = 60.0
 POLL_S = 0.1  # how often `principal remove` looks at the streams it waits for
@@ -48,8 +49,10 @@ def add_parsers(sub: Any) -> None:
     add = verbs.add_parser("add", help="a principal, its ACL user and its stream; prints its "
                            "password once")
     add.add_argument("name")
-    add.add_argument("--role", dest="roles", action="append", required=True, metavar="ROLE")
-    add.add_argument("--act-as", dest="act_as", nargs="+", default=[], metavar="PATTERN",
+    add.add_argument("--role", dest="roles", action="extend", nargs="+", required=True,
+                     metavar="ROLE")
+    add.add_argument("--act-as", dest="act_as", action="extend", nargs="+", default=[],
+                     metavar="PATTERN",
                      help="who its calls' context may name (user_id, dag_name, org_id ...)")
     add.add_argument("--password-stdin", action="store_true",
                      help="read the password from stdin instead of generating one")
@@ -84,6 +87,10 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> int:
             result = await verb(state, args)
     except StateError as exc:
         print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+        return 1
+    except (ReplyError, ConnectionLost) as exc:  # NOPERM: the URL's user may not manage users
+        print(f"stateworker: Redis refused {args.command} {args.verb}: {exc} (the operator's "
+              "user needs ACL SETUSER, DELUSER, GETUSER)", file=sys.stderr)
         return 1
     if isinstance(result, int):
         return result

@@ -31,6 +31,8 @@ SELECT EXISTS (SELECT 1 FROM sw_entries WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_barriers WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_triggers WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_claims WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_principals WHERE prefix = %(p)s)
+    OR EXISTS (SELECT 1 FROM sw_roles WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_positions WHERE prefix = %(p)s AND n > 0)
 """
 
@@ -83,3 +85,9 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     log.warning("repaired: restored %d entries, %d barriers, %d triggers, %d claims in %.3f s",
                 summary.entries, summary.barriers, summary.triggers, summary.claims,
                 summary.seconds, extra={"event": "repair.done", "entries": summary.entries})
+    if summary.principals_without_user or summary.acl_refused:
+        log.warning("repaired: principals whose Redis ACL user was missing (recreated off, "
+                    "without a password): %s%s; give each a password with `stateworker "
+                    "principal passwd NAME`", ", ".join(summary.principals_without_user) or
+                    "none", f" (ACL commands refused: {summary.acl_refused})"
+                    if summary.acl_refused else "", extra={"event": "repair.principals"})

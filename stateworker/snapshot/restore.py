@@ -3,7 +3,10 @@
 Every row not yet expired becomes its entry hash again (value text, version, hash, topic,
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
-registrations, claims and barrier hashes (snapshot/barriers.py) go back exactly as stored.
+registrations, claims, principals, roles and barrier hashes (snapshot/barriers.py) go back
+exactly as stored. A principal whose Redis ACL user is missing (passwords are never stored)
+gets its user back with its rule, but off and without a password: the summary names it in
+`principals_without_user`, and `stateworker principal passwd NAME` gives it a password.
 Nothing is written to the event streams, and every partition's dispatch and snapshot
 positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
 entry, and the snapshot goes on from there.
@@ -27,8 +30,10 @@ from stateworker.snapshot import barriers, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
+from stateworker.state import principals as acl
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import command_reply
+from stateworker.transport.wire import ReplyError
 
 BATCH = 1000  # rows per fetch and per Redis pipeline
 NO_TOPIC = b"\xff"  # the topic index's mark of an untagged entry (lua/includes/entry.lua)
@@ -42,7 +47,15 @@ class Summary(msgspec.Struct):
     skipped_expired: int = 0
     triggers: int = 0
     claims: int = 0
+    principals: int = 0
+    roles: int = 0
     barriers: int = 0
+    # Principals restored whose Redis ACL user was missing (a new Redis): recreated with their
+    # rule but off and without a password; `stateworker principal passwd NAME` enables each.
+    principals_without_user: list[str] = msgspec.field(default_factory=list)
+    # Redis refused the ACL commands (the user restoring may not manage users): why. The
+    # operator then runs `stateworker principal list` (acl_user) and `principal passwd`.
+    acl_refused: str | None = None
     seconds: float = 0.0
 
 
@@ -121,6 +134,7 @@ async def restore(state: RedisState, url: str,
                 if progress is not None:
                     progress(summary.entries, total)
         summary.triggers, summary.claims = await _restore_registry(state, pg)
+        await _restore_principals(state, pg, summary)
         stored = await barriers.stored_barriers(pg, prefix)
         for start in range(0, len(stored), BATCH):
             await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
@@ -145,6 +159,35 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
     if commands:
         await _run(state, commands)
     return len(triggers), len(claims)
+
+
+async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summary) -> None:
+    """The principals and roles as stored, each principal's stream to the state service with
+    its group, and an ACL user (off, no password) for each principal that has none."""
+    prefix, keys = state.settings.prefix, state.keys
+    principals = await (await pg.execute(
+        "SELECT name, record FROM sw_principals WHERE prefix = %s", (prefix,))).fetchall()
+    roles = await (await pg.execute(
+        "SELECT name, record FROM sw_roles WHERE prefix = %s", (prefix,))).fetchall()
+    commands: list[list[Any]] = [["HSET", keys.principals, from_pg(str(n)), from_pg(str(r))]
+                                 for n, r in principals]
+    commands += [["HSET", keys.roles, from_pg(str(n)), from_pg(str(r))] for n, r in roles]
+    if commands:
+        await state.conn.pipeline(commands)
+    summary.principals, summary.roles = len(principals), len(roles)
+    for stored_name, _ in principals:
+        await acl.ensure_stream(state, from_pg(str(stored_name)))
+    try:
+        for stored_name, _ in principals:
+            name = from_pg(str(stored_name))
+            if not await acl.has_user(state, name):
+                await acl.set_user(state, name, None)
+                summary.principals_without_user.append(name)
+        if summary.principals_without_user:
+            await acl.save_acl(state)
+    except ReplyError as exc:  # NOPERM: a service user without ACL rights (a repair at start)
+        summary.acl_refused = str(exc)
+    await state.access.reload()
 
 
 async def _positions_to_ends(state: RedisState, pg: PgConnection) -> None:

@@ -229,10 +229,12 @@ class Snapshotter:
 
     async def _copy_registry(self, pg: PgConnection) -> None:
         keys = self.state.keys
-        last, triggers, claims = await self.state.conn.pipeline([
+        last, triggers, claims, principals, roles = await self.state.conn.pipeline([
             ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
             ["HGETALL", keys.triggers],
-            ["HGETALL", keys.claims]])
+            ["HGETALL", keys.claims],
+            ["HGETALL", keys.principals],
+            ["HGETALL", keys.roles]])
         last_id = last[0][0] if last else b"0-0"
         if last_id == self._registry_copied:
             return
@@ -240,7 +242,8 @@ class Snapshotter:
         def texts(flat: list[bytes]) -> dict[str, str]:
             return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
-        await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims))
+        await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims),
+                                      texts(principals), texts(roles))
         self._registry_copied = last_id
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,

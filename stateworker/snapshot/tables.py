@@ -133,20 +133,21 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
 
 
 async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
-                           claims: dict[str, str]) -> None:
-    """The prefix's trigger registrations (id -> JSON) and claims (scope -> namespace) as
-    Redis holds them now, in one transaction."""
+                           claims: dict[str, str], principals: dict[str, str] | None = None,
+                           roles: dict[str, str] | None = None) -> None:
+    """The prefix's trigger registrations (id -> JSON), claims (scope -> namespace),
+    principals and roles (name -> record JSON) as Redis holds them now, in one transaction."""
+    tables = (("sw_triggers", "id, registration", triggers), ("sw_claims", "scope, namespace",
+                                                              claims),
+              ("sw_principals", "name, record", principals or {}),
+              ("sw_roles", "name, record", roles or {}))
     async with conn.transaction(), conn.cursor() as cursor:
-        await cursor.execute("DELETE FROM sw_triggers WHERE prefix = %s", (prefix,))
-        await cursor.execute("DELETE FROM sw_claims WHERE prefix = %s", (prefix,))
-        if triggers:
-            await cursor.executemany(
-                "INSERT INTO sw_triggers (prefix, id, registration) VALUES (%s, %s, %s)",
-                [(prefix, to_pg(i), r) for i, r in triggers.items()])
-        if claims:
-            await cursor.executemany(
-                "INSERT INTO sw_claims (prefix, scope, namespace) VALUES (%s, %s, %s)",
-                [(prefix, to_pg(s), to_pg(n)) for s, n in claims.items()])
+        for table, columns, rows in tables:
+            await cursor.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
+            if rows:
+                await cursor.executemany(
+                    f"INSERT INTO {table} (prefix, {columns}) VALUES (%s, %s, %s)",
+                    [(prefix, to_pg(k), to_pg(v)) for k, v in rows.items()])
 
 
 async def reset_positions(conn: PgConnection, prefix: str,

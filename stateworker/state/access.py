@@ -27,8 +27,9 @@ The decisions (grants.py has the families and patterns):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -39,6 +40,9 @@ from stateworker.state import grants
 from stateworker.state.grants import Compiled, Functions, Principal, Role
 from stateworker.state.registry import RegistryEntry
 from stateworker.transport.connection import RedisConnection
+
+log = logging.getLogger("stateworker.state.access")
+T = TypeVar("T")
 
 PRINCIPALS = "principals"  # registry kinds
 ROLES = "roles"
@@ -155,10 +159,8 @@ class Access:
         """Read every principal and role from Redis (replacing what is held)."""
         principals, roles = await self._conn.pipeline([["HGETALL", self._keys.principals],
                                                        ["HGETALL", self._keys.roles]])
-        self._principals = {k.decode(): grants.decode_principal(v)
-                            for k, v in zip(principals[::2], principals[1::2], strict=True)}
-        self._roles = {k.decode(): grants.decode_role(v)
-                       for k, v in zip(roles[::2], roles[1::2], strict=True)}
+        self._principals = _records(principals, grants.decode_principal, PRINCIPALS)
+        self._roles = _records(roles, grants.decode_role, ROLES)
         self._changed()
 
     async def apply(self, entry: RegistryEntry) -> None:
@@ -185,3 +187,16 @@ class Access:
         self._compiled = grants.compiled_roles(self._roles)
         self._names = frozenset(self._principals)
         self._covers = {}
+
+
+def _records(flat: list[bytes], decode: Callable[[bytes], T], kind: str) -> dict[str, T]:
+    """A hash's records; one that does not decode (written by hand) is left out and logged:
+    it grants nothing, and the state still opens."""
+    found: dict[str, T] = {}
+    for name, text in zip(flat[::2], flat[1::2], strict=True):
+        try:
+            found[name.decode()] = decode(text)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            log.warning("%s record %r is not valid (%s): left out, it grants nothing", kind,
+                        name, exc, extra={"event": "access.bad_record"})
+    return found

@@ -42,8 +42,10 @@ REPLY_COMMANDS = ("+blmpop", "+lpop", "+del", "+pexpire")
 
 
 def acl_rule(prefix: str, name: str) -> list[str]:
-    """The ACL SETUSER rules of principal `name` (no password, no on/off): what it may do."""
-    return ["resetkeys", "resetchannels", "-@all", *CONNECTION_COMMANDS, *REPLY_COMMANDS,
+    """The ACL SETUSER rules of principal `name` (no password, no on/off): what it may do. It
+    starts from nothing (`resetkeys`, `clearselectors` ...), so setting it again over an
+    existing user (`principal passwd`) gives the same user, not one more selector."""
+    return ["resetkeys", "resetchannels", "clearselectors", "-@all", *CONNECTION_COMMANDS, *REPLY_COMMANDS,
             f"~{principal_reply_pattern(prefix, name)}",
             f"(+xadd %W~{principal_own_streams_pattern(prefix, name)})"]
 

@@ -22,7 +22,7 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS
 from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
-from stateworker.state import functions
+from stateworker.state import functions, principals
 from stateworker.transport.wire import Arg
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -83,6 +83,7 @@ async def test_every_script_call_hashes_to_one_slot(
     await store.release_namespace([scope + "-private"], caller="billing")  # the same two
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
     await store.call("state::unregister-trigger", {"id": "t"})
+    await principals.add_role(store.state, "r", ["read"], ["*"], False, [])  # access.lua
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua

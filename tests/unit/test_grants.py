@@ -188,8 +188,9 @@ def test_allow_items_are_families_patterns_or_functions_served() -> None:
 
 def test_the_acl_rule_of_a_principal() -> None:
     assert acl_rule("sw", "bob") == [
-        "resetkeys", "resetchannels", "-@all", "+auth", "+hello", "+ping", "+echo", "+select",
-        "+quit", "+reset", "+client|setname", "+client|getname", "+client|id", "+client|info",
+        "resetkeys", "resetchannels", "clearselectors", "-@all", "+auth", "+hello", "+ping",
+        "+echo", "+select", "+quit", "+reset", "+client|setname", "+client|getname",
+        "+client|id", "+client|info",
         "+blmpop", "+lpop", "+del", "+pexpire", "~sw:reply:bob:*",
         "(+xadd %W~sw:bus:*:from:bob)"]
 
