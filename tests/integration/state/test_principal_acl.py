@@ -118,17 +118,15 @@ async def test_a_state_client_calls_under_the_rule_with_nothing_refused(
     admin.acl_log_reset()
     url = f"redis://{me}:pw@127.0.0.1:{redis_server.port}/0"
     stream = principal_stream(prefix, "state", me)
-    async with StateClient(settings=settings_for(url, prefix), timeout=10) as client:
-        # acl mode's names (the transport sets them; set here by hand for this check)
-        client.stream = stream
-        client.reply_key = principal_reply_prefix(prefix, me) + uuid.uuid4().hex
-        client._replies.reply_key = client.reply_key
+    async with StateClient(settings=settings_for(url, prefix, auth="acl"), timeout=10) as client:
+        assert client.stream == stream  # acl mode's names, from the URL's user
+        assert client.reply_key.startswith(principal_reply_prefix(prefix, me))
 
         async def answer() -> None:
             conn = RedisConnection(redis_server.url)
-            try:
-                while not (entries := await conn.execute("XRANGE", stream, "-", "+")):
-                    await anyio.sleep(0.01)
+            try:  # (the call's entry, waited for with a blocking read)
+                ((_, entries),) = await conn.execute("XREAD", "BLOCK", 10_000, "STREAMS",
+                                                     stream, "0-0")
                 fields = dict(zip(entries[0][1][::2], entries[0][1][1::2], strict=True))
                 document = {"id": fields[b"id"].decode(), "ok": True, "result": {"n": 1}}
                 await conn.execute("LPUSH", fields[b"reply"], msgspec.json.encode(document))
