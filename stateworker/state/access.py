@@ -65,6 +65,9 @@ class Access:
         self._compiled: dict[str, Compiled] = grants.compiled_roles({})
         self._names: frozenset[str] = frozenset()
         self._covers: dict[tuple[str, str], tuple[Compiled, ...]] = {}
+        # (principal, fn) a role grants on `*`: every call of it passes without a match (the
+        # hot path of a writer: one set lookup per scope checked)
+        self._everywhere: set[tuple[str, str]] = set()
         self._functions: Functions | None = None
 
     # ---- what is held ----------------------------------------------------------------------
@@ -89,6 +92,8 @@ class Access:
     def check(self, principal: str, fn: str, scopes: Sequence[str] | None) -> None:
         """Raise PermissionDenied unless `principal` may call `fn` on every scope of `scopes`
         (None or empty: a function naming no scope, which needs a role on `*`)."""
+        if (principal, fn) in self._everywhere:
+            return
         granting = self._granting(principal, fn)
         for scope in scopes or (None,):
             if not any(role.on_scope(scope) for role in granting):
@@ -135,7 +140,10 @@ class Access:
             found = tuple(r for r in self._roles_of(principal) if r.covers(functions, fn))
             if len(self._covers) > 100_000:  # principals x functions; an accessor id each
                 self._covers.clear()
+                self._everywhere.clear()
             self._covers[(principal, fn)] = found
+            if any(role.on_scope(None) for role in found):
+                self._everywhere.add((principal, fn))
         return found
 
     def _denied(self, principal: str, fn: str, scope: str | None) -> PermissionDenied:
@@ -187,6 +195,7 @@ class Access:
         self._compiled = grants.compiled_roles(self._roles)
         self._names = frozenset(self._principals)
         self._covers = {}
+        self._everywhere = set()
 
 
 def _records(flat: list[bytes], decode: Callable[[bytes], T], kind: str) -> dict[str, T]:
