@@ -32,6 +32,8 @@ from stateworker.engines.catalog import CATALOG
 from stateworker.errors import MissingPermission, StateError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.state import principals
+from stateworker.state.api import StateStore
 from tests.integration.busproto import until
 from tests.integration.snapshots import caught_up
 from tests.servers import RedisServer
@@ -222,6 +224,30 @@ async def test_the_service_serves_everything_under_exactly_its_rule(
             StateClient(settings=admin, timeout=30) as client:
         assert await client.call("state::get", {"scope": "s", "key": "k"}) == \
             {"n": 1, "tags": ["a", "b"]}
+    assert refusals(acl_redis) == []
+
+
+async def test_in_acl_mode_the_service_serves_principals_under_exactly_its_rule(
+        acl_redis: RedisServer, prefix: str) -> None:
+    """`acl` mode adds reading every principal's stream (its groups, reads, reclaims): all
+    within the same rule; the principals are made by the operator's user."""
+    url = add_user(acl_redis, "svc-acl", service_user.rule(prefix))
+    settings = Settings(redis_url=url, prefix=prefix, partitions=4, auth="acl")
+    with acl_redis.client() as raw:
+        raw.execute_command("ACL", "LOG", "RESET")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+        await principals.add_principal(service.state, "p-svc-acl", ["writer"], [])
+        # (the record is the operator's: here through the service's state, whose user may
+        # write it; the Redis user of the principal needs ACL SETUSER: the operator's)
+        async with StateStore.open(acl_redis.url, prefix=prefix, partitions=4,
+                                   reaper=False) as operator:
+            await principals.set_user(operator.state, "p-svc-acl", PASSWORD)
+        principal_url = f"redis://p-svc-acl:{PASSWORD}@127.0.0.1:{acl_redis.port}/0"
+        as_principal = Settings(redis_url=principal_url, prefix=prefix, partitions=4,
+                                auth="acl")
+        async with StateClient(settings=as_principal, timeout=30) as client:
+            await client.set("s", "k", 1)
+            assert await client.get("s", "k") == 1
     assert refusals(acl_redis) == []
 
 
