@@ -1,6 +1,6 @@
 """`stateworker principal ...` and `stateworker role ...`: the administration of `acl` mode
-(docs/security-principals.md). They talk to Redis directly, as the operator (the URL's user
-must be allowed ACL SETUSER / DELUSER; the embedded default user is).
+(docs/security.md, "Principals and roles"). They talk to Redis directly, as the operator (the
+URL's user must be allowed ACL SETUSER / DELUSER; the embedded default user is).
 
 Each prints one JSON document on stdout; errors are {code, message, details} on stderr.
 """
@@ -110,7 +110,8 @@ def _password(args: argparse.Namespace) -> str:
 def _saved(state_saved: bool) -> bool:
     if not state_saved:
         print("stateworker: note: Redis has no aclfile, so ACL users live until redis-server "
-              "restarts (configure `aclfile`, docs/security-principals.md)", file=sys.stderr)
+              "restarts (configure `aclfile`, docs/security.md, 'Principals and roles')",
+              file=sys.stderr)
     return state_saved
 
 
