@@ -48,6 +48,8 @@ def _config(state_dir: Path, socket: Path, appendfsync: str) -> str:
             "daemonize no",
             "appendonly yes",
             f"appendfsync {appendfsync}",
+            # `acl` mode's principals' users, kept by `ACL SAVE` across restarts
+            f"aclfile {state_dir / 'users.acl'}",
             'save ""',
             "",
         ]
@@ -92,6 +94,7 @@ class EmbeddedRedis:
             )
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
+        (self.state_dir / "users.acl").touch()  # (Redis refuses an aclfile that is missing)
         conf = self.state_dir / "redis.conf"
         conf.write_text(_config(self.state_dir, self.socket, self.appendfsync))
         # A session of its own, so a Ctrl-C aimed at the service does not kill Redis first.

@@ -12,6 +12,7 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.errors import ConfigError
+from stateworker.state import principals
 from stateworker.transport.embedded import pid_alive
 from tests.servers import RedisServer
 
@@ -34,6 +35,17 @@ async def test_write_close_reopen_read(tmp_path: Path) -> None:
     async with StateStore.open(state_dir=str(tmp_path)) as store:
         assert await store.call_json("state::get", b'{"scope":"s","key":"k"}') == b'{"n":[1.50,{}]}'
         assert (await store.get_entry("s", "k")).version == 1
+
+
+async def test_principals_redis_users_survive_a_restart_of_the_embedded_redis(
+        tmp_path: Path) -> None:
+    """`principal add` saves the ACL (ACL SAVE): the embedded Redis keeps an aclfile."""
+    async with StateStore.open(state_dir=str(tmp_path)) as store:
+        await principals.add_principal(store.state, "alice", ["reader"], [])
+        await principals.set_user(store.state, "alice", "pw")
+        assert await principals.save_acl(store.state) is True
+    async with StateStore.open(state_dir=str(tmp_path)) as store:
+        assert await principals.has_user(store.state, "alice")
 
 
 async def test_kill_9_of_redis_keeps_acknowledged_writes(tmp_path: Path) -> None:
