@@ -190,6 +190,9 @@ class KeySpace:
         return list(self._parts)
 
 
+STATE_SERVICE = "state"  # the state service's name on the bus (its stream, its group)
+
+
 class BusKeys:
     """The names of one service on the bus: its call stream (and consumer group), its
     counters, the reply lists, and a user worker's call records."""

@@ -26,6 +26,7 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.sources import Sources
 from stateworker.engines.catalog import CATALOG
 from stateworker.errors import StateError
+from stateworker.keys import STATE_SERVICE
 from stateworker.reactive.dispatcher import Dispatcher
 from stateworker.schemas import encoder
 from stateworker.settings import Settings
@@ -39,7 +40,6 @@ from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
-STATE_SERVICE = "state"
 START_WAIT_S = 60.0  # how long a start waits for a Redis that is loading its dataset
 
 log = logging.getLogger("stateworker.service")

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from stateworker.errors import MissingPermission
-from stateworker.keys import KeySpace, reply_prefix, stats_key
+from stateworker.keys import STATE_SERVICE, KeySpace, reply_prefix, stats_key
 from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection
@@ -29,7 +29,7 @@ from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 RULE_DOC = "docs/security.md"
 RULE_COMMAND = "stateworker acl-rule"
 DEFAULT_USER = "stateworker"
-SERVICE = "state"  # the state service's bus name (app/service.py STATE_SERVICE)
+SERVICE = STATE_SERVICE
 _NOPERM_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
 _NOPERM_KEY = re.compile(r"permissions to access the '(.*)' key")
 

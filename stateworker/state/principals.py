@@ -24,6 +24,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import Conflict, InvalidRequest, NotFound
 from stateworker.keys import (
     PRINCIPAL_RE,
+    STATE_SERVICE,
     principal_own_streams_pattern,
     principal_reply_pattern,
     principal_stream,
@@ -35,7 +36,7 @@ from stateworker.state.access import PRINCIPALS, ROLES
 from stateworker.state.grants import BUILTIN, Principal, Role
 from stateworker.state.store import RedisState
 
-SERVICE = "state"  # the stream `principal add` creates (with its consumer group)
+SERVICE = STATE_SERVICE  # the stream `principal add` creates (with its consumer group)
 CONNECTION_COMMANDS = ("+auth", "+hello", "+ping", "+echo", "+select", "+quit", "+reset",
                        "+client|setname", "+client|getname", "+client|id", "+client|info")
 REPLY_COMMANDS = ("+blmpop", "+lpop", "+del", "+pexpire")

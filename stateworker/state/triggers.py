@@ -23,7 +23,7 @@ from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope
-from stateworker.keys import MAX_SERVICE_BYTES
+from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE
 from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -142,6 +142,13 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
 
 
 def _may_target(state: RedisState, ctx: CallContext, field: str, service: str) -> None:
+    if state.settings.auth == "acl" and service == STATE_SERVICE:
+        # (its handler calls would come on the shared stream, which acl mode closes: they
+        # carry no principal)
+        raise InvalidRequest(
+            f"$.{field}: in acl mode a trigger cannot call the state service's own functions "
+            "(its calls would name no principal); call them from the handler service",
+            {"path": f"$.{field}", "service": service})
     if not guard.may_call_service(state, ctx, service):
         raise PermissionDenied(
             f"$.{field}: principal {ctx.principal!r} may not call service {service!r}, so it "

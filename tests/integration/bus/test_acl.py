@@ -356,3 +356,17 @@ async def test_claims_in_acl_mode_cannot_squat_and_serve_only_their_principal(
         released = await as_root.call("state::release-namespace", {"scopes": [scope]})
         assert released["released"] == [scope]
         assert await as_owner.get(scope, "o-1") == 1  # public again, entries kept
+
+
+async def test_in_acl_mode_a_trigger_cannot_call_the_state_service_itself(
+        acl_service: Any, acl_redis: RedisServer, prefix: str) -> None:
+    _, root_url = await principal(acl_service.state, acl_redis, ["admin"])
+    async with client_of(root_url, prefix) as as_root:
+        with pytest.raises(StateError) as refused:
+            await as_root.call("state::register-trigger", {
+                "function_id": "state::set", "service": "state", "config": {"scope": "x"}})
+        assert refused.value.code == "INVALID_REQUEST"
+        assert refused.value.details["path"] == "$.service"
+        registered = await as_root.call("state::register-trigger", {
+            "function_id": "reactor::on", "service": "reactor", "config": {"scope": "x"}})
+        assert registered["id"]
