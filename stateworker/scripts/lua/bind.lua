@@ -6,7 +6,7 @@
   Input:
     KEYS[1] the current time slice of the id's bucket of records (records.lua; a hash)
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
-    ARGV[4] the record's field (16 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
+    ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
   Output:
     {ST.OK}               bound (now, or before to this same call)
     {ST.CALL_ID_REUSED}   the id is bound to another call: nothing written

@@ -215,7 +215,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   time slice of the call's records (records.lua: `<name><slice>`, a hash; on one Redis the
   slice of the id's own bucket, which also binds the id across partitions; on a Redis Cluster
   the partition's, the id bound in a step of its own before) and ARGV[7] =
-  "<slice ms>|<deadline ms or empty>|<slice>|<field><digest>" (16 + 8 raw bytes: records.lua).
+  "<slice ms>|<deadline ms or empty>|<slice>|<field><digest>" (12 + 8 raw bytes: records.lua).
   A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
   another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
   change, so the two cannot part. With KEYS[9] (the snapshot is on), a call that changed the
@@ -234,7 +234,7 @@ local function entry_record_args()
   local c = string.find(ARGV[7], '|', b + 1, true)
   local tail = string.sub(ARGV[7], c + 1)
   return tonumber(string.sub(ARGV[7], 1, a - 1)), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
-    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, 16), string.sub(tail, 17)
+    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST), string.sub(tail, -ENTRY_DIGEST)
 end
 
 local function entry_replayed()

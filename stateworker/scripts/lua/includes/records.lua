@@ -1,7 +1,7 @@
 --[[
   Call records, compact (helpers prefixed records_). A bus call's record is one field of a
   hash that holds every call of one time slice: `<name>` .. <slice number>, expired whole.
-  The field is 16 raw bytes (the first 16 of the SHA-1 of the call id), the value 8 raw bytes
+  The field is 12 raw bytes (the first 12 of the SHA-1 of the call id), the value 8 raw bytes
   of the call's digest (SHA-1 of function and body), then, for a call an entry script ran,
   its reply (cmsgpack). A value of the digest alone binds the id to its call without a reply
   (bind.lua: reads and the calls that bind in a step of their own).
