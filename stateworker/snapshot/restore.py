@@ -4,7 +4,9 @@ Every row not yet expired becomes its entry hash again (value text, version, has
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
 registrations, claims and barrier hashes (snapshot/barriers.py) go back exactly as stored.
-Nothing is written to the event streams, and every partition's dispatch and snapshot
+The records of bus calls that changed entries in the last dedupe window go back too
+(snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
+again. Nothing is written to the event streams, and every partition's dispatch and snapshot
 positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
 entry, and the snapshot goes on from there.
 
@@ -23,7 +25,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import member
 from stateworker.reactive import trimming
-from stateworker.snapshot import barriers, tables
+from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
@@ -42,6 +44,7 @@ class Summary(msgspec.Struct):
     triggers: int = 0
     claims: int = 0
     barriers: int = 0
+    calls: int = 0
     seconds: float = 0.0
 
 
@@ -117,6 +120,7 @@ async def restore(state: RedisState, url: str,
         for start in range(0, len(stored), BATCH):
             await state.conn.pipeline(barriers.restore_commands(state, stored[start:start + BATCH]))
         summary.barriers = len(stored)
+        summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg)
     finally:
         if own:
