@@ -332,14 +332,14 @@ def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
 def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
     """`plan`, run only if its call id is free or already bound to this same call.
 
-    An entry script records its call under the entry's partition, which makes a retry
-    exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
-    every bus call binds its id to its digest (function + body) in a key of the id's own
-    (SET NX GET, kept as long as the records). The entry scripts do it themselves, first
-    (`binds_call_id`); a read binds it in the same pipeline, before its own commands (what it
-    read is dropped when the id is another call's); any other call binds it in a step before
-    it runs, so a refused call never writes. The calls of one batch keep their order either
-    way (a read does not overtake a write read before it).
+    A record in one partition would not meet an id reused for a call in ANOTHER partition. So
+    every bus call binds its id to its digest (function + body) in the id's own bucket of
+    records (bind.lua, kept as long as the records). On one Redis the entry scripts record
+    there themselves (`binds_call_id`: their record is the binding); a read binds it in the
+    same pipeline, before its own commands (what it read is dropped when the id is another
+    call's); any other call (and on a cluster every call) binds it in a step before it runs,
+    so a refused call never writes. The calls of one batch keep their order either way (a
+    read does not overtake a write read before it).
     """
     claim = BIND.command(state.library, *bind_call(state.settings, state.keys, ctx))
 
