@@ -87,9 +87,9 @@ async def _a_reply(raw: aredis.Redis, call_id: str) -> bytes:
     """`call_id`'s recorded reply (msgpack), as the records hold it."""
     field = call_field(call_id)
     async for name in raw.scan_iter(match=f"{PREFIX}:calls:*", count=1000):
-        value = await raw.hget(name, field)  # type: ignore[misc]
+        value: bytes | None = await raw.hget(name, field)  # type: ignore[assignment]
         if value is not None:
-            return bytes(value[DIGEST_BYTES:])
+            return value[DIGEST_BYTES:]
     raise RuntimeError("no call record found")
 
 

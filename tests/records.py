@@ -27,7 +27,7 @@ async def record_of(raw: aredis.Redis, keys: KeySpace, call_id: str,
     field = call_field(call_id)
     for n in range(current + 1, current - RECORD_SLICES - 1, -1):
         name = keys.call_ids(field, n)
-        value = await raw.hget(name, field)  # type: ignore[misc]
+        value: bytes | None = await raw.hget(name, field)  # type: ignore[assignment]
         if value is not None:
             return name, value
     return None

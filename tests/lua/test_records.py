@@ -75,9 +75,9 @@ async def test_the_record_is_kept_at_least_the_window_and_at_most_a_slice_more(
     written = now_ms()
     field, ms = call_field(call_id), slice_ms(settings)
     name = store.state.keys.call_ids(field, written // ms)
-    if not await raw.hexists(name, field):  # type: ignore[misc]  # (a slice began between)
+    if not await raw.hexists(name, field):  # (a slice began between)
         name = store.state.keys.call_ids(field, written // ms - 1)
-    value = await raw.hget(name, field)  # type: ignore[misc]
+    value = await raw.hget(name, field)
     assert value is not None and len(value) > DIGEST_BYTES  # digest + reply: one field
     kept = await raw.pttl(name)
     assert settings.dedupe_window_ms - (now_ms() - written) - 50 <= kept
