@@ -52,17 +52,20 @@ async def test_a_retry_is_answered_from_the_record_for_the_whole_window(
     window = store.state.settings.dedupe_window_ms
     call = bus("state::update", {"scope": scope, "key": "n", "ops": [
         {"type": "increment", "path": "", "by": 1}]}, f"win-{next(_ids)}")
+    ms = slice_ms(store.state.settings)
+    clock.ms = (clock.ms // ms + 1) * ms + 1  # just after a slice began
     first = await run(store, *call)
     start = clock.ms
-    # Retries across every slice boundary of the window, and from a replica whose clock is a
-    # slice behind the writer's: each the recorded reply, nothing applied again.
-    for offset in (*range(0, window, window // 20), window - 1, -slice_ms(store.state.settings)):
+    # Retries across every slice boundary of the window, and from a replica whose clock is
+    # 2 s behind the writer's (so still in the slice before): each the recorded reply,
+    # nothing applied again.
+    for offset in (*range(0, window, window // 20), window - 1, -2000):
         clock.ms = start + offset
         assert await run(store, *call) == first, offset
     assert await store.get(scope, "n") == 1
     assert len(await store.events(scope)) == 1
     # Past the window and the slice it ended in, the id is a new call.
-    clock.ms = start + window + 2 * slice_ms(store.state.settings)
+    clock.ms = start + window + 2 * ms
     await run(store, *call)
     assert await store.get(scope, "n") == 2
 
@@ -79,6 +82,7 @@ async def test_the_record_is_kept_at_least_the_window_and_at_most_a_slice_more(
         name = store.state.keys.call_ids(field, written // ms - 1)
     value = await raw.hget(name, field)
     assert value is not None and len(value) > DIGEST_BYTES  # digest + reply: one field
+    assert await raw.object("encoding", name) == b"hashtable"  # (lookups do not scan it)
     kept = await raw.pttl(name)
     assert settings.dedupe_window_ms - (now_ms() - written) - 50 <= kept
     assert kept <= settings.dedupe_window_ms + ms

@@ -206,6 +206,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   scope = false, key = false, member = false,
   now = false, stamp = false, maxlen = false, by = false,
   rev = false, -- the revision of the call's last event (false: no change yet)
+  fresh = false, -- the call's record slice is new (records.lua)
 }
 
 --- @include "records"
@@ -234,15 +235,17 @@ local function entry_record_args()
   local c = string.find(ARGV[7], '|', b + 1, true)
   local tail = string.sub(ARGV[7], c + 1)
   return tonumber(string.sub(ARGV[7], 1, a - 1)), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
-    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST), string.sub(tail, -ENTRY_DIGEST)
+    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST),
+    string.sub(tail, -ENTRY_DIGEST)
 end
 
 local function entry_replayed()
   if not KEYS[8] then
     return nil
   end
-  local _, _, slice, field, digest = entry_record_args()
-  local held = records_find(KEYS[8], slice, field)
+  local ms, _, slice, field, digest = entry_record_args()
+  local held, fresh = records_find(KEYS[8], slice, field, ms, tonumber(ARGV[4]))
+  entry_ctx.fresh = fresh
   if not held then
     return nil
   end
@@ -280,7 +283,7 @@ local function entry_finish(reply)
   if KEYS[8] then
     local ms, _, slice, field, digest = entry_record_args()
     local value = digest .. cmsgpack.pack(reply)
-    records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now)
+    records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now, entry_ctx.fresh)
     if KEYS[9] and entry_ctx.rev then
       redis.call('XADD', KEYS[9], 'MAXLEN', '~', entry_ctx.maxlen, '*',
         'f', field, 'v', value, 'r', entry_ctx.rev, 't', entry_ctx.stamp)
