@@ -28,9 +28,8 @@ from stateworker.settings import Settings
 from stateworker.transport.embedded import EmbeddedRedis
 
 PREFIX = "benchdd"
-# Enough calls that every bucket's slice holds more than Redis's hash-max-listpack-entries
-# (512 by default) records: a hash table, as at any rate above about 150 calls/s (below it
-# the slices stay listpacks, about 60 bytes a call: not the figure that matters).
+# Some hundreds of records per slice of each of the 64 buckets (the hash tables' bucket
+# arrays then weigh as they do at any rate: 8-16 bytes a record).
 CALLS = 48_000
 CONCURRENCY = 64
 VALUES = (b'{"n":1}', b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}')  # the others' value
