@@ -18,7 +18,15 @@ import anyio
 import msgspec
 import redis.asyncio as aredis
 
-from benchmarks import bench_acl, bench_bus, bench_durability, bench_engines, bench_reactive, bench_snapshot
+from benchmarks import (
+    bench_acl,
+    bench_bus,
+    bench_dedupe,
+    bench_durability,
+    bench_engines,
+    bench_reactive,
+    bench_snapshot,
+)
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
 from stateworker.state.api import StateStore
@@ -45,6 +53,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "acl" in sections:  # two services on this Redis, one per auth mode
                 figures["acl"] = await bench_acl.acl_section(server.url, str(server.socket),
                                                              seconds, rounds, out)
+            if "dedupe" in sections:  # a fresh server of its own: its memory is the figure
+                figures["dedupe"] = await bench_dedupe.dedupe_section(out)
             if "durability" in sections:  # two fresh servers of its own, one per mode
                 figures["durability"] = await bench_durability.durability_section(
                     seconds, rounds, out)
@@ -210,7 +220,8 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
         report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
-SECTIONS = ("store", "update", "list", "bus", "acl", "durability", "snapshot", "reactive", "engines")
+SECTIONS = ("store", "update", "list", "bus", "acl", "dedupe", "durability", "snapshot",
+            "reactive", "engines")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -16,7 +16,11 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:written                      zset   scopes by their last write ms (kept for the
                                                  dedupe window: a claim's "in use" check)
   sw:{sw:p3}:events                       stream change events; entry id = revision
-  sw:{sw:p3}:call:<call id>               string a bus call's recorded reply (msgpack)
+  sw:{sw:p3}:calls:<slice>                hash   on a Redis Cluster: the bus calls' records
+                                                 of the partition in one time slice (field:
+                                                 call_field(id); lua/includes/records.lua)
+  sw:{sw:p3}:unsaved_calls                stream records of calls that changed the partition,
+                                                 until PostgreSQL holds them (snapshot on)
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
   sw:{sw:p3}:barriers_changed             set    names of the partition's barrier hashes
                                                  changed since the snapshot last stored them
@@ -38,7 +42,8 @@ Layout (`sw` prefix, partition 3):
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
   sw:snapshot:status                      hash   the snapshotters' last error and last commit
   sw:meta                                 hash   layout facts checked at start (partitions)
-  sw:callid:{<call id>}                   string the digest of the call an id belongs to
+  sw:calls:{sw:c<b>}:<slice>              hash   the records (on a cluster: the bindings) of
+                                                 the call ids of bucket b in one time slice
   sw:bus:<service>                        stream calls to a service; consumer group <service>
   sw:bus:<service>:from:<principal>       stream `acl` mode: one principal's calls to a
                                                  service; consumer group <service>
@@ -53,6 +58,7 @@ name and the reaper can split a ttl member back into scope and key.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -103,9 +109,14 @@ class PartitionKeys:
     def topic_index(self, scope: str) -> str:
         return f"{self.tag}t:{scope}"
 
-    def call_record(self, call_id: str) -> str:
-        """Where an entry script keeps a bus call's reply (exactly once per call id)."""
-        return f"{self.tag}call:{call_id}"
+    def call_records(self, slice_: int) -> str:
+        """On a Redis Cluster: one time slice of the partition's call records (a hash)."""
+        return f"{self.tag}calls:{slice_}"
+
+    @property
+    def unsaved_calls(self) -> str:
+        """Records of calls that changed the partition, until PostgreSQL holds them."""
+        return f"{self.tag}unsaved_calls"
 
     def entry_keys(self, scope: str, key: str) -> list[str]:
         """KEYS[1..7] of the entry scripts (set, delete, update, topic)."""
@@ -115,6 +126,17 @@ class PartitionKeys:
     def _scope_keys(self, scope: str) -> tuple[str, ...]:
         return (self.key_index(scope), self.updated_index(scope), self.topic_index(scope),
                 self.scopes, self.ttl, self.events)
+
+
+FIELD_BYTES = 12
+CALL_BUCKETS = 64  # buckets of call ids: a slice's hash, expired whole, frees 1/64 of them
+
+
+def call_field(call_id: str) -> bytes:
+    """A call id's field in its records: FIELD_BYTES raw bytes of its SHA-1. A record's size
+    does not grow with the id, and 12 bytes fit Redis's smallest string allocation (16 bytes
+    with its header): two of 10**8 ids in one window meet with probability 6e-14."""
+    return hashlib.sha1(call_id.encode()).digest()[:FIELD_BYTES]
 
 
 def member(scope: str, key: str) -> str:
@@ -129,7 +151,7 @@ class KeySpace:
         self.prefix = prefix
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
-        self._claims = f"{prefix}:callid:"
+        self._calls = f"{prefix}:calls:"
         # The registry's keys share one hash tag: a change and its registry entry are one script.
         registry_tag = f"{prefix}:{{{prefix}:reg}}:"
         self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
@@ -164,10 +186,12 @@ class KeySpace:
         """The call stream of `service` (a trigger's handler calls go there)."""
         return bus_stream(self.prefix, service)
 
-    def call_claim(self, call_id: str) -> str:
-        """Binds a bus call id to its first call across every partition (its own hash tag:
-        one slot per id on a cluster)."""
-        return f"{self._claims}{{{call_id}}}"
+    def call_ids(self, field: bytes, slice_: int) -> str:
+        """One time slice of the records of the call ids of `field`'s bucket (a hash;
+        `call_field`). It binds an id to its first call across every partition; on one Redis
+        it also holds the entry scripts' records. Its own hash tag per bucket: on a cluster,
+        CALL_BUCKETS slots."""
+        return f"{self._calls}{{{self.prefix}:c{field[0] % CALL_BUCKETS}}}:{slice_}"
 
     def partition_of(self, scope: str) -> int:
         return zlib.crc32(scope.encode()) % self.partitions

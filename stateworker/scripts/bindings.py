@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.keys import KeySpace, PartitionKeys, member
+from stateworker.keys import KeySpace, PartitionKeys, call_field, member
 from stateworker.scripts.library import Library
 from stateworker.scripts.replies import (
     AccessReply,
@@ -78,9 +78,14 @@ BARRIER = Binding("barrier", 2, BarrierReply.read)
 FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
+BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-    RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS)
+    RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
+# A call's record is looked up in RECORD_SLICES slices before the current one (and the one
+# after): lua/includes/records.lua's RECORDS_BACK, the same number.
+RECORD_SLICES = 4
+DIGEST_BYTES = 8  # raw bytes of a call's digest in its record (entry.lua's ENTRY_DIGEST)
 
 
 def library_of(conn: Any) -> Library:
@@ -123,28 +128,62 @@ def pattern_arg(pattern: str | None) -> str:
     return "" if pattern is None else "=" + pattern
 
 
-def record_arg(settings: Settings, ctx: CallContext) -> str:
-    """ARGV[7] of the entry scripts: "<ms kept>|<deadline>|<digest>", "" for an in-process
-    call (nothing to record, no deadline)."""
+def slice_ms(settings: Settings) -> int:
+    """How long one time slice of call records is: a RECORD_SLICES-th of the window."""
+    return -(-settings.dedupe_window_ms // RECORD_SLICES)
+
+
+def call_digest(ctx: CallContext) -> bytes:
+    """The call's digest as its record keeps it (DIGEST_BYTES raw bytes of the SHA-1)."""
+    return bytes.fromhex(ctx.call_digest or "0" * 40)[:DIGEST_BYTES]
+
+
+def record_arg(settings: Settings, ctx: CallContext, now: int) -> bytes:
+    """ARGV[7] of the entry scripts: "<slice ms>|<deadline>|<slice>|<field><digest>", b""
+    for an in-process call (nothing to record, no deadline)."""
     if ctx.call_id is None and ctx.deadline_ms is None:
-        return ""
+        return b""
+    ms = slice_ms(settings)
     deadline = "" if ctx.deadline_ms is None else ctx.deadline_ms
-    return f"{settings.dedupe_window_ms}|{deadline}|{ctx.call_digest or '0' * 40}"
+    head = f"{ms}|{deadline}|{now // ms}|".encode()
+    if ctx.call_id is None:
+        return head
+    return head + call_field(ctx.call_id) + call_digest(ctx)
+
+
+def records_key(keys: KeySpace, part: PartitionKeys, call_id: str, slice_: int,
+                cluster: bool) -> str:
+    """Where an entry script records a bus call: on one Redis the id's own bucket (which also
+    binds the id across partitions, in the same script); on a cluster the partition's, the id
+    bound before in a step of its own (bind_call)."""
+    if cluster:
+        return part.call_records(slice_)
+    return keys.call_ids(call_field(call_id), slice_)
 
 
 # ---- KEYS and ARGV of each script ----------------------------------------------------------------
-def entry_call(settings: Settings, part: PartitionKeys, scope: str, key: str, ctx: CallContext,
-               claim: str | None, extra: Sequence[Arg]) -> Call:
+def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: CallContext,
+               cluster: bool, extra: Sequence[Arg]) -> Call:
     """An entry script (set, delete, update, topic): KEYS the entry, its indexes, and for bus
-    calls the call's record and the id's binding (`claim`, when the script binds the id
-    itself); ARGV the 7 shared ones (set.lua's header), then the script's own (`extra`)."""
+    calls the current slice of the call's records (records_key) and, with the snapshot on,
+    the partition's stream of records PostgreSQL does not hold yet; ARGV the 7 shared ones
+    (set.lua's header), then the script's own (`extra`)."""
+    part = space.for_scope(scope)
     keys: list[Arg] = list(part.entry_keys(scope, key))
+    now = now_ms()
     if ctx.call_id is not None:
-        keys.append(part.call_record(ctx.call_id))
-        if claim is not None:
-            keys.append(claim)
-    return keys, [scope, key, member(scope, key), now_ms(), settings.events_maxlen,
-                  ctx.by or "", record_arg(settings, ctx), *extra]
+        keys.append(records_key(space, part, ctx.call_id, now // slice_ms(settings), cluster))
+        if settings.postgres_url:
+            keys.append(part.unsaved_calls)
+    return keys, [scope, key, member(scope, key), now, settings.events_maxlen,
+                  ctx.by or "", record_arg(settings, ctx, now), *extra]
+
+
+def bind_call(settings: Settings, space: KeySpace, ctx: CallContext) -> Call:
+    """bind.lua for a bus call: its id bound to its digest in the id's bucket."""
+    field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
+    return ([space.call_ids(field, now // ms)],
+            [ms, now // ms, now, field, call_digest(ctx)])
 
 
 def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest: str) -> Call:

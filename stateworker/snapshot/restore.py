@@ -7,7 +7,9 @@ registrations, claims, principals, roles and barrier hashes (snapshot/barriers.p
 exactly as stored. A principal whose Redis ACL user is missing (passwords are never stored)
 gets its user back with its rule, but off and without a password: the summary names it in
 `principals_without_user`, and `stateworker principal passwd NAME` gives it a password.
-Nothing is written to the event streams, and every partition's dispatch and snapshot
+The records of bus calls that changed entries in the last dedupe window go back too
+(snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
+again. Nothing is written to the event streams, and every partition's dispatch and snapshot
 positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
 entry, and the snapshot goes on from there.
 
@@ -26,7 +28,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import member
 from stateworker.reactive import trimming
-from stateworker.snapshot import barriers, tables
+from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
@@ -50,6 +52,7 @@ class Summary(msgspec.Struct):
     principals: int = 0
     roles: int = 0
     barriers: int = 0
+    calls: int = 0
     # Principals restored whose Redis ACL user was missing (a new Redis): recreated with their
     # rule but off and without a password; `stateworker principal passwd NAME` enables each.
     principals_without_user: list[str] = msgspec.field(default_factory=list)
@@ -139,6 +142,7 @@ async def restore(state: RedisState, url: str,
         for start in range(0, len(stored), BATCH):
             await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
         summary.barriers = len(stored)
+        summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg)
     finally:
         if own:

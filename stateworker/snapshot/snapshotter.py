@@ -17,7 +17,8 @@ cap cut is rescanned: every entry of the partition, the rows of those gone remov
 position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
-partition's set of changed barriers (snapshot/barriers.py).
+partition's set of changed barriers (snapshot/barriers.py). Bus call records that changed an
+entry are stored after each commit and once a round, up to the position (snapshot/calls.py).
 
 The registry (trigger registrations and namespace claims) is copied whole into `sw_triggers`
 and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
@@ -46,7 +47,7 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.settings import Settings
-from stateworker.snapshot import barriers, rows, schema, tables
+from stateworker.snapshot import barriers, calls, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
@@ -222,8 +223,12 @@ class Snapshotter:
                 await self._rescan(pg, partition, info, position)
         for partition in sorted(self.leases.held):
             await barriers.store_changed(self.state, pg, self.prefix, partition)
+            if partition in self.positions:
+                await calls.store_unsaved(self.state, pg, self.prefix, partition,
+                                          self.positions[partition])
         if 0 in self.leases.held:
             await self._copy_registry(pg)
+            await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
 
@@ -275,6 +280,8 @@ class Snapshotter:
         await tables.apply(pg, self.prefix, partition, found, gone, moved)
         self.positions[partition] = moved
         await self._mirror(partition)
+        if partition in self.positions:  # (the lease held: the records the commit passed)
+            await calls.store_unsaved(self.state, pg, self.prefix, partition, moved)
 
     async def _mirror(self, partition: int) -> None:
         """The committed position into Redis (`snapshotted`), only while the lease holds."""

@@ -19,7 +19,7 @@ import msgspec
 from stateworker import codec, specs
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import CallIdReused, InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.errors import InvalidRequest, UnknownFunction, deadline_exceeded
 from stateworker.schemas import (
     NULL,
     BarrierRequest,
@@ -44,9 +44,9 @@ from stateworker.schemas import (
     UpdateTopicRequest,
     encoder,
 )
-from stateworker.scripts.bindings import KEEP
+from stateworker.scripts.bindings import BIND, KEEP, bind_call
 from stateworker.scripts.replies import UpdateReply
-from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
+from stateworker.scripts.statuses import Target, raise_for_status, script_reply
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
@@ -60,8 +60,7 @@ from stateworker.state import (
     writes,
 )
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import Plan, command_reply, then
-from stateworker.transport.wire import Arg
+from stateworker.transport.plans import Plan, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 Rewrite = Callable[[str, bytes, CallContext], bytes]  # (fn, body, ctx) -> the body to decode
@@ -362,23 +361,19 @@ def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
 def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
     """`plan`, run only if its call id is free or already bound to this same call.
 
-    An entry script records its call under the entry's partition, which makes a retry
-    exactly-once; an id reused for a call in ANOTHER partition would not meet that record. So
-    every bus call binds its id to its digest (function + body) in a key of the id's own
-    (SET NX GET, kept as long as the records). The entry scripts do it themselves, first
-    (`binds_call_id`); a read binds it in the same pipeline, before its own commands (what it
-    read is dropped when the id is another call's); any other call binds it in a step before
-    it runs, so a refused call never writes. The calls of one batch keep their order either
-    way (a read does not overtake a write read before it).
+    A record in one partition would not meet an id reused for a call in ANOTHER partition. So
+    every bus call binds its id to its digest (function + body) in the id's own bucket of
+    records (bind.lua, kept as long as the records). On one Redis the entry scripts record
+    there themselves (`binds_call_id`: their record is the binding); a read binds it in the
+    same pipeline, before its own commands (what it read is dropped when the id is another
+    call's); any other call (and on a cluster every call) binds it in a step before it runs,
+    so a refused call never writes. The calls of one batch keep their order either way (a
+    read does not overtake a write read before it).
     """
-    claim: list[Arg] = ["SET", state.keys.call_claim(ctx.call_id or ""), ctx.call_digest or "",
-                        "NX", "GET", "PX", state.settings.dedupe_window_ms]
+    claim = BIND.command(state.library, *bind_call(state.settings, state.keys, ctx))
 
     def check(reply: Any) -> None:
-        held = command_reply(reply, "binding the call id")
-        if held is not None and held.decode() != ctx.call_digest:
-            raise CallIdReused(*STATUS_TEXTS[LUA_STATUS["CALL_ID_REUSED"]](
-                Target(state.settings, "", "", ctx), []))
+        raise_for_status(script_reply(reply, BIND.name), Target(state.settings, "", "", ctx))
 
     if read_only:
         def read(replies: list[Any]) -> Any:

@@ -146,7 +146,6 @@ class RedisState:
         errors are raised (statuses.STATUS_ERRORS) unless `accept`ed; `finish` gets the rest,
         typed (the binding's reply tuple)."""
         scope, key, ctx = target.scope, target.key, target.ctx
-        part = self.keys.for_scope(scope)
 
         def replayed(replies: list[Any]) -> Any:
             reply = script_reply(replies[0], binding.name)
@@ -156,9 +155,8 @@ class RedisState:
             return finish(binding.reply(reply))
 
         binds = ctx.call_id is not None and not self.cluster
-        claim = self.keys.call_claim(ctx.call_id or "") if binds else None
-        command = binding.command(self.library,
-                                  *entry_call(self.settings, part, scope, key, ctx, claim, args))
+        command = binding.command(self.library, *entry_call(
+            self.settings, self.keys, scope, key, ctx, self.cluster, args))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
 
     def target(self, scope: str, key: str, ctx: CallContext, *,

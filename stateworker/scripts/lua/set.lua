@@ -6,8 +6,8 @@
     KEYS[1] entry hash              KEYS[2] scope key index (zset, score 0)
     KEYS[3] scope updated index     KEYS[4] scope topic index (zset, topic\0key)
     KEYS[5] partition scopes        KEYS[6] partition ttl index
-    KEYS[7] partition event stream  KEYS[8] (bus calls only) the call's record
-    KEYS[9] (bus calls only) the call id's binding (entry.lua: CALL_ID_REUSED)
+    KEYS[7] partition event stream  KEYS[8] (bus calls only) the current slice of the
+    call's records (entry.lua)   KEYS[9] (bus calls, snapshot on) the partition's records to save
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
@@ -30,7 +30,7 @@
                                                        update): the caller stores it, retries
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
-  Every reply but NEEDS_HASH is recorded under KEYS[8] when given.
+  Every reply but NEEDS_HASH is recorded in KEYS[8] when given (CALL_ID_REUSED: entry.lua).
   Events: state:created when absent, else state:updated; an expired entry in the way is
     first deleted with state:deleted.
 ]]

@@ -5,8 +5,9 @@
   the op out); this script reports the errors that depend on the document.
   Input:
     KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the call's record; ARGV[7] its arguments (entry.lua)
-    KEYS[9] (bus calls only) the call id's binding (entry.lua: CALL_ID_REUSED)
+    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
+            arguments (entry.lua)
+    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] max value bytes         ARGV[9] expected version ("" for none)

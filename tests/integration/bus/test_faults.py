@@ -18,6 +18,7 @@ from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.keys import KeySpace
 from tests.integration.busproto import roundtrip, until
+from tests.records import reply_of
 from tests.servers import RedisServer, ServiceProcess, tcp_quiet
 
 pytestmark = pytest.mark.anyio
@@ -105,11 +106,8 @@ async def test_kill_9_with_calls_in_flight(redis_server: RedisServer, raw: aredi
     assert len(before) + len(left) == 1100
     assert set(in_flight) <= left.keys()
     # Applied calls are exactly those with a record, each applied once; every answer was applied.
-    part = KeySpace(prefix, 4).for_scope(scope)
-    async with raw.pipeline(transaction=False) as pipe:
-        for i in ids:
-            pipe.exists(part.call_record(i))
-        recorded = {i for i, found in zip(ids, await pipe.execute(), strict=True) if found}
+    space = KeySpace(prefix, 4)
+    recorded = {i for i in ids if await reply_of(raw, space, i) is not None}
     async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
         applied_before = (await store.get(scope, "counter") or {}).get("n", 0)
     answered_before = {d["id"]: d["result"]["new_value"]["n"] for d in before}

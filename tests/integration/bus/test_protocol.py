@@ -14,8 +14,10 @@ import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
-from stateworker.keys import KeySpace
+from stateworker.keys import KeySpace, call_field
+from stateworker.scripts.bindings import DIGEST_BYTES
 from tests.integration.busproto import receive, roundtrip, send, until
+from tests.records import record_of
 
 pytestmark = pytest.mark.anyio
 
@@ -287,13 +289,14 @@ async def test_a_retry_answered_from_a_record_of_an_older_version(
     await ok(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": {"name": "x"}})
     first = await ok(raw, prefix, "state::update", body, call_id="old-format")
     assert [e["op_index"] for e in first["errors"]] == [0, 1]
-    key = service.state.keys.for_scope(scope).call_record("old-format")
-    record = await raw.get(key)
-    assert record is not None
-    reply = msgspec.msgpack.decode(record[40:])
+    found = await record_of(raw, service.state.keys, "old-format")
+    assert found is not None
+    key, record = found
+    reply = msgspec.msgpack.decode(record[DIGEST_BYTES:])
     assert reply[7] == 1  # this version's marker
     reply = [*reply[:6], [1, "increment.not_number", "an older version's message"]]
-    await raw.set(key, record[:40] + msgspec.msgpack.encode(reply), keepttl=True)
+    await raw.hset(key, call_field("old-format"),  # type: ignore[misc]
+                   record[:DIGEST_BYTES] + msgspec.msgpack.encode(reply))
     again = await ok(raw, prefix, "state::update", body, call_id="old-format")
     assert again["errors"] == [
         first["errors"][0],

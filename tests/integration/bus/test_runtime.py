@@ -18,10 +18,11 @@ import redis.asyncio as aredis
 from stateworker import StateClient, StateStore, Worker
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import Bus, BusOptions, Call
-from stateworker.keys import KeySpace
+from stateworker.keys import KeySpace, call_field
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
+from tests.records import record_of, slice_ms
 from tests.servers import FaultProxy, RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -119,12 +120,12 @@ async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_recor
     stream, group, reply = f"{prefix}:bus:state", "state", f"{prefix}:reply:lost"
     batch = f"lost-{uuid.uuid4().hex[:8]}"
     ids = [f"{batch}-{i:02d}" for i in range(16)]
-    record_prefix = KeySpace(prefix, 4).for_scope(scope).call_record(batch)
+    marker = call_field(ids[0])  # the record's field of the first call, in its script's ARGV
     proxy = FaultProxy(redis_server.port)
     async with anyio.create_task_group() as tg, StateStore.open(
             redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
         await tg.start(proxy.serve)
-        proxy.arm("mute", record_prefix.encode())  # from the first script of these calls on
+        proxy.arm("mute", marker)  # from the first script of these calls on
         async with StateService.running(settings_for(proxy.url, prefix), BusOptions(
                 block_ms=50, visibility_timeout_ms=300, consumer="lost-1")):
             async with raw.pipeline(transaction=True) as pipe:  # one read gets all 16
@@ -162,7 +163,7 @@ async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
     2 s), by the state service and by a user worker alike; after the window the id is new."""
     window_ms = 2000
     settings = settings_for(redis_server.url, prefix, dedupe_window_ms=window_ms)
-    state_record = KeySpace(prefix, 4).for_scope(scope).call_record("win-1")
+    space = KeySpace(prefix, 4)
     worker = Worker("win", settings=settings, options=BusOptions(block_ms=50))
     worker_record = Bus(prefix, "win").record("win-2")
     runs: list[str] = []
@@ -184,8 +185,11 @@ async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
             StateClient(settings=settings, service="win") as jobs:
         await tg.start(worker.run)
         first = await both()
-        for record in (state_record, worker_record):
-            assert 0 < await raw.pttl(record) <= window_ms
+        found = await record_of(raw, space, "win-1", window_ms)
+        assert found is not None
+        state_record = found[0]  # the slice holding it (this test's prefix: only its calls)
+        assert 0 < await raw.pttl(state_record) <= window_ms + slice_ms(window_ms)
+        assert 0 < await raw.pttl(worker_record) <= window_ms
         assert await both() == first  # within the window: the recorded replies, nothing run
         assert first == ({"old_value": None, "new_value": {"n": 1}, "version": 1}, {"run": 1})
 

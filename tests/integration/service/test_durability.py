@@ -17,7 +17,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import CallTimeout, ConfigError, StateError, Unavailable
 from stateworker.settings import Settings
 from tests.integration.busproto import until
-from tests.servers import RedisServer
+from tests.servers import RedisServer, ServiceProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -78,6 +78,67 @@ async def test_strict_kill_9_of_redis_keeps_every_acknowledged_write(tmp_path: P
     assert sum(stored) == sum(acked) + applied_in_flight
     assert len(events) == sum(stored)  # one event per applied write, none lost, none extra
     assert sum(acked) >= ACKED_BEFORE_KILL
+
+
+BUS_WRITERS = 32
+BUS_ACKED_BEFORE_KILL = 1500
+
+
+async def test_strict_kill_9_of_redis_under_32_bus_writers_keeps_every_acknowledged_write(
+        tmp_path: Path) -> None:
+    """The same over the bus: 32 callers each write 1, 2, 3 ... to their own key through a
+    `stateworker serve` process in `strict`; redis-server is killed -9 with calls in flight.
+    Every reply a caller got before the kill names a write the restarted Redis holds."""
+    server = RedisServer(tmp_path / "redis", appendfsync="always")
+    server.start()
+    service = ServiceProcess(server.url, "durbus", env={"STATEWORKER_DURABILITY": "strict"})
+    acked = [0] * BUS_WRITERS  # the last value each caller got a successful reply for
+    in_flight: list[int | None] = [None] * BUS_WRITERS  # the value it waited for at the kill
+    try:
+        service.start()
+        settings = Settings(redis_url=server.url, prefix="durbus", partitions=4)
+        async with StateClient(settings=settings, timeout=3.0) as client:
+            async def writer(w: int) -> None:
+                value = 0
+                while True:
+                    value += 1
+                    in_flight[w] = value
+                    try:
+                        await client.call("state::set", {"scope": "dur", "key": f"k{w}",
+                                                         "value": value})
+                    except StateError:  # Redis gone: this call's outcome is unknown
+                        return
+                    acked[w], in_flight[w] = value, None
+
+            async with anyio.create_task_group() as tg:
+                for w in range(BUS_WRITERS):
+                    tg.start_soon(writer, w)
+                await until(lambda: sum(acked) >= BUS_ACKED_BEFORE_KILL, 60,
+                            "writes before the kill")
+                server.kill()  # SIGKILL: no shutdown, no final fsync
+    finally:
+        service.kill()
+        server.kill()
+    # (A reply read just after the kill was pushed before it: every one counted in `acked`
+    # came from the killed server, which had fsynced its write before the service replied.)
+    assert all(value is not None for value in in_flight), in_flight
+    restarted = RedisServer(tmp_path / "redis", appendfsync="always")
+    restarted.start()  # loads the AOF the killed server left
+    try:
+        async with StateStore.open(restarted.url, prefix="durbus", partitions=4, reaper=False,
+                                   durability="strict") as store:
+            stored = []
+            for w in range(BUS_WRITERS):
+                entry = await store.get_entry("dur", f"k{w}", default=None)
+                stored.append(0 if entry is None else entry.value)
+                assert entry is None or entry.version == entry.value  # each applied once
+            events = await store.events("dur")
+    finally:
+        restarted.kill()
+    for w in range(BUS_WRITERS):
+        assert stored[w] in (acked[w], in_flight[w]), (w, stored[w], acked[w], in_flight[w])
+    assert len(events) == sum(stored)
+    assert sum(acked) >= BUS_ACKED_BEFORE_KILL
 
 
 async def test_strict_refuses_an_external_redis_without_appendfsync_always(

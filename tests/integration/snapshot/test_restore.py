@@ -14,10 +14,11 @@ import psycopg
 import pytest
 import redis
 
-from stateworker import StateError, StateStore
+from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import now_ms
+from stateworker.errors import CallIdReused
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
@@ -157,3 +158,42 @@ async def test_claims_and_releases_survive_a_restore(own_redis: RedisServer, pre
         await store.release_namespace(["to-release-later"], caller="billing")
         await until(lambda: snapshot_claims(postgres_url, prefix) == {"kept": "billing"}, 30,
                     "the later release in PostgreSQL")
+
+
+async def test_a_late_retry_after_a_restore_gets_its_reply_and_is_not_applied_again(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """A bus call acknowledged, the snapshot committed past it, Redis wiped and restored:
+    the same call id again gets the same reply and changes nothing; reused with another body
+    it is CALL_ID_REUSED."""
+    settings = Settings(redis_url=own_redis.url, prefix=prefix, partitions=4,
+                        postgres_url=postgres_url, lease_ms=1000)
+    client, keys = own_redis.client(), KeySpace(prefix, 4)
+    first_body = {"scope": "orders", "key": "o-1", "value": {"n": 1}}
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as bus:
+        first = await bus.call("state::set", first_body, call_id="late-1")
+        later = await bus.call("state::set", {"scope": "orders", "key": "o-1", "value": {"n": 2}},
+                               call_id="late-2")
+        assert (first["old_value"], first["new_value"], first["version"]) == (None, {"n": 1}, 1)
+        assert later["version"] == 2
+
+        def saved() -> bool:  # the position past both changes, their records in PostgreSQL
+            return caught_up(client, keys) and not any(
+                client.xlen(p.unsaved_calls) for p in keys.all_partitions())
+
+        await until(saved, 60, "the snapshot and the call records to catch up")
+
+    client.flushall()
+    done = restore_command(own_redis.url, prefix, postgres_url)
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout)["calls"] == 2
+
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as bus:
+        assert await bus.call("state::set", first_body, call_id="late-1") == first
+        with pytest.raises(CallIdReused):
+            await bus.call("state::set", {**first_body, "value": 3}, call_id="late-2")
+        async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store:
+            entry = await store.get_entry("orders", "o-1")
+            assert entry.found and entry.version == 2 and entry.value == {"n": 2}
+            assert await store.events("orders") == []  # the retry wrote no event

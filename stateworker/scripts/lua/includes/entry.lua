@@ -29,10 +29,11 @@ end
 -- Append one change event; its stream id is the revision, returned.
 local function entry_emit(ctx, etype, old, new, version)
   entry_mark_written(ctx)
-  return redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
+  ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
     'ts_ms', ctx.stamp, 'by', ctx.by)
+  return ctx.rev
 end
 
 -- The topic index holds every entry: "<topic>\0<key>", or "\255\0<key>" when untagged, so
@@ -215,49 +216,57 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   scopes = false, ttl = false, events = false,
   scope = false, key = false, member = false,
   now = false, stamp = false, maxlen = false, by = false,
+  rev = false, -- the revision of the call's last event (false: no change yet)
+  fresh = false, -- the call's record slice is new (records.lua)
 }
 
+--- @include "records"
+
 --[[
-  Exactly once per call id. An entry script called for a bus call gets KEYS[8], the call's
-  record, KEYS[9], the id's binding (`<prefix>:callid:{<id>}`: another slot, so on a Redis
-  Cluster this binding has to go back to a step of its own), and ARGV[7] = "<ms kept>|<deadline ms or empty>|<call digest>" (the digest: SHA-1
-  of the function and body, 40 hex). The record holds the digest and the script's reply
-  (cmsgpack); a second delivery of the call finds it and gets {ST.DUPLICATE, reply} back
-  without changing anything; the same id with another digest is {ST.CALL_ID_REUSED}. Written
-  in the same script as the change, so the change and its record cannot part. The deadline is
-  checked after the record: a call applied in time gets its reply again when it comes late.
+  Exactly once per call id. An entry script called for a bus call gets KEYS[8], the current
+  time slice of the call's records (records.lua: `<name><slice>`, a hash; on one Redis the
+  slice of the id's own bucket, which also binds the id across partitions; on a Redis Cluster
+  the partition's, the id bound in a step of its own before) and ARGV[7] =
+  "<slice ms>|<deadline ms or empty>|<slice>|<field><digest>" (12 + 8 raw bytes: records.lua).
+  A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
+  another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
+  change, so the two cannot part. With KEYS[9] (the snapshot is on), a call that changed the
+  entry also appends its record and revision to the partition's stream of records PostgreSQL
+  does not hold yet (fields f, v, r, t), so a restore brings them back. The deadline is checked
+  after the record: a call applied in time gets its reply again when it comes late.
 ]]
+local ENTRY_DIGEST = 8 -- raw bytes of the call's digest in its record
+
 local function entry_record_args()
   if ARGV[7] == '' then
     return nil -- no call record and no deadline (a call made in-process)
   end
   local a = string.find(ARGV[7], '|', 1, true)
   local b = string.find(ARGV[7], '|', a + 1, true)
-  return string.sub(ARGV[7], 1, a - 1), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
-    string.sub(ARGV[7], b + 1)
+  local c = string.find(ARGV[7], '|', b + 1, true)
+  local tail = string.sub(ARGV[7], c + 1)
+  return tonumber(string.sub(ARGV[7], 1, a - 1)), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
+    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST),
+    string.sub(tail, -ENTRY_DIGEST)
 end
 
 local function entry_replayed()
-  if KEYS[9] then
-    -- The id's binding across partitions (the record below is this partition's only): the
-    -- first call to bind it owns it; another digest is a reuse, refused before any change.
-    local keep, _, digest = entry_record_args()
-    local held = redis.call('SET', KEYS[9], digest, 'NX', 'GET', 'PX', keep)
-    if held and held ~= digest then
-      return {ST.CALL_ID_REUSED}
-    end
+  if not KEYS[8] then
+    return nil
   end
-  if KEYS[8] then
-    local record = redis.call('GET', KEYS[8])
-    if record then
-      local _, _, digest = entry_record_args()
-      if string.sub(record, 1, 40) ~= digest then
-        return {ST.CALL_ID_REUSED}
-      end
-      return {ST.DUPLICATE, string.sub(record, 41)}
-    end
+  local ms, _, slice, field, digest = entry_record_args()
+  local held, fresh = records_find(KEYS[8], slice, field, ms, tonumber(ARGV[4]))
+  entry_ctx.fresh = fresh
+  if not held then
+    return nil
   end
-  return nil
+  if string.sub(held, 1, ENTRY_DIGEST) ~= digest then
+    return {ST.CALL_ID_REUSED}
+  end
+  if #held > ENTRY_DIGEST then
+    return {ST.DUPLICATE, string.sub(held, ENTRY_DIGEST + 1)}
+  end
+  return nil -- bound to this very call, not run yet
 end
 
 -- The start of every entry script: {ST.DUPLICATE, ...} when the call ran before, else the
@@ -276,14 +285,20 @@ local function entry_begin()
   ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
   ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
   ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
+  ctx.rev = false
   return nil, ctx, entry_load_live(ctx)
 end
 
 -- The end of a call that entry_begin started: its reply, recorded when the call has a record.
 local function entry_finish(reply)
   if KEYS[8] then
-    local keep, _, digest = entry_record_args()
-    redis.call('SET', KEYS[8], digest .. cmsgpack.pack(reply), 'PX', keep)
+    local ms, _, slice, field, digest = entry_record_args()
+    local value = digest .. cmsgpack.pack(reply)
+    records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now, entry_ctx.fresh)
+    if KEYS[9] and entry_ctx.rev then
+      redis.call('XADD', KEYS[9], 'MAXLEN', '~', entry_ctx.maxlen, '*',
+        'f', field, 'v', value, 'r', entry_ctx.rev, 't', entry_ctx.stamp)
+    end
   end
   return reply
 end

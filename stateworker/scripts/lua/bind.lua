@@ -1,0 +1,27 @@
+--[[
+  Bind a bus call's id to its call (function and body) for the dedupe window, for the calls
+  whose plan does not run an entry script that binds it itself (reads, in the same pipeline
+  before their commands; other writes, and every call on a Redis Cluster, in a step of their
+  own). The first call to bind an id owns it.
+  Input:
+    KEYS[1] the current time slice of the id's bucket of records (records.lua; a hash)
+    ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
+    ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
+  Output:
+    {ST.OK, 1}            bound now
+    {ST.OK, 0}            bound before, to this same call
+    {ST.CALL_ID_REUSED}   the id is bound to another call: nothing written
+  Events: none.
+]]
+--- @include "records"
+
+local ms, now = tonumber(ARGV[1]), tonumber(ARGV[3])
+local held, fresh = records_find(KEYS[1], ARGV[2], ARGV[4], ms, now)
+if held then
+  if string.sub(held, 1, #ARGV[5]) ~= ARGV[5] then
+    return {ST.CALL_ID_REUSED}
+  end
+  return {ST.OK, 0}
+end
+records_keep(KEYS[1], ARGV[2], ARGV[4], ARGV[5], ms, now, fresh)
+return {ST.OK, 1}
