@@ -62,8 +62,8 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "xgroup|create": ["XGROUP", "CREATE", bus, SERVICE, "0", "MKSTREAM"],
         "xreadgroup": ["XREADGROUP", "GROUP", SERVICE, "c", "COUNT", 1, "STREAMS", bus, ">"],
         "xautoclaim": ["XAUTOCLAIM", bus, SERVICE, "c", 1, "0-0"],
-        "get": ["GET", part.call_record("id")],  # a recorded reply (and the scripts)
-        "set": ["SET", keys.call_claim("id"), "d", "NX", "PX", 1],  # a call id's binding
+        "get": ["GET", part.lease],  # the status of leases (and the scripts: leases)
+        "set": ["SET", part.lease, "t", "NX", "PX", 1],  # (the scripts: a partition's lease)
         "lpush": ["LPUSH", reply, "r"],
         "pexpire": ["PEXPIRE", reply, 1],  # (and the scripts: records)
         "xack": ["XACK", bus, SERVICE, "0-1"],
@@ -87,6 +87,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         # The snapshot: the rescan of a partition's entries, changed barriers.
         "scan": ["SCAN", 0, "MATCH", f"{part.entry_prefix}*", "COUNT", 1],
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
+        "xrange": ["XRANGE", part.unsaved_calls, "-", "+", "COUNT", 1],  # call records
         # Only inside the Lua functions (scripts/lua/).
         "hdel": ["HDEL", entry, "x"],
         "hexists": ["HEXISTS", keys.claims, "s"],

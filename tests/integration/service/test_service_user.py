@@ -335,7 +335,6 @@ NOT_SERVED = {
     "MULTI": "watches (`stateworker watch`, StateClient.watch)",
     "EXEC": "watches",
     "TIME": "watches",
-    "XRANGE": "StateStore.events, watches (events/reader.py)",
     "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
     "READONLY": "an error reply's first word",
     "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",
