@@ -1,4 +1,5 @@
-"""`BusRuntime`: the loops that serve one service's stream (bus/protocol.py: the protocol).
+"""`BusRuntime`: the loops that serve one service's streams (bus/protocol.py: the protocol;
+bus/sources.py: which streams, and whose: `acl` mode's principals).
 
     reader   XREADGROUP batches -> one task per batch (plans) or per call (user handlers),
              bounded by `concurrency` calls in flight
@@ -32,7 +33,6 @@ from stateworker.bus.protocol import (
     Handler,
     Ref,
     default_consumer,
-    parse_entry,
 )
 from stateworker.bus.reply_writer import ReplyWriter
 from stateworker.bus.sources import (
@@ -41,13 +41,13 @@ from stateworker.bus.sources import (
     claimed_entries,
     create_groups,
     follow_principals,
+    read_call,
     recover_groups,
 )
 from stateworker.bus.stats import Stats
 from stateworker.clock import now_ms
 from stateworker.errors import (
     InternalError,
-    InvalidRequest,
     StateError,
     Unavailable,
     deadline_exceeded,
@@ -342,21 +342,7 @@ class BusRuntime:
 
     def _parse(self, ref: Ref, flat: list[bytes], source: Source
                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
-        """An entry as a Call, or the error it gets. A call whose reply list is not one of
-        this prefix's (in `acl` mode: of its principal's) is not run at all, and its reply is
-        not written (`ReplyWriter.queue`); a call on a closed shared stream is not run."""
-        call, reply_key, call_id, error = parse_entry(ref, flat, self.options, source.principal)
-        if call is None:
-            return call, reply_key, call_id, error
-        if reply_key and not self.bus.reply_allowed(reply_key):
-            return None, reply_key, call_id, InvalidRequest(
-                f"reply: must be a list key under {self.bus.reply_prefix}", {"field": "reply"})
-        if reply_key and not self.sources.reply_allowed(source, reply_key):
-            return None, b"", call_id, None  # (another principal's list: never written to)
-        refused = self.sources.refused(source)
-        if refused is not None:
-            return None, reply_key, call_id, refused
-        return call, reply_key, call_id, error
+        return read_call(ref, flat, self.options, self.bus, self.sources, source)
 
     def _refuse(self, reply_key: bytes, call_id: str | None, error: StateError | None,
                 ref: Ref) -> None:

@@ -20,7 +20,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, NamedTuple
 
-from stateworker.errors import PermissionDenied
+from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_entry
+from stateworker.errors import InvalidRequest, PermissionDenied, StateError
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -117,6 +118,26 @@ class Sources:
             return True
         return reply_key.startswith(principal_reply_prefix(self.prefix,
                                                            source.principal).encode())
+
+
+def read_call(ref: Ref, flat: list[bytes], options: BusOptions, bus: Bus, sources: Sources,
+              source: Source) -> tuple[Call | None, bytes, str | None, StateError | None]:
+    """An entry read from `source` as a Call, or the error it gets (and where, and to which
+    id). A call whose reply list is not one of this prefix's (in `acl` mode: of its
+    principal's) is not run at all, and its reply is not written (`ReplyWriter.queue`); a call
+    on a closed shared stream is not run."""
+    call, reply_key, call_id, error = parse_entry(ref, flat, options, source.principal)
+    if call is None:
+        return call, reply_key, call_id, error
+    if reply_key and not bus.reply_allowed(reply_key):
+        return None, reply_key, call_id, InvalidRequest(
+            f"reply: must be a list key under {bus.reply_prefix}", {"field": "reply"})
+    if reply_key and not sources.reply_allowed(source, reply_key):
+        return None, b"", call_id, None  # (another principal's list: never written to)
+    refused = sources.refused(source)
+    if refused is not None:
+        return None, reply_key, call_id, refused
+    return call, reply_key, call_id, error
 
 
 # ---- the consumer groups ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from stateworker.patterns import glob_match, glob_parts
 from stateworker.specs import Spec
 
 FAMILIES = ("read", "write", "triggers", "claims", "admin")
@@ -89,26 +90,10 @@ class Pattern:
 
     @classmethod
     def of(cls, text: str) -> Pattern:
-        split = text.split("*")
-        if len(split) > 2:
-            split = [split[0], *(p for p in split[1:-1] if p), split[-1]]
-        return cls(text, tuple(split))
+        return cls(text, tuple(glob_parts(text)))
 
     def matches(self, subject: str) -> bool:
-        parts = self.parts
-        if len(parts) == 1:
-            return subject == parts[0]
-        first, last = parts[0], parts[-1]
-        if len(subject) < len(first) + len(last) or not subject.startswith(first) \
-                or not subject.endswith(last):
-            return False
-        pos, limit = len(first), len(subject) - len(last)
-        for part in parts[1:-1]:
-            at = subject.find(part, pos, limit)
-            if at < 0:
-                return False
-            pos = at + len(part)
-        return True
+        return glob_match(subject, self.parts)
 
 
 def matches(pattern: str, subject: str) -> bool:

@@ -17,6 +17,7 @@ from msgspec import Raw, Struct
 from stateworker import clock
 from stateworker.errors import InvalidRequest
 from stateworker.keys import PartitionKeys
+from stateworker.patterns import glob_match, glob_parts
 from stateworker.schemas import ListedEntry, ListEntriesRequest, ListEntriesResult
 from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entries_call
 from stateworker.scripts.replies import DeltopicReply, EntriesReply
@@ -168,26 +169,3 @@ def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
         return names[:limit]
 
     return then(list_groups_plan(state, hidden), finish)
-
-
-def glob_parts(pattern: str) -> list[str]:
-    """The literal chunks of a `*` pattern; a run of stars is one star (as in glob.lua)."""
-    parts = pattern.split("*")
-    return [parts[0], *[p for p in parts[1:-1] if p], parts[-1]] if len(parts) > 1 else parts
-
-
-def glob_match(subject: str, parts: list[str]) -> bool:
-    """The `*` pattern rule of glob.lua, for text already in Python."""
-    if len(parts) == 1:
-        return subject == parts[0]
-    first, last = parts[0], parts[-1]
-    if len(subject) < len(first) + len(last) or not subject.startswith(first) \
-            or not subject.endswith(last):
-        return False
-    pos, end = len(first), len(subject) - len(last)
-    for part in parts[1:-1]:
-        at = subject.find(part, pos, end)
-        if at < 0:
-            return False
-        pos = at + len(part)
-    return True

@@ -20,6 +20,7 @@ from stateworker.engines.common import SCOPE_AS_NAMESPACE, raise_as_namespace, r
 from stateworker.engines.moco import rules, specs
 from stateworker.engines.moco import schemas as moco
 from stateworker.errors import StateError
+from stateworker.patterns import glob_match, glob_parts
 from stateworker.schemas import (
     NULL,
     DeletedResult,
@@ -181,7 +182,7 @@ def list_namespaces(state: RedisState, req: moco.ListNamespacesRequest, ctx: Cal
     limit = rules.count("limit", req.limit)
     validate.pattern("name_pattern", req.name_pattern)
     own = None if req.in_global_ns else rules.user_id(ctx) + ":"
-    parts = None if req.name_pattern is None else listing.glob_parts(req.name_pattern)
+    parts = None if req.name_pattern is None else glob_parts(req.name_pattern)
 
     def names(groups: GroupsResult) -> list[str]:
         found = []
@@ -192,7 +193,7 @@ def list_namespaces(state: RedisState, req: moco.ListNamespacesRequest, ctx: Cal
                 name = scope if ":" not in scope else None  # a user's scope always has one
             else:
                 name = scope[len(own):] if scope.startswith(own) else None
-            if name is not None and (parts is None or listing.glob_match(name, parts)):
+            if name is not None and (parts is None or glob_match(name, parts)):
                 found.append(name)
         return found if limit is None else found[:limit]
 

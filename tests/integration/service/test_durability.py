@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -57,20 +58,7 @@ async def test_strict_kill_9_of_redis_keeps_every_acknowledged_write(tmp_path: P
 
     # Every writer was waiting for exactly one reply when Redis died.
     assert all(value is not None for value in in_flight), in_flight
-    restarted = RedisServer(tmp_path / "redis", appendfsync="always")
-    restarted.start()  # loads the AOF the killed server left
-    try:
-        async with StateStore.open(restarted.url, prefix="dur", partitions=4, reaper=False,
-                                   durability="strict") as store:
-            stored = []
-            for w in range(WRITERS):
-                entry = await store.get_entry("dur", f"k{w}", default=None)
-                stored.append(0 if entry is None else entry.value)
-                # Each write applied once: the version counts the values written.
-                assert entry is None or entry.version == entry.value
-            events = await store.events("dur")
-    finally:
-        restarted.kill()
+    stored, events = await after_restart(tmp_path, "dur", WRITERS)
     for w in range(WRITERS):
         # Every acknowledged write is there; of the one in flight, it was applied or not.
         assert stored[w] in (acked[w], in_flight[w]), (w, stored[w], acked[w], in_flight[w])
@@ -78,6 +66,24 @@ async def test_strict_kill_9_of_redis_keeps_every_acknowledged_write(tmp_path: P
     assert sum(stored) == sum(acked) + applied_in_flight
     assert len(events) == sum(stored)  # one event per applied write, none lost, none extra
     assert sum(acked) >= ACKED_BEFORE_KILL
+
+
+async def after_restart(tmp_path: Path, prefix: str, writers: int) -> tuple[list[Any], list[Any]]:
+    """Redis restarted on the AOF the killed server left: each writer's value (0: none) and
+    the events of scope `dur`. Each write applied once: the version counts the values."""
+    restarted = RedisServer(tmp_path / "redis", appendfsync="always")
+    restarted.start()
+    try:
+        async with StateStore.open(restarted.url, prefix=prefix, partitions=4, reaper=False,
+                                   durability="strict") as store:
+            stored = []
+            for w in range(writers):
+                entry = await store.get_entry("dur", f"k{w}", default=None)
+                stored.append(0 if entry is None else entry.value)
+                assert entry is None or entry.version == entry.value
+            return stored, await store.events("dur")
+    finally:
+        restarted.kill()
 
 
 BUS_WRITERS = 32
@@ -122,19 +128,7 @@ async def test_strict_kill_9_of_redis_under_32_bus_writers_keeps_every_acknowled
     # (A reply read just after the kill was pushed before it: every one counted in `acked`
     # came from the killed server, which had fsynced its write before the service replied.)
     assert all(value is not None for value in in_flight), in_flight
-    restarted = RedisServer(tmp_path / "redis", appendfsync="always")
-    restarted.start()  # loads the AOF the killed server left
-    try:
-        async with StateStore.open(restarted.url, prefix="durbus", partitions=4, reaper=False,
-                                   durability="strict") as store:
-            stored = []
-            for w in range(BUS_WRITERS):
-                entry = await store.get_entry("dur", f"k{w}", default=None)
-                stored.append(0 if entry is None else entry.value)
-                assert entry is None or entry.version == entry.value  # each applied once
-            events = await store.events("dur")
-    finally:
-        restarted.kill()
+    stored, events = await after_restart(tmp_path, "durbus", BUS_WRITERS)
     for w in range(BUS_WRITERS):
         assert stored[w] in (acked[w], in_flight[w]), (w, stored[w], acked[w], in_flight[w])
     assert len(events) == sum(stored)
