@@ -45,6 +45,17 @@ async def claims_entries(store: StateStore) -> list[dict[str, str]]:
     return [e for e in found if e["kind"] == "claims"]
 
 
+async def test_a_release_writes_one_registry_entry_per_scope(store: StateStore,
+                                                             scope: str) -> None:
+    await store.claim_namespace("billing", [scope + "-a", scope + "-b", scope + "-kept"])
+    before = len(await claims_entries(store))
+    await release(store, [scope + "-a", scope + "-b"], "billing")
+    entries = (await claims_entries(store))[before:]
+    assert [msgspec.json.decode(e["released"]) for e in entries] == [
+        {scope + "-a": "billing"}, {scope + "-b": "billing"}]
+    assert all(e["by"] == "billing" for e in entries)
+
+
 async def test_the_owner_releases_and_the_scope_is_public_with_its_entries(
         store: StateStore, scope: str) -> None:
     await store.claim_namespace("billing", [scope, scope + "-kept"])

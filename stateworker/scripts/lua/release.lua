@@ -15,8 +15,8 @@
     {ST.INVALID_SCOPE, scope}      the first scope no namespace claimed; nothing written
     {ST.FORBIDDEN, scope, owner}   the first scope another namespace owns (no force);
                                    nothing written
-  Events: none in the partition streams; one registry entry {kind "claims", released (JSON
-    object: scope -> the owner it was released from), by}.
+  Events: none in the partition streams; one registry entry per scope released {kind
+    "claims", released (JSON object: that scope -> the owner it was released from), by}.
 ]]
 
 local claims, registry, caller, force = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == '1'
@@ -32,16 +32,15 @@ for i = 4, #ARGV do
   owners[#owners + 1] = owner
 end
 
-local released, flat = {}, {} -- (JSON object for the registry; pairs for the reply)
+local flat = {} -- (pairs for the reply)
 for i = 4, #ARGV do
   local owner = owners[i - 3]
   redis.call('HDEL', claims, ARGV[i])
-  released[ARGV[i]] = owner
+  redis.call('XADD', registry, 'MAXLEN', '~', ARGV[3], '*', 'kind', 'claims',
+    'released', cjson.encode({[ARGV[i]] = owner}), 'by', caller)
   flat[#flat + 1] = ARGV[i]
   flat[#flat + 1] = owner
 end
-redis.call('XADD', registry, 'MAXLEN', '~', ARGV[3], '*', 'kind', 'claims',
-  'released', cjson.encode(released), 'by', caller)
 
 local owned, all = {}, redis.call('HGETALL', claims)
 for i = 1, #all, 2 do
