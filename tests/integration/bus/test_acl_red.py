@@ -266,3 +266,44 @@ async def test_an_engine_principal_cannot_record_a_write_as_another_principal(
             {"scope": scope, "key": "k", "value": 1}), context={"execution_id": alice})
         recorded = (await as_engine.get_entry(scope, "k"))["updated_by"]
         assert recorded != alice, f"the engine {engine!r} recorded its write as {recorded!r}"
+
+
+@pytest.mark.parametrize("malformed", [
+    {"caller": "someone-else"},  # a forged caller: refused while the entry is parsed
+    {"fn": None},  # no `fn` field
+    {"context": "not json"},
+    {"deadline_ms": "soon"},
+])
+async def test_a_malformed_call_is_never_answered_on_another_principals_list(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str,
+        malformed: dict[str, Any]) -> None:
+    """A well-formed call naming bob's reply list is acknowledged and not answered; one that
+    fails to parse is answered with its error on whatever list it names, so mallory makes the
+    service LPUSH (and PEXPIRE) documents of her choosing (id, part of the message) into
+    bob's reply lists: a forged error reply to a call of bob's, or lists made under bob's
+    name."""
+    state = acl_service.state
+    mallory, url = await principal(state, acl_redis, ["writer"])
+    bob, _ = await principal(state, acl_redis, ["writer"])
+    conn = aredis.Redis.from_url(url)
+    admin = aredis.Redis(port=acl_redis.port)
+    try:
+        bobs = principal_reply_prefix(prefix, bob) + "c1"
+        fields: dict[str, Any] = {"id": "bobs-call-id", "fn": "state::get",
+                                  "body": msgspec.json.encode({"scope": scope, "key": "k"}),
+                                  "reply": bobs}
+        for name, value in malformed.items():
+            if value is None:
+                fields.pop(name)
+            else:
+                fields[name] = value
+        await conn.xadd(principal_stream(prefix, "state", mallory), fields)
+        mine = principal_reply_prefix(prefix, mallory) + "c1"
+        document = await raw_call(conn, principal_stream(prefix, "state", mallory), mine,
+                                  "state::get", {"scope": scope, "key": "k"})
+        assert document["ok"], document
+        written = await admin.lrange(bobs, 0, -1)
+        assert written == [], f"the service wrote to bob's reply list {bobs}: {written}"
+    finally:
+        await conn.aclose()
+        await admin.aclose()
