@@ -307,3 +307,39 @@ async def test_a_malformed_call_is_never_answered_on_another_principals_list(
     finally:
         await conn.aclose()
         await admin.aclose()
+
+
+def _peak_rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def test_one_principals_oversized_calls_do_not_blow_up_the_service(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """`max_body_bytes` (5 MiB) is checked after the entry is read: XREADGROUP COUNT 16 hands
+    the service 16 whole entries of any size Redis takes (512 MB a field), so one principal
+    XADDing 16 oversized calls makes the service (in-process here) hold all of them at once.
+    Measured with `stateworker serve`: RSS 44 MB -> 700 MB for 16 x 40 MB, never given back;
+    16 x 500 MB is an OOM kill of the service every principal shares."""
+    state = acl_service.state
+    mallory, url = await principal(state, acl_redis, ["writer"])
+    conn = aredis.Redis.from_url(url)
+    try:
+        before = _peak_rss_kb()
+        big = b"x" * (16 * 1024 * 1024)
+        stream = principal_stream(prefix, "state", mallory)
+        for i in range(16):
+            await conn.xadd(stream, {"id": f"big-{i}", "fn": "state::get", "body": big,
+                                     "reply": ""})
+        del big
+        with anyio.fail_after(30):
+            while await state.conn.execute("XLEN", stream):
+                await anyio.sleep(0.1)
+        grown_mb = (_peak_rss_kb() - before) // 1024
+        assert grown_mb < 64, f"the service's peak memory grew by {grown_mb} MB for one " \
+            "principal's 16 refused 16 MB calls"
+    finally:
+        await conn.aclose()
