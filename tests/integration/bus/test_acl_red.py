@@ -343,3 +343,37 @@ async def test_one_principals_oversized_calls_do_not_blow_up_the_service(
             "principal's 16 refused 16 MB calls"
     finally:
         await conn.aclose()
+
+
+async def test_a_principals_condition_trigger_does_not_stop_everyone_elses_triggers(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """In acl mode the dispatcher's client for a bus condition (`condition_function_id` other
+    than state::barrier) is a `StateClient` on the service's own settings: `caller_route`
+    raises ConfigError (the service's URL names no principal), the partition's batch fails
+    and is retried forever. One principal with `triggers` (and a service of its own) registers
+    a condition trigger on no scope, and no trigger of anyone fires again."""
+    state = acl_service.state
+    alices = await _role(state, ["triggers"], ["*"], ["alice-svc"])
+    mallorys = await _role(state, ["triggers"], ["*"], ["mallory-svc"])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
+    _, alice_url = await principal(state, acl_redis, [alices])
+    _, mallory_url = await principal(state, acl_redis, [mallorys])
+    async with client_of(writer_url, prefix) as as_writer, \
+            client_of(alice_url, prefix) as as_alice, \
+            client_of(mallory_url, prefix) as as_mallory:
+        await as_alice.call("state::register-trigger", {
+            "id": "alice-hook", "function_id": "alice-svc::on", "service": "alice-svc",
+            "config": {"scope": scope}})
+        await as_mallory.call("state::register-trigger", {
+            "id": "mallory-cond", "function_id": "mallory-svc::on", "service": "mallory-svc",
+            "config": {"condition_function_id": "mallory-svc::cond"}})
+        await anyio.sleep(0.5)  # (every replica's dispatcher has both)
+        for i in range(3):
+            await as_writer.set(scope, f"k{i}", i)
+        delivered: list[Any] = []
+        with anyio.move_on_after(10):
+            while len(delivered) < 3:
+                delivered = await _stream_entries(state, bus_stream(prefix, "alice-svc"))
+                await anyio.sleep(0.2)
+        assert len(delivered) == 3, \
+            f"alice's trigger delivered {len(delivered)} of 3 events in 10 s"
