@@ -377,3 +377,32 @@ async def test_a_principals_condition_trigger_does_not_stop_everyone_elses_trigg
                 await anyio.sleep(0.2)
         assert len(delivered) == 3, \
             f"alice's trigger delivered {len(delivered)} of 3 events in 10 s"
+
+
+async def test_call_ids_are_per_principal(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A call id is bound (bind.lua) to the call's digest, fn + body, across all callers: a
+    call of mallory's with the id bob's call will use (an idempotency key such as
+    `order-123`) makes bob's call CALL_ID_REUSED for the dedupe window (900 s), and bob's
+    call identical to one of mallory's is answered with mallory's recorded reply, not run."""
+    state = acl_service.state
+    mallory, mallory_url = await principal(state, acl_redis, ["writer"])
+    bob, bob_url = await principal(state, acl_redis, ["writer"])
+    as_mallory, as_bob = aredis.Redis.from_url(mallory_url), aredis.Redis.from_url(bob_url)
+    try:
+        squat = await raw_call(as_mallory, principal_stream(prefix, "state", mallory),
+                               principal_reply_prefix(prefix, mallory) + "l", "state::get",
+                               {"scope": f"{scope}-m", "key": "x"})
+        assert squat["ok"]
+        # (raw_call makes its own id: XADD by hand with bob's id)
+        reply = principal_reply_prefix(prefix, bob) + "l"
+        for call_id, body in ((squat["id"], {"scope": scope, "key": "o", "value": 1}),):
+            await as_bob.xadd(principal_stream(prefix, "state", bob), {
+                "id": call_id, "fn": "state::set", "body": msgspec.json.encode(body),
+                "reply": reply})
+            document = msgspec.json.decode(
+                (await as_bob.execute_command("BLMPOP", 10, 1, reply, "LEFT"))[1][0])
+            assert document["ok"], f"bob's call with the id mallory used first: {document}"
+    finally:
+        await as_mallory.aclose()
+        await as_bob.aclose()
