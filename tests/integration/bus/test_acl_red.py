@@ -60,7 +60,7 @@ async def test_moco_list_namespaces_needs_a_role_on_every_scope(
     """state::list_groups and state::list-namespaces need a role on `*`; moco's
     builtin.state.list_namespaces is the same read (native list_groups) and must too."""
     state = acl_service.state
-    writer, writer_url = await principal(state, acl_redis, ["writer"])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
     narrow = await _role(state, ["read"], ["nothing-at-all"])
     mallory, mallory_url = await principal(state, acl_redis, [narrow])
     secret = f"{scope}-hidden-customer"
