@@ -254,9 +254,11 @@ def stats_key(prefix: str, service: str) -> str:
 # meet a worker's records, and `/`, NUL and whitespace have no place in a name a shell,
 # an ACL pattern or a log line carries.
 MAX_SERVICE_BYTES = 64
-_BANNED = (("{", "'{'"), ("}", "'}'"), (":done:", "':done:'"), ("\0", "NUL (\\u0000)"),
-           ("/", "'/'"))
-BUS_NAME_RULES = "no '{', '}', ':done:', NUL, '/' or whitespace"
+# (":from:" ends a service's name in a principal's stream: a trigger naming
+# `state:from:<principal>` would put calls into that principal's own stream)
+_BANNED = (("{", "'{'"), ("}", "'}'"), (":done:", "':done:'"), (":from:", "':from:'"),
+           ("\0", "NUL (\\u0000)"), ("/", "'/'"))
+BUS_NAME_RULES = "no '{', '}', ':done:', ':from:', NUL, '/' or whitespace"
 
 
 def bus_name_problem(name: str) -> str | None:

@@ -152,6 +152,7 @@ class Trigger(Struct, kw_only=True, omit_defaults=True):
     service: str
     config: TriggerConfig
     created_at: str
+    owner: str | None = None  # `acl` mode: the principal that registered it
 
 
 # ---- results ----------------------------------------------------------------------------------

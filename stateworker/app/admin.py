@@ -168,10 +168,12 @@ async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[
                   file=sys.stderr, flush=True)
             shown_at = time.monotonic()
         await anyio.sleep(POLL_S)
+    dropped, released = await p.drop_registered(state, args.name)
     existed = await p.remove_principal(state, args.name)
     if streams:
         await state.conn.execute("DEL", *streams)
-    return {"principal": args.name, "removed": existed, "streams_deleted": streams}
+    return {"principal": args.name, "removed": existed, "streams_deleted": streams,
+            "triggers_unregistered": dropped, "scopes_released": released}
 
 
 async def _streams_of(state: RedisState, name: str) -> list[str]:
@@ -193,7 +195,7 @@ def _id(text: bytes | str) -> tuple[int, int]:
 
 async def _drained(state: RedisState, stream: str) -> bool:
     """Every entry of `stream` delivered to each group and acknowledged (none pending). A
-    stream without a group is drained when empty."""
+    stream without a group is read by nobody: nothing to wait for (its entries go with it)."""
     info, groups = await state.conn.pipeline([["XINFO", "STREAM", stream],
                                               ["XINFO", "GROUPS", stream]])
     if isinstance(info, Exception):  # gone already
@@ -201,7 +203,7 @@ async def _drained(state: RedisState, stream: str) -> bool:
     fields = dict(zip(info[::2], info[1::2], strict=True))
     last = _id(fields[b"last-generated-id"])
     if not groups:
-        return int(fields[b"length"]) == 0
+        return True
     for flat in groups:
         group = dict(zip(flat[::2], flat[1::2], strict=True))
         if int(group[b"pending"]) or _id(group[b"last-delivered-id"]) < last:

@@ -234,7 +234,10 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         named = None if caller is None else caller.decode(errors="replace")
         if principal is not None:
             named = _principal_caller(principal, named)
-        ctx = CallContext(caller=named, context=context, call_id=call_id, deadline_ms=deadline,
+        # (`acl` mode: an id is the principal's own: `<principal>/<id>` for its records and
+        # binding, so one principal's ids never meet another's)
+        own_id = call_id if principal is None else f"{principal}/{call_id}"
+        ctx = CallContext(caller=named, context=context, call_id=own_id, deadline_ms=deadline,
                           call_digest=digest, principal=principal)
     except UnicodeDecodeError:
         return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})

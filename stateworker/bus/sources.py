@@ -127,13 +127,14 @@ def read_call(ref: Ref, flat: list[bytes], options: BusOptions, bus: Bus, source
     principal's) is not run at all, and its reply is not written (`ReplyWriter.queue`); a call
     on a closed shared stream is not run."""
     call, reply_key, call_id, error = parse_entry(ref, flat, options, source.principal)
+    if reply_key and not sources.reply_allowed(source, reply_key):
+        # Another principal's list: never written to, not even a malformed call's error.
+        return None, b"", call_id, None
     if call is None:
         return call, reply_key, call_id, error
     if reply_key and not bus.reply_allowed(reply_key):
         return None, reply_key, call_id, InvalidRequest(
             f"reply: must be a list key under {bus.reply_prefix}", {"field": "reply"})
-    if reply_key and not sources.reply_allowed(source, reply_key):
-        return None, b"", call_id, None  # (another principal's list: never written to)
     refused = sources.refused(source)
     if refused is not None:
         return None, reply_key, call_id, refused

@@ -219,9 +219,11 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str |
 
 
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
-                 cap: int) -> Call:
-    """trigger.lua: `op` "set" (with the registration's JSON) or "del"."""
-    return [keys.triggers, keys.registry], [op, trigger_id, registration, cap]
+                 cap: int, owner: str | None = None, admin: bool = False) -> Call:
+    """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the
+    principal asking (None: a trusted caller), `admin`: it may change anyone's."""
+    return ([keys.triggers, keys.registry],
+            [op, trigger_id, registration, cap, owner or "", "1" if admin else ""])
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],

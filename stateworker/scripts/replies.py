@@ -172,16 +172,19 @@ class Counted(NamedTuple):
 
 class TriggerReply(NamedTuple):
     """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
-    `registered` registrations already."""
+    `registered` registrations already. FORBIDDEN: the id is `owner`'s trigger."""
 
     refused: bool
     existed: bool
     registered: int
+    owner: str | None = None  # set: refused, another owner's trigger ("": an ownerless one)
 
     @classmethod
     def read(cls, reply: list[Any]) -> TriggerReply:
         if reply[0] == LUA_STATUS["OK"]:
             return cls(False, reply[1] == 1, 0)
+        if reply[0] == LUA_STATUS["FORBIDDEN"]:
+            return cls(True, True, 0, reply[1].decode())
         return cls(True, False, int(reply[1]))
 
 

@@ -121,6 +121,7 @@ def state_list_keys(state: RedisState, req: ScopeRequest, ctx: CallContext) -> P
 
 
 def state_list_groups(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:
+    guard.every_scope(state, ctx)  # (moco's list_namespaces runs this too)
     return reads.list_groups_plan(state, validate.hidden_scopes(state))
 
 
@@ -217,6 +218,7 @@ def state_claim_namespace(state: RedisState, req: ClaimNamespaceRequest, ctx: Ca
     prefix = validate.functions_prefix(req.functions_prefix)
     validate.claimant(ctx, prefix)
     scopes = validate.claim_scopes(state.settings, req.scopes)
+    guard.each_scope(state, ctx, scopes)
     adopter = None
     if req.adopt:
         guard.need_admin(state, ctx, specs.CLAIM_NAMESPACE.name, "adopt")
@@ -229,6 +231,7 @@ def state_release_namespace(state: RedisState, req: ReleaseNamespaceRequest,
                             ctx: CallContext) -> Plan:
     caller = validate.releaser(ctx, req.force)
     scopes = validate.claim_scopes(state.settings, req.scopes)
+    guard.each_scope(state, ctx, scopes)
     if req.force:
         guard.need_admin(state, ctx, specs.RELEASE_NAMESPACE.name, "force")
     return namespaces.release_plan(state, caller, scopes, Target(state.settings, "", "", ctx),
@@ -340,11 +343,13 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
 
 
 def _names_scopes(catalog: Catalog, fn: str) -> bool:
-    """Whether `fn`'s grants are checked per scope (validate.scope): a native function that
-    addresses a scope, an accessor, and every engine function (whose scopes come from its
-    context and pass validate.scope on their way to the native functions)."""
+    """Whether `fn`'s grants are checked per scope (validate.scope, guard.each_scope): a
+    native function that addresses a scope or several (a claim), an accessor, and every
+    engine function (whose scopes come from its context and pass validate.scope on their way
+    to the native functions; one that lists every scope asks `guard.every_scope`)."""
     entry = catalog.served.get(fn)
-    return entry is None or entry.spec.scoped or entry.spec.engine != "state"
+    return entry is None or entry.spec.scoped or entry.spec.engine != "state" or \
+        entry.spec in guard.PER_SCOPE
 
 
 def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,

@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from stateworker import specs
 from stateworker.context import CallContext
 from stateworker.errors import PermissionDenied
 
 if TYPE_CHECKING:
     from stateworker.state.store import RedisState
+
+
+READ_PROBE = specs.GET.name  # the read a trigger's values stand for (the `read` family)
+# Native functions that name no `scope` but a list of them, each checked (`each_scope`).
+PER_SCOPE = frozenset({specs.CLAIM_NAMESPACE, specs.RELEASE_NAMESPACE})
 
 
 def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> CallContext:
@@ -43,23 +49,48 @@ def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> Call
                  "missing": f"ownership of namespace {ctx.namespace}"})
     elif not scoped:
         access.check(principal, fn, None)
-    record = access.principal(principal)
-    # An engine principal (it has act_as) writes for the users it acts as: the writer its
-    # context names is kept; any other is recorded as itself.
-    writer = None if record is not None and record.act_as else _writer(principal, ctx)
-    return msgspec.structs.replace(ctx, function=fn, writer=writer)
+    return msgspec.structs.replace(ctx, function=fn, writer=_writer(principal, ctx))
 
 
 def scope(state: RedisState, ctx: CallContext, text: str) -> None:
-    """The principal's function must be granted on scope `text` (an accessor's call is its
-    namespace's, checked by `admit`)."""
-    if ctx.principal is not None and ctx.namespace is None:
+    """The principal's function must be granted on scope `text` (an accessor too: it is in
+    the family of the native function it serves; its ownership is `admit`'s)."""
+    if ctx.principal is not None:
         state.access.check(ctx.principal, ctx.function or "", [text])
+
+
+def may_read(state: RedisState, ctx: CallContext, scope: str | None, path: str) -> None:
+    """What a trigger delivers, its principal must be able to read: the scope its filter
+    names (None: every scope, a read role on `*`)."""
+    if ctx.principal is None:
+        return
+    try:
+        state.access.check(ctx.principal, READ_PROBE, None if scope is None else [scope])
+    except PermissionDenied as exc:
+        where = "every scope" if scope is None else f"scope {scope!r}"
+        raise PermissionDenied(
+            f"{path}: a trigger on {where} hands its values to the service it calls; principal "
+            f"{ctx.principal!r} may not read them ({exc.message})",
+            {**exc.details, "path": path}) from None
+
+
+def each_scope(state: RedisState, ctx: CallContext, scopes: list[str]) -> None:
+    """A function naming several scopes (a claim, a release): each granted."""
+    if ctx.principal is not None:
+        state.access.check(ctx.principal, ctx.function or "", scopes)
+
+
+def every_scope(state: RedisState, ctx: CallContext) -> None:
+    """A function that reaches every scope (list_groups, whoever calls it: moco's
+    list_namespaces does): a role on `*`."""
+    if ctx.principal is not None:
+        state.access.check(ctx.principal, ctx.function or "", None)
 
 
 def _writer(principal: str, ctx: CallContext) -> str:
     """The writer recorded (`updated_by`, an event's `by`): the principal, with the execution
-    id it names (`alice/run-7`), so no field makes a write look like another's."""
+    id it names (`alice/run-7`), so no field makes a write look like another's (an engine
+    principal's too: its execution ids are its own)."""
     execution = ctx.context.get("execution_id")
     return f"{principal}/{execution}" if isinstance(execution, str) and execution else principal
 

@@ -4,9 +4,10 @@ entry), a principal's Redis ACL user and the one rule it gets.
 A principal's ACL user (user name = principal name) may do what a client of the bus needs
 and nothing else (`acl_rule`):
 
-- XADD to its own streams, `<prefix>:bus:*:from:<name>` (write-only: it cannot read, trim or
-  delete them, nor see another's calls); a selector of its own, so XADD reaches no other key
-  and the reply commands reach no stream;
+- XADD to its own stream to the state service, `<prefix>:bus:state:from:<name>` (write-only:
+  it cannot read, trim or delete it, nor see another's calls; and it can make no other
+  stream, so no stream nobody reads grows); a selector of its own, so XADD reaches no other
+  key and the reply commands reach no stream;
 - BLMPOP, LPOP, DEL and PEXPIRE on its own reply lists, `<prefix>:reply:<name>:*`;
 - the connection commands: AUTH, HELLO, PING, ECHO, SELECT, QUIT, RESET, CLIENT SETNAME /
   GETNAME / ID / INFO.
@@ -21,17 +22,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from stateworker.clock import now_ms
+from stateworker.context import CallContext
 from stateworker.errors import Conflict, InvalidRequest, NotFound
 from stateworker.keys import (
     PRINCIPAL_RE,
     STATE_SERVICE,
-    principal_own_streams_pattern,
     principal_reply_pattern,
     principal_stream,
 )
 from stateworker.scripts.bindings import ACCESS, access_call
 from stateworker.scripts.replies import AccessReply
-from stateworker.state import grants
+from stateworker.scripts.statuses import Target
+from stateworker.state import grants, namespaces, triggers
 from stateworker.state.access import PRINCIPALS, ROLES
 from stateworker.state.grants import BUILTIN, Principal, Role
 from stateworker.state.store import RedisState
@@ -48,7 +50,7 @@ def acl_rule(prefix: str, name: str) -> list[str]:
     existing user (`principal passwd`) gives the same user, not one more selector."""
     return ["resetkeys", "resetchannels", "clearselectors", "-@all", *CONNECTION_COMMANDS, *REPLY_COMMANDS,
             f"~{principal_reply_pattern(prefix, name)}",
-            f"(+xadd %W~{principal_own_streams_pattern(prefix, name)})"]
+            f"(+xadd %W~{principal_stream(prefix, SERVICE, name)})"]
 
 
 def check_name(name: str, what: str = "principal") -> str:
@@ -106,6 +108,23 @@ async def ensure_stream(state: RedisState, name: str) -> None:
 async def remove_principal(state: RedisState, name: str) -> bool:
     """Drop the record (its stream is the caller's: principal remove drains it first)."""
     return (await _write(state, "principal-del", name, "")).existed
+
+
+async def drop_registered(state: RedisState, name: str) -> tuple[list[str], list[str]]:
+    """What a principal being removed left behind, undone: its triggers unregistered (they
+    would go on calling its services) and its namespace's scopes released (entries kept), so
+    a later principal of the same name inherits nothing. (trigger ids, released scopes)"""
+    flat, claims = await state.conn.pipeline([["HGETALL", state.keys.triggers],
+                                              ["HGETALL", state.keys.claims]])
+    trusted = CallContext()  # (the operator's: no ownership to check)
+    ids = [t.id for t in map(triggers.decode_trigger, flat[1::2]) if t.owner == name]
+    for trigger_id in ids:
+        await state.execute(triggers.unregister_plan(state, trigger_id, trusted))
+    scopes = [scope.decode() for scope, owner in _pairs(claims) if owner.decode() == name]
+    if scopes:
+        await state.execute(namespaces.release_plan(
+            state, name, scopes, Target(state.settings, "", "", trusted), False))
+    return ids, scopes
 
 
 async def add_role(state: RedisState, name: str, allow: Sequence[str], scopes: Sequence[str],

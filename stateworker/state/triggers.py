@@ -166,25 +166,46 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
     _may_target(state, ctx, "service", req.service)
     if config.condition_service is not None and config.condition_service != req.service:
         _may_target(state, ctx, "config.condition_service", config.condition_service)
+    guard.may_read(state, ctx, config.scope, "$.config.scope")  # (its events carry values)
     trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
-                      config=config, created_at=rfc3339_ms(now_ms()) or "")
+                      config=config, created_at=rfc3339_ms(now_ms()) or "",
+                      owner=ctx.principal)
 
     def finish(reply: TriggerReply) -> TriggerIdResult:
+        _not_anothers(ctx, trigger_id, reply)
         if reply.refused:
             raise InvalidRequest(f"$.id: {reply.registered} triggers are registered, the limit is "
                                  f"{MAX_TRIGGERS}; unregister some first",
                                  {"path": "$.id", "limit": MAX_TRIGGERS})
         return TriggerIdResult(trigger_id)
 
-    call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(trigger), MAX_TRIGGERS)
+    call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(trigger), MAX_TRIGGERS,
+                        ctx.principal, guard.may_administer(state, ctx))
     return state.script_plan(TRIGGER, call, finish)
 
 
-def unregister_plan(state: RedisState, trigger_id: str) -> Plan:
+def unregister_plan(state: RedisState, trigger_id: str, ctx: CallContext) -> Plan:
     _text("id", trigger_id)
-    call = trigger_call(state.keys, "del", trigger_id, "", MAX_TRIGGERS)
-    return state.script_plan(TRIGGER, call,
-                             lambda reply: UnregisteredResult(trigger_id, reply.existed))
+
+    def finish(reply: TriggerReply) -> UnregisteredResult:
+        _not_anothers(ctx, trigger_id, reply)
+        return UnregisteredResult(trigger_id, reply.existed)
+
+    call = trigger_call(state.keys, "del", trigger_id, "", MAX_TRIGGERS, ctx.principal,
+                        guard.may_administer(state, ctx))
+    return state.script_plan(TRIGGER, call, finish)
+
+
+def _not_anothers(ctx: CallContext, trigger_id: str, reply: TriggerReply) -> None:
+    """`acl` mode: a principal replaces or removes only its own triggers (an admin any)."""
+    if reply.owner is not None:
+        whose = f"principal {reply.owner!r}'s" if reply.owner else "a trigger registered " \
+            "with no owner (off mode), which only an admin may change"
+        raise PermissionDenied(
+            f"$.id: trigger {trigger_id!r} is {whose}; principal {ctx.principal!r} replaces "
+            "or removes only its own triggers", {"path": "$.id", "principal": ctx.principal,
+                                                 "owner": reply.owner,
+                                                 "missing": "ownership of the trigger"})
 
 
 def decode_trigger(raw: bytes) -> Trigger:
@@ -206,7 +227,7 @@ def state_register_trigger(state: RedisState, req: RegisterTriggerRequest,
 
 
 def state_unregister_trigger(state: RedisState, req: TriggerIdRequest, ctx: CallContext) -> Plan:
-    return unregister_plan(state, req.id)
+    return unregister_plan(state, req.id, ctx)
 
 
 def state_list_triggers(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:

@@ -78,8 +78,8 @@ async def test_in_acl_mode_a_principal_targets_only_services_it_may_call(
                                         CallContext(principal=principal), store.catalog)
         return msgspec.json.decode(raw)
 
-    await make_principal(store, "ops", allow=("triggers",), services=("reactor",))
-    await make_principal(store, "mallory", allow=("triggers",))
+    await make_principal(store, "ops", allow=("read", "triggers"), services=("reactor",))
+    await make_principal(store, "mallory", allow=("read", "triggers"))
     assert await register("ops", {**BASE, "id": "t1"}) == {"id": "t1"}
     for principal, body, path in [
         ("mallory", {**BASE, "id": "t2"}, "$.service"),

@@ -192,7 +192,7 @@ def test_the_acl_rule_of_a_principal() -> None:
         "+echo", "+select", "+quit", "+reset", "+client|setname", "+client|getname",
         "+client|id", "+client|info",
         "+blmpop", "+lpop", "+del", "+pexpire", "~sw:reply:bob:*",
-        "(+xadd %W~sw:bus:*:from:bob)"]
+        "(+xadd %W~sw:bus:state:from:bob)"]
 
 
 # ---- the decision against a reference ----------------------------------------------------------

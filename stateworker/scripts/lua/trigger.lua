@@ -6,13 +6,24 @@
     KEYS[2] the registry stream (shares KEYS[1]'s hash tag)
     ARGV[1] "set" or "del"    ARGV[2] trigger id    ARGV[3] registration JSON ("set" only)
     ARGV[4] most registrations kept (a "set" of a new id past it is refused)
+    ARGV[5] who asks (`acl` mode: the principal, which owns what it registers), "" trusted
+    ARGV[6] "1": an admin, who may replace or remove anyone's trigger, else ""
   Output:
     {ST.OK, 1 when the id was registered before, 0 when not}
     {ST.CONFLICT, count}  "set" of a new id with ARGV[4] registrations already: nothing written
+    {ST.FORBIDDEN, owner} the id is another owner's trigger ("" none: one registered in `off`
+                          mode), and ARGV[5] is no admin: nothing written
   Events: none (no entry changes); one registry entry `kind triggers id <id>` when something
     changed (an unregister of an unknown id changes nothing).
 ]]
-local existed = redis.call('HEXISTS', KEYS[1], ARGV[2])
+local held = redis.call('HGET', KEYS[1], ARGV[2])
+local existed = held and 1 or 0
+if held and ARGV[5] ~= '' and ARGV[6] ~= '1' then
+  local owner = cjson.decode(held).owner
+  if owner ~= ARGV[5] then
+    return {ST.FORBIDDEN, type(owner) == 'string' and owner or ''}
+  end
+end
 if ARGV[1] == 'set' then
   if existed == 0 then
     local count = redis.call('HLEN', KEYS[1])
