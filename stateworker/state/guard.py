@@ -3,13 +3,18 @@ which scope, acting for whom (docs/security.md).
 
 Redis decides who a caller is (the stream its ACL user may write to: bus/sources.py); this
 module decides what that principal may do, asking the roles cache (`RedisState.access`,
-state/access.py) at two points:
+state/access.py):
 - `admit` (functions.prepare, once per call): the context's user fields (moco's `user_id`,
   Dagu's `dag_name` …) may name only whom the principal may act for; a function that names
-  no scope needs a grant of its own; a private namespace's accessors serve only their owner
-  (or an admin); the writer recorded is the principal.
-- `scope` (validate.scope, for every scope a function touches, engines' included): the
-  function the principal called must be granted on that scope.
+  no scope needs a grant of its own on `*`; a private namespace's accessors serve only their
+  owner (or an admin); the writer recorded is the principal.
+- `scope` (validate.scope, for every scope a function touches, engines' included), and
+  `each_scope` (a claim's or a release's scopes): the function the principal called must be
+  granted on each.
+- `every_scope` (list_groups, whoever runs it: moco's list_namespaces too) and `may_read` (a
+  trigger's scope: its events carry values): a role on `*`, a read grant.
+- `may_administer`, `may_call_service`, `need_admin`: adopting, forcing a release, a trigger's
+  target services.
 A call with no principal (`off` mode, an in-process call) is trusted: nothing is checked.
 """
 
