@@ -1,0 +1,136 @@
+"""Second red-team review of `acl` mode (docs/security.md): each test is a hole found after
+bbf2dec; it fails while the hole is open."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from stateworker.bus.protocol import BusOptions
+from stateworker.errors import PermissionDenied
+from stateworker.keys import bus_stream
+from stateworker.state import principals
+from tests.integration.bus.test_acl import client_of, principal
+from tests.integration.busproto import until
+from tests.integration.services import settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(Path(tmp_path_factory.mktemp("acl-red2-redis")))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+async def acl_service(acl_redis: RedisServer, prefix: str) -> AsyncIterator[Any]:
+    from stateworker.app.service import StateService
+
+    settings = settings_for(acl_redis, prefix, auth="acl")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as running:
+        yield running
+
+
+async def _role(state: Any, allow: list[str], scopes: list[str], services: list[str] = (),
+                read_only: bool = False) -> str:
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    await principals.add_role(state, name, allow, scopes, read_only, list(services))
+    return name
+
+
+async def _bodies(state: Any, service: str) -> list[bytes]:
+    """The bodies of the handler calls the dispatcher XADDed to `service`'s stream."""
+    flat = await state.conn.execute("XRANGE", bus_stream(state.settings.prefix, service),
+                                    "-", "+")
+    return [dict(zip(fields[::2], fields[1::2], strict=True)).get(b"body", b"")
+            for _, fields in flat]
+
+
+async def test_a_barrier_trigger_cannot_collect_another_scopes_arrivals(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A barrier is global by its `condition_config.id`, whoever's trigger arrives at it.
+    alice (read on `payroll*`) gates her trigger on `payroll` with barrier `month-end`, 2
+    arrivals; mallory (read on `mallory*` only, triggers, her own service) registers a
+    trigger on her own scope with the same barrier id and expect. may_read checks only
+    `config.scope` (hers), so it is accepted; her write completes the barrier, and the
+    `allow` payload handed to *her* service carries alice's arrival: the payroll event,
+    value included."""
+    state = acl_service.state
+    alices = await _role(state, ["read", "triggers"], ["payroll*"], ["alice-svc"])
+    alices_all = await _role(state, ["triggers"], ["*"], ["alice-svc"])
+    mallorys = await _role(state, ["read", "write"], ["mallory*"])
+    mallorys_hooks = await _role(state, ["triggers"], ["*"], ["mallory-svc"])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
+    _, alice_url = await principal(state, acl_redis, [alices, alices_all])
+    mallory, mallory_url = await principal(state, acl_redis, [mallorys, mallorys_hooks])
+    payroll, own = f"payroll-{scope}", f"mallory-{scope}"
+    barrier_id = f"month-end-{scope}"
+    gate = {"condition_function_id": "state::barrier",
+            "condition_config": {"id": barrier_id, "expect": 2}}
+    async with client_of(writer_url, prefix) as as_writer, \
+            client_of(alice_url, prefix) as as_alice, \
+            client_of(mallory_url, prefix) as as_mallory:
+        with pytest.raises(PermissionDenied):
+            await as_mallory.get(payroll, "ceo")
+        await as_alice.call("state::register-trigger", {
+            "id": "alice-payroll", "function_id": "alice-svc::on", "service": "alice-svc",
+            "config": {"scope": payroll, **gate}})
+        await as_mallory.call("state::register-trigger", {
+            "id": f"t-{mallory}", "function_id": "mallory-svc::on", "service": "mallory-svc",
+            "config": {"scope": own, **gate}})
+        await anyio.sleep(0.5)  # (the dispatchers reload the triggers)
+        await as_writer.set(payroll, "ceo", {"salary": 987654321})
+        await anyio.sleep(1.0)  # (alice's arrival counted: 1/2)
+        await as_mallory.set(own, "x", 1)
+        # what mallory's service received, or (when the hole is closed) nothing
+        try:
+            await until(lambda: _bodies(state, "mallory-svc"), 5.0, "mallory's handler call")
+        except AssertionError:
+            return
+        leaked = [b for b in await _bodies(state, "mallory-svc") if b"987654321" in b]
+        assert not leaked, (f"mallory (no read on {payroll!r}) received the payroll value "
+                            f"through the shared barrier {barrier_id!r}: {leaked[0][:400]!r}")
+
+
+async def test_a_trigger_stops_delivering_when_its_read_grant_is_withdrawn(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """may_read is asked once, at registration. The operator narrows mallory's role (or
+    replaces her roles) so that she may no longer read `scope`: reads are refused at once,
+    but her trigger goes on handing every new value of the scope to her service."""
+    state = acl_service.state
+    reads = f"r-{uuid.uuid4().hex[:8]}"
+    await principals.add_role(state, reads, ["read"], [scope], False, [])
+    hooks = await _role(state, ["triggers"], ["*"], ["mallory-svc"])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
+    mallory, mallory_url = await principal(state, acl_redis, [reads, hooks])
+    async with client_of(writer_url, prefix) as as_writer, \
+            client_of(mallory_url, prefix) as as_mallory:
+        await as_mallory.call("state::register-trigger", {
+            "id": f"t-{mallory}", "function_id": "mallory-svc::on", "service": "mallory-svc",
+            "config": {"scope": scope}})
+        # the operator withdraws the read: the role now names another scope only
+        await principals.add_role(state, reads, ["read"], [f"{scope}-other"], False, [])
+        await until(lambda: _refused(as_mallory, scope), 5.0, "the read refused")
+        await as_writer.set(scope, "secret", {"pin": 24681357})
+        await anyio.sleep(2.0)  # (the dispatcher would have handed it on by now)
+        leaked = [b for b in await _bodies(state, "mallory-svc") if b"24681357" in b]
+        assert not leaked, (f"mallory's read of {scope!r} is withdrawn, yet her trigger "
+                            f"delivered a new value to her service: {leaked[0][:300]!r}")
+
+
+async def _refused(client: Any, scope: str) -> bool:
+    try:
+        await client.get(scope, "any")
+    except PermissionDenied:
+        return True
+    return False
