@@ -134,3 +134,66 @@ async def _refused(client: Any, scope: str) -> bool:
     except PermissionDenied:
         return True
     return False
+
+
+async def test_principal_remove_does_not_publish_the_principals_private_entries(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """`principal remove` releases the principal's namespace "entries kept": what only its
+    accessors could read becomes a public scope, readable by every `reader` (and writable by
+    every `writer`), with no trace in the command's output beyond `scopes_released`."""
+    from argparse import Namespace
+
+    from stateworker.app import admin
+
+    state = acl_service.state
+    own = await _role(state, ["read", "write", "claims"], ["vault*"])
+    _, reader_url = await principal(state, acl_redis, ["reader"])
+    alice, alice_url = await principal(state, acl_redis, [own])
+    vault = f"vault-{scope}"
+    async with client_of(alice_url, prefix) as as_alice:
+        await as_alice.call("state::claim-namespace",
+                            {"functions_prefix": alice, "scopes": [vault]})
+        await as_alice.call(f"{alice}::state::compare-and-set", {
+            "scope": vault, "key": "api-key", "expected": None, "value": "sk-live-13572468"})
+    async with client_of(reader_url, prefix) as as_reader:
+        with pytest.raises(Exception):  # private: RESERVED_SCOPE for anyone else
+            await as_reader.get(vault, "api-key")
+        removed = await admin.principal_remove(state, Namespace(name=alice, timeout=10.0))
+        assert isinstance(removed, dict) and removed["removed"]
+        try:
+            value = await as_reader.get(vault, "api-key")
+        except Exception:
+            return
+        assert value is None, (f"alice's private entry is public once she is removed: a "
+                               f"`reader` reads {vault}/api-key = {value!r}")
+
+
+async def test_list_triggers_shows_another_principals_match_values_and_barrier_ids(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """The triggers family needs a role on `*`, so every principal that may register a
+    trigger on its own scope may also list everyone's registrations: the `equals` values of
+    alice's match rules on a scope mallory may not read (values of that scope), and the
+    barrier ids that let her join alice's barriers (the test above)."""
+    state = acl_service.state
+    alices = await _role(state, ["read", "triggers"], ["payroll*"], ["alice-svc"])
+    alices_all = await _role(state, ["triggers"], ["*"], ["alice-svc"])
+    mallorys = await _role(state, ["read"], ["mallory*"])
+    mallorys_hooks = await _role(state, ["triggers"], ["*"], ["mallory-svc"])
+    _, alice_url = await principal(state, acl_redis, [alices, alices_all])
+    _, mallory_url = await principal(state, acl_redis, [mallorys, mallorys_hooks])
+    payroll = f"payroll-{scope}"
+    async with client_of(alice_url, prefix) as as_alice, \
+            client_of(mallory_url, prefix) as as_mallory:
+        await as_alice.call("state::register-trigger", {
+            "id": "alice-watch", "function_id": "alice-svc::on", "service": "alice-svc",
+            "config": {"scope": payroll, "match": [
+                {"pointer": "/new_value/iban", "equals": "DE89370400440532013000"}]}})
+        with pytest.raises(PermissionDenied):
+            await as_mallory.get(payroll, "ceo")
+        try:
+            listed = await as_mallory.call("state::list-triggers", {})
+        except PermissionDenied:
+            return
+        shown = msgspec.json.encode(listed)
+        assert b"DE89370400440532013000" not in shown, \
+            f"mallory (no read on {payroll!r}) lists alice's match value: {shown[:400]!r}"
