@@ -197,3 +197,35 @@ async def test_list_triggers_shows_another_principals_match_values_and_barrier_i
         shown = msgspec.json.encode(listed)
         assert b"DE89370400440532013000" not in shown, \
             f"mallory (no read on {payroll!r}) lists alice's match value: {shown[:400]!r}"
+
+
+async def test_one_principal_cannot_use_up_everyone_elses_triggers(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_TRIGGERS (10 000) is one count for the whole prefix (trigger.lua: HLEN), with no
+    share per owner: a principal allowed to register triggers on its own scope only fills
+    it, and no other principal (nor the operator's own services) registers one until an
+    admin removes hers. (The cap is lowered here to 5 to keep the test short; the code path
+    is the same at 10 000.)"""
+    from stateworker.state import triggers
+
+    monkeypatch.setattr(triggers, "MAX_TRIGGERS", 5)
+    state = acl_service.state
+    mallorys = await _role(state, ["read"], ["mallory*"])
+    hooks = await _role(state, ["triggers"], ["*"], ["mallory-svc"])
+    alices = await _role(state, ["read", "triggers"], ["*"], ["alice-svc"])
+    mallory, mallory_url = await principal(state, acl_redis, [mallorys, hooks])
+    _, alice_url = await principal(state, acl_redis, [alices])
+    async with client_of(mallory_url, prefix) as as_mallory, \
+            client_of(alice_url, prefix) as as_alice:
+        for i in range(5):
+            await as_mallory.call("state::register-trigger", {
+                "id": f"t-{mallory}-{i}", "function_id": "mallory-svc::on",
+                "service": "mallory-svc", "config": {"scope": f"mallory-{scope}"}})
+        try:
+            await as_alice.call("state::register-trigger", {
+                "id": "alice-hook", "function_id": "alice-svc::on", "service": "alice-svc",
+                "config": {"scope": scope}})
+        except Exception as exc:
+            pytest.fail(f"mallory's triggers on her own scope use up the prefix's cap: alice "
+                        f"cannot register one ({exc})")
