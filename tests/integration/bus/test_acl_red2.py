@@ -229,3 +229,49 @@ async def test_one_principal_cannot_use_up_everyone_elses_triggers(
         except Exception as exc:
             pytest.fail(f"mallory's triggers on her own scope use up the prefix's cap: alice "
                         f"cannot register one ({exc})")
+
+
+# ---- held: probes of the fixed areas that found nothing ----------------------------------------
+async def test_held_an_ownerless_trigger_is_an_admins_to_change(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A trigger registered with no principal (off mode, in-process) has no owner: a
+    principal with the triggers family on `*` may neither replace nor remove it; an admin
+    may."""
+    from stateworker.context import CallContext
+    from stateworker.schemas import RegisterTriggerRequest, TriggerConfig
+    from stateworker.state import triggers
+
+    state = acl_service.state
+    await state.execute(triggers.register_plan(state, RegisterTriggerRequest(
+        id="legacy", function_id="ops-svc::on", service="ops-svc",
+        config=TriggerConfig(scope=scope)), CallContext()))
+    hooks = await _role(state, ["read", "triggers"], ["*"], ["*"])
+    _, mallory_url = await principal(state, acl_redis, [hooks])
+    _, admin_url = await principal(state, acl_redis, ["admin"])
+    async with client_of(mallory_url, prefix) as as_mallory, \
+            client_of(admin_url, prefix) as as_admin:
+        with pytest.raises(PermissionDenied):
+            await as_mallory.call("state::register-trigger", {
+                "id": "legacy", "function_id": "m::on", "service": "m", "config": {}})
+        with pytest.raises(PermissionDenied):
+            await as_mallory.call("state::unregister-trigger", {"id": "legacy"})
+        done = await as_admin.call("state::unregister-trigger", {"id": "legacy"})
+        assert done["removed"] is True
+
+
+async def test_held_the_longest_principal_and_id_still_call(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """Per-principal ids (`<principal>/<id>`) and writers (`<principal>/<execution_id>`) go
+    past the 256 bytes the protocol allows a field: a 64-byte principal's 256-byte id and
+    execution id still work, and are still idempotent."""
+    state = acl_service.state
+    name = "p" + uuid.uuid4().hex + "x" * 31
+    assert len(name) == 64
+    _, url = await principal(state, acl_redis, ["writer"], name=name)
+    async with client_of(url, prefix) as client:
+        body = msgspec.json.encode({"scope": scope, "key": "k", "value": 1})
+        for _ in range(2):
+            await client.call_json("state::set", body, call_id="i" * 256,
+                                   context={"execution_id": "e" * 256})
+        entry = await client.get_entry(scope, "k")
+        assert entry["updated_by"] == f"{name}/{'e' * 256}" and entry["version"] == 1
