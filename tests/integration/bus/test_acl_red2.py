@@ -275,3 +275,42 @@ async def test_held_the_longest_principal_and_id_still_call(
                                    context={"execution_id": "e" * 256})
         entry = await client.get_entry(scope, "k")
         assert entry["updated_by"] == f"{name}/{'e' * 256}" and entry["version"] == 1
+
+
+async def test_a_barrier_call_cannot_read_what_a_triggers_barrier_carried(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """The same shared barrier, with no trigger at all: state::barrier (the `write` family,
+    a grant on `*` since it names no scope) completes any barrier by its id and returns the
+    payload, every arrival's carried event. mallory, granted only `state::barrier` (say an
+    engine's fan-in) and reads on her own scopes, reads the payroll events alice's
+    barrier-gated trigger collected."""
+    state = acl_service.state
+    alices = await _role(state, ["read", "triggers"], ["payroll*"], ["alice-svc"])
+    alices_all = await _role(state, ["triggers"], ["*"], ["alice-svc"])
+    fan_in = await _role(state, ["state::barrier"], ["*"])
+    mallorys = await _role(state, ["read"], ["mallory*"])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
+    _, alice_url = await principal(state, acl_redis, [alices, alices_all])
+    _, mallory_url = await principal(state, acl_redis, [fan_in, mallorys])
+    payroll, barrier_id = f"payroll-{scope}", f"month-end-{scope}"
+    config = {"id": barrier_id, "expect": 2}
+    async with client_of(writer_url, prefix) as as_writer, \
+            client_of(alice_url, prefix) as as_alice, \
+            client_of(mallory_url, prefix) as as_mallory:
+        with pytest.raises(PermissionDenied):
+            await as_mallory.get(payroll, "ceo")
+        await as_alice.call("state::register-trigger", {
+            "id": "alice-payroll", "function_id": "alice-svc::on", "service": "alice-svc",
+            "config": {"scope": payroll, "condition_function_id": "state::barrier",
+                       "condition_config": config}})
+        await anyio.sleep(0.5)  # (the dispatchers reload the triggers)
+        await as_writer.set(payroll, "ceo", {"salary": 987654321})
+        await anyio.sleep(1.0)  # (alice's arrival counted: 1/2)
+        try:
+            decision = await as_mallory.call("state::barrier", {
+                "event": {"key": "mallory"}, "condition_config": config})
+        except PermissionDenied:
+            return
+        shown = msgspec.json.encode(decision)
+        assert b"987654321" not in shown, \
+            f"mallory (no read on {payroll!r}) read the payroll value off the barrier: {shown[:400]!r}"
