@@ -314,3 +314,30 @@ async def test_a_barrier_call_cannot_read_what_a_triggers_barrier_carried(
         shown = msgspec.json.encode(decision)
         assert b"987654321" not in shown, \
             f"mallory (no read on {payroll!r}) read the payroll value off the barrier: {shown[:400]!r}"
+
+
+async def test_a_write_only_role_does_not_read_values(
+        acl_service: Any, acl_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A role of the `write` family alone (an ingest principal: it may store into `scope`,
+    not read it; `state::get` is refused) reads any value anyway, without changing it:
+    compare-and-set with an `expected` that never matches answers `{swapped: false,
+    current}`, the stored value. (state::delete and state::update hand back old values too,
+    destructively.)"""
+    state = acl_service.state
+    ingest = await _role(state, ["write"], [scope])
+    _, writer_url = await principal(state, acl_redis, ["writer"])
+    _, mallory_url = await principal(state, acl_redis, [ingest])
+    async with client_of(writer_url, prefix) as as_writer, \
+            client_of(mallory_url, prefix) as as_mallory:
+        await as_writer.set(scope, "card", {"pan": "4111111111111111"})
+        with pytest.raises(PermissionDenied):
+            await as_mallory.get(scope, "card")
+        try:
+            swapped = await as_mallory.call("state::compare-and-set", {
+                "scope": scope, "key": "card", "expected": {"never": uuid.uuid4().hex},
+                "value": 0})
+        except PermissionDenied:
+            return
+        shown = msgspec.json.encode(swapped)
+        assert b"4111111111111111" not in shown, \
+            f"a write-only principal read the value through compare-and-set: {shown!r}"
