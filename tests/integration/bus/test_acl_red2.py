@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import PermissionDenied
+from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream
 from stateworker.state import principals
 from tests.integration.bus.test_acl import client_of, principal
@@ -156,7 +156,7 @@ async def test_principal_remove_does_not_publish_the_principals_private_entries(
         await as_alice.call(f"{alice}::state::compare-and-set", {
             "scope": vault, "key": "api-key", "expected": None, "value": "sk-live-13572468"})
     async with client_of(reader_url, prefix) as as_reader:
-        with pytest.raises(Exception):  # private: RESERVED_SCOPE for anyone else
+        with pytest.raises(StateError):  # private: RESERVED_SCOPE for anyone else
             await as_reader.get(vault, "api-key")
         removed = await admin.principal_remove(state, Namespace(name=alice, timeout=10.0))
         assert isinstance(removed, dict) and removed["removed"]
