@@ -279,7 +279,7 @@ def bus_streams_pattern(prefix: str) -> str:
 
 # A principal's name: its Redis ACL user, the tail of its streams and the head of its reply
 # lists, and (as a namespace's functions prefix) the namespace it may claim.
-PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PRINCIPAL_RE = re.compile(r"\A[A-Za-z0-9_-]{1,64}\Z")  # (\Z: no newline at the end)
 _FROM = ":from:"
 
 

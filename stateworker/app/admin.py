@@ -168,12 +168,12 @@ async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[
                   file=sys.stderr, flush=True)
             shown_at = time.monotonic()
         await anyio.sleep(POLL_S)
-    dropped, released = await p.drop_registered(state, args.name)
+    dropped, kept = await p.drop_registered(state, args.name)
     existed = await p.remove_principal(state, args.name)
     if streams:
         await state.conn.execute("DEL", *streams)
     return {"principal": args.name, "removed": existed, "streams_deleted": streams,
-            "triggers_unregistered": dropped, "scopes_released": released}
+            "triggers_unregistered": dropped, "scopes_kept_private": kept}
 
 
 async def _streams_of(state: RedisState, name: str) -> list[str]:

@@ -4,9 +4,10 @@ One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the
 stream and the event streams of the partitions it leases (reactive/leases.py), so a write
 wakes it at once and a trigger change reaches it as fast as an event. For each partition's
 batch, in stream order, it finds the matching triggers (reactive/matching.py), evaluates
-their conditions, and then sends, in ONE pipeline, every handler call of the batch (XADD to
-`<prefix>:bus:<service>`, id `<trigger id>:p<partition>:<revision>`, fire-and-forget) followed by the
-move of the partition's position (`lua/advance.lua`, only while the lease holds).
+their conditions, and sends in ONE pipeline every handler call of the batch (XADD to
+`<prefix>:bus:<service>`, id `<trigger id>:p<partition>:<revision>`, fire-and-forget), then
+the move of the partition's position (`lua/advance.lua`, only while the lease holds). In
+`acl` mode a trigger's owner must still be granted the event (guard.trigger_granted).
 
 At-least-once: the position moves only after the batch's calls are appended (same pipeline,
 in order), so a crash re-dispatches the batch with the same call ids, and a handler on
@@ -18,7 +19,7 @@ partition's batch runs in a task of its own, and the partition is left out of th
 until it ends; the loop goes on reading the other partitions and running the rounds, which
 keep every lease held (a batch may wait up to a condition's timeout, 60 s at most, far past
 `lease_ms`). Without one (no condition, or only barriers, which run in Redis), batches run in
-the loop itself, one after another, as that costs no task.
+the loop itself, one after another (no task to pay for).
 
 Conditions: `state::barrier` runs in Redis (token: the handler call's id, so a re-dispatched
 event gets the same decision); any other function is called over the bus with the event
@@ -28,6 +29,7 @@ explicit `false` skips; an error or a timeout skips too, logged and counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -47,7 +49,7 @@ from stateworker.reactive.matching import Matcher, TriggerSet
 from stateworker.reactive.trimming import Position
 from stateworker.schemas import BarrierDecision, Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
-from stateworker.state import barrier, triggers, validate
+from stateworker.state import barrier, guard, triggers, validate
 from stateworker.state.barrier import BarrierCondition
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
@@ -58,10 +60,9 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.reactive.dispatcher")
 
 BATCH = 512  # events read per partition per round trip
-ROUND_S = 1.0  # leases, trimming and counters at least this often (and at least five
-# times per lease: Leases.renew_s)
-ASIDE_BLOCK_MS = 50  # how long a read waits while a batch runs aside (its partition is
-# read again once it ends, within this)
+ROUND_S = 1.0  # leases, trimming, counters at least this often (5 times a lease: renew_s)
+ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partition is read)
+
 
 def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
     """A handler call's id: one per trigger and event. A revision (stream id) is unique
@@ -86,6 +87,7 @@ class Dispatcher:
                                  or state.claims.is_claimed(scope))
         self.counts: dict[str, int] = {}
         self._barriers: dict[str, tuple[Trigger, BarrierCondition]] = {}
+        self._granted = functools.partial(guard.trigger_granted, state)  # (acl mode's owners)
         self._clients: dict[str, StateClient] = {}
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
@@ -101,8 +103,7 @@ class Dispatcher:
         backoff = Backoff()
         log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
         try:
-            # The condition clients live in tasks of their own in this group.
-            async with anyio.create_task_group() as self._tg:
+            async with anyio.create_task_group() as self._tg:  # (+ the condition clients)
                 with self._scope:
                     await self._reader.try_connect()  # (Redis away: the reads retry)
                     task_status.started()
@@ -111,8 +112,7 @@ class Dispatcher:
                             await self._step()
                             backoff.reset()
                         except (StateError, ConnectionLost, ReplyError) as exc:
-                            # Redis away or refusing: nothing moved that was not handed on;
-                            # go on from the positions in Redis once it is back.
+                            # Redis away: go on from the positions in Redis once it is back.
                             log.warning("dispatch paused: %s", exc,
                                         extra={"event": "dispatch.paused"})
                             self.positions.clear()
@@ -282,7 +282,7 @@ class Dispatcher:
                           partition, entry_id.decode(), exc,
                           extra={"event": "dispatch.malformed", "partition": partition})
                 continue
-            for matcher in self.triggers.matching(event):
+            for matcher in self.triggers.matching(event, self._granted):
                 call = await self._handler_call(matcher, event, partition)
                 if call is not None:
                     calls.append(call)
@@ -330,7 +330,8 @@ class Dispatcher:
             if condition is None or condition[0] is not trigger:
                 raw = trigger.config.condition_config
                 parsed = barrier.parse_condition(
-                    self.state.settings, None if isinstance(raw, msgspec.UnsetType) else raw)
+                    self.state.settings, None if isinstance(raw, msgspec.UnsetType) else raw,
+                    owner=trigger.owner)
                 condition = self._barriers[trigger.id] = (trigger, parsed)
             result: BarrierDecision = await self.state.execute(barrier.barrier_plan(
                 self.state, document_json(event), condition[1], token))
@@ -377,9 +378,8 @@ class Dispatcher:
 
     async def _hold_client(self, service: str, *,
                            task_status: TaskStatus[StateClient]) -> None:
-        """One condition service's client, open as long as the dispatcher runs. The
-        dispatcher calls as the service (a trusted caller, on the service's own stream and
-        reply lists), in `acl` mode too: it names no principal."""
+        """One condition service's client, open as long as the dispatcher runs; it calls as
+        the (trusted) service, on its own stream and reply lists, in `acl` mode too."""
         trusted = msgspec.structs.replace(self.state.settings, auth="off")
         async with StateClient(settings=trusted, service=service, caller="state") as client:
             self._clients[service] = client

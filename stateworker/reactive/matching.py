@@ -10,7 +10,7 @@ of a candidate trigger needs them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jsonpointer
@@ -89,13 +89,18 @@ class TriggerSet:
             return self.any_scope
         return scoped + self.any_scope if self.any_scope else scoped
 
-    def matching(self, event: Event) -> list[Matcher]:
+    def matching(self, event: Event,
+                 granted: Callable[[Trigger, str], bool] | None = None) -> list[Matcher]:
         """The triggers whose filters and match rules the event passes (conditions not yet
-        evaluated), in trigger id order within each group."""
+        evaluated), in trigger id order within each group. `granted(trigger, scope)`: whether
+        its owner may still have the event (`acl` mode: a role withdrawn since it registered
+        stops it at once)."""
         found = []
         tree: dict[str, Any] | None = None
         for matcher in self.candidates(event.scope):
             if not matcher.filters(event):
+                continue
+            if granted is not None and not granted(matcher.trigger, event.scope):
                 continue
             if matcher.rules:
                 if tree is None:

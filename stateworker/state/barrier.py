@@ -88,10 +88,13 @@ def _keys_text(listed: bytes, count: int) -> str:
 
 # ---- the config ----------------------------------------------------------------------------
 def parse_condition(settings: Settings, raw: msgspec.Raw | bytes | None,
-                    path: str = "$.condition_config") -> BarrierCondition:
+                    path: str = "$.condition_config",
+                    owner: str | None = None) -> BarrierCondition:
     """Check a raw `condition_config` (a call's, or a trigger's when it is registered, with
     `path` naming where it sits). Missing or bad: BarrierConfig (BARRIER_CONFIG) naming the
-    field (`details.path`), the problem and the limit."""
+    field (`details.path`), the problem and the limit. `owner`: `acl` mode's principal (the
+    caller's, a trigger's owner): its barriers are its own, `<owner>/<id>`, so no other
+    principal arrives at them or reads what they carry."""
     if raw is None or bytes(raw) == b"null":
         raise BarrierConfig(f"{path}: required: state::barrier needs a condition_config "
                             "{id, expect, key_from?, carry?}", {"path": path})
@@ -105,7 +108,8 @@ def parse_condition(settings: Settings, raw: msgspec.Raw | bytes | None,
         if pointer is not None:
             _check_pointer(f"{field}.{name}", pointer)
     expect = shape.expect if isinstance(shape.expect, int) else tuple(shape.expect)
-    return BarrierCondition(id=shape.id, expect=expect, key_from=shape.key_from,
+    barrier_id = shape.id if owner is None else f"{owner}/{shape.id}"
+    return BarrierCondition(id=barrier_id, expect=expect, key_from=shape.key_from,
                             carry=shape.carry)
 
 

@@ -241,7 +241,8 @@ def state_release_namespace(state: RedisState, req: ReleaseNamespaceRequest,
 def state_barrier(state: RedisState, req: BarrierRequest, ctx: CallContext) -> Plan:
     """One arrival at a barrier; a bus call's id is its token, so a retry of the completing
     call gets the same `allow`."""
-    config = barrier.parse_condition(state.settings, req.condition_config)
+    config = barrier.parse_condition(state.settings, req.condition_config,
+                                     owner=ctx.principal)
     return barrier.barrier_plan(state, req.event, config, ctx.call_id)
 
 

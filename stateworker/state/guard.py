@@ -29,6 +29,7 @@ from stateworker.context import CallContext
 from stateworker.errors import PermissionDenied
 
 if TYPE_CHECKING:
+    from stateworker.schemas import Trigger
     from stateworker.state.store import RedisState
 
 
@@ -77,6 +78,22 @@ def may_read(state: RedisState, ctx: CallContext, scope: str | None, path: str) 
             f"{path}: a trigger on {where} hands its values to the service it calls; principal "
             f"{ctx.principal!r} may not read them ({exc.message})",
             {**exc.details, "path": path}) from None
+
+
+def trigger_granted(state: RedisState, trigger: Trigger, scope: str) -> bool:
+    """At delivery: whether a trigger's owner may still read `scope` and call its services
+    (a role narrowed or a principal removed since it registered stops it at once). A trigger
+    with no owner (`off` mode) is the service's: always."""
+    owner = trigger.owner
+    if owner is None:
+        return True
+    access = state.access
+    try:
+        access.check(owner, READ_PROBE, [scope])
+    except PermissionDenied:
+        return False
+    services = {trigger.service, trigger.config.condition_service or trigger.service}
+    return all(access.may_call_service(owner, service) for service in services)
 
 
 def each_scope(state: RedisState, ctx: CallContext, scopes: list[str]) -> None:

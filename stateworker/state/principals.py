@@ -32,8 +32,7 @@ from stateworker.keys import (
 )
 from stateworker.scripts.bindings import ACCESS, access_call
 from stateworker.scripts.replies import AccessReply
-from stateworker.scripts.statuses import Target
-from stateworker.state import grants, namespaces, triggers
+from stateworker.state import grants, triggers
 from stateworker.state.access import PRINCIPALS, ROLES
 from stateworker.state.grants import BUILTIN, Principal, Role
 from stateworker.state.store import RedisState
@@ -111,20 +110,18 @@ async def remove_principal(state: RedisState, name: str) -> bool:
 
 
 async def drop_registered(state: RedisState, name: str) -> tuple[list[str], list[str]]:
-    """What a principal being removed left behind, undone: its triggers unregistered (they
-    would go on calling its services) and its namespace's scopes released (entries kept), so
-    a later principal of the same name inherits nothing. (trigger ids, released scopes)"""
+    """What a principal being removed registered: its triggers unregistered (they would go on
+    calling its services), and its namespace's scopes named but left claimed, so its private
+    entries stay private (an admin releases them with `force`; a principal added again under
+    the name has them back). (trigger ids, scopes kept private)"""
     flat, claims = await state.conn.pipeline([["HGETALL", state.keys.triggers],
                                               ["HGETALL", state.keys.claims]])
     trusted = CallContext()  # (the operator's: no ownership to check)
     ids = [t.id for t in map(triggers.decode_trigger, flat[1::2]) if t.owner == name]
     for trigger_id in ids:
         await state.execute(triggers.unregister_plan(state, trigger_id, trusted))
-    scopes = [scope.decode() for scope, owner in _pairs(claims) if owner.decode() == name]
-    if scopes:
-        await state.execute(namespaces.release_plan(
-            state, name, scopes, Target(state.settings, "", "", trusted), False))
-    return ids, scopes
+    kept = sorted(scope.decode() for scope, owner in _pairs(claims) if owner.decode() == name)
+    return ids, kept
 
 
 async def add_role(state: RedisState, name: str, allow: Sequence[str], scopes: Sequence[str],

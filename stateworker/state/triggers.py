@@ -212,10 +212,15 @@ def decode_trigger(raw: bytes) -> Trigger:
     return _decoder.decode(raw)
 
 
-def list_plan(state: RedisState) -> Plan:
+def list_plan(state: RedisState, ctx: CallContext) -> Plan:
+    """Every trigger; in `acl` mode a principal's own (an admin's: all), since a registration
+    shows its filters' values and its barrier's id."""
+    everyone = guard.may_administer(state, ctx)
+
     def finish(replies: list[Any]) -> TriggersResult:
         flat = command_reply(replies[0], "reading the triggers")
-        triggers = [decode_trigger(raw) for raw in flat[1::2]]
+        triggers = [t for t in map(decode_trigger, flat[1::2])
+                    if everyone or t.owner == ctx.principal]
         return TriggersResult(sorted(triggers, key=lambda t: t.id.encode()))
 
     return Plan([["HGETALL", state.keys.triggers]], finish)
@@ -231,5 +236,5 @@ def state_unregister_trigger(state: RedisState, req: TriggerIdRequest, ctx: Call
 
 
 def state_list_triggers(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:
-    return list_plan(state)
+    return list_plan(state, ctx)
 

@@ -139,9 +139,8 @@ async def test_a_trigger_delivers_only_scopes_its_registrant_may_read(
         await as_mallory.call("state::register-trigger", {  # her own scopes: fine
             "id": f"t-{mallory}-own", "function_id": "mallory-svc::on",
             "service": "mallory-svc", "config": {"scope": "mallory/a"}})
-        listed = await as_writer.call("state::list-triggers", {})
-        assert [t["id"] for t in listed["triggers"] if t["id"].startswith(f"t-{mallory}")] == \
-            [f"t-{mallory}-own"]
+        listed = await as_mallory.call("state::list-triggers", {})  # (her own)
+        assert [t["id"] for t in listed["triggers"]] == [f"t-{mallory}-own"]
         await as_writer.set(payroll, "ceo", {"salary": 1_000_000})
 
 
@@ -164,11 +163,15 @@ async def test_a_removed_principals_trigger_stops(
     removed = await admin.principal_remove(state, Namespace(name=mallory, timeout=10.0))
     assert isinstance(removed, dict) and removed["removed"]
     assert removed["triggers_unregistered"] == [f"t-{mallory}"]
-    assert removed["scopes_released"] == [f"{scope}-mine"]
+    assert removed["scopes_kept_private"] == [f"{scope}-mine"]  # (its entries stay private)
+    triggers = await principals.stored(state)  # (the operator's view: every trigger)
+    assert mallory not in triggers[0]
+    listed = await state.conn.execute("HKEYS", state.keys.triggers)
+    assert f"t-{mallory}".encode() not in listed
     async with client_of(writer_url, prefix) as as_writer:
-        listed = await as_writer.call("state::list-triggers", {})
-        assert f"t-{mallory}" not in [t["id"] for t in listed["triggers"]]
-        await as_writer.set(f"{scope}-mine", "k", 1)  # public again
+        with pytest.raises(StateError) as private:
+            await as_writer.set(f"{scope}-mine", "k", 1)
+        assert private.value.code == "RESERVED_SCOPE"
 
 
 async def test_principal_remove_is_not_wedged_by_a_stream_the_principal_made(

@@ -118,7 +118,7 @@ async def test_principal_remove_waits_until_its_stream_is_served(redis_server: R
     client.xack(stream, "state", entries[0][0])
     removed = ok(cli(redis_server, prefix, "principal", "remove", who))
     assert removed == {"principal": who, "removed": True, "streams_deleted": [stream],
-                       "triggers_unregistered": [], "scopes_released": []}
+                       "triggers_unregistered": [], "scopes_kept_private": []}
     assert not client.exists(stream)
     assert not client.hexists(KeySpace(prefix, 4).principals, who)
     assert ok(cli(redis_server, prefix, "principal", "list")) == {"principals": []}
