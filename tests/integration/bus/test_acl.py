@@ -4,11 +4,8 @@ from the stream and checks their roles (docs/security.md)."""
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from argparse import Namespace
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,64 +14,13 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from stateworker.bus.client import StateClient
-from stateworker.bus.protocol import BusOptions
 from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream, principal_reply_prefix, principal_stream
-from stateworker.settings import Settings
 from stateworker.state import principals
-from stateworker.state.store import RedisState
-from tests.integration.services import settings_for
+from tests.integration.acl import client_of, principal, raw_call
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A server of this module's own: its ACL users are server-wide."""
-    server = RedisServer(Path(tmp_path_factory.mktemp("acl-redis")))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
-async def acl_service(acl_redis: RedisServer, prefix: str) -> AsyncIterator[Any]:
-    from stateworker.app.service import StateService
-
-    settings = settings_for(acl_redis, prefix, auth="acl")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as running:
-        yield running
-
-
-async def principal(state: RedisState, server: RedisServer, roles: list[str],
-                    act_as: tuple[str, ...] = (), name: str | None = None) -> tuple[str, str]:
-    """A new principal of `roles`: (its name, its client URL)."""
-    name = name or f"p{uuid.uuid4().hex[:10]}"
-    password = secrets.token_urlsafe(16)
-    await principals.add_principal(state, name, roles, act_as)
-    await principals.set_user(state, name, password)
-    return name, f"redis://{name}:{password}@127.0.0.1:{server.port}/0"
-
-
-def client_of(url: str, prefix: str, **extra: Any) -> StateClient:
-    settings = Settings(redis_url=url, prefix=prefix, partitions=4, auth="acl")
-    return StateClient(settings=settings, timeout=20, **extra)
-
-
-async def raw_call(conn: aredis.Redis, stream: str, reply: str, fn: str, body: dict[str, Any],
-                   **fields: str) -> dict[str, Any]:
-    """One call XADDed by hand on `conn`; its reply document, popped from `reply`."""
-    call_id = uuid.uuid4().hex
-    await conn.xadd(stream, {"id": call_id, "fn": fn, "body": msgspec.json.encode(body),
-                             "reply": reply, **fields})
-    # (BLMPOP: what a principal's Redis user may pop its replies with)
-    popped = await conn.execute_command("BLMPOP", 20, 1, reply, "LEFT")
-    assert popped is not None, f"no reply to {fn} on {reply}"
-    document: dict[str, Any] = msgspec.json.decode(popped[1][0])
-    assert document["id"] == call_id
-    return document
 
 
 async def test_a_principal_calls_as_itself_and_is_recorded_as_the_writer(

@@ -4,47 +4,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from stateworker.bus.protocol import BusOptions
 from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream
 from stateworker.state import principals
-from tests.integration.bus.test_acl import client_of, principal
+from tests.integration.acl import client_of, principal
+from tests.integration.acl import role as _role
 from tests.integration.busproto import until
-from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("acl-red2-redis")))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
-async def acl_service(acl_redis: RedisServer, prefix: str) -> AsyncIterator[Any]:
-    from stateworker.app.service import StateService
-
-    settings = settings_for(acl_redis, prefix, auth="acl")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as running:
-        yield running
-
-
-async def _role(state: Any, allow: list[str], scopes: list[str], services: list[str] = (),
-                read_only: bool = False) -> str:
-    name = f"r-{uuid.uuid4().hex[:8]}"
-    await principals.add_role(state, name, allow, scopes, read_only, list(services))
-    return name
 
 
 async def _bodies(state: Any, service: str) -> list[bytes]:
