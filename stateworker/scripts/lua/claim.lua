@@ -25,6 +25,8 @@
     were adopted, adopted (JSON array) and by (the admin).
 ]]
 
+--- @include "claims"
+
 local claims, registry, prefix = KEYS[1], KEYS[2], ARGV[1]
 local adopter, n = ARGV[3], tonumber(ARGV[4])
 local new, adopted = {}, {}
@@ -59,10 +61,4 @@ if #new > 0 then
   end
 end
 
-local owned, all = {}, redis.call('HGETALL', claims)
-for i = 1, #all, 2 do
-  if all[i + 1] == prefix then
-    owned[#owned + 1] = all[i]
-  end
-end
-return {ST.OK, #new > 0 and 1 or 0, owned, adopted}
+return {ST.OK, #new > 0 and 1 or 0, claims_owned(claims, prefix), adopted}

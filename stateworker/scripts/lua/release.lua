@@ -19,6 +19,8 @@
     "claims", released (JSON object: that scope -> the owner it was released from), by}.
 ]]
 
+--- @include "claims"
+
 local claims, registry, caller, force = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == '1'
 local owners = {}
 for i = 4, #ARGV do
@@ -42,10 +44,4 @@ for i = 4, #ARGV do
   flat[#flat + 1] = owner
 end
 
-local owned, all = {}, redis.call('HGETALL', claims)
-for i = 1, #all, 2 do
-  if all[i + 1] == caller then
-    owned[#owned + 1] = all[i]
-  end
-end
-return {ST.OK, flat, owned}
+return {ST.OK, flat, claims_owned(claims, caller)}
