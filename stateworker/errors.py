@@ -5,7 +5,19 @@ are errors, are the scripts layer's (scripts/statuses.py).
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, TypeVar
+
+import msgspec
+
+
+def shown(value: object) -> str:
+    """A value in a message as the caller wrote it: JSON text (`null`, `"orders"`, `[1,2]`),
+    never a Python repr (`None`, `'orders'`). What JSON cannot hold shows as its JSON string."""
+    try:
+        return msgspec.json.encode(value).decode()
+    except (TypeError, ValueError, msgspec.EncodeError):  # (a lone surrogate: escaped)
+        return json.dumps(str(value))
 
 
 class StateError(Exception):
