@@ -34,8 +34,8 @@ class SetRequest(Address, kw_only=True):
     max_keys: int | None = None  # the scope's ceiling of live keys, for a new key
 
 
-class DeleteRequest(Address):
-    pass
+class DeleteRequest(Address, kw_only=True):
+    expected_version: int | None = None  # delete only the entry at this version (1 or more)
 
 
 class ScopeRequest(Struct):

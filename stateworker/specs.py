@@ -58,8 +58,9 @@ SET = Spec("state::set", "set", s.SetRequest, s.SetResult,
            "write a value (replacing its topic and expiry); the old and new value, version, "
            "hash", ("scope", "key", "value"), scoped=True, raises=(*_WRITE, "CONFLICT"))
 DELETE = Spec("state::delete", "delete", s.DeleteRequest, msgspec.Raw,
-              "remove a key; its old value, or null", ("scope", "key"), scoped=True,
-              raises=_ADDRESS)
+              "remove a key (with `expected_version`: only the entry at that version); its "
+              "old value, or null", ("scope", "key"), scoped=True,
+              raises=(*_ADDRESS, "CONFLICT"))
 LIST = Spec("state::list", "list", s.ScopeRequest, list[msgspec.Raw],
             "every live value of a scope, in key byte order", ("scope",), read_only=True,
             scoped=True, raises=_ADDRESS, accessor=True)

@@ -107,7 +107,7 @@ def state_set(state: RedisState, req: SetRequest, ctx: CallContext,
 
 def state_delete(state: RedisState, req: DeleteRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
-    return writes.delete_plan(state, req.scope, req.key, ctx=ctx)
+    return writes.delete_plan(state, req.scope, req.key, validate.delete_version(req.expected_version), ctx)
 
 
 def state_list(state: RedisState, req: ScopeRequest, ctx: CallContext) -> Plan:

@@ -103,16 +103,20 @@ class KeyValueMethods:
         return results.set_outcome(await self.state.execute(plan))
 
     @with_raises(specs.DELETE, STORE)
-    async def delete(self, scope: str, key: str, *, by: str | None = None) -> Any:
+    async def delete(self, scope: str, key: str, *, expected_version: int | None = None,
+                     by: str | None = None) -> Any:
         """Remove a key; its old value, or None when there was none.
 
         Args:
             scope, key: where.
+            expected_version: delete only the entry at this version (1 or more); another
+                version, or no entry, is CONFLICT and nothing is deleted.
             by: recorded as the writer of the `state:deleted` event.
 
-        Example: `await store.delete("orders", "o-1")`
+        Example: `await store.delete("orders", "o-1", expected_version=3)`
         """
-        plan = functions.state_delete(self.state, DeleteRequest(scope, key), _ctx(by))
+        req = DeleteRequest(scope, key, expected_version=expected_version)
+        plan = functions.state_delete(self.state, req, _ctx(by))
         return py_value(await self.state.execute(plan))
 
     @with_raises(specs.LIST, STORE)

@@ -241,6 +241,16 @@ def expected_version(value: int | None) -> int | None:
     return value
 
 
+def delete_version(value: int | None) -> int | None:
+    """state::delete's `expected_version`: 1 or more (no entry is at version 0, so a
+    delete conditioned on it could never delete anything)."""
+    if value is not None and value < 1:
+        raise InvalidRequest(f"$.expected_version: must be 1 or more on a delete (the version "
+                             f"of the entry to delete; a missing key has none), got {value}",
+                             {"path": "$.expected_version", "limit": 1})
+    return value
+
+
 def topic(value: str | None) -> str | None:
     """A topic: UTF-8, at most 1024 bytes, no NUL (it separates topic and key in the index)."""
     if value is not None:

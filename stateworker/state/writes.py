@@ -155,7 +155,10 @@ def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None
                             lambda reply: reply.found)
 
 
-def delete_plan(state: RedisState, scope: str, key: str, *,
+def delete_plan(state: RedisState, scope: str, key: str, expected_version: int | None = None,
                 ctx: CallContext = NO_CONTEXT) -> Plan:
-    return state.entry_plan(DELETE, state.target(scope, key, ctx), [],
+    """delete.lua; `expected_version`: delete only the entry at that version (CONFLICT
+    otherwise, a missing key being at version 0)."""
+    target = state.target(scope, key, ctx, expected_version=expected_version)
+    return state.entry_plan(DELETE, target, [optional(expected_version)],
                             lambda reply: _raw(reply.old_value))

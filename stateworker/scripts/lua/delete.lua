@@ -8,8 +8,11 @@
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member              ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
+    ARGV[8] expected version ("" for none; 1 or more: Python refuses 0)
   Output:
     {ST.OK, deleted value or false, revision or false}
+    {ST.CONFLICT, current version (0 = absent), current value or false}   the entry is
+                              not at the expected version: nothing deleted, no event
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
   Events: state:deleted when something was deleted (also for an entry found expired).
@@ -19,6 +22,9 @@
 local dup, ctx, cur = entry_begin()
 if dup then
   return dup
+end
+if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
+  return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
 end
 if not cur then
   return entry_finish({ST.OK, false, false})
