@@ -211,16 +211,16 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         call_id = None if raw_id is None else raw_id.decode()
         if raw_id is None or not call_id:
             raise InvalidRequest("id: the call has no `id` field (a unique id per logical call)",
-                                 {"field": "id"})
+                                 {"path": "id"})
         fn = _text(fields, b"fn")
         body = fields.get(b"body")
         if body is None:
             raise InvalidRequest("body: the call has no `body` field (a JSON object)",
-                                 {"field": "body"})
+                                 {"path": "body"})
         if len(body) > options.max_body_bytes:
             raise ValueTooLarge(
                 f"body is {len(body)} bytes, more than the limit of {options.max_body_bytes} bytes",
-                {"field": "body", "size": len(body), "limit": options.max_body_bytes})
+                {"path": "body", "size": len(body), "limit": options.max_body_bytes})
         deadline = _deadline(fields.get(b"deadline_ms"))
         caller = fields.get(b"caller")
         context = _context(fields.get(b"context"), options.max_context_bytes)
@@ -240,12 +240,12 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         ctx = CallContext(caller=named, context=context, call_id=own_id, deadline_ms=deadline,
                           call_digest=digest, principal=principal)
     except UnicodeDecodeError:
-        return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"field": "id"})
+        return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"path": "id"})
     except StateError as exc:
         return None, reply, call_id, exc
     except Exception as exc:  # whatever a caller sends, it is an error reply, never a crash
         return None, reply, call_id, InvalidRequest(
-            f"the call entry cannot be read: {type(exc).__name__}", {"field": "entry"})
+            f"the call entry cannot be read: {type(exc).__name__}", {"path": "entry"})
     return Call(ref, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
 
 
@@ -254,7 +254,7 @@ def _principal_caller(principal: str, named: str | None) -> str:
         raise PermissionDenied(
             f"caller: {named!r} is not the principal {principal!r} whose stream the call came "
             "from; in acl mode the caller is the authenticated principal (leave `caller` out)",
-            {"field": "caller", "caller": named, "principal": principal})
+            {"path": "caller", "caller": named, "principal": principal})
     return principal
 
 
@@ -265,19 +265,19 @@ MAX_REPLY_KEY_BYTES = 1024
 def _limit(field: str, value: bytes | None, limit: int) -> None:
     if value is not None and len(value) > limit:
         raise InvalidRequest(f"{field}: is {len(value)} bytes, more than the limit of {limit} "
-                             "bytes", {"field": field, "size": len(value), "limit": limit})
+                             "bytes", {"path": field, "size": len(value), "limit": limit})
 
 
 def _text(fields: dict[bytes, bytes], name: bytes) -> str:
     raw = fields.get(name)
     if raw is None:
         raise InvalidRequest(f"{name.decode()}: the call has no `{name.decode()}` field",
-                             {"field": name.decode()})
+                             {"path": name.decode()})
     try:
         return raw.decode()
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"{name.decode()}: not valid UTF-8 text",
-                             {"field": name.decode()}) from exc
+                             {"path": name.decode()}) from exc
 
 
 def _deadline(raw: bytes | None) -> int | None:
@@ -287,7 +287,7 @@ def _deadline(raw: bytes | None) -> int | None:
         return int(raw)
     except ValueError as exc:
         raise InvalidRequest("deadline_ms: must be an integer (epoch milliseconds), got "
-                             f"{raw[:40]!r}", {"field": "deadline_ms"}) from exc
+                             f"{raw[:40]!r}", {"path": "deadline_ms"}) from exc
 
 
 def _context(raw: bytes | None, limit: int) -> dict[str, Any]:
@@ -295,13 +295,13 @@ def _context(raw: bytes | None, limit: int) -> dict[str, Any]:
         return {}
     if len(raw) > limit:  # checked before parsing: a huge context costs nothing
         raise ValueTooLarge(f"context is {len(raw)} bytes, more than the limit of {limit} bytes",
-                            {"field": "context", "size": len(raw), "limit": limit})
+                            {"path": "context", "size": len(raw), "limit": limit})
     try:
         context = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise InvalidRequest(f"context: not valid JSON: {exc}", {"field": "context"}) from exc
+        raise InvalidRequest(f"context: not valid JSON: {exc}", {"path": "context"}) from exc
     if not isinstance(context, dict):
-        raise InvalidRequest("context: must be a JSON object", {"field": "context"})
+        raise InvalidRequest("context: must be a JSON object", {"path": "context"})
     return context
 
 

@@ -134,7 +134,7 @@ def read_call(ref: Ref, flat: list[bytes], options: BusOptions, bus: Bus, source
         return call, reply_key, call_id, error
     if reply_key and not bus.reply_allowed(reply_key):
         return None, reply_key, call_id, InvalidRequest(
-            f"reply: must be a list key under {bus.reply_prefix}", {"field": "reply"})
+            f"reply: must be a list key under {bus.reply_prefix}", {"path": "reply"})
     refused = sources.refused(source)
     if refused is not None:
         return None, reply_key, call_id, refused

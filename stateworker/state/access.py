@@ -115,7 +115,7 @@ class Access:
                 f"context.{field}: principal {principal!r} may not act as {shown!r} (its "
                 f"act_as: {', '.join(record.act_as) if record and record.act_as else 'none'}; "
                 f"a principal acts as itself and as what its act_as patterns match)",
-                {"principal": principal, "field": f"context.{field}", "value": user,
+                {"principal": principal, "path": f"context.{field}", "value": user,
                  "missing": f"act_as {shown}"})
 
     def is_admin(self, principal: str) -> bool:

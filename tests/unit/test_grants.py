@@ -167,7 +167,7 @@ def test_context_names_only_the_principal_itself_or_what_act_as_matches() -> Non
             ("ghost", {"user_id": "ghost"}, "context.user_id")):
         with pytest.raises(PermissionDenied) as raised:
             held.check_context(principal, context)
-        assert raised.value.details["field"] == field, context
+        assert raised.value.details["path"] == field, context
         assert field in raised.value.message and repr(principal) in raised.value.message
 
 

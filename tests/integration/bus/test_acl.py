@@ -151,7 +151,7 @@ async def test_a_moco_user_is_accepted_only_from_an_engine_principal(
         with pytest.raises(PermissionDenied) as denied:  # alice cannot act as bob
             await as_alice.call_json("builtin.state.set_state", body,
                                      context={"user_id": "bob"})
-        assert denied.value.details["field"] == "context.user_id"
+        assert denied.value.details["path"] == "context.user_id"
         await as_alice.call_json("builtin.state.set_state", body, context={"user_id": alice})
         await as_engine.call_json("builtin.state.set_state", body, context={"user_id": "bob"})
         got = msgspec.json.decode(await as_engine.call_json(
@@ -255,7 +255,7 @@ async def test_no_context_field_names_another_user_unless_act_as_allows(
     async with client_of(alice_url, prefix) as as_alice, client_of(dagu_url, prefix) as engine:
         with pytest.raises(PermissionDenied) as denied:
             await as_alice.call_json("state::get", body, context={field: "bob"})
-        assert denied.value.details["field"] == f"context.{field}"
+        assert denied.value.details["path"] == f"context.{field}"
         assert alice in denied.value.message and "bob" in denied.value.message
         await as_alice.call_json("state::get", body, context={field: alice})  # itself
         await engine.call_json("state::get", body, context={field: "team-7"})

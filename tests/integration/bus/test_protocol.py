@@ -275,7 +275,7 @@ async def test_oversized_entry_fields_are_refused(service: StateService, raw: ar
     assert long_id["code"] == "INVALID_REQUEST" and long_id["details"]["limit"] == 256
     long_writer = await fails(raw, prefix, "state::set", {"scope": scope, "key": "k", "value": 1},
                               context=msgspec.json.encode({"execution_id": "e" * 300}))
-    assert long_writer["details"]["field"] == "context.execution_id"
+    assert long_writer["details"]["path"] == "context.execution_id"
 
 
 async def test_a_retry_answered_from_a_record_of_an_older_version(
@@ -394,7 +394,7 @@ async def test_context_is_bounded(service: StateService, raw: aredis.Redis, pref
     document = await roundtrip(raw, prefix, "state::set", body, context=big)
     error = document["error"]
     assert error["code"] == "VALUE_TOO_LARGE"
-    assert error["details"] == {"field": "context", "size": len(big), "limit": 64 * 1024}
+    assert error["details"] == {"path": "context", "size": len(big), "limit": 64 * 1024}
     assert "65536" in error["message"]
     assert (await roundtrip(raw, prefix, "state::get", body))["result"] is None
     fits = msgspec.json.encode({"user_id": "u", "note": "x" * 60_000})
