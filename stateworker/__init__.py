@@ -18,6 +18,7 @@ from stateworker.errors import (
     ReservedScope,
     StateError,
     Unavailable,
+    UnknownField,
     UnknownFunction,
     ValueTooLarge,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "StateStore",
     "Swap",
     "Unavailable",
+    "UnknownField",
     "UnknownFunction",
     "ValueTooLarge",
     "Worker",

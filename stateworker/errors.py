@@ -6,9 +6,26 @@ are errors, are the scripts layer's (scripts/statuses.py).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
+
+# Where docs/errors.md is published: every error code (and every `state::update` op error
+# code) has a section of its own there, which `doc_url` links to (an op error's `doc_url`).
+# The default is the project's repository; STATEWORKER_DOCS_URL points elsewhere.
+ERRORS_DOC_URL = "https://github.com/stateworker/stateworker/blob/main/docs/errors.md"
+
+
+def anchor(code: str) -> str:
+    """The anchor of `code`'s heading in docs/errors.md, as GitHub (and Python-Markdown) make
+    it from the heading's text: lower case, only letters, digits, `_` and `-` kept."""
+    return re.sub(r"[^a-z0-9_-]", "", code.lower())
+
+
+def doc_url(code: str, base: str = ERRORS_DOC_URL) -> str:
+    """The link to `code`'s section of docs/errors.md under `base`."""
+    return f"{base}#{anchor(code)}"
 
 
 def shown(value: object) -> str:
@@ -38,6 +55,15 @@ class InvalidRequest(StateError):
     """Raised when a request field is missing, of the wrong type or out of range."""
 
     code = "INVALID_REQUEST"
+
+
+class UnknownField(InvalidRequest):
+    """Raised when a request names a field its function does not take (a misspelt option
+    would otherwise be dropped without a word); `details.path` is the field's, and
+    `details.nearest` the known field nearest to it (null when none is close). An
+    INVALID_REQUEST to code that catches that class."""
+
+    code = "UNKNOWN_FIELD"
 
 
 class CallIdReused(StateError):
@@ -226,6 +252,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
     cls.code: cls
     for cls in (
         InvalidRequest,
+        UnknownField,
         KeyTooLong,
         ValueTooLarge,
         Conflict,

@@ -1,7 +1,11 @@
 """Request and result shapes of the `state::*` functions, as msgspec Structs.
 
 Values stay JSON text (`msgspec.Raw`) from request to Redis to reply, so their digits, key
-order and container kinds are never re-interpreted. Unknown request fields are ignored.
+order and container kinds are never re-interpreted. Every request Struct is a `Request`: a field
+it does not know is refused (UNKNOWN_FIELD naming the nearest known field, validate.request),
+so a misspelt option (`max_key`, `expected_verison`) is never silently dropped. The fields iii
+documents stay accepted (set's `data`, a claim's `_caller_worker_id`), and so does KeeperHub's
+`isolation` on every request that addresses a scope (`Scoped`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,19 @@ NULL = Raw(b"null")
 
 
 # ---- requests ---------------------------------------------------------------------------------
-class Address(Struct):
+class Request(Struct, forbid_unknown_fields=True):
+    """A request, or a part of one: unknown fields are refused."""
+
+
+class Scoped(Request, kw_only=True):
+    """A request that addresses a scope. `isolation` is KeeperHub's: the catalog's rewrite
+    (engines/keeperhub/rules.py) has checked it and set `scope` from the context before the
+    body is decoded, and leaves it in the body."""
+
+    isolation: str | UnsetType | None = UNSET
+
+
+class Address(Scoped):
     scope: str
     key: str
 
@@ -38,11 +54,11 @@ class DeleteRequest(Address, kw_only=True):
     expected_version: int | None = None  # delete only the entry at this version (1 or more)
 
 
-class ScopeRequest(Struct):
+class ScopeRequest(Scoped):
     scope: str
 
 
-class EmptyRequest(Struct):
+class EmptyRequest(Request):
     pass
 
 
@@ -68,22 +84,22 @@ class UpdateTopicRequest(Address):
     topic: str | None
 
 
-class DeleteByTopicRequest(Struct):
+class DeleteByTopicRequest(Scoped):
     scope: str
     topic_pattern: str
 
 
-class ListNamespacesRequest(Struct, kw_only=True):
+class ListNamespacesRequest(Request, kw_only=True):
     pattern: str | None = None
     limit: int = 100
 
 
-class BarrierRequest(Struct, kw_only=True):
+class BarrierRequest(Request, kw_only=True):
     event: Raw = NULL  # (a missing event has no arrival key: refused as one)
     condition_config: Raw = NULL  # missing or null: refused by barrier.parse_condition
 
 
-class BarrierConfigShape(Struct, kw_only=True):
+class BarrierConfigShape(Request, kw_only=True):
     """`condition_config` as sent; barrier.parse_condition checks it into a BarrierCondition."""
 
     id: str
@@ -92,26 +108,28 @@ class BarrierConfigShape(Struct, kw_only=True):
     carry: str | None = None
 
 
-class ClaimNamespaceRequest(Struct):
+class ClaimNamespaceRequest(Request):
     # Any: a wrong type is INVALID_PREFIX / INVALID_SCOPE (validate.py), not INVALID_REQUEST.
     # The claimant is the call's `caller`, never a body field (iii's `_caller_worker_id` is
-    # ignored: a body is whatever the caller writes).
+    # accepted and ignored: a body is whatever the caller writes).
     functions_prefix: Any
     scopes: list[Any]
     # An admin takes public scopes in use (entries, a trigger, a recent write) on purpose:
     # logged, and named in the registry entry. Without it such a scope is SCOPE_IN_USE.
     adopt: bool = False
+    caller_worker_id: Any = msgspec.field(default=None, name="_caller_worker_id")
 
 
-class ReleaseNamespaceRequest(Struct, kw_only=True):
+class ReleaseNamespaceRequest(Request, kw_only=True):
     # Any: a wrong type is INVALID_SCOPE (validate.py), as for claim-namespace. The releaser
     # is the call's `caller` (`acl`: its principal), which must own every scope, unless an
-    # admin says `force`.
+    # admin says `force` (iii's `_caller_worker_id`: accepted and ignored, as for a claim).
     scopes: list[Any]
     force: bool = False
+    caller_worker_id: Any = msgspec.field(default=None, name="_caller_worker_id")
 
 
-class MatchRule(Struct, forbid_unknown_fields=True):
+class MatchRule(Request):
     """A trigger condition that needs no round trip: the JSON at `pointer` (RFC 6901) in the
     event document equals `equals` (deep JSON equality, as compare-and-set)."""
 
@@ -119,7 +137,7 @@ class MatchRule(Struct, forbid_unknown_fields=True):
     equals: Raw
 
 
-class TriggerConfig(Struct, kw_only=True, omit_defaults=True):
+class TriggerConfig(Request, kw_only=True, omit_defaults=True):
     """What a trigger fires on; every filter given must hold."""
 
     scope: str | None = None
@@ -133,14 +151,14 @@ class TriggerConfig(Struct, kw_only=True, omit_defaults=True):
     condition_timeout_ms: int | None = None
 
 
-class RegisterTriggerRequest(Struct, kw_only=True):
+class RegisterTriggerRequest(Request, kw_only=True):
     function_id: str
     service: str
     id: str | None = None
     config: TriggerConfig = msgspec.field(default_factory=TriggerConfig)
 
 
-class TriggerIdRequest(Struct):
+class TriggerIdRequest(Request):
     id: str
 
 
@@ -253,31 +271,31 @@ Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 NestedPath = str | list[str] | None
 
 
-class SetOp(Struct, tag="set", tag_field="type"):
+class SetOp(Request, tag="set", tag_field="type"):
     path: str
     value: Raw | UnsetType = UNSET  # missing means null
 
 
-class RemoveOp(Struct, tag="remove", tag_field="type"):
+class RemoveOp(Request, tag="remove", tag_field="type"):
     path: str
 
 
-class IncrementOp(Struct, tag="increment", tag_field="type"):
-    path: str
-    by: Int64
-
-
-class DecrementOp(Struct, tag="decrement", tag_field="type"):
+class IncrementOp(Request, tag="increment", tag_field="type"):
     path: str
     by: Int64
 
 
-class MergeOp(Struct, tag="merge", tag_field="type"):
+class DecrementOp(Request, tag="decrement", tag_field="type"):
+    path: str
+    by: Int64
+
+
+class MergeOp(Request, tag="merge", tag_field="type"):
     value: Raw
     path: NestedPath = None
 
 
-class AppendOp(Struct, tag="append", tag_field="type"):
+class AppendOp(Request, tag="append", tag_field="type"):
     value: Raw
     path: NestedPath = None
 
@@ -297,6 +315,7 @@ class OpError(Struct):
     op_index: int
     code: str
     message: str
+    doc_url: str = ""  # the code's section of docs/errors.md (errors.doc_url)
 
 
 class UpdateResult(Struct, omit_defaults=True):
@@ -307,7 +326,7 @@ class UpdateResult(Struct, omit_defaults=True):
 
 
 # ---- state::list-entries --------------------------------------------------------------------------
-class ListEntriesRequest(Struct, kw_only=True):
+class ListEntriesRequest(Scoped, kw_only=True):
     scope: str
     prefix: str | None = None
     key_pattern: str | None = None

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from stateworker.errors import ConfigError
+from stateworker.errors import ERRORS_DOC_URL, ConfigError, shown
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # What each durability mode asks of Redis's AOF: `fast` fsyncs once a second (a second of
@@ -51,6 +51,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     connect_timeout_s: float = 5.0  # opening a Redis connection gives up after this
     read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
     watch_progress_s: float = 5.0  # a watch with nothing to hand on this long sends a bookmark
+    docs_url: str = ERRORS_DOC_URL  # docs/errors.md as published: op errors' `doc_url` base
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.
@@ -87,6 +88,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if not 0 < self.watch_progress_s < _FOREVER:
             raise ConfigError(f"watch_progress_s must be a positive number of seconds, got "
                               f"{self.watch_progress_s}")
+        if not re.fullmatch(r"https?://[^\s#]+", self.docs_url):
+            raise ConfigError("docs_url (STATEWORKER_DOCS_URL) must be an absolute http(s) URL "
+                              f"of docs/errors.md without a fragment, got {shown(self.docs_url)}")
 
     @property
     def appendfsync(self) -> str:

@@ -44,11 +44,11 @@ class Spec:
         return frozenset(field.encode_name for field in msgspec.structs.fields(self.request))
 
 
-_ADDRESS = ("INVALID_REQUEST", "KEY_TOO_LONG", "RESERVED_SCOPE")
+_ADDRESS = ("INVALID_REQUEST", "UNKNOWN_FIELD", "KEY_TOO_LONG", "RESERVED_SCOPE")
 _WRITE = (*_ADDRESS, "VALUE_TOO_LARGE", "KEY_LIMIT")
-_CLAIM = ("INVALID_PREFIX", "UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "RESERVED_SCOPE",
+_CLAIM = ("UNKNOWN_FIELD", "INVALID_PREFIX", "UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "RESERVED_SCOPE",
           "SCOPE_CONFLICT", "SCOPE_IN_USE", "PERMISSION_DENIED")
-_RELEASE = ("UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "KEY_TOO_LONG", "RESERVED_SCOPE",
+_RELEASE = ("UNKNOWN_FIELD", "UNKNOWN_CALLER", "FORBIDDEN", "INVALID_SCOPE", "KEY_TOO_LONG", "RESERVED_SCOPE",
             "PERMISSION_DENIED")
 
 GET = Spec("state::get", "get", s.GetRequest, msgspec.Raw,
@@ -69,7 +69,7 @@ LIST_KEYS = Spec("state::list_keys", "list_keys", s.ScopeRequest, s.KeysResult,
                  scoped=True, raises=_ADDRESS, unwrap="keys", accessor=True)
 LIST_GROUPS = Spec("state::list_groups", "list_groups", s.EmptyRequest, s.GroupsResult,
                    "the scopes holding at least one entry, byte-sorted", read_only=True,
-                   unwrap="groups")
+                   raises=("UNKNOWN_FIELD",), unwrap="groups")
 COMPARE_AND_SET = Spec(
     "state::compare-and-set", "compare_and_set", s.CompareAndSetRequest, s.SwapResult,
     "write only if the stored value deep-equals `expected` (absent: the key must be); "
@@ -81,7 +81,8 @@ GET_ENTRY = Spec("state::get-entry", "get_entry", s.GetEntryRequest, s.EntryResu
                  raises=(*_ADDRESS, "NOT_FOUND"))
 UPDATE = Spec("state::update", "update", s.UpdateRequest, s.UpdateResult,
               "apply ops (set, remove, increment, decrement, merge, append) in one atomic "
-              "step; the ops that cannot apply are reported, not raised",
+              "step; the ops that cannot apply are reported, not raised (`errors`: "
+              "`{op_index, code, message, doc_url}`)",
               ("scope", "key", "ops"), scoped=True, raises=(*_WRITE, "CONFLICT"))
 LIST_ENTRIES = Spec("state::list-entries", "list_entries", s.ListEntriesRequest,
                     s.ListEntriesResult,
@@ -99,11 +100,12 @@ DELETE_BY_TOPIC = Spec("state::delete-by-topic", "delete_by_topic", s.DeleteByTo
                        ("scope", "topic_pattern"), scoped=True, raises=_ADDRESS)
 LIST_NAMESPACES = Spec("state::list-namespaces", "list_namespaces", s.ListNamespacesRequest,
                        s.NamespacesResult, "the scopes holding entries, by pattern and limit",
-                       read_only=True, raises=("INVALID_REQUEST",))
+                       read_only=True, raises=("INVALID_REQUEST", "UNKNOWN_FIELD"))
 BARRIER = Spec("state::barrier", "barrier", s.BarrierRequest, s.BarrierDecision,
                "record one arrival; `skip` until the expected set has arrived, then `allow` "
                "exactly once with each key's carried value", ("event", "condition_config"),
-               raises=("BARRIER_CONFIG", "INVALID_REQUEST", "KEY_TOO_LONG", "VALUE_TOO_LARGE"))
+               raises=("BARRIER_CONFIG", "INVALID_REQUEST", "UNKNOWN_FIELD", "KEY_TOO_LONG",
+                       "VALUE_TOO_LARGE"))
 CLAIM_NAMESPACE = Spec("state::claim-namespace", "claim_namespace", s.ClaimNamespaceRequest,
                        s.ClaimResult, "reserve scopes for the calling worker's private "
                        "namespace (none in public use, unless an admin adopts it)",
@@ -116,12 +118,13 @@ REGISTER_TRIGGER = Spec("state::register-trigger", "register_trigger",
                         s.RegisterTriggerRequest, s.TriggerIdResult,
                         "call a service's function for every matching change event",
                         ("function_id", "service"),
-                        raises=("INVALID_REQUEST", "PERMISSION_DENIED"))
+                        raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "PERMISSION_DENIED"))
 UNREGISTER_TRIGGER = Spec("state::unregister-trigger", "unregister_trigger",
                           s.TriggerIdRequest, s.UnregisteredResult, "remove a trigger",
-                          ("id",), raises=("INVALID_REQUEST",))
+                          ("id",), raises=("INVALID_REQUEST", "UNKNOWN_FIELD"))
 LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
-                     s.TriggersResult, "every registered trigger", read_only=True)
+                     s.TriggersResult, "every registered trigger", read_only=True,
+                     raises=("UNKNOWN_FIELD",))
 
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
@@ -134,6 +137,8 @@ ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor
 _WHY: dict[str, str] = {
     "INVALID_REQUEST": "a field is missing, of the wrong type or out of its range, or a text "
                        "is not valid UTF-8 (`details.path` names it)",
+    "UNKNOWN_FIELD": "the request names a field the function does not take (`details.path`; "
+                     "`details.nearest`, the known field nearest to it)",
     "KEY_TOO_LONG": "scope or key is over `max_key_bytes`",
     "RESERVED_SCOPE": "the scope is one the service keeps for itself, or one a private "
                       "namespace claimed",

@@ -164,7 +164,7 @@ def state_update(state: RedisState, req: UpdateRequest, ctx: CallContext) -> Pla
     encoded = ops.encode_ops(req.ops, state.settings.max_value_bytes)
 
     def finish(reply: UpdateReply) -> UpdateResult:
-        errors = ops.merge_errors(req.ops, encoded, reply.op_errors, positions=reply.positions)
+        errors = ops.merge_errors(req.ops, encoded, reply, state.settings.docs_url)
         old = NULL if reply.old_value is None else msgspec.Raw(reply.old_value)
         return UpdateResult(old, msgspec.Raw(reply.new_value), reply.version,
                                 errors or msgspec.UNSET)

@@ -3,8 +3,9 @@ encoding for update.lua.
 
 The checks here (path depth, segment size, empty and prototype-polluting segments, merge value
 shape) depend only on the op, so they run before the script; a failing op is reported as
-`{op_index, code, message}` and left out, the others still apply. The checks that depend on the
-document (target types, numbers, ranges) are made by update.lua.
+`{op_index, code, message, doc_url}` and left out, the others still apply. The checks that
+depend on the document (target types, numbers, ranges) are made by update.lua. `OP_CODES` lists
+every code either gives; docs/errors.md has a section for each, which `doc_url` links to.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from msgspec import UNSET, Struct
 
 from stateworker import codec
-from stateworker.errors import InvalidRequest
+from stateworker.errors import InvalidRequest, doc_url
 from stateworker.schemas import AppendOp, DecrementOp, IncrementOp, MergeOp, Op, OpError, RemoveOp, SetOp
+from stateworker.scripts.replies import UpdateReply
 
 MAX_PATH_DEPTH = 32
 MAX_SEGMENT_BYTES = 256
@@ -26,6 +28,20 @@ MAX_MERGE_DEPTH = 16
 MAX_OPS = 1000
 _BRACKETS = frozenset("[]{}")
 PROTO_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
+
+# Every op error code: the path checks here (a `set`, `remove`, `increment` or `decrement` path is
+# one field, so never too deep nor an empty segment), the merge value's, and update.lua's.
+_ONE_FIELD = ("path.segment_too_long", "path.proto_polluted")
+_NESTED = ("path.too_deep", "path.empty_segment", *_ONE_FIELD)
+OP_CODES: tuple[str, ...] = (
+    *(f"set.{c}" for c in (*_ONE_FIELD, "target_not_object")),
+    *(f"remove.{c}" for c in (*_ONE_FIELD, "target_not_object")),
+    *(f"{op}.{c}" for op in ("increment", "decrement")
+      for c in (*_ONE_FIELD, "target_not_object", "not_number", "out_of_range")),
+    *(f"merge.{c}" for c in (*_NESTED, "value.not_an_object", "value.proto_polluted",
+                             "value.too_many_keys", "value.too_deep", "target_not_object")),
+    *(f"append.{c}" for c in (*_NESTED, "target_not_object", "type_mismatch")),
+)
 
 _NAMES: dict[type, str] = {SetOp: "set", RemoveOp: "remove", IncrementOp: "increment",
                            DecrementOp: "decrement", MergeOp: "merge", AppendOp: "append"}
@@ -203,12 +219,13 @@ def script_error(op: Op, index: int, code: str, detail: str) -> OpError:
     return OpError(index, code, message)
 
 
-def merge_errors(ops: list[Op], encoded: EncodedOps, applied: list[Any], *,
-                 positions: bool = True) -> list[OpError]:
-    """Errors from the checks and from the script, by op index. The script's are flat (op
-    position, code, detail); a reply recorded by an older version for a call retried now
-    (`positions` false) has (op index, code, message) instead."""
-    from_script = []
+def merge_errors(ops: list[Op], encoded: EncodedOps, reply: UpdateReply,
+                 docs_url: str) -> list[OpError]:
+    """Errors from the checks and from the script, by op index, each with its `doc_url` under
+    `docs_url`. The script's are flat (op position, code, detail); a reply recorded by an
+    older version for a call retried now (`reply.positions` false) has (op index, code,
+    message) instead."""
+    applied, positions, from_script = reply.op_errors, reply.positions, []
     for i in range(0, len(applied), 3):
         code, detail = applied[i + 1].decode(), applied[i + 2].decode()
         if not positions:
@@ -216,4 +233,7 @@ def merge_errors(ops: list[Op], encoded: EncodedOps, applied: list[Any], *,
             continue
         index = encoded.sent[int(applied[i])]
         from_script.append(script_error(ops[index], index, code, detail))
-    return sorted(encoded.errors + from_script, key=lambda e: e.op_index)
+    found = sorted(encoded.errors + from_script, key=lambda e: e.op_index)
+    for error in found:
+        error.doc_url = doc_url(error.code, docs_url)
+    return found

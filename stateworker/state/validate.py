@@ -6,10 +6,14 @@ before anything is written.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+from msgspec import inspect as mi
 
 from stateworker import codec
 from stateworker.context import CallContext
@@ -22,6 +26,8 @@ from stateworker.errors import (
     ReservedScope,
     StateError,
     UnknownCaller,
+    UnknownField,
+    shown,
 )
 from stateworker.keys import BUS_NAME_RULES, bus_name_problem
 from stateworker.settings import Settings
@@ -38,6 +44,7 @@ MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 
 T = TypeVar("T")
 _PATH_RE = re.compile(r" - at `(\$[^`]*)`$")
+_UNKNOWN_RE = re.compile(r"Object contains unknown field `(.*)`", re.DOTALL)
 _decoders: dict[type, msgspec.json.Decoder] = {}  # type: ignore[type-arg]
 
 
@@ -56,8 +63,13 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _PATH_RE.search(text)
-        path = root + (match.group(1)[1:] if match else "")
+        at = match.group(1) if match else "$"
+        path = root + at[1:]
         problem = _PATH_RE.sub("", text)
+        unknown = _UNKNOWN_RE.fullmatch(problem)
+        if unknown:
+            shape: Any = type_  # (a type: hashable, as fields_at's cache needs)
+            raise unknown_field(path, unknown.group(1), fields_at(shape, at)) from exc
         if problem.startswith("Expected `object`") and path == root:
             problem = f"{what} must be a JSON object"
         raise error(f"{path}: {problem}", {"path": path}) from exc
@@ -67,6 +79,56 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
         raise error(f"{root}: {what} is {codec.DEPTH_MESSAGE}",
                     {"path": root, "limit": codec.MAX_DEPTH}) from exc
     return result
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known field nearest to `name` (a misspelling's), or None when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_field(where: str, name: str, known: Sequence[str], takes: str = "") -> UnknownField:
+    """The one UNKNOWN_FIELD: `name`, a field of the object at `where` that is none of
+    `known`, named with the nearest known field; `takes` says whose fields they are
+    (default: `<where> takes only`). The engines' front-ends name their function in it
+    (engines/moco, engines/dagu)."""
+    path, near = f"{where}.{name}", nearest(name, known)
+    hint = "" if near is None else f" (did you mean {shown(near)}?)"
+    whose = "the request" if where == "$" else where
+    fields = f"{takes or whose + ' takes only'} {', '.join(known)}" if known else \
+        f"{whose} takes no fields"
+    return UnknownField(f"{path}: unknown field {shown(name)}{hint}; {fields}",
+                        {"path": path, "nearest": near})
+
+
+@functools.lru_cache(maxsize=256)
+def fields_at(type_: Any, where: str) -> tuple[str, ...]:
+    """The field names of the object at `where` (a msgspec path, `$.ops[0]`) in `type_`
+    (every union member's: an op's whatever its `type`)."""
+    infos = _members([mi.type_info(type_)])
+    for name, _index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where):
+        step: list[mi.Type] = []
+        for info in infos:
+            if name and isinstance(info, mi.StructType):
+                step += [f.type for f in info.fields if f.encode_name == name]
+            elif not name and isinstance(info, mi.ListType | mi.TupleType | mi.VarTupleType):
+                step += [info.item_type] if isinstance(info, mi.ListType | mi.VarTupleType) \
+                    else list(info.item_types)
+        infos = _members(step)
+    names: list[str] = []
+    for info in infos:
+        if isinstance(info, mi.StructType):
+            names += [info.tag_field] if info.tag_field else []
+            names += [f.encode_name for f in info.fields]
+    return tuple(dict.fromkeys(names))
+
+
+def _members(infos: list[mi.Type]) -> list[mi.Type]:
+    """`infos` with every union (and Optional) opened into its members."""
+    out: list[mi.Type] = []
+    for info in infos:
+        out += _members(list(info.types)) if isinstance(info, mi.UnionType) else [info]
+    return out
 
 
 def sized_text(field: str, text: str, limit: int,

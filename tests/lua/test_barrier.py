@@ -297,9 +297,15 @@ async def test_a_config_is_checked_at_registration_naming_where_it_sits() -> Non
     with pytest.raises(StateError) as caught:
         parse_condition(settings, None, "$.options.condition_config")
     assert caught.value.details == {"path": "$.options.condition_config"}
-    config = parse_condition(settings, b'{"id":"b","expect":["b","a"],"carry":"/v","x":1}')
+    config = parse_condition(settings, b'{"id":"b","expect":["b","a"],"carry":"/v"}')
     assert (config.id, config.expect, config.key_from, config.carry) == \
         ("b", ("a", "b"), "/key", "/v")
+    with pytest.raises(StateError) as caught:  # a misspelt `key_from` is never ignored
+        parse_condition(settings, b'{"id":"b","expect":2,"key_form":"/k"}',
+                        "$.options.condition_config")
+    assert caught.value.code == "UNKNOWN_FIELD"
+    assert caught.value.details == {"path": "$.options.condition_config.key_form",
+                                    "nearest": "key_from"}
 
 
 @pytest.mark.parametrize(("first", "then", "stored", "given"), [

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
+from stateworker.specs import NATIVE
 from tests.calls import refuses
 from tests.servers import RedisServer
 
@@ -299,7 +300,9 @@ async def test_an_accessor_refuses_a_scope_its_namespace_does_not_own(store: Sta
     await store.set(scope + "-public", "k", 1)
     for other in (scope + "-theirs", scope + "-public", scope + "-unused"):
         for name in ACCESSORS:
-            body: dict[str, Any] = {"scope": other, "key": "k", "value": 2}
+            fields = next(spec.fields for spec in NATIVE if spec.name == f"state::{name}")
+            body = {k: v for k, v in {"scope": other, "key": "k", "value": 2}.items()
+                    if k in fields}
             error = await error_of(store, f"billing::state::{name}", body, caller="billing")
             assert error.code == "INVALID_SCOPE", (other, name)
             assert f"'{other}'" in error.message and "'billing'" in error.message
@@ -310,7 +313,7 @@ async def test_an_accessor_refuses_a_scope_its_namespace_does_not_own(store: Sta
 
 async def test_an_accessor_of_no_namespace_is_unknown_function(store: StateStore,
                                                                scope: str) -> None:
-    body = {"scope": scope, "key": "k", "value": 1}
+    body = {"scope": scope, "key": "k"}
     for fn in ("billing::state::get", "billing::state::compare-and-set"):
         assert (await error_of(store, fn, body)).code == "UNKNOWN_FUNCTION"  # not claimed yet
     await claim(store, "billing", [scope])

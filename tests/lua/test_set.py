@@ -232,9 +232,10 @@ async def check_round_trip(store: StateStore, scope: str, tree: Any) -> None:
     fields = dict(result)
     assert fields["new_value"] == exact_load(to_text(tree))
     assert fields["hash"] == reference_hash(tree)
-    got = await store.call_json("state::get", body(scope, "k", "0"))
+    address = msgspec.json.encode({"scope": scope, "key": "k"})
+    got = await store.call_json("state::get", address)
     assert exact_load(got) == exact_load(to_text(tree))
-    entry = dict(exact_load(await store.call_json("state::get-entry", body(scope, "k", "0"))))
+    entry = dict(exact_load(await store.call_json("state::get-entry", address)))
     assert entry["value"] == exact_load(to_text(tree))
     assert entry["hash"] == reference_hash(tree)
     (event,) = (await store.events(scope))[-1:]

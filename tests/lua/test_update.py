@@ -9,6 +9,8 @@ import pytest
 
 from stateworker import StateError, StateStore
 from stateworker.clock import now_ms
+from stateworker.errors import ERRORS_DOC_URL, doc_url
+from stateworker.state.ops import OP_CODES
 from tests.jsontext import exact_load
 from tests.lua.ttl import HOUR_MS, pass_time, stored_expiry
 from tests.servers import RedisServer
@@ -24,7 +26,7 @@ async def update(store: StateStore, scope: str, ops: list[dict[str, Any]],
 
 
 def err(index: int, code: str, message: str) -> dict[str, Any]:
-    return {"op_index": index, "code": code, "message": message}
+    return {"op_index": index, "code": code, "message": message, "doc_url": doc_url(code)}
 
 
 async def test_mixed_batch_three_failures_and_one_applied(store: StateStore, scope: str) -> None:
@@ -439,3 +441,45 @@ async def test_update_sets_and_keeps_expiry(
         assert [(e.type, e.key, bytes(e.old_value)) for e in await store.events(scope)
                 if e.key == "short"] == [("state:created", "short", b"null"),
                                          ("state:deleted", "short", b'{"n":1}')]
+
+
+def _nest(depth: int) -> Any:
+    return {"a": _nest(depth - 1)} if depth else 1
+
+
+# Every op error code, each from a real update: (document, ops).
+_LONG, _DEEP = "x" * 257, [f"s{i}" for i in range(33)]
+_EVERY_CODE: list[tuple[Any, list[dict[str, Any]]]] = [
+    ("text", [{"type": "set", "path": "a"}, {"type": "remove", "path": "a"},
+              {"type": "increment", "path": "a", "by": 1},
+              {"type": "decrement", "path": "a", "by": 1},
+              {"type": "increment", "path": "", "by": 1},
+              {"type": "decrement", "path": "", "by": 1},
+              {"type": "merge", "value": {"a": 1}}, {"type": "append", "path": "a", "value": 1},
+              {"type": "append", "value": 1}]),
+    ({"n": 2**63 - 1}, [{"type": "increment", "path": "n", "by": 1},
+                        {"type": "decrement", "path": "n", "by": -1}]),
+    ({}, [{"type": op, "path": path, **({"by": 1} if op.endswith("crement") else {})}
+          for op in ("set", "remove", "increment", "decrement")
+          for path in (_LONG, "__proto__")]),
+    ({}, [{"type": op, "path": path, "value": {}}
+          for op in ("merge", "append") for path in (_DEEP, ["a", ""], [_LONG], ["__proto__"])]),
+    ({}, [{"type": "merge", "value": value} for value in (
+        [1], {"__proto__": 1}, {f"k{i}": i for i in range(1025)}, _nest(17))]),
+]
+
+
+
+async def test_every_op_code_links_to_its_section_of_the_errors_doc(
+        store: StateStore, scope: str) -> None:
+    """iii's op error shape `{op_index, code, message, doc_url}`: every code an op can give
+    (OP_CODES, each with its section in docs/errors.md: tests/unit/test_errors_doc.py)."""
+    seen: set[str] = set()
+    for i, (start, ops) in enumerate(_EVERY_CODE):
+        result = await update(store, scope, ops, start=start, key=f"k{i}")
+        assert len(result["errors"]) == len(ops), result["errors"]
+        for error in result["errors"]:
+            assert set(error) == {"op_index", "code", "message", "doc_url"}
+            assert error["doc_url"] == f"{ERRORS_DOC_URL}#{error['code'].replace('.', '')}"
+            seen.add(error["code"])
+    assert seen == set(OP_CODES)

@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateError, StateStore
+from stateworker.errors import doc_url
+from stateworker.state.ops import OP_CODES
 from tests.jsontext import Num, Obj, deep, exact_load, json_trees, strings, to_text
 from tests.reference_ops import (
     INT64_MAX,
@@ -141,6 +143,9 @@ async def run_product(store: StateStore, scope: str, start: Any,
     result = dict(exact_load(await store.call_json("state::update", update_body(scope, key, ops))))
     errors = [(int(e["op_index"]), e["code"], e["message"])
               for e in (dict(item) for item in result.get("errors", []))]
+    for item in result.get("errors", []):  # every code listed, linked to its section
+        assert dict(item)["code"] in OP_CODES and dict(item)["doc_url"] == doc_url(
+            dict(item)["code"])
     entry = dict(exact_load(await store.call_json(
         "state::get-entry", f"{{{_address(scope, key)}}}")))
     events = [(e.type, to_text(exact_load(bytes(e.old_value))),

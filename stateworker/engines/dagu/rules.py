@@ -27,6 +27,7 @@ from stateworker.errors import (
     InvalidRequest,
     KeyTooLong,
     StateError,
+    UnknownField,
     ValueTooLarge,
 )
 from stateworker.state import validate
@@ -45,7 +46,6 @@ GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\
            "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 _QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
                   "\t": "\\t", "\v": "\\v", "\\": "\\\\", '"': '\\"'}
-_UNKNOWN_FIELD = re.compile(r"unknown field `(.*)`")
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 FIELDS = tuple(DaguRequest.__struct_fields__)
 
@@ -104,7 +104,7 @@ _DECODER = msgspec.json.Decoder(DaguRequest)
 
 def decode(body: bytes) -> DaguRequest:
     """The step's fields; a malformed body is INVALID_REQUEST naming the field, an unknown
-    field with Dagu's list of fields. (A well-formed body takes one C call: this is on
+    field UNKNOWN_FIELD with Dagu's list of fields. (A well-formed body takes one C call: this is on
     every Dagu call's path.)"""
     try:
         return _DECODER.decode(body)
@@ -112,13 +112,9 @@ def decode(body: bytes) -> DaguRequest:
         pass  # (the native decoding says what is wrong, with its path)
     try:
         return validate.request(body, DaguRequest)
-    except InvalidRequest as exc:
-        unknown = _UNKNOWN_FIELD.search(exc.message)
-        if unknown is None:
-            raise
-        name = unknown.group(1)
-        raise InvalidRequest(f"$.{name}: unknown field {go_quote(name)}: a Dagu state step "
-                             f"takes only {', '.join(FIELDS)}", {"path": f"$.{name}"}) from exc
+    except UnknownField as exc:
+        raise validate.unknown_field("$", exc.details["path"][2:], FIELDS,
+                                     "a Dagu state step takes only") from exc
 
 
 _TAKES_VALUE = ("set", "diff")

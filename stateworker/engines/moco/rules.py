@@ -15,7 +15,7 @@ from msgspec import Struct
 
 from stateworker.context import CallContext
 from stateworker.engines.moco.schemas import NamespaceRequest
-from stateworker.errors import InvalidContext, InvalidRequest, KeyTooLong, StateError, register
+from stateworker.errors import InvalidContext, InvalidRequest, KeyTooLong, StateError, UnknownField, register
 from stateworker.settings import Settings
 from stateworker.state import validate
 
@@ -37,22 +37,21 @@ ReservedNamespaceError = ReservedNamespace  # moco's name for it
 
 # ---- decoding ---------------------------------------------------------------------------------
 R = TypeVar("R", bound=Struct)
-_UNKNOWN = re.compile(r"^\$: Object contains unknown field `(.*)`$", re.DOTALL)
 _MISSING = re.compile(r"^\$: Object missing required field `(.*)`$", re.DOTALL)
 
 
 def request(fn: str, body: bytes, type_: type[R]) -> R:
     """The body as `type_`; INVALID_REQUEST with the path of the field at fault, also for a
-    field that is unknown or missing (msgspec names those at the object, `$`)."""
+    field that is missing (msgspec names it at the object, `$`); an unknown field is
+    UNKNOWN_FIELD naming the nearest known one and the function's fields."""
     try:
         return validate.request(body, type_)
+    except UnknownField as exc:
+        fields = [f.encode_name for f in msgspec.structs.fields(type_)]
+        raise validate.unknown_field("$", exc.details["path"][2:], fields,
+                                     f"{fn} takes only") from exc
     except InvalidRequest as exc:
-        unknown, missing = _UNKNOWN.match(exc.message), _MISSING.match(exc.message)
-        if unknown:
-            field = unknown.group(1)
-            fields = ", ".join(f.name for f in msgspec.structs.fields(type_))
-            raise InvalidRequest(f"$.{field}: unknown field `{field}`; {fn} takes only "
-                                 f"{fields}", {"path": f"$.{field}"}) from exc
+        missing = _MISSING.match(exc.message)
         if missing:
             field = missing.group(1)
             raise InvalidRequest(f"$.{field}: the field `{field}` is required by {fn}",

@@ -14,6 +14,7 @@ import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
+from stateworker.errors import doc_url
 from stateworker.keys import KeySpace, call_field
 from stateworker.scripts.bindings import DIGEST_BYTES
 from tests.integration.busproto import receive, roundtrip, send, until
@@ -253,7 +254,7 @@ async def test_a_late_retry_of_an_applied_call_gets_its_reply(
     never = await roundtrip(raw, prefix, "state::set", {**body, "key": "x"}, call_id="late-2",
                             deadline_ms=str(now_ms() - 1))
     assert never["error"]["code"] == "DEADLINE_EXCEEDED"
-    assert await ok(raw, prefix, "state::get", {**body, "key": "x"}) is None
+    assert await ok(raw, prefix, "state::get", {"scope": scope, "key": "x"}) is None
 
 
 async def test_a_call_id_reused_for_another_call_is_refused(
@@ -300,7 +301,8 @@ async def test_a_retry_answered_from_a_record_of_an_older_version(
     again = await ok(raw, prefix, "state::update", body, call_id="old-format")
     assert again["errors"] == [
         first["errors"][0],
-        {"op_index": 1, "code": "increment.not_number", "message": "an older version's message"}]
+        {"op_index": 1, "code": "increment.not_number", "message": "an older version's message",
+         "doc_url": doc_url("increment.not_number")}]
     assert again["new_value"] == first["new_value"] == {"name": "x"}
 
 
@@ -396,6 +398,7 @@ async def test_context_is_bounded(service: StateService, raw: aredis.Redis, pref
     assert error["code"] == "VALUE_TOO_LARGE"
     assert error["details"] == {"path": "context", "size": len(big), "limit": 64 * 1024}
     assert "65536" in error["message"]
-    assert (await roundtrip(raw, prefix, "state::get", body))["result"] is None
+    assert (await roundtrip(raw, prefix, "state::get", {"scope": scope, "key": "k"}))[
+        "result"] is None
     fits = msgspec.json.encode({"user_id": "u", "note": "x" * 60_000})
     assert (await roundtrip(raw, prefix, "state::set", body, context=fits))["ok"] is True

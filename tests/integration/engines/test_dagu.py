@@ -348,8 +348,11 @@ async def test_list_prefixes_follow_the_key_rule(client: StateClient) -> None:
 
 async def test_unknown_fields_are_refused_by_name(client: StateClient) -> None:
     error = await refused(client, "set", {"key": "k", "value": 1, "valeu": 2})
-    assert error.details == {"path": "$.valeu"}
-    assert '"valeu"' in str(error) and "include_values" in str(error)
+    assert error.code == "UNKNOWN_FIELD"
+    assert error.details == {"path": "$.valeu", "nearest": "value"}
+    assert str(error).startswith('$.valeu: unknown field "valeu" (did you mean "value"?); a Dagu '
+                                 "state step takes only scope, namespace, key")
+    assert "include_values" in str(error)
     assert not (await dagu(client, "get", {"key": "k"}))["found"]
     error = await refused(client, "get", {"key": 5})
     assert error.details == {"path": "$.key"}

@@ -13,7 +13,15 @@ from typing import Any
 import anyio
 import pytest
 
-from stateworker import Conflict, InvalidContext, InvalidRequest, KeyLimit, StateClient, StateStore
+from stateworker import (
+    Conflict,
+    InvalidContext,
+    InvalidRequest,
+    KeyLimit,
+    StateClient,
+    StateStore,
+    UnknownField,
+)
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
 from stateworker.settings import Settings
@@ -140,8 +148,11 @@ async def test_a_stale_version_names_expected_and_current(client: StateClient,
 
 async def test_updated_by_is_the_calls_execution_id(client: StateClient, store: StateStore,
                                                     scope: str) -> None:
-    await client.call("state::set", {"scope": scope, "key": "k", "value": 1,
-                                     "updated_by": "forged"}, context=RUN)
+    with pytest.raises(UnknownField) as forged:  # (no body field names the writer)
+        await client.call("state::set", {"scope": scope, "key": "k", "value": 1,
+                                         "updated_by": "forged"}, context=RUN)
+    assert forged.value.details["path"] == "$.updated_by"
+    await client.call("state::set", {"scope": scope, "key": "k", "value": 1}, context=RUN)
     entry = await client.call("state::get-entry", {"scope": scope, "key": "k"})
     assert entry["updated_by"] == "exec_42"
     assert [event.by for event in await store.events(scope)] == ["exec_42"]
@@ -153,8 +164,12 @@ async def test_isolated_calls_reach_only_their_own_workflows_scope(client: State
     other = {**RUN, "workflow_id": "wf_8"}
     await client.call("state::set", {"isolation": "workflow", "key": "cursor", "value": 7},
                       context=RUN)
-    await client.call("state::set", {"isolation": "workflow", "key": "cursor", "value": 8,
-                                     "workflow_id": "wf_7"}, context=other)  # injected: ignored
+    with pytest.raises(UnknownField):  # a workflow id in the body is refused, never followed
+        await client.call("state::set", {"isolation": "workflow", "key": "cursor", "value": 8,
+                                         "workflow_id": "wf_7"}, context=other)
+    assert await store.get("wf/org_1/wf_7", "cursor") == 7
+    await client.call("state::set", {"isolation": "workflow", "key": "cursor", "value": 8},
+                      context=other)
     assert await store.get("wf/org_1/wf_7", "cursor") == 7
     assert await store.get("wf/org_1/wf_8", "cursor") == 8
     read = await client.call("state::get", {"isolation": "workflow", "key": "cursor"},
@@ -265,12 +280,12 @@ async def test_isolation_null_is_no_isolation(client: StateClient, store: StateS
 
 async def test_an_engines_function_refuses_isolation_as_an_unknown_field(
         client: StateClient) -> None:
-    with pytest.raises(InvalidRequest) as refused:
+    with pytest.raises(UnknownField) as refused:
         await client.call("builtin.state.get_state", {"namespace": "n", "key": "k",
                                                       "isolation": "workflow"},
                           context={"user_id": "alice"})
-    assert refused.value.details == {"path": "$.isolation"}
-    assert "unknown field `isolation`" in str(refused.value)
+    assert refused.value.details == {"path": "$.isolation", "nearest": None}
+    assert 'unknown field "isolation"' in str(refused.value)
 
 
 @pytest.mark.parametrize(("fn", "body"), [

@@ -31,6 +31,7 @@ from stateworker.errors import (
     KeyTooLong,
     ReservedScope,
     StateError,
+    UnknownField,
     ValueTooLarge,
 )
 from stateworker.settings import Settings
@@ -563,10 +564,11 @@ async def test_unknown_fields_are_refused(client: StateClient, activity: str,
     body = {"namespace": "tasks", **ACTIVITIES[activity], field: True}
     if activity == "list_namespaces":
         body.pop("namespace")
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(UnknownField) as caught:
         await moco(client, activity, body)
     assert caught.value.details["path"] == f"$.{field}"
-    assert str(caught.value).startswith(f"$.{field}: unknown field `{field}`; "
+    near = ' (did you mean "in_global_ns"?)' if field == "in_globl_ns" else ""
+    assert str(caught.value).startswith(f'$.{field}: unknown field "{field}"{near}; '
                                         f"builtin.state.{activity} takes only ")
     assert await native(client, "list_groups", {}) == {"groups": []}  # nothing written
 

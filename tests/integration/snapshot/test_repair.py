@@ -33,7 +33,8 @@ from tests.servers import RedisServer
 pytestmark = pytest.mark.anyio
 
 PARTITIONS = 4
-TRIGGER = {"id": "t1", "function_id": "reactor::on_change", "service": "reactor", "scope": "s1"}
+TRIGGER = {"id": "t1", "function_id": "reactor::on_change", "service": "reactor",
+           "config": {"scope": "s1"}}
 HALF = {"id": "half", "expect": ["a", "b", "c"]}  # one of three arrived before the wipe
 COUNTED = {"id": "counted", "expect": 2}  # one of two
 DONE = {"id": "done", "expect": 1}  # completed before the wipe, by the arrival of token "tok"

@@ -60,7 +60,7 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
         async with StateService.running(settings, BusOptions(block_ms=50)):
             await store.call("state::register-trigger", {
                 "id": "t1", "function_id": "reactor::on_change", "service": "reactor",
-                "scope": "s1"})
+                "config": {"scope": "s1"}})
             await store.claim_namespace("billing", ["private"], caller="billing")
             await mixed_writes(store, 3000, seed=7)
             # Names with NUL (PostgreSQL text holds none) and U+FFFF (the escape) round-trip.

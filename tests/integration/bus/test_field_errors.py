@@ -1,0 +1,131 @@
+"""Errors that name a field say where it is in `details.path`: a bus entry's own fields by
+name (`deadline_ms`, `context.execution_id`), a body's by JSON path (`$.max_key`). A field a
+native function does not take is UNKNOWN_FIELD naming the nearest known one, in-process and
+over the bus, for every native function (specs.NATIVE), and nothing is written."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker import StateClient, StateError, StateStore, UnknownField
+from stateworker.app.service import StateService
+from stateworker.specs import NATIVE, Spec
+from tests.integration.busproto import receive
+
+pytestmark = pytest.mark.anyio
+
+
+# ---- a bus entry's fields ---------------------------------------------------------------------
+@pytest.mark.parametrize(("fields", "path"), [
+    ({"fn": None}, "fn"),
+    ({"fn": b"state::\xff"}, "fn"),
+    ({"body": None}, "body"),
+    ({"deadline_ms": "soon"}, "deadline_ms"),
+    ({"context": "{"}, "context"),
+    ({"context": "[1]"}, "context"),
+    ({"context": msgspec.json.encode({"execution_id": "e" * 257})}, "context.execution_id"),
+    ({"id": "i" * 257}, "id"),
+    ({"caller": "c" * 257}, "caller"),
+])
+async def test_an_entry_field_at_fault_is_named_by_details_path(
+        service: StateService, raw: aredis.Redis, prefix: str, fields: dict[str, Any],
+        path: str) -> None:
+    reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+    entry: dict[str, Any] = {"id": uuid.uuid4().hex, "fn": "state::get",
+                             "body": b'{"scope":"s","key":"k"}', "reply": reply, **fields}
+    await raw.xadd(f"{prefix}:bus:state", {k: v for k, v in entry.items() if v is not None})
+    error = (await receive(raw, reply))["error"]
+    assert error["code"] == "INVALID_REQUEST", error
+    assert error["details"]["path"] == path and "field" not in error["details"]
+    assert error["message"].startswith(path), error
+
+
+# ---- unknown fields of every native function ----------------------------------------------------
+def misspelt(spec: Spec) -> list[tuple[str, str]]:
+    """(a misspelling, the field it misspells) of each of the function's fields: its last
+    letter dropped (`max_key`, `isolatio`, `expected_versio`)."""
+    return [(field[:-1], field) for field in sorted(spec.fields)]
+
+
+CASES = [(spec, wrong, right) for spec in NATIVE for wrong, right in misspelt(spec)]
+ISSUE = [("state::set", "max_key", "max_keys"), ("state::get", "isolaton", "isolation"),
+         ("state::update", "expected_verison", "expected_version"),
+         ("state::delete", "expected_verison", "expected_version"),
+         ("state::list-entries", "limt", "limit"), ("state::list_groups", "scope", None)]
+
+
+def check(error: StateError, wrong: str, right: str | None) -> None:
+    assert isinstance(error, UnknownField) and error.code == "UNKNOWN_FIELD"
+    assert error.details == {"path": f"$.{wrong}", "nearest": right}
+    assert error.message.startswith(f'$.{wrong}: unknown field "{wrong}"')
+    if right is not None:
+        assert f'(did you mean "{right}"?)' in error.message
+
+
+@pytest.mark.parametrize(("spec", "wrong", "right"), CASES,
+                         ids=[f"{spec.name}-{wrong}" for spec, wrong, _ in CASES])
+async def test_an_unknown_field_is_refused_naming_the_nearest(
+        store: StateStore, scope: str, spec: Spec, wrong: str, right: str) -> None:
+    body = {"scope": scope, "key": "k", "value": 1, wrong: 1}
+    with pytest.raises(StateError) as refused:
+        await store.call(spec.name, {k: v for k, v in body.items()
+                                     if k in spec.fields or k == wrong})
+    check(refused.value, wrong, right)
+    assert await store.list_groups() == []  # nothing written
+
+
+@pytest.mark.parametrize(("fn", "wrong", "right"), ISSUE)
+async def test_an_unknown_field_is_refused_over_the_bus(
+        client: StateClient, store: StateStore, scope: str, fn: str, wrong: str,
+        right: str | None) -> None:
+    fields = next(spec.fields for spec in NATIVE if spec.name == fn)
+    body = {k: v for k, v in {"scope": scope, "key": "k", "value": 1, "ops": [
+        {"type": "set", "path": "a", "value": 1}]}.items() if k in fields}
+    with pytest.raises(UnknownField) as refused:
+        await client.call(fn, {**body, wrong: 3})
+    check(refused.value, wrong, right)
+    assert await store.list_groups() == []
+
+
+@pytest.mark.parametrize(("body", "path", "nearest"), [
+    ({"ops": [{"type": "increment", "path": "n", "by": 1},
+              {"type": "set", "path": "a", "valeu": 1}]}, "$.ops[1].valeu", "value"),
+    ({"ops": [{"type": "increment", "path": "n", "amount": 1}]}, "$.ops[0].amount", None),
+])
+async def test_an_unknown_field_of_an_op_is_refused_and_no_op_applies(
+        client: StateClient, store: StateStore, scope: str, body: dict[str, Any], path: str,
+        nearest: str | None) -> None:
+    with pytest.raises(UnknownField) as refused:
+        await client.call("state::update", {"scope": scope, "key": "k", **body})
+    assert refused.value.details == {"path": path, "nearest": nearest}
+    assert await store.get(scope, "k") is None
+
+
+async def test_an_unknown_field_of_a_trigger_config_is_refused(client: StateClient) -> None:
+    with pytest.raises(UnknownField) as refused:
+        await client.call("state::register-trigger", {
+            "function_id": "audit::seen", "service": "audit",
+            "config": {"scope": "orders", "key_prefx": "o-"}})
+    assert refused.value.details == {"path": "$.config.key_prefx", "nearest": "key_prefix"}
+    assert "key_prefix" in refused.value.message and "event_types" in refused.value.message
+    assert (await client.call("state::list-triggers", {}))["triggers"] == []
+
+
+async def test_the_fields_iii_documents_stay_accepted(client: StateClient, store: StateStore,
+                                                      scope: str) -> None:
+    await client.call("state::set", {"scope": scope, "key": "k", "data": {"n": 1}})
+    assert await client.call("state::get", {"scope": scope, "key": "k"}) == {"n": 1}
+    claimed = await store.call("state::claim-namespace", {
+        "functions_prefix": "billing", "scopes": [scope + "-b"],
+        "_caller_worker_id": "billing"}, caller="billing")
+    assert claimed["scopes"] == [scope + "-b"]
+    released = await store.call("state::release-namespace", {
+        "scopes": [scope + "-b"], "_caller_worker_id": "billing"}, caller="billing")
+    assert released["released"] == [scope + "-b"]
+    await client.call("state::set", {"scope": scope, "key": "j", "value": 1, "isolation": None})
+    assert await client.call("state::get", {"scope": scope, "key": "j"}) == 1
