@@ -117,7 +117,7 @@ class ClaimNamespaceRequest(Request):
     # An admin takes public scopes in use (entries, a trigger, a recent write) on purpose:
     # logged, and named in the registry entry. Without it such a scope is SCOPE_IN_USE.
     adopt: bool = False
-    caller_worker_id: Any = msgspec.field(default=None, name="_caller_worker_id")
+    caller_worker_id: Any = msgspec.field(default=UNSET, name="_caller_worker_id")
 
 
 class ReleaseNamespaceRequest(Request, kw_only=True):
@@ -126,7 +126,7 @@ class ReleaseNamespaceRequest(Request, kw_only=True):
     # admin says `force` (iii's `_caller_worker_id`: accepted and ignored, as for a claim).
     scopes: list[Any]
     force: bool = False
-    caller_worker_id: Any = msgspec.field(default=None, name="_caller_worker_id")
+    caller_worker_id: Any = msgspec.field(default=UNSET, name="_caller_worker_id")
 
 
 class MatchRule(Request):
