@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from stateworker import codec
 from stateworker.context import CallContext
 from stateworker.errors import (
     ConfigError,
@@ -230,7 +231,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         execution = context.get("execution_id")
         if isinstance(execution, str):
             _limit("context.execution_id", execution.encode(), MAX_ID_BYTES)
-        digest = hashlib.sha1(fn.encode() + b"\0" + body).hexdigest()
+        digest = call_digest(fn, body)
         named = None if caller is None else caller.decode(errors="replace")
         if principal is not None:
             named = _principal_caller(principal, named)
@@ -247,6 +248,19 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         return None, reply, call_id, InvalidRequest(
             f"the call entry cannot be read: {type(exc).__name__}", {"field": "entry"})
     return Call(ref, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+
+
+def call_digest(fn: str, body: bytes) -> str:
+    """What a call id is bound to (its record keeps it): SHA-1 hex of the function, NUL and
+    the body's canonical form (codec.canonical: compact, keys sorted, a duplicate key's last
+    value, escapes resolved, numbers as written), so a retry that serializes the same JSON
+    again (other spacing, key order or escapes) is the same call. A body that is no JSON
+    (refused when it runs): its exact bytes."""
+    try:
+        text = codec.canonical(codec.decode_exact(body))
+    except ValueError:
+        text = body
+    return hashlib.sha1(fn.encode() + b"\0" + text).hexdigest()
 
 
 def _principal_caller(principal: str, named: str | None) -> str:
