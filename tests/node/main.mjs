@@ -2,7 +2,8 @@
 //   node main.mjs client URL PREFIX SCOPE     calls: exact values both ways, a retry, deadlines
 //   node main.mjs worker URL PREFIX SERVICE SEEN_SCOPE [--only-read]
 //        serves SERVICE: `<SERVICE>::on_event` (a trigger's handler: stores the event
-//        document it got under SEEN_SCOPE/<key>, over the bus) and `<SERVICE>::echo`; until
+//        document it got under SEEN_SCOPE/<key>, over the bus), `<SERVICE>::judge` (a
+//        condition: `false` for keys starting with "skip") and `<SERVICE>::echo`; until
 //        SIGTERM. --only-read: reads its calls and exits without answering (a crash).
 import { Client, Worker, resultText } from "./busproto.mjs";
 
@@ -45,6 +46,7 @@ async function client(scope) {
 async function worker(service, seenScope, onlyRead) {
   const states = await new Client(url, prefix).open(); // the handler's own calls to state
   const runs = { on_event: 0, echo: 0 };
+  const conditions = []; // the ids of the condition calls answered
   const w = new Worker(url, prefix, service, {
     [`${service}::on_event`]: async (body) => {
       runs.on_event++;
@@ -55,6 +57,11 @@ async function worker(service, seenScope, onlyRead) {
       if (!JSON.parse(set).ok) throw new Error(set);
       return "null";
     },
+    // A trigger's condition: only an explicit `false` skips the event.
+    [`${service}::judge`]: async (body, call) => {
+      conditions.push(call.id);
+      return JSON.parse(body).key.startsWith("skip") ? "false" : "true";
+    },
     [`${service}::echo`]: async (body) => {
       runs.echo++;
       return `{"body":${body},"runs":${runs.echo}}`;
@@ -63,7 +70,7 @@ async function worker(service, seenScope, onlyRead) {
   process.on("SIGTERM", () => w.stop());
   await w.serve({ onlyRead });
   await states.close();
-  console.log(JSON.stringify({ stopped: true, runs }));
+  console.log(JSON.stringify({ stopped: true, runs, conditions }));
 }
 
 if (mode === "client") await client(rest[0]);

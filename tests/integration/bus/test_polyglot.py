@@ -125,6 +125,37 @@ async def test_a_trigger_is_served_by_a_node_worker(
             await _stop(worker)
 
 
+async def test_a_node_worker_answers_a_trigger_condition(
+        node: str, service: StateService, client: StateClient, raw: aredis.Redis,
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """The condition calls come as the doc says (id `<trigger id>:p<n>:<revision>:condition`,
+    a reply list, a deadline); `false` skips the event, `true` lets it through."""
+    target, seen = f"node{uuid.uuid4().hex[:8]}", f"{scope}-seen"
+    trigger = f"t-{target}"
+    async with await anyio.open_process(
+            [node, str(NODE_DIR / "main.mjs"), "worker", redis_server.url, prefix, target,
+             seen], env={**os.environ}) as worker:
+        try:
+            assert (await roundtrip(raw, prefix, "state::register-trigger", {
+                "id": trigger, "function_id": f"{target}::on_event", "service": target,
+                "config": {"scope": scope, "condition_function_id": f"{target}::judge",
+                           "condition_timeout_ms": 10_000}}))["ok"] is True
+            for key in ("skip-1", "go-1"):
+                await client.call_json("state::set", b'{"scope":"%s","key":"%s","value":1}' % (
+                    scope.encode(), key.encode()))
+            await until(lambda: _stored(client, seen, "go-1"), 15, "the allowed event handled")
+            assert not await _stored(client, seen, "skip-1")
+        finally:
+            out = await _stop(worker)
+    revisions = [json.loads(await client.call_json(
+        "state::get-entry", b'{"scope":"%s","key":"%s"}' % (scope.encode(), key)))["revision"]
+        for key in (b"skip-1", b"go-1")]
+    partition = service.state.keys.partition_of(scope)
+    assert out["conditions"] == [f"{trigger}:p{partition}:{revision}:condition"
+                                 for revision in revisions]
+    assert out["runs"]["on_event"] == 1
+
+
 async def test_the_doc_names_every_key_field_and_duty_the_node_code_uses() -> None:
     doc = _code(DOC.read_text())
     code = (NODE_DIR / "busproto.mjs").read_text() + (NODE_DIR / "main.mjs").read_text()
@@ -167,9 +198,13 @@ async def _stored(client: StateClient, scope: str, key: str) -> bool:
         "state::get", b'{"scope":"%s","key":"%s"}' % (scope.encode(), key.encode())) != b"null"
 
 
-async def _stop(worker: Process) -> None:
+async def _stop(worker: Process) -> dict[str, Any]:
+    """SIGTERM the Node worker; what it printed at its end."""
     worker.terminate()
-    with anyio.fail_after(10):
-        code = await worker.wait()
     assert worker.stdout is not None
-    assert code == 0
+    with anyio.fail_after(10):
+        printed = b"".join([chunk async for chunk in worker.stdout])
+        code = await worker.wait()
+    assert code == 0, printed
+    result: dict[str, Any] = json.loads(printed.decode().splitlines()[-1])
+    return result
