@@ -1,4 +1,4 @@
-"""The bus protocol (version 1, README "The bus protocol"): read calls from a service's stream with a consumer
+"""The bus protocol (version 1, docs/bus-protocol.md): read calls from a service's stream with a consumer
 group, run them concurrently, reply, then acknowledge.
 
 - Calls are read in batches; their Redis work is issued in the same event-loop tick, so the
@@ -150,7 +150,7 @@ def caller_route(settings: Settings, url: str, service: str) -> tuple[str, str, 
 def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
                deadline_ms: int | None = None, caller: str | None = None,
                context: Mapping[str, Any] | None = None) -> list[Arg]:
-    """The XADD of one call (README "The bus protocol"): `id fn body reply`, then the optional
+    """The XADD of one call (docs/bus-protocol.md, "A call"): `id fn body reply`, then the optional
     `deadline_ms`, `caller` and `context` (a JSON object), each only when given. `reply` is
     the reply list's key, "" for fire-and-forget. Built as one list, as the client's send path
     did inline: a caller's call costs nothing more for it."""
