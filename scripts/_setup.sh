@@ -62,3 +62,18 @@ ensure_postgres() {
     apt_install util-linux
   fi
 }
+
+# Node.js for the test of a client and a worker in another language (tests/node/, run by
+# tests/integration/bus/test_polyglot.py): Debian's nodejs and npm, then the npm packages of
+# tests/node's package-lock.json into tests/node/node_modules (git-ignored).
+ensure_node() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    log "installing Debian's nodejs and npm"
+    apt_install nodejs npm
+  fi
+  local installed="tests/node/node_modules/.package-lock.json"
+  if [ ! -f "$installed" ] || [ tests/node/package-lock.json -nt "$installed" ]; then
+    log "installing the npm packages of tests/node"
+    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+}

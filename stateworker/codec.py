@@ -221,6 +221,66 @@ def canonical_value_from_json(text: bytes, field: str, max_bytes: int) -> Value:
     return Value(canonical_text, hashlib.sha256(canonical_text).hexdigest())
 
 
+# ---- lone surrogates: JSON that no Unicode text can hold ------------------------------------
+# A string escape `\ud800` (a high surrogate) must be followed by a low one (`\udc00`):
+# together they are one character. Alone, it is no character at all, and the decoder's error
+# says only "Input data was truncated". Escapes are read in order, so `\\ud800` (an escaped
+# backslash, then the text `ud800`) is no escape.
+_ESCAPE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+                     rb"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})|\\.")
+_LONE_MARK = b"\\u0000\\u0001lone surrogate\\u0001"  # where the first one stood, to find it
+
+
+def surrogate_error(text: bytes, root: str) -> InvalidRequest | None:
+    """INVALID_REQUEST naming where JSON text holds a lone UTF-16 surrogate escape (its path
+    below `root`, the escape and why), or None when it holds none."""
+    lone = [m.span(1) for string in _STRING.finditer(text) for m in _ESCAPE.finditer(
+        text, string.start(), string.end()) if m.group(1)]
+    if not lone:
+        return None
+    escape = text[lone[0][0]:lone[0][1]].decode()
+    pieces, at = [], 0
+    for index, (start, end) in enumerate(lone):  # the first marked, the others made harmless
+        pieces += [text[at:start], _LONE_MARK if index == 0 else b"?"]
+        at = end
+    try:
+        path = root + (_marked_path(decode_exact(b"".join(pieces) + text[at:]), escape) or "")
+    except ValueError:  # (malformed besides: the escape is still what is named)
+        path = root
+    kind = "high surrogate without the low one after it" if escape[3].lower() in "89ab" \
+        else "low surrogate without a high one before it"
+    return InvalidRequest(
+        f"{path}: holds a lone UTF-16 surrogate `{escape}` (a {kind}), which is "
+        "no character: write the character itself (UTF-8) or both halves of its pair "
+        "(\\ud83d\\ude00 is one emoji)", {"path": path, "escape": escape})
+
+
+_MARK_TEXT = "\x00\x01lone surrogate\x01"  # _LONE_MARK decoded
+_MARK_JSON = _compact.encode(_MARK_TEXT)[1:-1].decode()  # and encoded again
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _marked_path(tree: Any, escape: str) -> str | None:
+    """The path (`.a[1]`, `["a b"]`) of the string or key holding the mark, or None; a key
+    is shown with the escape where the mark stands."""
+    if isinstance(tree, str):
+        return "" if _MARK_TEXT in tree else None
+    if isinstance(tree, list):
+        for index, item in enumerate(tree):
+            found = _marked_path(item, escape)
+            if found is not None:
+                return f"[{index}]{found}"
+    if isinstance(tree, dict):
+        for key, item in tree.items():
+            if _MARK_TEXT in key:
+                return f"[{_compact.encode(key).decode().replace(_MARK_JSON, escape)}]"
+            found = _marked_path(item, escape)
+            if found is not None:
+                return (f".{key}" if _NAME.fullmatch(key) else
+                        f"[{_compact.encode(key).decode()}]") + found
+    return None
+
+
 def tree_from_json(text: bytes, field: str, max_bytes: int) -> Any:
     """Request JSON decoded exactly, after the size and depth checks (naming `field`)."""
     if len(text) > 4 * max_bytes + 1024:  # far too large even before compaction
@@ -235,7 +295,8 @@ def tree_from_json(text: bytes, field: str, max_bytes: int) -> Any:
         raise InvalidRequest(f"$.{field}: {exc}", {"path": f"$.{field}", "limit": exc.limit}
                              ) from exc
     except ValueError as exc:
-        raise InvalidRequest(f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
+        raise surrogate_error(text, f"$.{field}") or InvalidRequest(
+            f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
     return tree
 
 

@@ -157,8 +157,8 @@ class Worker:
         try:
             body = codec.decode_value(call.body)
         except ValueError as exc:
-            raise InvalidRequest(f"$: the request body is not valid JSON: {exc}",
-                                 {"path": "$"}) from exc
+            raise codec.surrogate_error(call.body, "$") or InvalidRequest(
+                f"$: the request body is not valid JSON: {exc}", {"path": "$"}) from exc
         options = self.function_options.get(call.fn)
         timeout = None if options is None else options.timeout
         if timeout is None:

@@ -13,6 +13,8 @@ registering principal must be one that may call the services (guard.may_call_ser
 
 from __future__ import annotations
 
+import functools
+import logging
 import uuid
 from typing import Any
 
@@ -38,7 +40,10 @@ from stateworker.scripts.bindings import TRIGGER, trigger_call
 from stateworker.scripts.replies import TriggerReply
 from stateworker.state import barrier, guard, validate
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import Plan, command_reply
+from stateworker.transport.plans import Plan, command_reply, then
+from stateworker.transport.wire import ReplyError
+
+log = logging.getLogger("stateworker.state.triggers")
 
 MAX_TRIGGERS = 10_000  # registrations kept, at most (each is matched against every event)
 MAX_ID_BYTES = 256
@@ -181,7 +186,8 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
 
     call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(trigger), MAX_TRIGGERS,
                         ctx.principal, guard.may_administer(state, ctx))
-    return state.script_plan(TRIGGER, call, finish)
+    return then(state.script_plan(TRIGGER, call, finish),
+                functools.partial(with_groups, state, {req.service, config.condition_service}))
 
 
 def unregister_plan(state: RedisState, trigger_id: str, ctx: CallContext) -> Plan:
@@ -206,6 +212,29 @@ def _not_anothers(ctx: CallContext, trigger_id: str, reply: TriggerReply) -> Non
             "or removes only its own triggers", {"path": "$.id", "principal": ctx.principal,
                                                  "owner": reply.owner,
                                                  "missing": "ownership of the trigger"})
+
+
+def with_groups(state: RedisState, services: set[str | None], result: Any) -> Any:
+    """After a registration: the consumer group of each service the trigger calls (its
+    `service`, a bus condition's `condition_service`), made at `0` with its stream when
+    missing (BUSYGROUP: there already), so a worker that starts later reads every call
+    dispatched before it, whichever id it would have made the group at
+    (docs/bus-protocol.md, "A worker's duties"). A group that cannot be made (the name holds
+    another type) is logged; the registration stands. Then `result` (at once when the trigger
+    calls only the state service, which makes its own group)."""
+    names = sorted(s for s in services if s and s != STATE_SERVICE)
+    if not names:
+        return result
+
+    def finish(replies: list[Any]) -> Any:
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
+                log.warning("trigger target %s: no consumer group made: %s", name, reply,
+                            extra={"event": "triggers.group_failed", "service": name})
+        return result
+
+    return Plan([["XGROUP", "CREATE", state.keys.bus_stream(name), name, "0", "MKSTREAM"]
+                 for name in names], finish)
 
 
 def decode_trigger(raw: bytes) -> Trigger:

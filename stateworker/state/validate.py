@@ -74,7 +74,8 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
             problem = f"{what} must be a JSON object"
         raise error(f"{path}: {problem}", {"path": path}) from exc
     except msgspec.DecodeError as exc:
-        raise error(f"{root}: {what} is not valid JSON: {exc}", {"path": root}) from exc
+        raise codec.surrogate_error(body, root) or error(
+            f"{root}: {what} is not valid JSON: {exc}", {"path": root}) from exc
     except RecursionError as exc:
         raise error(f"{root}: {what} is {codec.DEPTH_MESSAGE}",
                     {"path": root, "limit": codec.MAX_DEPTH}) from exc

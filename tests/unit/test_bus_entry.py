@@ -1,13 +1,23 @@
 """The bus protocol's call entry and reply document, written and read by bus/protocol.py only:
-the bytes are the README's contract ("The bus protocol (any language)"), which programs in
-other languages write and read, so they are compared byte for byte here."""
+the bytes are the contract of docs/bus-protocol.md (and the README's "The bus protocol (any
+language)"), which programs in other languages write and read, so they are compared byte for
+byte here."""
 
 from __future__ import annotations
+
+import hashlib
 
 import hiredis
 import msgspec
 
-from stateworker.bus.protocol import BusOptions, call_entry, parse_entry, parse_reply, reply_document
+from stateworker.bus.protocol import (
+    BusOptions,
+    call_digest,
+    call_entry,
+    parse_entry,
+    parse_reply,
+    reply_document,
+)
 from stateworker.errors import NotFound
 from stateworker.keys import BusKeys, KeySpace, bus_stream, reply_prefix
 
@@ -66,3 +76,15 @@ def test_every_bus_name_comes_from_keys() -> None:
     assert bus_stream("sw", "orders") == "sw:bus:orders" == BusKeys("sw", "orders").stream
     assert KeySpace("sw", 4).bus_stream("orders") == "sw:bus:orders"
     assert reply_prefix("sw") == "sw:reply:" == BusKeys("sw", "orders").reply_prefix
+
+
+def test_a_call_digest_is_of_the_function_and_the_canonical_body() -> None:
+    """docs/bus-protocol.md, "The identity of a call": SHA-1 of fn, NUL, canonical body."""
+    canonical = b'{"a":[1.50,"\xc3\xa9"],"b":2}'
+    expected = hashlib.sha1(b"orders::create\0" + canonical).hexdigest()
+    for body in [canonical, b'{ "b": 2, "a": [1.50, "\\u00e9"] }', b'{"b":1,"a":[1.50,"\xc3\xa9"],"b":2}']:
+        assert call_digest("orders::create", body) == expected, body
+    assert call_digest("orders::create", b'{"a":[1.5,"\xc3\xa9"],"b":2}') != expected
+    assert call_digest("orders::cancel", canonical) != expected
+    not_json = b"{not json"
+    assert call_digest("f", not_json) == hashlib.sha1(b"f\0" + not_json).hexdigest()
