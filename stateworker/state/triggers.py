@@ -9,6 +9,8 @@ named, never found later on an event. Its targets (`service`, `function_id`, a b
 condition's `condition_service` and `condition_function_id`) follow the bus's name rules
 (keys.bus_name_problem; a service at most `MAX_SERVICE_BYTES`), and in `acl` mode the
 registering principal must be one that may call the services (guard.may_call_service).
+A registration starts where the streams of the partitions it covers end (`start_revisions`,
+read in its first step, `_started`): the dispatcher hands it no event at or before them.
 """
 
 from __future__ import annotations
