@@ -22,8 +22,8 @@ barriers, which run in Redis), batches run in the loop itself, one after another
 pay for).
 
 With no trigger there is nothing to hand on: the events are not read, and each round moves
-the positions to the streams' ends, unless the registry changed since it was last read (a
-trigger registered then must see what came after it).
+the positions to the streams' ends, if there is still no trigger once the ends are read (one
+registered meanwhile, not yet loaded, must see what came after it).
 """
 
 from __future__ import annotations
@@ -194,14 +194,12 @@ class Dispatcher:
         await self.counts.flush()
 
     async def _skip_to_ends(self) -> None:
-        """No trigger: the positions to the streams' ends, unless the registry changed since
-        it was read (then a trigger may have been registered before an event skipped here:
-        the next read loads it, and the events are read)."""
+        """No trigger: the positions to the streams' ends read, if there is still none once
+        they are read (one registered meanwhile, not yet loaded, must get the events after
+        its start: the next read loads it, and the events are read)."""
         held = sorted(self.positions)
         ends = await trimming.infos(self.state, held)
-        last = await self.state.conn.execute("XREVRANGE", self.state.keys.registry, "+", "-",
-                                             "COUNT", 1)
-        if last and last[0][0].decode() != self.registry_id:
+        if await self.state.conn.execute("HLEN", self.state.keys.triggers):
             return
         for partition, info in zip(held, ends, strict=True):
             if info.added > self.positions[partition].n:
