@@ -170,6 +170,10 @@ class Trigger(Struct, kw_only=True, omit_defaults=True):
     service: str
     config: TriggerConfig
     created_at: str
+    # Where it starts: per partition it covers (its scope's, or every one), the last revision
+    # of that partition's stream at registration; it sees only events after them. (None: one
+    # stored before starts were recorded, which sees whatever the dispatcher reads.)
+    start_revisions: dict[int, str] | None = None
     owner: str | None = None  # `acl` mode: the principal that registered it
 
 

@@ -2,29 +2,28 @@
 
 One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the registry
 stream and the event streams of the partitions it leases (reactive/leases.py), so a write
-wakes it at once and a trigger change reaches it as fast as an event. For each partition's
-batch, in stream order, it finds the matching triggers (reactive/matching.py), evaluates
-their conditions, and sends in ONE pipeline every handler call of the batch (XADD to
-`<prefix>:bus:<service>`, id `<trigger id>:p<partition>:<revision>`, fire-and-forget), then
-the move of the partition's position (`lua/advance.lua`, only while the lease holds). In
-`acl` mode a trigger's owner must still be granted the event (guard.trigger_granted).
+wakes it at once and a trigger change reaches it as fast as an event. Each partition's batch
+goes to reactive/batch.py (matching, conditions, handler calls, the move of the position);
+rounds (reactive/leases.py, reactive/trimming.py) renew and share the leases, store the
+positions, trim and flush the counters. In `acl` mode a trigger's owner must still be granted
+the event (guard.trigger_granted).
 
 At-least-once: the position moves only after the batch's calls are appended (same pipeline,
 in order), so a crash re-dispatches the batch with the same call ids, and a handler on
 `stateworker.Worker` runs once per id. Order: one partition is dispatched by one replica at
 a time, in stream order; the events of a scope are in one partition.
 
-A slow condition holds up only its own partition: while a trigger has a bus condition, each
-partition's batch runs in a task of its own, and the partition is left out of the reads
-until it ends; the loop goes on reading the other partitions and running the rounds, which
-keep every lease held (a batch may wait up to a condition's timeout, 60 s at most, far past
-`lease_ms`). Without one (no condition, or only barriers, which run in Redis), batches run in
-the loop itself, one after another (no task to pay for).
+A slow condition holds up only its own partition, and there only what follows it: while a
+trigger has a bus condition, each partition's batch runs in a task of its own, and the
+partition is left out of the reads until it ends; the loop goes on reading the other
+partitions and running the rounds, which keep every lease held (a batch may wait up to a
+condition's timeout, 60 s at most, far past `lease_ms`). Without one (no condition, or only
+barriers, which run in Redis), batches run in the loop itself, one after another (no task to
+pay for).
 
-Conditions: `state::barrier` runs in Redis (token: the handler call's id, so a re-dispatched
-event gets the same decision); any other function is called over the bus with the event
-document (call id: the handler call's id + `:condition`) and the trigger's timeout; only an
-explicit `false` skips; an error or a timeout skips too, logged and counted.
+With no trigger there is nothing to hand on: the events are not read, and each round moves
+the positions to the streams' ends, if there is still no trigger once the ends are read (one
+registered meanwhile, not yet loaded, must see what came after it).
 """
 
 from __future__ import annotations
@@ -36,21 +35,18 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from stateworker.bus.client import StateClient
-from stateworker.bus.protocol import call_entry
 from stateworker.errors import StateError
-from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.reactive import trimming
+from stateworker.reactive.batch import Batches
+from stateworker.reactive.conditions import Conditions
 from stateworker.reactive.leases import Leases
-from stateworker.reactive.matching import Matcher, TriggerSet
+from stateworker.reactive.matching import TriggerSet
+from stateworker.reactive.status import Counts
 from stateworker.reactive.trimming import Position
-from stateworker.schemas import BarrierDecision, Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
-from stateworker.state import barrier, guard, triggers, validate
-from stateworker.state.barrier import BarrierCondition
+from stateworker.state import guard, triggers, validate
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import pipeline
@@ -62,13 +58,6 @@ log = logging.getLogger("stateworker.reactive.dispatcher")
 BATCH = 512  # events read per partition per round trip
 ROUND_S = 1.0  # leases, trimming, counters at least this often (5 times a lease: renew_s)
 ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partition is read)
-
-
-def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
-    """A handler call's id: one per trigger and event. A revision (stream id) is unique
-    within its partition only (two partitions can write the same id in the same
-    millisecond), so the id names the partition too."""
-    return f"{trigger_id}:p{partition}:{revision}"
 
 
 class Dispatcher:
@@ -85,17 +74,18 @@ class Dispatcher:
         self.registry_id = "0-0"
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
                                  or state.claims.is_claimed(scope))
-        self.counts: dict[str, int] = {}
-        self._barriers: dict[str, tuple[Trigger, BarrierCondition]] = {}
-        self._granted = functools.partial(guard.trigger_granted, state)  # (acl mode's owners)
-        self._clients: dict[str, StateClient] = {}
+        self.counts = Counts(state.conn, state.keys.dispatch_stats)
+        self.conditions = Conditions(state, self.counts)
+        self.batches = Batches(state, self.leases, self.conditions, self.counts,
+                               lambda: self.triggers, self.hidden,
+                               functools.partial(guard.trigger_granted, state),  # (acl mode)
+                               self.positions, self.stored)
         self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
                                        read_timeout_s=state.conn.read_timeout_s)
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
         self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
-        self._opening = anyio.Lock()  # one condition client per service, however many ask
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -104,6 +94,7 @@ class Dispatcher:
         log.info("dispatching", extra={"event": "dispatch.start", "replica": self.replica})
         try:
             async with anyio.create_task_group() as self._tg:  # (+ the condition clients)
+                self.conditions.open(self._tg)
                 with self._scope:
                     await self._reader.try_connect()  # (Redis away: the reads retry)
                     task_status.started()
@@ -134,7 +125,7 @@ class Dispatcher:
     async def _close(self) -> None:
         try:
             await self._persist()
-            await self._flush_counts()
+            await self.counts.flush()
             await self.leases.drop_all()
         except (StateError, ConnectionLost, ReplyError) as exc:
             log.warning("could not give back the leases: %s", exc,
@@ -200,11 +191,17 @@ class Dispatcher:
         cut = await trimming.trim(self.state, self.stored, self.leases.token)
         for partition, position in cut.items():
             self.positions[partition] = self.stored[partition] = position
-        await self._flush_counts()
+        await self.counts.flush()
 
     async def _skip_to_ends(self) -> None:
+        """No trigger: the positions to the streams' ends read, if there is still none once
+        they are read (one registered meanwhile, not yet loaded, must get the events after
+        its start: the next read loads it, and the events are read)."""
         held = sorted(self.positions)
-        for partition, info in zip(held, await trimming.infos(self.state, held), strict=True):
+        ends = await trimming.infos(self.state, held)
+        if await self.state.conn.execute("HLEN", self.state.keys.triggers):
+            return
+        for partition, info in zip(held, ends, strict=True):
             if info.added > self.positions[partition].n:
                 self.positions[partition] = Position(info.last_id, info.added)
 
@@ -267,134 +264,5 @@ class Dispatcher:
         self.stored.pop(partition, None)
 
     async def _dispatch_batch(self, partition: int, entries: list[Any]) -> None:
-        position = self.positions[partition]
-        calls: list[list[Any]] = []
-        for entry_id, flat in entries:
-            fields = fields_of(flat)
-            scope = fields.get(b"scope", b"").decode(errors="replace")
-            if self.hidden(scope) or not self.triggers.candidates(scope):
-                continue
-            try:
-                event = decode_event(entry_id, fields)
-            except (KeyError, ValueError) as exc:  # not written by our scripts: skipped
-                self._count("malformed_events")
-                log.error("partition %d: entry %s is not a change event (%r); skipped",
-                          partition, entry_id.decode(), exc,
-                          extra={"event": "dispatch.malformed", "partition": partition})
-                continue
-            for matcher in self.triggers.matching(event, self._granted):
-                call = await self._handler_call(matcher, event, partition)
-                if call is not None:
-                    calls.append(call)
-        last = entries[-1][0].decode()
-        moved = Position(last, position.n + len(entries))
-        if not calls:  # nothing handed on: stored at the next round (or with the next calls)
-            if partition in self.positions:  # (a round may have given it up meanwhile)
-                self.positions[partition] = moved
-            return
-        keys = self.state.keys.partition(partition)
-        advance = ADVANCE.command(self.state.library, *advance_call(
-            keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
-        replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
-        failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
-        if failed:
-            self._count("append_errors", len(failed))
-            log.error("could not append %d handler calls: %s", len(failed), failed[0],
-                      extra={"event": "dispatch.append_failed", "partition": partition})
-        self._count("handler_calls", len(calls) - len(failed))
-        if not ADVANCE.read(replies[-1]).done:
+        if not await self.batches.run(partition, entries):
             self._lost(partition)
-            return
-        self.positions[partition] = self.stored[partition] = moved
-
-    async def _handler_call(self, matcher: Matcher, event: Event,
-                            partition: int) -> list[Any] | None:
-        trigger = matcher.trigger
-        call_id = call_id_of(trigger.id, partition, event.revision)
-        payload: msgspec.Raw | None = None
-        if matcher.is_barrier:
-            payload = await self._barrier(matcher, event, call_id)
-            if payload is None:
-                return None
-        elif matcher.condition is not None and not await self._condition(matcher, event, call_id):
-            return None
-        return call_entry(self.state.keys.bus_stream(trigger.service), call_id,  # no reply
-                          trigger.function_id, document_json(event, payload), "", caller="state")
-
-    async def _barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
-        """The barrier's decision for this arrival (its token: the handler call's id, so a
-        re-dispatched event gets the same `allow`); the payload on `allow`."""
-        trigger = matcher.trigger
-        try:
-            condition = self._barriers.get(trigger.id)
-            if condition is None or condition[0] is not trigger:
-                raw = trigger.config.condition_config
-                parsed = barrier.parse_condition(
-                    self.state.settings, None if isinstance(raw, msgspec.UnsetType) else raw,
-                    owner=trigger.owner)
-                condition = self._barriers[trigger.id] = (trigger, parsed)
-            result: BarrierDecision = await self.state.execute(barrier.barrier_plan(
-                self.state, document_json(event), condition[1], token))
-        except StateError as exc:
-            self._condition_failed(matcher, event, exc)
-            return None
-        if result.decision != "allow" or isinstance(result.payload, msgspec.UnsetType):
-            self._count("condition_skips")
-            return None
-        return result.payload
-
-    async def _condition(self, matcher: Matcher, event: Event, call_id: str) -> bool:
-        trigger = matcher.trigger
-        service = trigger.config.condition_service or trigger.service
-        timeout_s = (trigger.config.condition_timeout_ms or
-                     triggers.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
-        try:
-            client = await self._client(service)
-            result = await client.call_json(matcher.condition or "", document_json(event),
-                                            timeout=timeout_s, call_id=f"{call_id}:condition")
-        except StateError as exc:
-            self._condition_failed(matcher, event, exc)
-            return False
-        if result.strip() == b"false":
-            self._count("condition_skips")
-            return False
-        return True
-
-    def _condition_failed(self, matcher: Matcher, event: Event, exc: StateError) -> None:
-        self._count("condition_errors")
-        log.warning("trigger %s: condition %s failed for revision %s (skipped): %s",
-                    matcher.trigger.id, matcher.condition, event.revision, exc,
-                    extra={"event": "dispatch.condition_failed", "trigger": matcher.trigger.id,
-                           "code": exc.code})
-
-    async def _client(self, service: str) -> StateClient:
-        client = self._clients.get(service)
-        if client is None:
-            async with self._opening:  # (two batches asking at once open one client)
-                client = self._clients.get(service)
-                if client is None:
-                    client = await self._tg.start(self._hold_client, service)
-        return client
-
-    async def _hold_client(self, service: str, *,
-                           task_status: TaskStatus[StateClient]) -> None:
-        """One condition service's client, open as long as the dispatcher runs; it calls as
-        the (trusted) service, on its own stream and reply lists, in `acl` mode too."""
-        trusted = msgspec.structs.replace(self.state.settings, auth="off")
-        async with StateClient(settings=trusted, service=service, caller="state") as client:
-            self._clients[service] = client
-            task_status.started(client)
-            await anyio.sleep_forever()
-
-    # ---- counters ----------------------------------------------------------------------------
-    def _count(self, name: str, by: int = 1) -> None:
-        if by:
-            self.counts[name] = self.counts.get(name, 0) + by
-
-    async def _flush_counts(self) -> None:
-        if not self.counts:
-            return
-        counts, self.counts = self.counts, {}
-        key = self.state.keys.dispatch_stats
-        await self.state.conn.pipeline([["HINCRBY", key, name, by]
-                                        for name, by in counts.items()])

@@ -17,7 +17,7 @@ import jsonpointer
 
 from stateworker import codec
 from stateworker.clock import rfc3339_ms
-from stateworker.events.model import Event
+from stateworker.events.model import Event, Revision, revision_of
 from stateworker.schemas import Trigger
 from stateworker.state.triggers import BARRIER
 
@@ -50,6 +50,15 @@ class Matcher:
                       for rule in config.match or []]
         self.condition = config.condition_function_id
         self.is_barrier = self.condition == BARRIER
+        self.asks_the_bus = self.condition is not None and not self.is_barrier  # (slow maybe)
+        starts = trigger.start_revisions
+        self.starts: dict[int, Revision] | None = None if starts is None else {
+            partition: revision_of(revision) for partition, revision in starts.items()}
+
+    def started(self, partition: int, revision: Revision) -> bool:
+        """Whether an event of `partition` at `revision` came after the registration."""
+        start = None if self.starts is None else self.starts.get(partition)
+        return start is None or revision > start
 
     def filters(self, event: Event) -> bool:
         """The filters that need no value: scope, key, key prefix, event type."""
@@ -77,7 +86,7 @@ class TriggerSet:
         for trigger in sorted(triggers, key=lambda t: t.id.encode()):
             matcher = Matcher(trigger)
             self.count += 1
-            self.asks_the_bus |= matcher.condition is not None and not matcher.is_barrier
+            self.asks_the_bus |= matcher.asks_the_bus
             if matcher.scope is None:
                 self.any_scope.append(matcher)
             else:
@@ -90,15 +99,20 @@ class TriggerSet:
         return scoped + self.any_scope if self.any_scope else scoped
 
     def matching(self, event: Event,
-                 granted: Callable[[Trigger, str], bool] | None = None) -> list[Matcher]:
+                 granted: Callable[[Trigger, str], bool] | None = None,
+                 partition: int | None = None) -> list[Matcher]:
         """The triggers whose filters and match rules the event passes (conditions not yet
         evaluated), in trigger id order within each group. `granted(trigger, scope)`: whether
         its owner may still have the event (`acl` mode: a role withdrawn since it registered
-        stops it at once)."""
+        stops it at once). `partition`: the event's, whose stream its revision is of; a
+        trigger registered after the event (its start revision there) does not see it."""
         found = []
         tree: dict[str, Any] | None = None
+        at = None if partition is None else (partition, revision_of(event.revision))
         for matcher in self.candidates(event.scope):
             if not matcher.filters(event):
+                continue
+            if at is not None and not matcher.started(*at):
                 continue
             if granted is not None and not granted(matcher.trigger, event.scope):
                 continue

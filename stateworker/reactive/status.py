@@ -72,3 +72,25 @@ async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: 
         elif after:
             report["lag_ms"] = max(0, now - revision_of(after[0][0])[0])
     return report
+
+
+class Counts:
+    """A dispatcher's counters (handler calls, condition skips and errors, malformed events,
+    append errors), added up in memory and flushed into `keys.dispatch_stats` once a round:
+    `dispatch_status` shows their sums over every replica."""
+
+    def __init__(self, conn: RedisConnection, key: str) -> None:
+        self.conn = conn
+        self.key = key
+        self.pending: dict[str, int] = {}
+
+    def add(self, name: str, by: int = 1) -> None:
+        if by:
+            self.pending[name] = self.pending.get(name, 0) + by
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        counts, self.pending = self.pending, {}
+        await self.conn.pipeline([["HINCRBY", self.key, name, by]
+                                  for name, by in counts.items()])

@@ -9,6 +9,8 @@ named, never found later on an event. Its targets (`service`, `function_id`, a b
 condition's `condition_service` and `condition_function_id`) follow the bus's name rules
 (keys.bus_name_problem; a service at most `MAX_SERVICE_BYTES`), and in `acl` mode the
 registering principal must be one that may call the services (guard.may_call_service).
+A registration starts where the streams of the partitions it covers end (`start_revisions`,
+read in its first step, `_started`): the dispatcher hands it no event at or before them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import jsonpointer
@@ -25,7 +28,9 @@ from stateworker import codec
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope
-from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE
+from stateworker.events.compaction import stream_info
+from stateworker.events.model import revision_text
+from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace
 from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -184,10 +189,40 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
                                  {"path": "$.id", "limit": MAX_TRIGGERS})
         return TriggerIdResult(trigger_id)
 
-    call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(trigger), MAX_TRIGGERS,
-                        ctx.principal, guard.may_administer(state, ctx))
-    return then(state.script_plan(TRIGGER, call, finish),
-                functools.partial(with_groups, state, {req.service, config.condition_service}))
+    def store(started: Trigger) -> Plan:
+        call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(started),
+                            MAX_TRIGGERS, ctx.principal, guard.may_administer(state, ctx))
+        return then(state.script_plan(TRIGGER, call, finish),
+                    functools.partial(with_groups, state, {req.service, config.condition_service}))
+
+    return _started(state, trigger, store)
+
+
+def covered(keys: KeySpace, config: TriggerConfig) -> list[int]:
+    """The partitions whose events a trigger can see: its scope's, or every one."""
+    if config.scope is not None:
+        return [keys.partition_of(config.scope)]
+    return list(range(keys.partitions))
+
+
+def _started(state: RedisState, trigger: Trigger,
+             store: Callable[[Trigger], Plan]) -> Plan:
+    """First step of a registration: the last revision of each partition it covers (as an
+    etcd watch created now starts at the current revision), then `store(the trigger with
+    its start_revisions)`. Each is read from its own stream (one key a command, so a
+    partition in a slot of its own still fits); an event committed while the registration
+    runs may be seen or not, one committed after its reply is seen."""
+    partitions = covered(state.keys, trigger.config)
+    streams = [state.keys.partition(p).events for p in partitions]
+
+    def start(replies: list[Any]) -> Plan:
+        ends = {}
+        for partition, stream, reply in zip(partitions, streams, replies, strict=True):
+            info = stream_info(reply, stream)
+            ends[partition] = revision_text(info.last_generated) if info else "0-0"
+        return store(msgspec.structs.replace(trigger, start_revisions=ends))
+
+    return Plan([["XINFO", "STREAM", stream] for stream in streams], start)
 
 
 def unregister_plan(state: RedisState, trigger_id: str, ctx: CallContext) -> Plan:

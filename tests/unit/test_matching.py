@@ -98,3 +98,21 @@ def test_one_and_one_point_zero_differ_and_key_order_does_not_matter() -> None:
                   version=1, ts_ms=0, by="")
     assert TriggerSet([trigger(b'{"a":[1.0],"b":1}')]).matching(event)
     assert not TriggerSet([trigger(b'{"a":[1],"b":1}')]).matching(event)
+
+
+def test_a_trigger_sees_only_the_revisions_after_its_start_in_each_partition() -> None:
+    """Revisions compare as (ms, sequence) within the event's partition: `10-2` is after
+    `9-99` and `10-1`; a partition the trigger has no start for is not held back."""
+    trigger = Trigger(id="t", function_id="f", service="s", created_at="",
+                      config=TriggerConfig(), start_revisions={0: "10-1", 1: "9-99"})
+
+    def seen(partition: int, revision: str) -> bool:
+        event = Event(revision=revision, type="state:created", scope="s", key="k",
+                      old_value=msgspec.Raw(b"null"), new_value=msgspec.Raw(b"1"), version=1,
+                      ts_ms=0, by="")
+        return bool(TriggerSet([trigger]).matching(event, partition=partition))
+
+    assert [seen(0, r) for r in ("9-99", "10-0", "10-1", "10-2", "11-0")] == [
+        False, False, False, True, True]
+    assert [seen(1, r) for r in ("9-98", "9-99", "9-100", "10-0")] == [False, False, True, True]
+    assert seen(2, "1-0")

@@ -199,7 +199,7 @@ async def test_bus_conditions_only_an_explicit_false_skips(
 
         async def counted() -> bool:
             assert service.dispatcher is not None
-            await service.dispatcher._flush_counts()
+            await service.dispatcher.counts.flush()
             stats = await service.state.conn.execute(
                 "HGETALL", service.state.keys.dispatch_stats)
             return dict(zip(stats[::2], stats[1::2], strict=True)).get(

@@ -1,0 +1,115 @@
+"""A trigger's condition, evaluated for one event before its handler call is handed on.
+
+`state::barrier` runs in Redis (token: the handler call's id, so a re-dispatched event gets the
+same decision; on `allow` its payload goes into the handler's body). Any other function is
+called over the bus, on `condition_service` (default: the trigger's service), with the event
+document, call id `<handler call id>:condition` and the trigger's timeout (default 5 s, at
+most 60 s): only an explicit `false` skips; an error or a timeout skips too, logged and
+counted (`condition_errors`; skips: `condition_skips`).
+
+One `StateClient` per condition service, opened at its first condition and held open (in a
+task of the dispatcher's task group) as long as the dispatcher runs; it calls as the trusted
+service, on its own stream and reply lists, in `acl` mode too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup, TaskStatus
+
+from stateworker.bus.client import StateClient
+from stateworker.errors import StateError
+from stateworker.events.model import Event, document_json
+from stateworker.reactive.matching import Matcher
+from stateworker.reactive.status import Counts
+from stateworker.schemas import BarrierDecision, Trigger
+from stateworker.state import barrier, triggers
+from stateworker.state.barrier import BarrierCondition
+from stateworker.state.store import RedisState
+
+log = logging.getLogger("stateworker.reactive.dispatcher")
+
+
+class Conditions:
+    """The conditions of one dispatcher; `open(task_group)` before the first bus condition."""
+
+    def __init__(self, state: RedisState, counts: Counts) -> None:
+        self.state = state
+        self.counts = counts
+        self._barriers: dict[str, tuple[Trigger, BarrierCondition]] = {}
+        self._clients: dict[str, StateClient] = {}
+        self._opening = anyio.Lock()  # one condition client per service, however many ask
+        self._tg: TaskGroup | None = None
+
+    def open(self, task_group: TaskGroup) -> None:
+        """Where the condition clients are held (the dispatcher's task group)."""
+        self._tg = task_group
+
+    async def barrier(self, matcher: Matcher, event: Event, token: str) -> msgspec.Raw | None:
+        """The barrier's decision for this arrival; the payload on `allow`, else None."""
+        trigger = matcher.trigger
+        try:
+            condition = self._barriers.get(trigger.id)
+            if condition is None or condition[0] is not trigger:
+                raw = trigger.config.condition_config
+                parsed = barrier.parse_condition(
+                    self.state.settings, None if isinstance(raw, msgspec.UnsetType) else raw,
+                    owner=trigger.owner)
+                condition = self._barriers[trigger.id] = (trigger, parsed)
+            result: BarrierDecision = await self.state.execute(barrier.barrier_plan(
+                self.state, document_json(event), condition[1], token))
+        except StateError as exc:
+            self._failed(matcher, event, exc)
+            return None
+        if result.decision != "allow" or isinstance(result.payload, msgspec.UnsetType):
+            self.counts.add("condition_skips")
+            return None
+        return result.payload
+
+    async def holds(self, matcher: Matcher, event: Event, call_id: str) -> bool:
+        """A bus condition's answer for the event: False only on an explicit `false`, an
+        error or a timeout."""
+        trigger = matcher.trigger
+        service = trigger.config.condition_service or trigger.service
+        timeout_s = (trigger.config.condition_timeout_ms or
+                     triggers.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
+        try:
+            client = await self._client(service)
+            result = await client.call_json(matcher.condition or "", document_json(event),
+                                            timeout=timeout_s, call_id=f"{call_id}:condition")
+        except StateError as exc:
+            self._failed(matcher, event, exc)
+            return False
+        if result.strip() == b"false":
+            self.counts.add("condition_skips")
+            return False
+        return True
+
+    def _failed(self, matcher: Matcher, event: Event, exc: StateError) -> None:
+        self.counts.add("condition_errors")
+        log.warning("trigger %s: condition %s failed for revision %s (skipped): %s",
+                    matcher.trigger.id, matcher.condition, event.revision, exc,
+                    extra={"event": "dispatch.condition_failed", "trigger": matcher.trigger.id,
+                           "code": exc.code})
+
+    async def _client(self, service: str) -> StateClient:
+        client = self._clients.get(service)
+        if client is None:
+            async with self._opening:  # (two batches asking at once open one client)
+                client = self._clients.get(service)
+                if client is None:
+                    if self._tg is None:
+                        raise RuntimeError("Conditions.open was not called")
+                    client = await self._tg.start(self._hold_client, service)
+        return client
+
+    async def _hold_client(self, service: str, *,
+                           task_status: TaskStatus[StateClient]) -> None:
+        trusted = msgspec.structs.replace(self.state.settings, auth="off")
+        async with StateClient(settings=trusted, service=service, caller="state") as client:
+            self._clients[service] = client
+            task_status.started(client)
+            await anyio.sleep_forever()
