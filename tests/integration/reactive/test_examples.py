@@ -8,6 +8,7 @@ coordinator's trigger stays registered."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -122,3 +123,14 @@ async def test_the_coordinator_wakes_exactly_once_per_round_20_times(
                         "the killed coordinator's trigger reaped")
     finally:
         service.kill()
+
+
+@pytest.mark.parametrize("script", ["coordinator.py", "producers.py"])
+def test_help_describes_the_example_and_touches_no_redis(script: str) -> None:
+    # (an unreachable Redis: a script that ran instead of helping would fail)
+    env = {**os.environ, "STATEWORKER_REDIS_URL": "redis://127.0.0.1:9/0"}
+    done = subprocess.run([sys.executable, str(EXAMPLE / script), "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {script} ")
+    assert "--wait-s" in done.stdout if script == "producers.py" else "--ttl-ms" in done.stdout
