@@ -20,6 +20,15 @@ def rfc3339_ms(epoch_ms: int | None) -> str | None:
     return f"{_second(epoch_ms // 1000)}.{epoch_ms % 1000:03d}Z"
 
 
+def epoch_ms(text: str) -> int:
+    """`2026-11-29T15:04:05.123Z` (what `rfc3339_ms` writes) -> epoch milliseconds, exactly."""
+    moment = dt.datetime.fromisoformat(text)
+    return (moment - _EPOCH) // dt.timedelta(milliseconds=1)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 @functools.lru_cache(maxsize=8192)
 def _second(epoch_s: int) -> str:
     """`2026-11-29T15:04:05`: formatting a time is most of a read's own cost in Python (a

@@ -33,6 +33,8 @@ Layout (`sw` prefix, partition 3):
                                                  mirrored from PostgreSQL after each commit
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
+  sw:{sw:reg}:trigger_leases              zset   leased trigger id -> expires ms (its
+                                                 registration's `expires_at`; the reaper's index)
   sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
   sw:{sw:reg}:principals                  hash   principal name -> its record (JSON: roles,
                                                  act_as; never a password)
@@ -156,6 +158,7 @@ class KeySpace:
         registry_tag = f"{prefix}:{{{prefix}:reg}}:"
         self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
         self.triggers = f"{registry_tag}triggers"
+        self.trigger_leases = f"{registry_tag}trigger_leases"
         self.claims = f"{registry_tag}claims"
         self.principals = f"{registry_tag}principals"
         self.roles = f"{registry_tag}roles"

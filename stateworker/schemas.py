@@ -156,6 +156,12 @@ class RegisterTriggerRequest(Request, kw_only=True):
     service: str
     id: str | None = None
     config: TriggerConfig = msgspec.field(default_factory=TriggerConfig)
+    ttl_ms: int | None = None  # a lease: gone this long after registering unless kept
+
+
+class KeepTriggerRequest(Struct, kw_only=True):
+    id: str
+    ttl_ms: int | None = None  # this renewal's lifetime (default: the registration's ttl_ms)
 
 
 class TriggerIdRequest(Request):
@@ -175,6 +181,8 @@ class Trigger(Struct, kw_only=True, omit_defaults=True):
     # stored before starts were recorded, which sees whatever the dispatcher reads.)
     start_revisions: dict[int, str] | None = None
     owner: str | None = None  # `acl` mode: the principal that registered it
+    ttl_ms: int | None = None  # a leased trigger: its lifetime, renewed by keep-trigger
+    expires_at: str | None = None  # ... and when it is gone unless kept (RFC 3339, ms)
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -202,6 +210,11 @@ class DiffResult(Struct, kw_only=True, omit_defaults=True):
 
 class TriggerIdResult(Struct):
     id: str
+
+
+class KeptResult(Struct):
+    id: str
+    expires_at: str
 
 
 class UnregisteredResult(Struct):

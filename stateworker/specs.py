@@ -119,6 +119,10 @@ REGISTER_TRIGGER = Spec("state::register-trigger", "register_trigger",
                         "call a service's function for every matching change event",
                         ("function_id", "service"),
                         raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "PERMISSION_DENIED"))
+KEEP_TRIGGER = Spec("state::keep-trigger", "keep_trigger", s.KeepTriggerRequest, s.KeptResult,
+                    "renew a trigger registered with `ttl_ms` (a lease); its new `expires_at`",
+                    ("id",), raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "NOT_FOUND",
+                                                  "PERMISSION_DENIED", "CONFLICT"))
 UNREGISTER_TRIGGER = Spec("state::unregister-trigger", "unregister_trigger",
                           s.TriggerIdRequest, s.UnregisteredResult, "remove a trigger",
                           ("id",), raises=("INVALID_REQUEST", "UNKNOWN_FIELD"))
@@ -129,7 +133,8 @@ LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
-    CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, UNREGISTER_TRIGGER, LIST_TRIGGERS)
+    CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
+    LIST_TRIGGERS)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 
@@ -144,8 +149,10 @@ _WHY: dict[str, str] = {
                       "namespace claimed",
     "VALUE_TOO_LARGE": "a value is over `max_value_bytes` (a barrier's payload: over 2 MiB)",
     "KEY_LIMIT": "the key is new and the scope holds `max_keys` live keys",
-    "CONFLICT": "`expected_version` / `create_only` did not hold; nothing was written",
-    "NOT_FOUND": "`required: true` and the entry is missing",
+    "CONFLICT": "`expected_version` / `create_only` did not hold, or the trigger to keep was "
+                "replaced while being kept; nothing was written",
+    "NOT_FOUND": "`required: true` and the entry is missing, or the trigger to keep is unknown "
+                 "or expired",
     "BARRIER_CONFIG": "`condition_config` is missing or bad, or its `expect` is not the one "
                       "the barrier's first arrival fixed",
     "INVALID_PREFIX": "`functions_prefix` is not `[A-Za-z0-9_-]+`",

@@ -64,5 +64,6 @@ class TypedCalls(abc.ABC):
     claim_namespace = spec_method(specs.CLAIM_NAMESPACE, CLIENT)
     release_namespace = spec_method(specs.RELEASE_NAMESPACE, CLIENT)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, CLIENT)
+    keep_trigger = spec_method(specs.KEEP_TRIGGER, CLIENT)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)

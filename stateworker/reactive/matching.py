@@ -5,7 +5,8 @@ scope (`TriggerSet`), so an event meets only the triggers of its own scope plus 
 scope filter. `match` rules resolve an RFC 6901 pointer in the event document (the handler's
 body, events/model.py) and compare canonical JSON (deep equality, key order ignored, `1` and
 `1.0` different: what compare-and-set means by equal). Values are decoded only when a rule
-of a candidate trigger needs them.
+of a candidate trigger needs them. A leased trigger (`ttl_ms`) matches only events written
+before its `expires_at`: once expired it is gone at once, before the reaper removes it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event, Revision, revision_of
 from stateworker.schemas import Trigger
-from stateworker.state.triggers import BARRIER
+from stateworker.state.triggers import BARRIER, expires_ms
 
 _MISSING = object()
 
@@ -59,10 +60,13 @@ class Matcher:
         """Whether an event of `partition` at `revision` came after the registration."""
         start = None if self.starts is None else self.starts.get(partition)
         return start is None or revision > start
+        self.expires_ms = expires_ms(trigger)  # (None: never)
 
     def filters(self, event: Event) -> bool:
-        """The filters that need no value: scope, key, key prefix, event type."""
-        return ((self.scope is None or event.scope == self.scope)
+        """The filters that need no value: scope, key, key prefix, event type; and the lease:
+        an event written once it expired is not its."""
+        return ((self.expires_ms is None or event.ts_ms < self.expires_ms)
+                and (self.scope is None or event.scope == self.scope)
                 and (self.key is None or event.key == self.key)
                 and (self.key_prefix is None or event.key.startswith(self.key_prefix))
                 and (self.types is None or event.type in self.types))

@@ -28,6 +28,7 @@ from stateworker.scripts.replies import (
     DeleteReply,
     DeltopicReply,
     EntriesReply,
+    KeptReply,
     ListReply,
     Moved,
     ReapReply,
@@ -70,7 +71,8 @@ REAP = Binding("reap", 3, ReapReply.read)
 LIST = Binding("list", 1, ListReply.read)
 ENTRIES = Binding("entries", 1, EntriesReply.read)
 DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
-TRIGGER = Binding("trigger", 2, TriggerReply.read)
+TRIGGER = Binding("trigger", 3, TriggerReply.read)
+KEEP_TRIGGER = Binding("keeptrigger", 3, KeptReply.read)  # keep-trigger, the reaper's
 CLAIM = Binding("claim", 2, ClaimReply.read)
 ACCESS = Binding("access", 3, AccessReply.read)
 RELEASE = Binding("release", 2, ReleaseReply.read)
@@ -80,8 +82,8 @@ LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 BINDINGS: tuple[Binding[Any], ...] = (
-    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, CLAIM,
-    RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
+    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
+    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -219,11 +221,27 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str |
 
 
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
-                 cap: int, owner: str | None = None, admin: bool = False) -> Call:
+                 cap: int, owner: str | None = None, admin: bool = False, *, now: int,
+                 expires: int | None = None) -> Call:
     """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the
-    principal asking (None: a trusted caller), `admin`: it may change anyone's."""
-    return ([keys.triggers, keys.registry],
-            [op, trigger_id, registration, cap, owner or "", "1" if admin else ""])
+    principal asking (None: a trusted caller), `admin`: it may change anyone's; `now` (ms):
+    a lease expired by then is gone; `expires` (ms): a "set" registration's lease (None:
+    none)."""
+    return ([keys.triggers, keys.registry, keys.trigger_leases],
+            [op, trigger_id, registration, cap, owner or "", "1" if admin else "", now,
+             "" if expires is None else expires])
+
+
+def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
+                      renewed: bytes, expires: int) -> Call:
+    """keeptrigger.lua "keep": `held` (as read) becomes `renewed`, leased until `expires`."""
+    return ([keys.triggers, keys.registry, keys.trigger_leases],
+            ["keep", now, trigger_id, held, renewed, expires])
+
+
+def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
+    """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
+    return ([keys.triggers, keys.registry, keys.trigger_leases], ["reap", now, batch])
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],

@@ -188,6 +188,22 @@ class TriggerReply(NamedTuple):
         return cls(True, False, int(reply[1]))
 
 
+class KeptReply(NamedTuple):
+    """keeptrigger.lua. "keep": `done` 1 renewed, 0 not registered or expired; `changed`: its
+    registration changed since it was read (nothing written). "reap": `done` removed,
+    `more` expired ones remain."""
+
+    changed: bool
+    done: int
+    more: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> KeptReply:
+        if reply[0] == LUA_STATUS["CONFLICT"]:
+            return cls(True, 0, False)
+        return cls(False, int(reply[1]), len(reply) > 2 and reply[2] == 1)
+
+
 class ListReply(NamedTuple):
     """list.lua: the live keys or values, in key byte order."""
 

@@ -4,9 +4,11 @@ Every row not yet expired becomes its entry hash again (value text, version, has
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
 registrations, claims, principals, roles and barrier hashes (snapshot/barriers.py) go back
-exactly as stored. A principal whose Redis ACL user is missing (passwords are never stored)
-gets its user back with its rule, but off and without a password: the summary names it in
-`principals_without_user`, and `stateworker principal passwd NAME` gives it a password.
+exactly as stored, except a trigger whose lease (`ttl_ms`) expired: gone, never brought back
+(a leased one goes back with its `expires_at`). A principal whose Redis ACL user is missing
+(passwords are never stored) gets its user back with its rule, but off and without a
+password: the summary names it in `principals_without_user`, and `stateworker principal
+passwd NAME` gives it a password.
 The records of bus calls that changed entries in the last dedupe window go back too
 (snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
 again. Nothing is written to the event streams, and every partition's dispatch and snapshot
@@ -33,6 +35,7 @@ from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import principals as acl
+from stateworker.state import triggers as registry
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import command_reply
 from stateworker.transport.wire import ReplyError
@@ -157,12 +160,31 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
         "SELECT id, registration FROM sw_triggers WHERE prefix = %s", (prefix,))).fetchall()
     claims = await (await pg.execute(
         "SELECT scope, namespace FROM sw_claims WHERE prefix = %s", (prefix,))).fetchall()
-    commands: list[list[Any]] = [["HSET", keys.triggers, from_pg(str(i)), str(r)]
-                                 for i, r in triggers]
+    restored, commands = _trigger_commands(state, [(from_pg(str(i)), str(r))
+                                                   for i, r in triggers])
     commands += [["HSET", keys.claims, from_pg(str(s)), from_pg(str(n))] for s, n in claims]
     if commands:
         await _run(state, commands)
-    return len(triggers), len(claims)
+    return restored, len(claims)
+
+
+def _trigger_commands(state: RedisState, rows: list[tuple[str, str]]
+                      ) -> tuple[int, list[list[Any]]]:
+    """The triggers still registered, and their commands: one whose lease (`ttl_ms`) expired
+    is gone, never brought back; a leased one goes back with its expiry (`trigger_leases`)."""
+    now, keys = now_ms(), state.keys
+    commands: list[list[Any]] = []
+    restored = 0
+    for trigger_id, registration in rows:
+        trigger = registry.decode_trigger(registration.encode())
+        if not registry.live(trigger, now):
+            continue
+        restored += 1
+        commands.append(["HSET", keys.triggers, trigger_id, registration])
+        expires = registry.expires_ms(trigger)
+        if expires is not None:
+            commands.append(["ZADD", keys.trigger_leases, expires, trigger_id])
+    return restored, commands
 
 
 async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summary) -> None:

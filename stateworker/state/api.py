@@ -285,5 +285,6 @@ class StateStore(KeyValueMethods):
     list_namespaces = spec_method(specs.LIST_NAMESPACES, STORE)
     release_namespace = spec_method(specs.RELEASE_NAMESPACE, STORE)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, STORE)
+    keep_trigger = spec_method(specs.KEEP_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)

@@ -3,7 +3,8 @@
 Reads already treat an expired entry as missing; the reaper only makes the deletion (and its
 `state:deleted` event) happen soon after expiry even when nobody touches the key. Each round
 also forgets the scopes last written before the dedupe window (`PartitionKeys.written`), so
-that record holds only the scopes written within it.
+that record holds only the scopes written within it, and removes the triggers whose lease
+(`ttl_ms`) expired (state/trigger_leases.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from stateworker.errors import StateError
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REAP, reap_call
 from stateworker.scripts.replies import ReapReply
+from stateworker.state import trigger_leases
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply
 from stateworker.transport.wire import Arg
@@ -66,6 +68,7 @@ async def reaper_loop(state: RedisState, *,
         try:
             await reap_expired(state)
             await forget_old_writes(state)
+            await trigger_leases.reap_triggers(state)
         except StateError as exc:  # Redis away for a moment: the next round retries
             log.warning("reaper round failed: %s", exc)
         await anyio.sleep(state.settings.reaper_interval_s)

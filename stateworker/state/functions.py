@@ -55,6 +55,7 @@ from stateworker.state import (
     namespaces,
     ops,
     reads,
+    trigger_leases,
     triggers,
     validate,
     writes,
@@ -280,6 +281,7 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.CLAIM_NAMESPACE, state_claim_namespace),
     (specs.RELEASE_NAMESPACE, state_release_namespace),
     (specs.REGISTER_TRIGGER, triggers.state_register_trigger),
+    (specs.KEEP_TRIGGER, trigger_leases.state_keep_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
 ))

@@ -14,7 +14,8 @@ A `--allow` item is a named family or a function-id pattern:
 
   read      every read-only function (its Spec's `read_only`)
   write     every other function, except the two families below (set, update, barrier ...)
-  triggers  state::register-trigger, state::unregister-trigger, state::list-triggers
+  triggers  state::register-trigger, state::keep-trigger, state::unregister-trigger,
+            state::list-triggers
   claims    state::claim-namespace, state::release-namespace
   admin     every function, claims with `adopt`, and the administration (roles, restore)
   anything else: a function-id pattern (`state::get`, `state::*`, `builtin.state.*`)
@@ -34,8 +35,8 @@ from stateworker.patterns import glob_match, glob_parts
 from stateworker.specs import Spec
 
 FAMILIES = ("read", "write", "triggers", "claims", "admin")
-TRIGGERS = frozenset({"state::register-trigger", "state::unregister-trigger",
-                      "state::list-triggers"})
+TRIGGERS = frozenset({"state::register-trigger", "state::keep-trigger",
+                      "state::unregister-trigger", "state::list-triggers"})
 CLAIMS = frozenset({"state::claim-namespace", "state::release-namespace"})
 EVERY_SCOPE = "*"
 

@@ -30,7 +30,7 @@ from stateworker.scripts.replies import ClaimReply, ReleaseReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import ACCESSORS as ACCESSED
 from stateworker.state.store import RedisState
-from stateworker.state.triggers import decode_trigger
+from stateworker.state.triggers import decode_trigger, live
 from stateworker.transport.plans import Plan, command_reply
 from stateworker.transport.wire import Arg
 
@@ -91,11 +91,12 @@ def claim_plan(state: RedisState, prefix: str, scopes: list[str], target: Target
     def claim(replies: list[Any]) -> Plan:
         replies = [command_reply(reply, "reading the scopes' use") for reply in replies]
         named: dict[str, list[str]] = {}
+        now = now_ms()
         for raw in replies[-1]:
             trigger = decode_trigger(raw)
-            if trigger.config.scope is not None:
+            if trigger.config.scope is not None and live(trigger, now):
                 named.setdefault(trigger.config.scope, []).append(trigger.id)
-        now, window = now_ms(), state.settings.dedupe_window_ms
+        window = state.settings.dedupe_window_ms
         uses = [_use(int(replies[2 * i]), replies[2 * i + 1], named.get(scope, []), now, window)
                 for i, scope in enumerate(scopes)]
         call = claim_call(state.keys, prefix, scopes, uses, adopter)

@@ -11,6 +11,11 @@ condition's `condition_service` and `condition_function_id`) follow the bus's na
 registering principal must be one that may call the services (guard.may_call_service).
 A registration starts where the streams of the partitions it covers end (`start_revisions`,
 read in its first step, `_started`): the dispatcher hands it no event at or before them.
+
+A trigger registered with `ttl_ms` is leased: its registration carries `expires_at`, renewed
+by `state::keep-trigger` (state/trigger_leases.py), and once that time passes it is gone:
+no event written from then on matches it (reactive/matching.py), `list-triggers` leaves it
+out, trigger.lua treats it as absent, and the reaper removes it (`KeySpace.trigger_leases`).
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import jsonpointer
 import msgspec
 
 from stateworker import codec
-from stateworker.clock import now_ms, rfc3339_ms
+from stateworker.clock import epoch_ms, now_ms, rfc3339_ms
 from stateworker.context import CallContext
-from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope
+from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope, shown
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import revision_text
 from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace
@@ -56,6 +61,8 @@ MAX_MATCH_RULES = 16
 MAX_EQUALS_BYTES = 64 * 1024
 MAX_CONDITION_TIMEOUT_MS = 60_000
 DEFAULT_CONDITION_TIMEOUT_MS = 5_000
+MIN_TTL_MS = 500  # a leased trigger lives at least this long (renewals need a round trip)
+MAX_TTL_MS = 86_400_000  # ... and at most a day per renewal
 BARRIER = "state::barrier"  # the condition that runs in Redis, no bus round trip
 EVENT_TYPES = ("state:created", "state:updated", "state:deleted")
 
@@ -167,9 +174,32 @@ def _may_target(state: RedisState, ctx: CallContext, field: str, service: str) -
              "service": service, "missing": f"a grant to call {service!r}"})
 
 
+def checked_id(trigger_id: str) -> None:
+    _text("id", trigger_id)
+
+
+def checked_ttl(ttl_ms: int | None) -> int | None:
+    """A lease's `ttl_ms`: None (no lease), or ms within MIN_TTL_MS..MAX_TTL_MS."""
+    if ttl_ms is not None:
+        validate.in_range("ttl_ms", ttl_ms, MIN_TTL_MS, MAX_TTL_MS, " ms")
+    return ttl_ms
+
+
+def expires_ms(trigger: Trigger) -> int | None:
+    """When a leased trigger is gone (epoch ms); None: it never expires."""
+    return None if trigger.expires_at is None else epoch_ms(trigger.expires_at)
+
+
+def live(trigger: Trigger, now: int) -> bool:
+    """Whether `trigger` is still registered at `now` (its lease, if any, not expired)."""
+    until = expires_ms(trigger)
+    return until is None or now < until
+
+
 def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallContext) -> Plan:
     trigger_id = req.id if req.id is not None else f"t-{uuid.uuid4().hex}"
     _text("id", trigger_id)
+    ttl_ms = checked_ttl(req.ttl_ms)
     validate.bus_target("function_id", req.function_id, MAX_ID_BYTES)
     validate.bus_target("service", req.service, MAX_SERVICE_BYTES)
     config = checked_config(state, req.config, req.service)
@@ -177,9 +207,11 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
     if config.condition_service is not None and config.condition_service != req.service:
         _may_target(state, ctx, "config.condition_service", config.condition_service)
     guard.may_read(state, ctx, config.scope, "$.config.scope")  # (its events carry values)
+    now = now_ms()
+    expires = None if ttl_ms is None else now + ttl_ms
     trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
-                      config=config, created_at=rfc3339_ms(now_ms()) or "",
-                      owner=ctx.principal)
+                      config=config, created_at=rfc3339_ms(now) or "",
+                      owner=ctx.principal, ttl_ms=ttl_ms, expires_at=rfc3339_ms(expires))
 
     def finish(reply: TriggerReply) -> TriggerIdResult:
         _not_anothers(ctx, trigger_id, reply)
@@ -191,7 +223,8 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
 
     def store(started: Trigger) -> Plan:
         call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(started),
-                            MAX_TRIGGERS, ctx.principal, guard.may_administer(state, ctx))
+                            MAX_TRIGGERS, ctx.principal, guard.may_administer(state, ctx),
+                            now=now, expires=expires)
         return then(state.script_plan(TRIGGER, call, finish),
                     functools.partial(with_groups, state, {req.service, config.condition_service}))
 
@@ -233,20 +266,25 @@ def unregister_plan(state: RedisState, trigger_id: str, ctx: CallContext) -> Pla
         return UnregisteredResult(trigger_id, reply.existed)
 
     call = trigger_call(state.keys, "del", trigger_id, "", MAX_TRIGGERS, ctx.principal,
-                        guard.may_administer(state, ctx))
+                        guard.may_administer(state, ctx), now=now_ms())
     return state.script_plan(TRIGGER, call, finish)
 
 
 def _not_anothers(ctx: CallContext, trigger_id: str, reply: TriggerReply) -> None:
     """`acl` mode: a principal replaces or removes only its own triggers (an admin any)."""
     if reply.owner is not None:
-        whose = f"principal {reply.owner!r}'s" if reply.owner else "a trigger registered " \
-            "with no owner (off mode), which only an admin may change"
-        raise PermissionDenied(
-            f"$.id: trigger {trigger_id!r} is {whose}; principal {ctx.principal!r} replaces "
-            "or removes only its own triggers", {"path": "$.id", "principal": ctx.principal,
-                                                 "owner": reply.owner,
-                                                 "missing": "ownership of the trigger"})
+        raise not_the_owner(ctx, trigger_id, reply.owner)
+
+
+def not_the_owner(ctx: CallContext, trigger_id: str, owner: str,
+                  what: str = "replaces or removes") -> PermissionDenied:
+    """PERMISSION_DENIED: trigger `trigger_id` is `owner`'s ("": ownerless), not the caller's."""
+    whose = f"principal {shown(owner)}'s" if owner else "a trigger registered " \
+        "with no owner (off mode), which only an admin may change"
+    return PermissionDenied(
+        f"$.id: trigger {shown(trigger_id)} is {whose}; principal {shown(ctx.principal)} "
+        f"{what} only its own triggers", {"path": "$.id", "principal": ctx.principal,
+                                          "owner": owner, "missing": "ownership of the trigger"})
 
 
 def with_groups(state: RedisState, services: set[str | None], result: Any) -> Any:
@@ -283,8 +321,9 @@ def list_plan(state: RedisState, ctx: CallContext) -> Plan:
 
     def finish(replies: list[Any]) -> TriggersResult:
         flat = command_reply(replies[0], "reading the triggers")
+        now = now_ms()
         triggers = [t for t in map(decode_trigger, flat[1::2])
-                    if everyone or t.owner == ctx.principal]
+                    if (everyone or t.owner == ctx.principal) and live(t, now)]
         return TriggersResult(sorted(triggers, key=lambda t: t.id.encode()))
 
     return Plan([["HGETALL", state.keys.triggers]], finish)

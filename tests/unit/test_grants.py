@@ -199,7 +199,8 @@ def test_the_acl_rule_of_a_principal() -> None:
 FUNCTIONS = [spec.name for spec in NATIVE] + ["builtin.state.get_state",
                                                "builtin.state.set_state", "ns::state::get"]
 READS = {s.name for s in NATIVE if s.read_only} | {"builtin.state.get_state", "ns::state::get"}
-FAMILY = {"state::register-trigger": "triggers", "state::unregister-trigger": "triggers",
+FAMILY = {"state::register-trigger": "triggers", "state::keep-trigger": "triggers",
+          "state::unregister-trigger": "triggers",
           "state::list-triggers": "triggers", "state::claim-namespace": "claims",
           "state::release-namespace": "claims"}
 

@@ -9,6 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event
 from stateworker.reactive.matching import TriggerSet
 from stateworker.schemas import MatchRule, Trigger, TriggerConfig
@@ -116,3 +117,22 @@ def test_a_trigger_sees_only_the_revisions_after_its_start_in_each_partition() -
         False, False, False, True, True]
     assert [seen(1, r) for r in ("9-98", "9-99", "9-100", "10-0")] == [False, False, True, True]
     assert seen(2, "1-0")
+
+
+def test_a_leased_trigger_matches_only_events_written_before_it_expires() -> None:
+    expires = 1_700_000_000_000
+    leased = Trigger(id="leased", function_id="f::g", service="f", config=TriggerConfig(),
+                     created_at="", ttl_ms=1000, expires_at=rfc3339_ms(expires))
+    plain = Trigger(id="plain", function_id="f::g", service="f", config=TriggerConfig(),
+                    created_at="")
+    found = TriggerSet([leased, plain])
+
+    def matched(ts_ms: int) -> list[str]:
+        event = Event(revision="1-0", type="state:created", scope="s", key="k",
+                      old_value=msgspec.Raw(b"null"), new_value=msgspec.Raw(b"1"), version=1,
+                      ts_ms=ts_ms, by="")
+        return [m.trigger.id for m in found.matching(event)]
+
+    assert matched(expires - 1) == ["leased", "plain"]
+    assert matched(expires) == ["plain"]
+    assert matched(expires + 60_000) == ["plain"]
