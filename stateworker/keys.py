@@ -31,6 +31,9 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:snapshot_lease               string the snapshotter holding the partition (token)
   sw:{sw:p3}:snapshotted                  hash   the snapshot's acknowledged position (id, n),
                                                  mirrored from PostgreSQL after each commit
+  sw:{sw:p3}:history                      hash   where the partition's event history begins:
+                                                 after (no event of it is at or before this
+                                                 revision), cause (new | restore)
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
   sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
@@ -84,6 +87,9 @@ class PartitionKeys:
     # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
     # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
     written: str
+    # hash: where this Redis's event history of the partition begins (events/compaction.py,
+    # `History`): written when the prefix is new in this Redis and by a restore.
+    history: str
 
     def barrier(self, barrier_id: str) -> str:
         """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
@@ -180,6 +186,7 @@ class KeySpace:
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
             written=f"{tag}written",
+            history=f"{tag}history",
         )
 
     def bus_stream(self, service: str) -> str:

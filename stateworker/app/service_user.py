@@ -51,6 +51,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "info": ["INFO", "persistence"],  # AOF on? a cluster?
         "hget": ["HGET", keys.meta, "partitions"],  # (and the scripts: entry fields)
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
+        "time": ["TIME"],  # where a new event history begins (compaction.begin_history)
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
         FCALL.lower(): [FCALL, "probe", 1, entry],  # every write, list, lease, reap, trigger ...
         # The registry follower and the dispatcher: the registry stream, triggers, claims.

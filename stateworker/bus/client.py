@@ -342,7 +342,9 @@ class StateClient(TypedCalls):
                 the watch opened.
             Compacted (COMPACTED): while iterating, when events after `from_revision` (or
                 after what the watch had read) were trimmed from the stream before it read
-                them; `details["oldest_kept"]` names the oldest revision kept. Every event
+                them, or are in no stream (`from_revision` is from before a restore or a
+                flushed Redis, or ahead of this Redis: `details["reason"]`);
+                `details["oldest_kept"]` names the oldest revision kept. Every event
                 before them has been handed on; resync (read the state) and watch anew.
 
         Example:

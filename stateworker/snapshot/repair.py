@@ -75,7 +75,8 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
             f"not behind), or delete the prefix's keys and run `stateworker restore`")
     if not state.settings.repair:
         if state.created:  # left as found: the next start sees it new again
-            await state.conn.execute("DEL", state.keys.meta)
+            await state.conn.pipeline([["DEL", name] for name in (
+                state.keys.meta, *(p.history for p in state.keys.all_partitions()))])
         raise ConfigError(f"{reason}: run `stateworker restore` to rebuild it from PostgreSQL "
                           f"(repair at start is off: STATEWORKER_REPAIR=false)")
     log.warning("%s: restoring it from PostgreSQL before serving", reason,

@@ -11,7 +11,9 @@ The records of bus calls that changed entries in the last dedupe window go back 
 (snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
 again. Nothing is written to the event streams, and every partition's dispatch and snapshot
 positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
-entry, and the snapshot goes on from there.
+entry, and the snapshot goes on from there. Each partition records that its event history begins anew
+(events/compaction.py, `begin_history`): a watch resumed from a revision before the restore
+gets COMPACTED, since the events between it and the restore are in no stream.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
 flushed) one; it does not merge."""
@@ -26,6 +28,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
+from stateworker.events.compaction import begin_history
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, calls, tables
@@ -144,6 +147,7 @@ async def restore(state: RedisState, url: str,
         summary.barriers = len(stored)
         summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg)
+        await begin_history(state.conn, state.keys, "restore")
     finally:
         if own:
             await pg.close()

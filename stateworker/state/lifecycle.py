@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from stateworker.errors import ConfigError
+from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
 from stateworker.state import expiry
 from stateworker.state.store import RedisState
@@ -110,6 +111,9 @@ async def check_server(state: RedisState) -> None:
     stored = await conn.execute("HGET", keys.meta, "partitions")
     if stored is None:
         state.created = True
+        # A new history of events begins (compaction.py): a watch resumed from before it
+        # gets COMPACTED. Recorded first, so no event is written before it.
+        await begin_history(conn, keys, "new")
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
     elif int(stored) != keys.partitions:
         raise ConfigError(
