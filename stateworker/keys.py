@@ -66,6 +66,8 @@ import re
 import zlib
 from dataclasses import dataclass
 
+from stateworker.errors import shown
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionKeys:
@@ -270,12 +272,12 @@ BUS_NAME_RULES = "no '{', '}', ':done:', ':from:', NUL, '/' or whitespace"
 
 def bus_name_problem(name: str) -> str | None:
     """What breaks the bus's name rules in `name` (a service or function id), None if nothing."""
-    for banned, shown in _BANNED:
+    for banned, text in _BANNED:
         if banned in name:
-            return f"contains {shown}"
+            return f"contains {text}"
     for char in name:
         if char.isspace():
-            return f"contains whitespace ({char!r})"
+            return f"contains whitespace ({shown(char)})"
     return None
 
 

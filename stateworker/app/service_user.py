@@ -19,7 +19,7 @@ import shlex
 import urllib.parse
 from collections.abc import Sequence
 
-from stateworker.errors import MissingPermission
+from stateworker.errors import MissingPermission, shown
 from stateworker.keys import STATE_SERVICE, KeySpace, reply_prefix, stats_key
 from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
@@ -142,8 +142,8 @@ def setuser_line(args: Sequence[str], user: str = DEFAULT_USER) -> str:
     return shlex.join(["ACL", "SETUSER", user, *args])
 
 
-def _line(user: str, shown: str, missing: Sequence[str]) -> str:
-    return (f"the Redis user {user!r} at {shown} lacks part of the service's ACL rule: "
+def _line(user: str, where: str, missing: Sequence[str]) -> str:
+    return (f"the Redis user {shown(user)} at {where} lacks part of the service's ACL rule: "
             f"{', '.join(missing)}; the whole rule is in {RULE_DOC}, or run `{RULE_COMMAND}`")
 
 
@@ -152,7 +152,7 @@ def _refusal(prefix: str, name: str, text: str) -> str:
     if found := _NOPERM_COMMAND.search(text):
         return f"+{found.group(1)}"
     if found := _NOPERM_KEY.search(text):
-        return f"~{prefix}:* (key {found.group(1)!r})"
+        return f"~{prefix}:* (key {shown(found.group(1))})"
     if "key" in text:
         return f"~{prefix}:* (a key of {name})"
     return f"{name} ({text})"

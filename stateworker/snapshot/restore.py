@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.keys import member
 from stateworker.reactive import trimming
@@ -106,7 +106,7 @@ async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
 async def _refuse_non_empty(state: RedisState) -> None:
     if await holds_entries(state):
         raise ConfigError(
-            f"Redis already holds entries of prefix {state.settings.prefix!r}: restore rebuilds "
+            f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore rebuilds "
             f"an empty Redis (a new server, or one flushed), it does not merge")
 
 
