@@ -287,7 +287,7 @@ def register(cls: type[E]) -> type[E]:
     this module (an engine's: moco's ReservedNamespaceError, engines/moco/rules.py).
     `stateworker/__init__.py` imports every such class, so every process's clients know it."""
     if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
-        raise ValueError(f"error code {cls.code!r} is {ERROR_CLASSES[cls.code]!r}'s already")
+        raise ValueError(f"error code {shown(cls.code)} is {ERROR_CLASSES[cls.code].__name__}'s already")
     return cls
 
 

@@ -31,6 +31,9 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:snapshot_lease               string the snapshotter holding the partition (token)
   sw:{sw:p3}:snapshotted                  hash   the snapshot's acknowledged position (id, n),
                                                  mirrored from PostgreSQL after each commit
+  sw:{sw:p3}:history                      hash   where the partition's event history begins:
+                                                 after (no event of it is at or before this
+                                                 revision), cause (new | restore)
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
   sw:{sw:reg}:trigger_leases              zset   leased trigger id -> expires ms (its
@@ -65,6 +68,8 @@ import re
 import zlib
 from dataclasses import dataclass
 
+from stateworker.errors import shown
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionKeys:
@@ -86,6 +91,9 @@ class PartitionKeys:
     # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
     # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
     written: str
+    # hash: where this Redis's event history of the partition begins (events/compaction.py,
+    # `History`): written when the prefix is new in this Redis and by a restore.
+    history: str
 
     def barrier(self, barrier_id: str) -> str:
         """One barrier's state (`KeySpace.barrier_partition` picks the partition)."""
@@ -183,6 +191,7 @@ class KeySpace:
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
             written=f"{tag}written",
+            history=f"{tag}history",
         )
 
     def bus_stream(self, service: str) -> str:
@@ -266,12 +275,12 @@ BUS_NAME_RULES = "no '{', '}', ':done:', ':from:', NUL, '/' or whitespace"
 
 def bus_name_problem(name: str) -> str | None:
     """What breaks the bus's name rules in `name` (a service or function id), None if nothing."""
-    for banned, shown in _BANNED:
+    for banned, text in _BANNED:
         if banned in name:
-            return f"contains {shown}"
+            return f"contains {text}"
     for char in name:
         if char.isspace():
-            return f"contains whitespace ({char!r})"
+            return f"contains whitespace ({shown(char)})"
     return None
 
 

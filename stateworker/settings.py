@@ -59,7 +59,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             os.path.expanduser(self.state_dir)))
         if not _PREFIX_RE.match(self.prefix):
             raise ConfigError(
-                f"prefix {self.prefix!r} must be 1-64 characters of [A-Za-z0-9_.-]"
+                f"prefix {shown(self.prefix)} must be 1-64 characters of [A-Za-z0-9_.-]"
             )
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"partitions must be 1..1024, got {self.partitions}")
@@ -67,9 +67,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("max_value_bytes and max_key_bytes must be positive")
         if self.durability not in APPENDFSYNC:
             raise ConfigError(f"durability must be one of {tuple(APPENDFSYNC)}, got "
-                              f"{self.durability!r}")
+                              f"{shown(self.durability)}")
         if self.auth not in AUTH_MODES:
-            raise ConfigError(f"auth must be one of {AUTH_MODES}, got {self.auth!r}")
+            raise ConfigError(f"auth must be one of {AUTH_MODES}, got {shown(self.auth)}")
         if self.durability == "strict" and self.allow_no_aof:
             raise ConfigError("durability strict needs AOF: unset STATEWORKER_ALLOW_NO_AOF or "
                               "use STATEWORKER_DURABILITY=fast")
@@ -129,5 +129,5 @@ def _parse(name: str, type_: object, raw: str) -> object:
             return True
         if raw.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"STATEWORKER_{name.upper()} must be true or false, got {raw!r}")
+        raise ConfigError(f"STATEWORKER_{name.upper()} must be true or false, got {shown(raw)}")
     return raw

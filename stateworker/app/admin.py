@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from stateworker.errors import NotFound, StateError
+from stateworker.errors import NotFound, StateError, shown
 from stateworker.keys import principal_own_streams_pattern
 from stateworker.settings import Settings
 from stateworker.state import lifecycle
@@ -137,14 +137,14 @@ async def principal_list(state: RedisState, args: argparse.Namespace) -> dict[st
 async def principal_passwd(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
     stored, _ = await p.stored(state)
     if args.name not in stored:
-        raise NotFound(f"principal {args.name!r} does not exist (`principal add`)",
+        raise NotFound(f"principal {shown(args.name)} does not exist (`principal add`)",
                        {"name": args.name})
     password = _password(args)
     await p.set_password(state, args.name, password)
-    shown: dict[str, Any] = {"principal": args.name, "acl_saved": _saved(await p.save_acl(state))}
+    result: dict[str, Any] = {"principal": args.name, "acl_saved": _saved(await p.save_acl(state))}
     if not args.password_stdin:
-        shown["password"] = password
-    return shown
+        result["password"] = password
+    return result
 
 
 async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[str, Any] | int:
@@ -159,7 +159,7 @@ async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[
     while waiting := [s for s in streams if not await _drained(state, s)]:
         left = end - time.monotonic()
         if left <= 0:
-            print(f"stateworker: principal {args.name!r}: {', '.join(waiting)} still has calls "
+            print(f"stateworker: principal {shown(args.name)}: {', '.join(waiting)} still has calls "
                   f"not served after {args.timeout:g} s (is the service running?); its ACL user "
                   "is deleted, run `principal remove` again to finish", file=sys.stderr)
             return 1

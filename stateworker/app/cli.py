@@ -17,7 +17,7 @@ from stateworker.app import admin, service, service_user
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, InvalidRequest, MissingPermission, StateError
+from stateworker.errors import ConfigError, InvalidRequest, MissingPermission, StateError, shown
 from stateworker.events.model import Bookmark, bookmark_json, document_json, parse_revision
 from stateworker.events.watch import Watch
 from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
@@ -82,7 +82,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = 0.0
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {shown(text)}")
     return value
 
 
@@ -90,15 +90,15 @@ def _context(text: str) -> dict[str, Any]:
     try:
         value = msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}: {exc}") from exc
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {shown(text)}: {exc}") from exc
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {shown(text)}")
     return value
 
 
 def _service_name(text: str) -> str:
     if not text or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"must be a service name without spaces, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a service name without spaces, got {shown(text)}")
     return text
 
 

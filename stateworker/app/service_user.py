@@ -19,7 +19,7 @@ import shlex
 import urllib.parse
 from collections.abc import Sequence
 
-from stateworker.errors import MissingPermission
+from stateworker.errors import MissingPermission, shown
 from stateworker.keys import STATE_SERVICE, KeySpace, reply_prefix, stats_key
 from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
@@ -51,6 +51,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "info": ["INFO", "persistence"],  # AOF on? a cluster?
         "hget": ["HGET", keys.meta, "partitions"],  # (and the scripts: entry fields)
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
+        "time": ["TIME"],  # where a new event history begins (compaction.begin_history)
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
         FCALL.lower(): [FCALL, "probe", 1, entry],  # every write, list, lease, reap, trigger ...
         # The registry follower and the dispatcher: the registry stream, triggers, claims.
@@ -141,8 +142,8 @@ def setuser_line(args: Sequence[str], user: str = DEFAULT_USER) -> str:
     return shlex.join(["ACL", "SETUSER", user, *args])
 
 
-def _line(user: str, shown: str, missing: Sequence[str]) -> str:
-    return (f"the Redis user {user!r} at {shown} lacks part of the service's ACL rule: "
+def _line(user: str, where: str, missing: Sequence[str]) -> str:
+    return (f"the Redis user {shown(user)} at {where} lacks part of the service's ACL rule: "
             f"{', '.join(missing)}; the whole rule is in {RULE_DOC}, or run `{RULE_COMMAND}`")
 
 
@@ -151,7 +152,7 @@ def _refusal(prefix: str, name: str, text: str) -> str:
     if found := _NOPERM_COMMAND.search(text):
         return f"+{found.group(1)}"
     if found := _NOPERM_KEY.search(text):
-        return f"~{prefix}:* (key {found.group(1)!r})"
+        return f"~{prefix}:* (key {shown(found.group(1))})"
     if "key" in text:
         return f"~{prefix}:* (a key of {name})"
     return f"{name} ({text})"

@@ -31,7 +31,7 @@ from stateworker.bus.protocol import call_entry, caller_route
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import CallTimeout, Unavailable, error_from
+from stateworker.errors import CallTimeout, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection, check_url, shown_url
@@ -45,7 +45,7 @@ def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_m
                  when: str) -> tuple[str, dict[str, Any]]:
     """Message and details of a client's TIMEOUT for a call sent with `deadline_ms` (`when`:
     the same time as RFC 3339): whether it may still be applied, how to learn its outcome."""
-    return (f"{fn}: no reply within {timeout_s:g} s (call id {call_id!r}, sent {sends} "
+    return (f"{fn}: no reply within {timeout_s:g} s (call id {shown(call_id)}, sent {sends} "
             f"time(s)). It carries deadline_ms {deadline_ms} ({when}): the service starts it "
             f"only before then, so it is applied by {when} or never (a state::* call applies "
             "in one step; a worker function started in time may still be running). A call with "
@@ -59,7 +59,7 @@ def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
     """Message and details of a client's UNAVAILABLE for a call that never reached the
     stream: it will never be applied."""
     return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
-            f"the call (id {call_id!r}) never reached the bus and will not be applied",
+            f"the call (id {shown(call_id)}) never reached the bus and will not be applied",
             {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})
 
 
@@ -342,7 +342,9 @@ class StateClient(TypedCalls):
                 the watch opened.
             Compacted (COMPACTED): while iterating, when events after `from_revision` (or
                 after what the watch had read) were trimmed from the stream before it read
-                them; `details["oldest_kept"]` names the oldest revision kept. Every event
+                them, or are in no stream (`from_revision` is from before a restore or a
+                flushed Redis, or ahead of this Redis: `details["reason"]`);
+                `details["oldest_kept"]` names the oldest revision kept. Every event
                 before them has been handed on; resync (read the state) and watch anew.
 
         Example:

@@ -42,6 +42,7 @@ from stateworker.errors import (
     PermissionDenied,
     StateError,
     ValueTooLarge,
+    shown,
 )
 from stateworker.keys import (
     PRINCIPAL_RE,
@@ -140,7 +141,7 @@ def caller_route(settings: Settings, url: str, service: str) -> tuple[str, str, 
     principal = url_user(url)
     if principal is None or not PRINCIPAL_RE.match(principal):
         raise ConfigError(
-            f"STATEWORKER_AUTH=acl: the Redis URL {shown_url(url)!r} must name the principal's "
+            f"STATEWORKER_AUTH=acl: the Redis URL {shown(shown_url(url))} must name the principal's "
             "Redis user (redis://<principal>:<password>@host:port; a principal is 1-64 of "
             "[A-Za-z0-9_-], made with `stateworker principal add`)")
     return (principal_stream(prefix, service, principal),
@@ -270,7 +271,7 @@ _SORTED = msgspec.json.Encoder(order="sorted")
 def _principal_caller(principal: str, named: str | None) -> str:
     if named is not None and named != principal:
         raise PermissionDenied(
-            f"caller: {named!r} is not the principal {principal!r} whose stream the call came "
+            f"caller: {shown(named)} is not the principal {shown(principal)} whose stream the call came "
             "from; in acl mode the caller is the authenticated principal (leave `caller` out)",
             {"path": "caller", "caller": named, "principal": principal})
     return principal
@@ -305,7 +306,7 @@ def _deadline(raw: bytes | None) -> int | None:
         return int(raw)
     except ValueError as exc:
         raise InvalidRequest("deadline_ms: must be an integer (epoch milliseconds), got "
-                             f"{raw[:40]!r}", {"path": "deadline_ms"}) from exc
+                             f"{shown(raw[:40].decode(errors='replace'))}", {"path": "deadline_ms"}) from exc
 
 
 def _context(raw: bytes | None, limit: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import anyio
 
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
-from stateworker.errors import CallIdReused, StateError
+from stateworker.errors import CallIdReused, StateError, shown
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -95,7 +95,7 @@ class ReplyWriter:
             previous.partition(b"\n")[::2])  # (a record without digest: older)
         if digest and digest != record[1]:  # the id of another call: not this one's
             self.answer(call.reply, call.id, None, CallIdReused(
-                f"id {call.id!r} was used for another call (another function or body) in the "
+                f"id {shown(call.id)} was used for another call (another function or body) in the "
                 f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
                 "call, a new call needs a new id", {"id": call.id}),
                 call.ref, None, call.started, call.fn)

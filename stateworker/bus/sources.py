@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, NamedTuple
 
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_entry
-from stateworker.errors import InvalidRequest, PermissionDenied, StateError
+from stateworker.errors import InvalidRequest, PermissionDenied, StateError, shown
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -107,7 +107,7 @@ class Sources:
         """Why a call on `source` is not run at all, or None."""
         if source.principal is None and self.closed_shared:
             return PermissionDenied(
-                f"stream {source.stream!r} is closed in acl mode: a principal writes its calls "
+                f"stream {shown(source.stream)} is closed in acl mode: a principal writes its calls "
                 f"to {principal_stream(self.prefix, self.service, '<principal>')}, the one "
                 "stream its Redis user may write to", {"stream": source.stream})
         return None

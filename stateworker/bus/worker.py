@@ -45,6 +45,7 @@ from stateworker.errors import (
     InvalidRequest,
     Unavailable,
     UnknownFunction,
+    shown,
 )
 from stateworker.loop import run
 from stateworker.settings import Settings
@@ -137,7 +138,7 @@ class Worker:
         if timeout is not None:
             if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                     or not math.isfinite(timeout) or timeout <= 0):
-                raise ValueError(f"timeout: must be a positive number of seconds, got {timeout!r}")
+                raise ValueError(f"timeout: must be a positive number of seconds, got {shown(timeout)}")
             timeout = float(timeout)
         options = FunctionOptions(timeout=timeout)
 
@@ -152,7 +153,7 @@ class Worker:
     async def _handle(self, call: Call) -> bytes:
         fn = self.functions.get(call.fn)
         if fn is None:
-            raise UnknownFunction(f"fn: unknown function {call.fn!r}; service {self.service!r} "
+            raise UnknownFunction(f"fn: unknown function {shown(call.fn)}; service {shown(self.service)} "
                                   f"serves {', '.join(sorted(self.functions))}", {"fn": call.fn})
         try:
             body = codec.decode_value(call.body)

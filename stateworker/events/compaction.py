@@ -20,6 +20,20 @@ entries, so what is kept is the newest part of the history (less what XDEL took,
   predecessor (`<ms>-<seq-1>`: ids the scripts get from `XADD *` count up within a
   millisecond); with `seq == 0` the predecessor is unknown, and the answer is "lost" (a
   resume revision exactly at a trim's edge is the one case reported that lost nothing).
+
+Trimming is not the only gap. A Redis rebuilt by `stateworker restore` (or the repair at
+start) has new, empty event streams: the events between a revision from before and the restore
+are in no stream, and the new stream's ids say nothing of them (a revision from before may be
+older than, between or even ahead of them). A Redis that was wiped and started anew is the
+same, without the restore. So each partition records where this Redis's history of it begins
+(`sw:{sw:pN}:history`, `History`): `after`, a revision no event of the history is at or before
+(Redis's clock, less a millisecond, when it began, or the stream's last id if later), and its
+`cause`: `new` (the service found the prefix new in this Redis: a new server or a flushed one)
+or `restore`. A cursor before `after` is a gap, except `0-0` ("from the start") in a `new`
+history: nothing this Redis knows of came before it; after a restore events did, and are gone.
+A cursor ahead of both the stream's last id and Redis's clock is not of this history either
+(another server's, or a clock that went back): the events this stream adds before it would be
+skipped. A prefix created before the history key existed has none: only trimming is checked.
 """
 
 from __future__ import annotations
@@ -28,8 +42,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from stateworker.errors import Compacted, Unavailable
-from stateworker.events.model import Revision, revision_of, revision_text
+from stateworker.events.model import MAX_SEQ, Revision, revision_of, revision_text
+from stateworker.keys import KeySpace
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ReplyError
+
+# Why a cursor is compacted (`details.reason`).
+TRIMMED = "trimmed"
+NEW_HISTORY = "new_history"  # before the start of a new (or flushed) Redis's history
+RESTORED = "restored"  # before a restore from the snapshot
+AHEAD = "ahead"  # after everything this Redis has given and its clock
+CAUSES = ("new", "restore")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +64,44 @@ class StreamInfo:
     last_generated: Revision  # the newest id ever given
     max_deleted: Revision  # the newest id XDEL removed (not trims: see the module docstring)
     first: Revision | None  # the oldest entry kept; None when none is
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Where this Redis's event history of a partition begins (module docstring)."""
+
+    after: Revision  # no event of the history is at or before it
+    cause: str  # "new" or "restore"
+
+
+def history_of(reply: Any) -> History | None:
+    """`HMGET <history> after cause`'s reply; None when the partition has no record."""
+    after, cause = reply
+    if after is None:
+        return None
+    return History(revision_of(after), (cause or b"new").decode())
+
+
+async def begin_history(conn: RedisConnection, keys: KeySpace, cause: str) -> None:
+    """Record that every partition's event history begins now in this Redis. `new`: only
+    where none is recorded (the first of replicas starting together wins); `restore`: over
+    whatever was."""
+    assert cause in CAUSES
+    parts = keys.all_partitions()
+    clock, *infos = await conn.pipeline([["TIME"], *[["XINFO", "STREAM", p.events]
+                                                     for p in parts]])
+    begun: Revision = (int(clock[0]) * 1000 + int(clock[1]) // 1000 - 1, MAX_SEQ)
+    set_ = "HSETNX" if cause == "new" else "HSET"
+    commands: list[list[Any]] = []
+    for part, reply in zip(parts, infos, strict=True):
+        info = stream_info(reply, part.events)
+        after = begun if info is None else max(begun, info.last_generated)
+        commands += [[set_, part.history, "after", revision_text(after)],
+                     [set_, part.history, "cause", cause]]
+    for reply in await conn.pipeline(commands):
+        if isinstance(reply, ReplyError):
+            raise Unavailable(f"Redis refused to record where the event history begins: {reply}",
+                              {"key": keys.partition(0).history})
 
 
 def stream_info(reply: Any, stream: str) -> StreamInfo | None:
@@ -79,6 +140,21 @@ def lost_after(cursor: Revision, counted: int | None, info: StreamInfo | None) -
     return True
 
 
+def gap(cursor: Revision, counted: int | None, info: StreamInfo | None,
+        history: History | None, clock_ms: int) -> str | None:
+    """Why events after `cursor` cannot all be read (TRIMMED, NEW_HISTORY, RESTORED, AHEAD);
+    None: every one of them is in the stream or still to come (module docstring)."""
+    if history is not None and cursor < history.after:
+        if history.cause == "restore":
+            return RESTORED
+        if cursor != (0, 0):
+            return NEW_HISTORY
+    newest = (0, 0) if info is None else info.last_generated
+    if cursor > newest and cursor > (clock_ms, MAX_SEQ):
+        return AHEAD
+    return TRIMMED if lost_after(cursor, counted, info) else None
+
+
 def counted_after(counted: int | None, info: StreamInfo | None, read: int,
                   to_the_end: bool) -> int | None:
     """The entries ever added up to the new cursor, after a read of `read` entries with
@@ -90,15 +166,27 @@ def counted_after(counted: int | None, info: StreamInfo | None, read: int,
     return None if counted is None else counted + read
 
 
-def compacted(partition: int, cursor: Revision, info: StreamInfo | None) -> Compacted:
-    """COMPACTED for a cursor after which events were trimmed, naming the oldest kept."""
+def compacted(partition: int, cursor: Revision, info: StreamInfo | None,
+              reason: str = TRIMMED, history: History | None = None) -> Compacted:
+    """COMPACTED for a cursor after which events cannot all be read, naming the oldest kept."""
     oldest = None if info is None or info.first is None else revision_text(info.first)
     last = None if info is None else revision_text(info.last_generated)
     kept = (f"the oldest revision kept is {oldest}" if oldest is not None
-            else f"no event of it is kept (the newest was {last})")
+            else f"no event of it is kept (the newest was {last})" if last is not None
+            else "no event of it is kept")
+    at = revision_text(cursor)
+    why = {
+        TRIMMED: f"events after it in partition {partition} were trimmed before they were read",
+        RESTORED: f"partition {partition}'s events were restored from the snapshot after it, "
+                  "without the events in between (a restore writes none)",
+        NEW_HISTORY: f"it is from before partition {partition}'s event history in this Redis "
+                     "(a new or flushed Redis): the events after it are in no stream",
+        AHEAD: f"it is ahead of every event of partition {partition} and of Redis's clock: "
+               "it is not a revision of this Redis, and the events before it would be skipped",
+    }[reason]
     return Compacted(
-        f"revision {revision_text(cursor)} is compacted: events after it in partition "
-        f"{partition} were trimmed before they were read; {kept}. Resync: read the current "
-        "state, then start a new watch (without a revision it starts from now).",
-        {"revision": revision_text(cursor), "partition": partition, "oldest_kept": oldest,
-         "newest": last})
+        f"revision {at} is compacted: {why}; {kept}. Resync: read the current state, then "
+        "start a new watch (without a revision it starts from now).",
+        {"revision": at, "partition": partition, "oldest_kept": oldest, "newest": last,
+         "reason": reason,
+         "history_after": None if history is None else revision_text(history.after)})

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Raw, Struct
 
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import InvalidRequest
+from stateworker.errors import InvalidRequest, shown
 
 Revision = tuple[int, int]  # a stream id `<ms>-<seq>` as numbers: sorts as Redis sorts ids
 MAX_SEQ = 2**64 - 1  # the largest sequence number of a stream id
@@ -115,7 +115,7 @@ def parse_revision(text: str, field: str = "from_revision") -> Revision:
         revision = revision_of(text)
         if max(revision) <= MAX_SEQ:
             return revision
-    raise InvalidRequest(f"{field} {text[:64]!r} is not a revision: expected <ms>-<seq> as "
+    raise InvalidRequest(f"{field} {shown(text[:64])} is not a revision: expected <ms>-<seq> as "
                          f"events carry it (e.g. 1700000000000-0), each part at most {MAX_SEQ}",
                          {"path": f"$.{field}"})
 

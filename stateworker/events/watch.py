@@ -9,7 +9,9 @@ Reading. Each partition has a cursor, the last stream id examined (`PartitionRea
 a filter never makes it read an entry twice). One read is one transaction (MULTI ... EXEC):
 `XINFO STREAM` of each partition read, one `XREAD COUNT <page>` of them all, `TIME`. Being
 atomic, the XINFO tells exactly whether events after the cursor were trimmed before this read
-(`compaction.lost_after`): then COMPACTED, after the events read before it. When a read finds
+(`compaction.lost_after`), and the partition's history record (read in it too) whether the
+cursor is from before a restore or a new Redis, or ahead of this Redis (`compaction.gap`):
+then COMPACTED, after the events read before it. When a read finds
 nothing, the watch waits with `XREAD BLOCK` on every partition it reads (its reply only says
 "something came"; the transaction reads it), at most until the next bookmark is due. A
 transient Redis error (broken connection, LOADING ...) is waited out with `Backoff` and the
@@ -45,7 +47,15 @@ from typing import Any
 import anyio
 
 from stateworker.errors import InvalidRequest, StateError, Unavailable
-from stateworker.events.compaction import compacted, counted_after, lost_after, stream_info
+from stateworker.events.compaction import (
+    History,
+    StreamInfo,
+    compacted,
+    counted_after,
+    gap,
+    history_of,
+    stream_info,
+)
 from stateworker.events.model import (
     MAX_SEQ,
     Bookmark,
@@ -69,11 +79,13 @@ CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held ent
 class _Partition:
     """One partition as the watch reads it."""
 
-    __slots__ = ("counted", "cursor", "frontier", "held", "index", "more", "number", "reader")
+    __slots__ = ("counted", "cursor", "frontier", "held", "history", "index", "more", "number",
+                 "reader")
 
-    def __init__(self, reader: PartitionReader, number: int, index: int, cursor: Revision,
-                 counted: int | None) -> None:
+    def __init__(self, reader: PartitionReader, history: str, number: int, index: int,
+                 cursor: Revision, counted: int | None) -> None:
         self.reader = reader
+        self.history = history  # its history key (compaction.History)
         self.number = number  # the partition's number in the key space
         self.index = index  # its place in the watch's list (the merge refers to it)
         self.cursor = cursor  # the last stream id examined
@@ -144,24 +156,34 @@ class Watch:
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)
         indexes = range(keys.partitions) if self.scope is None else [keys.partition_of(self.scope)]
-        readers = {n: PartitionReader(self.conn, keys, n, scope=self.scope, key=self.key)
-                   for n in indexes}
+        self._parts = [_Partition(PartitionReader(self.conn, keys, n, scope=self.scope,
+                                                  key=self.key),
+                                  keys.partition(n).history, n, i, self.start or (0, 0), None)
+                       for i, n in enumerate(indexes)]
         if self.start is not None:
-            self._parts = [_Partition(r, n, i, self.start, None)
-                           for i, (n, r) in enumerate(readers.items())]
             self.position = self.start
         else:  # from now: each partition from its newest id, all it ever had counted
-            infos: list[list[Arg]] = [["XINFO", "STREAM", r.stream] for r in readers.values()]
-            replies = await self._transaction(infos)
-            for i, ((n, r), reply) in enumerate(zip(readers.items(), replies, strict=True)):
-                info = stream_info(reply, r.stream)
-                self._parts.append(_Partition(r, n, i, (0, 0) if info is None else
-                                              info.last_generated,
-                                              0 if info is None else info.entries_added))
-            self.position = max(p.cursor for p in self._parts)
+            await self._from_now()
         self._bookmark_at = time.monotonic() + self.settings.watch_progress_s
         self._opened = True
         return self
+
+    async def _from_now(self) -> None:
+        """Each partition's cursor at its newest id (or where its history begins, if later),
+        every entry it ever had counted."""
+        streams = [p.reader.stream for p in self._parts]
+        commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
+        commands += [["HMGET", p.history, "after", "cause"] for p in self._parts]
+        replies = await self._transaction(commands)
+        count = len(self._parts)
+        for part, reply, recorded in zip(self._parts, replies[:count], replies[count:],
+                                         strict=True):
+            info, history = stream_info(reply, part.reader.stream), history_of(recorded)
+            part.cursor = part.frontier = max(
+                (0, 0) if info is None else info.last_generated,
+                (0, 0) if history is None else history.after)
+            part.counted = 0 if info is None else info.entries_added
+        self.position = max(p.cursor for p in self._parts)
 
     async def close(self) -> None:
         await self.conn.close()
@@ -184,8 +206,9 @@ class Watch:
 
         Raises:
             Compacted (COMPACTED): events after the watch's cursor (its `from_revision`, or
-                where it had read to) were trimmed before it read them; every event before
-                them has been handed on. The watch is over.
+                where it had read to) were trimmed before it read them, or the cursor is not
+                of this Redis's history (compaction.gap); every event before them has been
+                handed on. The watch is over.
             Unavailable (UNAVAILABLE): Redis refused a read for good (not a transient state:
                 those are waited out).
         """
@@ -241,28 +264,26 @@ class Watch:
             self._met(exc)
 
     async def _read(self) -> None:
-        """One transaction: each partition's XINFO, one XREAD of them all, TIME."""
+        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
         parts = [p for p in self._parts if p.held < self.page]  # the others wait in the merge
         streams, cursors = self._cursors(parts)
-        merged = len(self._parts) > 1
+        count = len(parts)
         commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
-        commands.append(["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors])
-        if merged:
-            commands.append(["TIME"])
+        commands += [["HMGET", p.history, "after", "cause"] for p in parts]
+        commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
         replies = await self._transaction(commands)
-        read = {name.decode(): entries for name, entries in _checked(replies[len(parts)]) or []}
-        if merged:
-            seconds, micros = _checked(replies[-1])
-            self._clock_us = int(seconds) * 1_000_000 + int(micros)
+        read = {name.decode(): entries for name, entries in _checked(replies[-2]) or []}
+        seconds, micros = _checked(replies[-1])
+        self._clock_us = int(seconds) * 1_000_000 + int(micros)
         # Every entry of a partition that reached its end has been read up to the clock.
-        at_end: Revision = (self._clock_us // 1000 - 1, MAX_SEQ) if merged else FOREVER
+        at_end: Revision = (self._clock_us // 1000 - 1, MAX_SEQ) if len(self._parts) > 1 \
+            else FOREVER
         for part in self._parts:
             part.frontier = part.cursor
-        for part, reply in zip(parts, replies[:len(parts)], strict=True):
+        for part, reply, recorded in zip(parts, replies[:count], replies[count:2 * count],
+                                         strict=True):
             info = stream_info(reply, part.reader.stream)
-            if lost_after(part.cursor, part.counted, info):
-                self._failure = self._failure or compacted(part.number, part.cursor, info)
-                part.more = False
+            if self._compacted(part, info, history_of(recorded)):
                 continue
             entries = read.get(part.reader.stream, [])
             self._take(part, entries)
@@ -271,6 +292,17 @@ class Watch:
             part.more = not to_the_end
             part.frontier = at_end if to_the_end else part.cursor
         self._release()
+
+    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None) -> bool:
+        """Whether events after the partition's cursor cannot all be read: the watch's failure
+        (once the events before are out) and the partition read no more."""
+        reason = gap(part.cursor, part.counted, info, history, self._clock_us // 1000)
+        if reason is None:
+            return False
+        self._failure = self._failure or compacted(part.number, part.cursor, info, reason,
+                                                   history)
+        part.more = False
+        return True
 
     def _take(self, part: _Partition, entries: list[Any]) -> None:
         for entry_id, event in part.reader.sift(entries):

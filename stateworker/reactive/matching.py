@@ -55,12 +55,12 @@ class Matcher:
         starts = trigger.start_revisions
         self.starts: dict[int, Revision] | None = None if starts is None else {
             partition: revision_of(revision) for partition, revision in starts.items()}
+        self.expires_ms = expires_ms(trigger)  # (None: never)
 
     def started(self, partition: int, revision: Revision) -> bool:
         """Whether an event of `partition` at `revision` came after the registration."""
         start = None if self.starts is None else self.starts.get(partition)
         return start is None or revision > start
-        self.expires_ms = expires_ms(trigger)  # (None: never)
 
     def filters(self, event: Event) -> bool:
         """The filters that need no value: scope, key, key prefix, event type; and the lease:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
-from stateworker.errors import ScriptError
+from stateworker.errors import ScriptError, shown
 from stateworker.scripts.statuses import lua_status_table
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
@@ -114,7 +114,7 @@ def assemble_library(scripts: Mapping[str, int]) -> tuple[str, str]:
               "local KEYS, ARGV -- the running call's, set by its function's entry point\n"
               + lua_status_table() + shared + blocks)
     if source.count(_NAME_MARK) != 1 + len(scripts):
-        raise ScriptError(f"a Lua file contains {_NAME_MARK!r}")
+        raise ScriptError(f"a Lua file contains {shown(_NAME_MARK)}")
     # The name is a digest of the whole text: another text (another version) is another library.
     library = f"stateworker_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
     return library, source.replace(_NAME_MARK, library)

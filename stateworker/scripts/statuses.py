@@ -23,6 +23,7 @@ from stateworker.errors import (
     StateError,
     ValueTooLarge,
     deadline_text,
+    shown,
 )
 from stateworker.settings import Settings
 from stateworker.transport.plans import redis_error
@@ -100,7 +101,7 @@ Text = tuple[str, dict[str, Any]]  # an error's message and details
 
 def _conflict(target: Target, reply: list[Any]) -> Text:
     current = reply[1]
-    where = f"key {target.key!r} in scope {target.scope!r}"
+    where = f"key {shown(target.key)} in scope {shown(target.scope)}"
     details = {"expected_version": target.expected_version or 0, "current_version": current}
     if target.create_only:
         return (f"create_only: {where} already exists (version {current}); nothing was "
@@ -116,15 +117,15 @@ def _too_large(target: Target, reply: list[Any]) -> Text:
                 "payload (barrier.MAX_PAYLOAD_BYTES); nothing was written",
                 {"path": "$.event", "size": reply[1], "limit": reply[2]})
     limit = target.settings.max_value_bytes
-    return (f"the updated value of key {target.key!r} would be {reply[1]} bytes of JSON, more "
+    return (f"the updated value of key {shown(target.key)} would be {reply[1]} bytes of JSON, more "
             f"than the limit of {limit} bytes; nothing was written",
             {"path": "$.ops", "size": reply[1], "limit": limit})
 
 
 def _key_limit(target: Target, reply: list[Any]) -> Text:
     live, limit = reply[1], reply[2]
-    return (f"max_keys: scope {target.scope!r} holds {live} live keys and its limit is "
-            f"{limit}; key {target.key!r} would be a new one, so nothing was written "
+    return (f"max_keys: scope {shown(target.scope)} holds {live} live keys and its limit is "
+            f"{limit}; key {shown(target.key)} would be a new one, so nothing was written "
             "(overwriting a key that exists is always allowed)",
             {"path": "$.max_keys", "scope": target.scope, "key": target.key,
              "live_keys": live, "limit": limit})
@@ -136,14 +137,14 @@ def _deadline(target: Target, reply: list[Any]) -> Text:
 
 def _reused(target: Target, reply: list[Any]) -> Text:
     call_id = target.ctx.call_id
-    return (f"id {call_id!r} was used for another call (another function or body) in the "
+    return (f"id {shown(call_id)} was used for another call (another function or body) in the "
             f"last {target.settings.dedupe_window_ms // 1000} s; a retry must repeat the same "
             "call, a new call needs a new id", {"id": call_id})
 
 
 def _scope_conflict(target: Target, reply: list[Any]) -> Text:
     scope, owner = reply[1].decode(), reply[2].decode()
-    return (f"$.scopes: scope {scope!r} is owned by namespace {owner!r} (the first claimant "
+    return (f"$.scopes: scope {shown(scope)} is owned by namespace {shown(owner)} (the first claimant "
             "keeps a scope); nothing was claimed", {"path": "$.scopes", "scope": scope,
                                                     "owner": owner})
 
@@ -152,7 +153,7 @@ def _scope_in_use(target: Target, reply: list[Any]) -> Text:
     # claim.lua: {status, scope, "<entries>:<why>"}, the use as the claim's read step found it
     scope = reply[1].decode()
     entries, _, why = reply[2].decode().partition(":")
-    return (f"$.scopes: scope {scope!r} is public and in use ({why}); a claim would take it "
+    return (f"$.scopes: scope {shown(scope)} is public and in use ({why}); a claim would take it "
             "from its users, so nothing was claimed (an admin may adopt it: `adopt: true`)",
             {"path": "$.scopes", "scope": scope, "entries": int(entries), "reason": why})
 
@@ -164,8 +165,8 @@ def _caller(ctx: CallContext) -> str | None:
 def _not_owner(target: Target, reply: list[Any]) -> Text:
     # release.lua: {status, scope, owner}
     scope, owner, caller = reply[1].decode(), reply[2].decode(), _caller(target.ctx)
-    return (f"$.scopes: scope {scope!r} is owned by namespace {owner!r}, not by the caller "
-            f"{caller!r}: only its owner releases it (an admin: with `force: true`); nothing "
+    return (f"$.scopes: scope {shown(scope)} is owned by namespace {shown(owner)}, not by the caller "
+            f"{shown(caller)}: only its owner releases it (an admin: with `force: true`); nothing "
             "was released", {"path": "$.scopes", "scope": scope, "owner": owner,
                              "caller": caller})
 
@@ -173,7 +174,7 @@ def _not_owner(target: Target, reply: list[Any]) -> Text:
 def _not_claimed(target: Target, reply: list[Any]) -> Text:
     # release.lua: {status, scope}
     scope = reply[1].decode()
-    return (f"$.scopes: scope {scope!r} is not claimed by any namespace (it is public); "
+    return (f"$.scopes: scope {shown(scope)} is not claimed by any namespace (it is public); "
             "nothing was released", {"path": "$.scopes", "scope": scope})
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, shown
 from stateworker.reactive import trimming
 from stateworker.snapshot import restore, tables
 from stateworker.snapshot.tables import PgConnection
@@ -56,7 +56,7 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
     if not row or not row[0]:
         return None
     if state.created:
-        return f"Redis holds nothing of prefix {prefix!r} (no meta key) but PostgreSQL does"
+        return f"Redis holds nothing of prefix {shown(prefix)} (no meta key) but PostgreSQL does"
     stored = await tables.positions(pg, prefix)
     infos = await trimming.infos(state, sorted(stored))
     for (partition, position), info in zip(sorted(stored.items()), infos, strict=True):
@@ -70,12 +70,13 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     prefix = state.settings.prefix
     if await restore.holds_entries(state):
         raise ConfigError(
-            f"{reason}, and Redis still holds entries of prefix {prefix!r}: restore rebuilds, it "
+            f"{reason}, and Redis still holds entries of prefix {shown(prefix)}: restore rebuilds, it "
             f"does not merge. Keep this Redis as it is (start on a copy of its data that is "
             f"not behind), or delete the prefix's keys and run `stateworker restore`")
     if not state.settings.repair:
         if state.created:  # left as found: the next start sees it new again
-            await state.conn.execute("DEL", state.keys.meta)
+            await state.conn.pipeline([["DEL", name] for name in (
+                state.keys.meta, *(p.history for p in state.keys.all_partitions()))])
         raise ConfigError(f"{reason}: run `stateworker restore` to rebuild it from PostgreSQL "
                           f"(repair at start is off: STATEWORKER_REPAIR=false)")
     log.warning("%s: restoring it from PostgreSQL before serving", reason,

@@ -13,7 +13,9 @@ The records of bus calls that changed entries in the last dedupe window go back 
 (snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
 again. Nothing is written to the event streams, and every partition's dispatch and snapshot
 positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
-entry, and the snapshot goes on from there.
+entry, and the snapshot goes on from there. Each partition records that its event history begins anew
+(events/compaction.py, `begin_history`): a watch resumed from a revision before the restore
+gets COMPACTED, since the events between it and the restore are in no stream.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
 flushed) one; it does not merge."""
@@ -27,7 +29,8 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, shown
+from stateworker.events.compaction import begin_history
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, calls, tables
@@ -106,7 +109,7 @@ async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
 async def _refuse_non_empty(state: RedisState) -> None:
     if await holds_entries(state):
         raise ConfigError(
-            f"Redis already holds entries of prefix {state.settings.prefix!r}: restore rebuilds "
+            f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore rebuilds "
             f"an empty Redis (a new server, or one flushed), it does not merge")
 
 
@@ -147,6 +150,7 @@ async def restore(state: RedisState, url: str,
         summary.barriers = len(stored)
         summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg)
+        await begin_history(state.conn, state.keys, "restore")
     finally:
         if own:
             await pg.close()

@@ -24,9 +24,11 @@ The registry (trigger registrations and namespace claims) is copied whole into `
 and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
 stream has a new entry (checked once a round).
 
-PostgreSQL away: Redis writes go on, the snapshotter records the error (Redis
+PostgreSQL away: Redis writes go on, the snapshotter records the error and its time (Redis
 `snapshot:status`, shown by `status`), backs off (up to MAX_BACKOFF_S) and resumes from the
-positions stored in PostgreSQL; the trimming holds the events meanwhile.
+positions stored in PostgreSQL; the trimming holds the events meanwhile. Once it has a
+position from PostgreSQL again (the round that reloads them, a commit), it clears the error
+it recorded: `status` shows no error of a snapshot that works.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class Snapshotter:
                                        read_timeout_s=state.conn.read_timeout_s)
         self._last_round = 0.0
         self._registry_copied: bytes | None = None  # the registry entry last copied
+        self._error_recorded = False  # its error is in `snapshot:status`, to clear on recovery
         self._scope = anyio.CancelScope()
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -159,6 +162,16 @@ class Snapshotter:
             await self.state.conn.execute(
                 "HSET", self.state.keys.snapshot_status, "last_error", message[:1000],
                 "last_error_ms", now_ms(), "last_error_replica", self.replica)
+            self._error_recorded = True
+
+    async def _recovered(self) -> None:
+        """Clear the error this replica recorded (not another's, recorded since)."""
+        key = self.state.keys.snapshot_status
+        if await self.state.conn.execute("HGET", key, "last_error_replica") == \
+                self.replica.encode():
+            await self.state.conn.execute("HDEL", key, "last_error", "last_error_ms",
+                                          "last_error_replica")
+        self._error_recorded = False
 
     async def _close_pg(self) -> None:
         if self._pg is not None:
@@ -292,6 +305,8 @@ class Snapshotter:
                 keys.snapshot_lease, keys.snapshotted, self.leases.token, position.id,
                 position.n)),
             ["HSET", self.state.keys.snapshot_status, "last_commit_ms", now_ms()]])
+        if self._error_recorded:  # a position from PostgreSQL: it works again
+            await self._recovered()
         if not ADVANCE.read(replies[0]).done:
             log.warning("partition %d: snapshot lease lost; its new holder goes on", partition,
                         extra={"event": "snapshot.lease_lost", "partition": partition})

@@ -1,13 +1,14 @@
 """What `stateworker status` shows of the snapshot: per partition its holder, the position
 PostgreSQL acknowledged (mirrored in Redis) and the lag behind the stream in events and ms;
-the snapshotters' last error, last commit and replicas. Read from Redis only, so it shows
-while PostgreSQL is down (that is when the lag matters)."""
+the snapshotters' last error (with its time; cleared once the snapshot works again), last
+commit and replicas. Read from Redis only, so it shows while PostgreSQL is down (that is when
+the lag matters)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stateworker.clock import now_ms
+from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.keys import KeySpace
 from stateworker.reactive.status import lag
 from stateworker.reactive.trimming import StreamInfo
@@ -25,7 +26,10 @@ async def snapshot_status(conn: RedisConnection, keys: KeySpace) -> dict[str, An
     report: dict[str, Any] = {
         "replicas": {r.decode(): {"last_beat_ms_ago": now - int(float(beat))}
                      for r, beat in zip(replicas[::2], replicas[1::2], strict=True)},
+        # The last error and when it came; null again once the snapshot works again.
         "last_error": fields.get("last_error"),
+        "last_error_at": rfc3339_ms(int(fields["last_error_ms"])) if "last_error_ms" in fields
+        else None,
         "last_error_ms_ago": now - int(fields["last_error_ms"]) if "last_error_ms" in fields
         else None,
         "last_commit_ms_ago": now - int(fields["last_commit_ms"]) if "last_commit_ms" in fields

@@ -33,7 +33,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-from stateworker.errors import PermissionDenied
+from stateworker.errors import PermissionDenied, shown
 from stateworker.keys import KeySpace
 from stateworker.specs import NATIVE, Spec
 from stateworker.state import grants
@@ -110,13 +110,13 @@ class Access:
             if record is not None and isinstance(user, str) and \
                     grants.acts_as(principal, record.act_as, user):
                 continue
-            shown = user if isinstance(user, str) else msgspec.json.encode(user).decode()
+            acting = user if isinstance(user, str) else msgspec.json.encode(user).decode()
             raise PermissionDenied(
-                f"context.{field}: principal {principal!r} may not act as {shown!r} (its "
+                f"context.{field}: principal {shown(principal)} may not act as {shown(user)} (its "
                 f"act_as: {', '.join(record.act_as) if record and record.act_as else 'none'}; "
                 f"a principal acts as itself and as what its act_as patterns match)",
                 {"principal": principal, "path": f"context.{field}", "value": user,
-                 "missing": f"act_as {shown}"})
+                 "missing": f"act_as {acting}"})
 
     def is_admin(self, principal: str) -> bool:
         return any(role.is_admin for role in self._roles_of(principal))
@@ -147,18 +147,18 @@ class Access:
         return found
 
     def _denied(self, principal: str, fn: str, scope: str | None) -> PermissionDenied:
-        where = "every scope (*)" if scope is None else f"scope {scope!r}"
+        where = "every scope (*)" if scope is None else f"scope {shown(scope)}"
         record = self._principals.get(principal)
         if record is None:
             return PermissionDenied(
-                f"principal {principal!r} is unknown: it may not call {fn} on {where} (add it "
+                f"principal {shown(principal)} is unknown: it may not call {fn} on {where} (add it "
                 "with `stateworker principal add`)",
                 {"principal": principal, "fn": fn, "scope": scope, "missing": "principal"})
         family = self.functions.family(fn)
         missing = f"{family} ({fn}) on {'*' if scope is None else scope}"
         held = ", ".join(record.roles) or "none"
         return PermissionDenied(
-            f"principal {principal!r} may not call {fn} on {where}: none of its roles "
+            f"principal {shown(principal)} may not call {fn} on {where}: none of its roles "
             f"({held}) grants {missing}", {"principal": principal, "fn": fn, "scope": scope,
                                            "missing": missing})
 
@@ -188,7 +188,7 @@ class Access:
             else:
                 self._roles.pop(name, None)
         else:
-            raise ValueError(f"not an access kind: {kind!r}")
+            raise ValueError(f"not an access kind: {shown(kind)}")
         self._changed()
 
     def _changed(self) -> None:
@@ -206,6 +206,6 @@ def _records(flat: list[bytes], decode: Callable[[bytes], T], kind: str) -> dict
         try:
             found[name.decode()] = decode(text)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-            log.warning("%s record %r is not valid (%s): left out, it grants nothing", kind,
-                        name, exc, extra={"event": "access.bad_record"})
+            log.warning("%s record %s is not valid (%s): left out, it grants nothing", kind,
+                        shown(name.decode(errors="replace")), exc, extra={"event": "access.bad_record"})
     return found

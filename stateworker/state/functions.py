@@ -19,7 +19,7 @@ import msgspec
 from stateworker import codec, specs
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import InvalidRequest, UnknownFunction, deadline_exceeded
+from stateworker.errors import InvalidRequest, UnknownFunction, deadline_exceeded, shown
 from stateworker.schemas import (
     NULL,
     BarrierRequest,
@@ -325,7 +325,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
     if function is None:
         private = namespaces.accessor(state, fn)
         if private is None:
-            raise UnknownFunction(f"fn: unknown function {fn!r}; this service serves "
+            raise UnknownFunction(f"fn: unknown function {shown(fn)}; this service serves "
                                   f"{', '.join(sorted(catalog.functions))} and the accessors of "
                                   f"claimed namespaces ({_ACCESSOR_TEXT})", {"fn": fn})
         fn, prefix = private
@@ -361,7 +361,7 @@ def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
     so no call id to bind and no deadline)."""
     entry = catalog.served.get(spec.name)
     if entry is None:
-        raise UnknownFunction(f"fn: {spec.name!r} is not served here; this store serves "
+        raise UnknownFunction(f"fn: {shown(spec.name)} is not served here; this store serves "
                               f"{', '.join(sorted(catalog.functions))}", {"fn": spec.name})
     return entry.typed(state, request, ctx)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from stateworker.errors import shown
 from stateworker.patterns import glob_match, glob_parts
 from stateworker.specs import Spec
 
@@ -144,10 +145,10 @@ class Functions:
         """Why an `--allow` item is refused (None: it is fine): a family, a pattern with a
         `*`, or a function served."""
         if not item or any(c.isspace() for c in item):
-            return f"{item!r} is not a family nor a function id"
+            return f"{shown(item)} is not a family nor a function id"
         if item in FAMILIES or "*" in item or self.native(item) in self.specs:
             return None
-        return (f"{item!r} is no function served nor a family ({', '.join(FAMILIES)}); "
+        return (f"{shown(item)} is no function served nor a family ({', '.join(FAMILIES)}); "
                 "a pattern needs a '*'")
 
 

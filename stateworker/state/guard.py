@@ -26,7 +26,7 @@ import msgspec
 
 from stateworker import specs
 from stateworker.context import CallContext
-from stateworker.errors import PermissionDenied
+from stateworker.errors import PermissionDenied, shown
 
 if TYPE_CHECKING:
     from stateworker.schemas import Trigger
@@ -49,7 +49,7 @@ def admit(state: RedisState, fn: str, ctx: CallContext, *, scoped: bool) -> Call
     if ctx.namespace is not None:
         if ctx.namespace != principal and not access.is_admin(principal):
             raise PermissionDenied(
-                f"{fn}: namespace {ctx.namespace!r} is not principal {principal!r}'s; its "
+                f"{fn}: namespace {shown(ctx.namespace)} is not principal {shown(principal)}'s; its "
                 "accessors serve only the principal that claimed it (or an admin)",
                 {"principal": principal, "fn": fn, "namespace": ctx.namespace,
                  "missing": f"ownership of namespace {ctx.namespace}"})
@@ -73,10 +73,10 @@ def may_read(state: RedisState, ctx: CallContext, scope: str | None, path: str) 
     try:
         state.access.check(ctx.principal, READ_PROBE, None if scope is None else [scope])
     except PermissionDenied as exc:
-        where = "every scope" if scope is None else f"scope {scope!r}"
+        where = "every scope" if scope is None else f"scope {shown(scope)}"
         raise PermissionDenied(
             f"{path}: a trigger on {where} hands its values to the service it calls; principal "
-            f"{ctx.principal!r} may not read them ({exc.message})",
+            f"{shown(ctx.principal)} may not read them ({exc.message})",
             {**exc.details, "path": path}) from None
 
 
@@ -136,6 +136,6 @@ def need_admin(state: RedisState, ctx: CallContext, fn: str, option: str) -> Non
     """Refuse `option` (`adopt`, `force`) of `fn` to a principal that is not an admin."""
     if not may_administer(state, ctx):
         raise PermissionDenied(
-            f"$.{option}: principal {ctx.principal!r} may not {fn} with `{option}: true`: "
+            f"$.{option}: principal {shown(ctx.principal)} may not {fn} with `{option}: true`: "
             "that needs the admin role", {"path": f"$.{option}", "principal": ctx.principal,
                                           "fn": fn, "missing": "admin"})

@@ -12,7 +12,8 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, shown
+from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
 from stateworker.state import expiry
 from stateworker.state.store import RedisState
@@ -110,10 +111,13 @@ async def check_server(state: RedisState) -> None:
     stored = await conn.execute("HGET", keys.meta, "partitions")
     if stored is None:
         state.created = True
+        # A new history of events begins (compaction.py): a watch resumed from before it
+        # gets COMPACTED. Recorded first, so no event is written before it.
+        await begin_history(conn, keys, "new")
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
     elif int(stored) != keys.partitions:
         raise ConfigError(
-            f"prefix {settings.prefix!r} was created with {int(stored)} partitions, not "
+            f"prefix {shown(settings.prefix)} was created with {int(stored)} partitions, not "
             f"{keys.partitions}: scopes would land in other partitions"
         )
 
@@ -136,7 +140,7 @@ async def check_strict(state: RedisState) -> None:
     elif fsync != "always":
         raise ConfigError(
             f"STATEWORKER_DURABILITY=strict needs Redis at {conn.shown} to fsync every write "
-            f"before it replies, but its appendfsync is {fsync!r}: set `appendfsync always` "
+            f"before it replies, but its appendfsync is {shown(fsync)}: set `appendfsync always` "
             "(CONFIG SET appendfsync always, and in redis.conf), or use "
             "STATEWORKER_DURABILITY=fast")
     try:

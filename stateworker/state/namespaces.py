@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
+from stateworker.errors import shown
 from stateworker.schemas import ClaimResult, ReleaseResult
 from stateworker.scripts.bindings import CLAIM, RELEASE, claim_call, release_call
 from stateworker.scripts.replies import ClaimReply, ReleaseReply
@@ -82,9 +83,10 @@ def claim_plan(state: RedisState, prefix: str, scopes: list[str], target: Target
     def finish(done: ClaimReply) -> ClaimResult:
         state.claims.add(prefix, done.owned)
         if done.adopted:
-            log.warning("namespace %r adopted scopes in use %s, by %r", prefix, done.adopted,
-                        adopter, extra={"event": "claims.adopted", "prefix": prefix,
-                                        "scopes": done.adopted, "by": adopter})
+            log.warning("namespace %s adopted scopes in use %s, by %s", shown(prefix),
+                        shown(done.adopted), shown(adopter),
+                        extra={"event": "claims.adopted", "prefix": prefix,
+                               "scopes": done.adopted, "by": adopter})
         return ClaimResult(done.claimed, _sorted(done.owned), accessor_ids(prefix),
                            _sorted(done.adopted) if done.adopted else msgspec.UNSET)
 
@@ -112,7 +114,7 @@ def _use(entries: int, written: bytes | None, triggers: list[str], now: int,
     if entries:
         why.append(f"it holds {entries} {'entry' if entries == 1 else 'entries'}")
     if triggers:
-        why.append(f"trigger {', '.join(repr(t) for t in sorted(triggers))} names it")
+        why.append(f"trigger {', '.join(shown(t) for t in sorted(triggers))} names it")
     if written is not None and now - int(float(written)) < window:
         why.append(f"it was written {max(0, now - int(float(written)))} ms ago, within the "
                    f"dedupe window of {window} ms")
@@ -128,8 +130,8 @@ def release_plan(state: RedisState, caller: str, scopes: list[str], target: Targ
         state.claims.remove(done.released)
         others = {scope: owner for scope, owner in done.released.items() if owner != caller}
         if others:
-            log.warning("%r released scopes of other namespaces %s (force)", caller, others,
-                        extra={"event": "claims.forced_release", "by": caller,
+            log.warning("%s released scopes of other namespaces %s (force)", shown(caller),
+                        shown(others), extra={"event": "claims.forced_release", "by": caller,
                                "released": others})
         return ReleaseResult(_sorted(list(done.released)), _sorted(done.owned))
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import Conflict, InvalidRequest, NotFound
+from stateworker.errors import Conflict, InvalidRequest, NotFound, shown
 from stateworker.keys import (
     PRINCIPAL_RE,
     STATE_SERVICE,
@@ -54,7 +54,7 @@ def acl_rule(prefix: str, name: str) -> list[str]:
 
 def check_name(name: str, what: str = "principal") -> str:
     if not PRINCIPAL_RE.match(name):
-        raise InvalidRequest(f"{what} name {name!r}: 1 to 64 of A-Z a-z 0-9 _ - (it names a "
+        raise InvalidRequest(f"{what} name {shown(name)}: 1 to 64 of A-Z a-z 0-9 _ - (it names a "
                              "Redis ACL user and its streams)", {"name": name})
     return name
 
@@ -65,13 +65,13 @@ async def _write(state: RedisState, op: str, name: str, record: bytes | str,
     reply: AccessReply = await state.execute(state.script_plan(
         ACCESS, access_call(state.keys, op, name, record, roles), lambda r: r))
     if reply.reason == "exists":
-        raise Conflict(f"principal {name!r} exists (remove it first, or `principal passwd` "
+        raise Conflict(f"principal {shown(name)} exists (remove it first, or `principal passwd` "
                        "for a new password)", {"name": name})
     if reply.reason == "no-role":
-        raise NotFound(f"role {reply.about!r} does not exist (`stateworker role add`; built "
+        raise NotFound(f"role {shown(reply.about)} does not exist (`stateworker role add`; built "
                        f"in: {', '.join(BUILTIN)})", {"role": reply.about})
     if reply.reason == "in-use":
-        raise Conflict(f"role {name!r} is held by principal {reply.about!r}: remove or change "
+        raise Conflict(f"role {shown(name)} is held by principal {shown(reply.about)}: remove or change "
                        "its principals first", {"role": name, "principal": reply.about})
     kind = ROLES if op.startswith("role") else PRINCIPALS
     state.access.set(kind, name, "" if op.endswith("-del") else record)  # this replica at once
@@ -87,7 +87,7 @@ async def add_principal(state: RedisState, name: str, roles: Sequence[str],
         raise InvalidRequest("a principal needs at least one role (--role)", {"name": name})
     for pattern in act_as:
         if not pattern or any(c.isspace() for c in pattern):
-            raise InvalidRequest(f"--act-as {pattern!r}: a pattern without spaces", {})
+            raise InvalidRequest(f"--act-as {shown(pattern)}: a pattern without spaces", {})
     record = Principal(roles=tuple(dict.fromkeys(roles)), act_as=tuple(act_as),
                        created_ms=now_ms())
     await _write(state, "principal-add", name, grants.encode(record),
@@ -129,7 +129,7 @@ async def add_role(state: RedisState, name: str, allow: Sequence[str], scopes: S
     """Store a role (replacing one of that name); the record and whether it replaced one."""
     check_name(name, "role")
     if name in BUILTIN:
-        raise Conflict(f"role {name!r} is built in: it cannot be replaced", {"role": name})
+        raise Conflict(f"role {shown(name)} is built in: it cannot be replaced", {"role": name})
     functions = state.access.functions
     for item in allow:
         why = functions.check_item(item)
@@ -139,7 +139,7 @@ async def add_role(state: RedisState, name: str, allow: Sequence[str], scopes: S
         raise InvalidRequest("a role needs --allow and --scopes", {"role": name})
     for pattern in (*scopes, *services):
         if not pattern or any(c.isspace() for c in pattern):
-            raise InvalidRequest(f"pattern {pattern!r}: a pattern without spaces", {})
+            raise InvalidRequest(f"pattern {shown(pattern)}: a pattern without spaces", {})
     role = Role(allow=tuple(allow), scopes=tuple(scopes), read_only=read_only,
                 services=tuple(services), created_ms=now_ms())
     reply = await _write(state, "role-set", name, grants.encode(role))
@@ -148,7 +148,7 @@ async def add_role(state: RedisState, name: str, allow: Sequence[str], scopes: S
 
 async def remove_role(state: RedisState, name: str) -> bool:
     if name in BUILTIN:
-        raise Conflict(f"role {name!r} is built in: it cannot be removed", {"role": name})
+        raise Conflict(f"role {shown(name)} is built in: it cannot be removed", {"role": name})
     return (await _write(state, "role-del", name, "")).existed
 
 

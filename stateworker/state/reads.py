@@ -14,7 +14,7 @@ import msgspec
 
 from stateworker import clock, codec
 from stateworker.clock import now_ms
-from stateworker.errors import NotFound
+from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import LIST, SETHASH, list_call, sethash_call
 from stateworker.state.store import RedisState
@@ -49,7 +49,7 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
         v, n, h, t, c, u, x, b, r = command_reply(replies[0], "HMGET")
         if v is None or (x is not None and int(x) <= now_ms()):
             if required:
-                raise NotFound(f"key {key!r} not found in scope {scope!r}",
+                raise NotFound(f"key {shown(key)} not found in scope {shown(scope)}",
                                {"scope": scope, "key": key})
             return EntryResult(False) if default is None else EntryResult(False, default)
 

@@ -85,7 +85,7 @@ def _event_types(values: list[str]) -> list[str]:
         full = value if value.startswith("state:") else f"state:{value}"
         if full not in EVENT_TYPES:
             raise InvalidRequest(
-                f"$.config.event_types[{index}]: {value!r} is not an event type; use created, "
+                f"$.config.event_types[{index}]: {shown(value)} is not an event type; use created, "
                 "updated or deleted", {"path": f"$.config.event_types[{index}]"})
         if full not in types:
             types.append(full)
@@ -100,7 +100,7 @@ def _match_rules(config: TriggerConfig) -> None:
         try:
             jsonpointer.JsonPointer(rule.pointer)
         except jsonpointer.JsonPointerException as exc:
-            raise InvalidRequest(f"{path}.pointer: {rule.pointer!r} is not a JSON pointer "
+            raise InvalidRequest(f"{path}.pointer: {shown(rule.pointer)} is not a JSON pointer "
                                  f"(RFC 6901: empty, or '/' then tokens): {exc}",
                                  {"path": f"{path}.pointer"}) from exc
         codec.value_from_json(bytes(rule.equals), f"config.match[{index}].equals",
@@ -140,13 +140,13 @@ def checked_config(state: RedisState, config: TriggerConfig, service: str) -> Tr
     if config.scope is not None:
         validate.name(state.settings, "config.scope", config.scope)
         if config.scope in validate.RESERVED_SCOPES:
-            raise ReservedScope(f"config.scope {config.scope!r} is reserved for the service's "
+            raise ReservedScope(f"config.scope {shown(config.scope)} is reserved for the service's "
                                 "own bookkeeping; triggers never see its events",
                                 {"path": "$.config.scope", "scope": config.scope})
         owner = state.claims.owner(config.scope)
         if owner is not None:
-            raise ReservedScope(f"config.scope {config.scope!r} is claimed by namespace "
-                                f"{owner!r}; triggers never see a private scope's events",
+            raise ReservedScope(f"config.scope {shown(config.scope)} is claimed by namespace "
+                                f"{shown(owner)}; triggers never see a private scope's events",
                                 {"path": "$.config.scope", "scope": config.scope})
     if config.key is not None:
         validate.name(state.settings, "config.key", config.key)
@@ -168,10 +168,10 @@ def _may_target(state: RedisState, ctx: CallContext, field: str, service: str) -
             {"path": f"$.{field}", "service": service})
     if not guard.may_call_service(state, ctx, service):
         raise PermissionDenied(
-            f"$.{field}: principal {ctx.principal!r} may not call service {service!r}, so it "
+            f"$.{field}: principal {shown(ctx.principal)} may not call service {shown(service)}, so it "
             "may not register a trigger that calls it",
             {"path": f"$.{field}", "principal": ctx.principal, "fn": "state::register-trigger",
-             "service": service, "missing": f"a grant to call {service!r}"})
+             "service": service, "missing": f"a grant to call {shown(service)}"})
 
 
 def checked_id(trigger_id: str) -> None:

@@ -164,17 +164,17 @@ def scope(state: RedisState, ctx: CallContext, text: str) -> None:
     accessor (`ctx.namespace`), one that namespace claimed."""
     name(state.settings, "scope", text)
     if text in RESERVED_SCOPES:
-        raise ReservedScope(f"scope {text!r} is reserved for the service's own bookkeeping",
+        raise ReservedScope(f"scope {shown(text)} is reserved for the service's own bookkeeping",
                             {"path": "$.scope", "scope": text})
     owner = state.claims.owner(text)
     if ctx.namespace is None and owner is not None:
         raise ReservedScope(
-            f"scope {text!r} is claimed by namespace {owner!r}: only its accessors "
+            f"scope {shown(text)} is claimed by namespace {shown(owner)}: only its accessors "
             f"({owner}::state::get, ...) serve it", {"path": "$.scope", "scope": text,
                                                      "namespace": owner})
     if ctx.namespace is not None and owner != ctx.namespace:
         raise InvalidScope(
-            f"$.scope: {text!r} is not a scope of namespace {ctx.namespace!r}; its accessors "
+            f"$.scope: {shown(text)} is not a scope of namespace {shown(ctx.namespace)}; its accessors "
             "serve only the scopes it claimed", {"path": "$.scope", "scope": text,
                                                  "namespace": ctx.namespace})
     guard.scope(state, ctx, text)
@@ -200,7 +200,7 @@ def functions_prefix(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    text = shown(value)
     return text if len(text) <= 100 else text[:100] + "..."
 
 
@@ -215,8 +215,8 @@ def claimant(ctx: CallContext, prefix: str) -> None:
     `caller` field is ignored), else the call's `caller`."""
     if ctx.principal is not None:
         if ctx.principal != prefix:
-            raise Forbidden(f"$.functions_prefix: {prefix!r} is not the principal's name "
-                            f"{ctx.principal!r}; a principal claims only its own namespace",
+            raise Forbidden(f"$.functions_prefix: {shown(prefix)} is not the principal's name "
+                            f"{shown(ctx.principal)}; a principal claims only its own namespace",
                             {"path": "$.functions_prefix", "principal": ctx.principal})
         return
     if not ctx.caller:
@@ -224,8 +224,8 @@ def claimant(ctx: CallContext, prefix: str) -> None:
                             "namespace of the calling worker (the bus entry's `caller`)",
                             {"path": "caller"})
     if ctx.caller != prefix:
-        raise Forbidden(f"$.functions_prefix: {prefix!r} is not the caller's name "
-                        f"{ctx.caller!r}; a worker claims only its own namespace",
+        raise Forbidden(f"$.functions_prefix: {shown(prefix)} is not the caller's name "
+                        f"{shown(ctx.caller)}; a worker claims only its own namespace",
                         {"path": "$.functions_prefix", "caller": ctx.caller})
 
 
@@ -265,7 +265,7 @@ def claim_scopes(settings: Settings, values: list[Any]) -> list[str]:
                                {"path": f"$.{field}"})
         name(settings, field, value)
         if value in RESERVED_SCOPES:
-            raise ReservedScope(f"$.{field}: scope {value!r} is reserved for the service's own "
+            raise ReservedScope(f"$.{field}: scope {shown(value)} is reserved for the service's own "
                                 "bookkeeping", {"path": f"$.{field}", "scope": value})
     return list(dict.fromkeys(values))
 

@@ -15,7 +15,7 @@ import msgspec
 
 from stateworker import codec
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.errors import Conflict, InternalError
+from stateworker.errors import Conflict, InternalError, shown
 from stateworker.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
 from stateworker.scripts.bindings import DELETE, KEEP, SET, TOPIC, UPDATE, Keep, optional, topic_arg, ttl_arg
 from stateworker.scripts.replies import SetReply, UpdateReply
@@ -61,7 +61,7 @@ def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args
         if read.status != _NEEDS_HASH:
             return finish(read)
         if left == 0:
-            raise InternalError(f"the hash of key {key!r} in scope {scope!r} kept changing")
+            raise InternalError(f"the hash of key {shown(key)} in scope {shown(scope)} kept changing")
         return then(hash_plan(state, scope, key, read.version, read.value or b""),
                     lambda _digest: _write_attempt(state, scope, key, target, args, finish,
                                                    accept, left - 1))

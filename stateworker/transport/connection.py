@@ -25,7 +25,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, shown
 from stateworker.transport.wire import (
     BLOCKING,
     Arg,
@@ -56,7 +56,7 @@ def check_url(url: str) -> None:
     """Raise ConfigError (one line) for a URL this connection cannot open."""
     scheme = urllib.parse.urlparse(url).scheme
     if scheme not in (*SUPPORTED_SCHEMES, ""):
-        raise ConfigError(f"unsupported Redis URL scheme {scheme!r} in {shown_url(url)!r}: use "
+        raise ConfigError(f"unsupported Redis URL scheme {shown(scheme)} in {shown(shown_url(url))}: use "
                           "redis://host:port/db or unix:///path/to/redis.sock")
 
 
@@ -228,8 +228,8 @@ async def _connect(url: str, read_timeout_s: float | None) -> RespProtocol:
             if sock is not None:  # a peer gone without a word is noticed, not waited on forever
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         else:
-            raise ValueError(f"unsupported Redis URL scheme {parsed.scheme!r} in "
-                             f"{shown_url(url)!r}")
+            raise ValueError(f"unsupported Redis URL scheme {shown(parsed.scheme)} in "
+                             f"{shown(shown_url(url))}")
     except OSError as exc:
         raise ConnectionLost(f"cannot connect to Redis at {shown_url(url)}: {exc}") from exc
     setup: list[list[Arg]] = []

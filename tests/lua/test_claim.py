@@ -4,6 +4,7 @@ surviving a restart."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -112,7 +113,7 @@ async def test_claiming_another_workers_namespace_is_forbidden(store: StateStore
                                                                scope: str) -> None:
     error = await claim_error(store, "billing", [scope], caller="orders")
     assert error.code == "FORBIDDEN"
-    assert "'billing'" in error.message and "'orders'" in error.message
+    assert '"billing"' in error.message and '"orders"' in error.message
     assert error.details == {"path": "$.functions_prefix", "caller": "orders"}
     assert await is_public(store, scope)
     # a body field cannot stand in for the caller
@@ -155,7 +156,7 @@ async def test_a_scope_of_another_namespace_is_scope_conflict_and_nothing_is_cla
     await claim(store, "billing", [scope + "-taken"])
     error = await claim_error(store, "orders", [scope + "-free", scope + "-taken"])
     assert error.code == "SCOPE_CONFLICT"
-    assert f"{scope}-taken" in error.message and "'billing'" in error.message
+    assert f"{scope}-taken" in error.message and '"billing"' in error.message
     assert error.details == {"path": "$.scopes", "scope": scope + "-taken", "owner": "billing"}
     await store.state.claims.reload()  # what Redis holds, as a restart would see it
     assert await is_public(store, scope + "-free")  # all or nothing
@@ -219,7 +220,7 @@ async def test_every_public_function_refuses_a_claimed_scope(store: StateStore, 
     fn, body = public_calls(scope)[index]
     error = await error_of(store, fn, body, caller="billing")  # the owner too: accessors only
     assert error.code == "RESERVED_SCOPE", fn
-    assert "claimed by namespace 'billing'" in error.message
+    assert 'claimed by namespace "billing"' in error.message
     assert error.details == {"path": "$.scope", "scope": scope, "namespace": "billing"}
     assert await store.call("billing::state::get", {"scope": scope, "key": "k"}) == {"kept": True}
     assert len(await store.events(scope)) == 1  # only the accessor's write
@@ -305,7 +306,7 @@ async def test_an_accessor_refuses_a_scope_its_namespace_does_not_own(store: Sta
                     if k in fields}
             error = await error_of(store, f"billing::state::{name}", body, caller="billing")
             assert error.code == "INVALID_SCOPE", (other, name)
-            assert f"'{other}'" in error.message and "'billing'" in error.message
+            assert json.dumps(other) in error.message and '"billing"' in error.message
             assert error.details == {"path": "$.scope", "scope": other, "namespace": "billing"}
     assert await store.get(scope + "-public", "k") == 1
     assert await store.call("orders::state::get", {"scope": scope + "-theirs", "key": "k"}) is None

@@ -6,6 +6,7 @@ pruning of it; in `acl` mode the claimant is the principal and only an admin ado
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -65,7 +66,7 @@ async def test_the_squatting_sequence_is_scope_in_use_and_changes_nothing(
     assert error.code == "SCOPE_IN_USE"
     assert error.details["scope"] == orders and error.details["entries"] == 1
     assert error.details["path"] == "$.scopes"
-    assert f"{orders!r}" in error.message and "1 entry" in error.message
+    assert json.dumps(orders) in error.message and "1 entry" in error.message
     assert "adopt" in error.message
     await unchanged(store, orders, 1)
     assert await store.call("state::get", {"scope": orders, "key": "o-1"}) == 1
@@ -106,7 +107,7 @@ async def test_a_scope_named_by_a_trigger_is_in_use_though_it_holds_nothing(
     error = await claim_error(store, {"functions_prefix": "mallory", "scopes": [scope]},
                               "mallory")
     assert error.code == "SCOPE_IN_USE"
-    assert error.details["entries"] == 0 and "'watch-orders'" in error.message
+    assert error.details["entries"] == 0 and '"watch-orders"' in error.message
     await unchanged(store, scope, 0)
     # a trigger on another scope, or on no scope, does not make it in use
     await store.call("state::unregister-trigger", {"id": "watch-orders"})
@@ -192,7 +193,7 @@ async def test_an_admin_adopts_a_scope_in_use_and_it_is_logged_and_evented(
     lines = [r for r in caplog.records if getattr(r, "event", "") == "claims.adopted"]
     assert len(lines) == 1
     assert lines[0].scopes == [scope + "-orders"] and lines[0].by == "billing"  # type: ignore[attr-defined]
-    assert "'billing'" in lines[0].getMessage() and scope + "-orders" in lines[0].getMessage()
+    assert '"billing"' in lines[0].getMessage() and scope + "-orders" in lines[0].getMessage()
     (entry,) = await registry(store)
     assert msgspec.json.decode(entry["adopted"]) == [scope + "-orders"]
     assert entry["by"] == "billing" and entry["prefix"] == "billing"
@@ -241,7 +242,7 @@ async def test_in_acl_mode_the_claimant_is_the_principal_whatever_the_caller_fie
                            caller="billing")
     assert forbidden.value.code == "FORBIDDEN"
     assert forbidden.value.details == {"path": "$.functions_prefix", "principal": "mallory"}
-    assert "'mallory'" in forbidden.value.message
+    assert '"mallory"' in forbidden.value.message
     done = await as_principal(store, "billing", {"functions_prefix": "billing", "scopes": [scope]},
                               caller="someone-else")
     assert done["claimed"] is True

@@ -4,6 +4,7 @@ all or nothing; an admin's `force`; the claims cache applies a release idempoten
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -102,7 +103,7 @@ async def test_a_non_owner_is_forbidden_and_nothing_is_released(store: StateStor
     assert error.code == "FORBIDDEN"
     assert error.details == {"path": "$.scopes", "scope": scope + "-a", "owner": "billing",
                              "caller": "orders"}
-    assert "'billing'" in error.message and "'orders'" in error.message
+    assert '"billing"' in error.message and '"orders"' in error.message
     assert await owners(store) == {scope + "-a": "billing", scope + "-b": "orders"}
     assert len(await claims_entries(store)) == 2  # the two claims: no release entry
     assert await refuses(store, scope + "-b")  # all or nothing
@@ -114,7 +115,7 @@ async def test_a_scope_nobody_claimed_is_invalid_scope_naming_it(store: StateSto
     error = await release_error(store, [scope, scope + "-public"], "billing")
     assert error.code == "INVALID_SCOPE"
     assert error.details == {"path": "$.scopes", "scope": scope + "-public"}
-    assert f"{scope + '-public'!r}" in error.message and "not claimed" in error.message
+    assert json.dumps(scope + "-public") in error.message and "not claimed" in error.message
     assert await owners(store) == {scope: "billing"}
 
 
@@ -144,7 +145,7 @@ async def test_an_admin_releases_any_namespaces_scopes_with_force_and_it_is_logg
     assert await owners(store) == {}
     (line,) = [r for r in caplog.records if getattr(r, "event", "") == "claims.forced_release"]
     assert line.released == {scope + "-a": "billing", scope + "-b": "orders"}  # type: ignore[attr-defined]
-    assert "'ops'" in line.getMessage()
+    assert '"ops"' in line.getMessage()
     assert not await refuses(store, scope + "-a") and not await refuses(store, scope + "-b")
 
 

@@ -75,7 +75,7 @@ async def test_create_only_conflict_names_create_only(store: StateStore, scope: 
     with pytest.raises(StateError) as caught:
         await store.set(scope, "k", 3, create_only=True)
     assert caught.value.code == "CONFLICT"
-    assert caught.value.message.startswith("create_only: key 'k'")
+    assert caught.value.message.startswith('create_only: key "k"')
     assert "already exists (version 2)" in caught.value.message
     assert "expected_version" not in caught.value.message
 

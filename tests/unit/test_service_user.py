@@ -63,7 +63,7 @@ def test_a_noperm_anywhere_in_a_failed_start_is_one_line() -> None:
     found = service_user.missing_from(group, settings, "redis://svc:***@h:6379/0")
     assert isinstance(found, MissingPermission)
     assert str(found) == (
-        "the Redis user 'svc' at redis://svc:***@h:6379/0 lacks part of the service's ACL "
+        'the Redis user "svc" at redis://svc:***@h:6379/0 lacks part of the service\'s ACL '
         "rule: +info; the whole rule is in docs/security.md, or run `stateworker acl-rule`")
     keys = RuntimeError("NOPERM this user has no permissions to access one of the keys used "
                         "as arguments")

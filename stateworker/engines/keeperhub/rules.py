@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from stateworker.context import CallContext
-from stateworker.errors import InvalidContext, InvalidRequest
+from stateworker.errors import InvalidContext, InvalidRequest, shown
 from stateworker.state import validate
 from stateworker.state.functions import SCOPED
 
@@ -30,7 +30,7 @@ def workflow_scope(ctx: CallContext) -> str:
 def _scope_of(org: str, workflow: str) -> str:
     if "/" in org:
         raise InvalidContext(f"context.org_id: must not contain '/' (it ends the org's part "
-                             f"of the scope {SCOPE_PREFIX}<org_id>/<workflow_id>), got {org!r}",
+                             f"of the scope {SCOPE_PREFIX}<org_id>/<workflow_id>), got {shown(org)}",
                              {"path": "context.org_id"})
     return f"{SCOPE_PREFIX}{org}/{workflow}"
 
@@ -40,7 +40,7 @@ def _context_text(ctx: CallContext, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidContext(
             f"context.{name}: an isolated call (isolation: workflow) takes its scope from the "
-            f"bus entry's context, which must carry {name} as non-empty text; got {value!r}",
+            f"bus entry's context, which must carry {name} as non-empty text; got {shown(value)}",
             {"path": f"context.{name}"})
     return value
 

@@ -15,7 +15,15 @@ from msgspec import Struct
 
 from stateworker.context import CallContext
 from stateworker.engines.moco.schemas import NamespaceRequest
-from stateworker.errors import InvalidContext, InvalidRequest, KeyTooLong, StateError, UnknownField, register
+from stateworker.errors import (
+    InvalidContext,
+    InvalidRequest,
+    KeyTooLong,
+    StateError,
+    UnknownField,
+    register,
+    shown,
+)
 from stateworker.settings import Settings
 from stateworker.state import validate
 
@@ -83,11 +91,11 @@ def checked_user(user: object) -> str:
         raise InvalidContext(
             "context.user_id: a private namespace (in_global_ns false) is "
             "<user_id>:<namespace>, so the bus entry's context must carry user_id as non-empty "
-            f"text; got {user!r:.100}", {"path": "context.user_id"})
+            f"text; got {shown(user)[:100]}", {"path": "context.user_id"})
     if ":" in user:
         # User "a:b" with namespace "c" would be user "a" with namespace "b:c".
         raise InvalidContext(f"context.user_id: must not contain ':' (it ends the user's part "
-                             f"of <user_id>:<namespace>), got {user!r:.100}",
+                             f"of <user_id>:<namespace>), got {shown(user)[:100]}",
                              {"path": "context.user_id"})
     return user
 
@@ -111,14 +119,14 @@ def resolve(settings: Settings, ctx: CallContext, req: NamespaceRequest) -> str:
 def _resolved(namespace: str, in_global_ns: bool, user: object, limit: int) -> str:
     if is_secret(namespace):
         raise ReservedNamespace(
-            f"namespace {namespace!r:.100} is reserved: `secret` and `<user_id>:secret` "
+            f"namespace {shown(namespace)[:100]} is reserved: `secret` and `<user_id>:secret` "
             "hold secrets, which the state activities never read or write (use the Secret "
             "Activities)", {"path": "$.namespace", "namespace": namespace})
     resolved = namespace if in_global_ns else f"{checked_user(user)}:{namespace}"
     validate.sized_text("namespace", namespace, limit, KeyTooLong)
     size = len(resolved.encode())
     if size > limit:
-        raise KeyTooLong(f"namespace resolves to {resolved!r:.100} ({size} bytes with its "
+        raise KeyTooLong(f"namespace resolves to {shown(resolved)[:100]} ({size} bytes with its "
                          f"`<user_id>:`), more than the limit of {limit} bytes",
                          {"path": "$.namespace", "size": size, "limit": limit})
     return resolved

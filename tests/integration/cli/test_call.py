@@ -46,7 +46,7 @@ async def test_cli_call_help_and_usage_errors(redis_server: RedisServer, prefix:
                                              "http://x", "call", "state::get", "{}")
     assert bad_url.returncode == 2
     assert bad_url.stderr.count("\n") == 1 and "Traceback" not in bad_url.stderr
-    assert "unsupported Redis URL scheme 'http'" in bad_url.stderr
+    assert 'unsupported Redis URL scheme "http"' in bad_url.stderr
     bad_timeout = await anyio.to_thread.run_sync(run_cli, redis_server, prefix, "call",
                                                  "--timeout", "-1", "state::get", "{}")
     assert bad_timeout.returncode == 2 and "--timeout" in bad_timeout.stderr

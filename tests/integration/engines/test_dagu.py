@@ -107,7 +107,7 @@ async def test_the_native_scope_limits_are_named_as_the_namespace(client: StateC
         await dagu(client, "get", {"scope": "custom", "namespace": "locked", "key": "k"})
     assert claimed.value.details == {"path": "$.namespace", "scope": "dagu/custom/locked",
                                      "claimed_by": "vault"}
-    assert "claimed by namespace 'vault'" in str(claimed.value)
+    assert 'claimed by namespace "vault"' in str(claimed.value)
 
 
 

@@ -5,6 +5,7 @@ that cannot be raced past (`max_keys`, KEY_LIMIT), conflicts naming both version
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,7 @@ async def test_at_the_ceiling_overwrites_pass_and_new_keys_of_every_writer_are_r
         with pytest.raises(KeyLimit) as refused:
             await store.call(fn, {**base, **body})
         assert str(refused.value) == (
-            f"max_keys: scope {scope!r} holds 3 live keys and its limit is 3; key 'n' would be "
+            f"max_keys: scope {json.dumps(scope)} holds 3 live keys and its limit is 3; key \"n\" would be "
             "a new one, so nothing was written (overwriting a key that exists is always "
             "allowed)")
         assert refused.value.details == {"path": "$.max_keys", "scope": scope, "key": "n",
@@ -142,7 +143,7 @@ async def test_a_stale_version_names_expected_and_current(client: StateClient,
         await client.call("state::set", {"scope": scope, "key": "cursor", "value": 9,
                                          "expected_version": 1})
     assert str(refused.value) == (f"expected_version 1 does not match current version 3 of "
-                                  f"key 'cursor' in scope {scope!r}")
+                                  f"key \"cursor\" in scope {json.dumps(scope)}")
     assert refused.value.details == {"expected_version": 1, "current_version": 3}
 
 
@@ -301,6 +302,6 @@ async def test_every_versioned_write_names_both_versions(client: StateClient, st
     with pytest.raises(Conflict) as refused:
         await client.call(fn, {"scope": scope, "key": "cursor", "expected_version": 1, **body})
     assert str(refused.value) == (f"expected_version 1 does not match current version 2 of "
-                                  f"key 'cursor' in scope {scope!r}")
+                                  f"key \"cursor\" in scope {json.dumps(scope)}")
     assert refused.value.details == {"expected_version": 1, "current_version": 2}
     assert await store.get(scope, "cursor") == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import os
 import re
 import subprocess
@@ -164,7 +165,7 @@ async def test_the_service_s_own_scopes_are_refused_naming_the_namespace(
         await moco(client, "set_state", {"namespace": "state_barrier", "key": "k", "value": 1,
                                          "in_global_ns": True})
     assert caught.value.details == {"path": "$.namespace", "scope": "state_barrier"}
-    assert str(caught.value).startswith("namespace 'state_barrier' is reserved")
+    assert str(caught.value).startswith('namespace "state_barrier" is reserved')
 
 
 async def test_a_claimed_namespace_is_refused_naming_who_claimed_it(
@@ -213,7 +214,7 @@ async def test_every_activity_refuses_secret_namespaces(
         await moco(client, activity, body)
     assert caught.value.code == "ReservedNamespaceError"
     assert caught.value.details["path"] == "$.namespace"
-    assert f"namespace {namespace!r} is reserved" in str(caught.value)
+    assert f"namespace {json.dumps(namespace)} is reserved" in str(caught.value)
     for scope in secrets:  # nothing read or changed
         entry = await native(client, "get-entry", {"scope": scope, "key": "k"})
         assert (entry["value"], entry["version"], entry["topic"]) == ("s3cr3t", 1, "t")
@@ -234,7 +235,7 @@ async def test_a_client_raises_stateworkers_reserved_namespace_error(
         assert refused.to_dict() == {
             "code": "ReservedNamespaceError", "details": {"path": "$.namespace",
                                                           "namespace": "secret"},
-            "message": "namespace 'secret' is reserved: `secret` and `<user_id>:secret` hold "
+            "message": 'namespace "secret" is reserved: `secret` and `<user_id>:secret` hold '
                        "secrets, which the state activities never read or write (use the "
                        "Secret Activities)"}
     else:

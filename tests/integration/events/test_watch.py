@@ -475,7 +475,7 @@ async def test_the_command_reports_compacted_and_a_bad_revision(
         status, err = command.finish()
     finally:
         command.kill()
-    assert status == 2 and b"--from 'yesterday' is not a revision" in err
+    assert status == 2 and b'--from "yesterday" is not a revision' in err
 
 
 # ---- reconnects ------------------------------------------------------------------------------

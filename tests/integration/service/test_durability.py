@@ -142,7 +142,7 @@ async def test_strict_refuses_an_external_redis_without_appendfsync_always(
             pass
     message = str(refused.value)
     assert "STATEWORKER_DURABILITY=strict" in message
-    assert "appendfsync is 'everysec'" in message
+    assert 'appendfsync is "everysec"' in message
     assert "CONFIG SET appendfsync always" in message and "STATEWORKER_DURABILITY=fast" in message
     async with StateStore.open(own_redis.url) as store:  # fast (the default) accepts it
         await store.set("s", "k", 1)

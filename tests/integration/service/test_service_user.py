@@ -305,7 +305,7 @@ def test_a_user_lacking_one_permission_gets_one_line_and_exit_1(
     assert done.returncode == 1, done.stderr
     assert len(lines) == 1, done.stderr
     assert named.format(prefix=prefix) in lines[0]
-    assert lines[0].startswith("stateworker: the Redis user 'lacking'")
+    assert lines[0].startswith('stateworker: the Redis user "lacking"')
     assert "docs/security.md" in lines[0] and "stateworker acl-rule" in lines[0]
     assert PASSWORD not in done.stderr
 
@@ -319,7 +319,7 @@ def test_a_user_lacking_select_for_the_urls_database_gets_one_line(
     done = serve(url.removesuffix("/0") + "/1", prefix)
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines() == [
-        f"stateworker: the Redis user 'noselect' at redis://noselect:***@127.0.0.1:"
+        'stateworker: the Redis user "noselect" at redis://noselect:***@127.0.0.1:'
         f"{acl_redis.port}/1 lacks part of the service's ACL rule: +select; the whole rule is "
         "in docs/security.md, or run `stateworker acl-rule`"]
 
@@ -388,6 +388,6 @@ async def test_a_noperm_met_during_the_start_is_the_same_one_line(
         async with StateService.running(settings, BusOptions(block_ms=50)):
             pass
     assert str(refused.value).startswith(
-        f"the Redis user 'narrow' at redis://narrow:***@127.0.0.1:{acl_redis.port}/0 lacks "
+        f'the Redis user "narrow" at redis://narrow:***@127.0.0.1:{acl_redis.port}/0 lacks '
         f"part of the service's ACL rule: ~{prefix}:* (a key of")
     assert "\n" not in str(refused.value) and PASSWORD not in str(refused.value)

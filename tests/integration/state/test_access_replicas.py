@@ -107,4 +107,4 @@ async def test_a_record_written_by_hand_that_does_not_decode_is_left_out(
                 state.access.check("bad", "state::get", ["x"])
     logged = {r.getMessage().split(" is not valid")[0] for r in caplog.records
               if "left out" in r.getMessage()}
-    assert logged == {"principals record b'bad'", "roles record b'broken'"}
+    assert logged == {'principals record "bad"', 'roles record "broken"'}

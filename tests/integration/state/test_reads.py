@@ -22,7 +22,7 @@ async def test_get_entry(store: StateStore, scope: str) -> None:
         "found": False, "value": []}
     err = await error_of(store, "state::get-entry",
                          {"scope": scope, "key": "k", "default": 1, "required": True})
-    assert err.code == "NOT_FOUND" and "'k'" in err.message
+    assert err.code == "NOT_FOUND" and '"k"' in err.message
     await store.call("state::set", {"scope": scope, "key": "k", "value": 5, "topic": "tp"})
     entry = await store.call("state::get-entry", {"scope": scope, "key": "k", "default": 0})
     (event,) = await store.events(scope)

@@ -77,5 +77,5 @@ async def test_typed_calls_take_and_give_the_specs_structs(
 
 async def test_a_typed_call_of_a_spec_not_served_is_unknown(store: StateStore) -> None:
     spec = specs.Spec("state::nope", "nope", specs.s.GetRequest, msgspec.Raw, "none")
-    with pytest.raises(UnknownFunction, match="'state::nope' is not served"):
+    with pytest.raises(UnknownFunction, match='"state::nope" is not served'):
         await store.typed(spec, specs.s.GetRequest("s", "k"))
