@@ -90,7 +90,8 @@ def add_parsers(sub: Any) -> None:
 def _verbs(sub: Any, name: str, summary: str) -> Any:
     parser = sub.add_parser(name, help=summary, description=summary, epilog=ADMIN_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    return parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    return parser.add_subparsers(dest="verb", required=True, metavar="VERB",
+                                 help=f"what to do (`stateworker {name} VERB --help`)")
 
 
 def _verb(verbs: Any, name: str, summary: str) -> argparse.ArgumentParser:

@@ -34,7 +34,8 @@ def build() -> argparse.ArgumentParser:
                         help="print the installed version and exit")
     parser.add_argument("--redis-url", default=None,
                         help="Redis to use (default: STATEWORKER_REDIS_URL, else embedded)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do (`stateworker COMMAND --help`)")
     _serving(sub)
     _calls(sub)
     _verbs(sub)
