@@ -118,8 +118,9 @@ def _verbs(sub: Sub) -> None:
     ls.add_argument("--prefix", default=None, help="only keys that start with this")
     ls.add_argument("--limit", type=positive, default=100, help="entries per page "
                     "(default 100, at most 1000)")
-    ls.add_argument("--after", default=None, metavar="KEY",
-                    help="the page after this key (the last key of the page before)")
+    ls.add_argument("--after", default=None, metavar="CURSOR",
+                    help="the next page: the cursor the page before ended with (its "
+                    "next_after; a table prints the whole command)")
     ls.add_argument("--values", action="store_true", help="show each entry's value too")
     _timeout(ls)
     add_output(ls)

@@ -52,12 +52,13 @@ LS = call_epilog("one page of entries is on stdout (a table, or the JSON of "
                  "state::list-entries)", """\
   stateworker ls orders
   stateworker ls orders --prefix o- --values
-  stateworker ls orders --limit 100 --after o-99        # the next page
+  stateworker ls orders --limit 100 --after WyJrZXkiLCJhc2MiLCJvLTk5IiwiMCIsMF0
+                                              # the next page (the cursor next_after)
   stateworker ls orders -o json | jq -r '.entries[].key'
 """, note="One page of a scope's entries in key byte order (state::list-entries): key, "
    "version,\nupdated_at, topic (and the value with --values). When there are more, the table "
-   "ends\nwith the command for the next page: --after the last key shown (next_after in the "
-   "JSON).\n\n")
+   "ends\nwith the command for the next page: --after the cursor the page ended with "
+   "(next_after\nin the JSON).\n\n")
 
 LIST_TRIGGERS = call_epilog("the registered triggers are on stdout (a table, or the JSON "
                             "of state::list-triggers)", """\
