@@ -1,5 +1,6 @@
 # Sourced by scripts/run, scripts/test and scripts/bench: installs what a fresh Debian machine
-# lacks (Debian's redis-server, a .venv with the project and its test extras), then returns.
+# lacks (Debian's redis-server, a .venv with the project: the service alone for run, with its
+# test extras for test and bench), then returns.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,20 +32,31 @@ ensure_redis() {
   fi
 }
 
+# ensure_venv service|test: a .venv with the project installed (editable): `service` (the
+# service and its command alone: ./scripts/run) or `test` (with the test and lint tools:
+# ./scripts/test, ./scripts/bench). Each has its stamp, the hash of pyproject.toml it was
+# installed for; `test` covers `service` too. pip's output goes to .venv/install.log, shown
+# only when the install fails.
 ensure_venv() {
-  local stamp=".venv/.installed"
-  local want
-  want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+  local what="$1" extras="" want
+  want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+  if [ "$what" = test ]; then extras="[test]"; fi
+  if [ "$(cat ".venv/.installed-$what" 2>/dev/null)" = "$want" ] \
+     || [ "$(cat .venv/.installed-test 2>/dev/null)" = "$want" ]; then
+    return
+  fi
   if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     python3 -m venv .venv
   fi
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing the project and its test extras into .venv"
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e ".[test]"
-    echo "$want" > "$stamp"
+  log "installing stateworker${extras} into .venv (pip's output: .venv/install.log)"
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".${extras}" \
+       >.venv/install.log 2>&1; then
+    tail -n 30 .venv/install.log >&2
+    log "pip install -e .${extras} failed (the whole output: .venv/install.log)"
+    exit 1
   fi
+  echo "$want" > ".venv/.installed-$what"
 }
 
 # PostgreSQL for the tests (they start their own cluster with initdb/pg_ctl in a temporary

@@ -230,7 +230,10 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "acl-rule", help="print the ACL SETUSER line of the service's own Redis user",
         description="Print the minimal ACL rule `stateworker serve` needs (STATEWORKER_PREFIX, "
                     "STATEWORKER_DURABILITY and the URL's database taken into account) as one "
-                    f"redis-cli command line; set its password apart. See {RULE_DOC}.")
+                    f"redis-cli command line; set its password apart. See {RULE_DOC}.",
+        epilog="exit status:\n  0  the line is on stdout\n  2  bad usage or configuration "
+               "(arguments, --redis-url, STATEWORKER_* variables)\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--user", default=DEFAULT_USER, help="the ACL user's name "
                         f"(default {DEFAULT_USER})")
     parser.add_argument("--waitaof", action="store_true", help="STATEWORKER_DURABILITY=strict "

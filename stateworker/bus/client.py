@@ -43,15 +43,17 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 
 def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
                  when: str) -> tuple[str, dict[str, Any]]:
-    """Message and details of a client's TIMEOUT for a call sent with `deadline_ms` (`when`:
-    the same time as RFC 3339): whether it may still be applied, how to learn its outcome."""
-    return (f"{fn}: no reply within {timeout_s:g} s (call id {shown(call_id)}, sent {sends} "
-            f"time(s)). It carries deadline_ms {deadline_ms} ({when}): the service starts it "
-            f"only before then, so it is applied by {when} or never (a state::* call applies "
-            "in one step; a worker function started in time may still be running). A call with "
-            "the same id returns its outcome (its recorded reply; with the same deadline_ms, "
-            "DEADLINE_EXCEEDED when it never ran).",
-            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when})
+    """Message (one short line) and details of a client's TIMEOUT for a call sent with
+    `deadline_ms` (`when`: the same time as RFC 3339): until when it may still be applied,
+    and in `details` how to learn its outcome."""
+    return (f"{fn}: no reply within {timeout_s:g} s; applied by {when} "
+            f"(deadline_ms {deadline_ms}) or never",
+            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when,
+             "sends": sends,
+             "outcome": "the service starts a call only before its deadline (a state::* call "
+                        "applies in one step; a worker function started in time may still be "
+                        "running); the same call_id with the same deadline_ms returns its "
+                        "outcome: its recorded reply, or DEADLINE_EXCEEDED when it never ran"})
 
 
 def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,

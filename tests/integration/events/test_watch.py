@@ -434,7 +434,8 @@ async def test_the_command_prints_one_json_line_per_event_and_bookmarks_until_st
     await store.call("state::update", {"scope": scope, "key": "o-1", "ops": [
         {"type": "increment", "path": "items", "by": 1}]})
     first, second = await store.events(scope)
-    command = WatchCommand(redis_server.url, prefix, "--scope", scope, "--from", first.revision)
+    command = WatchCommand(redis_server.url, prefix, "--scope", scope, "--from", first.revision,
+                           "--progress")  # (bookmarks printed only with it)
     try:
         assert command.line() == document_json(second) + b"\n"
         await store.delete(scope, "o-1")

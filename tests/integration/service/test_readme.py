@@ -1,5 +1,6 @@
-"""The README's examples run as written: every code block is taken from README.md (not copied
-here) and run in its order against a real Redis and a running `stateworker serve`.
+"""The README's examples run as written, and again the same: every code block is taken from
+README.md (not copied here) and run in its order against a real Redis and a running
+`stateworker serve`, all of them twice, and the second pass must print what the first did.
 
 - A `console` block is a terminal session: each `$ ` line runs in the project's directory;
   the lines after it, up to the next `$ `, are what it must print (`…` stands for any text).
@@ -82,38 +83,63 @@ def test_the_readme_opens_with_the_two_commands() -> None:
     assert first.splitlines() == ["./scripts/run", "./scripts/test"]
 
 
-def test_every_readme_example_runs_as_written(redis_server: RedisServer, tmp_path: Path,
-                                              background: Background) -> None:
+def test_every_readme_example_runs_as_written_and_again_the_same(
+        redis_server: RedisServer, tmp_path: Path, background: Background) -> None:
+    """Every block, in order, twice against one service: each pass prints what the README
+    says, and the second prints exactly what the first did (the parts the README elides
+    with `…`, such as times and revisions, aside)."""
     env = {**os.environ, "STATEWORKER_REDIS_URL": redis_server.url,
            "STATEWORKER_PREFIX": f"readme{uuid.uuid4().hex[:8]}",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     background.start([sys.executable, "-m", "stateworker", "serve"], env, '"serving"')
-    blocks = readme_blocks()[1:]
-    ran = {"console": 0, "python": 0}
+    first = run_blocks(readme_blocks()[1:], env, tmp_path, background)
+    second = run_blocks(readme_blocks()[1:], env, tmp_path, background)
+    assert sum(kind == "console" for kind, _, _ in first) >= 2, first
+    assert sum(kind == "python" for kind, _, _ in first) >= 3, first
+    for once, again in zip(first, second, strict=True):
+        assert once == again, "printed something else when run again"
+    background.stop()
+
+
+Transcript = list[tuple[str, str, list[str]]]  # (kind, command or block, what it printed)
+
+
+def run_blocks(blocks: list[tuple[str, str]], env: dict[str, str], tmp_path: Path,
+               background: Background) -> Transcript:
+    """Run the console and python blocks; what each printed, a line elided by the README
+    (`…`) as the README writes it."""
+    transcript: Transcript = []
     for n, (kind, text) in enumerate(blocks):
         if kind == "console":
             for command, expected in session(text):
-                done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
-                                      capture_output=True, text=True, timeout=60)
-                assert done.returncode == 0, (command, done.stdout, done.stderr)
-                printed = done.stdout.splitlines()
-                assert len(printed) == len(expected) or not expected, (command, printed)
-                for want, got in zip(expected, printed, strict=False):
-                    assert matches(want, got), (command, want, got)
+                transcript.append((kind, command, run_command(command, expected, env)))
         elif kind == "python":
             program = tmp_path / f"example_{n}.py"
             program.write_text(text)
             if "worker.serve()" in text:
                 background.start([sys.executable, str(program)], env, "serving")
+                transcript.append((kind, text, []))
             else:
-                done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
-                                      capture_output=True, text=True, timeout=60)
-                assert done.returncode == 0, (text, done.stdout, done.stderr)
-                for want in re.findall(r"# prints (.*)$", text, re.MULTILINE):
-                    assert any(matches(want.strip(), line) for line in
-                               done.stdout.splitlines()), (want, done.stdout)
-        else:
-            continue
-        ran[kind] += 1
-    assert ran["console"] >= 2 and ran["python"] >= 3, ran
-    background.stop()
+                transcript.append((kind, text, run_program(program, text, env, tmp_path)))
+    return transcript
+
+
+def run_command(command: str, expected: list[str], env: dict[str, str]) -> list[str]:
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (command, done.stdout, done.stderr)
+    printed = done.stdout.splitlines()
+    assert len(printed) == len(expected) or not expected, (command, printed)
+    for want, got in zip(expected, printed, strict=False):
+        assert matches(want, got), (command, want, got)
+    return expected or printed
+
+
+def run_program(program: Path, text: str, env: dict[str, str], tmp_path: Path) -> list[str]:
+    done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (text, done.stdout, done.stderr)
+    for want in re.findall(r"# prints (.*)$", text, re.MULTILINE):
+        assert any(matches(want.strip(), line) for line in
+                   done.stdout.splitlines()), (want, done.stdout)
+    return done.stdout.splitlines()

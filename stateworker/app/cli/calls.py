@@ -1,0 +1,167 @@
+"""The commands that call functions over the bus: `call` (any function, JSON in and out) and
+the short verbs for people, `get`, `put`, `del`, `ls` and `list-triggers`, each one call of a
+state function. Every one checks first that a consumer group reads the stream it writes to,
+so a call to a service nobody serves fails at once instead of waiting out its timeout."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE, print_error, settings_of
+from stateworker.app.output import cell, table, wants_table
+from stateworker.bus.client import StateClient
+from stateworker.errors import StateError, Unavailable, shown
+from stateworker.keys import STATE_SERVICE
+from stateworker.schemas import ListEntriesResult
+from stateworker.transport.wire import ReplyError
+
+
+async def check_readers(client: StateClient, service: str) -> None:
+    """Unavailable when no consumer group reads the client's stream: nothing would ever
+    answer (a group is made by the first `stateworker serve`, or Worker, of the service).
+    A Redis user that may not look (acl mode) sends anyway."""
+    try:
+        groups = await client.conn.execute("XINFO", "GROUPS", client.stream)
+    except ReplyError as exc:
+        if "no such key" not in str(exc).lower():
+            return
+        groups = []
+    if groups:
+        return
+    how = ("start the service: ./scripts/run (or `stateworker serve`)" if service == STATE_SERVICE
+           else f"start a worker for it: Worker({shown(service)}).serve() in Python, or any "
+           "program that serves the stream (docs/bus-protocol.md)")
+    raise Unavailable(f"no consumer group reads {client.stream}: nothing serves the service "
+                      f"{shown(service)}, the call was not sent; {how}",
+                      {"stream": client.stream, "service": service, "sent": False})
+
+
+async def call_one(args: argparse.Namespace, fn: str, body: bytes,
+                   service: str = STATE_SERVICE,
+                   context: dict[str, Any] | None = None) -> bytes:
+    """One call within `args.timeout` (opening the client, which waits for a Redis that is
+    restarting, the check and the call); its result's JSON. Raises its StateError."""
+    end = time.monotonic() + args.timeout
+    async with StateClient(settings=settings_of(args), service=service,
+                           timeout=args.timeout) as client:
+        await check_readers(client, service)
+        left = max(end - time.monotonic(), 0.001)
+        return await client.call_json(fn, body, timeout=left, context=context)
+
+
+async def run_call(args: argparse.Namespace) -> int:
+    """`call FN [BODY]`: the result's JSON on stdout."""
+    try:
+        result = await call_one(args, args.fn, args.body.encode(), args.service, args.context)
+    except StateError as exc:
+        return print_error(exc)
+    print(result.decode())
+    return EXIT_OK
+
+
+def _body(**fields: Any) -> bytes:
+    return msgspec.json.encode({k: v for k, v in fields.items() if v is not None})
+
+
+async def run_get(args: argparse.Namespace) -> int:
+    """`get SCOPE KEY`: the value's JSON; a missing key is NOT_FOUND (exit 1)."""
+    body = _body(scope=args.scope, key=args.key, required=True)
+    try:
+        entry = msgspec.json.decode(await call_one(args, "state::get-entry", body),
+                                    type=dict[str, msgspec.Raw])
+    except StateError as exc:
+        return print_error(exc)
+    print(bytes(entry["value"]).decode())
+    return EXIT_OK
+
+
+def read_value(text: str) -> bytes | None:
+    """VALUE as JSON text (`-`: read from stdin); None (a usage error shown) when not JSON."""
+    data = sys.stdin.buffer.read() if text == "-" else text.encode()
+    try:
+        msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        where = "stdin" if text == "-" else "VALUE"
+        print(f"stateworker put: {where} must be one JSON value (a string is quoted: "
+              f"'\"text\"'), got {shown(data.decode(errors='replace')[:200])}: {exc}",
+              file=sys.stderr)
+        return None
+    return data.strip()
+
+
+async def run_put(args: argparse.Namespace) -> int:
+    """`put SCOPE KEY VALUE`: state::set; its result's JSON."""
+    value = read_value(args.value)
+    if value is None:
+        return EXIT_USAGE
+    head = _body(scope=args.scope, key=args.key)
+    body = head[:-1] + b',"value":' + value + b"}"  # the value's text as written
+    try:
+        print((await call_one(args, "state::set", body)).decode())
+    except StateError as exc:
+        return print_error(exc)
+    return EXIT_OK
+
+
+async def run_del(args: argparse.Namespace) -> int:
+    """`del SCOPE KEY`: state::delete; the old value's JSON (null when there was none)."""
+    try:
+        print((await call_one(args, "state::delete", _body(scope=args.scope,
+                                                          key=args.key))).decode())
+    except StateError as exc:
+        return print_error(exc)
+    return EXIT_OK
+
+
+async def run_ls(args: argparse.Namespace) -> int:
+    """`ls SCOPE`: one page of state::list-entries, as a table or its JSON."""
+    body = _body(scope=args.scope, prefix=args.prefix, limit=args.limit, after=args.after,
+                 include_values=args.values or None)
+    try:
+        result = await call_one(args, "state::list-entries", body)
+    except StateError as exc:
+        return print_error(exc)
+    if not wants_table(args):
+        print(result.decode())
+        return EXIT_OK
+    page = msgspec.json.decode(result, type=ListEntriesResult)  # values as stored (Raw)
+    headers = ["KEY", "VERSION", "UPDATED", "TOPIC"] + (["VALUE"] if args.values else [])
+    rows = [[e.key, e.version, e.updated_at, e.topic]
+            + ([_value(e.value)] if args.values else []) for e in page.entries]
+    print(table(headers, rows))
+    if isinstance(page.next_after, str):
+        more = shlex.join(["stateworker", "ls", args.scope, "--after", page.next_after])
+        print(f"(more: {more})")
+    return EXIT_OK
+
+
+async def run_list_triggers(args: argparse.Namespace) -> int:
+    """`list-triggers`: state::list-triggers, as a table or its JSON."""
+    try:
+        result = await call_one(args, "state::list-triggers", b"{}")
+    except StateError as exc:
+        return print_error(exc)
+    if not wants_table(args):
+        print(result.decode())
+        return EXIT_OK
+    listed = msgspec.json.decode(result)["triggers"]
+    rows = [[t["id"], t["service"], t["function_id"], _filters(t["config"]), t["created_at"]]
+            for t in listed]
+    print(table(["ID", "SERVICE", "FUNCTION", "FILTERS", "CREATED"], rows))
+    return EXIT_OK
+
+
+def _value(value: object) -> str | None:
+    return cell(bytes(value)) if isinstance(value, msgspec.Raw) else None
+
+
+def _filters(config: dict[str, Any]) -> str:
+    return " ".join(f"{name}={cell(value)}" for name, value in config.items()
+                    if value is not None) or "(every event)"
+

@@ -1,0 +1,71 @@
+"""What every `stateworker` command shares: settings from the arguments, argument types,
+errors on stderr and the exit statuses (`--output json|table`: app/output.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import msgspec
+
+from stateworker.errors import StateError, shown
+from stateworker.settings import Settings
+
+# The exit statuses every command shares; each epilog says what 1 means for its command.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+USAGE_LINE = "  2  bad usage or configuration (arguments, --redis-url, STATEWORKER_* variables)"
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(redis_url=args.redis_url)
+
+
+def print_error(exc: StateError) -> int:
+    """An error as `{code, message, details}` on stderr (one JSON line); exit status 1."""
+    print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def print_json(value: Any) -> None:
+    print(msgspec.json.encode(value).decode(), flush=True)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {shown(text)}")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {shown(text)}")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {shown(text)}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {shown(text)}")
+    return value
+
+
+def service_name(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"must be a service name without spaces, got {shown(text)}")
+    return text

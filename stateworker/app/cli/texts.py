@@ -1,0 +1,154 @@
+"""The descriptions and epilogs (exit statuses, examples) of the `stateworker` subcommands."""
+
+from __future__ import annotations
+
+from stateworker.app.cli.common import USAGE_LINE
+
+FAILED_CALL = """\
+  1  the call failed: {code, message, details} on stderr (JSON): an error reply
+     (INVALID_REQUEST, CONFLICT, NOT_FOUND, UNKNOWN_FUNCTION ...), TIMEOUT (no reply in
+     time; it may still be applied before its deadline) or UNAVAILABLE (no Redis, or no
+     consumer group reads the service's stream: nothing serves it; not sent)"""
+
+
+def call_epilog(ok: str, examples: str, note: str = "") -> str:
+    return (f"{note}exit status:\n  0  {ok}\n{FAILED_CALL}\n{USAGE_LINE}\n\n"
+            f"examples:\n{examples}")
+
+
+CALL = call_epilog(
+    "the call succeeded: its result (JSON) is on stdout", """\
+  stateworker call state::set '{"scope":"orders","key":"o-1","value":{"total":12.50}}'
+  stateworker call --timeout 2 state::get '{"scope":"orders","key":"o-1"}'
+  stateworker call --service orders orders::create '{"id":"o-7"}'   # a Worker("orders")
+  stateworker call --context '{"dag_name":"etl"}' state.set '{"key":"cursor","value":7}'
+""", note="""\
+--timeout is the call's whole time: waiting for Redis (restarting, loading), sending,
+re-sending and the reply. The call carries its deadline (now + timeout, as deadline_ms), so
+after a TIMEOUT it is applied before that deadline or never; the message says so. A service
+that no consumer group reads (nothing ever served it) is UNAVAILABLE at once, not sent.
+
+""")
+
+GET = call_epilog("the value (JSON) is on stdout", """\
+  stateworker get orders o-1
+  stateworker get orders o-1 | jq .total
+""", note="Prints the stored value as JSON (state::get-entry); a key that is missing or "
+   "expired is\nNOT_FOUND (exit 1), so a stored null and no key differ.\n\n")
+
+PUT = call_epilog("written: state::set's result (JSON) is on stdout", """\
+  stateworker put orders o-1 '{"total":12.50}'
+  stateworker put orders greeting '"hello"'          # a string is JSON too: quoted
+  echo '[1,2,3]' | stateworker put orders list -      # the value from stdin
+""", note="VALUE is one JSON value, kept as written (numbers exactly); `-` reads it from "
+   "stdin.\nNot JSON: exit 2 with the reason, nothing sent.\n\n")
+
+DEL = call_epilog("deleted (or there was nothing): the old value (JSON, null when none) is "
+                  "on stdout", """\
+  stateworker del orders o-1
+""")
+
+LS = call_epilog("one page of entries is on stdout (a table, or the JSON of "
+                 "state::list-entries)", """\
+  stateworker ls orders
+  stateworker ls orders --prefix o- --values
+  stateworker ls orders --limit 100 --after WyJrZXkiLCJhc2MiLCJvLTk5IiwiMCIsMF0
+                                              # the next page (the cursor next_after)
+  stateworker ls orders -o json | jq -r '.entries[].key'
+""", note="One page of a scope's entries in key byte order (state::list-entries): key, "
+   "version,\nupdated_at, topic (and the value with --values). When there are more, the table "
+   "ends\nwith the command for the next page: --after the cursor the page ended with "
+   "(next_after\nin the JSON).\n\n")
+
+LIST_TRIGGERS = call_epilog("the registered triggers are on stdout (a table, or the JSON "
+                            "of state::list-triggers)", """\
+  stateworker list-triggers
+  stateworker list-triggers -o json | jq -r '.triggers[].id'
+""")
+
+WATCH = f"""\
+Prints one JSON line per event, as it happens: {{"type":"state","event_type":"state:updated",
+"scope","key","old_value","new_value","version","revision","ts","ts_ms","by"}}. With
+--progress also a bookmark {{"type":"bookmark","revision":...}} after STATEWORKER_WATCH_PROGRESS_S
+(5) seconds without an event: every event up to it has been printed (or passed over by the
+filters), so --from <its revision> goes on from there without printing anything twice. One
+scope's events come in their order; without a scope, every partition's, merged in revision
+order. A Redis restart or a broken connection is waited out; the watch goes on where it was.
+
+exit status:
+  0  stopped by Ctrl-C or SIGTERM, or its reader went away (`| head -n 2`)
+  1  {{code, message, details}} on stderr (JSON): COMPACTED (events after the revision were
+     trimmed; details.oldest_kept names the oldest kept: resync), or UNAVAILABLE (no Redis)
+{USAGE_LINE}
+
+examples:
+  stateworker watch orders
+  stateworker watch orders o-1 --from 1700000000000-0
+  stateworker watch orders --prefix o- --progress
+  stateworker watch | jq -c 'select(.event_type == "state:deleted")'
+"""
+
+STATUS = f"""\
+The table (on a terminal) is a summary: Redis, each service's pending calls and consumers,
+the dispatch and the snapshot with their partitions in one line each ("16 partitions, lag
+0"). The JSON (piped, or --output json) is the whole report: every partition, counter and
+consumer.
+
+exit status:
+  0  Redis answered (the compose health check relies on it)
+  1  Redis did not answer (reachable: false, and why)
+{USAGE_LINE}
+
+examples:
+  stateworker status
+  stateworker status -o json | jq '.dispatch.partitions[] | select(.lag_events > 0)'
+"""
+
+SERVE = f"""\
+Prints one JSON line once it serves ({{"serving":"state",...}}), then JSON log lines on
+stderr.
+
+exit status:
+  0  stopped by SIGINT or SIGTERM (calls in flight answered within --grace-s)
+  1  the service's Redis user lacks a permission (one line naming it; docs/security.md)
+{USAGE_LINE} (also a Redis that is unfit: AOF off ...)
+"""
+
+RESTORE = f"""\
+Rebuilds an empty Redis from the PostgreSQL snapshot: a progress line on stderr, the
+summary (JSON) on stdout.
+
+exit status:
+  0  restored
+  1  refused or failed ({{code, message, details}} on stderr)
+{USAGE_LINE} (also: no STATEWORKER_POSTGRES_URL)
+"""
+
+ACL_RULE = f"""\
+exit status:
+  0  the line is on stdout
+{USAGE_LINE}
+"""
+
+COMPLETION = f"""\
+Prints a completion script for the shell, generated from this command's own parser:
+subcommands (nested ones too), options, and the choices of an option.
+
+  source <(stateworker completion bash)    # e.g. in ~/.bashrc
+  source <(stateworker completion zsh)     # in ~/.zshrc, after compinit
+
+exit status:
+  0  the script is on stdout
+{USAGE_LINE}
+"""
+
+TOP = f"""\
+Each subcommand has --help with its options, exit statuses and examples. Every command finds
+the service's Redis the same way: --redis-url, else STATEWORKER_REDIS_URL, else the embedded
+Redis of the state directory (STATEWORKER_STATE_DIR, else ~/.local/share/stateworker).
+
+exit status:
+  0  done
+  1  the command failed: {{code, message, details}} on stderr (JSON), or Redis unavailable
+{USAGE_LINE}
+"""

@@ -1,0 +1,37 @@
+"""`--output json|table` for the commands that list things (status, ls, list-triggers,
+principal list): the default (a table on a terminal, JSON when piped) and the table layout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stateworker.errors import shown
+
+
+def add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=("json", "table"), default=None,
+                        help="json (one document) or table (for people); default: table when "
+                        "stdout is a terminal, json when it is piped or redirected")
+
+
+def wants_table(args: argparse.Namespace) -> bool:
+    if args.output is not None:
+        return bool(args.output == "table")
+    return sys.stdout.isatty()
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns aligned to their widest cell, headers first; a cell None shows as `-`."""
+    cells = [list(headers)] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def cell(value: Any) -> str:
+    """A JSON value in a table cell: as JSON text, cut to 60 characters."""
+    text = value.decode() if isinstance(value, bytes) else shown(value)
+    return text if len(text) <= 60 else text[:59] + "…"
