@@ -77,8 +77,10 @@ order. A Redis restart or a broken connection is waited out; the watch goes on w
 
 exit status:
   0  stopped by Ctrl-C or SIGTERM, or its reader went away (`| head -n 2`)
-  1  {{code, message, details}} on stderr (JSON): COMPACTED (events after the revision were
-     trimmed; details.oldest_kept names the oldest kept: resync), or UNAVAILABLE (no Redis)
+  1  {{code, message, details}} on stderr (JSON): COMPACTED (the streams cannot prove the
+     history continuous from --from: events after it were trimmed, or Redis was restored or
+     replaced since, or the revision is ahead of it; details.reason says which and
+     details.oldest_kept names the oldest revision kept: resync), or UNAVAILABLE (no Redis)
 {USAGE_LINE}
 
 examples:
