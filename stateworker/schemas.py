@@ -159,7 +159,7 @@ class RegisterTriggerRequest(Request, kw_only=True):
     ttl_ms: int | None = None  # a lease: gone this long after registering unless kept
 
 
-class KeepTriggerRequest(Struct, kw_only=True):
+class KeepTriggerRequest(Request, kw_only=True):
     id: str
     ttl_ms: int | None = None  # this renewal's lifetime (default: the registration's ttl_ms)
 

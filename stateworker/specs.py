@@ -125,7 +125,7 @@ KEEP_TRIGGER = Spec("state::keep-trigger", "keep_trigger", s.KeepTriggerRequest,
                                                   "PERMISSION_DENIED", "CONFLICT"))
 UNREGISTER_TRIGGER = Spec("state::unregister-trigger", "unregister_trigger",
                           s.TriggerIdRequest, s.UnregisteredResult, "remove a trigger",
-                          ("id",), raises=("INVALID_REQUEST", "UNKNOWN_FIELD"))
+                          ("id",), raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "PERMISSION_DENIED"))
 LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
                      s.TriggersResult, "every registered trigger", read_only=True,
                      raises=("UNKNOWN_FIELD",))
