@@ -109,19 +109,42 @@ def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
 
 def dagu_delete(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     """Native delete answers the old value, `null` both for a missing key and a stored
-    `null`; an EXISTS just before it (same pipeline) tells the two apart."""
+    `null`; an EXISTS just before it (same pipeline) tells the two apart. `expected_version`
+    deletes only the entry at that version, as set's does (a stale one is `dag state:
+    conflict`; `0`, Dagu's version of a missing key, deletes nothing and conflicts with an
+    entry that exists)."""
     where, key = rules.address("delete", req, ctx, state.settings.max_key_bytes)
+    expected = rules.expected_version(req.expected_version)
+    if expected == 0:
+        return _absent(state, where, key, ctx)
     with SCOPE_AS_NAMESPACE:
-        delete = functions.state_delete(state, DeleteRequest(where.native, key), ctx)
+        delete = functions.state_delete(
+            state, DeleteRequest(where.native, key, expected_version=expected), ctx)
     exists: list[Arg] = ["EXISTS", state.keys.for_scope(where.native).entry(where.native, key)]
 
     def finish(replies: list[Any]) -> DeleteOutput:
         found = command_reply(replies[0], "EXISTS") == 1
-        old = delete.finish(replies[1:])
+        try:
+            old = delete.finish(replies[1:])
+        except StateError as exc:
+            rules.raise_in_dagu_terms(exc)
         return DeleteOutput(operation="delete", scope=where.scope, namespace=where.namespace,
                             key=key, deleted=bytes(old) != bytes(NULL) or found)
 
     return Plan([exists, *delete.commands], finish, delete.checks_deadline, delete.binds_call_id)
+
+
+def _absent(state: RedisState, where: Place, key: str, ctx: CallContext) -> Plan:
+    """delete with `expected_version: 0`: the key must be missing, so nothing is deleted."""
+    def answer(entry: EntryResult) -> DeleteOutput:
+        if entry.found:
+            raise rules.conflict({"expected_version": 0, "current_version": entry.version})
+        return DeleteOutput(operation="delete", scope=where.scope, namespace=where.namespace,
+                            key=key, deleted=False)
+
+    with SCOPE_AS_NAMESPACE:
+        plan = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+    return then(plan, answer)
 
 
 def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:

@@ -452,6 +452,27 @@ async def test_delete_reports_whether_the_key_existed(client: StateClient) -> No
     assert (recreated["version"], recreated["created"]) == (1, True)
 
 
+async def test_delete_honours_expected_version_as_set_does(client: StateClient) -> None:
+    """A stale expected_version deletes nothing (`dag state: conflict` naming both versions);
+    the current one deletes; 0 (a missing key's version) deletes nothing and conflicts with
+    an entry that exists."""
+    await dagu(client, "set", {"key": "k", "value": 1})
+    await dagu(client, "set", {"key": "k", "value": 2})
+    for expected in (1, 3, 0, "1"):
+        with pytest.raises(Conflict) as info:
+            await dagu(client, "delete", {"key": "k", "expected_version": expected})
+        assert str(info.value) == "dag state: conflict"
+        assert info.value.details == {"expected_version": int(expected), "current_version": 2}
+    assert (await dagu(client, "get", {"key": "k"}))["value"] == 2
+    assert (await dagu(client, "delete", {"key": "k", "expected_version": "2"}))["deleted"]
+    assert (await dagu(client, "get", {"key": "k"}))["found"] is False
+    assert (await dagu(client, "delete", {"key": "k", "expected_version": 0}))[
+        "deleted"] is False
+    with pytest.raises(Conflict) as info:
+        await dagu(client, "delete", {"key": "k", "expected_version": 1})
+    assert info.value.details == {"expected_version": 1, "current_version": 0}
+
+
 # ---- list -----------------------------------------------------------------------------------------
 async def test_list_prints_every_entry_in_key_order_with_go_times(client: StateClient) -> None:
     for key in ("jobs/b", "jobs/a", "cursor"):
