@@ -35,3 +35,20 @@ class Handler:
 
     def delivered_keys(self) -> list[str]:
         return [body["key"] for _, body in self.calls]
+
+
+class Gate(Handler):
+    """A condition service (`checker::gate`) that answers only when the test releases it:
+    `asked` is set at each question, `answered` lists the keys it answered for."""
+
+    def __init__(self, settings: Settings, answer: bool, service: str = "checker") -> None:
+        super().__init__(settings, service=service)
+        self.release, self.asked = anyio.Event(), anyio.Event()
+        self.answered: list[str] = []
+
+        @self.worker.function(f"{service}::gate")
+        async def gate(body: dict[str, Any], call: Call) -> bool:
+            self.asked.set()
+            await self.release.wait()  # answers only when the test says so
+            self.answered.append(body["key"])
+            return answer

@@ -3,17 +3,15 @@ of the events committed before it go out at once, and order is kept."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import pytest
 
 from stateworker.app.service import StateService
-from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 from tests.integration.busproto import until
-from tests.integration.handlers import Handler
+from tests.integration.handlers import Gate, Handler
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -26,16 +24,8 @@ async def test_events_before_a_pending_condition_are_delivered_while_it_waits(
     arrive while the condition is still unanswered (its timeout is a minute); the rest once
     it answers, in stream order."""
     settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
-    checker = Handler(settings, service="checker")
-    release, asked = anyio.Event(), anyio.Event()
-    answered: list[str] = []
-
-    @checker.worker.function("checker::gate")
-    async def gate(body: dict[str, Any], call: Call) -> bool:
-        asked.set()
-        await release.wait()  # answers only when the test says so
-        answered.append(body["key"])
-        return True
+    checker = Gate(settings, answer=True)
+    release, asked, answered = checker.release, checker.asked, checker.answered
 
     base = {"function_id": "reactor::on_change", "service": "reactor"}
     async with StateStore.open(redis_server.url, prefix=prefix, partitions=4) as store:

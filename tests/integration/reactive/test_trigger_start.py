@@ -13,12 +13,12 @@ import redis
 
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
-from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 from tests.integration.busproto import until
-from tests.integration.handlers import Handler
+from tests.integration.handlers import Gate, Handler
 from tests.integration.snapshots import all_dispatched
 from tests.servers import RedisServer
 
@@ -72,14 +72,8 @@ async def test_a_partition_held_by_a_condition_does_not_replay_older_events(
     """The dispatcher is behind (the partition waits on a condition) when the trigger is
     registered: it reads the older write only after the registration, and still skips it."""
     settings = settings_for(redis_server, prefix)
-    checker = Handler(settings, service="checker")
-    release, asked = anyio.Event(), anyio.Event()
-
-    @checker.worker.function("checker::gate")
-    async def gate(body: dict[str, Any], call: Call) -> bool:
-        asked.set()
-        await release.wait()  # answers only when the test says so
-        return False
+    checker = Gate(settings, answer=False)
+    release, asked = checker.release, checker.asked
 
     async with StateClient(settings=settings) as client, checker.running(), \
             Handler(settings).running() as handler:

@@ -16,7 +16,7 @@ from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, Reserv
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
-from tests.integration.handlers import Handler
+from tests.integration.handlers import Gate, Handler
 from tests.integration.snapshots import all_dispatched
 from tests.servers import RedisServer
 
@@ -331,14 +331,8 @@ async def test_a_slow_condition_holds_up_only_its_own_partition(
     slow_scope = "orders"
     fast_scope = next(f"users-{n}" for n in range(100)
                       if keys.partition_of(f"users-{n}") != keys.partition_of(slow_scope))
-    checker = Handler(settings, service="checker")
-    release, asked = anyio.Event(), anyio.Event()
-
-    @checker.worker.function("checker::gate")
-    async def gate(body: dict[str, Any], call: Call) -> bool:
-        asked.set()
-        await release.wait()  # answers only when the test says so
-        return True
+    checker = Gate(settings, answer=True)
+    release, asked = checker.release, checker.asked
 
     async with StateService.running(settings, BusOptions(block_ms=50)), \
             StateClient(settings=settings) as client, checker.running(), \
