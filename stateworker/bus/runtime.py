@@ -80,7 +80,7 @@ class BusRuntime:
         self.handler = handler
         self.batch = batch
         self.options = options
-        self.sources = sources or Sources(bus.prefix, bus.service, bus.stream)
+        self.sources = sources or Sources(bus.prefix, bus.service, bus.streams)
         self.consumer = options.consumer or default_consumer()
         self.stats = Stats()
         # record_ttl_ms set: replies are recorded (user workers)
@@ -111,7 +111,8 @@ class BusRuntime:
         # One line: what serves where (the JSON log line carries the fields; "serving" is
         # what scripts wait for).
         log.info("serving", extra={"event": "bus.start", "service": self.bus.service,
-                                   "stream": self.bus.stream, "consumer": self.consumer,
+                                   "stream": self.bus.stream, "shards": len(self.bus.streams),
+                                   "consumer": self.consumer,
                                    **self.describe})
         try:
             async with anyio.create_task_group() as tg:

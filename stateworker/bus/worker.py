@@ -203,7 +203,8 @@ class Worker:
         url = client_url(self.settings)
         conn = RedisConnection(url, connect_timeout_s=self.settings.connect_timeout_s,
                                read_timeout_s=self.settings.read_timeout_s)
-        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self.options,
+        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service,
+                                                   self.settings.bus_shards), self.options,
                                   handler=self._handle,
                                   record_ttl_ms=self.settings.dedupe_window_ms,
                                   start_wait_s=self.start_wait_s,
