@@ -197,8 +197,10 @@ class BusRuntime:
                 sources.all_history()
             try:
                 await follow_principals(self.conn, self.sources, self.bus.group)
-                # COUNT is per stream: the calls in flight stay within `concurrency`.
-                count = max(1, room // len(sources.positions))
+                # COUNT is per stream: the calls in flight stay within `concurrency`, and
+                # each stream's batch (a shard's: one pipeline) is up to `read_count` long.
+                free = self.options.concurrency - self._in_flight
+                count = max(1, min(room, free // len(sources.positions)))
                 reply = await self.reader_conn.execute(
                     "XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
                     "BLOCK", self.options.block_ms, *sources.read_args())
