@@ -111,8 +111,8 @@ class BusRuntime:
         # One line: what serves where (the JSON log line carries the fields; "serving" is
         # what scripts wait for).
         log.info("serving", extra={"event": "bus.start", "service": self.bus.service,
-                                   "stream": self.bus.stream, "shards": len(self.bus.streams),
-                                   "consumer": self.consumer,
+                                   "stream": self.bus.stream, "consumer": self.consumer,
+                                   **self._shards(),
                                    **self.describe})
         try:
             async with anyio.create_task_group() as tg:
@@ -129,6 +129,11 @@ class BusRuntime:
             with anyio.CancelScope(shield=True):
                 await self.reader_conn.close()
             log.info("stopped", extra={"event": "bus.stop", "service": self.bus.service})
+
+    def _shards(self) -> dict[str, int]:
+        """`{"shards": N}` for a sharded service (STATEWORKER_BUS_SHARDS), else nothing."""
+        count = len(self.bus.streams)
+        return {"shards": count} if count > 1 else {}
 
     def stop(self) -> None:
         """Stop reading; calls already read finish (within the grace period) and are answered."""
