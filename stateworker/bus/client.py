@@ -86,8 +86,9 @@ class StateClient(TypedCalls):
         Args:
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
-            service: whose stream calls go to (`<prefix>:bus:<service>`); a Worker's name
-                to call its functions.
+            service: whose stream calls go to (`<prefix>:bus:<service>`; with
+                STATEWORKER_BUS_SHARDS > 1 the shard each call's scope, else its id, picks:
+                docs/bus-protocol.md, "Shards"); a Worker's name to call its functions.
             timeout: a call's overall time in seconds (all its sends and retries); also how
                 long `async with` waits for a Redis that is restarting or loading.
             retries: re-sends within that time while no reply came (at even intervals; each

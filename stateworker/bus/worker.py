@@ -77,7 +77,8 @@ class Worker:
 
         Args:
             service: the service name: calls are read from `<prefix>:bus:<service>`
-                (consumer group `<service>`); functions are named `<service>::<name>`.
+                (consumer group `<service>`; with STATEWORKER_BUS_SHARDS > 1 from every
+                shard of it); functions are named `<service>::<name>`.
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
             options: how the stream is read and answered (concurrency, grace_s, consumer ...).
