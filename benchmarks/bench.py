@@ -25,6 +25,7 @@ from benchmarks import (
     bench_durability,
     bench_engines,
     bench_reactive,
+    bench_shards,
     bench_snapshot,
 )
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
@@ -53,6 +54,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "acl" in sections:  # two services on this Redis, one per auth mode
                 figures["acl"] = await bench_acl.acl_section(server.url, str(server.socket),
                                                              seconds, rounds, out)
+            if "shards" in sections:  # two services on this Redis: 1 and 3 bus shards
+                figures["shards"] = await bench_shards.shards_section(server.url, seconds,
+                                                                      rounds, out)
             if "dedupe" in sections:  # a fresh server of its own: its memory is the figure
                 figures["dedupe"] = await bench_dedupe.dedupe_section(out)
             if "durability" in sections:  # two fresh servers of its own, one per mode
@@ -220,7 +224,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
         report("state::list-entries 100", concurrency, ours_rate, raw_rate)
 
 
-SECTIONS = ("store", "update", "list", "bus", "acl", "dedupe", "durability", "snapshot",
+SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
             "reactive", "engines")
 
 

@@ -50,6 +50,10 @@ Layout (`sw` prefix, partition 3):
   sw:calls:{sw:c<b>}:<slice>              hash   the records (on a cluster: the bindings) of
                                                  the call ids of bucket b in one time slice
   sw:bus:<service>                        stream calls to a service; consumer group <service>
+                                                 (with STATEWORKER_BUS_SHARDS > 1: its shard 0)
+  sw:bus:<service>:{sw:p<i>}              stream shard i (1 <= i < shards) of a service's calls:
+                                                 partition i's hash tag, consumer group
+                                                 <service> (bus_shard_stream)
   sw:bus:<service>:from:<principal>       stream `acl` mode: one principal's calls to a
                                                  service; consumer group <service>
   sw:bus:<service>:done:{<call id>}       string a user worker's recorded reply
@@ -233,10 +237,11 @@ class BusKeys:
     """The names of one service on the bus: its call stream (and consumer group), its
     counters, the reply lists, and a user worker's call records."""
 
-    def __init__(self, prefix: str, service: str) -> None:
+    def __init__(self, prefix: str, service: str, shards: int = 1) -> None:
         self.prefix = prefix
         self.service = service
-        self.stream = bus_stream(prefix, service)
+        self.stream = bus_stream(prefix, service)  # shard 0 (and its records' head)
+        self.streams = [bus_shard_stream(prefix, service, n) for n in range(shards)]
         self.group = service
         self.stats_key = stats_key(prefix, service)
         self.reply_prefix = reply_prefix(prefix)
@@ -249,6 +254,26 @@ class BusKeys:
 def bus_stream(prefix: str, service: str) -> str:
     """A service's call stream (its consumer group is named after the service)."""
     return f"{prefix}:bus:{service}"
+
+
+def bus_shard_stream(prefix: str, service: str, shard: int) -> str:
+    """Shard `shard` of a service's call streams (STATEWORKER_BUS_SHARDS). Shard 0 is the
+    service's stream as it always was (`bus_stream`: one shard changes no name); shard i > 0
+    ends in partition i's hash tag, so on a Redis Cluster it shares partition i's slot (a call
+    is sent to the shard of its scope's partition: docs/bus-protocol.md, "Shards")."""
+    if shard == 0:
+        return bus_stream(prefix, service)
+    return f"{bus_stream(prefix, service)}:{{{prefix}:p{shard}}}"
+
+
+def bus_shard_of_stream(prefix: str, stream: str) -> tuple[str, int]:
+    """(service, shard) of a call stream's name (`bus_shard_stream` read back; a name with
+    no shard tag is shard 0 of the service after `<prefix>:bus:`)."""
+    service = stream[len(bus_stream(prefix, "")):]
+    head, brace, tail = service.rpartition(f":{{{prefix}:p")
+    if brace and tail.endswith("}") and tail[:-1].isdigit():
+        return head, int(tail[:-1])
+    return service, 0
 
 
 def reply_prefix(prefix: str) -> str:

@@ -18,6 +18,9 @@ _FOREVER = float("inf")
 # `off`: every caller is trusted (one deployment); `acl`: every caller is a principal with a
 # Redis ACL user of its own, and its identity comes from the stream it may write to.
 AUTH_MODES = ("off", "acl")
+# A service's call streams at most: each one more XREADGROUP stream, XAUTOCLAIM and consumer
+# group per replica; 64 spread the calls over far more primaries than a cluster here has.
+MAX_BUS_SHARDS = 64
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +32,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     state_dir: str = msgspec.field(default_factory=lambda: default_state_dir(os.environ))
     prefix: str = "sw"  # first segment of every Redis key and stream
     partitions: int = 16  # scopes hash into this many partitions, each one event stream
+    # Each service's calls spread over this many streams (keys.bus_shard_stream); the
+    # service reads them all, a caller picks one per call (bus/protocol.py, `Shards`).
+    bus_shards: int = 1
     max_value_bytes: int = 1024 * 1024
     max_key_bytes: int = 1024
     events_maxlen: int = 100_000  # hard cap of each partition's event stream (approximate)
@@ -63,6 +69,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             )
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"partitions must be 1..1024, got {self.partitions}")
+        if not 1 <= self.bus_shards <= min(MAX_BUS_SHARDS, self.partitions):
+            raise ConfigError(
+                f"bus_shards (STATEWORKER_BUS_SHARDS) must be 1..{MAX_BUS_SHARDS} and at most "
+                f"partitions ({self.partitions}: shard i shares partition i's hash tag), got "
+                f"{shown(self.bus_shards)}")
         if self.max_value_bytes < 1 or self.max_key_bytes < 1:
             raise ConfigError("max_value_bytes and max_key_bytes must be positive")
         if self.durability not in APPENDFSYNC:

@@ -75,7 +75,7 @@ class StateService:
                  pg: PgConnection | None = None) -> None:
         """`pg`: the start's PostgreSQL connection (`prepare`'s), the snapshotter's to keep."""
         self.state = state
-        self.bus = Bus(state.settings.prefix, STATE_SERVICE)
+        self.bus = Bus(state.settings.prefix, STATE_SERVICE, state.settings.bus_shards)
         # The one start line says what a reply promises (durability and how it is kept).
         durability = {"durability": state.settings.durability,
                       "fsync": lifecycle.fsync_guard(state)}
@@ -145,8 +145,8 @@ def _sources(state: RedisState, bus: Bus) -> Sources:
     """The streams the state service reads: its own, and in `acl` mode every principal's
     (the roles cache names them; its own stream is closed then: bus/sources.py)."""
     if state.settings.auth != "acl":
-        return Sources(bus.prefix, bus.service, bus.stream)
-    return Sources(bus.prefix, bus.service, bus.stream, state.access.principals)
+        return Sources(bus.prefix, bus.service, bus.streams)
+    return Sources(bus.prefix, bus.service, bus.streams, state.access.principals)
 
 
 async def _wait_while_loading(conn: RedisConnection) -> None:

@@ -27,7 +27,7 @@ import anyio
 import msgspec
 
 from stateworker import codec
-from stateworker.bus.protocol import call_entry, caller_route
+from stateworker.bus.protocol import call_entry, caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
@@ -86,8 +86,9 @@ class StateClient(TypedCalls):
         Args:
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
-            service: whose stream calls go to (`<prefix>:bus:<service>`); a Worker's name
-                to call its functions.
+            service: whose stream calls go to (`<prefix>:bus:<service>`; with
+                STATEWORKER_BUS_SHARDS > 1 the shard each call's scope, else its id, picks:
+                docs/bus-protocol.md, "Shards"); a Worker's name to call its functions.
             timeout: a call's overall time in seconds (all its sends and retries); also how
                 long `async with` waits for a Redis that is restarting or loading.
             retries: re-sends within that time while no reply came (at even intervals; each
@@ -108,6 +109,10 @@ class StateClient(TypedCalls):
         check_url(self.url)
         # (`acl` mode: the principal's own stream and reply lists, the URL's Redis user)
         self.stream, replies, self.principal = caller_route(self.settings, self.url, service)
+        # (STATEWORKER_BUS_SHARDS > 1: `stream` is shard 0; a call goes to the shard its scope
+        # or id picks. The service must read at least as many: `missing_readers` tells.)
+        self.shards = caller_shards(self.settings, service, self.stream)
+        self._one_stream = self.stream if len(self.shards.streams) == 1 else None  # (no pick)
         self.reply_key = replies + uuid.uuid4().hex
         self.timeout = timeout
         self.retries = retries
@@ -183,6 +188,30 @@ class StateClient(TypedCalls):
                                   "call's time")
         return None
 
+    async def missing_readers(self) -> list[str]:
+        """The streams this client may send to that no consumer group reads (XINFO GROUPS of
+        each shard): a service not started yet, or one that reads fewer shards than this
+        client's STATEWORKER_BUS_SHARDS (its calls to the others would wait unread until a
+        service with as many shards starts). A Redis user that may not look (`acl` mode)
+        sees none missing.
+
+        Raises:
+            ConnectionLost: Redis went away meanwhile.
+
+        Example: `if await client.missing_readers(): ...`
+        """
+        missing = []
+        for stream in self.shards.streams:
+            try:
+                groups = await self.conn.execute("XINFO", "GROUPS", stream)
+            except ReplyError as exc:
+                if "no such key" not in str(exc).lower():
+                    continue
+                groups = []
+            if not groups:
+                missing.append(stream)
+        return missing
+
     # ---- calls -------------------------------------------------------------------------------
     async def call_json(
         self, fn: str, body: bytes | str, *, timeout: float | None = None,
@@ -233,8 +262,9 @@ class StateClient(TypedCalls):
         end = start + wait_s
         if deadline_ms is None:
             deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        fields = call_entry(self.stream, call_id, fn, body, self.reply_key, deadline_ms,
-                            self.caller, context)
+        stream = self._one_stream or self.shards.stream_for(body, call_id)
+        fields = call_entry(stream, call_id, fn, body, self.reply_key, deadline_ms, self.caller,
+                            context)
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream

@@ -23,11 +23,13 @@ bus/runtime.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,6 +49,8 @@ from stateworker.errors import (
 from stateworker.keys import (
     PRINCIPAL_RE,
     BusKeys,
+    KeySpace,
+    bus_shard_stream,
     bus_stream,
     principal_reply_prefix,
     principal_stream,
@@ -117,8 +121,8 @@ class BatchHandler(Protocol):
 class Bus(BusKeys):
     """One service's names (keys.BusKeys) and where it may reply."""
 
-    def __init__(self, prefix: str, service: str) -> None:
-        super().__init__(prefix, service)
+    def __init__(self, prefix: str, service: str, shards: int = 1) -> None:
+        super().__init__(prefix, service, shards)
         self._replies = self.reply_prefix.encode()
 
     def reply_allowed(self, key: bytes) -> bool:
@@ -146,6 +150,55 @@ def caller_route(settings: Settings, url: str, service: str) -> tuple[str, str, 
             "[A-Za-z0-9_-], made with `stateworker principal add`)")
     return (principal_stream(prefix, service, principal),
             principal_reply_prefix(prefix, principal), principal)
+
+
+class _Scoped(msgspec.Struct):
+    scope: str | None = None  # (a body's other fields are skipped, not kept)
+
+
+_scope_decoder = msgspec.json.Decoder(_Scoped)
+
+
+class Shards:
+    """The call streams a caller writes one service's calls to, and the rule that picks one
+    per call (docs/bus-protocol.md, "Shards"): a call whose body is a JSON object with a text
+    `scope` goes to shard `partition_of(scope) % shards` (its state's partition: on a Redis
+    Cluster the same slot as its state when that shard is the partition's), any other call
+    to shard `crc32(call id) % shards`. A retry keeps its id and body, so its shard."""
+
+    def __init__(self, streams: Sequence[str], partitions: int) -> None:
+        self.streams = list(streams)
+        self._keys = KeySpace("", partitions) if len(self.streams) > 1 else None
+
+    def stream_for(self, body: Arg, call_id: str) -> str:
+        """The stream of the call with `body` and `call_id` (one shard: no look at the body)."""
+        if self._keys is None:
+            return self.streams[0]
+        return self.streams[self.shard_of(body, call_id)]
+
+    def shard_of(self, body: Arg, call_id: str) -> int:
+        keys = self._keys
+        if keys is None:
+            return 0
+        scope: str | None = None
+        if isinstance(body, bytes | str):
+            with contextlib.suppress(msgspec.DecodeError):
+                scope = _scope_decoder.decode(body).scope
+        try:
+            if scope is not None:
+                return keys.partition_of(scope) % len(self.streams)
+        except UnicodeEncodeError:  # (a lone surrogate: the service refuses it anyway)
+            pass
+        return zlib.crc32(call_id.encode()) % len(self.streams)
+
+
+def caller_shards(settings: Settings, service: str, stream: str) -> Shards:
+    """Where a caller sends its calls to `service`: its `caller_route` stream alone in `acl`
+    mode (a principal's stream is not sharded), else the `bus_shards` shards of the service."""
+    if settings.auth == "acl" or settings.bus_shards == 1:
+        return Shards([stream], settings.partitions)
+    return Shards([bus_shard_stream(settings.prefix, service, n)
+                   for n in range(settings.bus_shards)], settings.partitions)
 
 
 def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,

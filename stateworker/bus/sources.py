@@ -1,6 +1,8 @@
 """The streams one `BusRuntime` reads, and where its reader stands in each.
 
-`off` mode (and every user worker): one stream, the service's `<prefix>:bus:<service>`.
+`off` mode (and every user worker): the service's `<prefix>:bus:<service>`, or with
+STATEWORKER_BUS_SHARDS > 1 each of its shards (keys.bus_shard_stream; every replica reads
+every shard, each with its own position, group and reclaim).
 `acl` mode (the state service): besides it, one stream per principal,
 `<prefix>:bus:<service>:from:<principal>` (keys.principal_stream), each with a consumer group
 named after the service. The principals come from a callable (the state's `Access` cache,
@@ -17,7 +19,7 @@ after, and ">" once it reads new entries only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_entry
@@ -39,15 +41,18 @@ class Source(NamedTuple):
 class Sources:
     """The streams of one service (`principals` None: the shared stream alone)."""
 
-    def __init__(self, prefix: str, service: str, shared: str,
+    def __init__(self, prefix: str, service: str, shared: str | Sequence[str],
                  principals: Callable[[], Iterable[str]] | None = None) -> None:
+        """`shared`: the service's stream, or its shards' streams (shard 0 first)."""
         self.prefix = prefix
         self.service = service
-        self.shared = Source(shared, None)
+        self.shards = [Source(stream, None)
+                       for stream in ([shared] if isinstance(shared, str) else shared)]
+        self.shared = self.shards[0]
         self._principals = principals
         self._known: frozenset[str] | None = None
-        self.by_stream: dict[str, Source] = {shared: self.shared}
-        self.positions: dict[str, str] = {shared: HISTORY}
+        self.by_stream: dict[str, Source] = {s.stream: s for s in self.shards}
+        self.positions: dict[str, str] = {s.stream: HISTORY for s in self.shards}
 
     @property
     def closed_shared(self) -> bool:
@@ -77,7 +82,8 @@ class Sources:
 
     def drop(self, stream: str) -> None:
         """Stop reading `stream` (it vanished) until the principals change again."""
-        if stream != self.shared.stream:
+        source = self.by_stream.get(stream)
+        if source is not None and source.principal is not None:
             self.by_stream.pop(stream, None)
             self.positions.pop(stream, None)
             self._known = None  # asked again at the next read: re-added if still known

@@ -77,7 +77,8 @@ class Worker:
 
         Args:
             service: the service name: calls are read from `<prefix>:bus:<service>`
-                (consumer group `<service>`); functions are named `<service>::<name>`.
+                (consumer group `<service>`; with STATEWORKER_BUS_SHARDS > 1 from every
+                shard of it); functions are named `<service>::<name>`.
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
             options: how the stream is read and answered (concurrency, grace_s, consumer ...).
@@ -203,7 +204,8 @@ class Worker:
         url = client_url(self.settings)
         conn = RedisConnection(url, connect_timeout_s=self.settings.connect_timeout_s,
                                read_timeout_s=self.settings.read_timeout_s)
-        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service), self.options,
+        self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service,
+                                                   self.settings.bus_shards), self.options,
                                   handler=self._handle,
                                   record_ttl_ms=self.settings.dedupe_window_ms,
                                   start_wait_s=self.start_wait_s,

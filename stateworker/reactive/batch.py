@@ -24,6 +24,7 @@ import msgspec
 
 from stateworker.bus.protocol import call_entry
 from stateworker.events.model import Event, decode_event, document_json, fields_of
+from stateworker.keys import bus_shard_stream
 from stateworker.reactive.conditions import Conditions
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import Matcher, TriggerSet
@@ -135,5 +136,10 @@ class Batches:
         elif matcher.condition is not None and \
                 not await self.conditions.holds(matcher, event, call_id):
             return None
-        return call_entry(self.state.keys.bus_stream(trigger.service), call_id,  # no reply
+        # The shard of the event's partition: `partition_of(scope) % shards`, the rule every
+        # caller follows (the document's `scope`), so one scope's calls keep their order.
+        settings = self.state.settings
+        stream = bus_shard_stream(settings.prefix, trigger.service,
+                                  partition % settings.bus_shards)
+        return call_entry(stream, call_id,  # no reply
                           trigger.function_id, document_json(event, payload), "", caller="state")

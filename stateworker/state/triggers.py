@@ -35,7 +35,7 @@ from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope, shown
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import revision_text
-from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace
+from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace, bus_shard_stream
 from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -299,15 +299,19 @@ def with_groups(state: RedisState, services: set[str | None], result: Any) -> An
     if not names:
         return result
 
+    # (every shard's group: a worker with STATEWORKER_BUS_SHARDS > 1 reads them all)
+    shards = range(state.settings.bus_shards)
+    targets = [(name, n) for name in names for n in shards]
+
     def finish(replies: list[Any]) -> Any:
-        for name, reply in zip(names, replies, strict=True):
+        for (name, _), reply in zip(targets, replies, strict=True):
             if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
                 log.warning("trigger target %s: no consumer group made: %s", name, reply,
                             extra={"event": "triggers.group_failed", "service": name})
         return result
 
-    return Plan([["XGROUP", "CREATE", state.keys.bus_stream(name), name, "0", "MKSTREAM"]
-                 for name in names], finish)
+    return Plan([["XGROUP", "CREATE", bus_shard_stream(state.settings.prefix, name, n), name,
+                  "0", "MKSTREAM"] for name, n in targets], finish)
 
 
 def decode_trigger(raw: bytes) -> Trigger:

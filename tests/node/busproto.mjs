@@ -94,11 +94,16 @@ export class Client {
 
 // ---- the worker: a service's consumer group, its duties ----------------------------------------
 export class Worker {
-  constructor(url, prefix, service, functions, { consumer = "node-1", visibilityMs = 30000 } = {}) {
+  constructor(url, prefix, service, functions,
+    { consumer = "node-1", visibilityMs = 30000, shards = 1 } = {}) {
     this.url = url;
     this.prefix = prefix;
     this.service = service;
     this.stream = `${prefix}:bus:${service}`;
+    // The service's shards (STATEWORKER_BUS_SHARDS): shard 0 is its stream, shard i carries
+    // partition i's hash tag. Every one is served: group, pending entries, XAUTOCLAIM.
+    this.streams = [this.stream];
+    for (let i = 1; i < shards; i++) this.streams.push(`${this.stream}:{${prefix}:p${i}}`);
     this.functions = functions; // fn -> async (bodyText, call) => result JSON text
     this.consumer = consumer;
     this.visibilityMs = visibilityMs;
@@ -108,20 +113,24 @@ export class Worker {
   // The group at 0 with its stream (BUSYGROUP: there already, fine): calls already waiting
   // are read too.
   async createGroup() {
-    try {
-      await this.conn.sendCommand(["XGROUP", "CREATE", this.stream, this.service, "0", "MKSTREAM"]);
-    } catch (error) {
-      if (!String(error.message).startsWith("BUSYGROUP")) throw error;
+    for (const stream of this.streams) {
+      try {
+        await this.conn.sendCommand(["XGROUP", "CREATE", stream, this.service, "0", "MKSTREAM"]);
+      } catch (error) {
+        if (!String(error.message).startsWith("BUSYGROUP")) throw error;
+      }
     }
   }
 
-  async read(id, block) {
+  // One read of every shard, each from its own position: [[stream, entries] ...].
+  async read(ids, block) {
     const args = ["XREADGROUP", "GROUP", this.service, this.consumer, "COUNT", "16"];
     if (block) args.push("BLOCK", "200");
-    const reply = await this.reader.sendCommand([...args, "STREAMS", this.stream, id]);
+    const reply = await this.reader.sendCommand([...args, "STREAMS", ...this.streams,
+      ...this.streams.map((stream) => ids[stream])]);
     if (!reply) return [];
     // [[stream, entries]] in RESP2; a map {stream: entries} as this client version gives it
-    return Array.isArray(reply) ? reply[0][1] : Object.values(reply)[0];
+    return Array.isArray(reply) ? reply : Object.entries(reply);
   }
 
   // Serve until stop(): this consumer's own pending entries first (id 0), then new ones
@@ -131,20 +140,28 @@ export class Worker {
     this.conn = await connect(this.url);
     this.reader = await connect(this.url);
     await this.createGroup();
-    let pendingFrom = onlyRead ? null : "0";
+    // Per shard: "0" then the last id read while reading its own pending entries, ">" after.
+    const ids = Object.fromEntries(this.streams.map((stream) => [stream, onlyRead ? ">" : "0"]));
     let lastClaim = Date.now();
     while (!this.stopping) {
-      const entries = await this.read(pendingFrom ?? ">", pendingFrom === null);
+      const pending = this.streams.some((stream) => ids[stream] !== ">");
+      const read = await this.read(ids, !pending);
       if (onlyRead) break;
-      if (pendingFrom !== null) {
-        pendingFrom = entries.length ? entries[entries.length - 1][0] : null;
+      for (const stream of this.streams) {
+        if (ids[stream] === ">") continue;
+        const entries = read.find(([name]) => name === stream)?.[1] ?? [];
+        ids[stream] = entries.length ? entries[entries.length - 1][0] : ">";
       }
-      for (const [entryId, flat] of entries) await this.handle(entryId, flat);
+      for (const [stream, entries] of read) {
+        for (const [entryId, flat] of entries) await this.handle(stream, entryId, flat);
+      }
       if (Date.now() - lastClaim > this.visibilityMs / 2) {
         lastClaim = Date.now();
-        const [, claimed] = await this.conn.sendCommand(["XAUTOCLAIM", this.stream, this.service,
-          this.consumer, String(this.visibilityMs), "0-0", "COUNT", "16"]);
-        for (const [entryId, flat] of claimed) if (flat) await this.handle(entryId, flat);
+        for (const stream of this.streams) {
+          const [, claimed] = await this.conn.sendCommand(["XAUTOCLAIM", stream, this.service,
+            this.consumer, String(this.visibilityMs), "0-0", "COUNT", "16"]);
+          for (const [entryId, flat] of claimed) if (flat) await this.handle(stream, entryId, flat);
+        }
       }
     }
     await this.conn.quit();
@@ -155,7 +172,7 @@ export class Worker {
     this.stopping = true;
   }
 
-  async handle(entryId, flat) {
+  async handle(stream, entryId, flat) {
     const call = {};
     for (let i = 0; i < flat.length; i += 2) call[flat[i]] = flat[i + 1];
     // A reply list that is not one of the prefix's is never written to: not run, acknowledged.
@@ -170,7 +187,7 @@ export class Worker {
       commands.push(["LPUSH", call.reply, document], ["PEXPIRE", call.reply, String(REPLY_TTL_MS)]);
     }
     // Acknowledged and deleted only once the reply is written.
-    commands.push(["XACK", this.stream, this.service, entryId], ["XDEL", this.stream, entryId]);
+    commands.push(["XACK", stream, this.service, entryId], ["XDEL", stream, entryId]);
     for (const command of commands) await this.conn.sendCommand(command);
   }
 

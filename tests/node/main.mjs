@@ -5,6 +5,7 @@
 //        document it got under SEEN_SCOPE/<key>, over the bus), `<SERVICE>::judge` (a
 //        condition: `false` for keys starting with "skip") and `<SERVICE>::echo`; until
 //        SIGTERM. --only-read: reads its calls and exits without answering (a crash).
+//        STATEWORKER_BUS_SHARDS=N in the environment: serves every one of the N shards.
 import { Client, Worker, resultText } from "./busproto.mjs";
 
 const [mode, url, prefix, ...rest] = process.argv.slice(2);
@@ -47,6 +48,7 @@ async function worker(service, seenScope, onlyRead) {
   const states = await new Client(url, prefix).open(); // the handler's own calls to state
   const runs = { on_event: 0, echo: 0 };
   const conditions = []; // the ids of the condition calls answered
+  const shards = Number(process.env.STATEWORKER_BUS_SHARDS || "1");
   const w = new Worker(url, prefix, service, {
     [`${service}::on_event`]: async (body) => {
       runs.on_event++;
@@ -66,7 +68,7 @@ async function worker(service, seenScope, onlyRead) {
       runs.echo++;
       return `{"body":${body},"runs":${runs.echo}}`;
     },
-  });
+  }, { shards });
   process.on("SIGTERM", () => w.stop());
   await w.serve({ onlyRead });
   await states.close();

@@ -19,21 +19,23 @@ from stateworker.bus.client import StateClient
 from stateworker.errors import StateError, Unavailable, shown
 from stateworker.keys import STATE_SERVICE
 from stateworker.schemas import ListEntriesResult
-from stateworker.transport.wire import ReplyError
 
 
 async def check_readers(client: StateClient, service: str) -> None:
-    """Unavailable when no consumer group reads the client's stream: nothing would ever
-    answer (a group is made by the first `stateworker serve`, or Worker, of the service).
-    A Redis user that may not look (acl mode) sends anyway."""
-    try:
-        groups = await client.conn.execute("XINFO", "GROUPS", client.stream)
-    except ReplyError as exc:
-        if "no such key" not in str(exc).lower():
-            return
-        groups = []
-    if groups:
+    """Unavailable when no consumer group reads a stream the client may send to: nothing
+    would ever answer (a group is made by the first `stateworker serve`, or Worker, of the
+    service), or the service reads fewer shards than the client's STATEWORKER_BUS_SHARDS. A
+    Redis user that may not look (acl mode) sends anyway."""
+    missing = await client.missing_readers()
+    if not missing:
         return
+    streams = client.shards.streams
+    if len(missing) < len(streams):
+        raise Unavailable(
+            f"no consumer group reads {', '.join(missing)}: the service {shown(service)} reads "
+            f"fewer than this client's {len(streams)} shards (STATEWORKER_BUS_SHARDS must be the "
+            "same for the service and its callers); the call was not sent",
+            {"streams": missing, "service": service, "shards": len(streams), "sent": False})
     how = ("start the service: ./scripts/run (or `stateworker serve`)" if service == STATE_SERVICE
            else f"start a worker for it: Worker({shown(service)}).serve() in Python, or any "
            "program that serves the stream (docs/bus-protocol.md)")

@@ -43,6 +43,8 @@ def serve(args: argparse.Namespace) -> int:
         url = svc.state.conn.shown
         print(msgspec.json.encode({"serving": "state", "redis": url,
                                    "stream": svc.bus.stream,
+                                   **({"shards": len(svc.bus.streams)}
+                                      if len(svc.bus.streams) > 1 else {}),
                                    "consumer": svc.runtime.consumer,
                                    **svc.runtime.describe}).decode(), flush=True)
 

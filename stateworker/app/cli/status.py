@@ -10,7 +10,7 @@ from typing import Any
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
 from stateworker.clock import rfc3339_ms
-from stateworker.keys import KeySpace, bus_streams_pattern, stats_key
+from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
@@ -43,9 +43,8 @@ async def status_report(settings: Settings) -> dict[str, Any]:
             streams += found
             if cursor in (b"0", "0"):
                 break
-        for stream in sorted(streams):
-            name = stream.decode().rsplit(":", 1)[-1]
-            report["services"][name] = await _service_status(conn, stream, name, settings)
+        for name, shards in _by_service(settings.prefix, streams).items():
+            report["services"][name] = await _service_status(conn, shards, name, settings)
         keys = KeySpace(settings.prefix, settings.partitions)
         report["dispatch"] = await dispatch_status(conn, keys)
         report["snapshot"] = await snapshot_status(conn, keys)
@@ -54,25 +53,58 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     return report
 
 
-async def _service_status(conn: RedisConnection, stream: bytes, group: str,
+def _by_service(prefix: str, streams: list[bytes]) -> dict[str, dict[int, bytes]]:
+    """The call streams found, by service and shard (STATEWORKER_BUS_SHARDS: a service's
+    shards are one service here). A principal's stream (`acl` mode) is named by its tail."""
+    services: dict[str, dict[int, bytes]] = {}
+    for stream in sorted(streams):
+        text = stream.decode()
+        service, shard = bus_shard_of_stream(prefix, text)
+        if ":from:" in service:
+            service, shard = text.rsplit(":", 1)[-1], 0
+        services.setdefault(service, {})[shard] = stream
+    return services
+
+
+async def _service_status(conn: RedisConnection, streams: dict[int, bytes], group: str,
                           settings: Settings) -> dict[str, Any]:
-    length = await conn.execute("XLEN", stream)
-    try:
-        pending = await conn.execute("XPENDING", stream, group)
-        consumers = await conn.execute("XINFO", "CONSUMERS", stream, group)
-    except ReplyError:  # no group yet: nobody has served this stream
-        pending, consumers = [0], []
+    """One service: its streams' entries, pending calls and consumers added up; with more
+    than one shard, `shards` lists each one's length, pending calls and lag (entries the
+    group has not read yet: XINFO GROUPS `lag`, null when Redis cannot tell)."""
+    shards = []
+    consumers: dict[str, dict[str, Any]] = {}
+    for shard, stream in sorted(streams.items()):
+        length = await conn.execute("XLEN", stream)
+        try:
+            pending = await conn.execute("XPENDING", stream, group)
+            found = await conn.execute("XINFO", "CONSUMERS", stream, group)
+            groups = [_pairs(g) for g in await conn.execute("XINFO", "GROUPS", stream)]
+        except ReplyError:  # no group yet: nobody has served this stream
+            pending, found, groups = [0], [], []
+        lag = next((g.get("lag") for g in groups if g.get("name") == group), None)
+        shards.append({"shard": shard, "stream": stream.decode(), "stream_length": length,
+                       "pending": pending[0], "lag": lag, "read": bool(groups)})
+        for consumer in map(_pairs, found):  # a replica reads every shard: one consumer
+            had = consumers.setdefault(consumer["name"], consumer)
+            if had is not consumer:
+                had["pending"] += consumer.get("pending", 0)
+                for field in ("idle", "inactive"):
+                    if isinstance(consumer.get(field), int) and isinstance(had.get(field), int):
+                        had[field] = min(had[field], consumer[field])
     flat = await conn.execute("HGETALL", stats_key(settings.prefix, group))
     counters = {k.decode(): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
     flushed = counters.pop("flushed_ms", None)
-    return {
-        "stream_length": length,
-        "pending": pending[0],
-        "consumers": [_pairs(c) for c in consumers],
+    report = {
+        "stream_length": sum(s["stream_length"] for s in shards),
+        "pending": sum(s["pending"] for s in shards),
+        "consumers": list(consumers.values()),
         "counters": counters,
         # The service adds its counts every FLUSH_EVERY_S: they are this old at most.
         "counters_as_of": rfc3339_ms(flushed),
     }
+    if len(shards) > 1:
+        report["shards"] = shards
+    return report
 
 
 def _pairs(flat: list[Any]) -> dict[str, Any]:
@@ -107,6 +139,8 @@ def summary(report: dict[str, Any]) -> str:
         shown = table(["  SERVICE", "PENDING", "CONSUMERS", "STREAM", "CALLS", "COUNTED AS OF"],
                       [[f"  {r[0]}", *r[1:]] for r in rows])
         lines += shown.splitlines()
+        lines += [f"  {name}: {shards_line(s['shards'])}" for name, s in services.items()
+                  if "shards" in s]
     dispatch = report["dispatch"]
     lines.append(f"dispatch   {dispatch['triggers']} trigger(s), {len(dispatch['replicas'])} "
                  f"replica(s), {partitions_line(dispatch['partitions'])}")
@@ -118,6 +152,19 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"snapshot   {partitions_line(snapshot['partitions'])}, last error: "
                      + (f"{error} ({snapshot['last_error_ms_ago']} ms ago)" if error else "none"))
     return "\n".join(lines)
+
+
+def shards_line(shards: list[dict[str, Any]]) -> str:
+    """A sharded service's shards in one line: "3 shards, pending 0/2/0, lag 0/0/0" (and
+    the shards no consumer group reads)."""
+    def each(field: str) -> str:
+        return "/".join("-" if s[field] is None else str(s[field]) for s in shards)
+
+    text = f"{len(shards)} shards, pending {each('pending')}, lag {each('lag')}"
+    unread = [str(s["shard"]) for s in shards if not s["read"]]
+    if unread:
+        text += f", not read: shard {', '.join(unread)} (STATEWORKER_BUS_SHARDS differs?)"
+    return text
 
 
 def partitions_line(partitions: list[dict[str, Any]]) -> str:

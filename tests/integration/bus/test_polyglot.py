@@ -156,6 +156,40 @@ async def test_a_node_worker_answers_a_trigger_condition(
     assert out["runs"]["on_event"] == 1
 
 
+async def test_a_node_worker_serves_every_shard_of_a_3_shard_service(
+        node: str, redis_server: RedisServer, raw: aredis.Redis, prefix: str,
+        scope: str) -> None:
+    """STATEWORKER_BUS_SHARDS=3 for the service and the Node worker: a trigger's calls for
+    scopes of every partition land on all three shards (by the documented rule), and the
+    worker, written from the doc, serves each (its group, reads, acknowledgements)."""
+    target, seen = f"node{uuid.uuid4().hex[:8]}", f"{scope}-seen"
+    settings = settings_for(redis_server, prefix, bus_shards=3)
+    scopes = [f"{scope}-{i}" for i in range(12)]
+    streams = [f"{prefix}:bus:{target}"] + [f"{prefix}:bus:{target}:{{{prefix}:p{i}}}"
+                                            for i in (1, 2)]
+    async with StateService.running(settings), StateClient(settings=settings) as client, \
+            await anyio.open_process(
+                [node, str(NODE_DIR / "main.mjs"), "worker", redis_server.url, prefix, target,
+                 seen], env={**os.environ, "STATEWORKER_BUS_SHARDS": "3"}) as worker:
+        try:
+            for n, each in enumerate(scopes):  # (not the worker's own writes to `seen`)
+                await client.call("state::register-trigger", {
+                    "id": f"t-{target}-{n}", "function_id": f"{target}::on_event",
+                    "service": target, "config": {"scope": each}})
+            for n, each in enumerate(scopes):
+                await client.set(each, f"k{n}", n)
+            for n in range(len(scopes)):  # (the shards are served in no order among them)
+                await until(lambda n=n: _stored(client, seen, f"k{n}"), 15, f"k{n} handled")
+            for stream in streams:
+                await until(lambda s=stream: _length(raw, s, 0), 10, f"{stream} drained")
+                assert (await raw.xpending(stream, target))["pending"] == 0
+        finally:
+            out = await _stop(worker)
+    assert out["runs"]["on_event"] == len(scopes)
+    added = [int((await raw.xinfo_stream(s))["entries-added"]) for s in streams]
+    assert sum(added) == len(scopes) and all(added), added
+
+
 async def test_the_doc_names_every_key_field_and_duty_the_node_code_uses() -> None:
     doc = _code(DOC.read_text())
     code = (NODE_DIR / "busproto.mjs").read_text() + (NODE_DIR / "main.mjs").read_text()
