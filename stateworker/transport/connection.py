@@ -43,7 +43,10 @@ SUPPORTED_SCHEMES = ("redis", "unix")
 
 
 def shown_url(url: str) -> str:
-    """A URL as messages, logs and `status` show it: a password in it replaced by `***`."""
+    """A URL as messages, logs and `status` show it: a password in it replaced by `***` (in
+    each seed of a cluster's comma-separated list)."""
+    if "," in url:
+        return ",".join(shown_url(seed) for seed in url.split(","))
     parts = urllib.parse.urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
     if not at or ":" not in userinfo:
