@@ -145,6 +145,30 @@ class RedisCluster:
         """The primary serving `slot` now."""
         return next(n for n in self.primaries() if n.holds(slot))
 
+    def move_slot(self, slot: int, to_port: int, keys_per_step: int = 1) -> int:
+        """Move `slot` to the primary on `to_port` as `redis-cli --cluster reshard` does:
+        IMPORTING / MIGRATING, MIGRATE its keys `keys_per_step` at a time (calls meanwhile
+        meet ASK and TRYAGAIN), then SETSLOT NODE on every primary (calls then meet MOVED).
+        Returns how many keys moved."""
+        source = self.owner(slot)
+        target = next(n for n in self.primaries() if n.port == to_port)
+        assert source.port != target.port
+        moved = 0
+        with self.client(source.port) as src, self.client(target.port) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+            while True:
+                keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_per_step)
+                if not keys:
+                    break
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+            for node in self.primaries():
+                with self.client(node.port) as each:
+                    each.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        wait_until(lambda: self.owner(slot).port == to_port, 15, f"slot {slot} to move")
+        return moved
+
     def client(self, port: int) -> redis.Redis:
         return redis.Redis(port=port)
 

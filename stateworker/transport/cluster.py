@@ -288,7 +288,8 @@ class ClusterConnection(RedisConnection):
                 log.info("the Redis Cluster is not serving every slot (%s): retrying", unplaced,
                          extra={"event": "cluster.retry", "redis": self.shown})
                 await asyncio.sleep(delay)
-                await self.refresh()
+                if not str(unplaced).startswith("TRYAGAIN"):  # (a migration: the map holds)
+                    await self.refresh()
             elif moved and self._version == version:
                 await self.refresh()
         return results
