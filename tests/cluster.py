@@ -49,6 +49,9 @@ class RedisCluster:
     def __init__(self, directory: Path, nodes: int = NODES) -> None:
         self.directory = directory
         self.ports = [free_port() for _ in range(nodes)]
+        # (each bus port is a free port of its own, kept across a restart: port + 10000, the
+        # default, may be past 65535)
+        self.bus_ports = {port: free_port() for port in self.ports}
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -78,8 +81,7 @@ class RedisCluster:
         directory.mkdir(parents=True, exist_ok=True)
         self.processes[port] = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-             # (the bus port is its own free port: port + 10000 may be past 65535)
-             "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+             "--cluster-enabled", "yes", "--cluster-port", str(self.bus_ports[port]),
              "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "yes",
              "--appendfsync", "everysec", "--save", "", "--repl-diskless-sync-delay", "0",
@@ -142,8 +144,14 @@ class RedisCluster:
         return [n for n in self.nodes() if n.role == "replica"]
 
     def owner(self, slot: int) -> ClusterNode:
-        """The primary serving `slot` now."""
-        return next(n for n in self.primaries() if n.holds(slot))
+        """The primary serving `slot` now (AssertionError: none, a failover under way)."""
+        found = self.owner_port(slot)
+        assert found is not None, f"no live primary serves slot {slot}"
+        return next(n for n in self.primaries() if n.port == found)
+
+    def owner_port(self, slot: int) -> int | None:
+        """The port of the live primary serving `slot` now; None when none does."""
+        return next((n.port for n in self.primaries() if n.holds(slot)), None)
 
     def move_slot(self, slot: int, to_port: int, keys_per_step: int = 1) -> int:
         """Move `slot` to the primary on `to_port` as `redis-cli --cluster reshard` does:
@@ -177,6 +185,15 @@ class RedisCluster:
         process = self.processes[port]
         process.send_signal(sig)
         process.wait(timeout=15)
+
+    def restart_node(self, port: int) -> None:
+        """Start a killed node again on its data: it rejoins, as a replica of the primary
+        promoted in its place; returns once the cluster is healthy again."""
+        binary = shutil.which("redis-server")
+        assert binary
+        self._start_node(binary, port)
+        wait_until(lambda: _answers(port), 15, f"cluster node on port {port}")
+        self.wait_healthy()
 
     def kill(self) -> None:
         for process in self.processes.values():

@@ -176,6 +176,16 @@ class ClusterConnection(RedisConnection):
             raise _Unplaced(ReplyError(f"CLUSTERDOWN Hash slot {slot} not served"))
         return address
 
+    @property
+    def primaries(self) -> list[str]:
+        """The primaries of the map (`host:port`), as last read."""
+        return list(self._primaries)
+
+    @property
+    def connected(self) -> list[str]:
+        """The nodes this connection holds a connection to (`host:port`)."""
+        return list(self._nodes)
+
     # ---- the connection's interface ------------------------------------------------------------
     async def connect(self) -> None:
         """Read the map (ConnectionLost when no seed answers) and connect to every primary."""
@@ -239,7 +249,8 @@ class ClusterConnection(RedisConnection):
             for i in todo:
                 try:
                     address = asking.get(i) or self._address(near[i])
-                except _Unplaced as exc:
+                except _Unplaced as exc:  # (the map has a hole: read it before the next call)
+                    self._stale = True
                     unplaced, results[i] = exc.cause, exc.cause
                     retry.append(i)
                     continue
