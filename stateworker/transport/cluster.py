@@ -239,8 +239,8 @@ class ClusterConnection(RedisConnection):
             else list(range(len(commands)))
         near = self._near_slots(commands)  # (CrossSlot raised here, before anything is sent)
         asking: dict[int, str] = {}
-        backoff = Backoff()
-        deadline = time.monotonic() + self.heal_within_s
+        backoff: Backoff | None = None  # (made on the first wait: most calls never wait)
+        deadline = 0.0
         while todo:
             version = self._version
             groups: dict[str, list[int]] = {}
@@ -255,10 +255,7 @@ class ClusterConnection(RedisConnection):
                     retry.append(i)
                     continue
                 groups.setdefault(address, []).append(i)
-            replies = await asyncio.gather(
-                *(self._send_to(address, [commands[i] for i in group],
-                             [i in asking for i in group], single) for address, group in groups.items()),
-                return_exceptions=True)
+            replies = await self._send_groups(commands, groups, asking, single)
             moved = False
             for group, got in zip(groups.values(), replies, strict=True):
                 if isinstance(got, _Unplaced):  # its primary cannot be reached: not sent
@@ -291,6 +288,8 @@ class ClusterConnection(RedisConnection):
             if not todo:
                 break
             if unplaced is not None:  # a failover or a resharding under way: wait, then re-read
+                if backoff is None:
+                    backoff, deadline = Backoff(), time.monotonic() + self.heal_within_s
                 delay = backoff.next()
                 if time.monotonic() + delay >= deadline or self._closed:
                     if isinstance(unplaced, ConnectionLost):
@@ -304,6 +303,23 @@ class ClusterConnection(RedisConnection):
             elif moved and self._version == version:
                 await self.refresh()
         return results
+
+    async def _send_groups(self, commands: Sequence[Sequence[Arg]], groups: dict[str, list[int]],
+                           asking: dict[int, str], single: bool) -> list[Any]:
+        """Each node's commands as one pipeline, all in this tick; per node its replies or the
+        exception it ended with. One node (the usual call): awaited directly, no task."""
+        if len(groups) == 1:
+            ((address, group),) = groups.items()
+            try:
+                return [await self._send_to(address, [commands[i] for i in group],
+                                            [i in asking for i in group], single)]
+            except (ConnectionLost, _Unplaced) as exc:
+                return [exc]
+        replies: list[Any] = await asyncio.gather(
+            *(self._send_to(address, [commands[i] for i in group], [i in asking for i in group],
+                            single) for address, group in groups.items()),
+            return_exceptions=True)
+        return replies
 
     @staticmethod
     def _near_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
@@ -333,11 +349,12 @@ class ClusterConnection(RedisConnection):
                     single: bool) -> list[Any]:
         """Commands to one node, ASKING before those redirected by ASK; their replies."""
         node = self._node(address)
-        try:
-            await node.connect()
-        except ConnectionLost as exc:
-            self._stale = True
-            raise _Unplaced(exc) from exc
+        if not node.is_open:
+            try:
+                await node.connect()
+            except ConnectionLost as exc:  # nothing was sent: safe to place again
+                self._stale = True
+                raise _Unplaced(exc) from exc
         if single and not asking[0]:  # (execute: a blocking command's wait is allowed for)
             try:
                 return [await node.execute(*commands[0])]

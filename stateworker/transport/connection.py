@@ -144,6 +144,11 @@ class RedisConnection:
             proto.flush_scheduled = True
             loop.call_soon(proto.end_tick)
 
+    @property
+    def is_open(self) -> bool:
+        """Connected now (a command would be written at once, with no connect first)."""
+        return self._proto is not None and self._proto.closed is None
+
     async def connect(self) -> None:
         """Connect now (nothing is sent); ConnectionLost when Redis cannot be reached."""
         await self._connected()

@@ -40,6 +40,10 @@ class CrossSlot(ValueError):
     """A command whose keys hash to different cluster slots (a bug in the caller)."""
 
 
+_TAG_SLOTS: dict[bytes, int] = {}  # hash tag -> slot: the partitions' few tags, hashed once
+_TAG_SLOTS_MAX = 4096  # (tags that are call ids come and go: the cache starts over past this)
+
+
 def key_slot(key: Arg) -> int:
     """The cluster slot of `key`, with Redis's hash tag rule."""
     raw = key if isinstance(key, bytes) else str(key).encode()
@@ -47,7 +51,13 @@ def key_slot(key: Arg) -> int:
     if start >= 0:
         end = raw.find(b"}", start + 1)
         if end > start + 1:
-            raw = raw[start + 1:end]
+            tag = raw[start + 1:end]
+            slot = _TAG_SLOTS.get(tag)
+            if slot is None:
+                if len(_TAG_SLOTS) >= _TAG_SLOTS_MAX:
+                    _TAG_SLOTS.clear()
+                slot = _TAG_SLOTS[tag] = binascii.crc_hqx(tag, 0) % SLOTS
+            return slot
     return binascii.crc_hqx(raw, 0) % SLOTS
 
 
