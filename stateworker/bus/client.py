@@ -34,7 +34,7 @@ from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
-from stateworker.transport.connect import connection_for
+from stateworker.transport.connect import connection_for, connection_like, probed
 from stateworker.transport.connection import check_url, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
@@ -141,6 +141,11 @@ class StateClient(TypedCalls):
         Example: `async with StateClient() as client: ...`
         """
         await open_ready(self.conn, self.timeout, self._met, "the client")
+        conn = await probed(self.conn)  # one URL naming a Redis Cluster node: routed by slot
+        if conn is not self.conn:
+            self.conn = conn
+            await self._replies.conn.close()
+            self._replies.conn = connection_like(conn, write_first_at_once=True)
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._replies.read)

@@ -68,7 +68,7 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.transport.connect import connection_for
+from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -153,6 +153,7 @@ class Watch:
         if self._opened:
             return self
         await open_ready(self.conn, self.start_timeout_s, self._met, "the watch")
+        self.conn = await probed(self.conn)  # one URL naming a Redis Cluster node
         prefix = self.settings.prefix
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)

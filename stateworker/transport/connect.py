@@ -48,7 +48,11 @@ async def probed(conn: RedisConnection) -> RedisConnection:
         return conn
     try:
         info = await conn.execute("INFO", "cluster")
-    except (ConnectionLost, ReplyError) as exc:
+    except ReplyError as exc:
+        if str(exc).startswith("NOPERM"):  # a user that may not ask (a principal): one server
+            return conn
+        raise ConfigError(f"Redis at {conn.shown} is not usable: {exc}") from exc
+    except ConnectionLost as exc:
         raise ConfigError(f"Redis at {conn.shown} is not usable: {exc}") from exc
     if b"cluster_enabled:1" not in info:
         return conn
