@@ -141,7 +141,7 @@ class StateClient(TypedCalls):
         Example: `async with StateClient() as client: ...`
         """
         await open_ready(self.conn, self.timeout, self._met, "the client")
-        conn = await probed(self.conn)  # one URL naming a Redis Cluster node: routed by slot
+        conn = await probed(self.conn, as_user=False)  # one URL naming a cluster node
         if conn is not self.conn:
             self.conn = conn
             await self._replies.conn.close()

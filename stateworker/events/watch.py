@@ -153,7 +153,7 @@ class Watch:
         if self._opened:
             return self
         await open_ready(self.conn, self.start_timeout_s, self._met, "the watch")
-        self.conn = await probed(self.conn)  # one URL naming a Redis Cluster node
+        self.conn = await probed(self.conn, as_user=False)  # one URL naming a cluster node
         prefix = self.settings.prefix
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)

@@ -31,6 +31,7 @@ have run, so they are not sent again here; the map is read again before the next
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import urllib.parse
@@ -299,7 +300,8 @@ class ClusterConnection(RedisConnection):
                          extra={"event": "cluster.retry", "redis": self.shown})
                 await asyncio.sleep(delay)
                 if not str(unplaced).startswith("TRYAGAIN"):  # (a migration: the map holds)
-                    await self.refresh()
+                    with contextlib.suppress(ConnectionLost):  # no seed now: the next wait
+                        await self.refresh()
             elif moved and self._version == version:
                 await self.refresh()
         return results

@@ -15,6 +15,7 @@ from stateworker.transport.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
     RedisConnection,
+    url_user,
 )
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -41,10 +42,13 @@ def connection_like(conn: RedisConnection, *, write_first_at_once: bool | None =
                 read_timeout_s=conn.read_timeout_s if read_timeout_s is None else read_timeout_s)
 
 
-async def probed(conn: RedisConnection) -> RedisConnection:
+async def probed(conn: RedisConnection, *, as_user: bool = True) -> RedisConnection:
     """`conn`, or a ClusterConnection in its place (closed) when the one server it names is a
-    Redis Cluster node (INFO cluster: cluster_enabled:1). Asked once, at start."""
-    if isinstance(conn, ClusterConnection):
+    Redis Cluster node (INFO cluster: cluster_enabled:1). Asked once, at start.
+    `as_user=False` (a client's or a watch's): a URL that names an ACL user is not asked (a
+    principal's rule has no INFO, and the refusal would be logged as one); such a user names
+    a cluster by listing its seeds."""
+    if isinstance(conn, ClusterConnection) or (not as_user and url_user(conn.url) is not None):
         return conn
     try:
         info = await conn.execute("INFO", "cluster")
