@@ -12,6 +12,7 @@ from stateworker import StateClient, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
+from tests.cluster import RedisCluster
 from tests.servers import PostgresServer, RedisServer
 
 
@@ -26,6 +27,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real Redis Cluster, 3 primaries with a replica each (tests/cluster.py), shared by the
+    session: tests use a fresh prefix; one that kills or moves something leaves it healthy."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.kill()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import functions, lifecycle
 from stateworker.state.store import RedisState
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import wait_ready
@@ -79,8 +80,12 @@ class StateService:
         # The one start line says what a reply promises (durability and how it is kept).
         durability = {"durability": state.settings.durability,
                       "fsync": lifecycle.fsync_guard(state)}
+        # On a Redis Cluster it says which seed answered (a seed down or a replica is skipped).
+        conn = state.conn
+        cluster = ({"cluster_seed": conn.answered or "", "primaries": str(len(conn.primaries))}
+                   if isinstance(conn, ClusterConnection) else {})
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
-                                  describe={**durability, "auth": state.settings.auth},
+                                  describe={**durability, "auth": state.settings.auth, **cluster},
                                   sources=_sources(state, self.bus))
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url

@@ -34,7 +34,8 @@ from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection, check_url, shown_url
+from stateworker.transport.connect import connection_for, connection_like, probed
+from stateworker.transport.connection import check_url, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
@@ -117,9 +118,9 @@ class StateClient(TypedCalls):
         self.timeout = timeout
         self.retries = retries
         self.caller = caller
-        self.conn = RedisConnection(self.url, write_first_at_once=False,
-                                    connect_timeout_s=self.settings.connect_timeout_s,
-                                    read_timeout_s=self.settings.read_timeout_s)
+        self.conn = connection_for(self.url, write_first_at_once=False,
+                                   connect_timeout_s=self.settings.connect_timeout_s,
+                                   read_timeout_s=self.settings.read_timeout_s)
         self._pending: dict[str, Waiter] = {}  # the calls waiting for their reply, by id
         self._replies = ReplyReader(self.url, self.settings, self.reply_key, self._pending,
                                     self._met)
@@ -145,6 +146,11 @@ class StateClient(TypedCalls):
         Example: `async with StateClient() as client: ...`
         """
         await open_ready(self.conn, self.timeout, self._met, "the client")
+        conn = await probed(self.conn, as_user=False)  # one URL naming a cluster node
+        if conn is not self.conn:
+            self.conn = conn
+            await self._replies.conn.close()
+            self._replies.conn = connection_like(conn, write_first_at_once=True)
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._replies.read)

@@ -14,7 +14,7 @@ import anyio
 
 from stateworker.bus.protocol import Reply, parse_reply
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connect import connection_for
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -68,8 +68,8 @@ class ReplyReader:
     def __init__(self, url: str, settings: Settings, reply_key: str,
                  pending: dict[str, Waiter], met: Callable[[BaseException | None], None]
                  ) -> None:
-        self.conn = RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
-                                    read_timeout_s=settings.read_timeout_s)
+        self.conn = connection_for(url, connect_timeout_s=settings.connect_timeout_s,
+                                   read_timeout_s=settings.read_timeout_s)
         self.reply_key = reply_key
         self.pending = pending
         self._met = met  # counts a transient Redis state met (the client's `transient`)

@@ -52,6 +52,7 @@ from stateworker.errors import (
     Unavailable,
     deadline_exceeded,
 )
+from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
@@ -74,8 +75,7 @@ class BusRuntime:
         streams read (default: the service's stream alone; bus/sources.py)."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
-        self.reader_conn = RedisConnection(conn.url, connect_timeout_s=conn.connect_timeout_s,
-                                           read_timeout_s=conn.read_timeout_s)  # blocking reads only
+        self.reader_conn = connection_like(conn)  # blocking reads only
         self.bus = bus
         self.handler = handler
         self.batch = batch

@@ -49,7 +49,8 @@ from stateworker.errors import (
 )
 from stateworker.loop import run
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection, check_url
+from stateworker.transport.connect import connection_for
+from stateworker.transport.connection import check_url
 from stateworker.transport.embedded import client_url
 
 Function = Callable[[Any, Call], Awaitable[Any]]
@@ -202,10 +203,10 @@ class Worker:
         Example: `async with anyio.create_task_group() as tg: await tg.start(worker.run)`
         """
         url = client_url(self.settings)
-        conn = RedisConnection(url, connect_timeout_s=self.settings.connect_timeout_s,
-                               read_timeout_s=self.settings.read_timeout_s)
+        conn = connection_for(url, connect_timeout_s=self.settings.connect_timeout_s,
+                              read_timeout_s=self.settings.read_timeout_s)
         self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service,
-                                                   self.settings.bus_shards), self.options,
+                                            self.settings.bus_shards), self.options,
                                   handler=self._handle,
                                   record_ttl_ms=self.settings.dedupe_window_ms,
                                   start_wait_s=self.start_wait_s,

@@ -68,7 +68,8 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.transport.connection import RedisConnection, shown_url
+from stateworker.transport.connect import connection_for, probed
+from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
@@ -128,8 +129,8 @@ class Watch:
         self.start = None if from_revision is None else parse_revision(from_revision)
         self.start_timeout_s = start_timeout_s
         self.page = page
-        self.conn = RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
-                                    read_timeout_s=settings.read_timeout_s)
+        self.conn = connection_for(url, connect_timeout_s=settings.connect_timeout_s,
+                                   read_timeout_s=settings.read_timeout_s)
         self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
         self.position: Revision = (0, 0)  # see the module docstring
         self._parts: list[_Partition] = []
@@ -152,6 +153,7 @@ class Watch:
         if self._opened:
             return self
         await open_ready(self.conn, self.start_timeout_s, self._met, "the watch")
+        self.conn = await probed(self.conn, as_user=False)  # one URL naming a cluster node
         prefix = self.settings.prefix
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)

@@ -48,7 +48,7 @@ from stateworker.reactive.trimming import Position
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state import guard, triggers, validate
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -80,8 +80,7 @@ class Dispatcher:
                                lambda: self.triggers, self.hidden,
                                functools.partial(guard.trigger_granted, state),  # (acl mode)
                                self.positions, self.stored)
-        self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
-                                       read_timeout_s=state.conn.read_timeout_s)
+        self._reader = connection_like(state.conn)
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup

@@ -52,7 +52,7 @@ from stateworker.settings import Settings
 from stateworker.snapshot import barriers, calls, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.store import RedisState
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -113,8 +113,7 @@ class Snapshotter:
                              replicas=state.keys.snapshot_replicas)
         self.positions: dict[int, StoredPosition] = {}
         self._pg: PgConnection | None = pg
-        self._reader = RedisConnection(state.conn.url, connect_timeout_s=state.conn.connect_timeout_s,
-                                       read_timeout_s=state.conn.read_timeout_s)
+        self._reader = connection_like(state.conn)
         self._last_round = 0.0
         self._registry_copied: bytes | None = None  # the registry entry last copied
         self._error_recorded = False  # its error is in `snapshot:status`, to clear on recovery

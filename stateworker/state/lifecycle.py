@@ -17,6 +17,7 @@ from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
 from stateworker.state import expiry
 from stateworker.state.store import RedisState
+from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -34,11 +35,21 @@ async def connect(settings: Settings,
         embedded = EmbeddedRedis(Path(settings.state_dir), settings.appendfsync)
         await embedded.start()
         url = embedded.url
-    state = RedisState(settings, RedisConnection(url, connect_timeout_s=settings.connect_timeout_s,
-                                                  read_timeout_s=settings.read_timeout_s), embedded)
+    conn = connection_for(url, connect_timeout_s=settings.connect_timeout_s,
+                          read_timeout_s=settings.read_timeout_s)
     try:
         if ready is not None:
-            await ready(state.conn)
+            await ready(conn)
+        # One URL may name a Redis Cluster node: asked once, here, and routed by slot if so.
+        conn = await probed(conn)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+            if embedded is not None:
+                await embedded.stop()
+        raise
+    state = RedisState(settings, conn, embedded)
+    try:
         await check_server(state)
         await state.library.load()
     except BaseException:

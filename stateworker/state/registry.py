@@ -26,6 +26,7 @@ from anyio.abc import TaskStatus
 
 from stateworker.errors import Unavailable
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
+from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -80,8 +81,7 @@ class Registry:
         Raises:
             Unavailable (UNAVAILABLE): Redis failed the first load (the state does not open).
         """
-        conn = RedisConnection(self._conn.url, connect_timeout_s=self._conn.connect_timeout_s,
-                               read_timeout_s=self._conn.read_timeout_s)
+        conn = connection_like(self._conn)
         try:
             try:
                 await self._sync(conn)

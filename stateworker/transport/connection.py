@@ -43,7 +43,10 @@ SUPPORTED_SCHEMES = ("redis", "unix")
 
 
 def shown_url(url: str) -> str:
-    """A URL as messages, logs and `status` show it: a password in it replaced by `***`."""
+    """A URL as messages, logs and `status` show it: a password in it replaced by `***` (in
+    each seed of a cluster's comma-separated list)."""
+    if "," in url:
+        return ",".join(shown_url(seed) for seed in url.split(","))
     parts = urllib.parse.urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
     if not at or ":" not in userinfo:
@@ -140,6 +143,11 @@ class RedisConnection:
                 proto.flush()
             proto.flush_scheduled = True
             loop.call_soon(proto.end_tick)
+
+    @property
+    def is_open(self) -> bool:
+        """Connected now (a command would be written at once, with no connect first)."""
+        return self._proto is not None and self._proto.closed is None
 
     async def connect(self) -> None:
         """Connect now (nothing is sent); ConnectionLost when Redis cannot be reached."""

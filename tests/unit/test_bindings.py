@@ -13,6 +13,7 @@ from tests.unit.test_layers import package_modules
 
 LIBRARY = "stateworker.scripts.library"
 BINDING = "stateworker.scripts.bindings"
+ROUTER = "stateworker.transport.slots"  # names FCALL to find its keys; never writes one
 
 
 def script_calls(source: str, module: str) -> list[str]:
@@ -21,7 +22,7 @@ def script_calls(source: str, module: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and node.value.upper() in ("FCALL", "FCALL_RO") and module != LIBRARY):
+                and node.value.upper() in ("FCALL", "FCALL_RO") and module not in (LIBRARY, ROUTER)):
             found.append(f"{module}:{node.lineno} writes {node.value!r}")
         elif isinstance(node, ast.Attribute) and node.attr == "fcall" and module not in (
                 LIBRARY, BINDING):

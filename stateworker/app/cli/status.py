@@ -14,6 +14,7 @@ from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern,
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
+from stateworker.transport.connect import connection_for
 from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -24,7 +25,7 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     the dispatch: triggers, replicas, per-partition holders, lag and cuts; the snapshot:
     per-partition lag (events, ms) and its last error (null: no snapshot ran)."""
     url = client_url(settings)
-    conn = RedisConnection(url)
+    conn = connection_for(url)
     report: dict[str, Any] = {"redis": shown_url(url), "state_dir": None if settings.redis_url
                               else settings.state_dir, "prefix": settings.prefix}
     try:

@@ -1,0 +1,402 @@
+"""`ClusterConnection`: a Redis Cluster behind the interface of one `RedisConnection`.
+
+It holds one lean pipelining `RedisConnection` per primary (never redis-py) and a map of the
+16384 slots to the primary serving each, read with `CLUSTER SHARDS` from any seed that answers
+(a URL may list several: `redis://h:7000,redis://h:7001`; a seed that is a replica serves the
+map as well, one that is down is skipped; `answered` says which one did). Each command goes to
+the primary of its slot (slots.py: the slot of its keys; a keyless one to any primary; FUNCTION
+and SCRIPT to every primary, so the function library is on each of them). A pipeline is split
+by node, one pipeline per node sent in the same tick (each node's connection still writes once
+per tick), and the replies are handed back in the caller's order.
+
+Why a subclass of RedisConnection: every place that holds a connection (plans, the library,
+the registry, the bus ...) is typed with RedisConnection; a subclass that overrides every
+public method passes through all of them unchanged, and the single-server path keeps its
+code, with no indirection added per command.
+
+What the cluster answers, and what is done about it. Each of these replies means the command
+did not run, so it is sent again:
+- `MOVED slot host:port`: the slot has a new owner for good (a resharding, a failover). The
+  map's entry is set to it, the whole map is read again (once per burst: callers that meet
+  MOVED while a refresh runs wait for that one) and the command goes to the new owner.
+- `ASK slot host:port`: the slot is being migrated and this key is already there: `ASKING`
+  then the command on that node, once; the map is left as it is.
+- `TRYAGAIN`, `CLUSTERDOWN`, and a primary that cannot be connected to (a failover under
+  way): the map is read again after a backoff (retry.Backoff) until the cluster heals or
+  `heal_within_s` has passed; then the last error is the caller's (plans make it UNAVAILABLE).
+A connection lost while commands were in flight is raised as today (ConnectionLost): they may
+have run, so they are not sent again here; the map is read again before the next command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from stateworker.transport.connection import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    RedisConnection,
+    shown_url,
+)
+from stateworker.transport.retry import Backoff
+from stateworker.transport.slots import SLOTS, is_broadcast, slot_of
+from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.transport.cluster")
+
+DEFAULT_HEAL_WITHIN_S = 30.0  # how long a command waits for a failover or a CLUSTERDOWN to end
+RETRIED = ("TRYAGAIN", "CLUSTERDOWN")  # cluster replies to a command that did not run
+
+
+def seeds_of(url: str) -> list[str]:
+    """The seed URLs of a (comma-separated) URL."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
+def is_cluster_url(url: str) -> bool:
+    """A URL that lists several seeds names a cluster (one URL is probed: lifecycle.py)."""
+    return len(seeds_of(url)) > 1
+
+
+class _Unplaced(Exception):
+    """A command that could not be sent (no owner known, its primary unreachable)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class ClusterConnection(RedisConnection):
+    """A Redis Cluster as one connection: `execute`, `pipeline` and `send_pipeline` route by
+    slot; `url` is the seed list as given, `shown` the seeds without passwords."""
+
+    def __init__(self, url: str, *, write_first_at_once: bool = True,
+                 connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+                 read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
+                 heal_within_s: float = DEFAULT_HEAL_WITHIN_S) -> None:
+        self.seeds = seeds_of(url)
+        super().__init__(self.seeds[0], write_first_at_once=write_first_at_once,
+                         connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self.url = url
+        self.shown = ",".join(shown_url(seed) for seed in self.seeds)
+        self.heal_within_s = heal_within_s
+        self.answered: str | None = None  # the seed (shown) whose CLUSTER SHARDS built the map
+        self.refreshes = 0  # maps read (tests count them: once per burst of MOVED)
+        self._owner: list[str | None] = [None] * SLOTS  # slot -> "host:port" of its primary
+        self._primaries: list[str] = []
+        self._nodes: dict[str, RedisConnection] = {}  # "host:port" -> its connection
+        self._version = 0  # bumped by each map read
+        self._refreshing: asyncio.Task[None] | None = None
+        self._stale = False  # a connection broke: read the map before the next command
+        self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()  # connections of dropped nodes
+
+    # ---- the map -------------------------------------------------------------------------------
+    def _node(self, address: str) -> RedisConnection:
+        node = self._nodes.get(address)
+        if node is None:
+            node = RedisConnection(self._node_url(address), write_first_at_once=self.write_first_at_once,
+                                   connect_timeout_s=self.connect_timeout_s,
+                                   read_timeout_s=self.read_timeout_s)
+            self._nodes[address] = node
+        return node
+
+    def _node_url(self, address: str) -> str:
+        """A node's URL: the first seed's scheme and credentials, the node's host and port."""
+        parts = urllib.parse.urlsplit(self.seeds[0])
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        return urllib.parse.urlunsplit(("redis", f"{userinfo}{at}{address}", "", "", ""))
+
+    async def refresh(self) -> None:
+        """Read the map again; callers that ask while a read runs wait for that one."""
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.ensure_future(self._read_map())
+        await asyncio.shield(task)
+
+    async def _read_map(self) -> None:
+        known = [f"{node.url}" for node in self._nodes.values()]
+        last: BaseException | None = None
+        for seed in [*self.seeds, *known]:
+            probe = RedisConnection(seed, connect_timeout_s=self.connect_timeout_s,
+                                    read_timeout_s=self.read_timeout_s)
+            try:
+                shards = await probe.execute("CLUSTER", "SHARDS")
+            except (ConnectionLost, ReplyError) as exc:
+                last = exc
+                continue
+            finally:
+                await probe.close()
+            self._apply(shards)
+            self.answered = shown_url(seed)
+            return
+        raise ConnectionLost(f"no seed of the Redis Cluster {self.shown} answered CLUSTER SHARDS"
+                             f": {last}")
+
+    def _apply(self, shards: list[Any]) -> None:
+        owner: list[str | None] = [None] * SLOTS
+        primaries = []
+        for shard in shards:
+            fields = _pairs(shard)
+            flat = fields.get(b"slots") or []
+            for node in fields.get(b"nodes") or []:
+                info = _pairs(node)
+                if info.get(b"role") != b"master" or info.get(b"health") == b"fail":
+                    continue
+                host = (info.get(b"ip") or info.get(b"endpoint") or b"127.0.0.1").decode()
+                address = f"{host}:{int(info[b'port'])}"
+                primaries.append(address)
+                for i in range(0, len(flat), 2):
+                    owner[int(flat[i]):int(flat[i + 1]) + 1] = \
+                        [address] * (int(flat[i + 1]) - int(flat[i]) + 1)
+        for address in list(self._nodes):  # a node gone after a failover: dropped
+            if address not in primaries:
+                node = self._nodes.pop(address)
+                closing = asyncio.ensure_future(node.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+        self._owner, self._primaries = owner, primaries
+        self._version += 1
+        self.refreshes += 1
+        self._stale = False
+
+    def _address(self, slot: int | None) -> str:
+        """The primary serving `slot` (None: a keyless command, any primary)."""
+        if slot is None:
+            if not self._primaries:
+                raise _Unplaced(ConnectionLost(f"no primary known in the Redis Cluster {self.shown}"))
+            return self._primaries[0]
+        address = self._owner[slot]
+        if address is None:
+            raise _Unplaced(ReplyError(f"CLUSTERDOWN Hash slot {slot} not served"))
+        return address
+
+    @property
+    def primaries(self) -> list[str]:
+        """The primaries of the map (`host:port`), as last read."""
+        return list(self._primaries)
+
+    @property
+    def connected(self) -> list[str]:
+        """The nodes this connection holds a connection to (`host:port`)."""
+        return list(self._nodes)
+
+    # ---- the connection's interface ------------------------------------------------------------
+    async def connect(self) -> None:
+        """Read the map (ConnectionLost when no seed answers) and connect to every primary."""
+        await self.refresh()
+        for address in list(self._primaries):
+            await self._node(address).connect()
+
+    async def try_connect(self) -> bool:
+        try:
+            await self.connect()
+        except ConnectionLost:
+            return False
+        return True
+
+    async def execute(self, *args: Arg) -> Any:
+        """One command to the primary of its slot; its error reply raised."""
+        (reply,) = await self._run([args], single=True)
+        if isinstance(reply, ReplyError):
+            raise reply
+        return reply
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Commands split by primary, one pipeline each; replies in the caller's order."""
+        if not commands:
+            return []
+        return await self._run(commands)
+
+    def send_pipeline(self, commands: Sequence[Sequence[Arg]]) -> asyncio.Future[list[Any]] | None:
+        """`pipeline` as a future (None before the map is read: use `pipeline`)."""
+        if not self._primaries or self._stale:
+            return None
+        return asyncio.ensure_future(self._run(commands))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refreshing.cancel()
+        nodes, self._nodes = list(self._nodes.values()), {}
+        for node in nodes:
+            await node.close()
+
+    # ---- routing -------------------------------------------------------------------------------
+    async def _run(self, commands: Sequence[Sequence[Arg]], single: bool = False) -> list[Any]:
+        if not self._primaries or self._stale:
+            await self.refresh()
+        results: list[Any] = [None] * len(commands)
+        broadcast = [i for i, args in enumerate(commands) if is_broadcast(args)]
+        for i in broadcast:
+            results[i] = await self._broadcast(commands[i])
+        todo = [i for i in range(len(commands)) if i not in broadcast] if broadcast \
+            else list(range(len(commands)))
+        near = self._near_slots(commands)  # (CrossSlot raised here, before anything is sent)
+        asking: dict[int, str] = {}
+        backoff: Backoff | None = None  # (made on the first wait: most calls never wait)
+        deadline = 0.0
+        while todo:
+            version = self._version
+            groups: dict[str, list[int]] = {}
+            unplaced: BaseException | None = None
+            retry: list[int] = []
+            for i in todo:
+                try:
+                    address = asking.get(i) or self._address(near[i])
+                except _Unplaced as exc:  # (the map has a hole: read it before the next call)
+                    self._stale = True
+                    unplaced, results[i] = exc.cause, exc.cause
+                    retry.append(i)
+                    continue
+                groups.setdefault(address, []).append(i)
+            replies = await self._send_groups(commands, groups, asking, single)
+            moved = False
+            for group, got in zip(groups.values(), replies, strict=True):
+                if isinstance(got, _Unplaced):  # its primary cannot be reached: not sent
+                    unplaced = got.cause
+                    for i in group:
+                        results[i] = got.cause
+                    retry.extend(group)
+                    continue
+                if isinstance(got, BaseException):  # lost in flight: they may have run
+                    self._stale = True
+                    raise got
+                for i, reply in zip(group, got, strict=True):
+                    asking.pop(i, None)
+                    results[i] = reply
+                    if not isinstance(reply, ReplyError):
+                        continue
+                    word, _, rest = str(reply).partition(" ")
+                    if word == "MOVED":
+                        slot, _, owner = rest.partition(" ")
+                        self._owner[int(slot)] = owner
+                        moved = True
+                        retry.append(i)
+                    elif word == "ASK":
+                        asking[i] = rest.partition(" ")[2]
+                        retry.append(i)
+                    elif word in RETRIED:
+                        unplaced = reply
+                        retry.append(i)
+            todo = sorted(retry)
+            if not todo:
+                break
+            if unplaced is not None:  # a failover or a resharding under way: wait, then re-read
+                if backoff is None:
+                    backoff, deadline = Backoff(), time.monotonic() + self.heal_within_s
+                delay = backoff.next()
+                if time.monotonic() + delay >= deadline or self._closed:
+                    if isinstance(unplaced, ConnectionLost):
+                        raise unplaced
+                    return results  # (the CLUSTERDOWN / TRYAGAIN replies stay the callers')
+                log.info("the Redis Cluster is not serving every slot (%s): retrying", unplaced,
+                         extra={"event": "cluster.retry", "redis": self.shown})
+                await asyncio.sleep(delay)
+                if not str(unplaced).startswith("TRYAGAIN"):  # (a migration: the map holds)
+                    with contextlib.suppress(ConnectionLost):  # no seed now: the next wait
+                        await self.refresh()
+            elif moved and self._version == version:
+                await self.refresh()
+        return results
+
+    async def _send_groups(self, commands: Sequence[Sequence[Arg]], groups: dict[str, list[int]],
+                           asking: dict[int, str], single: bool) -> list[Any]:
+        """Each node's commands as one pipeline, all in this tick; per node its replies or the
+        exception it ended with. One node (the usual call): awaited directly, no task."""
+        if len(groups) == 1:
+            ((address, group),) = groups.items()
+            try:
+                return [await self._send_to(address, [commands[i] for i in group],
+                                            [i in asking for i in group], single)]
+            except (ConnectionLost, _Unplaced) as exc:
+                return [exc]
+        replies: list[Any] = await asyncio.gather(
+            *(self._send_to(address, [commands[i] for i in group], [i in asking for i in group],
+                            single) for address, group in groups.items()),
+            return_exceptions=True)
+        return replies
+
+    @staticmethod
+    def _near_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
+        """Each command's slot; a keyless one takes the slot of the next keyed command (else
+        the previous), so a MULTI ... EXEC goes to the node of the commands it wraps; None:
+        no command of the pipeline has a key (any primary)."""
+        near: list[int | None] = [slot_of(args) for args in commands]
+        keyless = [i for i, slot in enumerate(near) if slot is None]
+        if not keyless or len(keyless) == len(near):
+            return near
+        following: int | None = None
+        filled = list(near)
+        for i in range(len(near) - 1, -1, -1):
+            if near[i] is None:
+                filled[i] = following
+            else:
+                following = near[i]
+        previous: int | None = None
+        for i, slot in enumerate(near):
+            if slot is not None:
+                previous = slot
+            elif filled[i] is None:
+                filled[i] = previous
+        return filled
+
+    async def _send_to(self, address: str, commands: list[Sequence[Arg]], asking: list[bool],
+                    single: bool) -> list[Any]:
+        """Commands to one node, ASKING before those redirected by ASK; their replies."""
+        node = self._node(address)
+        if not node.is_open:
+            try:
+                await node.connect()
+            except ConnectionLost as exc:  # nothing was sent: safe to place again
+                self._stale = True
+                raise _Unplaced(exc) from exc
+        if single and not asking[0]:  # (execute: a blocking command's wait is allowed for)
+            try:
+                return [await node.execute(*commands[0])]
+            except ReplyError as exc:
+                return [exc]
+        if not any(asking):
+            return await node.pipeline(commands)
+        sent: list[Sequence[Arg]] = []
+        for args, ask in zip(commands, asking, strict=True):
+            if ask:
+                sent.append(["ASKING"])
+            sent.append(args)
+        replies = await node.pipeline(sent)
+        out, position = [], 0
+        for ask in asking:
+            position += 1 if ask else 0
+            out.append(replies[position])
+            position += 1
+        return out
+
+    async def _broadcast(self, args: Sequence[Arg]) -> Any:
+        """One command on every primary: the first error reply, else the first reply."""
+        if not self._primaries:
+            await self.refresh()
+        replies = await asyncio.gather(*(self._send_to(address, [args], [False], False)
+                                         for address in self._primaries), return_exceptions=True)
+        first: Any = None
+        for got in replies:
+            if isinstance(got, _Unplaced):
+                raise got.cause
+            if isinstance(got, BaseException):
+                raise got
+            if isinstance(got[0], ReplyError):
+                return got[0]
+            first = got[0] if first is None else first
+        return first
+
+
+def _pairs(flat: Any) -> dict[bytes, Any]:
+    """A RESP2 map (name, value, name, value ...) as a dict."""
+    if isinstance(flat, dict):
+        return flat
+    return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -1,0 +1,164 @@
+"""Which Redis Cluster slot a command goes to: the keys of each command, and their slot.
+
+A key's slot is CRC16 (XMODEM; `binascii.crc_hqx(key, 0)`, in C) of the key, or of its hash
+tag (the part between the first `{` and the first `}` after it, when not empty), mod 16384, as
+Redis computes it. The keys of a command are found by one table (`KEYS_OF`): most commands
+have their key at argument 1; the others say where theirs are. A command without keys (PING,
+INFO, TIME ...) has no slot (`None`: any primary serves it); a few must run on every primary
+(`BROADCAST`: the function library, FUNCTION LOAD / FLUSH ...).
+
+A command whose keys hash to two slots could never run on a cluster (Redis answers CROSSSLOT):
+in this project that is a bug (every script keeps to one partition, one hash tag), so
+`slot_of` raises `CrossSlot` at once instead of sending it.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Callable, Sequence
+
+from stateworker.errors import shown
+from stateworker.transport.wire import Arg
+
+SLOTS = 16384
+
+# Commands that run on every primary (the script library is one per node; a replica promoted
+# or a new node must have it too).
+BROADCAST = frozenset({"FUNCTION", "SCRIPT", "FLUSHALL", "FLUSHDB"})
+
+# Commands without keys: any primary serves them.
+KEYLESS = frozenset({
+    "PING", "INFO", "TIME", "CLIENT", "CONFIG", "COMMAND", "ECHO", "DBSIZE", "CLUSTER", "WAIT",
+    "WAITAOF", "ACL", "AUTH", "HELLO", "SELECT", "MULTI", "EXEC", "DISCARD", "ASKING", "LASTSAVE",
+    "BGREWRITEAOF", "SAVE", "MEMORY", "LATENCY", "SLOWLOG", "ROLE", "READONLY", "READWRITE",
+    "RANDOMKEY", "SWAPDB", "SHUTDOWN", "DEBUG", "MONITOR", "SUBSCRIBE", "PUBLISH", "QUIT",
+    "RESET", "FAILOVER", "REPLICAOF", "SLAVEOF", "LOLWUT",
+})
+
+
+class CrossSlot(ValueError):
+    """A command whose keys hash to different cluster slots (a bug in the caller)."""
+
+
+_TAG_SLOTS: dict[bytes, int] = {}  # hash tag -> slot: the partitions' few tags, hashed once
+_TAG_SLOTS_MAX = 4096  # (tags that are call ids come and go: the cache starts over past this)
+
+
+def key_slot(key: Arg) -> int:
+    """The cluster slot of `key`, with Redis's hash tag rule."""
+    raw = key if isinstance(key, bytes) else str(key).encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            tag = raw[start + 1:end]
+            slot = _TAG_SLOTS.get(tag)
+            if slot is None:
+                if len(_TAG_SLOTS) >= _TAG_SLOTS_MAX:
+                    _TAG_SLOTS.clear()
+                slot = _TAG_SLOTS[tag] = binascii.crc_hqx(tag, 0) % SLOTS
+            return slot
+    return binascii.crc_hqx(raw, 0) % SLOTS
+
+
+def _word(arg: Arg) -> str:
+    return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
+
+
+def _numkeys(at: int) -> Callable[[Sequence[Arg]], Sequence[Arg]]:
+    """The keys after a count at argument `at` (FCALL name numkeys key ...)."""
+    def keys(args: Sequence[Arg]) -> Sequence[Arg]:
+        count = int(args[at])
+        return args[at + 1:at + 1 + count]
+    return keys
+
+
+def _after_streams(args: Sequence[Arg]) -> Sequence[Arg]:
+    """XREAD / XREADGROUP ... STREAMS key ... id ...: the first half after STREAMS."""
+    for i, arg in enumerate(args):
+        if _word(arg) == "STREAMS":
+            rest = args[i + 1:]
+            return rest[:len(rest) // 2]
+    return ()
+
+
+def _scan_match(args: Sequence[Arg]) -> Sequence[Arg]:
+    """SCAN cursor MATCH pattern ...: a pattern with a hash tag keeps to that tag's node (the
+    project scans one partition at a time); without one SCAN goes to any primary, which on a
+    cluster sees only its own keys."""
+    for i in range(2, len(args) - 1):
+        if _word(args[i]) == "MATCH":
+            pattern = args[i + 1]
+            raw = pattern if isinstance(pattern, bytes) else str(pattern).encode()
+            start = raw.find(b"{")
+            end = raw.find(b"}", start + 1)
+            if start >= 0 and end > start + 1 and not any(c in raw[start:end] for c in b"*?[\\"):
+                return (raw[start:end + 1],)
+    return ()
+
+
+def _first(args: Sequence[Arg]) -> Sequence[Arg]:
+    return args[1:2]
+
+
+def _second(args: Sequence[Arg]) -> Sequence[Arg]:
+    return args[2:3]
+
+
+def _all(args: Sequence[Arg]) -> Sequence[Arg]:
+    return args[1:]
+
+
+def _all_but_last(args: Sequence[Arg]) -> Sequence[Arg]:
+    return args[1:-1]
+
+
+# Where a command's keys are, when not argument 1 alone (the default, `_first`).
+KEYS_OF: dict[str, Callable[[Sequence[Arg]], Sequence[Arg]]] = {
+    "FCALL": _numkeys(2), "FCALL_RO": _numkeys(2),  # FCALL function numkeys key ... arg ...
+    "EVAL": _numkeys(2), "EVALSHA": _numkeys(2), "EVAL_RO": _numkeys(2), "EVALSHA_RO": _numkeys(2),
+    "XREAD": _after_streams, "XREADGROUP": _after_streams,
+    "XINFO": _second, "XGROUP": _second, "OBJECT": _second,  # XGROUP CREATE key ...
+    "BLMPOP": _numkeys(2), "BZMPOP": _numkeys(2),  # BLMPOP timeout numkeys key ...
+    "LMPOP": _numkeys(1), "ZMPOP": _numkeys(1), "SINTERCARD": _numkeys(1),
+    "ZUNION": _numkeys(1), "ZINTER": _numkeys(1), "ZDIFF": _numkeys(1),
+    "DEL": _all, "UNLINK": _all, "EXISTS": _all, "MGET": _all, "TOUCH": _all, "WATCH": _all,
+    "SINTER": _all, "SUNION": _all, "SDIFF": _all,
+    "MSET": lambda args: args[1::2], "MSETNX": lambda args: args[1::2],
+    "BLPOP": _all_but_last, "BRPOP": _all_but_last, "BZPOPMIN": _all_but_last,
+    "BZPOPMAX": _all_but_last,
+    "RENAME": lambda args: args[1:3], "RENAMENX": lambda args: args[1:3],
+    "LMOVE": lambda args: args[1:3], "BLMOVE": lambda args: args[1:3],
+    "RPOPLPUSH": lambda args: args[1:3], "BRPOPLPUSH": lambda args: args[1:3],
+    "SMOVE": lambda args: args[1:3], "COPY": lambda args: args[1:3],
+    "SCAN": _scan_match,
+}
+
+
+def keys_of(args: Sequence[Arg]) -> Sequence[Arg]:
+    """The keys of command `args` (empty for a keyless command)."""
+    name = _word(args[0])
+    if name in KEYLESS or name in BROADCAST:
+        return ()
+    return KEYS_OF.get(name, _first)(args)
+
+
+def slot_of(args: Sequence[Arg]) -> int | None:
+    """The slot command `args` must run in; None: it has no key (any primary). CrossSlot
+    when its keys hash to different slots."""
+    keys = keys_of(args)
+    if not keys:
+        return None
+    slot = key_slot(keys[0])
+    for key in keys[1:]:
+        other = key_slot(key)
+        if other != slot:
+            shown_key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+            raise CrossSlot(f"{_word(args[0])} names keys in slots {slot} and {other} "
+                            f"({shown(shown_key)} is the first of the second): on a Redis "
+                            "Cluster one command keeps to one slot")
+    return slot
+
+
+def is_broadcast(args: Sequence[Arg]) -> bool:
+    return _word(args[0]) in BROADCAST
