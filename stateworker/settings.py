@@ -21,6 +21,8 @@ AUTH_MODES = ("off", "acl")
 # A service's call streams at most: each one more XREADGROUP stream, XAUTOCLAIM and consumer
 # group per replica; 64 spread the calls over far more primaries than a cluster here has.
 MAX_BUS_SHARDS = 64
+# Replicas a strict write waits for at most: more than a primary has makes every write time out.
+MAX_STRICT_REPLICAS = 16
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +52,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     repair: bool = True
     allow_no_aof: bool = False  # accept an external Redis that has AOF off
     durability: str = "fast"  # "fast" or "strict": see APPENDFSYNC (checked at start)
+    # `strict`: a batch is acknowledged once this many replicas have it too (WAIT / WAITAOF
+    # on each primary), so a failover loses none of it. None: 1 on a Redis Cluster, 0 on one
+    # server (whose replicas, if any, are the operator's).
+    strict_replicas: int | None = None
     auth: str = "off"  # "off" or "acl": see AUTH_MODES (docs/security.md)
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
@@ -79,6 +85,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if self.durability not in APPENDFSYNC:
             raise ConfigError(f"durability must be one of {tuple(APPENDFSYNC)}, got "
                               f"{shown(self.durability)}")
+        if self.strict_replicas is not None and not 0 <= self.strict_replicas <= MAX_STRICT_REPLICAS:
+            raise ConfigError(
+                f"strict_replicas (STATEWORKER_STRICT_REPLICAS) must be 0..{MAX_STRICT_REPLICAS} "
+                f"(replicas that confirm a strict write), got {shown(self.strict_replicas)}")
         if self.auth not in AUTH_MODES:
             raise ConfigError(f"auth must be one of {AUTH_MODES}, got {shown(self.auth)}")
         if self.durability == "strict" and self.allow_no_aof:

@@ -46,8 +46,9 @@ class ClusterNode:
 class RedisCluster:
     """6 redis-server processes in cluster mode, 3 primaries with a replica each."""
 
-    def __init__(self, directory: Path, nodes: int = NODES) -> None:
+    def __init__(self, directory: Path, nodes: int = NODES, appendfsync: str = "everysec") -> None:
         self.directory = directory
+        self.appendfsync = appendfsync  # "always": a cluster of its own for durability strict
         self.ports = [free_port() for _ in range(nodes)]
         # (each bus port is a free port of its own, kept across a restart: port + 10000, the
         # default, may be past 65535)
@@ -84,7 +85,7 @@ class RedisCluster:
              "--cluster-enabled", "yes", "--cluster-port", str(self.bus_ports[port]),
              "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "yes",
-             "--appendfsync", "everysec", "--save", "", "--repl-diskless-sync-delay", "0",
+             "--appendfsync", self.appendfsync, "--save", "", "--repl-diskless-sync-delay", "0",
              # (a replica shows as online once its offset moves: ping it every second)
              "--repl-ping-replica-period", "1",
              "--logfile", str(directory / "redis.log")],

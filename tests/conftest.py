@@ -7,6 +7,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis.asyncio as aredis
+from hypothesis import HealthCheck, settings
 
 from stateworker import StateClient, StateStore
 from stateworker.app.service import StateService
@@ -14,6 +15,12 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from tests.cluster import RedisCluster
 from tests.servers import PostgresServer, RedisServer
+
+# Property tests judge results, not speed: on a 2-core machine shared with the servers of the
+# other tests an example can take longer than hypothesis's 200 ms deadline without any defect.
+settings.register_profile("shared-machine", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 
 @pytest.fixture

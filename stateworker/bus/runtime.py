@@ -56,6 +56,7 @@ from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
+from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
@@ -75,7 +76,8 @@ class BusRuntime:
         streams read (default: the service's stream alone; bus/sources.py)."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
-        self.reader_conn = connection_like(conn)  # blocking reads only
+        # Blocking reads only (one per slot on a cluster: transport/streamread.py).
+        self.reader = StreamReader(connection_like(conn))
         self.bus = bus
         self.handler = handler
         self.batch = batch
@@ -127,7 +129,7 @@ class BusRuntime:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self.reader_conn.close()
+                await self.reader.close()
             log.info("stopped", extra={"event": "bus.stop", "service": self.bus.service})
 
     def _shards(self) -> dict[str, int]:
@@ -209,9 +211,9 @@ class BusRuntime:
                 streams = len(sources.positions)
                 count = max(1, room // streams if sources.closed_shared else min(
                     room, (self.options.concurrency - self._in_flight) // streams))
-                reply = await self.reader_conn.execute(
-                    "XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
-                    "BLOCK", self.options.block_ms, *sources.read_args())
+                reply = await self.reader.read(
+                    ["XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
+                     "BLOCK", self.options.block_ms], *sources.read_args())
             except (ConnectionLost, ReplyError) as exc:
                 self.transient[transient_reason(exc) or "OTHER"] += 1
                 if not backoff.failures:  # one line per outage, not one per retry

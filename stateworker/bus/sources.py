@@ -96,10 +96,10 @@ class Sources:
     def reading_new(self) -> bool:
         return all(position == NEW for position in self.positions.values())
 
-    def read_args(self) -> list[str]:
-        """The `STREAMS s1 s2 … p1 p2 …` tail of an XREADGROUP."""
+    def read_args(self) -> tuple[list[str], list[str]]:
+        """The streams of an XREADGROUP and the position of each (`STREAMS s1 s2 … p1 p2 …`)."""
         streams = list(self.positions)
-        return ["STREAMS", *streams, *(self.positions[s] for s in streams)]
+        return streams, [self.positions[s] for s in streams]
 
     def advance(self, read: dict[str, list[tuple[bytes, list[bytes] | None]]]) -> None:
         """After a read: a stream read from its history goes on after the last entry read,

@@ -51,6 +51,7 @@ from stateworker.state.store import RedisState
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
+from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
@@ -80,7 +81,8 @@ class Dispatcher:
                                lambda: self.triggers, self.hidden,
                                functools.partial(guard.trigger_granted, state),  # (acl mode)
                                self.positions, self.stored)
-        self._reader = connection_like(state.conn)
+        # Blocking reads of the registry and the held partitions (one per slot on a cluster).
+        self._reader = StreamReader(connection_like(state.conn))
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
@@ -95,7 +97,7 @@ class Dispatcher:
             async with anyio.create_task_group() as self._tg:  # (+ the condition clients)
                 self.conditions.open(self._tg)
                 with self._scope:
-                    await self._reader.try_connect()  # (Redis away: the reads retry)
+                    await self._reader.conn.try_connect()  # (Redis away: the reads retry)
                     task_status.started()
                     while True:
                         try:
@@ -147,8 +149,8 @@ class Dispatcher:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
         block_ms = ASIDE_BLOCK_MS if self._aside else int(round_s * 1000)
-        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", block_ms,
-                                           "STREAMS", *streams, *ids)
+        reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
+                                        streams, ids)
         if not reply:
             return
         by_stream = {name: entries for name, entries in reply}

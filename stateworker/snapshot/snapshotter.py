@@ -55,6 +55,7 @@ from stateworker.state.store import RedisState
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
+from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.snapshot")
@@ -113,7 +114,7 @@ class Snapshotter:
                              replicas=state.keys.snapshot_replicas)
         self.positions: dict[int, StoredPosition] = {}
         self._pg: PgConnection | None = pg
-        self._reader = connection_like(state.conn)
+        self._reader = StreamReader(connection_like(state.conn))  # (one read per slot on a cluster)
         self._last_round = 0.0
         self._registry_copied: bytes | None = None  # the registry entry last copied
         self._error_recorded = False  # its error is in `snapshot:status`, to clear on recovery
@@ -127,7 +128,7 @@ class Snapshotter:
         log.info("snapshotting", extra={"event": "snapshot.start", "replica": self.replica})
         try:
             with self._scope:
-                await self._reader.try_connect()  # (Redis away: the reads retry)
+                await self._reader.conn.try_connect()  # (Redis away: the reads retry)
                 task_status.started()
                 while True:
                     try:
@@ -201,8 +202,8 @@ class Snapshotter:
             return
         streams = [self.state.keys.partition(p).events for p in held]
         ids = [self.positions[p].id for p in held]
-        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000),
-                                           "STREAMS", *streams, *ids)
+        reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000)],
+                                        streams, ids)
         full = False
         for name, entries in reply or []:
             partition = held[streams.index(name.decode())]

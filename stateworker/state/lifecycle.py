@@ -16,7 +16,9 @@ from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
 from stateworker.state import expiry
+from stateworker.state.confirm import Confirm
 from stateworker.state.store import RedisState
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
@@ -136,32 +138,53 @@ async def check_server(state: RedisState) -> None:
 async def check_strict(state: RedisState) -> None:
     """`strict`: Redis fsyncs the AOF before it replies (`appendfsync always`: the embedded
     Redis is switched to it, an external one must be configured so), and where the server has
-    WAITAOF (7.2+) every batch is confirmed with it as well (`state.waitaof`)."""
+    WAITAOF (7.2+) every batch is confirmed with it as well; on a cluster (or when
+    STATEWORKER_STRICT_REPLICAS asks) with WAIT for replicas too (`state.confirm`)."""
     conn = state.conn
     try:
-        reply = await conn.execute("CONFIG", "GET", "appendfsync")
+        fsyncs = await _appendfsync(conn)
     except ReplyError as exc:
         raise ConfigError(
             f"Redis at {conn.shown} refused CONFIG GET appendfsync ({exc}), so "
             "STATEWORKER_DURABILITY=strict cannot check that writes are fsynced before the "
             "reply: allow CONFIG GET for this user, or use STATEWORKER_DURABILITY=fast") from exc
-    fsync = dict(zip(reply[::2], reply[1::2], strict=True)).get(b"appendfsync", b"").decode()
-    if fsync != "always" and state.embedded is not None:
+    wrong = {node: fsync for node, fsync in fsyncs.items() if fsync != "always"}
+    if wrong and state.embedded is not None:
         await conn.execute("CONFIG", "SET", "appendfsync", "always")  # our own server: adopted
-    elif fsync != "always":
+    elif wrong:
+        node, fsync = next(iter(wrong.items()))
         raise ConfigError(
-            f"STATEWORKER_DURABILITY=strict needs Redis at {conn.shown} to fsync every write "
+            f"STATEWORKER_DURABILITY=strict needs Redis at {node} to fsync every write "
             f"before it replies, but its appendfsync is {shown(fsync)}: set `appendfsync always` "
-            "(CONFIG SET appendfsync always, and in redis.conf), or use "
-            "STATEWORKER_DURABILITY=fast")
+            "(CONFIG SET appendfsync always, and in redis.conf; on a cluster on every node, "
+            "replicas too), or use STATEWORKER_DURABILITY=fast")
     try:
-        state.waitaof = (await conn.execute("COMMAND", "INFO", "WAITAOF")) != [None]
+        waitaof = (await conn.execute("COMMAND", "INFO", "WAITAOF")) != [None]
     except ReplyError:  # COMMAND refused (ACL): appendfsync always alone, as on Redis < 7.2
-        state.waitaof = False
+        waitaof = False
+    replicas = state.settings.strict_replicas
+    if replicas is None:  # a cluster's primaries each have a replica to promote: use it
+        replicas = 1 if state.cluster else 0
+    state.confirm = Confirm(waitaof=waitaof, replicas=replicas)
+
+
+async def _appendfsync(conn: RedisConnection) -> dict[str, str]:
+    """Each primary's appendfsync (one server: its own), by node."""
+    if isinstance(conn, ClusterConnection):
+        replies = await conn.on_every_primary("CONFIG", "GET", "appendfsync")
+    else:
+        replies = {conn.shown: await conn.execute("CONFIG", "GET", "appendfsync")}
+    fsyncs = {}
+    for node, reply in replies.items():
+        if isinstance(reply, ReplyError):
+            raise reply
+        fsyncs[node] = dict(zip(reply[::2], reply[1::2], strict=True)).get(
+            b"appendfsync", b"").decode()
+    return fsyncs
 
 
 def fsync_guard(state: RedisState) -> str:
     """What makes a reply wait for the disk, for the start log line."""
     if state.settings.durability == "fast":
         return "appendfsync everysec"
-    return "appendfsync always + WAITAOF" if state.waitaof else "appendfsync always"
+    return state.confirm.describe()

@@ -25,15 +25,15 @@ from stateworker.settings import Settings
 from stateworker.state.access import PRINCIPALS, ROLES, Access
 from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
+from stateworker.state.confirm import Confirm
 from stateworker.state.registry import Registry
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.plans import Plan, Sent, execute_many, send_first_step
-from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
+from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
 _DUPLICATE = LUA_STATUS["DUPLICATE"]
-WAITAOF_TIMEOUT_MS = 1000  # with appendfsync always the fsync is already done: no real wait
 
 
 def _recorded(record: bytes) -> list[Any]:
@@ -67,9 +67,9 @@ class RedisState:
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
         # bus call's id is bound in a step of its own, not inside the entry script.
         self.cluster = False
-        # `strict` on a Redis that has WAITAOF (7.2+; checked at start): every batch of plans
-        # is confirmed fsynced to the AOF (WAITAOF 1 0) before any of its results is handed on.
-        self.waitaof = False
+        # `strict`: what every batch of plans is confirmed with (the AOF fsync where the server
+        # has WAITAOF, the replicas that hold it) before any of its results is handed on.
+        self.confirm = Confirm()
         # The prefix's meta key was absent at start (check_server wrote it): a new Redis, or
         # one wiped; the repair at start (snapshot/repair.py) reads it.
         self.created = False
@@ -101,26 +101,28 @@ class RedisState:
                            after_step: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
         """Run plans together (one pipeline per step); results or StateErrors, in order.
         `sent`: their first step, already sent with `send_first_step`; see plans.py."""
-        if not self.waitaof:
+        if not self.confirm.needed:
             return await execute_many(self.conn, self.library, plans, sent, done, after_step)
-        # Results are held until the AOF holds the batch: a reply only after the write is on disk.
+        # Results are held until the batch is confirmed: a reply only after the write is on
+        # disk (WAITAOF) and on the replicas strict asks for (WAIT).
         results = await execute_many(self.conn, self.library, plans, sent, None, after_step)
-        if not await self._on_disk():
-            lost = Unavailable(f"Redis at {self.conn.shown} did not confirm the AOF fsync within "
-                               f"{WAITAOF_TIMEOUT_MS} ms (durability strict): is AOF still on?")
+        missing = await self.confirm.missing(self.conn)
+        if missing is not None:
+            lost = Unavailable(missing)
             results = [lost for _ in results]
         for index, result in enumerate(results):
             if done is not None:
                 done(index, result)
         return results
 
-    async def _on_disk(self) -> bool:
-        """WAITAOF 1 0: the writes sent so far are fsynced (an error when AOF is off)."""
-        try:
-            numlocal, _ = await self.conn.execute("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
-        except (ReplyError, ConnectionLost, StateError):  # AOF turned off, or Redis gone
-            return False
-        return bool(numlocal >= 1)
+    @property
+    def waitaof(self) -> bool:
+        """`strict` on a Redis with WAITAOF (7.2+): each batch is confirmed fsynced."""
+        return self.confirm.waitaof
+
+    @waitaof.setter
+    def waitaof(self, value: bool) -> None:
+        self.confirm.waitaof = value
 
     def send_first_step(self, plans: Sequence[Plan]) -> Sent:
         return send_first_step(self.conn, plans)

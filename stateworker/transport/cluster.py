@@ -228,6 +228,48 @@ class ClusterConnection(RedisConnection):
         for node in nodes:
             await node.close()
 
+    async def owner_of(self, slot: int) -> str:
+        """The primary (`host:port`) serving `slot`, the map read first when it is stale or
+        has a hole; ConnectionLost when no seed answers, ReplyError (CLUSTERDOWN) when the
+        slot has no owner."""
+        if not self._primaries or self._stale or self._owner[slot] is None:
+            await self.refresh()
+        try:
+            return self._address(slot)
+        except _Unplaced as exc:
+            raise exc.cause from None
+
+    def node(self, address: str) -> RedisConnection:
+        """The connection to one node (`host:port`), for what must go to that node alone."""
+        return self._node(address)
+
+    def node_url(self, address: str) -> str:
+        """A node's URL (the seeds' credentials), for a connection of one's own to it."""
+        return self._node_url(address)
+
+    def mark_stale(self) -> None:
+        """The map is read again before the next command (a reply said it moved)."""
+        self._stale = True
+
+    async def on_every_primary(self, *args: Arg) -> dict[str, Any]:
+        """One keyless command on each primary of the map, sent at once (e.g. WAIT: each
+        connection's own writes): `host:port` -> its reply, an error reply as a ReplyError.
+        Raises ConnectionLost when a primary cannot be reached or its connection breaks."""
+        if not self._primaries or self._stale:
+            await self.refresh()
+        addresses = list(self._primaries)
+        replies = await asyncio.gather(*(self._send_to(address, [args], [False], False)
+                                         for address in addresses), return_exceptions=True)
+        out: dict[str, Any] = {}
+        for address, got in zip(addresses, replies, strict=True):
+            if isinstance(got, _Unplaced):
+                got = got.cause
+            if isinstance(got, BaseException):
+                self._stale = True
+                raise got if isinstance(got, ConnectionLost) else ConnectionLost(str(got))
+            out[address] = got[0]
+        return out
+
     # ---- routing -------------------------------------------------------------------------------
     async def _run(self, commands: Sequence[Sequence[Arg]], single: bool = False) -> list[Any]:
         if not self._primaries or self._stale:

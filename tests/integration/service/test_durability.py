@@ -173,7 +173,7 @@ async def test_strict_start_line_names_how_replies_wait_for_the_disk(
         assert service.state.waitaof == (version >= (7, 2))
     started = [r for r in caplog.records if r.getMessage() == "serving"]
     assert len(started) == 1
-    expected = "appendfsync always + WAITAOF" if version >= (7, 2) else "appendfsync always"
+    expected = "appendfsync always + WAITAOF 1 0" if version >= (7, 2) else "appendfsync always"
     assert (getattr(started[0], "durability", None), getattr(started[0], "fsync", None)) == (
         "strict", expected)
 
@@ -219,7 +219,7 @@ async def test_strict_answers_unavailable_when_redis_does_not_confirm_the_fsync(
             admin.config_set("appendonly", "no")
         else:  # Redis 7.0 (this machine): WAITAOF itself is unknown
             store.state.waitaof = True
-        with anyio.fail_after(10), pytest.raises(Unavailable, match="did not confirm the AOF"):
+        with anyio.fail_after(10), pytest.raises(Unavailable, match="did not confirm the write"):
             await store.set("s", "k", 2)
     admin.close()
 

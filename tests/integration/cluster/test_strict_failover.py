@@ -1,0 +1,167 @@
+"""`strict` on a Redis Cluster, under a failover: kill -9 of the primary holding the busiest
+partition while 64 bus callers write. Its replica is promoted, the service goes on without a
+restart, callers see nothing but UNAVAILABLE / TIMEOUT (counted: none expected, since a call
+whose batch was not confirmed is served again rather than answered), every acknowledged write
+is there afterwards (exact count: each WAIT 1 confirmed it on the replica that was promoted;
+the writes of the promoted primary's slots wait until the killed node is back as its replica),
+and a trigger delivers every event of the history, at least once and in order per scope.
+
+A cluster of its own: strict needs `appendfsync always` on every node, a server-wide setting."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from stateworker import StateClient, StateError, StateStore, Unavailable
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.worker import Worker
+from stateworker.keys import KeySpace
+from stateworker.settings import Settings
+from stateworker.transport.slots import key_slot
+from tests.cluster import RedisCluster
+from tests.integration.cluster.test_moved import scopes_in
+
+pytestmark = pytest.mark.anyio
+
+WRITERS = 64
+BUSIEST = 1  # the partition that takes half the writers
+
+
+@pytest.fixture(scope="module")
+def strict_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("strict"), appendfsync="always")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+def writers_scopes(keys: KeySpace) -> list[str]:
+    """Half the writers on the busiest partition, the rest over the others."""
+    busy = scopes_in(keys, BUSIEST, WRITERS // 2)
+    rest = [f"o{n}" for n in range(10 * WRITERS) if keys.partition_of(f"o{n}") != BUSIEST]
+    return busy + rest[:WRITERS - len(busy)]
+
+
+async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: RedisCluster,
+                                                           prefix: str) -> None:
+    settings = Settings(redis_url=strict_cluster.urls, prefix=prefix, partitions=4,
+                        bus_shards=3, durability="strict", lease_ms=1000)
+    keys = KeySpace(prefix, 4)
+    scopes = writers_scopes(keys)
+    done = [0] * WRITERS  # acknowledged increments, per writer
+    failed = [0] * WRITERS  # calls that failed (they may or may not have run)
+    codes: list[str] = []
+    delivered: dict[str, list[int]] = defaultdict(list)  # scope -> versions, as handed on
+    sink = Worker("sink", settings=settings, options=BusOptions(block_ms=50, concurrency=1))
+
+    @sink.function("sink::on_change")
+    async def on_change(body: dict[str, Any], call: Call) -> None:
+        delivered[body["scope"]].append(int(body["version"]))
+
+    stop = anyio.Event()
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings, timeout=60) as client, \
+            anyio.create_task_group() as tg:
+        assert service.state.confirm.replicas == 1  # a cluster: WAIT 1 by default
+        assert "WAIT 1" in service.runtime.describe["fsync"]
+        await tg.start(sink.run)
+        await client.call("state::register-trigger", {
+            "id": "all", "function_id": "sink::on_change", "service": "sink"})
+        for scope in scopes:
+            await client.call("state::set", {"scope": scope, "key": "n", "value": 0})
+
+        async def writer(i: int) -> None:
+            while not stop.is_set():
+                try:
+                    await client.call("state::update", {"scope": scopes[i], "key": "n", "ops": [
+                        {"type": "increment", "path": "", "by": 1}]})
+                except StateError as exc:
+                    codes.append(exc.code)
+                    failed[i] += 1
+                    continue
+                done[i] += 1
+
+        slot = key_slot(keys.partition(BUSIEST).tag)
+        victim = strict_cluster.owner(slot)
+        async with anyio.create_task_group() as writers:
+            for i in range(WRITERS):
+                writers.start_soon(writer, i)
+            with anyio.fail_after(30):
+                while sum(done) < 5 * WRITERS:  # load flowing before the kill
+                    await anyio.sleep(0.01)
+            strict_cluster.kill_node(victim.port)
+            in_flight_at_kill = WRITERS  # each writer has one call outstanding at any time
+            with anyio.fail_after(30):  # the replica is promoted: the slot has a new primary
+                while True:
+                    owner = await anyio.to_thread.run_sync(strict_cluster.owner_port, slot)
+                    if owner not in (None, victim.port):
+                        break
+                    await anyio.sleep(0.1)
+            # The promoted primary has no replica until the killed node comes back as one:
+            # WAIT 1 cannot be met, so its slots' writes wait (served again, not failed).
+            await anyio.to_thread.run_sync(strict_cluster.restart_node, victim.port)
+            after = sum(done)
+            with anyio.fail_after(60):  # the calls go on, same service, no restart
+                while sum(done) < after + 5 * WRITERS:
+                    await anyio.sleep(0.01)
+            stop.set()
+        values = [await client.call("state::get", {"scope": s, "key": "n"}) for s in scopes]
+        # Strict: every acknowledged increment is there (exact), nothing invented beyond the
+        # calls that failed (one in flight per writer at most may have run).
+        lost = [d - v for v, d in zip(values, done, strict=True) if v < d]
+        assert lost == [], (lost, values, done)
+        assert all(v <= d + f for v, d, f in zip(values, done, failed, strict=True))
+        assert set(codes) <= {"UNAVAILABLE", "TIMEOUT"}, codes
+        assert sum(failed) <= in_flight_at_kill, failed
+        # Every event of the final history (versions 2 .. value + 1) handed on at least once,
+        # their first deliveries in order per scope.
+        finals = {s: v + 1 for s, v in zip(scopes, values, strict=True)}
+        with anyio.fail_after(60):
+            while any(max(delivered[s], default=0) < finals[s] for s in scopes):
+                await anyio.sleep(0.05)
+        for scope in scopes:
+            firsts = list(dict.fromkeys(delivered[scope]))
+            assert set(range(2, finals[scope] + 1)) <= set(firsts), scope
+            assert firsts == sorted(firsts), (scope, firsts)
+        print(f"strict failover: {sum(done)} acknowledged, {sum(failed)} failed {codes}, "
+              f"{sum(len(v) for v in delivered.values())} deliveries")
+        sink.stop()
+
+
+async def test_strict_write_waits_for_a_replica(strict_cluster: RedisCluster, prefix: str) -> None:
+    """A write is acknowledged only once a replica holds it (WAIT 1): with the replica of its
+    primary stopped, it is answered UNAVAILABLE naming what fell short; once the replica runs
+    again, writes are confirmed again."""
+    keys = KeySpace(prefix, 4)
+    owner = strict_cluster.owner(key_slot(keys.partition(0).tag))
+    replica = next(n for n in strict_cluster.replicas() if n.slots == owner.slots)
+    (scope,) = scopes_in(keys, 0, 1)
+    async with StateStore.open(strict_cluster.urls, prefix=prefix, partitions=4,
+                               durability="strict") as store:
+        await store.set(scope, "k", 1)
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            with anyio.fail_after(20), pytest.raises(Unavailable, match="0 of 1 replicas"):
+                await store.set(scope, "k", 2)
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        with anyio.fail_after(30):
+            while True:  # (the replica catches up and acknowledges again)
+                try:
+                    await store.set(scope, "k", 3)
+                    break
+                except Unavailable:
+                    continue
+        assert await store.get(scope, "k") == 3
+    await anyio.to_thread.run_sync(strict_cluster.wait_healthy)
