@@ -52,6 +52,7 @@ from stateworker.settings import Settings
 from stateworker.snapshot import barriers, calls, rows, schema, tables
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.store import RedisState
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
@@ -201,8 +202,7 @@ class Snapshotter:
             return
         streams = [self.state.keys.partition(p).events for p in held]
         ids = [self.positions[p].id for p in held]
-        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000),
-                                           "STREAMS", *streams, *ids)
+        reply = await self._read(streams, ids, round_s)
         full = False
         for name, entries in reply or []:
             partition = held[streams.index(name.decode())]
@@ -211,6 +211,27 @@ class Snapshotter:
                 await self._apply(self._pg, partition, entries)
         if reply and not full:
             await anyio.sleep(GATHER_S)
+
+    async def _read(self, streams: list[str], ids: list[str], round_s: float) -> list[Any]:
+        """The events after `ids`: ONE blocking XREAD over every stream held on one server.
+        On a Redis Cluster the streams are in different slots (one XREAD would be refused:
+        CrossSlot), and a blocking read holds its node's connection: one XREAD per stream
+        instead, pipelined (one trip per primary), not blocking; with nothing read anywhere it
+        waits GATHER_S before the next look (the lag this adds stays well under the target)."""
+        if not isinstance(self._reader, ClusterConnection):
+            reply: list[Any] = await self._reader.execute(
+                "XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000), "STREAMS", *streams, *ids)
+            return reply or []
+        replies = await self._reader.pipeline([["XREAD", "COUNT", BATCH, "STREAMS", stream, at]
+                                               for stream, at in zip(streams, ids, strict=True)])
+        found: list[Any] = []
+        for one in replies:
+            if isinstance(one, ReplyError):
+                raise one
+            found += one or []
+        if not found:
+            await anyio.sleep(GATHER_S)
+        return found
 
     async def _round(self, pg: PgConnection) -> None:
         """Leases (give back the excess, renew, take), positions of the partitions taken,
