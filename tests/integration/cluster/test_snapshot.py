@@ -39,6 +39,7 @@ PARTITIONS = 8
 SCOPES = [f"s{n}" for n in range(24)]
 KEYS = [f"k{n}" for n in range(6)]
 # What restore rebuilds (by key name part): entries, their indexes, barriers, the registry.
+ENTRIES = len(SCOPES) * (len(KEYS) - 1) + 1  # (k5 deleted; one written over the bus)
 RESTORED = (":e:", ":k:", ":u:", ":t:", ":scopes", ":ttl", ":b:", ":triggers", ":claims")
 
 
@@ -140,12 +141,12 @@ def keyed_client(where: str, request: pytest.FixtureRequest) -> redis.Redis | Re
 
 def caught_up(client: redis.Redis | RedisClusterClient, keys: KeySpace) -> bool:
     """Every partition's snapshot position (mirrored in Redis) at its stream's end, and no
-    barrier change left unstored."""
+    barrier change or bus call record left unstored."""
     for part in keys.all_partitions():
         added = client.xinfo_stream(part.events)["entries-added"] \
             if client.exists(part.events) else 0
         if int(client.hget(part.snapshotted, "n") or -1) != added or \
-                client.scard(part.barriers_changed):
+                client.scard(part.barriers_changed) or client.xlen(part.unsaved_calls):
             return False
     return True
 
@@ -201,17 +202,27 @@ def spread(where: str, request: pytest.FixtureRequest) -> str:
     return spread_prefix(primary_of(where, request))
 
 
-async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClient) -> None:
-    """Write everywhere with the service running, until PostgreSQL has it all."""
+# A bus call whose record the snapshot stores: a retry after the restore gets its reply.
+BUS_CALL = {"scope": SCOPES[1], "key": "by-bus", "value": {"n": 1}}
+BUS_CALL_ID = "late-1"
+
+
+async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClient
+                      ) -> dict[str, Any]:
+    """Write everywhere with the service running, until PostgreSQL has it all; the reply to
+    BUS_CALL."""
     keys = KeySpace(settings.prefix, PARTITIONS)
     async with StateStore.open(settings.redis_url or "", prefix=settings.prefix,
                                partitions=PARTITIONS) as store, \
-            StateService.running(settings, BusOptions(block_ms=50)):
+            StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=30) as bus:
         await write_everywhere(store)
+        reply: dict[str, Any] = await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID)
         assert {keys.partition_of(s) for s in SCOPES} == set(range(PARTITIONS))
         await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
         await until(lambda: registry_copied(settings.postgres_url or "", settings.prefix, 1, 1),
                     30, "the trigger and the claim in PostgreSQL")
+    return reply
 
 
 async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_url: str,
@@ -221,10 +232,10 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
     settings = Settings(redis_url=url, prefix=prefix, partitions=PARTITIONS,
                         postgres_url=postgres_url, lease_ms=1000)
     client = keyed_client(where, request)
-    await snapshot_of(settings, client)
+    first = await snapshot_of(settings, client)
     before = dump(nodes, prefix)
     entries = entries_in(before)
-    assert len(entries) == len(SCOPES) * (len(KEYS) - 1)
+    assert len(entries) == ENTRIES
     assert postgres_entries(postgres_url, prefix) == entries  # values, versions, revisions
     assert {v[1] for v in entries.values()} == {1, 2}  # (k0 updated: version 2)
     assert postgres_rest(postgres_url, prefix) == redis_rest(before, keys)
@@ -232,12 +243,17 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
 
     assert wipe(nodes, prefix) > len(entries)
     summary = restore_command(url, prefix, postgres_url)
-    assert (summary["entries"], summary["barriers"], summary["triggers"], summary["claims"]) \
-        == (len(entries), PARTITIONS, 1, 1)
+    assert (summary["entries"], summary["barriers"], summary["triggers"], summary["claims"],
+            summary["calls"]) == (len(entries), PARTITIONS, 1, 1, 1)
     assert dump(nodes, prefix) == before
     assert not any(client.exists(p.events) for p in keys.all_partitions())  # (no event)
 
-    # The restored state serves: versions go on from the restored ones, revisions past them.
+    # A late retry of the bus call is answered from its restored record, not applied again.
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=30) as bus:
+        assert await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID) == first
+    # The restored state serves: versions go on from the restored ones, revisions past them
+    # (one event per scope: the write below; the retry wrote none).
     async with StateStore.open(url, prefix=prefix, partitions=PARTITIONS) as store:
         for scope in SCOPES:
             entry = await store.get_entry(scope, "k0")
@@ -266,11 +282,11 @@ async def test_one_server_outgrown_restored_into_the_cluster(
     prefix = migration_prefix
     one = Settings(redis_url=redis_server.url, prefix=prefix, partitions=PARTITIONS,
                    postgres_url=postgres_url, lease_ms=1000)
-    await snapshot_of(one, redis_server.client())
+    first = await snapshot_of(one, redis_server.client())
     held = entries_in(dump([redis_server.client()], prefix))
 
     summary = restore_command(redis_cluster.urls, prefix, postgres_url)
-    assert summary["entries"] == len(held) == len(SCOPES) * (len(KEYS) - 1)
+    assert summary["entries"] == len(held) == ENTRIES
     primaries = [redis_cluster.client(node.port) for node in redis_cluster.primaries()]
     assert entries_in(dump(primaries, prefix)) == held
 
@@ -284,3 +300,4 @@ async def test_one_server_outgrown_restored_into_the_cluster(
             assert version == (2 if key == "k0" else 1)
         listed = await client.call("state::list_groups", {})
         assert listed == {"groups": sorted(SCOPES)}
+        assert await client.call("state::set", BUS_CALL, call_id=BUS_CALL_ID) == first
