@@ -10,6 +10,7 @@ from typing import Any
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
 from stateworker.clock import rfc3339_ms
+from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
@@ -36,6 +37,11 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         return report
     try:
         conn = await probed(conn)  # (one URL naming a cluster node: the whole cluster)
+    except ConfigError as exc:  # (gone since INFO answered)
+        await conn.close()
+        report.update(reachable=False, error=str(exc))
+        return report
+    try:
         report.update(reachable=True, aof="aof_enabled:1" in info, services={})
         streams = await _bus_streams(conn, settings.prefix)
         for name, shards in _by_service(settings.prefix, streams).items():
