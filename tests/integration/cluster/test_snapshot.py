@@ -176,13 +176,18 @@ def restore_command(redis_url: str, prefix: str, postgres_url: str) -> dict[str,
     return summary
 
 
-async def write_everywhere(store: StateStore) -> None:
-    """Sets (with a topic, with a long expiry), updates, topic changes and deletes on scopes
-    in every partition; barriers; a trigger and a claim."""
+async def set_everywhere(store: StateStore) -> None:
+    """Sets (some with a topic, some with a long expiry) on scopes in every partition."""
     for scope in SCOPES:
         for n, key in enumerate(KEYS):
             await store.set(scope, key, {"n": n, "text": f"é{scope}"},
                             topic="red" if n % 2 else None, ttl_ms=3_600_000 if n == 1 else None)
+
+
+async def change_everywhere(store: StateStore) -> None:
+    """Updates, topic changes and deletes on scopes in every partition; barriers; a trigger
+    and a claim."""
+    for scope in SCOPES:
         await store.call("state::update", {"scope": scope, "key": "k0", "ops": [
             {"type": "set", "path": "n", "value": 100}]})
         await store.call("state::update-topic", {"scope": scope, "key": "k2", "topic": "green"})
@@ -209,20 +214,23 @@ BUS_CALL_ID = "late-1"
 
 async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClient
                       ) -> dict[str, Any]:
-    """Write everywhere with the service running, until PostgreSQL has it all; the reply to
-    BUS_CALL."""
+    """Write everywhere, until PostgreSQL has it all; the reply to BUS_CALL. The sets come
+    before the service starts (the snapshot's first round finds them with a rescan of each
+    partition), the changes while it runs (it follows the event streams)."""
     keys = KeySpace(settings.prefix, PARTITIONS)
     async with StateStore.open(settings.redis_url or "", prefix=settings.prefix,
-                               partitions=PARTITIONS) as store, \
-            StateService.running(settings, BusOptions(block_ms=50)), \
-            StateClient(settings=settings, timeout=30) as bus:
-        await write_everywhere(store)
-        reply: dict[str, Any] = await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID)
-        assert {keys.partition_of(s) for s in SCOPES} == set(range(PARTITIONS))
-        await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
-        await until(lambda: registry_copied(settings.postgres_url or "", settings.prefix, 1, 1),
-                    30, "the trigger and the claim in PostgreSQL")
+                               partitions=PARTITIONS) as store:
+        await set_everywhere(store)
+        async with StateService.running(settings, BusOptions(block_ms=50)), \
+                StateClient(settings=settings, timeout=30) as bus:
+            await change_everywhere(store)
+            reply: dict[str, Any] = await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID)
+            await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
+            await until(lambda: registry_copied(settings.postgres_url or "", settings.prefix, 1,
+                                                1), 30, "the trigger and the claim in PostgreSQL")
+    assert {keys.partition_of(s) for s in SCOPES} == set(range(PARTITIONS))
     return reply
+
 
 
 async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_url: str,
