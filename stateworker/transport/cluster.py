@@ -394,12 +394,12 @@ class ClusterConnection(RedisConnection):
             first = got[0] if first is None else first
         return first
 
-    # ---- every primary (additive: snapshot / admin / status) ------------------------------------
+    # ---- every primary (status, principal remove) --------------------------------------------
     async def scan_every_primary(self, *args: Arg) -> list[bytes]:
         """The names `SCAN <cursor> *args` (MATCH / TYPE / COUNT ...) finds on every primary,
         each walked to the end of its own cursor: a keyless SCAN goes to one primary, which
-        holds only its own slots' keys. A pattern with a hash tag is one slot's: send that
-        with `execute`, which routes it."""
+        holds only its own slots' keys (a key in a slot being migrated may be found twice).
+        A pattern with a hash tag is one slot's: send that with `execute`, which routes it."""
         if not self._primaries or self._stale:
             await self.refresh()
         found: list[bytes] = []
