@@ -282,26 +282,31 @@ def migration_prefix(redis_cluster: RedisCluster) -> Iterator[str]:
     yield spread_prefix(lambda slot: redis_cluster.owner(slot).port)
 
 
-async def test_one_server_outgrown_restored_into_the_cluster(
+@pytest.mark.parametrize("how", ["restore", "repair"])
+async def test_one_server_outgrown_moved_into_the_cluster(
         redis_server: RedisServer, redis_cluster: RedisCluster, migration_prefix: str,
-        postgres_url: str) -> None:
-    """Snapshot one server, restore into the cluster: every entry there, served by the
-    service on the cluster."""
-    prefix = migration_prefix
+        postgres_url: str, how: str) -> None:
+    """Snapshot one server, then into the empty cluster: with `stateworker restore`, or by the
+    repair at start of the service pointed at it. Every entry is there, served by the service
+    on the cluster; barriers, the trigger, the claim and a bus call's record too."""
+    prefix, keys = migration_prefix, KeySpace(migration_prefix, PARTITIONS)
     one = Settings(redis_url=redis_server.url, prefix=prefix, partitions=PARTITIONS,
                    postgres_url=postgres_url, lease_ms=1000)
     first = await snapshot_of(one, redis_server.client())
-    held = entries_in(dump([redis_server.client()], prefix))
+    was = dump([redis_server.client()], prefix)
+    held = entries_in(was)
+    assert len(held) == ENTRIES
 
-    summary = restore_command(redis_cluster.urls, prefix, postgres_url)
-    assert summary["entries"] == len(held) == ENTRIES
-    primaries = [redis_cluster.client(node.port) for node in redis_cluster.primaries()]
-    assert entries_in(dump(primaries, prefix)) == held
-
+    if how == "restore":
+        assert restore_command(redis_cluster.urls, prefix, postgres_url)["entries"] == ENTRIES
     on_cluster = Settings(redis_url=redis_cluster.urls, prefix=prefix, partitions=PARTITIONS,
                           postgres_url=postgres_url, lease_ms=1000)
+    primaries = [redis_cluster.client(node.port) for node in redis_cluster.primaries()]
     async with StateService.running(on_cluster, BusOptions(block_ms=50)), \
             StateClient(settings=on_cluster, timeout=30) as client:
+        now = dump(primaries, prefix)
+        assert entries_in(now) == held
+        assert redis_rest(now, keys) == redis_rest(was, keys)
         for (scope, key), (text, version, *_) in sorted(held.items()):
             got = await client.call("state::get", {"scope": scope, "key": key})
             assert msgspec.json.encode(got) == msgspec.json.encode(msgspec.json.decode(text))
