@@ -26,6 +26,7 @@ from stateworker.state import lifecycle
 from stateworker.state import principals as p
 from stateworker.state.grants import BUILTIN, FAMILIES
 from stateworker.state.store import RedisState
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 DRAIN_TIMEOUT_S = 60.0
@@ -202,14 +203,23 @@ async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[
         await anyio.sleep(POLL_S)
     dropped, kept = await p.drop_registered(state, args.name)
     existed = await p.remove_principal(state, args.name)
-    if streams:
-        await state.conn.execute("DEL", *streams)
+    # One DEL each: on a Redis Cluster the streams are in different slots.
+    for stream, reply in zip(streams, await state.conn.pipeline([["DEL", s] for s in streams]),
+                             strict=True):
+        if isinstance(reply, ReplyError):
+            raise StateError(f"principal {shown(args.name)}: could not delete {stream}: {reply}")
     return {"principal": args.name, "removed": existed, "streams_deleted": streams,
             "triggers_unregistered": dropped, "scopes_kept_private": kept}
 
 
 async def _streams_of(state: RedisState, name: str) -> list[str]:
+    """The principal's streams (one per service), on every primary of a Redis Cluster (a
+    SCAN reaches one node; the streams' names have no hash tag, so they are anywhere)."""
     pattern = principal_own_streams_pattern(state.settings.prefix, name)
+    if isinstance(state.conn, ClusterConnection):
+        names = await state.conn.scan_every_primary("MATCH", pattern, "TYPE", "stream",
+                                                    "COUNT", 1000)
+        return sorted({n.decode() for n in names})
     found: list[str] = []
     cursor: Any = b"0"
     while True:

@@ -436,6 +436,31 @@ class ClusterConnection(RedisConnection):
             first = got[0] if first is None else first
         return first
 
+    # ---- every primary (status, principal remove) --------------------------------------------
+    async def scan_every_primary(self, *args: Arg) -> list[bytes]:
+        """The names `SCAN <cursor> *args` (MATCH / TYPE / COUNT ...) finds on every primary,
+        each walked to the end of its own cursor: a keyless SCAN goes to one primary, which
+        holds only its own slots' keys (a key in a slot being migrated may be found twice).
+        A pattern with a hash tag is one slot's: send that with `execute`, which routes it."""
+        if not self._primaries or self._stale:
+            await self.refresh()
+        found: list[bytes] = []
+        for address in list(self._primaries):
+            cursor: Any = b"0"
+            while True:
+                try:
+                    (reply,) = await self._send_to(address, [["SCAN", cursor, *args]], [False],
+                                                   True)
+                except _Unplaced as exc:  # (a failover under way: the caller's error)
+                    raise exc.cause from exc
+                if isinstance(reply, ReplyError):
+                    raise reply
+                cursor, names = reply
+                found += names
+                if cursor in (b"0", "0"):
+                    break
+        return found
+
 
 def _pairs(flat: Any) -> dict[bytes, Any]:
     """A RESP2 map (name, value, name, value ...) as a dict."""

@@ -10,11 +10,13 @@ from typing import Any
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
 from stateworker.clock import rfc3339_ms
+from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
-from stateworker.transport.connect import connection_for
+from stateworker.transport.cluster import ClusterConnection
+from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -34,16 +36,14 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         report.update(reachable=False, error=str(exc))
         return report
     try:
+        conn = await probed(conn)  # (one URL naming a cluster node: the whole cluster)
+    except ConfigError as exc:  # (gone since INFO answered)
+        await conn.close()
+        report.update(reachable=False, error=str(exc))
+        return report
+    try:
         report.update(reachable=True, aof="aof_enabled:1" in info, services={})
-        cursor = b"0"
-        streams: list[bytes] = []
-        while True:
-            cursor, found = await conn.execute("SCAN", cursor, "MATCH",
-                                               bus_streams_pattern(settings.prefix),
-                                               "TYPE", "stream", "COUNT", 1000)
-            streams += found
-            if cursor in (b"0", "0"):
-                break
+        streams = await _bus_streams(conn, settings.prefix)
         for name, shards in _by_service(settings.prefix, streams).items():
             report["services"][name] = await _service_status(conn, shards, name, settings)
         keys = KeySpace(settings.prefix, settings.partitions)
@@ -52,6 +52,22 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     finally:
         await conn.close()
     return report
+
+
+async def _bus_streams(conn: RedisConnection, prefix: str) -> list[bytes]:
+    """Every call stream of the prefix. On a Redis Cluster they are on every primary (each
+    shard of a service on its partition's node; a service's shard 0 wherever its name
+    hashes), and a SCAN reaches one: every primary is scanned."""
+    scan = ("MATCH", bus_streams_pattern(prefix), "TYPE", "stream", "COUNT", 1000)
+    if isinstance(conn, ClusterConnection):
+        return sorted(set(await conn.scan_every_primary(*scan)))
+    cursor: Any = b"0"
+    streams: list[bytes] = []
+    while True:
+        cursor, found = await conn.execute("SCAN", cursor, *scan)
+        streams += found
+        if cursor in (b"0", "0"):
+            return streams
 
 
 def _by_service(prefix: str, streams: list[bytes]) -> dict[str, dict[int, bytes]]:
