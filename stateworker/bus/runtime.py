@@ -52,10 +52,12 @@ from stateworker.errors import (
     Unavailable,
     deadline_exceeded,
 )
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, Sent
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
+from stateworker.transport.slots import key_slot
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
@@ -120,7 +122,7 @@ class BusRuntime:
                 async with anyio.create_task_group() as calls:
                     calls.start_soon(self._reclaim_loop, calls)
                     task_status.started()
-                    await self._read_loop(calls)
+                    await self._read_all(calls)
                     await self._drain(calls)
                 await self.replies.flush_all()
                 await self.replies.write_stats(force=True)
@@ -182,9 +184,41 @@ class BusRuntime:
         calls.cancel_scope.cancel()
 
     # ---- reading -----------------------------------------------------------------------------
-    async def _read_loop(self, calls: TaskGroup) -> None:
+    def _slot_groups(self) -> list[list[str]]:
+        """The shards' streams by cluster slot, when a Redis Cluster holds them in several
+        slots: one XREADGROUP may name keys of one slot only (CROSSSLOT). Empty: one read
+        takes every stream (one server, one shard, or `acl` mode's principal streams, which
+        come and go while the service runs)."""
+        if not isinstance(self.conn, ClusterConnection) or self.sources.closed_shared:
+            return []
+        groups: dict[int, list[str]] = {}
+        for stream in self.sources.positions:
+            groups.setdefault(key_slot(stream), []).append(stream)
+        return list(groups.values()) if len(groups) > 1 else []
+
+    async def _read_all(self, calls: TaskGroup) -> None:
+        """One reader over every stream; on a cluster one per slot, side by side, each
+        blocking on a connection of its own (a blocked read holds its connection, so one
+        reader's wait never delays another's calls)."""
+        groups = self._slot_groups()
+        if not groups:
+            await self._read_loop(calls, self.reader_conn)
+            return
+        readers = [self.reader_conn, *(connection_like(self.conn) for _ in groups[1:])]
+        try:
+            async with anyio.create_task_group() as tg:
+                for reader, streams in zip(readers, groups, strict=True):
+                    tg.start_soon(self._read_loop, calls, reader, streams)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for reader in readers[1:]:
+                    await reader.close()
+
+    async def _read_loop(self, calls: TaskGroup, reader: RedisConnection,
+                         only: list[str] | None = None) -> None:
         # First this consumer's own pending entries of each stream (a restart under the same
-        # name), then new ones (bus/sources.py keeps the positions).
+        # name), then new ones (bus/sources.py keeps the positions). `only`: the streams of
+        # one cluster slot (`_read_all`), else every stream.
         sources = self.sources
         backoff = Backoff()  # failed reads in a row
         again = Backoff()  # re-reads of the pending history for calls left unanswered
@@ -209,9 +243,9 @@ class BusRuntime:
                 streams = len(sources.positions)
                 count = max(1, room // streams if sources.closed_shared else min(
                     room, (self.options.concurrency - self._in_flight) // streams))
-                reply = await self.reader_conn.execute(
+                reply = await reader.execute(
                     "XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
-                    "BLOCK", self.options.block_ms, *sources.read_args())
+                    "BLOCK", self.options.block_ms, *sources.read_args(only))
             except (ConnectionLost, ReplyError) as exc:
                 self.transient[transient_reason(exc) or "OTHER"] += 1
                 if not backoff.failures:  # one line per outage, not one per retry

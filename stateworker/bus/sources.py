@@ -96,9 +96,10 @@ class Sources:
     def reading_new(self) -> bool:
         return all(position == NEW for position in self.positions.values())
 
-    def read_args(self) -> list[str]:
-        """The `STREAMS s1 s2 … p1 p2 …` tail of an XREADGROUP."""
-        streams = list(self.positions)
+    def read_args(self, only: Sequence[str] | None = None) -> list[str]:
+        """The `STREAMS s1 s2 … p1 p2 …` tail of an XREADGROUP (of the streams `only` names:
+        one slot's, on a Redis Cluster; None: every stream)."""
+        streams = list(self.positions) if only is None else only
         return ["STREAMS", *streams, *(self.positions[s] for s in streams)]
 
     def advance(self, read: dict[str, list[tuple[bytes, list[bytes] | None]]]) -> None:
