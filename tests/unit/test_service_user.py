@@ -49,6 +49,8 @@ def test_acl_rule_prints_the_rule_for_the_prefix(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("url, selects", [
     (None, False), ("redis://h:6379", False), ("redis://h:6379/0", False),
     ("redis://h:6379/3", True), ("unix:///tmp/r.sock?db=1", True), ("unix:///tmp/r.sock", False),
+    ("redis://u:p@h:7000,redis://u:p@h:7001", False), ("redis://h:7000/0,redis://h:7001/0", False),
+    ("redis://h:7000,redis://h:7001/2", True),  # (a Redis Cluster's seeds)
 ])
 def test_a_url_naming_a_database_needs_select(url: str | None, selects: bool) -> None:
     assert service_user.selects(url) is selects

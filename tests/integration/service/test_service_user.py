@@ -341,9 +341,6 @@ NOT_SERVED = {
     "READONLY": "an error reply's first word",
     "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",
     "ROLE": "an argument name of `principal add --role`",
-    "CLUSTER": "the cluster transport's map (CLUSTER SHARDS): the rule has no cluster rows yet "
-               "(issue 22, to do: a service user on a Redis Cluster)",
-    "ASKING": "the cluster transport, after an ASK reply (as CLUSTER)",
 }
 ROUTER = "slots.py"  # its table names commands to find their keys; it sends none
 
