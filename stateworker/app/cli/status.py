@@ -14,7 +14,7 @@ from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern,
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
-from stateworker.transport.connect import connection_for
+from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -30,6 +30,7 @@ async def status_report(settings: Settings) -> dict[str, Any]:
                               else settings.state_dir, "prefix": settings.prefix}
     try:
         info = (await conn.execute("INFO", "persistence")).decode()
+        conn = await probed(conn)  # one URL naming a cluster node: the cluster, by slot
     except ConnectionLost as exc:
         report.update(reachable=False, error=str(exc))
         return report

@@ -93,6 +93,10 @@ def test_serve_starts_from_the_seed_that_answers_and_says_which(
         # calls: every partition, so every primary and bus shard, is in test_client.py).
         assert json.loads(cli(url, prefix, "put", "s", "k", "7"))["version"] == 1
         assert cli(url, prefix, "get", "s", "k") == "7"
+        report = json.loads(cli(url, prefix, "status", "--output", "json"))
+        assert report["reachable"] is True  # (each partition's lease read on its primary)
+        assert [p["partition"] for p in report["dispatch"]["partitions"]] == list(
+            range(PARTITIONS))
 
 
 async def test_a_worker_given_one_nodes_url_finds_the_cluster(
