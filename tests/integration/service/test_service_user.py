@@ -198,6 +198,10 @@ async def serve_everything(settings: Settings, admin: Settings, acl_redis: Redis
             await until(lambda: not raw.exists(entry), 20, "the reaper")
             if settings.postgres_url:
                 await until(lambda: caught_up(raw, keys), 30, "the snapshot")
+            if settings.events_retain == 0:  # (a dispatcher's round, once a second, trims
+                # below what it and the snapshot have passed: the first after they moved)
+                await until(lambda: "cmdstat_xtrim" in raw.info("commandstats"), 30,
+                            "the dispatcher's trimming")
         reactor.worker.stop()
 
 
