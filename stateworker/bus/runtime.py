@@ -2,7 +2,8 @@
 bus/sources.py: which streams, and whose: `acl` mode's principals).
 
     reader   XREADGROUP batches -> one task per batch (plans) or per call (user handlers),
-             bounded by `concurrency` calls in flight
+             bounded by `concurrency` calls in flight (on a Redis Cluster one reader per
+             slot of the shards' streams: a command names keys of one slot)
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
              (the queue, the flusher and the call records: bus/reply_writer.py)
