@@ -234,7 +234,8 @@ class Worker:
         try:
             with anyio.CancelScope() as self._opening:
                 await wait_ready(conn, self.start_wait_s, self._waiting(conn))
-                # (a user's URL too: a NOPERM to INFO means one server, as for a client)
+                # (as a client's: a URL naming an ACL user is not asked, a principal's rule
+                # has no INFO; such a worker names a cluster by listing its seeds)
                 return await probed(conn, as_user=False)
         except (ConnectionLost, ReplyError) as exc:
             with anyio.CancelScope(shield=True):
