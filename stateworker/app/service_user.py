@@ -23,6 +23,7 @@ from stateworker.errors import MissingPermission, shown
 from stateworker.keys import STATE_SERVICE, KeySpace, reply_prefix, stats_key
 from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
+from stateworker.transport.cluster import is_cluster_url, seeds_of
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
@@ -53,6 +54,15 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
         "time": ["TIME"],  # where a new event history begins (compaction.begin_history)
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
+        # A Redis Cluster (transport/cluster.py): its map, and the command an ASK reply asks
+        # for. In every rule: `acl-rule` cannot tell whether a URL names a cluster (one node's
+        # URL is asked at start), and neither grants a key: the same user serves either way.
+        "cluster|shards": ["CLUSTER", "SHARDS"],
+        "asking": ["ASKING"],
+        # A blocking read of streams in several slots (transport/streamread.py): its reads'
+        # connections' ids, and the end of their wait once one answered (own connections).
+        "client|id": ["CLIENT", "ID"],
+        "client|unblock": ["CLIENT", "UNBLOCK", 0],
         FCALL.lower(): [FCALL, "probe", 1, entry],  # every write, list, lease, reap, trigger ...
         # The registry follower and the dispatcher: the registry stream, triggers, claims.
         "xread": ["XREAD", "COUNT", 1, "STREAMS", keys.registry, "0-0"],
@@ -106,7 +116,10 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
     if strict:  # lifecycle.check_strict
         probes["config|get"] = ["CONFIG", "GET", "appendfsync"]
         probes["command|info"] = ["COMMAND", "INFO", "WAITAOF"]
-        if waitaof:  # Redis 7.2+: every batch confirmed (RedisState.execute_many)
+        # Every batch confirmed (state/confirm.py): by replicas on a cluster (or with
+        # STATEWORKER_STRICT_REPLICAS), with WAITAOF on Redis 7.2+.
+        probes["wait"] = ["WAIT", 0, 0]
+        if waitaof:
             probes["waitaof"] = ["WAITAOF", 1, 0, 0]
     return probes
 
@@ -123,9 +136,12 @@ def rule(prefix: str, *, strict: bool = False, waitaof: bool = False,
 
 
 def selects(url: str | None) -> bool:
-    """Whether the connection to `url` sends SELECT (a database other than 0)."""
+    """Whether the connection to `url` sends SELECT (a database other than 0); a Redis
+    Cluster's list of seeds: whether one of them does."""
     if url is None:
         return False
+    if is_cluster_url(url):
+        return any(selects(seed) for seed in seeds_of(url))
     parsed = urllib.parse.urlparse(url)
     query = urllib.parse.parse_qs(parsed.query)
     db = (parsed.path.strip("/") if parsed.scheme != "unix" else "") or query.get("db", ["0"])[0]

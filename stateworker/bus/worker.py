@@ -49,9 +49,13 @@ from stateworker.errors import (
 )
 from stateworker.loop import run
 from stateworker.settings import Settings
-from stateworker.transport.connect import connection_for
-from stateworker.transport.connection import check_url
+from stateworker.transport.connect import connection_for, probed
+from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import client_url
+from stateworker.transport.retry import no_redis_text, transient_reason, wait_ready
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.bus")  # (the runtime's: one logger for the bus's lines)
 
 Function = Callable[[Any, Call], Awaitable[Any]]
 
@@ -102,6 +106,7 @@ class Worker:
         self.functions: dict[str, Function] = {}
         self.function_options: dict[str, FunctionOptions] = {}
         self.runtime: BusRuntime | None = None
+        self._opening: anyio.CancelScope | None = None  # the wait for Redis at start
 
     def function(self, name: str | None = None, *,
                  timeout: float | None = None) -> Callable[[Function], Function]:
@@ -202,9 +207,10 @@ class Worker:
 
         Example: `async with anyio.create_task_group() as tg: await tg.start(worker.run)`
         """
-        url = client_url(self.settings)
-        conn = connection_for(url, connect_timeout_s=self.settings.connect_timeout_s,
-                              read_timeout_s=self.settings.read_timeout_s)
+        conn = await self._connect()
+        if conn is None:  # stopped while waiting for Redis
+            task_status.started()
+            return
         self.runtime = BusRuntime(conn, Bus(self.settings.prefix, self.service,
                                             self.settings.bus_shards), self.options,
                                   handler=self._handle,
@@ -217,6 +223,52 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 await conn.close()
 
+    async def _connect(self) -> RedisConnection | None:
+        """The worker's connection, once its Redis answers (waited for as `start_wait_s`
+        says): a ClusterConnection when its one URL names a Redis Cluster node, asked once as
+        the service and StateClient ask (else the first MOVED would stop the worker). None:
+        `stop()` came while waiting."""
+        conn = connection_for(client_url(self.settings),
+                              connect_timeout_s=self.settings.connect_timeout_s,
+                              read_timeout_s=self.settings.read_timeout_s)
+        try:
+            with anyio.CancelScope() as self._opening:
+                await wait_ready(conn, self.start_wait_s, self._waiting(conn))
+                # (as a client's: a URL naming an ACL user is not asked, a principal's rule
+                # has no INFO; such a worker names a cluster by listing its seeds)
+                return await probed(conn, as_user=False)
+        except (ConnectionLost, ReplyError) as exc:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            if transient_reason(exc) is None:
+                raise  # (a refusal for good: the runtime's start raises it as well)
+            raise Unavailable(f"{_not_serving(conn, exc)}; gave up after {self.start_wait_s:g} s",
+                              {"redis": conn.shown}) from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            raise
+        finally:
+            self._opening = None
+        with anyio.CancelScope(shield=True):  # (reached only when stop() cancelled the wait)
+            await conn.close()
+        return None
+
+    def _waiting(self, conn: RedisConnection) -> Callable[[BaseException], None]:
+        """Logs the wait for Redis once (the runtime's line: the URL, how to start it)."""
+        told = False
+
+        def waiting(exc: BaseException) -> None:
+            nonlocal told
+            if told:
+                return
+            told = True
+            bound = "" if self.start_wait_s is None else f" (at most {self.start_wait_s:g} s)"
+            log.warning("%s; waiting for it%s", _not_serving(conn, exc), bound,
+                        extra={"event": "bus.waiting", "service": self.service,
+                               "redis": conn.shown})
+        return waiting
+
     def stop(self) -> None:
         """Stop reading; `run()` returns once calls in flight are answered (or the grace
         period is over). Safe to call before `run()` (then it does nothing) and twice.
@@ -225,6 +277,8 @@ class Worker:
 
         Example: `worker.stop()`
         """
+        if self._opening is not None:  # still waiting for Redis: stop waiting
+            self._opening.cancel()
         if self.runtime is not None:
             self.runtime.stop()
 
@@ -262,3 +316,10 @@ class Worker:
                 print(f"worker {self.service}: {cause}", file=sys.stderr)
                 raise SystemExit(1 if isinstance(cause, Unavailable) else 2) from None
             raise
+
+
+def _not_serving(conn: RedisConnection, exc: BaseException) -> str:
+    """Why Redis does not serve the worker yet, as the runtime says it."""
+    if isinstance(exc, ConnectionLost):
+        return no_redis_text(conn.url, exc)
+    return f"Redis at {conn.shown} is not serving yet ({exc})"

@@ -25,7 +25,7 @@ def test_the_docs_copy_of_the_rule_is_the_codes() -> None:
 def test_the_docs_name_what_strict_durability_and_a_database_add() -> None:
     base = set(service_user.rule("sw"))
     added = set(service_user.rule("sw", strict=True, waitaof=True, select=True)) - base
-    assert added == {"+config|get", "+command|info", "+waitaof", "+select"}
+    assert added == {"+config|get", "+command|info", "+wait", "+waitaof", "+select"}
     text = SECURITY.read_text()
     assert all(f"`{permission}`" in text for permission in added)
 
@@ -49,6 +49,8 @@ def test_acl_rule_prints_the_rule_for_the_prefix(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("url, selects", [
     (None, False), ("redis://h:6379", False), ("redis://h:6379/0", False),
     ("redis://h:6379/3", True), ("unix:///tmp/r.sock?db=1", True), ("unix:///tmp/r.sock", False),
+    ("redis://u:p@h:7000,redis://u:p@h:7001", False), ("redis://h:7000/0,redis://h:7001/0", False),
+    ("redis://h:7000,redis://h:7001/2", True),  # (a Redis Cluster's seeds)
 ])
 def test_a_url_naming_a_database_needs_select(url: str | None, selects: bool) -> None:
     assert service_user.selects(url) is selects
