@@ -45,7 +45,7 @@ from stateworker.transport.connection import (
     shown_url,
 )
 from stateworker.transport.retry import Backoff
-from stateworker.transport.slots import SLOTS, is_broadcast, slot_of
+from stateworker.transport.slots import SLOTS, is_broadcast, key_slot, keys_of, slot_of
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.transport.cluster")
@@ -96,6 +96,7 @@ class ClusterConnection(RedisConnection):
         self._stale = False  # a connection broke: read the map before the next command
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # connections of dropped nodes
+        self._waiters: dict[int, tuple[str, RedisConnection]] = {}  # slot -> its blocking read's
 
     # ---- the map -------------------------------------------------------------------------------
     def _node(self, address: str) -> RedisConnection:
@@ -203,6 +204,8 @@ class ClusterConnection(RedisConnection):
 
     async def execute(self, *args: Arg) -> Any:
         """One command to the primary of its slot; its error reply raised."""
+        if _word(args[0]) in STREAM_READS and _read_slots(args) > 1:
+            return await self._read_across_slots(args)
         (reply,) = await self._run([args], single=True)
         if isinstance(reply, ReplyError):
             raise reply
@@ -225,6 +228,8 @@ class ClusterConnection(RedisConnection):
         if self._refreshing is not None and not self._refreshing.done():
             self._refreshing.cancel()
         nodes, self._nodes = list(self._nodes.values()), {}
+        nodes += [waiter for _, waiter in self._waiters.values()]
+        self._waiters = {}
         for node in nodes:
             await node.close()
 
@@ -393,6 +398,112 @@ class ClusterConnection(RedisConnection):
                 return got[0]
             first = got[0] if first is None else first
         return first
+
+    # ---- a stream read across slots ------------------------------------------------------------
+    async def _read_across_slots(self, args: Sequence[Arg]) -> Any:
+        """XREAD / XREADGROUP of streams in several slots (a sharded bus: shard i lives in
+        partition i's slot), which Redis refuses as one command: one read per slot, replies
+        merged as one read's. First without BLOCK, all slots in one pipeline per node; when
+        that finds nothing and the read may block, one blocking read per slot at once, each on
+        a connection of its own (a blocked command holds up every reply behind it), and the
+        first that returns unblocks the others (CLIENT UNBLOCK: a read unblocked so returns
+        nothing and takes nothing), so an entry on any slot is read as soon as on one slot."""
+        head, by_slot = _split_read(args)
+        plain = _without_block(head)
+        found = _merged(await self._run([[*plain, *streams, *ids]
+                                         for streams, ids in by_slot.values()]))
+        if found is not None or len(plain) == len(head):
+            return found
+        return _merged(await self._block_per_slot(
+            {slot: [*head, *streams, *ids] for slot, (streams, ids) in by_slot.items()}))
+
+    async def _block_per_slot(self, reads: dict[int, list[Arg]]) -> list[Any]:
+        started = [await self._start_blocking(slot, command) for slot, command in reads.items()]
+        tasks = [read for _, _, read in started]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for address, ident, read in started:
+                if not read.done():  # (awaited: it is done before this waiter's next read)
+                    with contextlib.suppress(ConnectionLost, ReplyError):
+                        await self._node(address).execute("CLIENT", "UNBLOCK", await ident)
+            replies = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+        for reply in replies:
+            if isinstance(reply, ReplyError) and str(reply).split(" ")[0] in MAP_CHANGED:
+                self._stale = True  # (the next read, without BLOCK, follows it)
+            elif isinstance(reply, BaseException):
+                self._stale = self._stale or isinstance(reply, ConnectionLost)
+                raise reply
+        return [None if isinstance(reply, ReplyError) else reply for reply in replies]
+
+    async def _start_blocking(self, slot: int, command: list[Arg]
+                              ) -> tuple[str, asyncio.Future[Any], asyncio.Future[Any]]:
+        """The blocking read of one slot on its own connection to the slot's primary, sent
+        right behind CLIENT ID (its reply comes at once, before the read blocks)."""
+        try:
+            address = self._address(slot)
+        except _Unplaced as exc:
+            self._stale = True
+            raise exc.cause from exc
+        held = self._waiters.get(slot)
+        if held is None or held[0] != address:
+            if held is not None:
+                await held[1].close()
+            held = self._waiters[slot] = (address, RedisConnection(
+                self._node_url(address), connect_timeout_s=self.connect_timeout_s,
+                read_timeout_s=self.read_timeout_s))
+        waiter = held[1]
+        await waiter.connect()
+        ident = asyncio.ensure_future(waiter.execute("CLIENT", "ID"))
+        read = asyncio.ensure_future(waiter.execute(*command))
+        return address, ident, read
+
+
+STREAM_READS = ("XREAD", "XREADGROUP")
+MAP_CHANGED = ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")  # a read that did not run
+
+
+def _word(arg: Arg) -> str:
+    return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
+
+
+def _read_slots(args: Sequence[Arg]) -> int:
+    """How many slots the streams of an XREAD / XREADGROUP are in."""
+    return len({key_slot(key) for key in keys_of(args)})
+
+
+def _split_read(args: Sequence[Arg]) -> tuple[list[Arg], dict[int, tuple[list[Arg], list[Arg]]]]:
+    """A stream read as its words up to STREAMS and, per slot, its streams and their ids."""
+    at = next(i for i, arg in enumerate(args) if _word(arg) == "STREAMS") + 1
+    rest = list(args[at:])
+    half = len(rest) // 2
+    by_slot: dict[int, tuple[list[Arg], list[Arg]]] = {}
+    for stream, position in zip(rest[:half], rest[half:], strict=True):
+        streams, ids = by_slot.setdefault(key_slot(stream), ([], []))
+        streams.append(stream)
+        ids.append(position)
+    return list(args[:at]), by_slot
+
+
+def _without_block(head: list[Arg]) -> list[Arg]:
+    """A read's words without `BLOCK ms`."""
+    for i, arg in enumerate(head):
+        if _word(arg) == "BLOCK":
+            return head[:i] + head[i + 2:]
+    return head
+
+
+def _merged(replies: list[Any]) -> Any:
+    """The reply of one read from those of several: every stream's entries; None when none
+    has any (an error reply is raised: NOGROUP and the like are the caller's)."""
+    found: list[Any] = []
+    for reply in replies:
+        if isinstance(reply, ReplyError):
+            raise reply
+        found.extend(reply or [])
+    return found or None
 
 
 def _pairs(flat: Any) -> dict[bytes, Any]:

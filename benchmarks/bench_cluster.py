@@ -1,0 +1,282 @@
+"""The `cluster` part of `stateworker bench`: bus `state::set` on a 3+3 Redis Cluster side by
+side with one redis-server, in one run, and where the cluster's work lands.
+
+One run starts a single redis-server (AOF everysec, TCP, like the cluster's nodes) and a 3+3
+Redis Cluster (tests/cluster.py), a `stateworker serve` on each (on the cluster with
+STATEWORKER_BUS_SHARDS=3 and the seed list; on the server once with 1 shard, the default, and
+once with 3, so the ratio to the same 3 shards isolates the routing), and measures in
+alternation (one round of each side, again, medians kept):
+- bus `state::set` calls/s at 64 in flight; the cluster's rate as a ratio to the server's;
+- the load spread: each primary's share of the commands (INFO commandstats, sum of calls,
+  deltas over the cluster's rounds), with the partitions and bus shards each primary holds;
+- Redis CPU per call (INFO cpu used_cpu_user + used_cpu_sys deltas / calls made) on each
+  primary and on the server, from which docs/scaling.md projects the rate of N primaries;
+- last, a failover: kill -9 the primary with the most commands under the same 64-way load
+  and time the kill to its replica's promotion and to the first successful call on one of
+  its slots; the load's calls that failed meanwhile are counted by code.
+
+Client (this process), three services, one server and six cluster nodes share the machine's
+cores: the figures are ratios and shares, not absolute capacities.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+
+from benchmarks.bench_bus import start_service
+from benchmarks.benchtime import Op, timed
+from stateworker.bus.client import StateClient
+from stateworker.errors import StateError
+from stateworker.keys import KeySpace, bus_shard_stream
+from stateworker.settings import Settings
+from stateworker.transport.slots import key_slot
+
+# tests/cluster.py's RedisCluster (and tests/servers.py's RedisServer) are the project's one way
+# to start these servers. Imported by name, not statically: tests/ is not under `mypy --strict`,
+# and a static import would pull it into `mypy benchmarks`.
+_cluster_module = importlib.import_module("tests.cluster")
+_servers_module = importlib.import_module("tests.servers")
+RedisCluster: Any = _cluster_module.RedisCluster
+RedisServer: Any = _servers_module.RedisServer
+NODE_TIMEOUT_MS: int = _cluster_module.NODE_TIMEOUT_MS
+
+PREFIX = "benchcluster"
+SHARDS = 3
+PARTITIONS = Settings().partitions
+CONCURRENCY = 64
+CLIENTS = 4  # each client has its own reply list (one slot): several spread the replies
+SCOPES = 512  # many scopes: every partition, so every primary, gets calls
+SPREAD_BOUNDS = (0.25, 0.42)  # the share of the commands each of 3 primaries should run
+FAILOVER_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 45.0  # above the service's 30 s heal_within_s: a failover is ridden out
+
+
+@dataclass
+class Side:
+    """One service under measurement and the Redis processes whose counters it moves."""
+
+    name: str
+    url: str
+    shards: int
+    ports: list[int]
+    clients: list[StateClient] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    calls: int = 0
+    commands: Counter[int] = field(default_factory=Counter)  # port -> commands run
+    cpu_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # port -> CPU s
+
+
+def _counters(port: int) -> tuple[int, float]:
+    """(commands run, CPU seconds used) by the redis-server on `port` so far. Commands a
+    script or function runs are counted as well as the script's own call."""
+    with redis.Redis(port=port, socket_timeout=5) as client:
+        stats, cpu = client.info("commandstats"), client.info("cpu")
+    commands = sum(int(row["calls"]) for row in stats.values())
+    return commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _setter(side: Side) -> Op:
+    value = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
+
+    async def op(w: int, i: int) -> Any:
+        scope = (w + CONCURRENCY * i) % SCOPES  # each worker walks through the scopes
+        client = side.clients[w % len(side.clients)]
+        return await client.call_json(
+            "state::set", b'{"scope":"s%d","key":"k%d","value":%s}' % (scope, w, value))
+    return op
+
+
+async def _round(side: Side, seconds: float) -> None:
+    before = {port: _counters(port) for port in side.ports}
+    rate, latencies = await timed(_setter(side), CONCURRENCY, seconds)
+    after = {port: _counters(port) for port in side.ports}
+    side.rates.append(rate)
+    side.calls += len(latencies)
+    for port in side.ports:
+        side.commands[port] += after[port][0] - before[port][0]
+        side.cpu_s[port] += after[port][1] - before[port][1]
+
+
+@asynccontextmanager
+async def _servers() -> AsyncIterator[tuple[Any, Any]]:
+    with tempfile.TemporaryDirectory(prefix="sw-bench-cluster-") as tmp:
+        single, cluster = RedisServer(Path(tmp) / "one"), RedisCluster(Path(tmp) / "cluster")
+        try:
+            single.start()
+            cluster.start()
+            yield single, cluster
+        finally:
+            cluster.kill()
+            single.kill()
+
+
+async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+    async with _servers() as (single, cluster):
+        primaries = sorted(node.port for node in cluster.primaries())
+        sides = [Side("one_1_shard", single.url, 1, [single.port]),
+                 Side("one_3_shards", single.url, SHARDS, [single.port]),
+                 Side("cluster_3_shards", cluster.urls, SHARDS, primaries)]
+        services: list[subprocess.Popen[str]] = []
+        try:
+            async with AsyncExitStack() as stack:
+                for side in sides:
+                    prefix = f"{PREFIX}{side.shards}"
+                    services.append(start_service(
+                        side.url, prefix, env={"STATEWORKER_BUS_SHARDS": str(side.shards)}))
+                    settings = Settings(redis_url=side.url, prefix=prefix, bus_shards=side.shards)
+                    for _ in range(CLIENTS):
+                        side.clients.append(await stack.enter_async_context(
+                            StateClient(settings=settings, timeout=CALL_TIMEOUT_S)))
+                    for w in range(CONCURRENCY):  # warm up: scripts loaded, every scope once
+                        for i in range(SCOPES // CONCURRENCY):
+                            await _setter(side)(w, i)
+                for _ in range(rounds):
+                    for side in sides:
+                        await _round(side, seconds)
+                figures = _figures(sides, cluster, out)
+                figures["failover"] = await _failover(sides[-1], cluster, figures, out)
+                return figures
+        finally:
+            for service in services:
+                service.terminate()
+                service.wait(timeout=30)
+
+
+def _figures(sides: list[Side], cluster: Any, out: Any) -> dict[str, Any]:
+    one_1, one_3, on_cluster = sides
+    figures: dict[str, Any] = {
+        side.name: {"calls_per_s": round(statistics.median(side.rates)),
+                    "redis_cpu_us_per_call": {str(port): round(side.cpu_s[port] / side.calls * 1e6, 1)
+                                              for port in side.ports}}
+        for side in sides}
+    cluster_rate = statistics.median(on_cluster.rates)
+    figures["ratios"] = {
+        "cluster_vs_one_3_shards_at_64": round(cluster_rate / statistics.median(one_3.rates), 3),
+        "cluster_vs_one_1_shard_at_64": round(cluster_rate / statistics.median(one_1.rates), 3)}
+    total = sum(on_cluster.commands.values())
+    shares = {port: on_cluster.commands[port] / total for port in on_cluster.ports}
+    layout = _layout(cluster)
+    figures["spread"] = {
+        str(port): {"share": round(shares[port], 3),
+                    "commands_per_call": round(on_cluster.commands[port] / on_cluster.calls, 2),
+                    **layout.get(port, {})}
+        for port in on_cluster.ports}
+    low, high = SPREAD_BOUNDS
+    figures["spread_holds"] = all(low <= share <= high for share in shares.values())
+    figures["cluster_cpu_us_per_call"] = round(
+        sum(on_cluster.cpu_s.values()) / on_cluster.calls * 1e6, 1)
+    busiest = max(on_cluster.cpu_s.values()) / on_cluster.calls
+    figures["projected_calls_per_s_at_one_core_per_busiest_primary"] = round(1 / busiest)
+    _report(figures, sides, out)
+    return figures
+
+
+def _layout(cluster: Any) -> dict[int, dict[str, list[str]]]:
+    """Per primary: the partitions (p<i>) and bus shard streams (b<i>) whose slots it serves."""
+    keys = KeySpace(f"{PREFIX}{SHARDS}", PARTITIONS)
+    layout: dict[int, dict[str, list[str]]] = {}
+    for n in range(PARTITIONS):
+        port = cluster.owner(key_slot(f"{{{keys.prefix}:p{n}}}")).port
+        layout.setdefault(port, {"partitions": [], "shards": []})["partitions"].append(f"p{n}")
+    for n in range(SHARDS):
+        port = cluster.owner(key_slot(bus_shard_stream(keys.prefix, "state", n))).port
+        layout.setdefault(port, {"partitions": [], "shards": []})["shards"].append(f"b{n}")
+    return layout
+
+
+def _report(figures: dict[str, Any], sides: list[Side], out: Any) -> None:
+    print(f"\n{'cluster bus (state::set, 64 in flight)':<40}{'calls/s':>10}", file=out)
+    for side in sides:
+        print(f"{side.name:<40}{figures[side.name]['calls_per_s']:>10,}", file=out)
+    for name, ratio in figures["ratios"].items():
+        print(f"{name:<40}{ratio:>10.2f}", file=out)
+    single_cpu = next(iter(figures["one_3_shards"]["redis_cpu_us_per_call"].values()))
+    print(f"{'redis CPU us/call, one server (3 shards)':<40}{single_cpu:>10.1f}", file=out)
+    print(f"{'redis CPU us/call, cluster (all primaries)':<40}"
+          f"{figures['cluster_cpu_us_per_call']:>10.1f}", file=out)
+    print(f"\n{'primary':<10}{'share':>8}{'cmds/call':>11}{'cpu us/call':>13}  holds", file=out)
+    cpu = figures["cluster_3_shards"]["redis_cpu_us_per_call"]
+    for port, row in figures["spread"].items():
+        holds = " ".join(row.get("partitions", []) + row.get("shards", []))
+        print(f"{port:<10}{row['share']:>8.1%}{row['commands_per_call']:>11.2f}{cpu[port]:>13.1f}"
+              f"  {holds}", file=out)
+    low, high = SPREAD_BOUNDS
+    print(f"load spread {low:.0%}..{high:.0%} per primary: "
+          f"{'holds' if figures['spread_holds'] else 'does NOT hold'}", file=out)
+
+
+async def _failover(side: Side, cluster: Any, figures: dict[str, Any], out: Any
+                    ) -> dict[str, Any]:
+    """kill -9 the busiest primary under the 64-way load: seconds to its replica's promotion
+    and to the first call on one of its partitions that succeeds; the load's failures."""
+    victim = max(side.ports, key=lambda port: side.commands[port])
+    keys = KeySpace(f"{PREFIX}{SHARDS}", PARTITIONS)
+    probe_scope = next(f"s{n}" for n in range(SCOPES)
+                       if cluster.owner_port(key_slot(keys.for_scope(f"s{n}").tag)) == victim)
+    slot = key_slot(keys.for_scope(probe_scope).tag)
+    errors: Counter[str] = Counter()
+    done = [0]
+    longest = [0.0]
+    marks: dict[str, float] = {}
+    setter = _setter(side)
+
+    async def loader(w: int) -> None:
+        i = 0
+        while "probe_ok" not in marks or time.perf_counter() < marks["probe_ok"] + 1.0:
+            start = time.perf_counter()
+            try:
+                await setter(w, i)
+                done[0] += 1
+            except StateError as exc:
+                errors[exc.code] += 1
+            longest[0] = max(longest[0], time.perf_counter() - start)
+            i += 1
+
+    async def probe() -> None:
+        client = side.clients[0]
+        while "probe_ok" not in marks:
+            try:
+                await client.call_json("state::set", b'{"scope":"%s","key":"probe","value":1}'
+                                       % probe_scope.encode())
+                marks["probe_ok"] = time.perf_counter()
+            except StateError as exc:
+                errors["probe " + exc.code] += 1
+
+    def promoted() -> None:
+        deadline = time.monotonic() + FAILOVER_TIMEOUT_S
+        while cluster.owner_port(slot) in (None, victim) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (a bench's bounded poll of another process's state)
+        marks["promoted"] = time.perf_counter()
+
+    with anyio.fail_after(FAILOVER_TIMEOUT_S * 2):
+        async with anyio.create_task_group() as tg:
+            for w in range(CONCURRENCY):
+                tg.start_soon(loader, w)
+            await anyio.sleep(1.0)  # (the load runs before the kill)
+            marks["kill"] = time.perf_counter()
+            cluster.kill_node(victim)
+            tg.start_soon(probe)
+            await anyio.to_thread.run_sync(promoted)
+    result = {"victim_port": victim, "node_timeout_ms": NODE_TIMEOUT_MS,
+              "kill_to_promoted_s": round(marks["promoted"] - marks["kill"], 2),
+              "kill_to_first_call_s": round(marks["probe_ok"] - marks["kill"], 2),
+              "load_calls_ok": done[0], "failed_by_code": dict(errors),
+              "longest_call_s": round(longest[0], 2)}
+    print(f"\nfailover (kill -9 of primary {victim}, cluster-node-timeout {NODE_TIMEOUT_MS} ms): promoted "
+          f"after {result['kill_to_promoted_s']} s, first call on its slot after "
+          f"{result['kill_to_first_call_s']} s; load: {done[0]} calls ok, failed "
+          f"{dict(errors) or 'none'}, longest call {result['longest_call_s']} s", file=out)
+    return result
