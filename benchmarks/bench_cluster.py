@@ -22,6 +22,7 @@ cores: the figures are ratios and shares, not absolute capacities.
 from __future__ import annotations
 
 import importlib
+import os
 import statistics
 import subprocess
 import tempfile
@@ -77,6 +78,11 @@ class Side:
     calls: int = 0
     commands: Counter[int] = field(default_factory=Counter)  # port -> commands run
     cpu_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # port -> CPU s
+    replica_ports: list[int] = field(default_factory=list)
+    replicas_cpu_s: float = 0.0  # CPU seconds the replicas used (the cluster's)
+    service_pid: int = 0
+    service_cpu_s: float = 0.0  # the `stateworker serve` process's CPU seconds
+    client_cpu_s: float = 0.0  # this process's (the clients') CPU seconds
 
 
 def _counters(port: int) -> tuple[int, float]:
@@ -99,10 +105,22 @@ def _setter(side: Side) -> Op:
     return op
 
 
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used (Linux: /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _round(side: Side, seconds: float) -> None:
     before = {port: _counters(port) for port in side.ports}
+    replicas_before = sum(_counters(port)[1] for port in side.replica_ports)
+    service_before, client_before = _process_cpu_s(side.service_pid), time.process_time()
     rate, latencies = await timed(_setter(side), CONCURRENCY, seconds)
+    side.client_cpu_s += time.process_time() - client_before
+    side.service_cpu_s += _process_cpu_s(side.service_pid) - service_before
     after = {port: _counters(port) for port in side.ports}
+    replicas_after = sum(_counters(port)[1] for port in side.replica_ports)
+    side.replicas_cpu_s += replicas_after - replicas_before
     side.rates.append(rate)
     side.calls += len(latencies)
     for port in side.ports:
@@ -128,7 +146,8 @@ async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, An
         primaries = sorted(node.port for node in cluster.primaries())
         sides = [Side("one_1_shard", single.url, 1, [single.port]),
                  Side("one_3_shards", single.url, SHARDS, [single.port]),
-                 Side("cluster_3_shards", cluster.urls, SHARDS, primaries)]
+                 Side("cluster_3_shards", cluster.urls, SHARDS, primaries,
+                      replica_ports=[node.port for node in cluster.replicas()])]
         services: list[subprocess.Popen[str]] = []
         try:
             async with AsyncExitStack() as stack:
@@ -136,6 +155,7 @@ async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, An
                     prefix = f"{PREFIX}{side.shards}"
                     services.append(start_service(
                         side.url, prefix, env={"STATEWORKER_BUS_SHARDS": str(side.shards)}))
+                    side.service_pid = services[-1].pid
                     settings = Settings(redis_url=side.url, prefix=prefix, bus_shards=side.shards)
                     for _ in range(CLIENTS):
                         side.clients.append(await stack.enter_async_context(
@@ -159,6 +179,9 @@ def _figures(sides: list[Side], cluster: Any, out: Any) -> dict[str, Any]:
     one_1, one_3, on_cluster = sides
     figures: dict[str, Any] = {
         side.name: {"calls_per_s": round(statistics.median(side.rates)),
+                    "service_cpu_us_per_call": round(side.service_cpu_s / side.calls * 1e6),
+                    "client_cpu_us_per_call": round(side.client_cpu_s / side.calls * 1e6),
+                    "redis_commands_per_call": round(sum(side.commands.values()) / side.calls, 2),
                     "redis_cpu_us_per_call": {str(port): round(side.cpu_s[port] / side.calls * 1e6, 1)
                                               for port in side.ports}}
         for side in sides}
@@ -176,6 +199,7 @@ def _figures(sides: list[Side], cluster: Any, out: Any) -> dict[str, Any]:
         for port in on_cluster.ports}
     low, high = SPREAD_BOUNDS
     figures["spread_holds"] = all(low <= share <= high for share in shares.values())
+    figures["replicas_cpu_us_per_call"] = round(on_cluster.replicas_cpu_s / on_cluster.calls * 1e6, 1)
     figures["cluster_cpu_us_per_call"] = round(
         sum(on_cluster.cpu_s.values()) / on_cluster.calls * 1e6, 1)
     busiest = max(on_cluster.cpu_s.values()) / on_cluster.calls
@@ -198,15 +222,18 @@ def _layout(cluster: Any) -> dict[int, dict[str, list[str]]]:
 
 
 def _report(figures: dict[str, Any], sides: list[Side], out: Any) -> None:
-    print(f"\n{'cluster bus (state::set, 64 in flight)':<40}{'calls/s':>10}", file=out)
+    print(f"\n{'cluster bus (state::set, 64 in flight)':<24}{'calls/s':>9}{'cmds/call':>11}"
+          f"{'CPU us/call: redis':>20}{'service':>9}{'client':>8}", file=out)
     for side in sides:
-        print(f"{side.name:<40}{figures[side.name]['calls_per_s']:>10,}", file=out)
+        row = figures[side.name]
+        redis_cpu = sum(row["redis_cpu_us_per_call"].values())
+        print(f"{side.name:<24}{row['calls_per_s']:>9,}{row['redis_commands_per_call']:>11.2f}"
+              f"{redis_cpu:>20.1f}{row['service_cpu_us_per_call']:>9}"
+              f"{row['client_cpu_us_per_call']:>8}", file=out)
     for name, ratio in figures["ratios"].items():
         print(f"{name:<40}{ratio:>10.2f}", file=out)
-    single_cpu = next(iter(figures["one_3_shards"]["redis_cpu_us_per_call"].values()))
-    print(f"{'redis CPU us/call, one server (3 shards)':<40}{single_cpu:>10.1f}", file=out)
-    print(f"{'redis CPU us/call, cluster (all primaries)':<40}"
-          f"{figures['cluster_cpu_us_per_call']:>10.1f}", file=out)
+    print(f"(the cluster's replicas used {figures['replicas_cpu_us_per_call']} us of CPU "
+          "per call besides)", file=out)
     print(f"\n{'primary':<10}{'share':>8}{'cmds/call':>11}{'cpu us/call':>13}  holds", file=out)
     cpu = figures["cluster_3_shards"]["redis_cpu_us_per_call"]
     for port, row in figures["spread"].items():
