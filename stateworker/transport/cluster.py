@@ -418,9 +418,12 @@ class ClusterConnection(RedisConnection):
             {slot: [*head, *streams, *ids] for slot, (streams, ids) in by_slot.items()}))
 
     async def _block_per_slot(self, reads: dict[int, list[Arg]]) -> list[Any]:
-        started = [await self._start_blocking(slot, command) for slot, command in reads.items()]
-        tasks = [read for _, _, read in started]
+        started: list[tuple[str, asyncio.Future[Any], asyncio.Future[Any]]] = []
+        tasks: list[asyncio.Future[Any]] = []
         try:
+            for slot, command in reads.items():
+                started.append(await self._start_blocking(slot, command))
+                tasks.append(started[-1][2])
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for address, ident, read in started:
                 if not read.done():  # (awaited: it is done before this waiter's next read)
@@ -428,8 +431,10 @@ class ClusterConnection(RedisConnection):
                         await self._node(address).execute("CLIENT", "UNBLOCK", await ident)
             replies = await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            for task in tasks:
+            for task in (*tasks, *(ident for _, ident, _ in started)):
                 task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # (retrieved: a lost connection is the read's to raise)
         for reply in replies:
             if isinstance(reply, ReplyError) and str(reply).split(" ")[0] in MAP_CHANGED:
                 self._stale = True  # (the next read, without BLOCK, follows it)
@@ -455,7 +460,11 @@ class ClusterConnection(RedisConnection):
                 self._node_url(address), connect_timeout_s=self.connect_timeout_s,
                 read_timeout_s=self.read_timeout_s))
         waiter = held[1]
-        await waiter.connect()
+        try:
+            await waiter.connect()
+        except ConnectionLost:
+            self._stale = True  # (a failover under way: the next read waits for the new map)
+            raise
         ident = asyncio.ensure_future(waiter.execute("CLIENT", "ID"))
         read = asyncio.ensure_future(waiter.execute(*command))
         return address, ident, read
