@@ -26,6 +26,10 @@ did not run, so it is sent again:
   `heal_within_s` has passed; then the last error is the caller's (plans make it UNAVAILABLE).
 A connection lost while commands were in flight is raised as today (ConnectionLost): they may
 have run, so they are not sent again here; the map is read again before the next command.
+
+One command is split: an XREAD / XREADGROUP of streams in several slots (a sharded bus reads
+every shard at once; Redis refuses a read across slots) becomes one read per slot, merged as one
+read's reply (`_read_across_slots`).
 """
 
 from __future__ import annotations

@@ -344,6 +344,8 @@ NOT_SERVED = {
     "CLUSTER": "the cluster transport's map (CLUSTER SHARDS): the rule has no cluster rows yet "
                "(issue 22, to do: a service user on a Redis Cluster)",
     "ASKING": "the cluster transport, after an ASK reply (as CLUSTER)",
+    "CLIENT": "the cluster transport's blocking reads across slots (CLIENT ID, CLIENT UNBLOCK; "
+              "as CLUSTER)",
 }
 ROUTER = "slots.py"  # its table names commands to find their keys; it sends none
 
