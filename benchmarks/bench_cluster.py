@@ -1,22 +1,25 @@
 """The `cluster` part of `stateworker bench`: bus `state::set` on a 3+3 Redis Cluster side by
 side with one redis-server, in one run, and where the cluster's work lands.
 
-One run starts a single redis-server (AOF everysec, TCP, like the cluster's nodes) and a 3+3
-Redis Cluster (tests/cluster.py), a `stateworker serve` on each (on the cluster with
-STATEWORKER_BUS_SHARDS=3 and the seed list; on the server once with 1 shard, the default, and
-once with 3, so the ratio to the same 3 shards isolates the routing), and measures in
-alternation (one round of each side, again, medians kept):
-- bus `state::set` calls/s at 64 in flight; the cluster's rate as a ratio to the server's;
+One run starts a single redis-server (AOF everysec, TCP, like the cluster's nodes), a second
+one with a replica (as each primary of the cluster has one), and a 3+3 Redis Cluster
+(tests/cluster.py), and a `stateworker serve` on each: on the single server once with 1 shard
+(the default) and once with 3, on the replicated one and on the cluster (the seed list) with
+STATEWORKER_BUS_SHARDS=3, so the ratio to the replicated server's 3 shards isolates the
+routing. It measures in alternation (one round of each side, again; medians kept):
+- bus `state::set` calls/s at 64 in flight; the cluster's rate as a ratio to each server's;
 - the load spread: each primary's share of the commands (INFO commandstats, sum of calls,
   deltas over the cluster's rounds), with the partitions and bus shards each primary holds;
-- Redis CPU per call (INFO cpu used_cpu_user + used_cpu_sys deltas / calls made) on each
-  primary and on the server, from which docs/scaling.md projects the rate of N primaries;
+- CPU per call: Redis (INFO cpu used_cpu_user + used_cpu_sys deltas / calls made) on each
+  primary and on each server, the replicas, the service (/proc/<pid>/stat) and the clients
+  (this process), so docs/scaling.md can project the rate of N primaries and say where a
+  cluster's call spends its time;
 - last, a failover: kill -9 the primary with the most commands under the same 64-way load
   and time the kill to its replica's promotion and to the first successful call on one of
   its slots; the load's calls that failed meanwhile are counted by code.
 
-Client (this process), three services, one server and six cluster nodes share the machine's
-cores: the figures are ratios and shares, not absolute capacities.
+Client (this process), four services, three servers and six cluster nodes share the machine's
+cores: the figures are ratios, shares and CPU per call, not absolute capacities.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import redis
 
 from benchmarks.bench_bus import start_service
 from benchmarks.benchtime import Op, timed
+from benchmarks.pgserver import free_port
 from stateworker.bus.client import StateClient
 from stateworker.errors import StateError
 from stateworker.keys import KeySpace, bus_shard_stream
@@ -62,6 +66,7 @@ CLIENTS = 4  # each client has its own reply list (one slot): several spread the
 SCOPES = 512  # many scopes: every partition, so every primary, gets calls
 SPREAD_BOUNDS = (0.25, 0.42)  # the share of the commands each of 3 primaries should run
 FAILOVER_TIMEOUT_S = 60.0
+REPLICA_SYNC_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 45.0  # above the service's 30 s heal_within_s: a failover is ridden out
 
 
@@ -128,24 +133,76 @@ async def _round(side: Side, seconds: float) -> None:
         side.cpu_s[port] += after[port][1] - before[port][1]
 
 
-@asynccontextmanager
-async def _servers() -> AsyncIterator[tuple[Any, Any]]:
-    with tempfile.TemporaryDirectory(prefix="sw-bench-cluster-") as tmp:
-        single, cluster = RedisServer(Path(tmp) / "one"), RedisCluster(Path(tmp) / "cluster")
+class Replica:
+    """A replica of one redis-server, set up as the cluster's replicas are (AOF everysec): the
+    baseline that keeps a copy of every write, as the cluster does, without the routing."""
+
+    def __init__(self, directory: Path, primary_port: int) -> None:
+        self.directory = directory
+        self.primary_port = primary_port
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.directory), "--replicaof", "127.0.0.1", str(self.primary_port),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+             "--repl-diskless-sync-delay", "0", "--logfile", str(self.directory / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + REPLICA_SYNC_TIMEOUT_S
+        while not self._in_sync():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on port {self.port} did not sync in "
+                                   f"{REPLICA_SYNC_TIMEOUT_S} s")
+            time.sleep(0.05)  # (a bench's bounded poll of another process's state)
+
+    def _in_sync(self) -> bool:
         try:
-            single.start()
-            cluster.start()
-            yield single, cluster
+            with redis.Redis(port=self.port, socket_timeout=1) as client:
+                return bool(client.info("replication").get("master_link_status") == "up")
+        except redis.ConnectionError:
+            return False
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=15)
+
+
+@dataclass
+class Servers:
+    single: Any  # RedisServer: the 1- and 3-shard services' Redis
+    replicated: Any  # RedisServer with `replica`: the 3-shard service that keeps a copy
+    replica: Replica
+    cluster: Any  # RedisCluster
+
+
+@asynccontextmanager
+async def _servers() -> AsyncIterator[Servers]:
+    with tempfile.TemporaryDirectory(prefix="sw-bench-cluster-") as tmp:
+        replicated = RedisServer(Path(tmp) / "replicated")
+        servers = Servers(RedisServer(Path(tmp) / "one"), replicated,
+                          Replica(Path(tmp) / "replica", replicated.port),
+                          RedisCluster(Path(tmp) / "cluster"))
+        try:
+            for server in (servers.single, servers.replicated, servers.replica, servers.cluster):
+                server.start()
+            yield servers
         finally:
-            cluster.kill()
-            single.kill()
+            for server in (servers.cluster, servers.replica, servers.replicated, servers.single):
+                server.kill()
 
 
 async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, Any]:
-    async with _servers() as (single, cluster):
+    async with _servers() as servers:
+        single, replicated, cluster = servers.single, servers.replicated, servers.cluster
         primaries = sorted(node.port for node in cluster.primaries())
         sides = [Side("one_1_shard", single.url, 1, [single.port]),
                  Side("one_3_shards", single.url, SHARDS, [single.port]),
+                 Side("one_3_shards_replica", replicated.url, SHARDS, [replicated.port],
+                      replica_ports=[servers.replica.port]),
                  Side("cluster_3_shards", cluster.urls, SHARDS, primaries,
                       replica_ports=[node.port for node in cluster.replicas()])]
         services: list[subprocess.Popen[str]] = []
@@ -176,19 +233,21 @@ async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, An
 
 
 def _figures(sides: list[Side], cluster: Any, out: Any) -> dict[str, Any]:
-    one_1, one_3, on_cluster = sides
+    by_name = {side.name: side for side in sides}
+    on_cluster = by_name["cluster_3_shards"]
     figures: dict[str, Any] = {
         side.name: {"calls_per_s": round(statistics.median(side.rates)),
                     "service_cpu_us_per_call": round(side.service_cpu_s / side.calls * 1e6),
                     "client_cpu_us_per_call": round(side.client_cpu_s / side.calls * 1e6),
                     "redis_commands_per_call": round(sum(side.commands.values()) / side.calls, 2),
+                    "replicas_cpu_us_per_call": round(side.replicas_cpu_s / side.calls * 1e6, 1),
                     "redis_cpu_us_per_call": {str(port): round(side.cpu_s[port] / side.calls * 1e6, 1)
                                               for port in side.ports}}
         for side in sides}
     cluster_rate = statistics.median(on_cluster.rates)
     figures["ratios"] = {
-        "cluster_vs_one_3_shards_at_64": round(cluster_rate / statistics.median(one_3.rates), 3),
-        "cluster_vs_one_1_shard_at_64": round(cluster_rate / statistics.median(one_1.rates), 3)}
+        f"cluster_vs_{name}_at_64": round(cluster_rate / statistics.median(by_name[name].rates), 3)
+        for name in ("one_3_shards", "one_1_shard", "one_3_shards_replica")}
     total = sum(on_cluster.commands.values())
     shares = {port: on_cluster.commands[port] / total for port in on_cluster.ports}
     layout = _layout(cluster)
@@ -199,7 +258,6 @@ def _figures(sides: list[Side], cluster: Any, out: Any) -> dict[str, Any]:
         for port in on_cluster.ports}
     low, high = SPREAD_BOUNDS
     figures["spread_holds"] = all(low <= share <= high for share in shares.values())
-    figures["replicas_cpu_us_per_call"] = round(on_cluster.replicas_cpu_s / on_cluster.calls * 1e6, 1)
     figures["cluster_cpu_us_per_call"] = round(
         sum(on_cluster.cpu_s.values()) / on_cluster.calls * 1e6, 1)
     busiest = max(on_cluster.cpu_s.values()) / on_cluster.calls
@@ -222,18 +280,16 @@ def _layout(cluster: Any) -> dict[int, dict[str, list[str]]]:
 
 
 def _report(figures: dict[str, Any], sides: list[Side], out: Any) -> None:
-    print(f"\n{'cluster bus (state::set, 64 in flight)':<24}{'calls/s':>9}{'cmds/call':>11}"
-          f"{'CPU us/call: redis':>20}{'service':>9}{'client':>8}", file=out)
+    print(f"\n{'bus state::set, 64 in flight':<24}{'calls/s':>9}{'cmds/call':>11}"
+          f"{'CPU us/call: redis':>20}{'replicas':>10}{'service':>9}{'client':>8}", file=out)
     for side in sides:
         row = figures[side.name]
         redis_cpu = sum(row["redis_cpu_us_per_call"].values())
         print(f"{side.name:<24}{row['calls_per_s']:>9,}{row['redis_commands_per_call']:>11.2f}"
-              f"{redis_cpu:>20.1f}{row['service_cpu_us_per_call']:>9}"
-              f"{row['client_cpu_us_per_call']:>8}", file=out)
+              f"{redis_cpu:>20.1f}{row['replicas_cpu_us_per_call']:>10.1f}"
+              f"{row['service_cpu_us_per_call']:>9}{row['client_cpu_us_per_call']:>8}", file=out)
     for name, ratio in figures["ratios"].items():
-        print(f"{name:<40}{ratio:>10.2f}", file=out)
-    print(f"(the cluster's replicas used {figures['replicas_cpu_us_per_call']} us of CPU "
-          "per call besides)", file=out)
+        print(f"{name:<44}{ratio:>6.2f}", file=out)
     print(f"\n{'primary':<10}{'share':>8}{'cmds/call':>11}{'cpu us/call':>13}  holds", file=out)
     cpu = figures["cluster_3_shards"]["redis_cpu_us_per_call"]
     for port, row in figures["spread"].items():
