@@ -224,7 +224,7 @@ async def cluster_section(seconds: float, rounds: int, out: Any) -> dict[str, An
                     for side in sides:
                         await _round(side, seconds)
                 figures = _figures(sides, cluster, out)
-                figures["failover"] = await _failover(sides[-1], cluster, figures, out)
+                figures["failover"] = await _failover(sides[-1], cluster, out)
                 return figures
         finally:
             for service in services:
@@ -301,8 +301,7 @@ def _report(figures: dict[str, Any], sides: list[Side], out: Any) -> None:
           f"{'holds' if figures['spread_holds'] else 'does NOT hold'}", file=out)
 
 
-async def _failover(side: Side, cluster: Any, figures: dict[str, Any], out: Any
-                    ) -> dict[str, Any]:
+async def _failover(side: Side, cluster: Any, out: Any) -> dict[str, Any]:
     """kill -9 the busiest primary under the 64-way load: seconds to its replica's promotion
     and to the first call on one of its partitions that succeeds; the load's failures."""
     victim = max(side.ports, key=lambda port: side.commands[port])
@@ -358,8 +357,13 @@ async def _failover(side: Side, cluster: Any, figures: dict[str, Any], out: Any
               "kill_to_first_call_s": round(marks["probe_ok"] - marks["kill"], 2),
               "load_calls_ok": done[0], "failed_by_code": dict(errors),
               "longest_call_s": round(longest[0], 2)}
-    print(f"\nfailover (kill -9 of primary {victim}, cluster-node-timeout {NODE_TIMEOUT_MS} ms): promoted "
-          f"after {result['kill_to_promoted_s']} s, first call on its slot after "
-          f"{result['kill_to_first_call_s']} s; load: {done[0]} calls ok, failed "
-          f"{dict(errors) or 'none'}, longest call {result['longest_call_s']} s", file=out)
+    _report_failover(result, out)
     return result
+
+
+def _report_failover(result: dict[str, Any], out: Any) -> None:
+    print(f"\nfailover (kill -9 of primary {result['victim_port']}, cluster-node-timeout "
+          f"{result['node_timeout_ms']} ms): promoted after {result['kill_to_promoted_s']} s, "
+          f"first call on its slot after {result['kill_to_first_call_s']} s; load: "
+          f"{result['load_calls_ok']} calls ok, failed {result['failed_by_code'] or 'none'}, "
+          f"longest call {result['longest_call_s']} s", file=out)
