@@ -21,6 +21,7 @@ import redis.asyncio as aredis
 from benchmarks import (
     bench_acl,
     bench_bus,
+    bench_cluster,
     bench_dedupe,
     bench_durability,
     bench_engines,
@@ -64,6 +65,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
                     seconds, rounds, out)
             if "snapshot" in sections:  # its own servers: four Redis and a PostgreSQL
                 figures["snapshot"] = await bench_snapshot.snapshot_section(seconds, rounds, out)
+            if "cluster" in sections:  # its own servers: one redis-server and a 3+3 cluster
+                figures["cluster"] = await bench_cluster.cluster_section(seconds, rounds, out)
             if "engines" in sections:
                 figures["engines"] = await bench_engines.engines_section(
                     server.url, seconds, rounds, out)
@@ -225,7 +228,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines")
+            "reactive", "engines", "cluster")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:
