@@ -78,6 +78,15 @@ ensure_postgres() {
 # Node.js for the test of a client and a worker in another language (tests/node/, run by
 # tests/integration/bus/test_polyglot.py): Debian's nodejs and npm, then the npm packages of
 # tests/node's package-lock.json into tests/node/node_modules (git-ignored).
+ensure_compose() {
+  # The compose tests check compose.yaml and compose.cluster.yaml with a Compose checker
+  # (`docker-compose config`, which needs no Docker engine).
+  if ! command -v docker-compose >/dev/null 2>&1; then
+    log "installing Debian's docker-compose (to check the compose files)"
+    apt_install docker-compose
+  fi
+}
+
 ensure_node() {
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     log "installing Debian's nodejs and npm"

@@ -1,7 +1,8 @@
 """compose.yaml at the top level: Redis 7 with AOF on a volume, Postgres 16 on a volume, two
 `stateworker serve` replicas built from the project (Dockerfile), health checks, and start
 order on health. The file's structure is read with PyYAML every run; where the docker CLI has
-the compose plugin, `docker compose config -q` must accept the file as well."""
+the compose plugin, and `docker-compose` (which scripts/test installs), `config -q` must accept
+the file as well."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def compose_commands() -> list[list[str]]:
     standalone = shutil.which("docker-compose")
     if standalone is not None:
         found.append([standalone])
+    assert found, "no Compose checker: ./scripts/test installs Debian's docker-compose"
     return found
 
 
