@@ -8,12 +8,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from stateworker import StateError, StateStore
+from stateworker import StateStore
 from stateworker.keys import KeySpace
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import key_slot
 from tests.cluster import RedisCluster
-from tests.integration.cluster.test_moved import scopes_in
+from tests.integration.cluster.writers import Writers, scopes_in
 
 pytestmark = pytest.mark.anyio
 
@@ -24,35 +24,15 @@ async def test_a_primary_killed_under_load_fails_over(redis_cluster: RedisCluste
                                                       prefix: str) -> None:
     keys = KeySpace(prefix, 4)
     slot = key_slot(keys.partition(1).tag)
-    scopes = scopes_in(keys, 1, WRITERS)
-    done = [0] * WRITERS  # acknowledged increments, per writer
-    failed = [0] * WRITERS  # calls that failed (they may or may not have run)
-    codes: list[str] = []
-    stop = anyio.Event()
     async with StateStore.open(redis_cluster.urls, prefix=prefix, partitions=4) as store:
         conn = store.state.conn
         assert isinstance(conn, ClusterConnection)
-        for scope in scopes:
-            await store.call("state::set", {"scope": scope, "key": "n", "value": 0})
-
-        async def writer(i: int) -> None:
-            while not stop.is_set():
-                try:
-                    await store.call("state::update", {"scope": scopes[i], "key": "n", "ops": [
-                        {"type": "increment", "path": "", "by": 1}]})
-                except StateError as exc:
-                    codes.append(exc.code)
-                    failed[i] += 1
-                    continue
-                done[i] += 1
-
+        writers = Writers(store.call, scopes_in(keys, 1, WRITERS))
+        await writers.zero()
         victim = redis_cluster.owner(slot)
         async with anyio.create_task_group() as tg:
-            for i in range(WRITERS):
-                tg.start_soon(writer, i)
-            with anyio.fail_after(10):
-                while sum(done) < 10 * WRITERS:  # load flowing before the kill
-                    await anyio.sleep(0.01)
+            writers.start(tg)
+            await writers.go_on(10 * WRITERS, 10)  # load flowing before the kill
             redis_cluster.kill_node(victim.port)
             with anyio.fail_after(30):  # the replica is promoted: the slot has a new primary
                 while True:
@@ -60,16 +40,14 @@ async def test_a_primary_killed_under_load_fails_over(redis_cluster: RedisCluste
                     if owner not in (None, victim.port):
                         break
                     await anyio.sleep(0.1)
-            after = sum(done)
-            with anyio.fail_after(20):  # the calls go on on the new primary, same store
-                while sum(done) < after + 10 * WRITERS:
-                    await anyio.sleep(0.01)
-            stop.set()
-        assert set(codes) <= {"UNAVAILABLE"}, codes
+            await writers.go_on(10 * WRITERS, 20)  # the calls go on on the new primary
+            writers.stop()
+        assert writers.codes <= {"UNAVAILABLE"}, writers.errors
         # Only a call in flight when the primary died fails (one per writer at most): the
         # others wait for the promotion (retried with backoff) instead of failing.
-        assert sum(failed) <= WRITERS, failed
-        values = [await store.call("state::get", {"scope": s, "key": "n"}) for s in scopes]
+        assert sum(writers.failed) <= WRITERS, writers.failed
+        values = await writers.values()
+        done, failed = writers.done, writers.failed
         # Nothing invented: at most the acknowledged increments plus those that failed (a call
         # lost in flight may have run). An acknowledged write not yet replicated when the
         # primary died may be lost (replication is asynchronous; `fast`): counted, bounded.

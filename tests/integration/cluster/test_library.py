@@ -10,7 +10,7 @@ from stateworker import StateStore
 from stateworker.keys import KeySpace
 from stateworker.transport.slots import key_slot
 from tests.cluster import RedisCluster
-from tests.integration.cluster.test_moved import scopes_in
+from tests.integration.cluster.writers import scopes_in
 
 pytestmark = pytest.mark.anyio
 

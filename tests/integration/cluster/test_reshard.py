@@ -25,13 +25,14 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from stateworker import StateClient, StateError
+from stateworker import StateClient
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import STATE_SERVICE, KeySpace, bus_shard_stream
 from stateworker.settings import Settings
 from stateworker.transport.slots import key_slot
 from tests.cluster import ClusterNode, RedisCluster
+from tests.integration.cluster.writers import Writers, scopes_in
 
 pytestmark = pytest.mark.anyio
 
@@ -56,16 +57,6 @@ def prefix_moved_by_reshard(cluster: RedisCluster) -> tuple[str, ClusterNode, Cl
         source = lowest.get(key_slot(KeySpace(prefix, PARTITIONS).partition(PARTITION).tag))
         if source is not None:
             return prefix, source, target
-    raise AssertionError("unreachable")
-
-
-def scopes_in(keys: KeySpace, partition: int, count: int) -> list[str]:
-    found: list[str] = []
-    for n in itertools.count():
-        if len(found) == count:
-            return found
-        if keys.partition_of(f"w{n}") == partition:
-            found.append(f"w{n}")
     raise AssertionError("unreachable")
 
 
@@ -107,50 +98,29 @@ async def test_reshard_moves_a_partition_and_a_bus_shard_while_calls_flow(
     scopes = scopes_in(keys, PARTITION, WRITERS)
     settings = Settings(redis_url=redis_cluster.urls, prefix=prefix, partitions=PARTITIONS,
                         bus_shards=SHARDS)
-    done = [0] * WRITERS  # acknowledged increments, per scope
-    failures: list[StateError] = []
     moved: list[int] = []  # keys each reshard moved
-    stop = anyio.Event()
     try:
         async with StateService.running(settings, BusOptions(block_ms=50)), \
                 StateClient(settings=settings, timeout=60) as client:
-            for scope in scopes:  # the slot holds entries (and the shard calls) before it moves
-                await client.call("state::set", {"scope": scope, "key": "n", "value": 0})
-
-            async def writer(i: int) -> None:
-                while not stop.is_set():
-                    try:
-                        await client.call("state::update", {"scope": scopes[i], "key": "n",
-                                                            "ops": [{"type": "increment",
-                                                                     "path": "", "by": 1}]})
-                    except StateError as exc:  # (a call that failed: counted, none expected)
-                        failures.append(exc)
-                        continue
-                    done[i] += 1
-
-            async def calls_go_on() -> None:
-                before = sum(done)
-                with anyio.fail_after(30):
-                    while sum(done) < before + 2 * WRITERS:
-                        await anyio.sleep(0.01)  # (polling the writers' counts)
-
+            writers = Writers(client.call, scopes)
+            await writers.zero()  # the slot holds entries (and the shard calls) before it moves
             async with anyio.create_task_group() as tg:
-                for i in range(WRITERS):
-                    tg.start_soon(writer, i)
-                await calls_go_on()
+                writers.start(tg)
+                await writers.go_on(2 * WRITERS, 30)
                 before = redirections(redis_cluster)
                 for source, target in ((home, away), (away, home)):
                     moved.append(await anyio.to_thread.run_sync(reshard, redis_cluster, source,
                                                                 target))
                     assert redis_cluster.owner(slot).port == target.port
-                    await calls_go_on()
-                stop.set()
+                    await writers.go_on(2 * WRITERS, 30)
+                writers.stop()
             met = redirections(redis_cluster) - before
-            values = [await client.call("state::get", {"scope": s, "key": "n"}) for s in scopes]
+            values = await writers.values()
     finally:
         if redis_cluster.owner_port(slot) not in (None, home.port):  # (a failed move)
             await anyio.to_thread.run_sync(redis_cluster.move_slot, slot, home.port)
-    assert [(type(exc).__name__, str(exc)) for exc in failures] == []
+    done = writers.done
+    assert [(type(exc).__name__, str(exc)) for exc in writers.errors] == []
     assert values == done  # every acknowledged increment is there, and no other
     # The slot held the scopes' state and shard 1's calls both ways (a key or more per scope).
     assert len(moved) == 2 and min(moved) >= WRITERS, moved

@@ -31,6 +31,7 @@ from stateworker.snapshot.names import from_pg
 from stateworker.transport.slots import SLOTS, key_slot
 from tests.cluster import RedisCluster
 from tests.integration.busproto import until
+from tests.integration.cluster.clients import keyed_client
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -128,15 +129,6 @@ def redis_rest(dumped: dict[bytes, Any], keys: KeySpace) -> dict[str, Any]:
     barriers = {name.partition(b"}:b:")[2].decode(): fields for name, fields in dumped.items()
                 if b"}:b:" in name}
     return {"barriers": barriers, "triggers": texts(keys.triggers), "claims": texts(keys.claims)}
-
-
-def keyed_client(where: str, request: pytest.FixtureRequest) -> redis.Redis | RedisClusterClient:
-    """A redis-py client that sends each key to its node (the cluster's own client)."""
-    if where == "one":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        return server.client()
-    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-    return RedisClusterClient(host="127.0.0.1", port=cluster.primaries()[0].port)
 
 
 def caught_up(client: redis.Redis | RedisClusterClient, keys: KeySpace) -> bool:

@@ -25,7 +25,7 @@ from stateworker.keys import bus_shard_stream, principal_stream
 from stateworker.settings import Settings
 from stateworker.transport.slots import SLOTS, key_slot
 from tests.cluster import RedisCluster
-from tests.servers import RedisServer
+from tests.integration.cluster.clients import keyed_client
 
 pytestmark = pytest.mark.anyio
 
@@ -51,14 +51,6 @@ def on_three_primaries(names: Callable[[str], list[str]], owner: Callable[[str],
 
 def shard_streams(prefix: str) -> list[str]:
     return [bus_shard_stream(prefix, "state", shard) for shard in range(SHARDS)]
-
-
-def keyed_client(where: str, request: pytest.FixtureRequest) -> redis.Redis | RedisClusterClient:
-    if where == "one":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        return server.client()
-    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-    return RedisClusterClient(host="127.0.0.1", port=cluster.primaries()[0].port)
 
 
 def lay_out_shards(client: redis.Redis | RedisClusterClient, prefix: str) -> None:

@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from stateworker import StateClient, StateError, StateStore, Unavailable
+from stateworker import StateClient, StateStore, Unavailable
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
@@ -28,7 +28,7 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.transport.slots import key_slot
 from tests.cluster import RedisCluster
-from tests.integration.cluster.test_moved import scopes_in
+from tests.integration.cluster.writers import Writers, scopes_in
 
 pytestmark = pytest.mark.anyio
 
@@ -59,9 +59,6 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
                         bus_shards=3, durability="strict", lease_ms=1000)
     keys = KeySpace(prefix, 4)
     scopes = writers_scopes(keys)
-    done = [0] * WRITERS  # acknowledged increments, per writer
-    failed = [0] * WRITERS  # calls that failed (they may or may not have run)
-    codes: list[str] = []
     delivered: dict[str, list[int]] = defaultdict(list)  # scope -> versions, as handed on
     sink = Worker("sink", settings=settings, options=BusOptions(block_ms=50, concurrency=1))
 
@@ -69,7 +66,6 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
     async def on_change(body: dict[str, Any], call: Call) -> None:
         delivered[body["scope"]].append(int(body["version"]))
 
-    stop = anyio.Event()
     async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
             StateClient(settings=settings, timeout=60) as client, \
             anyio.create_task_group() as tg:
@@ -78,28 +74,13 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
         await tg.start(sink.run)
         await client.call("state::register-trigger", {
             "id": "all", "function_id": "sink::on_change", "service": "sink"})
-        for scope in scopes:
-            await client.call("state::set", {"scope": scope, "key": "n", "value": 0})
-
-        async def writer(i: int) -> None:
-            while not stop.is_set():
-                try:
-                    await client.call("state::update", {"scope": scopes[i], "key": "n", "ops": [
-                        {"type": "increment", "path": "", "by": 1}]})
-                except StateError as exc:
-                    codes.append(exc.code)
-                    failed[i] += 1
-                    continue
-                done[i] += 1
-
+        writers = Writers(client.call, scopes)
+        await writers.zero()
         slot = key_slot(keys.partition(BUSIEST).tag)
         victim = strict_cluster.owner(slot)
-        async with anyio.create_task_group() as writers:
-            for i in range(WRITERS):
-                writers.start_soon(writer, i)
-            with anyio.fail_after(30):
-                while sum(done) < 5 * WRITERS:  # load flowing before the kill
-                    await anyio.sleep(0.01)
+        async with anyio.create_task_group() as load:
+            writers.start(load)
+            await writers.go_on(5 * WRITERS, 30)  # load flowing before the kill
             strict_cluster.kill_node(victim.port)
             in_flight_at_kill = WRITERS  # each writer has one call outstanding at any time
             with anyio.fail_after(30):  # the replica is promoted: the slot has a new primary
@@ -111,18 +92,16 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
             # The promoted primary has no replica until the killed node comes back as one:
             # WAIT 1 cannot be met, so its slots' writes wait (served again, not failed).
             await anyio.to_thread.run_sync(strict_cluster.restart_node, victim.port)
-            after = sum(done)
-            with anyio.fail_after(60):  # the calls go on, same service, no restart
-                while sum(done) < after + 5 * WRITERS:
-                    await anyio.sleep(0.01)
-            stop.set()
-        values = [await client.call("state::get", {"scope": s, "key": "n"}) for s in scopes]
+            await writers.go_on(5 * WRITERS, 60)  # the calls go on, same service, no restart
+            writers.stop()
+        values = await writers.values()
+        done, failed = writers.done, writers.failed
         # Strict: every acknowledged increment is there (exact), nothing invented beyond the
         # calls that failed (one in flight per writer at most may have run).
         lost = [d - v for v, d in zip(values, done, strict=True) if v < d]
         assert lost == [], (lost, values, done)
         assert all(v <= d + f for v, d, f in zip(values, done, failed, strict=True))
-        assert set(codes) <= {"UNAVAILABLE", "TIMEOUT"}, codes
+        assert writers.codes <= {"UNAVAILABLE", "TIMEOUT"}, writers.errors
         assert sum(failed) <= in_flight_at_kill, failed
         # Every event of the final history (versions 2 .. value + 1) handed on at least once,
         # their first deliveries in order per scope.
@@ -134,7 +113,8 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
             firsts = list(dict.fromkeys(delivered[scope]))
             assert set(range(2, finals[scope] + 1)) <= set(firsts), scope
             assert firsts == sorted(firsts), (scope, firsts)
-        print(f"strict failover: {sum(done)} acknowledged, {sum(failed)} failed {codes}, "
+        print(f"strict failover: {sum(done)} acknowledged, {sum(failed)} failed "
+              f"{writers.codes}, "
               f"{sum(len(v) for v in delivered.values())} deliveries")
         sink.stop()
 
