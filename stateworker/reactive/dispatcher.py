@@ -2,10 +2,11 @@
 
 One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the registry
 stream and the event streams of the partitions it leases (reactive/leases.py), so a write
-wakes it at once and a trigger change reaches it as fast as an event. Each partition's batch
-goes to reactive/batch.py (matching, conditions, handler calls, the move of the position);
-rounds (reactive/leases.py, reactive/trimming.py) renew and share the leases, store the
-positions, trim and flush the counters. In `acl` mode a trigger's owner must still be granted
+wakes it at once and a trigger change reaches it as fast as an event (on a Redis Cluster,
+where those streams are in several slots, one read per stream: transport/waits.py). Each
+partition's batch goes to reactive/batch.py (matching, conditions, handler calls, the move of
+the position); rounds (reactive/leases.py, reactive/trimming.py) renew and share the leases,
+store the positions, trim and flush the counters. In `acl` mode a trigger's owner must still be granted
 the event (guard.trigger_granted).
 
 At-least-once: the position moves only after the batch's calls are appended (same pipeline,
@@ -48,9 +49,11 @@ from stateworker.reactive.trimming import Position
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state import guard, triggers, validate
 from stateworker.state.store import RedisState
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff
+from stateworker.transport.waits import SlotWaits
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
@@ -81,6 +84,9 @@ class Dispatcher:
                                functools.partial(guard.trigger_granted, state),  # (acl mode)
                                self.positions, self.stored)
         self._reader = connection_like(state.conn)
+        # On a Redis Cluster the streams are in several slots: no one XREAD waits on them all.
+        self._waits = SlotWaits(self._reader) if isinstance(self._reader, ClusterConnection) \
+            else None
         self._last_round = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
@@ -129,6 +135,8 @@ class Dispatcher:
         except (StateError, ConnectionLost, ReplyError) as exc:
             log.warning("could not give back the leases: %s", exc,
                         extra={"event": "dispatch.stop_failed"})
+        if self._waits is not None:
+            await self._waits.close()
         await self._reader.close()
 
     async def _step(self) -> None:
@@ -147,8 +155,11 @@ class Dispatcher:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
         block_ms = ASIDE_BLOCK_MS if self._aside else int(round_s * 1000)
-        reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", block_ms,
-                                           "STREAMS", *streams, *ids)
+        if self._waits is not None:
+            reply = await self._waits.xread(BATCH, block_ms, streams, ids)
+        else:
+            reply = await self._reader.execute("XREAD", "COUNT", BATCH, "BLOCK", block_ms,
+                                               "STREAMS", *streams, *ids)
         if not reply:
             return
         by_stream = {name: entries for name, entries in reply}

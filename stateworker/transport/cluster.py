@@ -394,6 +394,15 @@ class ClusterConnection(RedisConnection):
             first = got[0] if first is None else first
         return first
 
+    # ---- connections of a caller's own ---------------------------------------------------------
+    def owner_url(self, slot: int) -> str | None:
+        """The URL of the primary serving `slot` as last mapped (the first seed's scheme and
+        credentials), None when the map has no owner for it: for a connection of the caller's
+        own to that node, e.g. a blocking read that must not hold up the shared one (a MOVED
+        it meets says to `refresh` and ask again)."""
+        address = self._owner[slot]
+        return None if address is None else self._node_url(address)
+
 
 def _pairs(flat: Any) -> dict[bytes, Any]:
     """A RESP2 map (name, value, name, value ...) as a dict."""
