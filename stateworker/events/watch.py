@@ -68,12 +68,17 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.waits import SlotWaits
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
+# One partition's read: the partition, its XINFO STREAM and history replies, the entries read,
+# the clock (µs) of the Redis that holds it, all from one transaction.
+PartitionRead = tuple["_Partition", Any, Any, list[Any], int]
 CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held entry's millisecond
 
 
@@ -141,6 +146,9 @@ class Watch:
         self._frontier: Revision = (0, 0)  # every partition has been read up to here
         self._bookmark_at = 0.0
         self._opened = False
+        # An unscoped watch on a Redis Cluster: its partitions are in several slots, so each
+        # is read in a transaction of its own and waited on one by one (module docstring).
+        self._waits: SlotWaits | None = None
 
     # ---- opening and closing -----------------------------------------------------------------
     async def open(self) -> Watch:
@@ -162,6 +170,8 @@ class Watch:
                                                   key=self.key),
                                   keys.partition(n).history, n, i, self.start or (0, 0), None)
                        for i, n in enumerate(indexes)]
+        if isinstance(self.conn, ClusterConnection) and len(self._parts) > 1:
+            self._waits = SlotWaits(self.conn)
         if self.start is not None:
             self.position = self.start
         else:  # from now: each partition from its newest id, all it ever had counted
@@ -173,13 +183,15 @@ class Watch:
     async def _from_now(self) -> None:
         """Each partition's cursor at its newest id (or where its history begins, if later),
         every entry it ever had counted."""
-        streams = [p.reader.stream for p in self._parts]
-        commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
-        commands += [["HMGET", p.history, "after", "cause"] for p in self._parts]
-        replies = await self._transaction(commands)
-        count = len(self._parts)
-        for part, reply, recorded in zip(self._parts, replies[:count], replies[count:],
-                                         strict=True):
+        each: list[list[list[Arg]]] = [
+            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"]]
+            for p in self._parts]
+        if self._waits is None:  # one transaction
+            replies = await self._transaction([command for pair in each for command in pair])
+            pairs = list(zip(replies[0::2], replies[1::2], strict=True))
+        else:  # one per partition (slot)
+            pairs = [(info, recorded) for info, recorded in await self._transactions(each)]
+        for part, (reply, recorded) in zip(self._parts, pairs, strict=True):
             info, history = stream_info(reply, part.reader.stream), history_of(recorded)
             part.cursor = part.frontier = max(
                 (0, 0) if info is None else info.last_generated,
@@ -188,6 +200,8 @@ class Watch:
         self.position = max(p.cursor for p in self._parts)
 
     async def close(self) -> None:
+        if self._waits is not None:
+            await self._waits.close()
         await self.conn.close()
 
     aclose = close
@@ -251,9 +265,13 @@ class Watch:
         """Block until an entry comes to a partition read (its reply is dropped: the next read
         takes it with the compaction check) or `seconds` pass."""
         streams, cursors = self._cursors(self._parts)
+        block_ms = max(int(seconds * 1000), 1)
         try:
-            await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", max(int(seconds * 1000), 1),
-                                    "STREAMS", *streams, *cursors)
+            if self._waits is not None:  # (cancelled, it closes its blocked connections)
+                await self._waits.xread(1, block_ms, streams, cursors)
+            else:
+                await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", block_ms,
+                                        "STREAMS", *streams, *cursors)
         except anyio.get_cancelled_exc_class():
             # The XREAD stays blocked in Redis: a read after it would queue behind it.
             with anyio.CancelScope(shield=True):
@@ -266,8 +284,31 @@ class Watch:
             self._met(exc)
 
     async def _read(self) -> None:
-        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
+        """Read the partitions not full in the merge, then hand on what can go."""
         parts = [p for p in self._parts if p.held < self.page]  # the others wait in the merge
+        reads = await (self._read_together(parts) if self._waits is None
+                       else self._read_each(parts))
+        if reads:  # (a held entry waits for every clock read to pass its millisecond)
+            self._clock_us = min(clock_us for *_, clock_us in reads)
+        for part in self._parts:
+            part.frontier = part.cursor
+        for part, reply, recorded, entries, clock_us in reads:
+            info = stream_info(reply, part.reader.stream)
+            if self._compacted(part, info, history_of(recorded), clock_us // 1000):
+                continue
+            self._take(part, entries)
+            to_the_end = len(entries) < self.page
+            part.counted = counted_after(part.counted, info, len(entries), to_the_end)
+            part.more = not to_the_end
+            # Every entry of a partition that reached its end has been read up to the clock
+            # of the Redis holding it (its entries' ids come from that clock).
+            at_end: Revision = (clock_us // 1000 - 1, MAX_SEQ) if len(self._parts) > 1 \
+                else FOREVER
+            part.frontier = at_end if to_the_end else part.cursor
+        self._release()
+
+    async def _read_together(self, parts: list[_Partition]) -> list[PartitionRead]:
+        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
         streams, cursors = self._cursors(parts)
         count = len(parts)
         commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
@@ -275,30 +316,29 @@ class Watch:
         commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
         replies = await self._transaction(commands)
         read = {name.decode(): entries for name, entries in _checked(replies[-2]) or []}
-        seconds, micros = _checked(replies[-1])
-        self._clock_us = int(seconds) * 1_000_000 + int(micros)
-        # Every entry of a partition that reached its end has been read up to the clock.
-        at_end: Revision = (self._clock_us // 1000 - 1, MAX_SEQ) if len(self._parts) > 1 \
-            else FOREVER
-        for part in self._parts:
-            part.frontier = part.cursor
-        for part, reply, recorded in zip(parts, replies[:count], replies[count:2 * count],
-                                         strict=True):
-            info = stream_info(reply, part.reader.stream)
-            if self._compacted(part, info, history_of(recorded)):
-                continue
-            entries = read.get(part.reader.stream, [])
-            self._take(part, entries)
-            to_the_end = len(entries) < self.page
-            part.counted = counted_after(part.counted, info, len(entries), to_the_end)
-            part.more = not to_the_end
-            part.frontier = at_end if to_the_end else part.cursor
-        self._release()
+        clock_us = _micros(_checked(replies[-1]))
+        return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us)
+                for part, reply, recorded in zip(parts, replies[:count],
+                                                 replies[count:2 * count], strict=True)]
 
-    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None) -> bool:
+    async def _read_each(self, parts: list[_Partition]) -> list[PartitionRead]:
+        """On a Redis Cluster: one transaction per partition (one slot), all sent at once (one
+        pipeline per primary): its XINFO, history, XREAD and its primary's TIME."""
+        replies = await self._transactions([
+            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"],
+             ["XREAD", "COUNT", self.page, "STREAMS", p.reader.stream, revision_text(p.cursor)],
+             ["TIME"]] for p in parts])
+        reads: list[PartitionRead] = []
+        for part, (reply, recorded, read, clock) in zip(parts, replies, strict=True):
+            entries = _checked(read)[0][1] if _checked(read) else []
+            reads.append((part, reply, recorded, entries, _micros(_checked(clock))))
+        return reads
+
+    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None,
+                   clock_ms: int) -> bool:
         """Whether events after the partition's cursor cannot all be read: the watch's failure
         (once the events before are out) and the partition read no more."""
-        reason = gap(part.cursor, part.counted, info, history, self._clock_us // 1000)
+        reason = gap(part.cursor, part.counted, info, history, clock_ms)
         if reason is None:
             return False
         self._failure = self._failure or compacted(part.number, part.cursor, info, reason,
@@ -336,6 +376,26 @@ class Watch:
         replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
         return list(_checked(replies[-1]))
 
+    async def _transactions(self, each: list[list[list[Arg]]]) -> list[list[Any]]:
+        """The replies of each command list run as a MULTI ... EXEC of its own, all sent at
+        once (on a cluster, each node's in one write); the first failure raised as itself."""
+        replies: list[list[Any]] = [[] for _ in each]
+        failed: list[BaseException] = []
+
+        async def one(i: int, scope: anyio.CancelScope) -> None:
+            try:
+                replies[i] = await self._transaction(each[i])
+            except (StateError, ConnectionLost, ReplyError) as exc:
+                failed.append(exc)
+                scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(each)):
+                tg.start_soon(one, i, tg.cancel_scope)
+        if failed:
+            raise failed[0]
+        return replies
+
     async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
         """Run commands (they only read); a transient failure is waited out with backoff and
         they run again, for as long as it takes: a watch rides out Redis restarts."""
@@ -362,6 +422,12 @@ def _checked(reply: Any) -> Any:
     if isinstance(reply, ReplyError):
         raise reply
     return reply
+
+
+def _micros(time_reply: Any) -> int:
+    """TIME's reply (seconds, microseconds) in microseconds."""
+    seconds, micros = time_reply
+    return int(seconds) * 1_000_000 + int(micros)
 
 
 def _check_text(field: str, text: str) -> None:
