@@ -18,16 +18,24 @@ transient Redis error (broken connection, LOADING ...) is waited out with `Backo
 read repeated from the same cursors: cursors move only with a read's reply, so nothing is lost
 or repeated across reconnects.
 
+On a Redis Cluster an unscoped watch's partitions are in several slots, and Redis refuses an
+XREAD or a MULTI across slots (even on one node). There each partition is read in a
+transaction of its own (its XINFO, history, XREAD and its primary's TIME), all sent at once
+(one pipeline per primary: as many round trips as one server's single read, in parallel), and
+the wait is transport/waits.py's (one blocking XREAD per partition). The single-server read
+is unchanged: one transaction, one round trip.
+
 Order. One partition's stream is totally ordered, so a scoped watch hands each event on as
 read. An unscoped watch merges the partitions by revision: an entry read from one partition is
 held until no partition can still bring an earlier one, i.e. until every other partition has
 been read past it. A partition whose read reached its end has been read up to the server's
-clock (`TIME` in the same transaction): later entries get ids of at least that millisecond,
-since `XADD *` ids come from that clock. So entries are handed on in revision order across
-partitions (two partitions can give the same id in the same millisecond: those come in
-partition order), at the cost of at most a millisecond's wait for the clock to pass the
-newest entry's. The order relies on Redis's clock not going back; if it does, an event comes
-when it is read (later than its revision says), never lost.
+clock (`TIME` in the same transaction; on a cluster the clock of the primary holding it):
+later entries get ids of at least that millisecond, since `XADD *` ids come from that clock.
+So entries are handed on in revision order across partitions (two partitions can give the same
+id in the same millisecond: those come in partition order), at the cost of at most a
+millisecond's wait for the clock to pass the newest entry's. The order relies on Redis's clock
+not going back; if it does, an event comes when it is read (later than its revision says),
+never lost.
 
 Position. `position` is the latest revision examined such that every entry up to it (in every
 partition read) has been handed on or passed over, and none after it: a bookmark carries it,
