@@ -80,6 +80,7 @@ from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.slots import key_slot
 from stateworker.transport.waits import SlotWaits
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
@@ -198,7 +199,8 @@ class Watch:
             replies = await self._transaction([command for pair in each for command in pair])
             pairs = list(zip(replies[0::2], replies[1::2], strict=True))
         else:  # one per partition (slot)
-            pairs = [(info, recorded) for info, recorded in await self._transactions(each)]
+            pairs = [(info, recorded) for info, recorded in await self._transactions(
+                each, [p.reader.stream for p in self._parts])]
         for part, (reply, recorded) in zip(self._parts, pairs, strict=True):
             info, history = stream_info(reply, part.reader.stream), history_of(recorded)
             part.cursor = part.frontier = max(
@@ -335,7 +337,7 @@ class Watch:
         replies = await self._transactions([
             [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"],
              ["XREAD", "COUNT", self.page, "STREAMS", p.reader.stream, revision_text(p.cursor)],
-             ["TIME"]] for p in parts])
+             ["TIME"]] for p in parts], [p.reader.stream for p in parts])
         reads: list[PartitionRead] = []
         for part, (reply, recorded, read, clock) in zip(parts, replies, strict=True):
             entries = _checked(read)[0][1] if _checked(read) else []
@@ -384,25 +386,50 @@ class Watch:
         replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
         return list(_checked(replies[-1]))
 
-    async def _transactions(self, each: list[list[list[Arg]]]) -> list[list[Any]]:
-        """The replies of each command list run as a MULTI ... EXEC of its own, all sent at
-        once (on a cluster, each node's in one write); the first failure raised as itself."""
+    async def _transactions(self, each: list[list[list[Arg]]], keys: list[str]
+                            ) -> list[list[Any]]:
+        """On a Redis Cluster: the replies of each command list (all of the slot of its key
+        in `keys`) run as a MULTI ... EXEC of its own. Those of one primary go back to back in
+        one pipeline, the primaries' side by side; the first failure raised as itself."""
         replies: list[list[Any]] = [[] for _ in each]
         failed: list[BaseException] = []
 
-        async def one(i: int, scope: anyio.CancelScope) -> None:
+        async def node(indexes: list[int], scope: anyio.CancelScope) -> None:
+            commands: list[list[Arg]] = []
+            for i in indexes:
+                commands += [["MULTI"], *each[i], ["EXEC"]]
             try:
-                replies[i] = await self._transaction(each[i])
+                got = await self._execute(commands)
             except (StateError, ConnectionLost, ReplyError) as exc:
                 failed.append(exc)
                 scope.cancel()
+                return
+            end = 0
+            for i in indexes:
+                end += len(each[i]) + 2
+                replies[i] = list(_checked(got[end - 1]))
 
         async with anyio.create_task_group() as tg:
-            for i in range(len(each)):
-                tg.start_soon(one, i, tg.cancel_scope)
+            for indexes in self._by_primary(keys):
+                tg.start_soon(node, indexes, tg.cancel_scope)
         if failed:
             raise failed[0]
         return replies
+
+    def _by_primary(self, keys: list[str]) -> list[list[int]]:
+        """The keys' indexes grouped by the primary serving their slot (each MULTI
+        stays on one node, its keyless EXEC routed with its neighbours); a slot without a
+        known owner alone."""
+        assert isinstance(self.conn, ClusterConnection)
+        groups: dict[str, list[int]] = {}
+        alone: list[list[int]] = []
+        for i, key in enumerate(keys):
+            owner = self.conn.owner_url(key_slot(key))
+            if owner is None:
+                alone.append([i])
+            else:
+                groups.setdefault(owner, []).append(i)
+        return [*groups.values(), *alone]
 
     async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
         """Run commands (they only read); a transient failure is waited out with backoff and
