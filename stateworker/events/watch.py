@@ -379,7 +379,7 @@ class Watch:
         return [p.reader.stream for p in parts], [revision_text(p.cursor) for p in parts]
 
     def _met(self, error: BaseException) -> None:
-        self.transient[transient_reason(error) or "OTHER"] += 1
+        self.transient[transient_reason(error) or str(error).split(" ", 1)[0] or "OTHER"] += 1
 
     async def _transaction(self, commands: list[list[Arg]]) -> list[Any]:
         """The replies of `commands` run as one MULTI ... EXEC."""
@@ -390,24 +390,38 @@ class Watch:
                             ) -> list[list[Any]]:
         """On a Redis Cluster: the replies of each command list (all of the slot of its key
         in `keys`) run as a MULTI ... EXEC of its own. Those of one primary go back to back in
-        one pipeline, the primaries' side by side; the first failure raised as itself."""
+        one pipeline, the primaries' side by side. A transient failure is waited out with
+        backoff and they are grouped and sent again (a slot that moved: its new primary)."""
+        backoff = Backoff()
+        while True:
+            try:
+                return await self._transactions_once(each, keys)
+            except (ConnectionLost, ReplyError) as exc:
+                self._refused(exc)
+                self._met(exc)
+                await anyio.sleep(backoff.next())
+
+    async def _transactions_once(self, each: list[list[list[Arg]]], keys: list[str]
+                                 ) -> list[list[Any]]:
         replies: list[list[Any]] = [[] for _ in each]
-        failed: list[BaseException] = []
+        failed: list[ConnectionLost | ReplyError] = []  # (raised as itself, not in a group)
 
         async def node(indexes: list[int], scope: anyio.CancelScope) -> None:
             commands: list[list[Arg]] = []
             for i in indexes:
                 commands += [["MULTI"], *each[i], ["EXEC"]]
             try:
-                got = await self._execute(commands)
-            except (StateError, ConnectionLost, ReplyError) as exc:
+                got = await self.conn.pipeline(commands)
+                for reply in got:
+                    _checked(reply)
+            except (ConnectionLost, ReplyError) as exc:
                 failed.append(exc)
                 scope.cancel()
                 return
             end = 0
             for i in indexes:
                 end += len(each[i]) + 2
-                replies[i] = list(_checked(got[end - 1]))
+                replies[i] = list(got[end - 1])
 
         async with anyio.create_task_group() as tg:
             for indexes in self._by_primary(keys):
@@ -447,8 +461,12 @@ class Watch:
                 await anyio.sleep(backoff.next())
 
     def _refused(self, error: ConnectionLost | ReplyError) -> None:
-        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again)."""
-        if transient_reason(error) is None:
+        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again).
+        On a Redis Cluster a transaction discarded (EXECABORT) is transient too: its commands
+        met MOVED or ASK (its slot moved or is moving), the connection read the map again,
+        and the transaction, sent again, goes to the new primary."""
+        moved = isinstance(self.conn, ClusterConnection) and str(error).startswith("EXECABORT")
+        if transient_reason(error) is None and not moved:
             raise Unavailable(f"Redis at {shown_url(self.url)} refused a watch's read: {error}",
                               {"redis": shown_url(self.url)}) from error
 

@@ -88,6 +88,7 @@ class SlotWaits:
     async def _block_one(self, blocked: dict[str, anyio.CancelScope], over: anyio.Event,
                          found: list[Any], failed: list[BaseException], count: int,
                          block_ms: int, stream: str, after: str) -> None:
+        reply: list[Any] | None = None  # (stays None when its own scope cancels it)
         with blocked[stream]:
             try:
                 waiter = await self._waiter(stream)

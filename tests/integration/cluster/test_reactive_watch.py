@@ -5,6 +5,7 @@ order, and a watch resumed from a bookmark or from an event's revision goes on e
 from __future__ import annotations
 
 import anyio
+import anyio.to_thread
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -13,8 +14,13 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.events.model import Bookmark, Event, parse_revision
 from stateworker.events.watch import Watch
+from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.transport.slots import key_slot
+from tests.cluster import RedisCluster
+from tests.integration.busproto import until
 from tests.integration.cluster.conftest import SPREAD_PARTITIONS
+from tests.integration.cluster.test_reactive import TRIGGER, InOrder
 
 pytestmark = pytest.mark.anyio
 
@@ -137,3 +143,49 @@ async def follow_writes(settings: Settings, sent: MemoryObjectSendStream[Event],
                     event = await received.receive()
                 assert event.scope == scope
             tg.cancel_scope.cancel()
+
+
+async def test_watches_and_triggers_follow_a_partition_to_another_primary(
+        redis_cluster: RedisCluster, prefix: str) -> None:
+    """A partition's slot moves to another primary and back (as `redis-cli --cluster reshard`
+    moves it) between batches of writes, while an unscoped watch, a watch of a scope of that
+    partition and a trigger follow: each gets every event once, in order (the watches' reads
+    and waits meet MOVED on the old primary and go on at the new one)."""
+    keys = KeySpace(prefix, SPREAD_PARTITIONS)
+    scopes = [f"scope-{n}" for n in range(8)]
+    moving = keys.partition_of(scopes[0])
+    slot = key_slot(keys.partition(moving).events)
+    home = redis_cluster.owner_port(slot)
+    away = next(n.port for n in redis_cluster.primaries() if n.port != home)
+    settings = Settings(redis_url=redis_cluster.urls, prefix=prefix,
+                        partitions=SPREAD_PARTITIONS, watch_progress_s=0.3)
+    events: dict[str, list[Event]] = {"every": [], "one": []}
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=30) as client, \
+            InOrder(settings).running() as handler:
+        await client.call("state::register-trigger", {**TRIGGER, "id": "all"})
+        async with client.watch() as every, client.watch(scopes[0]) as one, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(collect, every, events["every"], len(scopes) * ROUNDS * 3)
+            tg.start_soon(collect, one, events["one"], ROUNDS * 3)
+            for batch, port in ((1, away), (2, home), (3, None)):
+                await write_batch(client, scopes, batch)
+                if port is not None:
+                    await anyio.to_thread.run_sync(redis_cluster.move_slot, slot, port)
+        await until(lambda: len(handler.calls) >= len(scopes) * ROUNDS * 3, 30,
+                    "every delivery")
+    written = [(s, batch * 100 + n) for batch in (1, 2, 3) for s in scopes for n in range(ROUNDS)]
+    assert by_scope(seen(events["every"])) == by_scope(written)
+    assert seen(events["one"]) == [(s, v) for s, v in written if s == scopes[0]]
+    delivered = [(body["scope"], body["new_value"]) for _, body in handler.calls]
+    assert by_scope(delivered) == by_scope(written)
+    assert len({call_id for call_id, _ in handler.calls}) == len(handler.calls)
+
+
+async def collect(watch: Watch, into: list[Event], count: int) -> None:
+    with anyio.fail_after(60):
+        async for item in watch:
+            if isinstance(item, Event):
+                into.append(item)
+                if len(into) == count:
+                    return
