@@ -277,15 +277,16 @@ class Watch:
         streams, cursors = self._cursors(self._parts)
         block_ms = max(int(seconds * 1000), 1)
         try:
-            if self._waits is not None:  # (cancelled, it closes its blocked connections)
+            if self._waits is not None:
                 await self._waits.xread(1, block_ms, streams, cursors)
             else:
                 await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", block_ms,
                                         "STREAMS", *streams, *cursors)
         except anyio.get_cancelled_exc_class():
             # The XREAD stays blocked in Redis: a read after it would queue behind it.
-            with anyio.CancelScope(shield=True):
-                await self.conn.close()
+            if self._waits is None:  # (SlotWaits closes its own blocked connections)
+                with anyio.CancelScope(shield=True):
+                    await self.conn.close()
             raise
         except (ConnectionLost, ReplyError) as exc:
             # Not repeated here: the read that follows rides it out (with backoff), and a
