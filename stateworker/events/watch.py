@@ -18,16 +18,25 @@ transient Redis error (broken connection, LOADING ...) is waited out with `Backo
 read repeated from the same cursors: cursors move only with a read's reply, so nothing is lost
 or repeated across reconnects.
 
+On a Redis Cluster an unscoped watch's partitions are in several slots, and Redis refuses an
+XREAD or a MULTI across slots (even on one node). There each partition is read in a
+transaction of its own (its XINFO, history, XREAD and its primary's TIME), all sent at once
+(one pipeline per primary: as many round trips as one server's single read, in parallel), and
+the wait is transport/streamread.py's (one blocking XREAD per slot, the first answer ends the
+others). The single-server read
+is unchanged: one transaction, one round trip.
+
 Order. One partition's stream is totally ordered, so a scoped watch hands each event on as
 read. An unscoped watch merges the partitions by revision: an entry read from one partition is
 held until no partition can still bring an earlier one, i.e. until every other partition has
 been read past it. A partition whose read reached its end has been read up to the server's
-clock (`TIME` in the same transaction): later entries get ids of at least that millisecond,
-since `XADD *` ids come from that clock. So entries are handed on in revision order across
-partitions (two partitions can give the same id in the same millisecond: those come in
-partition order), at the cost of at most a millisecond's wait for the clock to pass the
-newest entry's. The order relies on Redis's clock not going back; if it does, an event comes
-when it is read (later than its revision says), never lost.
+clock (`TIME` in the same transaction; on a cluster the clock of the primary holding it):
+later entries get ids of at least that millisecond, since `XADD *` ids come from that clock.
+So entries are handed on in revision order across partitions (two partitions can give the same
+id in the same millisecond: those come in partition order), at the cost of at most a
+millisecond's wait for the clock to pass the newest entry's. The order relies on Redis's clock
+not going back; if it does, an event comes when it is read (later than its revision says),
+never lost.
 
 Position. `position` is the latest revision examined such that every entry up to it (in every
 partition read) has been handed on or passed over, and none after it: a bookmark carries it,
@@ -68,12 +77,18 @@ from stateworker.events.model import (
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.slots import key_slot
+from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
+# One partition's read: the partition, its XINFO STREAM and history replies, the entries read,
+# the clock (µs) of the Redis that holds it, all from one transaction.
+PartitionRead = tuple["_Partition", Any, Any, list[Any], int]
 CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held entry's millisecond
 
 
@@ -141,6 +156,9 @@ class Watch:
         self._frontier: Revision = (0, 0)  # every partition has been read up to here
         self._bookmark_at = 0.0
         self._opened = False
+        # An unscoped watch on a Redis Cluster: its partitions are in several slots, so each
+        # is read in a transaction of its own and waited on one by one (module docstring).
+        self._waits: StreamReader | None = None
 
     # ---- opening and closing -----------------------------------------------------------------
     async def open(self) -> Watch:
@@ -162,6 +180,8 @@ class Watch:
                                                   key=self.key),
                                   keys.partition(n).history, n, i, self.start or (0, 0), None)
                        for i, n in enumerate(indexes)]
+        if isinstance(self.conn, ClusterConnection) and len(self._parts) > 1:
+            self._waits = StreamReader(self.conn)  # (its blocking reads on lanes of their own)
         if self.start is not None:
             self.position = self.start
         else:  # from now: each partition from its newest id, all it ever had counted
@@ -173,13 +193,16 @@ class Watch:
     async def _from_now(self) -> None:
         """Each partition's cursor at its newest id (or where its history begins, if later),
         every entry it ever had counted."""
-        streams = [p.reader.stream for p in self._parts]
-        commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
-        commands += [["HMGET", p.history, "after", "cause"] for p in self._parts]
-        replies = await self._transaction(commands)
-        count = len(self._parts)
-        for part, reply, recorded in zip(self._parts, replies[:count], replies[count:],
-                                         strict=True):
+        each: list[list[list[Arg]]] = [
+            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"]]
+            for p in self._parts]
+        if self._waits is None:  # one transaction
+            replies = await self._transaction([command for pair in each for command in pair])
+            pairs = list(zip(replies[0::2], replies[1::2], strict=True))
+        else:  # one per partition (slot)
+            pairs = [(info, recorded) for info, recorded in await self._transactions(
+                each, [p.reader.stream for p in self._parts])]
+        for part, (reply, recorded) in zip(self._parts, pairs, strict=True):
             info, history = stream_info(reply, part.reader.stream), history_of(recorded)
             part.cursor = part.frontier = max(
                 (0, 0) if info is None else info.last_generated,
@@ -188,6 +211,8 @@ class Watch:
         self.position = max(p.cursor for p in self._parts)
 
     async def close(self) -> None:
+        if self._waits is not None:
+            await self._waits.close()
         await self.conn.close()
 
     aclose = close
@@ -251,13 +276,18 @@ class Watch:
         """Block until an entry comes to a partition read (its reply is dropped: the next read
         takes it with the compaction check) or `seconds` pass."""
         streams, cursors = self._cursors(self._parts)
+        block_ms = max(int(seconds * 1000), 1)
         try:
-            await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", max(int(seconds * 1000), 1),
-                                    "STREAMS", *streams, *cursors)
+            if self._waits is not None:
+                await self._waits.read(["XREAD", "COUNT", 1, "BLOCK", block_ms], streams, cursors)
+            else:
+                await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", block_ms,
+                                        "STREAMS", *streams, *cursors)
         except anyio.get_cancelled_exc_class():
             # The XREAD stays blocked in Redis: a read after it would queue behind it.
-            with anyio.CancelScope(shield=True):
-                await self.conn.close()
+            if self._waits is None:  # (StreamReader ends its own blocked reads)
+                with anyio.CancelScope(shield=True):
+                    await self.conn.close()
             raise
         except (ConnectionLost, ReplyError) as exc:
             # Not repeated here: the read that follows rides it out (with backoff), and a
@@ -266,8 +296,31 @@ class Watch:
             self._met(exc)
 
     async def _read(self) -> None:
-        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
+        """Read the partitions not full in the merge, then hand on what can go."""
         parts = [p for p in self._parts if p.held < self.page]  # the others wait in the merge
+        reads = await (self._read_together(parts) if self._waits is None
+                       else self._read_each(parts))
+        if reads:  # (a held entry waits for every clock read to pass its millisecond)
+            self._clock_us = min(clock_us for *_, clock_us in reads)
+        for part in self._parts:
+            part.frontier = part.cursor
+        for part, reply, recorded, entries, clock_us in reads:
+            info = stream_info(reply, part.reader.stream)
+            if self._compacted(part, info, history_of(recorded), clock_us // 1000):
+                continue
+            self._take(part, entries)
+            to_the_end = len(entries) < self.page
+            part.counted = counted_after(part.counted, info, len(entries), to_the_end)
+            part.more = not to_the_end
+            # Every entry of a partition that reached its end has been read up to the clock
+            # of the Redis holding it (its entries' ids come from that clock).
+            at_end: Revision = (clock_us // 1000 - 1, MAX_SEQ) if len(self._parts) > 1 \
+                else FOREVER
+            part.frontier = at_end if to_the_end else part.cursor
+        self._release()
+
+    async def _read_together(self, parts: list[_Partition]) -> list[PartitionRead]:
+        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
         streams, cursors = self._cursors(parts)
         count = len(parts)
         commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
@@ -275,30 +328,29 @@ class Watch:
         commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
         replies = await self._transaction(commands)
         read = {name.decode(): entries for name, entries in _checked(replies[-2]) or []}
-        seconds, micros = _checked(replies[-1])
-        self._clock_us = int(seconds) * 1_000_000 + int(micros)
-        # Every entry of a partition that reached its end has been read up to the clock.
-        at_end: Revision = (self._clock_us // 1000 - 1, MAX_SEQ) if len(self._parts) > 1 \
-            else FOREVER
-        for part in self._parts:
-            part.frontier = part.cursor
-        for part, reply, recorded in zip(parts, replies[:count], replies[count:2 * count],
-                                         strict=True):
-            info = stream_info(reply, part.reader.stream)
-            if self._compacted(part, info, history_of(recorded)):
-                continue
-            entries = read.get(part.reader.stream, [])
-            self._take(part, entries)
-            to_the_end = len(entries) < self.page
-            part.counted = counted_after(part.counted, info, len(entries), to_the_end)
-            part.more = not to_the_end
-            part.frontier = at_end if to_the_end else part.cursor
-        self._release()
+        clock_us = _micros(_checked(replies[-1]))
+        return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us)
+                for part, reply, recorded in zip(parts, replies[:count],
+                                                 replies[count:2 * count], strict=True)]
 
-    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None) -> bool:
+    async def _read_each(self, parts: list[_Partition]) -> list[PartitionRead]:
+        """On a Redis Cluster: one transaction per partition (one slot), all sent at once (one
+        pipeline per primary): its XINFO, history, XREAD and its primary's TIME."""
+        replies = await self._transactions([
+            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"],
+             ["XREAD", "COUNT", self.page, "STREAMS", p.reader.stream, revision_text(p.cursor)],
+             ["TIME"]] for p in parts], [p.reader.stream for p in parts])
+        reads: list[PartitionRead] = []
+        for part, (reply, recorded, read, clock) in zip(parts, replies, strict=True):
+            entries = _checked(read)[0][1] if _checked(read) else []
+            reads.append((part, reply, recorded, entries, _micros(_checked(clock))))
+        return reads
+
+    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None,
+                   clock_ms: int) -> bool:
         """Whether events after the partition's cursor cannot all be read: the watch's failure
         (once the events before are out) and the partition read no more."""
-        reason = gap(part.cursor, part.counted, info, history, self._clock_us // 1000)
+        reason = gap(part.cursor, part.counted, info, history, clock_ms)
         if reason is None:
             return False
         self._failure = self._failure or compacted(part.number, part.cursor, info, reason,
@@ -329,12 +381,71 @@ class Watch:
         return [p.reader.stream for p in parts], [revision_text(p.cursor) for p in parts]
 
     def _met(self, error: BaseException) -> None:
-        self.transient[transient_reason(error) or "OTHER"] += 1
+        self.transient[transient_reason(error) or str(error).split(" ", 1)[0] or "OTHER"] += 1
 
     async def _transaction(self, commands: list[list[Arg]]) -> list[Any]:
         """The replies of `commands` run as one MULTI ... EXEC."""
         replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
         return list(_checked(replies[-1]))
+
+    async def _transactions(self, each: list[list[list[Arg]]], keys: list[str]
+                            ) -> list[list[Any]]:
+        """On a Redis Cluster: the replies of each command list (all of the slot of its key
+        in `keys`) run as a MULTI ... EXEC of its own. Those of one primary go back to back in
+        one pipeline, the primaries' side by side. A transient failure is waited out with
+        backoff and they are grouped and sent again (a slot that moved: its new primary)."""
+        backoff = Backoff()
+        while True:
+            try:
+                return await self._transactions_once(each, keys)
+            except (ConnectionLost, ReplyError) as exc:
+                self._refused(exc)
+                self._met(exc)
+                await anyio.sleep(backoff.next())
+
+    async def _transactions_once(self, each: list[list[list[Arg]]], keys: list[str]
+                                 ) -> list[list[Any]]:
+        replies: list[list[Any]] = [[] for _ in each]
+        failed: list[ConnectionLost | ReplyError] = []  # (raised as itself, not in a group)
+
+        async def node(indexes: list[int], scope: anyio.CancelScope) -> None:
+            commands: list[list[Arg]] = []
+            for i in indexes:
+                commands += [["MULTI"], *each[i], ["EXEC"]]
+            try:
+                got = await self.conn.pipeline(commands)
+                for reply in got:
+                    _checked(reply)
+            except (ConnectionLost, ReplyError) as exc:
+                failed.append(exc)
+                scope.cancel()
+                return
+            end = 0
+            for i in indexes:
+                end += len(each[i]) + 2
+                replies[i] = list(got[end - 1])
+
+        async with anyio.create_task_group() as tg:
+            for indexes in self._by_primary(keys):
+                tg.start_soon(node, indexes, tg.cancel_scope)
+        if failed:
+            raise failed[0]
+        return replies
+
+    def _by_primary(self, keys: list[str]) -> list[list[int]]:
+        """The keys' indexes grouped by the primary serving their slot (each MULTI
+        stays on one node, its keyless EXEC routed with its neighbours); a slot without a
+        known owner alone."""
+        assert isinstance(self.conn, ClusterConnection)
+        groups: dict[str, list[int]] = {}
+        alone: list[list[int]] = []
+        for i, key in enumerate(keys):
+            owner = self.conn.owner_url(key_slot(key))
+            if owner is None:
+                alone.append([i])
+            else:
+                groups.setdefault(owner, []).append(i)
+        return [*groups.values(), *alone]
 
     async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
         """Run commands (they only read); a transient failure is waited out with backoff and
@@ -352,8 +463,14 @@ class Watch:
                 await anyio.sleep(backoff.next())
 
     def _refused(self, error: ConnectionLost | ReplyError) -> None:
-        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again)."""
-        if transient_reason(error) is None:
+        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again).
+        On a Redis Cluster a transaction discarded (EXECABORT) is transient too: its commands
+        met MOVED or ASK (its slot moved or is moving), the connection read the map again,
+        and the transaction, sent again, goes to the new primary; so is a MOVED or ASK that
+        ended a wait (StreamReader: the map is read again before the next read)."""
+        moved = isinstance(self.conn, ClusterConnection) and str(error).startswith(
+            ("EXECABORT", "MOVED", "ASK"))
+        if transient_reason(error) is None and not moved:
             raise Unavailable(f"Redis at {shown_url(self.url)} refused a watch's read: {error}",
                               {"redis": shown_url(self.url)}) from error
 
@@ -362,6 +479,12 @@ def _checked(reply: Any) -> Any:
     if isinstance(reply, ReplyError):
         raise reply
     return reply
+
+
+def _micros(time_reply: Any) -> int:
+    """TIME's reply (seconds, microseconds) in microseconds."""
+    seconds, micros = time_reply
+    return int(seconds) * 1_000_000 + int(micros)
 
 
 def _check_text(field: str, text: str) -> None:

@@ -461,6 +461,12 @@ class ClusterConnection(RedisConnection):
                     break
         return found
 
+    def owner_url(self, slot: int) -> str | None:
+        """The URL of the primary serving `slot` as last mapped (the first seed's scheme and
+        credentials), None when the map has no owner for it: to group commands by node."""
+        address = self._owner[slot]
+        return None if address is None else self._node_url(address)
+
 
 def _pairs(flat: Any) -> dict[bytes, Any]:
     """A RESP2 map (name, value, name, value ...) as a dict."""

@@ -30,15 +30,7 @@ async def events_of(watch: Watch, count: int) -> list[Event]:
     return got
 
 
-EVERY_SCOPE_TODO = pytest.mark.xfail(
-    strict=True, raises=BaseException,
-    reason="an unscoped watch reads every partition in one XREAD inside one MULTI (watch.py "
-           "_read / _transaction): across slots, so CrossSlot refuses it before sending; one "
-           "read per primary is left for the rest of issue 22")
-
-
-@pytest.mark.parametrize("scoped", [True, pytest.param(False, marks=EVERY_SCOPE_TODO)],
-                         ids=["scope", "every-scope"])
+@pytest.mark.parametrize("scoped", [True, False], ids=["scope", "every-scope"])
 async def test_a_client_and_a_watch_on_one_node_url(redis_cluster: RedisCluster, prefix: str,
                                                     scoped: bool) -> None:
     node = redis_cluster.replicas()[0].url  # a replica's URL even: the map sends to primaries
