@@ -154,6 +154,15 @@ class RedisCluster:
         """The port of the live primary serving `slot` now; None when none does."""
         return next((n.port for n in self.primaries() if n.holds(slot)), None)
 
+    def promoted(self, slot: int, dead_port: int, timeout_s: float = 30) -> int:
+        """Once the primary on `dead_port` was killed: wait until a live primary serves `slot`
+        (its replica promoted) and return that primary's port."""
+        wait_until(lambda: self.owner_port(slot) not in (None, dead_port), timeout_s,
+                   f"a replica promoted to serve slot {slot}")
+        port = self.owner_port(slot)
+        assert port is not None
+        return port
+
     def move_slot(self, slot: int, to_port: int, keys_per_step: int = 1) -> int:
         """Move `slot` to the primary on `to_port` as `redis-cli --cluster reshard` does:
         IMPORTING / MIGRATING, MIGRATE its keys `keys_per_step` at a time (calls meanwhile

@@ -83,12 +83,8 @@ async def test_strict_failover_loses_no_acknowledged_write(strict_cluster: Redis
             await writers.go_on(5 * WRITERS, 30)  # load flowing before the kill
             strict_cluster.kill_node(victim.port)
             in_flight_at_kill = WRITERS  # each writer has one call outstanding at any time
-            with anyio.fail_after(30):  # the replica is promoted: the slot has a new primary
-                while True:
-                    owner = await anyio.to_thread.run_sync(strict_cluster.owner_port, slot)
-                    if owner not in (None, victim.port):
-                        break
-                    await anyio.sleep(0.1)
+            # The replica is promoted: the slot has a new primary.
+            await anyio.to_thread.run_sync(strict_cluster.promoted, slot, victim.port)
             # The promoted primary has no replica until the killed node comes back as one:
             # WAIT 1 cannot be met, so its slots' writes wait (served again, not failed).
             await anyio.to_thread.run_sync(strict_cluster.restart_node, victim.port)
