@@ -81,7 +81,7 @@ from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import shown_url
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
-from stateworker.transport.slots import key_slot
+from stateworker.transport.slot_transactions import transactions_by_slot
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
@@ -397,55 +397,12 @@ class Watch:
         backoff = Backoff()
         while True:
             try:
-                return await self._transactions_once(each, keys)
+                assert isinstance(self.conn, ClusterConnection)
+                return await transactions_by_slot(self.conn, each, keys)
             except (ConnectionLost, ReplyError) as exc:
                 self._refused(exc)
                 self._met(exc)
                 await anyio.sleep(backoff.next())
-
-    async def _transactions_once(self, each: list[list[list[Arg]]], keys: list[str]
-                                 ) -> list[list[Any]]:
-        replies: list[list[Any]] = [[] for _ in each]
-        failed: list[ConnectionLost | ReplyError] = []  # (raised as itself, not in a group)
-
-        async def node(indexes: list[int], scope: anyio.CancelScope) -> None:
-            commands: list[list[Arg]] = []
-            for i in indexes:
-                commands += [["MULTI"], *each[i], ["EXEC"]]
-            try:
-                got = await self.conn.pipeline(commands)
-                for reply in got:
-                    _checked(reply)
-            except (ConnectionLost, ReplyError) as exc:
-                failed.append(exc)
-                scope.cancel()
-                return
-            end = 0
-            for i in indexes:
-                end += len(each[i]) + 2
-                replies[i] = list(got[end - 1])
-
-        async with anyio.create_task_group() as tg:
-            for indexes in self._by_primary(keys):
-                tg.start_soon(node, indexes, tg.cancel_scope)
-        if failed:
-            raise failed[0]
-        return replies
-
-    def _by_primary(self, keys: list[str]) -> list[list[int]]:
-        """The keys' indexes grouped by the primary serving their slot (each MULTI
-        stays on one node, its keyless EXEC routed with its neighbours); a slot without a
-        known owner alone."""
-        assert isinstance(self.conn, ClusterConnection)
-        groups: dict[str, list[int]] = {}
-        alone: list[list[int]] = []
-        for i, key in enumerate(keys):
-            owner = self.conn.owner_url(key_slot(key))
-            if owner is None:
-                alone.append([i])
-            else:
-                groups.setdefault(owner, []).append(i)
-        return [*groups.values(), *alone]
 
     async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
         """Run commands (they only read); a transient failure is waited out with backoff and
