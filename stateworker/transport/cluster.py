@@ -45,7 +45,7 @@ from stateworker.transport.connection import (
     shown_url,
 )
 from stateworker.transport.retry import Backoff
-from stateworker.transport.slots import SLOTS, is_broadcast, slot_of
+from stateworker.transport.slots import SLOTS, is_broadcast, is_for_every_node, slot_of
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.transport.cluster")
@@ -90,6 +90,7 @@ class ClusterConnection(RedisConnection):
         self.refreshes = 0  # maps read (tests count them: once per burst of MOVED)
         self._owner: list[str | None] = [None] * SLOTS  # slot -> "host:port" of its primary
         self._primaries: list[str] = []
+        self._replicas: list[str] = []  # online replicas (ACL changes go to them too)
         self._nodes: dict[str, RedisConnection] = {}  # "host:port" -> its connection
         self._version = 0  # bumped by each map read
         self._refreshing: asyncio.Task[None] | None = None
@@ -141,27 +142,31 @@ class ClusterConnection(RedisConnection):
 
     def _apply(self, shards: list[Any]) -> None:
         owner: list[str | None] = [None] * SLOTS
-        primaries = []
+        primaries, replicas = [], []
         for shard in shards:
             fields = _pairs(shard)
             flat = fields.get(b"slots") or []
             for node in fields.get(b"nodes") or []:
                 info = _pairs(node)
-                if info.get(b"role") != b"master" or info.get(b"health") == b"fail":
-                    continue
                 host = (info.get(b"ip") or info.get(b"endpoint") or b"127.0.0.1").decode()
                 address = f"{host}:{int(info[b'port'])}"
+                if info.get(b"role") != b"master":
+                    if info.get(b"health") == b"online":  # (an ACL change reaches it too)
+                        replicas.append(address)
+                    continue
+                if info.get(b"health") == b"fail":
+                    continue
                 primaries.append(address)
                 for i in range(0, len(flat), 2):
                     owner[int(flat[i]):int(flat[i + 1]) + 1] = \
                         [address] * (int(flat[i + 1]) - int(flat[i]) + 1)
         for address in list(self._nodes):  # a node gone after a failover: dropped
-            if address not in primaries:
+            if address not in primaries and address not in replicas:
                 node = self._nodes.pop(address)
                 closing = asyncio.ensure_future(node.close())
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
-        self._owner, self._primaries = owner, primaries
+        self._owner, self._primaries, self._replicas = owner, primaries, replicas
         self._version += 1
         self.refreshes += 1
         self._stale = False
@@ -420,11 +425,14 @@ class ClusterConnection(RedisConnection):
         return out
 
     async def _broadcast(self, args: Sequence[Arg]) -> Any:
-        """One command on every primary: the first error reply, else the first reply."""
+        """One command on every primary (an ACL change: every node, replicas too): the first
+        error reply, else the first reply."""
         if not self._primaries:
             await self.refresh()
+        addresses = [*self._primaries, *self._replicas] if is_for_every_node(args) \
+            else self._primaries
         replies = await asyncio.gather(*(self._send_to(address, [args], [False], False)
-                                         for address in self._primaries), return_exceptions=True)
+                                         for address in addresses), return_exceptions=True)
         first: Any = None
         for got in replies:
             if isinstance(got, _Unplaced):

@@ -5,7 +5,8 @@ tag (the part between the first `{` and the first `}` after it, when not empty),
 Redis computes it. The keys of a command are found by one table (`KEYS_OF`): most commands
 have their key at argument 1; the others say where theirs are. A command without keys (PING,
 INFO, TIME ...) has no slot (`None`: any primary serves it); a few must run on every primary
-(`BROADCAST`: the function library, FUNCTION LOAD / FLUSH ...).
+(`BROADCAST`: the function library, FUNCTION LOAD / FLUSH ...), and an ACL change on every
+node, replicas included (`ACL_ON_EVERY_NODE`: Redis keeps users per node).
 
 A command whose keys hash to two slots could never run on a cluster (Redis answers CROSSSLOT):
 in this project that is a bug (every script keeps to one partition, one hash tag), so
@@ -25,6 +26,9 @@ SLOTS = 16384
 # Commands that run on every primary (the script library is one per node; a replica promoted
 # or a new node must have it too).
 BROADCAST = frozenset({"FUNCTION", "SCRIPT", "FLUSHALL", "FLUSHDB"})
+# ACL subcommands that change a node's users: Redis keeps users per node and does not
+# replicate them, so they run on every node, replicas too (one may be promoted).
+ACL_ON_EVERY_NODE = frozenset({"SETUSER", "DELUSER", "SAVE", "LOAD"})
 
 # Commands without keys: any primary serves them.
 KEYLESS = frozenset({
@@ -161,4 +165,10 @@ def slot_of(args: Sequence[Arg]) -> int | None:
 
 
 def is_broadcast(args: Sequence[Arg]) -> bool:
-    return _word(args[0]) in BROADCAST
+    """A command for every primary (FUNCTION ...) or every node (an ACL change)."""
+    return _word(args[0]) in BROADCAST or is_for_every_node(args)
+
+
+def is_for_every_node(args: Sequence[Arg]) -> bool:
+    """An ACL change: every node, replicas too (`ACL_ON_EVERY_NODE`)."""
+    return len(args) > 1 and _word(args[0]) == "ACL" and _word(args[1]) in ACL_ON_EVERY_NODE

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from stateworker.transport.slots import KEYS_OF, CrossSlot, is_broadcast, key_slot, slot_of
+from stateworker.transport.slots import (
+    KEYS_OF,
+    CrossSlot,
+    is_broadcast,
+    is_for_every_node,
+    key_slot,
+    slot_of,
+)
 
 
 def test_crc16_matches_redis() -> None:
@@ -119,3 +126,11 @@ def test_function_library_goes_to_every_primary() -> None:
 def test_a_script_call_across_slots_is_refused_before_it_is_sent() -> None:
     with pytest.raises(CrossSlot, match=r'FCALL names keys in slots \d+ and \d+ \("\{u\}"'):
         slot_of(["FCALL", "fn", 2, T, OTHER])
+
+
+def test_acl_changes_go_to_every_node_and_acl_reads_to_one() -> None:
+    for sub in ("SETUSER", "deluser", "SAVE", "LOAD"):
+        assert is_for_every_node(["ACL", sub, "u"]) and is_broadcast(["acl", sub])
+    for args in (["ACL", "GETUSER", "u"], ["ACL", "WHOAMI"], ["ACL", "DRYRUN", "u", "PING"],
+                 ["FUNCTION", "LOAD", "x"], ["ACL"]):
+        assert not is_for_every_node(args)
