@@ -56,6 +56,7 @@ _cluster_module = importlib.import_module("tests.cluster")
 _servers_module = importlib.import_module("tests.servers")
 RedisCluster: Any = _cluster_module.RedisCluster
 RedisServer: Any = _servers_module.RedisServer
+wait_until: Any = _servers_module.wait_until
 NODE_TIMEOUT_MS: int = _cluster_module.NODE_TIMEOUT_MS
 
 PREFIX = "benchcluster"
@@ -151,12 +152,7 @@ class Replica:
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
              "--repl-diskless-sync-delay", "0", "--logfile", str(self.directory / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + REPLICA_SYNC_TIMEOUT_S
-        while not self._in_sync():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the replica on port {self.port} did not sync in "
-                                   f"{REPLICA_SYNC_TIMEOUT_S} s")
-            time.sleep(0.05)  # (a bench's bounded poll of another process's state)
+        wait_until(self._in_sync, REPLICA_SYNC_TIMEOUT_S, f"the replica on port {self.port} to sync")
 
     def _in_sync(self) -> bool:
         try:

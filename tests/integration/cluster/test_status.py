@@ -55,8 +55,8 @@ def shard_streams(prefix: str) -> list[str]:
 
 def lay_out_shards(client: redis.Redis | RedisClusterClient, prefix: str) -> None:
     """A 3-shard state service's streams as its replica `r1` leaves them: each shard with the
-    service's group, one call appended and read (pending) by `r1`. (Laid out by hand: a
-    sharded service cannot run on the cluster yet, see SHARDED_READ_TODO.)"""
+    service's group, one call appended and read (pending) by `r1`, laid out by hand so the
+    pending counts are exact (a running service would answer them)."""
     for stream in shard_streams(prefix):
         client.xgroup_create(stream, "state", id="0", mkstream=True)
         client.xadd(stream, {"id": uuid.uuid4().hex, "fn": "state::get", "body": "{}"})
