@@ -94,9 +94,12 @@ class StreamReader:
         return merged or None
 
     async def _read_slot(self, conn: ClusterConnection, slot: int, args: list[Arg]) -> Any:
-        lane = await self._lane(conn, slot)
         try:
+            lane = await self._lane(conn, slot)
             reply = await lane.conn.execute(*args)
+        except ConnectionLost:  # (its primary gone: a failover; the map is read again)
+            conn.mark_stale()
+            raise
         except ReplyError as exc:
             word = str(exc).partition(" ")[0]
             if word in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):

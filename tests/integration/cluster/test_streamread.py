@@ -7,11 +7,14 @@ pending unseen."""
 from __future__ import annotations
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from stateworker.transport.connect import connection_for
 from stateworker.transport.slots import key_slot
 from stateworker.transport.streamread import StreamReader
+from stateworker.transport.wire import ConnectionLost
+from tests.cluster import RedisCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -56,6 +59,38 @@ async def test_a_read_over_slots_merges_and_wakes_on_one(url: str, prefix: str) 
         with anyio.fail_after(10):
             got = await reader.read(head, streams, [">"] * 3)
         assert got is not None and [name.decode() for name, _ in got] == [streams[0]]
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_read_over_slots_finds_a_stream_whose_primary_failed_over(
+        redis_cluster: RedisCluster, prefix: str) -> None:
+    """A primary killed: its replica is promoted, and the next reads go to it (the map is
+    read again after the lost connection), not to the dead node until it comes back."""
+    streams = streams_of(prefix)
+    writer = connection_for(redis_cluster.urls)
+    reader = StreamReader(connection_for(redis_cluster.urls))
+    head = ["XREAD", "COUNT", 10, "BLOCK", 100]
+    try:
+        for stream in streams:
+            await writer.execute("XADD", stream, "*", "n", "0")
+        assert len(await reader.read(head, streams, ["0-0"] * 3) or []) == 3
+        slot = key_slot(streams[0])
+        victim = redis_cluster.owner(slot)
+        redis_cluster.kill_node(victim.port)
+        try:
+            await anyio.to_thread.run_sync(redis_cluster.promoted, slot, victim.port)
+            with anyio.fail_after(30):  # (a read or two meet the lost primary first)
+                while True:
+                    try:
+                        got = await reader.read(head, streams, ["0-0"] * 3)
+                        break
+                    except ConnectionLost:
+                        await anyio.sleep(0.1)
+            assert got is not None and len(got) == 3
+        finally:  # (the shared cluster left 3+3)
+            await anyio.to_thread.run_sync(redis_cluster.restart_node, victim.port)
     finally:
         await reader.close()
         await writer.close()
