@@ -371,3 +371,77 @@ class ListedEntry(Struct, omit_defaults=True):
 class ListEntriesResult(Struct, omit_defaults=True):
     entries: list[ListedEntry]
     next_after: str | UnsetType = UNSET
+
+
+# ---- state::transaction -----------------------------------------------------------------------
+class CheckFields(Request, kw_only=True):
+    """A precondition that writes nothing; every field given must hold."""
+
+    key: str
+    expected_version: int | None = None  # 0: the key must be absent
+    expected_hash: str | None = None  # the stored value's hash (`hash` of get-entry)
+    exists: bool | None = None
+    absent: bool | None = None
+
+
+class TxCheck(CheckFields, tag="check", tag_field="op"):
+    pass
+
+
+class TxSet(Request, tag="set", tag_field="op", kw_only=True):
+    key: str
+    value: Raw
+    topic: str | None = None
+    ttl_ms: int | None = None
+    expected_version: int | None = None
+    create_only: bool = False
+
+
+class TxUpdate(Request, tag="update", tag_field="op", kw_only=True):
+    key: str
+    ops: list[Op]
+    ttl_ms: int | None = None
+    expected_version: int | None = None
+    topic: str | UnsetType | None = UNSET  # absent: keep; null: clear
+
+
+class TxDelete(Request, tag="delete", tag_field="op", kw_only=True):
+    key: str
+    expected_version: int | None = None
+
+
+class TxCompareAndSet(Request, tag="compare-and-set", tag_field="op", kw_only=True):
+    key: str
+    value: Raw
+    expected: Raw | UnsetType = UNSET  # absent or null: the key must be absent
+
+
+TxOp = TxSet | TxUpdate | TxDelete | TxCompareAndSet | TxCheck
+
+
+class TransactionRequest(Scoped, kw_only=True):
+    scope: str
+    ops: list[TxOp]
+    compare: list[CheckFields] | None = None  # all hold: `ops` run, else `else_ops`
+    else_ops: list[TxOp] | None = None
+    max_keys: int | None = None  # the scope's ceiling of live keys, for the keys created
+
+
+class TxOpResult(Struct, kw_only=True, omit_defaults=True):
+    """One op's outcome: `version` is the entry's after the transaction (0: absent)."""
+
+    op: str
+    key: str
+    version: int
+    old_value: Raw | UnsetType = UNSET  # set, update, delete, compare-and-set: null if absent
+    new_value: Raw | UnsetType = UNSET  # set, update, compare-and-set
+    hash: str | UnsetType = UNSET  # set, compare-and-set
+    created: bool | UnsetType = UNSET  # set, update, compare-and-set
+    deleted: bool | UnsetType = UNSET  # delete
+
+
+class TransactionResult(Struct, kw_only=True):
+    branch: Literal["ops", "else_ops"]  # which list ran (`compare` held: ops)
+    results: list[TxOpResult]  # one per op of that list, in order
+    revision: str | None  # the revision of the transaction's last event (null: no change)
+    tx: str  # the id its events carry

@@ -130,11 +130,18 @@ LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
                      s.TriggersResult, "every registered trigger", read_only=True,
                      raises=("UNKNOWN_FIELD",))
 
+TRANSACTION = Spec("state::transaction", "transaction", s.TransactionRequest,
+                   s.TransactionResult,
+                   "several keys of one scope written all or nothing: set, update, delete, "
+                   "compare-and-set and check ops, all checked before the first write; with "
+                   "`compare`, `ops` or `else_ops`", ("scope", "ops"), scoped=True,
+                   raises=(*_WRITE, "CONFLICT", "DUPLICATE_KEY"))
+
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
-    LIST_TRIGGERS)
+    LIST_TRIGGERS, TRANSACTION)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 
@@ -169,6 +176,7 @@ _WHY: dict[str, str] = {
                          "scope, an admin's option (`adopt`, `force`) or a trigger's target "
                          "service (`details`: principal, fn, scope or service, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
+    "DUPLICATE_KEY": "a transaction's list of ops writes one key twice",
 }
 
 

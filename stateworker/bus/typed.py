@@ -67,3 +67,4 @@ class TypedCalls(abc.ABC):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, CLIENT)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)
+    transaction = spec_method(specs.TRANSACTION, CLIENT)

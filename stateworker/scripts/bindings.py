@@ -81,9 +81,12 @@ FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
+# state::transaction: its reply is read by state/transactions.py (its layout per branch)
+TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
-    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
+    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
+    TRANSACTION)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4

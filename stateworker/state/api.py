@@ -288,3 +288,4 @@ class StateStore(KeyValueMethods):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)
+    transaction = spec_method(specs.TRANSACTION, STORE)

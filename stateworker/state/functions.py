@@ -55,6 +55,7 @@ from stateworker.state import (
     namespaces,
     ops,
     reads,
+    transactions,
     trigger_leases,
     triggers,
     validate,
@@ -284,6 +285,7 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.KEEP_TRIGGER, trigger_leases.state_keep_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
+    (specs.TRANSACTION, transactions.state_transaction),
 ))
 
 

@@ -51,8 +51,10 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
-    if name in ("set", "delete", "update", "topic"):
+    if name in ("set", "delete", "update", "topic", "transaction"):
         derived = written(keys[4])
+        if name == "transaction":  # every entry after the first: ARGV[8] .. <len>:<scope><key>
+            derived.append(text(args[7]) + "somekey")
         if len(keys) > 7:
             record = text(keys[7])  # the slices beside it
             derived += [record + "0", record[:-1]]
@@ -84,6 +86,8 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.delete(s, f"k{i}")
+        await store.transaction(s, [{"op": "set", "key": "t1", "value": 1},
+                                    {"op": "delete", "key": "t2"}])
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
