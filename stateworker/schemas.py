@@ -445,3 +445,53 @@ class TransactionResult(Struct, kw_only=True):
     results: list[TxOpResult]  # one per op of that list, in order
     revision: str | None  # the revision of the transaction's last event (null: no change)
     tx: str  # the id its events carry
+
+
+# ---- state::set-many, state::delete-many ---------------------------------------------------------
+class SetManyEntry(Request, kw_only=True):
+    key: str
+    value: Raw
+    expected_version: int | None = None  # 0: the key must be absent
+    topic: str | None = None
+    ttl_ms: int | None = None
+
+
+class DeleteManyEntry(Request, kw_only=True):
+    key: str
+    expected_version: int | None = None
+
+
+class SetManyRequest(Scoped, kw_only=True):
+    scope: str
+    entries: list[SetManyEntry]
+    max_keys: int | None = None  # the scope's ceiling of live keys, for the keys created
+
+
+class DeleteManyRequest(Scoped, kw_only=True):
+    scope: str
+    entries: list[DeleteManyEntry]
+
+
+class BulkOutcome(Struct, kw_only=True, omit_defaults=True):
+    """One entry's outcome: `ok`, and what the single call would have said, or its `code`."""
+
+    key: str
+    ok: bool
+    version: int | UnsetType = UNSET  # set-many: the new version
+    created: bool | UnsetType = UNSET  # set-many
+    hash: str | UnsetType = UNSET  # set-many
+    deleted: bool | UnsetType = UNSET  # delete-many: false when the key was absent
+    code: str | UnsetType = UNSET  # a failed entry's error code
+
+
+class BulkError(Struct, kw_only=True):
+    index: int
+    key: str
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class BulkResult(Struct, kw_only=True):
+    results: list[BulkOutcome]  # one per entry, in request order
+    errors: list[BulkError]  # the failed entries

@@ -137,11 +137,20 @@ TRANSACTION = Spec("state::transaction", "transaction", s.TransactionRequest,
                    "`compare`, `ops` or `else_ops`", ("scope", "ops"), scoped=True,
                    raises=(*_WRITE, "CONFLICT", "DUPLICATE_KEY"))
 
+SET_MANY = Spec("state::set-many", "set_many", s.SetManyRequest, s.BulkResult,
+                "write many keys of one scope in one step, each on its own (`expected_version` "
+                "per entry); each entry's outcome and an `errors` list",
+                ("scope", "entries"), scoped=True, raises=(*_WRITE, "DUPLICATE_KEY"))
+DELETE_MANY = Spec("state::delete-many", "delete_many", s.DeleteManyRequest, s.BulkResult,
+                   "delete many keys of one scope in one step, each on its own "
+                   "(`expected_version` per entry); each entry's outcome and an `errors` list",
+                   ("scope", "entries"), scoped=True, raises=(*_ADDRESS, "DUPLICATE_KEY"))
+
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
-    LIST_TRIGGERS, TRANSACTION)
+    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 

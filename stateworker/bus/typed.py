@@ -68,3 +68,5 @@ class TypedCalls(abc.ABC):
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)
     transaction = spec_method(specs.TRANSACTION, CLIENT)
+    set_many = spec_method(specs.SET_MANY, CLIENT)
+    delete_many = spec_method(specs.DELETE_MANY, CLIENT)

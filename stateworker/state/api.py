@@ -289,3 +289,5 @@ class StateStore(KeyValueMethods):
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)
     transaction = spec_method(specs.TRANSACTION, STORE)
+    set_many = spec_method(specs.SET_MANY, STORE)
+    delete_many = spec_method(specs.DELETE_MANY, STORE)

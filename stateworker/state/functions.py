@@ -50,6 +50,7 @@ from stateworker.scripts.statuses import Target, raise_for_status, script_reply
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
+    bulk,
     guard,
     listing,
     namespaces,
@@ -286,6 +287,8 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
     (specs.TRANSACTION, transactions.state_transaction),
+    (specs.SET_MANY, bulk.state_set_many),
+    (specs.DELETE_MANY, bulk.state_delete_many),
 ))
 
 

@@ -74,7 +74,7 @@ def _at(path: str) -> Iterator[None]:
         raise
 
 
-class _Encoded:
+class Encoded:
     """The script's ARGV for one list of items, and what the reply needs to be read."""
 
     def __init__(self) -> None:
@@ -104,7 +104,7 @@ def _check_args(item: CheckFields, path: str) -> list[Arg]:
 
 
 def _op_args(state: RedisState, op: TxSet | TxUpdate | TxDelete | TxCompareAndSet, index: int,
-             path: str, encoded: _Encoded) -> list[Arg]:
+             path: str, encoded: Encoded) -> list[Arg]:
     """One op's ARGV after its kind and key (transaction.lua's header)."""
     settings = state.settings
     with _at(path):
@@ -145,11 +145,13 @@ def _op_error(op: TxUpdate, index: int, path: str, error: Any, docs_url: str) ->
                      "doc_url": doc_url(error.code, docs_url)})
 
 
-def _encode(state: RedisState, items: Sequence[TxOp | CheckFields], field: str) -> _Encoded:
-    if len(items) > MAX_TX_OPS:
-        raise InvalidRequest(f"$.{field}: at most {MAX_TX_OPS} per transaction, got "
-                             f"{len(items)}", {"path": f"$.{field}", "limit": MAX_TX_OPS})
-    encoded = _Encoded()
+def encode_items(state: RedisState, items: Sequence[TxOp | CheckFields], field: str,
+                 limit: int = MAX_TX_OPS, what: str = "per transaction") -> Encoded:
+    """transaction.lua's items of one list (`field`), checked: at most `limit` of them."""
+    if len(items) > limit:
+        raise InvalidRequest(f"$.{field}: at most {limit} {what}, got {len(items)}",
+                             {"path": f"$.{field}", "limit": limit})
+    encoded = Encoded()
     written: dict[str, int] = {}
     for index, item in enumerate(items):
         path = f"$.{field}[{index}]"
@@ -170,6 +172,15 @@ def _encode(state: RedisState, items: Sequence[TxOp | CheckFields], field: str) 
     return encoded
 
 
+def script_args(state: RedisState, scope: str, tx_id: str, max_keys: int | None,
+                lists: list[tuple[int, Encoded]]) -> list[Arg]:
+    """transaction.lua's ARGV from ARGV[8] on: the scope's prefixes, the id ("": each op on
+    its own), the limits, and the compare items, ops and else ops (count, encoded)."""
+    return [state.keys.for_scope(scope).entry_prefix + member(scope, ""), member(scope, ""),
+            tx_id, state.settings.max_value_bytes, optional(validate.max_keys(max_keys)),
+            *(count for count, _ in lists), *(arg for _, items in lists for arg in items.args)]
+
+
 def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     if req.else_ops is not None and req.compare is None:
@@ -179,20 +190,17 @@ def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallConte
     if not compare and not then_ops:
         raise InvalidRequest("$.ops: a transaction needs at least one op (or a `compare`)",
                              {"path": "$.ops"})
-    encoded = [_encode(state, compare, "compare"), _encode(state, then_ops, "ops"),
-               _encode(state, else_ops, "else_ops")]
+    encoded = [encode_items(state, compare, "compare"), encode_items(state, then_ops, "ops"),
+               encode_items(state, else_ops, "else_ops")]
     first_key = (compare or then_ops or else_ops)[0].key
-    tx_id = uuid.uuid4().hex
-    args: list[Arg] = [
-        state.keys.for_scope(req.scope).entry_prefix + member(req.scope, ""),
-        member(req.scope, ""), tx_id, state.settings.max_value_bytes,
-        optional(validate.max_keys(req.max_keys)), len(compare), len(then_ops), len(else_ops),
-        *encoded[0].args, *encoded[1].args, *encoded[2].args]
+    args = script_args(state, req.scope, uuid.uuid4().hex, req.max_keys,
+                       [(len(compare), encoded[0]), (len(then_ops), encoded[1]),
+                        (len(else_ops), encoded[2])])
     return _attempt(state, req, ctx, first_key, args, encoded, _HASH_RETRIES)
 
 
 def _attempt(state: RedisState, req: TransactionRequest, ctx: CallContext, first_key: str,
-             args: list[Arg], encoded: list[_Encoded], left: int) -> Plan:
+             args: list[Arg], encoded: list[Encoded], left: int) -> Plan:
     """One run of transaction.lua; a stored hash an update left unknown is computed and
     stored first, then the transaction runs again (`left` more times)."""
     def finish(reply: list[Any]) -> Any:
@@ -256,7 +264,7 @@ def _unmet(op: TxCheck | TxCompareAndSet, inner: list[Any], target: Target
             "absent)", {**wanted, "current_version": current})
 
 
-def _result(req: TransactionRequest, reply: list[Any], encoded: list[_Encoded]
+def _result(req: TransactionRequest, reply: list[Any], encoded: list[Encoded]
             ) -> TransactionResult:
     field, ops_list = _branch(req, reply[1])
     values = encoded[1 if field == "ops" else 2].values

@@ -3,6 +3,9 @@
   choose the branch (all hold: `ops`, else `else_ops`); every precondition of the branch's ops
   is checked and every new value built before the first write, so a failed op leaves the
   store as it was: no value, version, index or event changes.
+  With no transaction id (ARGV[10] ""), each op stands on its own (state::set-many,
+  state::delete-many): a failed op is left out and named, the others are written, and their
+  events carry no `tx`.
   Input:
     KEYS[1..7] as set.lua: KEYS[1] the entry of the transaction's first key (every other
       entry is ARGV[8] .. <len>:<scope><key>, in the same slot), the scope's key, updated and
@@ -13,7 +16,7 @@
     ARGV[1..7] as set.lua (ARGV[2], ARGV[3]: the first key and its ttl member)
     ARGV[8] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[9] ttl member prefix of the scope (<len>:<scope>)
-    ARGV[10] the transaction's id (its events' `tx`)
+    ARGV[10] the transaction's id (its events' `tx`); "" each op on its own
     ARGV[11] max value bytes (an update's result)
     ARGV[12] max live keys of the scope when the transaction creates keys ("" for no limit)
     ARGV[13] C, ARGV[14] T, ARGV[15] E: the number of compare items, ops and else ops; then
@@ -29,7 +32,8 @@
   Output:
     {ST.OK, branch (1 ops, 0 else ops), revision of the last event or false, ARGV[10], then
      4 per op of the branch: old value or false, an update's new value or false, version
-     after (0: absent), created (1/0)}
+     after (0: absent), created (1/0); last, the failed ops (each op on its own): index,
+     status (CONFLICT: current version and value; KEY_LIMIT: live keys and limit), 2 values}
     {ST.TX_ABORTED, branch, op index in the branch, status, ...}: that op failed; nothing
       written. The status and what follows it:
       status CONFLICT, current version (0 = absent), current value or false
@@ -88,12 +92,79 @@ local function check_fails(at, cur)
   return nil
 end
 
+local function conflict(cur)
+  return {ST.CONFLICT, version_of(cur), cur and cur[1] or false}
+end
+
+--[[
+  The op at `at` (its key `key`, its entry `cur`: nil when absent) checked and planned:
+  {kind, key, cur, value, hash, topic, ttl, plain, writes} and nil, or that table (writing
+  nothing) and its failure: {status, ...} as TX_ABORTED's (NEEDS_HASH: the whole reply).
+]]
+local function plan_op(at, key, cur)
+  local kind = ARGV[at]
+  local plan = {kind, key, cur or false, false, false, '~', false, false, false}
+  if kind == 'check' then
+    local failed = check_fails(at, cur)
+    if failed == 'hash' then
+      return plan, {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
+    elseif failed then
+      return plan, conflict(cur)
+    end
+  elseif kind == 'set' then
+    local cond = ARGV[at + 6]
+    if cond ~= '' and version_of(cur) ~= tonumber(string.sub(cond, 2)) then
+      return plan, conflict(cur)
+    end
+    plan[4], plan[5], plan[6] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+    plan[7], plan[8], plan[9] = tonumber(ARGV[at + 5]) or false, ARGV[at + 7] == '1', true
+  elseif kind == 'cas' then
+    local cond = ARGV[at + 4]
+    if cond == 'a' then
+      if cur and cur[1] ~= 'null' then
+        return plan, conflict(cur)
+      end
+    elseif not cur then
+      return plan, conflict(cur)
+    elseif not cur[4] then
+      return plan, {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
+    elseif cur[4] ~= string.sub(cond, 2) then
+      return plan, conflict(cur)
+    end
+    plan[4], plan[5], plan[8], plan[9] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 5] == '1', true
+  elseif kind == 'delete' then
+    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
+      return plan, conflict(cur)
+    end
+    plan[9] = cur ~= nil
+  else -- update
+    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
+      return plan, conflict(cur)
+    end
+    local plain = (cur == nil or cur[6] == '1') and ARGV[at + 5] == '1'
+    JSON_NO_BRACKETS_IN_STRINGS = plain
+    local new, errors = apply_ops(cur and cur[1] or '{}', cur == nil, at + 6)
+    if #errors > 0 then
+      return plan, {ST.OP_FAILED, errors[1], errors[2], errors[3]}
+    end
+    if new then
+      if #new > tonumber(ARGV[11]) then
+        return plan, {ST.VALUE_TOO_LARGE, #new}
+      end
+      plan[4], plan[6], plan[8], plan[9] = new, ARGV[at + 3], plain, true
+      plan[7] = ARGV[at + 4] ~= '' and tonumber(ARGV[at + 4]) or false
+    end
+  end
+  return plan, nil
+end
+
 --- @per-call
 local dup, ctx = entry_start()
 if dup then
   return dup
 end
 local prefix, ttl_prefix = ARGV[8], ARGV[9]
+local each = ARGV[10] == '' -- set-many / delete-many: each op on its own, no `tx`
 local ncompare, nthen, nelse = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local loaded = {} -- key -> {cur or false, expired}: each entry read once
 local function load(key)
@@ -133,92 +204,52 @@ if branch == 0 then
   count = nelse
 end
 
-local function aborted(index, status, a, b, c)
-  return entry_finish({ST.TX_ABORTED, branch, index, status, a, b, c})
-end
-
-local function conflict(index, cur)
-  return aborted(index, ST.CONFLICT, version_of(cur), cur and cur[1] or false)
-end
-
--- Phase 1: every op checked and its new value built; nothing written.
+-- Phase 1: every op checked and its new value built; nothing written. The first failure
+-- ends a transaction; in `each` mode (set-many, delete-many) it only leaves its op out.
 local plans = {} -- per op: {kind, key, cur, value, hash, topic, ttl, plain, writes}
+local failures = {} -- `each` mode: index, status, 2 values, per failed op
 local events, created = 0, 0
 local creator = nil -- the index of the first op that creates a key
+local limit = ARGV[12] ~= '' and tonumber(ARGV[12]) or false
 for index = 0, count - 1 do
-  local kind, key = ARGV[at], ARGV[at + 1]
+  local key = ARGV[at + 1]
   local cur = load(key)
-  local plan = {kind, key, cur or false, false, false, '~', false, false, false}
-  if kind == 'check' then
-    local failed = check_fails(at, cur)
-    if failed == 'hash' then
-      return {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
-    elseif failed then
-      return conflict(index, cur)
+  local plan, failure = plan_op(at, key, cur)
+  if not failure and each and plan[9] and not cur and plan[1] ~= 'delete' and limit then
+    failure = entry_key_limit(ctx, nil, tostring(limit - created)) -- (this op's own count)
+  end
+  if failure then
+    if failure[1] == ST.NEEDS_HASH then
+      return failure
     end
-  elseif kind == 'set' then
-    local cond = ARGV[at + 6]
-    if cond ~= '' and version_of(cur) ~= tonumber(string.sub(cond, 2)) then
-      return conflict(index, cur)
+    if not each then
+      return entry_finish({ST.TX_ABORTED, branch, index, unpack(failure)})
     end
-    plan[4], plan[5], plan[6] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-    plan[7], plan[8], plan[9] = tonumber(ARGV[at + 5]) or false, ARGV[at + 7] == '1', true
-  elseif kind == 'cas' then
-    local cond = ARGV[at + 4]
-    if cond == 'a' then
-      if cur and cur[1] ~= 'null' then
-        return conflict(index, cur)
-      end
-    elseif not cur then
-      return conflict(index, cur)
-    elseif not cur[4] then
-      return {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
-    elseif cur[4] ~= string.sub(cond, 2) then
-      return conflict(index, cur)
+    if failure[1] == ST.KEY_LIMIT then -- (the live keys with those this call creates)
+      failure[2], failure[3] = failure[2] + created, limit
     end
-    plan[4], plan[5], plan[8], plan[9] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 5] == '1', true
-  elseif kind == 'delete' then
-    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
-      return conflict(index, cur)
-    end
-    plan[9] = cur ~= nil
-    if cur then
-      created = created - 1
-    end
-  else -- update
-    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
-      return conflict(index, cur)
-    end
-    local plain = (cur == nil or cur[6] == '1') and ARGV[at + 5] == '1'
-    JSON_NO_BRACKETS_IN_STRINGS = plain
-    local new, errors = apply_ops(cur and cur[1] or '{}', cur == nil, at + 6)
-    if #errors > 0 then
-      return aborted(index, ST.OP_FAILED, errors[1], errors[2], errors[3])
-    end
-    if new then
-      if #new > tonumber(ARGV[11]) then
-        return aborted(index, ST.VALUE_TOO_LARGE, #new)
-      end
-      plan[4], plan[6], plan[8], plan[9] = new, ARGV[at + 3], plain, true
-      plan[7] = ARGV[at + 4] ~= '' and tonumber(ARGV[at + 4]) or false
-    end
+    local n = #failures
+    failures[n + 1], failures[n + 2], failures[n + 3] = index, failure[1], failure[2]
+    failures[n + 4] = failure[3] or false
+    plan[9] = false
   end
   if plan[9] then
     events = events + 1
-    if not cur and kind ~= 'delete' then
+    if not cur and plan[1] ~= 'delete' then
       created = created + 1
       creator = creator or index
+    elseif cur and plan[1] == 'delete' then
+      created = created - 1
     end
   end
   plans[index + 1] = plan
   at = next_item(at)
 end
 
-if created > 0 and ARGV[12] ~= '' then
-  local limit = tonumber(ARGV[12])
+if not each and created > 0 and limit then
   local full = entry_key_limit(ctx, nil, tostring(limit - created + 1))
   if full then
-    return aborted(creator, ST.KEY_LIMIT, full[2], limit)
+    return entry_finish({ST.TX_ABORTED, branch, creator, ST.KEY_LIMIT, full[2], limit})
   end
 end
 
@@ -229,7 +260,9 @@ for key, seen in pairs(loaded) do
     entry_drop_expired(ctx, seen[2])
   end
 end
-ctx.tx, ctx.txsize = ARGV[10], tostring(events)
+if not each then
+  ctx.tx, ctx.txsize = ARGV[10], tostring(events)
+end
 local reply = {ST.OK, branch, false, ARGV[10]}
 for index = 1, count do
   local plan = plans[index]
@@ -255,5 +288,6 @@ for index = 1, count do
   reply[n + 3], reply[n + 4] = version, (cur == nil and plan[9] and kind ~= 'delete') and 1 or 0
 end
 reply[3] = ctx.rev
+reply[#reply + 1] = failures
 ctx.tx, ctx.txsize = false, false
 return entry_finish(reply)
