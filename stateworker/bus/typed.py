@@ -67,3 +67,5 @@ class TypedCalls(abc.ABC):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, CLIENT)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)
+    get_many = spec_method(specs.GET_MANY, CLIENT)
+    delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, CLIENT)

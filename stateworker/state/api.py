@@ -288,3 +288,5 @@ class StateStore(KeyValueMethods):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)
+    get_many = spec_method(specs.GET_MANY, STORE)
+    delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, STORE)

@@ -50,6 +50,7 @@ from stateworker.scripts.statuses import Target, raise_for_status, script_reply
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
+    bulkread,
     guard,
     listing,
     namespaces,
@@ -284,6 +285,8 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.KEEP_TRIGGER, trigger_leases.state_keep_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
+    (specs.GET_MANY, bulkread.state_get_many),
+    (specs.DELETE_BY_PREFIX, bulkread.state_delete_by_prefix),
 ))
 
 
