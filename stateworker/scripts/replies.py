@@ -215,9 +215,9 @@ class ListReply(NamedTuple):
 
 
 class GetManyReply(NamedTuple):
-    """getmany.lua: 9 fields per key asked (value false: missing or expired)."""
+    """getmany.lua: 9 fields per key asked (value None: missing or expired)."""
 
-    fields: list[Any]
+    entries: list[list[Any]]
 
     @classmethod
     def read(cls, reply: list[Any]) -> GetManyReply:

@@ -33,7 +33,6 @@ from stateworker.transport.plans import Plan
 MAX_GET_MANY = 1000  # keys one get-many reads at most
 DEFAULT_DELETE_LIMIT = 1000  # entries one delete-by-prefix deletes at most, by default
 MAX_DELETE_LIMIT = 10_000  # ... and the highest `limit` it takes
-_FIELDS = 9  # getmany.lua's fields per key
 
 
 def state_get_many(state: RedisState, req: GetManyRequest, ctx: CallContext) -> Plan:
@@ -76,9 +75,9 @@ def get_many_plan(state: RedisState, scope: str, keys: list[str]) -> Plan:
     """The entries of `keys`, in that order, in one script call (and one step storing the
     hashes an update left unknown, when there are any)."""
     def finish(reply: GetManyReply) -> Any:
-        flat = reply.fields
-        entries = [_entry(flat[i:i + _FIELDS]) for i in range(0, len(flat), _FIELDS)]
-        unknown = {keys[i]: (entry, flat[i * _FIELDS])  # (a key asked twice: one step)
+        fields = reply.entries
+        entries = [_entry(f) for f in fields]
+        unknown = {keys[i]: (entry, fields[i][0])  # (a key asked twice: one step)
                    for i, entry in enumerate(entries) if entry.found and not entry.hash}
         if not unknown:
             return GetManyResult(entries)

@@ -9,21 +9,19 @@
     ARGV[2] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[3 ..] the keys
   Output:
-    {ST.OK, {value, version, hash, topic, created, updated, expires, updated_by, revision, ...}}
-    (9 fields per key asked, false where unset; value false for a missing or expired entry)
+    {ST.OK, {{value, version, hash, topic, created, updated, expires, updated_by, revision}, ...}}
+    (one list of 9 fields per key asked, false where unset; value false for a missing or
+    expired entry)
   Events: none.
 ]]
 
 local now, prefix = tonumber(ARGV[1]), ARGV[2]
-local out, n = {}, 0
+local out = {}
 for i = 3, #ARGV do
   local f = redis.call('HMGET', prefix .. ARGV[i], 'v', 'n', 'h', 't', 'c', 'u', 'x', 'b', 'r')
   if f[1] and f[7] and tonumber(f[7]) <= now then
     f[1] = false
   end
-  for j = 1, 9 do
-    out[n + j] = f[j]
-  end
-  n = n + 9
+  out[i - 2] = f
 end
 return {ST.OK, out}

@@ -6,7 +6,6 @@ model's keys with the prefix, one event each, leaving the others."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
