@@ -185,6 +185,16 @@ class Trigger(Struct, kw_only=True, omit_defaults=True):
     expires_at: str | None = None  # ... and when it is gone unless kept (RFC 3339, ms)
 
 
+class GetManyRequest(Scoped):
+    scope: str
+    keys: list[str]  # at most bulkread.MAX_GET_MANY keys; one may come twice
+
+
+class DeleteByPrefixRequest(Scoped, kw_only=True):
+    scope: str
+    prefix: str  # a raw byte prefix of keys; not empty
+    limit: int = 1000  # entries deleted at most in this call (bulkread.DEFAULT_DELETE_LIMIT)
+
 # ---- results ----------------------------------------------------------------------------------
 class SetResult(Struct):
     old_value: Raw
@@ -278,6 +288,14 @@ class EntryResult(Struct, omit_defaults=True):
     updated_by: str | UnsetType | None = UNSET
     revision: str | UnsetType = UNSET
 
+
+class GetManyResult(Struct):
+    entries: list[EntryResult]  # in the order of the request's keys
+
+
+class PrefixDeletedResult(Struct):
+    deleted: int
+    more: bool  # entries with the prefix remain: call again
 
 # One reused encoder; Raw fields are written through as they are.
 encoder = msgspec.json.Encoder()

@@ -145,12 +145,20 @@ DELETE_MANY = Spec("state::delete-many", "delete_many", s.DeleteManyRequest, s.B
                    "delete many keys of one scope in one step, each on its own "
                    "(`expected_version` per entry); each entry's outcome and an `errors` list",
                    ("scope", "entries"), scoped=True, raises=(*_ADDRESS, "DUPLICATE_KEY"))
+GET_MANY = Spec("state::get-many", "get_many", s.GetManyRequest, s.GetManyResult,
+                "several entries of a scope in one step, in the order asked, each as "
+                "`get-entry` gives it (`{found: false}` for a miss)", ("scope", "keys"),
+                read_only=True, scoped=True, raises=_ADDRESS, unwrap="entries")
+DELETE_BY_PREFIX = Spec("state::delete-by-prefix", "delete_by_prefix", s.DeleteByPrefixRequest,
+                        s.PrefixDeletedResult, "delete up to `limit` entries whose key starts "
+                        "with `prefix`, in key order; `more`: call again", ("scope", "prefix"),
+                        scoped=True, raises=_ADDRESS)
 
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
-    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY)
+    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 

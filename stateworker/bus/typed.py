@@ -70,3 +70,5 @@ class TypedCalls(abc.ABC):
     transaction = spec_method(specs.TRANSACTION, CLIENT)
     set_many = spec_method(specs.SET_MANY, CLIENT)
     delete_many = spec_method(specs.DELETE_MANY, CLIENT)
+    get_many = spec_method(specs.GET_MANY, CLIENT)
+    delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, CLIENT)

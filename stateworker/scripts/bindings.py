@@ -26,8 +26,10 @@ from stateworker.scripts.replies import (
     ClaimReply,
     Counted,
     DeleteReply,
+    DelprefixReply,
     DeltopicReply,
     EntriesReply,
+    GetManyReply,
     KeptReply,
     ListReply,
     Moved,
@@ -83,10 +85,12 @@ ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 # state::transaction: its reply is read by state/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
+GETMANY = Binding("getmany", 1, GetManyReply.read)
+DELPREFIX = Binding("delprefix", 6, DelprefixReply.read)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
-    TRANSACTION)
+    TRANSACTION, GETMANY, DELPREFIX)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -294,3 +298,18 @@ def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
 def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
     """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
     return [lease, position], [token, last_id, n]
+
+
+def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
+    """getmany.lua: the scope's entries named `keys`, in that order."""
+    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), *keys]
+
+
+def delprefix_call(settings: Settings, part: PartitionKeys, scope: str, by: str | None,
+                   prefix: bytes, limit: int) -> Call:
+    """delprefix.lua: one batch of at most `limit` entries whose key starts with `prefix`."""
+    return ([part.key_index(scope), part.updated_index(scope), part.topic_index(scope),
+             part.scopes, part.ttl, part.events],
+            [scope, now_ms(), settings.events_maxlen, by or "", b"[" + prefix,
+             b"(" + prefix + b"\xff", limit, part.entry_prefix + member(scope, ""),
+             member(scope, "")])

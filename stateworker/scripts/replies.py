@@ -212,3 +212,24 @@ class ListReply(NamedTuple):
     @classmethod
     def read(cls, reply: list[Any]) -> ListReply:
         return cls(list(reply[1]))
+
+
+class GetManyReply(NamedTuple):
+    """getmany.lua: 9 fields per key asked (value None: missing or expired)."""
+
+    entries: list[list[Any]]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> GetManyReply:
+        return cls(list(reply[1]))
+
+
+class DelprefixReply(NamedTuple):
+    """delprefix.lua: entries deleted, and whether keys with the prefix remain."""
+
+    deleted: int
+    more: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> DelprefixReply:
+        return cls(int(reply[1]), reply[2] == 1)

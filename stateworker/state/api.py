@@ -291,3 +291,5 @@ class StateStore(KeyValueMethods):
     transaction = spec_method(specs.TRANSACTION, STORE)
     set_many = spec_method(specs.SET_MANY, STORE)
     delete_many = spec_method(specs.DELETE_MANY, STORE)
+    get_many = spec_method(specs.GET_MANY, STORE)
+    delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, STORE)

@@ -51,6 +51,7 @@ from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
     bulk,
+    bulkread,
     guard,
     listing,
     namespaces,
@@ -289,6 +290,8 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.TRANSACTION, transactions.state_transaction),
     (specs.SET_MANY, bulk.state_set_many),
     (specs.DELETE_MANY, bulk.state_delete_many),
+    (specs.GET_MANY, bulkread.state_get_many),
+    (specs.DELETE_BY_PREFIX, bulkread.state_delete_by_prefix),
 ))
 
 

@@ -48,6 +48,10 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
                 *written(keys[1])]
     if name == "deltopic":
         return [text(args[8]) + "somekey", *written(keys[3])]
+    if name == "getmany":
+        return [text(args[1]) + "somekey"]
+    if name == "delprefix":
+        return [text(args[7]) + "somekey", *written(keys[3])]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
@@ -85,6 +89,8 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::update-topic", {"scope": s, "key": f"k{i}", "topic": "u"})
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
+        await store.get_many(s, [f"k{i}", "absent"])
+        await store.delete_by_prefix(s, "zz")
         await store.delete(s, f"k{i}")
         await store.transaction(s, [{"op": "set", "key": "t1", "value": 1},
                                     {"op": "delete", "key": "t2"}])
