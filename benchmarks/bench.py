@@ -29,6 +29,7 @@ from benchmarks import (
     bench_reactive,
     bench_shards,
     bench_snapshot,
+    bench_txn,
 )
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
@@ -77,6 +78,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "getmany" in sections:  # a service and a store of their own prefix
                 figures["getmany"] = await bench_getmany.getmany_section(
                     server.url, seconds, rounds, out)
+            if "txn" in sections:  # a service and a store of their own prefix
+                figures["txn"] = await bench_txn.txn_section(server.url, seconds, rounds, out)
             if sections & {"store", "update", "list"}:
                 figures.update(await _measure(server.url, str(server.socket), seconds, rounds,
                                               out, sections))
@@ -232,7 +235,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany")
+            "reactive", "engines", "cluster", "getmany", "txn")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -55,7 +55,7 @@ def _ops(call: Call) -> dict[str, Callable[[int, int], Awaitable[Any]]]:
     return {"get-many": get_many, "gets in turn": gets_in_turn, "gets at once": gets_at_once}
 
 
-async def _pair(ours: Callable[[int, int], Awaitable[Any]],
+async def paired(ours: Callable[[int, int], Awaitable[Any]],
                 other: Callable[[int, int], Awaitable[Any]], seconds: float,
                 rounds: int) -> tuple[float, float]:
     ours_rates, other_rates = [], []
@@ -69,7 +69,7 @@ async def _face(call: Call, seconds: float, rounds: int) -> dict[str, Any]:
     ops = _ops(call)
     row: dict[str, Any] = {}
     for other in ("gets in turn", "gets at once"):
-        many_rate, other_rate = await _pair(ops["get-many"], ops[other], seconds, rounds)
+        many_rate, other_rate = await paired(ops["get-many"], ops[other], seconds, rounds)
         row[other] = {"get_many_per_s": round(many_rate, 1),
                       "gets_per_s": round(other_rate, 1),
                       "ratio": round(many_rate / other_rate, 2)}
