@@ -44,9 +44,9 @@ from stateworker.schemas import (
     UpdateTopicRequest,
     encoder,
 )
-from stateworker.scripts.bindings import BIND, KEEP, bind_call
+from stateworker.scripts.bindings import KEEP
 from stateworker.scripts.replies import UpdateReply
-from stateworker.scripts.statuses import Target, raise_for_status, script_reply
+from stateworker.scripts.statuses import Target
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
@@ -349,7 +349,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
     if ctx.call_id is not None and not plan.binds_call_id:
-        plan = claimed(state, ctx, plan, fn in catalog.reads)
+        plan = state.claimed(ctx, plan, fn in catalog.reads)
     return plan
 
 
@@ -372,37 +372,6 @@ def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
         raise UnknownFunction(f"fn: {shown(spec.name)} is not served here; this store serves "
                               f"{', '.join(sorted(catalog.functions))}", {"fn": spec.name})
     return entry.typed(state, request, ctx)
-
-
-def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
-    """`plan`, run only if its call id is free or already bound to this same call.
-
-    A record in one partition would not meet an id reused for a call in ANOTHER partition. So
-    every bus call binds its id to its digest (function + body) in the id's own bucket of
-    records (bind.lua, kept as long as the records). On one Redis the entry scripts record
-    there themselves (`binds_call_id`: their record is the binding); a read binds it in the
-    same pipeline, before its own commands (what it read is dropped when the id is another
-    call's); any other call (and on a cluster every call) binds it in a step before it runs,
-    so a refused call never writes. The calls of one batch keep their order either way (a
-    read does not overtake a write read before it).
-    """
-    claim = BIND.command(state.library, *bind_call(state.settings, state.keys, ctx))
-
-    def check(reply: Any) -> None:
-        raise_for_status(script_reply(reply, BIND.name), Target(state.settings, "", "", ctx))
-
-    if read_only:
-        def read(replies: list[Any]) -> Any:
-            check(replies[0])
-            return plan.finish(replies[1:])
-
-        return Plan([claim, *plan.commands], read, plan.checks_deadline)
-
-    def bound(replies: list[Any]) -> Plan:
-        check(replies[0])
-        return plan
-
-    return Plan([claim], bound)
 
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext,
