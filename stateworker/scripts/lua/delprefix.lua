@@ -22,13 +22,10 @@
 local members = redis.call('ZRANGE', KEYS[1], ARGV[5], ARGV[6], 'BYLEX', 'LIMIT', 0,
   tonumber(ARGV[7]))
 local deleted = 0
+local ctx = entry_scope_ctx(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1],
+  ARGV[2], ARGV[3], ARGV[4])
 for _, key in ipairs(members) do
-  local ctx = {
-    entry = ARGV[8] .. key, keyIndex = KEYS[1], updIndex = KEYS[2], topicIndex = KEYS[3],
-    scopes = KEYS[4], ttl = KEYS[5], events = KEYS[6],
-    scope = ARGV[1], key = key, member = ARGV[9] .. key,
-    now = tonumber(ARGV[2]), stamp = ARGV[2], maxlen = ARGV[3], by = ARGV[4],
-  }
+  entry_at(ctx, ARGV[8], ARGV[9], key)
   local cur = entry_load_live(ctx)
   if cur then
     entry_unlink(ctx, cur)

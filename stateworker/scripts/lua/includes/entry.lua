@@ -328,6 +328,21 @@ local function entry_at(ctx, prefix, ttl_prefix, key)
   ctx.entry, ctx.key, ctx.member = prefix .. key, key, ttl_prefix .. key
 end
 
+--[[
+  The ctx of a script over many entries of one scope that keeps no call record (deltopic,
+  delprefix): the scope's indexes, the partition's keys and the call's time, stream cap and
+  writer; each entry is then addressed with entry_at. (entry_ctx: no table per entry.)
+]]
+local function entry_scope_ctx(keyIndex, updIndex, topicIndex, scopes, ttl, events, scope, now,
+                               maxlen, by)
+  local ctx = entry_ctx
+  ctx.keyIndex, ctx.updIndex, ctx.topicIndex = keyIndex, updIndex, topicIndex
+  ctx.scopes, ctx.ttl, ctx.events, ctx.scope = scopes, ttl, events, scope
+  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(now), now, maxlen, by
+  ctx.rev, ctx.tx, ctx.txsize = false, false, false
+  return ctx
+end
+
 -- The end of a call that entry_begin started: its reply, recorded when the call has a record.
 local function entry_finish(reply)
   if KEYS[8] then
