@@ -161,6 +161,9 @@ async def test_refusals_before_anything_is_read(store_on: StateStore) -> None:
         error = await failure(store_on, {"scope": scope, "ops": [op]})
         assert error.code in ("INVALID_REQUEST", "UNKNOWN_FIELD"), (op, error)
         assert error.details["path"] == path and path in error.message, (op, error)
+        if op["op"] == "rename":  # the kinds there are, named
+            assert error.details["allowed"] == ["set", "update", "delete", "compare-and-set",
+                                                "check"]
     no_compare = await failure(store_on, {"scope": scope, "ops": [], "else_ops": []})
     assert no_compare.details["path"] == "$.else_ops"
     empty = await failure(store_on, {"scope": scope, "ops": []})
