@@ -86,7 +86,7 @@ BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_I
 # state::transaction: its reply is read by state/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
 GETMANY = Binding("getmany", 1, GetManyReply.read)
-DELPREFIX = Binding("delprefix", 6, DelprefixReply.read)
+DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
@@ -305,11 +305,8 @@ def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
     return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), *keys]
 
 
-def delprefix_call(settings: Settings, part: PartitionKeys, scope: str, by: str | None,
-                   prefix: bytes, limit: int) -> Call:
-    """delprefix.lua: one batch of at most `limit` entries whose key starts with `prefix`."""
-    return ([part.key_index(scope), part.updated_index(scope), part.topic_index(scope),
-             part.scopes, part.ttl, part.events],
-            [scope, now_ms(), settings.events_maxlen, by or "", b"[" + prefix,
-             b"(" + prefix + b"\xff", limit, part.entry_prefix + member(scope, ""),
-             member(scope, "")])
+def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int) -> list[Arg]:
+    """delprefix.lua's ARGV from ARGV[8] on (its KEYS and first 7: `entry_call`, the prefix
+    as the key): at most `limit` entries whose key starts with `prefix`."""
+    return [part.entry_prefix + member(scope, ""), member(scope, ""), b"[" + prefix,
+            b"(" + prefix + b"\xff", limit]

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from stateworker import clock
-from stateworker.context import CallContext
+from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.errors import InvalidRequest
 from stateworker.schemas import (
     DeleteByPrefixRequest,
@@ -23,7 +23,7 @@ from stateworker.schemas import (
     GetManyResult,
     PrefixDeletedResult,
 )
-from stateworker.scripts.bindings import DELPREFIX, GETMANY, delprefix_call, getmany_call
+from stateworker.scripts.bindings import DELPREFIX, GETMANY, delprefix_args, getmany_call
 from stateworker.scripts.replies import DelprefixReply, GetManyReply
 from stateworker.state import validate
 from stateworker.state.reads import hash_plan
@@ -53,7 +53,7 @@ def state_delete_by_prefix(state: RedisState, req: DeleteByPrefixRequest,
         raise InvalidRequest("$.prefix: must not be empty (an empty prefix would match every "
                              "key of the scope)", {"path": "$.prefix"})
     validate.in_range("limit", req.limit, 1, MAX_DELETE_LIMIT)
-    return delete_by_prefix_plan(state, req.scope, req.prefix, req.limit, ctx.by)
+    return delete_by_prefix_plan(state, req.scope, req.prefix, req.limit, ctx)
 
 
 def _ms(raw: bytes | None) -> str | None:
@@ -107,12 +107,11 @@ def _with_hashes(entries: list[EntryResult], keys: list[str],
 
 
 def delete_by_prefix_plan(state: RedisState, scope: str, prefix: str, limit: int,
-                          by: str | None = None) -> Plan:
-    """One batch: at most `limit` entries whose key starts with `prefix`, in key order."""
-    part = state.keys.for_scope(scope)
-
+                          ctx: CallContext = NO_CONTEXT) -> Plan:
+    """One batch: at most `limit` entries whose key starts with `prefix`, in key order (an
+    entry script: a bus call's reply is recorded with the deletes)."""
     def finish(reply: DelprefixReply) -> PrefixDeletedResult:
         return PrefixDeletedResult(reply.deleted, reply.more)
 
-    call = delprefix_call(state.settings, part, scope, by, prefix.encode(), limit)
-    return state.script_plan(DELPREFIX, call, finish)
+    args = delprefix_args(state.keys.for_scope(scope), scope, prefix.encode(), limit)
+    return state.entry_plan(DELPREFIX, state.target(scope, prefix, ctx), args, finish)

@@ -50,14 +50,12 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
         return [text(args[8]) + "somekey", *written(keys[3])]
     if name == "getmany":
         return [text(args[1]) + "somekey"]
-    if name == "delprefix":
-        return [text(args[7]) + "somekey", *written(keys[3])]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
-    if name in ("set", "delete", "update", "topic", "transaction"):
+    if name in ("set", "delete", "update", "topic", "transaction", "delprefix"):
         derived = written(keys[4])
-        if name == "transaction":  # every entry after the first: ARGV[8] .. <len>:<scope><key>
+        if name in ("transaction", "delprefix"):  # the other entries: ARGV[8] .. <len><scope><key>
             derived.append(text(args[7]) + "somekey")
         if len(keys) > 7:
             record = text(keys[7])  # the slices beside it

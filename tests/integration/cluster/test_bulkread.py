@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateStore, codec
+from stateworker.context import CallContext
+from stateworker.state import functions
 from tests.lua.ttl import HOUR_MS, expiring, pass_time
 
 pytestmark = pytest.mark.anyio
@@ -103,3 +106,21 @@ async def test_delete_by_prefix_resumes_to_completion(
     assert [int(bytes(e.old_value)) for e in events] == [keys.index(k) for k in matching]
     rest = sorted((k for k in keys if not k.startswith(prefix)), key=str.encode)
     assert await store_on.list_keys(scope) == rest
+
+
+async def test_a_retried_delete_by_prefix_gets_its_reply_and_deletes_no_more(
+        store_on: StateStore) -> None:
+    """Delivered twice (a retry, a redelivery), one bus call deletes once: the second gets
+    the first's reply, and a key written with the prefix in between stays."""
+    scope = f"dp-{uuid.uuid4().hex[:6]}"
+    for key in ("job-1", "job-2", "other"):
+        await store_on.set(scope, key, 1)
+    body = msgspec.json.encode({"scope": scope, "prefix": "job-"})
+    bus = CallContext(call_id=uuid.uuid4().hex, call_digest="2" * 40)
+    state = store_on.state
+    first = await state.execute(functions.prepare(state, "state::delete-by-prefix", body, bus))
+    await store_on.set(scope, "job-3", 1)
+    again = await state.execute(functions.prepare(state, "state::delete-by-prefix", body, bus))
+    assert msgspec.json.encode(first) == msgspec.json.encode(again) == \
+        b'{"deleted":2,"more":false}'
+    assert await store_on.list_keys(scope) == ["job-3", "other"]
