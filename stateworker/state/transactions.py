@@ -165,8 +165,9 @@ def encode_items(state: RedisState, items: Sequence[TxOp | CheckFields], field: 
             first = written.setdefault(item.key, index)
             if first != index:
                 raise DuplicateKey(
-                    f"{path}: key {shown(item.key)} is written twice in `{field}` (ops {first} "
-                    f"and {index}); a transaction writes each key once",
+                    f"{path}: key {shown(item.key)} is written twice in `{field}` ({first} and "
+                    f"{index}); one call writes each key once (which write should win would "
+                    "be a guess)",
                     {"path": path, "key": item.key, "op_index": index, "first_index": first})
         encoded.args += [kind, item.key, *args]
     return encoded
