@@ -67,3 +67,7 @@ class TypedCalls(abc.ABC):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, CLIENT)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, CLIENT)
     list_triggers = spec_method(specs.LIST_TRIGGERS, CLIENT)
+    query = spec_method(specs.QUERY, CLIENT)
+    create_index = spec_method(specs.CREATE_INDEX, CLIENT)
+    drop_index = spec_method(specs.DROP_INDEX, CLIENT)
+    list_indexes = spec_method(specs.LIST_INDEXES, CLIENT)

@@ -28,6 +28,7 @@ from stateworker.scripts.replies import (
     DeleteReply,
     DeltopicReply,
     EntriesReply,
+    IndexReply,
     KeptReply,
     ListReply,
     Moved,
@@ -81,9 +82,11 @@ FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
+INDEX = Binding("index", 3, IndexReply.read)  # create-index, its build, drop-index
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
+BINDINGS += (INDEX,)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -291,3 +294,10 @@ def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
 def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
     """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
     return [lease, position], [token, last_id, n]
+
+
+def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:
+    """index.lua: `op` create (`count`: most indexes of a scope), build (`count`: most keys of
+    a batch) or drop."""
+    return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer)],
+            [op, pointer, part.entry_prefix + member(scope, ""), count])

@@ -288,3 +288,7 @@ class StateStore(KeyValueMethods):
     keep_trigger = spec_method(specs.KEEP_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)
     list_triggers = spec_method(specs.LIST_TRIGGERS, STORE)
+    query = spec_method(specs.QUERY, STORE)
+    create_index = spec_method(specs.CREATE_INDEX, STORE)
+    drop_index = spec_method(specs.DROP_INDEX, STORE)
+    list_indexes = spec_method(specs.LIST_INDEXES, STORE)

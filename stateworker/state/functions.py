@@ -51,9 +51,11 @@ from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
     guard,
+    indexes,
     listing,
     namespaces,
     ops,
+    query,
     reads,
     trigger_leases,
     triggers,
@@ -284,6 +286,10 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.KEEP_TRIGGER, trigger_leases.state_keep_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
+    (specs.QUERY, query.state_query),
+    (specs.CREATE_INDEX, indexes.state_create_index),
+    (specs.DROP_INDEX, indexes.state_drop_index),
+    (specs.LIST_INDEXES, indexes.state_list_indexes),
 ))
 
 

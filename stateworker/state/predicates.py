@@ -1,0 +1,255 @@
+"""`state::query`'s `where`: its checks, its exact evaluation and the order-preserving
+encoding of an index member (pure code; the plans are in state/query.py).
+
+Values are compared as JSON, exactly: documents are decoded with every number as a
+`Decimal` (`1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`, big integers and long
+decimals are never rounded through a double); `true` is never the number 1; strings compare
+by their UTF-8 bytes (= code point order); objects compare with key order ignored.
+
+A pointer is RFC 6901 (parsed by `jsonpointer`; `""` is the whole value); it is resolved here
+(not with `jsonpointer.resolve_pointer`, which indexes into a string as into an array): an
+array step must be `0` or a number without a leading zero below its length.
+
+The index encoding (`encode`) maps a scalar to bytes whose byte order is its order in a
+query: null, false, true, numbers (negative, zero, positive), strings. The Lua include
+`indexes.lua` writes the same bytes from a value's JSON text; the two are tested together.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import msgspec
+from jsonpointer import JsonPointer, JsonPointerException
+
+from stateworker.errors import InvalidRequest, shown
+from stateworker.schemas import WhereItem
+
+OPS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "prefix")
+RANGE_OPS = ("lt", "lte", "gt", "gte")
+MAX_WHERE = 16  # items of one `where`
+MAX_IN = 100  # values of one `in`
+MAX_POINTER_BYTES = 1024
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+MISSING: Any = object()  # what an unresolvable pointer gives
+
+
+class Where(NamedTuple):
+    pointer: str
+    parts: tuple[str, ...]
+    op: str
+    value: Any  # decoded (numbers as Decimal); a list for `in`
+
+
+def decode(text: bytes | str) -> Any:
+    """A JSON document with every number as an exact Decimal."""
+    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+
+
+def pointer_parts(pointer: str, path: str) -> tuple[str, ...]:
+    if len(pointer.encode("utf-8", "surrogatepass")) > MAX_POINTER_BYTES:
+        raise InvalidRequest(f"{path}: a pointer is at most {MAX_POINTER_BYTES} bytes",
+                             {"path": path, "limit": MAX_POINTER_BYTES})
+    try:
+        return tuple(JsonPointer(pointer).parts)
+    except JsonPointerException as exc:
+        raise InvalidRequest(f"{path}: {shown(pointer)} is not an RFC 6901 JSON pointer ({exc}); "
+                             "use \"\" for the whole value or \"/a/0\"", {"path": path}) from exc
+
+
+def parse_where(items: list[WhereItem]) -> list[Where]:
+    if not 1 <= len(items) <= MAX_WHERE:
+        raise InvalidRequest(f"$.where: must hold 1 to {MAX_WHERE} conditions, got {len(items)}",
+                             {"path": "$.where", "limit": MAX_WHERE})
+    return [_item(item, f"$.where[{n}]") for n, item in enumerate(items)]
+
+
+def _item(item: WhereItem, at: str) -> Where:
+    parts = pointer_parts(item.pointer, f"{at}.pointer")
+    if item.op not in OPS:
+        raise InvalidRequest(f"{at}.op: unknown op {shown(item.op)}; one of {', '.join(OPS)}",
+                             {"path": f"{at}.op"})
+    if item.value is msgspec.UNSET:
+        raise InvalidRequest(f"{at}.value: the field `value` is required", {"path": f"{at}.value"})
+    try:
+        value = decode(bytes(item.value))
+    except ValueError as exc:  # (msgspec checked the JSON; a number too long for Decimal)
+        raise InvalidRequest(f"{at}.value: not a JSON value ({exc})",
+                             {"path": f"{at}.value"}) from exc
+    kind = _kind(value)
+    need = {"exists": ("boolean", ("bool",)), "prefix": ("string", ("str",)),
+            "in": ("list", ("list",))}.get(item.op)
+    if item.op in RANGE_OPS:
+        need = ("number or string", ("num", "str"))
+    if need is not None and kind not in need[1]:
+        raise InvalidRequest(f"{at}.value: op {item.op} takes a {need[0]}, got {shown(item.value)}",
+                             {"path": f"{at}.value"})
+    if item.op == "in" and len(value) > MAX_IN:
+        raise InvalidRequest(f"{at}.value: op in takes at most {MAX_IN} values, got {len(value)}",
+                             {"path": f"{at}.value", "limit": MAX_IN})
+    return Where(item.pointer, parts, item.op, value)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Decimal):
+        return "num"
+    if isinstance(value, str):
+        return "str"
+    return "list" if isinstance(value, list) else "obj"
+
+
+def resolve(doc: Any, parts: tuple[str, ...]) -> Any:
+    """The value at `parts` in `doc`, or MISSING."""
+    for part in parts:
+        if isinstance(doc, dict):
+            if part not in doc:
+                return MISSING
+            doc = doc[part]
+        elif isinstance(doc, list):
+            if not _INDEX.fullmatch(part) or int(part) >= len(doc):
+                return MISSING
+            doc = doc[int(part)]
+        else:
+            return MISSING
+    return doc
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep JSON equality: numbers by value, booleans apart from numbers, key order ignored."""
+    ka, kb = _kind(a), _kind(b)
+    if ka != kb:
+        return False
+    if ka == "list":
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if ka == "obj":
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def holds(where: Where, doc: Any) -> bool:
+    found = resolve(doc, where.parts)
+    op, value = where.op, where.value
+    if op == "exists":
+        return (found is not MISSING) == value
+    if found is MISSING:
+        return False  # (`ne` too: a missing pointer is not "a different value")
+    if op == "eq":
+        return same(found, value)
+    if op == "ne":
+        return not same(found, value)
+    if op == "in":
+        return any(same(found, v) for v in value)
+    if op == "prefix":
+        return isinstance(found, str) and found.startswith(value)
+    kind = _kind(found)
+    if kind != _kind(value):  # a number is never lt a string; booleans and null never order
+        return False
+    if op == "lt":
+        return bool(found < value)
+    if op == "lte":
+        return bool(found <= value)
+    if op == "gt":
+        return bool(found > value)
+    return bool(found >= value)
+
+
+def matches(wheres: list[Where], doc: Any) -> bool:
+    return all(holds(w, doc) for w in wheres)
+
+
+# ---- the index encoding (the same bytes as lua/includes/indexes.lua) -----------------------------
+NULL, FALSE, TRUE = b"\x01", b"\x02", b"\x03"
+NEG, ZERO, POS = b"\x10", b"\x11", b"\x12"
+STR, ODD = b"\x20", b"\x7f"  # ODD: a number whose exponent is out of the encoding's range
+NUMBERS_END, STRINGS_END = b"\x13", b"\x21"
+POINT_OFFSET = 10**15 * 2  # the decimal point's position + this: 16 digits
+MAX_POINT = 10**15
+_FLIP = bytes.maketrans(b"0123456789", b"9876543210")
+
+
+def encode(value: Any) -> bytes | None:
+    """A scalar's index bytes (a member is these + the key); None for a container or a number
+    whose exponent has more than 15 digits (those go to the ODD bucket, always a candidate)."""
+    if value is None:
+        return NULL
+    if isinstance(value, bool):
+        return TRUE if value else FALSE
+    if isinstance(value, str):
+        return STR + value.encode().replace(b"\0", b"\0\1") + b"\0\0"
+    if isinstance(value, Decimal):
+        return _number(value)
+    return None
+
+
+def string_prefix(text: str) -> bytes:
+    """The start every encoded string with prefix `text` has."""
+    return STR + text.encode().replace(b"\0", b"\0\1")
+
+
+def _number(value: Decimal) -> bytes | None:
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits)).lstrip("0")
+    if not text:
+        return ZERO
+    point = len(text) + exponent  # value = 0.<text> * 10^point (leading zeros gone)
+    text = text.rstrip("0")
+    if abs(point) > MAX_POINT:
+        return None
+    body = f"{point + POINT_OFFSET:016d}{text}".encode()
+    if sign:
+        return NEG + body.translate(_FLIP) + b"\xfe"
+    return POS + body + b"\x01"
+
+
+def key_of_member(member: bytes) -> bytes:
+    """The key at the end of an index member."""
+    head = member[:1]
+    if head in (NEG, POS):
+        return member[member.index(b"\xfe" if head == NEG else b"\x01", 17) + 1:]
+    if head == STR:
+        return member[member.index(b"\0\0") + 2:]
+    return member[1:]
+
+
+class Ranges(NamedTuple):
+    """Where the candidates of one indexed condition sit: lex ranges of the index; `ordered`:
+    each range holds one encoded value (eq, in), so its members are in key order."""
+
+    ranges: list[tuple[bytes, bytes]]  # (start prefix, end): ZRANGE BYLEX "[start" "(end"
+    ordered: bool
+
+
+def index_ranges(where: Where) -> Ranges | None:
+    """The index ranges holding every entry `where` may match (plus the ODD bucket when it
+    may hold one), or None when an index cannot answer it."""
+    op, value = where.op, where.value
+    if op in ("eq", "in"):
+        values = value if op == "in" else [value]
+        encoded = [encode(v) for v in values]
+        if any(e is None for e in encoded):
+            return None
+        ranges = [(e, e + b"\xff") for e in encoded if e is not None]
+        if any(isinstance(v, Decimal) for v in values):
+            ranges.append((ODD, ODD + b"\xff"))
+        return Ranges(ranges, True)
+    if op == "prefix":
+        start = string_prefix(value)
+        return Ranges([(start, start + b"\xff")], False)
+    if op in RANGE_OPS:
+        e = encode(value)
+        if e is None:
+            return None
+        low, high = (NEG, NUMBERS_END) if isinstance(value, Decimal) else (STR, STRINGS_END)
+        ranges = {"lt": (low, e), "lte": (low, e + b"\xff"),
+                  "gt": (e + b"\xff", high), "gte": (e, high)}[op]
+        extra = [(ODD, ODD + b"\xff")] if isinstance(value, Decimal) else []
+        return Ranges([ranges, *extra], False)
+    return None
