@@ -76,10 +76,12 @@ def state_create_index(state: RedisState, req: IndexRequest, ctx: CallContext) -
 
 
 def build_plan(state: RedisState, scope: str, pointer: str, created: bool,
-               batches: int = BATCHES_PER_CALL) -> Plan:
-    """Build batches until the index is ready (or dropped), at most `batches` of them.
-    (A module function, not a closure calling itself: writes.py's reference cycles.)"""
+               batches: int | None = None) -> Plan:
+    """Build batches until the index is ready (or dropped), at most `batches` of them
+    (BATCHES_PER_CALL). (A module function, not a closure calling itself: writes.py's
+    reference cycles.)"""
     part = state.keys.for_scope(scope)
+    batches = BATCHES_PER_CALL if batches is None else batches
 
     def built(reply: IndexReply) -> Any:
         if reply.outcome == 0 and batches > 1:

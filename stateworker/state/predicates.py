@@ -2,7 +2,7 @@
 encoding of an index member (pure code; the plans are in state/query.py).
 
 Values are compared as JSON, exactly: documents are decoded with every number as a
-`Decimal` (`1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`, big integers and long
+`Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`, big integers and long
 decimals are never rounded through a double); `true` is never the number 1; strings compare
 by their UTF-8 bytes (= code point order); objects compare with key order ignored.
 
@@ -17,9 +17,9 @@ query: null, false, true, numbers (negative, zero, positive), strings. The Lua i
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from decimal import Decimal
 from typing import Any, NamedTuple
 
 import msgspec
@@ -41,12 +41,60 @@ class Where(NamedTuple):
     pointer: str
     parts: tuple[str, ...]
     op: str
-    value: Any  # decoded (numbers as Decimal); a list for `in`
+    value: Any  # decoded (numbers as Number); a list for `in`
+
+
+_NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:[eE]([-+]?[0-9]+))?")
+MAX_EXPONENT_DIGITS = 4000  # (Python's int parses 4300 digits; beyond: clamped, not exact)
+
+
+@functools.total_ordering
+class Number:
+    """A JSON number, exactly: 0.<digits> * 10^point, negative or not (digits without leading
+    or trailing zeros; none for zero, so -0 is 0). Any exponent (Decimal refuses those past
+    10^18); ordered and compared by value."""
+
+    __slots__ = ("negative", "point", "digits", "key")
+
+    def __init__(self, text: str) -> None:
+        match = _NUMBER.fullmatch(text)
+        if match is None:
+            raise ValueError(f"not a JSON number: {text[:40]}")
+        sign, whole, frac, exp = match.groups()
+        digits = whole + (frac or "")
+        significant = digits.lstrip("0")
+        if exp and len(exp.lstrip("+-").lstrip("0")) > MAX_EXPONENT_DIGITS:
+            exp = ("-" if exp.startswith("-") else "") + "9" * MAX_EXPONENT_DIGITS
+        self.negative = bool(sign) and bool(significant)
+        self.point = len(whole) + int(exp or 0) - (len(digits) - len(significant))
+        self.digits = significant.rstrip("0")
+        if not self.digits:
+            self.key: tuple[Any, ...] = (1,)
+        elif self.negative:  # (flipped digits and a terminator above them: the order reversed)
+            self.key = (0, -self.point, tuple(9 - int(d) for d in self.digits) + (10,))
+        else:
+            self.key = (2, self.point, tuple(int(d) for d in self.digits))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Number) and self.key == other.key
+
+    def __lt__(self, other: Number) -> bool:
+        return self.key < other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"Number({'-' if self.negative else ''}0.{self.digits or 0}e{self.point})"
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
 
 
 def decode(text: bytes | str) -> Any:
-    """A JSON document with every number as an exact Decimal."""
-    return json.loads(text, parse_float=Decimal, parse_int=Decimal)
+    """A JSON document with every number as an exact Number."""
+    return json.loads(text, parse_float=Number, parse_int=Number, parse_constant=_refuse)
 
 
 def pointer_parts(pointer: str, path: str) -> tuple[str, ...]:
@@ -76,7 +124,7 @@ def _item(item: WhereItem, at: str) -> Where:
         raise InvalidRequest(f"{at}.value: the field `value` is required", {"path": f"{at}.value"})
     try:
         value = decode(bytes(item.value))
-    except ValueError as exc:  # (msgspec checked the JSON; a number too long for Decimal)
+    except ValueError as exc:  # (msgspec checked the JSON: NaN, Infinity)
         raise InvalidRequest(f"{at}.value: not a JSON value ({exc})",
                              {"path": f"{at}.value"}) from exc
     kind = _kind(value)
@@ -98,7 +146,7 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, Decimal):
+    if isinstance(value, Number):
         return "num"
     if isinstance(value, str):
         return "str"
@@ -183,7 +231,7 @@ def encode(value: Any) -> bytes | None:
         return TRUE if value else FALSE
     if isinstance(value, str):
         return STR + value.encode().replace(b"\0", b"\0\1") + b"\0\0"
-    if isinstance(value, Decimal):
+    if isinstance(value, Number):
         return _number(value)
     return None
 
@@ -193,18 +241,13 @@ def string_prefix(text: str) -> bytes:
     return STR + text.encode().replace(b"\0", b"\0\1")
 
 
-def _number(value: Decimal) -> bytes | None:
-    sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
-    text = "".join(map(str, digits)).lstrip("0")
-    if not text:
+def _number(value: Number) -> bytes | None:
+    if not value.digits:
         return ZERO
-    point = len(text) + exponent  # value = 0.<text> * 10^point (leading zeros gone)
-    text = text.rstrip("0")
-    if abs(point) > MAX_POINT:
+    if abs(value.point) > MAX_POINT:
         return None
-    body = f"{point + POINT_OFFSET:016d}{text}".encode()
-    if sign:
+    body = f"{value.point + POINT_OFFSET:016d}{value.digits}".encode()
+    if value.negative:
         return NEG + body.translate(_FLIP) + b"\xfe"
     return POS + body + b"\x01"
 
@@ -237,7 +280,7 @@ def index_ranges(where: Where) -> Ranges | None:
         if any(e is None for e in encoded):
             return None
         ranges = [(e, e + b"\xff") for e in encoded if e is not None]
-        if any(isinstance(v, Decimal) for v in values):
+        if any(isinstance(v, Number) for v in values):
             ranges.append((ODD, ODD + b"\xff"))
         return Ranges(ranges, True)
     if op == "prefix":
@@ -247,9 +290,9 @@ def index_ranges(where: Where) -> Ranges | None:
         e = encode(value)
         if e is None:
             return None
-        low, high = (NEG, NUMBERS_END) if isinstance(value, Decimal) else (STR, STRINGS_END)
+        low, high = (NEG, NUMBERS_END) if isinstance(value, Number) else (STR, STRINGS_END)
         ranges = {"lt": (low, e), "lte": (low, e + b"\xff"),
                   "gt": (e + b"\xff", high), "gte": (e, high)}[op]
-        extra = [(ODD, ODD + b"\xff")] if isinstance(value, Decimal) else []
+        extra = [(ODD, ODD + b"\xff")] if isinstance(value, Number) else []
         return Ranges([ranges, *extra], False)
     return None

@@ -2,7 +2,8 @@
 
 Where the filtering runs: here, in Python, over values a read fetched. The comparison must be
 exact (a decimal text is never rounded through a double; big integers, exponents, `-0`), and
-Python's Decimal is exact where Redis's Lua (doubles only) is not; it also keeps one
+Python compares them exactly (predicates.Number: the digits and the decimal point's position,
+any exponent) where Redis's Lua (doubles only) cannot; it also keeps one
 evaluator for both paths, which the property tests hold to a reference. The work per call is
 bounded: at most EXAMINE entries are fetched and examined, and `next_after` resumes after the
 last one examined even when fewer than `limit` matched.
@@ -126,7 +127,7 @@ def query_plan(state: RedisState, req: QueryRequest) -> Plan:
     part = state.keys.for_scope(req.scope)
     page = Page(state, req, wheres)
 
-    def chosen(replies: list[Any]) -> Plan:
+    def chosen(replies: list[Any]) -> Any:
         defs = command_reply(replies[0], "HGETALL")
         ready = {defs[i].decode(): True for i in range(0, len(defs), 2) if defs[i + 1] == b"r"}
         for eq_first in (True, False):
@@ -169,8 +170,11 @@ def _run_then(page: Page, keys: list[bytes], rows: list[list[Any]], last: bytes)
 
 
 def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
-                after: bytes | None) -> Plan:
+                after: bytes | None) -> Any:
     """The page from the candidates of one indexed condition."""
+    if not ranges.ranges:  # (`in` an empty list: nothing can match)
+        page.result.index = pointer
+        return page.run([], [], False)
     part = state.keys.for_scope(page.req.scope)
     index = part.value_index(page.req.scope, pointer)
     count = EXAMINE if ranges.ordered else CANDIDATES + 1

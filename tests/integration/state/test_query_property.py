@@ -8,7 +8,6 @@ under the index."""
 from __future__ import annotations
 
 import uuid
-from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -146,7 +145,7 @@ async def expected_members(store: StateStore, scope: str, pointer: str) -> list[
     for key, text in await reference(store, scope, []):
         found = predicates.resolve(predicates.decode(text), parts)
         encoded = None if found is predicates.MISSING else predicates.encode(found)
-        if isinstance(found, Decimal) and encoded is None:
+        if isinstance(found, predicates.Number) and encoded is None:
             encoded = predicates.ODD
         if encoded is not None:
             members.append(encoded + key.encode())
