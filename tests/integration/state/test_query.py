@@ -289,3 +289,25 @@ async def test_update_keeps_the_index(store: StateStore, scope: str) -> None:
     assert members == [predicates.encode("a\"\u00e9\u0000x") + b"k"]
     assert json.loads(msgspec.json.encode(await store.call(
         "state::query", q(scope, ("/s/t", "prefix", "a\"")))))["index"] == "/s/t"
+
+
+async def test_an_indexed_eq_pages_through_many_matches(store: StateStore, scope: str) -> None:
+    """More matches than a page examines: each page walks the value's range from the cursor."""
+    await store.call("state::create-index", {"scope": scope, "pointer": "/v"})
+    for n in range(2100):
+        await store.call("state::set", {"scope": scope, "key": f"k{n:05}", "value": {"v": n % 2}})
+    where = [{"pointer": "/v", "op": "in", "value": "[0, 7]"}]
+    pages = []
+    after = None
+    while True:
+        body = q(scope, ("/v", "in", [0, 7]), limit=1000, **({"after": after} if after else {}))
+        page = await store.call("state::query", body)
+        pages.append([e["key"] for e in page["entries"]])
+        assert page["index"] == "/v"
+        after = page.get("next_after")
+        if after is None:
+            break
+    assert [len(keys) for keys in pages] == [1000, 50]
+    got, used = await query_all(store, scope, where, limit=333)
+    assert [k for k, _ in got] == [f"k{n:05}" for n in range(0, 2100, 2)] == sum(pages, [])
+    assert used == {"/v"}
