@@ -2,9 +2,10 @@
 encoding of an index member (pure code; the plans are in state/query.py).
 
 Values are compared as JSON, exactly: documents are decoded with every number as a
-`Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`, big integers and long
-decimals are never rounded through a double); `true` is never the number 1; strings compare
-by their UTF-8 bytes (= code point order); objects compare with key order ignored.
+`Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`,
+big integers and long decimals are never rounded through a double); `true` is never the
+number 1; strings compare by their UTF-8 bytes (= code point order); objects compare with key
+order ignored.
 
 A pointer is RFC 6901 (parsed by `jsonpointer`; `""` is the whole value); it is resolved here
 (not with `jsonpointer.resolve_pointer`, which indexes into a string as into an array): an
@@ -54,7 +55,7 @@ class Number:
     or trailing zeros; none for zero, so -0 is 0). Any exponent (Decimal refuses those past
     10^18); ordered and compared by value."""
 
-    __slots__ = ("negative", "point", "digits", "key")
+    __slots__ = ("digits", "key", "negative", "point")
 
     def __init__(self, text: str) -> None:
         match = _NUMBER.fullmatch(text)
@@ -71,7 +72,7 @@ class Number:
         if not self.digits:
             self.key: tuple[Any, ...] = (1,)
         elif self.negative:  # (flipped digits and a terminator above them: the order reversed)
-            self.key = (0, -self.point, tuple(9 - int(d) for d in self.digits) + (10,))
+            self.key = (0, -self.point, (*(9 - int(d) for d in self.digits), 10))
         else:
             self.key = (2, self.point, tuple(int(d) for d in self.digits))
 
@@ -128,8 +129,9 @@ def _item(item: WhereItem, at: str) -> Where:
         raise InvalidRequest(f"{at}.value: not a JSON value ({exc})",
                              {"path": f"{at}.value"}) from exc
     kind = _kind(value)
-    need = {"exists": ("boolean", ("bool",)), "prefix": ("string", ("str",)),
-            "in": ("list", ("list",))}.get(item.op)
+    need: tuple[str, tuple[str, ...]] | None = {
+        "exists": ("boolean", ("bool",)), "prefix": ("string", ("str",)),
+        "in": ("list", ("list",))}.get(item.op)
     if item.op in RANGE_OPS:
         need = ("number or string", ("num", "str"))
     if need is not None and kind not in need[1]:
@@ -185,7 +187,7 @@ def holds(where: Where, doc: Any) -> bool:
     found = resolve(doc, where.parts)
     op, value = where.op, where.value
     if op == "exists":
-        return (found is not MISSING) == value
+        return (found is not MISSING) is value
     if found is MISSING:
         return False  # (`ne` too: a missing pointer is not "a different value")
     if op == "eq":
@@ -215,7 +217,7 @@ def matches(wheres: list[Where], doc: Any) -> bool:
 # ---- the index encoding (the same bytes as lua/includes/indexes.lua) -----------------------------
 NULL, FALSE, TRUE = b"\x01", b"\x02", b"\x03"
 NEG, ZERO, POS = b"\x10", b"\x11", b"\x12"
-STR, ODD = b"\x20", b"\x7f"  # ODD: a number whose exponent is out of the encoding's range
+STR, ODD = b"\x20", b"\x7f"  # ODD: a number whose point is out of the encoding's range
 NUMBERS_END, STRINGS_END = b"\x13", b"\x21"
 POINT_OFFSET = 10**15 * 2  # the decimal point's position + this: 16 digits
 MAX_POINT = 10**15
@@ -224,7 +226,7 @@ _FLIP = bytes.maketrans(b"0123456789", b"9876543210")
 
 def encode(value: Any) -> bytes | None:
     """A scalar's index bytes (a member is these + the key); None for a container or a number
-    whose exponent has more than 15 digits (those go to the ODD bucket, always a candidate)."""
+    whose point is beyond +-10^15 (those go to the ODD bucket, always a candidate)."""
     if value is None:
         return NULL
     if isinstance(value, bool):
@@ -291,8 +293,8 @@ def index_ranges(where: Where) -> Ranges | None:
         if e is None:
             return None
         low, high = (NEG, NUMBERS_END) if isinstance(value, Number) else (STR, STRINGS_END)
-        ranges = {"lt": (low, e), "lte": (low, e + b"\xff"),
+        bounds = {"lt": (low, e), "lte": (low, e + b"\xff"),
                   "gt": (e + b"\xff", high), "gte": (e, high)}[op]
         extra = [(ODD, ODD + b"\xff")] if isinstance(value, Number) else []
-        return Ranges([ranges, *extra], False)
+        return Ranges([bounds, *extra], False)
     return None

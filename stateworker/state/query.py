@@ -152,7 +152,7 @@ def _keys_plan(state: RedisState, page: Page, after: bytes | None) -> Plan:
         rows = [[*flat[i + 1:i + 8], flat[i + 8]] for i in range(0, len(flat), 9)]
         page.result.index = msgspec.UNSET
         more = reply.last_member is not None
-        if more and keys and reply.last_member != keys[-1]:
+        if reply.last_member is not None and (not keys or reply.last_member != keys[-1]):
             # (the walk went past the last live entry: resume after what it examined)
             return _run_then(page, keys, rows, reply.last_member)
         return page.run(keys, rows, more)

@@ -131,8 +131,8 @@ async def test_exact_comparison(store: StateStore, scope: str, indexed: bool) ->
         where = [{"pointer": "/a", "op": op, "value": value}]
         got, used = await query_all(store, row, where)
         assert ("k" in [k for k, _ in got]) is match, (stored, op, value)
-        from_index = op in ("eq", "lt", "gt", "prefix") and value[0] not in "[{" or \
-            op == "in" and "{" not in value  # (containers are not indexed)
+        from_index = (op in ("eq", "lt", "gt", "prefix") and value[0] not in "[{") or \
+            (op == "in" and "{" not in value)  # (containers are not indexed)
         if indexed and from_index and len(value) < 20:  # (nor a 19-digit exponent)
             assert used == {"/a"}, (stored, op, value)
         if not any("e1" in text and len(text) > 20 for text in (stored, value)):
@@ -309,5 +309,21 @@ async def test_an_indexed_eq_pages_through_many_matches(store: StateStore, scope
             break
     assert [len(keys) for keys in pages] == [1000, 50]
     got, used = await query_all(store, scope, where, limit=333)
-    assert [k for k, _ in got] == [f"k{n:05}" for n in range(0, 2100, 2)] == sum(pages, [])
+    assert [k for k, _ in got] == [f"k{n:05}" for n in range(0, 2100, 2)] == pages[0] + pages[1]
     assert used == {"/v"}
+
+
+async def test_a_page_of_expired_entries_still_resumes(store: StateStore, scope: str) -> None:
+    for n in range(1001):
+        await store.call("state::set", {"scope": scope, "key": f"a{n:04}", "value": 1,
+                                        "ttl_ms": 1})
+    await store.call("state::set", {"scope": scope, "key": "z", "value": 1})
+
+    async def expired() -> bool:
+        return await store.call("state::get", {"scope": scope, "key": "a1000"}) is None
+
+    await until_async(expired)
+    first = await store.call("state::query", q(scope, ("", "eq", 1)))
+    assert first["entries"] == [] and query.decode_after(first["next_after"]) == b"a0999"
+    got, _ = await query_all(store, scope, [{"pointer": "", "op": "eq", "value": "1"}])
+    assert [k for k, _ in got] == ["z"]

@@ -11,8 +11,8 @@
   0.<digits> * 10^point (no leading or trailing zero): positive \18 .. <point + 2e15 as 16
   digits> .. <digits> .. \1, negative the same digits flipped (9 - d) and \254; strings \32 ..
   <bytes, \0 as \0\1> .. \0\0. Exact: 1, 1.0 and 1e0 are one member, -0 is 0. A number whose
-  exponent has more than 15 digits is \127 (every numeric query reads that bucket and checks
-  it). Objects and arrays are not indexed.
+  point is beyond +-1e15 is \127 (every numeric query reads that bucket and checks it).
+  Objects and arrays are not indexed.
 ]]
 --- @include "json"
 
@@ -141,10 +141,13 @@ local function indexes_number(t)
   local e = 0
   if exp ~= '' then
     local sig = string.gsub(exp, '^[-+]?0*', '')
-    if #sig > 15 then
+    if #sig > 16 then
       return '\127'
     end
     e = tonumber(exp) or 0
+    if e > 9e15 or e < -9e15 then -- (past 2^53 a double is not exact; the point is out anyway)
+      return '\127'
+    end
   end
   local point = #int + e - (lead - 1)
   if point > 1e15 or point < -1e15 then
