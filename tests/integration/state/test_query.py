@@ -15,6 +15,7 @@ from stateworker import StateStore
 from stateworker.state import indexes, predicates, query
 from tests.calls import error_of
 from tests.querymodel import put, query_all, reference
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -184,7 +185,13 @@ async def test_pages_are_bounded_and_resume(store: StateStore, scope: str) -> No
     assert query.decode_after(first["next_after"]) == b"k00003"
 
 
-async def test_expiry_under_an_index(store: StateStore, scope: str) -> None:
+async def test_expiry_under_an_index(redis_server: RedisServer, prefix: str, scope: str) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               reaper=False) as store:  # (reaped below, when the test says)
+        await expiry_under_an_index(store, scope)
+
+
+async def expiry_under_an_index(store: StateStore, scope: str) -> None:
     await store.call("state::create-index", {"scope": scope, "pointer": "/v"})
     for n in range(6):
         await store.call("state::set", {"scope": scope, "key": f"k{n}", "value": {"v": n % 2},
@@ -313,7 +320,14 @@ async def test_an_indexed_eq_pages_through_many_matches(store: StateStore, scope
     assert used == {"/v"}
 
 
-async def test_a_page_of_expired_entries_still_resumes(store: StateStore, scope: str) -> None:
+async def test_a_page_of_expired_entries_still_resumes(redis_server: RedisServer, prefix: str,
+                                                      scope: str) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               reaper=False) as store:  # (expired entries stay till the end)
+        await expired_page(store, scope)
+
+
+async def expired_page(store: StateStore, scope: str) -> None:
     for n in range(1001):
         await store.call("state::set", {"scope": scope, "key": f"a{n:04}", "value": 1,
                                         "ttl_ms": 1})
