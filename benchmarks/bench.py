@@ -25,6 +25,7 @@ from benchmarks import (
     bench_dedupe,
     bench_durability,
     bench_engines,
+    bench_query,
     bench_reactive,
     bench_shards,
     bench_snapshot,
@@ -73,6 +74,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "reactive" in sections:
                 figures["reactive"] = await bench_reactive.reactive_section(
                     server.url, seconds, rounds, out)
+            if "query" in sections:  # a 100k-entry scope of its own prefix
+                figures["query"] = await bench_query.query_section(server.url, seconds, rounds,
+                                                                   out)
             if sections & {"store", "update", "list"}:
                 figures.update(await _measure(server.url, str(server.socket), seconds, rounds,
                                               out, sections))
@@ -228,7 +232,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster")
+            "reactive", "engines", "cluster", "query")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:
