@@ -134,6 +134,12 @@ class PartitionKeys:
         (state/predicates.py `encode`); made by indexes.lua as "iv:<len>:<scope><pointer>"."""
         return f"{self.tag}iv:{member(scope, pointer)}"
 
+    @property
+    def index_builds(self) -> str:
+        """zset (score 0): "<len>:<scope><pointer>" of the partition's indexes still building
+        (index.lua; `stateworker status` shows their progress)."""
+        return f"{self.tag}ixbuilding"
+
     def call_records(self, slice_: int) -> str:
         """On a Redis Cluster: one time slice of the partition's call records (a hash)."""
         return f"{self.tag}calls:{slice_}"

@@ -82,7 +82,7 @@ FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
-INDEX = Binding("index", 3, IndexReply.read)  # create-index, its build, drop-index
+INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
@@ -299,5 +299,6 @@ def advance_call(lease: str, position: str, token: str, last_id: str, n: int) ->
 def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:
     """index.lua: `op` create (`count`: most indexes of a scope), build (`count`: most keys of
     a batch) or drop."""
-    return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer)],
-            [op, pointer, part.entry_prefix + member(scope, ""), count])
+    return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer),
+             part.index_builds],
+            [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])

@@ -24,7 +24,7 @@ import msgspec
 from stateworker import codec
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, shown
-from stateworker.keys import member
+from stateworker.keys import KeySpace, member
 from stateworker.schemas import (
     CreateIndexResult,
     DropIndexResult,
@@ -38,6 +38,7 @@ from stateworker.scripts.replies import IndexReply
 from stateworker.state import predicates, validate, writes
 from stateworker.state.reads import list_values_plan
 from stateworker.state.store import RedisState
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, command_reply, then
 
 MAX_INDEXES = 16  # indexes of one scope
@@ -154,3 +155,22 @@ async def rebuild_all(state: RedisState) -> int:
             result = await state.execute(build_plan(state, scope, pointer, False))
             building = result.building
     return len(definitions)
+
+
+async def building(conn: RedisConnection, keys: KeySpace) -> list[dict[str, Any]]:
+    """`stateworker status`: every index still building, with its progress (at most 100 a
+    partition)."""
+    found = []
+    for part in keys.all_partitions():
+        for name in await conn.execute("ZRANGE", part.index_builds, 0, 99):
+            colon = name.index(b":")
+            length = int(name[:colon])
+            scope = name[colon + 1:colon + 1 + length].decode()
+            pointer = name[colon + 1 + length:].decode()
+            mark = await conn.execute("HGET", part.index_defs(scope), pointer) or b"b"
+            total = int(await conn.execute("ZCARD", part.key_index(scope)))
+            indexed = total if mark == b"r" else 0 if mark == b"b" else int(await conn.execute(
+                "ZLEXCOUNT", part.key_index(scope), "-", b"[" + mark[1:]))
+            found.append({"scope": scope, "pointer": pointer, "indexed": indexed,
+                          "total": total})
+    return found

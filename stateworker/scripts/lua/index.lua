@@ -7,9 +7,11 @@
   Input:
     KEYS[1] the scope's index definitions (hash)   KEYS[2] the scope's key index
     KEYS[3] the pointer's index (zset)
+    KEYS[4] the partition's indexes building (zset: "<len>:<scope><pointer>", score 0)
     ARGV[1] create | build | drop                  ARGV[2] pointer
     ARGV[3] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[4] create: most indexes of a scope; build: most keys of a batch
+    ARGV[5] the index's member in KEYS[4]
   Output:
     create: {ST.OK, 1 defined now | 0 defined already | -1 the scope has ARGV[4] indexes}
     build:  {ST.OK, 1 ready | 0 more to build | 2 the index was dropped meanwhile}
@@ -27,15 +29,18 @@ if op == 'create' then
     return {ST.OK, -1}
   end
   redis.call('HSET', KEYS[1], pointer, 'b')
+  redis.call('ZADD', KEYS[4], '0', ARGV[5])
   return {ST.OK, 1}
 end
 if op == 'drop' then
   local dropped = redis.call('HDEL', KEYS[1], pointer)
   redis.call('DEL', KEYS[3])
+  redis.call('ZREM', KEYS[4], ARGV[5])
   return {ST.OK, dropped}
 end
 local state = redis.call('HGET', KEYS[1], pointer)
 if not state then
+  redis.call('ZREM', KEYS[4], ARGV[5])
   return {ST.OK, 2}
 end
 if state == 'r' then
@@ -53,6 +58,7 @@ for _, key in ipairs(keys) do
 end
 if #keys < batch then
   redis.call('HSET', KEYS[1], pointer, 'r')
+  redis.call('ZREM', KEYS[4], ARGV[5])
   return {ST.OK, 1}
 end
 redis.call('HSET', KEYS[1], pointer, 'c' .. keys[#keys])

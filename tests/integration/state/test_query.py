@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from stateworker import StateStore
+from stateworker.app.cli import status
 from stateworker.state import indexes, predicates, query
 from tests.calls import error_of
 from tests.querymodel import put, query_all, reference
@@ -229,6 +230,10 @@ async def test_a_build_over_several_calls(store: StateStore, scope: str,
     assert created == {"created": True, "building": True}
     assert await store.call("state::list-indexes", {"scope": scope}) == {"indexes": [
         {"pointer": "/v", "state": "building", "indexed": 1000, "total": 2300}]}
+    report = await status.status_report(store.state.settings)
+    assert report["indexes_building"] == [
+        {"scope": scope, "pointer": "/v", "indexed": 1000, "total": 2300}]
+    assert f"indexing   {scope} /v: 1000/2300 keys" in status.summary(report)
     where = [{"pointer": "/v", "op": "eq", "value": "7"}]
     got, used = await query_all(store, scope, where)  # not ready: the keys are walked
     assert used == set() and len(got) == 23
@@ -240,6 +245,7 @@ async def test_a_build_over_several_calls(store: StateStore, scope: str,
         "created": False, "building": False}
     assert await store.call("state::list-indexes", {"scope": scope}) == {"indexes": [
         {"pointer": "/v", "state": "ready", "indexed": 2300, "total": 2300}]}
+    assert (await status.status_report(store.state.settings))["indexes_building"] == []
     got, used = await query_all(store, scope, where)
     assert used == {"/v"} and len(got) == 24 and got == await reference(store, scope, where)
 
