@@ -347,3 +347,18 @@ async def expired_page(store: StateStore, scope: str) -> None:
     assert first["entries"] == [] and query.decode_after(first["next_after"]) == b"a0999"
     got, _ = await query_all(store, scope, [{"pointer": "", "op": "eq", "value": "1"}])
     assert [k for k, _ in got] == ["z"]
+
+
+async def test_typed_methods_over_the_bus(client: Any, store: StateStore, scope: str) -> None:
+    """StateClient (over the bus, call ids bound) and StateStore: the generated methods."""
+    for face in (client, store):
+        await face.set(scope, "a", {"v": 1.0})
+        await face.set(scope, "b", {"v": 2})
+        assert await face.create_index(scope, "/v") in ({"created": True, "building": False},
+                                                        {"created": False, "building": False})
+        page = await face.query(scope, [{"pointer": "/v", "op": "eq", "value": 1}])
+        assert [e["key"] for e in page["entries"]] == ["a"] and page["index"] == "/v"
+        assert await face.list_indexes(scope) == [
+            {"pointer": "/v", "state": "ready", "indexed": 2, "total": 2}]
+    assert await client.drop_index(scope, "/v") == {"dropped": True}
+    assert await store.list_indexes(scope) == []
