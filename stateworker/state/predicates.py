@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import msgspec
 from jsonpointer import JsonPointer, JsonPointerException
 
+from stateworker import codec
 from stateworker.errors import InvalidRequest, shown
 from stateworker.schemas import WhereItem
 
@@ -99,7 +100,12 @@ def decode(text: bytes | str) -> Any:
 
 
 def pointer_parts(pointer: str, path: str) -> tuple[str, ...]:
-    if len(pointer.encode("utf-8", "surrogatepass")) > MAX_POINTER_BYTES:
+    try:
+        size = len(pointer.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{path}: not valid UTF-8 text ({exc.reason})",
+                             {"path": path}) from exc
+    if size > MAX_POINTER_BYTES:
         raise InvalidRequest(f"{path}: a pointer is at most {MAX_POINTER_BYTES} bytes",
                              {"path": path, "limit": MAX_POINTER_BYTES})
     try:
@@ -123,6 +129,9 @@ def _item(item: WhereItem, at: str) -> Where:
                              {"path": f"{at}.op"})
     if item.value is msgspec.UNSET:
         raise InvalidRequest(f"{at}.value: the field `value` is required", {"path": f"{at}.value"})
+    lone = codec.surrogate_error(bytes(item.value), f"{at}.value")
+    if lone is not None:
+        raise lone
     try:
         value = decode(bytes(item.value))
     except ValueError as exc:  # (msgspec checked the JSON: NaN, Infinity)

@@ -71,6 +71,21 @@ async def test_refusals_name_the_field(store: StateStore, scope: str, fields: di
     assert err.details["path"] == path and text in err.message and path in err.message, err
 
 
+@pytest.mark.parametrize(("where", "path", "text"), [
+    ('{"pointer": "/a", "op": "prefix", "value": "\\ud800"}', "$.where[0].value", "surrogate"),
+    ('{"pointer": "/a", "op": "in", "value": ["x", "\\udc00"]}', "$.where[0].value[1]",
+     "surrogate"),
+    ('{"pointer": "/\\ud800", "op": "exists", "value": true}', "$.where[0].pointer",
+     "surrogate"),
+])
+async def test_lone_surrogates_are_refused(store: StateStore, where: str, path: str,
+                                           text: str) -> None:
+    body = f'{{"scope": "s", "where": [{where}]}}'.encode()
+    err = await error_of(store, "state::query", body)
+    assert err.code == "INVALID_REQUEST" and err.details["path"] == path, err
+    assert text in err.message, err
+
+
 async def test_other_refusals(store: StateStore, scope: str) -> None:
     await store.call("state::set", {"scope": scope, "key": "k", "value": 1})
     listed = await store.call("state::list-entries", {"scope": scope, "limit": 1,
@@ -87,6 +102,8 @@ async def test_other_refusals(store: StateStore, scope: str) -> None:
     assert err.code == "RESERVED_SCOPE"
     for fn in ("state::create-index", "state::drop-index"):
         err = await error_of(store, fn, {"scope": scope, "pointer": "x"})
+        assert err.code == "INVALID_REQUEST" and err.details["path"] == "$.pointer", err
+        err = await error_of(store, fn, b'{"scope": "s", "pointer": "/\\ud800"}')
         assert err.code == "INVALID_REQUEST" and err.details["path"] == "$.pointer", err
         err = await error_of(store, fn, {"scope": "state_indexes", "pointer": "/x"})
         assert err.code == "RESERVED_SCOPE"
