@@ -11,7 +11,9 @@ import anyio
 import msgspec
 import pytest
 
-from stateworker import StateStore
+from stateworker import StateStore, specs
+from stateworker.errors import InvalidRequest
+from stateworker.schemas import QueryRequest, WhereItem
 from stateworker.app.cli import status
 from stateworker.state import indexes, predicates, query
 from tests.calls import error_of
@@ -379,3 +381,11 @@ async def test_typed_methods_over_the_bus(client: Any, store: StateStore, scope:
             {"pointer": "/v", "state": "ready", "indexed": 2, "total": 2}]
     assert await client.drop_index(scope, "/v") == {"dropped": True}
     assert await store.list_indexes(scope) == []
+
+
+async def test_a_typed_request_with_a_lone_surrogate_is_refused(store: StateStore) -> None:
+    """StateStore.typed skips the body's decoding (and its check): the query's own holds."""
+    request = QueryRequest(scope="s", where=[WhereItem("/a", "prefix", msgspec.Raw(b'"\\ud800"'))])
+    with pytest.raises(InvalidRequest) as caught:
+        await store.typed(specs.QUERY, request)
+    assert caught.value.details["path"] == "$.where[0].value"
