@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from stateworker import StateStore, specs
+from stateworker.app.cli import status
 from stateworker.errors import InvalidRequest
 from stateworker.schemas import QueryRequest, WhereItem
-from stateworker.app.cli import status
 from stateworker.state import indexes, predicates, query
 from tests.calls import error_of
 from tests.querymodel import put, query_all, reference
