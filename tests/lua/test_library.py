@@ -40,19 +40,25 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
     def written(scopes: Arg) -> list[str]:  # entry.lua's entry_mark_written
         return [text(scopes).removesuffix("scopes") + "written"]
 
+    def value_indexes(key_index: Arg, scope: Arg) -> list[str]:  # includes/indexes.lua
+        tag = text(key_index)[:-len(text(scope)) - 2]
+        return [f"{tag}ix:{text(scope)}", f"{tag}iv:1:{text(scope)}/n"]
+
     if name in ("list", "entries"):
         return [text(args[1]) + "somekey"]
     if name == "reap":
         tag = text(args[2])
         return [f"{tag}e:5:scopekey", *[f"{tag}{kind}:scope" for kind in "kut"],
-                *written(keys[1])]
+                *written(keys[1]), f"{tag}ix:scope", f"{tag}iv:5:scope/n"]
     if name == "deltopic":
-        return [text(args[8]) + "somekey", *written(keys[3])]
+        return [text(args[8]) + "somekey", *written(keys[3]), *value_indexes(keys[1], args[0])]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
+    if name == "index":
+        return [text(args[2]) + "somekey"]
     if name in ("set", "delete", "update", "topic"):
-        derived = written(keys[4])
+        derived = written(keys[4]) + value_indexes(keys[1], args[0])
         if len(keys) > 7:
             record = text(keys[7])  # the slices beside it
             derived += [record + "0", record[:-1]]
@@ -83,6 +89,8 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::update-topic", {"scope": s, "key": f"k{i}", "topic": "u"})
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
+        await store.call("state::create-index", {"scope": s, "pointer": "/n"})  # index.lua
+        await store.call("state::drop-index", {"scope": s, "pointer": "/n"})
         await store.delete(s, f"k{i}")
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
