@@ -3,13 +3,14 @@
 predicates: decimals (1.10 vs 1.1), big integers, exponents, -0, strings with NUL, booleans,
 null, nested objects, missing pointers and mixed types, paged with random limits. Then the
 same with an index on every pointer (the pages must walk it), after random updates and deletes
-under the index."""
+under the index, and after entries under it expired (and were reaped)."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -110,23 +111,32 @@ async def test_query_equals_reference(store: StateStore, docs: list[str],
 
 @SETTINGS
 @given(docs=entries, where=wheres, limit=st.integers(1, 7),
-       changes=st.lists(st.tuples(st.integers(0, 30), st.one_of(st.none(), documents())),
-                        max_size=10))
+       changes=st.lists(st.tuples(st.integers(0, 30), st.one_of(st.none(), documents()),
+                                  st.integers(0, 3).map(lambda n: n == 0)), max_size=10))
 async def test_indexed_query_equals_reference(
         store: StateStore, docs: list[str], where: list[dict[str, Any]], limit: int,
-        changes: list[tuple[int, str | None]]) -> None:
+        changes: list[tuple[int, str | None, bool]]) -> None:
     scope = await fill(store, docs)
     for pointer in {w["pointer"] for w in where}:
         created = await store.call("state::create-index", {"scope": scope, "pointer": pointer})
         assert created == {"created": True, "building": False}
     await agree(store, scope, where, limit, indexed=True)
-    for n, doc in changes:  # updates, new keys and deletes under the index
+    expiring = set()
+    for n, doc, expires in changes:  # updates, new keys, deletes and expiries under the index
         if doc is None:
             await store.call_json("state::delete", msgspec.json.encode(
                 {"scope": scope, "key": f"k{n:03}"}))  # (old values may be 1e400: as text)
+            expiring.discard(n)
         else:
-            await put(store, scope, f"k{n:03}", doc)
-    await agree(store, scope, where, limit, indexed=True)
+            await put(store, scope, f"k{n:03}", doc, **({"ttl_ms": 1} if expires else {}))
+            (expiring.add if expires else expiring.discard)(n)
+    with anyio.fail_after(10):
+        for n in expiring:
+            while await store.call_json("state::get", msgspec.json.encode(
+                    {"scope": scope, "key": f"k{n:03}"})) != b"null":
+                await anyio.sleep(0.002)
+    await agree(store, scope, where, limit, indexed=True)  # (expired: met, or reaped already)
+    await store.reap_expired()
     for pointer in {w["pointer"] for w in where}:
         assert await index_members(store, scope, pointer) == await expected_members(
             store, scope, pointer)
