@@ -25,10 +25,12 @@ from benchmarks import (
     bench_dedupe,
     bench_durability,
     bench_engines,
+    bench_getmany,
     bench_query,
     bench_reactive,
     bench_shards,
     bench_snapshot,
+    bench_txn,
 )
 from benchmarks.benchtime import RAW_SET_LUA, Op, timed
 from stateworker.loop import run as run_loop
@@ -77,6 +79,11 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "query" in sections:  # a 100k-entry scope of its own prefix
                 figures["query"] = await bench_query.query_section(server.url, seconds, rounds,
                                                                    out)
+            if "getmany" in sections:  # a service and a store of their own prefix
+                figures["getmany"] = await bench_getmany.getmany_section(
+                    server.url, seconds, rounds, out)
+            if "txn" in sections:  # a service and a store of their own prefix
+                figures["txn"] = await bench_txn.txn_section(server.url, seconds, rounds, out)
             if sections & {"store", "update", "list"}:
                 figures.update(await _measure(server.url, str(server.socket), seconds, rounds,
                                               out, sections))
@@ -232,7 +239,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "query")
+            "reactive", "engines", "cluster", "getmany", "txn", "query")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -234,6 +234,22 @@ class PermissionDenied(StateError):
     code = "PERMISSION_DENIED"
 
 
+class DuplicateKey(StateError):
+    """Raised when a transaction writes one key twice (as etcd refuses it): which write wins
+    would be a guess; `details` names the key and both ops."""
+
+    code = "DUPLICATE_KEY"
+
+
+class OpFailed(StateError):
+    """Raised when an update op inside a transaction cannot apply; its code is the op's
+    (`increment.not_number` ...: docs/errors.md), so nothing of the transaction was written."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.code = code  # type: ignore[misc]
+
+
 class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
@@ -276,6 +292,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         InvalidContext,
         ScopeInUse,
         PermissionDenied,
+        DuplicateKey,
     )
 }
 

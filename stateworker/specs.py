@@ -146,11 +146,36 @@ LIST_INDEXES = Spec("state::list-indexes", "list_indexes", s.ScopeIndexesRequest
                     "indexed and total keys", ("scope",), read_only=True, scoped=True,
                     raises=_ADDRESS, unwrap="indexes")
 
+TRANSACTION = Spec("state::transaction", "transaction", s.TransactionRequest,
+                   s.TransactionResult,
+                   "several keys of one scope written all or nothing: set, update, delete, "
+                   "compare-and-set and check ops, all checked before the first write; with "
+                   "`compare`, `ops` or `else_ops`", ("scope", "ops"), scoped=True,
+                   raises=(*_WRITE, "CONFLICT", "DUPLICATE_KEY"))
+
+SET_MANY = Spec("state::set-many", "set_many", s.SetManyRequest, s.BulkResult,
+                "write many keys of one scope in one step, each on its own (`expected_version` "
+                "per entry); each entry's outcome and an `errors` list",
+                ("scope", "entries"), scoped=True, raises=(*_WRITE, "DUPLICATE_KEY"))
+DELETE_MANY = Spec("state::delete-many", "delete_many", s.DeleteManyRequest, s.BulkResult,
+                   "delete many keys of one scope in one step, each on its own "
+                   "(`expected_version` per entry); each entry's outcome and an `errors` list",
+                   ("scope", "entries"), scoped=True, raises=(*_ADDRESS, "DUPLICATE_KEY"))
+GET_MANY = Spec("state::get-many", "get_many", s.GetManyRequest, s.GetManyResult,
+                "several entries of a scope in one step, in the order asked, each as "
+                "`get-entry` gives it (`{found: false}` for a miss)", ("scope", "keys"),
+                read_only=True, scoped=True, raises=_ADDRESS, unwrap="entries")
+DELETE_BY_PREFIX = Spec("state::delete-by-prefix", "delete_by_prefix", s.DeleteByPrefixRequest,
+                        s.PrefixDeletedResult, "delete up to `limit` entries whose key starts "
+                        "with `prefix`, in key order; `more`: call again", ("scope", "prefix"),
+                        scoped=True, raises=_ADDRESS)
+
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
-    LIST_TRIGGERS, QUERY, CREATE_INDEX, DROP_INDEX, LIST_INDEXES)
+    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX, QUERY,
+    CREATE_INDEX, DROP_INDEX, LIST_INDEXES)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 
@@ -185,6 +210,7 @@ _WHY: dict[str, str] = {
                          "scope, an admin's option (`adopt`, `force`) or a trigger's target "
                          "service (`details`: principal, fn, scope or service, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
+    "DUPLICATE_KEY": "a transaction's list of ops writes one key twice",
 }
 
 

@@ -33,6 +33,8 @@ class Event(Struct, kw_only=True):
     version: int
     ts_ms: int
     by: str
+    tx: str | None = None  # a transaction's id: its events are consecutive and share it
+    tx_size: int | None = None  # ... and how many they are
 
 
 class Bookmark(Struct, kw_only=True):
@@ -62,6 +64,8 @@ class EventDocument(Struct, kw_only=True):
     ts_ms: int
     by: str | None
     condition_payload: Raw | msgspec.UnsetType = msgspec.UNSET
+    tx: str | msgspec.UnsetType = msgspec.UNSET  # a transaction's events: its id
+    tx_size: int | msgspec.UnsetType = msgspec.UNSET  # ... and their number
 
 
 def document_of(event: Event, condition_payload: Raw | None = None) -> EventDocument:
@@ -70,7 +74,9 @@ def document_of(event: Event, condition_payload: Raw | None = None) -> EventDocu
         old_value=event.old_value, new_value=event.new_value, version=event.version,
         revision=event.revision, ts=rfc3339_ms(event.ts_ms) or "", ts_ms=event.ts_ms,
         by=event.by or None,
-        condition_payload=msgspec.UNSET if condition_payload is None else condition_payload)
+        condition_payload=msgspec.UNSET if condition_payload is None else condition_payload,
+        tx=msgspec.UNSET if event.tx is None else event.tx,
+        tx_size=msgspec.UNSET if event.tx_size is None else event.tx_size)
 
 
 _document_encoder = msgspec.json.Encoder()
@@ -125,7 +131,25 @@ def fields_of(flat: list[Any]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+def tx_missing(entries: list[Any]) -> int:
+    """How many events of a transaction the end of a read cut off: its events are consecutive
+    and each carries the transaction's id and size, so the trailing run of one id tells."""
+    if not entries:
+        return 0
+    last = fields_of(entries[-1][1])
+    tx = last.get(b"tx")
+    if tx is None:
+        return 0
+    run = 0
+    for _, flat in reversed(entries):
+        if fields_of(flat).get(b"tx") != tx:
+            break
+        run += 1
+    return max(0, int(last[b"tx_size"]) - run)
+
+
 def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
+    tx = fields.get(b"tx")
     return Event(
         revision=entry_id.decode(),
         type=fields[b"type"].decode(),
@@ -136,4 +160,6 @@ def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
         version=int(fields[b"version"]),
         ts_ms=int(fields[b"ts_ms"]),
         by=fields[b"by"].decode(),
+        tx=None if tx is None else tx.decode(),
+        tx_size=None if tx is None else int(fields[b"tx_size"]),
     )

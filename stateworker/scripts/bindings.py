@@ -26,8 +26,10 @@ from stateworker.scripts.replies import (
     ClaimReply,
     Counted,
     DeleteReply,
+    DelprefixReply,
     DeltopicReply,
     EntriesReply,
+    GetManyReply,
     IndexReply,
     KeptReply,
     ListReply,
@@ -82,10 +84,15 @@ FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
-INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
+# state::transaction: its reply is read by state/transactions.py (its layout per branch)
+TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
+GETMANY = Binding("getmany", 1, GetManyReply.read)
+DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
-    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND)
+    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
+    TRANSACTION, GETMANY, DELPREFIX)
+INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
 BINDINGS += (INDEX,)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
@@ -294,6 +301,18 @@ def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
 def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
     """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
     return [lease, position], [token, last_id, n]
+
+
+def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
+    """getmany.lua: the scope's entries named `keys`, in that order."""
+    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), *keys]
+
+
+def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int) -> list[Arg]:
+    """delprefix.lua's ARGV from ARGV[8] on (its KEYS and first 7: `entry_call`, the prefix
+    as the key): at most `limit` entries whose key starts with `prefix`."""
+    return [part.entry_prefix + member(scope, ""), member(scope, ""), b"[" + prefix,
+            b"(" + prefix + b"\xff", limit]
 
 
 def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:

@@ -214,6 +214,27 @@ class ListReply(NamedTuple):
         return cls(list(reply[1]))
 
 
+class GetManyReply(NamedTuple):
+    """getmany.lua: 9 fields per key asked (value None: missing or expired)."""
+
+    entries: list[list[Any]]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> GetManyReply:
+        return cls(list(reply[1]))
+
+
+class DelprefixReply(NamedTuple):
+    """delprefix.lua: entries deleted, and whether keys with the prefix remain."""
+
+    deleted: int
+    more: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> DelprefixReply:
+        return cls(int(reply[1]), reply[2] == 1)
+
+
 class IndexReply(NamedTuple):
     """index.lua: create 1 defined / 0 already / -1 at the limit; build 1 ready / 0 more /
     2 dropped; drop 1 dropped / 0 none."""

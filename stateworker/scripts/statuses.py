@@ -45,6 +45,8 @@ LUA_STATUS: dict[str, int] = {
     "SCOPE_IN_USE": 11,  # a public scope to claim is in use, no adoption; nothing written
     "FORBIDDEN": 12,  # release: a scope's owner is not the caller; nothing written
     "INVALID_SCOPE": 13,  # release: a scope no namespace claimed; nothing written
+    "TX_ABORTED": 14,  # a transaction's op failed (its status follows); nothing written
+    "OP_FAILED": 15,  # (in TX_ABORTED) an update op could not apply; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -60,7 +62,10 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["FORBIDDEN"]: Forbidden,
     LUA_STATUS["INVALID_SCOPE"]: InvalidScope,
 }
-OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE"})
+# TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/transactions.py),
+# which names the op: the error is that of the op's own status.
+OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE", "TX_ABORTED",
+                              "OP_FAILED"})
 
 
 

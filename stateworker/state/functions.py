@@ -44,12 +44,14 @@ from stateworker.schemas import (
     UpdateTopicRequest,
     encoder,
 )
-from stateworker.scripts.bindings import BIND, KEEP, bind_call
+from stateworker.scripts.bindings import KEEP
 from stateworker.scripts.replies import UpdateReply
-from stateworker.scripts.statuses import Target, raise_for_status, script_reply
+from stateworker.scripts.statuses import Target
 from stateworker.specs import Spec
 from stateworker.state import (
     barrier,
+    bulk,
+    bulkread,
     guard,
     indexes,
     listing,
@@ -57,6 +59,7 @@ from stateworker.state import (
     ops,
     query,
     reads,
+    transactions,
     trigger_leases,
     triggers,
     validate,
@@ -286,6 +289,11 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.KEEP_TRIGGER, trigger_leases.state_keep_trigger),
     (specs.UNREGISTER_TRIGGER, triggers.state_unregister_trigger),
     (specs.LIST_TRIGGERS, triggers.state_list_triggers),
+    (specs.TRANSACTION, transactions.state_transaction),
+    (specs.SET_MANY, bulk.state_set_many),
+    (specs.DELETE_MANY, bulk.state_delete_many),
+    (specs.GET_MANY, bulkread.state_get_many),
+    (specs.DELETE_BY_PREFIX, bulkread.state_delete_by_prefix),
     (specs.QUERY, query.state_query),
     (specs.CREATE_INDEX, indexes.state_create_index),
     (specs.DROP_INDEX, indexes.state_drop_index),
@@ -347,7 +355,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
     if ctx.call_id is not None and not plan.binds_call_id:
-        plan = claimed(state, ctx, plan, fn in catalog.reads)
+        plan = state.claimed(ctx, plan, fn in catalog.reads)
     return plan
 
 
@@ -370,37 +378,6 @@ def typed_plan(state: RedisState, spec: Spec, request: Any, ctx: CallContext,
         raise UnknownFunction(f"fn: {shown(spec.name)} is not served here; this store serves "
                               f"{', '.join(sorted(catalog.functions))}", {"fn": spec.name})
     return entry.typed(state, request, ctx)
-
-
-def claimed(state: RedisState, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
-    """`plan`, run only if its call id is free or already bound to this same call.
-
-    A record in one partition would not meet an id reused for a call in ANOTHER partition. So
-    every bus call binds its id to its digest (function + body) in the id's own bucket of
-    records (bind.lua, kept as long as the records). On one Redis the entry scripts record
-    there themselves (`binds_call_id`: their record is the binding); a read binds it in the
-    same pipeline, before its own commands (what it read is dropped when the id is another
-    call's); any other call (and on a cluster every call) binds it in a step before it runs,
-    so a refused call never writes. The calls of one batch keep their order either way (a
-    read does not overtake a write read before it).
-    """
-    claim = BIND.command(state.library, *bind_call(state.settings, state.keys, ctx))
-
-    def check(reply: Any) -> None:
-        raise_for_status(script_reply(reply, BIND.name), Target(state.settings, "", "", ctx))
-
-    if read_only:
-        def read(replies: list[Any]) -> Any:
-            check(replies[0])
-            return plan.finish(replies[1:])
-
-        return Plan([claim, *plan.commands], read, plan.checks_deadline)
-
-    def bound(replies: list[Any]) -> Plan:
-        check(replies[0])
-        return plan
-
-    return Plan([claim], bound)
 
 
 async def call_json(state: RedisState, fn: str, body: bytes, ctx: CallContext,

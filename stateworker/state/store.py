@@ -19,7 +19,7 @@ import msgspec
 from stateworker.context import CallContext
 from stateworker.errors import StateError, Unavailable
 from stateworker.keys import KeySpace
-from stateworker.scripts.bindings import Binding, Call, entry_call, library_of
+from stateworker.scripts.bindings import BIND, Binding, Call, bind_call, entry_call, library_of
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
 from stateworker.state.access import PRINCIPALS, ROLES, Access
@@ -160,6 +160,36 @@ class RedisState:
         command = binding.command(self.library, *entry_call(
             self.settings, self.keys, scope, key, ctx, self.cluster, args))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
+
+    def claimed(self, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
+        """`plan`, run only if its call id is free or already bound to this same call.
+
+        A record in one partition would not meet an id reused for a call in ANOTHER partition. So
+        every bus call binds its id to its digest (function + body) in the id's own bucket of
+        records (bind.lua, kept as long as the records). On one Redis the entry scripts record
+        there themselves (`binds_call_id`: their record is the binding); a read binds it in the
+        same pipeline, before its own commands (what it read is dropped when the id is another
+        call's); any other call (and on a cluster every call) binds it in a step before it runs,
+        so a refused call never writes. The calls of one batch keep their order either way (a
+        read does not overtake a write read before it).
+        """
+        claim = BIND.command(self.library, *bind_call(self.settings, self.keys, ctx))
+
+        def check(reply: Any) -> None:
+            raise_for_status(script_reply(reply, BIND.name), Target(self.settings, "", "", ctx))
+
+        if read_only:
+            def read(replies: list[Any]) -> Any:
+                check(replies[0])
+                return plan.finish(replies[1:])
+
+            return Plan([claim, *plan.commands], read, plan.checks_deadline)
+
+        def bound(replies: list[Any]) -> Plan:
+            check(replies[0])
+            return plan
+
+        return Plan([claim], bound)
 
     def target(self, scope: str, key: str, ctx: CallContext, *,
                expected_version: int | None = None, create_only: bool = False) -> Target:

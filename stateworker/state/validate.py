@@ -68,9 +68,13 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
         path = root + at[1:]
         problem = _PATH_RE.sub("", text)
         unknown = _UNKNOWN_RE.fullmatch(problem)
+        shape: Any = type_  # (a type: hashable, as fields_at's and tags_at's caches need)
         if unknown:
-            shape: Any = type_  # (a type: hashable, as fields_at's cache needs)
             raise unknown_field(path, unknown.group(1), fields_at(shape, at)) from exc
+        kinds = tags_at(shape, at) if problem.startswith("Invalid value") else ()
+        if kinds:
+            raise error(f"{path}: {problem.removeprefix('Invalid value ')} is not one of "
+                        f"{', '.join(kinds)}", {"path": path, "allowed": list(kinds)}) from exc
         if problem.startswith("Expected `object`") and path == root:
             problem = f"{what} must be a JSON object"
         raise error(f"{path}: {problem}", {"path": path}) from exc
@@ -103,10 +107,9 @@ def unknown_field(where: str, name: str, known: Sequence[str], takes: str = "") 
                         {"path": path, "nearest": near})
 
 
-@functools.lru_cache(maxsize=256)
-def fields_at(type_: Any, where: str) -> tuple[str, ...]:
-    """The field names of the object at `where` (a msgspec path, `$.ops[0]`) in `type_`
-    (every union member's: an op's whatever its `type`)."""
+def _infos_at(type_: Any, where: str) -> list[mi.Type]:
+    """The types of what sits at `where` (a msgspec path, `$.ops[0]`) in `type_` (every union
+    member's)."""
     infos = _members([mi.type_info(type_)])
     for name, _index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where):
         step: list[mi.Type] = []
@@ -117,12 +120,28 @@ def fields_at(type_: Any, where: str) -> tuple[str, ...]:
                 step += [info.item_type] if isinstance(info, mi.ListType | mi.VarTupleType) \
                     else list(info.item_types)
         infos = _members(step)
+    return infos
+
+
+@functools.lru_cache(maxsize=256)
+def fields_at(type_: Any, where: str) -> tuple[str, ...]:
+    """The field names of the object at `where` in `type_` (every union member's: an op's
+    whatever its `type`)."""
     names: list[str] = []
-    for info in infos:
+    for info in _infos_at(type_, where):
         if isinstance(info, mi.StructType):
             names += [info.tag_field] if info.tag_field else []
             names += [f.encode_name for f in info.fields]
     return tuple(dict.fromkeys(names))
+
+
+@functools.lru_cache(maxsize=256)
+def tags_at(type_: Any, where: str) -> tuple[str, ...]:
+    """The values the tag field at `where` (`$.ops[0].op`) may take: the kinds of a tagged
+    union (an update op's `type`, a transaction op's `op`); () when it is no tag field."""
+    owner, _, field = where.rpartition(".")
+    return tuple(str(info.tag) for info in _infos_at(type_, owner)
+                 if isinstance(info, mi.StructType) and info.tag_field == field)
 
 
 def _members(infos: list[mi.Type]) -> list[mi.Type]:

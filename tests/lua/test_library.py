@@ -52,13 +52,17 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
                 *written(keys[1]), f"{tag}ix:scope", f"{tag}iv:5:scope/n"]
     if name == "deltopic":
         return [text(args[8]) + "somekey", *written(keys[3]), *value_indexes(keys[1], args[0])]
+    if name == "getmany":
+        return [text(args[1]) + "somekey"]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
     if name == "index":
         return [text(args[2]) + "somekey"]
-    if name in ("set", "delete", "update", "topic"):
+    if name in ("set", "delete", "update", "topic", "transaction", "delprefix"):
         derived = written(keys[4]) + value_indexes(keys[1], args[0])
+        if name in ("transaction", "delprefix"):  # the other entries: ARGV[8] .. <len><scope><key>
+            derived.append(text(args[7]) + "somekey")
         if len(keys) > 7:
             record = text(keys[7])  # the slices beside it
             derived += [record + "0", record[:-1]]
@@ -89,9 +93,13 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::update-topic", {"scope": s, "key": f"k{i}", "topic": "u"})
         await store.call("state::list-entries", {"scope": s, "order_by": "updated_at"})
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
+        await store.get_many(s, [f"k{i}", "absent"])
+        await store.delete_by_prefix(s, "zz")
         await store.call("state::create-index", {"scope": s, "pointer": "/n"})  # index.lua
         await store.call("state::drop-index", {"scope": s, "pointer": "/n"})
         await store.delete(s, f"k{i}")
+        await store.transaction(s, [{"op": "set", "key": "t1", "value": 1},
+                                    {"op": "delete", "key": "t2"}])
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream

@@ -12,7 +12,7 @@ import msgspec
 
 from stateworker import logs
 from stateworker.app import admin, service, service_user
-from stateworker.app.cli import calls, parser, status, watching
+from stateworker.app.cli import calls, multi, parser, status, watching
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, settings_of
 from stateworker.app.cli.completion import script
 from stateworker.bus.protocol import BusOptions
@@ -28,7 +28,7 @@ Command = Callable[[argparse.Namespace], Awaitable[int]]
 ASYNC: dict[str, Command] = {
     "call": calls.run_call, "get": calls.run_get, "put": calls.run_put, "del": calls.run_del,
     "ls": calls.run_ls, "list-triggers": calls.run_list_triggers, "watch": watching.run_watch,
-    "status": status.run_status,
+    "status": status.run_status, "txn": multi.run_txn, "query": multi.run_query,
 }
 
 

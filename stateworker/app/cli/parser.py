@@ -124,10 +124,33 @@ def _verbs(sub: Sub) -> None:
     ls.add_argument("--values", action="store_true", help="show each entry's value too")
     _timeout(ls)
     add_output(ls)
+    _multi(sub)
     triggers = _add(sub, "list-triggers", "list the registered triggers",
                     texts.LIST_TRIGGERS)
     _timeout(triggers)
     add_output(triggers)
+
+
+def _multi(sub: Sub) -> None:
+    txn = _add(sub, "txn", "write several keys of a scope all or nothing (a JSON file)",
+               texts.TXN)
+    txn.add_argument("scope", help="the scope every op writes")
+    txn.add_argument("file", nargs="?", default="-", help="the transaction: a JSON list of "
+                     "ops, or an object with ops (and compare, else_ops); - or none: stdin")
+    _timeout(txn)
+    add_output(txn)
+    query = _add(sub, "query", "list a scope's entries whose values match", texts.QUERY)
+    query.add_argument("scope", help="the scope to search")
+    query.add_argument("--where", action="append", default=[], metavar="'POINTER OP [VALUE]'",
+                       help="one condition on the values, e.g. '/status eq \"open\"' or "
+                       "'/total gte 100' (OP: eq ne lt lte gt gte in exists prefix); "
+                       "repeat it: every one must hold")
+    query.add_argument("--limit", type=positive, default=100, help="entries per page "
+                       "(default 100, at most 1000)")
+    query.add_argument("--after", default=None, metavar="CURSOR",
+                       help="the next page: the cursor the page before ended with")
+    _timeout(query)
+    add_output(query)
 
 
 def _watch(sub: Sub) -> None:

@@ -34,6 +34,7 @@ async def status_report(settings: Settings) -> dict[str, Any]:
     try:
         info = (await conn.execute("INFO", "persistence")).decode()
     except ConnectionLost as exc:
+        await conn.close()  # (whatever it opened on the way)
         report.update(reachable=False, error=str(exc))
         return report
     try:

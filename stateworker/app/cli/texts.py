@@ -60,6 +60,23 @@ LS = call_epilog("one page of entries is on stdout (a table, or the JSON of "
    "ends\nwith the command for the next page: --after the cursor the page ended with "
    "(next_after\nin the JSON).\n\n")
 
+TXN = call_epilog("done: state::transaction's result is on stdout (a table, or its JSON)", """\
+  echo '[{"op":"check","key":"a","expected_version":3},
+         {"op":"set","key":"a","value":{"n":4}},
+         {"op":"delete","key":"lock"}]' | stateworker txn orders
+  stateworker txn orders transfer.json -o json
+""", note="FILE (or stdin) holds a JSON list of ops, or an object with ops, compare and "
+   "else_ops\n(README: Transactions). All or nothing: when an op's condition fails, nothing "
+   "is\nwritten and the error names the op (details.op_index).\n\n")
+
+QUERY = call_epilog("one page of matching entries is on stdout (a table, or the JSON of "
+                    "state::query)", """\
+  stateworker query orders --where '/status eq "open"' --where '/total gte 100'
+  stateworker query orders --where '/tags in ["a","b"]' -o json | jq '.entries[].key'
+""", note="Each --where is POINTER OP VALUE: an RFC 6901 pointer into the value, an op (eq ne "
+   "lt\nlte gt gte in exists prefix) and a JSON value; every one must hold. When there are "
+   "more,\nthe table ends with the command for the next page.\n\n")
+
 LIST_TRIGGERS = call_epilog("the registered triggers are on stdout (a table, or the JSON "
                             "of state::list-triggers)", """\
   stateworker list-triggers

@@ -22,16 +22,13 @@ local parts = glob_parts(ARGV[5])
 local examine = tonumber(ARGV[8])
 local members = redis.call('ZRANGE', KEYS[1], ARGV[6], ARGV[7], 'BYLEX', 'LIMIT', 0, examine)
 local deleted = 0
+local ctx = entry_scope_ctx(KEYS[2], KEYS[3], KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[1],
+  ARGV[2], ARGV[3], ARGV[4])
 for _, m in ipairs(members) do
   local z = string.find(m, '\0', 1, true)
   local topic, key = string.sub(m, 1, z - 1), string.sub(m, z + 1)
   if topic ~= ENTRY_NO_TOPIC and glob_match(topic, parts) then
-    local ctx = {
-      entry = ARGV[9] .. key, keyIndex = KEYS[2], updIndex = KEYS[3], topicIndex = KEYS[1],
-      scopes = KEYS[4], ttl = KEYS[5], events = KEYS[6],
-      scope = ARGV[1], key = key, member = ARGV[10] .. key,
-      now = tonumber(ARGV[2]), stamp = ARGV[2], maxlen = ARGV[3], by = ARGV[4],
-    }
+    entry_at(ctx, ARGV[9], ARGV[10], key)
     local cur = entry_load_live(ctx)
     if cur then
       entry_unlink(ctx, cur)

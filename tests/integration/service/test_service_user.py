@@ -86,6 +86,7 @@ def calls(prefix: str) -> list[Call]:
          None),
         ("state::update", {"scope": "s", "key": "u", "ops": [
             {"type": "increment", "path": "/n", "by": 1}]}, None),
+        ("state::get-many", {"scope": "s", "keys": ["k", "u", "absent"]}, None),  # hash stored
         ("state::diff", {"scope": "s", "key": "u", "value": {"n": 7}}, None),
         ("state::list-entries", {"scope": "s"}, None),
         ("state::create-index", {"scope": "s", "pointer": "/n"}, None),  # (the writes below
@@ -97,7 +98,18 @@ def calls(prefix: str) -> list[Call]:
         ("state::set", {"scope": "s", "key": "t", "value": 1, "topic": "old"}, None),
         ("state::update-topic", {"scope": "s", "key": "t", "topic": "older"}, None),
         ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),
+        ("state::delete-by-prefix", {"scope": "s", "prefix": "sh"}, None),  # "short": expired
         ("state::delete", {"scope": "s", "key": "gone"}, None),
+        ("state::set-many", {"scope": "s", "entries": [{"key": "m1", "value": 1},
+                                                       {"key": "m2", "value": 2}]}, None),
+        ("state::delete-many", {"scope": "s", "entries": [{"key": "m1"}, {"key": "m9"}]},
+         None),
+        ("state::update", {"scope": "s", "key": "h", "ops": [
+            {"type": "set", "path": "a", "value": 1}]}, None),  # its hash is unknown, so
+        ("state::transaction", {"scope": "s", "ops": [  # the transaction stores it first
+            {"op": "compare-and-set", "key": "h", "expected": {"a": 1}, "value": 2},
+            {"op": "set", "key": "tx", "value": 1, "ttl_ms": 60_000},
+            {"op": "delete", "key": "m2"}]}, None),
         ("state::drop-index", {"scope": "s", "pointer": "/n"}, None),
         ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
          {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),

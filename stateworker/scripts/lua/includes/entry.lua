@@ -26,9 +26,18 @@ local function entry_mark_written(ctx)
   redis.call('ZADD', string.sub(ctx.scopes, 1, -7) .. 'written', ctx.stamp, ctx.scope)
 end
 
--- Append one change event; its stream id is the revision, returned.
+-- Append one change event; its stream id is the revision, returned. A transaction's events
+-- (ctx.tx set: its id, ctx.txsize its number of events) carry both, so a reader can tell
+-- they belong together and whether it has them all.
 local function entry_emit(ctx, etype, old, new, version)
   entry_mark_written(ctx)
+  if ctx.tx then
+    ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
+      'type', etype, 'scope', ctx.scope, 'key', ctx.key,
+      'old_value', old, 'new_value', new, 'version', version,
+      'ts_ms', ctx.stamp, 'by', ctx.by, 'tx', ctx.tx, 'tx_size', ctx.txsize)
+    return ctx.rev
+  end
   ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
@@ -61,19 +70,32 @@ local function entry_unlink(ctx, cur)
   end
 end
 
--- The live entry or nil. An entry whose expiry has passed is deleted here, with the
--- state:deleted event the reaper would have written (by = "").
-local function entry_load_live(ctx)
+-- The stored entry or nil, and whether its expiry has passed (it reads as missing then).
+-- Nothing is written: a script that must check all before it writes (a transaction) loads
+-- with this and drops an expired entry (entry_drop_expired) once every check has passed.
+local function entry_load(ctx)
   local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's', 'b')
   if not cur[1] then
-    return nil
+    return nil, false
   end
-  if cur[3] and tonumber(cur[3]) <= ctx.now then
-    entry_unlink(ctx, cur)
-    local by = ctx.by
-    ctx.by = ''
-    entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
-    ctx.by = by
+  return cur, cur[3] and tonumber(cur[3]) <= ctx.now
+end
+
+-- Delete an entry whose expiry has passed, with the state:deleted event the reaper would
+-- have written (by = "", and no transaction's id: the expiry is not part of one).
+local function entry_drop_expired(ctx, cur)
+  entry_unlink(ctx, cur)
+  local by, tx = ctx.by, ctx.tx
+  ctx.by, ctx.tx = '', false
+  entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+  ctx.by, ctx.tx = by, tx
+end
+
+-- The live entry or nil. An entry whose expiry has passed is deleted here (entry_drop_expired).
+local function entry_load_live(ctx)
+  local cur, expired = entry_load(ctx)
+  if expired then
+    entry_drop_expired(ctx, cur)
     return nil
   end
   return cur
@@ -221,6 +243,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   scope = false, key = false, member = false,
   now = false, stamp = false, maxlen = false, by = false,
   rev = false, -- the revision of the call's last event (false: no change yet)
+  tx = false, txsize = false, -- a transaction's id and number of events (false: none)
   fresh = false, -- the call's record slice is new (records.lua)
 }
 
@@ -273,9 +296,10 @@ local function entry_replayed()
   return nil -- bound to this very call, not run yet
 end
 
--- The start of every entry script: {ST.DUPLICATE, ...} when the call ran before, else the
--- entry's ctx (entry_ctx, filled for this call) and its live value (nil when absent).
-local function entry_begin()
+-- The start of every entry script, before it reads the entry: {ST.DUPLICATE, ...} when the
+-- call ran before (or {ST.DEADLINE_EXCEEDED}), else the entry's ctx (entry_ctx, filled for
+-- this call).
+local function entry_start()
   local dup = entry_replayed()
   if dup then
     return dup
@@ -289,8 +313,38 @@ local function entry_begin()
   ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
   ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
   ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
-  ctx.rev = false
+  ctx.rev, ctx.tx, ctx.txsize = false, false, false
+  return nil, ctx
+end
+
+-- entry_start, then the entry's live value (nil when absent).
+local function entry_begin()
+  local dup, ctx = entry_start()
+  if dup then
+    return dup
+  end
   return nil, ctx, entry_load_live(ctx)
+end
+
+-- Point the ctx at another key of the same scope (scripts over several keys): `prefix` is
+-- the scope's entry name prefix, `ttl_prefix` its ttl member prefix (<len>:<scope>).
+local function entry_at(ctx, prefix, ttl_prefix, key)
+  ctx.entry, ctx.key, ctx.member = prefix .. key, key, ttl_prefix .. key
+end
+
+--[[
+  The ctx of a script over many entries of one scope that keeps no call record (deltopic,
+  delprefix): the scope's indexes, the partition's keys and the call's time, stream cap and
+  writer; each entry is then addressed with entry_at. (entry_ctx: no table per entry.)
+]]
+local function entry_scope_ctx(keyIndex, updIndex, topicIndex, scopes, ttl, events, scope, now,
+                               maxlen, by)
+  local ctx = entry_ctx
+  ctx.keyIndex, ctx.updIndex, ctx.topicIndex = keyIndex, updIndex, topicIndex
+  ctx.scopes, ctx.ttl, ctx.events, ctx.scope = scopes, ttl, events, scope
+  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(now), now, maxlen, by
+  ctx.rev, ctx.tx, ctx.txsize = false, false, false
+  return ctx
 end
 
 -- The end of a call that entry_begin started: its reply, recorded when the call has a record.

@@ -1,0 +1,45 @@
+--[[
+  Delete one batch of the entries of a scope whose key starts with a byte prefix
+  (state::delete-by-prefix): at most ARGV[12] members of the scope's key index, in key order,
+  from the first with the prefix. An entry whose expiry has passed is deleted with the
+  reaper's event (by ""), not counted. The caller calls again while `more`. A bus call's
+  reply is recorded (entry.lua), so a second delivery gets it and deletes nothing more.
+  Input:
+    KEYS[1..7] as set.lua: KEYS[1] the entry of the key equal to the prefix (any entry of
+      the scope: the others are ARGV[8] .. <len>:<scope><key>, in the same slot), the scope's
+      key, updated and topic indexes, the partition's scopes, ttl index and event stream
+    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
+            arguments (entry.lua)
+    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
+    ARGV[1..7] as set.lua (ARGV[2], ARGV[3]: the prefix as a key and its ttl member)
+    ARGV[8] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
+    ARGV[9] ttl member prefix of the scope (<len>:<scope>)
+    ARGV[10] lex range start ("[" .. prefix)
+    ARGV[11] lex range end ("(" .. prefix .. "\255": no UTF-8 key holds the byte 255)
+    ARGV[12] most index members to examine (the call's limit)
+  Output:
+    {ST.OK, number deleted, 1 when keys with the prefix remain else 0}
+    {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
+    {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
+  Events: state:deleted for each entry deleted (and for each expired one, the reaper's).
+]]
+--- @include "entry"
+
+local dup, ctx = entry_start()
+if dup then
+  return dup
+end
+local members = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 'LIMIT', 0,
+  tonumber(ARGV[12]))
+local deleted = 0
+for _, key in ipairs(members) do
+  entry_at(ctx, ARGV[8], ARGV[9], key)
+  local cur = entry_load_live(ctx)
+  if cur then
+    entry_unlink(ctx, cur)
+    entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+    deleted = deleted + 1
+  end
+end
+local left = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 'LIMIT', 0, 1)
+return entry_finish({ST.OK, deleted, #left > 0 and 1 or 0})
