@@ -3,7 +3,8 @@
 An index of (scope, pointer) is a sorted set of "<encoded value><key>" (state/predicates.py,
 lua/includes/indexes.lua) that the write scripts keep themselves: entry.lua's `entry_write`
 and `entry_unlink` call `indexes_change`, so set, update, compare-and-set, diff, delete,
-delete-by-topic and the reaper all keep it true in the script that changes the entry. A scope
+delete-by-topic, the transaction and bulk scripts and the reaper all keep it true in the
+script that changes the entry. A scope
 without indexes pays one HGETALL of a missing hash per write.
 
 Creating one defines it (state `building`), stores its definition durably as an entry of the

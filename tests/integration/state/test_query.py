@@ -389,3 +389,25 @@ async def test_a_typed_request_with_a_lone_surrogate_is_refused(store: StateStor
     with pytest.raises(InvalidRequest) as caught:
         await store.typed(specs.QUERY, request)
     assert caught.value.details["path"] == "$.where[0].value"
+
+
+async def test_transactions_and_bulk_calls_keep_the_index(store: StateStore, scope: str) -> None:
+    """Every multi-key write path goes through entry_write / entry_unlink too."""
+    await store.call("state::create-index", {"scope": scope, "pointer": "/v"})
+    await store.call("state::set-many", {"scope": scope, "entries": [
+        {"key": f"k{n}", "value": {"v": n % 3}} for n in range(9)]})
+    await store.call("state::transaction", {"scope": scope, "ops": [
+        {"op": "set", "key": "k0", "value": {"v": 2}},
+        {"op": "update", "key": "k1", "ops": [{"type": "increment", "path": "v", "by": 1}]},
+        {"op": "delete", "key": "k2"},
+        {"op": "set", "key": "p1", "value": {"v": 1}}]})
+    await store.call("state::delete-many", {"scope": scope, "entries": [{"key": "k3"}]})
+    await store.call("state::delete-by-prefix", {"scope": scope, "prefix": "k8"})
+    name = store.state.keys.for_scope(scope).value_index(scope, "/v")
+    expected = sorted(predicates.encode(predicates.Number(str(v))) + k.encode() for k, v in [
+        ("k0", 2), ("k1", 2), ("k4", 1), ("k5", 2), ("k6", 0), ("k7", 1), ("p1", 1)])
+    assert await store.state.conn.execute("ZRANGE", name, 0, -1) == expected
+    for value in ("0", "1", "2"):
+        where = [{"pointer": "/v", "op": "eq", "value": value}]
+        got, used = await query_all(store, scope, where)
+        assert used == {"/v"} and got == await reference(store, scope, where)
