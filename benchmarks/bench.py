@@ -26,6 +26,7 @@ from benchmarks import (
     bench_durability,
     bench_engines,
     bench_getmany,
+    bench_query,
     bench_reactive,
     bench_shards,
     bench_snapshot,
@@ -75,6 +76,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "reactive" in sections:
                 figures["reactive"] = await bench_reactive.reactive_section(
                     server.url, seconds, rounds, out)
+            if "query" in sections:  # a 100k-entry scope of its own prefix
+                figures["query"] = await bench_query.query_section(server.url, seconds, rounds,
+                                                                   out)
             if "getmany" in sections:  # a service and a store of their own prefix
                 figures["getmany"] = await bench_getmany.getmany_section(
                     server.url, seconds, rounds, out)
@@ -235,7 +239,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany", "txn")
+            "reactive", "engines", "cluster", "getmany", "txn", "query")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -123,6 +123,23 @@ class PartitionKeys:
     def topic_index(self, scope: str) -> str:
         return f"{self.tag}t:{scope}"
 
+    def index_defs(self, scope: str) -> str:
+        """hash: the scope's indexes, pointer -> "r" (ready) or "b" + the last key built
+        (building). lua/includes/indexes.lua makes it as the key index's name with "ix:" for
+        "k:"."""
+        return f"{self.tag}ix:{scope}"
+
+    def value_index(self, scope: str, pointer: str) -> str:
+        """zset (score 0): one indexed pointer's members, "<encoded value><key>"
+        (state/predicates.py `encode`); made by indexes.lua as "iv:<len>:<scope><pointer>"."""
+        return f"{self.tag}iv:{member(scope, pointer)}"
+
+    @property
+    def index_builds(self) -> str:
+        """zset (score 0): "<len>:<scope><pointer>" of the partition's indexes still building
+        (index.lua; `stateworker status` shows their progress)."""
+        return f"{self.tag}ixbuilding"
+
     def call_records(self, slice_: int) -> str:
         """On a Redis Cluster: one time slice of the partition's call records (a hash)."""
         return f"{self.tag}calls:{slice_}"

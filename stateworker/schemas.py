@@ -513,3 +513,53 @@ class BulkError(Struct, kw_only=True):
 class BulkResult(Struct, kw_only=True):
     results: list[BulkOutcome]  # one per entry, in request order
     errors: list[BulkError]  # the failed entries
+
+
+# ---- state::query and its indexes ------------------------------------------------------------------
+class WhereItem(Request):
+    pointer: str  # RFC 6901: "" the whole value, "/a/0" ...
+    op: str  # eq ne lt lte gt gte in exists prefix (checked by state/predicates.py)
+    value: Raw | UnsetType = UNSET
+
+
+class QueryRequest(Scoped, kw_only=True):
+    scope: str
+    where: list[WhereItem]
+    order_by: Literal["key"] = "key"
+    limit: int = 100
+    after: str | None = None
+
+
+class QueryResult(Struct, omit_defaults=True):
+    entries: list[ListedEntry]  # as list-entries gives them, with values
+    next_after: str | UnsetType = UNSET
+    index: str | UnsetType = UNSET  # the pointer whose index the page walked (none: the keys)
+
+
+class IndexRequest(Scoped):
+    scope: str
+    pointer: str
+
+
+class ScopeIndexesRequest(Scoped):
+    scope: str
+
+
+class CreateIndexResult(Struct):
+    created: bool  # false: the index was defined already
+    building: bool  # true: its build has not finished (create it again to resume)
+
+
+class DropIndexResult(Struct):
+    dropped: bool
+
+
+class IndexInfo(Struct):
+    pointer: str
+    state: str  # building | ready
+    indexed: int  # the scope's keys the build has walked (all of them once ready)
+    total: int  # the scope's keys
+
+
+class IndexesResult(Struct):
+    indexes: list[IndexInfo]

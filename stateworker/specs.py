@@ -129,6 +129,22 @@ UNREGISTER_TRIGGER = Spec("state::unregister-trigger", "unregister_trigger",
 LIST_TRIGGERS = Spec("state::list-triggers", "list_triggers", s.EmptyRequest,
                      s.TriggersResult, "every registered trigger", read_only=True,
                      raises=("UNKNOWN_FIELD",))
+QUERY = Spec("state::query", "query", s.QueryRequest, s.QueryResult,
+              "one page of a scope's entries whose values satisfy every `where` condition "
+              "(RFC 6901 pointers; eq, ne, lt, lte, gt, gte, in, exists, prefix; numbers "
+              "exact), in key order, with `next_after`", ("scope", "where"), read_only=True,
+              scoped=True, raises=_ADDRESS)
+CREATE_INDEX = Spec("state::create-index", "create_index", s.IndexRequest, s.CreateIndexResult,
+                    "index a pointer of a scope's values for `state::query` (built in bounded "
+                    "batches; again resumes an unfinished build)", ("scope", "pointer"),
+                    scoped=True, raises=_ADDRESS)
+DROP_INDEX = Spec("state::drop-index", "drop_index", s.IndexRequest, s.DropIndexResult,
+                  "remove a scope's index of a pointer", ("scope", "pointer"), scoped=True,
+                  raises=_ADDRESS)
+LIST_INDEXES = Spec("state::list-indexes", "list_indexes", s.ScopeIndexesRequest,
+                    s.IndexesResult, "a scope's indexes: pointer, state (building or ready), "
+                    "indexed and total keys", ("scope",), read_only=True, scoped=True,
+                    raises=_ADDRESS, unwrap="indexes")
 
 TRANSACTION = Spec("state::transaction", "transaction", s.TransactionRequest,
                    s.TransactionResult,
@@ -158,7 +174,8 @@ NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
-    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX)
+    LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX, QUERY,
+    CREATE_INDEX, DROP_INDEX, LIST_INDEXES)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 

@@ -72,3 +72,7 @@ class TypedCalls(abc.ABC):
     delete_many = spec_method(specs.DELETE_MANY, CLIENT)
     get_many = spec_method(specs.GET_MANY, CLIENT)
     delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, CLIENT)
+    query = spec_method(specs.QUERY, CLIENT)
+    create_index = spec_method(specs.CREATE_INDEX, CLIENT)
+    drop_index = spec_method(specs.DROP_INDEX, CLIENT)
+    list_indexes = spec_method(specs.LIST_INDEXES, CLIENT)

@@ -30,6 +30,7 @@ from stateworker.scripts.replies import (
     DeltopicReply,
     EntriesReply,
     GetManyReply,
+    IndexReply,
     KeptReply,
     ListReply,
     Moved,
@@ -91,6 +92,8 @@ BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
     TRANSACTION, GETMANY, DELPREFIX)
+INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
+BINDINGS += (INDEX,)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -310,3 +313,11 @@ def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int) -
     as the key): at most `limit` entries whose key starts with `prefix`."""
     return [part.entry_prefix + member(scope, ""), member(scope, ""), b"[" + prefix,
             b"(" + prefix + b"\xff", limit]
+
+
+def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:
+    """index.lua: `op` create (`count`: most indexes of a scope), build (`count`: most keys of
+    a batch) or drop."""
+    return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer),
+             part.index_builds],
+            [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])

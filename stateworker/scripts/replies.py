@@ -233,3 +233,14 @@ class DelprefixReply(NamedTuple):
     @classmethod
     def read(cls, reply: list[Any]) -> DelprefixReply:
         return cls(int(reply[1]), reply[2] == 1)
+
+
+class IndexReply(NamedTuple):
+    """index.lua: create 1 defined / 0 already / -1 at the limit; build 1 ready / 0 more /
+    2 dropped; drop 1 dropped / 0 none."""
+
+    outcome: int
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> IndexReply:
+        return cls(int(reply[1]))

@@ -37,6 +37,7 @@ from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
+from stateworker.state import indexes
 from stateworker.state import principals as acl
 from stateworker.state import triggers as registry
 from stateworker.state.store import RedisState
@@ -65,6 +66,7 @@ class Summary(msgspec.Struct):
     # Redis refused the ACL commands (the user restoring may not manage users): why. The
     # operator then runs `stateworker principal list` (acl_user) and `principal passwd`.
     acl_refused: str | None = None
+    indexes: int = 0  # value indexes defined again and rebuilt (state/indexes.py)
     seconds: float = 0.0
 
 
@@ -151,6 +153,9 @@ async def restore(state: RedisState, url: str,
         summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg)
         await begin_history(state.conn, state.keys, "restore")
+        # The entries are back, their value indexes are not: built again from their
+        # definitions, which came back as entries of `state_indexes`.
+        summary.indexes = await indexes.rebuild_all(state)
     finally:
         if own:
             await pg.close()

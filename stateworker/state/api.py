@@ -293,3 +293,7 @@ class StateStore(KeyValueMethods):
     delete_many = spec_method(specs.DELETE_MANY, STORE)
     get_many = spec_method(specs.GET_MANY, STORE)
     delete_by_prefix = spec_method(specs.DELETE_BY_PREFIX, STORE)
+    query = spec_method(specs.QUERY, STORE)
+    create_index = spec_method(specs.CREATE_INDEX, STORE)
+    drop_index = spec_method(specs.DROP_INDEX, STORE)
+    list_indexes = spec_method(specs.LIST_INDEXES, STORE)

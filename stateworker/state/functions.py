@@ -53,9 +53,11 @@ from stateworker.state import (
     bulk,
     bulkread,
     guard,
+    indexes,
     listing,
     namespaces,
     ops,
+    query,
     reads,
     transactions,
     trigger_leases,
@@ -292,6 +294,10 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.DELETE_MANY, bulk.state_delete_many),
     (specs.GET_MANY, bulkread.state_get_many),
     (specs.DELETE_BY_PREFIX, bulkread.state_delete_by_prefix),
+    (specs.QUERY, query.state_query),
+    (specs.CREATE_INDEX, indexes.state_create_index),
+    (specs.DROP_INDEX, indexes.state_drop_index),
+    (specs.LIST_INDEXES, indexes.state_list_indexes),
 ))
 
 

@@ -40,21 +40,27 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
     def written(scopes: Arg) -> list[str]:  # entry.lua's entry_mark_written
         return [text(scopes).removesuffix("scopes") + "written"]
 
+    def value_indexes(key_index: Arg, scope: Arg) -> list[str]:  # includes/indexes.lua
+        tag = text(key_index)[:-len(text(scope)) - 2]
+        return [f"{tag}ix:{text(scope)}", f"{tag}iv:1:{text(scope)}/n"]
+
     if name in ("list", "entries"):
         return [text(args[1]) + "somekey"]
     if name == "reap":
         tag = text(args[2])
         return [f"{tag}e:5:scopekey", *[f"{tag}{kind}:scope" for kind in "kut"],
-                *written(keys[1])]
+                *written(keys[1]), f"{tag}ix:scope", f"{tag}iv:5:scope/n"]
     if name == "deltopic":
-        return [text(args[8]) + "somekey", *written(keys[3])]
+        return [text(args[8]) + "somekey", *written(keys[3]), *value_indexes(keys[1], args[0])]
     if name == "getmany":
         return [text(args[1]) + "somekey"]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
+    if name == "index":
+        return [text(args[2]) + "somekey"]
     if name in ("set", "delete", "update", "topic", "transaction", "delprefix"):
-        derived = written(keys[4])
+        derived = written(keys[4]) + value_indexes(keys[1], args[0])
         if name in ("transaction", "delprefix"):  # the other entries: ARGV[8] .. <len><scope><key>
             derived.append(text(args[7]) + "somekey")
         if len(keys) > 7:
@@ -89,6 +95,8 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.call("state::delete-by-topic", {"scope": s, "topic_pattern": "x*"})
         await store.get_many(s, [f"k{i}", "absent"])
         await store.delete_by_prefix(s, "zz")
+        await store.call("state::create-index", {"scope": s, "pointer": "/n"})  # index.lua
+        await store.call("state::drop-index", {"scope": s, "pointer": "/n"})
         await store.delete(s, f"k{i}")
         await store.transaction(s, [{"op": "set", "key": "t1", "value": 1},
                                     {"op": "delete", "key": "t2"}])

@@ -15,6 +15,7 @@ from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern,
 from stateworker.reactive.status import dispatch_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
+from stateworker.state import indexes
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
@@ -50,6 +51,7 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         keys = KeySpace(settings.prefix, settings.partitions)
         report["dispatch"] = await dispatch_status(conn, keys)
         report["snapshot"] = await snapshot_status(conn, keys)
+        report["indexes_building"] = await indexes.building(conn, keys)
     finally:
         await conn.close()
     return report
@@ -169,6 +171,8 @@ def summary(report: dict[str, Any]) -> str:
         error = snapshot["last_error"]
         lines.append(f"snapshot   {partitions_line(snapshot['partitions'])}, last error: "
                      + (f"{error} ({snapshot['last_error_ms_ago']} ms ago)" if error else "none"))
+    lines += [f"indexing   {b['scope']} {b['pointer']}: {b['indexed']}/{b['total']} keys "
+              "(state::create-index again resumes it)" for b in report.get("indexes_building", [])]
     return "\n".join(lines)
 
 

@@ -89,6 +89,12 @@ def calls(prefix: str) -> list[Call]:
         ("state::get-many", {"scope": "s", "keys": ["k", "u", "absent"]}, None),  # hash stored
         ("state::diff", {"scope": "s", "key": "u", "value": {"n": 7}}, None),
         ("state::list-entries", {"scope": "s"}, None),
+        ("state::create-index", {"scope": "s", "pointer": "/n"}, None),  # (the writes below
+        ("state::query", {"scope": "s", "where": [  # keep it: index.lua, includes/indexes.lua)
+            {"pointer": "/n", "op": "eq", "value": 7}]}, None),
+        ("state::query", {"scope": "s", "where": [
+            {"pointer": "/n", "op": "exists", "value": True}]}, None),
+        ("state::list-indexes", {"scope": "s"}, None),
         ("state::set", {"scope": "s", "key": "t", "value": 1, "topic": "old"}, None),
         ("state::update-topic", {"scope": "s", "key": "t", "topic": "older"}, None),
         ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),
@@ -104,6 +110,7 @@ def calls(prefix: str) -> list[Call]:
             {"op": "compare-and-set", "key": "h", "expected": {"a": 1}, "value": 2},
             {"op": "set", "key": "tx", "value": 1, "ttl_ms": 60_000},
             {"op": "delete", "key": "m2"}]}, None),
+        ("state::drop-index", {"scope": "s", "pointer": "/n"}, None),
         ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
          {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
         ("state::barrier", {"event": {"key": "a"},

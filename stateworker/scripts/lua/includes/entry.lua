@@ -53,8 +53,11 @@ local function entry_topic_member(topic, key)
   return (topic or ENTRY_NO_TOPIC) .. '\0' .. key
 end
 
+--- @include "indexes"
+
 -- Remove the entry and every index member that points at it.
 local function entry_unlink(ctx, cur)
+  indexes_change(ctx, cur[1], false)
   redis.call('DEL', ctx.entry)
   redis.call('ZREM', ctx.keyIndex, ctx.key)
   redis.call('ZREM', ctx.updIndex, ctx.key)
@@ -174,6 +177,7 @@ local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
     redis.call('ZADD', ctx.scopes, '0', ctx.scope)
   end
   redis.call('ZADD', ctx.updIndex, ctx.stamp, ctx.key)
+  indexes_change(ctx, cur and cur[1] or false, value)
 
   local oldTopic = cur and cur[5] or false
   local newTopic = oldTopic

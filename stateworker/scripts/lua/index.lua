@@ -1,0 +1,65 @@
+--[[
+  A scope's value index (state::create-index, drop-index; state/indexes.py): define it, build
+  it for the entries it does not hold yet in bounded batches, or drop it. Writes keep every
+  defined index true themselves (includes/indexes.lua), building or ready, so a build only
+  has to reach the keys that existed before: each batch reads the next keys of the key index
+  after the last one built.
+  Input:
+    KEYS[1] the scope's index definitions (hash)   KEYS[2] the scope's key index
+    KEYS[3] the pointer's index (zset)
+    KEYS[4] the partition's indexes building (zset: "<len>:<scope><pointer>", score 0)
+    ARGV[1] create | build | drop                  ARGV[2] pointer
+    ARGV[3] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
+    ARGV[4] create: most indexes of a scope; build: most keys of a batch
+    ARGV[5] the index's member in KEYS[4]
+  Output:
+    create: {ST.OK, 1 defined now | 0 defined already | -1 the scope has ARGV[4] indexes}
+    build:  {ST.OK, 1 ready | 0 more to build | 2 the index was dropped meanwhile}
+    drop:   {ST.OK, 1 dropped | 0 none}
+  Events: none.
+]]
+--- @include "indexes"
+
+local op, pointer = ARGV[1], ARGV[2]
+if op == 'create' then
+  if redis.call('HEXISTS', KEYS[1], pointer) == 1 then
+    return {ST.OK, 0}
+  end
+  if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
+    return {ST.OK, -1}
+  end
+  redis.call('HSET', KEYS[1], pointer, 'b')
+  redis.call('ZADD', KEYS[4], '0', ARGV[5])
+  return {ST.OK, 1}
+end
+if op == 'drop' then
+  local dropped = redis.call('HDEL', KEYS[1], pointer)
+  redis.call('DEL', KEYS[3])
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  return {ST.OK, dropped}
+end
+local state = redis.call('HGET', KEYS[1], pointer)
+if not state then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  return {ST.OK, 2}
+end
+if state == 'r' then
+  return {ST.OK, 1}
+end
+local batch = tonumber(ARGV[4])
+local low = state == 'b' and '-' or '(' .. string.sub(state, 2)
+local keys = redis.call('ZRANGE', KEYS[2], low, '+', 'BYLEX', 'LIMIT', 0, batch)
+local parts = indexes_parts(pointer)
+for _, key in ipairs(keys) do
+  local member = indexes_member(redis.call('HGET', ARGV[3] .. key, 'v') or false, parts, key)
+  if member then
+    redis.call('ZADD', KEYS[3], '0', member)
+  end
+end
+if #keys < batch then
+  redis.call('HSET', KEYS[1], pointer, 'r')
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  return {ST.OK, 1}
+end
+redis.call('HSET', KEYS[1], pointer, 'c' .. keys[#keys])
+return {ST.OK, 0}

@@ -1,0 +1,219 @@
+"""`state::query`: a page of a scope's entries whose values satisfy every `where` condition.
+
+Where the filtering runs: here, in Python, over values a read fetched. The comparison must be
+exact (a decimal text is never rounded through a double; big integers, exponents, `-0`), and
+Python compares them exactly (predicates.Number: the digits and the decimal point's position,
+any exponent) where Redis's Lua (doubles only) cannot; it also keeps one
+evaluator for both paths, which the property tests hold to a reference. The work per call is
+bounded: at most EXAMINE entries are fetched and examined, and `next_after` resumes after the
+last one examined even when fewer than `limit` matched.
+
+Two paths, chosen per page by the scope's ready indexes (one HGETALL of its definitions):
+- no usable index: entries.lua walks the scope's key index from the cursor (EXAMINE members,
+  expired ones skipped), values included, as list-entries does;
+- a condition (eq, in, lt, lte, gt, gte, prefix) on a READY indexed pointer: its candidates are
+  read from the index (ZRANGE BYLEX): eq and in walk their values' ranges, whose members are
+  in key order, from the cursor; a range or prefix takes its whole candidate set when it holds
+  at most CANDIDATES members (sorted by key here), else the page walks the keys. The
+  candidates' entries are then read (HMGET, pipelined) and checked exactly like any other.
+Results are in key byte order either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import msgspec
+
+from stateworker import clock
+from stateworker.context import CallContext
+from stateworker.errors import InvalidRequest
+from stateworker.schemas import ListedEntry, QueryRequest, QueryResult
+from stateworker.scripts.bindings import ENTRIES, entries_call
+from stateworker.scripts.replies import EntriesReply
+from stateworker.state import listing, validate
+from stateworker.state import predicates as p
+from stateworker.state.reads import hash_plan
+from stateworker.state.store import RedisState
+from stateworker.transport.plans import Plan, command_reply
+
+EXAMINE = 1000  # entries one query call examines at most
+CANDIDATES = 1000  # a range's candidates taken from its index at most (else: the key walk)
+MAX_LIMIT = 1000
+_FIELDS = ("n", "h", "t", "c", "u", "x", "b", "v")
+_BAD_CURSOR = "$.after: not a cursor returned by state::query"
+
+
+def decode_after(text: str) -> bytes:
+    """The key a cursor resumes after (list-entries' cursor form, key order)."""
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        cursor = msgspec.json.decode(base64.urlsafe_b64decode(padded), type=listing.Cursor)
+        key = base64.b64decode(cursor.member, validate=True)
+    except (ValueError, binascii.Error, msgspec.DecodeError) as exc:
+        raise InvalidRequest(_BAD_CURSOR, {"path": "$.after"}) from exc
+    if (cursor.order_by, cursor.order, cursor.score, cursor.skip) != ("key", "asc", "", 0):
+        raise InvalidRequest(_BAD_CURSOR, {"path": "$.after"})
+    return key
+
+
+def encode_after(key: bytes) -> str:
+    return listing.encode_cursor(listing.Cursor("key", "asc", base64.b64encode(key).decode(),
+                                                "", 0))
+
+
+class Page:
+    """One call's evaluation: the conditions, the limit, the matches so far."""
+
+    def __init__(self, state: RedisState, req: QueryRequest, wheres: list[p.Where]) -> None:
+        self.state, self.req, self.wheres = state, req, wheres
+        self.result = QueryResult([])
+        self.unknown: list[tuple[ListedEntry, bytes]] = []  # matches whose hash is unknown
+        self.now = clock.now_ms()
+
+    def take(self, key: bytes, f: list[Any]) -> bool:
+        """Examine one entry (HMGET n h t c u x b v); True once the page is full."""
+        n, h, t, c, u, x, b, v = f
+        if n is None or v is None or (x is not None and int(x) <= self.now):
+            return False
+        if not p.matches(self.wheres, p.decode(v)):
+            return False
+        entry = ListedEntry(key.decode(), None if t is None else t.decode(), int(n),
+                            "" if h is None else h.decode(), _ms(c), _ms(u), _ms(x),
+                            None if b is None else b.decode(), msgspec.Raw(v))
+        self.result.entries.append(entry)
+        if h is None:
+            self.unknown.append((entry, v))
+        return len(self.result.entries) >= self.req.limit
+
+    def run(self, keys: list[bytes], rows: list[list[Any]], more: bool) -> Any:
+        """Examine `rows` (of `keys`, in key order); `more`: entries after the last remain."""
+        for i, (key, row) in enumerate(zip(keys, rows, strict=True)):
+            if self.take(key, row):
+                if i < len(keys) - 1 or more:
+                    self.result.next_after = encode_after(key)
+                return self.finish()
+        if more and keys:
+            self.result.next_after = encode_after(keys[-1])
+        return self.finish()
+
+    def finish(self) -> Any:
+        if not self.unknown:
+            return self.result
+        steps = [hash_plan(self.state, self.req.scope, e.key, e.version, v)
+                 for e, v in self.unknown]
+        return listing._with_hashes(self.result, self.unknown, steps)  # type: ignore[arg-type]
+
+
+def _ms(raw: bytes | None) -> str | None:
+    return None if raw is None else clock.rfc3339_ms(int(raw))
+
+
+def check(req: QueryRequest) -> tuple[list[p.Where], bytes | None]:
+    validate.in_range("limit", req.limit, 1, MAX_LIMIT)
+    wheres = p.parse_where(req.where)
+    return wheres, None if req.after is None else decode_after(req.after)
+
+
+def state_query(state: RedisState, req: QueryRequest, ctx: CallContext) -> Plan:
+    validate.scope(state, ctx, req.scope)
+    return query_plan(state, req)
+
+
+def query_plan(state: RedisState, req: QueryRequest) -> Plan:
+    wheres, after = check(req)
+    part = state.keys.for_scope(req.scope)
+    page = Page(state, req, wheres)
+
+    def chosen(replies: list[Any]) -> Any:
+        defs = command_reply(replies[0], "HGETALL")
+        ready = {defs[i].decode(): True for i in range(0, len(defs), 2) if defs[i + 1] == b"r"}
+        for eq_first in (True, False):
+            for where in wheres:
+                if where.pointer in ready and (where.op in ("eq", "in")) == eq_first:
+                    ranges = p.index_ranges(where)
+                    if ranges is not None:
+                        return _index_plan(state, page, where.pointer, ranges, after)
+        return _keys_plan(state, page, after)
+
+    return Plan([["HGETALL", part.index_defs(req.scope)]], chosen)
+
+
+def _keys_plan(state: RedisState, page: Page, after: bytes | None) -> Plan:
+    """The page by walking the scope's key index (entries.lua)."""
+    part = state.keys.for_scope(page.req.scope)
+    position = b"" if after is None else b"=" + after
+
+    def finish(reply: EntriesReply) -> Any:
+        flat = reply.fields
+        keys = [flat[i] for i in range(0, len(flat), 9)]
+        rows = [[*flat[i + 1:i + 8], flat[i + 8]] for i in range(0, len(flat), 9)]
+        page.result.index = msgspec.UNSET
+        more = reply.last_member is not None
+        if reply.last_member is not None and (not keys or reply.last_member != keys[-1]):
+            # (the walk went past the last live entry: resume after what it examined)
+            return _run_then(page, keys, rows, reply.last_member)
+        return page.run(keys, rows, more)
+
+    call = entries_call(part, page.req.scope, part.key_index(page.req.scope), "key", "asc",
+                        position, "", EXAMINE, 0, None, None, None, True, EXAMINE)
+    return state.script_plan(ENTRIES, call, finish)
+
+
+def _run_then(page: Page, keys: list[bytes], rows: list[list[Any]], last: bytes) -> Any:
+    result = page.run(keys, rows, True)
+    if len(page.result.entries) < page.req.limit:
+        page.result.next_after = encode_after(last)
+    return result
+
+
+def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
+                after: bytes | None) -> Any:
+    """The page from the candidates of one indexed condition."""
+    if not ranges.ranges:  # (`in` an empty list: nothing can match)
+        page.result.index = pointer
+        return page.run([], [], False)
+    part = state.keys.for_scope(page.req.scope)
+    index = part.value_index(page.req.scope, pointer)
+    count = EXAMINE if ranges.ordered else CANDIDATES + 1
+    commands: list[list[Any]] = []
+    for start, end in ranges.ranges:
+        low = b"[" + start if after is None or not ranges.ordered else b"(" + start + after
+        commands.append(["ZRANGE", index, low, b"(" + end, "BYLEX", "LIMIT", 0, count])
+
+    def candidates(replies: list[Any]) -> Any:
+        found: set[bytes] = set()
+        full = False
+        for (start, _), members in zip(ranges.ranges, replies, strict=True):
+            members = command_reply(members, "ZRANGE")
+            full = full or len(members) >= count
+            if ranges.ordered:
+                found.update(m[len(start):] for m in members)
+            else:
+                found.update(p.key_of_member(m) for m in members)
+        if not ranges.ordered and full:  # too many candidates: walk the keys instead
+            return _keys_plan(state, page, after)
+        keys = sorted(k for k in found if after is None or k > after)
+        more = len(keys) > EXAMINE or (ranges.ordered and full)
+        keys = keys[:EXAMINE]
+        if not keys:
+            page.result.index = pointer
+            return page.run([], [], False)
+        return _rows_plan(state, page, pointer, keys, more)
+
+    return Plan(commands, candidates)
+
+
+def _rows_plan(state: RedisState, page: Page, pointer: str, keys: list[bytes],
+               more: bool) -> Plan:
+    part = state.keys.for_scope(page.req.scope)
+    scope = page.req.scope
+
+    def finish(replies: list[Any]) -> Any:
+        page.result.index = pointer
+        rows = [command_reply(r, "HMGET") for r in replies]
+        return page.run(keys, rows, more)
+
+    return Plan([["HMGET", part.entry(scope, k.decode()), *_FIELDS] for k in keys], finish)

@@ -1,0 +1,66 @@
+"""state/predicates.py, pure: Number's order and equality against Fractions, the index
+encoding's byte order against the values' order (what lets a range of the index answer a
+range query), pointers per RFC 6901."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stateworker.state import predicates as p
+
+number_texts = st.one_of(
+    st.integers(-(10**30), 10**30).map(str),
+    st.tuples(st.integers(-(10**6), 10**6), st.text("0123456789", min_size=1, max_size=8)).map(
+        lambda t: f"{t[0]}.{t[1]}"),
+    st.tuples(st.integers(-999, 999), st.sampled_from(["e", "E"]),
+              st.sampled_from(["", "+", "-"]), st.integers(0, 40)).map(
+        lambda t: f"{t[0]}{t[1]}{t[2]}{t[3]}"),
+    st.sampled_from(["0", "-0", "0.0", "-0.000", "0e5", "1", "1.0", "10", "0.1", "1e1", "100e-2"]),
+)
+strings = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(
+    ["\0", "\x01", "a", "\xff"]), max_size=6)
+
+
+@given(a=number_texts, b=number_texts)
+def test_numbers_compare_as_fractions(a: str, b: str) -> None:
+    x, y = p.Number(a), p.Number(b)
+    fa, fb = Fraction(a), Fraction(b)
+    assert (x == y) is (fa == fb) and (x < y) is (fa < fb) and (x > y) is (fa > fb)
+    assert (hash(x) == hash(y)) or fa != fb
+    ea, eb = p.encode(x), p.encode(y)
+    assert ea is not None and eb is not None
+    assert (ea < eb) is (fa < fb) and (ea == eb) is (fa == fb)
+    assert p.key_of_member(ea + b"key") == b"key"
+
+
+@given(a=strings, b=strings)
+def test_strings_encode_in_byte_order(a: str, b: str) -> None:
+    ea, eb = p.encode(a), p.encode(b)
+    assert ea is not None and eb is not None
+    assert (ea < eb) is (a.encode() < b.encode())
+    assert p.encode(a + "x") is not None and p.string_prefix(a) <= ea < p.string_prefix(a) + b"\xff"
+    assert p.key_of_member(ea + b"k\0ey") == b"k\0ey"
+
+
+def test_types_sort_apart() -> None:
+    order = [p.encode(v) for v in (None, False, True, p.Number("-1e9"), p.Number("0"),
+                                   p.Number("1e-9"), "", "a")]
+    assert order == sorted(order)  # type: ignore[type-var]
+    assert p.encode([]) is None and p.encode({}) is None
+    assert p.encode(p.Number("1e1000000000000000000")) is None
+    assert p.Number("1e1000000000000000000") > p.Number("9e999999999999999999")
+    assert p.Number("-1e-1000000000000000000") > p.Number("-1")
+
+
+@pytest.mark.parametrize(("doc", "pointer", "found"), [
+    ({"a": {"b": [1, 2]}}, "/a/b/1", 2), ({"a": 1}, "", {"a": 1}), ({"a/b": 1}, "/a~1b", 1),
+    ({"~": 1}, "/~0", 1), ({"": 1}, "/", 1), ([1, 2], "/01", p.MISSING), ([1], "/-", p.MISSING),
+    ([1], "/1", p.MISSING), ("abc", "/0", p.MISSING), ({"a": None}, "/a", None),
+    ({"a": None}, "/a/b", p.MISSING),
+])
+def test_resolve(doc: object, pointer: str, found: object) -> None:
+    assert p.resolve(doc, p.pointer_parts(pointer, "$.pointer")) == found
