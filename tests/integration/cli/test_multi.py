@@ -62,3 +62,23 @@ async def test_malformed_transactions_exit_2_and_send_nothing(
         done = await cli(redis_server, prefix, "txn", scope, *args, stdin=stdin)
         assert done.returncode == 2, (stdin, done.stdout, done.stderr)
         assert done.stdout == "" and words in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_query_prints_the_matching_entries_and_the_next_page(
+        service: StateService, client: StateClient, redis_server: RedisServer, prefix: str,
+        scope: str) -> None:
+    for n in range(5):
+        await client.set(scope, f"o-{n}", {"status": "open" if n % 2 else "done", "total": n})
+    done = await cli(redis_server, prefix, "query", scope, "--where", '/status eq "open"',
+                     "--where", "/total gte 1")
+    assert done.returncode == 0, done.stderr
+    assert [e["key"] for e in msgspec.json.decode(done.stdout)["entries"]] == ["o-1", "o-3"]
+    table = await cli(redis_server, prefix, "query", scope, "--where", "/total exists",
+                      "--limit", "2", "-o", "table")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "VERSION", "UPDATED", "VALUE"]
+    assert [line.split()[0] for line in lines[1:3]] == ["o-0", "o-1"]
+    assert lines[-1].startswith("(more: stateworker query ") and "--after" in lines[-1]
+    bad = await cli(redis_server, prefix, "query", scope, "--where", "/status is open")
+    assert bad.returncode == 2 and "OP one of eq" in bad.stderr and bad.stdout == ""
