@@ -32,6 +32,18 @@ ensure_redis() {
   fi
 }
 
+# etcd for the floor bench's reference (benchmarks/bench_floor.py, issue 24): Debian's
+# etcd-server, started per run by the bench on free ports. scripts/bench only: the tests never
+# need it.
+ensure_etcd() {
+  if ! command -v etcd >/dev/null 2>&1; then
+    log "installing Debian's etcd-server"
+    apt_install etcd-server
+    # Debian's package may start a system member; the bench starts its own, so stop it.
+    if command -v service >/dev/null 2>&1; then service etcd stop >/dev/null 2>&1 || true; fi
+  fi
+}
+
 # ensure_venv service|test: a .venv with the project installed (editable): `service` (the
 # service and its command alone: ./scripts/run) or `test` (with the test and lint tools:
 # ./scripts/test, ./scripts/bench). Each has its stamp, the hash of pyproject.toml it was
