@@ -51,6 +51,7 @@ from stateworker.state.api import StateStore
 PREFIX, TRIGGERED, PLAIN = "benchfloor", "benchfloortrig", "benchplain"
 VALUE = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
 ENTRIES = 100_000
+BATCH = 100  # entries per set-many of the memory fill
 STRACE_CALLS = 300
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -264,37 +265,36 @@ async def strict_lines(seconds: float, rounds: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sw-bench-floor-") as tmp, \
             etcd_server(Path(tmp) / "etcd") as port:
-        if True:
-            async with durability_mode(Path(tmp) / "fast", "fast") as fast, \
-                    durability_mode(Path(tmp) / "strict", "strict") as strict, \
-                    etcd_ops(port) as etcd:
-                cases: list[tuple[str, Op, int]] = [
-                    ("strict_set_64", strict["bus"], 64), ("strict_set_1", strict["bus"], 1),
-                    ("fast_get_1", fast["bus_get"], 1), ("strict_get_1", strict["bus_get"], 1)]
-                if isinstance(etcd, dict):
-                    cases[1:1] = [("etcd_put_64", etcd["put"], 64)]
-                    cases.append(("etcd_put_1", etcd["put"], 1))
-                else:
-                    figures["etcd"] = etcd
-                for w in range(64):
-                    await strict["bus"](w, 0)  # the keys the gets read
-                    await fast["bus"](w, 0)
-                rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
-                p50s: dict[str, list[float]] = {name: [] for name, _, _ in cases}
-                for _ in range(rounds):
-                    for name, op, concurrency in cases:
-                        rate, latencies = await timed(op, concurrency, seconds)
-                        rates[name].append(rate)
-                        p50s[name].append(percentile(latencies, 0.5))
-                figures["ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
-                figures["p50_ms"] = {name: round(_median(p) * 1000, 3)
-                                     for name, p in p50s.items()}
-                pid = strict.server.pid
-                if pid is not None:
-                    figures["fsyncs_per_set"] = await _count_fsyncs(pid, strict["bus"],
-                                                                    STRACE_CALLS)
-                    figures["fsyncs_per_get"] = await _count_fsyncs(pid, strict["bus_get"],
-                                                                    STRACE_CALLS)
+        async with durability_mode(Path(tmp) / "fast", "fast") as fast, \
+                durability_mode(Path(tmp) / "strict", "strict") as strict, \
+                etcd_ops(port) as etcd:
+            cases: list[tuple[str, Op, int]] = [
+                ("strict_set_64", strict["bus"], 64), ("strict_set_1", strict["bus"], 1),
+                ("fast_get_1", fast["bus_get"], 1), ("strict_get_1", strict["bus_get"], 1)]
+            if isinstance(etcd, dict):
+                cases[1:1] = [("etcd_put_64", etcd["put"], 64)]
+                cases.append(("etcd_put_1", etcd["put"], 1))
+            else:
+                figures["etcd"] = etcd
+            for w in range(64):
+                await strict["bus"](w, 0)  # the keys the gets read
+                await fast["bus"](w, 0)
+            rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+            p50s: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+            for _ in range(rounds):
+                for name, op, concurrency in cases:
+                    rate, latencies = await timed(op, concurrency, seconds)
+                    rates[name].append(rate)
+                    p50s[name].append(percentile(latencies, 0.5))
+            figures["ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
+            figures["p50_ms"] = {name: round(_median(p) * 1000, 3)
+                                 for name, p in p50s.items()}
+            pid = strict.server.pid
+            if pid is not None:
+                figures["fsyncs_per_set"] = await _count_fsyncs(pid, strict["bus"],
+                                                                STRACE_CALLS)
+                figures["fsyncs_per_get"] = await _count_fsyncs(pid, strict["bus_get"],
+                                                                STRACE_CALLS)
     return figures
 
 
@@ -345,14 +345,15 @@ async def memory_case(directory: Path, size: int) -> dict[str, Any]:
                 await store.call_json("state::set", b'{"scope":"warm","key":"up","value":1}')
                 before = await _memory(raw)
 
-                async def writer(w: int) -> None:
-                    for i in range(w, ENTRIES, 64):
-                        await store.call_json(
-                            "state::set", b'{"scope":"mem","key":"k%06d","value":%s}'
-                            % (i, value))
+                async def writer(w: int) -> None:  # set-many of BATCH entries, 8 in flight
+                    for start in range(w * BATCH, ENTRIES, 8 * BATCH):
+                        entries = b",".join(b'{"key":"k%06d","value":%s}' % (i, value)
+                                            for i in range(start, start + BATCH))
+                        await store.call_json("state::set-many", b'{"scope":"mem","entries":[%s]}'
+                                              % entries)
 
                 async with anyio.create_task_group() as tg:
-                    for w in range(64):
+                    for w in range(8):
                         tg.start_soon(writer, w)
                 after = await _memory(raw)
                 part = store.state.keys.for_scope("mem")
