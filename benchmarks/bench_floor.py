@@ -398,6 +398,52 @@ async def memory_lines() -> dict[str, Any]:
                           for size in (200, 2048)]}
 
 
+# --- 7: ratios 1 and 3 on the 3+3 cluster ------------------------------------------------------
+
+async def cluster_lines(seconds: float, rounds: int) -> dict[str, Any]:
+    """Bus `set` at 64 (STATEWORKER_BUS_SHARDS=3, as bench_cluster's cluster side) vs the
+    in-process store and the plain worker (its one stream, each scope's keys in one slot) on
+    one 3+3 cluster (tests/cluster.py), with the service's and the plain worker's CPU per call."""
+    from benchmarks.bench_cluster import RedisCluster  # (starts nothing at import)
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="sw-bench-floor-cluster-") as tmp:
+        cluster = RedisCluster(Path(tmp) / "cluster")
+        cluster.start()
+        urls: str = cluster.urls
+        service = plain = None
+        try:
+            service = start_service(urls, PREFIX, env={"STATEWORKER_BUS_SHARDS": "3"})
+            plain = start_plain_worker(urls)
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(StateClient(
+                    settings=Settings(redis_url=urls, prefix=PREFIX, bus_shards=3)))
+                plain_client = await stack.enter_async_context(
+                    StateClient(settings=Settings(redis_url=urls, prefix=PLAIN)))
+                store = await stack.enter_async_context(
+                    StateStore.open(urls, prefix=PREFIX, reaper=False))
+                ops = {"bus": (set_op(client), service.pid), "store": (set_op(store), None),
+                       "plain": (set_op(plain_client), plain.pid)}
+                for op, _ in ops.values():
+                    for w in range(10):
+                        await op(w, 0)  # warm up: scripts loaded on every primary
+                rates: dict[str, list[float]] = {name: [] for name in ops}
+                cpus: dict[str, list[float]] = {name: [] for name in ops}
+                for _ in range(rounds):
+                    for name, (op, pid) in ops.items():
+                        rate, _, cpu = await timed_cpu(op, 64, seconds, pid)
+                        rates[name].append(rate)
+                        cpus[name].append(cpu)
+            figures["set_64_ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
+            figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]) * 1e6, 1)
+                                             for name in ("bus", "plain")}
+        finally:
+            for process in (service, plain):
+                if process is not None:
+                    _stop(process)
+            cluster.kill()
+    return figures
+
+
 # --- the section ----------------------------------------------------------------------------
 
 def _line(out: Any, rows: list[dict[str, Any]], measure: str, ours: float, ref: float | None,
@@ -416,12 +462,14 @@ def _line(out: Any, rows: list[dict[str, Any]], measure: str, ours: float, ref: 
           f"{ratio_text:>7}  {target}{('  ' + note) if note else ''}", file=out)
 
 
-async def floor_section(url: str, socket_path: str, seconds: float, rounds: int, out: Any
-                        ) -> dict[str, Any]:
+async def floor_section(url: str, socket_path: str, seconds: float, rounds: int, out: Any,
+                        cluster: bool = True) -> dict[str, Any]:
     figures: dict[str, Any] = {"uptime": Path("/proc/loadavg").read_text().strip()}
     figures["bus"] = await bus_lines(url, socket_path, seconds, rounds)
     figures["strict"] = await strict_lines(seconds, rounds)
     figures["memory"] = await memory_lines()
+    if cluster:
+        figures["cluster"] = await cluster_lines(seconds, rounds)
     rows: list[dict[str, Any]] = []
     figures["rows"] = rows
     bus, strict = figures["bus"], figures["strict"]
@@ -469,5 +517,16 @@ async def floor_section(url: str, socket_path: str, seconds: float, rounds: int,
               f"{case['events_retained']:,} in {case['events_bytes']:,} B "
               f"({case['event_bytes_each']} B each, one partition); with them "
               f"{case['with_events']:.0f} B/entry", file=out)
+    if "cluster" in figures:
+        rate, cpu = figures["cluster"]["set_64_ops_per_s"], figures["cluster"]["cpu_us_per_call_64"]
+        print(f"\n{'floor on the 3+3 cluster (7)':<44}{'ours':>10}  {'reference':<34}{'ref':>10}"
+              f"{'ratio':>7}  target", file=out)
+        rows = figures["cluster_rows"] = []
+        _line(out, rows, "1 bus set/s, 64 in flight, 3 shards", rate["bus"], rate["store"],
+              "StateStore.set/s in process, 64", ">= 0.6")
+        _line(out, rows, "1 bus set/s, 64 in flight, 3 shards", rate["bus"], rate["plain"],
+              "plain redis-py worker/s, 64", ">= 1.5")
+        _line(out, rows, "3 service CPU us/call, 64 in flight", cpu["bus"], cpu["plain"],
+              "plain worker's CPU us/call", "<= 0.5", ".1f")
     print(f"load (/proc/loadavg at start): {figures['uptime']}", file=out)
     return figures

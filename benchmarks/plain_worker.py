@@ -4,7 +4,8 @@ of issue 24's "Must show" 1 and 3 (`benchmarks/bench_floor.py`).
 It speaks the bus protocol (docs/bus-protocol.md) just enough for a `StateClient` to call it:
 it reads `<prefix>:bus:state` with the group `state` (`XREADGROUP COUNT 64`), runs one
 pipeline of EVALSHA of a minimal HSET+XADD script per batch (the value of each call's body
-into `<prefix>:<scope>:<key>`, an event to `<prefix>:events`), then one pipeline with one
+into `<prefix>:{<scope>}:<key>`, an event to `<prefix>:{<scope>}:events`: one slot per scope,
+so it runs on a Redis Cluster too, with a seed list for a URL), then one pipeline with one
 LPUSH per reply list (`{"id":…,"ok":true,"result":{"revision":…}}`) and one XACK for the
 batch. No call-id binding, no deadline, no record, no PEXPIRE, no XDEL, no validation beyond
 the body's decode: a fraction of the service's work.
@@ -24,6 +25,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from benchmarks.benchtime import RAW_SET_LUA
 
@@ -40,7 +42,11 @@ class _SetBody(msgspec.Struct):
 _decode = msgspec.json.Decoder(_SetBody).decode
 
 
-def _connect(url: str) -> aredis.Redis:
+def _connect(url: str) -> Any:
+    if "," in url:  # a seed list: a Redis Cluster
+        nodes = [ClusterNode(seed.split("//")[1].split(":")[0], int(seed.rsplit(":", 1)[1]))
+                 for seed in url.split(",")]
+        return RedisCluster(startup_nodes=nodes)
     if url.startswith("unix://"):
         return aredis.Redis(unix_socket_path=url[len("unix://"):])
     return aredis.Redis.from_url(url)
@@ -48,7 +54,7 @@ def _connect(url: str) -> aredis.Redis:
 
 async def serve(url: str, prefix: str) -> None:
     redis = _connect(url)
-    stream, events = f"{prefix}:bus:state", f"{prefix}:events"
+    stream = f"{prefix}:bus:state"
     try:
         await redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
     except aredis.ResponseError as exc:
@@ -68,8 +74,11 @@ async def serve(url: str, prefix: str) -> None:
         async with redis.pipeline(transaction=False) as pipe:
             for entry_id, fields in entries:
                 body = _decode(fields[b"body"])
-                pipe.evalsha(sha, 2, f"{prefix}:{body.scope}:{body.key}", events,
-                             bytes(body.value), entry_id)
+                # (execute_command: redis-py's cluster pipeline refuses its evalsha method, not
+                # the command, which it routes by its keys)
+                pipe.execute_command("EVALSHA", sha, 2, f"{prefix}:{{{body.scope}}}:{body.key}",
+                                     f"{prefix}:{{{body.scope}}}:events", bytes(body.value),
+                                     entry_id)
                 calls.append((entry_id, fields[b"id"], fields.get(b"reply", b"")))
             results = await pipe.execute()
         replies: dict[bytes, list[bytes]] = {}
