@@ -16,7 +16,12 @@ rounds), so the load of this shared machine hits both sides alike.
    strace on redis-server; strict `get` vs fast `get`, one at a time;
 6. Redis memory per entry (less the event stream) vs a plain SET of the same value, on a
    redis-server with default settings, for 100,000 entries of 200 B and of 2 KiB, where the
-   bytes go (MEMORY USAGE per key kind, OBJECT ENCODING), the events' bytes per partition.
+   bytes go (MEMORY USAGE per key kind, OBJECT ENCODING), the events' bytes per partition;
+7. 1 and 3 again on a 3+3 Redis Cluster (tests/cluster.py; the service with 3 bus shards),
+   as a second table.
+
+Without etcd or aetcd the etcd lines say so and the rest runs. docs/architecture.md, "Where
+the bus stands", has the figures and what each line measures.
 """
 
 from __future__ import annotations
