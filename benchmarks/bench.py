@@ -25,6 +25,7 @@ from benchmarks import (
     bench_dedupe,
     bench_durability,
     bench_engines,
+    bench_floor,
     bench_getmany,
     bench_query,
     bench_reactive,
@@ -52,6 +53,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
         await server.start()
         try:
             figures: dict[str, Any] = {"seconds": seconds, "rounds": rounds}
+            if "floor" in sections:  # first: issue 24's ratios, before other sections fill Redis
+                figures["floor"] = await bench_floor.floor_section(
+                    server.url, str(server.socket), seconds, rounds, out)
             if "bus" in sections:  # first: before the 100k-entry fill grows Redis and its AOF
                 figures["bus"] = await bench_bus.bus_section(server.url, str(server.socket),
                                                              seconds, rounds, out)
@@ -239,7 +243,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany", "txn", "query")
+            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

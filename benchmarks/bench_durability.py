@@ -28,11 +28,20 @@ VALUE = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
 CASES = (("store", 1), ("store", 64), ("bus", 64))
 
 
+class Mode(dict[str, Op]):
+    """The ops of one mode by name ("store", "bus": a set; "bus_get": a get over the bus), with
+    the redis-server they run on."""
+
+    def __init__(self, server: EmbeddedRedis, ops: dict[str, Op]) -> None:
+        super().__init__(ops)
+        self.server = server
+
+
 @asynccontextmanager
 async def durability_mode(directory: Path, durability: str, env: dict[str, str] | None = None
-                          ) -> AsyncIterator[dict[str, Op]]:
+                          ) -> AsyncIterator[Mode]:
     """A redis-server, a store and a service in `durability` (its environment plus `env`);
-    yields the set of each path."""
+    yields the set of each path (and the bus's get: `Mode`)."""
     server = EmbeddedRedis(directory, APPENDFSYNC[durability])
     await server.start()
     service = start_service(server.url, PREFIX,
@@ -52,8 +61,12 @@ async def durability_mode(directory: Path, durability: str, env: dict[str, str] 
                 return await client.call_json(
                     "state::set", b'{"scope":"bench","key":"b%d","value":%s}' % (w, VALUE))
 
+            async def bus_get(w: int, i: int) -> Any:
+                return await client.call_json("state::get",
+                                              b'{"scope":"bench","key":"b%d"}' % w)
+
             await bus_set(0, 0)  # warm up: the service has loaded its scripts and group
-            yield {"store": store_set, "bus": bus_set}
+            yield Mode(server, {"store": store_set, "bus": bus_set, "bus_get": bus_get})
     finally:
         service.terminate()
         service.wait(timeout=30)

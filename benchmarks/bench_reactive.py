@@ -39,15 +39,16 @@ async def reactive_section(url: str, seconds: float, rounds: int, out: Any) -> d
     try:
         async with StateClient(settings=settings) as client:
             await client.set("warm", "up", 1)
-            figures["latency"] = await _latency(client, settings, seconds * rounds)
+            figures["latency"] = await write_to_handler_latency(client, settings,
+                                                                seconds * rounds)
             set_rates, trigger_rates, barrier_rates = [], [], []
             for _ in range(rounds):
-                set_rates.append(await _bus_sets(client, seconds))
+                set_rates.append(await bus_sets(client, seconds))
                 barrier_rates.append(await _barriers(client, seconds))
-            await _register_ten(client)
+            await register_ten(client)
             for _ in range(rounds):
-                trigger_rates.append(await _bus_sets(client, seconds))
-            await _unregister_ten(client)
+                trigger_rates.append(await bus_sets(client, seconds))
+            await unregister_ten(client)
         bus_set = statistics.median(set_rates)
         figures["bus_set_64_ops_per_s"] = round(bus_set)
         figures["bus_set_64_with_10_triggers_ops_per_s"] = round(statistics.median(trigger_rates))
@@ -66,7 +67,8 @@ async def reactive_section(url: str, seconds: float, rounds: int, out: Any) -> d
     return figures
 
 
-async def _latency(client: StateClient, settings: Settings, seconds: float) -> dict[str, float]:
+async def write_to_handler_latency(client: StateClient, settings: Settings, seconds: float
+                                   ) -> dict[str, float]:
     """Paced writes (one every 1/RATE s); each handler start minus its write's send time."""
     delays: list[float] = []
     worker = Worker("benchhandler", settings=settings, options=BusOptions(block_ms=100))
@@ -97,7 +99,7 @@ async def _latency(client: StateClient, settings: Settings, seconds: float) -> d
             "p99_ms": round(percentile(delays, 0.99) * 1000, 3)}
 
 
-async def _bus_sets(client: StateClient, seconds: float) -> float:
+async def bus_sets(client: StateClient, seconds: float) -> float:
     async def bus_set(w: int, i: int) -> Any:
         return await client.call_json(
             "state::set", b'{"scope":"s%d","key":"k%d","value":{"n":%d}}' % (w % 10, w, i))
@@ -114,14 +116,14 @@ async def _barriers(client: StateClient, seconds: float) -> float:
     return (await timed(arrive, 64, seconds))[0]
 
 
-async def _register_ten(client: StateClient) -> None:
+async def register_ten(client: StateClient) -> None:
     for n in range(10):
         await client.call("state::register-trigger", {
             "id": f"bench-{n}", "function_id": "nobody::reads", "service": "benchsink",
             "config": {"scope": f"s{n}"}})
 
 
-async def _unregister_ten(client: StateClient) -> None:
+async def unregister_ten(client: StateClient) -> None:
     for n in range(10):
         await client.call("state::unregister-trigger", {"id": f"bench-{n}"})
 

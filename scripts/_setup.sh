@@ -32,17 +32,32 @@ ensure_redis() {
   fi
 }
 
-# ensure_venv service|test: a .venv with the project installed (editable): `service` (the
-# service and its command alone: ./scripts/run) or `test` (with the test and lint tools:
-# ./scripts/test, ./scripts/bench). Each has its stamp, the hash of pyproject.toml it was
-# installed for; `test` covers `service` too. pip's output goes to .venv/install.log, shown
+# etcd for the floor bench's reference (benchmarks/bench_floor.py, issue 24): Debian's
+# etcd-server, started per run by the bench on free ports. scripts/bench only: the tests never
+# need it.
+ensure_etcd() {
+  if ! command -v etcd >/dev/null 2>&1; then
+    log "installing Debian's etcd-server"
+    apt_install etcd-server
+    # Debian's package may start a system member; the bench starts its own, so stop it.
+    if command -v service >/dev/null 2>&1; then service etcd stop >/dev/null 2>&1 || true; fi
+  fi
+}
+
+# ensure_venv service|test|bench: a .venv with the project installed (editable): `service`
+# (the service and its command alone: ./scripts/run), `test` (with the test and lint tools:
+# ./scripts/test) or `bench` (those and the benchmarks' etcd client: ./scripts/bench). Each
+# has its stamp, the hash of pyproject.toml it was installed for; `test` covers `service`,
+# `bench` covers both. pip's output goes to .venv/install.log, shown
 # only when the install fails.
 ensure_venv() {
   local what="$1" extras="" want
   want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
   if [ "$what" = test ]; then extras="[test]"; fi
+  if [ "$what" = bench ]; then extras="[test,bench]"; fi
   if [ "$(cat ".venv/.installed-$what" 2>/dev/null)" = "$want" ] \
-     || [ "$(cat .venv/.installed-test 2>/dev/null)" = "$want" ]; then
+     || [ "$(cat .venv/.installed-bench 2>/dev/null)" = "$want" ] \
+     || { [ "$what" != bench ] && [ "$(cat .venv/.installed-test 2>/dev/null)" = "$want" ]; }; then
     return
   fi
   if [ ! -x .venv/bin/python ]; then
