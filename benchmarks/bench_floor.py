@@ -221,7 +221,7 @@ async def etcd_ops(port: int | None) -> AsyncIterator[dict[str, Op] | str]:
         yield "etcd is not installed (Debian's etcd-server: scripts/_setup.sh ensure_etcd)"
         return
     try:
-        import aetcd  # type: ignore[import-untyped]
+        import aetcd  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         yield "aetcd is not installed (the test extras of pyproject.toml)"
         return
