@@ -525,7 +525,7 @@ class WhereItem(Request):
 class QueryRequest(Scoped, kw_only=True):
     scope: str
     where: list[WhereItem]
-    order_by: Literal["key"] = "key"
+    order_by: Literal["key", "updated_at"] = "key"
     limit: int = 100
     after: str | None = None
 

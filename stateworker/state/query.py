@@ -16,7 +16,8 @@ Two paths, chosen per page by the scope's ready indexes (one HGETALL of its defi
   in key order, from the cursor; a range or prefix takes its whole candidate set when it holds
   at most CANDIDATES members (sorted by key here), else the page walks the keys. The
   candidates' entries are then read (HMGET, pipelined) and checked exactly like any other.
-Results are in key byte order either way.
+Results are in key byte order either way; with `order_by: updated_at` the page walks the
+updated index (no value index: its members are in key order), ties broken by key.
 """
 
 from __future__ import annotations
@@ -46,22 +47,28 @@ _FIELDS = ("n", "h", "t", "c", "u", "x", "b", "v")
 _BAD_CURSOR = "$.after: not a cursor returned by state::query"
 
 
-def decode_after(text: str) -> bytes:
-    """The key a cursor resumes after (list-entries' cursor form, key order)."""
+Position = tuple[bytes, str]  # where a page resumes: after this key (and, by updated_at, score)
+
+
+def decode_after(text: str, order_by: str) -> Position:
+    """The key a cursor resumes after, and its score in the updated index (`updated_at`
+    order; "" in key order): list-entries' cursor form."""
     try:
         padded = text + "=" * (-len(text) % 4)
         cursor = msgspec.json.decode(base64.urlsafe_b64decode(padded), type=listing.Cursor)
         key = base64.b64decode(cursor.member, validate=True)
     except (ValueError, binascii.Error, msgspec.DecodeError) as exc:
         raise InvalidRequest(_BAD_CURSOR, {"path": "$.after"}) from exc
-    if (cursor.order_by, cursor.order, cursor.score, cursor.skip) != ("key", "asc", "", 0):
-        raise InvalidRequest(_BAD_CURSOR, {"path": "$.after"})
-    return key
+    scored = order_by == "updated_at"
+    if (cursor.order_by, cursor.order, cursor.skip) != (order_by, "asc", 0) or \
+            scored != cursor.score.isdigit() or (not scored and cursor.score):
+        raise InvalidRequest(f"{_BAD_CURSOR} with order_by {order_by}", {"path": "$.after"})
+    return key, cursor.score
 
 
-def encode_after(key: bytes) -> str:
-    return listing.encode_cursor(listing.Cursor("key", "asc", base64.b64encode(key).decode(),
-                                                "", 0))
+def encode_after(key: bytes, order_by: str = "key", score: str = "") -> str:
+    return listing.encode_cursor(listing.Cursor(order_by, "asc",
+                                                base64.b64encode(key).decode(), score, 0))
 
 
 class Page:
@@ -89,15 +96,23 @@ class Page:
         return len(self.result.entries) >= self.req.limit
 
     def run(self, keys: list[bytes], rows: list[list[Any]], more: bool) -> Any:
-        """Examine `rows` (of `keys`, in key order); `more`: entries after the last remain."""
+        """Examine `rows` (of `keys`, in the page's order); `more`: entries after the last
+        remain."""
         for i, (key, row) in enumerate(zip(keys, rows, strict=True)):
             if self.take(key, row):
                 if i < len(keys) - 1 or more:
-                    self.result.next_after = encode_after(key)
+                    self.result.next_after = self.cursor(key, row)
                 return self.finish()
         if more and keys:
-            self.result.next_after = encode_after(keys[-1])
+            self.result.next_after = self.cursor(keys[-1], rows[-1])
         return self.finish()
+
+    def cursor(self, key: bytes, row: list[Any]) -> str:
+        """The cursor after `key`: by updated_at its score is the entry's `u` (the updated
+        index's score)."""
+        if self.req.order_by == "key":
+            return encode_after(key)
+        return encode_after(key, "updated_at", (row[4] or b"0").decode())
 
     def finish(self) -> Any:
         if not self.unknown:
@@ -111,10 +126,10 @@ def _ms(raw: bytes | None) -> str | None:
     return None if raw is None else clock.rfc3339_ms(int(raw))
 
 
-def check(req: QueryRequest) -> tuple[list[p.Where], bytes | None]:
+def check(req: QueryRequest) -> tuple[list[p.Where], Position | None]:
     validate.in_range("limit", req.limit, 1, MAX_LIMIT)
     wheres = p.parse_where(req.where)
-    return wheres, None if req.after is None else decode_after(req.after)
+    return wheres, None if req.after is None else decode_after(req.after, req.order_by)
 
 
 def state_query(state: RedisState, req: QueryRequest, ctx: CallContext) -> Plan:
@@ -128,6 +143,8 @@ def query_plan(state: RedisState, req: QueryRequest) -> Plan:
     page = Page(state, req, wheres)
 
     def chosen(replies: list[Any]) -> Any:
+        if req.order_by == "updated_at":  # (an index holds its members in key order)
+            return _keys_plan(state, page, after)
         defs = command_reply(replies[0], "HGETALL")
         ready = {defs[i].decode(): True for i in range(0, len(defs), 2) if defs[i + 1] == b"r"}
         for eq_first in (True, False):
@@ -135,16 +152,19 @@ def query_plan(state: RedisState, req: QueryRequest) -> Plan:
                 if where.pointer in ready and (where.op in ("eq", "in")) == eq_first:
                     ranges = p.index_ranges(where)
                     if ranges is not None:
-                        return _index_plan(state, page, where.pointer, ranges, after)
+                        return _index_plan(state, page, where.pointer, ranges,
+                                           None if after is None else after[0])
         return _keys_plan(state, page, after)
 
     return Plan([["HGETALL", part.index_defs(req.scope)]], chosen)
 
 
-def _keys_plan(state: RedisState, page: Page, after: bytes | None) -> Plan:
-    """The page by walking the scope's key index (entries.lua)."""
+def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
+    """The page by walking the scope's key index, or its updated index (entries.lua)."""
     part = state.keys.for_scope(page.req.scope)
-    position = b"" if after is None else b"=" + after
+    position, score = (b"", "") if after is None else (b"=" + after[0], after[1])
+    order_by = page.req.order_by
+    index = (part.key_index if order_by == "key" else part.updated_index)(page.req.scope)
 
     def finish(reply: EntriesReply) -> Any:
         flat = reply.fields
@@ -154,18 +174,21 @@ def _keys_plan(state: RedisState, page: Page, after: bytes | None) -> Plan:
         more = reply.last_member is not None
         if reply.last_member is not None and (not keys or reply.last_member != keys[-1]):
             # (the walk went past the last live entry: resume after what it examined)
-            return _run_then(page, keys, rows, reply.last_member)
+            return _run_then(page, keys, rows, reply.last_member, reply.last_score)
         return page.run(keys, rows, more)
 
-    call = entries_call(part, page.req.scope, part.key_index(page.req.scope), "key", "asc",
-                        position, "", EXAMINE, 0, None, None, None, True, EXAMINE)
+    call = entries_call(part, page.req.scope, index, order_by, "asc", position, score, EXAMINE,
+                        0, None, None, None, True, EXAMINE)
     return state.script_plan(ENTRIES, call, finish)
 
 
-def _run_then(page: Page, keys: list[bytes], rows: list[list[Any]], last: bytes) -> Any:
+def _run_then(page: Page, keys: list[bytes], rows: list[list[Any]], last: bytes,
+              last_score: bytes | None) -> Any:
     result = page.run(keys, rows, True)
     if len(page.result.entries) < page.req.limit:
-        page.result.next_after = encode_after(last)
+        scored = page.req.order_by == "updated_at"  # (a key walk's score means nothing)
+        page.result.next_after = encode_after(last, page.req.order_by,
+                                              (last_score or b"").decode() if scored else "")
     return result
 
 
@@ -194,7 +217,7 @@ def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
             else:
                 found.update(p.key_of_member(m) for m in members)
         if not ranges.ordered and full:  # too many candidates: walk the keys instead
-            return _keys_plan(state, page, after)
+            return _keys_plan(state, page, None if after is None else (after, ""))
         keys = sorted(k for k in found if after is None or k > after)
         more = len(keys) > EXAMINE or (ranges.ordered and full)
         keys = keys[:EXAMINE]
