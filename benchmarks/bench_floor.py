@@ -111,6 +111,20 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
+async def _alternated(ops: dict[str, tuple[Any, int | None]], seconds: float, rounds: int
+                      ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each side's rate and CPU per call at 64 in flight, the sides in alternation each round
+    (a side's pid: the process whose CPU counts; None: none)."""
+    rates: dict[str, list[float]] = {name: [] for name in ops}
+    cpus: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(rounds):
+        for name, (op, pid) in ops.items():
+            rate, _, cpu = await timed_cpu(op, 64, seconds, pid)
+            rates[name].append(rate)
+            cpus[name].append(cpu)
+    return rates, cpus
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -140,13 +154,7 @@ async def bus_lines(url: str, socket_path: str, seconds: float, rounds: int) -> 
                    "triggers": (set_op(trig_client), triggered.pid)}
             for op, _ in ops.values():
                 await op(0, 0)  # warm up: scripts loaded, groups made
-            rates: dict[str, list[float]] = {name: [] for name in ops}
-            cpus: dict[str, list[float]] = {name: [] for name in ops}
-            for _ in range(rounds):
-                for name, (op, pid) in ops.items():
-                    rate, _, cpu = await timed_cpu(op, 64, seconds, pid)
-                    rates[name].append(rate)
-                    cpus[name].append(cpu)
+            rates, cpus = await _alternated(ops, seconds, rounds)
             figures["set_64_ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
             figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]) * 1e6, 1)
                                              for name in ("bus", "plain", "triggers")}
@@ -223,7 +231,7 @@ async def etcd_ops(port: int | None) -> AsyncIterator[dict[str, Op] | str]:
     try:
         import aetcd  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
-        yield "aetcd is not installed (the test extras of pyproject.toml)"
+        yield "aetcd is not installed (the bench extra of pyproject.toml: ./scripts/bench installs it)"
         return
     client = aetcd.Client("127.0.0.1", port)
     try:
@@ -431,13 +439,7 @@ async def cluster_lines(seconds: float, rounds: int) -> dict[str, Any]:
                 for op, _ in ops.values():
                     for w in range(10):
                         await op(w, 0)  # warm up: scripts loaded on every primary
-                rates: dict[str, list[float]] = {name: [] for name in ops}
-                cpus: dict[str, list[float]] = {name: [] for name in ops}
-                for _ in range(rounds):
-                    for name, (op, pid) in ops.items():
-                        rate, _, cpu = await timed_cpu(op, 64, seconds, pid)
-                        rates[name].append(rate)
-                        cpus[name].append(cpu)
+                rates, cpus = await _alternated(ops, seconds, rounds)
             figures["set_64_ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
             figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]) * 1e6, 1)
                                              for name in ("bus", "plain")}

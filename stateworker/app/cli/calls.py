@@ -67,6 +67,19 @@ async def run_call(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def for_table(args: argparse.Namespace, fn: str, body: bytes) -> bytes | int:
+    """One call whose result is shown as a table or as its JSON: the result when a table is
+    wanted; else the JSON printed (or the error) and the exit status."""
+    try:
+        result = await call_one(args, fn, body)
+    except StateError as exc:
+        return print_error(exc)
+    if wants_table(args):
+        return result
+    print(result.decode())
+    return EXIT_OK
+
+
 def _body(**fields: Any) -> bytes:
     return msgspec.json.encode({k: v for k, v in fields.items() if v is not None})
 
@@ -125,13 +138,9 @@ async def run_ls(args: argparse.Namespace) -> int:
     """`ls SCOPE`: one page of state::list-entries, as a table or its JSON."""
     body = _body(scope=args.scope, prefix=args.prefix, limit=args.limit, after=args.after,
                  include_values=args.values or None)
-    try:
-        result = await call_one(args, "state::list-entries", body)
-    except StateError as exc:
-        return print_error(exc)
-    if not wants_table(args):
-        print(result.decode())
-        return EXIT_OK
+    result = await for_table(args, "state::list-entries", body)
+    if isinstance(result, int):
+        return result
     page = msgspec.json.decode(result, type=ListEntriesResult)  # values as stored (Raw)
     headers = ["KEY", "VERSION", "UPDATED", "TOPIC"] + (["VALUE"] if args.values else [])
     rows = [[e.key, e.version, e.updated_at, e.topic]
@@ -145,13 +154,9 @@ async def run_ls(args: argparse.Namespace) -> int:
 
 async def run_list_triggers(args: argparse.Namespace) -> int:
     """`list-triggers`: state::list-triggers, as a table or its JSON."""
-    try:
-        result = await call_one(args, "state::list-triggers", b"{}")
-    except StateError as exc:
-        return print_error(exc)
-    if not wants_table(args):
-        print(result.decode())
-        return EXIT_OK
+    result = await for_table(args, "state::list-triggers", b"{}")
+    if isinstance(result, int):
+        return result
     listed = msgspec.json.decode(result)["triggers"]
     rows = [[t["id"], t["service"], t["function_id"], _filters(t["config"]), t["created_at"]]
             for t in listed]

@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
-from stateworker.app.cli.calls import call_one
-from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE, print_error
-from stateworker.app.output import cell, table, wants_table
-from stateworker.errors import StateError, shown
+from stateworker.app.cli.calls import for_table
+from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE
+from stateworker.app.output import cell, table
+from stateworker.errors import shown
 
 QUERY_OPS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "prefix")
 
@@ -50,13 +50,9 @@ async def run_txn(args: argparse.Namespace) -> int:
     body = transaction_body(args.scope, text)
     if isinstance(body, str):
         return _usage("txn", body)
-    try:
-        result = await call_one(args, "state::transaction", body)
-    except StateError as exc:
-        return print_error(exc)
-    if not wants_table(args):
-        print(result.decode())
-        return EXIT_OK
+    result = await for_table(args, "state::transaction", body)
+    if isinstance(result, int):
+        return result
     done = msgspec.json.decode(result, type=dict[str, Any])
     rows = [[r["op"], r["key"], r["version"], _outcome(r)] for r in done["results"]]
     print(table(["OP", "KEY", "VERSION", "OUTCOME"], rows))
@@ -99,13 +95,9 @@ async def run_query(args: argparse.Namespace) -> int:
             return _usage("query", item)
     body = msgspec.json.encode({"scope": args.scope, "where": where, "limit": args.limit,
                                 **({"after": args.after} if args.after else {})})
-    try:
-        result = await call_one(args, "state::query", body)
-    except StateError as exc:
-        return print_error(exc)
-    if not wants_table(args):
-        print(result.decode())
-        return EXIT_OK
+    result = await for_table(args, "state::query", body)
+    if isinstance(result, int):
+        return result
     page = msgspec.json.decode(result, type=dict[str, Any])
     rows = [[e["key"], e["version"], e["updated_at"], cell(msgspec.json.encode(e.get("value")))]
             for e in page["entries"]]
