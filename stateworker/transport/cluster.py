@@ -52,6 +52,9 @@ log = logging.getLogger("stateworker.transport.cluster")
 
 DEFAULT_HEAL_WITHIN_S = 30.0  # how long a command waits for a failover or a CLUSTERDOWN to end
 RETRIED = ("TRYAGAIN", "CLUSTERDOWN")  # cluster replies to a command that did not run
+# What a replica answers to WAIT / WAITAOF ("... cannot be used with replica instances"):
+# the node the map has as a primary no longer is one.
+_DEMOTED = "replica instances"
 
 
 def seeds_of(url: str) -> list[str]:
@@ -257,12 +260,16 @@ class ClusterConnection(RedisConnection):
         self._stale = True
 
     async def on_every_primary(self, *args: Arg) -> dict[str, Any]:
-        """One keyless command on each primary of the map, sent at once (e.g. WAIT: each
-        connection's own writes): `host:port` -> its reply, an error reply as a ReplyError.
-        Raises ConnectionLost when a primary cannot be reached or its connection breaks."""
+        """One keyless command on each primary of the map that serves slots, sent at once
+        (e.g. WAIT: each connection's own writes): `host:port` -> its reply, an error reply
+        as a ReplyError. A node that answers as a replica (a primary demoted by a failover
+        that no routed command has told the map of yet) marks the map stale, so the next call
+        reads it again. Raises ConnectionLost when a primary cannot be reached or its
+        connection breaks."""
         if not self._primaries or self._stale:
             await self.refresh()
-        addresses = list(self._primaries)
+        owning = set(self._owner)  # (a primary without slots holds no write of ours)
+        addresses = [address for address in self._primaries if address in owning]
         replies = await asyncio.gather(*(self._send_to(address, [args], [False], False)
                                          for address in addresses), return_exceptions=True)
         out: dict[str, Any] = {}
@@ -272,6 +279,8 @@ class ClusterConnection(RedisConnection):
             if isinstance(got, BaseException):
                 self._stale = True
                 raise got if isinstance(got, ConnectionLost) else ConnectionLost(str(got))
+            if isinstance(got[0], ReplyError) and _DEMOTED in str(got[0]):
+                self._stale = True
             out[address] = got[0]
         return out
 

@@ -26,9 +26,12 @@ from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import key_slot
+from stateworker.transport.wire import ReplyError
 from tests.cluster import RedisCluster
 from tests.integration.cluster.writers import Writers, scopes_in
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -141,3 +144,30 @@ async def test_strict_write_waits_for_a_replica(strict_cluster: RedisCluster, pr
                     continue
         assert await store.get(scope, "k") == 3
     await anyio.to_thread.run_sync(strict_cluster.wait_healthy)
+
+
+async def test_a_primary_demoted_unseen_leaves_the_confirm(strict_cluster: RedisCluster) -> None:
+    """A manual failover turns a primary into a replica, and no command routed since has told
+    the connection's map. The confirm's WAIT on it is refused (a replica); that reply marks
+    the map stale, so the next confirm goes to the primaries there are (before, every strict
+    batch after such a failover stayed unconfirmed: a CI run of the test above stalled on it)."""
+    conn = ClusterConnection(strict_cluster.urls)
+    try:
+        assert all(isinstance(r, int) for r in (await conn.on_every_primary("WAIT", 0, 100))
+                   .values())
+        replica = strict_cluster.replicas()[0]
+        old = {n.port for n in strict_cluster.primaries()}
+        strict_cluster.client(replica.port).execute_command("CLUSTER", "FAILOVER")
+        def done() -> bool:
+            now = {n.port for n in strict_cluster.primaries()}
+            return replica.port in now and len(now) == len(old)
+
+        await anyio.to_thread.run_sync(wait_until, done, 30, "the manual failover")
+        demoted = (old - {n.port for n in strict_cluster.primaries()}).pop()
+        unseen = await conn.on_every_primary("WAIT", 0, 100)
+        assert isinstance(unseen[f"127.0.0.1:{demoted}"], ReplyError), unseen
+        seen = await conn.on_every_primary("WAIT", 0, 100)
+        assert sorted(seen) == sorted(f"127.0.0.1:{n.port}" for n in strict_cluster.primaries())
+        assert all(isinstance(r, int) for r in seen.values()), seen
+    finally:
+        await conn.close()
