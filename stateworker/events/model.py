@@ -131,21 +131,34 @@ def fields_of(flat: list[Any]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def tx_missing(entries: list[Any]) -> int:
-    """How many events of a transaction the end of a read cut off: its events are consecutive
-    and each carries the transaction's id and size, so the trailing run of one id tells."""
+def tx_missing(entries: list[Any]) -> tuple[bytes, int] | None:
+    """The transaction whose events the end of a read may have cut off: its id, and at most
+    how many of its events can follow (its events are consecutive and each carries the id and
+    the size; a read that began inside it counts fewer than it has, so the caller keeps only
+    the entries after that still carry the id: `tx_rest`). None: the read ended outside one."""
     if not entries:
-        return 0
+        return None
     last = fields_of(entries[-1][1])
     tx = last.get(b"tx")
     if tx is None:
-        return 0
+        return None
     run = 0
     for _, flat in reversed(entries):
         if fields_of(flat).get(b"tx") != tx:
             break
         run += 1
-    return max(0, int(last[b"tx_size"]) - run)
+    missing = int(last[b"tx_size"]) - run
+    return (tx, missing) if missing > 0 else None
+
+
+def tx_rest(tx: bytes, following: list[Any]) -> list[Any]:
+    """The leading entries of `following` that belong to transaction `tx`."""
+    rest = []
+    for entry in following:
+        if fields_of(entry[1]).get(b"tx") != tx:
+            break
+        rest.append(entry)
+    return rest
 
 
 def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:

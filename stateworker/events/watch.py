@@ -74,6 +74,7 @@ from stateworker.events.model import (
     revision_of,
     revision_text,
     tx_missing,
+    tx_rest,
 )
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.keys import KeySpace
@@ -309,10 +310,10 @@ class Watch:
             info = stream_info(reply, part.reader.stream)
             if self._compacted(part, info, history_of(recorded), clock_us // 1000):
                 continue
-            if missing := tx_missing(entries):  # (a watch never shows half a transaction)
-                entries = entries + _checked((await self._execute([[
+            if cut := tx_missing(entries):  # (a watch never shows half a transaction)
+                entries = entries + tx_rest(cut[0], _checked((await self._execute([[
                     "XRANGE", part.reader.stream, f"({entries[-1][0].decode()}", "+", "COUNT",
-                    missing]]))[0])
+                    cut[1]]]))[0]))
             self._take(part, entries)
             to_the_end = len(entries) < self.page
             part.counted = counted_after(part.counted, info, len(entries), to_the_end)

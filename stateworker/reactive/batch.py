@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from stateworker.bus.protocol import call_entry
+from stateworker.errors import Unavailable
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.keys import bus_shard_stream
 from stateworker.reactive.conditions import Conditions
@@ -111,7 +112,18 @@ class Batches:
         keys = self.state.keys.partition(partition)
         advance = ADVANCE.command(self.state.library, *advance_call(
             keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
-        replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
+        if self.state.confirm.needed:
+            # `strict`: the calls confirmed (on a cluster their streams may be on another
+            # primary than the position) before the position moves past their events, so a
+            # failover cannot lose a call whose event the position already passed. Not
+            # confirmed: dispatch pauses and goes on from the position in Redis.
+            replies = await pipeline(self.state.conn, self.state.library, calls)
+            missing = await self.state.confirm.missing(self.state.conn)
+            if missing is not None:
+                raise Unavailable(f"partition {partition}: handler calls {missing}")
+            replies += await pipeline(self.state.conn, self.state.library, [advance])
+        else:
+            replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
         failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
         if failed:
             self.counts.add("append_errors", len(failed))

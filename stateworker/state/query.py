@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 import msgspec
@@ -45,6 +46,7 @@ CANDIDATES = 1000  # a range's candidates taken from its index at most (else: th
 MAX_LIMIT = 1000
 _FIELDS = ("n", "h", "t", "c", "u", "x", "b", "v")
 _BAD_CURSOR = "$.after: not a cursor returned by state::query"
+_DIGITS = re.compile(r"[0-9]{1,20}")  # an updated_at cursor's score (ASCII: Redis reads it)
 
 
 Position = tuple[bytes, str]  # where a page resumes: after this key (and, by updated_at, score)
@@ -61,7 +63,7 @@ def decode_after(text: str, order_by: str) -> Position:
         raise InvalidRequest(_BAD_CURSOR, {"path": "$.after"}) from exc
     scored = order_by == "updated_at"
     if (cursor.order_by, cursor.order, cursor.skip) != (order_by, "asc", 0) or \
-            scored != cursor.score.isdigit() or (not scored and cursor.score):
+            scored != bool(_DIGITS.fullmatch(cursor.score)) or (not scored and cursor.score):
         raise InvalidRequest(f"{_BAD_CURSOR} with order_by {order_by}", {"path": "$.after"})
     return key, cursor.score
 

@@ -69,7 +69,8 @@ def _at(path: str) -> Iterator[None]:
         where = exc.details.get("path")
         if isinstance(where, str) and where.startswith("$."):
             exc.details["path"] = path + where[1:]
-            exc.message = exc.message.replace(where, exc.details["path"], 1)
+            exc.message = exc.message.replace(where, exc.details["path"], 1) \
+                if where in exc.message else f"{exc.details['path']}: {exc.message}"
             exc.args = (exc.message,)
         raise
 
@@ -130,11 +131,12 @@ def _op_args(state: RedisState, op: TxSet | TxUpdate | TxDelete | TxCompareAndSe
         if isinstance(op.topic, str):
             validate.topic(op.topic)
         update = ops.encode_ops(op.ops, settings.max_value_bytes)
-        if update.errors:
-            raise _op_error(op, index, path, update.errors[0], state.settings.docs_url)
-        return [optional(validate.expected_version(op.expected_version)),
+        args = [optional(validate.expected_version(op.expected_version)),
                 topic_arg(KEEP if op.topic is msgspec.UNSET else op.topic),
                 optional(validate.ttl_ms(op.ttl_ms)), *update.args]
+    if update.errors:  # (outside `_at`: its path is the op's already)
+        raise _op_error(op, index, path, update.errors[0], state.settings.docs_url)
+    return args
 
 
 def _op_error(op: TxUpdate, index: int, path: str, error: Any, docs_url: str) -> OpFailed:

@@ -260,16 +260,16 @@ class ClusterConnection(RedisConnection):
         self._stale = True
 
     async def on_every_primary(self, *args: Arg) -> dict[str, Any]:
-        """One keyless command on each primary of the map that serves slots, sent at once
-        (e.g. WAIT: each connection's own writes): `host:port` -> its reply, an error reply
+        """One keyless command on each primary of the map, sent at once (e.g. WAIT: each
+        connection's own writes; a primary still without slots may hold writes sent to it with
+        ASK): `host:port` -> its reply, an error reply
         as a ReplyError. A node that answers as a replica (a primary demoted by a failover
         that no routed command has told the map of yet) marks the map stale, so the next call
         reads it again. Raises ConnectionLost when a primary cannot be reached or its
         connection breaks."""
         if not self._primaries or self._stale:
             await self.refresh()
-        owning = set(self._owner)  # (a primary without slots holds no write of ours)
-        addresses = [address for address in self._primaries if address in owning]
+        addresses = list(self._primaries)
         replies = await asyncio.gather(*(self._send_to(address, [args], [False], False)
                                          for address in addresses), return_exceptions=True)
         out: dict[str, Any] = {}

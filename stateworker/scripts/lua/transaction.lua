@@ -287,7 +287,7 @@ for index = 1, count do
   reply[n + 1], reply[n + 2] = cur and cur[1] or false, new
   reply[n + 3], reply[n + 4] = version, (cur == nil and plan[9] and kind ~= 'delete') and 1 or 0
 end
-reply[3] = ctx.rev
+reply[3] = events > 0 and ctx.rev or false -- (an expired entry's drop is not the transaction's)
 reply[#reply + 1] = failures
 ctx.tx, ctx.txsize = false, false
 return entry_finish(reply)

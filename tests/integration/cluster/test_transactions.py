@@ -174,6 +174,8 @@ async def test_refusals_before_anything_is_read(store_on: StateStore) -> None:
     path_error = await failure(store_on, {"scope": scope, "ops": [{"op": "update", "key": "a", "ops": [
         {"type": "set", "path": "__proto__", "value": 1}]}]})
     assert path_error.code == "set.path.proto_polluted"
+    assert path_error.details["path"] == "$.ops[0].ops[0]" and "$.ops[0].ops[0]:" in \
+        path_error.message
     assert path_error.details["update_op_index"] == 0 and path_error.details["op_index"] == 0
 
 
@@ -214,6 +216,14 @@ async def expired_key_case(store_on: StateStore) -> None:
     events = (await store_on.events(scope))[len(before):]
     assert [(e.type, e.tx) for e in events] == [("state:deleted", None),
                                                 ("state:created", done["tx"])]
+    # A transaction that changes nothing has no revision, even when it met an expired entry
+    # (its drop is the reaper's event, not the transaction's).
+    await store_on.set(scope, "brief", 1, ttl_ms=1)
+    while await store_on.get(scope, "brief") is not None:
+        pass
+    checked = await store_on.transaction(scope, [{"op": "check", "key": "brief", "absent": True}])
+    assert checked["revision"] is None
+    assert (await store_on.events(scope))[-1].type == "state:deleted"
 
 
 async def test_a_watch_never_stops_inside_a_transaction(url: str, prefix: str,
@@ -235,6 +245,19 @@ async def test_a_watch_never_stops_inside_a_transaction(url: str, prefix: str,
             if len(seen) == 15:
                 break
     assert [e.tx for e in seen] == [tx["tx"] for tx in txs for _ in range(5)]
+    # Resumed from inside the first transaction: its last three events, then the others whole
+    # (the rest of a cut transaction is read by id, never into the next one).
+    inside = seen[1].revision
+    async with Watch(url, settings, scope=scope, from_revision=inside, page=2) as watch:
+        resumed: list[Any] = []
+        async for item in watch:
+            resumed.append(item)
+            if item.tx != txs[0]["tx"]:
+                last = next(tx["revision"] for tx in txs if tx["tx"] == item.tx)
+                assert watch.position >= tuple(int(p) for p in last.split("-")), item
+            if len(resumed) == 13:
+                break
+    assert [e.revision for e in resumed] == [e.revision for e in seen[2:]]
 
 
 async def test_a_retried_bus_call_gets_the_same_reply(store_on: StateStore) -> None:

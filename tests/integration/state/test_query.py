@@ -4,6 +4,7 @@ several calls, drop-index, and a scope without indexes writing nothing more."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -443,3 +444,8 @@ async def test_by_updated_at_pages_in_the_order_list_entries_gives(store: StateS
     err = await error_of(store, "state::query", q(scope, ("/n", "gte", 0), order_by="updated_at",
                                                   after=key_order["next_after"]))
     assert err.details["path"] == "$.after" and "order_by updated_at" in err.message
+    forged = base64.urlsafe_b64encode(json.dumps(["updated_at", "asc", "YQ==", "\u0663", 0])
+                                      .encode()).decode().rstrip("=")  # an Arabic-Indic 3
+    err = await error_of(store, "state::query", q(scope, ("/n", "gte", 0), order_by="updated_at",
+                                                  after=forged))
+    assert err.code == "INVALID_REQUEST" and err.details["path"] == "$.after", err
