@@ -151,6 +151,16 @@ def tx_missing(entries: list[Any]) -> tuple[bytes, int] | None:
     return (tx, missing) if missing > 0 else None
 
 
+def tx_ends(entries: list[Any]) -> dict[str, Revision]:
+    """The revision of the last entry of each transaction among `entries`, by its id."""
+    ends: dict[str, Revision] = {}
+    for entry_id, flat in entries:
+        tx = fields_of(flat).get(b"tx")
+        if tx is not None:
+            ends[tx.decode()] = revision_of(entry_id)
+    return ends
+
+
 def tx_rest(tx: bytes, following: list[Any]) -> list[Any]:
     """The leading entries of `following` that belong to transaction `tx`."""
     rest = []

@@ -73,6 +73,7 @@ from stateworker.events.model import (
     parse_revision,
     revision_of,
     revision_text,
+    tx_ends,
     tx_missing,
     tx_rest,
 )
@@ -152,6 +153,8 @@ class Watch:
         self.position: Revision = (0, 0)  # see the module docstring
         self._parts: list[_Partition] = []
         self._merge: list[tuple[Revision, int, Event | None]] = []  # held entries, a heap
+        self._tx_end: dict[str, Revision] = {}  # a held transaction's last revision, by id
+        self._blocked = False  # the merge's head waits for the rest of its transaction
         self._ready: deque[Event | Bookmark] = deque()
         self._failure: StateError | None = None  # raised once the events before it are out
         self._clock_us = 0  # Redis's clock at the last read (unscoped watches)
@@ -253,7 +256,7 @@ class Watch:
     async def _step(self) -> None:
         """Read (now, or once Redis's clock has passed a held entry, or once something came),
         then hand on what can go; a bookmark when nothing went for `watch_progress_s`."""
-        if any(p.more and p.held < self.page for p in self._parts):
+        if any(p.more and self._may_read(p) for p in self._parts):
             await self._read()
         elif self._merge:  # held only for Redis's clock to pass their millisecond
             await anyio.sleep(self._clock_wait_s())
@@ -299,7 +302,7 @@ class Watch:
 
     async def _read(self) -> None:
         """Read the partitions not full in the merge, then hand on what can go."""
-        parts = [p for p in self._parts if p.held < self.page]  # the others wait in the merge
+        parts = [p for p in self._parts if self._may_read(p)]  # the others wait in the merge
         reads = await (self._read_together(parts) if self._waits is None
                        else self._read_each(parts))
         if reads:  # (a held entry waits for every clock read to pass its millisecond)
@@ -367,19 +370,36 @@ class Watch:
     def _take(self, part: _Partition, entries: list[Any]) -> None:
         for entry_id, event in part.reader.sift(entries):
             heapq.heappush(self._merge, (revision_of(entry_id), part.index, event))
+        for tx, end in tx_ends(entries).items():
+            self._tx_end[tx] = max(end, self._tx_end.get(tx, end))
         if entries:
             part.held += len(entries)
             part.cursor = revision_of(entries[-1][0])
 
+    def _may_read(self, part: _Partition) -> bool:
+        """A full partition waits in the merge, unless a transaction holds the merge up: then
+        the others are read on until the frontier passes its end."""
+        return part.held < self.page or self._blocked
+
     def _release(self) -> None:
-        """Hand on every held entry no partition can still precede (module docstring)."""
+        """Hand on every held entry no partition can still precede (module docstring), a
+        transaction's events only once the frontier has passed its last one (its partition's
+        read brought them all: `tx_missing`), so the position is never inside one."""
         frontier = self._frontier = min(p.frontier for p in self._parts)
+        self._blocked = False
         while self._merge and self._merge[0][0] <= frontier:
-            revision, index, event = heapq.heappop(self._merge)
+            revision, index, event = self._merge[0]
+            if event is not None and event.tx is not None and \
+                    self._tx_end.get(event.tx, revision) > frontier:
+                self._blocked = True
+                break
+            heapq.heappop(self._merge)
             self._parts[index].held -= 1
             self.position = max(self.position, revision)
             if event is not None:
                 self._ready.append(event)
+        for tx in [tx for tx, end in self._tx_end.items() if end <= self.position]:
+            del self._tx_end[tx]
 
     # ---- Redis ---------------------------------------------------------------------------------
     @staticmethod
