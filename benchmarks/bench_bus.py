@@ -24,18 +24,23 @@ from stateworker.state.api import StateStore
 PREFIX = "benchbus"
 
 
-def start_service(url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
-                  ) -> subprocess.Popen[str]:
-    env = {**os.environ, "STATEWORKER_PREFIX": prefix, **(env or {})}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stateworker", "--redis-url", url, "serve", "--log-level",
-         "WARNING"], env=env, stdout=subprocess.PIPE, text=True)
+def started(args: list[str], ready_word: str, what: str,
+            env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A process of the bench, once its first line says `ready_word` (within 30 s)."""
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], 30)
-    if not ready or '"serving"' not in process.stdout.readline():
+    if not ready or ready_word not in process.stdout.readline():
         process.kill()
-        raise RuntimeError("the service did not start for the benchmark")
+        raise RuntimeError(f"{what} did not start for the benchmark")
     return process
+
+
+def start_service(url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
+                  ) -> subprocess.Popen[str]:
+    return started([sys.executable, "-m", "stateworker", "--redis-url", url, "serve",
+                    "--log-level", "WARNING"], '"serving"', "the service",
+                   {**os.environ, "STATEWORKER_PREFIX": prefix, **(env or {})})
 
 
 async def bus_section(url: str, socket: str, seconds: float, rounds: int, out: Any

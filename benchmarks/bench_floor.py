@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import socket
@@ -45,7 +44,7 @@ import anyio
 import redis.asyncio as aredis
 
 from benchmarks import bench_reactive
-from benchmarks.bench_bus import start_service
+from benchmarks.bench_bus import start_service, started
 from benchmarks.bench_dedupe import _memory
 from benchmarks.bench_durability import durability_mode
 from benchmarks.benchtime import RAW_SET_LUA, Op, percentile, timed
@@ -91,15 +90,8 @@ def set_op(caller: Any) -> Op:
 
 
 def start_plain_worker(url: str, prefix: str = PLAIN) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.plain_worker", "--redis-url", url, "--prefix",
-         prefix], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 30)
-    if not ready or '"ready"' not in process.stdout.readline():
-        process.kill()
-        raise RuntimeError("the plain worker did not start for the benchmark")
-    return process
+    return started([sys.executable, "-m", "benchmarks.plain_worker", "--redis-url", url,
+                    "--prefix", prefix], '"ready"', "the plain worker")
 
 
 def _stop(process: subprocess.Popen[Any]) -> None:

@@ -29,6 +29,5 @@ end
 if not cur then
   return entry_finish({ST.OK, false, false})
 end
-entry_unlink(ctx, cur)
-local rev = entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+local rev = entry_delete(ctx, cur)
 return entry_finish({ST.OK, cur[1], rev})

@@ -36,8 +36,7 @@ for _, key in ipairs(members) do
   entry_at(ctx, ARGV[8], ARGV[9], key)
   local cur = entry_load_live(ctx)
   if cur then
-    entry_unlink(ctx, cur)
-    entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+    entry_delete(ctx, cur)
     deleted = deleted + 1
   end
 end

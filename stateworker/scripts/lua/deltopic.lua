@@ -31,8 +31,7 @@ for _, m in ipairs(members) do
     entry_at(ctx, ARGV[9], ARGV[10], key)
     local cur = entry_load_live(ctx)
     if cur then
-      entry_unlink(ctx, cur)
-      entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+      entry_delete(ctx, cur)
       deleted = deleted + 1
     end
   end

@@ -271,8 +271,7 @@ for index = 1, count do
   if plan[9] then
     entry_at(ctx, prefix, ttl_prefix, plan[2])
     if kind == 'delete' then
-      entry_unlink(ctx, cur)
-      entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+      entry_delete(ctx, cur)
       version = 0
     else
       version = entry_write(ctx, cur, plan[4], plan[5], plan[6], plan[7], plan[8])

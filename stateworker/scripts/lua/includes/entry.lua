@@ -70,6 +70,12 @@ local function entry_unlink(ctx, cur)
   end
 end
 
+-- Delete the stored entry `cur` with its state:deleted event; the event's revision.
+local function entry_delete(ctx, cur)
+  entry_unlink(ctx, cur)
+  return entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+end
+
 -- The stored entry or nil, and whether its expiry has passed (it reads as missing then).
 -- Nothing is written: a script that must check all before it writes (a transaction) loads
 -- with this and drops an expired entry (entry_drop_expired) once every check has passed.
@@ -84,10 +90,9 @@ end
 -- Delete an entry whose expiry has passed, with the state:deleted event the reaper would
 -- have written (by = "", and no transaction's id: the expiry is not part of one).
 local function entry_drop_expired(ctx, cur)
-  entry_unlink(ctx, cur)
   local by, tx = ctx.by, ctx.tx
   ctx.by, ctx.tx = '', false
-  entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+  entry_delete(ctx, cur)
   ctx.by, ctx.tx = by, tx
 end
 
