@@ -70,8 +70,21 @@ class RedisCluster:
         assert binary and cli, "redis-server / redis-cli are not installed (scripts/test installs them)"
         for port in self.ports:
             self._start_node(binary, port)
-        for port in self.ports:
-            wait_until(lambda p=port: _answers(p), 15, f"cluster node on port {port}")
+        for _attempt in range(3):  # (a free port may be taken before the node binds it)
+            for port in self.ports:
+                wait_until(lambda p=port: _answers(p) or self.processes[p].poll() is not None,
+                           15, f"cluster node on port {port}")
+            dead = [port for port in self.ports if self.processes[port].poll() is not None]
+            if not dead:
+                break
+            for port in dead:  # new ports for it (no cluster is formed yet: nothing knows them)
+                del self.processes[port], self.bus_ports[port]
+                new = free_port()
+                self.ports[self.ports.index(port)] = new
+                self.bus_ports[new] = free_port()
+                self._start_node(binary, new)
+        else:
+            raise AssertionError(f"cluster nodes would not start: {dead}")
         subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                         "--cluster-replicas", "1", "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
