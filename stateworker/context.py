@@ -12,6 +12,22 @@ import msgspec
 from msgspec import Struct
 
 
+class Answer(Struct, frozen=True):
+    """Where a bus call's own script writes its reply (the fused path, on one Redis only,
+    where the reply list and the call's stream share the node with the state): the reply
+    list, the call's stream, its entry id, the consumer group that read it, the reply list's
+    expiry and the reply document's head (`{"id":<id>,"ok":true,"result":`). The script
+    LPUSHes the reply and acknowledges and deletes the entry: what the service's flush did
+    in a second round trip (scripts/lua/includes/entry.lua, `entry_answer`)."""
+
+    reply: bytes
+    stream: str
+    entry_id: bytes
+    group: str
+    ttl_ms: int
+    head: bytes
+
+
 class CallContext(Struct, frozen=True, kw_only=True):
     """Who makes a call: the bus entry's `caller` and `context` fields."""
 
@@ -31,6 +47,9 @@ class CallContext(Struct, frozen=True, kw_only=True):
     # principal called (what its grants are checked against) and the writer recorded.
     function: str | None = None
     writer: str | None = None
+    # Set by a service that lets a script answer its call itself (bus/runtime.py): a
+    # function whose script can write its reply (state::set) does so; the others ignore it.
+    answer: Answer | None = None
 
     @property
     def by(self) -> str | None:

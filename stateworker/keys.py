@@ -75,7 +75,10 @@ from dataclasses import dataclass
 from stateworker.errors import shown
 
 
-@dataclass(frozen=True, slots=True)
+# eq=False: compared and hashed by identity (one per partition, kept by its KeySpace): the
+# scope_keys cache hashes it on every entry script call, and a hash of 13 fields cost more
+# than the names it saves.
+@dataclass(frozen=True, slots=True, eq=False)
 class PartitionKeys:
     """The names shared by every scope of one partition."""
 
@@ -149,12 +152,9 @@ class PartitionKeys:
         """Records of calls that changed the partition, until PostgreSQL holds them."""
         return f"{self.tag}unsaved_calls"
 
-    def entry_keys(self, scope: str, key: str) -> list[str]:
-        """KEYS[1..7] of the entry scripts (set, delete, update, topic)."""
-        return [self.entry(scope, key), *self._scope_keys(scope)]
-
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one PartitionKeys per partition, kept
-    def _scope_keys(self, scope: str) -> tuple[str, ...]:
+    def scope_keys(self, scope: str) -> tuple[str, ...]:
+        """KEYS[2..7] of the entry scripts: the scope's indexes, the partition's keys."""
         return (self.key_index(scope), self.updated_index(scope), self.topic_index(scope),
                 self.scopes, self.ttl, self.events)
 

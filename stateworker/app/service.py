@@ -37,7 +37,7 @@ from stateworker.state import functions, lifecycle
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import RedisConnection, shown_url
-from stateworker.transport.plans import Plan, Sent
+from stateworker.transport.plans import ANSWERED, Plan, Sent
 from stateworker.transport.retry import wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -55,6 +55,15 @@ class StateCalls:
     def prepare(self, call: Call) -> Plan:
         return functions.prepare(self.state, call.fn, call.body, call.ctx, CATALOG)
 
+    @property
+    def answers_in_script(self) -> frozenset[str]:
+        """On one Redis the reply list and the call's stream share the node with the state,
+        so `state::set`'s script answers its call itself; not on a cluster (other slots) nor
+        when a strict batch waits for a confirmation (WAITAOF, WAIT) before its replies."""
+        if self.state.cluster or self.state.confirm.needed:
+            return frozenset()
+        return functions.ANSWERED_IN_SCRIPT
+
     def send(self, plans: Sequence[Plan]) -> Sent:
         return self.state.send_first_step(plans)
 
@@ -63,7 +72,8 @@ class StateCalls:
                            after_step: Callable[[], Awaitable[None]]) -> list[Any]:
         """Results are encoded as JSON here, as each plan ends."""
         def encoded(index: int, result: Any) -> None:
-            done(index, result if isinstance(result, StateError) else encoder.encode(result))
+            done(index, result if isinstance(result, StateError) or result is ANSWERED
+                 else encoder.encode(result))
 
         return await self.state.execute_many(plans, sent, encoded, after_step)
 

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import msgspec
 
 from stateworker import codec
-from stateworker.context import CallContext
+from stateworker.context import Answer, CallContext
 from stateworker.errors import (
     ConfigError,
     InvalidRequest,
@@ -109,6 +109,11 @@ class BatchHandler(Protocol):
     whose result is the reply's JSON; `execute_many` runs plans together."""
 
     def prepare(self, call: Call) -> Plan: ...
+
+    @property
+    def answers_in_script(self) -> frozenset[str]:
+        """The functions whose script writes the call's reply and acknowledges its entry
+        itself (context.Answer); such a plan's result is plans.ANSWERED."""
 
     def send(self, plans: Sequence[Plan]) -> Sent:
         """Put the plans' first step on the wire now; the token goes to execute_many."""
@@ -224,11 +229,17 @@ def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
 def reply_document(call_id: str | None, result: bytes | None, error: StateError | None) -> bytes:
     """`{"id":…,"ok":true,"result":…}` or `{"id":…,"ok":false,"error":{code, message,
     details}}`; `result` is JSON already, written as it is (never decoded and encoded again)."""
-    head = b'{"id":' + msgspec.json.encode(call_id)
     if error is None:
         assert result is not None
-        return head + b',"ok":true,"result":' + result + b"}"
-    return head + b',"ok":false,"error":' + msgspec.json.encode(error.to_dict()) + b"}"
+        return reply_head(call_id) + result + b"}"
+    return (b'{"id":' + msgspec.json.encode(call_id) + b',"ok":false,"error":' +
+            msgspec.json.encode(error.to_dict()) + b"}")
+
+
+def reply_head(call_id: str | None) -> bytes:
+    """A success reply document up to its result: `{"id":…,"ok":true,"result":` (a script
+    that answers its call itself writes the rest: context.Answer)."""
+    return b'{"id":' + msgspec.json.encode(call_id) + b',"ok":true,"result":'
 
 
 class Reply(msgspec.Struct):
@@ -251,13 +262,16 @@ def parse_reply(document: bytes) -> Reply | None:
         return None
 
 
-def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None
+def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None,
+                group: str | None = None, in_script: frozenset[str] = frozenset()
                 ) -> tuple[Call | None, bytes, str | None, StateError | None]:
     """A stream entry as a Call, or the error to answer with (and where, and to which id).
 
     `principal`: the principal whose stream (`acl` mode) the entry was read from. It is the
     call's caller; a `caller` field naming anyone else is refused (PERMISSION_DENIED), so no
-    field of an entry can change who makes the call."""
+    field of an entry can change who makes the call. `group`: the consumer group that read
+    it; a call of a function in `in_script` (with a reply list) is answered by its own script
+    (context.Answer)."""
     fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=False))
     reply = fields.get(b"reply", b"")
     call_id: str | None = None
@@ -292,8 +306,10 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         # (`acl` mode: an id is the principal's own: `<principal>/<id>` for its records and
         # binding, so one principal's ids never meet another's)
         own_id = call_id if principal is None else f"{principal}/{call_id}"
+        answer = Answer(reply, ref[0], ref[1], group, options.reply_ttl_ms, reply_head(
+            call_id)) if group is not None and reply and fn in in_script else None
         ctx = CallContext(caller=named, context=context, call_id=own_id, deadline_ms=deadline,
-                          call_digest=digest, principal=principal)
+                          call_digest=digest, principal=principal, answer=answer)
     except UnicodeDecodeError:
         return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"path": "id"})
     except StateError as exc:

@@ -54,7 +54,7 @@ from stateworker.errors import (
 )
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import Plan, Sent
+from stateworker.transport.plans import ANSWERED, Plan, Sent
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -276,9 +276,10 @@ class BusRuntime:
         """Calls as plans; a malformed or late call is answered (queued) here."""
         assert self.batch is not None
         answer = self.replies.answer
+        in_script = self.batch.answers_in_script
         ready: list[tuple[Call, Plan]] = []
         for ref, flat in entries:
-            call, reply_key, call_id, error = self._parse(ref, flat, source)
+            call, reply_key, call_id, error = self._parse(ref, flat, source, in_script)
             if call is None:
                 self._refuse(reply_key, call_id, error, ref)
                 continue
@@ -313,7 +314,9 @@ class BusRuntime:
                 # answers it from the call's record.
                 replies.unanswered = True
                 return
-            if isinstance(result, StateError):
+            if result is ANSWERED:  # its script wrote the reply and acknowledged the entry
+                replies.stats.count(None, call.started)
+            elif isinstance(result, StateError):
                 answer(call.reply, call.id, None, result, call.ref, None, call.started,
                        call.fn)
             else:
@@ -353,9 +356,10 @@ class BusRuntime:
             for entry_id in deleted:  # deleted from the stream meanwhile
                 self.replies.queue(b"", None, (source.stream, entry_id), None)
 
-    def _parse(self, ref: Ref, flat: list[bytes], source: Source
+    def _parse(self, ref: Ref, flat: list[bytes], source: Source,
+               in_script: frozenset[str] = frozenset()
                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
-        return read_call(ref, flat, self.options, self.bus, self.sources, source)
+        return read_call(ref, flat, self.options, self.bus, self.sources, source, in_script)
 
     def _refuse(self, reply_key: bytes, call_id: str | None, error: StateError | None,
                 ref: Ref) -> None:

@@ -127,12 +127,15 @@ class Sources:
 
 
 def read_call(ref: Ref, flat: list[bytes], options: BusOptions, bus: Bus, sources: Sources,
-              source: Source) -> tuple[Call | None, bytes, str | None, StateError | None]:
+              source: Source, in_script: frozenset[str] = frozenset()
+              ) -> tuple[Call | None, bytes, str | None, StateError | None]:
     """An entry read from `source` as a Call, or the error it gets (and where, and to which
     id). A call whose reply list is not one of this prefix's (in `acl` mode: of its
     principal's) is not run at all, and its reply is not written (`ReplyWriter.queue`); a call
-    on a closed shared stream is not run."""
-    call, reply_key, call_id, error = parse_entry(ref, flat, options, source.principal)
+    on a closed shared stream is not run. `in_script`: the functions whose script writes the
+    call's reply and acknowledges it itself (context.Answer)."""
+    call, reply_key, call_id, error = parse_entry(ref, flat, options, source.principal,
+                                                  bus.group, in_script)
     if reply_key and not sources.reply_allowed(source, reply_key):
         # Another principal's list: never written to, not even a malformed call's error.
         return None, b"", call_id, None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from stateworker.clock import now_ms
-from stateworker.context import CallContext
+from stateworker.context import Answer, CallContext
 from stateworker.keys import KeySpace, PartitionKeys, call_field, member
 from stateworker.scripts.library import Library
 from stateworker.scripts.replies import (
@@ -65,7 +65,8 @@ class Binding(Generic[R]):
         return self.reply(script_reply(raw, self.name))
 
 
-SET = Binding("set", 9, SetReply.read)  # set, compare-and-set, diff; KEYS[8..9] for bus calls
+# set, compare-and-set, diff; KEYS[8..9] for bus calls, KEYS[10..11] answered here (state::set)
+SET = Binding("set", 11, SetReply.read)
 DELETE = Binding("delete", 9, DeleteReply.read)
 UPDATE = Binding("update", 9, UpdateReply.read)
 TOPIC = Binding("topic", 9, TopicReply.read)
@@ -87,11 +88,13 @@ BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_I
 # state::transaction: its reply is read by state/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
 GETMANY = Binding("getmany", 1, GetManyReply.read)
+# state::get of a bus call answered by its script (one Redis): read by state/reads.py
+GET: Binding[list[Any]] = Binding("get", 4, list)
 DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
-    TRANSACTION, GETMANY, DELPREFIX)
+    TRANSACTION, GETMANY, DELPREFIX, GET)
 INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
 BINDINGS += (INDEX,)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
@@ -150,9 +153,11 @@ def call_digest(ctx: CallContext) -> bytes:
     return bytes.fromhex(ctx.call_digest or "0" * 40)[:DIGEST_BYTES]
 
 
-def record_arg(settings: Settings, ctx: CallContext, now: int) -> bytes:
+def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | None = None
+               ) -> bytes:
     """ARGV[7] of the entry scripts: "<slice ms>|<deadline>|<slice>|<field><digest>", b""
-    for an in-process call (nothing to record, no deadline)."""
+    for an in-process call (nothing to record, no deadline). `field`: the call id's
+    (call_field), when the caller has it already."""
     if ctx.call_id is None and ctx.deadline_ms is None:
         return b""
     ms = slice_ms(settings)
@@ -160,35 +165,62 @@ def record_arg(settings: Settings, ctx: CallContext, now: int) -> bytes:
     head = f"{ms}|{deadline}|{now // ms}|".encode()
     if ctx.call_id is None:
         return head
-    return head + call_field(ctx.call_id) + call_digest(ctx)
+    return head + (field or call_field(ctx.call_id)) + call_digest(ctx)
 
 
-def records_key(keys: KeySpace, part: PartitionKeys, call_id: str, slice_: int,
+def records_key(keys: KeySpace, part: PartitionKeys, field: bytes, slice_: int,
                 cluster: bool) -> str:
-    """Where an entry script records a bus call: on one Redis the id's own bucket (which also
-    binds the id across partitions, in the same script); on a cluster the partition's, the id
-    bound before in a step of its own (bind_call)."""
+    """Where an entry script records a bus call (`field`: its id's, call_field): on one
+    Redis the id's own bucket (which also binds the id across partitions, in the same
+    script); on a cluster the partition's, the id bound before in a step of its own
+    (bind_call)."""
     if cluster:
         return part.call_records(slice_)
-    return keys.call_ids(call_field(call_id), slice_)
+    return keys.call_ids(field, slice_)
 
 
 # ---- KEYS and ARGV of each script ----------------------------------------------------------------
 def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: CallContext,
-               cluster: bool, extra: Sequence[Arg]) -> Call:
+               cluster: bool, extra: Sequence[Arg], answer: Answer | None = None) -> Call:
     """An entry script (set, delete, update, topic): KEYS the entry, its indexes, and for bus
     calls the current slice of the call's records (records_key) and, with the snapshot on,
     the partition's stream of records PostgreSQL does not hold yet; ARGV the 7 shared ones
-    (set.lua's header), then the script's own (`extra`)."""
+    (set.lua's header), then the script's own (`extra`). With `answer` (a bus call with an
+    id, on one Redis) the script writes the call's reply itself: KEYS[9] is then always
+    given (KEYS[8] again with the snapshot off), KEYS[10] the reply list, KEYS[11] the call's stream,
+    and the last four ARGV the reply list's expiry, the group, the entry id and the reply's
+    head (entry.lua, `entry_answer`)."""
     part = space.for_scope(scope)
-    keys: list[Arg] = list(part.entry_keys(scope, key))
+    address = member(scope, key)
+    keys: list[Arg] = [part.entry_prefix + address, *part.scope_keys(scope)]
     now = now_ms()
-    if ctx.call_id is not None:
-        keys.append(records_key(space, part, ctx.call_id, now // slice_ms(settings), cluster))
+    field = None if ctx.call_id is None else call_field(ctx.call_id)
+    args: list[Arg] = [scope, key, address, now, settings.events_maxlen, ctx.by or "",
+                       record_arg(settings, ctx, now, field), *extra]
+    if field is not None:
+        keys.append(records_key(space, part, field, now // slice_ms(settings), cluster))
         if settings.postgres_url:
             keys.append(part.unsaved_calls)
-    return keys, [scope, key, member(scope, key), now, settings.events_maxlen,
-                  ctx.by or "", record_arg(settings, ctx, now), *extra]
+        if answer is not None:
+            if not settings.postgres_url:
+                keys.append(keys[-1])  # (KEYS[9] = KEYS[8]: no stream of unsaved records)
+            keys += (answer.reply, answer.stream)
+            args += answer_args(answer)
+    return keys, args
+
+
+def answer_args(answer: Answer) -> list[Arg]:
+    """The last four ARGV of a script that answers its call (lua/includes/answer.lua)."""
+    return [answer.ttl_ms, answer.group, answer.entry_id, answer.head]
+
+
+def get_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: CallContext,
+             answer: Answer) -> Call:
+    """get.lua: a bus call's state::get, its id bound and its reply sent by the script."""
+    field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
+    return ([space.call_ids(field, now // ms), space.for_scope(scope).entry(scope, key),
+             answer.reply, answer.stream],
+            [ms, now // ms, now, field, call_digest(ctx), *answer_args(answer)])
 
 
 def bind_call(settings: Settings, space: KeySpace, ctx: CallContext) -> Call:

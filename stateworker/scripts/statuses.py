@@ -47,6 +47,7 @@ LUA_STATUS: dict[str, int] = {
     "INVALID_SCOPE": 13,  # release: a scope no namespace claimed; nothing written
     "TX_ABORTED": 14,  # a transaction's op failed (its status follows); nothing written
     "OP_FAILED": 15,  # (in TX_ABORTED) an update op could not apply; nothing written
+    "ANSWERED": 16,  # the script wrote the bus call's reply and acknowledged it (Answer)
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -65,7 +66,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/transactions.py),
 # which names the op: the error is that of the op's own status.
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE", "TX_ABORTED",
-                              "OP_FAILED"})
+                              "OP_FAILED", "ANSWERED"})
 
 
 

@@ -86,6 +86,8 @@ def decoded(request_type: type[R], function: Callable[[RedisState, R, CallContex
 
 def state_get(state: RedisState, req: GetRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
+    if ctx.answer is not None and not state.cluster:
+        return reads.get_answered_plan(state, req.scope, req.key, ctx)
     return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 
@@ -323,6 +325,12 @@ class Catalog:
         """This catalogue with `more` functions, and `rewrite` for the native ones."""
         return Catalog((*self.served.values(), *more), rewrite)
 
+
+# The functions whose script writes a bus call's reply itself where the service lets it
+# (context.Answer): set.lua renders state::set's SetResult, byte for byte as the service
+# encodes it (tests/integration/bus/test_answered.py holds the two against each other);
+# get.lua sends the stored value as it is.
+ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name})
 
 NATIVE = Catalog(NATIVE_SERVED)
 FUNCTIONS = NATIVE.functions  # the native functions (the accessors run these)

@@ -14,11 +14,13 @@ import msgspec
 
 from stateworker import clock, codec
 from stateworker.clock import now_ms
+from stateworker.context import CallContext
 from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
-from stateworker.scripts.bindings import LIST, SETHASH, list_call, sethash_call
+from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
+from stateworker.scripts.statuses import raise_for_status, script_reply
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import Plan, command_reply, then
+from stateworker.transport.plans import ANSWERED, Answered, Plan, command_reply, then
 
 
 def hash_plan(state: RedisState, scope: str, key: str, version: int, value: bytes) -> Plan:
@@ -39,6 +41,21 @@ def get_plan(state: RedisState, scope: str, key: str) -> Plan:
         return msgspec.Raw(value)
 
     return Plan([["HMGET", entry, "v", "x"]], finish)
+
+
+def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext) -> Plan:
+    """A bus call's state::get answered by its own script (get.lua: its id bound, the value
+    read and sent, its entry acknowledged; one Redis, ctx.answer set): ANSWERED, or the
+    call's CALL_ID_REUSED."""
+    assert ctx.answer is not None
+    target = state.target(scope, key, ctx)
+
+    def finish(replies: list[Any]) -> Answered:
+        raise_for_status(script_reply(replies[0], GET.name), target)
+        return ANSWERED
+
+    call = get_call(state.settings, state.keys, scope, key, ctx, ctx.answer)
+    return Plan([GET.command(state.library, *call)], finish, binds_call_id=True)
 
 
 def get_entry_plan(state: RedisState, scope: str, key: str, *,

@@ -29,11 +29,11 @@ from stateworker.state.confirm import Confirm
 from stateworker.state.registry import Registry
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
-from stateworker.transport.plans import Plan, Sent, execute_many, send_first_step
+from stateworker.transport.plans import ANSWERED, Plan, Sent, execute_many, send_first_step
 from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
-_DUPLICATE = LUA_STATUS["DUPLICATE"]
+_DUPLICATE, _ANSWERED = LUA_STATUS["DUPLICATE"], LUA_STATUS["ANSWERED"]
 
 
 def _recorded(record: bytes) -> list[Any]:
@@ -142,15 +142,19 @@ class RedisState:
 
     def entry_plan(self, binding: Binding[R], target: Target, args: Sequence[Arg],
                    finish: Callable[[R], Any],
-                   accept: frozenset[int] = frozenset()) -> Plan:
+                   accept: frozenset[int] = frozenset(), answers: bool = False) -> Plan:
         """An entry script (KEYS and first ARGV as set.lua's header). A bus call's reply is
         recorded with the change; a second delivery gets the recorded reply. Statuses that are
         errors are raised (statuses.STATUS_ERRORS) unless `accept`ed; `finish` gets the rest,
-        typed (the binding's reply tuple)."""
+        typed (the binding's reply tuple). `answers`: the script can write the call's reply
+        itself, which it does when the call carries a context.Answer (the plan's result is
+        then plans.ANSWERED)."""
         scope, key, ctx = target.scope, target.key, target.ctx
 
         def replayed(replies: list[Any]) -> Any:
             reply = script_reply(replies[0], binding.name)
+            if reply[0] == _ANSWERED:
+                return ANSWERED
             if reply[0] == _DUPLICATE:
                 reply = _recorded(reply[1])
             raise_for_status(reply, target, accept)
@@ -158,7 +162,8 @@ class RedisState:
 
         binds = ctx.call_id is not None and not self.cluster
         command = binding.command(self.library, *entry_call(
-            self.settings, self.keys, scope, key, ctx, self.cluster, args))
+            self.settings, self.keys, scope, key, ctx, self.cluster, args,
+            ctx.answer if answers and not self.cluster else None))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
 
     def claimed(self, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:

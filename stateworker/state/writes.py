@@ -37,10 +37,13 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
                finish: Callable[[SetReply], Any], *, topic: str | Keep | None = None,
                ttl_ms: int | Keep | None = None, condition: str = "", diff: bool = False,
                expected_version: int | None = None, create_only: bool = False,
-               max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
+               max_keys: int | None = None, ctx: CallContext = NO_CONTEXT,
+               answers: bool = False) -> Plan:
     """set.lua; `finish` gets its reply. See the script for `condition`. A stored hash left
     unknown by an update is computed, stored and the write repeated. `max_keys`: the
-    scope's ceiling of live keys for a write that creates one (KEY_LIMIT)."""
+    scope's ceiling of live keys for a write that creates one (KEY_LIMIT). `answers`: the
+    result is state::set's, which the script writes itself for a bus call that lets it
+    (context.Answer; entry.lua `entry_answer`)."""
     args: list[Arg] = [value.json, value.hash, topic_arg(topic), ttl_arg(ttl_ms), condition,
                        "1" if diff else "", "1" if value.plain_strings else "",
                        optional(max_keys)]
@@ -48,11 +51,12 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
                           create_only=create_only)
     accept = frozenset({_NEEDS_HASH, _CONFLICT}) if condition[:1] in ("h", "a") else \
         frozenset({_NEEDS_HASH})
-    return _write_attempt(state, scope, key, target, args, finish, accept, 3)
+    return _write_attempt(state, scope, key, target, args, finish, accept, 3, answers)
 
 
 def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args: list[Arg],
-                   finish: Callable[[SetReply], Any], accept: frozenset[int], left: int) -> Plan:
+                   finish: Callable[[SetReply], Any], accept: frozenset[int], left: int,
+                   answers: bool) -> Plan:
     """One run of set.lua; when the stored hash is unknown, that hash first, then again
     (`left` more times). A module function, not a closure calling itself: such a closure is a
     reference cycle, and a cycle per write kept Python's collector busy for 100+ ms at a time
@@ -64,9 +68,9 @@ def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args
             raise InternalError(f"the hash of key {shown(key)} in scope {shown(scope)} kept changing")
         return then(hash_plan(state, scope, key, read.version, read.value or b""),
                     lambda _digest: _write_attempt(state, scope, key, target, args, finish,
-                                                   accept, left - 1))
+                                                   accept, left - 1, answers))
 
-    return state.entry_plan(SET, target, args, check, accept)
+    return state.entry_plan(SET, target, args, check, accept, answers)
 
 
 def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
@@ -82,7 +86,7 @@ def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
     return write_plan(state, scope, key, value, finish, topic=topic, ttl_ms=ttl_ms,
                       condition="" if expected is None else f"v{expected}",
                       expected_version=expected, create_only=create_only, max_keys=max_keys,
-                      ctx=ctx)
+                      ctx=ctx, answers=True)
 
 
 def compare_and_set_plan(state: RedisState, scope: str, key: str,

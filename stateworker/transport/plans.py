@@ -36,6 +36,17 @@ class Library(Protocol):
         """Load the library; ScriptError (naming the cause) when Redis refuses it."""
 
 
+class Answered:
+    """The result of a plan whose script wrote its bus call's reply and acknowledged the
+    call's entry itself (context.Answer): nothing is left to answer."""
+
+    def __repr__(self) -> str:
+        return "ANSWERED"
+
+
+ANSWERED = Answered()
+
+
 @dataclass(slots=True)
 class Plan:
     commands: list[list[Arg]] = field(default_factory=list)
@@ -48,6 +59,8 @@ def then(plan: Plan, fn: Callable[[Any], Any]) -> Plan:
     """`plan`, with its final result (after any further steps) passed through `fn`."""
     def finish(replies: list[Any]) -> Any:
         out = plan.finish(replies)
+        if out is ANSWERED:
+            return out
         return then(out, fn) if isinstance(out, Plan) else fn(out)
 
     return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)

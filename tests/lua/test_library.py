@@ -14,12 +14,12 @@ import redis.asyncio as aredis
 from redis.crc import key_slot
 
 from stateworker import StateClient, StateError, StateStore
-from stateworker.app.service import StateService
+from stateworker.app.service import StateCalls, StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.context import CallContext
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.scripts.bindings import BINDINGS
+from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
 from stateworker.state import functions, principals
@@ -121,7 +121,9 @@ async def test_every_script_call_hashes_to_one_slot(
                      ("state::get", {"scope": scope, "key": "b"})):
         bus = CallContext(call_id=f"slot-{fn}", call_digest="0" * 40)
         await store.state.execute(functions.prepare(store.state, fn, msgspec.json.encode(body), bus))
-    assert {c[0] for c in calls} == {b.name for b in BINDINGS}
+    # get.lua answers a bus call itself: one Redis only (its keys span slots by design; a
+    # service on a cluster never lets a script answer: test_answered_only_on_one_redis).
+    assert {c[0] for c in calls} == {b.name for b in BINDINGS} - {GET.name}
     for script, keys, args in calls:
         names = [str(k) for k in keys] + derived_keys(script, keys, args)
         slots = {key_slot(name.encode()) for name in names}
@@ -259,3 +261,15 @@ async def test_function_flush_while_calls_flow_on_the_bus(own_redis: RedisServer
         assert errors["errorstat_ERR"]["count"] >= flushes  # "ERR Function not found" replies
     finally:
         await admin.aclose()
+
+
+async def test_answered_only_on_one_redis(store: StateStore) -> None:
+    """A script answers its call (context.Answer: the reply list and the call's stream in
+    other slots than the state) only on one Redis, and not when strict waits for a confirm."""
+    calls = StateCalls(store.state)
+    assert calls.answers_in_script == {"state::set", "state::get"}
+    store.state.confirm.replicas = 1
+    assert calls.answers_in_script == frozenset()
+    store.state.confirm.replicas = 0
+    store.state.cluster = True
+    assert calls.answers_in_script == frozenset()

@@ -15,13 +15,9 @@
 ]]
 --- @include "records"
 
-local ms, now = tonumber(ARGV[1]), tonumber(ARGV[3])
-local held, fresh = records_find(KEYS[1], ARGV[2], ARGV[4], ms, now)
-if held then
-  if string.sub(held, 1, #ARGV[5]) ~= ARGV[5] then
-    return {ST.CALL_ID_REUSED}
-  end
-  return {ST.OK, 0}
+local bound = records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]),
+  tonumber(ARGV[3]))
+if not bound then
+  return {ST.CALL_ID_REUSED}
 end
-records_keep(KEYS[1], ARGV[2], ARGV[4], ARGV[5], ms, now, fresh)
-return {ST.OK, 1}
+return {ST.OK, bound}

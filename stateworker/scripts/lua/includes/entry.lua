@@ -358,10 +358,21 @@ local function entry_finish(reply)
     local ms, _, slice, field, digest = entry_record_args()
     local value = digest .. cmsgpack.pack(reply)
     records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now, entry_ctx.fresh)
-    if KEYS[9] and entry_ctx.rev then
+    if KEYS[9] and KEYS[9] ~= KEYS[8] and entry_ctx.rev then
       redis.call('XADD', KEYS[9], 'MAXLEN', '~', entry_ctx.maxlen, '*',
         'f', field, 'v', value, 'r', entry_ctx.rev, 't', entry_ctx.stamp)
     end
   end
   return reply
+end
+
+--[[
+  A bus call answered by its own script (answer.lua): KEYS[9] is then always given (KEYS[8]
+  again with the snapshot off: a name the service's ACL user may use, and no stream of
+  unsaved records), KEYS[10] is the reply list, KEYS[11] the call's stream.
+]]
+--- @include "answer"
+
+local function entry_answer(result)
+  return answer_send(KEYS[10], KEYS[11], result)
 end

@@ -59,3 +59,18 @@ local function records_keep(name, slice, field, value, ms, now, fresh)
     redis.call('HSET', name, '', RECORDS_MARK)
   end
 end
+
+--[[
+  Bind a call id (its record's `field`) to the call's `digest` in the current slice `name`
+  unless it is bound already: 1 bound now, 0 bound before to this same call, false bound to
+  another call (CALL_ID_REUSED; nothing written). bind.lua, and the scripts that bind a
+  read's id themselves (get.lua).
+]]
+local function records_bind(name, slice, field, digest, ms, now)
+  local held, fresh = records_find(name, slice, field, ms, now)
+  if held then
+    return string.sub(held, 1, #digest) == digest and 0
+  end
+  records_keep(name, slice, field, digest, ms, now, fresh)
+  return 1
+end
