@@ -329,8 +329,8 @@ class Catalog:
 # The functions whose script writes a bus call's reply itself where the service lets it
 # (context.Answer): set.lua renders state::set's SetResult, byte for byte as the service
 # encodes it (tests/integration/bus/test_answered.py holds the two against each other);
-# get.lua sends the stored value as it is.
-ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name})
+# get.lua and delete.lua send the stored value as it is.
+ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name, specs.DELETE.name})
 
 NATIVE = Catalog(NATIVE_SERVED)
 FUNCTIONS = NATIVE.functions  # the native functions (the accessors run these)

@@ -165,4 +165,4 @@ def delete_plan(state: RedisState, scope: str, key: str, expected_version: int |
     otherwise, a missing key being at version 0)."""
     target = state.target(scope, key, ctx, expected_version=expected_version)
     return state.entry_plan(DELETE, target, [optional(expected_version)],
-                            lambda reply: _raw(reply.old_value))
+                            lambda reply: _raw(reply.old_value), answers=True)

@@ -9,12 +9,16 @@
     ARGV[3] ttl member              ARGV[4] now (epoch ms)
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
     ARGV[8] expected version ("" for none; 1 or more: Python refuses 0)
+    KEYS[10], KEYS[11] and the last four ARGV (state::delete over the bus on one Redis):
+             the call is answered here (entry.lua, entry_answer)
   Output:
     {ST.OK, deleted value or false, revision or false}
     {ST.CONFLICT, current version (0 = absent), current value or false}   the entry is
                               not at the expected version: nothing deleted, no event
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
+    {ST.ANSWERED}    (given KEYS[10]) done, the call's reply (the deleted value or null)
+                     LPUSHed and its entry acknowledged
   Events: state:deleted when something was deleted (also for an entry found expired).
 ]]
 --- @include "entry"
@@ -26,8 +30,13 @@ end
 if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
   return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
 end
+local reply
 if not cur then
-  return entry_finish({ST.OK, false, false})
+  reply = entry_finish({ST.OK, false, false})
+else
+  reply = entry_finish({ST.OK, cur[1], entry_delete(ctx, cur)})
 end
-local rev = entry_delete(ctx, cur)
-return entry_finish({ST.OK, cur[1], rev})
+if KEYS[10] then -- state::delete's result: the deleted value, as stored
+  return entry_answer(cur and cur[1] or 'null')
+end
+return reply

@@ -1,4 +1,4 @@
-"""`state::set` and `state::get` answered by their own script (context.Answer: on one Redis
+"""`state::set`, `state::get` and `state::delete` answered by their own script (context.Answer: on one Redis
 the script LPUSHes the reply and acknowledges and deletes the call's entry, no second round
 trip): the reply is byte for byte what the service would encode, a retry gets the same bytes
 from the record (rendered by the service), an id reused is refused, nothing is left pending
@@ -122,3 +122,21 @@ async def test_a_get_answered_by_its_script(service: StateService, raw: aredis.R
     await raw.hset(entry, "x", 1)
     call_id, expired = await answer_bytes(raw, prefix, "state::get", key)
     assert expired == reply_document(call_id, b"null", None)
+
+
+async def test_a_delete_answered_by_its_script(service: StateService, raw: aredis.Redis,
+                                               prefix: str, scope: str) -> None:
+    stored = '{"z":1,"a":[1.50]}'
+    await answer_bytes(raw, prefix, "state::set", f'{{"scope":"{scope}","key":"k","value":'
+                       f'{stored}}}')
+    key = {"scope": scope, "key": "k"}
+    _, conflict = await answer_bytes(raw, prefix, "state::delete", {**key, "expected_version": 2})
+    assert msgspec.json.decode(conflict)["error"]["code"] == "CONFLICT"  # (the service's)
+    call_id, deleted = await answer_bytes(raw, prefix, "state::delete", key, call_id='d"1')
+    assert deleted == reply_document(call_id, stored.encode(), None)
+    _, again = await answer_bytes(raw, prefix, "state::delete", key, call_id=call_id)
+    assert again == deleted  # from the record: nothing deleted twice
+    call_id, missing = await answer_bytes(raw, prefix, "state::delete", key)
+    assert missing == reply_document(call_id, b"null", None)
+    _, read = await answer_bytes(raw, prefix, "state::get", key)
+    assert msgspec.json.decode(read)["result"] is None
