@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -296,16 +297,40 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
     )
 }
 
+# The HTTP status of each code's error reply (the HTTP face, app/http.py); an update op's
+# code (`increment.not_number`) is 409 there, any other code 500.
+HTTP_STATUS: dict[str, int] = {
+    "INVALID_REQUEST": 400, "UNKNOWN_FIELD": 400, "KEY_TOO_LONG": 400, "INVALID_PREFIX": 400,
+    "INVALID_CONTEXT": 400, "DUPLICATE_KEY": 400, "INVALID_SCOPE": 400,
+    "UNKNOWN_CALLER": 401,
+    "PERMISSION_DENIED": 403, "FORBIDDEN": 403, "RESERVED_SCOPE": 403,
+    "NOT_FOUND": 404, "UNKNOWN_FUNCTION": 404,
+    "CONFLICT": 409, "CALL_ID_REUSED": 409, "BARRIER_CONFIG": 409, "SCOPE_CONFLICT": 409,
+    "SCOPE_IN_USE": 409, "KEY_LIMIT": 409,
+    "COMPACTED": 410,
+    "VALUE_TOO_LARGE": 413,
+    "RESOURCE_EXHAUSTED": 507,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504, "TIMEOUT": 504,
+}
+
 E = TypeVar("E", bound=StateError)
 
 
-def register(cls: type[E]) -> type[E]:
-    """Map `cls.code` back to `cls` in `error_from`, for an error class of its own outside
-    this module (an engine's: moco's ReservedNamespaceError, engines/moco/rules.py).
-    `stateworker/__init__.py` imports every such class, so every process's clients know it."""
-    if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
-        raise ValueError(f"error code {shown(cls.code)} is {ERROR_CLASSES[cls.code].__name__}'s already")
-    return cls
+def register(http_status: int) -> Callable[[type[E]], type[E]]:
+    """A class decorator: map `cls.code` back to `cls` in `error_from`, and give the code its
+    HTTP status, for an error class of its own outside this module (an engine's: moco's
+    ReservedNamespaceError, engines/moco/rules.py). `stateworker/__init__.py` imports every
+    such class, so every process's clients know it."""
+    def registered(cls: type[E]) -> type[E]:
+        if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
+            raise ValueError(f"error code {shown(cls.code)} is "
+                             f"{ERROR_CLASSES[cls.code].__name__}'s already")
+        HTTP_STATUS[cls.code] = http_status
+        return cls
+
+    return registered
 
 
 def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:

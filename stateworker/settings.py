@@ -15,6 +15,9 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # acknowledged writes at risk when the host dies), `strict` before every reply.
 APPENDFSYNC = {"fast": "everysec", "strict": "always"}
 _FOREVER = float("inf")
+# HOST:PORT of the HTTP face: a name or IPv4 address, or an IPv6 one in brackets; 0-65535.
+_HTTP_BIND = re.compile(
+    r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]?\d{1,4})")
 # `off`: every caller is trusted (one deployment); `acl`: every caller is a principal with a
 # Redis ACL user of its own, and its identity comes from the stream it may write to.
 AUTH_MODES = ("off", "acl")
@@ -64,6 +67,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
     watch_progress_s: float = 5.0  # a watch with nothing to hand on this long sends a bookmark
     docs_url: str = ERRORS_DOC_URL  # docs/errors.md as published: op errors' `doc_url` base
+    # `serve`'s HTTP face (app/http.py): HOST:PORT it listens on (port 0: one the system
+    # picks; the start line says which); None: off.
+    http: str | None = None
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.
@@ -109,6 +115,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if not 0 < self.watch_progress_s < _FOREVER:
             raise ConfigError(f"watch_progress_s must be a positive number of seconds, got "
                               f"{self.watch_progress_s}")
+        if self.http is not None and not _HTTP_BIND.fullmatch(self.http):
+            raise ConfigError("http (STATEWORKER_HTTP, serve --http) must be HOST:PORT, e.g. "
+                              f"127.0.0.1:8080 or [::1]:8080 (port 0-65535), got {shown(self.http)}")
         if not re.fullmatch(r"https?://[^\s#]+", self.docs_url):
             raise ConfigError("docs_url (STATEWORKER_DOCS_URL) must be an absolute http(s) URL "
                               f"of docs/errors.md without a fragment, got {shown(self.docs_url)}")

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from stateworker.app import service_user
+from stateworker.app.http import serve_http
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.sources import Sources
@@ -100,6 +101,9 @@ class StateService:
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
         self.snapshotter = Snapshotter(state, url, pg) if url else None
+        # The HTTP face (settings.http; app/http.py): where it listens once started.
+        self.http_address: str | None = None
+        self.http_stop = anyio.Event()
 
     @classmethod
     @asynccontextmanager
@@ -123,6 +127,9 @@ class StateService:
                         await tg.start(service.dispatcher.run)
                     if service.snapshotter is not None:
                         await tg.start(service.snapshotter.run)
+                    if settings.http is not None:
+                        service.http_address = await tg.start(
+                            serve_http, state, service.runtime, settings.http, service.http_stop)
                     try:
                         started = True
                         yield service
@@ -132,6 +139,7 @@ class StateService:
                             service.dispatcher.stop()
                         if service.snapshotter is not None:
                             service.snapshotter.stop()
+                        service.http_stop.set()
         except BaseException as exc:
             # A permission the start met refused (one the check cannot ask of Redis ahead,
             # or a rule changed under it): the one line that names it, not a traceback.

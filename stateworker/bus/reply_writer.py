@@ -62,7 +62,7 @@ class ReplyWriter:
             log.log(level, "call error", extra={"event": "call.error", "call_id": call_id,
                                                 "fn": fn, "code": error.code,
                                                 "error": error.message})
-        self.stats.count(error.code if error else None, started)
+        self.stats.count(error.code if error else None, started, fn)
         document = reply_document(call_id, result, error)
         self.queue(reply_key, document, ref, record)
 

@@ -315,7 +315,7 @@ class BusRuntime:
                 replies.unanswered = True
                 return
             if result is ANSWERED:  # its script wrote the reply and acknowledged the entry
-                replies.stats.count(None, call.started)
+                replies.stats.count(None, call.started, call.fn)
             elif isinstance(result, StateError):
                 answer(call.reply, call.id, None, result, call.ref, None, call.started,
                        call.fn)

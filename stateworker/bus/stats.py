@@ -29,10 +29,17 @@ class Stats:
         self.latency_us = 0
         self.buckets = [0] * len(_BUCKET_NAMES)
         self.last_flush = time.monotonic()
+        # Since start, for /metrics (app/metrics.py): calls by (function, code: "OK" for a
+        # success), and the latency buckets and sum less what `buckets` holds still.
+        self.by_function: Counter[tuple[str, str]] = Counter()
+        self.seen_buckets = [0] * len(_BUCKET_NAMES)
+        self.seen_latency_us = 0
 
-    def count(self, error_code: str | None, started: float | None) -> None:
+    def count(self, error_code: str | None, started: float | None, fn: str | None = None
+              ) -> None:
         self.calls += 1
         self.total += 1
+        self.by_function[(fn or "", error_code or "OK")] += 1
         if error_code is not None:
             self.pending[f"errors:{error_code}"] += 1
         if started is not None:
@@ -40,13 +47,21 @@ class Stats:
             self.latency_us += int(elapsed_ms * 1000)
             self.buckets[bisect.bisect_left(LATENCY_BUCKETS_MS, elapsed_ms)] += 1
 
+    def latency(self) -> tuple[list[int], int]:
+        """Since start: the calls in each latency bucket (LATENCY_BUCKETS_MS, then one for
+        longer) and the latencies' sum in microseconds."""
+        return ([seen + now for seen, now in zip(self.seen_buckets, self.buckets, strict=True)],
+                self.seen_latency_us + self.latency_us)
+
     def _collect(self) -> None:
         if self.calls:
             self.pending["calls"] += self.calls
             self.pending["latency_us_sum"] += self.latency_us
-            for name, count in zip(_BUCKET_NAMES, self.buckets, strict=True):
+            self.seen_latency_us += self.latency_us
+            for index, (name, count) in enumerate(zip(_BUCKET_NAMES, self.buckets, strict=True)):
                 if count:
                     self.pending[name] += count
+                    self.seen_buckets[index] += count
             self.calls, self.latency_us = 0, 0
             self.buckets = [0] * len(_BUCKET_NAMES)
 

@@ -68,7 +68,7 @@ class Binding(Generic[R]):
 # set, compare-and-set, diff; KEYS[8..9] for bus calls, KEYS[10..11] answered here (state::set)
 SET = Binding("set", 11, SetReply.read)
 DELETE = Binding("delete", 11, DeleteReply.read)  # KEYS[10..11] as set's (state::delete)
-UPDATE = Binding("update", 9, UpdateReply.read)
+UPDATE = Binding("update", 11, UpdateReply.read)  # KEYS[10..11] as set's (state::update)
 TOPIC = Binding("topic", 9, TopicReply.read)
 SETHASH = Binding("sethash", 1, Moved.read)
 REAP = Binding("reap", 3, ReapReply.read)

@@ -181,7 +181,7 @@ def state_update(state: RedisState, req: UpdateRequest, ctx: CallContext) -> Pla
         req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
         topic=KEEP if req.topic is msgspec.UNSET else req.topic,
-        max_keys=validate.max_keys(req.max_keys), ctx=ctx,
+        max_keys=validate.max_keys(req.max_keys), ctx=ctx, answers=True,
     )
 
 
@@ -327,10 +327,12 @@ class Catalog:
 
 
 # The functions whose script writes a bus call's reply itself where the service lets it
-# (context.Answer): set.lua renders state::set's SetResult, byte for byte as the service
-# encodes it (tests/integration/bus/test_answered.py holds the two against each other);
-# get.lua and delete.lua send the stored value as it is.
-ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name, specs.DELETE.name})
+# (context.Answer): set.lua renders state::set's SetResult and update.lua state::update's
+# UpdateResult (when every op applied), byte for byte as the service encodes them
+# (tests/integration/bus/test_answered.py holds the two against each other); get.lua and
+# delete.lua send the stored value as it is.
+ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name, specs.DELETE.name,
+                                specs.UPDATE.name})
 
 NATIVE = Catalog(NATIVE_SERVED)
 FUNCTIONS = NATIVE.functions  # the native functions (the accessors run these)

@@ -144,13 +144,15 @@ def diff_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
 def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
                 finish: Callable[[UpdateReply], Any], *, ttl_ms: int | None = None,
                 expected_version: int | None = None, topic: str | Keep | None = KEEP,
-                max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
+                max_keys: int | None = None, ctx: CallContext = NO_CONTEXT,
+                answers: bool = False) -> Plan:
     """update.lua with encoded ops (ops.encode_ops); `finish` gets its OK reply. No `ttl_ms`
-    keeps the current expiry."""
+    keeps the current expiry. `answers`: the result is state::update's, which the script
+    writes itself when every op applied (context.Answer)."""
     target = state.target(scope, key, ctx, expected_version=expected_version)
     return state.entry_plan(UPDATE, target, [
         state.settings.max_value_bytes, optional(expected_version), topic_arg(topic),
-        optional(ttl_ms), *op_args, optional(max_keys)], finish)
+        optional(ttl_ms), *op_args, optional(max_keys)], finish, answers=answers)
 
 
 def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,

@@ -267,7 +267,8 @@ async def test_answered_only_on_one_redis(store: StateStore) -> None:
     """A script answers its call (context.Answer: the reply list and the call's stream in
     other slots than the state) only on one Redis, and not when strict waits for a confirm."""
     calls = StateCalls(store.state)
-    assert calls.answers_in_script == {"state::set", "state::get", "state::delete"}
+    assert calls.answers_in_script == {"state::set", "state::get", "state::delete",
+                                       "state::update"}
     store.state.confirm.replicas = 1
     assert calls.answers_in_script == frozenset()
     store.state.confirm.replicas = 0

@@ -34,6 +34,8 @@ ASYNC: dict[str, Command] = {
 
 def serve(args: argparse.Namespace) -> int:
     settings = settings_of(args)
+    if args.http is not None:
+        settings = msgspec.structs.replace(settings, http=args.http)
     options = BusOptions(
         consumer=args.consumer or "", visibility_timeout_ms=args.visibility_timeout_ms,
         grace_s=args.grace_s, concurrency=args.concurrency)
@@ -46,6 +48,7 @@ def serve(args: argparse.Namespace) -> int:
                                    **({"shards": len(svc.bus.streams)}
                                       if len(svc.bus.streams) > 1 else {}),
                                    "consumer": svc.runtime.consumer,
+                                   **({"http": svc.http_address} if svc.http_address else {}),
                                    **svc.runtime.describe}).decode(), flush=True)
 
     tune_gc_for_serving()

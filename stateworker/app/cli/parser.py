@@ -69,6 +69,9 @@ def _serving(sub: Sub) -> None:
     serve.add_argument("--grace-s", type=float, default=10.0,
                        help="on stop, how long calls in flight may take")
     serve.add_argument("--concurrency", type=int, default=1024, help="calls in flight at most")
+    serve.add_argument("--http", default=None, metavar="HOST:PORT",
+                       help="serve the HTTP face there: POST /v1/call/<function>, /metrics, "
+                            "/healthz, /readyz (docs/http.md; default off, STATEWORKER_HTTP)")
     serve.add_argument("--log-level", default="INFO",
                        help="DEBUG, INFO (default), WARNING or ERROR")
 

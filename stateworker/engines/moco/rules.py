@@ -31,7 +31,7 @@ SECRET = "secret"  # moco keeps secrets in the same table, under `secret` and `<
 CACHED_CHARS = 1024  # longer namespace + user id: resolved each time (memory: dagu/rules.py)
 
 
-@register  # (a client raises this class for its code: errors.error_from)
+@register(403)  # (a client raises this class for its code: errors.error_from; HTTP 403)
 class ReservedNamespace(StateError):
     """moco's ReservedNamespaceError: the namespace `secret` or `<anyone>:secret`, which hold
     secrets, named to a `builtin.state.*` function. The code is moco's own class name, so a

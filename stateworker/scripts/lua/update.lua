@@ -20,6 +20,8 @@
       value (compact JSON; increment/decrement: the signed integer to add)
     ARGV[14 + 3 * number of ops] max live keys of the scope when this call creates the key
       ("" for no limit)
+    KEYS[10], KEYS[11] and the last four ARGV (state::update over the bus on one Redis):
+      a call whose every op applied is answered here (entry.lua, entry_answer)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
      {op position, code, detail, ...}, 1}
@@ -30,6 +32,8 @@
       {op index, code, message}.
       code 'append.value_not_string' is append.type_mismatch for a string target and a
       non-string value (the detail: the value's type).
+    {ST.ANSWERED}    (given KEYS[10], every op applied) written, the call's reply LPUSHed
+      and its entry acknowledged
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
     {ST.KEY_LIMIT, live keys, limit}   the key is new and the scope holds max live keys
@@ -73,4 +77,9 @@ if ARGV[11] ~= '' then
   ttl = tonumber(ARGV[11])
 end
 local version = entry_write(ctx, cur, new, false, ARGV[10], ttl, plain)
-return entry_finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors, 1})
+local reply = entry_finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors, 1})
+if KEYS[10] and #errors == 0 then -- state::update's result (schemas.UpdateResult)
+  return entry_answer('{"old_value":' .. (old or 'null') .. ',"new_value":' .. new ..
+    ',"version":' .. string.format('%d', version) .. '}')
+end
+return reply

@@ -1,8 +1,8 @@
-"""`state::set`, `state::get` and `state::delete` answered by their own script (context.Answer: on one Redis
-the script LPUSHes the reply and acknowledges and deletes the call's entry, no second round
-trip): the reply is byte for byte what the service would encode, a retry gets the same bytes
-from the record (rendered by the service), an id reused is refused, nothing is left pending
-or counted wrong."""
+"""`state::set`, `state::get`, `state::delete` and `state::update` answered by their own
+script (context.Answer: on one Redis the script LPUSHes the reply and acknowledges and deletes
+the call's entry, no second round trip): the reply is byte for byte what the service would
+encode, a retry gets the same bytes from the record (rendered by the service), an id reused is
+refused, nothing is left pending or counted wrong."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import reply_document
-from stateworker.schemas import SetResult, encoder
+from stateworker.schemas import SetResult, UpdateResult, encoder
 from tests.integration.busproto import send, until
 
 pytestmark = pytest.mark.anyio
@@ -140,3 +140,30 @@ async def test_a_delete_answered_by_its_script(service: StateService, raw: aredi
     assert missing == reply_document(call_id, b"null", None)
     _, read = await answer_bytes(raw, prefix, "state::get", key)
     assert msgspec.json.decode(read)["result"] is None
+
+
+async def test_an_update_answered_by_its_script(service: StateService, raw: aredis.Redis,
+                                                prefix: str, scope: str) -> None:
+    key = {"scope": scope, "key": "k"}
+    ops = [{"type": "increment", "path": "n", "by": 2},
+           {"type": "set", "path": "s", "value": "caf\u00e9 \"q\""}]
+    call_id, created = await answer_bytes(raw, prefix, "state::update", {**key, "ops": ops},
+                                          call_id='u"1')
+    typed = msgspec.json.decode(msgspec.json.encode(msgspec.json.decode(created)["result"]),
+                                type=UpdateResult)
+    assert created == reply_document(call_id, encoder.encode(typed), None)
+    assert msgspec.json.decode(created)["result"] == {
+        "old_value": None, "new_value": {"n": 2, "s": "caf\u00e9 \"q\""}, "version": 1}
+    _, again = await answer_bytes(raw, prefix, "state::update", {**key, "ops": ops},
+                                  call_id=call_id)
+    assert again == created  # from the record, not applied twice
+    call_id, updated = await answer_bytes(raw, prefix, "state::update", {**key, "ops": ops})
+    assert msgspec.json.decode(updated)["result"] == {
+        "old_value": {"n": 2, "s": "caf\u00e9 \"q\""},
+        "new_value": {"n": 4, "s": "caf\u00e9 \"q\""}, "version": 2}
+    # an op that fails (the others applied): the service writes the reply with its errors
+    _, partly = await answer_bytes(raw, prefix, "state::update", {**key, "ops": [
+        {"type": "increment", "path": "s", "by": 1}, {"type": "increment", "path": "n", "by": 1}]})
+    result = msgspec.json.decode(partly)["result"]
+    assert result["new_value"]["n"] == 5 and [e["code"] for e in result["errors"]] == [
+        "increment.not_number"]

@@ -111,6 +111,13 @@ async def test_a_call_in_flight_is_kept_until_the_visibility_timeout_and_applied
 
 
 # ---- Redis lost in the middle of a batch -----------------------------------------------------
+def in_transaction(scope: str) -> bytes:
+    """`increment` as a transaction's one op: a call the service answers (its script does
+    not: context.Answer)."""
+    return msgspec.json.encode({"scope": scope, "ops": [
+        {"op": "update", "key": "counter", "ops": INCREMENT}]})
+
+
 async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_records(
     redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
 ) -> None:
@@ -130,8 +137,8 @@ async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_recor
                 block_ms=50, visibility_timeout_ms=300, consumer="lost-1")):
             async with raw.pipeline(transaction=True) as pipe:  # one read gets all 16
                 for call_id in ids:
-                    pipe.xadd(stream, {"id": call_id, "fn": "state::update",
-                                       "body": increment(scope), "reply": reply})
+                    pipe.xadd(stream, {"id": call_id, "fn": "state::transaction",
+                                       "body": in_transaction(scope), "reply": reply})
                 await pipe.execute()
 
             async def applied() -> bool:
@@ -149,6 +156,49 @@ async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_recor
         answers = [msgspec.json.decode(d) for d in documents]
         assert sorted(a["id"] for a in answers) == ids and all(a["ok"] for a in answers)
         # answered from the records of the first run: the counter's values 1..16, one each
+        assert sorted(a["result"]["results"][0]["new_value"]["n"] for a in answers) == list(
+            range(1, 17))
+        assert await store.get(scope, "counter") == {"n": 16}
+        assert len(await store.events(scope)) == 16
+    assert await raw.llen(reply) == 0  # one reply per call
+
+
+async def test_redis_lost_mid_batch_of_calls_their_scripts_answered(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
+) -> None:
+    """The same loss for calls whose scripts answer them (state::update, context.Answer):
+    the callers have their replies and the entries are acknowledged while the service still
+    waits for the scripts' own replies; once connected again, nothing runs twice and no
+    second reply is sent."""
+    stream, group, reply = f"{prefix}:bus:state", "state", f"{prefix}:reply:lost"
+    batch = f"fused-{uuid.uuid4().hex[:8]}"
+    ids = [f"{batch}-{i:02d}" for i in range(16)]
+    proxy = FaultProxy(redis_server.port)
+    async with anyio.create_task_group() as tg, StateStore.open(
+            redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
+        await tg.start(proxy.serve)
+        proxy.arm("mute", call_field(ids[0]))
+        async with StateService.running(settings_for(proxy.url, prefix), BusOptions(
+                block_ms=50, visibility_timeout_ms=300, consumer="lost-2")):
+            async with raw.pipeline(transaction=True) as pipe:
+                for call_id in ids:
+                    pipe.xadd(stream, {"id": call_id, "fn": "state::update",
+                                       "body": increment(scope), "reply": reply})
+                await pipe.execute()
+            documents = await pop_replies(raw, reply, 16)  # sent by the scripts themselves
+            assert proxy.triggered.is_set()
+            assert await drained(raw, stream, group)
+            proxy.cut()
+            # served again after the loss: a marker call behind them, answered, so the
+            # service has read whatever it would read again
+            await raw.xadd(stream, {"id": f"after-{ids[0]}", "fn": "state::get",
+                                    "body": msgspec.json.encode({"scope": scope, "key": "x"}),
+                                    "reply": reply})
+            (after,) = await pop_replies(raw, reply, 1)
+            assert msgspec.json.decode(after)["id"] == f"after-{ids[0]}"
+        tg.cancel_scope.cancel()
+        answers = [msgspec.json.decode(d) for d in documents]
+        assert sorted(a["id"] for a in answers) == ids
         assert sorted(a["result"]["new_value"]["n"] for a in answers) == list(range(1, 17))
         assert await store.get(scope, "counter") == {"n": 16}
         assert len(await store.events(scope)) == 16

@@ -71,6 +71,7 @@ def test_compose_runs_redis_postgres_and_two_replicas_started_on_health() -> Non
         f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/"
         f"{pg['POSTGRES_DB']}")
     assert env["STATEWORKER_DURABILITY"] == "fast"  # what redis's appendfsync everysec gives
+    assert env["STATEWORKER_HTTP"] == "0.0.0.0:8080" and worker["expose"] == ["8080"]
 
     dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
     assert "FROM python:3.11-slim" in dockerfile

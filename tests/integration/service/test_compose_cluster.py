@@ -78,7 +78,8 @@ def test_postgres_and_the_service_as_in_compose_yaml_three_replicas_on_seeds() -
         "postgres": {"condition": "service_healthy"}}
     env = worker["environment"]
     assert set(env) == {*one["environment"], "STATEWORKER_BUS_SHARDS"}
-    for same in ("STATEWORKER_POSTGRES_URL", "STATEWORKER_DURABILITY"):
+    assert worker["expose"] == one["expose"]
+    for same in ("STATEWORKER_POSTGRES_URL", "STATEWORKER_DURABILITY", "STATEWORKER_HTTP"):
         assert env[same] == one["environment"][same], same
     assert env["STATEWORKER_BUS_SHARDS"] == "3"  # a string: Compose takes no number there
     seeds = [urlsplit(seed) for seed in env["STATEWORKER_REDIS_URL"].split(",")]

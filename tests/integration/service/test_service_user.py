@@ -34,6 +34,7 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.state import principals
 from stateworker.state.api import StateStore
+from tests.calls import EXPECTED_ERRORS, calls
 from tests.integration.busproto import until
 from tests.integration.snapshots import caught_up
 from tests.servers import RedisServer
@@ -42,9 +43,6 @@ pytestmark = pytest.mark.anyio
 
 PASSWORD = "service-pass"
 ROOT = Path(__file__).resolve().parents[3]
-MOCO = {"user_id": "u1"}
-DAGU = {"dag_name": "etl"}
-Call = tuple[str, dict[str, Any], dict[str, Any] | None]
 
 
 @pytest.fixture(scope="module")
@@ -70,86 +68,6 @@ def refusals(server: RedisServer) -> list[dict[str, Any]]:
                 for e in admin.acl_log()]
 
 
-def calls(prefix: str) -> list[Call]:
-    """Every function of the catalog, native and the engines', once at least (the write
-    paths' retries too: a diff and a Dagu get after an update compute the hash first)."""
-    value = {"n": 1, "tags": ["a", "b"]}
-    return [
-        ("state::set", {"scope": "s", "key": "k", "value": value}, None),
-        ("state::set", {"scope": "s", "key": "short", "value": 1, "ttl_ms": 1}, None),
-        ("state::get", {"scope": "s", "key": "k"}, None),
-        ("state::get-entry", {"scope": "s", "key": "k"}, None),
-        ("state::list", {"scope": "s"}, None),
-        ("state::list_keys", {"scope": "s"}, None),
-        ("state::list_groups", {}, None),
-        ("state::compare-and-set", {"scope": "s", "key": "c", "expected": None, "value": 1},
-         None),
-        ("state::update", {"scope": "s", "key": "u", "ops": [
-            {"type": "increment", "path": "/n", "by": 1}]}, None),
-        ("state::get-many", {"scope": "s", "keys": ["k", "u", "absent"]}, None),  # hash stored
-        ("state::diff", {"scope": "s", "key": "u", "value": {"n": 7}}, None),
-        ("state::list-entries", {"scope": "s"}, None),
-        ("state::create-index", {"scope": "s", "pointer": "/n"}, None),  # (the writes below
-        ("state::query", {"scope": "s", "where": [  # keep it: index.lua, includes/indexes.lua)
-            {"pointer": "/n", "op": "eq", "value": 7}]}, None),
-        ("state::query", {"scope": "s", "where": [
-            {"pointer": "/n", "op": "exists", "value": True}]}, None),
-        ("state::list-indexes", {"scope": "s"}, None),
-        ("state::set", {"scope": "s", "key": "t", "value": 1, "topic": "old"}, None),
-        ("state::update-topic", {"scope": "s", "key": "t", "topic": "older"}, None),
-        ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),
-        ("state::delete-by-prefix", {"scope": "s", "prefix": "sh"}, None),  # "short": expired
-        ("state::delete", {"scope": "s", "key": "gone"}, None),
-        ("state::set-many", {"scope": "s", "entries": [{"key": "m1", "value": 1},
-                                                       {"key": "m2", "value": 2}]}, None),
-        ("state::delete-many", {"scope": "s", "entries": [{"key": "m1"}, {"key": "m9"}]},
-         None),
-        ("state::update", {"scope": "s", "key": "h", "ops": [
-            {"type": "set", "path": "a", "value": 1}]}, None),  # its hash is unknown, so
-        ("state::transaction", {"scope": "s", "ops": [  # the transaction stores it first
-            {"op": "compare-and-set", "key": "h", "expected": {"a": 1}, "value": 2},
-            {"op": "set", "key": "tx", "value": 1, "ttl_ms": 60_000},
-            {"op": "delete", "key": "m2"}]}, None),
-        ("state::drop-index", {"scope": "s", "pointer": "/n"}, None),
-        ("state::set", {"isolation": "workflow", "key": "k", "value": 1, "max_keys": 10},
-         {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
-        ("state::barrier", {"event": {"key": "a"},
-                            "condition_config": {"id": "named", "expect": ["a", "b"]}}, None),
-        ("state::claim-namespace", {"functions_prefix": "mine", "scopes": ["private"]}, None),
-        ("mine::state::compare-and-set", {"scope": "private", "key": "k", "expected": None,
-                                          "value": 1}, None),
-        ("mine::state::get", {"scope": "private", "key": "k"}, None),
-        ("mine::state::list", {"scope": "private"}, None),
-        ("state::list-namespaces", {}, None),
-        ("state::release-namespace", {"scopes": ["private"]}, None),
-        ("state::register-trigger", {"id": "gone", "function_id": "reactor::on_change",
-                                     "service": "reactor", "config": {"scope": "x"},
-                                     "ttl_ms": 60_000}, None),
-        ("state::keep-trigger", {"id": "gone"}, None),
-        ("state::list-triggers", {}, None),
-        ("state::unregister-trigger", {"id": "gone"}, None),
-        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": value,
-                                     "topic": "t"}, MOCO),
-        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
-        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
-        ("builtin.state.list_namespaces", {}, MOCO),
-        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
-        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
-        ("state.set", {"key": "k", "value": value}, DAGU),
-        ("state.set", {"key": "k", "value": 2, "create_only": True}, DAGU),  # CONFLICT
-        ("state.get", {"key": "k"}, DAGU),
-        ("state::update", {"scope": "dagu/dag/etl", "key": "u", "ops": [
-            {"type": "increment", "path": "/n", "by": 1}]}, None),
-        ("state.get", {"key": "u"}, DAGU),
-        ("state.diff", {"key": "d", "value": value}, DAGU),
-        ("state.list", {}, DAGU),
-        ("state.delete", {"key": "gone"}, DAGU),
-    ]
-
-
-EXPECTED_ERRORS = {("state.set", "CONFLICT")}  # create_only on an existing key
 
 
 def test_every_function_of_the_catalog_is_called() -> None:

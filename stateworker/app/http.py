@@ -1,0 +1,203 @@
+"""The service's HTTP face (`stateworker serve --http HOST:PORT`, STATEWORKER_HTTP; off by
+default): a Starlette app served by Hypercorn on the service's own event loop.
+
+    POST /v1/call/{function}   the function's JSON body in, the bus's reply document out
+                               (`{"id":…,"ok":…,"result"|"error":…}`), the error's code
+                               mapped to an HTTP status (errors.HTTP_STATUS)
+    GET  /metrics              Prometheus text (app/metrics.py)
+    GET  /healthz              200 while the process serves
+    GET  /readyz               200 when Redis answers a PING, else 503 naming why
+    /v1.0/state/...            Dapr's state API shape (app/dapr.py)
+
+A call runs in this process as a bus call would (`functions.prepare` on the service's
+catalog, the same plans), so the result is the same bytes. `Idempotency-Key` is the call's
+id: it is bound to its function and body and its reply recorded for the dedupe window, as
+a bus call's id; `X-Stateworker-Context` carries the bus entry's `context` (a JSON object).
+In `acl` mode the call API answers PERMISSION_DENIED: an HTTP caller has no principal yet.
+
+Why Starlette and Hypercorn: Starlette runs on anyio (the project's concurrency), is small
+and well kept; Hypercorn serves ASGI on an asyncio loop the caller already runs and stops on
+a trigger of ours, not on signals it would install (the service owns SIGINT/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config
+from hypercorn.utils import wrap_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from stateworker.app.dapr import dapr_routes
+from stateworker.app.metrics import Metrics
+from stateworker.bus.protocol import call_digest, reply_document
+from stateworker.bus.runtime import BusRuntime
+from stateworker.context import CallContext
+from stateworker.engines.catalog import CATALOG
+from stateworker.errors import (
+    HTTP_STATUS,
+    InternalError,
+    InvalidRequest,
+    PermissionDenied,
+    StateError,
+    ValueTooLarge,
+)
+from stateworker.schemas import encoder
+from stateworker.state import functions
+from stateworker.state.store import RedisState
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.http")
+
+JSON = "application/json"
+MAX_ID_BYTES = 256  # as a bus call's id (bus/protocol.py)
+CONTEXT_HEADER = "x-stateworker-context"
+
+
+def http_app(state: RedisState, runtime: BusRuntime) -> Starlette:
+    """The ASGI app of the HTTP face of the service of `state` and bus `runtime`."""
+    metrics = Metrics(state, runtime)
+
+    async def call(request: Request) -> Response:
+        fn = request.path_params["function"]
+        started = time.perf_counter()
+        call_id = request.headers.get("idempotency-key")
+        try:
+            body = await _body(request, runtime.options.max_body_bytes)
+            result = await _run(state, fn, body, call_id, request.headers.get(CONTEXT_HEADER))
+            document, status, code = reply_document(call_id, result, None), 200, "OK"
+        except StateError as exc:
+            document, status, code = reply_document(call_id, None, exc), _status(exc), exc.code
+        except Exception as exc:  # a bug costs one call, not the server
+            log.exception("HTTP call failed", extra={"event": "http.crashed", "fn": fn})
+            error = InternalError(f"{fn} failed inside the service: {type(exc).__name__}")
+            document, status, code = reply_document(call_id, None, error), 500, error.code
+        metrics.http_call(fn, code, time.perf_counter() - started)
+        return Response(document, status, media_type=JSON)
+
+    async def healthz(_: Request) -> Response:
+        return Response(b'{"status":"ok"}', 200, media_type=JSON)
+
+    async def readyz(_: Request) -> Response:
+        reason = await redis_unready(state)
+        if reason is None:
+            return Response(b'{"status":"ready"}', 200, media_type=JSON)
+        return Response(msgspec.json.encode({"status": "unready", "reason": reason}), 503,
+                        media_type=JSON)
+
+    async def prometheus(_: Request) -> Response:
+        text, content_type = await metrics.exposition()
+        return Response(text, 200, media_type=content_type)
+
+    async def native(fn: str, body: bytes) -> bytes:  # (Dapr's routes call through this)
+        started = time.perf_counter()
+        try:
+            result = await _run(state, fn, body, None, None)
+        except StateError as exc:
+            metrics.http_call(fn, exc.code, time.perf_counter() - started)
+            raise
+        metrics.http_call(fn, "OK", time.perf_counter() - started)
+        return result
+
+    return Starlette(routes=[
+        *dapr_routes(native),
+        Route("/v1/call/{function:path}", call, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ])
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body; VALUE_TOO_LARGE past `limit` bytes (what is past the limit is read
+    and dropped: a reply sent while the client still uploads would reach it as a reset)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise ValueTooLarge(f"body is {size} bytes, more than the limit of {limit} bytes",
+                            {"path": "body", "size": size, "limit": limit})
+    return b"".join(chunks)
+
+
+async def _run(state: RedisState, fn: str, body: bytes, call_id: str | None,
+               context_text: str | None) -> bytes:
+    """One call in this process, as the bus runs it; its result's JSON."""
+    if state.settings.auth == "acl":
+        raise PermissionDenied(
+            "the HTTP call API is off in acl mode: an HTTP caller has no principal to act as; "
+            "call over the bus with the principal's Redis user (docs/http.md)",
+            {"path": "authorization"})
+    if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
+        raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
+                             {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
+    ctx = CallContext(context=_context(context_text), call_id=call_id,
+                      call_digest=None if call_id is None else call_digest(fn, body))
+    return encoder.encode(await state.execute(functions.prepare(state, fn, body, ctx, CATALOG)))
+
+
+def _context(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        context = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"X-Stateworker-Context: not valid JSON: {exc}",
+                             {"path": "X-Stateworker-Context"}) from exc
+    if not isinstance(context, dict):
+        raise InvalidRequest("X-Stateworker-Context: must be a JSON object",
+                             {"path": "X-Stateworker-Context"})
+    return context
+
+
+def _status(error: StateError) -> int:
+    """The HTTP status of an error reply: its code's (errors.HTTP_STATUS); an update op's
+    code (`increment.not_number`, inside a transaction) is 409, a failed precondition."""
+    return HTTP_STATUS.get(error.code, 409 if "." in error.code else 500)
+
+
+async def redis_unready(state: RedisState) -> str | None:
+    """None when Redis answers a PING within a second; else why not."""
+    try:
+        with anyio.fail_after(1.0):
+            await state.conn.execute("PING")
+    except TimeoutError:
+        return f"Redis at {state.conn.shown} did not answer a PING within 1 s"
+    except (ConnectionLost, ReplyError) as exc:
+        return f"Redis at {state.conn.shown}: {exc}"
+    return None
+
+
+async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: anyio.Event, *,
+                     task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Serve the HTTP face on `bind` until `stop` is set; `task_status` gets the address it
+    listens on (`host:port`, the port chosen when `bind` asked for 0)."""
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = log
+    config.graceful_timeout = 2.0
+    sockets = config.create_sockets()  # bound here: the port is known before serving
+    for sock in sockets.insecure_sockets:  # and listening: a client may connect at once
+        sock.listen(config.backlog)
+    name = sockets.insecure_sockets[0].getsockname()
+    address = f"{name[0]}:{name[1]}"
+    log.info("HTTP on http://%s", address, extra={"event": "http.start", "http": address})
+    task_status.started(address)
+    # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
+    # address is known before the first request)
+    app = http_app(state, runtime)  # (Starlette's ASGI types and Hypercorn's are spelled apart)
+    await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                       config, sockets=sockets, shutdown_trigger=stop.wait)

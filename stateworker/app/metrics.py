@@ -1,0 +1,120 @@
+"""`/metrics` of the HTTP face (app/http.py), in Prometheus's text format, from the official
+client library (`prometheus_client`).
+
+The bus's figures are the runtime's own counters (bus/stats.py: kept in process on the hot
+path, read here at scrape time, so serving metrics costs a call nothing); the streams' lag
+and pending, and whether Redis answers, are read from Redis when scraped (one XINFO GROUPS
+per stream, one PING). Each service has a registry of its own (two services in one process,
+as the tests run them, never share a counter).
+
+    stateworker_bus_calls_total{function,code}      calls answered over the bus
+    stateworker_bus_call_seconds                    their latency (histogram)
+    stateworker_bus_pending{stream}                 entries read, not yet acknowledged
+    stateworker_bus_lag{stream}                     entries not yet read (Redis 7's `lag`)
+    stateworker_http_calls_total{function,code}     calls through POST /v1/call
+    stateworker_http_call_seconds{function}         their latency (histogram)
+    stateworker_redis_up                            1 when Redis answered a PING (1 s)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from stateworker.bus.runtime import BusRuntime
+from stateworker.bus.stats import LATENCY_BUCKETS_MS
+from stateworker.state.store import RedisState
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+_BOUNDS_S = [bound / 1000 for bound in LATENCY_BUCKETS_MS]
+
+
+class _Scraped(Collector):
+    """What one scrape read: the bus's counters and what Redis said (set by `Metrics`)."""
+
+    def __init__(self) -> None:
+        self.families: list[Any] = []
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.families
+
+
+class Metrics:
+    """The metrics of one service: `http_call` counts the HTTP face's calls, `exposition`
+    renders everything in the text format."""
+
+    def __init__(self, state: RedisState, runtime: BusRuntime) -> None:
+        self.state = state
+        self.runtime = runtime
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.http_calls = Counter("stateworker_http_calls", "Calls through POST /v1/call.",
+                                  ["function", "code"], registry=self.registry)
+        self.http_seconds = Histogram("stateworker_http_call_seconds",
+                                      "Latency of calls through POST /v1/call.", ["function"],
+                                      buckets=_BOUNDS_S, registry=self.registry)
+        self.scraped = _Scraped()
+        self.registry.register(self.scraped)
+        self.lock = anyio.Lock()
+
+    def http_call(self, fn: str, code: str, seconds: float) -> None:
+        self.http_calls.labels(fn, code).inc()
+        self.http_seconds.labels(fn).observe(seconds)
+
+    async def exposition(self) -> tuple[bytes, str]:
+        """The text format, and its content type."""
+        async with self.lock:  # (one scrape's figures at a time in `scraped`)
+            self.scraped.families = [*self._bus(), *await self._redis()]
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _bus(self) -> list[Any]:
+        stats = self.runtime.stats
+        calls = CounterMetricFamily("stateworker_bus_calls", "Calls answered over the bus.",
+                                    labels=["function", "code"])
+        for (fn, code), count in sorted(stats.by_function.items()):
+            calls.add_metric([fn, code], count)
+        counts, sum_us = stats.latency()
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, _BOUNDS_S), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        latency = HistogramMetricFamily("stateworker_bus_call_seconds",
+                                        "Latency of calls answered over the bus.",
+                                        buckets=buckets, sum_value=sum_us / 1e6)
+        return [calls, latency]
+
+    async def _redis(self) -> list[Any]:
+        conn = self.state.conn
+        up = GaugeMetricFamily("stateworker_redis_up", "1 when Redis answered a PING.")
+        pending = GaugeMetricFamily("stateworker_bus_pending",
+                                    "Bus entries read and not yet acknowledged.", labels=["stream"])
+        lag = GaugeMetricFamily("stateworker_bus_lag", "Bus entries not yet read.",
+                                labels=["stream"])
+        try:
+            with anyio.fail_after(1.0):
+                await conn.execute("PING")
+                for stream in self.runtime.sources.by_stream:
+                    await self._group(stream, pending, lag)
+        except (TimeoutError, ConnectionLost, ReplyError):
+            up.add_metric([], 0)
+            return [up]
+        up.add_metric([], 1)
+        return [up, pending, lag]
+
+    async def _group(self, stream: str, pending: GaugeMetricFamily,
+                     lag: GaugeMetricFamily) -> None:
+        """The service's group on `stream` (none yet, or no stream: left out)."""
+        try:
+            groups = await self.state.conn.execute("XINFO", "GROUPS", stream)
+        except ReplyError:
+            return
+        for group in groups:
+            info = dict(zip(group[::2], group[1::2], strict=False))
+            if info.get(b"name") == self.runtime.bus.group.encode():
+                pending.add_metric([stream], int(info.get(b"pending") or 0))
+                lag.add_metric([stream], int(info.get(b"lag") or 0))

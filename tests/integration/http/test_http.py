@@ -1,0 +1,196 @@
+"""The HTTP face (`serve --http`, app/http.py) with a real HTTP client: every function of the
+catalog through `POST /v1/call/<function>` answers as over the bus, errors carry their
+code's HTTP status, an Idempotency-Key is a call id, `/metrics` parses with the Prometheus
+client's own parser and moves with calls, `/healthz` and `/readyz` tell a dead Redis."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.errors import StateError
+from stateworker.settings import Settings
+from tests.calls import calls
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def http_settings(url: str, prefix: str) -> Settings:
+    return Settings(redis_url=url, prefix=prefix, partitions=4, http="127.0.0.1:0")
+
+
+@pytest.fixture
+async def served(redis_server: RedisServer, prefix: str
+                 ) -> AsyncIterator[tuple[StateService, httpx.AsyncClient]]:
+    async with StateService.running(http_settings(redis_server.url, prefix),
+                                    BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+        yield service, http
+
+
+async def post(http: httpx.AsyncClient, fn: str, body: Any, **headers: str
+               ) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    response = await http.post(f"/v1/call/{fn}", content=data, headers=headers)
+    assert response.headers["content-type"] == "application/json"
+    return response.status_code, msgspec.json.decode(response.content)
+
+
+# What differs between two runs of the same calls: times, stream ids, generated ids.
+VOLATILE_KEYS = {"tx"}  # a transaction's generated id
+VOLATILE_TEXT = re.compile(r"^(\d{13}-\d+|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d.*)$")  # id, time
+
+
+def steady(value: Any) -> Any:
+    """`value` with what differs between runs masked."""
+    if isinstance(value, dict):
+        return {k: "*" if k in VOLATILE_KEYS else steady(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [steady(v) for v in value]
+    if isinstance(value, str) and VOLATILE_TEXT.match(value):
+        return "*"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 10**12:
+        return "*"  # an epoch ms
+    return value
+
+
+async def test_every_function_over_http_answers_as_over_the_bus(
+        redis_server: RedisServer, prefix: str) -> None:
+    """The catalog's calls, in order, on two prefixes: one over the bus, one over HTTP."""
+    bus_settings = Settings(redis_url=redis_server.url, prefix=f"{prefix}b", partitions=4)
+    over_bus: list[Any] = []
+    async with StateService.running(bus_settings, BusOptions(block_ms=50)), \
+            StateClient(settings=bus_settings, timeout=30) as client:
+        for fn, body, context in calls(bus_settings.prefix):
+            try:
+                result = await client.call_json(fn, msgspec.json.encode(body), context=context)
+                over_bus.append((fn, "OK", msgspec.json.decode(result)))
+            except StateError as exc:
+                over_bus.append((fn, exc.code, exc.message))
+    http_prefix = f"{prefix}h"
+    over_http: list[Any] = []
+    async with StateService.running(http_settings(redis_server.url, http_prefix),
+                                    BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+        for fn, body, context in calls(http_prefix):
+            headers = {} if context is None else {
+                "X-Stateworker-Context": msgspec.json.encode(context).decode()}
+            status, document = await post(http, fn, body, **headers)
+            if document["ok"]:
+                assert status == 200
+                over_http.append((fn, "OK", document["result"]))
+            else:
+                over_http.append((fn, document["error"]["code"], document["error"]["message"]))
+    assert len(over_http) == len(over_bus) > 40
+    for bus, http in zip(over_bus, over_http, strict=True):
+        assert steady(http) == steady(bus)
+
+
+async def test_errors_carry_their_codes_status(
+        served: tuple[StateService, httpx.AsyncClient], scope: str) -> None:
+    service, http = served
+    k = {"scope": scope, "key": "k"}
+    status, document = await post(http, "state::set", {**k, "value": 1})
+    assert (status, document["result"]["version"], document["id"]) == (200, 1, None)
+    status, document = await post(http, "state::set", {**k, "value": 2, "expected_version": 7})
+    assert (status, document["error"]["code"]) == (409, "CONFLICT")
+    status, document = await post(http, "state::nope", {})
+    assert (status, document["error"]["code"]) == (404, "UNKNOWN_FUNCTION")
+    status, document = await post(http, "state::set", b'{"scope": ')
+    assert (status, document["error"]["code"]) == (400, "INVALID_REQUEST")
+    status, document = await post(http, "state::set", {**k, "value": 1, "ttl_ms": -1})
+    assert (status, document["error"]["details"]["path"]) == (400, "$.ttl_ms")
+    too_big = b'{"scope":"s","key":"k","value":"' + b"x" * service.runtime.options.max_body_bytes
+    status, document = await post(http, "state::set", too_big + b'"}')
+    assert (status, document["error"]["code"]) == (413, "VALUE_TOO_LARGE")
+    status, document = await post(http, "state::get", k, **{"X-Stateworker-Context": "[1]"})
+    assert (status, document["error"]["details"]["path"]) == (400, "X-Stateworker-Context")
+    response = await http.get("/v1/call/state::get")
+    assert response.status_code == 405
+
+
+async def test_an_idempotency_key_is_a_call_id(
+        served: tuple[StateService, httpx.AsyncClient], scope: str) -> None:
+    _, http = served
+    body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "n", "by": 1}]}
+    status, first = await post(http, "state::update", body, **{"Idempotency-Key": "inc-1"})
+    assert status == 200 and first["id"] == "inc-1" and first["result"]["new_value"] == {"n": 1}
+    _, again = await post(http, "state::update", body, **{"Idempotency-Key": "inc-1"})
+    assert again == first  # applied once: the recorded reply
+    status, other = await post(http, "state::update", {**body, "key": "m"},
+                               **{"Idempotency-Key": "inc-1"})
+    assert (status, other["error"]["code"]) == (409, "CALL_ID_REUSED")
+    _, read = await post(http, "state::get", {"scope": scope, "key": "n"})
+    assert read["result"] == {"n": 1}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page, parsed by the Prometheus client's own parser."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def test_metrics_move_with_calls(redis_server: RedisServer,
+                                       served: tuple[StateService, httpx.AsyncClient],
+                                       prefix: str, scope: str) -> None:
+    service, http = served
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    async with StateClient(settings=settings) as client:
+        for i in range(5):
+            await client.call_json("state::set", msgspec.json.encode(
+                {"scope": scope, "key": f"k{i}", "value": i}))
+        with pytest.raises(StateError):
+            await client.call_json("state::get", b'{"scope": 1}')
+    for _ in range(3):
+        await post(http, "state::get", {"scope": scope, "key": "k1"})
+    await post(http, "state::get", {"scope": 1})
+    response = await http.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith(
+        "text/plain")
+    got = samples(response.text)
+    bus = "stateworker_bus_calls_total"
+    assert got[(bus, (("code", "OK"), ("function", "state::set")))] == 5
+    assert got[(bus, (("code", "INVALID_REQUEST"), ("function", "state::get")))] == 1
+    assert got[("stateworker_bus_call_seconds_count", ())] == 6
+    http_calls = "stateworker_http_calls_total"
+    assert got[(http_calls, (("code", "OK"), ("function", "state::get")))] == 3
+    assert got[(http_calls, (("code", "INVALID_REQUEST"), ("function", "state::get")))] == 1
+    assert got[("stateworker_http_call_seconds_count", (("function", "state::get"),))] == 4
+    assert got[("stateworker_redis_up", ())] == 1
+    stream = (("stream", service.bus.stream),)
+    assert got[("stateworker_bus_pending", stream)] == 0
+    assert got[("stateworker_bus_lag", stream)] == 0
+
+
+async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        async with StateService.running(http_settings(server.url, prefix),
+                                        BusOptions(block_ms=50)) as service, \
+                httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+            assert (await http.get("/healthz")).status_code == 200
+            ready = await http.get("/readyz")
+            assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+            server.kill()
+            unready = await http.get("/readyz")
+            assert unready.status_code == 503 and server.url.split("//")[1] in unready.json()[
+                "reason"]
+            assert (await http.get("/healthz")).status_code == 200
+            metrics = samples((await http.get("/metrics")).text)
+            assert metrics[("stateworker_redis_up", ())] == 0
+            status, document = await post(http, "state::get", {"scope": "s", "key": "k"})
+            assert (status, document["error"]["code"]) == (503, "UNAVAILABLE")
+    finally:
+        server.kill()
