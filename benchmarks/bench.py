@@ -27,6 +27,7 @@ from benchmarks import (
     bench_engines,
     bench_floor,
     bench_getmany,
+    bench_http,
     bench_query,
     bench_reactive,
     bench_shards,
@@ -86,6 +87,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "getmany" in sections:  # a service and a store of their own prefix
                 figures["getmany"] = await bench_getmany.getmany_section(
                     server.url, seconds, rounds, out)
+            if "http" in sections:  # two services of their own prefixes, HTTP off and on
+                figures["http"] = await bench_http.http_section(server.url, seconds, rounds, out)
             if "txn" in sections:  # a service and a store of their own prefix
                 figures["txn"] = await bench_txn.txn_section(server.url, seconds, rounds, out)
             if sections & {"store", "update", "list"}:
@@ -243,7 +246,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor")
+            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

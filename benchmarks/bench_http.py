@@ -1,0 +1,115 @@
+"""The HTTP face's cost (`scripts/bench --sections http`; issue 25): in one run, alternated,
+
+1. bus `state::set` at 64 in flight through a service with the HTTP face on and `/metrics`
+   scraped every 0.25 s, against the same through a service with it off (target >= 0.95);
+2. `POST /v1/call/state::get` at 64 in flight (httpx, one connection pool) against bus
+   `state::get` at 64 on the same service.
+
+Both services are `stateworker serve` processes on the run's Redis, each on its own prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import statistics
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+
+from benchmarks.benchtime import timed
+from stateworker.bus.client import StateClient
+from stateworker.settings import Settings
+
+VALUE = b'{"n":1,"name":"bench","tags":["a","b"],"ok":true}'
+SCRAPE_EVERY_S = 0.25
+
+
+def serve(url: str, prefix: str, http: bool) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A `stateworker serve` and its start line (JSON), once it serves (within 30 s)."""
+    env = {**os.environ, "STATEWORKER_PREFIX": prefix}
+    args = [sys.executable, "-m", "stateworker", "--redis-url", url, "serve",
+            "--log-level", "WARNING", *(["--http", "127.0.0.1:0"] if http else [])]
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 30)
+    line = process.stdout.readline() if ready else ""
+    if '"serving"' not in line:
+        process.kill()
+        raise RuntimeError(f"the service did not start for the benchmark: {line!r}")
+    return process, msgspec.json.decode(line)
+
+
+@contextlib.asynccontextmanager
+async def scraping(http: httpx.AsyncClient) -> AsyncIterator[list[int]]:
+    """GET /metrics every SCRAPE_EVERY_S while the block runs; the scrapes' sizes."""
+    sizes: list[int] = []
+    async with anyio.create_task_group() as tg:
+        async def scrape() -> None:
+            while True:
+                sizes.append(len((await http.get("/metrics")).content))
+                await anyio.sleep(SCRAPE_EVERY_S)  # a pace, not a wait for something
+
+        tg.start_soon(scrape)
+        yield sizes
+        tg.cancel_scope.cancel()
+
+
+async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+    off, _ = serve(url, "benchhttpoff", http=False)
+    on, line = serve(url, "benchhttpon", http=True)
+    rates: dict[str, list[float]] = {"off": [], "on": [], "http_get": [], "bus_get": []}
+    scrapes = 0
+    try:
+        async with StateClient(settings=Settings(redis_url=url, prefix="benchhttpoff")) as c_off, \
+                StateClient(settings=Settings(redis_url=url, prefix="benchhttpon")) as c_on, \
+                httpx.AsyncClient(base_url=f"http://{line['http']}", limits=httpx.Limits(
+                    max_connections=64)) as web:
+            def setter(client: StateClient) -> Any:
+                async def op(w: int, i: int) -> Any:
+                    return await client.call_json(
+                        "state::set", b'{"scope":"s","key":"k%d","value":%s}' % (w, VALUE))
+                return op
+
+            async def bus_get(w: int, i: int) -> Any:
+                return await c_on.call_json("state::get", b'{"scope":"s","key":"k%d"}' % w)
+
+            async def http_get(w: int, i: int) -> Any:
+                response = await web.post("/v1/call/state::get",
+                                          content=b'{"scope":"s","key":"k%d"}' % w)
+                assert response.status_code == 200, response.text
+                return response
+
+            await setter(c_off)(0, 0)
+            await setter(c_on)(0, 0)
+            for _ in range(rounds):
+                rates["off"].append((await timed(setter(c_off), 64, seconds))[0])
+                async with scraping(web) as sizes:
+                    rates["on"].append((await timed(setter(c_on), 64, seconds))[0])
+                scrapes += len(sizes)
+                rates["bus_get"].append((await timed(bus_get, 64, seconds))[0])
+                rates["http_get"].append((await timed(http_get, 64, seconds))[0])
+    finally:
+        for process in (off, on):
+            process.terminate()
+            process.wait(timeout=30)
+    figures: dict[str, Any] = {name: round(statistics.median(values))
+                               for name, values in rates.items()}
+    figures["on_vs_off"] = round(figures["on"] / figures["off"], 3)
+    figures["http_get_vs_bus_get"] = round(figures["http_get"] / figures["bus_get"], 3)
+    figures["scrapes"] = scrapes
+    print(f"\n{'HTTP face (issue 25)':<46}{'ours':>9}  {'reference':<34}{'ref':>9}{'ratio':>7}"
+          f"  target", file=out)
+    print(f"{'bus set/s, 64, HTTP on + /metrics each 0.25 s':<46}{figures['on']:>9,}  "
+          f"{'bus set/s, 64, HTTP off':<34}{figures['off']:>9,}{figures['on_vs_off']:>7.2f}"
+          f"  >= 0.95", file=out)
+    print(f"{'POST /v1/call/state::get/s, 64':<46}{figures['http_get']:>9,}  "
+          f"{'bus state::get/s, 64':<34}{figures['bus_get']:>9,}"
+          f"{figures['http_get_vs_bus_get']:>7.2f}  (measured)", file=out)
+    return figures
