@@ -28,6 +28,7 @@ from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import LEASE, lease_call
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
+from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.leases")
 
@@ -73,6 +74,9 @@ class Leases:
             ["ZREMRANGEBYSCORE", self.replicas, "-inf", now - LIVE_FACTOR * self.lease_ms],
             ["ZCARD", self.replicas],
         ])
+        failed = next((r for r in replies if isinstance(r, ReplyError)), None)
+        if failed is not None:  # (LOADING after a restart ...: the dispatcher pauses)
+            raise failed
         live = max(1, int(replies[2]))
         self.share = math.ceil(self.state.settings.partitions / live)
 
