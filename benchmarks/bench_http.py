@@ -2,8 +2,8 @@
 
 1. bus `state::set` at 64 in flight through a service with the HTTP face on and `/metrics`
    scraped every 0.25 s, against the same through a service with it off (target >= 0.95);
-2. `POST /v1/call/state::get` at 64 in flight (httpx, one connection pool) against bus
-   `state::get` at 64 on the same service.
+2. `POST /v1/call/state::get` at 64 in flight (64 keep-alive connections of a lean client,
+   `KeepAlive`) against bus `state::get` at 64 on the same service.
 
 Both services are `stateworker serve` processes on the run's Redis, each on its own prefix.
 """
@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import msgspec
 
@@ -46,6 +47,45 @@ def serve(url: str, prefix: str, http: bool) -> tuple[subprocess.Popen[str], dic
     return process, msgspec.json.decode(line)
 
 
+class KeepAlive:
+    """A lean HTTP/1.1 client: one keep-alive connection, one request at a time, the reply
+    read by its Content-Length. (httpx cost this machine ~3 ms of its own per request, 10x
+    what the server takes: the figure would have been the client's.)"""
+
+    def __init__(self, address: str) -> None:
+        self.host, _, port = address.rpartition(":")
+        self.port = int(port)
+        self.stream: anyio.abc.SocketStream | None = None
+        self.buffer = b""
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            return await self._post(path, body)
+        except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed while idle (keep-
+            await self.aclose()  # alive timeout, 5 s): once more on a new connection
+            return await self._post(path, body)
+
+    async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.stream is None:
+            self.stream = await anyio.connect_tcp(self.host, self.port)
+        await self.stream.send(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Length: %d\r\n\r\n%s"
+                               % (path.encode(), len(body), body))
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += await self.stream.receive()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        while len(self.buffer) < length:
+            self.buffer += await self.stream.receive()
+        reply, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(head.split(b" ", 2)[1]), reply
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+        self.stream, self.buffer = None, b""
+
+
 @contextlib.asynccontextmanager
 async def scraping(http: httpx.AsyncClient) -> AsyncIterator[list[int]]:
     """GET /metrics every SCRAPE_EVERY_S while the block runs; the scrapes' sizes."""
@@ -66,6 +106,7 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
     on, line = serve(url, "benchhttpon", http=True)
     rates: dict[str, list[float]] = {"off": [], "on": [], "http_get": [], "bus_get": []}
     scrapes = 0
+    clients = [KeepAlive(line["http"]) for _ in range(64)]  # one connection per caller
     try:
         async with StateClient(settings=Settings(redis_url=url, prefix="benchhttpoff")) as c_off, \
                 StateClient(settings=Settings(redis_url=url, prefix="benchhttpon")) as c_on, \
@@ -81,10 +122,10 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
                 return await c_on.call_json("state::get", b'{"scope":"s","key":"k%d"}' % w)
 
             async def http_get(w: int, i: int) -> Any:
-                response = await web.post("/v1/call/state::get",
-                                          content=b'{"scope":"s","key":"k%d"}' % w)
-                assert response.status_code == 200, response.text
-                return response
+                status, reply = await clients[w].post("/v1/call/state::get",
+                                                      b'{"scope":"s","key":"k%d"}' % w)
+                assert status == 200, reply
+                return reply
 
             await setter(c_off)(0, 0)
             await setter(c_on)(0, 0)
@@ -96,6 +137,8 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
                 rates["bus_get"].append((await timed(bus_get, 64, seconds))[0])
                 rates["http_get"].append((await timed(http_get, 64, seconds))[0])
     finally:
+        for client in clients:
+            await client.aclose()
         for process in (off, on):
             process.terminate()
             process.wait(timeout=30)

@@ -28,6 +28,8 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
 from stateworker.errors import CallTimeout, StateError, Unavailable
+from stateworker.reactive.leases import Leases
+from stateworker.state.api import StateStore
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
 from tests.integration.services import settings_for
@@ -112,6 +114,39 @@ async def test_clients_and_worker_ride_out_a_restart_that_loads(tmp_path: Path,
     try:
         await anyio.to_thread.run_sync(server.fill, LOAD_KEYS)
         await restart_under_load(server, prefix)
+    finally:
+        server.kill()
+
+
+async def test_the_dispatchers_heartbeat_meets_loading_as_redis_away(tmp_path: Path,
+                                                                      prefix: str) -> None:
+    """After a restart, the dispatcher's heartbeat (one pipeline) meets LOADING replies: it
+    raises the ReplyError, which the dispatcher pauses on, not a TypeError it logs as a
+    crash of its own."""
+    server = LoadingRedis(tmp_path / "redis")
+    server.start()
+    try:
+        await anyio.to_thread.run_sync(server.fill, LOAD_KEYS)
+        async with StateStore.open(server.url, prefix=prefix, partitions=4,
+                                   reaper=False) as store:
+            leases = Leases(store.state, "token")
+            await leases.beat()
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=10)
+            server.launch()
+            with anyio.fail_after(10):
+                while not await loading(server.port):
+                    await anyio.sleep(0.005)  # polling until it answers, LOADING
+                while True:  # (the first beat may meet the connection the kill broke)
+                    try:
+                        await leases.beat()
+                    except ConnectionLost:
+                        continue
+                    except ReplyError as exc:
+                        assert str(exc).startswith("LOADING"), exc
+                        break
+                    raise AssertionError("a heartbeat succeeded while Redis was loading")
     finally:
         server.kill()
 
