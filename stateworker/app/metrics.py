@@ -14,6 +14,12 @@ as the tests run them, never share a counter).
     stateworker_http_calls_total{function,code}     calls through POST /v1/call
     stateworker_http_call_seconds{function}         their latency (histogram)
     stateworker_redis_up                            1 when Redis answered a PING (1 s)
+    stateworker_triggers                            triggers registered
+    stateworker_dispatch_total{counter}             the dispatch's counters (all replicas)
+    stateworker_dispatch_lag_events{partition}      events not yet handed on, and the age
+    stateworker_dispatch_lag_seconds{partition}     of the oldest of them
+    stateworker_snapshot_lag_events{partition}      the same for the snapshot in PostgreSQL
+    stateworker_snapshot_lag_seconds{partition}     (when one runs for the prefix)
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from prometheus_client.registry import Collector
 
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.stats import LATENCY_BUCKETS_MS
+from stateworker.reactive.status import dispatch_status
+from stateworker.snapshot.status import snapshot_status
 from stateworker.state.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -104,7 +112,29 @@ class Metrics:
             up.add_metric([], 0)
             return [up]
         up.add_metric([], 1)
-        return [up, pending, lag]
+        try:
+            with anyio.fail_after(5.0):
+                followers = await self._followers()
+        except (TimeoutError, ConnectionLost, ReplyError):
+            followers = []  # (Redis went away meanwhile: the next scrape says so)
+        return [up, pending, lag, *followers]
+
+    async def _followers(self) -> list[Any]:
+        """The dispatch's and the snapshot's lag per partition, as `status` reports them
+        (reactive/status.py, snapshot/status.py), and the dispatch's counters."""
+        conn, keys = self.state.conn, self.state.keys
+        dispatch = await dispatch_status(conn, keys)
+        triggers = GaugeMetricFamily("stateworker_triggers", "Triggers registered.")
+        triggers.add_metric([], dispatch["triggers"])
+        counters = CounterMetricFamily("stateworker_dispatch", "The dispatch's counters, "
+                                       "summed over replicas.", labels=["counter"])
+        for name, count in sorted(dispatch["counters"].items()):
+            counters.add_metric([name], count)
+        families = [triggers, counters, *_lags("dispatch", dispatch["partitions"])]
+        snapshot = await snapshot_status(conn, keys)
+        if snapshot is not None:
+            families += _lags("snapshot", snapshot["partitions"])
+        return families
 
     async def _group(self, stream: str, pending: GaugeMetricFamily,
                      lag: GaugeMetricFamily) -> None:
@@ -118,3 +148,18 @@ class Metrics:
             if info.get(b"name") == self.runtime.bus.group.encode():
                 pending.add_metric([stream], int(info.get(b"pending") or 0))
                 lag.add_metric([stream], int(info.get(b"lag") or 0))
+
+
+def _lags(what: str, partitions: list[dict[str, Any]]) -> list[Any]:
+    """`stateworker_<what>_lag_events` and `_lag_seconds` per partition."""
+    events = GaugeMetricFamily(f"stateworker_{what}_lag_events",
+                               f"Events the {what} has not passed yet.", labels=["partition"])
+    seconds = GaugeMetricFamily(f"stateworker_{what}_lag_seconds",
+                                f"Age of the oldest event the {what} has not passed.",
+                                labels=["partition"])
+    for row in partitions:
+        label = [str(row["partition"])]
+        events.add_metric(label, row["lag_events"])
+        if row["lag_ms"] is not None:
+            seconds.add_metric(label, row["lag_ms"] / 1000)
+    return [events, seconds]

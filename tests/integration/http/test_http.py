@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import msgspec
 import pytest
@@ -194,3 +195,27 @@ async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: st
             assert (status, document["error"]["code"]) == (503, "UNAVAILABLE")
     finally:
         server.kill()
+
+
+async def test_metrics_show_the_dispatch(served: tuple[StateService, httpx.AsyncClient],
+                                         scope: str) -> None:
+    _, http = served
+    status, _ = await post(http, "state::register-trigger", {
+        "id": "watch", "function_id": "reactor::on_change", "service": "reactor",
+        "config": {"scope": scope}})
+    assert status == 200
+    for i in range(3):
+        await post(http, "state::set", {"scope": scope, "key": f"k{i}", "value": i})
+    await post(http, "state::set", {"scope": f"{scope}-other", "key": "k", "value": 1})
+
+    async def dispatched() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples((await http.get("/metrics")).text)
+
+    calls = ("stateworker_dispatch_total", (("counter", "handler_calls"),))
+    with anyio.fail_after(10):  # the dispatch's counters reach Redis once a round (1 s)
+        while (got := await dispatched()).get(calls) != 3:
+            await anyio.sleep(0.05)  # polling the counters
+    assert got[("stateworker_triggers", ())] == 1
+    lagged = {labels for name, labels in got if name == "stateworker_dispatch_lag_events"}
+    assert lagged == {(("partition", str(n)),) for n in range(4)}
+    assert not any(name.startswith("stateworker_snapshot") for name, _ in got)  # none runs
