@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from stateworker.app.batches import Batches
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.metrics import Metrics
 from stateworker.bus.protocol import call_digest, reply_document
@@ -63,8 +64,9 @@ MAX_ID_BYTES = 256  # as a bus call's id (bus/protocol.py)
 CONTEXT_HEADER = "x-stateworker-context"
 
 
-def http_app(state: RedisState, runtime: BusRuntime) -> Starlette:
-    """The ASGI app of the HTTP face of the service of `state` and bus `runtime`."""
+def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starlette:
+    """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
+    run through `batches` (app/batches.py)."""
     metrics = Metrics(state, runtime)
 
     async def call(request: Request) -> Response:
@@ -73,7 +75,8 @@ def http_app(state: RedisState, runtime: BusRuntime) -> Starlette:
         call_id = request.headers.get("idempotency-key")
         try:
             body = await _body(request, runtime.options.max_body_bytes)
-            result = await _run(state, fn, body, call_id, request.headers.get(CONTEXT_HEADER))
+            result = await _run(state, batches, fn, body, call_id,
+                                request.headers.get(CONTEXT_HEADER))
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), _status(exc), exc.code
@@ -101,7 +104,7 @@ def http_app(state: RedisState, runtime: BusRuntime) -> Starlette:
     async def native(fn: str, body: bytes) -> bytes:  # (Dapr's routes call through this)
         started = time.perf_counter()
         try:
-            result = await _run(state, fn, body, None, None)
+            result = await _run(state, batches, fn, body, None, None)
         except StateError as exc:
             metrics.http_call(fn, exc.code, time.perf_counter() - started)
             raise
@@ -132,9 +135,10 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _run(state: RedisState, fn: str, body: bytes, call_id: str | None,
+async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
                context_text: str | None) -> bytes:
-    """One call in this process, as the bus runs it; its result's JSON."""
+    """One call in this process, as the bus runs it (with the other calls in flight: one
+    pipeline); its result's JSON."""
     if state.settings.auth == "acl":
         raise PermissionDenied(
             "the HTTP call API is off in acl mode: an HTTP caller has no principal to act as; "
@@ -145,7 +149,10 @@ async def _run(state: RedisState, fn: str, body: bytes, call_id: str | None,
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
     ctx = CallContext(context=_context(context_text), call_id=call_id,
                       call_digest=None if call_id is None else call_digest(fn, body))
-    return encoder.encode(await state.execute(functions.prepare(state, fn, body, ctx, CATALOG)))
+    result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
+    if isinstance(result, StateError):
+        raise result
+    return encoder.encode(result)
 
 
 def _context(text: str | None) -> dict[str, Any]:
@@ -198,6 +205,10 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     task_status.started(address)
     # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
     # address is known before the first request)
-    app = http_app(state, runtime)  # (Starlette's ASGI types and Hypercorn's are spelled apart)
-    await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
-                       config, sockets=sockets, shutdown_trigger=stop.wait)
+    batches = Batches(state)
+    app = http_app(state, runtime, batches)  # (Starlette's ASGI types and Hypercorn's differ)
+    async with anyio.create_task_group() as tg:
+        await tg.start(batches.run)
+        await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
+                           config, sockets=sockets, shutdown_trigger=stop.wait)
+        tg.cancel_scope.cancel()

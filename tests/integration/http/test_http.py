@@ -219,3 +219,31 @@ async def test_metrics_show_the_dispatch(served: tuple[StateService, httpx.Async
     lagged = {labels for name, labels in got if name == "stateworker_dispatch_lag_events"}
     assert lagged == {(("partition", str(n)),) for n in range(4)}
     assert not any(name.startswith("stateworker_snapshot") for name, _ in got)  # none runs
+
+
+async def test_calls_in_flight_run_together_and_each_gets_its_own_result(
+        served: tuple[StateService, httpx.AsyncClient], scope: str) -> None:
+    """64 requests at once: one pipeline for many of them (app/batches.py), and still each
+    its own reply: 64 increments of one counter answer 1..64, once each."""
+    service, http = served
+    sizes: list[int] = []
+    execute_many = service.state.execute_many
+
+    async def spied(plans: Any, *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(plans))
+        return await execute_many(plans, *args, **kwargs)
+
+    service.state.execute_many = spied  # type: ignore[method-assign]
+    body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "n", "by": 1}]}
+    seen: list[int] = []
+
+    async def one() -> None:
+        status, document = await post(http, "state::update", body)
+        assert status == 200, document
+        seen.append(document["result"]["new_value"]["n"])
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(64):
+            tg.start_soon(one)
+    assert sorted(seen) == list(range(1, 65))
+    assert max(sizes) > 1, sizes  # (the reaper and others run plans of their own too)
