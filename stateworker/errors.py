@@ -315,6 +315,14 @@ HTTP_STATUS: dict[str, int] = {
     "DEADLINE_EXCEEDED": 504, "TIMEOUT": 504,
 }
 
+
+
+def http_status(code: str) -> int:
+    """The HTTP status of an error reply with `code` (HTTP_STATUS; an update op's code, such
+    as `increment.not_number` inside a transaction, is 409: a failed precondition)."""
+    return HTTP_STATUS.get(code, 409 if "." in code else 500)
+
+
 E = TypeVar("E", bound=StateError)
 
 

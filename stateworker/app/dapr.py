@@ -23,9 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stateworker.errors import HTTP_STATUS, InvalidRequest, StateError
+from stateworker.errors import InvalidRequest, StateError, http_status
 
 Caller = Callable[[str, bytes], Awaitable[bytes]]  # (function, JSON body) -> result JSON
+Reader = Callable[[Request], Awaitable[bytes]]  # a request's body, refused past the limit
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
 
@@ -75,10 +76,11 @@ class Query(msgspec.Struct):
     page: Page = msgspec.field(default_factory=Page)
 
 
-def dapr_routes(call: Caller) -> list[Route]:
-    """The Dapr state routes, each calling native functions through `call`."""
+def dapr_routes(call: Caller, read: Reader) -> list[Route]:
+    """The Dapr state routes, each calling native functions through `call`, reading its
+    body with `read` (the HTTP face's size limit)."""
     async def save(request: Request) -> Response:
-        items = _decode(await request.body(), list[Item], "body")
+        items = _decode(await read(request), list[Item], "body")
         ops = [_upsert(item, f"$[{i}]") for i, item in enumerate(items)]
         await call("state::transaction", _json({"scope": _store(request), "ops": ops}))
         return Response(status_code=204)
@@ -98,7 +100,7 @@ def dapr_routes(call: Caller) -> list[Route]:
         return Response(status_code=204)
 
     async def bulk(request: Request) -> Response:
-        keys = _decode(await request.body(), Bulk, "body").keys
+        keys = _decode(await read(request), Bulk, "body").keys
         got = msgspec.json.decode(await call("state::get-many", _json(
             {"scope": _store(request), "keys": keys})), type=Entries)
         items = [{"key": key, "data": entry.value, "etag": str(entry.version)}
@@ -107,13 +109,13 @@ def dapr_routes(call: Caller) -> list[Route]:
         return Response(msgspec.json.encode(items), 200, media_type=JSON)
 
     async def transaction(request: Request) -> Response:
-        operations = _decode(await request.body(), Transaction, "body").operations
+        operations = _decode(await read(request), Transaction, "body").operations
         ops = [_operation(op, f"$.operations[{i}]") for i, op in enumerate(operations)]
         await call("state::transaction", _json({"scope": _store(request), "ops": ops}))
         return Response(status_code=204)
 
     async def query(request: Request) -> Response:
-        asked = _decode(await request.body(), Query, "body")
+        asked = _decode(await read(request), Query, "body")
         if asked.sort:
             raise InvalidRequest("$.sort: not supported: results come in key order",
                                  {"path": "$.sort"})
@@ -145,8 +147,7 @@ def _dapr(handler: Handler) -> Handler:
             return await handler(request)
         except StateError as exc:
             body = {"errorCode": exc.code, "message": exc.message, "details": exc.details}
-            return Response(msgspec.json.encode(body), HTTP_STATUS.get(exc.code, 500),
-                            media_type=JSON)
+            return Response(msgspec.json.encode(body), http_status(exc.code), media_type=JSON)
 
     return answered
 
@@ -158,7 +159,7 @@ def _json(value: Any) -> bytes:
 def _decode(body: bytes, type_: Any, where: str) -> Any:
     try:
         return msgspec.json.decode(body, type=type_)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(f"{where}: {exc}", {"path": where}) from exc
 
 
@@ -185,7 +186,7 @@ def _upsert(item: Item, where: str) -> dict[str, Any]:
     op: dict[str, Any] = {"op": "set", "key": item.key, "value": item.value,
                           **_version(item.etag, f"{where}.etag")}
     ttl = item.metadata.get("ttlInSeconds")
-    if ttl is not None:
+    if ttl is not None and ttl != "-1":  # (-1: Dapr's "never expire", as no ttl)
         if not ttl.isdigit():
             raise InvalidRequest(f"{where}.metadata.ttlInSeconds: a whole number of seconds, "
                                  f"got {ttl!r}", {"path": f"{where}.metadata.ttlInSeconds"})
@@ -203,8 +204,10 @@ def _operation(operation: Operation, where: str) -> dict[str, Any]:
                          f"{operation.operation!r}", {"path": f"{where}.operation"})
 
 
-def _where(node: dict[str, Any], where: str = "$.filter") -> list[dict[str, Any]]:
+def _where(node: Any, where: str = "$.filter") -> list[dict[str, Any]]:
     """Dapr's filter as the query's `where` list: EQ and IN on a dotted path, AND of them."""
+    if not isinstance(node, dict):
+        raise InvalidRequest(f"{where}: must be an object (EQ, IN or AND)", {"path": where})
     if not node:
         return [{"pointer": "", "op": "exists", "value": True}]
     if len(node) != 1:

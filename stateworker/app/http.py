@@ -45,12 +45,12 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
 from stateworker.engines.catalog import CATALOG
 from stateworker.errors import (
-    HTTP_STATUS,
     InternalError,
     InvalidRequest,
     PermissionDenied,
     StateError,
     ValueTooLarge,
+    http_status,
 )
 from stateworker.schemas import encoder
 from stateworker.state import functions
@@ -76,16 +76,21 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         try:
             body = await _body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
-                                request.headers.get(CONTEXT_HEADER))
+                                request.headers.get(CONTEXT_HEADER),
+                                runtime.options.max_context_bytes)
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
-            document, status, code = reply_document(call_id, None, exc), _status(exc), exc.code
+            document, status, code = reply_document(call_id, None, exc), http_status(
+                exc.code), exc.code
         except Exception as exc:  # a bug costs one call, not the server
             log.exception("HTTP call failed", extra={"event": "http.crashed", "fn": fn})
             error = InternalError(f"{fn} failed inside the service: {type(exc).__name__}")
             document, status, code = reply_document(call_id, None, error), 500, error.code
         metrics.http_call(fn, code, time.perf_counter() - started)
         return Response(document, status, media_type=JSON)
+
+    async def read(request: Request) -> bytes:  # (Dapr's routes read their bodies with this)
+        return await _body(request, runtime.options.max_body_bytes)
 
     async def healthz(_: Request) -> Response:
         return Response(b'{"status":"ok"}', 200, media_type=JSON)
@@ -104,7 +109,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
     async def native(fn: str, body: bytes) -> bytes:  # (Dapr's routes call through this)
         started = time.perf_counter()
         try:
-            result = await _run(state, batches, fn, body, None, None)
+            result = await _run(state, batches, fn, body, None, None,
+                                runtime.options.max_context_bytes)
         except StateError as exc:
             metrics.http_call(fn, exc.code, time.perf_counter() - started)
             raise
@@ -112,7 +118,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         return result
 
     return Starlette(routes=[
-        *dapr_routes(native),
+        *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -136,7 +142,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
-               context_text: str | None) -> bytes:
+               context_text: str | None, context_limit: int) -> bytes:
     """One call in this process, as the bus runs it (with the other calls in flight: one
     pipeline); its result's JSON."""
     if state.settings.auth == "acl":
@@ -147,7 +153,7 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
         raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
-    ctx = CallContext(context=_context(context_text), call_id=call_id,
+    ctx = CallContext(context=_context(context_text, context_limit), call_id=call_id,
                       call_digest=None if call_id is None else call_digest(fn, body))
     result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
     if isinstance(result, StateError):
@@ -155,12 +161,16 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     return encoder.encode(result)
 
 
-def _context(text: str | None) -> dict[str, Any]:
+def _context(text: str | None, limit: int) -> dict[str, Any]:
     if not text:
         return {}
+    if len(text.encode()) > limit:
+        raise ValueTooLarge(f"X-Stateworker-Context is {len(text.encode())} bytes, more than the "
+                            f"limit of {limit} bytes", {"path": "X-Stateworker-Context",
+                                                        "limit": limit})
     try:
         context = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidRequest(f"X-Stateworker-Context: not valid JSON: {exc}",
                              {"path": "X-Stateworker-Context"}) from exc
     if not isinstance(context, dict):
@@ -168,11 +178,6 @@ def _context(text: str | None) -> dict[str, Any]:
                              {"path": "X-Stateworker-Context"})
     return context
 
-
-def _status(error: StateError) -> int:
-    """The HTTP status of an error reply: its code's (errors.HTTP_STATUS); an update op's
-    code (`increment.not_number`, inside a transaction) is 409, a failed precondition."""
-    return HTTP_STATUS.get(error.code, 409 if "." in error.code else 500)
 
 
 async def redis_unready(state: RedisState) -> str | None:

@@ -34,7 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from stateworker.bus.runtime import BusRuntime
-from stateworker.bus.stats import LATENCY_BUCKETS_MS
+from stateworker.bus.stats import LATENCY_BUCKETS_MS, function_label
 from stateworker.reactive.status import dispatch_status
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.store import RedisState
@@ -71,6 +71,7 @@ class Metrics:
         self.lock = anyio.Lock()
 
     def http_call(self, fn: str, code: str, seconds: float) -> None:
+        fn = function_label(fn, code)
         self.http_calls.labels(fn, code).inc()
         self.http_seconds.labels(fn).observe(seconds)
 
@@ -106,17 +107,17 @@ class Metrics:
         try:
             with anyio.fail_after(1.0):
                 await conn.execute("PING")
-                for stream in self.runtime.sources.by_stream:
-                    await self._group(stream, pending, lag)
         except (TimeoutError, ConnectionLost, ReplyError):
             up.add_metric([], 0)
             return [up]
         up.add_metric([], 1)
         try:
             with anyio.fail_after(5.0):
+                for stream in list(self.runtime.sources.by_stream):  # (acl mode changes it)
+                    await self._group(stream, pending, lag)
                 followers = await self._followers()
         except (TimeoutError, ConnectionLost, ReplyError):
-            followers = []  # (Redis went away meanwhile: the next scrape says so)
+            return [up]  # (Redis went away or slowed meanwhile: the next scrape says so)
         return [up, pending, lag, *followers]
 
     async def _followers(self) -> list[Any]:

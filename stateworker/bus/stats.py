@@ -19,6 +19,15 @@ FLUSH_EVERY_S = 0.25  # counters reach Redis at most this late (status reads the
 _BUCKET_NAMES = [f"latency_le_{bound}ms" for bound in LATENCY_BUCKETS_MS] + ["latency_gt_5000ms"]
 
 
+UNKNOWN_FUNCTION_LABEL = "(unknown)"
+
+
+def function_label(fn: str, code: str | None) -> str:
+    """A call's function as a counter's label: a name no function has is one label for all
+    (callers choose the names: one label each would grow without limit)."""
+    return UNKNOWN_FUNCTION_LABEL if code == "UNKNOWN_FUNCTION" else fn
+
+
 class Stats:
     """Counts on the hot path are plain integers; names are made once a second."""
 
@@ -39,7 +48,7 @@ class Stats:
               ) -> None:
         self.calls += 1
         self.total += 1
-        self.by_function[(fn or "", error_code or "OK")] += 1
+        self.by_function[(function_label(fn or "", error_code), error_code or "OK")] += 1
         if error_code is not None:
             self.pending[f"errors:{error_code}"] += 1
         if started is not None:

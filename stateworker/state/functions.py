@@ -181,7 +181,8 @@ def state_update(state: RedisState, req: UpdateRequest, ctx: CallContext) -> Pla
         req.scope, req.key, encoded.args, finish, ttl_ms=validate.ttl_ms(req.ttl_ms),
         expected_version=validate.expected_version(req.expected_version),
         topic=KEEP if req.topic is msgspec.UNSET else req.topic,
-        max_keys=validate.max_keys(req.max_keys), ctx=ctx, answers=True,
+        max_keys=validate.max_keys(req.max_keys), ctx=ctx,
+        answers=not encoded.errors,  # (the script knows only the errors it finds itself)
     )
 
 

@@ -167,3 +167,19 @@ async def test_an_update_answered_by_its_script(service: StateService, raw: ared
     result = msgspec.json.decode(partly)["result"]
     assert result["new_value"]["n"] == 5 and [e["code"] for e in result["errors"]] == [
         "increment.not_number"]
+
+
+async def test_an_update_with_ops_refused_before_the_script_is_answered_with_them(
+        service: StateService, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    """An op the service refuses itself (a `__proto__` path) never reaches the script, which
+    could not name it: such a call is answered by the service, with the op's error, and its
+    retry gets the same bytes."""
+    body = {"scope": scope, "key": "k", "ops": [{"type": "set", "path": "__proto__", "value": 1},
+                                                {"type": "set", "path": "a", "value": 2}]}
+    call_id, first = await answer_bytes(raw, prefix, "state::update", body)
+    result = msgspec.json.decode(first)["result"]
+    assert result["new_value"] == {"a": 2}
+    assert [(e["op_index"], e["code"]) for e in result["errors"]] == [
+        (0, "set.path.proto_polluted")]
+    _, again = await answer_bytes(raw, prefix, "state::update", body, call_id=call_id)
+    assert again == first

@@ -66,6 +66,12 @@ async def test_a_save_is_all_or_nothing_and_takes_a_ttl(dapr: httpx.AsyncClient,
     bad = await save(dapr, scope, {"key": "t", "value": 1, "metadata": {"ttlInSeconds": "x"}})
     assert (bad.status_code, bad.json()["details"]["path"]) == (
         400, "$[0].metadata.ttlInSeconds")
+    never = await save(dapr, scope, {"key": "t", "value": 2, "metadata": {"ttlInSeconds": "-1"}})
+    assert never.status_code == 204  # Dapr's "never expire"
+    too_big = b'[{"key":"b","value":"' + b"x" * 6 * 1024 * 1024 + b'"}]'
+    refused = await dapr.post(f"/{scope}", content=too_big)
+    assert (refused.status_code, refused.json()["errorCode"]) == (413, "VALUE_TOO_LARGE")
+    assert refused.json()["details"]["path"] == "body"  # refused as read, not by a value's check
 
 
 async def test_bulk_get(dapr: httpx.AsyncClient, scope: str) -> None:
@@ -128,3 +134,6 @@ async def test_query_with_filters_and_pages(dapr: httpx.AsyncClient, scope: str)
     assert "token" not in rest
     refused = await dapr.post(f"{base}/{scope}/query", json={"filter": {"OR": []}})
     assert (refused.status_code, refused.json()["details"]["path"]) == (400, "$.filter")
+    for odd in ({"AND": ["a"]}, {"AND": [1]}, [], {"EQ": {"a": 1}, "IN": {}}):
+        refused = await dapr.post(f"{base}/{scope}/query", json={"filter": odd})
+        assert refused.status_code == 400 and refused.json()["errorCode"] == "INVALID_REQUEST"

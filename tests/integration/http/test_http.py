@@ -53,6 +53,11 @@ VOLATILE_KEYS = {"tx"}  # a transaction's generated id
 VOLATILE_TEXT = re.compile(r"^(\d{13}-\d+|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d.*)$")  # id, time
 
 
+# The calls list writes `short` with a 1 ms expiry: what these count depends on whether the
+# reaper has deleted it yet (an index's members, a prefix's deletes), in either run.
+RACING_THE_REAPER = {"state::list-indexes", "state::delete-by-prefix"}
+
+
 def steady(value: Any) -> Any:
     """`value` with what differs between runs masked."""
     if isinstance(value, dict):
@@ -95,7 +100,10 @@ async def test_every_function_over_http_answers_as_over_the_bus(
                 over_http.append((fn, document["error"]["code"], document["error"]["message"]))
     assert len(over_http) == len(over_bus) > 40
     for bus, http in zip(over_bus, over_http, strict=True):
-        assert steady(http) == steady(bus)
+        if bus[0] in RACING_THE_REAPER:  # (whether the reaper took `short` yet: its count)
+            assert http[:2] == bus[:2]
+        else:
+            assert steady(http) == steady(bus)
 
 
 async def test_errors_carry_their_codes_status(
@@ -117,6 +125,10 @@ async def test_errors_carry_their_codes_status(
     assert (status, document["error"]["code"]) == (413, "VALUE_TOO_LARGE")
     status, document = await post(http, "state::get", k, **{"X-Stateworker-Context": "[1]"})
     assert (status, document["error"]["details"]["path"]) == (400, "X-Stateworker-Context")
+    deep = '{"a":' * 2000 + "1" + "}" * 2000
+    status, document = await post(http, "state::get", k, **{"X-Stateworker-Context": deep})
+    assert (status, document["error"]["code"]) == (400, "INVALID_REQUEST")
+
     response = await http.get("/v1/call/state::get")
     assert response.status_code == 405
 
@@ -247,3 +259,23 @@ async def test_calls_in_flight_run_together_and_each_gets_its_own_result(
             tg.start_soon(one)
     assert sorted(seen) == list(range(1, 65))
     assert max(sizes) > 1, sizes  # (the reaper and others run plans of their own too)
+
+
+async def test_unknown_function_names_share_one_metric_label(
+        served: tuple[StateService, httpx.AsyncClient], redis_server: RedisServer,
+        prefix: str) -> None:
+    """Callers choose the names they call: those no function has are counted under one
+    label, so /metrics does not grow with them."""
+    _, http = served
+    for i in range(3):
+        status, _ = await post(http, f"junk::{i}", {})
+        assert status == 404
+    async with StateClient(settings=Settings(redis_url=redis_server.url, prefix=prefix)) as c:
+        for i in range(2):
+            with pytest.raises(StateError):
+                await c.call_json(f"junk::bus{i}", b"{}")
+    got = samples((await http.get("/metrics")).text)
+    unknown = (("code", "UNKNOWN_FUNCTION"), ("function", "(unknown)"))
+    assert got[("stateworker_http_calls_total", unknown)] == 3
+    assert got[("stateworker_bus_calls_total", unknown)] == 2
+    assert not any("junk" in value for _, labels in got for _, value in labels)
