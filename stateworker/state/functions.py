@@ -329,9 +329,9 @@ class Catalog:
 
 # The functions whose script writes a bus call's reply itself where the service lets it
 # (context.Answer): set.lua renders state::set's SetResult and update.lua state::update's
-# UpdateResult (when every op applied), byte for byte as the service encodes them
-# (tests/integration/bus/test_answered.py holds the two against each other); get.lua and
-# delete.lua send the stored value as it is.
+# UpdateResult (every op applied, none refused in Python first), byte for byte as the
+# service encodes them (tests/integration/bus/test_answered.py holds the two against each
+# other); get.lua and delete.lua send the stored value as it is.
 ANSWERED_IN_SCRIPT = frozenset({specs.SET.name, specs.GET.name, specs.DELETE.name,
                                 specs.UPDATE.name})
 
