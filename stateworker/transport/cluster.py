@@ -382,8 +382,11 @@ class ClusterConnection(RedisConnection):
     @staticmethod
     def _near_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
         """Each command's slot; a keyless one takes the slot of the next keyed command (else
-        the previous), so a MULTI ... EXEC goes to the node of the commands it wraps; None:
-        no command of the pipeline has a key (any primary)."""
+        the previous), so a MULTI ... EXEC goes to the node of the commands it wraps: an
+        EXEC or DISCARD takes the previous one's, the transaction's it ends (the next could
+        be another transaction's, on another node once a slot moved: that node would answer
+        "EXEC without MULTI", and this one keep the MULTI open). None: no command of the
+        pipeline has a key (any primary)."""
         near: list[int | None] = [slot_of(args) for args in commands]
         keyless = [i for i, slot in enumerate(near) if slot is None]
         if not keyless or len(keyless) == len(near):
@@ -399,7 +402,7 @@ class ClusterConnection(RedisConnection):
         for i, slot in enumerate(near):
             if slot is not None:
                 previous = slot
-            elif filled[i] is None:
+            elif filled[i] is None or (previous is not None and _ends_transaction(commands[i])):
                 filled[i] = previous
         return filled
 
@@ -490,3 +493,9 @@ def _pairs(flat: Any) -> dict[bytes, Any]:
     if isinstance(flat, dict):
         return flat
     return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _ends_transaction(args: Sequence[Arg]) -> bool:
+    name = args[0] if args else b""
+    name = name.encode() if isinstance(name, str) else name
+    return isinstance(name, bytes) and name.upper() in (b"EXEC", b"DISCARD")

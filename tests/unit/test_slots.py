@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import (
     KEYS_OF,
     CrossSlot,
@@ -134,3 +135,14 @@ def test_acl_changes_go_to_every_node_and_acl_reads_to_one() -> None:
     for args in (["ACL", "GETUSER", "u"], ["ACL", "WHOAMI"], ["ACL", "DRYRUN", "u", "PING"],
                  ["FUNCTION", "LOAD", "x"], ["ACL"]):
         assert not is_for_every_node(args)
+
+
+def test_a_transactions_exec_goes_with_its_own_commands() -> None:
+    """Two MULTI ... EXEC back to back in one pipeline, their keys in other slots: each EXEC
+    goes where its own commands go, not to the next transaction's node (which, once a slot
+    moved, answered "EXEC without MULTI" while the first node kept the MULTI open)."""
+    a, b = "{a}k", "{b}k"
+    commands = [["MULTI"], ["XRANGE", a, "-", "+"], ["EXEC"],
+                ["MULTI"], ["XRANGE", b, "-", "+"], ["EXEC"], ["PING"]]
+    slots = ClusterConnection._near_slots(commands)
+    assert slots == [key_slot(a)] * 3 + [key_slot(b)] * 4
