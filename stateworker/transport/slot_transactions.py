@@ -1,8 +1,9 @@
 """Several MULTI ... EXEC transactions on a Redis Cluster, each kept to one slot: Redis refuses
 a transaction (or an XREAD) across slots, even on one node. Those whose slots one primary
 serves go back to back in one pipeline, the primaries' pipelines side by side, so the whole
-set costs one round trip. Grouped here and not by ClusterConnection's pipeline: a keyless EXEC
-there follows its next keyed neighbour, which may be the next transaction's node."""
+set costs one round trip. Grouped here by the map as it stands; ClusterConnection routes each
+MULTI with the commands after it and each EXEC with those before it, so a transaction stays
+whole on one node even when the map changes between the grouping and the sending."""
 
 from __future__ import annotations
 
