@@ -283,6 +283,7 @@ NOT_SERVED = {
     "READONLY": "an error reply's first word",
     "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",
     "ROLE": "an argument name of `principal add --role`",
+    "DISCARD": "cluster.py routes one with its transaction (a name compared, never sent)",
 }
 ROUTER = "slots.py"  # its table names commands to find their keys; it sends none
 
