@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import anyio
 import msgspec
@@ -40,7 +39,7 @@ from starlette.routing import Route
 from stateworker.app.batches import Batches
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.metrics import Metrics
-from stateworker.bus.protocol import call_digest, reply_document
+from stateworker.bus.protocol import call_digest, parse_context, reply_document
 from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
 from stateworker.engines.catalog import CATALOG
@@ -153,30 +152,14 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
         raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
-    ctx = CallContext(context=_context(context_text, context_limit), call_id=call_id,
+    ctx = CallContext(context=parse_context(None if context_text is None else
+                                            context_text.encode(), context_limit,
+                                            "X-Stateworker-Context"), call_id=call_id,
                       call_digest=None if call_id is None else call_digest(fn, body))
     result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
     if isinstance(result, StateError):
         raise result
     return encoder.encode(result)
-
-
-def _context(text: str | None, limit: int) -> dict[str, Any]:
-    if not text:
-        return {}
-    if len(text.encode()) > limit:
-        raise ValueTooLarge(f"X-Stateworker-Context is {len(text.encode())} bytes, more than the "
-                            f"limit of {limit} bytes", {"path": "X-Stateworker-Context",
-                                                        "limit": limit})
-    try:
-        context = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise InvalidRequest(f"X-Stateworker-Context: not valid JSON: {exc}",
-                             {"path": "X-Stateworker-Context"}) from exc
-    if not isinstance(context, dict):
-        raise InvalidRequest("X-Stateworker-Context: must be a JSON object",
-                             {"path": "X-Stateworker-Context"})
-    return context
 
 
 

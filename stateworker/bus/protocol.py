@@ -292,7 +292,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
                 {"path": "body", "size": len(body), "limit": options.max_body_bytes})
         deadline = _deadline(fields.get(b"deadline_ms"))
         caller = fields.get(b"caller")
-        context = _context(fields.get(b"context"), options.max_context_bytes)
+        context = parse_context(fields.get(b"context"), options.max_context_bytes)
         _limit("id", raw_id, MAX_ID_BYTES)
         _limit("reply", reply, MAX_REPLY_KEY_BYTES)
         _limit("caller", caller, MAX_ID_BYTES)
@@ -378,18 +378,20 @@ def _deadline(raw: bytes | None) -> int | None:
                              f"{shown(raw[:40].decode(errors='replace'))}", {"path": "deadline_ms"}) from exc
 
 
-def _context(raw: bytes | None, limit: int) -> dict[str, Any]:
+def parse_context(raw: bytes | None, limit: int, field: str = "context") -> dict[str, Any]:
+    """A call's `context` (a JSON object of at most `limit` bytes; none: {}), from the bus
+    entry's field or the HTTP face's header; errors name `field`."""
     if raw is None or raw == b"":
         return {}
     if len(raw) > limit:  # checked before parsing: a huge context costs nothing
-        raise ValueTooLarge(f"context is {len(raw)} bytes, more than the limit of {limit} bytes",
-                            {"path": "context", "size": len(raw), "limit": limit})
+        raise ValueTooLarge(f"{field} is {len(raw)} bytes, more than the limit of {limit} bytes",
+                            {"path": field, "size": len(raw), "limit": limit})
     try:
         context = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise InvalidRequest(f"context: not valid JSON: {exc}", {"path": "context"}) from exc
+        raise InvalidRequest(f"{field}: not valid JSON: {exc}", {"path": field}) from exc
     if not isinstance(context, dict):
-        raise InvalidRequest("context: must be a JSON object", {"path": "context"})
+        raise InvalidRequest(f"{field}: must be a JSON object", {"path": field})
     return context
 
 

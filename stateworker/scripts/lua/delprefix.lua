@@ -33,12 +33,7 @@ local members = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 
   tonumber(ARGV[12]))
 local deleted = 0
 for _, key in ipairs(members) do
-  entry_at(ctx, ARGV[8], ARGV[9], key)
-  local cur = entry_load_live(ctx)
-  if cur then
-    entry_delete(ctx, cur)
-    deleted = deleted + 1
-  end
+  deleted = deleted + entry_delete_key(ctx, ARGV[8], ARGV[9], key)
 end
 local left = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 'LIMIT', 0, 1)
 return entry_finish({ST.OK, deleted, #left > 0 and 1 or 0})

@@ -28,12 +28,7 @@ for _, m in ipairs(members) do
   local z = string.find(m, '\0', 1, true)
   local topic, key = string.sub(m, 1, z - 1), string.sub(m, z + 1)
   if topic ~= ENTRY_NO_TOPIC and glob_match(topic, parts) then
-    entry_at(ctx, ARGV[9], ARGV[10], key)
-    local cur = entry_load_live(ctx)
-    if cur then
-      entry_delete(ctx, cur)
-      deleted = deleted + 1
-    end
+    deleted = deleted + entry_delete_key(ctx, ARGV[9], ARGV[10], key)
   end
 end
 local cursor = #members == examine and members[#members] or false

@@ -337,6 +337,18 @@ local function entry_at(ctx, prefix, ttl_prefix, key)
   ctx.entry, ctx.key, ctx.member = prefix .. key, key, ttl_prefix .. key
 end
 
+-- Delete `key` of the ctx's scope (entry_at's prefixes) when it is live, with its event: 1,
+-- else 0 (an entry whose expiry passed is dropped as expired, and not counted).
+local function entry_delete_key(ctx, prefix, ttl_prefix, key)
+  entry_at(ctx, prefix, ttl_prefix, key)
+  local cur = entry_load_live(ctx)
+  if not cur then
+    return 0
+  end
+  entry_delete(ctx, cur)
+  return 1
+end
+
 --[[
   The ctx of a script over many entries of one scope that keeps no call record (deltopic,
   delprefix): the scope's indexes, the partition's keys and the call's time, stream cap and
