@@ -12,12 +12,18 @@ from stateworker import StateClient
 from stateworker.keys import bus_shard_stream
 from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for
+from stateworker.transport.connection import RedisConnection
 from tests.cluster import RedisCluster
 from tests.servers import ServiceProcess
 
 pytestmark = pytest.mark.anyio
 
 SHARDS, SCOPES, CLIENTS, PER_CLIENT = 3, 24, 8, 30
+
+
+async def consumer_names(conn: RedisConnection, stream: str) -> set[bytes]:
+    consumers = await conn.execute("XINFO", "CONSUMERS", stream, "state")
+    return {dict(zip(c[::2], c[1::2], strict=True))[b"name"] for c in consumers}
 
 
 def increment(scope: str) -> dict[str, object]:
@@ -38,10 +44,12 @@ async def test_two_replicas_share_the_shards_and_survive_a_kill(redis_cluster: R
     try:
         for replica in replicas:
             replica.start()
-        for stream in streams:  # (each replica made its consumer on every shard at start)
-            consumers = await conn.execute("XINFO", "CONSUMERS", stream, "state")
-            names = {dict(zip(c[::2], c[1::2], strict=True))[b"name"] for c in consumers}
-            assert names == {b"r1", b"r2"}, (stream, names)
+        # Each replica becomes a consumer of every shard with its first read, which follows
+        # its "serving" line: polled, bounded.
+        with anyio.fail_after(10):
+            for stream in streams:
+                while await consumer_names(conn, stream) != {b"r1", b"r2"}:
+                    await anyio.sleep(0.01)
         halfway = anyio.Event()
 
         async def one_client(n: int) -> None:
