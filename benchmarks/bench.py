@@ -22,6 +22,7 @@ from benchmarks import (
     bench_acl,
     bench_bus,
     bench_cluster,
+    bench_console,
     bench_dedupe,
     bench_durability,
     bench_engines,
@@ -89,6 +90,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
                     server.url, seconds, rounds, out)
             if "http" in sections:  # two services of their own prefixes, HTTP off and on
                 figures["http"] = await bench_http.http_section(server.url, seconds, rounds, out)
+            if "console" in sections:  # a service of its own prefix, 100k entries, chromium
+                figures["console"] = await bench_console.console_section(server.url, rounds, out)
             if "txn" in sections:  # a service and a store of their own prefix
                 figures["txn"] = await bench_txn.txn_section(server.url, seconds, rounds, out)
             if sections & {"store", "update", "list"}:
@@ -246,7 +249,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http")
+            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http", "console")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -77,6 +77,14 @@ ensure_venv() {
 # PostgreSQL for the tests (they start their own cluster with initdb/pg_ctl in a temporary
 # directory): Debian keeps the tools in /usr/lib/postgresql/<version>/bin, not on PATH. As
 # root, the tests run them as `nobody` (root cannot run initdb) through runuser.
+# Debian's chromium and its chromedriver: the console's tests and its benchmark drive a real
+# headless browser (benchmarks/browser.py, Selenium).
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then return; fi
+  log "installing Debian's chromium and chromium-driver"
+  apt_install chromium chromium-driver
+}
+
 ensure_postgres() {
   if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then return; fi
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then

@@ -62,6 +62,15 @@ class EmptyRequest(Request):
     pass
 
 
+class UiContentRequest(Request):
+    path: str  # a console file, e.g. "state/console.js" (uicontent.py)
+
+
+class UiContentResult(Struct):
+    content: str  # the file, verbatim
+    content_type: str
+
+
 class CompareAndSetRequest(Address, kw_only=True):
     value: Raw | UnsetType = UNSET
     expected: Raw | UnsetType = UNSET

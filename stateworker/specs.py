@@ -170,12 +170,17 @@ DELETE_BY_PREFIX = Spec("state::delete-by-prefix", "delete_by_prefix", s.DeleteB
                         "with `prefix`, in key order; `more`: call again", ("scope", "prefix"),
                         scoped=True, raises=_ADDRESS)
 
+UI_CONTENT = Spec("state::ui-content", "ui_content", s.UiContentRequest, s.UiContentResult,
+                  "a file of the console, verbatim with its content type (iii's console "
+                  "content function; the HTTP face serves the same files at /console/)",
+                  ("path",), read_only=True, raises=("UNKNOWN_FIELD", "NOT_FOUND"))
+
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
     LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX, QUERY,
-    CREATE_INDEX, DROP_INDEX, LIST_INDEXES)
+    CREATE_INDEX, DROP_INDEX, LIST_INDEXES, UI_CONTENT)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 

@@ -81,6 +81,7 @@ def calls(prefix: str) -> list[Call]:
         ("state::query", {"scope": "s", "where": [
             {"pointer": "/n", "op": "exists", "value": True}]}, None),
         ("state::list-indexes", {"scope": "s"}, None),
+        ("state::ui-content", {"path": "state/console.css"}, None),
         ("state::set", {"scope": "s", "key": "t", "value": 1, "topic": "old"}, None),
         ("state::update-topic", {"scope": "s", "key": "t", "topic": "older"}, None),
         ("state::delete-by-topic", {"scope": "s", "topic_pattern": "old*"}, None),

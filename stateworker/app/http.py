@@ -13,7 +13,10 @@ A call runs in this process as a bus call would (`functions.prepare` on the serv
 catalog, the same plans), so the result is the same bytes. `Idempotency-Key` is the call's
 id: it is bound to its function and body and its reply recorded for the dedupe window, as
 a bus call's id; `X-Stateworker-Context` carries the bus entry's `context` (a JSON object).
-In `acl` mode the call API answers PERMISSION_DENIED: an HTTP caller has no principal yet.
+In `acl` mode a request acts as the principal it proves (app/logins.py: `Authorization:
+Basic`, or the console's session cookie), whose roles decide as over the bus; without one it
+is UNKNOWN_CALLER (401). The console (app/console.py) sends `X-Stateworker-Console`: in `off`
+mode its writes are refused (it is read-only where nobody logs in).
 
 Why Starlette and Hypercorn: Starlette runs on anyio (the project's concurrency), is small
 and well kept; Hypercorn serves ASGI on an asyncio loop the caller already runs and stops on
@@ -37,7 +40,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from stateworker.app.batches import Batches
+from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
+from stateworker.app.logins import Logins
 from stateworker.app.metrics import Metrics
 from stateworker.bus.protocol import call_digest, parse_context, reply_document
 from stateworker.bus.runtime import BusRuntime
@@ -48,6 +53,7 @@ from stateworker.errors import (
     InvalidRequest,
     PermissionDenied,
     StateError,
+    UnknownCaller,
     ValueTooLarge,
     http_status,
 )
@@ -67,16 +73,18 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
     run through `batches` (app/batches.py)."""
     metrics = Metrics(state, runtime)
+    logins = Logins(state)
 
     async def call(request: Request) -> Response:
         fn = request.path_params["function"]
         started = time.perf_counter()
         call_id = request.headers.get("idempotency-key")
         try:
+            caller = await _caller(logins, request, fn)
             body = await _body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
                                 request.headers.get(CONTEXT_HEADER),
-                                runtime.options.max_context_bytes)
+                                runtime.options.max_context_bytes, caller)
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), http_status(
@@ -108,8 +116,13 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
     async def native(fn: str, body: bytes) -> bytes:  # (Dapr's routes call through this)
         started = time.perf_counter()
         try:
+            if logins.required:
+                raise PermissionDenied(
+                    "Dapr's state API is off in acl mode: it carries no principal; use "
+                    "POST /v1/call/<function> with Authorization: Basic (docs/http.md)",
+                    {"path": "authorization"})
             result = await _run(state, batches, fn, body, None, None,
-                                runtime.options.max_context_bytes)
+                                runtime.options.max_context_bytes, None)
         except StateError as exc:
             metrics.http_call(fn, exc.code, time.perf_counter() - started)
             raise
@@ -117,6 +130,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         return result
 
     return Starlette(routes=[
+        *console_routes(state, logins),
         *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -140,27 +154,40 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
-               context_text: str | None, context_limit: int) -> bytes:
-    """One call in this process, as the bus runs it (with the other calls in flight: one
-    pipeline); its result's JSON."""
-    if state.settings.auth == "acl":
+async def _caller(logins: Logins, request: Request, fn: str) -> str | None:
+    """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
+    without one, and PermissionDenied for a write from the console in `off` mode."""
+    if logins.required:
+        principal = await logins.principal_of(request)
+        if principal is None:
+            raise UnknownCaller(
+                "acl mode: a call over HTTP needs a principal: send `Authorization: Basic "
+                "<principal:password>` or log in to the console (docs/http.md)",
+                {"path": "authorization"})
+        return principal
+    if CONSOLE_HEADER in request.headers and fn not in CATALOG.reads:
         raise PermissionDenied(
-            "the HTTP call API is off in acl mode: an HTTP caller has no principal to act as; "
-            "call over the bus with the principal's Redis user (docs/http.md)",
-            {"path": "authorization"})
+            f"{fn}: the console is read-only in off mode (no principal logs in); writes go "
+            "through the call API, the bus or the CLI", {"path": "fn", "fn": fn})
+    return None
+
+
+async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
+               context_text: str | None, context_limit: int, principal: str | None) -> bytes:
+    """One call in this process, as the bus runs it (with the other calls in flight: one
+    pipeline), as `principal` (`acl` mode) or trusted (None); its result's JSON."""
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
         raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
     ctx = CallContext(context=parse_context(None if context_text is None else
                                             context_text.encode(), context_limit,
                                             "X-Stateworker-Context"), call_id=call_id,
+                      principal=principal, caller=principal,
                       call_digest=None if call_id is None else call_digest(fn, body))
     result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
     if isinstance(result, StateError):
         raise result
     return encoder.encode(result)
-
 
 
 async def redis_unready(state: RedisState) -> str | None:

@@ -76,3 +76,4 @@ class TypedCalls(abc.ABC):
     create_index = spec_method(specs.CREATE_INDEX, CLIENT)
     drop_index = spec_method(specs.DROP_INDEX, CLIENT)
     list_indexes = spec_method(specs.LIST_INDEXES, CLIENT)
+    ui_content = spec_method(specs.UI_CONTENT, CLIENT)

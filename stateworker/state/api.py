@@ -297,3 +297,4 @@ class StateStore(KeyValueMethods):
     create_index = spec_method(specs.CREATE_INDEX, STORE)
     drop_index = spec_method(specs.DROP_INDEX, STORE)
     list_indexes = spec_method(specs.LIST_INDEXES, STORE)
+    ui_content = spec_method(specs.UI_CONTENT, STORE)

@@ -1,0 +1,254 @@
+"""The console: a page of the HTTP face (`/console/`, its files in app/assets/, no CDN) and the
+few reads it needs beyond the call API, which it uses for everything else (scopes, keys,
+values, writes: `POST /v1/call/<function>` with `X-Stateworker-Console`, so its calls are the
+bus's, checked by the same roles).
+
+    GET  /console/                 the page; /console/<file> its script and style (the files
+                                   of stateworker/console_files/, uicontent.py)
+    GET  /v1/console/session       who the page acts as: {auth, principal, writes}
+    POST /v1/console/login         {principal, password} -> a session cookie (`acl` mode)
+    POST /v1/console/logout
+    GET  /v1/console/overview      the front page: `stateworker status`'s report, triggers
+                                   with the lag of their partitions, claimed namespaces,
+                                   principals and roles (`acl` mode: an admin's only)
+    GET  /v1/console/history       a key's recent events (old and new values)
+    GET  /v1/console/tail          the live tail: events as server-sent events, filtered by
+                                   scope, key and key prefix
+
+In `acl` mode every route but the page, its files and the login needs a principal (the
+session, or Basic credentials: app/logins.py); the history and the tail need a read grant on
+the scope (on `*` without one), as `state::get` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from stateworker.app.cli.status import status_report
+from stateworker.app.logins import COOKIE, SESSION_S, Logins
+from stateworker.context import NO_CONTEXT
+from stateworker.errors import (
+    InternalError,
+    InvalidRequest,
+    PermissionDenied,
+    StateError,
+    UnknownCaller,
+    http_status,
+)
+from stateworker.events.model import Event, decode_event, document_json, fields_of
+from stateworker.events.watch import Watch
+from stateworker.specs import GET
+from stateworker.state.store import RedisState
+from stateworker.state.triggers import list_plan
+from stateworker.uicontent import console_page, ui_file
+
+CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode
+HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
+HISTORY_KEEP = 20  # ... its last changes this many
+JSON = "application/json"
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def console_routes(state: RedisState, logins: Logins) -> list[BaseRoute]:
+    """The console's routes (module docstring)."""
+
+    async def page(request: Request) -> Response:
+        name = request.path_params.get("name", "")
+        found = (console_page(), "text/html; charset=utf-8") if not name else ui_file(name)
+        if found is None:
+            return _error(InvalidRequest("no such console file", {"path": request.url.path}), 404)
+        return Response(found[0], 200, media_type=found[1],
+                        headers={"Cache-Control": "no-cache"})
+
+    async def session(request: Request) -> Response:
+        principal = await _principal(logins, request, needed=False)
+        return _json(_session(state, principal))
+
+    async def login(request: Request) -> Response:
+        try:
+            form = msgspec.json.decode(await request.body(), type=dict[str, str])
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest(f"login: {exc}", {"path": "body"}) from None
+        if not logins.required:
+            raise InvalidRequest("login: the service runs in off mode, where nobody logs in",
+                                 {"path": "auth"})
+        principal = form.get("principal", "")
+        token = await logins.login(principal, form.get("password", ""))
+        response = _json(_session(state, principal))
+        response.set_cookie(COOKIE, token, max_age=int(SESSION_S), httponly=True,
+                            samesite="strict", path="/")
+        return response
+
+    async def logout(request: Request) -> Response:
+        logins.logout(request.cookies.get(COOKIE))
+        response = _json(_session(state, None))
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    async def overview(request: Request) -> Response:
+        principal = await _principal(logins, request)
+        if principal is not None and not state.access.is_admin(principal):
+            raise PermissionDenied(
+                f"the overview shows every service, trigger and principal: principal "
+                f"{principal!r} is not an admin", {"principal": principal})
+        return _json(await _overview(state))
+
+    async def history(request: Request) -> Response:
+        scope, key = _text(request, "scope"), _text(request, "key")
+        if scope is None or key is None:
+            raise InvalidRequest("history: scope and key are required", {"path": "scope"})
+        _may_read(state, await _principal(logins, request), scope)
+        return _json({"scope": scope, "key": key, "scanned": HISTORY_SCAN,
+                      "events": await _history(state, scope, key)})
+
+    async def tail(request: Request) -> Response:
+        scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
+        _may_read(state, await _principal(logins, request), scope)
+        watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
+        await watch.open()
+        return StreamingResponse(_events(watch, prefix), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return [
+        Route("/", lambda _: RedirectResponse("/console/"), methods=["GET"]),
+        Route("/console/", page, methods=["GET"]),
+        Route("/console/{name}", page, methods=["GET"]),
+        Route("/v1/console/session", _answering(session), methods=["GET"]),
+        Route("/v1/console/login", _answering(login), methods=["POST"]),
+        Route("/v1/console/logout", _answering(logout), methods=["POST"]),
+        Route("/v1/console/overview", _answering(overview), methods=["GET"]),
+        Route("/v1/console/history", _answering(history), methods=["GET"]),
+        Route("/v1/console/tail", _answering(tail), methods=["GET"]),
+    ]
+
+
+def _answering(handler: Handler) -> Handler:
+    """`handler` with its StateError answered as the call API answers one."""
+    async def answered(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except StateError as exc:
+            return _error(exc, http_status(exc.code))
+        except Exception as exc:  # a bug costs one request, not the server
+            error = InternalError(f"{request.url.path} failed inside the service: "
+                                  f"{type(exc).__name__}")
+            return _error(error, 500)
+    return answered
+
+
+def _json(document: Any) -> Response:
+    return Response(msgspec.json.encode(document), 200, media_type=JSON)
+
+
+def _error(exc: StateError, status: int) -> Response:
+    return Response(msgspec.json.encode({"ok": False, "error": {
+        "code": exc.code, "message": str(exc), "details": exc.details}}), status,
+        media_type=JSON)
+
+
+def _text(request: Request, name: str) -> str | None:
+    return request.query_params.get(name) or None
+
+
+async def _principal(logins: Logins, request: Request, *, needed: bool = True) -> str | None:
+    """The request's principal (`acl` mode); UnknownCaller when it needs one and has none."""
+    if not logins.required:
+        return None
+    principal = await logins.principal_of(request)
+    if principal is None and needed:
+        raise UnknownCaller("acl mode: log in first (POST /v1/console/login) or send "
+                            "Authorization: Basic <principal:password>", {"path": "authorization"})
+    return principal
+
+
+def _session(state: RedisState, principal: str | None) -> dict[str, Any]:
+    """What the page needs to know of who it acts as: in `off` mode it is read-only; in
+    `acl` mode a logged-in principal may try writes (its roles decide each)."""
+    acl = state.settings.auth == "acl"
+    return {"auth": state.settings.auth, "principal": principal,
+            "admin": not acl or (principal is not None and state.access.is_admin(principal)),
+            "writes": acl and principal is not None}
+
+
+def _may_read(state: RedisState, principal: str | None, scope: str | None) -> None:
+    """A read grant on `scope` (None: on every scope) for `principal` (None: trusted)."""
+    if principal is not None:
+        state.access.check(principal, GET.name, None if scope is None else [scope])
+
+
+async def _events(watch: Watch, prefix: str | None) -> AsyncIterator[bytes]:
+    """The watch's events as server-sent events; its bookmarks as comments, which keep the
+    connection alive (and show a closed one: the write fails, the watch closes)."""
+    try:
+        yield b": watching\n\n"
+        async for item in watch:
+            if not isinstance(item, Event):
+                yield b": " + item.revision.encode() + b"\n\n"
+            elif prefix is None or item.key.startswith(prefix):
+                yield b"data: " + document_json(item) + b"\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await watch.close()
+
+
+async def _history(state: RedisState, scope: str, key: str) -> list[Any]:
+    """The key's changes among its partition's last HISTORY_SCAN events, newest first (at
+    most HISTORY_KEEP): what the console diffs."""
+    events_key = state.keys.partition(state.keys.partition_of(scope)).events
+    entries = await state.conn.execute("XREVRANGE", events_key, "+", "-", "COUNT", HISTORY_SCAN)
+    found: list[Any] = []
+    for entry_id, flat in entries:
+        fields = fields_of(flat)
+        if fields.get(b"scope") != scope.encode() or fields.get(b"key") != key.encode():
+            continue
+        try:
+            found.append(msgspec.Raw(document_json(decode_event(entry_id, fields))))
+        except (KeyError, ValueError):  # not a change event
+            continue
+        if len(found) == HISTORY_KEEP:
+            break
+    return found
+
+
+async def _overview(state: RedisState) -> dict[str, Any]:
+    """The front page: the status report, the triggers with the lag of the partitions they
+    read, the claimed namespaces, the principals and roles."""
+    report = await status_report(state.settings)
+    lags = {p["partition"]: p for p in report.get("dispatch", {}).get("partitions", [])}
+    triggers = []
+    listed = await state.execute(list_plan(state, NO_CONTEXT))
+    for trigger in listed.triggers:
+        scope = trigger.config.scope
+        parts = ([state.keys.partition_of(scope)] if scope is not None
+                 else list(range(state.keys.partitions)))
+        behind = [lags[n] for n in parts if n in lags]
+        triggers.append({**msgspec.to_builtins(trigger),
+                         "lag_events": sum(p.get("lag_events") or 0 for p in behind),
+                         # (None: no dispatcher has passed an event of these partitions yet)
+                         "lag_ms": max((p["lag_ms"] for p in behind
+                                        if p.get("lag_ms") is not None), default=None)})
+    access = state.access
+    return {"status": report, "triggers": triggers,
+            "namespaces": _namespaces(state),
+            "principals": {name: msgspec.to_builtins(access.principal(name))
+                           for name in sorted(access.principals())},
+            "roles": {name: msgspec.to_builtins(role)
+                      for name, role in sorted(access.roles().items())}}
+
+
+def _namespaces(state: RedisState) -> dict[str, list[str]]:
+    """Each private namespace (functions prefix) and the scopes it claimed."""
+    owned: dict[str, list[str]] = {}
+    for scope in sorted(state.claims.scopes):
+        owner = state.claims.owner(scope)
+        if owner is not None:
+            owned.setdefault(owner, []).append(scope)
+    return owned

@@ -1,0 +1,125 @@
+"""Who an HTTP request acts as in `acl` mode: a principal, proven by its Redis password.
+
+Redis keeps the passwords (a principal's ACL user, docs/security.md), so the service never
+stores one: a login opens a connection of its own to the service's Redis and sends `AUTH
+<principal> <password>` on it; Redis's OK is the proof, WRONGPASS the refusal. Two ways in:
+
+- the console's login form (`POST /v1/console/login`): a session, a random token in an
+  HttpOnly, SameSite=Strict cookie, kept in this process's memory for `SESSION_S` (a replica
+  of the service does not know another's sessions; a restart logs everyone out);
+- `Authorization: Basic <principal:password>` on any request (programs): proven the same
+  way, the proof remembered for `PROOF_S` by the password's SHA-256, so a busy caller costs
+  one AUTH a minute, and a rotated password stops working within `PROOF_S`.
+
+In `off` mode nobody logs in: there are no principals (the request is trusted as a bus call
+of whoever reaches Redis is).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import secrets
+import time
+
+from starlette.requests import Request
+
+from stateworker.errors import InvalidRequest, UnknownCaller, shown
+from stateworker.state.store import RedisState
+from stateworker.transport.cluster import seeds_of
+from stateworker.transport.connect import connection_for
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+COOKIE = "sw_session"
+SESSION_S = 12 * 3600.0  # a console login lasts this long
+PROOF_S = 60.0  # a Basic credential proven is trusted this long before Redis is asked again
+MAX_FIELD_BYTES = 256  # a principal's name or password, as sent
+
+
+class Logins:
+    """The sessions and proven credentials of one service process."""
+
+    def __init__(self, state: RedisState) -> None:
+        self.state = state
+        self.sessions: dict[str, tuple[str, float]] = {}  # token -> (principal, expires)
+        self.proofs: dict[tuple[str, bytes], float] = {}  # (principal, sha256) -> expires
+
+    @property
+    def required(self) -> bool:
+        return self.state.settings.auth == "acl"
+
+    async def login(self, principal: str, password: str) -> str:
+        """A new session's token for `principal` once Redis accepts its password."""
+        await self._prove(principal, password)
+        token = secrets.token_urlsafe(32)
+        self._forget_expired()
+        self.sessions[token] = (principal, time.monotonic() + SESSION_S)
+        return token
+
+    def logout(self, token: str | None) -> None:
+        if token is not None:
+            self.sessions.pop(token, None)
+
+    async def principal_of(self, request: Request) -> str | None:
+        """The principal `request` acts as: its Basic credentials (proven), else its session
+        cookie; None when it carries neither or the session is over."""
+        header = request.headers.get("authorization")
+        if header is not None:
+            principal, password = _basic(header)
+            key = (principal, hashlib.sha256(password.encode()).digest())
+            if self.proofs.get(key, 0.0) < time.monotonic():
+                await self._prove(principal, password)
+                self._forget_expired()
+                self.proofs[key] = time.monotonic() + PROOF_S
+            return principal
+        session = self.sessions.get(request.cookies.get(COOKIE, ""))
+        if session is None or session[1] < time.monotonic():
+            return None
+        return session[0]
+
+    async def _prove(self, principal: str, password: str) -> None:
+        """Raises UnknownCaller unless `principal` is a principal of this service and Redis
+        accepts `password` for its user."""
+        for field, text in (("principal", principal), ("password", password)):
+            if not text or len(text.encode()) > MAX_FIELD_BYTES:
+                raise InvalidRequest(f"{field}: must be 1 to {MAX_FIELD_BYTES} bytes",
+                                     {"path": field, "limit": MAX_FIELD_BYTES})
+        refused = UnknownCaller(f"principal {shown(principal)}: unknown, or the password is wrong",
+                                {"principal": principal})
+        if self.state.access.principal(principal) is None:
+            raise refused
+        # A connection of its own (AUTH would change the user of a shared one); on a
+        # cluster any node knows the users (the operator sets them on each: docs/security.md).
+        conn = connection_for(seeds_of(self.state.conn.url)[0])
+        try:
+            await conn.execute("AUTH", principal, password)
+        except ReplyError as exc:
+            if "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
+                raise refused from None
+            raise
+        except ConnectionLost as exc:
+            raise UnknownCaller(f"could not check the password of {shown(principal)}: {exc}",
+                                {"principal": principal}) from exc
+        finally:
+            await conn.close()
+
+    def _forget_expired(self) -> None:
+        now = time.monotonic()
+        self.sessions = {t: s for t, s in self.sessions.items() if s[1] >= now}
+        self.proofs = {k: e for k, e in self.proofs.items() if e >= now}
+
+
+def _basic(header: str) -> tuple[str, str]:
+    """(principal, password) of an `Authorization: Basic ...` header."""
+    scheme, _, encoded = header.partition(" ")
+    try:
+        if scheme.lower() != "basic":
+            raise ValueError(scheme)
+        principal, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        if not sep:
+            raise ValueError("no colon")
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest("Authorization: must be `Basic <base64 of principal:password>`",
+                             {"path": "Authorization"}) from None
+    return principal, password

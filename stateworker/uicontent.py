@@ -1,0 +1,59 @@
+"""The console's files (stateworker/console_files/, package data): one table of what is
+served, for both faces that serve them: the HTTP face's `/console/` (app/console.py) and the
+function `state::ui-content {path}` (iii's content function of its console: `{content,
+content_type}`, the file verbatim). A leaf: no I/O but reading the package's own files."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+# path -> (file, content type). The HTTP face asks for "" (the page), "console.js" ...;
+# iii's console config names assets under the worker's own folder ("state/page.js").
+FILES = {"": ("console.html", "text/html; charset=utf-8"),
+         "console.html": ("console.html", "text/html; charset=utf-8"),
+         "console.js": ("console.js", "text/javascript; charset=utf-8"),
+         "console.css": ("console.css", "text/css; charset=utf-8")}
+_FOLDERS = ("state/", "console/")  # prefixes a path may carry
+
+
+def known_paths() -> list[str]:
+    return sorted(f"state/{name}" for name in FILES if name)
+
+
+def normal(path: str) -> str:
+    """A path as the table keys it: without a leading `/`, `state/` or `console/`."""
+    path = path.strip("/")
+    for folder in _FOLDERS:
+        path = path.removeprefix(folder)
+    return path
+
+
+_STYLE = b'<link rel="stylesheet" href="/console/console.css">'
+_SCRIPT = b'<script src="/console/console.js"></script>'
+_page: bytes | None = None
+
+
+def console_page() -> bytes:
+    """The page as the HTTP face serves it: its style and script inlined (two round trips
+    fewer before the first keys show), made once."""
+    global _page
+    if _page is None:
+        html = _read("console.html")
+        style = b"<style>\n" + _read("console.css") + b"</style>"
+        script = b"<script>\n" + _read("console.js") + b"</script>"
+        assert _STYLE in html and _SCRIPT in html, "console.html no longer links its files"
+        _page = html.replace(_STYLE, style).replace(_SCRIPT, script)
+    return _page
+
+
+def _read(name: str) -> bytes:
+    return resources.files("stateworker").joinpath("console_files", name).read_bytes()
+
+
+def ui_file(path: str) -> tuple[bytes, str] | None:
+    """A console file's bytes and content type; None: no such file."""
+    found = FILES.get(normal(path))
+    if found is None:
+        return None
+    name, content_type = found
+    return _read(name), content_type

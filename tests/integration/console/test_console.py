@@ -1,0 +1,157 @@
+"""The console in a real headless chromium (`off` mode): it lists a scope's keys, opens a value
+with its metadata and its recent changes, shows a write made by another client in the live
+tail within 2 s, shows a trigger with its lag, and refuses a write (read-only where nobody
+logs in), and pages through a scope. Each page is saved as docs/screenshots/<page>.png.
+(The first page of a scope of 100,000 entries is timed in `scripts/bench --sections
+console`.)"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from benchmarks.browser import Browser
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.errors import StateError
+from tests.integration.services import settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+@pytest.fixture
+async def served(redis_server: RedisServer, prefix: str
+                 ) -> AsyncIterator[tuple[StateService, StateClient, str]]:
+    settings = settings_for(redis_server, prefix, http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings, timeout=20) as client:
+        yield service, client, f"http://{service.http_address}"
+
+
+async def test_lists_keys_and_opens_a_value_with_metadata_and_changes(
+        served: tuple[StateService, StateClient, str], browser: Browser) -> None:
+    _, client, base = served
+    await client.call("state::set", {"scope": "orders", "key": "o-1", "value": {"total": 12}})
+    await client.call("state::set", {"scope": "orders", "key": "o-1", "topic": "paid",
+                                     "value": {"total": 13, "paid": True}},
+                      context={"execution_id": "run-7"})
+    await client.call("state::set", {"scope": "orders", "key": "o-2", "value": [1, 2]})
+    await client.call("state::set", {"scope": "stock", "key": "s-1", "value": 5})
+
+    await browser.open(f"{base}/console/#/keys/orders")
+    await browser.wait_text("page-note", "2 keys on page 1")
+    rows = await browser.rows("entries")
+    assert [r[:3] for r in rows] == [["o-1", "paid", "2"], ["o-2", "-", "1"]]
+    assert "stock" in await browser.text_of("scopes")
+    await browser.screenshot("keys")
+
+    await browser.click_row("entries", "o-1")
+    await browser.wait_text("entry-title", "orders / o-1")
+    meta = await browser.wait_text("entry-meta", "run-7")  # updated_by
+    for shown in ("version\n2", "topic\npaid", "updated_by\nrun-7"):
+        assert shown in meta, (shown, meta)
+    assert json.loads(await browser.text_of("entry-value")) == {"total": 13, "paid": True}
+    history = await browser.wait_text("entry-history", "state:updated")
+    assert "- /total: 12" in history and "+ /total: 13" in history and "+ /paid: true" in history
+    assert "state:created" in history
+    assert history.count(" · version ") == 2  # o-1's two changes, none of o-2's
+    await browser.screenshot("entry")
+
+
+async def test_live_tail_shows_another_clients_write_within_2_s(
+        served: tuple[StateService, StateClient, str], browser: Browser) -> None:
+    _, client, base = served
+    await browser.open(f"{base}/console/#/tail")
+    await browser.type("tail-scope", "orders")
+    await browser.type("tail-prefix", "live-")
+    await browser.click("tail-start")
+    await browser.wait_text("tail-state", "watching")
+    await client.call("state::set", {"scope": "stock", "key": "live-0", "value": 0})  # scope
+    await client.call("state::set", {"scope": "orders", "key": "dead-0", "value": 0})  # prefix
+    written = time.monotonic()
+    await client.call("state::set", {"scope": "orders", "key": "live-1", "value": {"n": 1}})
+    await browser.wait_text("tail-events", "live-1", timeout=2.0)
+    print(f"live tail: the write shown {time.monotonic() - written:.3f} s after it was made")
+    rows = await browser.rows("tail-events")
+    assert [(r[3], r[4], r[5], r[7]) for r in rows] == [("orders", "live-1", "1", '{"n":1}')]
+    await browser.screenshot("tail")
+
+
+async def test_overview_shows_a_trigger_and_its_lag(redis_server: RedisServer, prefix: str,
+                                                    browser: Browser) -> None:
+    # No dispatcher: the trigger's events wait, so its lag is exactly what was written.
+    settings = settings_for(redis_server, prefix, http="127.0.0.1:0", dispatch=False)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings, timeout=20) as client:
+        await client.call("state::register-trigger", {
+            "id": "audit", "function_id": "audit::record", "service": "auditor",
+            "config": {"scope": "orders"}})
+        for n in range(5):
+            await client.call("state::set", {"scope": "orders", "key": f"k{n}", "value": n})
+        await browser.open(f"http://{service.http_address}/console/#/overview")
+        await browser.wait_text("ov-triggers", "audit::record")
+        rows = await browser.rows("ov-triggers")
+        assert [r[:5] for r in rows] == [["audit", "audit::record", "auditor", "orders", "5"]]
+        await browser.wait_text("ov-services", "state")
+        await browser.screenshot("overview")
+
+
+async def test_refuses_a_write_in_off_mode(served: tuple[StateService, StateClient, str],
+                                           browser: Browser) -> None:
+    _, client, base = served
+    await client.call("state::set", {"scope": "orders", "key": "o-1", "value": 1})
+    await browser.open(f"{base}/console/#/keys/orders/o-1")
+    await browser.wait_text("entry-title", "orders / o-1")
+    assert await browser.script("return document.getElementById('entry-write').hidden") is True
+    assert "off mode: read-only" in await browser.text_of("who")
+    # The page's own call, as a write button would send it: refused, nothing written.
+    refused = await browser.script(
+        "return fetch('/v1/call/state::set', {method: 'POST', headers: {'X-Stateworker-Console': '1'},"
+        " body: JSON.stringify({scope: 'orders', key: 'o-1', value: 2})}).then(r => r.json())")
+    assert refused["error"]["code"] == "PERMISSION_DENIED"
+    assert await client.call("state::get", {"scope": "orders", "key": "o-1"}) == 1
+
+
+async def test_pages_through_a_scope(served: tuple[StateService, StateClient, str],
+                                    browser: Browser) -> None:
+    _, client, base = served
+    await client.call("state::set-many", {"scope": "big", "entries": [  # 250 keys: 3 pages
+        {"key": f"k{n:05d}", "value": {"n": n}} for n in range(250)]})
+    await browser.open(f"{base}/console/#/keys/big")
+    await browser.wait_text("page-note", "100 keys on page 1")
+    assert [r[0] for r in await browser.rows("entries")] == [f"k{n:05d}" for n in range(100)]
+    await browser.click("page-next")
+    await browser.wait_text("page-note", "100 keys on page 2")
+    await browser.click("page-next")
+    await browser.wait_text("page-note", "50 keys on page 3")
+    rows = await browser.rows("entries")
+    assert [r[0] for r in rows] == [f"k{n:05d}" for n in range(200, 250)]
+    assert await browser.script("return document.getElementById('page-next').disabled") is True
+    await browser.type("search-prefix", "k0002")
+    await browser.click_text("search", "Search")
+    await browser.wait_text("page-note", "10 keys on page 1")
+    assert (await browser.rows("entries"))[0][0] == "k00020"
+
+
+async def test_ui_content_serves_the_console_files(
+        served: tuple[StateService, StateClient, str]) -> None:
+    _, client, base = served
+    async with httpx.AsyncClient(base_url=base) as http:
+        for path, name, kind in (("state/console.js", "console.js", "text/javascript"),
+                                 ("state/console.css", "console.css", "text/css")):
+            result = await client.call("state::ui-content", {"path": path})
+            served_file = await http.get(f"/console/{name}")
+            assert result["content"] == served_file.text
+            assert result["content_type"].startswith(kind)
+            assert served_file.headers["content-type"] == result["content_type"]
+        page = (await http.get("/console/")).text  # the page: its files inlined
+        assert "<style>" in page and "<script>" in page and 'src="/console' not in page
+    with pytest.raises(StateError) as refused:
+        await client.call("state::ui-content", {"path": "state/../../etc/passwd"})
+    assert refused.value.code == "NOT_FOUND"
+    assert "state/console.js" in str(refused.value)
