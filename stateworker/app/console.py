@@ -33,7 +33,6 @@ from starlette.routing import BaseRoute, Route
 
 from stateworker.app.cli.status import status_report
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
-from stateworker.context import NO_CONTEXT
 from stateworker.errors import (
     InternalError,
     InvalidRequest,
@@ -46,12 +45,12 @@ from stateworker.events.model import Event, decode_event, document_json, fields_
 from stateworker.events.watch import Watch
 from stateworker.specs import GET
 from stateworker.state.store import RedisState
-from stateworker.state.triggers import list_plan
 from stateworker.uicontent import console_page, ui_file
 
 CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode
 HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
 HISTORY_KEEP = 20  # ... its last changes this many
+BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
 JSON = "application/json"
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -75,7 +74,7 @@ def console_routes(state: RedisState, logins: Logins) -> list[BaseRoute]:
     async def login(request: Request) -> Response:
         try:
             form = msgspec.json.decode(await request.body(), type=dict[str, str])
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # (not JSON, or not an object of strings)
             raise InvalidRequest(f"login: {exc}", {"path": "body"}) from None
         if not logins.required:
             raise InvalidRequest("login: the service runs in off mode, where nobody logs in",
@@ -219,24 +218,12 @@ async def _history(state: RedisState, scope: str, key: str) -> list[Any]:
 
 
 async def _overview(state: RedisState) -> dict[str, Any]:
-    """The front page: the status report, the triggers with the lag of the partitions they
-    read, the claimed namespaces, the principals and roles."""
+    """The front page: the status report (with the triggers and the lag of the partitions
+    they read), the claimed namespaces, the principals and roles."""
     report = await status_report(state.settings)
-    lags = {p["partition"]: p for p in report.get("dispatch", {}).get("partitions", [])}
-    triggers = []
-    listed = await state.execute(list_plan(state, NO_CONTEXT))
-    for trigger in listed.triggers:
-        scope = trigger.config.scope
-        parts = ([state.keys.partition_of(scope)] if scope is not None
-                 else list(range(state.keys.partitions)))
-        behind = [lags[n] for n in parts if n in lags]
-        triggers.append({**msgspec.to_builtins(trigger),
-                         "lag_events": sum(p.get("lag_events") or 0 for p in behind),
-                         # (None: no dispatcher has passed an event of these partitions yet)
-                         "lag_ms": max((p["lag_ms"] for p in behind
-                                        if p.get("lag_ms") is not None), default=None)})
     access = state.access
-    return {"status": report, "triggers": triggers,
+    return {"status": report, "triggers": report.get("triggers", []),
+            "barriers": await _barriers(state),
             "namespaces": _namespaces(state),
             "principals": {name: msgspec.to_builtins(access.principal(name))
                            for name in sorted(access.principals())},
@@ -252,3 +239,30 @@ def _namespaces(state: RedisState) -> dict[str, list[str]]:
         if owner is not None:
             owned.setdefault(owner, []).append(scope)
     return owned
+
+
+async def _barriers(state: RedisState) -> dict[str, Any]:
+    """Barriers with their arrivals (at most BARRIERS_SHOWN; `more`: there are others):
+    each partition's barrier hashes, found by SCAN of its tagged prefix (one slot, routed
+    on a cluster too), then their counters in one pipeline."""
+    ids: list[str] = []
+    names: list[bytes] = []
+    for part in state.keys.all_partitions():
+        cursor: Any = b"0"
+        while len(names) <= BARRIERS_SHOWN:
+            cursor, found = await state.conn.execute(
+                "SCAN", cursor, "MATCH", part.barrier_prefix + "*", "TYPE", "hash",
+                "COUNT", 1000)
+            names += found
+            ids += [part.barrier_id_of(name) for name in found]
+            if cursor in (b"0", "0"):
+                break
+    more = len(names) > BARRIERS_SHOWN
+    names, ids = names[:BARRIERS_SHOWN], ids[:BARRIERS_SHOWN]
+    fields = await state.conn.pipeline([["HMGET", name, "E", "n", "c", "d"] for name in names])
+    shown = [{"id": barrier_id, "expect": None if expect is None else expect.decode(
+                  errors="replace"),
+              "expected": int(expected or 0), "arrived": int(arrived or 0),
+              "complete": payload is not None}
+             for barrier_id, (expect, expected, arrived, payload) in zip(ids, fields, strict=True)]
+    return {"barriers": sorted(shown, key=lambda b: str(b["id"])), "more": more}

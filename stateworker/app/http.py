@@ -67,6 +67,9 @@ log = logging.getLogger("stateworker.http")
 JSON = "application/json"
 MAX_ID_BYTES = 256  # as a bus call's id (bus/protocol.py)
 CONTEXT_HEADER = "x-stateworker-context"
+# In `acl` mode /metrics is for a principal with a read role on `*` (a scraper's own): its
+# labels name every stream and partition, as listing every scope would.
+METRICS_PROBE = "state::list_groups"
 
 
 def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starlette:
@@ -109,7 +112,18 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         return Response(msgspec.json.encode({"status": "unready", "reason": reason}), 503,
                         media_type=JSON)
 
-    async def prometheus(_: Request) -> Response:
+    async def prometheus(request: Request) -> Response:
+        if logins.required:  # (its labels name every principal's stream)
+            try:
+                principal = await logins.principal_of(request)
+                if principal is None:
+                    raise UnknownCaller("acl mode: /metrics needs the Authorization: Basic "
+                                        "of a principal with read on * (docs/http.md)",
+                                        {"path": "authorization"})
+                state.access.check(principal, METRICS_PROBE, None)
+            except StateError as exc:
+                return Response(reply_document(None, None, exc), http_status(exc.code),
+                                media_type=JSON)
         text, content_type = await metrics.exposition()
         return Response(text, 200, media_type=content_type)
 

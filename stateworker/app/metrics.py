@@ -20,6 +20,7 @@ as the tests run them, never share a counter).
     stateworker_dispatch_lag_seconds{partition}     of the oldest of them
     stateworker_snapshot_lag_events{partition}      the same for the snapshot in PostgreSQL
     stateworker_snapshot_lag_seconds{partition}     (when one runs for the prefix)
+    stateworker_dedupe_records                      bus call ids held for the dedupe window
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from prometheus_client.registry import Collector
 
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.stats import LATENCY_BUCKETS_MS, function_label
+from stateworker.clock import now_ms
+from stateworker.keys import CALL_BUCKETS
 from stateworker.reactive.status import dispatch_status
+from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -131,11 +135,26 @@ class Metrics:
                                        "summed over replicas.", labels=["counter"])
         for name, count in sorted(dispatch["counters"].items()):
             counters.add_metric([name], count)
-        families = [triggers, counters, *_lags("dispatch", dispatch["partitions"])]
+        families = [triggers, counters, *_lags("dispatch", dispatch["partitions"]),
+                    await self._dedupe()]
         snapshot = await snapshot_status(conn, keys)
         if snapshot is not None:
             families += _lags("snapshot", snapshot["partitions"])
         return families
+
+    async def _dedupe(self) -> GaugeMetricFamily:
+        """The call ids held for the dedupe window: the fields of every bucket's slices that
+        can still be live (RECORD_SLICES back, one ahead: records.lua's), one pipeline."""
+        keys, settings = self.state.keys, self.state.settings
+        now = now_ms() // slice_ms(settings)
+        slices = range(now - RECORD_SLICES, now + 2)
+        sizes = await self.state.conn.pipeline([
+            ["HLEN", keys.call_ids(bytes([bucket]), s)]
+            for bucket in range(CALL_BUCKETS) for s in slices])
+        records = GaugeMetricFamily("stateworker_dedupe_records",
+                                    "Bus call ids held for the dedupe window.")
+        records.add_metric([], sum(int(size) for size in sizes))
+        return records
 
     async def _group(self, stream: str, pending: GaugeMetricFamily,
                      lag: GaugeMetricFamily) -> None:

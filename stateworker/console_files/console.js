@@ -133,9 +133,13 @@ function renderOverview(ov) {
   const state = (status.services || {}).state;
   if (state) sample(state.counters);
   fillTable("ov-triggers", ov.triggers, (t) => [t.id, t.function_id, t.service,
-    t.config.scope || "(every scope)", num(t.lag_events), num(t.lag_ms), t.owner || "-"]);
+    t.scope || "(every scope)", num(t.lag_events), num(t.lag_ms), num(t.delivered),
+    t.last_error ? `${t.last_error.ts} ${t.last_error.code}: ${t.last_error.message}` : "-", t.owner || "-"]);
   const dispatch = status.dispatch || {};
   $("ov-dispatch").textContent = `dispatch: ${dispatch.triggers || 0} triggers, counters ${JSON.stringify(dispatch.counters || {})}`;
+  fillTable("ov-barriers", ov.barriers.barriers, (b) => [b.id, b.expect || "-",
+    `${b.arrived} of ${b.expected}`, b.complete ? "complete" : "waiting"]);
+  $("ov-barriers-note").textContent = ov.barriers.more ? "(the first 100 shown)" : "";
   const snapshot = status.snapshot || {};
   fillTable("ov-snapshot", snapshot.partitions || [], (p) => [p.partition, num(p.lag_events), num(p.lag_ms)]);
   $("ov-snapshot-note").textContent = snapshot.partitions ? (snapshot.last_error ? `last error: ${snapshot.last_error}` : "")
@@ -149,7 +153,7 @@ function renderOverview(ov) {
 }
 
 function sample(counters) {
-  samples.push({ t: performance.now(), calls: counters.calls || 0, latency: counters.latency_us || 0 });
+  samples.push({ t: performance.now(), calls: counters.calls || 0, latency: counters.latency_us_sum || 0 });
   samples = samples.slice(-SAMPLES - 1);
   const rates = [], latencies = [];
   for (let i = 1; i < samples.length; i++) {

@@ -84,6 +84,7 @@ class Batches:
                 call = await self._handler_call(matcher, event, partition)
                 if call is not None:
                     calls.append(call)
+                    self.counts.handed_on(matcher.trigger.id)
         moved = Position(entries[-1][0].decode(), start.n + len(entries))
         if calls:
             return await self._hand_on(partition, calls, moved)

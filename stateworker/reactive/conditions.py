@@ -21,6 +21,7 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.bus.client import StateClient
+from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import StateError
 from stateworker.events.model import Event, document_json
 from stateworker.reactive.matching import Matcher
@@ -90,6 +91,9 @@ class Conditions:
 
     def _failed(self, matcher: Matcher, event: Event, exc: StateError) -> None:
         self.counts.add("condition_errors")
+        self.counts.failed(matcher.trigger.id, {
+            "ts": rfc3339_ms(now_ms()), "code": exc.code, "message": str(exc),
+            "condition": matcher.condition, "revision": event.revision})
         log.warning("trigger %s: condition %s failed for revision %s (skipped): %s",
                     matcher.trigger.id, matcher.condition, event.revision, exc,
                     extra={"event": "dispatch.condition_failed", "trigger": matcher.trigger.id,

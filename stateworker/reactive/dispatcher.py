@@ -75,7 +75,7 @@ class Dispatcher:
         self.registry_id = "0-0"
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
                                  or state.claims.is_claimed(scope))
-        self.counts = Counts(state.conn, state.keys.dispatch_stats)
+        self.counts = Counts(state.conn, state.keys.dispatch_stats, state.keys.dispatch_triggers)
         self.conditions = Conditions(state, self.counts)
         self.batches = Batches(state, self.leases, self.conditions, self.counts,
                                lambda: self.triggers, self.hidden,
@@ -241,6 +241,7 @@ class Dispatcher:
                 self.registry_id = "0-1"  # nothing yet: any first change is after this
         raw = await self.state.conn.execute("HGETALL", self.state.keys.triggers)
         self.triggers = TriggerSet(triggers.decode_trigger(r) for r in raw[1::2])
+        await self.counts.prune(self.triggers.ids)
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:

@@ -86,10 +86,12 @@ class TriggerSet:
         self.by_scope: dict[str, list[Matcher]] = {}
         self.any_scope: list[Matcher] = []
         self.count = 0
+        self.ids: set[str] = set()
         self.asks_the_bus = False  # a trigger's condition is a call over the bus (slow maybe)
         for trigger in sorted(triggers, key=lambda t: t.id.encode()):
             matcher = Matcher(trigger)
             self.count += 1
+            self.ids.add(trigger.id)
             self.asks_the_bus |= matcher.asks_the_bus
             if matcher.scope is None:
                 self.any_scope.append(matcher)

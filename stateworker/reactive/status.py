@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import Arg
 
 
 async def dispatch_status(conn: RedisConnection, keys: KeySpace) -> dict[str, Any]:
@@ -77,20 +80,56 @@ async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: 
 class Counts:
     """A dispatcher's counters (handler calls, condition skips and errors, malformed events,
     append errors), added up in memory and flushed into `keys.dispatch_stats` once a round:
-    `dispatch_status` shows their sums over every replica."""
+    `dispatch_status` shows their sums over every replica. Per trigger (`keys.
+    dispatch_triggers`): the handler calls it was handed on with, its last condition error."""
 
-    def __init__(self, conn: RedisConnection, key: str) -> None:
+    def __init__(self, conn: RedisConnection, key: str, per_trigger: str) -> None:
         self.conn = conn
         self.key = key
+        self.per_trigger = per_trigger
         self.pending: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}  # trigger id -> handler calls since the flush
+        self.errors: dict[str, bytes] = {}  # trigger id -> its last error (JSON)
 
     def add(self, name: str, by: int = 1) -> None:
         if by:
             self.pending[name] = self.pending.get(name, 0) + by
 
+    def handed_on(self, trigger_id: str) -> None:
+        self.delivered[trigger_id] = self.delivered.get(trigger_id, 0) + 1
+
+    def failed(self, trigger_id: str, error: dict[str, Any]) -> None:
+        self.errors[trigger_id] = msgspec.json.encode(error)
+
     async def flush(self) -> None:
-        if not self.pending:
-            return
         counts, self.pending = self.pending, {}
-        await self.conn.pipeline([["HINCRBY", self.key, name, by]
-                                  for name, by in counts.items()])
+        delivered, self.delivered = self.delivered, {}
+        errors, self.errors = self.errors, {}
+        commands: list[list[Arg]] = [["HINCRBY", self.key, name, by]
+                                     for name, by in counts.items()]
+        commands += [["HINCRBY", self.per_trigger, f"{t}|delivered", n]
+                     for t, n in delivered.items()]
+        if errors:
+            commands.append(["HSET", self.per_trigger,
+                             *(x for t, e in errors.items() for x in (f"{t}|error", e))])
+        if commands:
+            await self.conn.pipeline(commands)
+
+    async def prune(self, live: set[str]) -> None:
+        """Drop the fields of triggers no longer registered (after a reload of them)."""
+        # (HGETALL, not HKEYS: a command the service's ACL rule has already)
+        flat = await self.conn.execute("HGETALL", self.per_trigger)
+        gone = [f for f in flat[::2] if f.decode(errors="replace").rpartition("|")[0] not in live]
+        if gone:
+            await self.conn.execute("HDEL", self.per_trigger, *gone)
+
+
+async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
+                          ) -> list[tuple[int, dict[str, Any] | None]]:
+    """Each trigger's handler calls handed on (every replica's) and last error (None)."""
+    if not ids:
+        return []
+    flat = await conn.execute("HMGET", keys.dispatch_triggers,
+                              *(f"{t}|{what}" for t in ids for what in ("delivered", "error")))
+    return [(int(flat[2 * i] or 0), None if flat[2 * i + 1] is None else
+             msgspec.json.decode(flat[2 * i + 1])) for i in range(len(ids))]

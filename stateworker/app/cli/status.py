@@ -9,13 +9,14 @@ from typing import Any
 
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
-from stateworker.clock import rfc3339_ms
+from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
-from stateworker.reactive.status import dispatch_status
+from stateworker.reactive.status import dispatch_status, trigger_figures
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state import indexes
+from stateworker.state.triggers import decode_trigger, live
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
@@ -50,11 +51,38 @@ async def status_report(settings: Settings) -> dict[str, Any]:
             report["services"][name] = await _service_status(conn, shards, name, settings)
         keys = KeySpace(settings.prefix, settings.partitions)
         report["dispatch"] = await dispatch_status(conn, keys)
+        report["triggers"] = await _triggers(conn, keys, report["dispatch"]["partitions"])
         report["snapshot"] = await snapshot_status(conn, keys)
         report["indexes_building"] = await indexes.building(conn, keys)
     finally:
         await conn.close()
     return report
+
+
+async def _triggers(conn: RedisConnection, keys: KeySpace, partitions: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """Each live trigger with the dispatch's lag on the partitions it reads (its scope's, or
+    every one): events not yet handed on, and the age of the oldest (None: no dispatcher
+    has passed one of its events yet); the handler calls it was handed on with (every
+    replica's, since it was registered) and its last condition error (None)."""
+    by_partition = {p["partition"]: p for p in partitions}
+    flat = await conn.execute("HGETALL", keys.triggers)
+    now = now_ms()
+    listed = []
+    for trigger in sorted((t for t in map(decode_trigger, flat[1::2]) if live(t, now)),
+                          key=lambda t: t.id.encode()):
+        scope = trigger.config.scope
+        parts = [keys.partition_of(scope)] if scope is not None else range(keys.partitions)
+        behind = [by_partition[n] for n in parts if n in by_partition]
+        ages = [p["lag_ms"] for p in behind if p.get("lag_ms") is not None]
+        listed.append({"id": trigger.id, "function_id": trigger.function_id,
+                       "service": trigger.service, "scope": scope, "owner": trigger.owner,
+                       "lag_events": sum(p["lag_events"] for p in behind),
+                       "lag_ms": max(ages) if ages else None})
+    figures = await trigger_figures(conn, keys, [t["id"] for t in listed])
+    for row, (delivered, error) in zip(listed, figures, strict=True):
+        row.update(delivered=delivered, last_error=error)
+    return listed
 
 
 async def _bus_streams(conn: RedisConnection, prefix: str) -> list[bytes]:
@@ -152,11 +180,12 @@ def summary(report: dict[str, Any]) -> str:
     lines.append(f"reachable  yes, AOF {'on' if report['aof'] else 'OFF'}")
     services = report["services"]
     rows = [[name, s["pending"], len(s["consumers"]), s["stream_length"],
-             s["counters"].get("calls", "-"), s["counters_as_of"]]
+             s["counters"].get("calls", "-"), mean_ms(s["counters"]), s["counters_as_of"]]
             for name, s in services.items()]
     lines.append("services" + ("   (none: no stream yet)" if not rows else ""))
     if rows:
-        shown = table(["  SERVICE", "PENDING", "CONSUMERS", "STREAM", "CALLS", "COUNTED AS OF"],
+        shown = table(["  SERVICE", "PENDING", "CONSUMERS", "STREAM", "CALLS", "MEAN MS",
+                       "COUNTED AS OF"],
                       [[f"  {r[0]}", *r[1:]] for r in rows])
         lines += shown.splitlines()
         lines += [f"  {name}: {shards_line(s['shards'])}" for name, s in services.items()
@@ -164,6 +193,14 @@ def summary(report: dict[str, Any]) -> str:
     dispatch = report["dispatch"]
     lines.append(f"dispatch   {dispatch['triggers']} trigger(s), {len(dispatch['replicas'])} "
                  f"replica(s), {partitions_line(dispatch['partitions'])}")
+    triggers = [[f"  {t['id']}", t["function_id"], t["service"], t["scope"] or "(every scope)",
+                 t["lag_events"], "-" if t["lag_ms"] is None else t["lag_ms"], t["delivered"],
+                 "-" if t["last_error"] is None else t["last_error"]["code"]]
+                for t in report.get("triggers", [])]
+    if triggers:
+        lines.append("triggers")
+        lines += table(["  ID", "FUNCTION", "SERVICE", "SCOPE", "LAG", "LAG MS", "CALLS",
+                        "LAST ERROR"], triggers).splitlines()
     snapshot = report["snapshot"]
     if snapshot is None:
         lines.append("snapshot   off (no STATEWORKER_POSTGRES_URL)")
@@ -174,6 +211,12 @@ def summary(report: dict[str, Any]) -> str:
     lines += [f"indexing   {b['scope']} {b['pointer']}: {b['indexed']}/{b['total']} keys "
               "(state::create-index again resumes it)" for b in report.get("indexes_building", [])]
     return "\n".join(lines)
+
+
+def mean_ms(counters: dict[str, int]) -> str:
+    """The mean latency of the calls counted, in ms ("-" before the first)."""
+    calls = counters.get("calls", 0)
+    return f"{counters.get('latency_us_sum', 0) / calls / 1000:.2f}" if calls else "-"
 
 
 def shards_line(shards: list[dict[str, Any]]) -> str:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from benchmarks.browser import Browser
+from stateworker.app.cli.status import status_report, summary
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
@@ -93,10 +94,24 @@ async def test_overview_shows_a_trigger_and_its_lag(redis_server: RedisServer, p
             "config": {"scope": "orders"}})
         for n in range(5):
             await client.call("state::set", {"scope": "orders", "key": f"k{n}", "value": n})
+        for arrival in ("a", "b"):
+            await client.call("state::barrier", {"event": {"key": arrival}, "condition_config": {
+                "id": "batch-7", "expect": 3}})
         await browser.open(f"http://{service.http_address}/console/#/overview")
         await browser.wait_text("ov-triggers", "audit::record")
         rows = await browser.rows("ov-triggers")
         assert [r[:5] for r in rows] == [["audit", "audit::record", "auditor", "orders", "5"]]
+        assert await browser.rows("ov-barriers") == [["batch-7", "3", "2 of 3", "waiting"]]
+        # `stateworker status` says the same: its JSON, and its table for people.
+        report = await status_report(settings)
+        assert report["triggers"] == [{"id": "audit", "function_id": "audit::record",
+                                       "service": "auditor", "scope": "orders", "owner": None,
+                                       "lag_events": 5, "lag_ms": None, "delivered": 0,
+                                       "last_error": None}]
+        rows = [line.split() for line in summary(report).splitlines()]
+        assert ["ID", "FUNCTION", "SERVICE", "SCOPE", "LAG", "LAG", "MS", "CALLS", "LAST",
+                "ERROR"] in rows
+        assert ["audit", "audit::record", "auditor", "orders", "5", "-", "0", "-"] in rows
         await browser.wait_text("ov-services", "state")
         await browser.screenshot("overview")
 

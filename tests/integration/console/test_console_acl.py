@@ -110,6 +110,9 @@ async def test_http_calls_in_acl_mode_carry_basic_credentials(served: StateServi
         other = await http.post("/v1/call/state::get", headers=basic("reader", "read-pass-1"),
                                 content=b'{"scope":"stock","key":"s"}')
         assert other.json()["error"]["code"] == "PERMISSION_DENIED"
+        for body in (b"not json", b'{"principal": 1}'):  # a bad login form: named, 400
+            bad = await http.post("/v1/console/login", content=body)
+            assert (bad.status_code, bad.json()["error"]["code"]) == (400, "INVALID_REQUEST")
         overview = await http.get("/v1/console/overview", headers=basic("reader", "read-pass-1"))
         assert overview.status_code == 403  # not an admin
         tail = await http.get("/v1/console/tail?scope=stock",
@@ -117,3 +120,21 @@ async def test_http_calls_in_acl_mode_carry_basic_credentials(served: StateServi
         assert tail.json()["error"]["code"] == "PERMISSION_DENIED"
     assert await StateStore(served.state).get("orders", "o-1") == {"total": 1}
 
+
+
+async def test_metrics_in_acl_mode_need_a_read_role_on_every_scope(served: StateService) -> None:
+    await add(served, "orders-only", "pass-1", read_only=True)  # read on "orders" alone
+    everywhere = await role(served.state, ["read"], ["*"], read_only=True)
+    await principals.add_principal(served.state, "scraper", [everywhere], ())
+    await principals.set_user(served.state, "scraper", "pass-2")
+
+    def basic(name: str, password: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+    async with httpx.AsyncClient(base_url=f"http://{served.http_address}") as http:
+        assert (await http.get("/metrics")).status_code == 401
+        narrow = await http.get("/metrics", headers=basic("orders-only", "pass-1"))
+        assert (narrow.status_code, narrow.json()["error"]["code"]) == (403, "PERMISSION_DENIED")
+        scraped = await http.get("/metrics", headers=basic("scraper", "pass-2"))
+        assert scraped.status_code == 200 and "stateworker_redis_up 1.0" in scraped.text
+        assert (await http.get("/healthz")).status_code == 200

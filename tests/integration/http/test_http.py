@@ -168,6 +168,8 @@ async def test_metrics_move_with_calls(redis_server: RedisServer,
     for _ in range(3):
         await post(http, "state::get", {"scope": scope, "key": "k1"})
     await post(http, "state::get", {"scope": 1})
+    await post(http, "state::set", {"scope": scope, "key": "h", "value": 1},
+               **{"Idempotency-Key": "metrics-1"})
     response = await http.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith(
         "text/plain")
@@ -184,6 +186,8 @@ async def test_metrics_move_with_calls(redis_server: RedisServer,
     stream = (("stream", service.bus.stream),)
     assert got[("stateworker_bus_pending", stream)] == 0
     assert got[("stateworker_bus_lag", stream)] == 0
+    # The call ids held: the 5 bus sets' and the HTTP set's (the refused get bound none).
+    assert got[("stateworker_dedupe_records", ())] == 6
 
 
 async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: str) -> None:

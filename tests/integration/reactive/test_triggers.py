@@ -13,6 +13,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.errors import BarrierConfig, InvalidRequest, KeyTooLong, ReservedScope
+from stateworker.events.reader import scope_events
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
@@ -205,6 +206,15 @@ async def test_bus_conditions_only_an_explicit_false_skips(
             return dict(zip(stats[::2], stats[1::2], strict=True)).get(
                 b"condition_errors") == b"2"
         await until(counted, 5, "two condition errors counted")
+        # Per trigger (what `status` and the console show): its handler calls, and its last
+        # condition error, the timeout of k5's (k4's error came before it).
+        (shown,) = (await status_report(settings))["triggers"]
+        assert shown["delivered"] == 6
+        assert shown["last_error"]["code"] == "TIMEOUT", shown["last_error"]
+        assert shown["last_error"]["condition"] == "reactor::check"
+        revisions = [e.revision for e in await scope_events(
+            service.state.conn, service.state.keys, scope)]
+        assert shown["last_error"]["revision"] == revisions[5]
 
 
 async def test_an_entry_that_is_not_an_event_is_skipped_not_fatal(
