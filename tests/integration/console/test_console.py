@@ -101,7 +101,7 @@ async def test_overview_shows_a_trigger_and_its_lag(redis_server: RedisServer, p
         await browser.wait_text("ov-triggers", "audit::record")
         rows = await browser.rows("ov-triggers")
         assert [r[:5] for r in rows] == [["audit", "audit::record", "auditor", "orders", "5"]]
-        assert await browser.rows("ov-barriers") == [["batch-7", "3", "2 of 3", "waiting"]]
+        assert await browser.rows("ov-barriers") == [["batch-7", "3 arrivals", "2 of 3", "waiting"]]
         # `stateworker status` says the same: its JSON, and its table for people.
         report = await status_report(settings)
         assert report["triggers"] == [{"id": "audit", "function_id": "audit::record",

@@ -159,6 +159,12 @@ async def test_unregistering_stops_delivery_on_every_replica(
         await client.call("state::unregister-trigger", {"id": "all"})
         await until(lambda: all(d.triggers.count == 1 for d in dispatchers), 1,
                     "every replica dropping the trigger within a second")
+        # Its figures go with it (flushed first, then a reload prunes what is left).
+        for dispatcher in dispatchers:
+            await dispatcher.counts.flush()
+            await dispatcher.reload_triggers()
+        figures = await one.state.conn.execute("HGETALL", one.state.keys.dispatch_triggers)
+        assert not [f for f in figures[::2] if f.startswith(b"all|")], figures
         for name in scopes:
             await client.set(name, "k", 2)
             await client.set(name, "marker", 0)  # after k in the same partition
