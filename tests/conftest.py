@@ -58,6 +58,15 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A server of the module's own for `acl` mode tests: ACL users are server-wide."""
+    server = RedisServer(Path(tmp_path_factory.mktemp("acl-redis")))
+    server.start()
+    yield server
+    server.kill()
+
+
 @pytest.fixture
 def prefix() -> str:
     """A fresh key prefix per test, instead of flushing the shared server."""

@@ -1,10 +1,9 @@
-"""What the `acl` mode tests share (test_acl*.py): a Redis of each module's own, since ACL
-users are server-wide, and the state service on it in `acl` mode."""
+"""What the `acl` mode tests share (test_acl*.py): the state service in `acl` mode on a Redis
+of each module's own (`acl_redis`, tests/conftest.py: ACL users are server-wide)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,15 +11,6 @@ import pytest
 from stateworker.bus.protocol import BusOptions
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
-
-
-@pytest.fixture(scope="module")
-def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A server of the module's own: its ACL users are server-wide."""
-    server = RedisServer(Path(tmp_path_factory.mktemp("acl-redis")))
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

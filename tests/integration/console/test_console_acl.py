@@ -7,8 +7,7 @@ own: ACL users are server-wide."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -23,14 +22,6 @@ from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("console-acl-redis")))
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +42,6 @@ pytestmark = pytest.mark.anyio
 
 PASSWORD = "service-pass"
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("acl-redis"))
-    server.start()
-    yield server
-    server.kill()
 
 
 def add_user(server: RedisServer, name: str, rule: list[str]) -> str:
