@@ -35,6 +35,7 @@ from hypercorn.asyncio.run import worker_serve
 from hypercorn.config import Config
 from hypercorn.utils import wrap_app
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -42,7 +43,7 @@ from starlette.routing import Route
 from stateworker.app.batches import Batches
 from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
-from stateworker.app.logins import Logins
+from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.bus.protocol import call_digest, parse_context, reply_document
 from stateworker.bus.runtime import BusRuntime
@@ -143,7 +144,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         metrics.http_call(fn, "OK", time.perf_counter() - started)
         return result
 
-    return Starlette(routes=[
+    return Starlette(middleware=[Middleware(SameOrigin)], routes=[
         *console_routes(state, logins),
         *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),

@@ -13,6 +13,12 @@ stores one: a login opens a connection of its own to the service's Redis and sen
 
 In `off` mode nobody logs in: there are no principals (the request is trusted as a bus call
 of whoever reaches Redis is).
+
+`SameOrigin` guards both modes from other web sites: a browser sends any page's POST to a
+service on localhost or the intranet (a form, `fetch` with `no-cors`), with the console's
+cookie too in `acl` mode were it not SameSite. Every request that may change something
+(any method but GET, HEAD, OPTIONS) whose `Origin` is not the service's own address is
+refused before it is read; programs (curl, SDKs) send no `Origin`.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ import binascii
 import hashlib
 import secrets
 import time
+import urllib.parse
+from typing import Any
 
+import msgspec
 from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stateworker.errors import InvalidRequest, UnknownCaller, shown
+from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import seeds_of
 from stateworker.transport.connect import connection_for
@@ -123,3 +133,44 @@ def _basic(header: str) -> tuple[str, str]:
         raise InvalidRequest("Authorization: must be `Basic <base64 of principal:password>`",
                              {"path": "Authorization"}) from None
     return principal, password
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class SameOrigin:
+    """ASGI middleware: refuses (403, PERMISSION_DENIED) a request that may change something
+    and comes from a page of another origin (module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin")
+            if origin is not None and not _same(origin, headers.get(b"host")):
+                await _refuse(send, origin.decode(errors="replace"))
+                return
+        await self.app(scope, receive, send)
+
+
+def _same(origin: bytes, host: bytes | None) -> bool:
+    """Whether a browser's `Origin` names the address the request was sent to. Its host and
+    port, not its scheme: behind a TLS proxy the page is https and the service http (the
+    proxy must pass `Host` on)."""
+    parsed = urllib.parse.urlsplit(origin.decode(errors="replace"))
+    return host is not None and parsed.scheme in ("http", "https") and \
+        parsed.netloc.encode() == host
+
+
+async def _refuse(send: Send, origin: str) -> None:
+    error = PermissionDenied(f"Origin {shown(origin)}: a page of another site may not call "
+                             "this service (programs send no Origin header)",
+                             {"path": "Origin", "value": origin})
+    body = msgspec.json.encode({"id": None, "ok": False, "error": {
+        "code": error.code, "message": str(error), "details": error.details}})
+    start: dict[str, Any] = {"type": "http.response.start", "status": 403, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})

@@ -283,3 +283,26 @@ async def test_unknown_function_names_share_one_metric_label(
     assert got[("stateworker_http_calls_total", unknown)] == 3
     assert got[("stateworker_bus_calls_total", unknown)] == 2
     assert not any("junk" in value for _, labels in got for _, value in labels)
+
+
+async def test_a_page_of_another_site_may_not_call(served: tuple[StateService, httpx.AsyncClient],
+                                                   scope: str) -> None:
+    service, http = served
+    body = msgspec.json.encode({"scope": scope, "key": "k", "value": 1})
+    host, port = service.http_address.rsplit(":", 1)
+    for origin in ("http://evil.example", "null", f"http://{host}:{int(port) + 1}"):
+        refused = await http.post("/v1/call/state::set", content=body,
+                                  headers={"Origin": origin, "Content-Type": "text/plain"})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "PERMISSION_DENIED")
+        assert "Origin" in refused.json()["error"]["message"]
+    dapr = await http.post(f"/v1.0/state/{scope}", content=b'[{"key":"d","value":1}]',
+                           headers={"Origin": "http://evil.example"})
+    assert dapr.status_code == 403
+    got = await http.post("/v1/call/state::get-many", content=msgspec.json.encode(
+        {"scope": scope, "keys": ["k", "d"]}))
+    assert [e["found"] for e in got.json()["result"]["entries"]] == [False, False]
+    # The service's own pages (their Origin is its address) and programs (none) may.
+    own = await http.post("/v1/call/state::set", content=body,
+                          headers={"Origin": f"http://{service.http_address}"})
+    assert own.json()["ok"] is True
+    assert (await http.get("/healthz", headers={"Origin": "http://evil.example"})).status_code == 200
