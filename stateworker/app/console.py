@@ -30,6 +30,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from stateworker.app.cli.status import status_report
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
@@ -56,8 +57,9 @@ JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def console_routes(state: RedisState, logins: Logins) -> list[BaseRoute]:
-    """The console's routes (module docstring)."""
+def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> list[BaseRoute]:
+    """The console's routes (module docstring); `stopping`: set when the service stops (a
+    live tail ends then, rather than hold the stop for the server's grace period)."""
 
     async def page(request: Request) -> Response:
         name = request.path_params.get("name", "")
@@ -113,8 +115,8 @@ def console_routes(state: RedisState, logins: Logins) -> list[BaseRoute]:
         _may_read(state, await _principal(logins, request), scope)
         watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
         await watch.open()
-        return StreamingResponse(_events(watch, prefix), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _Tail(_events(watch, prefix), stopping, media_type="text/event-stream",
+                     headers={"Cache-Control": "no-cache"})
 
     return [
         Route("/", lambda _: RedirectResponse("/console/"), methods=["GET"]),
@@ -127,6 +129,25 @@ def console_routes(state: RedisState, logins: Logins) -> list[BaseRoute]:
         Route("/v1/console/history", _answering(history), methods=["GET"]),
         Route("/v1/console/tail", _answering(tail), methods=["GET"]),
     ]
+
+
+class _Tail(StreamingResponse):
+    """A stream that ends when the service stops: an open tail never ends by itself."""
+
+    def __init__(self, content: AsyncIterator[bytes], stopping: anyio.Event,
+                 **options: Any) -> None:
+        super().__init__(content, **options)
+        self.stopping = stopping
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def stop() -> None:
+                await self.stopping.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop)
+            await super().__call__(scope, receive, send)
+            tg.cancel_scope.cancel()
 
 
 def _answering(handler: Handler) -> Handler:

@@ -73,9 +73,10 @@ CONTEXT_HEADER = "x-stateworker-context"
 METRICS_PROBE = "state::list_groups"
 
 
-def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starlette:
+def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
+             stopping: anyio.Event) -> Starlette:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
-    run through `batches` (app/batches.py)."""
+    run through `batches` (app/batches.py); `stopping` is set when the service stops."""
     metrics = Metrics(state, runtime)
     logins = Logins(state)
 
@@ -145,7 +146,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches) -> Starle
         return result
 
     return Starlette(middleware=[Middleware(SameOrigin)], routes=[
-        *console_routes(state, logins),
+        *console_routes(state, logins, stopping),
         *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -236,7 +237,7 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
     # address is known before the first request)
     batches = Batches(state)
-    app = http_app(state, runtime, batches)  # (Starlette's ASGI types and Hypercorn's differ)
+    app = http_app(state, runtime, batches, stop)  # (Starlette's ASGI types and Hypercorn's differ)
     async with anyio.create_task_group() as tg:
         await tg.start(batches.run)
         await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
