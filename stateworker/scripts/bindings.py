@@ -207,8 +207,10 @@ def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: C
     keys: list[Arg] = [part.entry_prefix + address, *part.scope_keys(scope)]
     now = now_ms()
     field = None if ctx.call_id is None else call_field(ctx.call_id)
-    args: list[Arg] = [scope, key, address, now, settings.events_maxlen,
-                       writer_arg(ctx.by, ctx.trace),
+    writer = ctx.by or ""
+    if ctx.trace is not None or writer.startswith("\0"):  # (else writer_arg's is the writer)
+        writer = writer_arg(writer, ctx.trace)
+    args: list[Arg] = [scope, key, address, now, settings.events_maxlen, writer,
                        record_arg(settings, ctx, now, field), *extra]
     if field is not None:
         keys.append(records_key(space, part, field, now // slice_ms(settings), cluster))
