@@ -50,6 +50,10 @@ class CallContext(Struct, frozen=True, kw_only=True):
     # Set by a service that lets a script answer its call itself (bus/runtime.py): a
     # function whose script can write its reply (state::set) does so; the others ignore it.
     answer: Answer | None = None
+    # A traced bus call (its context names a `traceparent`): the traceparent of the service's
+    # span of it (tracing.py), which the call's scripts write into its events (`tp`), so a
+    # trigger delivery continues the trace. None: untraced (the events carry none).
+    trace: str | None = None
 
     @property
     def by(self) -> str | None:

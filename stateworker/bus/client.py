@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from stateworker import codec
+from stateworker import codec, tracing
 from stateworker.bus.protocol import call_entry, caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
@@ -238,7 +238,9 @@ class StateClient(TypedCalls):
             call_id: the call's unique id; default a new one. Reuse it only to repeat the
                 same call: it is applied at most once per id (dedupe window), and a repeat
                 gets the first call's recorded reply.
-            context: a JSON object handed to the function (`call.ctx.context`).
+            context: a JSON object handed to the function (`call.ctx.context`). Called
+                under a current OpenTelemetry span, the call has a span of its own (CLIENT)
+                and its context carries it (`traceparent`, `tracestate`: tracing.py).
             deadline_ms: epoch ms after which the call must not start anymore; default now +
                 `timeout` (pass a TIMEOUT's `details["deadline_ms"]` with its call id to learn
                 that call's outcome without applying it anew).
@@ -263,6 +265,14 @@ class StateClient(TypedCalls):
         if self._closed:
             raise Unavailable(f"{fn}: the client is closed", {})
         call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
+        if tracing.is_traced():  # (a span is current: the call's own, named in its context)
+            with tracing.calling(fn, call_id):
+                return await self._call(fn, body, timeout, call_id, tracing.inject(context),
+                                        deadline_ms)
+        return await self._call(fn, body, timeout, call_id, context, deadline_ms)
+
+    async def _call(self, fn: str, body: bytes | str, timeout: float | None, call_id: str,
+                    context: Mapping[str, Any] | None, deadline_ms: int | None) -> bytes:
         wait_s = timeout or self.timeout
         start = time.monotonic()
         end = start + wait_s

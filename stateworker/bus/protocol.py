@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+from opentelemetry.trace import Span
 
 from stateworker import codec
 from stateworker.context import Answer, CallContext
@@ -95,6 +96,7 @@ class Call:
     deadline_ms: int | None
     ctx: CallContext
     started: float = field(default_factory=time.perf_counter)
+    span: Span | None = None  # a traced call's span in a service (tracing.start_call)
 
     @property
     def entry_id(self) -> bytes:

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from stateworker import tracing
 from stateworker.bus.protocol import (
     BatchHandler,
     Bus,
@@ -283,16 +284,22 @@ class BusRuntime:
             if call is None:
                 self._refuse(reply_key, call_id, error, ref)
                 continue
+            if tracing.TRACEPARENT in call.ctx.context:  # (an untraced call costs this lookup only)
+                call.span, call.ctx = tracing.start_call(call.fn, call.ctx, call.id)
             try:
                 # The deadline is checked by the plan: a call that was applied before its
                 # deadline passed must still get its recorded reply when delivered again.
                 ready.append((call, self.batch.prepare(call)))
             except StateError as exc:
+                if call.span is not None:
+                    tracing.finish(call.span, exc.code)
                 answer(call.reply, call.id, None, exc, call.ref, None, call.started,
                        call.fn)
             except Exception as exc:  # a bug costs one call, not the batch
                 log.exception("preparing a call failed", extra={
                     "event": "call.crashed", "call_id": call.id, "fn": call.fn})
+                if call.span is not None:
+                    tracing.finish(call.span, InternalError.code)
                 answer(call.reply, call.id, None, InternalError(
                     f"{call.fn} failed inside the service: {type(exc).__name__}"),
                     call.ref, None, call.started, call.fn)
@@ -308,6 +315,9 @@ class BusRuntime:
 
         def done(index: int, result: Any) -> None:
             call = ready[index][0]
+            if call.span is not None:
+                tracing.finish(call.span, result.code if isinstance(result, StateError)
+                               else tracing.OK)
             if isinstance(result, Unavailable):
                 # Redis went away mid-call: the script may have run. No reply, no ack: the
                 # entry stays pending, and the reader (or a reclaim) serves it again, which

@@ -34,8 +34,9 @@ from typing import Any
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
+from opentelemetry.trace import SpanKind
 
-from stateworker import codec, logs
+from stateworker import codec, logs, tracing
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import (
@@ -114,7 +115,8 @@ class Worker:
 
         The body arrives as Python values (tagged types such as Decimal converted); `call`
         has `id`, `fn`, `deadline_ms` and `ctx` (`ctx.caller`, `ctx.context`). Registering a
-        name again replaces the function and its options.
+        name again replaces the function and its options. A call whose context names a
+        `traceparent` runs inside its OpenTelemetry span (tracing.py), the current one.
 
         Args:
             name: the function id callers use; default `<service>::<fn.__name__>`.
@@ -158,6 +160,16 @@ class Worker:
         return register
 
     async def _handle(self, call: Call) -> bytes:
+        if tracing.TRACEPARENT in call.ctx.context:
+            # A traced call runs in its span (child of the caller's: a client's, a trigger
+            # delivery's), current while the function runs: the spans it makes and the calls
+            # it sends nest under it. A trigger call (no reply list) is consumed: CONSUMER.
+            with tracing.serving(call.fn, call.ctx.context, call.id, call.ctx.caller,
+                                 SpanKind.SERVER if call.reply else SpanKind.CONSUMER):
+                return await self._serve(call)
+        return await self._serve(call)
+
+    async def _serve(self, call: Call) -> bytes:
         fn = self.functions.get(call.fn)
         if fn is None:
             raise UnknownFunction(f"fn: unknown function {shown(call.fn)}; service {shown(self.service)} "

@@ -1,6 +1,6 @@
 """The one event model: a change event's stream fields <-> `Event`.
 
-The entry scripts write these fields (lua/includes/entry.lua, `emit`) into their partition's
+The entry scripts write these fields (lua/includes/entry.lua, `entry_emit`) into their partition's
 stream; the stream entry id is the event's revision. Everything that reads events back (the
 store's `events()`, watches, the coming dispatcher and snapshot) decodes them here; the
 documents programs see (a trigger's body, a watch's line, a bookmark) are encoded here too.
@@ -35,6 +35,11 @@ class Event(Struct, kw_only=True):
     by: str
     tx: str | None = None  # a transaction's id: its events are consecutive and share it
     tx_size: int | None = None  # ... and how many they are
+    # The stream field `tp`, only in the events of a traced call: the traceparent of the
+    # service's span of the call that wrote it (tracing.py); a trigger's delivery is its child.
+    # Not in the documents programs see (the event's contract): a trigger call carries it in
+    # its context.
+    traceparent: str | None = None
 
 
 class Bookmark(Struct, kw_only=True):
@@ -173,6 +178,7 @@ def tx_rest(tx: bytes, following: list[Any]) -> list[Any]:
 
 def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
     tx = fields.get(b"tx")
+    tp = fields.get(b"tp")
     return Event(
         revision=entry_id.decode(),
         type=fields[b"type"].decode(),
@@ -185,4 +191,5 @@ def decode_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
         by=fields[b"by"].decode(),
         tx=None if tx is None else tx.decode(),
         tx_size=None if tx is None else int(fields[b"tx_size"]),
+        traceparent=None if tp is None else tp.decode(),
     )

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import Span
 
+from stateworker import tracing
 from stateworker.bus.protocol import call_entry
 from stateworker.errors import Unavailable
 from stateworker.events.model import Event, decode_event, document_json, fields_of
@@ -64,12 +66,16 @@ class Batches:
         self.granted = granted
         self.positions = positions
         self.stored = stored
+        # The delivery spans of traced events' calls not sent yet, by partition (its batches
+        # may run in tasks of their own): each ends once its call is out (`_hand_on`).
+        self._sending: dict[int, list[Span]] = {}
 
     async def run(self, partition: int, entries: list[Any]) -> bool:
         """Hand on one partition's batch (stream entries read after its position); False
         when the lease was lost (nothing more is handed on)."""
         start = self.positions[partition]
         calls: list[list[Any]] = []
+        self._sending.pop(partition, None)  # (a failed batch's: never sent, never exported)
         for index, (entry_id, flat) in enumerate(entries):
             event = self._event(partition, entry_id, flat)
             if event is None:
@@ -113,18 +119,11 @@ class Batches:
         keys = self.state.keys.partition(partition)
         advance = ADVANCE.command(self.state.library, *advance_call(
             keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
-        if self.state.confirm.needed:
-            # `strict`: the calls confirmed (on a cluster their streams may be on another
-            # primary than the position) before the position moves past their events, so a
-            # failover cannot lose a call whose event the position already passed. Not
-            # confirmed: dispatch pauses and goes on from the position in Redis.
-            replies = await pipeline(self.state.conn, self.state.library, calls)
-            missing = await self.state.confirm.missing(self.state.conn)
-            if missing is not None:
-                raise Unavailable(f"partition {partition}: handler calls {missing}")
-            replies += await pipeline(self.state.conn, self.state.library, [advance])
-        else:
-            replies = await pipeline(self.state.conn, self.state.library, [*calls, advance])
+        try:
+            replies = await self._send(partition, calls, advance)
+        finally:
+            for span in self._sending.pop(partition, ()):  # (their calls out, or failed)
+                span.end()
         failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
         if failed:
             self.counts.add("append_errors", len(failed))
@@ -135,6 +134,21 @@ class Batches:
             return False
         self.positions[partition] = self.stored[partition] = moved
         return True
+
+    async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any]
+                    ) -> list[Any]:
+        """The calls and the position's move on the wire; their replies."""
+        if self.state.confirm.needed:
+            # `strict`: the calls confirmed (on a cluster their streams may be on another
+            # primary than the position) before the position moves past their events, so a
+            # failover cannot lose a call whose event the position already passed. Not
+            # confirmed: dispatch pauses and goes on from the position in Redis.
+            replies = await pipeline(self.state.conn, self.state.library, calls)
+            missing = await self.state.confirm.missing(self.state.conn)
+            if missing is not None:
+                raise Unavailable(f"partition {partition}: handler calls {missing}")
+            return replies + await pipeline(self.state.conn, self.state.library, [advance])
+        return await pipeline(self.state.conn, self.state.library, [*calls, advance])
 
     async def _handler_call(self, matcher: Matcher, event: Event,
                             partition: int) -> list[Any] | None:
@@ -155,4 +169,17 @@ class Batches:
         stream = bus_shard_stream(settings.prefix, trigger.service,
                                   partition % settings.bus_shards)
         return call_entry(stream, call_id,  # no reply
-                          trigger.function_id, document_json(event, payload), "", caller="state")
+                          trigger.function_id, document_json(event, payload), "", caller="state",
+                          context=None if event.traceparent is None else self._delivery(
+                              trigger, event.traceparent, call_id, partition))
+
+    def _delivery(self, trigger: Trigger, traceparent: str, call_id: str,
+                  partition: int) -> dict[str, str] | None:
+        """A traced event's trigger call: its delivery span (tracing.py, child of the span of
+        the call that wrote the event) and the call's context naming it (`traceparent`), so
+        the handler's span continues the trace."""
+        span = tracing.start_delivery(trigger.function_id, traceparent, call_id, trigger.id)
+        if span is None:
+            return None
+        self._sending.setdefault(partition, []).append(span)
+        return tracing.carried(span)

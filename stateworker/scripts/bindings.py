@@ -143,6 +143,18 @@ def pattern_arg(pattern: str | None) -> str:
     return "" if pattern is None else "=" + pattern
 
 
+def writer_arg(by: str | None, trace: str | None = None) -> str:
+    """The writer argument of every script that writes events (its `by`, "" for none) and
+    the call's trace: a traced call's (CallContext.trace) is "\0" <traceparent> "\0"
+    <writer>, so its events carry the traceparent (`tp`); so is a writer that begins with
+    NUL itself (an empty traceparent then), so no writer reads as a trace.
+    (lua/includes/entry.lua, `entry_writer`, reads it back.)"""
+    writer = by or ""
+    if trace is None and not writer.startswith("\0"):
+        return writer
+    return f"\0{trace or ''}\0{writer}"
+
+
 def slice_ms(settings: Settings) -> int:
     """How long one time slice of call records is: a RECORD_SLICES-th of the window."""
     return -(-settings.dedupe_window_ms // RECORD_SLICES)
@@ -195,7 +207,10 @@ def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: C
     keys: list[Arg] = [part.entry_prefix + address, *part.scope_keys(scope)]
     now = now_ms()
     field = None if ctx.call_id is None else call_field(ctx.call_id)
-    args: list[Arg] = [scope, key, address, now, settings.events_maxlen, ctx.by or "",
+    writer = ctx.by or ""
+    if ctx.trace is not None or writer.startswith("\0"):  # (else writer_arg's is the writer)
+        writer = writer_arg(writer, ctx.trace)
+    args: list[Arg] = [scope, key, address, now, settings.events_maxlen, writer,
                        record_arg(settings, ctx, now, field), *extra]
     if field is not None:
         keys.append(records_key(space, part, field, now // slice_ms(settings), cluster))
@@ -254,11 +269,12 @@ def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, ord
                      pattern_arg(topic_pattern), "1" if values else "", examine]
 
 
-def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, by: str | None,
+def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: str,
                   pattern: str, start: bytes, end: bytes, batch: int) -> Call:
+    """deltopic.lua; `writer`: writer_arg's (the writer and the call's trace)."""
     return ([part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
              part.scopes, part.ttl, part.events],
-            [scope, now_ms(), settings.events_maxlen, by or "", pattern, start, end, batch,
+            [scope, now_ms(), settings.events_maxlen, writer, pattern, start, end, batch,
              part.entry_prefix + member(scope, ""), member(scope, "")])
 
 

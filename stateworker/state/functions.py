@@ -52,7 +52,7 @@ from stateworker.schemas import (
     UpdateTopicRequest,
     encoder,
 )
-from stateworker.scripts.bindings import KEEP
+from stateworker.scripts.bindings import KEEP, writer_arg
 from stateworker.scripts.replies import UpdateReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import Spec
@@ -220,7 +220,8 @@ def state_update_topic(state: RedisState, req: UpdateTopicRequest, ctx: CallCont
 def state_delete_by_topic(state: RedisState, req: DeleteByTopicRequest, ctx: CallContext) -> Plan:
     validate.scope(state, ctx, req.scope)
     validate.topic(req.topic_pattern)
-    plan = listing.delete_by_topic_plan(state, req.scope, req.topic_pattern, ctx.by)
+    plan = listing.delete_by_topic_plan(state, req.scope, req.topic_pattern,
+                                        writer_arg(ctx.by, ctx.trace))
     return then(plan, DeletedResult)
 
 

@@ -129,10 +129,9 @@ def _entry(req: ListEntriesRequest, f: list[Any]) -> ListedEntry:
     return entry
 
 
-def delete_by_topic_plan(state: RedisState, scope: str, pattern: str,
-                         by: str | None = None) -> Plan:
+def delete_by_topic_plan(state: RedisState, scope: str, pattern: str, writer: str = "") -> Plan:
     """Delete every entry whose topic matches, in bounded atomic batches (one step each);
-    the result is the count."""
+    the result is the count. `writer`: bindings.writer_arg's (the writer, the call's trace)."""
     part = state.keys.for_scope(scope)
     # Index members are "<topic>\0<key>"; those with the pattern's literal start (or, with no
     # star, that exact topic) sort between it and it followed by byte 255 (never in UTF-8).
@@ -142,10 +141,10 @@ def delete_by_topic_plan(state: RedisState, scope: str, pattern: str,
         head = pattern.encode() + b"\0"
     end = b"[" + head + b"\xff"
 
-    return _deltopic_batch(state, part, scope, by, pattern, b"[" + head, end, 0)
+    return _deltopic_batch(state, part, scope, writer, pattern, b"[" + head, end, 0)
 
 
-def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, by: str | None,
+def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, writer: str,
                     pattern: str, start: bytes, end: bytes, deleted: int) -> Plan:
     """One batch of a delete-by-topic, then the next from its cursor. (A module function,
     not a closure calling itself: that is a reference cycle per call, writes.py.)"""
@@ -153,9 +152,10 @@ def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, by: str 
         total = deleted + done.deleted
         if done.cursor is None:
             return total
-        return _deltopic_batch(state, part, scope, by, pattern, b"(" + done.cursor, end, total)
+        return _deltopic_batch(state, part, scope, writer, pattern, b"(" + done.cursor, end,
+                               total)
 
-    call = deltopic_call(state.settings, part, scope, by, pattern, start, end, DELETE_BATCH)
+    call = deltopic_call(state.settings, part, scope, writer, pattern, start, end, DELETE_BATCH)
     return state.script_plan(DELTOPIC, call, finish)
 
 

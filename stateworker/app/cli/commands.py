@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from stateworker import logs
+from stateworker import logs, tracing
 from stateworker.app import admin, service, service_user
 from stateworker.app.cli import calls, multi, parser, status, watching
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, settings_of
@@ -51,8 +51,15 @@ def serve(args: argparse.Namespace) -> int:
                                    **({"http": svc.http_address} if svc.http_address else {}),
                                    **svc.runtime.describe}).decode(), flush=True)
 
+    # OTEL_EXPORTER_OTLP_ENDPOINT set: the SDK exports the spans of traced calls; what is
+    # left is exported at the stop.
+    export = tracing.setup_export()
     tune_gc_for_serving()
-    run(service.serve, settings, options, ready)
+    try:
+        run(service.serve, settings, options, ready)
+    finally:
+        if export is not None:
+            export.shutdown()
     return EXIT_OK
 
 

@@ -7,7 +7,8 @@
     KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member              ARGV[4] now (epoch ms)
-    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
+    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
+            traceparent: entry.lua, entry_writer)
     ARGV[8] expected version ("" for none; 1 or more: Python refuses 0)
     KEYS[10], KEYS[11] and the last four ARGV (state::delete over the bus on one Redis):
              the call is answered here (entry.lua, entry_answer)

@@ -6,7 +6,7 @@
     KEYS[1] scope topic index   KEYS[2] scope key index   KEYS[3] scope updated index
     KEYS[4] partition scopes    KEYS[5] partition ttl     KEYS[6] partition event stream
     ARGV[1] scope               ARGV[2] now (epoch ms)    ARGV[3] event stream MAXLEN
-    ARGV[4] writer ("" for none)
+    ARGV[4] writer ("" for none; and a traced call's traceparent: entry.lua, entry_writer)
     ARGV[5] topic pattern       ARGV[6] lex range start ("[<literal prefix>" or "(<cursor>")
     ARGV[7] lex range end       ARGV[8] most index members to examine
     ARGV[9] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)

@@ -11,7 +11,8 @@
     ARGV[1] scope                   ARGV[2] key
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
-    ARGV[6] writer ("" for none)    ARGV[7] call record arguments (entry.lua; "" for none)
+    ARGV[6] writer ("" for none; a traced call's also names its traceparent: entry.lua,
+            entry_writer)               ARGV[7] call record arguments (entry.lua; "" for none)
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
     ARGV[10] topic: "~" keep the current one | "-" none | "=" .. topic

@@ -6,7 +6,8 @@
             arguments (entry.lua)
     KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
     ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
-    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none)
+    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
+            traceparent: entry.lua, entry_writer)
     ARGV[8] topic: "-" clears, "=" .. topic sets
   Output:
     {ST.OK, 1 when the key exists (retagged or already so), 0 when missing}

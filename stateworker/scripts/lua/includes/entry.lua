@@ -7,6 +7,7 @@
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
     ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
                                             -- stream cap, writer
+    ctx.tp                                  -- a traced call's traceparent (false: untraced)
     ctx[1 .. n]                             -- entry_write's HSET arguments, while it runs
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
@@ -26,11 +27,31 @@ local function entry_mark_written(ctx)
   redis.call('ZADD', string.sub(ctx.scopes, 1, -7) .. 'written', ctx.stamp, ctx.scope)
 end
 
+-- A traced call's event (entry_emit): the fields of the others, then `tp`, the traceparent
+-- of the service's span of the call (a trigger's delivery continues its trace). A table per
+-- event, for traced calls only.
+local function entry_emit_traced(ctx, etype, old, new, version)
+  local args = {ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
+    'type', etype, 'scope', ctx.scope, 'key', ctx.key,
+    'old_value', old, 'new_value', new, 'version', version,
+    'ts_ms', ctx.stamp, 'by', ctx.by}
+  if ctx.tx then
+    args[#args + 1], args[#args + 2] = 'tx', ctx.tx
+    args[#args + 1], args[#args + 2] = 'tx_size', ctx.txsize
+  end
+  args[#args + 1], args[#args + 2] = 'tp', ctx.tp
+  ctx.rev = redis.call('XADD', unpack(args))
+  return ctx.rev
+end
+
 -- Append one change event; its stream id is the revision, returned. A transaction's events
 -- (ctx.tx set: its id, ctx.txsize its number of events) carry both, so a reader can tell
--- they belong together and whether it has them all.
+-- they belong together and whether it has them all; a traced call's carry `tp` too.
 local function entry_emit(ctx, etype, old, new, version)
   entry_mark_written(ctx)
+  if ctx.tp then
+    return entry_emit_traced(ctx, etype, old, new, version)
+  end
   if ctx.tx then
     ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
       'type', etype, 'scope', ctx.scope, 'key', ctx.key,
@@ -88,12 +109,12 @@ local function entry_load(ctx)
 end
 
 -- Delete an entry whose expiry has passed, with the state:deleted event the reaper would
--- have written (by = "", and no transaction's id: the expiry is not part of one).
+-- have written (by = "", no transaction's id and no trace: the expiry is not the call's).
 local function entry_drop_expired(ctx, cur)
-  local by, tx = ctx.by, ctx.tx
-  ctx.by, ctx.tx = '', false
+  local by, tx, tp = ctx.by, ctx.tx, ctx.tp
+  ctx.by, ctx.tx, ctx.tp = '', false, false
   entry_delete(ctx, cur)
-  ctx.by, ctx.tx = by, tx
+  ctx.by, ctx.tx, ctx.tp = by, tx, tp
 end
 
 -- The live entry or nil. An entry whose expiry has passed is deleted here (entry_drop_expired).
@@ -234,7 +255,8 @@ end
 --[[
   The ctx of an entry script's call: the entry addressed by the standard keys and first
   arguments of the entry scripts: KEYS[1..7] = entry, key index, updated index, topic index,
-  scopes, ttl, events; ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer.
+  scopes, ttl, events; ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer
+  (entry_writer: the writer, and a traced call's traceparent).
   All of entry.lua's per-call state, in one library table (the library outlives calls, and
   a call never outlives the next), refilled whole by entry_begin: no table to make and
   collect per call. It is not emptied at the end of a call: its fields are the call's KEYS
@@ -246,7 +268,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   entry = false, keyIndex = false, updIndex = false, topicIndex = false,
   scopes = false, ttl = false, events = false,
   scope = false, key = false, member = false,
-  now = false, stamp = false, maxlen = false, by = false,
+  now = false, stamp = false, maxlen = false, by = false, tp = false,
   rev = false, -- the revision of the call's last event (false: no change yet)
   tx = false, txsize = false, -- a transaction's id and number of events (false: none)
   fresh = false, -- the call's record slice is new (records.lua)
@@ -301,6 +323,19 @@ local function entry_replayed()
   return nil -- bound to this very call, not run yet
 end
 
+-- The writer argument of the scripts that write events (scripts/bindings.py writer_arg): the
+-- writer ("" none), or "\0" <traceparent> "\0" <writer> for a traced call (an empty
+-- traceparent: a writer that begins with NUL). Returns the writer and the traceparent or
+-- false.
+local function entry_writer(arg)
+  if string.byte(arg, 1) ~= 0 then
+    return arg, false
+  end
+  local z = string.find(arg, '\0', 2, true)
+  local tp = string.sub(arg, 2, z - 1)
+  return string.sub(arg, z + 1), tp ~= '' and tp
+end
+
 -- The start of every entry script, before it reads the entry: {ST.DUPLICATE, ...} when the
 -- call ran before (or {ST.DEADLINE_EXCEEDED}), else the entry's ctx (entry_ctx, filled for
 -- this call).
@@ -317,7 +352,8 @@ local function entry_start()
   ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
   ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
-  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(ARGV[4]), ARGV[4], ARGV[5], ARGV[6]
+  ctx.now, ctx.stamp, ctx.maxlen = tonumber(ARGV[4]), ARGV[4], ARGV[5]
+  ctx.by, ctx.tp = entry_writer(ARGV[6])
   ctx.rev, ctx.tx, ctx.txsize = false, false, false
   return nil, ctx
 end
@@ -350,16 +386,18 @@ local function entry_delete_key(ctx, prefix, ttl_prefix, key)
 end
 
 --[[
-  The ctx of a script over many entries of one scope that keeps no call record (deltopic,
-  delprefix): the scope's indexes, the partition's keys and the call's time, stream cap and
-  writer; each entry is then addressed with entry_at. (entry_ctx: no table per entry.)
+  The ctx of a script over many entries of one scope that keeps no call record (deltopic):
+  the scope's indexes, the partition's keys and the call's time, stream cap and writer
+  argument (entry_writer); each entry is then addressed with entry_at. (entry_ctx: no table
+  per entry.)
 ]]
 local function entry_scope_ctx(keyIndex, updIndex, topicIndex, scopes, ttl, events, scope, now,
                                maxlen, by)
   local ctx = entry_ctx
   ctx.keyIndex, ctx.updIndex, ctx.topicIndex = keyIndex, updIndex, topicIndex
   ctx.scopes, ctx.ttl, ctx.events, ctx.scope = scopes, ttl, events, scope
-  ctx.now, ctx.stamp, ctx.maxlen, ctx.by = tonumber(now), now, maxlen, by
+  ctx.now, ctx.stamp, ctx.maxlen = tonumber(now), now, maxlen
+  ctx.by, ctx.tp = entry_writer(by)
   ctx.rev, ctx.tx, ctx.txsize = false, false, false
   return ctx
 end
