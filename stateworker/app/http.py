@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from stateworker import tracing
 from stateworker.app.batches import Batches
 from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
@@ -89,7 +90,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             body = await _body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
                                 request.headers.get(CONTEXT_HEADER),
-                                runtime.options.max_context_bytes, caller)
+                                runtime.options.max_context_bytes, caller,
+                                _trace_headers(request))
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), http_status(
@@ -188,21 +190,46 @@ async def _caller(logins: Logins, request: Request, fn: str) -> str | None:
     return None
 
 
+def _trace_headers(request: Request) -> dict[str, str]:
+    """W3C trace context sent as HTTP headers (`traceparent`, `tracestate`): what a bus call
+    carries in its `context` (a header wins over the context's field)."""
+    return {name: value for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
+            if (value := request.headers.get(name)) is not None}
+
+
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
-               context_text: str | None, context_limit: int, principal: str | None) -> bytes:
+               context_text: str | None, context_limit: int, principal: str | None,
+               trace_headers: dict[str, str] | None = None) -> bytes:
     """One call in this process, as the bus runs it (with the other calls in flight: one
-    pipeline), as `principal` (`acl` mode) or trusted (None); its result's JSON."""
+    pipeline), as `principal` (`acl` mode) or trusted (None); its result's JSON. A trace
+    context (headers, or the context's fields) continues in a service span, as a bus call's
+    (tracing.py)."""
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
         raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
-    ctx = CallContext(context=parse_context(None if context_text is None else
-                                            context_text.encode(), context_limit,
-                                            "X-Stateworker-Context"), call_id=call_id,
-                      principal=principal, caller=principal,
+    context = parse_context(None if context_text is None else context_text.encode(),
+                            context_limit, "X-Stateworker-Context")
+    if trace_headers:
+        context = {**context, **trace_headers}
+    ctx = CallContext(context=context, call_id=call_id, principal=principal, caller=principal,
                       call_digest=None if call_id is None else call_digest(fn, body))
-    result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
-    if isinstance(result, StateError):
-        raise result
+    span = None
+    if tracing.TRACEPARENT in context:
+        span, ctx = tracing.start_call(fn, ctx, call_id)
+    try:
+        result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
+        if isinstance(result, StateError):
+            raise result
+    except StateError as exc:
+        if span is not None:
+            tracing.finish(span, exc.code)
+        raise
+    except BaseException:
+        if span is not None:
+            tracing.finish(span, InternalError.code)
+        raise
+    if span is not None:
+        tracing.finish(span, tracing.OK)
     return encoder.encode(result)
 
 

@@ -21,7 +21,6 @@ from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import (
     InvalidRequest,
-    NotFound,
     UnknownFunction,
     deadline_exceeded,
     shown,
@@ -44,8 +43,6 @@ from stateworker.schemas import (
     ReleaseNamespaceRequest,
     ScopeRequest,
     SetRequest,
-    UiContentRequest,
-    UiContentResult,
     UpdatedResult,
     UpdateRequest,
     UpdateResult,
@@ -70,12 +67,12 @@ from stateworker.state import (
     transactions,
     trigger_leases,
     triggers,
+    uifiles,
     validate,
     writes,
 )
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, then
-from stateworker.uicontent import known_paths, ui_file
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
 Rewrite = Callable[[str, bytes, CallContext], bytes]  # (fn, body, ctx) -> the body to decode
@@ -233,17 +230,6 @@ def state_list_namespaces(state: RedisState, req: ListNamespacesRequest, ctx: Ca
     return then(plan, NamespacesResult)
 
 
-def state_ui_content(state: RedisState, req: UiContentRequest, ctx: CallContext) -> Plan:
-    """A console file (uicontent.py): no Redis command, the plan ends at its first step."""
-    found = ui_file(req.path)
-    if found is None:
-        raise NotFound(f"path: no console file {shown(req.path)}; there are "
-                       f"{', '.join(known_paths())}", {"path": "path", "value": req.path})
-    content, content_type = found
-    result = UiContentResult(content.decode(), content_type)
-    return Plan([], lambda _: result)
-
-
 def state_claim_namespace(state: RedisState, req: ClaimNamespaceRequest, ctx: CallContext) -> Plan:
     prefix = validate.functions_prefix(req.functions_prefix)
     validate.claimant(ctx, prefix)
@@ -322,7 +308,7 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.CREATE_INDEX, indexes.state_create_index),
     (specs.DROP_INDEX, indexes.state_drop_index),
     (specs.LIST_INDEXES, indexes.state_list_indexes),
-    (specs.UI_CONTENT, state_ui_content),
+    (specs.UI_CONTENT, uifiles.state_ui_content),
 ))
 
 

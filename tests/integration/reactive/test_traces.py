@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
+import msgspec
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -214,3 +216,40 @@ async def test_a_writer_that_begins_with_nul_is_no_trace(
     assert b"tp" not in fields
     assert fields[b"by"] == b"\0" + b"x" * 60
     assert entry["updated_by"] == "\0" + "x" * 60
+
+
+async def test_an_http_call_continues_the_trace_of_its_traceparent_header(
+        redis_server: RedisServer, prefix: str, scope: str,
+        spans: InMemorySpanExporter) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        http="127.0.0.1:0")
+    reactor = Reactor(settings)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as served, \
+            StateClient(settings=settings) as client, anyio.create_task_group() as tg, \
+            httpx.AsyncClient(base_url=f"http://{served.http_address}") as http:
+        await tg.start(reactor.worker.run)
+        await client.call("state::register-trigger", {
+            "id": "web", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope}})
+        spans.clear()
+        with trace.get_tracer("test").start_as_current_span("web job") as job:
+            reply = await http.post("/v1/call/state::set", content=msgspec.json.encode(
+                {"scope": scope, "key": "k", "value": 1}),
+                headers={"traceparent": traceparent(job.get_span_context())})
+        assert reply.json()["ok"] is True
+        refused = await http.post("/v1/call/state::get", content=b'{"scope": 1}',
+                                  headers={"traceparent": traceparent(job.get_span_context())})
+        assert refused.status_code == 400
+        with anyio.fail_after(10):
+            await reactor.ran.wait()
+        await until(lambda: len(spans.get_finished_spans()) >= 6, 5, "every span to end")
+        reactor.worker.stop()
+    service_span = named(spans, "state::set", SpanKind.SERVER)
+    delivery = named(spans, "deliver reactor::on_change", SpanKind.PRODUCER)
+    handler = named(spans, "reactor::on_change", SpanKind.CONSUMER)
+    assert parent_of(service_span) == job.get_span_context().span_id
+    assert parent_of(delivery) == span_id(service_span)
+    assert parent_of(handler) == span_id(delivery)
+    failed = named(spans, "state::get", SpanKind.SERVER)  # the refused call: its code
+    assert dict(failed.attributes or {})["stateworker.code"] == "INVALID_REQUEST"
+    assert parent_of(failed) == job.get_span_context().span_id
