@@ -381,29 +381,37 @@ class ClusterConnection(RedisConnection):
 
     @staticmethod
     def _near_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
-        """Each command's slot; a keyless one takes the slot of the next keyed command (else
-        the previous), so a MULTI ... EXEC goes to the node of the commands it wraps: an
-        EXEC or DISCARD takes the previous one's, the transaction's it ends (the next could
-        be another transaction's, on another node once a slot moved: that node would answer
-        "EXEC without MULTI", and this one keep the MULTI open). None: no command of the
-        pipeline has a key (any primary)."""
+        """Each command's slot. Every command of a MULTI ... EXEC (or DISCARD) block, MULTI,
+        EXEC and keyless ones (TIME) included, takes the slot of the block's first keyed
+        command: a transaction goes whole to one node. Sent elsewhere, a keyless command ran
+        alone there and its EXEC answered one reply short; an EXEC sent to the next
+        transaction's node answered "EXEC without MULTI" while this one kept the MULTI open.
+        Outside a block, a keyless command takes the slot of the next keyed command (else the
+        previous). None: no command of the pipeline has a key (any primary)."""
         near: list[int | None] = [slot_of(args) for args in commands]
-        keyless = [i for i, slot in enumerate(near) if slot is None]
-        if not keyless or len(keyless) == len(near):
+        if all(slot is None for slot in near) or all(slot is not None for slot in near):
             return near
-        following: int | None = None
         filled = list(near)
-        for i in range(len(near) - 1, -1, -1):
-            if near[i] is None:
+        start: int | None = None  # the open block's MULTI
+        for i, args in enumerate(commands):
+            if _word(args) == b"MULTI":
+                start = i
+            elif start is not None and _ends_transaction(args):
+                slot = next((s for s in near[start:i + 1] if s is not None), None)
+                filled[start:i + 1] = [slot] * (i + 1 - start)
+                start = None
+        following: int | None = None
+        for i in range(len(filled) - 1, -1, -1):
+            if filled[i] is None:
                 filled[i] = following
             else:
-                following = near[i]
+                following = filled[i]
         previous: int | None = None
-        for i, slot in enumerate(near):
-            if slot is not None:
-                previous = slot
-            elif filled[i] is None or (previous is not None and _ends_transaction(commands[i])):
+        for i, slot in enumerate(filled):
+            if slot is None:
                 filled[i] = previous
+            else:
+                previous = slot
         return filled
 
     async def _send_to(self, address: str, commands: list[Sequence[Arg]], asking: list[bool],
@@ -495,7 +503,12 @@ def _pairs(flat: Any) -> dict[bytes, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _ends_transaction(args: Sequence[Arg]) -> bool:
+def _word(args: Sequence[Arg]) -> bytes:
+    """A command's name, upper case (b"" for none)."""
     name = args[0] if args else b""
     name = name.encode() if isinstance(name, str) else name
-    return isinstance(name, bytes) and name.upper() in (b"EXEC", b"DISCARD")
+    return name.upper() if isinstance(name, bytes) else b""
+
+
+def _ends_transaction(args: Sequence[Arg]) -> bool:
+    return _word(args) in (b"EXEC", b"DISCARD")

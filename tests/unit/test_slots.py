@@ -146,3 +146,15 @@ def test_a_transactions_exec_goes_with_its_own_commands() -> None:
                 ["MULTI"], ["XRANGE", b, "-", "+"], ["EXEC"], ["PING"]]
     slots = ClusterConnection._near_slots(commands)
     assert slots == [key_slot(a)] * 3 + [key_slot(b)] * 4
+
+
+def test_a_keyless_command_inside_a_transaction_goes_with_it() -> None:
+    """A keyless command queued in a transaction (a watch's TIME, last before EXEC) goes to
+    its transaction's node, never to the next transaction's: sent there, it ran alone and
+    the EXEC answered one reply short (a watch's read failed while a slot moved)."""
+    a, b = "{a}k", "{b}k"
+    commands = [["MULTI"], ["XINFO", "STREAM", a], ["TIME"], ["EXEC"],
+                ["MULTI"], ["TIME"], ["XRANGE", b, "-", "+"], ["TIME"], ["EXEC"],
+                ["TIME"], ["XRANGE", a, "-", "+"]]
+    slots = ClusterConnection._near_slots(commands)
+    assert slots == [key_slot(a)] * 4 + [key_slot(b)] * 5 + [key_slot(a)] * 2
