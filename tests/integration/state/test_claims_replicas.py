@@ -17,30 +17,28 @@ from stateworker import StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.settings import Settings
 from stateworker.state.registry import RegistryEntry
 from tests.calls import refuses
 from tests.integration.busproto import roundtrip, until
+from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
 
-def settings_for(server: RedisServer, prefix: str) -> Settings:
-    return Settings(redis_url=server.url, prefix=prefix, partitions=4)
-
-
 @asynccontextmanager
-async def replicas(server: RedisServer, prefix: str, count: int
+async def replicas(server: RedisServer, prefix: str, count: int, **extra: Any
                    ) -> AsyncIterator[list[StateService]]:
-    """`count` state services on the same Redis and prefix (one consumer group)."""
+    """`count` state services on the same Redis and prefix (one consumer group); `extra`:
+    settings of theirs."""
     async with anyio.create_task_group() as tg:
         services: list[StateService] = []
         stops: list[anyio.Event] = []
 
         async def run(name: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
             options = BusOptions(block_ms=50, consumer=name)
-            async with StateService.running(settings_for(server, prefix), options) as service:
+            async with StateService.running(settings_for(server, prefix, **extra),
+                                            options) as service:
                 services.append(service)
                 stops.append(stop := anyio.Event())
                 task_status.started()
@@ -200,14 +198,19 @@ async def test_concurrent_claimants_on_two_replicas_leave_one_owner(
 
 async def test_a_replica_reloads_the_claims_after_its_registry_connection_breaks(
         own_redis: RedisServer, scope: str) -> None:
-    async with replicas(own_redis, "sw", 1) as (only,):
+    # No dispatcher: its reads are XREADs too, and the registry follower's is the one cut.
+    async with replicas(own_redis, "sw", 1, dispatch=False) as (only,):
         store = StateStore(only.state)
         raw = aredis.Redis(port=own_redis.port)
         try:
             # A claim whose registry entry this replica never sees (as one made while it
             # was cut off and trimmed since): only a reload finds it.
             await raw.hset(only.state.keys.claims, scope, "billing")
-            follower = [c for c in await raw.client_list() if c["cmd"] == "xread"]
+
+            async def reading() -> list[dict[str, Any]]:
+                return [c for c in await raw.client_list() if c["cmd"] == "xread"]
+            await until(reading, 5.0, "the registry follower's XREAD")
+            follower = await reading()
             assert len(follower) == 1
             assert not await refuses(store, scope)
             await raw.client_kill_filter(_id=follower[0]["id"])
