@@ -44,5 +44,7 @@ async def test_calls_follow_a_slot_that_moves(redis_cluster: RedisCluster, prefi
         assert writers.errors == []
         # Every acknowledged increment is there, no other.
         assert await writers.values() == writers.done
-        # Two moves: the map read again a few times (once per burst of MOVED), not per reply.
-        assert 1 <= conn.refreshes - refreshes <= 4 * MOVES, conn.refreshes - refreshes
+        # Two moves: the map read again a few times (once per burst of MOVED, and as the
+        # migration's ASK/TRYAGAIN retries go), not once per reply: that would be at least
+        # one per writer and move (WRITERS * MOVES); half of that bounds it on a loaded machine.
+        assert 1 <= conn.refreshes - refreshes <= WRITERS * MOVES // 2, conn.refreshes - refreshes
