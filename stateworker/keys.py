@@ -44,7 +44,7 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
-  sw:dispatch:triggers                    hash   per trigger: "<id>|delivered" handler calls
+  sw:dispatch:by_trigger                  hash   per trigger: "<id>|delivered" handler calls
                                                  handed on, "<id>|error" its last condition
                                                  error (JSON); pruned as triggers go
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
@@ -196,7 +196,7 @@ class KeySpace:
         self.roles = f"{registry_tag}roles"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
-        self.dispatch_triggers = f"{prefix}:dispatch:triggers"
+        self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"
         self.snapshot_status = f"{prefix}:snapshot:status"
         self._parts = [self._build(n) for n in range(partitions)]

@@ -75,7 +75,7 @@ class Dispatcher:
         self.registry_id = "0-0"
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
                                  or state.claims.is_claimed(scope))
-        self.counts = Counts(state.conn, state.keys.dispatch_stats, state.keys.dispatch_triggers)
+        self.counts = Counts(state.conn, state.keys.dispatch_stats, state.keys.dispatch_by_trigger)
         self.conditions = Conditions(state, self.counts)
         self.batches = Batches(state, self.leases, self.conditions, self.counts,
                                lambda: self.triggers, self.hidden,

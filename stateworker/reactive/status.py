@@ -81,7 +81,7 @@ class Counts:
     """A dispatcher's counters (handler calls, condition skips and errors, malformed events,
     append errors), added up in memory and flushed into `keys.dispatch_stats` once a round:
     `dispatch_status` shows their sums over every replica. Per trigger (`keys.
-    dispatch_triggers`): the handler calls it was handed on with, its last condition error."""
+    dispatch_by_trigger`): the handler calls it was handed on with, its last condition error."""
 
     def __init__(self, conn: RedisConnection, key: str, per_trigger: str) -> None:
         self.conn = conn
@@ -129,7 +129,7 @@ async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
     """Each trigger's handler calls handed on (every replica's) and last error (None)."""
     if not ids:
         return []
-    flat = await conn.execute("HMGET", keys.dispatch_triggers,
+    flat = await conn.execute("HMGET", keys.dispatch_by_trigger,
                               *(f"{t}|{what}" for t in ids for what in ("delivered", "error")))
     return [(int(flat[2 * i] or 0), None if flat[2 * i + 1] is None else
              msgspec.json.decode(flat[2 * i + 1])) for i in range(len(ids))]

@@ -163,7 +163,7 @@ async def test_unregistering_stops_delivery_on_every_replica(
         for dispatcher in dispatchers:
             await dispatcher.counts.flush()
             await dispatcher.reload_triggers()
-        figures = await one.state.conn.execute("HGETALL", one.state.keys.dispatch_triggers)
+        figures = await one.state.conn.execute("HGETALL", one.state.keys.dispatch_by_trigger)
         assert not [f for f in figures[::2] if f.startswith(b"all|")], figures
         for name in scopes:
             await client.set(name, "k", 2)
