@@ -20,6 +20,9 @@ as the tests run them, never share a counter).
     stateworker_dispatch_lag_seconds{partition}     of the oldest of them
     stateworker_snapshot_lag_events{partition}      the same for the snapshot in PostgreSQL
     stateworker_snapshot_lag_seconds{partition}     (when one runs for the prefix)
+    stateworker_trigger_lag_events{trigger}         per trigger: its partitions' lag,
+    stateworker_trigger_lag_seconds{trigger}        and the handler calls it was handed on
+    stateworker_trigger_calls_total{trigger}        with (every replica's)
     stateworker_dedupe_records                      bus call ids held for the dedupe window
 """
 
@@ -38,7 +41,7 @@ from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.stats import LATENCY_BUCKETS_MS, function_label
 from stateworker.clock import now_ms
 from stateworker.keys import CALL_BUCKETS
-from stateworker.reactive.status import dispatch_status
+from stateworker.reactive.status import dispatch_status, trigger_status
 from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.store import RedisState
@@ -136,6 +139,7 @@ class Metrics:
         for name, count in sorted(dispatch["counters"].items()):
             counters.add_metric([name], count)
         families = [triggers, counters, *_lags("dispatch", dispatch["partitions"]),
+                    *_per_trigger(await trigger_status(conn, keys, dispatch["partitions"])),
                     await self._dedupe()]
         snapshot = await snapshot_status(conn, keys)
         if snapshot is not None:
@@ -169,6 +173,24 @@ class Metrics:
             if info.get(b"name") == self.runtime.bus.group.encode():
                 pending.add_metric([stream], int(info.get(b"pending") or 0))
                 lag.add_metric([stream], int(info.get(b"lag") or 0))
+
+
+def _per_trigger(triggers: list[dict[str, Any]]) -> list[Any]:
+    """Each trigger's lag (its partitions': events, seconds) and handler calls handed on."""
+    events = GaugeMetricFamily("stateworker_trigger_lag_events",
+                               "Events of the trigger's partitions not handed on yet.",
+                               labels=["trigger"])
+    seconds = GaugeMetricFamily("stateworker_trigger_lag_seconds",
+                                "Age of the oldest of them.", labels=["trigger"])
+    calls = CounterMetricFamily("stateworker_trigger_calls", "Handler calls the trigger was "
+                                "handed on with, every replica's.", labels=["trigger"])
+    for trigger in triggers:
+        label = [trigger["id"]]
+        events.add_metric(label, trigger["lag_events"])
+        if trigger["lag_ms"] is not None:
+            seconds.add_metric(label, trigger["lag_ms"] / 1000)
+        calls.add_metric(label, trigger["delivered"])
+    return [events, seconds, calls]
 
 
 def _lags(what: str, partitions: list[dict[str, Any]]) -> list[Any]:

@@ -1,5 +1,7 @@
-"""What `stateworker status` shows of the dispatch: triggers, replicas, per-partition lease
-holder, position, lag (events and ms), events the cap cut, and the dispatchers' counters."""
+"""What `stateworker status` (and the console, and /metrics) shows of the dispatch: triggers,
+replicas, per-partition lease holder, position, lag (events and ms), events the cap cut, the
+dispatchers' counters; each trigger with its partitions' lag, its handler calls and its last
+condition error (`trigger_status`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
 from stateworker.reactive.trimming import StreamInfo
+from stateworker.state.triggers import decode_trigger, live
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
 
@@ -133,3 +136,29 @@ async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
                               *(f"{t}|{what}" for t in ids for what in ("delivered", "error")))
     return [(int(flat[2 * i] or 0), None if flat[2 * i + 1] is None else
              msgspec.json.decode(flat[2 * i + 1])) for i in range(len(ids))]
+
+
+async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """Each live trigger with the dispatch's lag on the partitions it reads (its scope's, or
+    every one): events not yet handed on, and the age of the oldest (None: no dispatcher
+    has passed one of its events yet); the handler calls it was handed on with (every
+    replica's, since it was registered) and its last condition error (None)."""
+    by_partition = {p["partition"]: p for p in partitions}
+    flat = await conn.execute("HGETALL", keys.triggers)
+    now = now_ms()
+    listed = []
+    for trigger in sorted((t for t in map(decode_trigger, flat[1::2]) if live(t, now)),
+                          key=lambda t: t.id.encode()):
+        scope = trigger.config.scope
+        parts = [keys.partition_of(scope)] if scope is not None else range(keys.partitions)
+        behind = [by_partition[n] for n in parts if n in by_partition]
+        ages = [p["lag_ms"] for p in behind if p.get("lag_ms") is not None]
+        listed.append({"id": trigger.id, "function_id": trigger.function_id,
+                       "service": trigger.service, "scope": scope, "owner": trigger.owner,
+                       "lag_events": sum(p["lag_events"] for p in behind),
+                       "lag_ms": max(ages) if ages else None})
+    figures = await trigger_figures(conn, keys, [t["id"] for t in listed])
+    for row, (delivered, error) in zip(listed, figures, strict=True):
+        row.update(delivered=delivered, last_error=error)
+    return listed

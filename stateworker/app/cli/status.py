@@ -9,14 +9,13 @@ from typing import Any
 
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
-from stateworker.clock import now_ms, rfc3339_ms
+from stateworker.clock import rfc3339_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
-from stateworker.reactive.status import dispatch_status, trigger_figures
+from stateworker.reactive.status import dispatch_status, trigger_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state import indexes
-from stateworker.state.triggers import decode_trigger, live
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
@@ -51,38 +50,12 @@ async def status_report(settings: Settings) -> dict[str, Any]:
             report["services"][name] = await _service_status(conn, shards, name, settings)
         keys = KeySpace(settings.prefix, settings.partitions)
         report["dispatch"] = await dispatch_status(conn, keys)
-        report["triggers"] = await _triggers(conn, keys, report["dispatch"]["partitions"])
+        report["triggers"] = await trigger_status(conn, keys, report["dispatch"]["partitions"])
         report["snapshot"] = await snapshot_status(conn, keys)
         report["indexes_building"] = await indexes.building(conn, keys)
     finally:
         await conn.close()
     return report
-
-
-async def _triggers(conn: RedisConnection, keys: KeySpace, partitions: list[dict[str, Any]]
-                    ) -> list[dict[str, Any]]:
-    """Each live trigger with the dispatch's lag on the partitions it reads (its scope's, or
-    every one): events not yet handed on, and the age of the oldest (None: no dispatcher
-    has passed one of its events yet); the handler calls it was handed on with (every
-    replica's, since it was registered) and its last condition error (None)."""
-    by_partition = {p["partition"]: p for p in partitions}
-    flat = await conn.execute("HGETALL", keys.triggers)
-    now = now_ms()
-    listed = []
-    for trigger in sorted((t for t in map(decode_trigger, flat[1::2]) if live(t, now)),
-                          key=lambda t: t.id.encode()):
-        scope = trigger.config.scope
-        parts = [keys.partition_of(scope)] if scope is not None else range(keys.partitions)
-        behind = [by_partition[n] for n in parts if n in by_partition]
-        ages = [p["lag_ms"] for p in behind if p.get("lag_ms") is not None]
-        listed.append({"id": trigger.id, "function_id": trigger.function_id,
-                       "service": trigger.service, "scope": scope, "owner": trigger.owner,
-                       "lag_events": sum(p["lag_events"] for p in behind),
-                       "lag_ms": max(ages) if ages else None})
-    figures = await trigger_figures(conn, keys, [t["id"] for t in listed])
-    for row, (delivered, error) in zip(listed, figures, strict=True):
-        row.update(delivered=delivered, last_error=error)
-    return listed
 
 
 async def _bus_streams(conn: RedisConnection, prefix: str) -> list[bytes]:

@@ -235,6 +235,12 @@ async def test_metrics_show_the_dispatch(served: tuple[StateService, httpx.Async
     lagged = {labels for name, labels in got if name == "stateworker_dispatch_lag_events"}
     assert lagged == {(("partition", str(n)),) for n in range(4)}
     assert not any(name.startswith("stateworker_snapshot") for name, _ in got)  # none runs
+    trigger = (("trigger", "watch"),)
+    with anyio.fail_after(10):  # (its figures reach Redis with the dispatch's counters)
+        while (got := await dispatched()).get(("stateworker_trigger_calls_total",
+                                               trigger)) != 3:
+            await anyio.sleep(0.05)
+    assert got[("stateworker_trigger_lag_events", trigger)] == 0
 
 
 async def test_calls_in_flight_run_together_and_each_gets_its_own_result(
