@@ -130,13 +130,8 @@ def serving(fn: str, context: Mapping[str, Any], call_id: str | None, caller: st
         return
     with tracer.start_as_current_span(fn, parent, kind, _attributes(call_id, caller),
                                       record_exception=True,
-                                      set_status_on_exception=False) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            finish_failed(span, exc)
-            raise
-        span.set_attribute(CODE, OK)
+                                      set_status_on_exception=False) as span, _ending(span):
+        yield span
 
 
 @contextmanager
@@ -149,13 +144,19 @@ def calling(fn: str, call_id: str) -> Iterator[Span | None]:
         return
     with tracer.start_as_current_span(fn, kind=SpanKind.CLIENT,
                                       attributes={CALL_ID: call_id},
-                                      set_status_on_exception=False) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            finish_failed(span, exc)
-            raise
-        span.set_attribute(CODE, OK)
+                                      set_status_on_exception=False) as span, _ending(span):
+        yield span
+
+
+@contextmanager
+def _ending(span: Span) -> Iterator[None]:
+    """The block's outcome as the span's code: OK, or the exception's (finish_failed)."""
+    try:
+        yield
+    except BaseException as exc:
+        finish_failed(span, exc)
+        raise
+    span.set_attribute(CODE, OK)
 
 
 def start_delivery(fn: str, parent_traceparent: str, call_id: str, trigger_id: str

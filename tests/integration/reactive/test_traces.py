@@ -17,10 +17,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind
 
-from stateworker import Worker
+from stateworker import Worker, tracing
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
+from stateworker.errors import InvalidRequest
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.servers import RedisServer
@@ -253,3 +254,22 @@ async def test_an_http_call_continues_the_trace_of_its_traceparent_header(
     failed = named(spans, "state::get", SpanKind.SERVER)  # the refused call: its code
     assert dict(failed.attributes or {})["stateworker.code"] == "INVALID_REQUEST"
     assert parent_of(failed) == job.get_span_context().span_id
+
+
+def test_a_span_ends_with_its_blocks_outcome(spans: InMemorySpanExporter) -> None:
+    """A client's and a served function's span carry the code of what ended them: OK, a
+    StateError's code, INTERNAL for any other exception; an error status when not OK."""
+    with trace.get_tracer("test").start_as_current_span("job") as job:
+        with pytest.raises(InvalidRequest), tracing.calling("x::refused", "id-1"):
+            raise InvalidRequest("bad", {})
+        with tracing.calling("x::fine", "id-2"):
+            pass
+    context = {"traceparent": traceparent(job.get_span_context())}
+    with pytest.raises(RuntimeError), tracing.serving("x::crashed", context, "id-3", "me"):
+        raise RuntimeError("boom")
+    with tracing.serving("x::served", context, "id-4", "me"):
+        pass
+    codes = {s.name: (dict(s.attributes or {})["stateworker.code"], s.status.status_code.name)
+             for s in spans.get_finished_spans() if s.name.startswith("x::")}
+    assert codes == {"x::refused": ("INVALID_REQUEST", "ERROR"), "x::fine": ("OK", "UNSET"),
+                     "x::crashed": ("INTERNAL", "ERROR"), "x::served": ("OK", "UNSET")}
