@@ -40,6 +40,7 @@ from stateworker.errors import (
     PermissionDenied,
     StateError,
     UnknownCaller,
+    ValueTooLarge,
     http_status,
 )
 from stateworker.events.model import Event, decode_event, document_json, fields_of
@@ -51,6 +52,7 @@ from stateworker.uicontent import console_page, ui_file
 CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode
 HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
 HISTORY_KEEP = 20  # ... its last changes this many
+LOGIN_BYTES = 4096  # a login form (a principal's name and password: 256 bytes each at most)
 BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
 JSON = "application/json"
 
@@ -75,7 +77,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
 
     async def login(request: Request) -> Response:
         try:
-            form = msgspec.json.decode(await request.body(), type=dict[str, str])
+            form = msgspec.json.decode(await _small_body(request), type=dict[str, str])
         except msgspec.DecodeError as exc:  # (not JSON, or not an object of strings)
             raise InvalidRequest(f"login: {exc}", {"path": "body"}) from None
         if not logins.required:
@@ -114,7 +116,12 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
         scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
         _may_read(state, await _principal(logins, request), scope)
         watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
-        await watch.open()
+        try:
+            await watch.open()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await watch.close()
+            raise
         return _Tail(_events(watch, prefix), stopping, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache"})
 
@@ -162,6 +169,23 @@ def _answering(handler: Handler) -> Handler:
                                   f"{type(exc).__name__}")
             return _error(error, 500)
     return answered
+
+
+async def _small_body(request: Request) -> bytes:
+    """A login form's body: VALUE_TOO_LARGE past LOGIN_BYTES (what is past it is read and
+    dropped, never kept: a reply sent while the client still uploads would reach it as a
+    reset, as app/http.py's `_body` says)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= LOGIN_BYTES:
+            chunks.append(chunk)
+    if size > LOGIN_BYTES:
+        raise ValueTooLarge(f"login: the body is {size} bytes, more than the limit of "
+                            f"{LOGIN_BYTES} bytes", {"path": "body", "size": size,
+                                                     "limit": LOGIN_BYTES})
+    return b"".join(chunks)
 
 
 def _json(document: Any) -> Response:

@@ -104,6 +104,8 @@ async def test_http_calls_in_acl_mode_carry_basic_credentials(served: StateServi
         for body in (b"not json", b'{"principal": 1}'):  # a bad login form: named, 400
             bad = await http.post("/v1/console/login", content=body)
             assert (bad.status_code, bad.json()["error"]["code"]) == (400, "INVALID_REQUEST")
+        huge = await http.post("/v1/console/login", content=b" " * 100_000)
+        assert (huge.status_code, huge.json()["error"]["code"]) == (413, "VALUE_TOO_LARGE")
         overview = await http.get("/v1/console/overview", headers=basic("reader", "read-pass-1"))
         assert overview.status_code == 403  # not an admin
         tail = await http.get("/v1/console/tail?scope=stock",
