@@ -227,7 +227,8 @@ async function loadEntries() {
   });
   keysView.next = result.next_after || null;
   $("page-next").disabled = !keysView.next;
-  $("page-note").textContent = `${result.entries.length} keys on page ${keysView.pages.length + 1}`;
+  const count = result.entries.length;
+  $("page-note").textContent = `${count} key${count === 1 ? "" : "s"} on page ${keysView.pages.length + 1}`;
   if (!document.body.dataset.firstKeysMs) document.body.dataset.firstKeysMs = performance.now().toFixed(1);
 }
 
@@ -296,6 +297,7 @@ async function write(fn, body) {
     $("write-result").className = "error";
     $("write-result").textContent = `${fn} refused: ${error.message}`;
   }
+  $("write-result").scrollIntoView({ block: "center" }); // (what became of it, in view)
 }
 
 $("write-put").onclick = () => {
