@@ -6,6 +6,7 @@ refused, nothing is left pending or counted wrong."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -183,3 +184,32 @@ async def test_an_update_with_ops_refused_before_the_script_is_answered_with_the
         (0, "set.path.proto_polluted")]
     _, again = await answer_bytes(raw, prefix, "state::update", body, call_id=call_id)
     assert again == first
+
+
+async def test_a_reply_key_of_another_type_loses_only_the_reply(
+        service: StateService, raw: aredis.Redis, prefix: str, scope: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A caller whose reply key holds a string: its set applies once, the entry is
+    acknowledged and deleted, and only the reply is lost (as when the service answers: its
+    LPUSH fails the same way); a retry to a list gets the recorded reply, nothing applies
+    twice; the calls behind it are answered."""
+    stream = f"{prefix}:bus:state"
+    broken = f"{prefix}:reply:broken-{uuid.uuid4().hex}"
+    await raw.set(broken, "not a list")
+    body = {"scope": scope, "key": "k", "value": 1}
+    call_id, _ = await send(raw, prefix, "state::set", body, reply=broken)
+    _, after = await answer_bytes(raw, prefix, "state::set",
+                                  {"scope": scope, "key": "other", "value": 2})
+    assert msgspec.json.decode(after)["ok"] is True
+
+    async def drained() -> bool:
+        return await raw.xlen(stream) == 0 and (await raw.xpending(stream, "state"))[
+            "pending"] == 0
+    await until(drained, 10, "every entry acknowledged and deleted")
+    assert await raw.get(broken) == b"not a list"
+    _, retried = await answer_bytes(raw, prefix, "state::set", body, call_id=call_id)
+    assert msgspec.json.decode(retried)["result"]["version"] == 1  # applied once
+    _, got = await answer_bytes(raw, prefix, "state::get-entry", {"scope": scope, "key": "k"})
+    assert msgspec.json.decode(got)["result"]["version"] == 1
+    # The caller's own key cost it its reply; it is no failure of the service's.
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
