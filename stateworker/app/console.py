@@ -32,6 +32,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from stateworker.app.bodies import read_body
 from stateworker.app.cli.status import status_report
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
 from stateworker.errors import (
@@ -40,7 +41,6 @@ from stateworker.errors import (
     PermissionDenied,
     StateError,
     UnknownCaller,
-    ValueTooLarge,
     http_status,
 )
 from stateworker.events.model import Event, decode_event, document_json, fields_of
@@ -77,7 +77,8 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
 
     async def login(request: Request) -> Response:
         try:
-            form = msgspec.json.decode(await _small_body(request), type=dict[str, str])
+            form = msgspec.json.decode(await read_body(request, LOGIN_BYTES, "login: the body"),
+                                      type=dict[str, str])
         except msgspec.DecodeError as exc:  # (not JSON, or not an object of strings)
             raise InvalidRequest(f"login: {exc}", {"path": "body"}) from None
         if not logins.required:
@@ -169,23 +170,6 @@ def _answering(handler: Handler) -> Handler:
                                   f"{type(exc).__name__}")
             return _error(error, 500)
     return answered
-
-
-async def _small_body(request: Request) -> bytes:
-    """A login form's body: VALUE_TOO_LARGE past LOGIN_BYTES (what is past it is read and
-    dropped, never kept: a reply sent while the client still uploads would reach it as a
-    reset, as app/http.py's `_body` says)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= LOGIN_BYTES:
-            chunks.append(chunk)
-    if size > LOGIN_BYTES:
-        raise ValueTooLarge(f"login: the body is {size} bytes, more than the limit of "
-                            f"{LOGIN_BYTES} bytes", {"path": "body", "size": size,
-                                                     "limit": LOGIN_BYTES})
-    return b"".join(chunks)
 
 
 def _json(document: Any) -> Response:

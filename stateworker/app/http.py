@@ -42,6 +42,7 @@ from starlette.routing import Route
 
 from stateworker import tracing
 from stateworker.app.batches import Batches
+from stateworker.app.bodies import read_body
 from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.logins import Logins, SameOrigin
@@ -56,7 +57,6 @@ from stateworker.errors import (
     PermissionDenied,
     StateError,
     UnknownCaller,
-    ValueTooLarge,
     http_status,
 )
 from stateworker.schemas import encoder
@@ -87,7 +87,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         call_id = request.headers.get("idempotency-key")
         try:
             caller = await _caller(logins, request, fn)
-            body = await _body(request, runtime.options.max_body_bytes)
+            body = await read_body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
                                 request.headers.get(CONTEXT_HEADER),
                                 runtime.options.max_context_bytes, caller,
@@ -104,7 +104,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         return Response(document, status, media_type=JSON)
 
     async def read(request: Request) -> bytes:  # (Dapr's routes read their bodies with this)
-        return await _body(request, runtime.options.max_body_bytes)
+        return await read_body(request, runtime.options.max_body_bytes)
 
     async def healthz(_: Request) -> Response:
         return Response(b'{"status":"ok"}', 200, media_type=JSON)
@@ -155,21 +155,6 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ])
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body; VALUE_TOO_LARGE past `limit` bytes (what is past the limit is read
-    and dropped: a reply sent while the client still uploads would reach it as a reset)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-    if size > limit:
-        raise ValueTooLarge(f"body is {size} bytes, more than the limit of {limit} bytes",
-                            {"path": "body", "size": size, "limit": limit})
-    return b"".join(chunks)
 
 
 async def _caller(logins: Logins, request: Request, fn: str) -> str | None:
