@@ -56,6 +56,22 @@ DAGU = {"dag_name": "etl"}
 Call = tuple[str, dict[str, Any], dict[str, Any] | None]
 
 
+def moco_calls(value: Any) -> list[Call]:
+    """Every moco function once, on namespace "n" as moco's user "u1", in an order that
+    works (the set first, the delete last)."""
+    return [
+        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": value,
+                                     "topic": "t"}, MOCO),
+        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
+        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
+        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
+        ("builtin.state.list_namespaces", {}, MOCO),
+        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
+        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
+    ]
+
+
 def calls(prefix: str) -> list[Call]:
     """Every function of the catalog, native and the engines', once at least (the write
     paths' retries too: a diff and a Dagu get after an update compute the hash first)."""
@@ -115,15 +131,7 @@ def calls(prefix: str) -> list[Call]:
         ("state::keep-trigger", {"id": "gone"}, None),
         ("state::list-triggers", {}, None),
         ("state::unregister-trigger", {"id": "gone"}, None),
-        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": value,
-                                     "topic": "t"}, MOCO),
-        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
-        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
-        ("builtin.state.list_namespaces", {}, MOCO),
-        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
-        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
+        *moco_calls(value),
         ("state.set", {"key": "k", "value": value}, DAGU),
         ("state.set", {"key": "k", "value": 2, "create_only": True}, DAGU),  # CONFLICT
         ("state.get", {"key": "k"}, DAGU),

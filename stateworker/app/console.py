@@ -249,7 +249,7 @@ async def _history(state: RedisState, scope: str, key: str) -> list[Any]:
 async def _overview(state: RedisState) -> dict[str, Any]:
     """The front page: the status report (with the triggers and the lag of the partitions
     they read), the claimed namespaces, the principals and roles."""
-    report = await status_report(state.settings)
+    report = await status_report(state.settings, state.conn)  # (no connection of its own)
     access = state.access
     return {"status": report, "triggers": report.get("triggers", []),
             "barriers": await _barriers(state),

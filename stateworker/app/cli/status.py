@@ -23,16 +23,25 @@ from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
-async def status_report(settings: Settings) -> dict[str, Any]:
+async def status_report(settings: Settings, conn: RedisConnection | None = None
+                        ) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters, and
     the dispatch: triggers, replicas, per-partition holders, lag and cuts; the snapshot:
-    per-partition lag (events, ms) and its last error (null: no snapshot ran)."""
+    per-partition lag (events, ms) and its last error (null: no snapshot ran). `conn`: a
+    running service's own connection (the console's overview), used and left open; else
+    one is opened to the settings' Redis and closed."""
     url = client_url(settings)
-    conn = connection_for(url)
     report: dict[str, Any] = {"redis": shown_url(url), "state_dir": None if settings.redis_url
                               else settings.state_dir, "prefix": settings.prefix}
+    if conn is not None:
+        try:
+            return await _filled(report, conn, settings)
+        except ConnectionLost as exc:
+            report.update(reachable=False, error=str(exc))
+            return report
+    conn = connection_for(url)
     try:
-        info = (await conn.execute("INFO", "persistence")).decode()
+        info = await conn.execute("INFO", "persistence")
     except ConnectionLost as exc:
         await conn.close()  # (whatever it opened on the way)
         report.update(reachable=False, error=str(exc))
@@ -44,17 +53,26 @@ async def status_report(settings: Settings) -> dict[str, Any]:
         report.update(reachable=False, error=str(exc))
         return report
     try:
-        report.update(reachable=True, aof="aof_enabled:1" in info, services={})
-        streams = await _bus_streams(conn, settings.prefix)
-        for name, shards in _by_service(settings.prefix, streams).items():
-            report["services"][name] = await _service_status(conn, shards, name, settings)
-        keys = KeySpace(settings.prefix, settings.partitions)
-        report["dispatch"] = await dispatch_status(conn, keys)
-        report["triggers"] = await trigger_status(conn, keys, report["dispatch"]["partitions"])
-        report["snapshot"] = await snapshot_status(conn, keys)
-        report["indexes_building"] = await indexes.building(conn, keys)
+        return await _filled(report, conn, settings, info)
     finally:
         await conn.close()
+
+
+async def _filled(report: dict[str, Any], conn: RedisConnection, settings: Settings,
+                  info: bytes | None = None) -> dict[str, Any]:
+    """`report` with what Redis says (`info`: its INFO persistence, when read already;
+    ConnectionLost: Redis went away meanwhile)."""
+    if info is None:
+        info = await conn.execute("INFO", "persistence")
+    report.update(reachable=True, aof=b"aof_enabled:1" in info, services={})
+    streams = await _bus_streams(conn, settings.prefix)
+    for name, shards in _by_service(settings.prefix, streams).items():
+        report["services"][name] = await _service_status(conn, shards, name, settings)
+    keys = KeySpace(settings.prefix, settings.partitions)
+    report["dispatch"] = await dispatch_status(conn, keys)
+    report["triggers"] = await trigger_status(conn, keys, report["dispatch"]["partitions"])
+    report["snapshot"] = await snapshot_status(conn, keys)
+    report["indexes_building"] = await indexes.building(conn, keys)
     return report
 
 

@@ -23,6 +23,7 @@ from stateworker.bus.protocol import Call as BusCall
 from stateworker.bus.worker import Worker
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from tests.calls import DAGU, Call, moco_calls
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
 from tests.integration.snapshots import caught_up
@@ -31,9 +32,6 @@ from tests.servers import RedisServer
 pytestmark = pytest.mark.anyio
 
 VALUE = {"n": 1, "tags": ["a", "b"]}
-MOCO = {"user_id": "u1"}
-DAGU = {"dag_name": "etl"}
-Call = tuple[str, dict[str, Any], dict[str, Any] | None]
 
 
 def calls(r: int) -> list[Call]:
@@ -60,15 +58,7 @@ def calls(r: int) -> list[Call]:
         ("state::barrier", {"event": {"key": "a"},
                             "condition_config": {"id": f"named-{r}", "expect": ["a", "b"]}},
          None),
-        ("builtin.state.set_state", {"namespace": "n", "key": "k", "value": VALUE,
-                                     "topic": "t"}, MOCO),
-        ("builtin.state.get_state", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.get_state_with_ts", {"namespace": "n", "key": "k"}, MOCO),
-        ("builtin.state.update_topic", {"namespace": "n", "key": "k", "topic": "u"}, MOCO),
-        ("builtin.state.list_states", {"namespace": "n"}, MOCO),
-        ("builtin.state.list_namespaces", {}, MOCO),
-        ("builtin.state.delete_by_topic", {"namespace": "n", "topic_pattern": "u"}, MOCO),
-        ("builtin.state.del_state", {"namespace": "n", "key": "k"}, MOCO),
+        *moco_calls(VALUE),
         ("state.set", {"key": "k", "value": VALUE}, DAGU),
         ("state.get", {"key": "k"}, DAGU),
         ("state::update", {"scope": "dagu/dag/etl", "key": "u", "ops": [
