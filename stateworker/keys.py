@@ -18,7 +18,9 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:events                       stream change events; entry id = revision
   sw:{sw:p3}:calls:<slice>                hash   on a Redis Cluster: the bus calls' records
                                                  of the partition in one time slice (field:
-                                                 call_field(id); lua/includes/records.lua)
+                                                 call_field(id); lua/includes/records.lua),
+                                                 and the bindings of the ids whose home it is
+                                                 (KeySpace.id_home)
   sw:{sw:p3}:unsaved_calls                stream records of calls that changed the partition,
                                                  until PostgreSQL holds them (snapshot on)
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
@@ -50,7 +52,7 @@ Layout (`sw` prefix, partition 3):
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
   sw:snapshot:status                      hash   the snapshotters' last error and last commit
   sw:meta                                 hash   layout facts checked at start (partitions)
-  sw:calls:{sw:c<b>}:<slice>              hash   the records (on a cluster: the bindings) of
+  sw:calls:{sw:c<b>}:<slice>              hash   on one Redis: the records and bindings of
                                                  the call ids of bucket b in one time slice
   sw:bus:<service>                        stream calls to a service; consumer group <service>
                                                  (with STATEWORKER_BUS_SHARDS > 1: its shard 0)
@@ -225,10 +227,23 @@ class KeySpace:
 
     def call_ids(self, field: bytes, slice_: int) -> str:
         """One time slice of the records of the call ids of `field`'s bucket (a hash;
-        `call_field`). It binds an id to its first call across every partition; on one Redis
-        it also holds the entry scripts' records. Its own hash tag per bucket: on a cluster,
-        CALL_BUCKETS slots."""
+        `call_field`). On one Redis it binds an id to its first call across every partition,
+        and holds the entry scripts' records. Its own hash tag per bucket."""
         return f"{self._calls}{{{self.prefix}:c{field[0] % CALL_BUCKETS}}}:{slice_}"
+
+    def id_home(self, field: bytes) -> int:
+        """The partition whose records bind a call id on a Redis Cluster (`field`: the id's
+        call_field): a function of the id alone, so an id reused in any partition meets its
+        binding there. A call whose id's home is its scope's partition is bound by its entry
+        script with its record, in one slot; a client picks such ids (bus/ids.py)."""
+        return int.from_bytes(field[1:3], "big") % self.partitions
+
+    def binding(self, field: bytes, slice_: int, cluster: bool) -> str:
+        """The time slice that binds call id `field` to its call: on one Redis its bucket
+        (`call_ids`), on a cluster its home partition's records (`id_home`)."""
+        if cluster:
+            return self._parts[self.id_home(field)].call_records(slice_)
+        return self.call_ids(field, slice_)
 
     def partition_of(self, scope: str) -> int:
         return zlib.crc32(scope.encode()) % self.partitions

@@ -147,14 +147,17 @@ class Metrics:
         return families
 
     async def _dedupe(self) -> GaugeMetricFamily:
-        """The call ids held for the dedupe window: the fields of every bucket's slices that
-        can still be live (RECORD_SLICES back, one ahead: records.lua's), one pipeline."""
+        """The call ids held for the dedupe window: the fields of every slice that can still
+        be live (RECORD_SLICES back, one ahead: records.lua's) of every bucket (on a cluster,
+        of every partition's records: each id at its home, and a record kept away from its
+        id's home once more), one pipeline."""
         keys, settings = self.state.keys, self.state.settings
         now = now_ms() // slice_ms(settings)
         slices = range(now - RECORD_SLICES, now + 2)
-        sizes = await self.state.conn.pipeline([
-            ["HLEN", keys.call_ids(bytes([bucket]), s)]
-            for bucket in range(CALL_BUCKETS) for s in slices])
+        names = [part.call_records(s) for part in keys.all_partitions() for s in slices] \
+            if self.state.cluster else \
+            [keys.call_ids(bytes([bucket]), s) for bucket in range(CALL_BUCKETS) for s in slices]
+        sizes = await self.state.conn.pipeline([["HLEN", name] for name in names])
         records = GaugeMetricFamily("stateworker_dedupe_records",
                                     "Bus call ids held for the dedupe window.")
         # (each slice's hash holds a mark besides its records: records.lua, RECORDS_MARK)

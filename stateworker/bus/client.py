@@ -13,7 +13,6 @@ the stream, TIMEOUT when it may have (see `call_json`)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import time
 import uuid
@@ -27,6 +26,7 @@ import anyio
 import msgspec
 
 from stateworker import codec, tracing
+from stateworker.bus.ids import CallIds, body_partition
 from stateworker.bus.protocol import call_entry, caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.typed import TypedCalls
@@ -34,6 +34,7 @@ from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, connection_like, probed
 from stateworker.transport.connection import check_url, shown_url
 from stateworker.transport.embedded import client_url
@@ -125,9 +126,8 @@ class StateClient(TypedCalls):
         self._replies = ReplyReader(self.url, self.settings, self.reply_key, self._pending,
                                     self._met)
         self._stack = AsyncExitStack()
-        self._ids = itertools.count()
+        self._ids = CallIds(principal=self.principal)  # (on a cluster: homed ids, __aenter__)
         self._closed = False
-        self._id_prefix = uuid.uuid4().hex[:16]
         self.transient: Counter[str] = Counter()
 
     def _met(self, error: BaseException | None) -> None:
@@ -151,6 +151,8 @@ class StateClient(TypedCalls):
             self.conn = conn
             await self._replies.conn.close()
             self._replies.conn = connection_like(conn, write_first_at_once=True)
+        if isinstance(conn, ClusterConnection):  # ids bound with their call's record
+            self._ids.keys = self.shards.keys
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         tg.start_soon(self._replies.read)
@@ -264,21 +266,25 @@ class StateClient(TypedCalls):
         """
         if self._closed:
             raise Unavailable(f"{fn}: the client is closed", {})
-        call_id = call_id or f"{self._id_prefix}-{next(self._ids)}"
+        partition = None  # (the body's scope's: its shard, and on a cluster its id's home)
+        if self._one_stream is None or (call_id is None and self._ids.keys is not None):
+            partition = body_partition(self.shards.keys, body)
+        call_id = call_id or self._ids.new(partition)
         if tracing.is_traced():  # (a span is current: the call's own, named in its context)
             with tracing.calling(fn, call_id):
                 return await self._call(fn, body, timeout, call_id, tracing.inject(context),
-                                        deadline_ms)
-        return await self._call(fn, body, timeout, call_id, context, deadline_ms)
+                                        deadline_ms, partition)
+        return await self._call(fn, body, timeout, call_id, context, deadline_ms, partition)
 
     async def _call(self, fn: str, body: bytes | str, timeout: float | None, call_id: str,
-                    context: Mapping[str, Any] | None, deadline_ms: int | None) -> bytes:
+                    context: Mapping[str, Any] | None, deadline_ms: int | None,
+                    partition: int | None) -> bytes:
         wait_s = timeout or self.timeout
         start = time.monotonic()
         end = start + wait_s
         if deadline_ms is None:
             deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        stream = self._one_stream or self.shards.stream_for(body, call_id)
+        stream = self._one_stream or self.shards.stream_at(partition, call_id)
         fields = call_entry(stream, call_id, fn, body, self.reply_key, deadline_ms, self.caller,
                             context)
         waiter = self._pending[call_id] = Waiter()

@@ -23,7 +23,6 @@ bus/runtime.py.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -38,6 +37,7 @@ import msgspec
 from opentelemetry.trace import Span
 
 from stateworker import codec
+from stateworker.bus.ids import body_partition
 from stateworker.context import Answer, CallContext
 from stateworker.errors import (
     ConfigError,
@@ -159,13 +159,6 @@ def caller_route(settings: Settings, url: str, service: str) -> tuple[str, str, 
             principal_reply_prefix(prefix, principal), principal)
 
 
-class _Scoped(msgspec.Struct):
-    scope: str | None = None  # (a body's other fields are skipped, not kept)
-
-
-_scope_decoder = msgspec.json.Decoder(_Scoped)
-
-
 class Shards:
     """The call streams a caller writes one service's calls to, and the rule that picks one
     per call (docs/bus-protocol.md, "Shards"): a call whose body is a JSON object with a text
@@ -175,28 +168,20 @@ class Shards:
 
     def __init__(self, streams: Sequence[str], partitions: int) -> None:
         self.streams = list(streams)
-        self._keys = KeySpace("", partitions) if len(self.streams) > 1 else None
+        self.keys = KeySpace("", partitions)  # (partitions and ids' homes: no prefix needed)
 
     def stream_for(self, body: Arg, call_id: str) -> str:
         """The stream of the call with `body` and `call_id` (one shard: no look at the body)."""
-        if self._keys is None:
+        if len(self.streams) == 1:
             return self.streams[0]
-        return self.streams[self.shard_of(body, call_id)]
+        return self.stream_at(body_partition(self.keys, body), call_id)
 
-    def shard_of(self, body: Arg, call_id: str) -> int:
-        keys = self._keys
-        if keys is None:
-            return 0
-        scope: str | None = None
-        if isinstance(body, bytes | str):
-            with contextlib.suppress(msgspec.DecodeError):
-                scope = _scope_decoder.decode(body).scope
-        try:
-            if scope is not None:
-                return keys.partition_of(scope) % len(self.streams)
-        except UnicodeEncodeError:  # (a lone surrogate: the service refuses it anyway)
-            pass
-        return zlib.crc32(call_id.encode()) % len(self.streams)
+    def stream_at(self, partition: int | None, call_id: str) -> str:
+        """The stream of a call whose body names a scope of `partition` (None: no scope)."""
+        streams = self.streams
+        if partition is not None:
+            return streams[partition % len(streams)]
+        return streams[zlib.crc32(call_id.encode()) % len(streams)]
 
 
 def caller_shards(settings: Settings, service: str, stream: str) -> Shards:

@@ -184,8 +184,8 @@ def records_key(keys: KeySpace, part: PartitionKeys, field: bytes, slice_: int,
                 cluster: bool) -> str:
     """Where an entry script records a bus call (`field`: its id's, call_field): on one
     Redis the id's own bucket (which also binds the id across partitions, in the same
-    script); on a cluster the partition's, the id bound before in a step of its own
-    (bind_call)."""
+    script); on a cluster the partition's, which binds the id too when it is the id's home
+    (KeySpace.id_home), else the id is bound before in a step of its own (bind_call)."""
     if cluster:
         return part.call_records(slice_)
     return keys.call_ids(field, slice_)
@@ -238,10 +238,11 @@ def get_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: Cal
             [ms, now // ms, now, field, call_digest(ctx), *answer_args(answer)])
 
 
-def bind_call(settings: Settings, space: KeySpace, ctx: CallContext) -> Call:
-    """bind.lua for a bus call: its id bound to its digest in the id's bucket."""
+def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bool) -> Call:
+    """bind.lua for a bus call: its id bound to its digest where ids are bound
+    (KeySpace.binding: its bucket, or on a cluster its home partition's records)."""
     field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
-    return ([space.call_ids(field, now // ms)],
+    return ([space.binding(field, now // ms, cluster)],
             [ms, now // ms, now, field, call_digest(ctx)])
 
 

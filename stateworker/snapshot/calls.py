@@ -101,9 +101,10 @@ async def restore(state: RedisState, pg: PgConnection) -> int:
         if keep <= 0:
             continue
         names = [(keys.call_ids(field, slice_), value)]
-        if state.cluster:  # the record in its partition, the id bound in its own bucket
-            names = [(keys.partition(partition).call_records(slice_), value),
-                     (keys.call_ids(field, slice_), value[:DIGEST_BYTES])]
+        if state.cluster:  # the record in its partition, the id bound at its home
+            names = [(keys.partition(partition).call_records(slice_), value)]
+            if keys.id_home(field) != partition:  # (at home, the record binds it)
+                names.append((keys.binding(field, slice_, True), value[:DIGEST_BYTES]))
         for name, held in names:
             commands += [["HSET", name, field, held], ["PEXPIRE", name, keep]]
         restored += 1

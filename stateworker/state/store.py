@@ -18,7 +18,7 @@ import msgspec
 
 from stateworker.context import CallContext
 from stateworker.errors import StateError, Unavailable
-from stateworker.keys import KeySpace
+from stateworker.keys import KeySpace, call_field
 from stateworker.scripts.bindings import BIND, Binding, Call, bind_call, entry_call, library_of
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
@@ -160,25 +160,34 @@ class RedisState:
             raise_for_status(reply, target, accept)
             return finish(binding.reply(reply))
 
-        binds = ctx.call_id is not None and not self.cluster
+        binds = ctx.call_id is not None and (not self.cluster or self.id_at_home(ctx, scope))
         command = binding.command(self.library, *entry_call(
             self.settings, self.keys, scope, key, ctx, self.cluster, args,
             ctx.answer if answers and not self.cluster else None))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
 
+    def id_at_home(self, ctx: CallContext, scope: str) -> bool:
+        """On a cluster: whether the call's id is bound in `scope`'s partition (its home,
+        KeySpace.id_home), so the entry script's record binds it in the same slot."""
+        keys = self.keys
+        return keys.id_home(call_field(ctx.call_id or "")) == keys.partition_of(scope)
+
     def claimed(self, ctx: CallContext, plan: Plan, read_only: bool) -> Plan:
         """`plan`, run only if its call id is free or already bound to this same call.
 
         A record in one partition would not meet an id reused for a call in ANOTHER partition. So
-        every bus call binds its id to its digest (function + body) in the id's own bucket of
-        records (bind.lua, kept as long as the records). On one Redis the entry scripts record
-        there themselves (`binds_call_id`: their record is the binding); a read binds it in the
-        same pipeline, before its own commands (what it read is dropped when the id is another
-        call's); any other call (and on a cluster every call) binds it in a step before it runs,
-        so a refused call never writes. The calls of one batch keep their order either way (a
+        every bus call binds its id to its digest (function + body) where its id is bound
+        (KeySpace.binding: its bucket of records; on a cluster its home partition's records;
+        bind.lua, kept as long as the records). The entry scripts record there themselves
+        when that is where they record (`binds_call_id`: their record is the binding; on a
+        cluster when the id's home is the scope's partition); a read binds it in the same
+        pipeline, before its own commands (what it read is dropped when the id is another
+        call's); any other call binds it in a step before it runs, so a refused call never
+        writes. The calls of one batch keep their order either way (a
         read does not overtake a write read before it).
         """
-        claim = BIND.command(self.library, *bind_call(self.settings, self.keys, ctx))
+        claim = BIND.command(self.library, *bind_call(self.settings, self.keys, ctx,
+                                                      self.cluster))
 
         def check(reply: Any) -> None:
             raise_for_status(script_reply(reply, BIND.name), Target(self.settings, "", "", ctx))

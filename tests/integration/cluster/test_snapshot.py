@@ -25,7 +25,7 @@ from redis.cluster import RedisCluster as RedisClusterClient
 from stateworker import StateClient, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
-from stateworker.keys import KeySpace
+from stateworker.keys import KeySpace, call_field
 from stateworker.settings import Settings
 from stateworker.snapshot.names import from_pg
 from stateworker.transport.slots import SLOTS, key_slot
@@ -40,7 +40,7 @@ PARTITIONS = 8
 SCOPES = [f"s{n}" for n in range(24)]
 KEYS = [f"k{n}" for n in range(6)]
 # What restore rebuilds (by key name part): entries, their indexes, barriers, the registry.
-ENTRIES = len(SCOPES) * (len(KEYS) - 1) + 1  # (k5 deleted; one written over the bus)
+ENTRIES = len(SCOPES) * (len(KEYS) - 1) + 2  # (k5 deleted; two written over the bus)
 RESTORED = (":e:", ":k:", ":u:", ":t:", ":scopes", ":ttl", ":b:", ":triggers", ":claims")
 
 
@@ -199,9 +199,13 @@ def spread(where: str, request: pytest.FixtureRequest) -> str:
     return spread_prefix(primary_of(where, request))
 
 
-# A bus call whose record the snapshot stores: a retry after the restore gets its reply.
+# Bus calls whose records the snapshot stores: a retry after the restore gets its reply. On
+# a cluster the first's id is bound at its home (keys.id_home: partition 4), away from its
+# record; the second's home is its scope's partition (0), where its record binds it.
 BUS_CALL = {"scope": SCOPES[1], "key": "by-bus", "value": {"n": 1}}
 BUS_CALL_ID = "late-1"
+HOME_CALL = {"scope": SCOPES[1], "key": "by-bus-at-home", "value": {"n": 2}}
+HOME_CALL_ID = "late-10"
 
 
 async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClient
@@ -217,6 +221,7 @@ async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClie
                 StateClient(settings=settings, timeout=30) as bus:
             await change_everywhere(store)
             reply: dict[str, Any] = await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID)
+            assert (await bus.call("state::set", HOME_CALL, call_id=HOME_CALL_ID))["version"] == 1
             await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
             await until(lambda: registry_copied(settings.postgres_url or "", settings.prefix, 1,
                                                 1), 30, "the trigger and the claim in PostgreSQL")
@@ -232,6 +237,8 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
     settings = Settings(redis_url=url, prefix=prefix, partitions=PARTITIONS,
                         postgres_url=postgres_url, lease_ms=1000)
     client = keyed_client(where, request)
+    home, away = (keys.id_home(call_field(i)) for i in (HOME_CALL_ID, BUS_CALL_ID))
+    assert home == keys.partition_of(SCOPES[1]) != away  # (both ways of binding an id)
     first = await snapshot_of(settings, client)
     before = dump(nodes, prefix)
     entries = entries_in(before)
@@ -244,7 +251,7 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
     assert wipe(nodes, prefix) > len(entries)
     summary = restore_command(url, prefix, postgres_url)
     assert (summary["entries"], summary["barriers"], summary["triggers"], summary["claims"],
-            summary["calls"]) == (len(entries), PARTITIONS, 1, 1, 1)
+            summary["calls"]) == (len(entries), PARTITIONS, 1, 1, 2)
     assert dump(nodes, prefix) == before
     assert not any(client.exists(p.events) for p in keys.all_partitions())  # (no event)
 
@@ -252,6 +259,7 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
     async with StateService.running(settings, BusOptions(block_ms=50)), \
             StateClient(settings=settings, timeout=30) as bus:
         assert await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID) == first
+        assert (await bus.call("state::set", HOME_CALL, call_id=HOME_CALL_ID))["version"] == 1
     # The restored state serves: versions go on from the restored ones, revisions past them
     # (one event per scope: the write below; the retry wrote none).
     async with StateStore.open(url, prefix=prefix, partitions=PARTITIONS) as store:
