@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stateworker.transport.connection import (
@@ -52,6 +52,7 @@ log = logging.getLogger("stateworker.transport.cluster")
 
 DEFAULT_HEAL_WITHIN_S = 30.0  # how long a command waits for a failover or a CLUSTERDOWN to end
 RETRIED = ("TRYAGAIN", "CLUSTERDOWN")  # cluster replies to a command that did not run
+_REROUTED = frozenset({"MOVED", "ASK", *RETRIED})  # ... and those that name where it goes
 # What a replica answers to WAIT / WAITAOF ("... cannot be used with replica instances"):
 # the node the map has as a primary no longer is one.
 _DEMOTED = "replica instances"
@@ -100,6 +101,7 @@ class ClusterConnection(RedisConnection):
         self._stale = False  # a connection broke: read the map before the next command
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # connections of dropped nodes
+        self._rerouting: set[asyncio.Task[list[Any]]] = set()  # (_send_direct's, held)
 
     # ---- the map -------------------------------------------------------------------------------
     def _node(self, address: str) -> RedisConnection:
@@ -220,13 +222,70 @@ class ClusterConnection(RedisConnection):
         """Commands split by primary, one pipeline each; replies in the caller's order."""
         if not commands:
             return []
+        if len(commands) == 1 and not self._stale:
+            direct = self._send_direct(commands[0])
+            if direct is not None:
+                return await direct
         return await self._run(commands)
 
     def send_pipeline(self, commands: Sequence[Sequence[Arg]]) -> asyncio.Future[list[Any]] | None:
         """`pipeline` as a future (None before the map is read: use `pipeline`)."""
         if not self._primaries or self._stale:
             return None
+        if len(commands) == 1:
+            direct = self._send_direct(commands[0])
+            if direct is not None:
+                return direct
         return asyncio.ensure_future(self._run(commands))
+
+    def _send_direct(self, args: Sequence[Arg]) -> asyncio.Future[list[Any]] | None:
+        """One keyed command put on the wire to its slot's primary in this tick, with no task
+        (a client's XADD: most calls are this); None when it needs `_run` (no key, every
+        primary, no open connection to its node). A reply that says it did not run (MOVED,
+        ASK, TRYAGAIN, CLUSTERDOWN) hands it to `_run`, which follows the cluster; a lost
+        connection marks the map stale, as `_run` does."""
+        if is_broadcast(args):
+            return None
+        slot = slot_of(args)
+        address = None if slot is None else self._owner[slot]
+        node = None if address is None else self._nodes.get(address)
+        sent = None if node is None else node.send_pipeline([args])
+        if sent is None:
+            return None
+        out: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+
+        def landed(done: asyncio.Future[list[Any]]) -> None:
+            failed = None if done.cancelled() else done.exception()  # (read: never "unretrieved")
+            if out.done():  # (its caller went away)
+                return
+            if done.cancelled() or failed is not None:
+                self._stale = True
+                out.set_exception(failed or ConnectionLost("the command was cancelled"))
+                return
+            reply = done.result()[0]
+            if isinstance(reply, ReplyError) and str(reply).partition(" ")[0] in _REROUTED:
+                again = asyncio.ensure_future(self._run([args]))
+                self._rerouting.add(again)
+                again.add_done_callback(self._rerouted(out))
+                return
+            out.set_result([reply])
+
+        sent.add_done_callback(landed)
+        return out
+
+    def _rerouted(self, out: asyncio.Future[list[Any]]) -> Callable[[asyncio.Task[list[Any]]], None]:
+        """What hands a re-routed command's outcome (`_send_direct`) to its caller's future."""
+        def done(task: asyncio.Task[list[Any]]) -> None:
+            self._rerouting.discard(task)
+            if out.done():
+                return
+            if task.cancelled():
+                out.cancel()
+            elif task.exception() is not None:
+                out.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                out.set_result(task.result())
+        return done
 
     async def close(self) -> None:
         self._closed = True

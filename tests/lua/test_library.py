@@ -5,6 +5,7 @@ load fails the call, not the store."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import count
 from pathlib import Path
 
 import anyio
@@ -17,6 +18,7 @@ from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateCalls, StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.context import CallContext
+from stateworker.keys import call_field
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
@@ -130,11 +132,18 @@ async def test_every_script_call_hashes_to_one_slot(
         assert len(slots) == 1, (script, names)
 
 
-async def test_on_a_cluster_a_bus_call_binds_its_id_in_a_step_of_its_own(
+async def test_on_a_cluster_a_bus_call_binds_its_id_in_a_step_unless_at_home(
         store: StateStore, scope: str) -> None:
     """Standalone, an entry script binds the call id itself (one round trip; the binding's
-    key is in another slot); on a cluster the binding is a step before the script."""
-    ctx = CallContext(call_id="c-1", call_digest="0" * 40)
+    key is in another slot); on a cluster the binding is a step before the script, unless
+    the id's home (keys.id_home) is the scope's partition: then the script's record, in its
+    one slot, binds it."""
+    space = store.state.keys
+    away = next(f"c-{n}" for n in count()
+                if space.id_home(call_field(f"c-{n}")) != space.partition_of(scope))
+    home = next(f"c-{n}" for n in count()
+                if space.id_home(call_field(f"c-{n}")) == space.partition_of(scope))
+    ctx = CallContext(call_id=away, call_digest="0" * 40)
     body = msgspec.json.encode({"scope": scope, "key": "k", "value": 1})
     standalone = functions.prepare(store.state, "state::set", body, ctx)
     assert len(standalone.commands) == 1 and standalone.commands[0][0] == "FCALL"
@@ -147,8 +156,16 @@ async def test_on_a_cluster_a_bus_call_binds_its_id_in_a_step_of_its_own(
     assert bind[:2] == ["FCALL", store.state.library.functions["bind"]]
     script = clustered.finish([[0, 1]])
     (command,) = script.commands
-    keys = command[3:3 + int(command[2])]
-    assert len({key_slot(str(k).encode()) for k in keys}) == 1, keys
+    named = command[3:3 + int(command[2])]
+    assert len({key_slot(str(k).encode()) for k in named}) == 1, named
+    at_home = functions.prepare(store.state, "state::set", body,
+                                CallContext(call_id=home, call_digest="0" * 40))
+    (command,) = at_home.commands
+    assert command[:2] == ["FCALL", store.state.library.functions["set"]]
+    named = command[3:3 + int(command[2])]
+    records = space.for_scope(scope).tag + "calls:"  # (its partition's records)
+    assert any(str(k).startswith(records) for k in named), named
+    assert len({key_slot(str(k).encode()) for k in named}) == 1, named
 
 
 async def test_function_flush_is_survived(own_redis: RedisServer, scope: str) -> None:

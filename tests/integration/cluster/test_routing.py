@@ -5,6 +5,11 @@ a command whose keys span two slots is refused before anything is sent."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+from typing import Any
+
+import anyio
 import pytest
 
 from stateworker import StateStore
@@ -62,3 +67,38 @@ async def test_keys_in_two_slots_are_refused_before_sending(redis_cluster: Redis
         assert await conn.execute("GET", "{a}z") is None
     finally:
         await conn.close()
+
+
+async def test_one_command_goes_straight_to_its_node_and_follows_a_move(
+        redis_cluster: RedisCluster, prefix: str) -> None:
+    """A lone keyed command is written to its slot's node in the caller's tick (no task);
+    where the map is wrong (MOVED) it is routed again; a caller that gives up on it leaves no
+    error behind when its connection then closes."""
+    conn = ClusterConnection(redis_cluster.urls)
+    key = f"{prefix}:{{straight}}"
+    slot = key_slot(key)
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        await conn.connect()
+        sent = conn.send_pipeline([["SET", key, 1]])
+        assert sent is not None and not isinstance(sent, asyncio.Task)
+        assert await sent == [b"OK"]
+        owner = conn._owner[slot]
+        conn._owner[slot] = next(a for a in conn.primaries if a != owner)  # a stale map
+        refreshes = conn.refreshes
+        assert await conn.pipeline([["INCR", key]]) == [2]
+        assert conn._owner[slot] == owner and conn.refreshes == refreshes + 1
+        given_up = conn.send_pipeline([["BLPOP", f"{prefix}:{{straight}}:empty", 30]])
+        assert given_up is not None
+        given_up.cancel()
+        await conn.close()  # (the BLPOP's connection ends: its future fails, unawaited)
+        await anyio.wait_all_tasks_blocked()
+        gc.collect()
+        await anyio.wait_all_tasks_blocked()
+    finally:
+        loop.set_exception_handler(previous)
+        await conn.close()
+    assert errors == []
