@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from stateworker.transport.connection import (
@@ -432,10 +432,16 @@ class ClusterConnection(RedisConnection):
                                             [i in asking for i in group], single)]
             except (ConnectionLost, _Unplaced) as exc:
                 return [exc]
-        replies: list[Any] = await asyncio.gather(
-            *(self._send_to(address, [commands[i] for i in group], [i in asking for i in group],
-                            single) for address, group in groups.items()),
-            return_exceptions=True)
+        sends: list[Awaitable[list[Any]]] = []
+        for address, group in groups.items():
+            chosen = [commands[i] for i in group]
+            node = self._nodes.get(address)
+            # (an open node with nothing redirected: its future, no task; else the coroutine)
+            sent = None if single or node is None or any(i in asking for i in group) \
+                else node.send_pipeline(chosen)
+            sends.append(sent or self._send_to(address, chosen, [i in asking for i in group],
+                                               single))
+        replies: list[Any] = await asyncio.gather(*sends, return_exceptions=True)
         return replies
 
     @staticmethod

@@ -45,11 +45,24 @@ class CrossSlot(ValueError):
 
 
 _TAG_SLOTS: dict[bytes, int] = {}  # hash tag -> slot: the partitions' few tags, hashed once
+_STR_TAG_SLOTS: dict[str, int] = {}  # the same for the tags of names given as text
 _TAG_SLOTS_MAX = 4096  # (tags that are call ids come and go: the cache starts over past this)
 
 
 def key_slot(key: Arg) -> int:
     """The cluster slot of `key`, with Redis's hash tag rule."""
+    if isinstance(key, str):  # (most keys: their tag found without encoding the name; '{'
+        start = key.find("{")  # and '}' are one byte each in UTF-8, so the tag is the same)
+        if start >= 0:
+            end = key.find("}", start + 1)
+            if end > start + 1:
+                slot = _STR_TAG_SLOTS.get(key[start + 1:end])
+                if slot is not None:
+                    return slot
+                if len(_STR_TAG_SLOTS) >= _TAG_SLOTS_MAX:
+                    _STR_TAG_SLOTS.clear()
+                slot = _STR_TAG_SLOTS[key[start + 1:end]] = key_slot(key.encode())
+                return slot
     raw = key if isinstance(key, bytes) else str(key).encode()
     start = raw.find(b"{")
     if start >= 0:
@@ -65,8 +78,27 @@ def key_slot(key: Arg) -> int:
     return binascii.crc_hqx(raw, 0) % SLOTS
 
 
+def _text_tag(key: Arg) -> str | None:
+    """The hash tag of a name given as text (None: bytes, or no tag)."""
+    if not isinstance(key, str):
+        return None
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1:end] if end > start + 1 else None
+
+
 def _word(arg: Arg) -> str:
+    if isinstance(arg, str):
+        word = _WORDS.get(arg)
+        if word is None:
+            if len(_WORDS) >= _TAG_SLOTS_MAX:
+                _WORDS.clear()
+            word = _WORDS[arg] = arg.upper()
+        return word
     return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
+
+
+_WORDS: dict[str, str] = {}  # a command's name as given -> upper case (a few, looked up per command)
 
 
 def _numkeys(at: int) -> Callable[[Sequence[Arg]], Sequence[Arg]]:
@@ -153,8 +185,15 @@ def slot_of(args: Sequence[Arg]) -> int | None:
     keys = keys_of(args)
     if not keys:
         return None
-    slot = key_slot(keys[0])
+    first = keys[0]
+    slot = key_slot(first)
+    tag = _text_tag(first) if len(keys) > 1 else None
     for key in keys[1:]:
+        if tag is not None and isinstance(key, str):  # (a script's keys: one tag, text)
+            start = key.find("{")
+            end = key.find("}", start + 1) if start >= 0 else -1
+            if end > start + 1 and key[start + 1:end] == tag:
+                continue  # the same tag: the same slot, not hashed again
         other = key_slot(key)
         if other != slot:
             shown_key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)

@@ -3,7 +3,11 @@ entry of the key table, checked against what Redis itself says (CLUSTER KEYSLOT 
 
 from __future__ import annotations
 
+import binascii
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import (
@@ -85,6 +89,29 @@ CASES: dict[str, list[object]] = {
     "COPY": ["COPY", T, U],
     "SCAN": ["SCAN", 0, "MATCH", "sw:{t}:e:*", "COUNT", 100],
 }
+
+
+def _reference_slot(raw: bytes) -> int:
+    """Redis's rule, written out plainly: CRC16 of the first non-empty {tag}, else the key."""
+    start = raw.find(b"{")
+    end = raw.find(b"}", start + 1) if start >= 0 else -1
+    return binascii.crc_hqx(raw[start + 1:end] if end > start + 1 else raw, 0) % 16384
+
+
+_names = st.text(st.sampled_from("ab{}:é\x00"), max_size=12)
+
+
+@given(_names, _names)
+def test_text_and_bytes_names_and_a_commands_keys_agree_with_redis(first: str, second: str
+                                                                   ) -> None:
+    assert key_slot(first) == key_slot(first.encode()) == _reference_slot(first.encode())
+    same = _reference_slot(first.encode()) == _reference_slot(second.encode())
+    command = ["FCALL", "fn", 2, first, second, "arg"]
+    if same:
+        assert slot_of(command) == _reference_slot(first.encode())
+    else:
+        with pytest.raises(CrossSlot):
+            slot_of(command)
 
 
 def test_every_table_entry_has_a_case() -> None:
