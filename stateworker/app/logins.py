@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
 from stateworker.state.store import RedisState
-from stateworker.transport.cluster import seeds_of
+from stateworker.transport.cluster_map import seeds_of
 from stateworker.transport.connect import connection_for
 from stateworker.transport.wire import ConnectionLost, ReplyError
 

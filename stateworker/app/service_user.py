@@ -23,7 +23,7 @@ from stateworker.errors import MissingPermission, shown
 from stateworker.keys import STATE_SERVICE, KeySpace, reply_prefix, stats_key
 from stateworker.scripts.library import FCALL
 from stateworker.settings import Settings
-from stateworker.transport.cluster import is_cluster_url, seeds_of
+from stateworker.transport.cluster_map import is_cluster_url, seeds_of
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 

@@ -38,6 +38,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from stateworker.transport.cluster_map import parse_shards, read_shards, seeds_of
 from stateworker.transport.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
@@ -45,7 +46,13 @@ from stateworker.transport.connection import (
     shown_url,
 )
 from stateworker.transport.retry import Backoff
-from stateworker.transport.slots import SLOTS, is_broadcast, is_for_every_node, slot_of
+from stateworker.transport.slots import (
+    SLOTS,
+    is_broadcast,
+    is_for_every_node,
+    pipeline_slots,
+    slot_of,
+)
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.transport.cluster")
@@ -56,16 +63,6 @@ _REROUTED = frozenset({"MOVED", "ASK", *RETRIED})  # ... and those that name whe
 # What a replica answers to WAIT / WAITAOF ("... cannot be used with replica instances"):
 # the node the map has as a primary no longer is one.
 _DEMOTED = "replica instances"
-
-
-def seeds_of(url: str) -> list[str]:
-    """The seed URLs of a (comma-separated) URL."""
-    return [part.strip() for part in url.split(",") if part.strip()]
-
-
-def is_cluster_url(url: str) -> bool:
-    """A URL that lists several seeds names a cluster (one URL is probed: lifecycle.py)."""
-    return len(seeds_of(url)) > 1
 
 
 class _Unplaced(Exception):
@@ -127,44 +124,10 @@ class ClusterConnection(RedisConnection):
         await asyncio.shield(task)
 
     async def _read_map(self) -> None:
-        known = [f"{node.url}" for node in self._nodes.values()]
-        last: BaseException | None = None
-        for seed in [*self.seeds, *known]:
-            probe = RedisConnection(seed, connect_timeout_s=self.connect_timeout_s,
-                                    read_timeout_s=self.read_timeout_s)
-            try:
-                shards = await probe.execute("CLUSTER", "SHARDS")
-            except (ConnectionLost, ReplyError) as exc:
-                last = exc
-                continue
-            finally:
-                await probe.close()
-            self._apply(shards)
-            self.answered = shown_url(seed)
-            return
-        raise ConnectionLost(f"no seed of the Redis Cluster {self.shown} answered CLUSTER SHARDS"
-                             f": {last}")
-
-    def _apply(self, shards: list[Any]) -> None:
-        owner: list[str | None] = [None] * SLOTS
-        primaries, replicas = [], []
-        for shard in shards:
-            fields = _pairs(shard)
-            flat = fields.get(b"slots") or []
-            for node in fields.get(b"nodes") or []:
-                info = _pairs(node)
-                host = (info.get(b"ip") or info.get(b"endpoint") or b"127.0.0.1").decode()
-                address = f"{host}:{int(info[b'port'])}"
-                if info.get(b"role") != b"master":
-                    if info.get(b"health") == b"online":  # (an ACL change reaches it too)
-                        replicas.append(address)
-                    continue
-                if info.get(b"health") == b"fail":
-                    continue
-                primaries.append(address)
-                for i in range(0, len(flat), 2):
-                    owner[int(flat[i]):int(flat[i + 1]) + 1] = \
-                        [address] * (int(flat[i + 1]) - int(flat[i]) + 1)
+        shards, answered = await read_shards(
+            [*self.seeds, *(node.url for node in self._nodes.values())], self.shown,
+            self.connect_timeout_s, self.read_timeout_s)
+        owner, primaries, replicas = parse_shards(shards)
         for address in list(self._nodes):  # a node gone after a failover: dropped
             if address not in primaries and address not in replicas:
                 node = self._nodes.pop(address)
@@ -172,6 +135,7 @@ class ClusterConnection(RedisConnection):
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
         self._owner, self._primaries, self._replicas = owner, primaries, replicas
+        self.answered = answered
         self._version += 1
         self.refreshes += 1
         self._stale = False
@@ -353,7 +317,7 @@ class ClusterConnection(RedisConnection):
             results[i] = await self._broadcast(commands[i])
         todo = [i for i in range(len(commands)) if i not in broadcast] if broadcast \
             else list(range(len(commands)))
-        near = self._near_slots(commands)  # (CrossSlot raised here, before anything is sent)
+        near = pipeline_slots(commands)  # (CrossSlot raised here, before anything is sent)
         asking: dict[int, str] = {}
         backoff: Backoff | None = None  # (made on the first wait: most calls never wait)
         deadline = 0.0
@@ -444,41 +408,6 @@ class ClusterConnection(RedisConnection):
         replies: list[Any] = await asyncio.gather(*sends, return_exceptions=True)
         return replies
 
-    @staticmethod
-    def _near_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
-        """Each command's slot. Every command of a MULTI ... EXEC (or DISCARD) block, MULTI,
-        EXEC and keyless ones (TIME) included, takes the slot of the block's first keyed
-        command: a transaction goes whole to one node. Sent elsewhere, a keyless command ran
-        alone there and its EXEC answered one reply short; an EXEC sent to the next
-        transaction's node answered "EXEC without MULTI" while this one kept the MULTI open.
-        Outside a block, a keyless command takes the slot of the next keyed command (else the
-        previous). None: no command of the pipeline has a key (any primary)."""
-        near: list[int | None] = [slot_of(args) for args in commands]
-        if all(slot is None for slot in near) or all(slot is not None for slot in near):
-            return near
-        filled = list(near)
-        start: int | None = None  # the open block's MULTI
-        for i, args in enumerate(commands):
-            if _word(args) == b"MULTI":
-                start = i
-            elif start is not None and _ends_transaction(args):
-                slot = next((s for s in near[start:i + 1] if s is not None), None)
-                filled[start:i + 1] = [slot] * (i + 1 - start)
-                start = None
-        following: int | None = None
-        for i in range(len(filled) - 1, -1, -1):
-            if filled[i] is None:
-                filled[i] = following
-            else:
-                following = filled[i]
-        previous: int | None = None
-        for i, slot in enumerate(filled):
-            if slot is None:
-                filled[i] = previous
-            else:
-                previous = slot
-        return filled
-
     async def _send_to(self, address: str, commands: list[Sequence[Arg]], asking: list[bool],
                     single: bool) -> list[Any]:
         """Commands to one node, ASKING before those redirected by ASK; their replies."""
@@ -559,21 +488,3 @@ class ClusterConnection(RedisConnection):
         credentials), None when the map has no owner for it: to group commands by node."""
         address = self._owner[slot]
         return None if address is None else self._node_url(address)
-
-
-def _pairs(flat: Any) -> dict[bytes, Any]:
-    """A RESP2 map (name, value, name, value ...) as a dict."""
-    if isinstance(flat, dict):
-        return flat
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _word(args: Sequence[Arg]) -> bytes:
-    """A command's name, upper case (b"" for none)."""
-    name = args[0] if args else b""
-    name = name.encode() if isinstance(name, str) else name
-    return name.upper() if isinstance(name, bytes) else b""
-
-
-def _ends_transaction(args: Sequence[Arg]) -> bool:
-    return _word(args) in (b"EXEC", b"DISCARD")

@@ -10,7 +10,8 @@ Redis (a blocking reader, a registry follower) asks `connection_like`, which kee
 from __future__ import annotations
 
 from stateworker.errors import ConfigError
-from stateworker.transport.cluster import ClusterConnection, is_cluster_url
+from stateworker.transport.cluster import ClusterConnection
+from stateworker.transport.cluster_map import is_cluster_url
 from stateworker.transport.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,

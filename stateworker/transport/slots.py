@@ -203,6 +203,45 @@ def slot_of(args: Sequence[Arg]) -> int | None:
     return slot
 
 
+def pipeline_slots(commands: Sequence[Sequence[Arg]]) -> list[int | None]:
+    """Each command's slot. Every command of a MULTI ... EXEC (or DISCARD) block, MULTI,
+    EXEC and keyless ones (TIME) included, takes the slot of the block's first keyed
+    command: a transaction goes whole to one node. Sent elsewhere, a keyless command ran
+    alone there and its EXEC answered one reply short; an EXEC sent to the next
+    transaction's node answered "EXEC without MULTI" while this one kept the MULTI open.
+    Outside a block, a keyless command takes the slot of the next keyed command (else the
+    previous). None: no command of the pipeline has a key (any primary)."""
+    near: list[int | None] = [slot_of(args) for args in commands]
+    if all(slot is None for slot in near) or all(slot is not None for slot in near):
+        return near
+    filled = list(near)
+    start: int | None = None  # the open block's MULTI
+    for i, args in enumerate(commands):
+        if args and _word(args[0]) == "MULTI":
+            start = i
+        elif start is not None and _ends_transaction(args):
+            slot = next((s for s in near[start:i + 1] if s is not None), None)
+            filled[start:i + 1] = [slot] * (i + 1 - start)
+            start = None
+    following: int | None = None
+    for i in range(len(filled) - 1, -1, -1):
+        if filled[i] is None:
+            filled[i] = following
+        else:
+            following = filled[i]
+    previous: int | None = None
+    for i, slot in enumerate(filled):
+        if slot is None:
+            filled[i] = previous
+        else:
+            previous = slot
+    return filled
+
+
+def _ends_transaction(args: Sequence[Arg]) -> bool:
+    return bool(args) and _word(args[0]) in ("EXEC", "DISCARD")
+
+
 def is_broadcast(args: Sequence[Arg]) -> bool:
     """A command for every primary (FUNCTION ...) or every node (an ACL change)."""
     return _word(args[0]) in BROADCAST or is_for_every_node(args)

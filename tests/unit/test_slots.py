@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import (
     KEYS_OF,
     CrossSlot,
     is_broadcast,
     is_for_every_node,
     key_slot,
+    pipeline_slots,
     slot_of,
 )
 
@@ -171,7 +171,7 @@ def test_a_transactions_exec_goes_with_its_own_commands() -> None:
     a, b = "{a}k", "{b}k"
     commands = [["MULTI"], ["XRANGE", a, "-", "+"], ["EXEC"],
                 ["MULTI"], ["XRANGE", b, "-", "+"], ["EXEC"], ["PING"]]
-    slots = ClusterConnection._near_slots(commands)
+    slots = pipeline_slots(commands)
     assert slots == [key_slot(a)] * 3 + [key_slot(b)] * 4
 
 
@@ -183,5 +183,5 @@ def test_a_keyless_command_inside_a_transaction_goes_with_it() -> None:
     commands = [["MULTI"], ["XINFO", "STREAM", a], ["TIME"], ["EXEC"],
                 ["MULTI"], ["TIME"], ["XRANGE", b, "-", "+"], ["TIME"], ["EXEC"],
                 ["TIME"], ["XRANGE", a, "-", "+"]]
-    slots = ClusterConnection._near_slots(commands)
+    slots = pipeline_slots(commands)
     assert slots == [key_slot(a)] * 4 + [key_slot(b)] * 5 + [key_slot(a)] * 2
