@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stateworker.bus.ids import SPARE_PER_PARTITION, CallIds, body_partition
+from stateworker.bus.protocol import BusOptions, call_entry, parse_entry
 from stateworker.keys import KeySpace, call_field
 
 
@@ -50,3 +51,17 @@ def test_body_partition_is_the_scopes() -> None:
     assert body_partition(keys, b"not json") is None
     assert body_partition(keys, b'{"scope":7}') is None
     assert body_partition(keys, '{"scope":"\\ud800"}') is None  # (a lone surrogate)
+
+
+def test_an_acl_principals_ids_are_at_home_as_the_service_reads_them() -> None:
+    """The service binds `<principal>/<id>` (parse_entry): the client's ids are homed by it."""
+    keys = KeySpace("sw", 16)
+    ids = CallIds(keys, "alice")
+    for partition in (0, 5, 15):
+        call_id = ids.new(partition)
+        flat = call_entry("sw:bus:state:from:alice", call_id, "state::get", b"{}", "r")[3:]
+        call, _, _, error = parse_entry(("sw:bus:state:from:alice", b"1-0"),
+                                        [f if isinstance(f, bytes) else str(f).encode()
+                                         for f in flat], BusOptions(), principal="alice")
+        assert error is None and call is not None and call.ctx.call_id == f"alice/{call_id}"
+        assert keys.id_home(call_field(call.ctx.call_id)) == partition
