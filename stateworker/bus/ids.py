@@ -1,5 +1,6 @@
-"""A client's call ids (docs/bus-protocol.md, "Call ids"): `<16 hex>-<n>`, new per call, and
-which partition a call's body names (`body_partition`: its `scope`'s).
+"""A client's call ids (docs/bus-protocol.md, "The identity of a call": ids with a home):
+`<16 hex>-<n>`, new per call, and which partition a call's body names (`body_partition`: its
+`scope`'s).
 
 On a Redis Cluster the service binds an id in its home partition's records
 (`KeySpace.id_home`: a function of the id's SHA-1 alone, so an id reused for a call in any
