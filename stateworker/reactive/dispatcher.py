@@ -66,7 +66,9 @@ class Dispatcher:
     and claimed ones)."""
 
     def __init__(self, state: RedisState, hidden: Callable[[str], bool] | None = None) -> None:
-        self.state = state
+        # A connection of its own for its reads and writes: a batch's deliveries never wait
+        # behind the bus's pipelines (issue 24), nor the bus's calls behind them.
+        state = self.state = state.on_own_connection()
         self.replica = f"{uuid.uuid4().hex[:12]}"
         self.leases = Leases(state, self.replica)
         self.positions: dict[int, Position] = {}  # where dispatch is (may be ahead of...)
@@ -132,6 +134,7 @@ class Dispatcher:
             log.warning("could not give back the leases: %s", exc,
                         extra={"event": "dispatch.stop_failed"})
         await self._reader.close()
+        await self.state.close_own_connection()
 
     async def _step(self) -> None:
         now = anyio.current_time()

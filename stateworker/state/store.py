@@ -11,6 +11,7 @@ them current (registry.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.confirm import Confirm
 from stateworker.state.registry import Registry
+from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.plans import ANSWERED, Plan, Sent, execute_many, send_first_step
@@ -87,6 +89,19 @@ class RedisState:
         await self.conn.close()
         if self.embedded is not None:
             await self.embedded.stop()
+
+    def on_own_connection(self) -> RedisState:
+        """This state on a pipelining connection of its own to the same Redis (or cluster),
+        all else shared: the trigger dispatcher's, so its reads and writes never wait in the
+        bus's pipelines (nor the bus's in its). Close it with `close_own_connection`."""
+        twin = copy.copy(self)
+        twin.conn = connection_like(self.conn)
+        twin.embedded = None  # (the server stays the service's to stop)
+        return twin
+
+    async def close_own_connection(self) -> None:
+        """Close what `on_own_connection` opened (the server itself is left running)."""
+        await self.conn.close()
 
     # ---- running plans -----------------------------------------------------------------------
     async def execute(self, plan: Plan) -> Any:

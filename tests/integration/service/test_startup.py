@@ -27,13 +27,15 @@ pytestmark = pytest.mark.anyio
 # The Redis connections the service makes before it serves its first call (an external Redis,
 # the dispatcher and the snapshot on); none is opened twice:
 #   1. the state's connection: waits out LOADING / BUSY, the server checks, the script library,
-#      the repair at start; then every script, the reaper, the leases, and the bus's replies,
+#      the repair at start; then every script, the reaper, and the bus's replies,
 #      acknowledgements and counters (all pipelined on it)
 #   2. the registry follower (XREAD BLOCK on the registry stream)
 #   3. the bus runtime's reader (XREADGROUP BLOCK on `<prefix>:bus:state`)
 #   4. the dispatcher's reader (XREAD BLOCK over the registry and its partitions)
 #   5. the snapshotter's reader (XREAD BLOCK over its partitions)
-SERVICE_REDIS_CONNECTIONS = 5
+#   6. the dispatcher's own connection: its leases, deliveries, positions and counters, so
+#      they never wait in the bus's pipelines (RedisState.on_own_connection)
+SERVICE_REDIS_CONNECTIONS = 6
 # The test's StateClient: its sending connection and its reply reader (BLMPOP).
 CLIENT_REDIS_CONNECTIONS = 2
 # PostgreSQL: one session, migrated at start, read by the repair check, then the snapshotter's.
@@ -64,7 +66,7 @@ def postgres_sessions(admin: psycopg.Connection[tuple[int, int]], database: str
     return int(row[0] or 0), int(row[1])
 
 
-async def test_start_up_makes_five_redis_connections_and_one_postgres_session(
+async def test_start_up_makes_six_redis_connections_and_one_postgres_session(
         own_redis: RedisServer, postgres_server: PostgresServer, postgres_url: str,
         prefix: str) -> None:
     database = psycopg.conninfo.conninfo_to_dict(postgres_url)["dbname"]
