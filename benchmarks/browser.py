@@ -88,22 +88,23 @@ class Browser:
         await self.run(lambda: self.driver.find_element(By.ID, element_id).click())
 
     async def click_row(self, table_id: str, first_cell: str) -> None:
-        def click() -> None:
-            for row in self.driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr"):
-                if row.find_element(By.TAG_NAME, "td").text == first_cell:
-                    row.click()
-                    return
-            raise AssertionError(f"no row {first_cell!r} in #{table_id}")
-        await self.run(click)
+        await self._click_first(f"#{table_id} tbody tr", first_cell, f"no row {first_cell!r} in "
+                                f"#{table_id}", lambda row: row.find_element(By.TAG_NAME, "td"))
 
     async def click_text(self, parent_id: str, text: str) -> None:
         """Click the button of `#parent_id` that reads `text`."""
+        await self._click_first(f"#{parent_id} button", text,
+                                f"no button {text!r} in #{parent_id}", lambda button: button)
+
+    async def _click_first(self, selector: str, text: str, missing: str,
+                           label: Callable[[WebElement], WebElement]) -> None:
+        """Click the first element of `selector` whose `label` reads `text`."""
         def click() -> None:
-            for button in self.driver.find_elements(By.CSS_SELECTOR, f"#{parent_id} button"):
-                if button.text == text:
-                    button.click()
+            for element in self.driver.find_elements(By.CSS_SELECTOR, selector):
+                if label(element).text == text:
+                    element.click()
                     return
-            raise AssertionError(f"no button {text!r} in #{parent_id}")
+            raise AssertionError(missing)
         await self.run(click)
 
     async def type(self, element_id: str, text: str) -> None:

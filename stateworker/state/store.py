@@ -67,7 +67,8 @@ class RedisState:
         self.library = library_of(conn)
         self.embedded = embedded
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
-        # bus call's id is bound in a step of its own, not inside the entry script.
+        # bus call's id is bound by the entry script only when its home is the scope's
+        # partition (KeySpace.id_home), else in a step of its own.
         self.cluster = False
         # `strict`: what every batch of plans is confirmed with (the AOF fsync where the server
         # has WAITAOF, the replicas that hold it) before any of its results is handed on.

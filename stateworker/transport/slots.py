@@ -51,18 +51,16 @@ _TAG_SLOTS_MAX = 4096  # (tags that are call ids come and go: the cache starts o
 
 def key_slot(key: Arg) -> int:
     """The cluster slot of `key`, with Redis's hash tag rule."""
-    if isinstance(key, str):  # (most keys: their tag found without encoding the name; '{'
-        start = key.find("{")  # and '}' are one byte each in UTF-8, so the tag is the same)
-        if start >= 0:
-            end = key.find("}", start + 1)
-            if end > start + 1:
-                slot = _STR_TAG_SLOTS.get(key[start + 1:end])
-                if slot is not None:
-                    return slot
-                if len(_STR_TAG_SLOTS) >= _TAG_SLOTS_MAX:
-                    _STR_TAG_SLOTS.clear()
-                slot = _STR_TAG_SLOTS[key[start + 1:end]] = key_slot(key.encode())
-                return slot
+    # (Most keys: their tag found without encoding the name; '{' and '}' are one byte each in
+    # UTF-8, so the tag is the same.)
+    text_tag = _text_tag(key)
+    if text_tag is not None:
+        slot = _STR_TAG_SLOTS.get(text_tag)
+        if slot is None:
+            if len(_STR_TAG_SLOTS) >= _TAG_SLOTS_MAX:
+                _STR_TAG_SLOTS.clear()
+            slot = _STR_TAG_SLOTS[text_tag] = binascii.crc_hqx(text_tag.encode(), 0) % SLOTS
+        return slot
     raw = key if isinstance(key, bytes) else str(key).encode()
     start = raw.find(b"{")
     if start >= 0:
@@ -189,11 +187,8 @@ def slot_of(args: Sequence[Arg]) -> int | None:
     slot = key_slot(first)
     tag = _text_tag(first) if len(keys) > 1 else None
     for key in keys[1:]:
-        if tag is not None and isinstance(key, str):  # (a script's keys: one tag, text)
-            start = key.find("{")
-            end = key.find("}", start + 1) if start >= 0 else -1
-            if end > start + 1 and key[start + 1:end] == tag:
-                continue  # the same tag: the same slot, not hashed again
+        if tag is not None and _text_tag(key) == tag:  # (a script's keys: one tag, text)
+            continue  # the same tag: the same slot, not hashed again
         other = key_slot(key)
         if other != slot:
             shown_key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)

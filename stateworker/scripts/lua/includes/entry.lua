@@ -280,7 +280,8 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   Exactly once per call id. An entry script called for a bus call gets KEYS[8], the current
   time slice of the call's records (records.lua: `<name><slice>`, a hash; on one Redis the
   slice of the id's own bucket, which also binds the id across partitions; on a Redis Cluster
-  the partition's, the id bound in a step of its own before) and ARGV[7] =
+  the partition's, which binds the id when it is the id's home, else it was bound before in
+  a step of its own: KeySpace.id_home) and ARGV[7] =
   "<slice ms>|<deadline ms or empty>|<slice>|<field><digest>" (12 + 8 raw bytes: records.lua).
   A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
   another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
