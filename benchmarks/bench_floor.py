@@ -388,7 +388,7 @@ async def memory_case(directory: Path, size: int) -> dict[str, Any]:
     return {"value_bytes": size, "entries": ENTRIES, "ours": round(ours, 1),
             "with_events": round(ours + events / ENTRIES, 1), "plain_set": round(plain, 1),
             "ratio": round(ours / plain, 3),
-            "entry_hash_memory_usage": round(entry, 1), "entry_hash_encoding": encoding,
+            "entry_memory_usage": round(entry, 1), "entry_encoding": encoding,
             "index_bytes_per_member": {k: round(v, 1) for k, v in indexes.items()},
             "records_bytes": records, "record_keys": record_keys,
             "events_bytes": events, "events_retained": xlen,
@@ -509,8 +509,8 @@ async def floor_section(url: str, socket_path: str, seconds: float, rounds: int,
     print("6 where the bytes go (MEMORY USAGE, SAMPLES 0), per entry:", file=out)
     for case in figures["memory"]["cases"]:
         idx = case["index_bytes_per_member"]
-        print(f"  {case['value_bytes']:>5} B value: entry hash {case['entry_hash_memory_usage']:.0f}"
-              f" ({case['entry_hash_encoding']}), index members k {idx['k']:.0f} u {idx['u']:.0f}"
+        print(f"  {case['value_bytes']:>5} B value: entry {case['entry_memory_usage']:.0f}"
+              f" ({case['entry_encoding']}), index members k {idx['k']:.0f} u {idx['u']:.0f}"
               f" t {idx['t']:.0f}, records {case['records_bytes']} B in {case['record_keys']}"
               f" keys, plain SET key {case['plain_set_memory_usage']}; events retained "
               f"{case['events_retained']:,} in {case['events_bytes']:,} B "

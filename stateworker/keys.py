@@ -5,9 +5,10 @@ partition carries the Redis Cluster hash tag `{<prefix>:p<n>}`, so each script, 
 one entry and the indexes and event stream of its partition, runs on a single cluster slot.
 
 Layout (`sw` prefix, partition 3):
-  sw:{sw:p3}:e:<len(scope)>:<scope><key>  hash   one entry: v value, n version, h hash,
-                                                 t topic, c/u created/updated ms, x expires
-                                                 ms, b updated_by, r revision, s plain
+  sw:{sw:p3}:e:<len(scope)>:<scope><key>  string one entry, packed (lua/includes/packed.lua,
+                                                 state/packed.py): version, created/updated
+                                                 ms, revision, hash, expires ms, topic,
+                                                 updated_by, plain mark, then the value
   sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
   sw:{sw:p3}:u:<scope>                    zset   the scope's keys by updated_at ms
   sw:{sw:p3}:t:<scope>                    zset   <topic>\0<key> of tagged entries, score 0
@@ -51,7 +52,8 @@ Layout (`sw` prefix, partition 3):
                                                  error (JSON); pruned as triggers go
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
   sw:snapshot:status                      hash   the snapshotters' last error and last commit
-  sw:meta                                 hash   layout facts checked at start (partitions)
+  sw:meta                                 hash   layout facts checked at start (partitions;
+                                                 entries: "packed" once state/repack.py ran)
   sw:calls:{sw:c<b>}:<slice>              hash   on one Redis: the records and bindings of
                                                  the call ids of bucket b in one time slice
   sw:bus:<service>                        stream calls to a service; consumer group <service>

@@ -50,7 +50,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "acl|dryrun": ["ACL", "DRYRUN", user, "PING"],
         "ping": ["PING"],
         "info": ["INFO", "persistence"],  # AOF on? a cluster?
-        "hget": ["HGET", keys.meta, "partitions"],  # (and the scripts: entry fields)
+        "hget": ["HGET", keys.meta, "partitions"],  # (and the entries' layout; the scripts)
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
         "time": ["TIME"],  # where a new event history begins (compaction.begin_history)
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
@@ -73,16 +73,18 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "xgroup|create": ["XGROUP", "CREATE", bus, SERVICE, "0", "MKSTREAM"],
         "xreadgroup": ["XREADGROUP", "GROUP", SERVICE, "c", "COUNT", 1, "STREAMS", bus, ">"],
         "xautoclaim": ["XAUTOCLAIM", bus, SERVICE, "c", 1, "0-0"],
-        "get": ["GET", part.lease],  # the status of leases (and the scripts: leases)
+        "get": ["GET", part.lease],  # the status of leases (and the scripts: leases, entries;
+        # the snapshot's rows)
         "set": ["SET", part.lease, "t", "NX", "PX", 1],  # (the scripts: a partition's lease)
         "lpush": ["LPUSH", reply, "r"],
         "pexpire": ["PEXPIRE", reply, 1],  # (and the scripts: records)
         "xack": ["XACK", bus, SERVICE, "0-1"],
         "xdel": ["XDEL", bus, "0-1"],
         "hincrby": ["HINCRBY", stats, "calls", 1],  # (and the dispatcher's, the cut)
-        "hset": ["HSET", stats, "flushed_ms", 1],  # (and the scripts, the snapshot, the repair)
+        "hset": ["HSET", stats, "flushed_ms", 1],  # (and the scripts, the snapshot, the repair,
+        # the mark of the entries' layout: state/repack.py)
         # The functions outside scripts: reads, list_groups, Dagu's create_only check.
-        "hmget": ["HMGET", entry, "v"],  # (and the snapshot's rows, trimming)
+        "hmget": ["HMGET", part.dispatched, "id", "n"],  # (and trimming, barriers)
         "zrange": ["ZRANGE", part.scopes, 0, -1],
         "exists": ["EXISTS", entry],
         # The dispatcher: handler calls, a bus condition's client, leases, trimming.
@@ -100,7 +102,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
         "xrange": ["XRANGE", part.unsaved_calls, "-", "+", "COUNT", 1],  # call records
         # Only inside the Lua functions (scripts/lua/).
-        "hdel": ["HDEL", entry, "x"],
+        "hdel": ["HDEL", keys.claims, "s"],
         "hexists": ["HEXISTS", keys.claims, "s"],
         "hlen": ["HLEN", part.barrier("b")],
         "sadd": ["SADD", part.barriers_changed, "b"],
@@ -109,6 +111,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zlexcount": ["ZLEXCOUNT", index, "-", "+"],
         "zrangebyscore": ["ZRANGEBYSCORE", part.ttl, 0, 1],
         "zrank": ["ZRANK", index, "k"],
+        # The upgrade to packed entries (state/repack.py, lua/repack.lua), at start.
+        "type": ["TYPE", entry],
+        "zremrangebylex": ["ZREMRANGEBYLEX", index, "[a", "+"],
         "zscore": ["ZSCORE", index, "k"],
     }
     if select:  # the URL names a database other than 0

@@ -73,7 +73,7 @@ TOPIC = Binding("topic", 9, TopicReply.read)
 SETHASH = Binding("sethash", 1, Moved.read)
 REAP = Binding("reap", 3, ReapReply.read)
 LIST = Binding("list", 1, ListReply.read)
-ENTRIES = Binding("entries", 1, EntriesReply.read)
+ENTRIES = Binding("entries", 2, EntriesReply.read)
 DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
 TRIGGER = Binding("trigger", 3, TriggerReply.read)
 KEEP_TRIGGER = Binding("keeptrigger", 3, KeptReply.read)  # keep-trigger, the reaper's
@@ -96,7 +96,8 @@ BINDINGS: tuple[Binding[Any], ...] = (
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
     TRANSACTION, GETMANY, DELPREFIX, GET)
 INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
-BINDINGS += (INDEX,)
+REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/repack.py)
+BINDINGS += (INDEX, REPACK)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -264,8 +265,8 @@ def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, ord
                  key_pattern: str | None, topic_pattern: str | None, values: bool,
                  examine: int) -> Call:
     """entries.lua over one of the scope's indexes (`index`), from `position` ("" or "=" +
-    the cursor's member)."""
-    return [index], [now_ms(), part.entry_prefix + member(scope, ""), order_by, order,
+    the cursor's member); topic order walks the key index too (the untagged entries)."""
+    return [index, part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), order_by, order,
                      position, score, limit, skip, prefix or "", pattern_arg(key_pattern),
                      pattern_arg(topic_pattern), "1" if values else "", examine]
 

@@ -161,9 +161,9 @@ class Moved(NamedTuple):
 
 
 class Counted(NamedTuple):
-    """forget.lua: how many it forgot."""
+    """forget.lua: how many it forgot; repack.lua: how many names it changed."""
 
-    forgotten: int
+    number: int
 
     @classmethod
     def read(cls, reply: list[Any]) -> Counted:

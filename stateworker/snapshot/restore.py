@@ -40,12 +40,12 @@ from stateworker.snapshot.tables import PgConnection
 from stateworker.state import indexes
 from stateworker.state import principals as acl
 from stateworker.state import triggers as registry
+from stateworker.state.packed import Stored, pack
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import command_reply
 from stateworker.transport.wire import ReplyError
 
 BATCH = 1000  # rows per fetch and per Redis pipeline
-NO_TOPIC = b"\xff"  # the topic index's mark of an untagged entry (lua/includes/entry.lua)
 
 ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, updated_ms, "
                  "expires_ms, updated_by, revision_ms, revision_seq, plain")
@@ -77,19 +77,15 @@ def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
     scope, key, topic, by = (from_pg(name) for name in (stored_scope, stored_key,
                                                         stored_topic, stored_by))
     part = state.keys.for_scope(scope)
-    fields: list[Any] = ["v", text, "n", version, "r", f"{rev_ms}-{rev_seq}"]
-    for name, value in (("h", hash_), ("t", topic), ("c", created), ("u", updated),
-                        ("x", expires), ("b", by)):
-        if value is not None:
-            fields += [name, value]
-    if plain:
-        fields += ["s", "1"]
-    topic_member = (topic.encode() if topic is not None else NO_TOPIC) + b"\0" + key.encode()
-    commands = [["HSET", part.entry(scope, key), *fields],
+    stored = Stored(text.encode() if isinstance(text, str) else bytes(text), int(version),
+                    created or updated or 0, updated or 0, (int(rev_ms), int(rev_seq)),
+                    hash=hash_, expires=expires, topic=topic, by=by, plain=bool(plain))
+    commands = [["SET", part.entry(scope, key), pack(stored)],
                 ["ZADD", part.key_index(scope), 0, key],
                 ["ZADD", part.updated_index(scope), updated or 0, key],
-                ["ZADD", part.topic_index(scope), 0, topic_member],
                 ["ZADD", part.scopes, 0, scope]]
+    if topic is not None:  # (the topic index holds the tagged entries: lua/includes/entry.lua)
+        commands.append(["ZADD", part.topic_index(scope), 0, f"{topic}\0{key}"])
     if expires is not None:
         commands.append(["ZADD", part.ttl, expires, member(scope, key)])
     return commands

@@ -15,7 +15,7 @@ import anyio
 from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
-from stateworker.state import expiry
+from stateworker.state import expiry, repack
 from stateworker.state.confirm import Confirm
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
@@ -54,6 +54,7 @@ async def connect(settings: Settings,
     try:
         await check_server(state)
         await state.library.load()
+        await repack.upgrade(state)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await state.close()

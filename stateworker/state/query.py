@@ -15,7 +15,7 @@ Two paths, chosen per page by the scope's ready indexes (one HGETALL of its defi
   read from the index (ZRANGE BYLEX): eq and in walk their values' ranges, whose members are
   in key order, from the cursor; a range or prefix takes its whole candidate set when it holds
   at most CANDIDATES members (sorted by key here), else the page walks the keys. The
-  candidates' entries are then read (HMGET, pipelined) and checked exactly like any other.
+  candidates' entries are then read (GET, pipelined) and checked exactly like any other.
 Results are in key byte order either way; with `order_by: updated_at` the page walks the
 updated index (no value index: its members are in key order), ties broken by key.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from stateworker.scripts.bindings import ENTRIES, entries_call
 from stateworker.scripts.replies import EntriesReply
 from stateworker.state import listing, validate
 from stateworker.state import predicates as p
+from stateworker.state.packed import Stored, unpack
 from stateworker.state.reads import hash_plan
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import Plan, command_reply
@@ -44,7 +46,6 @@ from stateworker.transport.plans import Plan, command_reply
 EXAMINE = 1000  # entries one query call examines at most
 CANDIDATES = 1000  # a range's candidates taken from its index at most (else: the key walk)
 MAX_LIMIT = 1000
-_FIELDS = ("n", "h", "t", "c", "u", "x", "b", "v")
 _BAD_CURSOR = "$.after: not a cursor returned by state::query"
 _DIGITS = re.compile(r"[0-9]{1,20}")  # an updated_at cursor's score (ASCII: Redis reads it)
 
@@ -82,22 +83,20 @@ class Page:
         self.unknown: list[tuple[ListedEntry, bytes]] = []  # matches whose hash is unknown
         self.now = clock.now_ms()
 
-    def take(self, key: bytes, f: list[Any]) -> bool:
-        """Examine one entry (HMGET n h t c u x b v); True once the page is full."""
-        n, h, t, c, u, x, b, v = f
-        if n is None or v is None or (x is not None and int(x) <= self.now):
+    def take(self, key: bytes, e: Stored | None) -> bool:
+        """Examine one entry (None: gone); True once the page is full."""
+        if e is None or (e.expires is not None and e.expires <= self.now):
             return False
-        if not p.matches(self.wheres, p.decode(v)):
+        if not p.matches(self.wheres, p.decode(e.value)):
             return False
-        entry = ListedEntry(key.decode(), None if t is None else t.decode(), int(n),
-                            "" if h is None else h.decode(), _ms(c), _ms(u), _ms(x),
-                            None if b is None else b.decode(), msgspec.Raw(v))
+        entry = ListedEntry(key.decode(), e.topic, e.version, e.hash or "", _ms(e.created),
+                            _ms(e.updated), _ms(e.expires), e.by, msgspec.Raw(e.value))
         self.result.entries.append(entry)
-        if h is None:
-            self.unknown.append((entry, v))
+        if e.hash is None:
+            self.unknown.append((entry, e.value))
         return len(self.result.entries) >= self.req.limit
 
-    def run(self, keys: list[bytes], rows: list[list[Any]], more: bool) -> Any:
+    def run(self, keys: list[bytes], rows: Sequence[Stored | None], more: bool) -> Any:
         """Examine `rows` (of `keys`, in the page's order); `more`: entries after the last
         remain."""
         for i, (key, row) in enumerate(zip(keys, rows, strict=True)):
@@ -109,12 +108,12 @@ class Page:
             self.result.next_after = self.cursor(keys[-1], rows[-1])
         return self.finish()
 
-    def cursor(self, key: bytes, row: list[Any]) -> str:
+    def cursor(self, key: bytes, row: Stored | None) -> str:
         """The cursor after `key`: by updated_at its score is the entry's `u` (the updated
         index's score)."""
         if self.req.order_by == "key":
             return encode_after(key)
-        return encode_after(key, "updated_at", (row[4] or b"0").decode())
+        return encode_after(key, "updated_at", str(row.updated if row else 0))
 
     def finish(self) -> Any:
         if not self.unknown:
@@ -124,8 +123,8 @@ class Page:
         return listing._with_hashes(self.result, self.unknown, steps)  # type: ignore[arg-type]
 
 
-def _ms(raw: bytes | None) -> str | None:
-    return None if raw is None else clock.rfc3339_ms(int(raw))
+def _ms(ms: int | None) -> str | None:
+    return None if ms is None else clock.rfc3339_ms(ms)
 
 
 def check(req: QueryRequest) -> tuple[list[p.Where], Position | None]:
@@ -171,7 +170,7 @@ def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
     def finish(reply: EntriesReply) -> Any:
         flat = reply.fields
         keys = [flat[i] for i in range(0, len(flat), 9)]
-        rows = [[*flat[i + 1:i + 8], flat[i + 8]] for i in range(0, len(flat), 9)]
+        rows = [_listed(flat[i + 1:i + 9]) for i in range(0, len(flat), 9)]
         page.result.index = msgspec.UNSET
         more = reply.last_member is not None
         if reply.last_member is not None and (not keys or reply.last_member != keys[-1]):
@@ -184,7 +183,15 @@ def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
     return state.script_plan(ENTRIES, call, finish)
 
 
-def _run_then(page: Page, keys: list[bytes], rows: list[list[Any]], last: bytes,
+def _listed(f: list[Any]) -> Stored:
+    """An entry as entries.lua lists it (n h t c u x b v; the value given: values asked)."""
+    n, h, t, c, u, x, b, v = f
+    return Stored(v, int(n), int(c or 0), int(u or 0), (0, 0), None if h is None else h.decode(),
+                  None if x is None else int(x), None if t is None else t.decode(),
+                  None if b is None else b.decode())
+
+
+def _run_then(page: Page, keys: list[bytes], rows: Sequence[Stored | None], last: bytes,
               last_score: bytes | None) -> Any:
     result = page.run(keys, rows, True)
     if len(page.result.entries) < page.req.limit:
@@ -238,7 +245,7 @@ def _rows_plan(state: RedisState, page: Page, pointer: str, keys: list[bytes],
 
     def finish(replies: list[Any]) -> Any:
         page.result.index = pointer
-        rows = [command_reply(r, "HMGET") for r in replies]
-        return page.run(keys, rows, more)
+        rows = [command_reply(r, "GET") for r in replies]
+        return page.run(keys, [None if r is None else unpack(r) for r in rows], more)
 
-    return Plan([["HMGET", part.entry(scope, k.decode()), *_FIELDS] for k in keys], finish)
+    return Plan([["GET", part.entry(scope, k.decode())] for k in keys], finish)

@@ -1,8 +1,9 @@
 """The read operations, as plans: get, get-entry, list, list_keys, list_groups, and storing
 a hash that an update left unknown.
 
-Reads of one key are one HMGET checked against the clock here; an expired entry reads as
-missing before the reaper has deleted it. `list` and `list_keys` are one read-only script.
+Reads of one key are one GET (the entry's stored form: packed.py) checked against the clock
+here; an expired entry reads as missing before the reaper has deleted it. `list` and
+`list_keys` are one read-only script.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
 from stateworker.scripts.statuses import raise_for_status, script_reply
+from stateworker.state.packed import unpack, value_and_expiry
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import ANSWERED, Answered, Plan, command_reply, then
 
@@ -35,12 +37,15 @@ def get_plan(state: RedisState, scope: str, key: str) -> Plan:
     entry = state.keys.for_scope(scope).entry(scope, key)
 
     def finish(replies: list[Any]) -> msgspec.Raw | None:
-        value, expires = command_reply(replies[0], "HMGET")
-        if value is None or (expires is not None and int(expires) <= now_ms()):
+        stored = command_reply(replies[0], "GET")
+        if stored is None:
+            return None
+        value, expires = value_and_expiry(stored)
+        if expires is not None and expires <= now_ms():
             return None
         return msgspec.Raw(value)
 
-    return Plan([["HMGET", entry, "v", "x"]], finish)
+    return Plan([["GET", entry]], finish)
 
 
 def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext) -> Plan:
@@ -63,8 +68,9 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
     entry = state.keys.for_scope(scope).entry(scope, key)
 
     def finish(replies: list[Any]) -> Any:
-        v, n, h, t, c, u, x, b, r = command_reply(replies[0], "HMGET")
-        if v is None or (x is not None and int(x) <= now_ms()):
+        stored = command_reply(replies[0], "GET")
+        e = None if stored is None else unpack(stored)
+        if e is None or (e.expires is not None and e.expires <= now_ms()):
             if required:
                 raise NotFound(f"key {shown(key)} not found in scope {shown(scope)}",
                                {"scope": scope, "key": key})
@@ -72,17 +78,16 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
 
         def result(digest: str) -> EntryResult:
             return EntryResult(
-                True, msgspec.Raw(v), int(n), digest,
-                None if t is None else t.decode(),
-                clock.rfc3339_ms(int(c or 0)) or "", clock.rfc3339_ms(int(u or 0)) or "",
-                None if x is None else clock.rfc3339_ms(int(x)),
-                None if b is None else b.decode(), (r or b"").decode())
+                True, msgspec.Raw(e.value), e.version, digest, e.topic,
+                clock.rfc3339_ms(e.created) or "", clock.rfc3339_ms(e.updated) or "",
+                None if e.expires is None else clock.rfc3339_ms(e.expires), e.by,
+                "{}-{}".format(*e.revision))
 
-        if h is None:  # left unknown by an update: compute and store it now
-            return then(hash_plan(state, scope, key, int(n), v), result)
-        return result(h.decode())
+        if e.hash is None:  # left unknown by an update: compute and store it now
+            return then(hash_plan(state, scope, key, e.version, e.value), result)
+        return result(e.hash)
 
-    return Plan([["HMGET", entry, "v", "n", "h", "t", "c", "u", "x", "b", "r"]], finish)
+    return Plan([["GET", entry]], finish)
 
 
 def _list_plan(state: RedisState, scope: str, what: str,

@@ -1,5 +1,6 @@
 """Helpers of the snapshot tests: what Redis and PostgreSQL hold, side by side, read
-independently of the snapshotter's own code (redis-py and psycopg)."""
+independently of the snapshotter's own code (redis-py and psycopg; an entry's stored form with
+state/packed.py, which tests/lua/test_packed.py holds against the scripts)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from stateworker import StateStore
 from stateworker.errors import StateError
 from stateworker.keys import KeySpace
 from stateworker.snapshot.names import from_pg
-
-FIELDS = ("v", "n", "h", "t", "x")
+from stateworker.state.packed import unpack
 
 
 def redis_entries(client: redis.Redis, keys: KeySpace) -> dict[tuple[str, str], tuple[Any, ...]]:
@@ -25,14 +25,14 @@ def redis_entries(client: redis.Redis, keys: KeySpace) -> dict[tuple[str, str], 
         names = list(client.scan_iter(match=part.entry_prefix + "*", count=1000))
         with client.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.hmget(name, *FIELDS)
+                pipe.get(name)
             values = pipe.execute()
-        for name, (v, n, h, t, x) in zip(names, values, strict=True):
+        for name, stored in zip(names, values, strict=True):
+            e = unpack(stored)
             member = name[len(part.entry_prefix):]
             length, _, rest = member.partition(b":")
             scope, key = rest[:int(length)].decode(), rest[int(length):].decode()
-            found[(scope, key)] = (v.decode(), int(n), h and h.decode(), t and t.decode(),
-                                   x and int(x))
+            found[(scope, key)] = (e.value.decode(), e.version, e.hash, e.topic, e.expires)
     return found
 
 

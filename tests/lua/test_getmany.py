@@ -12,6 +12,7 @@ import pytest
 from stateworker import StateError, StateStore, codec
 from stateworker.context import CallContext
 from stateworker.state import bulkread, functions
+from stateworker.state.packed import unpack
 from tests.lua.ttl import HOUR_MS, expiring, pass_time
 
 pytestmark = pytest.mark.anyio
@@ -57,12 +58,11 @@ async def test_a_hash_an_update_left_unknown_is_computed_and_stored(
     await store.call("state::update", {"scope": scope, "key": "u", "ops": [
         {"type": "increment", "path": "n", "by": 2}]})
     part = store.state.keys.for_scope(scope)
-    assert await store.state.conn.execute("HGET", part.entry(scope, "u"), "h") is None
+    assert unpack(await store.state.conn.execute("GET", part.entry(scope, "u"))).hash is None
     entries = await get_many(store, scope, ["u", "u"])
     expected = codec.hash_tree(codec.decode_exact(b'{"n":3}'))
     assert [e["hash"] for e in entries] == [expected, expected]
-    assert await store.state.conn.execute("HGET", part.entry(scope, "u"), "h") == \
-        expected.encode()
+    assert unpack(await store.state.conn.execute("GET", part.entry(scope, "u"))).hash == expected
     assert entries[0] == await store.call("state::get-entry", {"scope": scope, "key": "u"})
 
 

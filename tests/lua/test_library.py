@@ -24,7 +24,7 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
-from stateworker.state import functions, principals
+from stateworker.state import functions, principals, repack
 from stateworker.transport.wire import Arg
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -61,6 +61,8 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
         return [record + "0", record[:-1]]
     if name == "index":
         return [text(args[2]) + "somekey"]
+    if name == "repack":  # the entries or topic indexes it upgrades
+        return [text(a) for a in args[1:]]
     if name in ("set", "delete", "update", "topic", "transaction", "delprefix"):
         derived = written(keys[4]) + value_indexes(keys[1], args[0])
         if name in ("transaction", "delprefix"):  # the other entries: ARGV[8] .. <len><scope><key>
@@ -114,6 +116,13 @@ async def test_every_script_call_hashes_to_one_slot(
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
+    # repack.lua: an entry of the layout before packed entries, and a topic index, upgraded
+    await store.set(scope, "tagged", 1, topic="t")
+    at = store.state.keys.for_scope(scope)
+    await store.state.conn.execute("HSET", at.entry(scope, "old"), "v", "1", "n", "1")
+    await store.state.conn.execute("HDEL", store.state.keys.meta, repack.LAYOUT_FIELD)
+    store.state.created = False
+    assert await repack.upgrade(store.state) == 1
     # Bus calls on a cluster: the id bound in a step (bind.lua), then the entry script with
     # the partition's records (KEYS[8]) and, with the snapshot on, its unsaved ones (KEYS[9]).
     store.state.cluster = True

@@ -2,8 +2,8 @@
 
 Short TTLs are never raced: a test that needs an entry expired waits for the clock to pass the
 latest moment its expiry can be at (the write's end + ttl); what must still be alive has a TTL
-of an hour. The expiry a write stored is read from the entry's hash (`x`), which reads do not
-filter."""
+of an hour. The expiry a write stored is read from the stored entry (state/packed.py), which
+reads do not filter."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import anyio
 from stateworker import StateStore
 from stateworker.clock import now_ms
 from stateworker.keys import member
+from stateworker.state.packed import unpack
 
 HOUR_MS = 3_600_000
 
@@ -23,16 +24,16 @@ async def pass_time(until_ms: int) -> None:
 
 
 async def stored_expiry(store: StateStore, scope: str, key: str) -> int | None:
-    """The expiry (epoch ms) in the entry's hash, expired or not; None: no expiry. Checked
+    """The expiry (epoch ms) in the stored entry, expired or not; None: no expiry. Checked
     against the partition's ttl index."""
     part = store.state.keys.for_scope(scope)
-    raw = await store.state.conn.execute("HGET", part.entry(scope, key), "x")
+    expires = unpack(await store.state.conn.execute("GET", part.entry(scope, key))).expires
     score = await store.state.conn.execute("ZSCORE", part.ttl, member(scope, key))
-    assert (raw is None) == (score is None), (raw, score)
-    if raw is None:
+    assert (expires is None) == (score is None), (expires, score)
+    if expires is None:
         return None
-    assert int(float(score)) == int(raw)
-    return int(raw)
+    assert int(float(score)) == expires
+    return expires
 
 
 async def expiring(store: StateStore, scope: str, keys: list[str], ttl_ms: int = 30) -> int:

@@ -1,6 +1,6 @@
 --[[
   Delete one batch of the entries of a scope whose topic matches a `*` pattern
-  (state::delete-by-topic). Untagged entries never match. The caller repeats with the
+  (state::delete-by-topic). Untagged entries never match (the topic index holds tagged ones). The caller repeats with the
   returned cursor until it is false, so each call is atomic and bounded.
   Input:
     KEYS[1] scope topic index   KEYS[2] scope key index   KEYS[3] scope updated index
@@ -27,7 +27,7 @@ local ctx = entry_scope_ctx(KEYS[2], KEYS[3], KEYS[1], KEYS[4], KEYS[5], KEYS[6]
 for _, m in ipairs(members) do
   local z = string.find(m, '\0', 1, true)
   local topic, key = string.sub(m, 1, z - 1), string.sub(m, z + 1)
-  if topic ~= ENTRY_NO_TOPIC and glob_match(topic, parts) then
+  if glob_match(topic, parts) then
     deleted = deleted + entry_delete_key(ctx, ARGV[9], ARGV[10], key)
   end
 end

@@ -6,7 +6,10 @@
   examined per call, so a page with a selective filter may come back short with a cursor.
   Input:
     KEYS[1] the index of the order: key index (key), updated index (updated_at) or topic
-            index (topic: members "<topic>\0<key>", untagged "\255\0<key>")
+            index (topic: members "<topic>\0<key>" of the tagged entries)
+    KEYS[2] the scope's key index: in topic order the untagged entries come after every
+            topic, walked in key order here (cursor member "\255\0<key>": no UTF-8 text
+            holds the byte 255), tagged ones skipped (and counted as examined)
     ARGV[1] now (epoch ms)
     ARGV[2] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[3] order_by: key | updated_at | topic     ARGV[4] order: asc | desc
@@ -24,6 +27,7 @@
 ]]
 --- @include "glob"
 --- @include "text"
+--- @include "packed"
 
 local idx, now, prefix = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 local orderBy, desc = ARGV[3], ARGV[4] == 'desc'
@@ -33,19 +37,18 @@ local keyParts = ARGV[10] ~= '' and glob_parts(string.sub(ARGV[10], 2)) or nil
 local topicParts = ARGV[11] ~= '' and glob_parts(string.sub(ARGV[11], 2)) or nil
 local withValues, examineMax = ARGV[12] == '1', tonumber(ARGV[13])
 
--- Position (0-based, in walking order) of the first member to examine.
-local function start_rank()
-  if orderBy ~= 'updated_at' then
-    if hasCursor then
-      if desc then return redis.call('ZLEXCOUNT', idx, '[' .. cursor, '+') end
-      return redis.call('ZLEXCOUNT', idx, '-', '[' .. cursor)
-    end
-    if orderBy == 'key' and keyPrefix ~= '' then
-      if desc then return redis.call('ZLEXCOUNT', idx, '(' .. keyPrefix .. '\255', '+') end
-      return redis.call('ZLEXCOUNT', idx, '-', '(' .. keyPrefix)
-    end
-    return 0
-  end
+local UNTAGGED = '\255\0' -- the cursor members of the untagged in topic order
+
+-- Position (0-based, in walking order) in the lex-ordered index `zset` of the first member
+-- after the cursor `at` (nil for none; "" is the empty key's).
+local function lex_rank(zset, at)
+  if not at then return 0 end
+  if desc then return redis.call('ZLEXCOUNT', zset, '[' .. at, '+') end
+  return redis.call('ZLEXCOUNT', zset, '-', '[' .. at)
+end
+
+-- Position of the first member to examine in the updated index, after the cursor.
+local function updated_rank()
   if not hasCursor then return 0 end
   local score = tonumber(cursorScore)
   local below = redis.call('ZCOUNT', idx, '-inf', '(' .. cursorScore)
@@ -65,8 +68,38 @@ local function start_rank()
   return redis.call('ZCARD', idx) - (below + tiesLE - exists)
 end
 
-local function key_of(member)
-  if orderBy == 'topic' then
+--[[
+  The legs of the walk, in order: {index, first position, untagged}, `untagged` set on the
+  key index walked for topic order's untagged entries. Topic order ascending: the topics,
+  then the untagged; descending the other way round. A topic pattern never matches an
+  untagged entry, so it walks no untagged leg.
+]]
+local function legs()
+  if orderBy == 'updated_at' then
+    return {{idx, updated_rank(), false}}
+  end
+  if orderBy == 'key' then
+    local at = hasCursor and cursor or nil
+    if not at and keyPrefix ~= '' then
+      if desc then return {{idx, redis.call('ZLEXCOUNT', idx, '(' .. keyPrefix .. '\255', '+'), false}} end
+      return {{idx, redis.call('ZLEXCOUNT', idx, '-', '(' .. keyPrefix), false}}
+    end
+    return {{idx, lex_rank(idx, at), false}}
+  end
+  local inUntagged = hasCursor and string.sub(cursor, 1, 2) == UNTAGGED
+  local topics, untagged = nil, nil
+  if not (inUntagged and not desc) then -- (ascending past the topics: none left)
+    topics = {idx, lex_rank(idx, (hasCursor and not inUntagged) and cursor or nil), false}
+  end
+  if not topicParts and not (hasCursor and desc and not inUntagged) then
+    untagged = {KEYS[2], lex_rank(KEYS[2], inUntagged and string.sub(cursor, 3) or nil), true}
+  end
+  if desc then return {untagged, topics} end
+  return {topics, untagged}
+end
+
+local function key_of(member, leg)
+  if orderBy == 'topic' and not leg[3] then
     return string.sub(member, string.find(member, '\0', 1, true) + 1)
   end
   return member
@@ -74,56 +107,70 @@ end
 
 local out = {}
 local found, examined = 0, 0
-local pos = start_rank()
 local lastMember, lastScore = false, false
-local finished = false
-while not finished do
-  local want = math.min(200, examineMax - examined)
-  if want <= 0 then break end
-  local chunk
-  if desc then
-    chunk = redis.call('ZRANGE', idx, pos, pos + want - 1, 'REV', 'WITHSCORES')
-  else
-    chunk = redis.call('ZRANGE', idx, pos, pos + want - 1, 'WITHSCORES')
-  end
-  local got = #chunk / 2
-  for i = 1, #chunk, 2 do
-    local member = chunk[i]
-    examined = examined + 1
-    lastMember, lastScore = member, chunk[i + 1]
-    local key = key_of(member)
-    local hasPrefix = keyPrefix == '' or string.sub(key, 1, #keyPrefix) == keyPrefix
-    if orderBy == 'key' and not hasPrefix then
-      finished, lastMember = true, false
-      break
+local walk = legs()
+
+-- Walk one leg until the page is full, the leg ends (true: go on to the next) or the
+-- examined members reach the most allowed.
+local function walk_leg(leg)
+  local zset, pos, untagged = leg[1], leg[2], leg[3]
+  while true do
+    local want = math.min(200, examineMax - examined)
+    if want <= 0 then return false end
+    local chunk
+    if desc then
+      chunk = redis.call('ZRANGE', zset, pos, pos + want - 1, 'REV', 'WITHSCORES')
+    else
+      chunk = redis.call('ZRANGE', zset, pos, pos + want - 1, 'WITHSCORES')
     end
-    local ok = hasPrefix and (not keyParts or glob_match(key, keyParts))
-    local f
-    if ok then
-      f = redis.call('HMGET', prefix .. key, 'n', 'h', 't', 'c', 'u', 'x', 'b', 'v')
-      ok = f[1] and not (f[6] and tonumber(f[6]) <= now)
-      if ok and topicParts then
-        ok = f[3] and glob_match(f[3], topicParts)
+    local got = #chunk / 2
+    for i = 1, #chunk, 2 do
+      local member = chunk[i]
+      examined = examined + 1
+      lastMember, lastScore = untagged and UNTAGGED .. member or member, chunk[i + 1]
+      local key = key_of(member, leg)
+      local hasPrefix = keyPrefix == '' or string.sub(key, 1, #keyPrefix) == keyPrefix
+      if orderBy == 'key' and not hasPrefix then -- (past the prefix: the page is done)
+        lastMember = false
+        return false
       end
-    end
-    if ok then
-      if skip > 0 then
-        skip = skip - 1
-      else
-        out[#out + 1] = key
-        for j = 1, 7 do out[#out + 1] = f[j] end
-        out[#out + 1] = (withValues or not f[2]) and f[8] or false
-        found = found + 1
-        if found == limit then
-          finished = true
-          break
+      local ok = hasPrefix and (not keyParts or glob_match(key, keyParts))
+      local f
+      if ok then
+        local stored = redis.call('GET', prefix .. key)
+        f = stored and packed_read(stored) -- (value, version, expires, hash, topic, plain, by ...)
+        ok = f and not (f[3] and tonumber(f[3]) <= now) and not (untagged and f[5])
+        if ok and topicParts then
+          ok = f[5] and glob_match(f[5], topicParts)
+        end
+      end
+      if ok then
+        if skip > 0 then
+          skip = skip - 1
+        else
+          local n = #out
+          out[n + 1], out[n + 2], out[n + 3], out[n + 4] = key, f[2], f[4], f[5]
+          out[n + 5], out[n + 6], out[n + 7], out[n + 8] = f[8], f[9], f[3], f[7]
+          out[n + 9] = (withValues or not f[4]) and f[1] or false
+          found = found + 1
+          if found == limit then
+            return false
+          end
         end
       end
     end
+    if got < want then return true end
+    pos = pos + got
   end
-  if not finished and got < want then
-    finished, lastMember = true, false
-  end
-  pos = pos + got
 end
+
+local exhausted = true -- every leg walked to its end: no cursor
+for i = 1, 2 do
+  local leg = walk[i]
+  if leg and not walk_leg(leg) then
+    exhausted = false
+    break
+  end
+end
+if exhausted then lastMember = false end
 return {ST.OK, lastMember, lastMember and lastScore or false, skip, out}

@@ -5,7 +5,7 @@
   trips.
   Input:
     KEYS[1] the current time slice of the id's bucket of records (records.lua; a hash)
-    KEYS[2] the entry hash   KEYS[3] the reply list   KEYS[4] the call's stream
+    KEYS[2] the entry (packed.lua)   KEYS[3] the reply list   KEYS[4] the call's stream
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
     ARGV[6] the reply list's expiry (ms)   ARGV[7] the consumer group   ARGV[8] the entry's id
@@ -17,14 +17,19 @@
 ]]
 --- @include "records"
 --- @include "answer"
+--- @include "packed"
 
 local now = tonumber(ARGV[3])
 if not records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]), now) then
   return {ST.CALL_ID_REUSED}
 end
-local cur = redis.call('HMGET', KEYS[2], 'v', 'x')
-local value = cur[1]
-if not value or (cur[2] and tonumber(cur[2]) <= now) then
-  value = 'null'
+local stored = redis.call('GET', KEYS[2])
+local value = 'null'
+if stored then
+  local expires
+  value, expires = packed_value(stored)
+  if expires and expires <= now then
+    value = 'null'
+  end
 end
 return answer_send(KEYS[3], KEYS[4], value)

@@ -15,13 +15,21 @@
   Events: none.
 ]]
 
+--- @include "packed"
+
 local now, prefix = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 for i = 3, #ARGV do
-  local f = redis.call('HMGET', prefix .. ARGV[i], 'v', 'n', 'h', 't', 'c', 'u', 'x', 'b', 'r')
-  if f[1] and f[7] and tonumber(f[7]) <= now then
-    f[1] = false
+  local stored = redis.call('GET', prefix .. ARGV[i])
+  if stored then
+    local c = packed_read(stored) -- (value, version, expires, hash, topic, plain, by, ...)
+    local value = c[1]
+    if c[3] and tonumber(c[3]) <= now then
+      value = false
+    end
+    out[i - 2] = {value, c[2], c[4], c[5], c[8], c[9], c[3], c[7], c[10]}
+  else
+    out[i - 2] = {false, false, false, false, false, false, false, false, false}
   end
-  out[i - 2] = f
 end
 return {ST.OK, out}

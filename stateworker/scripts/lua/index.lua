@@ -19,6 +19,7 @@
   Events: none.
 ]]
 --- @include "indexes"
+--- @include "packed"
 
 local op, pointer = ARGV[1], ARGV[2]
 if op == 'create' then
@@ -51,7 +52,8 @@ local low = state == 'b' and '-' or '(' .. string.sub(state, 2)
 local keys = redis.call('ZRANGE', KEYS[2], low, '+', 'BYLEX', 'LIMIT', 0, batch)
 local parts = indexes_parts(pointer)
 for _, key in ipairs(keys) do
-  local member = indexes_member(redis.call('HGET', ARGV[3] .. key, 'v') or false, parts, key)
+  local stored = redis.call('GET', ARGV[3] .. key)
+  local member = indexes_member(stored and packed_value(stored) or false, parts, key)
   if member then
     redis.call('ZADD', KEYS[3], '0', member)
   end

@@ -11,13 +11,18 @@
   Events: none.
 ]]
 
+--- @include "packed"
+
 local now = tonumber(ARGV[1])
 local wantKeys = ARGV[3] == 'keys'
 local out = {}
 for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local f = redis.call('HMGET', ARGV[2] .. key, 'v', 'x')
-  if f[1] and not (f[2] and tonumber(f[2]) <= now) then
-    out[#out + 1] = wantKeys and key or f[1]
+  local stored = redis.call('GET', ARGV[2] .. key)
+  if stored then
+    local value, expires = packed_value(stored)
+    if not (expires and expires <= now) then
+      out[#out + 1] = wantKeys and key or value
+    end
   end
 end
 return {ST.OK, out}

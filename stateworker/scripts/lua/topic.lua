@@ -29,13 +29,7 @@ local newTopic = ARGV[8] ~= '-' and string.sub(ARGV[8], 2) or false
 if newTopic == cur[5] then
   return entry_finish({ST.OK, 1})
 end
-redis.call('ZREM', ctx.topicIndex, entry_topic_member(cur[5], ctx.key))
-redis.call('ZADD', ctx.topicIndex, 0, entry_topic_member(newTopic, ctx.key))
+entry_retopic(ctx, cur[5], newTopic)
 local rev = entry_emit(ctx, 'state:updated', cur[1], cur[1], cur[2])
-if newTopic then
-  redis.call('HSET', ctx.entry, 't', newTopic, 'r', rev)
-else
-  redis.call('HSET', ctx.entry, 'r', rev)
-  redis.call('HDEL', ctx.entry, 't')
-end
+redis.call('SET', ctx.entry, packed_retag(cur, newTopic, rev))
 return entry_finish({ST.OK, 1})

@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import reply_document
 from stateworker.schemas import SetResult, UpdateResult, encoder
+from stateworker.state.packed import pack, unpack
 from tests.integration.busproto import send, until
 
 pytestmark = pytest.mark.anyio
@@ -120,7 +121,7 @@ async def test_a_get_answered_by_its_script(service: StateService, raw: aredis.R
     assert msgspec.json.decode(reused)["error"]["code"] == "CALL_ID_REUSED"
     # an entry whose expiry has passed (the reaper not yet by) reads as null
     entry = service.state.keys.for_scope(scope).entry(scope, "k")
-    await raw.hset(entry, "x", 1)
+    await raw.set(entry, pack(msgspec.structs.replace(unpack(await raw.get(entry)), expires=1)))
     call_id, expired = await answer_bytes(raw, prefix, "state::get", key)
     assert expired == reply_document(call_id, b"null", None)
 

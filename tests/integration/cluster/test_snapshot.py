@@ -28,6 +28,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace, call_field
 from stateworker.settings import Settings
 from stateworker.snapshot.names import from_pg
+from stateworker.state.packed import unpack
 from stateworker.transport.slots import SLOTS, key_slot
 from tests.cluster import RedisCluster
 from tests.integration.busproto import until
@@ -77,23 +78,24 @@ def dump(nodes: list[redis.Redis], prefix: str) -> dict[bytes, Any]:
         for name in node.scan_iter(match=f"{prefix}:*", count=1000):
             if not any(part in name.decode(errors="replace") for part in RESTORED):
                 continue
-            found[name] = node.hgetall(name) if node.type(name) == b"hash" else \
-                node.zrange(name, 0, -1, withscores=True)
+            kind = node.type(name)
+            found[name] = node.hgetall(name) if kind == b"hash" else node.get(name) \
+                if kind == b"string" else node.zrange(name, 0, -1, withscores=True)
     return found
 
 
 def entries_in(dumped: dict[bytes, Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
     """(scope, key) -> (value text, version, hash, topic, expires, revision) of each entry."""
     found: dict[tuple[str, str], tuple[Any, ...]] = {}
-    for name, fields in dumped.items():
+    for name, stored in dumped.items():
         _, sep, member = name.partition(b"}:e:")
         if not sep:
             continue
         length, _, rest = member.partition(b":")
         scope, key = rest[:int(length)].decode(), rest[int(length):].decode()
-        text = {k.decode(): v.decode() for k, v in fields.items()}
-        found[(scope, key)] = (text["v"], int(text["n"]), text.get("h"), text.get("t"),
-                               int(text["x"]) if "x" in text else None, text["r"])
+        e = unpack(stored)
+        found[(scope, key)] = (e.value.decode(), e.version, e.hash, e.topic, e.expires,
+                               "{}-{}".format(*e.revision))
     return found
 
 

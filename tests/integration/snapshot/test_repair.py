@@ -25,6 +25,7 @@ from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.snapshot.barriers import forget
+from stateworker.state.packed import unpack
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_restore import dump, restore_command
 from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap
@@ -207,7 +208,8 @@ async def test_a_redis_behind_postgres_that_holds_entries_is_not_merged(
     message = str(refused.value)
     assert "Redis is behind PostgreSQL" in message and "does not merge" in message
     assert "stateworker restore" in message
-    assert client.hget(KeySpace(prefix, PARTITIONS).for_scope("s2").entry("s2", "new"), "v") == b"1"
+    stored = client.get(KeySpace(prefix, PARTITIONS).for_scope("s2").entry("s2", "new"))
+    assert unpack(stored).value == b"1"
 
 
 async def test_a_barrier_written_again_after_it_was_read_stays_marked(store: StateStore) -> None:

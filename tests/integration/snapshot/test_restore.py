@@ -27,7 +27,7 @@ from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-# What restore rebuilds: entry hashes, their indexes, triggers, claims (by key name part).
+# What restore rebuilds: entries, their indexes, triggers, claims (by key name part).
 RESTORED = (":e:", ":k:", ":u:", ":t:", ":scopes", ":ttl", ":triggers", ":claims")
 
 
@@ -38,8 +38,8 @@ def dump(client: redis.Redis, prefix: str) -> dict[bytes, Any]:
         if not any(part in name.decode(errors="replace") for part in RESTORED):
             continue
         kind = client.type(name)
-        found[name] = client.hgetall(name) if kind == b"hash" else \
-            client.zrange(name, 0, -1, withscores=True)
+        found[name] = client.hgetall(name) if kind == b"hash" else client.get(name) \
+            if kind == b"string" else client.zrange(name, 0, -1, withscores=True)
     return found
 
 

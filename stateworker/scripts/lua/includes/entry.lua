@@ -2,20 +2,21 @@
   Entry helpers shared by the mutating scripts; their names start with entry_ (constants:
   ENTRY_), so a reader of a script knows where they come from. A `ctx` holds the names and
   arguments of the entry being changed:
-    ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex  -- entry hash, scope indexes
+    ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex  -- entry, scope indexes
     ctx.scopes, ctx.ttl, ctx.events                        -- partition indexes and stream
     ctx.scope, ctx.key, ctx.member                         -- the entry's address
     ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
                                             -- stream cap, writer
     ctx.tp                                  -- a traced call's traceparent (false: untraced)
-    ctx[1 .. n]                             -- entry_write's HSET arguments, while it runs
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
-  A loaded entry `cur` is {value, version, expires_at, hash, topic, plain, by}
-  (HMGET v n x h t s b);
-  a field that is not set is false. `s` = "1" marks a value with no bracket or brace inside a
-  string (json.lua's fast container skip).
+  An entry is one string (packed.lua); a loaded entry `cur` is {value, version, expires_at,
+  hash, topic, plain, by, created, updated, revision} (packed_read), a field that is not set
+  false. `plain` = "1" marks a value with no bracket or brace inside a string (json.lua's
+  fast container skip).
 ]]
+
+--- @include "packed"
 
 --[[
   The partition's record of each scope's last change (keys.py `written`: the partition tag
@@ -66,12 +67,26 @@ local function entry_emit(ctx, etype, old, new, version)
   return ctx.rev
 end
 
--- The topic index holds every entry: "<topic>\0<key>", or "\255\0<key>" when untagged, so
--- untagged entries sort after every topic (no UTF-8 text contains the byte 255).
-local ENTRY_NO_TOPIC = '\255'
-
+-- The topic index holds the tagged entries: "<topic>\0<key>". An untagged entry has no member
+-- there (it would cost Redis a hundred bytes): state::list-entries in topic order walks the
+-- key index for them after every topic (entries.lua), as "\255\0<key>" (no UTF-8 text holds
+-- the byte 255).
 local function entry_topic_member(topic, key)
-  return (topic or ENTRY_NO_TOPIC) .. '\0' .. key
+  return topic .. '\0' .. key
+end
+
+-- Keep the topic index true for an entry whose topic goes from `old` to `new` (either false:
+-- untagged).
+local function entry_retopic(ctx, old, new)
+  if old == new then
+    return
+  end
+  if old then
+    redis.call('ZREM', ctx.topicIndex, entry_topic_member(old, ctx.key))
+  end
+  if new then
+    redis.call('ZADD', ctx.topicIndex, '0', entry_topic_member(new, ctx.key))
+  end
 end
 
 --- @include "indexes"
@@ -82,7 +97,7 @@ local function entry_unlink(ctx, cur)
   redis.call('DEL', ctx.entry)
   redis.call('ZREM', ctx.keyIndex, ctx.key)
   redis.call('ZREM', ctx.updIndex, ctx.key)
-  redis.call('ZREM', ctx.topicIndex, entry_topic_member(cur[5], ctx.key))
+  entry_retopic(ctx, cur[5], false)
   if cur[3] then
     redis.call('ZREM', ctx.ttl, ctx.member)
   end
@@ -101,10 +116,11 @@ end
 -- Nothing is written: a script that must check all before it writes (a transaction) loads
 -- with this and drops an expired entry (entry_drop_expired) once every check has passed.
 local function entry_load(ctx)
-  local cur = redis.call('HMGET', ctx.entry, 'v', 'n', 'x', 'h', 't', 's', 'b')
-  if not cur[1] then
+  local stored = redis.call('GET', ctx.entry)
+  if not stored then
     return nil, false
   end
+  local cur = packed_read(stored)
   return cur, cur[3] and tonumber(cur[3]) <= ctx.now
 end
 
@@ -155,20 +171,6 @@ local function entry_key_limit(ctx, cur, max)
   return {ST.KEY_LIMIT, live, limit}
 end
 
--- `list` with `item` added (made when nil: most writes clear no field).
-local function entry_listed(list, item)
-  list = list or {}
-  list[#list + 1] = item
-  return list
-end
-
--- One field of entry_write's HSET arguments, kept in the ctx's array part (a table the call
--- has already: none to make per call); `n` arguments so far, the new count returned.
-local function entry_field(ctx, n, name, value)
-  ctx[n + 1], ctx[n + 2] = name, value
-  return n + 2
-end
-
 --[[
   Write `value` as the entry's new value, keep every index true and append the event.
   hash      the value's canonical hash, or false when unknown (computed later by Python)
@@ -181,24 +183,7 @@ end
 ]]
 local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
   local version = cur and tonumber(cur[2]) + 1 or 1
-  local version_text = string.format('%d', version)
-  local n = entry_field(ctx, entry_field(ctx, entry_field(ctx, 0, 'v', value), 'n', version_text),
-    'u', ctx.stamp)
-  local cleared = nil
-  if hash then
-    n = entry_field(ctx, n, 'h', hash)
-  elseif cur and cur[4] then
-    cleared = entry_listed(cleared, 'h')
-  end
-  if plain then
-    if not (cur and cur[6] == '1') then -- (a field that keeps its value is not written)
-      n = entry_field(ctx, n, 's', '1')
-    end
-  elseif cur and cur[6] then
-    cleared = entry_listed(cleared, 's')
-  end
   if not cur then
-    n = entry_field(ctx, n, 'c', ctx.stamp)
     redis.call('ZADD', ctx.keyIndex, '0', ctx.key)
     redis.call('ZADD', ctx.scopes, '0', ctx.scope)
   end
@@ -210,45 +195,22 @@ local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
   if topic ~= '~' then
     newTopic = topic ~= '-' and string.sub(topic, 2) or false
   end
-  if not cur or newTopic ~= oldTopic then
-    if cur then
-      redis.call('ZREM', ctx.topicIndex, entry_topic_member(oldTopic, ctx.key))
-    end
-    redis.call('ZADD', ctx.topicIndex, '0', entry_topic_member(newTopic, ctx.key))
-    if newTopic then
-      n = entry_field(ctx, n, 't', newTopic)
-    else
-      cleared = cur and entry_listed(cleared, 't') or cleared
-    end
-  end
+  entry_retopic(ctx, oldTopic, newTopic)
 
-  if ctx.by ~= '' then
-    if not (cur and cur[7] == ctx.by) then
-      n = entry_field(ctx, n, 'b', ctx.by)
-    end
-  elseif cur and cur[7] then
-    cleared = entry_listed(cleared, 'b')
-  end
-
+  local expires = cur and cur[3] or false
   if ttl and ttl > 0 then
-    local expires = string.format('%d', ctx.now + ttl)
-    n = entry_field(ctx, n, 'x', expires)
+    expires = string.format('%d', ctx.now + ttl)
     redis.call('ZADD', ctx.ttl, expires, ctx.member)
-  elseif ttl == 0 and cur and cur[3] then
-    cleared = entry_listed(cleared, 'x')
+  elseif ttl == 0 and expires then
+    expires = false
     redis.call('ZREM', ctx.ttl, ctx.member)
   end
 
+  local version_text = string.format('%d', version)
   local rev = entry_emit(ctx, cur and 'state:updated' or 'state:created',
     cur and cur[1] or 'null', value, version_text)
-  n = entry_field(ctx, n, 'r', rev)
-  redis.call('HSET', ctx.entry, unpack(ctx, 1, n))
-  for i = 2, n, 2 do -- (hold no value past the call: the library outlives it)
-    ctx[i] = nil
-  end
-  if cleared then
-    redis.call('HDEL', ctx.entry, unpack(cleared))
-  end
+  redis.call('SET', ctx.entry, packed_pack(value, version, cur and cur[8] or ctx.stamp,
+    ctx.stamp, rev, hash, expires, newTopic, ctx.by, plain))
   return version, rev
 end
 
@@ -261,8 +223,7 @@ end
   a call never outlives the next), refilled whole by entry_begin: no table to make and
   collect per call. It is not emptied at the end of a call: its fields are the call's KEYS
   and ARGV (and `now`), which the library's KEYS and ARGV hold until the next call anyway,
-  so emptying it would free nothing and cost every call. What is not theirs, entry_write's
-  HSET values in its array part (a new value), is dropped after the HSET.
+  so emptying it would free nothing and cost every call.
 ]]
 local entry_ctx = { -- (every field named here: its slots are made once)
   entry = false, keyIndex = false, updIndex = false, topicIndex = false,
