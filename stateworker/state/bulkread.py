@@ -56,7 +56,7 @@ def state_delete_by_prefix(state: RedisState, req: DeleteByPrefixRequest,
     return delete_by_prefix_plan(state, req.scope, req.prefix, req.limit, ctx)
 
 
-def _ms(raw: bytes | None) -> str | None:
+def _ms(raw: bytes | int | None) -> str | None:
     return None if raw is None else clock.rfc3339_ms(int(raw))
 
 
@@ -65,7 +65,7 @@ def _entry(f: list[Any]) -> EntryResult:
     v, n, h, t, c, u, x, b, r = f
     if v is None:
         return EntryResult(False)
-    return EntryResult(True, msgspec.Raw(v), int(n), "" if h is None else h.decode(),
+    return EntryResult(True, msgspec.Raw(v), int(n), "" if h is None else h.hex(),
                        None if t is None else t.decode(), _ms(c or b"0") or "",
                        _ms(u or b"0") or "", _ms(x), None if b is None else b.decode(),
                        (r or b"").decode())

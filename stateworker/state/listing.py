@@ -115,14 +115,14 @@ def _with_hashes(result: ListEntriesResult, unknown: list[tuple[ListedEntry, byt
     return Plan([command for step in steps for command in step.commands], finish)
 
 
-def _ms(raw: bytes | None) -> str | None:
+def _ms(raw: bytes | int | None) -> str | None:
     return None if raw is None else clock.rfc3339_ms(int(raw))
 
 
 def _entry(req: ListEntriesRequest, f: list[Any]) -> ListedEntry:
     key, n, h, t, c, u, x, b, v = f
     entry = ListedEntry(key.decode(), None if t is None else t.decode(), int(n),
-                        "" if h is None else h.decode(), _ms(c), _ms(u), _ms(x),
+                        "" if h is None else h.hex(), _ms(c), _ms(u), _ms(x),
                         None if b is None else b.decode())
     if req.include_values:
         entry.value = Raw(v)

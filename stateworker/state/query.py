@@ -186,7 +186,7 @@ def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
 def _listed(f: list[Any]) -> Stored:
     """An entry as entries.lua lists it (n h t c u x b v; the value given: values asked)."""
     n, h, t, c, u, x, b, v = f
-    return Stored(v, int(n), int(c or 0), int(u or 0), (0, 0), None if h is None else h.decode(),
+    return Stored(v, int(n), int(c or 0), int(u or 0), (0, 0), None if h is None else h.hex(),
                   None if x is None else int(x), None if t is None else t.decode(),
                   None if b is None else b.decode())
 

@@ -22,7 +22,8 @@
   Output:
     {ST.OK, cursor member or false, cursor score or false, entries still to skip,
      {key, version, hash, topic, created, updated, expires, updated_by, value, ...}}
-    (9 fields per entry, false where unset; value also when the hash is unknown)
+    (9 fields per entry, false where unset; value also when the hash is unknown; numbers
+    as integers, the hash as its 32 raw bytes)
   Events: none.
 ]]
 --- @include "glob"

@@ -11,7 +11,7 @@
   Output:
     {ST.OK, {{value, version, hash, topic, created, updated, expires, updated_by, revision}, ...}}
     (one list of 9 fields per key asked, false where unset; value false for a missing or
-    expired entry)
+    expired entry; numbers as integers, the hash as its 32 raw bytes)
   Events: none.
 ]]
 
@@ -27,7 +27,7 @@ for i = 3, #ARGV do
     if c[3] and tonumber(c[3]) <= now then
       value = false
     end
-    out[i - 2] = {value, c[2], c[4], c[5], c[8], c[9], c[3], c[7], c[10]}
+    out[i - 2] = {value, c[2], c[4], c[5], c[8], c[9], c[3], c[7], packed_revision(c)}
   else
     out[i - 2] = {false, false, false, false, false, false, false, false, false}
   end

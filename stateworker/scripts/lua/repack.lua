@@ -21,10 +21,11 @@ for i = 2, #ARGV do
   elseif redis.call('TYPE', name).ok == 'hash' then
     local f = redis.call('HMGET', name, 'v', 'n', 'h', 't', 'c', 'u', 'x', 'b', 'r', 's')
     local updated = f[6] or '0'
+    local rev_ms, rev_seq = packed_stream_id(f[9] or (updated .. '-0'))
     redis.call('DEL', name)
-    redis.call('SET', name, packed_pack(f[1] or 'null', f[2] or '1', f[5] or updated, updated,
-      f[9] or (updated .. '-0'), f[3] or false, f[7] or false, f[4] or false, f[8] or false,
-      f[10] == '1'))
+    redis.call('SET', name, packed_pack(f[1] or 'null', tonumber(f[2] or '1'), f[5] or updated,
+      updated, rev_ms, rev_seq, f[3] and packed_unhex(f[3]), f[7] or false, f[4] or false,
+      f[8] or false, f[10] == '1'))
     changed = changed + 1
   end
 end

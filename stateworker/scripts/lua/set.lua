@@ -57,7 +57,7 @@ if cond ~= '' then
   if kind == 'v' then
     ok = (cur and tonumber(cur[2]) or 0) == tonumber(want)
   elseif kind == 'h' then
-    ok = cur ~= nil and cur[4] == want
+    ok = cur ~= nil and packed_hex(cur[4]) == want
   else
     ok = cur == nil or cur[1] == 'null'
   end
@@ -66,7 +66,7 @@ if cond ~= '' then
   end
 end
 
-if ARGV[13] == '1' and cur and cur[4] == hash then
+if ARGV[13] == '1' and cur and packed_hex(cur[4]) == hash then
   return entry_finish({ST.UNCHANGED, tonumber(cur[2]), cur[1]})
 end
 

@@ -13,9 +13,9 @@
 
 local stored = redis.call('GET', KEYS[1])
 local cur = stored and packed_read(stored)
-if cur and cur[2] == ARGV[1] and not cur[4] then
-  redis.call('SET', KEYS[1], packed_pack(cur[1], cur[2], cur[8], cur[9], cur[10], ARGV[2],
-    cur[3], cur[5], cur[7], cur[6] == '1'))
+if cur and cur[2] == tonumber(ARGV[1]) and not cur[4] then
+  redis.call('SET', KEYS[1], packed_pack(cur[1], cur[2], cur[8], cur[9], cur[10], cur[11],
+    packed_unhex(ARGV[2]), cur[3], cur[5], cur[7], cur[6] == '1'))
   return {ST.OK, 1}
 end
 return {ST.OK, 0}

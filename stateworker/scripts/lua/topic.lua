@@ -30,6 +30,6 @@ if newTopic == cur[5] then
   return entry_finish({ST.OK, 1})
 end
 entry_retopic(ctx, cur[5], newTopic)
-local rev = entry_emit(ctx, 'state:updated', cur[1], cur[1], cur[2])
+local rev = entry_emit(ctx, 'state:updated', cur[1], cur[1], string.format('%d', cur[2]))
 redis.call('SET', ctx.entry, packed_retag(cur, newTopic, rev))
 return entry_finish({ST.OK, 1})

@@ -85,7 +85,7 @@ local function check_fails(at, cur)
     if not cur[4] then
       return 'hash'
     end
-    if cur[4] ~= hash then
+    if packed_hex(cur[4]) ~= hash then
       return 'conflict'
     end
   end
@@ -128,7 +128,7 @@ local function plan_op(at, key, cur)
       return plan, conflict(cur)
     elseif not cur[4] then
       return plan, {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
-    elseif cur[4] ~= string.sub(cond, 2) then
+    elseif packed_hex(cur[4]) ~= string.sub(cond, 2) then
       return plan, conflict(cur)
     end
     plan[4], plan[5], plan[8], plan[9] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 5] == '1', true

@@ -109,7 +109,7 @@ end
 -- Delete the stored entry `cur` with its state:deleted event; the event's revision.
 local function entry_delete(ctx, cur)
   entry_unlink(ctx, cur)
-  return entry_emit(ctx, 'state:deleted', cur[1], 'null', cur[2])
+  return entry_emit(ctx, 'state:deleted', cur[1], 'null', string.format('%d', cur[2]))
 end
 
 -- The stored entry or nil, and whether its expiry has passed (it reads as missing then).
@@ -121,7 +121,7 @@ local function entry_load(ctx)
     return nil, false
   end
   local cur = packed_read(stored)
-  return cur, cur[3] and tonumber(cur[3]) <= ctx.now
+  return cur, cur[3] and cur[3] <= ctx.now
 end
 
 -- Delete an entry whose expiry has passed, with the state:deleted event the reaper would
@@ -209,8 +209,10 @@ local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
   local version_text = string.format('%d', version)
   local rev = entry_emit(ctx, cur and 'state:updated' or 'state:created',
     cur and cur[1] or 'null', value, version_text)
+  local rev_ms, rev_seq = packed_stream_id(rev)
   redis.call('SET', ctx.entry, packed_pack(value, version, cur and cur[8] or ctx.stamp,
-    ctx.stamp, rev, hash, expires, newTopic, ctx.by, plain))
+    ctx.stamp, rev_ms, rev_seq, hash and hash ~= '' and packed_unhex(hash), expires, newTopic,
+    ctx.by, plain))
   return version, rev
 end
 
