@@ -37,6 +37,7 @@ import msgspec
 from opentelemetry.trace import Span
 
 from stateworker import codec
+from stateworker.bus.formats import body_json, is_msgpack
 from stateworker.bus.ids import body_partition
 from stateworker.context import Answer, CallContext
 from stateworker.errors import (
@@ -97,6 +98,7 @@ class Call:
     ctx: CallContext
     started: float = field(default_factory=time.perf_counter)
     span: Span | None = None  # a traced call's span in a service (tracing.start_call)
+    msgpack: bool = False  # `fmt msgpack`: its body was msgpack, its reply is (bus/formats.py)
 
     @property
     def entry_id(self) -> bytes:
@@ -249,10 +251,13 @@ def parse_reply(document: bytes) -> Reply | None:
         return None
 
 
+Parsed = tuple["Call | None", bytes, str | None, StateError | None, bool]
+
+
 def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None,
-                group: str | None = None, in_script: frozenset[str] = frozenset()
-                ) -> tuple[Call | None, bytes, str | None, StateError | None]:
-    """A stream entry as a Call, or the error to answer with (and where, and to which id).
+                group: str | None = None, in_script: frozenset[str] = frozenset()) -> Parsed:
+    """A stream entry as a Call, or the error to answer with (and where, to which id, and
+    whether in msgpack: `fmt msgpack`, bus/formats.py, its body turned into JSON here).
 
     `principal`: the principal whose stream (`acl` mode) the entry was read from. It is the
     call's caller; a `caller` field naming anyone else is refused (PERMISSION_DENIED), so no
@@ -262,9 +267,11 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
     fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=False))
     reply = fields.get(b"reply", b"")
     call_id: str | None = None
+    msgpack = False
     try:
         raw_id = fields.get(b"id")
         call_id = None if raw_id is None else raw_id.decode()
+        msgpack = is_msgpack(fields.get(b"fmt"))
         if raw_id is None or not call_id:
             raise InvalidRequest("id: the call has no `id` field (a unique id per logical call)",
                                  {"path": "id"})
@@ -277,6 +284,8 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
             raise ValueTooLarge(
                 f"body is {len(body)} bytes, more than the limit of {options.max_body_bytes} bytes",
                 {"path": "body", "size": len(body), "limit": options.max_body_bytes})
+        if msgpack:
+            body = body_json(body)
         deadline = _deadline(fields.get(b"deadline_ms"))
         caller = fields.get(b"caller")
         context = parse_context(fields.get(b"context"), options.max_context_bytes)
@@ -294,17 +303,19 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         # binding, so one principal's ids never meet another's)
         own_id = call_id if principal is None else f"{principal}/{call_id}"
         answer = Answer(reply, ref[0], ref[1], group, options.reply_ttl_ms, reply_head(
-            call_id)) if group is not None and reply and fn in in_script else None
+            call_id)) if group is not None and reply and fn in in_script and not msgpack \
+            else None
         ctx = CallContext(caller=named, context=context, call_id=own_id, deadline_ms=deadline,
                           call_digest=digest, principal=principal, answer=answer)
     except UnicodeDecodeError:
-        return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"path": "id"})
+        return None, reply, None, InvalidRequest("id: not valid UTF-8 text", {"path": "id"}), False
     except StateError as exc:
-        return None, reply, call_id, exc
+        return None, reply, call_id, exc, msgpack
     except Exception as exc:  # whatever a caller sends, it is an error reply, never a crash
         return None, reply, call_id, InvalidRequest(
-            f"the call entry cannot be read: {type(exc).__name__}", {"path": "entry"})
-    return Call(ref, call_id, fn, body, reply, deadline, ctx), reply, call_id, None
+            f"the call entry cannot be read: {type(exc).__name__}", {"path": "entry"}), msgpack
+    return (Call(ref, call_id, fn, body, reply, deadline, ctx, msgpack=msgpack), reply, call_id,
+            None, msgpack)
 
 
 def call_digest(fn: str, body: bytes) -> str:

@@ -1,7 +1,10 @@
 """`ReplyWriter`: the answering side of a `BusRuntime` (bus/runtime.py).
 
-    answer   error logged, counted (bus/stats.py), reply document -> queue
-    queue    (reply key, reply document, entry id, call record) kept until the next flush
+    answer   error logged, counted (bus/stats.py), reply document -> queue (answer_call: a
+             Call's)
+    queue    (reply key, reply document, entry id, call record, msgpack) kept until the next
+             flush (a `fmt msgpack` call's reply is turned into msgpack there: its record
+             keeps the JSON document, as every other)
     flush    queued replies -> LPUSH per reply list, PEXPIRE, the call records (SET), XACK,
              XDEL and the counters, in one pipeline; by the flusher task, or by the call at once
 
@@ -21,6 +24,7 @@ from collections import defaultdict
 
 import anyio
 
+from stateworker.bus.formats import reply_msgpack
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.errors import CallIdReused, StateError, shown
@@ -33,8 +37,9 @@ log = logging.getLogger("stateworker.bus")
 # A user worker's call record: its key and the call's digest (SHA-1 of fn and body), which
 # the record keeps before its reply document (`<digest>\n<document>`).
 Record = tuple[str, bytes]
-# (reply key, reply document or None, the entry (stream, id), record or None)
-Outgoing = tuple[bytes, bytes | None, Ref, Record | None]
+# (reply key, reply document (JSON) or None, the entry (stream, id), record or None, whether
+# the reply list gets it in msgpack)
+Outgoing = tuple[bytes, bytes | None, Ref, Record | None, bool]
 
 
 class ReplyWriter:
@@ -54,7 +59,7 @@ class ReplyWriter:
 
     def answer(self, reply_key: bytes, call_id: str | None, result: bytes | None,
                error: StateError | None, ref: Ref, record: Record | None,
-               started: float | None, fn: str | None = None) -> None:
+               started: float | None, fn: str | None = None, msgpack: bool = False) -> None:
         if error is not None:
             # Bad requests are the caller's business: debug. The rest is worth a line.
             level = logging.DEBUG if error.code in ("INVALID_REQUEST", "UNKNOWN_FUNCTION",
@@ -64,16 +69,22 @@ class ReplyWriter:
                                                 "error": error.message})
         self.stats.count(error.code if error else None, started, fn)
         document = reply_document(call_id, result, error)
-        self.queue(reply_key, document, ref, record)
+        self.queue(reply_key, document, ref, record, msgpack)
+
+    def answer_call(self, call: Call, result: bytes | None, error: StateError | None,
+                    record: Record | None = None) -> None:
+        """`answer` for a call as read: its reply list, id, entry, start, function, format."""
+        self.answer(call.reply, call.id, result, error, call.ref, record, call.started, call.fn,
+                    call.msgpack)
 
     def queue(self, reply_key: bytes, document: bytes | None, ref: Ref,
-              record: Record | None) -> None:
+              record: Record | None, msgpack: bool = False) -> None:
         if reply_key and not self.bus.reply_allowed(reply_key):
             log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
                 "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
             self.stats.pending["reply_refused"] += 1
             reply_key = b""
-        self._outgoing.append((reply_key, document, ref, record))
+        self._outgoing.append((reply_key, document, ref, record, msgpack))
         self._outgoing_ready.set()
 
     async def replayed(self, call: Call, record: Record) -> bool:
@@ -94,13 +105,12 @@ class ReplyWriter:
         digest, document = (b"", previous) if previous[:1] == b"{" else (
             previous.partition(b"\n")[::2])  # (a record without digest: older)
         if digest and digest != record[1]:  # the id of another call: not this one's
-            self.answer(call.reply, call.id, None, CallIdReused(
+            self.answer_call(call, None, CallIdReused(
                 f"id {shown(call.id)} was used for another call (another function or body) in the "
                 f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
-                "call, a new call needs a new id", {"id": call.id}),
-                call.ref, None, call.started, call.fn)
+                "call, a new call needs a new id", {"id": call.id}))
             return True
-        self.queue(call.reply, document, call.ref, None)
+        self.queue(call.reply, document, call.ref, None, call.msgpack)
         return True
 
     async def flusher(self) -> None:
@@ -137,11 +147,11 @@ class ReplyWriter:
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)
         commands: list[list[Arg]] = []
-        for reply_key, document, _ref, record in batch:
+        for reply_key, document, _ref, record, msgpack in batch:
             if document is None:
                 continue
             if reply_key:
-                by_key[reply_key].append(document)
+                by_key[reply_key].append(reply_msgpack(document) if msgpack else document)
             if record is not None:
                 commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
                                  self.record_ttl_ms or 0])
@@ -149,7 +159,7 @@ class ReplyWriter:
             commands.append(["LPUSH", reply_key, *documents])
             commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
         by_stream: dict[str, list[bytes]] = defaultdict(list)
-        for _, _, (stream, entry_id), _ in batch:
+        for _, _, (stream, entry_id), _, _ in batch:
             by_stream[stream].append(entry_id)
         for stream, ids in by_stream.items():
             commands.append(["XACK", stream, self.bus.group, *ids])

@@ -32,6 +32,7 @@ from stateworker.bus.protocol import (
     BusOptions,
     Call,
     Handler,
+    Parsed,
     Ref,
     default_consumer,
 )
@@ -276,13 +277,13 @@ class BusRuntime:
                        ) -> list[tuple[Call, Plan]]:
         """Calls as plans; a malformed or late call is answered (queued) here."""
         assert self.batch is not None
-        answer = self.replies.answer
+        replies = self.replies
         in_script = self.batch.answers_in_script
         ready: list[tuple[Call, Plan]] = []
         for ref, flat in entries:
-            call, reply_key, call_id, error = self._parse(ref, flat, source, in_script)
+            call, reply_key, call_id, error, msgpack = self._parse(ref, flat, source, in_script)
             if call is None:
-                self._refuse(reply_key, call_id, error, ref)
+                self._refuse(reply_key, call_id, error, ref, msgpack)
                 continue
             if tracing.TRACEPARENT in call.ctx.context:  # (an untraced call costs this lookup only)
                 call.span, call.ctx = tracing.start_call(call.fn, call.ctx, call.id)
@@ -293,16 +294,14 @@ class BusRuntime:
             except StateError as exc:
                 if call.span is not None:
                     tracing.finish(call.span, exc.code)
-                answer(call.reply, call.id, None, exc, call.ref, None, call.started,
-                       call.fn)
+                replies.answer_call(call, None, exc)
             except Exception as exc:  # a bug costs one call, not the batch
                 log.exception("preparing a call failed", extra={
                     "event": "call.crashed", "call_id": call.id, "fn": call.fn})
                 if call.span is not None:
                     tracing.finish(call.span, InternalError.code)
-                answer(call.reply, call.id, None, InternalError(
-                    f"{call.fn} failed inside the service: {type(exc).__name__}"),
-                    call.ref, None, call.started, call.fn)
+                replies.answer_call(call, None, InternalError(
+                    f"{call.fn} failed inside the service: {type(exc).__name__}"))
         return ready
 
     async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent,
@@ -311,7 +310,7 @@ class BusRuntime:
         answered when its plan is done, and the replies are written after every step."""
         assert self.batch is not None
         replies = self.replies
-        answer = replies.answer
+        answer_call = replies.answer_call
 
         def done(index: int, result: Any) -> None:
             call = ready[index][0]
@@ -327,11 +326,9 @@ class BusRuntime:
             if result is ANSWERED:  # its script wrote the reply and acknowledged the entry
                 replies.stats.count(None, call.started, call.fn)
             elif isinstance(result, StateError):
-                answer(call.reply, call.id, None, result, call.ref, None, call.started,
-                       call.fn)
+                answer_call(call, None, result)
             else:
-                answer(call.reply, call.id, result, None, call.ref, None, call.started,
-                       call.fn)
+                answer_call(call, result, None)
 
         try:
             if ready:
@@ -367,25 +364,25 @@ class BusRuntime:
                 self.replies.queue(b"", None, (source.stream, entry_id), None)
 
     def _parse(self, ref: Ref, flat: list[bytes], source: Source,
-               in_script: frozenset[str] = frozenset()
-               ) -> tuple[Call | None, bytes, str | None, StateError | None]:
+               in_script: frozenset[str] = frozenset()) -> Parsed:
         return read_call(ref, flat, self.options, self.bus, self.sources, source, in_script)
 
     def _refuse(self, reply_key: bytes, call_id: str | None, error: StateError | None,
-                ref: Ref) -> None:
+                ref: Ref, msgpack: bool) -> None:
         """An entry that is not run: answered with its error (acknowledged without a reply
         when it gets none: a reply list it may not use)."""
         if error is None:
             self.replies.queue(b"", None, ref, None)
         else:
-            self.replies.answer(reply_key, call_id, None, error, ref, None, None)
+            self.replies.answer(reply_key, call_id, None, error, ref, None, None,
+                                msgpack=msgpack)
 
     # ---- serving one call --------------------------------------------------------------------
     async def _serve(self, ref: Ref, flat: list[bytes], source: Source) -> None:
         try:
-            call, reply_key, call_id, error = self._parse(ref, flat, source)
+            call, reply_key, call_id, error, msgpack = self._parse(ref, flat, source)
             if call is None:
-                self._refuse(reply_key, call_id, error, ref)
+                self._refuse(reply_key, call_id, error, ref, msgpack)
                 return
             await self._run(call)
             await self.replies.flush_all()
@@ -412,5 +409,4 @@ class BusRuntime:
             log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
-        replies.answer(call.reply, call.id, result, error, call.ref, record, call.started,
-                       call.fn)
+        replies.answer_call(call, result, error, record)

@@ -22,8 +22,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_entry
-from stateworker.errors import InvalidRequest, PermissionDenied, StateError, shown
+from stateworker.bus.protocol import Bus, BusOptions, Parsed, Ref, parse_entry
+from stateworker.errors import InvalidRequest, PermissionDenied, shown
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -127,27 +127,27 @@ class Sources:
 
 
 def read_call(ref: Ref, flat: list[bytes], options: BusOptions, bus: Bus, sources: Sources,
-              source: Source, in_script: frozenset[str] = frozenset()
-              ) -> tuple[Call | None, bytes, str | None, StateError | None]:
-    """An entry read from `source` as a Call, or the error it gets (and where, and to which
-    id). A call whose reply list is not one of this prefix's (in `acl` mode: of its
-    principal's) is not run at all, and its reply is not written (`ReplyWriter.queue`); a call
-    on a closed shared stream is not run. `in_script`: the functions whose script writes the
-    call's reply and acknowledges it itself (context.Answer)."""
-    call, reply_key, call_id, error = parse_entry(ref, flat, options, source.principal,
-                                                  bus.group, in_script)
+              source: Source, in_script: frozenset[str] = frozenset()) -> Parsed:
+    """An entry read from `source` as a Call, or the error it gets (and where, to which id,
+    whether in msgpack: parse_entry). A call whose reply list is not one of this prefix's (in
+    `acl` mode: of its principal's) is not run at all, and its reply is not written
+    (`ReplyWriter.queue`); a call on a closed shared stream is not run. `in_script`: the
+    functions whose script writes the call's reply and acknowledges it itself
+    (context.Answer)."""
+    parsed = parse_entry(ref, flat, options, source.principal, bus.group, in_script)
+    call, reply_key, call_id, _, msgpack = parsed
     if reply_key and not sources.reply_allowed(source, reply_key):
         # Another principal's list: never written to, not even a malformed call's error.
-        return None, b"", call_id, None
+        return None, b"", call_id, None, msgpack
     if call is None:
-        return call, reply_key, call_id, error
+        return parsed
     if reply_key and not bus.reply_allowed(reply_key):
         return None, reply_key, call_id, InvalidRequest(
-            f"reply: must be a list key under {bus.reply_prefix}", {"path": "reply"})
+            f"reply: must be a list key under {bus.reply_prefix}", {"path": "reply"}), msgpack
     refused = sources.refused(source)
     if refused is not None:
-        return None, reply_key, call_id, refused
-    return call, reply_key, call_id, error
+        return None, reply_key, call_id, refused, msgpack
+    return parsed
 
 
 # ---- the consumer groups ------------------------------------------------------------------------

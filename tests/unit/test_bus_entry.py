@@ -50,8 +50,8 @@ def test_what_call_entry_writes_parse_entry_reads() -> None:
     entry = call_entry("sw:bus:state", "c-1", "state::get", b'{"a":1}', "sw:reply:r1", 42,
                        "billing", {"execution_id": "e-1"})
     flat = [a if isinstance(a, bytes) else str(a).encode() for a in entry[3:]]
-    call, reply, call_id, error = parse_entry(("s", b"1-0"), flat, BusOptions())
-    assert error is None and call is not None
+    call, reply, call_id, error, msgpack = parse_entry(("s", b"1-0"), flat, BusOptions())
+    assert error is None and call is not None and not msgpack and not call.msgpack
     assert (call.id, call.fn, call.body, call.reply, call.deadline_ms) == (
         "c-1", "state::get", b'{"a":1}', b"sw:reply:r1", 42)
     assert (call.ctx.caller, call.ctx.context) == ("billing", {"execution_id": "e-1"})

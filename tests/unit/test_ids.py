@@ -60,7 +60,7 @@ def test_an_acl_principals_ids_are_at_home_as_the_service_reads_them() -> None:
     for partition in (0, 5, 15):
         call_id = ids.new(partition)
         flat = call_entry("sw:bus:state:from:alice", call_id, "state::get", b"{}", "r")[3:]
-        call, _, _, error = parse_entry(("sw:bus:state:from:alice", b"1-0"),
+        call, _, _, error, _ = parse_entry(("sw:bus:state:from:alice", b"1-0"),
                                         [f if isinstance(f, bytes) else str(f).encode()
                                          for f in flat], BusOptions(), principal="alice")
         assert error is None and call is not None and call.ctx.call_id == f"alice/{call_id}"
