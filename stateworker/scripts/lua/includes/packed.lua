@@ -53,25 +53,6 @@ local function packed_head(stored)
     stored)
 end
 
--- The value and the expiry (ms as a number, or false) of a stored entry: what a read needs.
-local function packed_value(stored)
-  local flags, _, _, _, _, _, at = packed_head(stored)
-  local expires = false
-  if packed_has(flags, PACKED_HASH) then
-    at = at + 32
-  end
-  if packed_has(flags, PACKED_EXPIRES) then
-    expires, at = struct.unpack('>I6', stored, at)
-  end
-  if packed_has(flags, PACKED_TOPIC) then
-    at = at + 2 + struct.unpack('>H', stored, at)
-  end
-  if packed_has(flags, PACKED_WRITER) then
-    at = at + 2 + struct.unpack('>H', stored, at)
-  end
-  return string.sub(stored, at), expires
-end
-
 -- The whole stored entry as entry.lua's `cur` (this file's header).
 local function packed_read(stored)
   local flags, version, created, updated, rev_ms, rev_seq, at = packed_head(stored)
@@ -92,6 +73,12 @@ local function packed_read(stored)
   return {string.sub(stored, at), version, expires, hash, topic,
     packed_has(flags, PACKED_PLAIN) and '1' or false, by, created, updated, updated + rev_ms,
     rev_seq}
+end
+
+-- The value and the expiry (ms as a number, or false) of a stored entry: what a read needs.
+local function packed_value(stored)
+  local cur = packed_read(stored)
+  return cur[1], cur[3]
 end
 
 -- A loaded entry's revision as its text ("<ms>-<seq>": the stream id of its last event).
