@@ -53,30 +53,35 @@ def body_json(raw: bytes) -> bytes:
     return _to_json.encode(value)
 
 
+def _at(where: str) -> str:
+    """A place in the body, as errors name it (a long path cut: a message stays short)."""
+    return where if len(where) <= 200 else where[:200] + "..."
+
+
 def _check(value: Any, where: str, depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise InvalidRequest(f"{where}: nested more than {MAX_DEPTH} levels deep (the limit is "
+        raise InvalidRequest(f"body: nested more than {MAX_DEPTH} levels deep (the limit is "
                              f"{MAX_DEPTH})", {"path": "body", "limit": MAX_DEPTH})
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidRequest(f"{where}: a map key is {type(key).__name__} "
+                raise InvalidRequest(f"{_at(where)}: a map key is {type(key).__name__} "
                                      f"{shown(str(key)[:40])}; JSON keys are text",
-                                     {"path": "body", "at": where})
+                                     {"path": "body", "at": _at(where)})
             _check(item, f"{where}.{key}", depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _check(item, f"{where}[{i}]", depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise InvalidRequest(f"{where}: {value} has no JSON form (a finite number is)",
-                             {"path": "body", "at": where})
+        raise InvalidRequest(f"{_at(where)}: {value} has no JSON form (a finite number is)",
+                             {"path": "body", "at": _at(where)})
     elif isinstance(value, bytes | bytearray | msgspec.msgpack.Ext):
         kind = "a binary" if isinstance(value, bytes | bytearray) else "an extension value"
-        raise InvalidRequest(f"{where}: {kind} has no JSON form (send text, or base64 text)",
-                             {"path": "body", "at": where})
+        raise InvalidRequest(f"{_at(where)}: {kind} has no JSON form (send text, or base64 "
+                             "text)", {"path": "body", "at": _at(where)})
     elif not isinstance(value, str | int | float | bool | datetime.datetime | None):
-        raise InvalidRequest(f"{where}: a {type(value).__name__} has no JSON form",
-                             {"path": "body", "at": where})
+        raise InvalidRequest(f"{_at(where)}: a {type(value).__name__} has no JSON form",
+                             {"path": "body", "at": _at(where)})
 
 
 def reply_msgpack(document: bytes) -> bytes:

@@ -27,9 +27,13 @@ async def upgrade(state: RedisState) -> int:
         return 0
     changed = 0
     if not state.created:
-        for part in keys.all_partitions():
-            changed += await _repack(state, part, "entries", part.entry_prefix + "*", "hash")
+        for n, part in enumerate(keys.all_partitions()):
+            packed = await _repack(state, part, "entries", part.entry_prefix + "*", "hash")
             await _repack(state, part, "topics", part.tag + "t:*", "zset")
+            if packed:  # (progress of a long upgrade: a line per partition)
+                log.info("packed %d entries of partition %d of %d", packed, n + 1,
+                         keys.partitions)
+            changed += packed
         if changed:
             log.warning("upgraded %d entries of prefix %s to the packed layout", changed,
                         state.settings.prefix)

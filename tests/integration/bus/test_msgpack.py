@@ -65,6 +65,9 @@ async def test_a_retry_in_the_other_format_is_the_same_call(
 
 async def test_what_msgpack_holds_and_json_does_not_is_refused(
         service: StateService, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    deep: list[Any] = []
+    for _ in range(600):
+        deep = [deep]
     cases: list[tuple[bytes, str]] = [
         (msgspec.msgpack.encode({"scope": scope, "key": "k", "value": b"\x00\x01"}),
          "body.value: a binary has no JSON form"),
@@ -75,6 +78,8 @@ async def test_what_msgpack_holds_and_json_does_not_is_refused(
         (msgspec.msgpack.encode({"scope": scope, "key": "k", "value": msgspec.msgpack.Ext(
             5, b"x")}), "body.value: an extension value has no JSON form"),
         (b"\xc1", "body: not valid msgpack"),
+        (msgspec.msgpack.encode({"scope": scope, "key": "k", "value": deep}),
+         "body: nested more than 512 levels deep (the limit is 512)"),
     ]
     for body, message in cases:
         document = msgspec.msgpack.decode(await packed_call(raw, prefix, "state::set", body))
