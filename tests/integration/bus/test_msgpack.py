@@ -9,12 +9,17 @@ import datetime
 import uuid
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions, Call
+from stateworker.bus.worker import Worker
+from stateworker.settings import Settings
 from tests.integration.busproto import receive, send
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -118,3 +123,35 @@ async def test_a_reply_number_beyond_64_bits_comes_as_its_text(
                                                    {"scope": scope, "key": "w"},
                                                    call_id=uuid.uuid4().hex))
     assert got["result"] == {"n": str(wide), "m": -5}
+
+
+async def test_a_workers_msgpack_call(redis_server: RedisServer, raw: aredis.Redis,
+                                      prefix: str) -> None:
+    """A user worker sees the JSON body; its caller gets msgpack, and a retry in JSON gets
+    the recorded reply in JSON (a worker's record keeps the JSON document)."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    worker = Worker("mp", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[bytes] = []
+
+    @worker.function("mp::echo")
+    async def echo(body: Any, call: Call) -> Any:
+        runs.append(call.body)
+        return {"got": body}
+
+    async def call(fmt: bytes, body: bytes) -> bytes:
+        reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+        await raw.xadd(f"{prefix}:bus:mp", {"id": "w1", "fn": "mp::echo", "body": body,
+                                           "reply": reply, "fmt": fmt})
+        popped = await raw.blpop([reply], timeout=10)
+        assert popped is not None
+        return bytes(popped[1])
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        packed = await call(b"msgpack", msgspec.msgpack.encode({"a": [1, "x"]}))
+        again = await call(b"json", b'{"a":[1,"x"]}')
+        worker.stop()
+    assert runs == [b'{"a":[1,"x"]}']  # run once, with the JSON text of the msgpack body
+    assert msgspec.msgpack.decode(packed) == {"id": "w1", "ok": True,
+                                              "result": {"got": {"a": [1, "x"]}}}
+    assert again == b'{"id":"w1","ok":true,"result":{"got":{"a":[1,"x"]}}}'
