@@ -339,7 +339,15 @@ async def _usage(raw: aredis.Redis, pattern: str, kind: str | None = None) -> tu
     return total, count
 
 
-async def memory_case(directory: Path, size: int) -> dict[str, Any]:
+# The issue's entries (untagged, no expiry), then the same 200 bytes tagged and with an expiry:
+# each costs an index member more (and a few bytes in the entry), stated beside line 6.
+MEMORY_CASES: tuple[tuple[int, str, bytes], ...] = (
+    (200, "", b""), (2048, "", b""), (200, "tagged", b',"topic":"orders"'),
+    (200, "with an expiry", b',"ttl_ms":86400000'))
+
+
+async def memory_case(directory: Path, size: int, extra: bytes = b"") -> dict[str, Any]:
+    """`extra`: more fields of each entry of the set-many (a topic, a ttl_ms)."""
     value = json_value(size)
     async with default_redis(directory) as path:
         raw = aredis.Redis(unix_socket_path=path)
@@ -352,7 +360,7 @@ async def memory_case(directory: Path, size: int) -> dict[str, Any]:
 
                 async def writer(w: int) -> None:  # set-many of BATCH entries, 8 in flight
                     for start in range(w * BATCH, ENTRIES, 8 * BATCH):
-                        entries = b",".join(b'{"key":"k%06d","value":%s}' % (i, value)
+                        entries = b",".join(b'{"key":"k%06d","value":%s%s}' % (i, value, extra)
                                             for i in range(start, start + BATCH))
                         await store.call_json("state::set-many", b'{"scope":"mem","entries":[%s]}'
                                               % entries)
@@ -370,7 +378,8 @@ async def memory_case(directory: Path, size: int) -> dict[str, Any]:
             indexes = {name: int(await raw.memory_usage(key, samples=0) or 0) / ENTRIES
                        for name, key in (("k", part.key_index("mem")),
                                          ("u", part.entry_prefix[:-2] + "u:mem"),
-                                         ("t", part.entry_prefix[:-2] + "t:mem"))}
+                                         ("t", part.entry_prefix[:-2] + "t:mem"),
+                                         ("ttl", part.ttl))}
             records, record_keys = await _usage(raw, "mem:*calls*")
             xlen = sum([int(await raw.xlen(n)) async for n in
                         raw.scan_iter(match="mem:*", count=1000, _type="stream")])
@@ -399,8 +408,11 @@ async def memory_case(directory: Path, size: int) -> dict[str, Any]:
 
 async def memory_lines() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sw-bench-floor-mem-") as tmp:
-        return {"cases": [await memory_case(Path(tmp) / str(size), size)
-                          for size in (200, 2048)]}
+        cases = []
+        for n, (size, label, extra) in enumerate(MEMORY_CASES):
+            case = await memory_case(Path(tmp) / str(n), size, extra)
+            cases.append({**case, "entries_are": label})
+        return {"cases": cases}
 
 
 # --- 7: ratios 1 and 3 on the 3+3 cluster ------------------------------------------------------
@@ -504,15 +516,18 @@ async def floor_section(url: str, socket_path: str, seconds: float, rounds: int,
     _line(out, rows, "5 strict bus get/s, one at a time", ops["strict_get_1"], ops["fast_get_1"],
           "fast bus get/s, one at a time", ">= 0.8")
     for case in figures["memory"]["cases"]:
-        _line(out, rows, f"6 Redis B/entry, {case['value_bytes']} B value, no events",
-              case["ours"], case["plain_set"], "plain SET B/key", "<= 2x")
+        label = case.get("entries_are", "")
+        _line(out, rows, f"6 Redis B/entry, {case['value_bytes']} B value{', ' + label if label else ''}"
+              ", no events", case["ours"], case["plain_set"], "plain SET B/key",
+              "(stated)" if label else "<= 2x")
     print("6 where the bytes go (MEMORY USAGE, SAMPLES 0), per entry:", file=out)
     for case in figures["memory"]["cases"]:
         idx = case["index_bytes_per_member"]
-        print(f"  {case['value_bytes']:>5} B value: entry {case['entry_memory_usage']:.0f}"
+        label = f" ({case['entries_are']})" if case.get("entries_are") else ""
+        print(f"  {case['value_bytes']:>5} B value{label}: entry {case['entry_memory_usage']:.0f}"
               f" ({case['entry_encoding']}), index members k {idx['k']:.0f} u {idx['u']:.0f}"
-              f" t {idx['t']:.0f}, records {case['records_bytes']} B in {case['record_keys']}"
-              f" keys, plain SET key {case['plain_set_memory_usage']}; events retained "
+              f" t {idx['t']:.0f} ttl {idx['ttl']:.0f}, records {case['records_bytes']} B in "
+              f"{case['record_keys']} keys, plain SET key {case['plain_set_memory_usage']}; events retained "
               f"{case['events_retained']:,} in {case['events_bytes']:,} B "
               f"({case['event_bytes_each']} B each, one partition); with them "
               f"{case['with_events']:.0f} B/entry", file=out)
