@@ -29,6 +29,7 @@ from benchmarks import (
     bench_floor,
     bench_getmany,
     bench_http,
+    bench_msgpack,
     bench_query,
     bench_reactive,
     bench_shards,
@@ -92,6 +93,9 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
                 figures["http"] = await bench_http.http_section(server.url, seconds, rounds, out)
             if "console" in sections:  # a service of its own prefix, 100k entries, chromium
                 figures["console"] = await bench_console.console_section(server.url, rounds, out)
+            if "msgpack" in sections:  # a service of its own prefix, a hand-written caller
+                figures["msgpack"] = await bench_msgpack.msgpack_section(
+                    server.url, str(server.socket), seconds, rounds, out)
             if "txn" in sections:  # a service and a store of their own prefix
                 figures["txn"] = await bench_txn.txn_section(server.url, seconds, rounds, out)
             if sections & {"store", "update", "list"}:
@@ -249,7 +253,8 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
-            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http", "console")
+            "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http", "console",
+            "msgpack")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:
