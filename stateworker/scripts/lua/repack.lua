@@ -22,10 +22,13 @@ for i = 2, #ARGV do
     local f = redis.call('HMGET', name, 'v', 'n', 'h', 't', 'c', 'u', 'x', 'b', 'r', 's')
     local updated = f[6] or '0'
     local rev_ms, rev_seq = packed_stream_id(f[9] or (updated .. '-0'))
+    -- (a hash that is not 64 hex digits is left unknown: the next read computes it again)
+    local hash = f[3] and #f[3] == 64 and not string.find(f[3], '[^0-9a-f]') and
+      packed_unhex(f[3])
     redis.call('DEL', name)
     redis.call('SET', name, packed_pack(f[1] or 'null', tonumber(f[2] or '1'), f[5] or updated,
-      updated, rev_ms, rev_seq, f[3] and packed_unhex(f[3]), f[7] or false, f[4] or false,
-      f[8] or false, f[10] == '1'))
+      updated, rev_ms, rev_seq, hash, f[7] or false, f[4] or false, f[8] or false,
+      f[10] == '1'))
     changed = changed + 1
   end
 end
