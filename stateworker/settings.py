@@ -24,6 +24,9 @@ AUTH_MODES = ("off", "acl")
 # A service's call streams at most: each one more XREADGROUP stream, XAUTOCLAIM and consumer
 # group per replica; 64 spread the calls over far more primaries than a cluster here has.
 MAX_BUS_SHARDS = 64
+# A replica is live while its last heartbeat (keys.replicas) is within this many lease times
+# (`lease_ms`): the leases' share (reactive/leases.py) and the upgrade's check (state/repack.py).
+LIVE_LEASES = 3
 # Replicas a strict write waits for at most: more than a primary has makes every write time out.
 MAX_STRICT_REPLICAS = 16
 

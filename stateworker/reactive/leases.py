@@ -26,13 +26,12 @@ from typing import Any
 from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import LEASE, lease_call
+from stateworker.settings import LIVE_LEASES
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.leases")
-
-LIVE_FACTOR = 3  # a replica is live while its last beat is within this many lease times
 
 
 class Leases:
@@ -71,7 +70,7 @@ class Leases:
         now = now_ms()
         replies = await self.state.conn.pipeline([
             ["ZADD", self.replicas, now, self.token],
-            ["ZREMRANGEBYSCORE", self.replicas, "-inf", now - LIVE_FACTOR * self.lease_ms],
+            ["ZREMRANGEBYSCORE", self.replicas, "-inf", now - LIVE_LEASES * self.lease_ms],
             ["ZCARD", self.replicas],
         ])
         failed = next((r for r in replies if isinstance(r, ReplyError)), None)

@@ -2,16 +2,19 @@
 start (lifecycle.connect) until `meta` says it is done: entries stored as hashes become packed
 strings, and the topic indexes drop their untagged members (lua/repack.lua), partition by
 partition, in SCAN batches. A new prefix is marked done at once. Services of the older
-layout must not write to the prefix meanwhile: stop them before the upgrade (docs/
-architecture.md, "Packed entries")."""
+layout must not write to the prefix meanwhile: while any serves it (a live dispatcher
+heartbeat) the start is refused, saying so (docs/architecture.md, "Packed entries")."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from stateworker.clock import now_ms
+from stateworker.errors import ConfigError, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REPACK
+from stateworker.settings import LIVE_LEASES
 from stateworker.state.store import RedisState
 
 log = logging.getLogger("stateworker.state.repack")
@@ -21,12 +24,18 @@ SCAN_COUNT = 500
 
 
 async def upgrade(state: RedisState) -> int:
-    """Bring the prefix's entries to the packed layout (once): the entries changed."""
+    """Bring the prefix's entries to the packed layout (once): the entries changed.
+
+    Raises:
+        ConfigError: the prefix is not upgraded yet and services are serving it (their
+            dispatchers' heartbeats are live): services of the older layout, which would
+            write entries this one cannot read. Stop them first."""
     keys = state.keys
     if await state.conn.execute("HGET", keys.meta, LAYOUT_FIELD) == PACKED:
         return 0
     changed = 0
     if not state.created:
+        await _refuse_while_served(state)
         for n, part in enumerate(keys.all_partitions()):
             packed = await _repack(state, part, "entries", part.entry_prefix + "*", "hash")
             await _repack(state, part, "topics", part.tag + "t:*", "zset")
@@ -39,6 +48,19 @@ async def upgrade(state: RedisState) -> int:
                         state.settings.prefix)
     await state.conn.execute("HSET", keys.meta, LAYOUT_FIELD, PACKED)
     return changed
+
+
+async def _refuse_while_served(state: RedisState) -> None:
+    live_ms = LIVE_LEASES * state.settings.lease_ms
+    serving = int(await state.conn.execute("ZCOUNT", state.keys.replicas, now_ms() - live_ms,
+                                           "+inf"))
+    if serving:
+        raise ConfigError(
+            f"prefix {shown(state.settings.prefix)} holds entries of the layout before packed "
+            f"entries, and {serving} service(s) of that version serve it (a heartbeat in "
+            f"{state.keys.replicas} within the last {live_ms // 1000} s): stop them, then start "
+            "this version, which upgrades the entries once at its start (they would write "
+            "entries it cannot read)")
 
 
 async def _repack(state: RedisState, part: PartitionKeys, what: str, pattern: str,

@@ -114,6 +114,7 @@ async def test_every_script_call_hashes_to_one_slot(
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
+    await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
     # repack.lua: an entry of the layout before packed entries, and a topic index, upgraded

@@ -10,9 +10,12 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore, codec
+from stateworker.app.service import StateService
+from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, member
 from stateworker.state import repack
 from stateworker.state.packed import unpack
+from tests.integration.busproto import until
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +84,19 @@ async def test_entries_of_the_older_layout_read_the_same_after_a_start(
         assert await repack.upgrade(store.state) == 0  # once: the layout is marked
         assert await store.state.conn.execute("HGET", store.state.keys.meta,
                                               repack.LAYOUT_FIELD) == repack.PACKED
+
+
+async def test_no_upgrade_while_services_serve_the_prefix(
+        service: StateService, redis_server: RedisServer, prefix: str) -> None:
+    """Services of the older layout would write hash entries into the upgraded prefix: while
+    a dispatcher's heartbeat is live, a start that would upgrade is refused, naming why."""
+    keys = service.state.keys
+    await until(lambda: service.state.conn.execute("ZCARD", keys.replicas), 10,
+                "the service's dispatcher heartbeat")
+    await service.state.conn.execute("HDEL", keys.meta, repack.LAYOUT_FIELD)  # as before it
+    with pytest.raises(ConfigError) as caught:
+        async with StateStore.open(redis_server.url, prefix=prefix, partitions=4):
+            pass
+    assert "1 service(s) of that version serve it" in str(caught.value)
+    assert "stop them, then start this version" in str(caught.value)
+    assert await service.state.conn.execute("HGET", keys.meta, repack.LAYOUT_FIELD) is None
