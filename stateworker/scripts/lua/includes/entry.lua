@@ -11,9 +11,10 @@
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
   An entry is one string (packed.lua); a loaded entry `cur` is {value, version, expires_at,
-  hash, topic, plain, by, created, updated, revision} (packed_read), a field that is not set
-  false. `plain` = "1" marks a value with no bracket or brace inside a string (json.lua's
-  fast container skip).
+  hash, topic, plain, by, created, updated, revision ms, revision sequence} (packed_read:
+  numbers as numbers, the hash as 32 raw bytes), a field that is not set false. `plain` =
+  "1" marks a value with no bracket or brace inside a string (json.lua's fast container
+  skip).
 ]]
 
 --- @include "packed"
