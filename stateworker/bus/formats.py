@@ -21,7 +21,6 @@ from stateworker.codec import MAX_DEPTH
 from stateworker.errors import InvalidRequest, shown
 
 JSON, MSGPACK = b"json", b"msgpack"
-FORMATS = (JSON, MSGPACK)
 
 _unpack = msgspec.msgpack.Decoder()
 _pack = msgspec.msgpack.Encoder()

@@ -251,7 +251,8 @@ def parse_reply(document: bytes) -> Reply | None:
         return None
 
 
-Parsed = tuple["Call | None", bytes, str | None, StateError | None, bool]
+# parse_entry's reply: the call or None, reply list, call id, error, whether msgpack
+Parsed = tuple[Call | None, bytes, str | None, StateError | None, bool]
 
 
 def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None,

@@ -56,19 +56,6 @@ def unpack(stored: bytes) -> Stored:
     return entry
 
 
-def value_and_expiry(stored: bytes) -> tuple[bytes, int | None]:
-    """The value and the expiry (ms, None: none) of a stored entry: what a get needs."""
-    flags = stored[0]
-    at = (_WIDE if flags & WIDE else _NARROW).size + (32 if flags & HASH else 0)
-    expires = None
-    if flags & EXPIRES:
-        expires, at = _int(stored[at:at + 6]), at + 6
-    for flag in (TOPIC, WRITER):
-        if flags & flag:
-            at += _LENGTH.size + _LENGTH.unpack_from(stored, at)[0]
-    return stored[at:], expires
-
-
 def _text(stored: bytes, at: int) -> tuple[str, int]:
     (length,) = _LENGTH.unpack_from(stored, at)
     at += _LENGTH.size

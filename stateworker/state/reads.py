@@ -20,7 +20,7 @@ from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
 from stateworker.scripts.statuses import raise_for_status, script_reply
-from stateworker.state.packed import unpack, value_and_expiry
+from stateworker.state.packed import unpack
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import ANSWERED, Answered, Plan, command_reply, then
 
@@ -40,10 +40,10 @@ def get_plan(state: RedisState, scope: str, key: str) -> Plan:
         stored = command_reply(replies[0], "GET")
         if stored is None:
             return None
-        value, expires = value_and_expiry(stored)
-        if expires is not None and expires <= now_ms():
+        entry = unpack(stored)
+        if entry.expires is not None and entry.expires <= now_ms():
             return None
-        return msgspec.Raw(value)
+        return msgspec.Raw(entry.value)
 
     return Plan([["GET", entry]], finish)
 
