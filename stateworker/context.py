@@ -13,12 +13,15 @@ from msgspec import Struct
 
 
 class Answer(Struct, frozen=True):
-    """Where a bus call's own script writes its reply (the fused path, on one Redis only,
-    where the reply list and the call's stream share the node with the state): the reply
-    list, the call's stream, its entry id, the consumer group that read it, the reply list's
-    expiry and the reply document's head (`{"id":<id>,"ok":true,"result":`). The script
-    LPUSHes the reply and acknowledges and deletes the entry: what the service's flush did
-    in a second round trip (scripts/lua/includes/entry.lua, `entry_answer`)."""
+    """Where a bus call's own script writes its reply (the fused path: where the reply list
+    shares the node with the state, always on one Redis, on a cluster when the layout puts
+    them together): the reply list, the call's stream ("" when the stream is on another node:
+    the service acknowledges the entry), its entry id, the consumer group that read it, the
+    reply list's expiry and the reply document's head (`{"id":<id>,"ok":true,"result":`). The
+    script LPUSHes the reply and acknowledges and deletes the entry: what the service's flush
+    did in a second round trip (scripts/lua/includes/answer.lua). `check`: on a cluster the
+    script first asks whether the names are on its node (a map gone stale), and leaves the
+    reply to the service when not."""
 
     reply: bytes
     stream: str
@@ -26,6 +29,7 @@ class Answer(Struct, frozen=True):
     group: str
     ttl_ms: int
     head: bytes
+    check: bool = False
 
 
 class CallContext(Struct, frozen=True, kw_only=True):

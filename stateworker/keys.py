@@ -319,6 +319,13 @@ def reply_prefix(prefix: str) -> str:
     return f"{prefix}:reply:"
 
 
+def reply_list_at(reply_key: str, prefix: str, partition: int) -> str:
+    """A client's reply list on a Redis Cluster that shares partition `partition`'s slot
+    (`<reply key>:{<prefix>:p<n>}`): one per node, so a call's script can answer it on the
+    node of its state (bus/routes.py)."""
+    return f"{reply_key}:{{{prefix}:p{partition}}}"
+
+
 def stats_key(prefix: str, service: str) -> str:
     return f"{prefix}:stats:{service}"
 

@@ -38,7 +38,7 @@ from stateworker.state import functions, lifecycle
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import RedisConnection, shown_url
-from stateworker.transport.plans import ANSWERED, Plan, Sent
+from stateworker.transport.plans import Answered, Plan, Sent
 from stateworker.transport.retry import wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -58,10 +58,11 @@ class StateCalls:
 
     @property
     def answers_in_script(self) -> frozenset[str]:
-        """On one Redis the reply list and the call's stream share the node with the state,
-        so `state::set`'s script answers its call itself; not on a cluster (other slots) nor
-        when a strict batch waits for a confirmation (WAITAOF, WAIT) before its replies."""
-        if self.state.cluster or self.state.confirm.needed:
+        """The functions whose script answers its call itself where the reply list shares the
+        node with the state (always on one Redis; on a cluster: RedisState.answer_here);
+        none when a strict batch waits for a confirmation (WAITAOF, WAIT) before its
+        replies."""
+        if self.state.confirm.needed:
             return frozenset()
         return functions.ANSWERED_IN_SCRIPT
 
@@ -73,7 +74,7 @@ class StateCalls:
                            after_step: Callable[[], Awaitable[None]]) -> list[Any]:
         """Results are encoded as JSON here, as each plan ends."""
         def encoded(index: int, result: Any) -> None:
-            done(index, result if isinstance(result, StateError) or result is ANSWERED
+            done(index, result if isinstance(result, StateError | Answered)
                  else encoder.encode(result))
 
         return await self.state.execute_many(plans, sent, encoded, after_step)

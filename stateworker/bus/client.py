@@ -1,5 +1,6 @@
-"""`StateClient`: calls functions over the bus. One reply list per client, read by one task
-that hands each reply to the call waiting for its id (bus/reply_reader.py); a retry reuses the
+"""`StateClient`: calls functions over the bus. One reply list per client (on a Redis Cluster
+one per node: bus/routes.py), read by one task each that hands each reply to the call
+waiting for its id (bus/reply_reader.py); a retry reuses the
 call's id, so the service applies it at most once and answers it the same way. Its typed
 `state::*` helpers are in bus/typed.py.
 
@@ -29,6 +30,7 @@ from stateworker import codec, tracing
 from stateworker.bus.ids import CallIds, body_partition
 from stateworker.bus.protocol import call_entry, caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
+from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.errors import CallTimeout, Unavailable, error_from, shown
@@ -125,6 +127,8 @@ class StateClient(TypedCalls):
         self._pending: dict[str, Waiter] = {}  # the calls waiting for their reply, by id
         self._replies = ReplyReader(self.url, self.settings, self.reply_key, self._pending,
                                     self._met)
+        self._readers = [self._replies]  # (on a cluster one a reply list: `_routes`)
+        self._routes: Routes | None = None
         self._stack = AsyncExitStack()
         self._ids = CallIds(principal=self.principal)  # (on a cluster: homed ids, __aenter__)
         self._closed = False
@@ -153,9 +157,11 @@ class StateClient(TypedCalls):
             self._replies.conn = connection_like(conn, write_first_at_once=True)
         if isinstance(conn, ClusterConnection):  # ids bound with their call's record
             self._ids.keys = self.shards.keys
+            await self._route(conn)
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
-        tg.start_soon(self._replies.read)
+        for reader in self._readers:
+            tg.start_soon(reader.read)
         tg.start_soon(self._replies.sweep_timeouts)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
@@ -173,16 +179,31 @@ class StateClient(TypedCalls):
         """
         await self._stack.aclose()
 
+    async def _route(self, conn: ClusterConnection) -> None:
+        """On a cluster: a reply list on each node, and a reader for each (bus/routes.py)."""
+        if not conn.primaries:
+            await conn.refresh()
+        routes = self._routes = Routes(conn, self.shards, self.reply_key, self.settings.prefix,
+                                       self.settings.partitions)
+        await self._replies.conn.close()
+        self.reply_key = routes.lists[0]
+        self._readers = [ReplyReader(self.url, self.settings, name, self._pending, self._met,
+                                     connection_like(conn, write_first_at_once=True))
+                         for name in routes.lists]
+        self._replies = self._readers[0]
+
     async def _close(self) -> None:
         self._closed = True
         self._replies.wake_all()  # calls still waiting end now
         with anyio.CancelScope(shield=True):
-            # Redis gone or loading: the reply list expires on its own (so a close never
-            # waits long for it, nor fails because of it).
+            # Redis gone or loading: the reply lists expire on their own (so a close never
+            # waits long for them, nor fails because of them).
             with anyio.move_on_after(1.0), suppress(ConnectionLost, ReplyError):
-                await self.conn.execute("DEL", self.reply_key)
+                for reader in self._readers:
+                    await self.conn.execute("DEL", reader.reply_key)
             await self.conn.close()
-            await self._replies.conn.close()
+            for reader in self._readers:
+                await reader.conn.close()
 
     async def _connect(self, end: float) -> BaseException | None:
         """Connect the sending connection within the call's time; the failure, or None."""
@@ -267,7 +288,7 @@ class StateClient(TypedCalls):
         if self._closed:
             raise Unavailable(f"{fn}: the client is closed", {})
         partition = None  # (the body's scope's: its shard, and on a cluster its id's home)
-        if self._one_stream is None or (call_id is None and self._ids.keys is not None):
+        if self._one_stream is None or self._ids.keys is not None:
             partition = body_partition(self.shards.keys, body)
         call_id = call_id or self._ids.new(partition)
         if tracing.is_traced():  # (a span is current: the call's own, named in its context)
@@ -284,8 +305,12 @@ class StateClient(TypedCalls):
         end = start + wait_s
         if deadline_ms is None:
             deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        stream = self._one_stream or self.shards.stream_at(partition, call_id)
-        fields = call_entry(stream, call_id, fn, body, self.reply_key, deadline_ms, self.caller,
+        reply_list = self.reply_key
+        if self._routes is not None:  # (a cluster: the list, the shard on the state's node)
+            stream, reply_list = self._routes.pick(partition, call_id)
+        else:
+            stream = self._one_stream or self.shards.stream_at(partition, call_id)
+        fields = call_entry(stream, call_id, fn, body, reply_list, deadline_ms, self.caller,
                             context)
         waiter = self._pending[call_id] = Waiter()
         sends = 0

@@ -15,6 +15,7 @@ import anyio
 from stateworker.bus.protocol import Reply, parse_reply
 from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -66,10 +67,10 @@ class ReplyReader:
     the waiting calls. `pending` is the client's: it adds and removes its calls there."""
 
     def __init__(self, url: str, settings: Settings, reply_key: str,
-                 pending: dict[str, Waiter], met: Callable[[BaseException | None], None]
-                 ) -> None:
-        self.conn = connection_for(url, connect_timeout_s=settings.connect_timeout_s,
-                                   read_timeout_s=settings.read_timeout_s)
+                 pending: dict[str, Waiter], met: Callable[[BaseException | None], None],
+                 conn: RedisConnection | None = None) -> None:
+        self.conn = conn or connection_for(url, connect_timeout_s=settings.connect_timeout_s,
+                                           read_timeout_s=settings.read_timeout_s)
         self.reply_key = reply_key
         self.pending = pending
         self._met = met  # counts a transient Redis state met (the client's `transient`)

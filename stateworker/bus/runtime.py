@@ -56,7 +56,7 @@ from stateworker.errors import (
 )
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import ANSWERED, Plan, Sent
+from stateworker.transport.plans import REPLIED, Answered, Plan, Sent
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -323,8 +323,10 @@ class BusRuntime:
                 # answers it from the call's record.
                 replies.unanswered = True
                 return
-            if result is ANSWERED:  # its script wrote the reply and acknowledged the entry
+            if isinstance(result, Answered):  # its script wrote the reply (and acknowledged)
                 replies.stats.count(None, call.started, call.fn)
+                if result is REPLIED:  # (the entry's stream on another node: acknowledged here)
+                    replies.queue(b"", None, call.ref, None)
             elif isinstance(result, StateError):
                 answer_call(call, None, result)
             else:

@@ -65,10 +65,11 @@ class Binding(Generic[R]):
         return self.reply(script_reply(raw, self.name))
 
 
-# set, compare-and-set, diff; KEYS[8..9] for bus calls, KEYS[10..11] answered here (state::set)
-SET = Binding("set", 11, SetReply.read)
-DELETE = Binding("delete", 11, DeleteReply.read)  # KEYS[10..11] as set's (state::delete)
-UPDATE = Binding("update", 11, UpdateReply.read)  # KEYS[10..11] as set's (state::update)
+# set, compare-and-set, diff; KEYS[8..9] for bus calls (state::set, delete and update may
+# answer their call: the last six ARGV, lua/includes/answer.lua)
+SET = Binding("set", 9, SetReply.read)
+DELETE = Binding("delete", 9, DeleteReply.read)
+UPDATE = Binding("update", 9, UpdateReply.read)
 TOPIC = Binding("topic", 9, TopicReply.read)
 SETHASH = Binding("sethash", 1, Moved.read)
 REAP = Binding("reap", 3, ReapReply.read)
@@ -88,8 +89,8 @@ BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_I
 # state::transaction: its reply is read by state/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
 GETMANY = Binding("getmany", 1, GetManyReply.read)
-# state::get of a bus call answered by its script (one Redis): read by state/reads.py
-GET: Binding[list[Any]] = Binding("get", 4, list)
+# state::get of a bus call answered by its script: read by state/reads.py
+GET: Binding[list[Any]] = Binding("get", 2, list)
 DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
@@ -166,11 +167,13 @@ def call_digest(ctx: CallContext) -> bytes:
     return bytes.fromhex(ctx.call_digest or "0" * 40)[:DIGEST_BYTES]
 
 
-def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | None = None
-               ) -> bytes:
-    """ARGV[7] of the entry scripts: "<slice ms>|<deadline>|<slice>|<field><digest>", b""
-    for an in-process call (nothing to record, no deadline). `field`: the call id's
-    (call_field), when the caller has it already."""
+def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | None = None,
+               answer: Answer | None = None) -> bytes:
+    """ARGV[7] of the entry scripts: "<slice ms>|<deadline>|<slice>|<answer>|<field><digest>",
+    b"" for an in-process call (nothing to record, no deadline). `field`: the call id's
+    (call_field), when the caller has it already. <answer>: "" the service answers the call,
+    "a" its script does (`answer`: the last six ARGV), "c" the same on a cluster, once the
+    script has checked that the reply list and stream are on its node."""
     if ctx.call_id is None and ctx.deadline_ms is None:
         return b""
     ms = slice_ms(settings)
@@ -178,7 +181,8 @@ def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | No
     head = f"{ms}|{deadline}|{now // ms}|".encode()
     if ctx.call_id is None:
         return head
-    return head + (field or call_field(ctx.call_id)) + call_digest(ctx)
+    mode = b"|" if answer is None else b"c|" if answer.check else b"a|"
+    return head + mode + (field or call_field(ctx.call_id)) + call_digest(ctx)
 
 
 def records_key(keys: KeySpace, part: PartitionKeys, field: bytes, slice_: int,
@@ -199,10 +203,8 @@ def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: C
     calls the current slice of the call's records (records_key) and, with the snapshot on,
     the partition's stream of records PostgreSQL does not hold yet; ARGV the 7 shared ones
     (set.lua's header), then the script's own (`extra`). With `answer` (a bus call with an
-    id, on one Redis) the script writes the call's reply itself: KEYS[9] is then always
-    given (KEYS[8] again with the snapshot off), KEYS[10] the reply list, KEYS[11] the call's stream,
-    and the last four ARGV the reply list's expiry, the group, the entry id and the reply's
-    head (entry.lua, `entry_answer`)."""
+    id, its reply list on the state's node) the script writes the call's reply itself: ARGV[7]
+    says so, and the last six ARGV are answer_args (lua/includes/answer.lua)."""
     part = space.for_scope(scope)
     address = member(scope, key)
     keys: list[Arg] = [part.entry_prefix + address, *part.scope_keys(scope)]
@@ -212,31 +214,31 @@ def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: C
     if ctx.trace is not None or writer.startswith("\0"):  # (else writer_arg's is the writer)
         writer = writer_arg(writer, ctx.trace)
     args: list[Arg] = [scope, key, address, now, settings.events_maxlen, writer,
-                       record_arg(settings, ctx, now, field), *extra]
+                       record_arg(settings, ctx, now, field, answer), *extra]
     if field is not None:
         keys.append(records_key(space, part, field, now // slice_ms(settings), cluster))
         if settings.postgres_url:
             keys.append(part.unsaved_calls)
         if answer is not None:
-            if not settings.postgres_url:
-                keys.append(keys[-1])  # (KEYS[9] = KEYS[8]: no stream of unsaved records)
-            keys += (answer.reply, answer.stream)
             args += answer_args(answer)
     return keys, args
 
 
 def answer_args(answer: Answer) -> list[Arg]:
-    """The last four ARGV of a script that answers its call (lua/includes/answer.lua)."""
-    return [answer.ttl_ms, answer.group, answer.entry_id, answer.head]
+    """The last six ARGV of a script that answers its call (lua/includes/answer.lua): names,
+    not KEYS, as on a cluster they are in other slots than the state's."""
+    return [answer.reply, answer.stream, answer.ttl_ms, answer.group, answer.entry_id,
+            answer.head]
 
 
 def get_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: CallContext,
-             answer: Answer) -> Call:
-    """get.lua: a bus call's state::get, its id bound and its reply sent by the script."""
+             answer: Answer, cluster: bool) -> Call:
+    """get.lua: a bus call's state::get, its id bound and its reply sent by the script (on a
+    cluster only for an id at home in the scope's partition: KEYS[1] shares its slot)."""
     field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
-    return ([space.call_ids(field, now // ms), space.for_scope(scope).entry(scope, key),
-             answer.reply, answer.stream],
-            [ms, now // ms, now, field, call_digest(ctx), *answer_args(answer)])
+    return ([space.binding(field, now // ms, cluster), space.for_scope(scope).entry(scope, key)],
+            [ms, now // ms, now, field, call_digest(ctx), "c" if answer.check else "",
+             *answer_args(answer)])
 
 
 def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bool) -> Call:

@@ -92,8 +92,11 @@ def decoded(request_type: type[R], function: Callable[[RedisState, R, CallContex
 
 def state_get(state: RedisState, req: GetRequest, ctx: CallContext) -> Plan:
     validate.address(state, ctx, req.scope, req.key)
-    if ctx.answer is not None and not state.cluster:
-        return reads.get_answered_plan(state, req.scope, req.key, ctx)
+    if ctx.answer is not None:
+        answer = state.answer_here(ctx.answer, req.scope)
+        # (on a cluster get.lua binds the id in the entry's slot: only an id at home there)
+        if answer is not None and (not state.cluster or state.id_at_home(ctx, req.scope)):
+            return reads.get_answered_plan(state, req.scope, req.key, ctx, answer)
     return then(reads.get_plan(state, req.scope, req.key), lambda found: NULL if found is None else found)
 
 

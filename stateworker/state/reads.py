@@ -15,14 +15,16 @@ import msgspec
 
 from stateworker import clock, codec
 from stateworker.clock import now_ms
-from stateworker.context import CallContext
+from stateworker.context import Answer, CallContext
 from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
-from stateworker.scripts.statuses import raise_for_status, script_reply
+from stateworker.scripts.statuses import LUA_STATUS, raise_for_status, script_reply
 from stateworker.state.packed import unpack
-from stateworker.state.store import RedisState
-from stateworker.transport.plans import ANSWERED, Answered, Plan, command_reply, then
+from stateworker.state.store import RedisState, answered_as
+from stateworker.transport.plans import Plan, command_reply, then
+
+_ANSWERED = LUA_STATUS["ANSWERED"]
 
 
 def hash_plan(state: RedisState, scope: str, key: str, version: int, value: bytes) -> Plan:
@@ -48,18 +50,21 @@ def get_plan(state: RedisState, scope: str, key: str) -> Plan:
     return Plan([["GET", entry]], finish)
 
 
-def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext) -> Plan:
+def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext,
+                      answer: Answer) -> Plan:
     """A bus call's state::get answered by its own script (get.lua: its id bound, the value
-    read and sent, its entry acknowledged; one Redis, ctx.answer set): ANSWERED, or the
-    call's CALL_ID_REUSED."""
-    assert ctx.answer is not None
+    read and sent, its entry acknowledged; `answer`: RedisState.answer_here's): ANSWERED
+    (REPLIED), the call's CALL_ID_REUSED, or the value when the script found the reply list
+    on another node (a cluster's map gone stale) and left the reply to the service."""
     target = state.target(scope, key, ctx)
+    answered = answered_as(answer)
 
-    def finish(replies: list[Any]) -> Answered:
-        raise_for_status(script_reply(replies[0], GET.name), target)
-        return ANSWERED
+    def finish(replies: list[Any]) -> Any:
+        reply = script_reply(replies[0], GET.name)
+        raise_for_status(reply, target)
+        return answered if reply[0] == _ANSWERED else msgspec.Raw(reply[1])
 
-    call = get_call(state.settings, state.keys, scope, key, ctx, ctx.answer)
+    call = get_call(state.settings, state.keys, scope, key, ctx, answer, state.cluster)
     return Plan([GET.command(state.library, *call)], finish, binds_call_id=True)
 
 

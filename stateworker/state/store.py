@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from stateworker.context import CallContext
+from stateworker.context import Answer, CallContext
 from stateworker.errors import StateError, Unavailable
 from stateworker.keys import KeySpace, call_field
 from stateworker.scripts.bindings import BIND, Binding, Call, bind_call, entry_call, library_of
@@ -28,14 +28,30 @@ from stateworker.state.claims import KIND as CLAIMS
 from stateworker.state.claims import Claims
 from stateworker.state.confirm import Confirm
 from stateworker.state.registry import Registry
+from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
-from stateworker.transport.plans import ANSWERED, Plan, Sent, execute_many, send_first_step
+from stateworker.transport.plans import (
+    ANSWERED,
+    REPLIED,
+    Answered,
+    Plan,
+    Sent,
+    execute_many,
+    send_first_step,
+)
+from stateworker.transport.slots import key_slot
 from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
 _DUPLICATE, _ANSWERED = LUA_STATUS["DUPLICATE"], LUA_STATUS["ANSWERED"]
+
+
+def answered_as(answer: Answer | None) -> Answered:
+    """What a plan whose script answered its call gives: ANSWERED, or REPLIED when the
+    call's entry is left to the service to acknowledge (its stream on another node)."""
+    return ANSWERED if answer is None or answer.stream else REPLIED
 
 
 def _recorded(record: bytes) -> list[Any]:
@@ -166,11 +182,13 @@ class RedisState:
         itself, which it does when the call carries a context.Answer (the plan's result is
         then plans.ANSWERED)."""
         scope, key, ctx = target.scope, target.key, target.ctx
+        answer = self.answer_here(ctx.answer, scope) if answers else None
+        answered = answered_as(answer)
 
         def replayed(replies: list[Any]) -> Any:
             reply = script_reply(replies[0], binding.name)
             if reply[0] == _ANSWERED:
-                return ANSWERED
+                return answered
             if reply[0] == _DUPLICATE:
                 reply = _recorded(reply[1])
             raise_for_status(reply, target, accept)
@@ -178,9 +196,24 @@ class RedisState:
 
         binds = ctx.call_id is not None and (not self.cluster or self.id_at_home(ctx, scope))
         command = binding.command(self.library, *entry_call(
-            self.settings, self.keys, scope, key, ctx, self.cluster, args,
-            ctx.answer if answers and not self.cluster else None))
+            self.settings, self.keys, scope, key, ctx, self.cluster, args, answer))
         return Plan([command], replayed, checks_deadline=True, binds_call_id=binds)
+
+    def answer_here(self, answer: Answer | None, scope: str) -> Answer | None:
+        """Whether a bus call's script may write its reply (context.Answer): on one Redis
+        always; on a cluster when the map puts its reply list on the node of the scope's
+        partition (the stream too, else the service acknowledges the entry: stream ""). The
+        script checks again (`check`), as the map may be stale. None: the service answers."""
+        if answer is None or not self.cluster:
+            return answer
+        conn = self.conn
+        if not isinstance(conn, ClusterConnection):
+            return None
+        node = conn.owner(key_slot(self.keys.for_scope(scope).tag))
+        if node is None or conn.owner(key_slot(answer.reply)) != node:
+            return None
+        stream = answer.stream if conn.owner(key_slot(answer.stream)) == node else ""
+        return msgspec.structs.replace(answer, stream=stream, check=True)
 
     def id_at_home(self, ctx: CallContext, scope: str) -> bool:
         """On a cluster: whether the call's id is bound in `scope`'s partition (its home,

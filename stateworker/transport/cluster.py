@@ -270,6 +270,16 @@ class ClusterConnection(RedisConnection):
         except _Unplaced as exc:
             raise exc.cause from None
 
+    def owner(self, slot: int) -> str | None:
+        """The primary (`host:port`) serving `slot` as last mapped, the map not read (None:
+        no owner known): which names share a node, for what may join them (the fused path)."""
+        return self._owner[slot]
+
+    @property
+    def version(self) -> int:
+        """Bumped by each map read: what was derived from `owner` holds while it is the same."""
+        return self._version
+
     def node(self, address: str) -> RedisConnection:
         """The connection to one node (`host:port`), for what must go to that node alone."""
         return self._node(address)

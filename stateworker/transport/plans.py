@@ -47,6 +47,17 @@ class Answered:
 ANSWERED = Answered()
 
 
+class Replied(Answered):
+    """The result of a plan whose script wrote its bus call's reply, the call's entry left to
+    the service to acknowledge (on a cluster, the stream on another node than the state)."""
+
+    def __repr__(self) -> str:
+        return "REPLIED"
+
+
+REPLIED = Replied()
+
+
 @dataclass(slots=True)
 class Plan:
     commands: list[list[Arg]] = field(default_factory=list)

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
   Delete one entry (state::delete).
   Input:
@@ -10,7 +11,8 @@
     ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
             traceparent: entry.lua, entry_writer)
     ARGV[8] expected version ("" for none; 1 or more: Python refuses 0)
-    KEYS[10], KEYS[11] and the last four ARGV (state::delete over the bus on one Redis):
+    the last six ARGV, when ARGV[7] says so (state::delete over the bus, where the reply
+             list shares the node; answer.lua):
              the call is answered here (entry.lua, entry_answer)
   Output:
     {ST.OK, deleted value or false, revision or false}
@@ -18,7 +20,7 @@
                               not at the expected version: nothing deleted, no event
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
-    {ST.ANSWERED}    (given KEYS[10]) done, the call's reply (the deleted value or null)
+    {ST.ANSWERED}    (answering) done, the call's reply (the deleted value or null)
                      LPUSHed and its entry acknowledged
   Events: state:deleted when something was deleted (also for an entry found expired).
 ]]
@@ -37,7 +39,7 @@ if not cur then
 else
   reply = entry_finish({ST.OK, cur[1], entry_delete(ctx, cur)})
 end
-if KEYS[10] then -- state::delete's result: the deleted value, as stored
+if entry_ctx.answer then -- state::delete's result: the deleted value, as stored
   return entry_answer(cur and cur[1] or 'null')
 end
 return reply

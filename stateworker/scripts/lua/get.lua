@@ -1,17 +1,23 @@
+#!lua flags=allow-cross-slot-keys
 --[[
-  state::get of a bus call on one Redis, answered here (context.Answer): the call's id bound
-  as bind.lua binds it, the entry read, the reply sent and the call's entry acknowledged
-  (answer.lua): one script, where bind.lua, an HMGET and the service's flush took two round
-  trips.
+  state::get of a bus call, answered here (context.Answer): the call's id bound as bind.lua
+  binds it, the entry read, the reply sent and the call's entry acknowledged (answer.lua):
+  one script, where bind.lua, a GET and the service's flush took two round trips.
   Input:
-    KEYS[1] the current time slice of the id's bucket of records (records.lua; a hash)
-    KEYS[2] the entry (packed.lua)   KEYS[3] the reply list   KEYS[4] the call's stream
+    KEYS[1] the current time slice where the id is bound (records.lua; a hash: on one Redis
+            the id's bucket, on a cluster its home partition's records, the entry's slot)
+    KEYS[2] the entry (packed.lua)
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
-    ARGV[6] the reply list's expiry (ms)   ARGV[7] the consumer group   ARGV[8] the entry's id
-    ARGV[9] the reply document's head
+    ARGV[6] "c": on a cluster, send the reply only when its names are on this node
+            (answer_here), else "" (one Redis)
+    ARGV[7..12] the reply list, the call's stream ("": the service acknowledges), the reply
+            list's expiry (ms), the consumer group, the entry's id, the reply's head
   Output:
     {ST.ANSWERED}          the stored value (null when missing or expired) sent as the reply
+    {ST.OK, value}         the same value, not sent: the reply list or the stream is on
+                           another node (a slot moved since the service's map), so the
+                           service answers
     {ST.CALL_ID_REUSED}    the id is bound to another call: nothing written, nothing sent
   Events: none.
 ]]
@@ -20,6 +26,7 @@
 --- @include "packed"
 
 local now = tonumber(ARGV[3])
+local here = answer_here(ARGV[6] == 'c')
 if not records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]), now) then
   return {ST.CALL_ID_REUSED}
 end
@@ -32,4 +39,7 @@ if stored then
     value = 'null'
   end
 end
-return answer_send(KEYS[3], KEYS[4], value)
+if not here then
+  return {ST.OK, value}
+end
+return answer_send(value)

@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
   Write one entry's value: state::set, state::compare-and-set (a hash condition) and
   state::diff (skip when unchanged). Sizes, names and types are checked by the caller; the
@@ -12,7 +13,8 @@
     ARGV[3] ttl member (<len>:<scope><key>)
     ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
     ARGV[6] writer ("" for none; a traced call's also names its traceparent: entry.lua,
-            entry_writer)               ARGV[7] call record arguments (entry.lua; "" for none)
+            entry_writer)               ARGV[7] call record arguments (entry.lua; "" for none;
+            whether this script answers the call)
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
     ARGV[10] topic: "~" keep the current one | "-" none | "=" .. topic
@@ -22,7 +24,8 @@
     ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
     ARGV[14] "1" when no string in the value holds a bracket or brace
     ARGV[15] max live keys of the scope when this write creates a key ("" for no limit)
-    KEYS[10], KEYS[11] and the last four ARGV (state::set over the bus on one Redis):
+    the last six ARGV, when ARGV[7] says so (state::set over the bus, where the reply
+             list shares the node; answer.lua):
              the call is answered here (entry.lua, entry_answer)
   Output:
     {ST.OK, old value or false, version, created (1/0), revision}
@@ -33,7 +36,7 @@
                                                        update): the caller stores it, retries
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
-    {ST.ANSWERED}    (given KEYS[10]) written, and the call's reply LPUSHed, its entry acked
+    {ST.ANSWERED}    (answering) written, and the call's reply LPUSHed, its entry acked
   Every reply but NEEDS_HASH is recorded in KEYS[8] when given (CALL_ID_REUSED: entry.lua).
   Events: state:created when absent, else state:updated; an expired entry in the way is
     first deleted with state:deleted.
@@ -78,7 +81,7 @@ end
 local version, rev = entry_write(ctx, cur, value, hash, ARGV[10],
   tonumber(ARGV[11]) or false, ARGV[14] == '1')
 local reply = entry_finish({ST.OK, cur and cur[1] or false, version, cur and 0 or 1, rev})
-if KEYS[10] then -- state::set's result (schemas.SetResult), as the service encodes it
+if entry_ctx.answer then -- state::set's result (schemas.SetResult), as the service writes it
   return entry_answer('{"old_value":' .. (cur and cur[1] or 'null') .. ',"new_value":' ..
     value .. ',"version":' .. string.format('%d', version) .. ',"hash":"' .. hash ..
     '","created":' .. (cur and 'false' or 'true') .. '}')

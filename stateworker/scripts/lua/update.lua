@@ -1,3 +1,4 @@
+#!lua flags=allow-cross-slot-keys
 --[[
   Apply update ops to one entry's JSON document (state::update), exactly: numbers keep their
   text, [] and {} stay apart, key order is kept; integers add exactly over 64 bits.
@@ -21,7 +22,8 @@
       value (compact JSON; increment/decrement: the signed integer to add)
     ARGV[14 + 3 * number of ops] max live keys of the scope when this call creates the key
       ("" for no limit)
-    KEYS[10], KEYS[11] and the last four ARGV (state::update over the bus on one Redis):
+    the last six ARGV, when ARGV[7] says so (state::update over the bus, where the reply
+             list shares the node; answer.lua):
       a call whose every op applied is answered here (entry.lua, entry_answer)
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
@@ -33,7 +35,7 @@
       {op index, code, message}.
       code 'append.value_not_string' is append.type_mismatch for a string target and a
       non-string value (the detail: the value's type).
-    {ST.ANSWERED}    (given KEYS[10], every op applied) written, the call's reply LPUSHed
+    {ST.ANSWERED}    (answering, every op applied) written, the call's reply LPUSHed
       and its entry acknowledged
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}
@@ -79,7 +81,7 @@ if ARGV[11] ~= '' then
 end
 local version = entry_write(ctx, cur, new, false, ARGV[10], ttl, plain)
 local reply = entry_finish({ST.OK, old, new, version, cur and 0 or 1, 1, errors, 1})
-if KEYS[10] and #errors == 0 then -- state::update's result (schemas.UpdateResult)
+if entry_ctx.answer and #errors == 0 then -- state::update's result (schemas.UpdateResult)
   return entry_answer('{"old_value":' .. (old or 'null') .. ',"new_value":' .. new ..
     ',"version":' .. string.format('%d', version) .. '}')
 end

@@ -1,21 +1,48 @@
 --[[
-  A bus call answered by its own script (helpers prefixed answer_; context.Answer): on one
-  Redis, where the reply list and the call's stream share the node with the state. The last
-  four ARGV of such a script: the reply list's expiry (ms), the consumer group, the entry's
-  id and the reply document's head (`{"id":<id>,"ok":true,"result":`). What the service's
-  flush did in a round trip of its own: the reply LPUSHed (the list given its expiry), the
-  call's entry acknowledged and deleted. A script answers only a call that succeeded; an
-  error (and a replayed call) goes back to the service, which answers it.
+  A bus call answered by its own script (helpers prefixed answer_; context.Answer): where the
+  reply list shares the node with the state (always on one Redis; on a cluster when the
+  layout puts them together). The last six ARGV of such a script: the reply list, the call's
+  stream ("": the service acknowledges the entry, which is on another node), the reply list's
+  expiry (ms), the consumer group, the entry's id and the reply document's head
+  (`{"id":<id>,"ok":true,"result":`). What the service's flush did in a round trip of its own:
+  the reply LPUSHed (the list given its expiry), the call's entry acknowledged and deleted.
+  A script answers only a call that succeeded; an error (and a replayed call) goes back to the
+  service, which answers it.
+
+  The two names are arguments, not KEYS: a script's KEYS must share one slot on a cluster,
+  and these are in other slots (the scripts that answer are flagged allow-cross-slot-keys). On
+  a cluster the service sends the call here only when its map puts the names on this node;
+  a map gone stale (a slot moved since) would make the LPUSH fail after the writes, so
+  `answer_here(true)` asks first, before the script's first write.
 ]]
 local ANSWER_DONE = {ST.ANSWERED}
 
--- Send `result` (the call's result, JSON) on reply list `list`, acknowledge and delete the
--- call's entry in `stream`; {ST.ANSWERED}, the script's reply.
-local function answer_send(list, stream, result)
+-- Whether the reply list and the stream can be written from here: on one Redis always; on a
+-- cluster (`check`) when each is on this node (a command on a name elsewhere is refused, and
+-- redis.pcall hands the refusal back instead of ending the script).
+local function answer_here(check)
+  if not check then
+    return true
+  end
   local n = #ARGV
+  for _, name in ipairs({ARGV[n - 5], ARGV[n - 4]}) do
+    if name ~= '' and type(redis.pcall('EXISTS', name)) == 'table' then
+      return false
+    end
+  end
+  return true
+end
+
+-- Send `result` (the call's result, JSON) on the reply list, acknowledge and delete the call's
+-- entry (unless the service does: no stream given); {ST.ANSWERED}, the script's reply.
+local function answer_send(result)
+  local n = #ARGV
+  local list, stream = ARGV[n - 5], ARGV[n - 4]
   redis.call('LPUSH', list, ARGV[n] .. result .. '}')
   redis.call('PEXPIRE', list, ARGV[n - 3])
-  redis.call('XACK', stream, ARGV[n - 2], ARGV[n - 1])
-  redis.call('XDEL', stream, ARGV[n - 1])
+  if stream ~= '' then
+    redis.call('XACK', stream, ARGV[n - 2], ARGV[n - 1])
+    redis.call('XDEL', stream, ARGV[n - 1])
+  end
   return ANSWER_DONE
 end

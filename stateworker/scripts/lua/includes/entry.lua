@@ -236,6 +236,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   rev = false, -- the revision of the call's last event (false: no change yet)
   tx = false, txsize = false, -- a transaction's id and number of events (false: none)
   fresh = false, -- the call's record slice is new (records.lua)
+  answer = false, -- the script writes the call's reply itself (answer.lua)
 }
 
 --- @include "records"
@@ -246,7 +247,9 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   slice of the id's own bucket, which also binds the id across partitions; on a Redis Cluster
   the partition's, which binds the id when it is the id's home, else it was bound before in
   a step of its own: KeySpace.id_home) and ARGV[7] =
-  "<slice ms>|<deadline ms or empty>|<slice>|<field><digest>" (12 + 8 raw bytes: records.lua).
+  "<slice ms>|<deadline ms or empty>|<slice>|<answer>|<field><digest>" (12 + 8 raw bytes:
+  records.lua; <answer>: "" the service answers the call, "a" this script does, with the
+  last six ARGV (answer.lua), "c" the same on a cluster once answer_here has checked).
   A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
   another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
   change, so the two cannot part. With KEYS[9] (the snapshot is on), a call that changed the
@@ -260,13 +263,15 @@ local function entry_record_args()
   if ARGV[7] == '' then
     return nil -- no call record and no deadline (a call made in-process)
   end
-  local a = string.find(ARGV[7], '|', 1, true)
-  local b = string.find(ARGV[7], '|', a + 1, true)
-  local c = string.find(ARGV[7], '|', b + 1, true)
-  local tail = string.sub(ARGV[7], c + 1)
-  return tonumber(string.sub(ARGV[7], 1, a - 1)), tonumber(string.sub(ARGV[7], a + 1, b - 1)),
-    string.sub(ARGV[7], b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST),
-    string.sub(tail, -ENTRY_DIGEST)
+  local arg = ARGV[7]
+  local a = string.find(arg, '|', 1, true)
+  local b = string.find(arg, '|', a + 1, true)
+  local c = string.find(arg, '|', b + 1, true)
+  local d = string.find(arg, '|', c + 1, true) or #arg + 1
+  local tail = string.sub(arg, d + 1)
+  return tonumber(string.sub(arg, 1, a - 1)), tonumber(string.sub(arg, a + 1, b - 1)),
+    string.sub(arg, b + 1, c - 1), string.sub(tail, 1, #tail - ENTRY_DIGEST),
+    string.sub(tail, -ENTRY_DIGEST), string.sub(arg, c + 1, d - 1)
 end
 
 local function entry_replayed()
@@ -301,6 +306,8 @@ local function entry_writer(arg)
   return string.sub(arg, z + 1), tp ~= '' and tp
 end
 
+--- @include "answer"
+
 -- The start of every entry script, before it reads the entry: {ST.DUPLICATE, ...} when the
 -- call ran before (or {ST.DEADLINE_EXCEEDED}), else the entry's ctx (entry_ctx, filled for
 -- this call).
@@ -309,11 +316,12 @@ local function entry_start()
   if dup then
     return dup
   end
-  local _, deadline = entry_record_args()
+  local _, deadline, _, _, _, answer = entry_record_args()
   if deadline and tonumber(ARGV[4]) > deadline then
     return {ST.DEADLINE_EXCEEDED}
   end
   local ctx = entry_ctx
+  ctx.answer = (answer == 'a' or answer == 'c') and answer_here(answer == 'c')
   ctx.entry, ctx.keyIndex, ctx.updIndex, ctx.topicIndex = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   ctx.scopes, ctx.ttl, ctx.events = KEYS[5], KEYS[6], KEYS[7]
   ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
@@ -381,13 +389,8 @@ local function entry_finish(reply)
   return reply
 end
 
---[[
-  A bus call answered by its own script (answer.lua): KEYS[9] is then always given (KEYS[8]
-  again with the snapshot off: a name the service's ACL user may use, and no stream of
-  unsaved records), KEYS[10] is the reply list, KEYS[11] the call's stream.
-]]
---- @include "answer"
-
+-- A bus call answered by its own script (answer.lua; entry_ctx.answer, from ARGV[7]): its
+-- result sent, {ST.ANSWERED}.
 local function entry_answer(result)
-  return answer_send(KEYS[10], KEYS[11], result)
+  return answer_send(result)
 end

@@ -1,0 +1,66 @@
+"""Where a `StateClient` on a Redis Cluster sends each call and asks for its reply, so that the
+call's own script can answer it (the fused path, lua/includes/answer.lua): the script writes
+the reply only where its reply list is on the node of the call's state, and acknowledges the
+call's entry where its stream is there too.
+
+So a client keeps one reply list on each primary that holds a partition
+(`keys.reply_list_at`: the list shares the slot of the node's lowest partition), and for a
+call whose body names a scope it picks the list on the node of the scope's partition and,
+with STATEWORKER_BUS_SHARDS > 1, a shard whose stream is on that node (else the documented
+rule, `partition % shards`). The choice follows the client's map: after a failover or a
+resharding it is made again from the new map. A call without a scope takes the first list
+and the rule's shard. Any list and any shard are correct for any call (the service reads every
+shard, answers on any list): the choice only decides whether the script can answer.
+"""
+
+from __future__ import annotations
+
+from stateworker.bus.protocol import Shards
+from stateworker.keys import KeySpace, reply_list_at
+from stateworker.transport.cluster import ClusterConnection
+from stateworker.transport.slots import key_slot
+
+
+class Routes:
+    """One client's reply lists and, per partition, its (stream, reply list) on a cluster."""
+
+    def __init__(self, conn: ClusterConnection, shards: Shards, reply_key: str, prefix: str,
+                 partitions: int) -> None:
+        self.conn = conn
+        self.shards = shards
+        keys = KeySpace(prefix, partitions)
+        self._partition_slots = [key_slot(keys.partition(n).tag) for n in range(partitions)]
+        first_on: dict[str, int] = {}  # a primary -> its lowest partition, by the map now
+        for n, slot in enumerate(self._partition_slots):
+            node = conn.owner(slot)
+            if node is not None:
+                first_on.setdefault(node, n)
+        parts = sorted(first_on.values()) or [0]
+        self.lists = [reply_list_at(reply_key, prefix, n) for n in parts]
+        self._list_slots = [key_slot(name) for name in self.lists]
+        self._stream_slots = [key_slot(stream) for stream in shards.streams]
+        self._by_partition: list[tuple[str, str]] = []
+        self._version = -1  # the map version _by_partition was made from
+
+    def pick(self, partition: int | None, call_id: str) -> tuple[str, str]:
+        """(the call's stream, its reply list)."""
+        if partition is None:
+            return self.shards.stream_at(None, call_id), self.lists[0]
+        if self.conn.version != self._version:
+            self._remap()
+        return self._by_partition[partition]
+
+    def _remap(self) -> None:
+        owner = self.conn.owner
+        list_on = {owner(slot): name for slot, name in
+                   reversed(list(zip(self._list_slots, self.lists, strict=True)))}
+        stream_on = {owner(slot): stream for slot, stream in
+                     reversed(list(zip(self._stream_slots, self.shards.streams, strict=True)))}
+        streams = self.shards.streams
+        routes = []
+        for n, slot in enumerate(self._partition_slots):
+            node = owner(slot)
+            routes.append((stream_on.get(node, streams[n % len(streams)]),
+                           list_on.get(node, self.lists[0])))
+        self._by_partition = routes
+        self._version = self.conn.version
