@@ -233,25 +233,27 @@ class BusRuntime:
             if read and again.failures and not self.replies.unanswered:
                 again.reset()
             sources.advance(read)
-            for stream, entries in read.items():
-                source = sources.by_stream.get(stream)
-                if source is not None and entries:
-                    self._spawn(calls, entries, source)
+            # (every stream's entries of one read in one batch: on a cluster the shards'
+            # calls then share each node's pipeline, one write a node, not one a shard)
+            self._spawn(calls, [(source, entries) for stream, entries in read.items()
+                                if entries and (source := sources.by_stream.get(stream))])
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but no longer than until `stop()`."""
         with anyio.move_on_after(seconds):
             await self._stopping.wait()
 
-    def _spawn(self, calls: TaskGroup, entries: list[Any], source: Source) -> None:
-        live: list[tuple[Ref, list[bytes]]] = []
-        for entry_id, flat in entries:
-            ref = (source.stream, entry_id)
-            if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
-                self.replies.queue(b"", None, ref, None)
-            elif ref not in self._running:  # not one this consumer is still serving
-                live.append((ref, flat))
-                self._running.add(ref)
+    def _spawn(self, calls: TaskGroup, read: list[tuple[Source, list[Any]]]) -> None:
+        """Serve the entries read (of each source), as one batch of plans."""
+        live: list[tuple[Ref, list[bytes], Source]] = []
+        for source, entries in read:
+            for entry_id, flat in entries:
+                ref = (source.stream, entry_id)
+                if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
+                    self.replies.queue(b"", None, ref, None)
+                elif ref not in self._running:  # not one this consumer is still serving
+                    live.append((ref, flat, source))
+                    self._running.add(ref)
         if not live:
             return
         self._in_flight += len(live)
@@ -259,11 +261,11 @@ class BusRuntime:
         if self.batch is not None:
             # Parsed, checked and sent right here: the scripts are on the wire before the
             # next read and before the task that waits for them even starts.
-            ready = self._prepare_batch(live, source)
+            ready = self._prepare_batch(live)
             sent = self.batch.send([plan for _, plan in ready]) if ready else None
-            calls.start_soon(self._serve_batch, ready, sent, [ref for ref, _ in live])
+            calls.start_soon(self._serve_batch, ready, sent, [ref for ref, _, _ in live])
         else:
-            for ref, flat in live:
+            for ref, flat, source in live:
                 calls.start_soon(self._serve, ref, flat, source)
 
     def _finished(self, refs: list[Ref]) -> None:
@@ -273,14 +275,14 @@ class BusRuntime:
         if self._in_flight == 0:
             self._idle.set()
 
-    def _prepare_batch(self, entries: list[tuple[Ref, list[bytes]]], source: Source
+    def _prepare_batch(self, entries: list[tuple[Ref, list[bytes], Source]]
                        ) -> list[tuple[Call, Plan]]:
         """Calls as plans; a malformed or late call is answered (queued) here."""
         assert self.batch is not None
         replies = self.replies
         in_script = self.batch.answers_in_script
         ready: list[tuple[Call, Plan]] = []
-        for ref, flat in entries:
+        for ref, flat, source in entries:
             call, reply_key, call_id, error, msgpack = self._parse(ref, flat, source, in_script)
             if call is None:
                 self._refuse(reply_key, call_id, error, ref, msgpack)
@@ -361,7 +363,7 @@ class BusRuntime:
                 log.info("reclaimed entries of a dead consumer", extra={
                     "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
                     "stream": source.stream})
-                self._spawn(calls, entries, source)
+                self._spawn(calls, [(source, entries)])
             for entry_id in deleted:  # deleted from the stream meanwhile
                 self.replies.queue(b"", None, (source.stream, entry_id), None)
 

@@ -41,7 +41,7 @@ from stateworker.transport.plans import (
     execute_many,
     send_first_step,
 )
-from stateworker.transport.slots import key_slot
+from stateworker.transport.slots import name_slot
 from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
@@ -209,10 +209,10 @@ class RedisState:
         conn = self.conn
         if not isinstance(conn, ClusterConnection):
             return None
-        node = conn.owner(key_slot(self.keys.for_scope(scope).tag))
-        if node is None or conn.owner(key_slot(answer.reply)) != node:
+        node = conn.owner(name_slot(self.keys.for_scope(scope).tag))
+        if node is None or conn.owner(name_slot(answer.reply)) != node:
             return None
-        stream = answer.stream if conn.owner(key_slot(answer.stream)) == node else ""
+        stream = answer.stream if conn.owner(name_slot(answer.stream)) == node else ""
         return msgspec.structs.replace(answer, stream=stream, check=True)
 
     def id_at_home(self, ctx: CallContext, scope: str) -> bool:

@@ -76,6 +76,20 @@ def key_slot(key: Arg) -> int:
     return binascii.crc_hqx(raw, 0) % SLOTS
 
 
+def name_slot(name: Arg) -> int:
+    """`key_slot` of a name that comes again and again (a reply list, a call stream, a
+    partition's tag), looked up whole: one dict lookup where key_slot finds the tag first."""
+    slot = _NAME_SLOTS.get(name)
+    if slot is None:
+        if len(_NAME_SLOTS) >= _TAG_SLOTS_MAX:
+            _NAME_SLOTS.clear()
+        slot = _NAME_SLOTS[name] = key_slot(name)
+    return slot
+
+
+_NAME_SLOTS: dict[Arg, int] = {}
+
+
 def _text_tag(key: Arg) -> str | None:
     """The hash tag of a name given as text (None: bytes, or no tag)."""
     if not isinstance(key, str):
@@ -83,6 +97,15 @@ def _text_tag(key: Arg) -> str | None:
     start = key.find("{")
     end = key.find("}", start + 1) if start >= 0 else -1
     return key[start + 1:end] if end > start + 1 else None
+
+
+def _through_tag(key: Arg) -> str | None:
+    """A text name up to and with its hash tag's "}" (None: bytes, or no tag)."""
+    if not isinstance(key, str):
+        return None
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[:end + 1] if end > start + 1 else None
 
 
 def _word(arg: Arg) -> str:
@@ -185,10 +208,14 @@ def slot_of(args: Sequence[Arg]) -> int | None:
         return None
     first = keys[0]
     slot = key_slot(first)
-    tag = _text_tag(first) if len(keys) > 1 else None
+    if len(keys) == 1:
+        return slot
+    # (a script's keys: text with one tag. A name that begins with the first's text up to its
+    # tag's "}" has that tag: the same slot, not looked at again.)
+    through_tag = _through_tag(first)
     for key in keys[1:]:
-        if tag is not None and _text_tag(key) == tag:  # (a script's keys: one tag, text)
-            continue  # the same tag: the same slot, not hashed again
+        if through_tag is not None and isinstance(key, str) and key.startswith(through_tag):
+            continue
         other = key_slot(key)
         if other != slot:
             shown_key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)

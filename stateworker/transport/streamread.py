@@ -10,7 +10,12 @@ so no entry is left pending unseen. Every reply that came is merged, in the orde
 were named.
 
 Why not one read per slot in turn, or a short BLOCK each: a call on one shard would wait for
-the other shards' BLOCK to run out (latency), or the idle reads would spin (CPU)."""
+the other shards' BLOCK to run out (latency), or the idle reads would spin (CPU).
+
+Under load most reads find entries waiting: so a split read first asks every slot without
+BLOCK, one pipeline (one write per node, on the pipelined connections of `conn`), and blocks
+only when none had any. A busy reader then never blocks nor unblocks (a CLIENT UNBLOCK and a
+wait per read, which cost a service on a 3+3 cluster about a tenth of its CPU per call)."""
 
 from __future__ import annotations
 
@@ -61,6 +66,9 @@ class StreamReader:
 
     async def _split(self, conn: ClusterConnection, head: Sequence[Arg], streams: Sequence[str],
                      ids: Sequence[str], groups: dict[int, list[int]]) -> list[Any] | None:
+        polled = await self._poll(conn, head, streams, ids, groups)
+        if polled is not None:
+            return polled
         tasks = {slot: asyncio.ensure_future(self._read_slot(
             conn, slot, [*head, "STREAMS", *(streams[i] for i in group),
                          *(ids[i] for i in group)])) for slot, group in groups.items()}
@@ -78,7 +86,7 @@ class StreamReader:
                     if not task.done():
                         task.cancel()
                         await self._drop(slot)
-        merged: list[Any] = []
+        found: list[Any] = []
         failure: BaseException | None = None
         for slot, task in tasks.items():
             error = task.exception()
@@ -86,12 +94,23 @@ class StreamReader:
                 failure = failure or error
                 await self._drop(slot)
             elif task.result():
-                merged.extend(task.result())
+                found.append(task.result())
         if failure is not None:  # (an XREADGROUP's entries read meanwhile stay pending)
             raise failure
-        order = {stream: n for n, stream in enumerate(streams)}
-        merged.sort(key=lambda item: order.get(_text(item[0]), 0))
-        return merged or None
+        return _merged(found, streams)
+
+    async def _poll(self, conn: ClusterConnection, head: Sequence[Arg], streams: Sequence[str],
+                    ids: Sequence[str], groups: dict[int, list[int]]) -> list[Any] | None:
+        """The read without BLOCK, every slot in one pipeline: what it found (merged), None
+        when no stream had entries. Raises the first error reply (as a blocked read would)."""
+        at = [i for i, arg in enumerate(head) if isinstance(arg, str) and arg.upper() == "BLOCK"]
+        now = [arg for i, arg in enumerate(head) if not at or i not in (at[0], at[0] + 1)]
+        replies = await conn.pipeline([[*now, "STREAMS", *(streams[i] for i in group),
+                                        *(ids[i] for i in group)] for group in groups.values()])
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise reply
+        return _merged([reply for reply in replies if reply], streams)
 
     async def _read_slot(self, conn: ClusterConnection, slot: int, args: list[Arg]) -> Any:
         try:
@@ -141,6 +160,15 @@ class StreamReader:
         for slot in list(self._lanes):
             await self._drop(slot)
         await self.conn.close()
+
+
+def _merged(replies: list[Any], streams: Sequence[str]) -> list[Any] | None:
+    """The streams of several replies that had entries, in the order `streams` names them;
+    None when none had any."""
+    merged = [item for reply in replies for item in reply]
+    order = {stream: n for n, stream in enumerate(streams)}
+    merged.sort(key=lambda item: order.get(_text(item[0]), 0))
+    return merged or None
 
 
 def _text(name: Any) -> str:

@@ -1,6 +1,7 @@
 """A blocking read of streams in different slots (transport/streamread.py), on one server and
 on the cluster: entries of every stream come back in the order the streams were named, a read
 blocked on several slots returns when ONE of them gets an entry (not when its BLOCK runs out),
+entries already waiting are read without blocking at all,
 and an XREADGROUP whose other reads were ended delivered nothing there: no entry is left
 pending unseen."""
 
@@ -41,6 +42,8 @@ async def test_a_read_over_slots_merges_and_wakes_on_one(url: str, prefix: str) 
             got = await reader.read(head, streams, [">"] * 3)
         assert got is not None
         assert [name.decode() for name, _ in got] == [streams[0], streams[2]]
+        # entries were waiting: found by a read without BLOCK, no read blocked (none to end)
+        assert not reader._lanes
 
         async def add_later() -> None:
             await writer.execute("XADD", streams[1], "*", "n", "1")
