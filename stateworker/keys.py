@@ -319,11 +319,12 @@ def reply_prefix(prefix: str) -> str:
     return f"{prefix}:reply:"
 
 
-def reply_list_at(reply_key: str, prefix: str, partition: int) -> str:
-    """A client's reply list on a Redis Cluster that shares partition `partition`'s slot
-    (`<reply key>:{<prefix>:p<n>}`): one per node, so a call's script can answer it on the
-    node of its state (bus/routes.py)."""
-    return f"{reply_key}:{{{prefix}:p{partition}}}"
+def reply_list_on(reply_key: str, n: int) -> str:
+    """One of a client's reply lists on a Redis Cluster, `<reply key>:{<reply key>:<n>}`: a
+    slot of its own, `n` counted up until that slot is on the node wanted (bus/routes.py).
+    Not a partition's slot: a partition's slot moved (a resharding) never takes a reply list
+    along, whose script could write it on the new node while the old node still held it."""
+    return f"{reply_key}:{{{reply_key}:{n}}}"
 
 
 def stats_key(prefix: str, service: str) -> str:

@@ -3,8 +3,8 @@ call's own script can answer it (the fused path, lua/includes/answer.lua): the s
 the reply only where its reply list is on the node of the call's state, and acknowledges the
 call's entry where its stream is there too.
 
-So a client keeps one reply list on each primary that holds a partition
-(`keys.reply_list_at`: the list shares the slot of the node's lowest partition), and for a
+So a client keeps one reply list on each primary that holds a partition (`keys.reply_list_on`:
+a slot of its own on that node, no partition's), and for a
 call whose body names a scope it picks the list on the node of the scope's partition and,
 with STATEWORKER_BUS_SHARDS > 1, a shard whose stream is on that node (else the documented
 rule, `partition % shards`). The choice follows the client's map: after a failover or a
@@ -16,7 +16,7 @@ shard, answers on any list): the choice only decides whether the script can answ
 from __future__ import annotations
 
 from stateworker.bus.protocol import Shards
-from stateworker.keys import KeySpace, reply_list_at
+from stateworker.keys import KeySpace, reply_list_on
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.slots import key_slot
 
@@ -30,13 +30,10 @@ class Routes:
         self.shards = shards
         keys = KeySpace(prefix, partitions)
         self._partition_slots = [key_slot(keys.partition(n).tag) for n in range(partitions)]
-        first_on: dict[str, int] = {}  # a primary -> its lowest partition, by the map now
-        for n, slot in enumerate(self._partition_slots):
-            node = conn.owner(slot)
-            if node is not None:
-                first_on.setdefault(node, n)
-        parts = sorted(first_on.values()) or [0]
-        self.lists = [reply_list_at(reply_key, prefix, n) for n in parts]
+        nodes = sorted({node for slot in self._partition_slots
+                        if (node := conn.owner(slot)) is not None})  # (by the map now)
+        self.lists = [_list_on(conn, reply_key, node) for node in nodes] or [
+            reply_list_on(reply_key, 0)]
         self._list_slots = [key_slot(name) for name in self.lists]
         self._stream_slots = [key_slot(stream) for stream in shards.streams]
         self._by_partition: list[tuple[str, str]] = []
@@ -64,3 +61,16 @@ class Routes:
                            list_on.get(node, self.lists[0])))
         self._by_partition = routes
         self._version = self.conn.version
+
+
+SEARCH = 10_000  # names tried for a node's reply list (a node serving a third: about 3)
+
+
+def _list_on(conn: ClusterConnection, reply_key: str, node: str) -> str:
+    """A reply list name whose slot `node` serves, by the map now (the first name tried when
+    none is found: it is still a reply list, only not there)."""
+    for n in range(SEARCH):
+        name = reply_list_on(reply_key, n)
+        if conn.owner(key_slot(name)) == node:
+            return name
+    return reply_list_on(reply_key, 0)

@@ -20,7 +20,7 @@ from stateworker import StateClient
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.bus.reply_writer import ReplyWriter
-from stateworker.keys import KeySpace, bus_stream, call_field, reply_list_at
+from stateworker.keys import KeySpace, bus_stream, call_field, reply_list_on
 from stateworker.settings import Settings
 from stateworker.transport.slots import key_slot
 from tests.cluster import RedisCluster
@@ -38,13 +38,20 @@ def _partition_ports(cluster: RedisCluster, prefix: str) -> list[int]:
 
 @pytest.fixture
 def laid_out(redis_cluster: RedisCluster, prefix: str) -> str:
-    """A prefix whose partitions sit on every primary, one of them holding two or more."""
+    """A prefix whose partitions sit on every primary."""
     primaries = {node.port for node in redis_cluster.primaries()}
     for attempt in range(1000):
         ports = _partition_ports(redis_cluster, f"{prefix}{attempt}")
         if set(ports) == primaries:
             return f"{prefix}{attempt}"
     raise AssertionError("no prefix spreads its partitions over every primary")
+
+
+def _list_on(cluster: RedisCluster, prefix: str, port: int) -> str:
+    """A reply list of a new client whose slot the primary on `port` serves."""
+    client = f"{prefix}:reply:{uuid.uuid4().hex}"
+    return next(name for n in range(10_000) if cluster.owner(
+        key_slot(name := reply_list_on(client, n))).port == port)
 
 
 def _scope_in(partition: int) -> str:
@@ -129,13 +136,13 @@ async def test_a_call_whose_reply_list_is_on_its_states_node_is_answered_by_its_
     async with StateService.running(settings, BusOptions(block_ms=50)) as service:
         for partition in range(PARTITIONS):
             scope = _scope_in(partition)
-            here = reply_list_at(f"{laid_out}:reply:{uuid.uuid4().hex}", laid_out, partition)
+            here = _list_on(redis_cluster, laid_out, ports[partition])
             with documents_written(service) as written:
                 await _round(raw, laid_out, here, scope)
             assert written == [], f"partition {partition}: the service wrote replies"
             # a reply list on another node than the state: the service answers
-            other = next(n for n in range(PARTITIONS) if ports[n] != ports[partition])
-            away = reply_list_at(f"{laid_out}:reply:{uuid.uuid4().hex}", laid_out, other)
+            other = next(port for port in ports if port != ports[partition])
+            away = _list_on(redis_cluster, laid_out, other)
             with documents_written(service) as written:
                 await _round(raw, laid_out, away, scope)
             assert len(written) == 4
@@ -151,13 +158,10 @@ async def test_a_reply_list_moved_away_since_the_services_map_is_answered_by_the
     settings = Settings(redis_url=redis_cluster.urls, prefix=laid_out, partitions=PARTITIONS,
                         dispatch=False)
     ports = _partition_ports(redis_cluster, laid_out)
-    shared = next(p for p in range(PARTITIONS) if ports.count(ports[p]) > 1)
-    state_partition = next(n for n in range(PARTITIONS)
-                           if n != shared and ports[n] == ports[shared])
-    scope = _scope_in(state_partition)
-    reply = reply_list_at(f"{laid_out}:reply:{uuid.uuid4().hex}", laid_out, shared)
+    scope = _scope_in(0)
+    home = ports[0]
+    reply = _list_on(redis_cluster, laid_out, home)
     slot = key_slot(reply)
-    home = ports[shared]
     elsewhere = next(node.port for node in redis_cluster.primaries() if node.port != home)
     async with StateService.running(settings, BusOptions(block_ms=50)) as service:
         with documents_written(service) as written:
