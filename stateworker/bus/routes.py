@@ -49,11 +49,13 @@ class Routes:
 
     def _remap(self) -> None:
         owner = self.conn.owner
-        list_on = {owner(slot): name for slot, name in
-                   reversed(list(zip(self._list_slots, self.lists, strict=True)))}
-        stream_on = {owner(slot): stream for slot, stream in
-                     reversed(list(zip(self._stream_slots, self.shards.streams, strict=True)))}
+        list_on: dict[str | None, str] = {}  # a node -> its first list, its first shard
+        for slot, name in zip(self._list_slots, self.lists, strict=True):
+            list_on.setdefault(owner(slot), name)
+        stream_on: dict[str | None, str] = {}
         streams = self.shards.streams
+        for slot, stream in zip(self._stream_slots, streams, strict=True):
+            stream_on.setdefault(owner(slot), stream)
         routes = []
         for n, slot in enumerate(self._partition_slots):
             node = owner(slot)

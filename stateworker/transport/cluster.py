@@ -50,7 +50,6 @@ from stateworker.transport.slots import (
     SLOTS,
     is_broadcast,
     is_for_every_node,
-    name_slot,
     pipeline_slots,
     slot_of,
 )
@@ -209,12 +208,9 @@ class ClusterConnection(RedisConnection):
         primary, no open connection to its node). A reply that says it did not run (MOVED,
         ASK, TRYAGAIN, CLUSTERDOWN) hands it to `_run`, which follows the cluster; a lost
         connection marks the map stale, as `_run` does."""
-        if args[0] == "XADD":  # (a client's call: its stream's name comes again and again)
-            slot: int | None = name_slot(args[1])
-        elif is_broadcast(args):
+        if is_broadcast(args):
             return None
-        else:
-            slot = slot_of(args)
+        slot = slot_of(args)
         address = None if slot is None else self._owner[slot]
         node = None if address is None else self._nodes.get(address)
         sent = None if node is None else node.send_pipeline([args])

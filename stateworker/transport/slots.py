@@ -90,22 +90,25 @@ def name_slot(name: Arg) -> int:
 _NAME_SLOTS: dict[Arg, int] = {}
 
 
-def _text_tag(key: Arg) -> str | None:
-    """The hash tag of a name given as text (None: bytes, or no tag)."""
+def _tag_at(key: Arg) -> tuple[int, int] | None:
+    """Where the hash tag of a name given as text is: its "{" and "}" (None: bytes, no tag)."""
     if not isinstance(key, str):
         return None
     start = key.find("{")
     end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1:end] if end > start + 1 else None
+    return (start, end) if end > start + 1 else None
+
+
+def _text_tag(key: Arg) -> str | None:
+    """The hash tag of a name given as text (None: bytes, or no tag)."""
+    at = _tag_at(key)
+    return None if at is None else str(key)[at[0] + 1:at[1]]
 
 
 def _through_tag(key: Arg) -> str | None:
     """A text name up to and with its hash tag's "}" (None: bytes, or no tag)."""
-    if not isinstance(key, str):
-        return None
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[:end + 1] if end > start + 1 else None
+    at = _tag_at(key)
+    return None if at is None else str(key)[:at[1] + 1]
 
 
 def _word(arg: Arg) -> str:
