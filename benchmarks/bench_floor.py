@@ -103,18 +103,36 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
-async def _alternated(ops: dict[str, tuple[Any, int | None]], seconds: float, rounds: int
-                      ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+async def _alternated(ops: dict[str, tuple[Any, int | None]], seconds: float, rounds: int,
+                      redis_pid: int | None = None
+                      ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
     """Each side's rate and CPU per call at 64 in flight, the sides in alternation each round
-    (a side's pid: the process whose CPU counts; None: none)."""
+    (a side's pid: its serving process, whose CPU is the side's "server"; None: none). Per
+    call, with `redis_pid`: the CPU of this process ("caller": whichever side's client runs,
+    the others idle), of the server and of redis-server ("redis")."""
     rates: dict[str, list[float]] = {name: [] for name in ops}
-    cpus: dict[str, list[float]] = {name: [] for name in ops}
+    cpus: dict[str, dict[str, list[float]]] = {
+        name: {"server": [], "caller": [], "redis": []} for name in ops}
     for _ in range(rounds):
         for name, (op, pid) in ops.items():
-            rate, _, cpu = await timed_cpu(op, 64, seconds, pid)
+            caller, redis = time.process_time(), process_cpu(redis_pid) if redis_pid else 0.0
+            rate, latencies, cpu = await timed_cpu(op, 64, seconds, pid)
+            calls = max(1, len(latencies))
             rates[name].append(rate)
-            cpus[name].append(cpu)
+            cpus[name]["server"].append(cpu)
+            cpus[name]["caller"].append((time.process_time() - caller) / calls)
+            if redis_pid:
+                cpus[name]["redis"].append((process_cpu(redis_pid) - redis) / calls)
     return rates, cpus
+
+
+def _budget(cpus: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Per side, the medians (us per call) of each process's CPU and their sum."""
+    out: dict[str, dict[str, float]] = {}
+    for name, parts in cpus.items():
+        medians = {part: round(_median(values) * 1e6, 1) for part, values in parts.items()}
+        out[name] = {**medians, "total": round(sum(medians.values()), 1)}
+    return out
 
 
 def _median(values: list[float]) -> float:
@@ -146,10 +164,13 @@ async def bus_lines(url: str, socket_path: str, seconds: float, rounds: int) -> 
                    "triggers": (set_op(trig_client), triggered.pid)}
             for op, _ in ops.values():
                 await op(0, 0)  # warm up: scripts loaded, groups made
-            rates, cpus = await _alternated(ops, seconds, rounds)
+            redis_pid = int((await raw.info("server"))["process_id"])
+            rates, cpus = await _alternated(ops, seconds, rounds, redis_pid)
             figures["set_64_ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
-            figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]) * 1e6, 1)
-                                             for name in ("bus", "plain", "triggers")}
+            figures["cpu_us_per_call_64"] = {
+                name: round(_median(cpus[name]["server"]) * 1e6, 1)
+                for name in ("bus", "plain", "triggers")}
+            figures["budget_us_per_call_64"] = _budget(cpus)
 
             # 2: one at a time, interleaved: bus call, raw EVALSHA, bus call ...
             bus_one, raw_one = set_op(client), 0
@@ -445,7 +466,7 @@ async def cluster_lines(seconds: float, rounds: int) -> dict[str, Any]:
                         await op(w, 0)  # warm up: scripts loaded on every primary
                 rates, cpus = await _alternated(ops, seconds, rounds)
             figures["set_64_ops_per_s"] = {name: round(_median(r)) for name, r in rates.items()}
-            figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]) * 1e6, 1)
+            figures["cpu_us_per_call_64"] = {name: round(_median(cpus[name]["server"]) * 1e6, 1)
                                              for name in ("bus", "plain")}
         finally:
             for process in (service, plain):
@@ -497,6 +518,11 @@ async def floor_section(url: str, socket_path: str, seconds: float, rounds: int,
           "plain worker's CPU us/call", "<= 0.5", ".1f")
     _line(out, rows, "4 bus set/s, 10 triggers registered", rate["triggers"], rate["bus"],
           "bus set/s, none (another service)", ">= 0.9")
+    print("1 CPU us per call at 64 in flight, by process (caller: the bench's client; server: "
+          "the service or the plain worker):", file=out)
+    for side, parts in bus["budget_us_per_call_64"].items():
+        print(f"  {side:<9} caller {parts['caller']:>6.1f}  server {parts['server']:>6.1f}  "
+              f"redis {parts['redis']:>6.1f}  total {parts['total']:>6.1f}", file=out)
     latency = bus["handler_latency_10_triggers"]
     _line(out, rows, "4 write -> handler start p99 ms @1000/s", latency["p99_ms"], None,
           f"(p50 {latency['p50_ms']:.3f} ms, {latency['events']}/{latency['of']})",
