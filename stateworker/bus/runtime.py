@@ -263,7 +263,9 @@ class BusRuntime:
             # next read and before the task that waits for them even starts.
             ready = self._prepare_batch(live)
             sent = self.batch.send([plan for _, plan in ready]) if ready else None
-            calls.start_soon(self._serve_batch, ready, sent, [ref for ref, _, _ in live])
+            # (named: anyio otherwise builds the name from the function, per batch)
+            calls.start_soon(self._serve_batch, ready, sent, [ref for ref, _, _ in live],
+                             name="serve batch")
         else:
             for ref, flat, source in live:
                 calls.start_soon(self._serve, ref, flat, source)
