@@ -24,7 +24,16 @@ JSON, MSGPACK = b"json", b"msgpack"
 
 _unpack = msgspec.msgpack.Decoder()
 _pack = msgspec.msgpack.Encoder()
-_from_json = msgspec.json.Decoder()
+
+
+def _float(text: str) -> float | str:
+    """A JSON number with a fraction or exponent, for a msgpack reply: a float, or its text
+    when it is beyond a double's range (`1e999999`, which a value keeps exactly)."""
+    number = float(text)
+    return number if math.isfinite(number) else text
+
+
+_from_json = msgspec.json.Decoder(float_hook=_float)
 _to_json = msgspec.json.Encoder()
 _MSGPACK_INTS = (-(1 << 63), (1 << 64) - 1)
 

@@ -25,9 +25,9 @@ from collections import defaultdict
 import anyio
 
 from stateworker.bus.formats import reply_msgpack
-from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, reply_document
+from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_reply, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
-from stateworker.errors import CallIdReused, StateError, shown
+from stateworker.errors import CallIdReused, InternalError, StateError, shown
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -143,6 +143,10 @@ class ReplyWriter:
                     log.warning("writing replies failed: %s", exc, extra={
                         "event": "bus.flush_failed", "count": len(batch)})
                     self.unanswered = True
+                except Exception:  # a bug costs these replies (read again), not the service
+                    log.exception("writing replies failed", extra={
+                        "event": "bus.flush_crashed", "count": len(batch)})
+                    self.unanswered = True
 
     async def _write(self, batch: list[Outgoing]) -> None:
         by_key: dict[bytes, list[bytes]] = defaultdict(list)
@@ -151,7 +155,7 @@ class ReplyWriter:
             if document is None:
                 continue
             if reply_key:
-                by_key[reply_key].append(reply_msgpack(document) if msgpack else document)
+                by_key[reply_key].append(_msgpack(document) if msgpack else document)
             if record is not None:
                 commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
                                  self.record_ttl_ms or 0])
@@ -174,3 +178,18 @@ class ReplyWriter:
                 "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})
             if any(transient_reason(result) for _, result in failed):
                 self.unanswered = True  # BUSY ...: not acknowledged either: read them again
+
+
+def _msgpack(document: bytes) -> bytes:
+    """A reply document in msgpack; a document that cannot be turned into msgpack (a bug:
+    formats.reply_msgpack takes every JSON reply) costs its call an INTERNAL reply, not the
+    service (its flusher would die with it, and again each time the entry is read)."""
+    try:
+        return reply_msgpack(document)
+    except Exception:
+        log.exception("a reply could not be encoded as msgpack", extra={
+            "event": "call.reply_unencodable"})
+        parsed = parse_reply(document)
+        return reply_msgpack(reply_document(
+            parsed.id if parsed is not None else None, None,
+            InternalError("the reply could not be encoded as msgpack")))

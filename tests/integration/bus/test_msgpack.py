@@ -125,6 +125,22 @@ async def test_a_reply_number_beyond_64_bits_comes_as_its_text(
     assert got["result"] == {"n": str(wide), "m": -5}
 
 
+async def test_a_reply_number_beyond_a_double_comes_as_its_text(
+        service: StateService, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    """A value keeps 1e999999 exactly (JSON); its msgpack reply holds the number's text (no
+    double holds it), and the service goes on serving (it used to die writing that reply)."""
+    _, reply = await send(raw, prefix, "state::set", f'{{"scope":"{scope}","key":"huge",'
+                          '"value":{"big":1e999999,"small":-1E-999999,"f":2.5}}')
+    popped = await raw.blpop([reply], timeout=10)
+    assert popped is not None and b'"ok":true' in popped[1]
+    got = msgspec.msgpack.decode(await packed_call(raw, prefix, "state::get",
+                                                   {"scope": scope, "key": "huge"},
+                                                   call_id=uuid.uuid4().hex))
+    assert got["ok"] is True and got["result"] == {"big": "1e999999", "small": -0.0, "f": 2.5}
+    _, after = await send(raw, prefix, "state::get", {"scope": scope, "key": "other"})
+    assert (await receive(raw, after))["ok"] is True
+
+
 async def test_a_workers_msgpack_call(redis_server: RedisServer, raw: aredis.Redis,
                                       prefix: str) -> None:
     """A user worker sees the JSON body; its caller gets msgpack, and a retry in JSON gets
