@@ -173,6 +173,10 @@ class ReplyWriter:
         failed = [(command, result) for command, result in zip(commands, results, strict=True)
                   if isinstance(result, ReplyError)]  # e.g. a reply key of another type
         if failed:
+            # (a reply list's name holding another type: counted as a refused reply list)
+            self.stats.pending["reply_refused"] += sum(
+                1 for command, result in failed
+                if command[0] == "LPUSH" and str(result).startswith("WRONGTYPE"))
             command, result = failed[0]
             log.warning("reply write failed: %s", result, extra={
                 "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})

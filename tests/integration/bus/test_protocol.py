@@ -181,6 +181,27 @@ async def test_fire_and_forget_and_refused_reply_keys(service: StateService, raw
     await raw.delete(outside_string, outside_list)
 
 
+async def test_a_reply_name_holding_another_type(service: StateService, raw: aredis.Redis,
+                                                 prefix: str, scope: str) -> None:
+    """A key under the reply prefix that is no list (a caller's SET): Redis refuses the reply
+    (WRONGTYPE). The call runs once and is acknowledged (a script's reply: the key left as it
+    is; the service's own, an error: counted as refused); no INTERNAL error, and a retry of
+    the call to a proper list gets its recorded reply."""
+    taken = f"{prefix}:reply:{uuid.uuid4().hex}"
+    await raw.set(taken, "mine")
+    body = {"scope": scope, "key": "typed", "value": 1}
+    await send(raw, prefix, "state::set", body, reply=taken, call_id="typed-1")
+    await drained(raw, prefix)
+    assert await raw.get(taken) == b"mine" and await raw.pttl(taken) == -1
+    await send(raw, prefix, "state::set", {"scope": scope}, reply=taken, call_id="typed-2")
+    await drained(raw, prefix)
+    again = await roundtrip(raw, prefix, "state::set", body, call_id="typed-1")
+    assert again["result"]["version"] == 1 and again["result"]["created"] is True
+    counters = await counters_reach(raw, prefix, "reply_refused", 1)
+    assert counters["reply_refused"] == 1 and "errors:INTERNAL" not in counters
+    await raw.delete(taken)
+
+
 async def test_status_counters_and_acknowledged_stream(service: StateService, raw: aredis.Redis,
                                                        prefix: str, scope: str) -> None:
     for i in range(5):

@@ -34,12 +34,16 @@ local function answer_here(check)
 end
 
 -- Send `result` (the call's result, JSON) on the reply list, acknowledge and delete the call's
--- entry (unless the service does: no stream given); {ST.ANSWERED}, the script's reply.
+-- entry (unless the service does: no stream given); {ST.ANSWERED}, the script's reply. A
+-- reply list's name holding another type (a caller's SET under the reply prefix) refuses the
+-- LPUSH (WRONGTYPE): the reply is dropped and that key left as it is, the call's change and
+-- record stay (a script error here would come after them), and the entry is acknowledged.
 local function answer_send(result)
   local n = #ARGV
   local list, stream = ARGV[n - 5], ARGV[n - 4]
-  redis.call('LPUSH', list, ARGV[n] .. result .. '}')
-  redis.call('PEXPIRE', list, ARGV[n - 3])
+  if type(redis.pcall('LPUSH', list, ARGV[n] .. result .. '}')) == 'number' then
+    redis.call('PEXPIRE', list, ARGV[n - 3])
+  end
   if stream ~= '' then
     redis.call('XACK', stream, ARGV[n - 2], ARGV[n - 1])
     redis.call('XDEL', stream, ARGV[n - 1])
