@@ -54,7 +54,10 @@ def body_json(raw: bytes) -> bytes:
     for a body that is no msgpack, or holds what JSON cannot."""
     try:
         value = _unpack.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except RecursionError as exc:  # (deeper than the decoder goes: past MAX_DEPTH anyway)
+        raise InvalidRequest(f"body: nested more than {MAX_DEPTH} levels deep (the limit is "
+                             f"{MAX_DEPTH})", {"path": "body", "limit": MAX_DEPTH}) from exc
+    except msgspec.DecodeError as exc:
         raise InvalidRequest(f"body: not valid msgpack (fmt msgpack): {exc}",
                              {"path": "body"}) from exc
     _check(value, "body", 0)

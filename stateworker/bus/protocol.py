@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import socket
 import time
 import zlib
@@ -274,9 +275,10 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         call_id = None if raw_id is None else raw_id.decode()
         msgpack = is_msgpack(fields.get(b"fmt"))
         if raw_id is None or not call_id:
-            raise InvalidRequest("id: the call has no `id` field (a unique id per logical call)",
-                                 {"path": "id"})
+            raise InvalidRequest(f"id: the call has {'no' if raw_id is None else 'an empty'} "
+                                 "`id` field (a unique id per logical call)", {"path": "id"})
         fn = _text(fields, b"fn")
+        _limit("fn", fn.encode(), MAX_ID_BYTES)
         body = fields.get(b"body")
         if body is None:
             raise InvalidRequest("body: the call has no `body` field (a JSON object)",
@@ -297,7 +299,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         if isinstance(execution, str):
             _limit("context.execution_id", execution.encode(), MAX_ID_BYTES)
         digest = call_digest(fn, body)
-        named = None if caller is None else caller.decode(errors="replace")
+        named = None if caller is None else _text(fields, b"caller")
         if principal is not None:
             named = _principal_caller(principal, named)
         # (`acl` mode: an id is the principal's own: `<principal>/<id>` for its records and
@@ -347,6 +349,7 @@ def _principal_caller(principal: str, named: str | None) -> str:
 
 MAX_ID_BYTES = 256  # id, caller, context.execution_id (the writer recorded in every event)
 MAX_REPLY_KEY_BYTES = 1024
+MAX_DEADLINE_DIGITS = 18  # deadline_ms: a signed 64-bit integer holds any 18 digits
 
 
 def _limit(field: str, value: bytes | None, limit: int) -> None:
@@ -367,14 +370,18 @@ def _text(fields: dict[bytes, bytes], name: bytes) -> str:
                              {"path": name.decode()}) from exc
 
 
+_DEADLINE = re.compile(rb"-?[0-9]{1,%d}" % MAX_DEADLINE_DIGITS)
+
+
 def _deadline(raw: bytes | None) -> int | None:
     if raw is None or raw == b"":
         return None
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise InvalidRequest("deadline_ms: must be an integer (epoch milliseconds), got "
-                             f"{shown(raw[:40].decode(errors='replace'))}", {"path": "deadline_ms"}) from exc
+    if not _DEADLINE.fullmatch(raw):  # (not int(): it takes "1_000" and " 7 ")
+        raise InvalidRequest(
+            f"deadline_ms: must be an integer of at most {MAX_DEADLINE_DIGITS} digits (epoch "
+            f"milliseconds), got {shown(raw[:40].decode(errors='replace'))}",
+            {"path": "deadline_ms", "limit": MAX_DEADLINE_DIGITS})
+    return int(raw)
 
 
 def parse_context(raw: bytes | None, limit: int, field: str = "context") -> dict[str, Any]:
@@ -385,6 +392,10 @@ def parse_context(raw: bytes | None, limit: int, field: str = "context") -> dict
     if len(raw) > limit:  # checked before parsing: a huge context costs nothing
         raise ValueTooLarge(f"{field} is {len(raw)} bytes, more than the limit of {limit} bytes",
                             {"path": field, "size": len(raw), "limit": limit})
+    try:
+        codec.check_depth(raw)
+    except codec.LimitExceeded as exc:
+        raise InvalidRequest(f"{field}: {exc}", {"path": field, "limit": exc.limit}) from exc
     try:
         context = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:

@@ -30,7 +30,14 @@ pytestmark = pytest.mark.anyio
     ({"context": "[1]"}, "context"),
     ({"context": msgspec.json.encode({"execution_id": "e" * 257})}, "context.execution_id"),
     ({"id": "i" * 257}, "id"),
+    ({"id": ""}, "id"),
     ({"caller": "c" * 257}, "caller"),
+    ({"caller": b"bob\xff"}, "caller"),
+    ({"fn": "state::" + "f" * 250}, "fn"),
+    ({"deadline_ms": "9_999_999_999_999"}, "deadline_ms"),
+    ({"deadline_ms": " 9999999999999 "}, "deadline_ms"),
+    ({"deadline_ms": "9" * 19}, "deadline_ms"),
+    ({"context": "[" * 600 + "]" * 600}, "context"),
 ])
 async def test_an_entry_field_at_fault_is_named_by_details_path(
         service: StateService, raw: aredis.Redis, prefix: str, fields: dict[str, Any],
@@ -43,6 +50,31 @@ async def test_an_entry_field_at_fault_is_named_by_details_path(
     assert error["code"] == "INVALID_REQUEST", error
     assert error["details"]["path"] == path and "field" not in error["details"]
     assert error["message"].startswith(path), error
+    if any(word in error["message"] for word in ("limit", "at most", "deep")):
+        assert "limit" in error["details"] or "size" in error["details"], error
+
+
+async def test_what_an_entry_field_may_hold_names_its_limit(
+        service: StateService, raw: aredis.Redis, prefix: str) -> None:
+    """The limits of `fn`, `deadline_ms`, a nested `context` and an empty `id`, as a caller
+    reads them."""
+    cases: list[tuple[dict[str, Any], str, dict[str, Any]]] = [
+        ({"fn": "x" * 300}, "fn: is 300 bytes, more than the limit of 256 bytes",
+         {"path": "fn", "size": 300, "limit": 256}),
+        ({"deadline_ms": "1_000"}, "deadline_ms: must be an integer of at most 18 digits "
+         '(epoch milliseconds), got "1_000"', {"path": "deadline_ms", "limit": 18}),
+        ({"context": "{\"a\":" * 600 + "1" + "}" * 600}, "context: nested more than 512 "
+         "levels deep (the limit is 512)", {"path": "context", "limit": 512}),
+        ({"id": ""}, "id: the call has an empty `id` field (a unique id per logical call)",
+         {"path": "id"}),
+    ]
+    for fields, message, details in cases:
+        reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+        entry: dict[str, Any] = {"id": uuid.uuid4().hex, "fn": "state::get",
+                                 "body": b'{"scope":"s","key":"k"}', "reply": reply, **fields}
+        await raw.xadd(f"{prefix}:bus:state", entry)
+        error = (await receive(raw, reply))["error"]
+        assert (error["message"], error["details"]) == (message, details), error
 
 
 # ---- unknown fields of every native function ----------------------------------------------------

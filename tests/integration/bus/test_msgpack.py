@@ -85,6 +85,8 @@ async def test_what_msgpack_holds_and_json_does_not_is_refused(
         (b"\xc1", "body: not valid msgpack"),
         (msgspec.msgpack.encode({"scope": scope, "key": "k", "value": deep}),
          "body: nested more than 512 levels deep (the limit is 512)"),
+        # (deeper than the decoder goes: the same limit named, not a recursion error)
+        (b"\x91" * 100_000 + b"\xc0", "body: nested more than 512 levels deep (the limit is 512)"),
     ]
     for body, message in cases:
         document = msgspec.msgpack.decode(await packed_call(raw, prefix, "state::set", body))
