@@ -13,6 +13,7 @@ import base64
 import datetime as dt
 import decimal
 import hashlib
+import math
 import re
 import uuid
 from typing import Any
@@ -312,9 +313,15 @@ VALUE_KEY = "$value"
 
 
 def to_json_tree(value: Any) -> Any:
-    """Python value -> JSON-ready tree, extended types replaced by their tagged objects."""
-    if value is None or isinstance(value, str | bool | int | float | msgspec.Raw):
+    """Python value -> JSON-ready tree, extended types replaced by their tagged objects. NaN
+    and the infinities are refused (JSON has no form for them; the encoder would write null)."""
+    if value is None or isinstance(value, str | bool | int | msgspec.Raw):
         return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        raise InvalidRequest(f"$.value: {value} has no JSON form (a finite number has)",
+                             {"path": "$.value"})
     if isinstance(value, dict):
         return {_key(k): to_json_tree(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -377,6 +384,38 @@ def from_json_tree(tree: Any) -> Any:
 def decode_value(text: bytes | None) -> Any:
     """Stored JSON text (None: missing) -> Python value."""
     return None if text is None else from_json_tree(decode_exact(text))
+
+
+def encode_tree(value: Any) -> bytes:
+    """A Python value (extended types allowed) as JSON text: a request body as sent. Refused
+    (INVALID_REQUEST): what has no JSON form, and nesting deeper than Python's stack, with
+    the values' limit named (the service refuses values deeper than MAX_DEPTH anyway)."""
+    try:
+        return _compact.encode(to_json_tree(value))
+    except RecursionError as exc:
+        raise InvalidRequest(f"$.value: {DEPTH_MESSAGE}", {"path": "$.value",
+                                                          "limit": MAX_DEPTH}) from exc
+
+
+def encode_plain(value: Any) -> bytes:
+    """Plain JSON values (dicts, lists, str, numbers ...) as JSON text, no types tagged; NaN
+    and the infinities refused, as `to_json_tree` does (the encoder writes them as null, so
+    only a text holding a null is looked through)."""
+    text = _compact.encode(value)
+    if b"null" in text:
+        _check_finite(value)
+    return text
+
+
+def _check_finite(value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        to_json_tree(value)  # (raises, naming it)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_finite(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_finite(item)
 
 
 def encode_value(value: Any, field: str, max_bytes: int) -> Value:

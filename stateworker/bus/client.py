@@ -24,7 +24,6 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-import msgspec
 
 from stateworker import codec, tracing
 from stateworker.bus.ids import CallIds, body_partition
@@ -33,7 +32,7 @@ from stateworker.bus.reply_reader import ReplyReader, Waiter
 from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import CallTimeout, Unavailable, error_from, shown
+from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
@@ -43,6 +42,8 @@ from stateworker.transport.embedded import client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import ConnectionLost, ReplyError
+
+MAX_TIMEOUT_S = 366 * 86_400  # a call's timeout, at most (its deadline is epoch ms from it)
 
 
 def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
@@ -301,6 +302,10 @@ class StateClient(TypedCalls):
                     context: Mapping[str, Any] | None, deadline_ms: int | None,
                     partition: int | None) -> bytes:
         wait_s = timeout or self.timeout
+        if not 0 < wait_s <= MAX_TIMEOUT_S:  # (not NaN, not past what a deadline can hold)
+            raise InvalidRequest(f"timeout: must be a positive number of seconds, at most "
+                                 f"{MAX_TIMEOUT_S} s (a year), got {wait_s!r}",
+                                 {"path": "timeout", "limit": MAX_TIMEOUT_S})
         start = time.monotonic()
         end = start + wait_s
         if deadline_ms is None:
@@ -389,8 +394,7 @@ class StateClient(TypedCalls):
 
         Example: `await client.call("orders::create", {"id": 7}, call_id="order-7")`
         """
-        data = body if isinstance(body, bytes | str) else msgspec.json.encode(
-            codec.to_json_tree(body))
+        data = body if isinstance(body, bytes | str) else codec.encode_tree(body)
         return codec.decode_value(await self.call_json(fn, data, **options))
 
     # ---- watches -----------------------------------------------------------------------------

@@ -228,12 +228,14 @@ class StateStore(KeyValueMethods):
 
         Raises:
             TypeError: `body` holds a value msgspec cannot encode as JSON (before the call).
+            InvalidRequest (INVALID_REQUEST): `body` holds NaN or an infinity (before the
+                call: JSON has no form for them).
             StateError: as `call_json` (UNKNOWN_FUNCTION, INVALID_REQUEST, KEY_TOO_LONG,
                 VALUE_TOO_LARGE, CONFLICT, NOT_FOUND, RESERVED_SCOPE, UNAVAILABLE, INTERNAL).
 
         Example: `await store.call("state::get", {"scope": "orders", "key": "o-1"})`
         """
-        data = body if isinstance(body, bytes | str) else msgspec.json.encode(body)
+        data = body if isinstance(body, bytes | str) else codec.encode_plain(body)
         result = await self.call_json(fn, data, caller=caller, context=context)
         return msgspec.json.decode(result)
 
@@ -251,7 +253,7 @@ class StateStore(KeyValueMethods):
 
         Example: `await store.call_python("state::update", {"scope": "s", "key": "k", "ops": []})`
         """
-        data = msgspec.json.encode(codec.to_json_tree(body))
+        data = codec.encode_tree(body)
         return codec.decode_value(await self.call_json(fn, data, caller=caller, context=context))
 
     async def typed(self, spec: Spec, request: msgspec.Struct, *, caller: str | None = None,

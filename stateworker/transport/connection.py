@@ -56,11 +56,21 @@ def shown_url(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    """Raise ConfigError (one line) for a URL this connection cannot open."""
-    scheme = urllib.parse.urlparse(url).scheme
-    if scheme not in (*SUPPORTED_SCHEMES, ""):
-        raise ConfigError(f"unsupported Redis URL scheme {shown(scheme)} in {shown(shown_url(url))}: use "
-                          "redis://host:port/db or unix:///path/to/redis.sock")
+    """Raise ConfigError (one line) for a URL this connection cannot open (each of a Redis
+    Cluster's seeds, comma-separated)."""
+    for seed in url.split(","):
+        parsed = urllib.parse.urlparse(seed)
+        if parsed.scheme not in (*SUPPORTED_SCHEMES, ""):
+            raise ConfigError(f"unsupported Redis URL scheme {shown(parsed.scheme)} in "
+                              f"{shown(shown_url(seed))}: use redis://host:port/db or "
+                              "unix:///path/to/redis.sock")
+        if parsed.scheme == "unix":
+            continue
+        try:
+            parsed.port  # noqa: B018 - (urllib checks the port when it is read)
+            (parsed.hostname or "").encode("idna")
+        except (ValueError, UnicodeError) as exc:
+            raise ConfigError(f"Redis URL {shown(shown_url(seed))}: {exc}") from None
 
 
 def url_user(url: str) -> str | None:

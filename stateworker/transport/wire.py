@@ -138,7 +138,13 @@ class RespProtocol(asyncio.Protocol):
         self.reader.feed(data)
         waiting = self.waiting
         while True:
-            reply = self.reader.gets()
+            try:
+                reply = self.reader.gets()
+            except hiredis.ProtocolError as exc:  # not Redis at the other end (an HTTP server)
+                self.fail(ConnectionLost(f"{self.url} does not speak the Redis protocol: {exc}"))
+                if self.transport is not None:
+                    self.transport.abort()
+                return
             if reply is False:
                 if not waiting:  # nothing in flight: no blocking command to make room for
                     self.quiet_until = 0.0

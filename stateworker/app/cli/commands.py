@@ -84,6 +84,11 @@ async def restore_all(settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     tree = parser.build()
+    given = sys.argv[1:] if argv is None else argv
+    for at, arg in enumerate(given, 1):
+        if not _utf8(arg):  # (bytes that are no UTF-8 come as lone surrogates: argv's decoding)
+            tree.error(f"argument {at} is not valid UTF-8 text: "
+                       f"{arg.encode('utf-8', 'surrogateescape')[:60]!r}")
     args = tree.parse_args(argv)
     if args.command == "completion":
         print(script(tree, args.shell), end="")
@@ -97,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"stateworker: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from stateworker.bus.client import MAX_TIMEOUT_S
 from stateworker.errors import StateError, shown
 from stateworker.settings import Settings
 
@@ -40,8 +41,9 @@ def seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {shown(text)}")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, at most "
+                                         f"{MAX_TIMEOUT_S} s (a year), got {shown(text)}")
     return value
 
 

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aredis
 from anyio.abc import TaskStatus
 
-from stateworker import Conflict, StateError
+from stateworker import Conflict, StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import Bus, BusOptions, Call
@@ -63,6 +63,33 @@ async def test_client_typed_helpers(service: StateService, redis_server: RedisSe
         exact = await client.call_json("state::get", msgspec.json.encode(
             {"scope": scope, "key": "k"}))
         assert exact == b'{"price":{"$type":"decimal","$value":"1.20"}}'
+
+
+async def test_what_json_cannot_hold_is_refused_not_changed(
+        client: StateClient, store: StateStore, scope: str) -> None:
+    """NaN and the infinities have no JSON form: refused before sending (the JSON encoder
+    would have written null: a value changed without a word), as a value nested deeper than
+    Python's stack is, naming the values' limit; in process the same."""
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    for value in (float("nan"), float("inf"), [1, {"x": float("-inf")}]):
+        for caller in (client, store):
+            with pytest.raises(InvalidRequest, match="has no JSON form"):
+                await caller.call("state::set", {"scope": scope, "key": "f", "value": value})
+            with pytest.raises(InvalidRequest, match="has no JSON form"):
+                await caller.set(scope, "f", value)
+    with pytest.raises(InvalidRequest) as deeper:
+        await client.call("state::set", {"scope": scope, "key": "f", "value": deep})
+    assert deeper.value.details == {"path": "$.value", "limit": 512}
+    assert await client.get(scope, "f") is None  # nothing was written
+
+
+async def test_a_timeout_no_deadline_holds_is_refused(client: StateClient, scope: str) -> None:
+    for timeout in (1e308, float("nan"), -1.0):
+        with pytest.raises(InvalidRequest) as refused:
+            await client.call("state::get", {"scope": scope, "key": "k"}, timeout=timeout)
+        assert refused.value.details == {"path": "timeout", "limit": 366 * 86_400}
 
 
 async def test_a_closed_client_refuses_calls(service: StateService, redis_server: RedisServer,

@@ -164,3 +164,20 @@ def test_completion_scripts_are_generated_and_bash_completes_a_subcommand(
     assert complete("stateworker", "ls", "orders", "--output", "") == ["json", "table"]
     assert complete("stateworker", "completion", "z") == ["zsh"]
     assert "--progress" in complete("stateworker", "watch", "--pro")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([b"put", b"orders", b"\xff", b"1"], "argument 3 is not valid UTF-8 text"),
+    ([b"--redis-url", b"redis://127.0.0.1:99999/0", b"get", b"orders", b"k"],
+     "Port out of range 0-65535"),
+    ([b"--redis-url", b"redis://\xff/0", b"status"], "argument 2 is not valid UTF-8 text"),
+    ([b"get", b"--timeout", b"1e308", b"orders", b"k"], "at most 31622400 s (a year)"),
+])
+def test_bad_usage_is_one_line_and_status_2(args: list[bytes], says: str) -> None:
+    """What argv can hold that no command takes (bytes that are no UTF-8, a port past 65535,
+    a timeout no deadline holds): exit status 2 and one line naming it, no traceback."""
+    done = subprocess.run([sys.executable.encode(), b"-m", b"stateworker", *args],
+                          capture_output=True, timeout=60, check=False)
+    error = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, error
+    assert says in error and "Traceback" not in error, error

@@ -284,3 +284,27 @@ async def test_bus_with_a_read_timeout_below_its_blocking_waits(
             await client.set(scope, "k", 2)
             assert await client.get(scope, "k") == 2
         assert await connections_received(raw) == before
+
+
+async def http(stream: SocketStream) -> None:
+    """Answer whatever comes as an HTTP server would (not Redis)."""
+    async with stream:
+        with suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            await stream.receive()
+            await stream.send(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            await stream.receive()
+
+
+async def test_a_server_that_is_not_redis_is_named_not_a_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A reply that is no RESP (an HTTP server at the URL): ConnectionLost saying so, at once,
+    and no traceback from the event loop's transport ("Fatal error on transport")."""
+    async with serving(http) as port:
+        conn = RedisConnection(f"redis://127.0.0.1:{port}/0", connect_timeout_s=TIMEOUT_S,
+                               read_timeout_s=TIMEOUT_S)
+        try:
+            with pytest.raises(ConnectionLost, match="does not speak the Redis protocol"):
+                await conn.execute("PING")
+        finally:
+            await conn.close()
+    assert not [r for r in caplog.records if "Fatal error" in r.getMessage()], caplog.text
