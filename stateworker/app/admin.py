@@ -19,7 +19,7 @@ import msgspec
 
 from stateworker.app.output import add_output, table, wants_table
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import NotFound, StateError, shown
+from stateworker.errors import ConfigError, NotFound, StateError, Unavailable, shown
 from stateworker.keys import principal_own_streams_pattern
 from stateworker.settings import Settings
 from stateworker.state import lifecycle
@@ -27,6 +27,8 @@ from stateworker.state import principals as p
 from stateworker.state.grants import BUILTIN, FAMILIES
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
+from stateworker.transport.connection import shown_url
+from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 DRAIN_TIMEOUT_S = 60.0
@@ -102,15 +104,24 @@ def _verb(verbs: Any, name: str, summary: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _failed(error: StateError) -> int:
+    print(msgspec.json.encode(error.to_dict()).decode(), file=sys.stderr)
+    return 1
+
+
 async def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     """Run one `principal` / `role` verb; its exit status."""
     verb = VERBS[(args.command, args.verb)]
     try:
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
             result = await verb(state, args)
+    except ConfigError as exc:
+        if not isinstance(exc.__cause__, ConnectionLost):
+            raise
+        # no Redis: UNAVAILABLE, status 1, as every other command says it (not a usage error)
+        return _failed(Unavailable(str(exc), {"redis": shown_url(client_url(settings))}))
     except StateError as exc:
-        print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr)
-        return 1
+        return _failed(exc)
     except (ReplyError, ConnectionLost) as exc:  # NOPERM: the URL's user may not manage users
         print(f"stateworker: Redis refused {args.command} {args.verb}: {exc} (the operator's "
               "user needs ACL SETUSER, DELUSER, GETUSER)", file=sys.stderr)

@@ -146,9 +146,11 @@ async def run_ls(args: argparse.Namespace) -> int:
     rows = [[e.key, e.version, e.updated_at, e.topic]
             + ([_value(e.value)] if args.values else []) for e in page.entries]
     print(table(headers, rows))
-    if isinstance(page.next_after, str):
-        more = shlex.join(["stateworker", "ls", args.scope, "--after", page.next_after])
-        print(f"(more: {more})")
+    if isinstance(page.next_after, str):  # (the same listing's next page: its options kept)
+        more = ["stateworker", "ls", args.scope, *(["--prefix", args.prefix] if args.prefix
+                                                   is not None else []),
+                "--limit", str(args.limit), *(["--values"] if args.values else [])]
+        print(f"(more: {shlex.join([*more, '--after', page.next_after])})")
     return EXIT_OK
 
 

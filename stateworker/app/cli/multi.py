@@ -103,7 +103,7 @@ async def run_query(args: argparse.Namespace) -> int:
             for e in page["entries"]]
     print(table(["KEY", "VERSION", "UPDATED", "VALUE"], rows))
     if page.get("next_after"):
-        more = ["stateworker", "query", args.scope]
+        more = ["stateworker", "query", args.scope, "--limit", str(args.limit)]
         for text in args.where:
             more += ["--where", text]
         print(f"(more: {shlex.join([*more, '--after', page['next_after']])})")

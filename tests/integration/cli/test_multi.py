@@ -80,5 +80,7 @@ async def test_query_prints_the_matching_entries_and_the_next_page(
     assert lines[0].split() == ["KEY", "VERSION", "UPDATED", "VALUE"]
     assert [line.split()[0] for line in lines[1:3]] == ["o-0", "o-1"]
     assert lines[-1].startswith("(more: stateworker query ") and "--after" in lines[-1]
+    more = lines[-1].removeprefix("(more: ").removesuffix(")")
+    assert "--limit 2 " in more and "--where '/total exists'" in more, more
     bad = await cli(redis_server, prefix, "query", scope, "--where", "/status is open")
     assert bad.returncode == 2 and "OP one of eq" in bad.stderr and bad.stdout == ""

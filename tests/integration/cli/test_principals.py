@@ -17,7 +17,7 @@ import redis
 
 from stateworker.keys import KeySpace, principal_stream
 from tests.integration.services import run_cli
-from tests.servers import RedisServer
+from tests.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +162,12 @@ def test_admin_help_names_the_families_and_the_built_in_roles(redis_server: Redi
     for text in ("read", "write", "triggers", "claims", "admin", "reader", "writer",
                  "--read-only"):
         assert text in shown.stdout, text
+
+
+@pytest.mark.parametrize("command", [["principal", "list"], ["role", "list"]])
+def test_no_redis_is_unavailable_as_for_every_command(command: list[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "stateworker", "--redis-url", url, *command],
+                          capture_output=True, text=True, timeout=60, check=False)
+    error = refused(done, "UNAVAILABLE")
+    assert "Connection refused" in error["message"] and error["details"] == {"redis": url}

@@ -92,9 +92,16 @@ async def test_ls_pages_with_limit_and_after(service: StateService, client: Stat
     assert lines[0].split() == ["KEY", "VERSION", "UPDATED", "TOPIC"]
     assert [line.split()[0] for line in lines[1:4]] == ["a-1", "a-2", "a-3"]
     more = lines[4].removeprefix("(more: ").removesuffix(")").split()
-    assert more[:4] == ["stateworker", "ls", scope, "--after"], lines[4]
+    assert more[:6] == ["stateworker", "ls", scope, "--limit", "3", "--after"], lines[4]
     last = await cli(redis_server, prefix, *more[1:])  # the command it prints, as printed
     assert [e["key"] for e in msgspec.json.decode(last.stdout)["entries"]] == ["b-1"]
+    # the next page of a filtered listing is the same listing's: prefix, limit, values kept
+    table = await cli(redis_server, prefix, "ls", scope, "--prefix", "a-", "--limit", "1",
+                      "--values", "-o", "table")
+    more = table.stdout.splitlines()[-1].removeprefix("(more: ").removesuffix(")").split()
+    after = await cli(redis_server, prefix, *more[1:])
+    assert [(e["key"], e["value"]) for e in msgspec.json.decode(after.stdout)["entries"]] == [
+        ("a-2", "a-2")]
     bad = await cli(redis_server, prefix, "ls", scope, "--limit", "0")
     assert bad.returncode == 2 and "--limit" in bad.stderr and "got \"0\"" in bad.stderr
 
