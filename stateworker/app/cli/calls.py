@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from stateworker import codec
 from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE, print_error, settings_of
 from stateworker.app.output import cell, table, wants_table
 from stateworker.bus.client import StateClient
@@ -103,8 +104,11 @@ def read_value(text: str) -> bytes | None:
         msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         where = "stdin" if text == "-" else "VALUE"
+        # (the decoder's words for these two mislead: "Input data was truncated")
+        lone = codec.surrogate_error(data, where) if data.strip() else None
+        reason = "it is empty" if not data.strip() else lone.message if lone else str(exc)
         print(f"stateworker put: {where} must be one JSON value (a string is quoted: "
-              f"'\"text\"'), got {shown(data.decode(errors='replace')[:200])}: {exc}",
+              f"'\"text\"'), got {shown(data.decode(errors='replace')[:200])}: {reason}",
               file=sys.stderr)
         return None
     return data.strip()

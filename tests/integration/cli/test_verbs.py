@@ -70,6 +70,11 @@ async def test_put_of_text_that_is_not_json_exits_2_and_sends_nothing(
         assert done.stderr.count("\n") == 1, done.stderr
         assert f"{where} must be one JSON value" in done.stderr
         assert '"hello"' in done.stderr or '"{oops"' in done.stderr  # the value, as JSON text
+    for value, stdin, reason in (('"\\ud800"', None, "holds a lone UTF-16 surrogate"),
+                                 ("", None, "it is empty"), ("-", "", "it is empty")):
+        done = await cli(redis_server, prefix, "put", scope, "k", value, stdin=stdin)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert reason in done.stderr and "truncated" not in done.stderr, done.stderr
     assert await client.get(scope, "k") is None
 
 
