@@ -11,6 +11,7 @@ import msgspec
 
 from stateworker.bus.client import MAX_TIMEOUT_S
 from stateworker.errors import StateError, shown
+from stateworker.keys import MAX_SERVICE_BYTES, bus_name_problem
 from stateworker.settings import Settings
 
 # The exit statuses every command shares; each epilog says what 1 means for its command.
@@ -68,6 +69,10 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def service_name(text: str) -> str:
-    if not text or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"must be a service name without spaces, got {shown(text)}")
+    """A service's name, by the bus's rules (keys.bus_name_problem, at most MAX_SERVICE_BYTES)."""
+    problem = "is empty" if not text else bus_name_problem(text)
+    if problem is None and len(text.encode()) > MAX_SERVICE_BYTES:
+        problem = f"is {len(text.encode())} bytes, more than the limit of {MAX_SERVICE_BYTES}"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"a service name {problem}, got {shown(text)}")
     return text

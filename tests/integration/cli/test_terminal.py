@@ -172,6 +172,8 @@ def test_completion_scripts_are_generated_and_bash_completes_a_subcommand(
      "Port out of range 0-65535"),
     ([b"--redis-url", b"redis://\xff/0", b"status"], "argument 2 is not valid UTF-8 text"),
     ([b"get", b"--timeout", b"1e308", b"orders", b"k"], "at most 31622400 s (a year)"),
+    ([b"call", b"--service", b"a/b", b"x::y"], "a service name contains '/'"),
+    ([b"call", b"--service", b"s" * 65, b"x::y"], "is 65 bytes, more than the limit of 64"),
 ])
 def test_bad_usage_is_one_line_and_status_2(args: list[bytes], says: str) -> None:
     """What argv can hold that no command takes (bytes that are no UTF-8, a port past 65535,
