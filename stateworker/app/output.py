@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,12 +24,25 @@ def wants_table(args: argparse.Namespace) -> bool:
     return sys.stdout.isatty()
 
 
+# Control characters in a cell, escaped: a key holding a newline or a tab stays on its row.
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F)} | {
+    0x0A: "\\n", 0x09: "\\t", 0x0D: "\\r"}
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes on a terminal: wide (CJK, most emoji) 2, combining marks 0."""
+    return sum(0 if unicodedata.combining(char) else
+               2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns aligned to their widest cell, headers first; a cell None shows as `-`."""
-    cells = [list(headers)] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in cells)
+    """Columns aligned to their widest cell (as a terminal shows it), headers first; a cell
+    None shows as `-`, control characters escaped (`\\n`)."""
+    cells = [list(headers)] + [["-" if c is None else str(c).translate(_CONTROL) for c in row]
+                               for row in rows]
+    widths = [max(_width(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c + " " * (w - _width(c)) for c, w in zip(row, widths, strict=True)
+                               ).rstrip() for row in cells)
 
 
 def cell(value: Any) -> str:
