@@ -66,6 +66,9 @@ def check_url(url: str) -> None:
                               "unix:///path/to/redis.sock")
         if parsed.scheme == "unix":
             continue
+        if not parsed.scheme and not parsed.netloc:  # ("notaurl": no host, no scheme)
+            raise ConfigError(f"{shown(shown_url(seed))} is not a Redis URL: use "
+                              "redis://host:port/db or unix:///path/to/redis.sock")
         try:
             parsed.port  # noqa: B018 - (urllib checks the port when it is read)
             (parsed.hostname or "").encode("idna")

@@ -173,6 +173,7 @@ def test_completion_scripts_are_generated_and_bash_completes_a_subcommand(
     ([b"--redis-url", b"redis://\xff/0", b"status"], "argument 2 is not valid UTF-8 text"),
     ([b"get", b"--timeout", b"1e308", b"orders", b"k"], "at most 31622400 s (a year)"),
     ([b"call", b"--service", b"a/b", b"x::y"], "a service name contains '/'"),
+    ([b"--redis-url", b"notaurl", b"get", b"orders", b"k"], '"notaurl" is not a Redis URL'),
     ([b"call", b"--service", b"s" * 65, b"x::y"], "is 65 bytes, more than the limit of 64"),
 ])
 def test_bad_usage_is_one_line_and_status_2(args: list[bytes], says: str) -> None:
