@@ -2,7 +2,6 @@
 
 from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
-from stateworker.codec import ABSENT
 from stateworker.engines.catalog import CATALOG, SPECS
 from stateworker.engines.moco.rules import ReservedNamespaceError
 from stateworker.errors import (
@@ -23,6 +22,7 @@ from stateworker.errors import (
     ValueTooLarge,
 )
 from stateworker.events.model import Bookmark, Event
+from stateworker.pyvalues import ABSENT
 from stateworker.settings import Settings
 from stateworker.specs import NATIVE
 from stateworker.state.access import Access

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 import msgspec
 
 from stateworker import schemas as s
-from stateworker.codec import ABSENT
 from stateworker.errors import ERROR_CLASSES
+from stateworker.pyvalues import ABSENT
 
 
 @dataclass(frozen=True, slots=True)

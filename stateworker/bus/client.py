@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from stateworker import codec, tracing
+from stateworker import pyvalues, tracing
 from stateworker.bus.ids import CallIds, body_partition
 from stateworker.bus.protocol import call_entry, caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
@@ -394,8 +394,8 @@ class StateClient(TypedCalls):
 
         Example: `await client.call("orders::create", {"id": 7}, call_id="order-7")`
         """
-        data = body if isinstance(body, bytes | str) else codec.encode_tree(body)
-        return codec.decode_value(await self.call_json(fn, data, **options))
+        data = body if isinstance(body, bytes | str) else pyvalues.encode_tree(body)
+        return pyvalues.decode_value(await self.call_json(fn, data, **options))
 
     # ---- watches -----------------------------------------------------------------------------
     def watch(self, scope: str | None = None, key: str | None = None,

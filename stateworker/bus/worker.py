@@ -36,7 +36,7 @@ import msgspec
 from anyio.abc import TaskStatus
 from opentelemetry.trace import SpanKind
 
-from stateworker import codec, logs, tracing
+from stateworker import codec, logs, pyvalues, tracing
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.bus.runtime import BusRuntime
 from stateworker.errors import (
@@ -175,7 +175,7 @@ class Worker:
             raise UnknownFunction(f"fn: unknown function {shown(call.fn)}; service {shown(self.service)} "
                                   f"serves {', '.join(sorted(self.functions))}", {"fn": call.fn})
         try:
-            body = codec.decode_value(call.body)
+            body = pyvalues.decode_value(call.body)
         except ValueError as exc:
             raise codec.surrogate_error(call.body, "$") or InvalidRequest(
                 f"$: the request body is not valid JSON: {exc}", {"path": "$"}) from exc
@@ -193,7 +193,7 @@ class Worker:
                     f"{call.fn} ran longer than its timeout of {timeout} s and was cancelled; "
                     "effects it made before that stay", {"fn": call.fn, "timeout_s": timeout})
         try:
-            return msgspec.json.encode(codec.to_json_tree(result))
+            return msgspec.json.encode(pyvalues.to_json_tree(result))
         except (InvalidRequest, TypeError, ValueError, OverflowError, RecursionError) as exc:
             # The function's own result: the service's fault, not the caller's request.
             raise InternalError(f"{call.fn} returned a result that cannot be sent as JSON: "

@@ -1,7 +1,7 @@
 """`StateStore`: the async Python API, typed methods plus `call(fn, body)` as the bus runs it.
 
 Typed methods take and return Python values; datetime, date, time, Decimal, UUID and bytes
-travel as tagged JSON objects (codec.py) and come back as their types. `call` and `call_json`
+travel as tagged JSON objects (pyvalues.py) and come back as their types. `call` and `call_json`
 take and return plain JSON exactly as the bus does.
 
 Here: opening a store, namespaces, barriers, events, the reaper and `call` / `call_json`. The
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from stateworker import codec, specs
+from stateworker import pyvalues, specs
 from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.events.model import Event
 from stateworker.events.reader import scope_events
@@ -138,8 +138,8 @@ class StateStore(KeyValueMethods):
         Example: `await store.barrier({"key": "shard-1", "rows": 10}, {"id": "load-7", "expect": 3})`
         """
         config = parse_condition(self.settings, msgspec.json.encode(
-            codec.to_json_tree(dict(condition_config))))
-        body = msgspec.json.encode(codec.to_json_tree(event))
+            pyvalues.to_json_tree(dict(condition_config))))
+        body = msgspec.json.encode(pyvalues.to_json_tree(event))
         result = await self.state.execute(barrier_plan(self.state, body, config, token))
         return results.barrier_outcome(result)
 
@@ -235,7 +235,7 @@ class StateStore(KeyValueMethods):
 
         Example: `await store.call("state::get", {"scope": "orders", "key": "o-1"})`
         """
-        data = body if isinstance(body, bytes | str) else codec.encode_plain(body)
+        data = body if isinstance(body, bytes | str) else pyvalues.encode_plain(body)
         result = await self.call_json(fn, data, caller=caller, context=context)
         return msgspec.json.decode(result)
 
@@ -253,8 +253,8 @@ class StateStore(KeyValueMethods):
 
         Example: `await store.call_python("state::update", {"scope": "s", "key": "k", "ops": []})`
         """
-        data = codec.encode_tree(body)
-        return codec.decode_value(await self.call_json(fn, data, caller=caller, context=context))
+        data = pyvalues.encode_tree(body)
+        return pyvalues.decode_value(await self.call_json(fn, data, caller=caller, context=context))
 
     async def typed(self, spec: Spec, request: msgspec.Struct, *, caller: str | None = None,
                     context: Mapping[str, Any] | None = None) -> Any:

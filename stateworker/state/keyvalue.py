@@ -14,9 +14,9 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from stateworker import codec, specs
-from stateworker.codec import ABSENT
+from stateworker import codec, pyvalues, specs
 from stateworker.context import NO_CONTEXT, CallContext
+from stateworker.pyvalues import ABSENT
 from stateworker.schemas import (
     CompareAndSetRequest,
     DeleteRequest,
@@ -50,7 +50,7 @@ class KeyValueMethods:
     settings: Settings
 
     def _value(self, value: Any, field: str = "value") -> codec.Value:
-        return codec.encode_value(value, field, self.settings.max_value_bytes)
+        return pyvalues.encode_value(value, field, self.settings.max_value_bytes)
 
     @with_raises(specs.GET, STORE)
     async def get(self, scope: str, key: str) -> Any:

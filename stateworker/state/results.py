@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from stateworker import codec
+from stateworker import pyvalues
 from stateworker.schemas import BarrierDecision, EntryResult, SetResult, SwapResult
 
 
@@ -70,7 +70,7 @@ class BarrierOutcome(msgspec.Struct, frozen=True):
 
 def py_value(raw: msgspec.Raw) -> Any:
     """A stored value's JSON as its Python value (tagged types converted back)."""
-    return codec.decode_value(bytes(raw))
+    return pyvalues.decode_value(bytes(raw))
 
 
 def set_outcome(result: SetResult) -> SetOutcome:

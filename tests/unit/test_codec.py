@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateworker import clock, codec
+from stateworker import clock, codec, pyvalues
 from stateworker.errors import InvalidRequest, ValueTooLarge
 from tests.jsontext import Obj, deep, exact_load, json_trees, reference_canonical, to_text
 
@@ -94,8 +94,8 @@ typed_values = st.one_of(
 @settings(max_examples=200)
 @given(typed_values)
 def test_extended_types_round_trip(value: Any) -> None:
-    stored = codec.encode_value({"v": [value]}, "value", 10**6)
-    back = codec.decode_value(stored.json)["v"][0]
+    stored = pyvalues.encode_value({"v": [value]}, "value", 10**6)
+    back = pyvalues.decode_value(stored.json)["v"][0]
     assert type(back) is type(value)
     if isinstance(value, dt.datetime | dt.time) and value.tzinfo is not None:
         # The tag keeps the UTC offset, not a named zone: wall time and offset come back
@@ -111,7 +111,7 @@ def test_extended_types_round_trip(value: Any) -> None:
 
 
 def test_tag_format_is_documented_shape() -> None:
-    stored = codec.encode_value(
+    stored = pyvalues.encode_value(
         [dt.datetime(2026, 11, 29, 15, 4, 5, 123000, tzinfo=dt.UTC), decimal.Decimal("1.2300"),
          uuid.UUID(int=1), b"\x00\xff"], "value", 10**6)
     assert stored.json == (
