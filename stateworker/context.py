@@ -39,7 +39,7 @@ class CallContext(Struct, frozen=True, kw_only=True):
     context: dict[str, Any] = msgspec.field(default_factory=dict)
     call_id: str | None = None  # a bus call's id: its reply is recorded with its change
     deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
-    call_digest: str | None = None  # SHA-1 hex of fn + canonical body (bus.protocol.call_digest)
+    call_digest: str | None = None  # SHA-1 hex of fn + canonical body (bus.entries.call_digest)
     # Set for a call to a private namespace's accessor (`<prefix>::state::get` ...): its
     # functions prefix. Its scope must be one the namespace claimed (state/validate.py).
     namespace: str | None = None

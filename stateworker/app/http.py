@@ -47,7 +47,8 @@ from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
-from stateworker.bus.protocol import call_digest, parse_context, reply_document
+from stateworker.bus.entries import MAX_ID_BYTES, call_digest, parse_context
+from stateworker.bus.protocol import reply_document
 from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
 from stateworker.engines.catalog import CATALOG
@@ -67,7 +68,6 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.http")
 
 JSON = "application/json"
-MAX_ID_BYTES = 256  # as a bus call's id (bus/protocol.py)
 CONTEXT_HEADER = "x-stateworker-context"
 # In `acl` mode /metrics is for a principal with a read role on `*` (a scraper's own): its
 # labels name every stream and partition, as listing every scope would.

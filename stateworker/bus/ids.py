@@ -55,7 +55,7 @@ class CallIds:
         self.keys = keys
         self._prefix = uuid.uuid4().hex[:16]
         self._count = itertools.count()
-        self._owner = "" if principal is None else f"{principal}/"  # (bus/protocol.parse_entry)
+        self._owner = "" if principal is None else f"{principal}/"  # (bus/entries.parse_entry)
         self._spare: dict[int, list[str]] = {}
 
     def new(self, partition: int | None = None) -> str:

@@ -26,13 +26,13 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker import tracing
+from stateworker.bus.entries import Parsed
 from stateworker.bus.protocol import (
     BatchHandler,
     Bus,
     BusOptions,
     Call,
     Handler,
-    Parsed,
     Ref,
     default_consumer,
 )

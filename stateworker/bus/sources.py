@@ -22,7 +22,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from stateworker.bus.protocol import Bus, BusOptions, Parsed, Ref, parse_entry
+from stateworker.bus.entries import Parsed, parse_entry
+from stateworker.bus.protocol import Bus, BusOptions, Ref
 from stateworker.errors import InvalidRequest, PermissionDenied, shown
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.transport.connection import RedisConnection

@@ -1,7 +1,7 @@
-"""The bus protocol's call entry and reply document, written and read by bus/protocol.py only:
-the bytes are the contract of docs/bus-protocol.md (and the README's "The bus protocol (any
-language)"), which programs in other languages write and read, so they are compared byte for
-byte here."""
+"""The bus protocol's call entry and reply document, written and read by bus/protocol.py and
+bus/entries.py only: the bytes are the contract of docs/bus-protocol.md (and the README's "The
+bus protocol (any language)"), which programs in other languages write and read, so they are
+compared byte for byte here."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import hashlib
 import hiredis
 import msgspec
 
-from stateworker.bus.protocol import (
-    BusOptions,
-    call_digest,
-    call_entry,
-    parse_entry,
-    parse_reply,
-    reply_document,
-)
+from stateworker.bus.entries import call_digest, parse_entry
+from stateworker.bus.protocol import BusOptions, call_entry, parse_reply, reply_document
 from stateworker.errors import NotFound
 from stateworker.keys import BusKeys, KeySpace, bus_stream, reply_prefix
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stateworker.bus.entries import parse_entry
 from stateworker.bus.ids import SPARE_PER_PARTITION, CallIds, body_partition
-from stateworker.bus.protocol import BusOptions, call_entry, parse_entry
+from stateworker.bus.protocol import BusOptions, call_entry
 from stateworker.keys import KeySpace, call_field
 
 
