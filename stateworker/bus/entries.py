@@ -1,4 +1,4 @@
-"""A call entry as read (docs/bus-protocol.md, "Calls"): its fields checked against their
+"""A call entry as read (docs/bus-protocol.md, "A call"): its fields checked against their
 limits, its digest (what its id is bound to), the Call. Whatever an entry holds, the answer is
 a Call or the error to reply with: never an exception (`parse_entry`). The HTTP face reads
 its calls' context and digest with the same functions.
