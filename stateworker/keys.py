@@ -337,6 +337,7 @@ def stats_key(prefix: str, service: str) -> str:
 # meet a worker's records, and `/`, NUL and whitespace have no place in a name a shell,
 # an ACL pattern or a log line carries.
 MAX_SERVICE_BYTES = 64
+MAX_FUNCTION_BYTES = 256  # a function id (`fn` of a call entry, a trigger's function_id)
 # (":from:" ends a service's name in a principal's stream: a trigger naming
 # `state:from:<principal>` would put calls into that principal's own stream)
 _BANNED = (("{", "'{'"), ("}", "'}'"), (":done:", "':done:'"), (":from:", "':from:'"),

@@ -17,6 +17,7 @@ from stateworker.bus.formats import body_json, is_msgpack
 from stateworker.bus.protocol import BusOptions, Call, Ref, reply_head
 from stateworker.context import Answer, CallContext
 from stateworker.errors import InvalidRequest, PermissionDenied, StateError, ValueTooLarge, shown
+from stateworker.keys import MAX_FUNCTION_BYTES
 
 # parse_entry's reply: the call or None, reply list, call id, error, whether msgpack
 Parsed = tuple[Call | None, bytes, str | None, StateError | None, bool]
@@ -44,7 +45,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
             raise InvalidRequest(f"id: the call has {'no' if raw_id is None else 'an empty'} "
                                  "`id` field (a unique id per logical call)", {"path": "id"})
         fn = _text(fields, b"fn")
-        _limit("fn", fn.encode(), MAX_ID_BYTES)
+        _limit("fn", fn.encode(), MAX_FUNCTION_BYTES)
         body = fields.get(b"body")
         if body is None:
             raise InvalidRequest("body: the call has no `body` field (a JSON object)",

@@ -35,7 +35,7 @@ from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope, shown
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import revision_text
-from stateworker.keys import MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace, bus_shard_stream
+from stateworker.keys import MAX_FUNCTION_BYTES, MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace, bus_shard_stream
 from stateworker.schemas import (
     EmptyRequest,
     RegisterTriggerRequest,
@@ -116,7 +116,7 @@ def _condition(state: RedisState, config: TriggerConfig, service: str) -> Trigge
                                  {"path": "$.config.condition_function_id"})
         return config
     if function_id != BARRIER:
-        validate.bus_target("config.condition_function_id", function_id, MAX_ID_BYTES)
+        validate.bus_target("config.condition_function_id", function_id, MAX_FUNCTION_BYTES)
     timeout = config.condition_timeout_ms
     if timeout is None:
         timeout = DEFAULT_CONDITION_TIMEOUT_MS
@@ -200,7 +200,7 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
     trigger_id = req.id if req.id is not None else f"t-{uuid.uuid4().hex}"
     _text("id", trigger_id)
     ttl_ms = checked_ttl(req.ttl_ms)
-    validate.bus_target("function_id", req.function_id, MAX_ID_BYTES)
+    validate.bus_target("function_id", req.function_id, MAX_FUNCTION_BYTES)
     validate.bus_target("service", req.service, MAX_SERVICE_BYTES)
     config = checked_config(state, req.config, req.service)
     _may_target(state, ctx, "service", req.service)
