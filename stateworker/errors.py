@@ -116,6 +116,22 @@ class Unavailable(StateError):
     code = "UNAVAILABLE"
 
 
+class StoreLost(Unavailable):
+    """Raised when a write meets a Redis that lost the data PostgreSQL holds (its generation
+    marker is gone or another: a FLUSHALL, a restart without its AOF, a Redis behind the
+    snapshot); nothing was written, and writes stay refused until it is recovered."""
+
+    code = "STORE_LOST"
+
+
+STORE_LOST_TEXT = (
+    "Redis has lost the data this service keeps (its generation marker is gone or is not the "
+    "one PostgreSQL holds: a FLUSHALL, a restart without its AOF, an eviction, or a Redis "
+    "behind the snapshot); nothing was written, and writes are refused until it is "
+    "recovered: run `stateworker restore` (it rebuilds Redis from the PostgreSQL snapshot), "
+    "or, with no snapshot, restart the service to begin the data anew")
+
+
 class DeadlineExceeded(StateError):
     """Raised when a call's `deadline_ms` passed before it could run, or a worker function ran
     longer than its `timeout`."""
@@ -277,6 +293,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         ReservedScope,
         UnknownFunction,
         Unavailable,
+        StoreLost,
         DeadlineExceeded,
         InternalError,
         CallTimeout,
@@ -312,6 +329,7 @@ HTTP_STATUS: dict[str, int] = {
     "RESOURCE_EXHAUSTED": 507,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
+    "STORE_LOST": 503,
     "DEADLINE_EXCEEDED": 504, "TIMEOUT": 504,
 }
 

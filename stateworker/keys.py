@@ -36,7 +36,8 @@ Layout (`sw` prefix, partition 3):
                                                  mirrored from PostgreSQL after each commit
   sw:{sw:p3}:history                      hash   where the partition's event history begins:
                                                  after (no event of it is at or before this
-                                                 revision), cause (new | restore)
+                                                 revision), cause (new | restore); gen, the
+                                                 generation marker (state/generation.py)
   sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
   sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
   sw:{sw:reg}:trigger_leases              zset   leased trigger id -> expires ms (its
@@ -45,15 +46,19 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:reg}:principals                  hash   principal name -> its record (JSON: roles,
                                                  act_as; never a password)
   sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
+  sw:{sw:reg}:generation                  string the registry's generation marker
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
   sw:dispatch:by_trigger                  hash   per trigger: "<id>|delivered" handler calls
                                                  handed on, "<id>|error" its last condition
                                                  error (JSON); pruned as triggers go
   sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
-  sw:snapshot:status                      hash   the snapshotters' last error and last commit
+  sw:snapshot:status                      hash   the snapshotters' last error and last commit;
+                                                 lost: why this Redis was found lost
   sw:meta                                 hash   layout facts checked at start (partitions;
-                                                 entries: "packed" once state/repack.py ran)
+                                                 entries: "packed" once state/repack.py ran);
+                                                 generation (state/generation.py), restoring
+                                                 (while a restore runs: the one it writes)
   sw:calls:{sw:c<b>}:<slice>              hash   on one Redis: the records and bindings of
                                                  the call ids of bucket b in one time slice
   sw:bus:<service>                        stream calls to a service; consumer group <service>
@@ -198,6 +203,9 @@ class KeySpace:
         self.claims = f"{registry_tag}claims"
         self.principals = f"{registry_tag}principals"
         self.roles = f"{registry_tag}roles"
+        # The registry's generation marker (state/generation.py; lua/includes/generation.lua
+        # finds it as the registry stream's name less "registry").
+        self.registry_marker = f"{registry_tag}generation"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"

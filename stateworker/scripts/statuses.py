@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from stateworker.context import CallContext
 from stateworker.errors import (
+    STORE_LOST_TEXT,
     BarrierConfig,
     CallIdReused,
     Conflict,
@@ -21,6 +22,7 @@ from stateworker.errors import (
     ScopeConflict,
     ScopeInUse,
     StateError,
+    StoreLost,
     ValueTooLarge,
     deadline_text,
     shown,
@@ -48,6 +50,7 @@ LUA_STATUS: dict[str, int] = {
     "TX_ABORTED": 14,  # a transaction's op failed (its status follows); nothing written
     "OP_FAILED": 15,  # (in TX_ABORTED) an update op could not apply; nothing written
     "ANSWERED": 16,  # the script wrote the bus call's reply and acknowledged it (Answer)
+    "STORE_LOST": 17,  # this Redis lost the prefix's data (generation.lua); nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -62,6 +65,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["SCOPE_IN_USE"]: ScopeInUse,
     LUA_STATUS["FORBIDDEN"]: Forbidden,
     LUA_STATUS["INVALID_SCOPE"]: InvalidScope,
+    LUA_STATUS["STORE_LOST"]: StoreLost,  # (raised by script_reply, for every script)
 }
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/transactions.py),
 # which names the op: the error is that of the op's own status.
@@ -77,15 +81,19 @@ def lua_status_table() -> str:
 
 
 _KNOWN_STATUSES = frozenset(LUA_STATUS.values())
+_STORE_LOST = LUA_STATUS["STORE_LOST"]
 
 
 def script_reply(reply: Any, name: str) -> list[Any]:
-    """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED) or an
-    unknown status is raised."""
+    """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED), a Redis
+    that lost the prefix's data (STORE_LOST, from any writing script) or an unknown status is
+    raised."""
     if isinstance(reply, ReplyError):
         raise redis_error(reply, f"script {name}")
     if not isinstance(reply, list) or not reply or reply[0] not in _KNOWN_STATUSES:
         raise InternalError(f"script {name} returned an unexpected reply: {reply!r:.200}")
+    if reply[0] == _STORE_LOST:
+        raise StoreLost(STORE_LOST_TEXT, {"recover": "stateworker restore"})
     return reply
 
 
@@ -205,6 +213,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["SCOPE_IN_USE"]: _scope_in_use,
     LUA_STATUS["FORBIDDEN"]: _not_owner,
     LUA_STATUS["INVALID_SCOPE"]: _not_claimed,
+    LUA_STATUS["STORE_LOST"]: lambda target, reply: (STORE_LOST_TEXT, {}),
 }
 
 

@@ -20,8 +20,11 @@ import msgspec
 
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
+from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
+from stateworker.snapshot.rows import confirm
 from stateworker.snapshot.tables import PgConnection
+from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
 
@@ -59,17 +62,24 @@ class BarrierRow:
         return (prefix, to_pg(self.id), partition, as_json, exact, self.w)
 
 
-async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int) -> int:
-    """Store the partition's changed barriers and forget them; how many were stored."""
+async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                        generation: str) -> int:
+    """Store the partition's changed barriers and forget them; how many were stored. Read
+    from a Redis whose partition marker is `generation` before and after (Fenced if not)."""
     keys = state.keys.partition(partition)
     names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
     if not names:
         return 0
-    replies = await state.conn.pipeline([["HGETALL", name] for name in names])
+    marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
+    reads: list[list[Any]] = [["HGETALL", name] for name in names]
+    before, *replies, after = await state.conn.pipeline([marker, *reads, marker])
+    confirm(keys, before, generation)
+    confirm(keys, after, generation)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
              for name, flat in zip(names, replies, strict=True) if flat]
     if found:
         async with pg.transaction(), pg.cursor() as cursor:
+            await fence(cursor, prefix, generation)
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
     return len(found)

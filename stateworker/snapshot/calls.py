@@ -1,13 +1,19 @@
 """Bus call records -> PostgreSQL (`sw_calls`), and back at a restore.
 
 An entry script that changes an entry for a bus call (with the snapshot on) appends the call's
-record, its revision and its time to the partition's `unsaved_calls` stream, in the same
-script as the change (lua/includes/entry.lua). After each batch it commits, and once a round,
-the snapshotter stores the records whose revision its committed position has passed (only
-those: a record without its change would answer a retry of a change the restore lost) and
-deletes them from the stream (XDEL). A crash in between stores them again, which changes
-nothing. A record older than the dedupe window is dropped unstored. Rows older than the
-window are pruned by the holder of partition 0, once a round.
+record, the revision of its first change and its time to the partition's `unsaved_calls`
+stream, in the same script as the change (lua/includes/entry.lua). A change must never reach
+PostgreSQL without the record that answers its retry, or a restore would hold the change and
+apply the retry again. So each batch the snapshotter commits carries, in the same
+transaction, every unsaved record whose first change is at or before the newest change the
+batch holds (`bound`: the batch's position, or a row it read that is newer, since a row is
+read as it is now). The records are read after the rows, so the record of every change a row
+shows is in the stream by then. A record may so reach PostgreSQL a little before the last of
+its changes (a later key of the same call): a restore from that moment lost that part of
+the call with the rest of the snapshot's lag, and its retry is answered from the record.
+After the commit the records are deleted from the stream (XDEL); a crash in between stores
+them again, which changes nothing. A record older than the dedupe window is dropped
+unstored; rows older than it are pruned by the holder of partition 0, once a round.
 
 At a restore, the records of the last window go back into the slices the scripts wrote them
 to (lua/includes/records.lua), expiring when they would have: a retry of a call the snapshot
@@ -17,66 +23,73 @@ once, though their reply may differ."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.scripts.bindings import DIGEST_BYTES, RECORD_SLICES, slice_ms
-from stateworker.snapshot.tables import PgConnection, StoredPosition
+from stateworker.snapshot.generation import Fenced
+from stateworker.snapshot.tables import CallRow, PgConnection, StoredPosition, apply_records
+from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.store import RedisState
 
-UPSERT = """
-INSERT INTO sw_calls (prefix, field, partition, value, revision_ms, revision_seq, at_ms)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (prefix, field) DO NOTHING
-"""
-
-BATCH = 1000  # records read and stored per trip
+BATCH = 1000  # records read per trip
 
 
-@dataclass(frozen=True, slots=True)
-class CallRow:
-    field: bytes
-    value: bytes
-    revision: tuple[int, int]
-    at_ms: int
+@dataclass(slots=True)
+class Unsaved:
+    """The records a commit carries (`rows`, live ones) and the stream entries it is done with
+    once committed (`done`: those and the expired ones)."""
+
+    rows: list[CallRow] = field(default_factory=list)
+    done: list[bytes] = field(default_factory=list)
 
 
-def _rows(entries: list[Any], upto: tuple[int, int]) -> tuple[list[CallRow], list[bytes]]:
-    """The records the position has passed, and every entry done with (those and expired)."""
-    rows: list[CallRow] = []
-    done: list[bytes] = []
-    for entry_id, flat in entries:
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        revision = revision_of(fields[b"r"])
-        if revision > upto:
-            break  # (in stream order: the later ones are later changes too)
-        rows.append(CallRow(fields[b"f"], fields[b"v"], revision, int(fields[b"t"])))
-        done.append(entry_id)
-    return rows, done
+async def read_unsaved(state: RedisState, partition: int, bound: tuple[int, int],
+                       generation: str) -> Unsaved:
+    """The partition's unsaved records whose first change is at or before `bound`, read from
+    a Redis of `generation` (checked after the last read: Fenced when it is not)."""
+    keys = state.keys.partition(partition)
+    oldest = now_ms() - state.settings.dedupe_window_ms
+    unsaved = Unsaved()
+    start = "-"
+    while True:
+        entries, held = await state.conn.pipeline([
+            ["XRANGE", keys.unsaved_calls, start, "+", "COUNT", BATCH],
+            ["HGET", keys.history, PARTITION_FIELD]])
+        if held is None or held.decode() != generation:
+            raise Fenced(f"partition {partition}'s generation marker is no longer {generation}")
+        for entry_id, flat in entries or []:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            revision = revision_of(fields[b"r"])
+            if revision > bound:
+                return unsaved  # (in stream order: the later ones are later changes too)
+            at_ms = int(fields[b"t"])
+            if at_ms >= oldest:
+                unsaved.rows.append(CallRow(fields[b"f"], fields[b"v"], revision, at_ms))
+            unsaved.done.append(entry_id)
+        if len(entries or []) < BATCH:
+            return unsaved
+        start = "(" + entries[-1][0].decode()
+
+
+async def forget_saved(state: RedisState, partition: int, unsaved: Unsaved) -> None:
+    """After the commit: the records PostgreSQL holds leave the stream."""
+    stream = state.keys.partition(partition).unsaved_calls
+    for start in range(0, len(unsaved.done), BATCH):
+        await state.conn.execute("XDEL", stream, *unsaved.done[start:start + BATCH])
 
 
 async def store_unsaved(state: RedisState, pg: PgConnection, prefix: str, partition: int,
-                        position: StoredPosition) -> int:
-    """Store the partition's unsaved records up to `position` (committed); how many."""
-    stream = state.keys.partition(partition).unsaved_calls
-    upto, stored = revision_of(position.id), 0
-    oldest = now_ms() - state.settings.dedupe_window_ms
-    while True:
-        entries = await state.conn.execute("XRANGE", stream, "-", "+", "COUNT", BATCH)
-        rows, done = _rows(entries or [], upto)
-        if not done:
-            return stored
-        live = [r for r in rows if r.at_ms >= oldest]
-        if live:
-            async with pg.transaction(), pg.cursor() as cursor:
-                await cursor.executemany(UPSERT, [
-                    (prefix, r.field, partition, r.value, *r.revision, r.at_ms) for r in live])
-        await state.conn.execute("XDEL", stream, *done)
-        stored += len(live)
-        if len(done) < BATCH:
-            return stored
+                        position: StoredPosition, generation: str) -> int:
+    """Once a round: records up to the committed `position` that no batch carried (none,
+    unless a batch failed between its commit and the XDEL); how many."""
+    unsaved = await read_unsaved(state, partition, revision_of(position.id), generation)
+    if unsaved.rows:
+        await apply_records(pg, prefix, partition, unsaved.rows, generation)
+    await forget_saved(state, partition, unsaved)
+    return len(unsaved.rows)
 
 
 async def prune(pg: PgConnection, prefix: str, window_ms: int) -> None:

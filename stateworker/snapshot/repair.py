@@ -4,6 +4,9 @@ holds is rebuilt from it (`stateworker restore`) before the service serves.
 The rule, with PostgreSQL holding something of the prefix (a row of an entry, barrier,
 trigger or claim, or a partition position past event 0):
   - Redis is NEW: the prefix's meta key was absent (a new server, or a flushed one);
+  - or Redis is LOST: a generation marker is gone (state/generation.py: a cluster node that
+    came back empty, a partition the snapshotter found behind) or is not the generation
+    PostgreSQL follows (another dataset, or an older copy from before a restore);
   - or Redis is BEHIND: a partition's event stream has had fewer events added than the
     snapshot's position stored in PostgreSQL (events PostgreSQL applied that Redis no longer
     has: a wipe, or a Redis started on an older copy of its data).
@@ -20,8 +23,10 @@ import logging
 
 from stateworker.errors import ConfigError, shown
 from stateworker.reactive import trimming
+from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot import restore, tables
 from stateworker.snapshot.tables import PgConnection
+from stateworker.state import generation
 from stateworker.state.store import RedisState
 
 log = logging.getLogger("stateworker.snapshot.repair")
@@ -57,6 +62,14 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
         return None
     if state.created:
         return f"Redis holds nothing of prefix {shown(prefix)} (no meta key) but PostgreSQL does"
+    markers = await generation.read(state.conn, state.keys)
+    problem = markers.problem()
+    if problem is not None:
+        return f"Redis lost data that PostgreSQL holds: {problem}"
+    follows = await pg_generation.stored(pg, prefix)
+    if follows is not None and markers.meta != follows:
+        return (f"Redis holds generation {markers.meta} of prefix {shown(prefix)}, PostgreSQL "
+                f"follows {follows} (other data, or an older copy from before a restore)")
     stored = await tables.positions(pg, prefix)
     infos = await trimming.infos(state, sorted(stored))
     for (partition, position), info in zip(sorted(stored.items()), infos, strict=True):
@@ -68,7 +81,8 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
 
 async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     prefix = state.settings.prefix
-    if await restore.holds_entries(state):
+    markers = await generation.read(state.conn, state.keys)
+    if markers.restoring is None and await restore.holds_entries(state):
         raise ConfigError(
             f"{reason}, and Redis still holds entries of prefix {shown(prefix)}: restore rebuilds, it "
             f"does not merge. Keep this Redis as it is (start on a copy of its data that is "
@@ -76,7 +90,8 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     if not state.settings.repair:
         if state.created:  # left as found: the next start sees it new again
             await state.conn.pipeline([["DEL", name] for name in (
-                state.keys.meta, *(p.history for p in state.keys.all_partitions()))])
+                state.keys.meta, state.keys.registry_marker,
+                *(p.history for p in state.keys.all_partitions()))])
         raise ConfigError(f"{reason}: run `stateworker restore` to rebuild it from PostgreSQL "
                           f"(repair at start is off: STATEWORKER_REPAIR=false)")
     log.warning("%s: restoring it from PostgreSQL before serving", reason,

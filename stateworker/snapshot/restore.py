@@ -18,7 +18,13 @@ entry, and the snapshot goes on from there. Each partition records that its even
 gets COMPACTED, since the events between it and the restore are in no stream.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
-flushed) one; it does not merge."""
+flushed) one; it does not merge. The one exception is a restore that stopped half way (killed,
+PostgreSQL gone): the next one goes on over what it wrote (the meta hash's `restoring`).
+
+The service may run meanwhile: the restore first removes the generation markers, so every
+write is refused (STORE_LOST) until its last step, which writes its new generation into Redis
+after PostgreSQL (state/generation.py); the running services then find the markers agree
+again, their snapshotters go on from the positions the restore set, and writes are accepted."""
 
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import indexes
+from stateworker.state import generation, indexes
 from stateworker.state import principals as acl
 from stateworker.state import triggers as registry
 from stateworker.state.packed import Stored, pack
@@ -68,6 +74,7 @@ class Summary(msgspec.Struct):
     acl_refused: str | None = None
     indexes: int = 0  # value indexes defined again and rebuilt (state/indexes.py)
     seconds: float = 0.0
+    generation: str = ""  # the generation the restore began (state/generation.py)
 
 
 def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
@@ -105,7 +112,8 @@ async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
 
 
 async def _refuse_non_empty(state: RedisState) -> None:
-    if await holds_entries(state):
+    markers = await generation.read(state.conn, state.keys)
+    if markers.restoring is None and await holds_entries(state):
         raise ConfigError(
             f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore rebuilds "
             f"an empty Redis (a new server, or one flushed), it does not merge")
@@ -120,6 +128,8 @@ async def restore(state: RedisState, url: str,
     started = time.monotonic()
     await _refuse_non_empty(state)
     prefix = state.settings.prefix
+    generation_id = generation.new_generation()
+    await generation.begin_restore(state.conn, state.keys, generation_id)
     own = pg is None
     if pg is None:
         pg = await connect(url)
@@ -147,8 +157,10 @@ async def restore(state: RedisState, url: str,
             await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
         summary.barriers = len(stored)
         summary.calls = await calls.restore(state, pg)
-        await _positions_to_ends(state, pg)
+        await _positions_to_ends(state, pg, generation_id)
         await begin_history(state.conn, state.keys, "restore")
+        await generation.stamp(state.conn, state.keys, generation_id)
+        summary.generation = generation_id
         # The entries are back, their value indexes are not: built again from their
         # definitions, which came back as entries of `state_indexes`.
         summary.indexes = await indexes.rebuild_all(state)
@@ -221,8 +233,9 @@ async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summ
     await state.access.reload()
 
 
-async def _positions_to_ends(state: RedisState, pg: PgConnection) -> None:
-    """Dispatch and snapshot positions at every stream's end: nothing restored is an event."""
+async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id: str) -> None:
+    """Dispatch and snapshot positions at every stream's end: nothing restored is an event;
+    in PostgreSQL with the restore's generation (from now on the one it follows)."""
     count = state.settings.partitions
     infos = await trimming.infos(state, list(range(count)))
     commands: list[list[Any]] = []
@@ -233,4 +246,4 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection) -> None:
     await _run(state, commands)
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)
-                                  for n, i in enumerate(infos)})
+                                  for n, i in enumerate(infos)}, generation_id)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from stateworker.keys import PartitionKeys
+from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row
+from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.packed import unpack
 from stateworker.state.store import RedisState
 
@@ -23,14 +25,24 @@ def row_of(scope: str, key: str, stored: bytes | None) -> Row | None:
                expires_ms=e.expires, updated_by=e.by, revision=e.revision, plain=e.plain)
 
 
+def confirm(partition: PartitionKeys, held: bytes | None, generation: str) -> None:
+    """Go on only while the partition's marker (`held`, as read) is `generation`."""
+    if held is None or held.decode() != generation:
+        raise Fenced(f"the generation marker of {partition.tag} is "
+                     f"{held.decode() if held else 'gone'}, not {generation}")
+
+
 async def read_changed(state: RedisState, partition: PartitionKeys,
-                       changed: dict[tuple[str, str], tuple[int, int]]
+                       changed: dict[tuple[str, str], tuple[int, int]], generation: str
                        ) -> tuple[list[Row], list[Gone]]:
     """The current entries of the keys a batch changed (keyed by their last change's
-    revision): rows for those that exist, `Gone` for those that do not."""
+    revision): rows for those that exist, `Gone` for those that do not; from a Redis whose
+    partition marker is `generation` when they are read (a wiped one reads every key gone)."""
     addresses = list(changed)
-    replies = await state.conn.pipeline([["GET", partition.entry(scope, key)]
-                                         for scope, key in addresses])
+    held, *replies = await state.conn.pipeline([
+        ["HGET", partition.history, PARTITION_FIELD],
+        *[["GET", partition.entry(scope, key)] for scope, key in addresses]])
+    confirm(partition, held, generation)
     rows: list[Row] = []
     gone: list[Gone] = []
     for (scope, key), fields in zip(addresses, replies, strict=True):
@@ -49,8 +61,12 @@ def split_member(member: bytes) -> tuple[str, str]:
     return rest[:size].decode(), rest[size:].decode()
 
 
-async def scan_partition(state: RedisState, partition: PartitionKeys) -> list[Row]:
-    """Every entry of a partition (SCAN, then GET in pipelines of SCAN_COUNT)."""
+async def scan_partition(state: RedisState, partition: PartitionKeys,
+                         generation: str) -> list[Row]:
+    """Every entry of a partition (SCAN, then GET in pipelines of SCAN_COUNT), of a Redis
+    whose partition marker is `generation` when the scan begins."""
+    confirm(partition, await state.conn.execute("HGET", partition.history, PARTITION_FIELD),
+            generation)
     prefix = partition.entry_prefix.encode()
     rows: list[Row] = []
     cursor: Any = b"0"

@@ -17,8 +17,18 @@ cap cut is rescanned: every entry of the partition, the rows of those gone remov
 position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
-partition's set of changed barriers (snapshot/barriers.py). Bus call records that changed an
-entry are stored after each commit and once a round, up to the position (snapshot/calls.py).
+partition's set of changed barriers (snapshot/barriers.py). The records of the bus calls that
+made a batch's changes are committed with it (snapshot/calls.py).
+
+Nothing read from a Redis that lost its data reaches PostgreSQL. Each round begins by
+confirming the generation (state/generation.py): every marker in Redis is there and is the
+one PostgreSQL follows (adopted from Redis when PostgreSQL has none), and no partition it
+holds has had fewer events added than PostgreSQL applied (a Redis behind the snapshot: its
+markers are removed, so writes there are refused too). Until it is confirmed the
+snapshotter commits nothing, and `snapshot:status` says why. Each read from Redis checks the
+partition's marker again and each commit the generation row (snapshot/generation.py), so a
+wipe or a restore between a read and its commit commits nothing. A new generation (after a
+restore) starts again from the positions PostgreSQL holds.
 
 The registry (trigger registrations and namespace claims) is copied whole into `sw_triggers`
 and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
@@ -43,14 +53,16 @@ import psycopg
 from anyio.abc import TaskStatus
 
 from stateworker.clock import now_ms
-from stateworker.errors import ConfigError, StateError
+from stateworker.errors import ConfigError, StateError, StoreLost
 from stateworker.events.model import fields_of, revision_of
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.settings import Settings
 from stateworker.snapshot import barriers, calls, rows, schema, tables
+from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.tables import PgConnection, StoredPosition
+from stateworker.state import generation
 from stateworker.state.store import RedisState
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
@@ -117,6 +129,10 @@ class Snapshotter:
         self._reader = StreamReader(connection_like(state.conn))  # (one read per slot on a cluster)
         self._last_round = 0.0
         self._registry_copied: bytes | None = None  # the registry entry last copied
+        # The generation confirmed in Redis and PostgreSQL this round (None: not confirmed,
+        # nothing is committed); the lost state last recorded, to log each change once.
+        self.generation: str | None = None
+        self._lost: str | None = None
         self._error_recorded = False  # its error is in `snapshot:status`, to clear on recovery
         self._scope = anyio.CancelScope()
 
@@ -137,6 +153,11 @@ class Snapshotter:
                     except (psycopg.Error, OSError, ConfigError) as exc:
                         await self._failed("PostgreSQL", exc)
                         await anyio.sleep(backoff.next())
+                    except StoreLost as exc:  # (a wipe or a restore since the round)
+                        log.warning("snapshot: %s; nothing of it was committed", exc.message,
+                                    extra={"event": "snapshot.fenced"})
+                        self._forget_positions()
+                        await anyio.sleep(backoff.next())
                     except (StateError, ConnectionLost, ReplyError) as exc:
                         await self._failed("Redis", exc)
                         await anyio.sleep(backoff.next())
@@ -155,14 +176,19 @@ class Snapshotter:
         """Log, record the error for `status`, and start again from what PostgreSQL holds."""
         message = f"{where}: {type(exc).__name__}: {exc}".strip()
         log.warning("snapshot paused: %s", message, extra={"event": "snapshot.paused"})
-        self.positions.clear()
-        self._registry_copied = None
+        self._forget_positions()
         await self._close_pg()
         with contextlib.suppress(ConnectionLost, ReplyError):  # Redis away too: the log has it
             await self.state.conn.execute(
                 "HSET", self.state.keys.snapshot_status, "last_error", message[:1000],
                 "last_error_ms", now_ms(), "last_error_replica", self.replica)
             self._error_recorded = True
+
+    def _forget_positions(self) -> None:
+        """Start again from what PostgreSQL holds, once the generation is confirmed again."""
+        self.positions.clear()
+        self._registry_copied = None
+        self.generation = None
 
     async def _recovered(self) -> None:
         """Clear the error this replica recorded (not another's, recorded since)."""
@@ -214,8 +240,11 @@ class Snapshotter:
             await anyio.sleep(GATHER_S)
 
     async def _round(self, pg: PgConnection) -> None:
-        """Leases (give back the excess, renew, take), positions of the partitions taken,
-        rescans of those never snapshotted or cut."""
+        """The generation confirmed (else nothing more), leases (give back the excess, renew,
+        take), positions of the partitions taken, rescans of those never snapshotted or cut."""
+        confirmed = await self._confirm_generation(pg)
+        if confirmed is None:
+            return
         excess = self.leases.excess()
         if excess:
             await self.leases.drop(excess)
@@ -230,29 +259,88 @@ class Snapshotter:
                 self.positions[partition] = stored[partition]
                 await self._mirror(partition)
         held = sorted(self.leases.held)
-        for partition, info in zip(held, await trimming.infos(self.state, held), strict=True):
+        infos = await trimming.infos(self.state, held)
+        behind = [(p, i.added, self.positions[p].n) for p, i in zip(held, infos, strict=True)
+                  if p in self.positions and i.added < self.positions[p].n]
+        if behind:
+            await self._lose(", ".join(
+                f"partition {p}'s event stream has had {added} events added, PostgreSQL "
+                f"applied {n}" for p, added, n in behind) + " (Redis is behind the snapshot: "
+                "an older copy of its data, or a replica promoted before it synced)",
+                [p for p, _, _ in behind])
+            return
+        for partition, info in zip(held, infos, strict=True):
             position = self.positions.get(partition)
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
         for partition in sorted(self.leases.held):
-            await barriers.store_changed(self.state, pg, self.prefix, partition)
+            await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
             if partition in self.positions:
                 await calls.store_unsaved(self.state, pg, self.prefix, partition,
-                                          self.positions[partition])
+                                          self.positions[partition], confirmed)
         if 0 in self.leases.held:
-            await self._copy_registry(pg)
+            await self._copy_registry(pg, confirmed)
             await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
 
-    async def _copy_registry(self, pg: PgConnection) -> None:
+    async def _confirm_generation(self, pg: PgConnection) -> str | None:
+        """The generation that Redis's markers and PostgreSQL agree on; None (recorded, and
+        the markers of a Redis of another generation removed) when they do not."""
+        markers = await generation.read(self.state.conn, self.state.keys)
+        problem = markers.problem()
+        if problem is None:
+            assert markers.meta is not None
+            # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
+            follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
+            markers = await generation.read(self.state.conn, self.state.keys)
+            problem = markers.problem()
+            if problem is None and markers.meta != follows:
+                problem = (f"this Redis holds generation {markers.meta} but PostgreSQL follows "
+                           f"{follows} (a Redis of other data, an older copy of it, or one a "
+                           "restore elsewhere replaced)")
+                if markers.restoring is None:
+                    await self._lose(problem, list(range(self.state.settings.partitions)))
+                    return None
+        if problem is not None:
+            await self._lose(problem, [])
+            return None
+        if markers.meta != self.generation:
+            if self.generation is not None:  # a restore: PostgreSQL's positions are new too
+                self._forget_positions()
+            self.generation = markers.meta
+        if self._lost is not None:
+            log.warning("snapshot: Redis holds generation %s again, as PostgreSQL does; "
+                        "snapshotting goes on", self.generation,
+                        extra={"event": "snapshot.generation_confirmed"})
+            self._lost = None
+        return self.generation
+
+    async def _lose(self, reason: str, partitions: list[int]) -> None:
+        """Commit nothing more from this Redis; refuse writes to `partitions` (their markers
+        removed; the others' are gone already) and record why for `status`."""
+        self._forget_positions()
+        if partitions:
+            await generation.mark_lost(self.state.conn, self.state.keys, partitions, reason)
+        if reason != self._lost:
+            log.error("snapshot stopped: Redis lost data that PostgreSQL holds (%s); nothing "
+                      "from it is written to PostgreSQL and writes are refused until it is "
+                      "recovered: run `stateworker restore`", reason,
+                      extra={"event": "snapshot.store_lost"})
+            self._lost = reason
+
+    async def _copy_registry(self, pg: PgConnection, confirmed: str) -> None:
         keys = self.state.keys
-        last, triggers, claims, principals, roles = await self.state.conn.pipeline([
+        marker, last, triggers, claims, principals, roles, after = await self.state.conn.pipeline([
+            ["GET", keys.registry_marker],
             ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
             ["HGETALL", keys.triggers],
             ["HGETALL", keys.claims],
             ["HGETALL", keys.principals],
-            ["HGETALL", keys.roles]])
+            ["HGETALL", keys.roles],
+            ["GET", keys.registry_marker]])
+        if marker != after or marker is None or marker.decode() != confirmed:
+            raise pg_generation.Fenced(f"the registry's generation marker is not {confirmed}")
         last_id = last[0][0] if last else b"0-0"
         if last_id == self._registry_copied:
             return
@@ -261,7 +349,7 @@ class Snapshotter:
             return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
         await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims),
-                                      texts(principals), texts(roles))
+                                      texts(principals), texts(roles), generation=confirmed)
         self._registry_copied = last_id
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,
@@ -271,8 +359,14 @@ class Snapshotter:
                       "applied; rescanning the partition", partition, info.deleted - position.n,
                       extra={"event": "snapshot.events_cut", "partition": partition})
         start = StoredPosition(info.last_id, info.added)
-        found = await rows.scan_partition(self.state, self.state.keys.partition(partition))
-        await tables.apply_rescan(pg, self.prefix, partition, found, start)
+        assert self.generation is not None
+        found = await rows.scan_partition(self.state, self.state.keys.partition(partition),
+                                          self.generation)
+        newest = max([revision_of(start.id), *(row.revision for row in found)])
+        unsaved = await calls.read_unsaved(self.state, partition, newest, self.generation)
+        await tables.apply_rescan(pg, self.prefix, partition, found, start,
+                                  generation=self.generation, records=unsaved.rows)
+        await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
         await self._mirror(partition)
         log.info("partition %d: rescanned, %d entries", partition, len(found),
@@ -287,14 +381,19 @@ class Snapshotter:
             scope, key = fields.get(b"scope"), fields.get(b"key")
             if scope is not None and key is not None:
                 changed[(scope.decode(), key.decode())] = revision_of(entry_id)
-        found, gone = await rows.read_changed(self.state, self.state.keys.partition(partition),
-                                              changed)
+        assert self.generation is not None
+        keys = self.state.keys.partition(partition)
+        found, gone = await rows.read_changed(self.state, keys, changed, self.generation)
         moved = StoredPosition(entries[-1][0].decode(), self.positions[partition].n + len(entries))
-        await tables.apply(pg, self.prefix, partition, found, gone, moved)
+        # The records of every change the rows hold: a row is read as it is now, so it may
+        # hold changes past the batch (calls.py). Read after the rows, from the same generation.
+        newest = max([revision_of(moved.id), *(row.revision for row in found)])
+        unsaved = await calls.read_unsaved(self.state, partition, newest, self.generation)
+        await tables.apply(pg, self.prefix, partition, found, gone, moved,
+                           generation=self.generation, records=unsaved.rows)
         self.positions[partition] = moved
+        await calls.forget_saved(self.state, partition, unsaved)
         await self._mirror(partition)
-        if partition in self.positions:  # (the lease held: the records the commit passed)
-            await calls.store_unsaved(self.state, pg, self.prefix, partition, moved)
 
     async def _mirror(self, partition: int) -> None:
         """The committed position into Redis (`snapshotted`), only while the lease holds."""

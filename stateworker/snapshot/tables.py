@@ -1,5 +1,7 @@
 """The snapshot's writes to PostgreSQL: one partition batch in ONE transaction (upserts,
-deletes and the partition's position), and its reads (positions, for a partition taken).
+deletes, the records of the calls that made them and the partition's position), each behind
+the generation fence (snapshot/generation.py), and its reads (positions, for a partition
+taken).
 
 Idempotent by construction: an upsert replaces a row only when the stored revision is older,
 a delete removes a row only up to the revision of the change that deleted it, and a position
@@ -14,9 +16,9 @@ from dataclasses import dataclass
 import psycopg
 
 from stateworker.clock import now_ms
+from stateworker.snapshot.generation import PgConnection as PgConnection
+from stateworker.snapshot.generation import fence, replace
 from stateworker.snapshot.names import to_pg
-
-PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
 
 UPSERT = """
 INSERT INTO sw_entries AS e (prefix, scope, key, partition, value, value_text, version, hash,
@@ -96,11 +98,40 @@ class StoredPosition:
     n: int
 
 
+CALL_UPSERT = """
+INSERT INTO sw_calls (prefix, field, partition, value, revision_ms, revision_seq, at_ms)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (prefix, field) DO NOTHING
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    """One bus call's record (snapshot/calls.py): its field, its value as Redis held it, the
+    revision of the call's first change, and the call's time."""
+
+    field: bytes
+    value: bytes
+    revision: tuple[int, int]
+    at_ms: int
+
+
+async def _records(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str,
+                   partition: int, records: Sequence[CallRow]) -> None:
+    if records:
+        await cursor.executemany(CALL_UPSERT, [(prefix, r.field, partition, r.value,
+                                                *r.revision, r.at_ms) for r in records])
+
+
 async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                gone: Sequence[Gone], position: StoredPosition) -> None:
-    """One batch: its rows, its deletes and the partition's new position, one transaction."""
+                gone: Sequence[Gone], position: StoredPosition, *, generation: str,
+                records: Sequence[CallRow] = ()) -> None:
+    """One batch: its rows, its deletes, the records of the calls that changed them and the
+    partition's new position, one transaction, while PostgreSQL follows `generation`."""
     ms, _, seq = position.id.partition("-")
     async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        await _records(cursor, prefix, partition, records)
         if rows:
             await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
         if gone:
@@ -111,11 +142,15 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
 
 
 async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                       position: StoredPosition) -> None:
-    """A partition's full rescan: every live entry, and the rows of entries no longer in
-    Redis removed (up to the position the rescan started from)."""
+                       position: StoredPosition, *, generation: str,
+                       records: Sequence[CallRow] = ()) -> None:
+    """A partition's full rescan: every live entry (and the records of the calls that made
+    them), and the rows of entries no longer in Redis removed (up to the position the rescan
+    started from)."""
     ms, _, seq = position.id.partition("-")
     async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        await _records(cursor, prefix, partition, records)
         if rows:
             await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
@@ -134,14 +169,17 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
 
 async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
                            claims: dict[str, str], principals: dict[str, str] | None = None,
-                           roles: dict[str, str] | None = None) -> None:
+                           roles: dict[str, str] | None = None, *, generation: str) -> None:
     """The prefix's trigger registrations (id -> JSON), claims (scope -> namespace),
-    principals and roles (name -> record JSON) as Redis holds them now, in one transaction."""
+    principals and roles (name -> record JSON) as Redis holds them now, in one transaction,
+    while PostgreSQL follows `generation` (an empty registry of a wiped Redis never replaces
+    them)."""
     tables = (("sw_triggers", "id, registration", triggers), ("sw_claims", "scope, namespace",
                                                               claims),
               ("sw_principals", "name, record", principals or {}),
               ("sw_roles", "name, record", roles or {}))
     async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
         for table, columns, rows in tables:
             await cursor.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
             if rows:
@@ -151,10 +189,21 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
 
 
 async def reset_positions(conn: PgConnection, prefix: str,
-                          positions: dict[int, StoredPosition]) -> None:
-    """Set the positions as given, forward or back (a restore into new event streams)."""
+                          positions: dict[int, StoredPosition], generation: str) -> None:
+    """A restore: set the positions as given, forward or back (new event streams), and
+    PostgreSQL follows the restore's `generation` from now on, in one transaction."""
     async with conn.transaction(), conn.cursor() as cursor:
+        await replace(cursor, prefix, generation)
         await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
         await cursor.executemany(POSITION, [
             (prefix, n, p.id, *(int(part or 0) for part in p.id.partition("-")[::2]), p.n,
              now_ms()) for n, p in positions.items()])
+
+
+async def apply_records(conn: PgConnection, prefix: str, partition: int,
+                        records: Sequence[CallRow], generation: str) -> None:
+    """Call records alone (snapshot/calls.py `store_unsaved`), while PostgreSQL follows
+    `generation`."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        await _records(cursor, prefix, partition, records)

@@ -15,7 +15,7 @@ import anyio
 from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
-from stateworker.state import expiry, repack
+from stateworker.state import expiry, generation, repack
 from stateworker.state.confirm import Confirm
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
@@ -87,6 +87,7 @@ async def running(state: RedisState, *, reaper: bool = True,
             await before(state)
         async with anyio.create_task_group() as tg:
             await tg.start(state.registry.run)
+            await tg.start(generation.watch_loop, state)
             if reaper:
                 await tg.start(expiry.reaper_loop, state)
             try:
@@ -129,11 +130,25 @@ async def check_server(state: RedisState) -> None:
         # gets COMPACTED. Recorded first, so no event is written before it.
         await begin_history(conn, keys, "new")
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
+        await generation.begin(conn, keys)
     elif int(stored) != keys.partitions:
         raise ConfigError(
             f"prefix {shown(settings.prefix)} was created with {int(stored)} partitions, not "
             f"{keys.partitions}: scopes would land in other partitions"
         )
+    else:
+        await _markers_at_start(state)
+
+
+async def _markers_at_start(state: RedisState) -> None:
+    """A prefix this Redis held before: one from before the generation marker gets it; with
+    no PostgreSQL snapshot, markers gone (a cluster node that came back empty) are begun anew
+    (generation.check says so in the log); with one, the repair at start decides."""
+    markers = await generation.read(state.conn, state.keys)
+    if markers.meta is None and markers.restoring is None:
+        await generation.begin(state.conn, state.keys)
+    elif state.settings.postgres_url is None:
+        await generation.check(state)
 
 
 async def check_strict(state: RedisState) -> None:

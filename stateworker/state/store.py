@@ -92,6 +92,9 @@ class RedisState:
         # The prefix's meta key was absent at start (check_server wrote it): a new Redis, or
         # one wiped; the repair at start (snapshot/repair.py) reads it.
         self.created = False
+        # Why writes are refused, when this Redis lost the data PostgreSQL holds (its
+        # generation markers: state/generation.py, whose watch keeps it); None: they are not.
+        self.lost: str | None = None
         # What replicas keep in memory, kept current by the registry follower (lifecycle.py
         # runs it): the claimed scopes of private namespaces.
         self.registry = Registry(conn, self.keys.registry)

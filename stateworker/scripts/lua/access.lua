@@ -11,6 +11,7 @@
     ARGV[2] the name    ARGV[3] its record JSON ("" for a del)    ARGV[4] registry MAXLEN
     ARGV[5..] principal-add / -set: the roles the record names that are not built in
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1 when the name existed before else 0}
     {ST.CONFLICT, "exists", name}        principal-add of a principal that exists
     {ST.CONFLICT, "no-role", role}       principal-add / -set naming a role that is not stored
@@ -19,8 +20,12 @@
   Events: none in the partition streams; one registry entry
     {kind "principals" | "roles", name, record} when something changed ("" record: removed).
 ]]
+--- @include "generation"
 
 local principals, roles, registry = KEYS[1], KEYS[2], KEYS[3]
+if generation_registry_lost(registry) then
+  return {ST.STORE_LOST}
+end
 local op, name, record = ARGV[1], ARGV[2], ARGV[3]
 local kind, hash = 'principals', principals
 if op == 'role-set' or op == 'role-del' then

@@ -24,6 +24,7 @@
       p<key> / x<key> a missing key's previous / next missing key ("=" .. key, "-": none)
     complete: only e E n c w, d the payload JSON, t the completing arrival's token
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, outcome, arrived, N, payload JSON or false, {missing key, ...}}, outcome:
       'allow'     this arrival completed the barrier (or it is the completing token again)
       'waiting'   counted; the first MISSING_SHOWN missing keys of a named set
@@ -37,6 +38,7 @@
   adds KEYS[1] to KEYS[2] instead (the snapshotter stores it, then forgets it: forget.lua).
 ]]
 --- @include "text"
+--- @include "generation"
 
 local MISSING_SHOWN = 10 -- missing keys named in a 'waiting' reply, at most
 
@@ -132,6 +134,9 @@ end
 
 --- @per-call
 local barrier = KEYS[1]
+if generation_lost(string.sub(KEYS[2], 1, -17)) then -- (KEYS[2]: <tag> .. "barriers_changed")
+  return {ST.STORE_LOST}
+end
 local key, result, tag, need = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local token, cap = ARGV[6], tonumber(ARGV[7])
 local named = string.sub(tag, 1, 2) == 'k:'

@@ -14,6 +14,7 @@
     ARGV[5 .. 4+n] the scopes asked for (distinct)
     ARGV[5+n .. 4+2n] each scope's use: "" free, or "<entries>:<why>" in use
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1 when a scope was new else 0, {every scope the prefix owns now},
      {the new scopes that were in use: adopted}}
     {ST.SCOPE_CONFLICT, scope, owner}   the first scope asked for that another prefix owns;
@@ -26,8 +27,12 @@
 ]]
 
 --- @include "claims"
+--- @include "generation"
 
 local claims, registry, prefix = KEYS[1], KEYS[2], ARGV[1]
+if generation_registry_lost(registry) then
+  return {ST.STORE_LOST}
+end
 local adopter, n = ARGV[3], tonumber(ARGV[4])
 local new, adopted = {}, {}
 for i = 5, 4 + n do

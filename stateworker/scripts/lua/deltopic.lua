@@ -13,10 +13,15 @@
     ARGV[10] ttl member prefix of the scope (<len>:<scope>)
   Output:
     {ST.OK, number deleted, cursor (last member examined) or false when the range is done}
+    {ST.STORE_LOST}   the partition's generation marker is gone (generation.lua); nothing written
   Events: state:deleted for each entry deleted.
 ]]
 --- @include "entry"
 --- @include "glob"
+
+if generation_lost(string.sub(KEYS[4], 1, -7)) then
+  return {ST.STORE_LOST}
+end
 
 local parts = glob_parts(ARGV[5])
 local examine = tonumber(ARGV[8])

@@ -10,6 +10,7 @@
             ARGV[5] the registration renewed (JSON: its new `expires_at`)  ARGV[6] expires ms
     "reap": ARGV[3] most triggers removed in one call
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     "keep": {ST.OK, 1} renewed; {ST.OK, 0} the id is not registered, or its lease expired by
             ARGV[2] (nothing written); {ST.CONFLICT, 0} its registration is no longer ARGV[4]
             (changed since it was read: read it again), nothing written
@@ -17,6 +18,11 @@
   Events: none (no entry changes); one registry entry `kind triggers id <id>` per trigger
     renewed or removed.
 ]]
+--- @include "generation"
+
+if generation_registry_lost(KEYS[2]) then
+  return {ST.STORE_LOST}
+end
 local now = tonumber(ARGV[2])
 
 local function tell(id)

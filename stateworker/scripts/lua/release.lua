@@ -11,6 +11,7 @@
     ARGV[3] registry stream MAXLEN
     ARGV[4..] the scopes to release (distinct)
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, {scope, owner, scope, owner ...} released, {every scope ARGV[1] owns now}}
     {ST.INVALID_SCOPE, scope}      the first scope no namespace claimed; nothing written
     {ST.FORBIDDEN, scope, owner}   the first scope another namespace owns (no force);
@@ -20,8 +21,12 @@
 ]]
 
 --- @include "claims"
+--- @include "generation"
 
 local claims, registry, caller, force = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == '1'
+if generation_registry_lost(registry) then
+  return {ST.STORE_LOST}
+end
 local owners = {}
 for i = 4, #ARGV do
   local owner = redis.call('HGET', claims, ARGV[i])

@@ -12,6 +12,7 @@
     ARGV[7] now (ms): a leased registration expired by then counts as gone (and is removed)
     ARGV[8] "set": when the registration expires (ms, its `expires_at`), "" never
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1 when the id was registered (and live) before, 0 when not}
     {ST.CONFLICT, count}  "set" of a new id with ARGV[4] registrations already: nothing written
     {ST.FORBIDDEN, owner} the id is another owner's trigger ("" none: one registered in `off`
@@ -19,6 +20,11 @@
   Events: none (no entry changes); one registry entry `kind triggers id <id>` when something
     changed (an unregister of an unknown id changes nothing).
 ]]
+--- @include "generation"
+
+if generation_registry_lost(KEYS[2]) then
+  return {ST.STORE_LOST}
+end
 local held = redis.call('HGET', KEYS[1], ARGV[2])
 local lapsed = false
 if held then

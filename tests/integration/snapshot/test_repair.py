@@ -194,19 +194,19 @@ async def test_with_repair_off_the_service_refuses_and_names_the_command(
         await check_restored(client, settings, entries, barriers)
 
 
-async def test_a_redis_behind_postgres_that_holds_entries_is_not_merged(
+async def test_a_redis_of_other_data_that_holds_entries_is_not_merged(
         own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
     client = own_redis.client()
     settings = settings_for(own_redis.url, prefix, postgres_url)
     await seed(client, settings)
     client.flushall()
     async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
-        await store.set("s2", "new", 1)  # one event in a stream PostgreSQL has seen far past
+        await store.set("s2", "new", 1)  # a new generation of the prefix in this Redis
     with pytest.raises(ConfigError) as refused:
         async with StateService.running(settings):
             pass
     message = str(refused.value)
-    assert "Redis is behind PostgreSQL" in message and "does not merge" in message
+    assert "PostgreSQL follows" in message and "does not merge" in message
     assert "stateworker restore" in message
     stored = client.get(KeySpace(prefix, PARTITIONS).for_scope("s2").entry("s2", "new"))
     assert unpack(stored).value == b"1"

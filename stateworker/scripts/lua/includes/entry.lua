@@ -43,6 +43,7 @@ local function entry_emit_traced(ctx, etype, old, new, version)
   end
   args[#args + 1], args[#args + 2] = 'tp', ctx.tp
   ctx.rev = redis.call('XADD', unpack(args))
+  ctx.rev1 = ctx.rev1 or ctx.rev
   return ctx.rev
 end
 
@@ -59,12 +60,14 @@ local function entry_emit(ctx, etype, old, new, version)
       'type', etype, 'scope', ctx.scope, 'key', ctx.key,
       'old_value', old, 'new_value', new, 'version', version,
       'ts_ms', ctx.stamp, 'by', ctx.by, 'tx', ctx.tx, 'tx_size', ctx.txsize)
+    ctx.rev1 = ctx.rev1 or ctx.rev
     return ctx.rev
   end
   ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
     'ts_ms', ctx.stamp, 'by', ctx.by)
+  ctx.rev1 = ctx.rev1 or ctx.rev
   return ctx.rev
 end
 
@@ -308,10 +311,16 @@ end
 
 --- @include "answer"
 
+-- (a write to a Redis that lost its data is refused first: entry_start)
+--- @include "generation"
+
 -- The start of every entry script, before it reads the entry: {ST.DUPLICATE, ...} when the
 -- call ran before (or {ST.DEADLINE_EXCEEDED}), else the entry's ctx (entry_ctx, filled for
 -- this call).
 local function entry_start()
+  if generation_lost(string.sub(KEYS[5], 1, -7)) then
+    return {ST.STORE_LOST}
+  end
   local dup = entry_replayed()
   if dup then
     return dup
@@ -327,7 +336,7 @@ local function entry_start()
   ctx.scope, ctx.key, ctx.member = ARGV[1], ARGV[2], ARGV[3]
   ctx.now, ctx.stamp, ctx.maxlen = tonumber(ARGV[4]), ARGV[4], ARGV[5]
   ctx.by, ctx.tp = entry_writer(ARGV[6])
-  ctx.rev, ctx.tx, ctx.txsize = false, false, false
+  ctx.rev, ctx.rev1, ctx.tx, ctx.txsize = false, false, false, false
   return nil, ctx
 end
 
@@ -371,7 +380,7 @@ local function entry_scope_ctx(keyIndex, updIndex, topicIndex, scopes, ttl, even
   ctx.scopes, ctx.ttl, ctx.events, ctx.scope = scopes, ttl, events, scope
   ctx.now, ctx.stamp, ctx.maxlen = tonumber(now), now, maxlen
   ctx.by, ctx.tp = entry_writer(by)
-  ctx.rev, ctx.tx, ctx.txsize = false, false, false
+  ctx.rev, ctx.rev1, ctx.tx, ctx.txsize = false, false, false, false
   return ctx
 end
 
@@ -383,7 +392,7 @@ local function entry_finish(reply)
     records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now, entry_ctx.fresh)
     if KEYS[9] and KEYS[9] ~= KEYS[8] and entry_ctx.rev then
       redis.call('XADD', KEYS[9], 'MAXLEN', '~', entry_ctx.maxlen, '*',
-        'f', field, 'v', value, 'r', entry_ctx.rev, 't', entry_ctx.stamp)
+        'f', field, 'v', value, 'r', entry_ctx.rev1, 't', entry_ctx.stamp)
     end
   end
   return reply

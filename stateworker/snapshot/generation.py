@@ -1,0 +1,69 @@
+"""The generation marker's side in PostgreSQL (`sw_generations`; state/generation.py has
+Redis's side): which Redis dataset the snapshot follows, and the fence every commit passes.
+
+Every transaction that writes what it read from Redis (a partition's batch, a rescan, the
+registry, barriers, call records) first locks the prefix's generation row (FOR SHARE) and
+checks it is the generation the snapshotter confirmed in Redis, before and after it read
+there (`Fenced`). A restore replaces the row (FOR UPDATE: it waits for a commit in
+progress), so a snapshotter still reading the Redis of before never commits afterwards.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import AsyncCursor
+
+from stateworker.clock import now_ms
+from stateworker.errors import StoreLost
+
+PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
+
+ADOPT = """
+INSERT INTO sw_generations (prefix, generation, cause, begun_ms) VALUES (%s, %s, 'adopted', %s)
+ON CONFLICT (prefix) DO NOTHING
+"""
+
+REPLACE = """
+INSERT INTO sw_generations AS g (prefix, generation, cause, begun_ms)
+VALUES (%s, %s, 'restore', %s)
+ON CONFLICT (prefix) DO UPDATE SET generation = excluded.generation, cause = excluded.cause,
+    begun_ms = excluded.begun_ms
+"""
+
+
+class Fenced(StoreLost):
+    """Raised when a commit finds that PostgreSQL follows another generation than the Redis
+    it read (a restore since, or a wiped Redis): nothing of it was committed."""
+
+
+async def stored(pg: PgConnection, prefix: str) -> str | None:
+    row = await (await pg.execute("SELECT generation FROM sw_generations WHERE prefix = %s",
+                                  (prefix,))).fetchone()
+    return str(row[0]) if row else None
+
+
+async def adopt(pg: PgConnection, prefix: str, generation: str) -> str:
+    """PostgreSQL's generation; `generation` (Redis's) when it had none (a first snapshot, or
+    one from before the marker)."""
+    await pg.execute(ADOPT, (prefix, generation, now_ms()))
+    held = await stored(pg, prefix)
+    assert held is not None
+    return held
+
+
+async def fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str) -> None:
+    """Inside a commit's transaction: go on only while PostgreSQL follows `generation`."""
+    await cursor.execute("SELECT generation FROM sw_generations WHERE prefix = %s FOR SHARE",
+                         (prefix,))
+    row = await cursor.fetchone()
+    held = str(row[0]) if row else None
+    if held != generation:
+        raise Fenced(f"PostgreSQL follows generation {held}, not {generation} that was read in "
+                     "Redis: nothing of it was committed")
+
+
+async def replace(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str) -> None:
+    """A restore: PostgreSQL follows `generation` from now on (waits for a commit that holds
+    the row)."""
+    await cursor.execute("SELECT 1 FROM sw_generations WHERE prefix = %s FOR UPDATE", (prefix,))
+    await cursor.execute(REPLACE, (prefix, generation, now_ms()))

@@ -1,0 +1,188 @@
+"""The generation marker: which Redis dataset this is, so nothing from a Redis that lost its
+data ever reaches PostgreSQL, and no write lands in it.
+
+A generation is a random id written when the prefix begins in a Redis (`begin`: the first
+start on it) and by every restore (`stamp`), and mirrored in PostgreSQL
+(snapshot/generation.py). This Redis holds it in three places, one per hash tag a writing
+script can check without leaving its slot: the prefix's meta hash (`generation`), each
+partition's history hash (`gen`; events/compaction.py) and the registry's string
+`generation`. On a Redis Cluster each sits on the node that serves its slot, so a primary
+that comes back empty is found by itself.
+
+Every writing script checks its own slot's marker first (lua/includes/generation.lua) and
+refuses with STORE_LOST when it is gone: a FLUSHALL, a restart on an empty data directory,
+an eviction. A Redis whose markers are there but which is behind what PostgreSQL holds (an
+older copy of its data, a replica promoted before it synced) is found by the snapshotter,
+which removes the markers of the partitions concerned (`mark_lost`), so the scripts refuse
+there too. Only a restore writes them again; without a PostgreSQL snapshot there is nothing
+to restore, and `watch_loop` begins the prefix anew in this Redis (empty) with an error in
+the log.
+
+`watch_loop` also keeps `state.lost` (why writes are refused, or None) for `/readyz`, the
+metrics and `stateworker status`."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskStatus
+
+from stateworker.errors import StateError
+from stateworker.events.compaction import begin_history
+from stateworker.keys import KeySpace
+from stateworker.state.store import RedisState
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.generation")
+
+META_FIELD = "generation"  # in the meta hash
+PARTITION_FIELD = "gen"  # in each partition's history hash
+RESTORING_FIELD = "restoring"  # in the meta hash while a restore runs: the generation it writes
+LOST_FIELD = "lost"  # in `snapshot:status`: why the snapshotter found this Redis lost
+WATCH_S = 1.0  # how often `watch_loop` reads the markers
+
+
+def new_generation() -> str:
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True, slots=True)
+class Markers:
+    """The markers this Redis holds (None where one is gone)."""
+
+    meta: str | None
+    partitions: tuple[str | None, ...]
+    registry: str | None
+    restoring: str | None  # a restore that began and has not finished (its generation)
+    lost_reason: str | None  # what the snapshotter found (`snapshot:status` lost), if anything
+
+    @property
+    def missing(self) -> list[int]:
+        """The partitions whose marker is gone."""
+        return [n for n, gen in enumerate(self.partitions) if gen is None]
+
+    def agree(self, generation: str) -> bool:
+        """Every marker is there and is `generation`."""
+        return self.meta == generation and self.registry == generation and all(
+            gen == generation for gen in self.partitions)
+
+    def problem(self) -> str | None:
+        """Why this Redis is lost, from the markers alone (and what the snapshotter found,
+        when it removed them); None when they all agree."""
+        gone = self.missing
+        if self.meta is None and len(gone) == len(self.partitions) and self.registry is None:
+            what = "every generation marker of the prefix is gone"
+        elif gone or self.registry is None:
+            names = [f"partition {n}" for n in gone] + (["the registry"]
+                                                         if self.registry is None else [])
+            what = f"the generation marker of {', '.join(names)} is gone"
+        elif any(gen != self.meta for gen in (*self.partitions, self.registry)):
+            what = "the generation markers disagree"
+        else:
+            return None
+        if self.restoring is not None:
+            what += " (a restore began and has not finished: run `stateworker restore` again)"
+        return f"{what}, since {self.lost_reason}" if self.lost_reason else what
+
+
+def _text(value: object) -> str | None:
+    return value.decode() if isinstance(value, bytes) else None
+
+
+async def read(conn: RedisConnection, keys: KeySpace) -> Markers:
+    parts = keys.all_partitions()
+    meta, lost, *rest = await conn.pipeline([
+        ["HMGET", keys.meta, META_FIELD, RESTORING_FIELD],
+        ["HGET", keys.snapshot_status, LOST_FIELD],
+        *[["HGET", p.history, PARTITION_FIELD] for p in parts],
+        ["GET", keys.registry_marker]])
+    for reply in (meta, lost, *rest):
+        if isinstance(reply, ReplyError):
+            raise reply
+    return Markers(meta=_text(meta[0]), partitions=tuple(_text(g) for g in rest[:-1]),
+                   registry=_text(rest[-1]), restoring=_text(meta[1]), lost_reason=_text(lost))
+
+
+async def begin(conn: RedisConnection, keys: KeySpace) -> str:
+    """The prefix begins in this Redis (or began before the marker existed): a generation
+    where none is (replicas starting together agree: the first meta field wins), also on
+    the partitions and the registry that have none. The generation."""
+    await conn.execute("HSETNX", keys.meta, META_FIELD, new_generation())
+    generation = str((await conn.execute("HGET", keys.meta, META_FIELD)).decode())
+    await conn.pipeline([*[["HSETNX", p.history, PARTITION_FIELD, generation]
+                           for p in keys.all_partitions()],
+                         ["SET", keys.registry_marker, generation, "NX"]])
+    return generation
+
+
+async def stamp(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
+    """A restore's last step: every marker is `generation`, the restore is over."""
+    replies = await conn.pipeline([
+        *[["HSET", p.history, PARTITION_FIELD, generation] for p in keys.all_partitions()],
+        ["SET", keys.registry_marker, generation],
+        ["HSET", keys.meta, META_FIELD, generation],
+        ["HDEL", keys.meta, RESTORING_FIELD],
+        ["HDEL", keys.snapshot_status, LOST_FIELD]])
+    for reply in replies:
+        if isinstance(reply, ReplyError):
+            raise reply
+
+
+async def mark_lost(conn: RedisConnection, keys: KeySpace, partitions: list[int],
+                    reason: str) -> None:
+    """Refuse writes to `partitions` (their markers removed; with every partition, the
+    registry's too) and say why (`status`)."""
+    registry = [["DEL", keys.registry_marker]] if len(partitions) == keys.partitions else []
+    await conn.pipeline([
+        *[["HDEL", keys.partition(n).history, PARTITION_FIELD] for n in partitions],
+        *registry, ["HSET", keys.snapshot_status, LOST_FIELD, reason[:1000]]])
+
+
+async def begin_restore(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
+    """A restore's first step: writes are refused while it runs (every marker removed), and
+    a restore that stops half way is known (`restoring`: the next one may go on over what it
+    wrote)."""
+    await conn.pipeline([["HSET", keys.meta, RESTORING_FIELD, generation],
+                         *[["HDEL", p.history, PARTITION_FIELD] for p in keys.all_partitions()],
+                         ["DEL", keys.registry_marker]])
+
+
+async def watch_loop(state: RedisState, *,
+                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Keep `state.lost` current; with no PostgreSQL snapshot, begin anew a prefix whose
+    markers are gone (nothing can restore it, and writes would stay refused for good)."""
+    task_status.started()
+    while True:
+        try:
+            await check(state)
+        except (StateError, ConnectionLost, ReplyError) as exc:  # Redis away: the next round
+            log.debug("generation check failed: %s", exc)
+        await anyio.sleep(WATCH_S)
+
+
+async def check(state: RedisState) -> None:
+    """One round of `watch_loop`."""
+    markers = await read(state.conn, state.keys)
+    problem = markers.problem()
+    if problem is not None and state.settings.postgres_url is None:
+        log.error("Redis lost the data of prefix %s (%s), and with no PostgreSQL snapshot "
+                  "(STATEWORKER_POSTGRES_URL) there is nothing to restore it from: the prefix "
+                  "begins anew in this Redis", state.settings.prefix, problem,
+                  extra={"event": "generation.renewed"})
+        await begin_history(state.conn, state.keys, "new")
+        await state.conn.execute("HSETNX", state.keys.meta, "partitions", state.keys.partitions)
+        await begin(state.conn, state.keys)
+        await state.conn.execute("HDEL", state.keys.snapshot_status, LOST_FIELD)
+        problem = None
+    if problem != state.lost:
+        if problem is None:
+            log.warning("Redis holds the snapshot's generation again: writes go on",
+                        extra={"event": "generation.recovered"})
+        else:
+            log.error("writes refused: Redis lost data that PostgreSQL holds (%s); run "
+                      "`stateworker restore`", problem, extra={"event": "generation.lost"})
+        state.lost = problem
