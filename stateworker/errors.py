@@ -132,6 +132,13 @@ STORE_LOST_TEXT = (
     "or, with no snapshot, restart the service to begin the data anew")
 
 
+class RestoreRefused(StateError):
+    """Raised when `stateworker restore` finds a Redis that still holds entries of the prefix
+    (a restore rebuilds, it does not merge); nothing was written."""
+
+    code = "RESTORE_REFUSED"
+
+
 class DeadlineExceeded(StateError):
     """Raised when a call's `deadline_ms` passed before it could run, or a worker function ran
     longer than its `timeout`."""
@@ -294,6 +301,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         UnknownFunction,
         Unavailable,
         StoreLost,
+        RestoreRefused,
         DeadlineExceeded,
         InternalError,
         CallTimeout,
@@ -330,6 +338,7 @@ HTTP_STATUS: dict[str, int] = {
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
     "STORE_LOST": 503,
+    "RESTORE_REFUSED": 409,
     "DEADLINE_EXCEEDED": 504, "TIMEOUT": 504,
 }
 

@@ -6,7 +6,8 @@ default): a Starlette app served by Hypercorn on the service's own event loop.
                                mapped to an HTTP status (errors.HTTP_STATUS)
     GET  /metrics              Prometheus text (app/metrics.py)
     GET  /healthz              200 while the process serves
-    GET  /readyz               200 when Redis answers a PING, else 503 naming why
+    GET  /readyz               200 when Redis answers a PING and has not lost the data
+                               PostgreSQL holds (STORE_LOST), else 503 naming why
     /v1.0/state/...            Dapr's state API shape (app/dapr.py)
 
 A call runs in this process as a bus call would (`functions.prepare` on the service's
@@ -219,7 +220,10 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
 
 
 async def redis_unready(state: RedisState) -> str | None:
-    """None when Redis answers a PING within a second; else why not."""
+    """None when Redis answers a PING within a second and holds the data (not STORE_LOST);
+    else why not."""
+    if state.lost is not None:
+        return f"STORE_LOST: writes are refused: {state.lost}; run `stateworker restore`"
     try:
         with anyio.fail_after(1.0):
             await state.conn.execute("PING")

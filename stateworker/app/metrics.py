@@ -118,14 +118,17 @@ class Metrics:
             up.add_metric([], 0)
             return [up]
         up.add_metric([], 1)
+        lost = GaugeMetricFamily("stateworker_store_lost", "1 while writes are refused because "
+                                 "Redis lost data that PostgreSQL holds (STORE_LOST).")
+        lost.add_metric([], 0 if self.state.lost is None else 1)
         try:
             with anyio.fail_after(5.0):
                 for stream in list(self.runtime.sources.by_stream):  # (acl mode changes it)
                     await self._group(stream, pending, lag)
                 followers = await self._followers()
         except (TimeoutError, ConnectionLost, ReplyError):
-            return [up]  # (Redis went away or slowed meanwhile: the next scrape says so)
-        return [up, pending, lag, *followers]
+            return [up, lost]  # (Redis went away or slowed meanwhile: the next scrape says so)
+        return [up, lost, pending, lag, *followers]
 
     async def _followers(self) -> list[Any]:
         """The dispatch's and the snapshot's lag per partition, as `status` reports them

@@ -35,10 +35,11 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
-from stateworker.errors import ConfigError, shown
+from stateworker.errors import RestoreRefused, shown
 from stateworker.events.compaction import begin_history
 from stateworker.keys import member
 from stateworker.reactive import trimming
+from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
@@ -47,6 +48,7 @@ from stateworker.state import generation, indexes
 from stateworker.state import principals as acl
 from stateworker.state import triggers as registry
 from stateworker.state.packed import Stored, pack
+from stateworker.state.registry import RELOAD
 from stateworker.state.store import RedisState
 from stateworker.transport.plans import command_reply
 from stateworker.transport.wire import ReplyError
@@ -114,9 +116,12 @@ async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
 async def _refuse_non_empty(state: RedisState) -> None:
     markers = await generation.read(state.conn, state.keys)
     if markers.restoring is None and await holds_entries(state):
-        raise ConfigError(
-            f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore rebuilds "
-            f"an empty Redis (a new server, or one flushed), it does not merge")
+        raise RestoreRefused(
+            f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore "
+            "rebuilds an empty Redis (a new server, or one flushed), it does not merge; nothing "
+            "was written. To replace them with the snapshot, delete the prefix's keys (or "
+            "FLUSHALL a Redis of its own) and run it again",
+            {"prefix": state.settings.prefix})
 
 
 async def restore(state: RedisState, url: str,
@@ -159,6 +164,10 @@ async def restore(state: RedisState, url: str,
         summary.calls = await calls.restore(state, pg)
         await _positions_to_ends(state, pg, generation_id)
         await begin_history(state.conn, state.keys, "restore")
+        # Running replicas reload the claims, triggers and principals restored (their
+        # registry followers) before the markers let writes in again.
+        await _run(state, [["XADD", state.keys.registry, "MAXLEN", "~", REGISTRY_MAXLEN, "*",
+                            "kind", RELOAD]])
         await generation.stamp(state.conn, state.keys, generation_id)
         summary.generation = generation_id
         # The entries are back, their value indexes are not: built again from their

@@ -320,8 +320,8 @@ class Snapshotter:
         """Commit nothing more from this Redis; refuse writes to `partitions` (their markers
         removed; the others' are gone already) and record why for `status`."""
         self._forget_positions()
-        if partitions:
-            await generation.mark_lost(self.state.conn, self.state.keys, partitions, reason)
+        await generation.mark_lost(self.state.conn, self.state.keys, partitions,
+                                   reason if partitions else None)
         if reason != self._lost:
             log.error("snapshot stopped: Redis lost data that PostgreSQL holds (%s); nothing "
                       "from it is written to PostgreSQL and writes are refused until it is "

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskStatus
 
+from stateworker.clock import now_ms
 from stateworker.errors import StateError
 from stateworker.events.compaction import begin_history
 from stateworker.keys import KeySpace
@@ -42,7 +43,8 @@ log = logging.getLogger("stateworker.generation")
 META_FIELD = "generation"  # in the meta hash
 PARTITION_FIELD = "gen"  # in each partition's history hash
 RESTORING_FIELD = "restoring"  # in the meta hash while a restore runs: the generation it writes
-LOST_FIELD = "lost"  # in `snapshot:status`: why the snapshotter found this Redis lost
+LOST_FIELD = "lost"  # in `snapshot:status`: why the snapshotter removed markers
+SEEN_FIELD = "lost_seen_ms"  # in `snapshot:status`: when a snapshotter last found it lost
 WATCH_S = 1.0  # how often `watch_loop` reads the markers
 
 
@@ -59,6 +61,14 @@ class Markers:
     registry: str | None
     restoring: str | None  # a restore that began and has not finished (its generation)
     lost_reason: str | None  # what the snapshotter found (`snapshot:status` lost), if anything
+    lost_seen: bool = False  # a snapshotter found this Redis lost (and no restore since)
+
+    @property
+    def held(self) -> bool:
+        """This Redis held the prefix (a marker is left, or a snapshotter saw it lost): a
+        prefix with no marker at all and never seen is new here, not lost."""
+        return self.meta is not None or any(self.partitions) or self.registry is not None \
+            or self.lost_seen or self.lost_reason is not None
 
     @property
     def missing(self) -> list[int]:
@@ -97,14 +107,15 @@ async def read(conn: RedisConnection, keys: KeySpace) -> Markers:
     parts = keys.all_partitions()
     meta, lost, *rest = await conn.pipeline([
         ["HMGET", keys.meta, META_FIELD, RESTORING_FIELD],
-        ["HGET", keys.snapshot_status, LOST_FIELD],
+        ["HMGET", keys.snapshot_status, LOST_FIELD, SEEN_FIELD],
         *[["HGET", p.history, PARTITION_FIELD] for p in parts],
         ["GET", keys.registry_marker]])
     for reply in (meta, lost, *rest):
         if isinstance(reply, ReplyError):
             raise reply
     return Markers(meta=_text(meta[0]), partitions=tuple(_text(g) for g in rest[:-1]),
-                   registry=_text(rest[-1]), restoring=_text(meta[1]), lost_reason=_text(lost))
+                   registry=_text(rest[-1]), restoring=_text(meta[1]),
+                   lost_reason=_text(lost[0]), lost_seen=lost[1] is not None)
 
 
 async def begin(conn: RedisConnection, keys: KeySpace) -> str:
@@ -126,20 +137,22 @@ async def stamp(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
         ["SET", keys.registry_marker, generation],
         ["HSET", keys.meta, META_FIELD, generation],
         ["HDEL", keys.meta, RESTORING_FIELD],
-        ["HDEL", keys.snapshot_status, LOST_FIELD]])
+        ["HDEL", keys.snapshot_status, LOST_FIELD, SEEN_FIELD]])
     for reply in replies:
         if isinstance(reply, ReplyError):
             raise reply
 
 
 async def mark_lost(conn: RedisConnection, keys: KeySpace, partitions: list[int],
-                    reason: str) -> None:
-    """Refuse writes to `partitions` (their markers removed; with every partition, the
-    registry's too) and say why (`status`)."""
+                    reason: str | None) -> None:
+    """A snapshotter found this Redis lost: refuse writes to `partitions` (their markers
+    removed; with every partition, the registry's too) and say why (`status`); `reason`
+    None: the markers say it themselves."""
     registry = [["DEL", keys.registry_marker]] if len(partitions) == keys.partitions else []
+    why = [LOST_FIELD, reason[:1000]] if reason is not None else []
     await conn.pipeline([
         *[["HDEL", keys.partition(n).history, PARTITION_FIELD] for n in partitions],
-        *registry, ["HSET", keys.snapshot_status, LOST_FIELD, reason[:1000]]])
+        *registry, ["HSET", keys.snapshot_status, SEEN_FIELD, now_ms(), *why]])
 
 
 async def begin_restore(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
@@ -154,20 +167,28 @@ async def begin_restore(conn: RedisConnection, keys: KeySpace, generation: str) 
 async def watch_loop(state: RedisState, *,
                      task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Keep `state.lost` current; with no PostgreSQL snapshot, begin anew a prefix whose
-    markers are gone (nothing can restore it, and writes would stay refused for good)."""
+    markers are gone (nothing can restore it, and writes would stay refused for good). A new
+    generation (a restore) reloads what the registry follower keeps in memory (claims,
+    triggers, principals): a restore writes its keys without registry entries."""
     task_status.started()
+    seen: str | None = None
     while True:
         try:
-            await check(state)
+            now = await check(state)
+            if now is not None and seen is not None and now != seen:
+                log.warning("Redis holds a new generation (%s, was %s): the registry reloaded",
+                            now, seen, extra={"event": "generation.new"})
+                await state.registry.reload()
+            seen = now if now is not None else seen
         except (StateError, ConnectionLost, ReplyError) as exc:  # Redis away: the next round
             log.debug("generation check failed: %s", exc)
         await anyio.sleep(WATCH_S)
 
 
-async def check(state: RedisState) -> None:
-    """One round of `watch_loop`."""
+async def check(state: RedisState) -> str | None:
+    """One round of `watch_loop`: the generation every marker agrees on (None: lost)."""
     markers = await read(state.conn, state.keys)
-    problem = markers.problem()
+    problem = markers.problem()  # (the state was opened: the prefix began here, markers held)
     if problem is not None and state.settings.postgres_url is None:
         log.error("Redis lost the data of prefix %s (%s), and with no PostgreSQL snapshot "
                   "(STATEWORKER_POSTGRES_URL) there is nothing to restore it from: the prefix "
@@ -175,9 +196,10 @@ async def check(state: RedisState) -> None:
                   extra={"event": "generation.renewed"})
         await begin_history(state.conn, state.keys, "new")
         await state.conn.execute("HSETNX", state.keys.meta, "partitions", state.keys.partitions)
-        await begin(state.conn, state.keys)
-        await state.conn.execute("HDEL", state.keys.snapshot_status, LOST_FIELD)
-        problem = None
+        renewed = await begin(state.conn, state.keys)
+        await state.conn.execute("HDEL", state.keys.snapshot_status, LOST_FIELD, SEEN_FIELD)
+        markers = await read(state.conn, state.keys)
+        problem = None if markers.agree(renewed) else markers.problem()
     if problem != state.lost:
         if problem is None:
             log.warning("Redis holds the snapshot's generation again: writes go on",
@@ -186,3 +208,4 @@ async def check(state: RedisState) -> None:
             log.error("writes refused: Redis lost data that PostgreSQL holds (%s); run "
                       "`stateworker restore`", problem, extra={"event": "generation.lost"})
         state.lost = problem
+    return markers.meta if problem is None else None

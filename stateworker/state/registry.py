@@ -36,6 +36,7 @@ log = logging.getLogger("stateworker.state.registry")
 MAXLEN = REGISTRY_MAXLEN  # entries kept (MAXLEN ~): a replica that reconnects reloads anyway
 READ_COUNT = 1000  # entries one read takes: a connected follower keeps up with the trim
 BLOCK_MS = 1000  # one XREAD's wait; an entry wakes it at once, so this bounds nothing else
+RELOAD = "reload"  # the kind of an entry that makes every replica reload every kind (a restore)
 
 
 class RegistryEntry(NamedTuple):
@@ -125,6 +126,9 @@ class Registry:
         """Apply one entry; one that cannot be applied makes its kind reload (never a dead
         follower; Redis failing that reload is a failed read: resync after a backoff)."""
         self.last_id = entry.id
+        if entry.kind == RELOAD:  # (a restore wrote every kind's keys anew)
+            await self.reload()
+            return
         callbacks = self._kinds.get(entry.kind)
         if callbacks is None:
             return  # a kind this replica does not follow (another version's)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import psycopg
 
 from stateworker import logs, tracing
 from stateworker.app import admin, service, service_user
@@ -16,13 +17,14 @@ from stateworker.app.cli import calls, multi, parser, status, watching
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, settings_of
 from stateworker.app.cli.completion import script
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import ConfigError, MissingPermission
+from stateworker.errors import ConfigError, MissingPermission, StateError, Unavailable
 from stateworker.loop import run, tune_gc_for_serving
 from stateworker.settings import Settings
 from stateworker.snapshot import restore
 from stateworker.state import lifecycle
 from stateworker.transport.connection import check_url
 from stateworker.transport.embedded import client_url
+from stateworker.transport.wire import ConnectionLost
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 ASYNC: dict[str, Command] = {
@@ -74,12 +76,29 @@ async def restore_all(settings: Settings) -> int:
         line = f"restored {done}/{total} entries"
         print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
-    async with lifecycle.open_state(settings=settings, reaper=False) as state:
-        summary = await restore.restore(state, settings.postgres_url, progress)
+    try:
+        async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            summary = await restore.restore(state, settings.postgres_url, progress)
+    except (psycopg.Error, OSError) as exc:
+        return _refused(Unavailable(f"restore: PostgreSQL failed: {exc}; nothing more was "
+                                    "written (run it again: it goes on over what it wrote)"))
+    except ConnectionLost as exc:
+        return _refused(Unavailable(f"restore: Redis went away: {exc}; run it again: it goes "
+                                    "on over what it wrote"))
+    except StateError as exc:
+        return _refused(exc)
     if tty:
         print(file=sys.stderr)
     print(msgspec.json.encode(summary).decode(), flush=True)
     return EXIT_OK
+
+
+def _refused(exc: StateError) -> int:
+    """A refused or failed restore: {code, message, details} on stderr, status 1."""
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # (after the progress line)
+    print(msgspec.json.encode(exc.to_dict()).decode(), file=sys.stderr, flush=True)
+    return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:

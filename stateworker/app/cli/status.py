@@ -15,7 +15,7 @@ from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern,
 from stateworker.reactive.status import dispatch_status, trigger_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
-from stateworker.state import indexes
+from stateworker.state import generation, indexes
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url
@@ -69,6 +69,10 @@ async def _filled(report: dict[str, Any], conn: RedisConnection, settings: Setti
     for name, shards in _by_service(settings.prefix, streams).items():
         report["services"][name] = await _service_status(conn, shards, name, settings)
     keys = KeySpace(settings.prefix, settings.partitions)
+    # Why writes are refused (STORE_LOST: the generation markers, state/generation.py); null
+    # when they are not. A prefix this Redis never held has no markers and is not lost.
+    markers = await generation.read(conn, keys)
+    report["store_lost"] = markers.problem() if markers.held else None
     report["dispatch"] = await dispatch_status(conn, keys)
     report["triggers"] = await trigger_status(conn, keys, report["dispatch"]["partitions"])
     report["snapshot"] = await snapshot_status(conn, keys)
@@ -152,13 +156,14 @@ def _pairs(flat: list[Any]) -> dict[str, Any]:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    """The report as JSON or its summary; 0 when Redis answered, else 1."""
+    """The report as JSON or its summary; 0 when Redis answered and has not lost the data
+    (STORE_LOST), else 1."""
     report = await status_report(settings_of(args))
     if wants_table(args):
         print(summary(report), flush=True)
     else:
         print_json(report)
-    return EXIT_OK if report.get("reachable") else EXIT_FAILED
+    return EXIT_OK if report.get("reachable") and not report.get("store_lost") else EXIT_FAILED
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -169,6 +174,9 @@ def summary(report: dict[str, Any]) -> str:
     if not report.get("reachable"):
         return "\n".join([*lines, f"reachable  no: {report.get('error')}"])
     lines.append(f"reachable  yes, AOF {'on' if report['aof'] else 'OFF'}")
+    if report.get("store_lost"):
+        lines.append(f"STORE LOST writes are refused: {report['store_lost']}; recover with "
+                     "`stateworker restore`")
     services = report["services"]
     rows = [[name, s["pending"], len(s["consumers"]), s["stream_length"],
              s["counters"].get("calls", "-"), mean_ms(s["counters"]), s["counters_as_of"]]

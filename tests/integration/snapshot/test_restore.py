@@ -99,7 +99,10 @@ async def test_restore_rebuilds_a_flushed_redis(own_redis: RedisServer, prefix: 
 
     # A second restore over what is there now is refused (it does not merge).
     again = restore_command(own_redis.url, prefix, postgres_url)
-    assert again.returncode == 2 and "already holds entries" in again.stderr
+    refusal = msgspec.json.decode(again.stderr.strip().splitlines()[-1])
+    assert again.returncode == 1 and refusal["code"] == "RESTORE_REFUSED"
+    assert "already holds entries" in refusal["message"] and refusal["details"] == {
+        "prefix": prefix}
 
     async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store, \
             StateService.running(settings, BusOptions(block_ms=50)):

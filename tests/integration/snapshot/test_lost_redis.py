@@ -1,0 +1,185 @@
+"""A Redis that loses its data never overwrites the truth in PostgreSQL (issue 38), tried from
+the attacker's side with the service running: a FLUSHALL, a Redis restarted on an empty data
+directory, a Redis started on an older copy of its data. Each time every write is refused with
+STORE_LOST (counted: every one of them), `status`, `/readyz` and the metric say so, PostgreSQL
+keeps every row and version it had through several snapshot rounds, and `stateworker restore`,
+run while the service runs, brings every entry, trigger, claim, principal and barrier back, after
+which writes go on from the versions PostgreSQL held. Without a snapshot the prefix begins anew
+by itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import psycopg
+import pytest
+import redis
+
+from stateworker import StateError, StateStore
+from stateworker.app.cli import status_report
+from stateworker.app.http import redis_unready
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
+from stateworker.keys import KeySpace
+from stateworker.settings import Settings
+from stateworker.state import generation, lifecycle, principals
+from tests.integration.busproto import until
+from tests.integration.snapshot.test_repair import PARTITIONS, TRIGGER, seed, settings_for
+from tests.integration.snapshot.test_restore import dump
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+def postgres_truth(url: str, prefix: str) -> dict[str, Any]:
+    """What PostgreSQL holds of the prefix, table by table (positions included)."""
+    queries = {
+        "entries": "SELECT scope, key, value_text, version, revision_ms, revision_seq "
+                   "FROM sw_entries WHERE prefix = %s ORDER BY scope, key",
+        "triggers": "SELECT id, registration FROM sw_triggers WHERE prefix = %s ORDER BY id",
+        "claims": "SELECT scope, namespace FROM sw_claims WHERE prefix = %s ORDER BY scope",
+        "principals": "SELECT name, record FROM sw_principals WHERE prefix = %s ORDER BY name",
+        "roles": "SELECT name, record FROM sw_roles WHERE prefix = %s ORDER BY name",
+        "barriers": "SELECT id, w FROM sw_barriers WHERE prefix = %s ORDER BY id",
+        "positions": "SELECT partition, last_id, n FROM sw_positions WHERE prefix = %s "
+                     "ORDER BY partition",
+        "generation": "SELECT generation FROM sw_generations WHERE prefix = %s"}
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(sql, (prefix,)).fetchall() for name, sql in queries.items()}
+
+
+async def restore_while_serving(redis_url: str, prefix: str, postgres_url: str
+                                ) -> tuple[int, dict[str, Any], str]:
+    """`stateworker restore` in its own process (the service goes on in this one)."""
+    env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": str(PARTITIONS),
+           "STATEWORKER_POSTGRES_URL": postgres_url}
+    done = await anyio.run_process([sys.executable, "-m", "stateworker", "--redis-url",
+                                    redis_url, "restore"], env=env, check=False)
+    out = done.stdout.decode()
+    return done.returncode, msgspec.json.decode(out) if out.strip() else {}, \
+        done.stderr.decode()
+
+
+async def refused_writes(store: StateStore) -> list[str]:
+    """One write of each kind, each expected refused: the codes they got."""
+    attempts = [
+        store.set("s2", "twice", "after-wipe"),
+        store.call("state::update", {"scope": "s1", "key": "n", "ops": [
+            {"type": "increment", "path": "n", "by": 1}]}),
+        store.delete("s2", "twice"),
+        store.call("state::register-trigger", {**TRIGGER, "id": "t2"}),
+        store.claim_namespace("other", ["taken"], caller="other"),
+        store.barrier({"key": "b"}, {"id": "half", "expect": ["a", "b", "c"]}),
+    ]
+    codes = []
+    for attempt in attempts:
+        try:
+            await attempt
+            codes.append("OK")
+        except StateError as exc:
+            codes.append(exc.code)
+    return codes
+
+
+async def lost_seen_twice(client: redis.Redis, keys: KeySpace) -> None:
+    """Two more snapshot rounds ran on the lost Redis (each writes when it saw it lost)."""
+    seen: set[bytes] = set()
+
+    def another() -> bool:
+        at = client.hget(keys.snapshot_status, generation.SEEN_FIELD)
+        if at is not None:
+            seen.add(at)
+        return len(seen) >= 3
+    await until(another, 30, "two snapshot rounds on the lost Redis")
+
+
+async def seeded_with_principal(client: redis.Redis, settings: Settings) -> tuple[Any, Any]:
+    entries, barriers = await seed(client, settings)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            lifecycle.open_state(settings=settings, reaper=False) as state:
+        await principals.add_role(state, "orders", ["read", "write"], ["orders/*"], False, [])
+        await principals.add_principal(state, "alice", ["orders"], [])
+        await until(lambda: len(postgres_truth(settings.postgres_url or "", settings.prefix)[
+            "principals"]) == 1, 30, "the principal in PostgreSQL")
+    return dump(client, settings.prefix), barriers
+
+
+async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url: str,
+                              wipe: Any) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    before, _ = await seeded_with_principal(client, settings)
+    truth = postgres_truth(postgres_url, prefix)
+    assert len(truth["entries"]) > 100 and truth["triggers"] and truth["claims"]
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateStore.open(settings=settings) as store:
+        await wipe()
+        await until(lambda: service.state.lost is not None, 30, "the service to see it lost")
+        assert "generation marker" in (await redis_unready(service.state) or "")
+        # Every write is refused, whatever its kind, and none of them lands anywhere.
+        assert await refused_writes(store) == ["STORE_LOST"] * 6
+        await lost_seen_twice(client, keys)
+        assert postgres_truth(postgres_url, prefix) == truth
+        report = await status_report(settings)
+        assert report["store_lost"] and "generation marker" in report["store_lost"]
+
+        code, summary, stderr = await restore_while_serving(own_redis.url, prefix, postgres_url)
+        assert code == 0, stderr
+        assert (summary["triggers"], summary["claims"], summary["principals"]) == (1, 1, 1)
+        await until(lambda: service.state.lost is None, 30, "the service to see it recovered")
+        assert await redis_unready(service.state) is None
+        assert (await status_report(settings))["store_lost"] is None
+        restored = dump(client, prefix)
+        assert {k: v for k, v in restored.items() if b":e:" in k} == \
+            {k: v for k, v in before.items() if b":e:" in k}
+        # Writes go on from the versions PostgreSQL held, and reach it.
+        written = await store.set("s2", "twice", "z")
+        assert written.version == 3
+        await until(lambda: ("s2", "twice", '"z"', 3) in [
+            row[:4] for row in postgres_truth(postgres_url, prefix)["entries"]], 30,
+            "the write after the restore in PostgreSQL")
+        with pytest.raises(StateError) as claimed:
+            await store.get("private", "k")
+        assert claimed.value.code == "RESERVED_SCOPE"
+        async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            assert list((await principals.stored(state))[0]) == ["alice"]
+
+
+async def test_a_flushall_while_serving_keeps_postgres_and_a_restore_brings_all_back(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    async def flushall() -> None:
+        own_redis.client().flushall()
+    await wiped_then_restored(own_redis, prefix, postgres_url, flushall)
+
+
+async def test_a_redis_restarted_on_an_empty_data_directory_is_the_same(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    async def empty_restart() -> None:
+        own_redis.kill()
+        for child in Path(own_redis.directory).iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        own_redis.start()
+    await wiped_then_restored(own_redis, prefix, postgres_url, empty_restart)
+
+
+async def test_without_a_snapshot_a_wiped_prefix_begins_anew_by_itself(
+        own_redis: RedisServer, prefix: str) -> None:
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        assert (await store.set("s", "k", 1)).version == 1
+        assert (await store.set("s", "k", 2)).version == 2
+        own_redis.client().flushall()
+
+        async def writes() -> bool:
+            try:
+                return (await store.set("s", "k", 3)).version == 1
+            except StateError as exc:
+                assert exc.code == "STORE_LOST"
+                return False
+        await until(writes, 30, "the prefix to begin anew")
+        assert store.state.lost is None
