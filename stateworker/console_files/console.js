@@ -127,6 +127,9 @@ function renderOverview(ov) {
   const status = ov.status;
   $("ov-redis").textContent = status.reachable
     ? `${status.redis} · AOF ${status.aof ? "on" : "OFF"} · prefix ${status.prefix}` : `unreachable: ${status.error}`;
+  // A Redis that lost the data PostgreSQL holds: every write is refused until a restore.
+  showError("ov-error", status.store_lost
+    ? `STORE LOST: writes are refused: ${status.store_lost}; recover with \`stateworker restore\`` : null);
   const services = Object.entries(status.services || {});
   fillTable("ov-services", services, ([name, s]) => [name, num(s.pending), num(s.consumers.length),
     num(s.stream_length), num(s.counters.calls), s.counters_as_of || "-"]);

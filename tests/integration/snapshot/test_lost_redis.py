@@ -100,7 +100,7 @@ async def lost_seen_twice(client: redis.Redis, keys: KeySpace) -> None:
 
 
 async def seeded_with_principal(client: redis.Redis, settings: Settings) -> tuple[Any, Any]:
-    entries, barriers = await seed(client, settings)
+    _, barriers = await seed(client, settings)
     async with StateService.running(settings, BusOptions(block_ms=50)), \
             lifecycle.open_state(settings=settings, reaper=False) as state:
         await principals.add_role(state, "orders", ["read", "write"], ["orders/*"], False, [])
