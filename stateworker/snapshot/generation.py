@@ -24,10 +24,10 @@ ON CONFLICT (prefix) DO NOTHING
 """
 
 REPLACE = """
-INSERT INTO sw_generations AS g (prefix, generation, cause, begun_ms)
-VALUES (%s, %s, 'restore', %s)
+INSERT INTO sw_generations AS g (prefix, generation, cause, begun_ms, registry_n)
+VALUES (%s, %s, 'restore', %s, %s)
 ON CONFLICT (prefix) DO UPDATE SET generation = excluded.generation, cause = excluded.cause,
-    begun_ms = excluded.begun_ms
+    begun_ms = excluded.begun_ms, registry_n = excluded.registry_n
 """
 
 
@@ -62,8 +62,35 @@ async def fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation
                      "Redis: nothing of it was committed")
 
 
-async def replace(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str) -> None:
-    """A restore: PostgreSQL follows `generation` from now on (waits for a commit that holds
+async def registry_fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str,
+                         added: int) -> None:
+    """Inside the registry copy's transaction: go on only while PostgreSQL follows
+    `generation` and this Redis's registry stream has had at least as many entries added as
+    when the registry was last copied (an older copy of Redis would put back what was
+    removed since, and remove what was added); then that count is the new mark."""
+    await cursor.execute("SELECT generation, registry_n FROM sw_generations WHERE prefix = %s "
+                         "FOR UPDATE", (prefix,))
+    row = await cursor.fetchone()
+    if row is None or str(row[0]) != generation:
+        raise Fenced(f"PostgreSQL follows generation {row[0] if row else None}, not "
+                     f"{generation} that was read in Redis: nothing of it was committed")
+    if added < int(row[1]):  # type: ignore[call-overload]
+        raise RegistryBehind(
+            f"the registry stream has had {added} entries added, PostgreSQL copied it at "
+            f"{row[1]} (Redis is behind the snapshot: an older copy of its data)")
+    await cursor.execute("UPDATE sw_generations SET registry_n = %s WHERE prefix = %s",
+                         (added, prefix))
+
+
+class RegistryBehind(StoreLost):
+    """Raised when the registry read is older than the one PostgreSQL holds: nothing of it
+    was committed."""
+
+
+async def replace(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str,
+                  registry_added: int) -> None:
+    """A restore: PostgreSQL follows `generation` from now on, its registry copied at
+    `registry_added` (the restored Redis's registry stream) (waits for a commit that holds
     the row)."""
     await cursor.execute("SELECT 1 FROM sw_generations WHERE prefix = %s FOR UPDATE", (prefix,))
-    await cursor.execute(REPLACE, (prefix, generation, now_ms()))
+    await cursor.execute(REPLACE, (prefix, generation, now_ms(), registry_added))

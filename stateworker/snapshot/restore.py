@@ -36,7 +36,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.errors import RestoreRefused, shown
-from stateworker.events.compaction import begin_history
+from stateworker.events.compaction import begin_history, stream_info
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
@@ -247,6 +247,8 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
     in PostgreSQL with the restore's generation (from now on the one it follows)."""
     count = state.settings.partitions
     infos = await trimming.infos(state, list(range(count)))
+    (reply,) = await state.conn.pipeline([["XINFO", "STREAM", state.keys.registry]])
+    registry = stream_info(reply, state.keys.registry)  # (None: no registry stream yet)
     commands: list[list[Any]] = []
     for n, info in enumerate(infos):
         part = state.keys.partition(n)
@@ -255,4 +257,5 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
     await _run(state, commands)
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)
-                                  for n, i in enumerate(infos)}, generation_id)
+                                  for n, i in enumerate(infos)}, generation_id,
+                                 registry.entries_added if registry else 0)

@@ -54,6 +54,7 @@ from anyio.abc import TaskStatus
 
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, StateError, StoreLost
+from stateworker.events.compaction import stream_info
 from stateworker.events.model import fields_of, revision_of
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
@@ -133,6 +134,8 @@ class Snapshotter:
         # nothing is committed); the lost state last recorded, to log each change once.
         self.generation: str | None = None
         self._lost: str | None = None
+        self._lost_parts: set[int] = set()  # partitions whose marker is not the generation
+        self._registry_ok = False  # the registry's marker is the generation
         self._error_recorded = False  # its error is in `snapshot:status`, to clear on recovery
         self._scope = anyio.CancelScope()
 
@@ -249,16 +252,17 @@ class Snapshotter:
         if excess:
             await self.leases.drop(excess)
         await self.leases.round()
+        usable = self.leases.held - self._lost_parts  # (the lost ones: nothing is read there)
         for partition in list(self.positions):
-            if partition not in self.leases.held:
+            if partition not in usable:
                 del self.positions[partition]
-        missing = sorted(self.leases.held - set(self.positions))
+        missing = sorted(usable - set(self.positions))
         stored = await tables.positions(pg, self.prefix) if missing else {}
         for partition in missing:
             if partition in stored:
                 self.positions[partition] = stored[partition]
                 await self._mirror(partition)
-        held = sorted(self.leases.held)
+        held = sorted(usable)
         infos = await trimming.infos(self.state, held)
         behind = [(p, i.added, self.positions[p].n) for p, i in zip(held, infos, strict=True)
                   if p in self.positions and i.added < self.positions[p].n]
@@ -267,59 +271,84 @@ class Snapshotter:
                 f"partition {p}'s event stream has had {added} events added, PostgreSQL "
                 f"applied {n}" for p, added, n in behind) + " (Redis is behind the snapshot: "
                 "an older copy of its data, or a replica promoted before it synced)",
-                [p for p, _, _ in behind])
-            return
+                [p for p, _, _ in behind], forget=False)
+            held = sorted(usable - self._lost_parts)
+            infos = await trimming.infos(self.state, held)
         for partition, info in zip(held, infos, strict=True):
             position = self.positions.get(partition)
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
-        for partition in sorted(self.leases.held):
+        for partition in held:
             await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
             if partition in self.positions:
                 await calls.store_unsaved(self.state, pg, self.prefix, partition,
                                           self.positions[partition], confirmed)
-        if 0 in self.leases.held:
-            await self._copy_registry(pg, confirmed)
-            await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
+        if 0 in self.leases.held and self._registry_ok:
+            try:
+                await self._copy_registry(pg, confirmed)
+            except pg_generation.RegistryBehind as exc:  # (its writes refused from now on)
+                await self.state.conn.execute("DEL", self.state.keys.registry_marker)
+                self._registry_ok = False
+                await self._lose(exc.message, [], forget=False)
+            else:
+                await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
 
     async def _confirm_generation(self, pg: PgConnection) -> str | None:
-        """The generation that Redis's markers and PostgreSQL agree on; None (recorded, and
-        the markers of a Redis of another generation removed) when they do not."""
+        """The generation that Redis's meta marker and PostgreSQL agree on; None (recorded,
+        and the markers of a Redis of another generation removed) when they do not. The
+        partitions whose own marker is not it (a cluster node that came back empty, a
+        partition found behind) are left out (`_lost_parts`, recorded), as is the registry
+        when its marker is not it: the others go on."""
+        follows = await pg_generation.stored(pg, self.prefix)
         markers = await generation.read(self.state.conn, self.state.keys)
-        problem = markers.problem()
-        if problem is None:
-            assert markers.meta is not None
-            # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
+        if follows is None and markers.meta is not None and markers.restoring is None:
             follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
             markers = await generation.read(self.state.conn, self.state.keys)
-            problem = markers.problem()
-            if problem is None and markers.meta != follows:
-                problem = (f"this Redis holds generation {markers.meta} but PostgreSQL follows "
-                           f"{follows} (a Redis of other data, an older copy of it, or one a "
-                           "restore elsewhere replaced)")
-                if markers.restoring is None:
-                    await self._lose(problem, list(range(self.state.settings.partitions)))
-                    return None
-        if problem is not None:
-            await self._lose(problem, [])
+        # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
+        if follows is None or markers.restoring is not None or (
+                follows not in markers.partitions and markers.registry != follows):
+            await self._lose(markers.problem() or "a restore is running", [])
             return None
-        if markers.meta != self.generation:
+        if markers.meta is None:  # (its node lost it, the others did not: layout kept)
+            await generation.keep_meta(self.state.conn, self.state.keys, follows)
+        elif markers.meta != follows:
+            problem = (f"this Redis holds generation {markers.meta} but PostgreSQL follows "
+                       f"{follows} (a Redis of other data, an older copy of it, or one a "
+                       "restore elsewhere replaced)")
+            if markers.restoring is None and markers.meta is not None:
+                await self._lose(problem, list(range(self.state.settings.partitions)))
+            else:
+                await self._lose(problem, [])
+            return None
+        if follows != self.generation:
             if self.generation is not None:  # a restore: PostgreSQL's positions are new too
                 self._forget_positions()
-            self.generation = markers.meta
-        if self._lost is not None:
+            self.generation = follows
+        self._lost_parts = {n for n, gen in enumerate(markers.partitions) if gen != follows}
+        self._registry_ok = markers.registry == follows
+        for partition in self._lost_parts:
+            self.positions.pop(partition, None)
+        partly = markers.problem()
+        if partly is not None:
+            await self._lose(partly, [], forget=False)
+        elif self._lost is not None:
             log.warning("snapshot: Redis holds generation %s again, as PostgreSQL does; "
                         "snapshotting goes on", self.generation,
                         extra={"event": "snapshot.generation_confirmed"})
             self._lost = None
         return self.generation
 
-    async def _lose(self, reason: str, partitions: list[int]) -> None:
-        """Commit nothing more from this Redis; refuse writes to `partitions` (their markers
-        removed; the others' are gone already) and record why for `status`."""
-        self._forget_positions()
+    async def _lose(self, reason: str, partitions: list[int], *, forget: bool = True) -> None:
+        """Commit nothing more from this Redis (`forget`: from none of it; else from the
+        partitions left out already); refuse writes to `partitions` (their markers removed;
+        the others' are gone already) and record why for `status`."""
+        if forget:
+            self._forget_positions()
+        for partition in partitions:
+            self.positions.pop(partition, None)
+            self._lost_parts.add(partition)
         await generation.mark_lost(self.state.conn, self.state.keys, partitions,
                                    reason if partitions else None)
         if reason != self._lost:
@@ -331,8 +360,10 @@ class Snapshotter:
 
     async def _copy_registry(self, pg: PgConnection, confirmed: str) -> None:
         keys = self.state.keys
-        marker, last, triggers, claims, principals, roles, after = await self.state.conn.pipeline([
+        marker, info, last, triggers, claims, principals, roles, after = \
+            await self.state.conn.pipeline([
             ["GET", keys.registry_marker],
+            ["XINFO", "STREAM", keys.registry],
             ["XREVRANGE", keys.registry, "+", "-", "COUNT", 1],
             ["HGETALL", keys.triggers],
             ["HGETALL", keys.claims],
@@ -344,12 +375,14 @@ class Snapshotter:
         last_id = last[0][0] if last else b"0-0"
         if last_id == self._registry_copied:
             return
+        added = stream_info(info, keys.registry)
 
         def texts(flat: list[bytes]) -> dict[str, str]:
             return {k.decode(): v.decode() for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
         await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims),
-                                      texts(principals), texts(roles), generation=confirmed)
+                                      texts(principals), texts(roles), generation=confirmed,
+                                      registry_added=added.entries_added if added else 0)
         self._registry_copied = last_id
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,

@@ -17,7 +17,7 @@ import psycopg
 
 from stateworker.clock import now_ms
 from stateworker.snapshot.generation import PgConnection as PgConnection
-from stateworker.snapshot.generation import fence, replace
+from stateworker.snapshot.generation import fence, registry_fence, replace
 from stateworker.snapshot.names import to_pg
 
 UPSERT = """
@@ -169,7 +169,8 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
 
 async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
                            claims: dict[str, str], principals: dict[str, str] | None = None,
-                           roles: dict[str, str] | None = None, *, generation: str) -> None:
+                           roles: dict[str, str] | None = None, *, generation: str,
+                           registry_added: int) -> None:
     """The prefix's trigger registrations (id -> JSON), claims (scope -> namespace),
     principals and roles (name -> record JSON) as Redis holds them now, in one transaction,
     while PostgreSQL follows `generation` (an empty registry of a wiped Redis never replaces
@@ -179,7 +180,7 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
               ("sw_principals", "name, record", principals or {}),
               ("sw_roles", "name, record", roles or {}))
     async with conn.transaction(), conn.cursor() as cursor:
-        await fence(cursor, prefix, generation)
+        await registry_fence(cursor, prefix, generation, registry_added)
         for table, columns, rows in tables:
             await cursor.execute(f"DELETE FROM {table} WHERE prefix = %s", (prefix,))
             if rows:
@@ -189,11 +190,12 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
 
 
 async def reset_positions(conn: PgConnection, prefix: str,
-                          positions: dict[int, StoredPosition], generation: str) -> None:
+                          positions: dict[int, StoredPosition], generation: str,
+                          registry_added: int) -> None:
     """A restore: set the positions as given, forward or back (new event streams), and
     PostgreSQL follows the restore's `generation` from now on, in one transaction."""
     async with conn.transaction(), conn.cursor() as cursor:
-        await replace(cursor, prefix, generation)
+        await replace(cursor, prefix, generation, registry_added)
         await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
         await cursor.executemany(POSITION, [
             (prefix, n, p.id, *(int(part or 0) for part in p.id.partition("-")[::2]), p.n,

@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from stateworker.clock import now_ms
-from stateworker.errors import StateError
+from stateworker.errors import StateError, StoreLost
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REAP, reap_call
 from stateworker.scripts.replies import ReapReply
@@ -69,6 +69,8 @@ async def reaper_loop(state: RedisState, *,
             await reap_expired(state)
             await forget_old_writes(state)
             await trigger_leases.reap_triggers(state)
+        except StoreLost:  # (the generation watch says so, once)
+            pass
         except StateError as exc:  # Redis away for a moment: the next round retries
             log.warning("reaper round failed: %s", exc)
         await anyio.sleep(state.settings.reaper_interval_s)

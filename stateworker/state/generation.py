@@ -84,13 +84,14 @@ class Markers:
         """Why this Redis is lost, from the markers alone (and what the snapshotter found,
         when it removed them); None when they all agree."""
         gone = self.missing
+        present = {gen for gen in (*self.partitions, self.registry) if gen is not None}
         if self.meta is None and len(gone) == len(self.partitions) and self.registry is None:
             what = "every generation marker of the prefix is gone"
         elif gone or self.registry is None:
             names = [f"partition {n}" for n in gone] + (["the registry"]
                                                          if self.registry is None else [])
             what = f"the generation marker of {', '.join(names)} is gone"
-        elif any(gen != self.meta for gen in (*self.partitions, self.registry)):
+        elif len(present) > 1 or (self.meta is not None and present != {self.meta}):
             what = "the generation markers disagree"
         else:
             return None
@@ -122,12 +123,20 @@ async def begin(conn: RedisConnection, keys: KeySpace) -> str:
     """The prefix begins in this Redis (or began before the marker existed): a generation
     where none is (replicas starting together agree: the first meta field wins), also on
     the partitions and the registry that have none. The generation."""
-    await conn.execute("HSETNX", keys.meta, META_FIELD, new_generation())
+    held = await read(conn, keys)  # (a dataset whose meta alone is gone goes on as it was)
+    known = [gen for gen in (held.meta, *held.partitions, held.registry) if gen is not None]
+    await conn.execute("HSETNX", keys.meta, META_FIELD, known[0] if known else new_generation())
     generation = str((await conn.execute("HGET", keys.meta, META_FIELD)).decode())
     await conn.pipeline([*[["HSETNX", p.history, PARTITION_FIELD, generation]
                            for p in keys.all_partitions()],
                          ["SET", keys.registry_marker, generation, "NX"]])
     return generation
+
+
+async def keep_meta(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
+    """The meta hash again, when its node lost it and the partitions' did not (a cluster)."""
+    await conn.pipeline([["HSETNX", keys.meta, "partitions", keys.partitions],
+                         ["HSETNX", keys.meta, META_FIELD, generation]])
 
 
 async def stamp(conn: RedisConnection, keys: KeySpace, generation: str) -> None:

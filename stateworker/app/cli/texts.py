@@ -135,7 +135,8 @@ exit status:
 
 RESTORE = f"""\
 Rebuilds an empty Redis from the PostgreSQL snapshot: a progress line on stderr, the
-summary (JSON) on stdout.
+summary (JSON) on stdout. The service may run meanwhile: writes are refused (STORE_LOST)
+until the restore's last step. A restore that stopped half way may be run again.
 
 exit status:
   0  restored

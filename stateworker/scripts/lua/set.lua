@@ -28,6 +28,8 @@
              list shares the node; answer.lua):
              the call is answered here (entry.lua, entry_answer)
   Output:
+    {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua: the partition's
+                      marker is gone); nothing written, nothing recorded
     {ST.OK, old value or false, version, created (1/0), revision}
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.UNCHANGED, current version, current value}    diff mode, same hash

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from stateworker.state import generation, lifecycle, principals
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_repair import PARTITIONS, TRIGGER, seed, settings_for
 from tests.integration.snapshot.test_restore import dump
+from tests.integration.snapshots import caught_up
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -183,3 +185,58 @@ async def test_without_a_snapshot_a_wiped_prefix_begins_anew_by_itself(
                 return False
         await until(writes, 30, "the prefix to begin anew")
         assert store.state.lost is None
+
+
+def swap_data(server: RedisServer, directory: Path) -> None:
+    """Stop Redis cleanly and start it again on the data in `directory` (a copy of before)."""
+    server.kill(signal.SIGTERM)  # (a clean shutdown: the AOF is complete)
+    shutil.rmtree(server.directory)
+    shutil.copytree(directory, server.directory)
+    server.start()
+
+
+async def test_a_redis_started_on_an_older_copy_of_its_data_is_found_behind(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    """Same generation, fewer events: the partitions behind PostgreSQL refuse writes, the
+    others go on; nothing older reaches PostgreSQL (no row, version or registry goes back)."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    behind = keys.partition_of("later")
+    other = next(s for s in (f"s{n}" for n in range(100)) if keys.partition_of(s) != behind)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        await store.set("later", "k", "old")
+        await store.set(other, "k", "kept")
+        await store.call("state::register-trigger", TRIGGER)
+        await until(lambda: caught_up(client, keys) and postgres_truth(
+            postgres_url, prefix)["triggers"], 30, "the snapshot to hold the writes")
+    older = tmp_path / "older"
+    own_redis.kill(signal.SIGTERM)  # (a clean shutdown: the AOF complete, then a copy of it)
+    shutil.copytree(own_redis.directory, older)
+    own_redis.start()
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateStore.open(settings=settings) as store:
+        for n in range(5):
+            await store.set("later", "k", f"new-{n}")  # version 6 in PostgreSQL
+        await store.call("state::unregister-trigger", {"id": TRIGGER["id"]})
+        await until(lambda: caught_up(client, keys) and not postgres_truth(
+            postgres_url, prefix)["triggers"], 30, "the snapshot to hold the newer writes")
+        truth = postgres_truth(postgres_url, prefix)
+        swap_data(own_redis, older)
+        await until(lambda: service.state.lost is not None, 30, "the service to see it behind")
+        await lost_seen_twice(client, keys)
+        assert postgres_truth(postgres_url, prefix) == truth
+        report = (await status_report(settings))["store_lost"]
+        assert f"partition {behind}'s event stream" in report and "behind" in report
+        with pytest.raises(StateError) as refused:
+            await store.set("later", "k", "lost")
+        assert refused.value.code == "STORE_LOST"
+        assert (await store.set(other, "k2", "fine")).version == 1  # a partition not behind
+        # The recovery: the prefix's keys gone, then the restore (the service running).
+        client.flushall()
+        code, summary, stderr = await restore_while_serving(own_redis.url, prefix, postgres_url)
+        assert code == 0, stderr
+        await until(lambda: service.state.lost is None, 30, "the service to see it recovered")
+        assert await store.get("later", "k") == "new-4"
+        assert summary["triggers"] == 0
+        assert (await store.set("later", "k", "after")).version == 7

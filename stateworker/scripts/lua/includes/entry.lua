@@ -8,6 +8,7 @@
     ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
                                             -- stream cap, writer
     ctx.tp                                  -- a traced call's traceparent (false: untraced)
+    ctx.rev, ctx.rev1                       -- the revision of the call's last and first event
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
   An entry is one string (packed.lua); a loaded entry `cur` is {value, version, expires_at,
@@ -256,8 +257,10 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
   another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
   change, so the two cannot part. With KEYS[9] (the snapshot is on), a call that changed the
-  entry also appends its record and revision to the partition's stream of records PostgreSQL
-  does not hold yet (fields f, v, r, t), so a restore brings them back. The deadline is checked
+  entry also appends its record, the revision of its first change (ctx.rev1) and its time to
+  the partition's stream of records PostgreSQL does not hold yet (fields f, v, r, t): the
+  snapshot commits it with the first batch whose rows hold any change of the call
+  (snapshot/calls.py), so a restore brings it back with them. The deadline is checked
   after the record: a call applied in time gets its reply again when it comes late.
 ]]
 local ENTRY_DIGEST = 8 -- raw bytes of the call's digest in its record
