@@ -114,8 +114,9 @@ the dispatch and the snapshot with their partitions in one line each ("16 partit
 consumer.
 
 exit status:
-  0  Redis answered (the compose health check relies on it)
-  1  Redis did not answer (reachable: false, and why)
+  0  Redis answered and holds the data (the compose health check relies on it)
+  1  Redis did not answer (reachable: false, and why), or it lost the data PostgreSQL
+     holds (store_lost: what was found; `stateworker restore` recovers)
 {USAGE_LINE}
 
 examples:

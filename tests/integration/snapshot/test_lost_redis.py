@@ -25,6 +25,7 @@ import redis
 from stateworker import StateError, StateStore
 from stateworker.app.cli import status_report
 from stateworker.app.http import redis_unready
+from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace
@@ -124,6 +125,8 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         await wipe()
         await until(lambda: service.state.lost is not None, 30, "the service to see it lost")
         assert "generation marker" in (await redis_unready(service.state) or "")
+        metrics = Metrics(service.state, service.runtime)
+        assert b"\nstateworker_store_lost 1.0\n" in (await metrics.exposition())[0]
         # Every write is refused, whatever its kind, and none of them lands anywhere.
         assert await refused_writes(store) == ["STORE_LOST"] * 6
         await lost_seen_twice(client, keys)
@@ -136,6 +139,7 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         assert (summary["triggers"], summary["claims"], summary["principals"]) == (1, 1, 1)
         await until(lambda: service.state.lost is None, 30, "the service to see it recovered")
         assert await redis_unready(service.state) is None
+        assert b"\nstateworker_store_lost 0.0\n" in (await metrics.exposition())[0]
         assert (await status_report(settings))["store_lost"] is None
         restored = dump(client, prefix)
         assert {k: v for k, v in restored.items() if b":e:" in k} == \
