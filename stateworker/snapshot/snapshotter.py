@@ -307,21 +307,22 @@ class Snapshotter:
             follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
             markers = await generation.read(self.state.conn, self.state.keys)
         # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
-        if follows is None or markers.restoring is not None or (
-                follows not in markers.partitions and markers.registry != follows):
+        if markers.restoring is not None:
             await self._lose(markers.problem() or "a restore is running", [])
+            return None
+        other = markers.meta is not None and follows is not None and markers.meta != follows
+        if follows is None or other or (follows not in markers.partitions
+                                        and markers.registry != follows):
+            problem = markers.problem() or "every generation marker of the prefix is gone"
+            if other:  # (its markers removed: no write lands in a Redis of other data)
+                problem = (f"this Redis holds generation {markers.meta} but PostgreSQL "
+                           f"follows {follows} (a Redis of other data, an older copy of it, "
+                           "or one a restore elsewhere replaced)")
+            await self._lose(problem, list(range(self.state.settings.partitions))
+                             if other else [])
             return None
         if markers.meta is None:  # (its node lost it, the others did not: layout kept)
             await generation.keep_meta(self.state.conn, self.state.keys, follows)
-        elif markers.meta != follows:
-            problem = (f"this Redis holds generation {markers.meta} but PostgreSQL follows "
-                       f"{follows} (a Redis of other data, an older copy of it, or one a "
-                       "restore elsewhere replaced)")
-            if markers.restoring is None and markers.meta is not None:
-                await self._lose(problem, list(range(self.state.settings.partitions)))
-            else:
-                await self._lose(problem, [])
-            return None
         if follows != self.generation:
             if self.generation is not None:  # a restore: PostgreSQL's positions are new too
                 self._forget_positions()

@@ -198,7 +198,9 @@ async def check(state: RedisState) -> str | None:
     """One round of `watch_loop`: the generation every marker agrees on (None: lost)."""
     markers = await read(state.conn, state.keys)
     problem = markers.problem()  # (the state was opened: the prefix began here, markers held)
-    if problem is not None and state.settings.postgres_url is None:
+    # Without a snapshot of its own, this process begins the prefix anew, unless a snapshotter
+    # (another process's) found it lost: then PostgreSQL holds it, and a restore is due.
+    if problem is not None and state.settings.postgres_url is None and not markers.lost_seen:
         log.error("Redis lost the data of prefix %s (%s), and with no PostgreSQL snapshot "
                   "(STATEWORKER_POSTGRES_URL) there is nothing to restore it from: the prefix "
                   "begins anew in this Redis", state.settings.prefix, problem,
