@@ -116,10 +116,12 @@ class Unavailable(StateError):
     code = "UNAVAILABLE"
 
 
-class StoreLost(Unavailable):
+class StoreLost(StateError):
     """Raised when a write meets a Redis that lost the data PostgreSQL holds (its generation
     marker is gone or another: a FLUSHALL, a restart without its AOF, a Redis behind the
-    snapshot); nothing was written, and writes stay refused until it is recovered."""
+    snapshot); nothing was written, and writes stay refused until it is recovered. Not an
+    Unavailable: the call certainly did not run, so it is answered at once (a bus call left
+    pending would wait for a recovery that may take hours)."""
 
     code = "STORE_LOST"
 

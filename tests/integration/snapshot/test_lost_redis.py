@@ -24,6 +24,7 @@ import redis
 
 from stateworker import StateError, StateStore
 from stateworker.app.cli import status_report
+from stateworker.bus.client import StateClient
 from stateworker.app.http import redis_unready
 from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
@@ -127,8 +128,14 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         assert "generation marker" in (await redis_unready(service.state) or "")
         metrics = Metrics(service.state, service.runtime)
         assert b"\nstateworker_store_lost 1.0\n" in (await metrics.exposition())[0]
-        # Every write is refused, whatever its kind, and none of them lands anywhere.
+        # Every write is refused, whatever its kind and door, and none of them lands anywhere.
         assert await refused_writes(store) == ["STORE_LOST"] * 6
+        async with StateClient(settings=settings, timeout=10) as bus:
+            with pytest.raises(StateError) as over_bus:
+                await bus.call("state::set", {"scope": "s2", "key": "twice", "value": 0},
+                               call_id="after-the-wipe")
+            assert over_bus.value.code == "STORE_LOST"
+            assert "stateworker restore" in over_bus.value.message
         await lost_seen_twice(client, keys)
         assert postgres_truth(postgres_url, prefix) == truth
         report = await status_report(settings)
@@ -147,7 +154,11 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         # Writes go on from the versions PostgreSQL held, and reach it.
         written = await store.set("s2", "twice", "z")
         assert written.version == 3
-        await until(lambda: ("s2", "twice", '"z"', 3) in [
+        async with StateClient(settings=settings, timeout=10) as bus:  # (it was not recorded)
+            again = await bus.call("state::set", {"scope": "s2", "key": "twice", "value": 0},
+                                   call_id="after-the-wipe")
+            assert again["version"] == 4
+        await until(lambda: ("s2", "twice", '0', 4) in [
             row[:4] for row in postgres_truth(postgres_url, prefix)["entries"]], 30,
             "the write after the restore in PostgreSQL")
         with pytest.raises(StateError) as claimed:
