@@ -24,10 +24,10 @@ import redis
 
 from stateworker import StateError, StateStore
 from stateworker.app.cli import status_report
-from stateworker.bus.client import StateClient
 from stateworker.app.http import redis_unready
 from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
