@@ -143,7 +143,9 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
 
         code, summary, stderr = await restore_while_serving(own_redis.url, prefix, postgres_url)
         assert code == 0, stderr
-        assert (summary["triggers"], summary["claims"], summary["principals"]) == (1, 1, 1)
+        assert (summary["triggers"], summary["claims"], summary["principals"],
+                summary["roles"], summary["barriers"]) == (1, 1, 1, 1, 3)
+        assert summary["entries"] == len(truth["entries"])
         await until(lambda: service.state.lost is None, 30, "the service to see it recovered")
         assert await redis_unready(service.state) is None
         assert b"\nstateworker_store_lost 0.0\n" in (await metrics.exposition())[0]
