@@ -35,7 +35,7 @@ from stateworker.state import generation, lifecycle, principals
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_repair import PARTITIONS, TRIGGER, seed, settings_for
 from tests.integration.snapshot.test_restore import dump
-from tests.integration.snapshots import caught_up
+from tests.integration.snapshots import all_dispatched, caught_up
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -166,6 +166,13 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         with pytest.raises(StateError) as claimed:
             await store.get("private", "k")
         assert claimed.value.code == "RESERVED_SCOPE"
+        # The trigger delivers a new write, and only it (no restored entry fired).
+        reactor = f"{prefix}:bus:reactor"
+        await store.set("s1", "after-restore", 1)
+        await until(lambda: client.exists(reactor) and all_dispatched(client, keys), 30,
+                    "the new write dispatched")
+        calls = client.xrange(reactor)
+        assert len(calls) == 1 and b"after-restore" in calls[0][1][b"body"]
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
             assert list((await principals.stored(state))[0]) == ["alice"]
 
