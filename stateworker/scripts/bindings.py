@@ -98,7 +98,8 @@ BINDINGS: tuple[Binding[Any], ...] = (
     TRANSACTION, GETMANY, DELPREFIX, GET)
 INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
 REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/repack.py)
-BINDINGS += (INDEX, REPACK)
+STAMP = Binding("stamp", 1, Moved.read)  # a restore's generation marker, one slot at a time
+BINDINGS += (INDEX, REPACK, STAMP)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4

@@ -25,6 +25,7 @@ from stateworker.errors import ConfigError, shown
 from stateworker.reactive import trimming
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot import restore, tables
+from stateworker.snapshot.snapshotter import behind_partitions
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.store import RedisState
@@ -48,10 +49,28 @@ async def repair_at_start(state: RedisState, pg: PgConnection | None) -> None:
     start's PostgreSQL connection (`snapshotter.prepare`), left open; None: no PostgreSQL URL,
     or it was unreachable (`prepare` has said so; the snapshot retries)."""
     if pg is None:
+        if state.settings.postgres_url is not None and await _pending(state):
+            log.warning("PostgreSQL is not reachable at start and the prefix is new in this "
+                        "Redis: it begins here; if this Redis was wiped, the snapshot finds "
+                        "it of another generation once PostgreSQL answers, and writes are "
+                        "refused until `stateworker restore`", extra={"event": "repair.blind"})
+            await generation.begin_fresh(state.conn, state.keys)
         return
-    reason = await lost(state, pg)
-    if reason is not None:
-        await _repair(state, pg, reason)
+    # One replica at a time decides (and restores): those starting together wait, then ask
+    # again, and find the Redis the first one restored.
+    async with restore.exclusive(pg, state.settings.prefix, wait=True):
+        reason = await lost(state, pg)
+        if reason is not None:
+            await _repair(state, pg, reason)
+        elif await _pending(state):  # (a new prefix: PostgreSQL holds nothing of it)
+            await generation.begin_fresh(state.conn, state.keys)
+
+
+async def _pending(state: RedisState) -> bool:
+    """The prefix began in this Redis without a marker, for the repair to decide
+    (generation.defer)."""
+    markers = await generation.read(state.conn, state.keys)
+    return markers.restoring == generation.PENDING
 
 
 async def lost(state: RedisState, pg: PgConnection) -> str | None:
@@ -71,11 +90,10 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
         return (f"Redis holds generation {markers.meta} of prefix {shown(prefix)}, PostgreSQL "
                 f"follows {follows} (other data, or an older copy from before a restore)")
     stored = await tables.positions(pg, prefix)
-    infos = await trimming.infos(state, sorted(stored))
-    for (partition, position), info in zip(sorted(stored.items()), infos, strict=True):
-        if info.added < position.n:
-            return (f"Redis is behind PostgreSQL: partition {partition}'s event stream has had "
-                    f"{info.added} events added, PostgreSQL applied {position.n}")
+    held = sorted(stored)
+    behind = await behind_partitions(state, stored, held, await trimming.infos(state, held))
+    if behind:
+        return f"Redis is behind PostgreSQL: {', '.join(behind.values())}"
     return None
 
 
@@ -97,7 +115,7 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     log.warning("%s: restoring it from PostgreSQL before serving", reason,
                 extra={"event": "repair.start"})
     assert state.settings.postgres_url is not None
-    summary = await restore.restore(state, state.settings.postgres_url, pg=pg)
+    summary = await restore.restore(state, state.settings.postgres_url, pg=pg, locked=True)
     log.warning("repaired: restored %d entries, %d barriers, %d triggers, %d claims in %.3f s",
                 summary.entries, summary.barriers, summary.triggers, summary.claims,
                 summary.seconds, extra={"event": "repair.done", "entries": summary.entries})

@@ -28,10 +28,13 @@ again, their snapshotters go on from the positions the restore set, and writes a
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import msgspec
 
 from stateworker.clock import now_ms
@@ -124,59 +127,94 @@ async def _refuse_non_empty(state: RedisState) -> None:
             {"prefix": state.settings.prefix})
 
 
+@asynccontextmanager
+async def exclusive(pg: PgConnection, prefix: str, *, wait: bool) -> AsyncIterator[None]:
+    """One restore of a prefix at a time, across processes: a PostgreSQL advisory lock of
+    the connection's session (a restore killed half way lets go of it with its connection).
+    `wait`: until the other one ends (the repair at start: then it asks again whether a
+    restore is due); else RESTORE_REFUSED at once."""
+    key = f"stateworker restore {prefix}"
+    if wait:
+        await pg.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+    else:
+        row = await (await pg.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                                      (key,))).fetchone()
+        if not row or not row[0]:
+            raise RestoreRefused(
+                f"another restore of prefix {shown(prefix)} is running (it holds the restore's "
+                "lock in PostgreSQL): nothing was written; run this one again once it ended, "
+                "if it failed", {"prefix": prefix})
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True):
+            await pg.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+
+
 async def restore(state: RedisState, url: str,
                   progress: Callable[[int, int], None] | None = None, *,
-                  pg: PgConnection | None = None) -> Summary:
+                  pg: PgConnection | None = None, locked: bool = False) -> Summary:
     """Rebuild the prefix from PostgreSQL; `progress(done, total)` after each batch. `pg`: a
     connection to `url` already migrated, used and left open (the repair at start's);
-    None: one of its own."""
+    None: one of its own. `locked`: the caller holds `exclusive` on `pg` (else it is taken
+    here, RESTORE_REFUSED when another restore holds it)."""
     started = time.monotonic()
-    await _refuse_non_empty(state)
-    prefix = state.settings.prefix
-    generation_id = generation.new_generation()
-    await generation.begin_restore(state.conn, state.keys, generation_id)
     own = pg is None
     if pg is None:
         pg = await connect(url)
     try:
-        summary = Summary()
-        now = now_ms()
-        live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
-        counted = await (await pg.execute(
-            f"SELECT count(*) FILTER (WHERE {live}), count(*) FROM sw_entries WHERE prefix = %s",
-            (prefix, now, prefix))).fetchone()
-        total, every = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
-        summary.skipped_expired = every - total
-        async with pg.transaction(), pg.cursor(name="restore") as cursor:
-            await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
-                                 (prefix, now))
-            while batch := await cursor.fetchmany(BATCH):
-                await _run(state, [c for row in batch for c in entry_commands(state, row)])
-                summary.entries += len(batch)
-                if progress is not None:
-                    progress(summary.entries, total)
-        summary.triggers, summary.claims = await _restore_registry(state, pg)
-        await _restore_principals(state, pg, summary)
-        stored = await barriers.stored_barriers(pg, prefix)
-        for start in range(0, len(stored), BATCH):
-            await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
-        summary.barriers = len(stored)
-        summary.calls = await calls.restore(state, pg)
-        await _positions_to_ends(state, pg, generation_id)
-        await begin_history(state.conn, state.keys, "restore")
-        # Running replicas reload the claims, triggers and principals restored (their
-        # registry followers) before the markers let writes in again.
-        await _run(state, [["XADD", state.keys.registry, "MAXLEN", "~", REGISTRY_MAXLEN, "*",
-                            "kind", RELOAD]])
-        await generation.stamp(state.conn, state.keys, generation_id)
-        summary.generation = generation_id
-        # The entries are back, their value indexes are not: built again from their
-        # definitions, which came back as entries of `state_indexes`.
-        summary.indexes = await indexes.rebuild_all(state)
+        async with contextlib.AsyncExitStack() as stack:
+            if not locked:
+                await stack.enter_async_context(exclusive(pg, state.settings.prefix,
+                                                          wait=False))
+            summary = await _restore(state, pg, progress)
     finally:
         if own:
             await pg.close()
     summary.seconds = round(time.monotonic() - started, 3)
+    return summary
+
+
+async def _restore(state: RedisState, pg: PgConnection,
+                   progress: Callable[[int, int], None] | None) -> Summary:
+    await _refuse_non_empty(state)
+    prefix = state.settings.prefix
+    generation_id = generation.new_generation()
+    await generation.begin_restore(state.conn, state.keys, generation_id)
+    summary = Summary()
+    now = now_ms()
+    live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
+    counted = await (await pg.execute(
+        f"SELECT count(*) FILTER (WHERE {live}), count(*) FROM sw_entries WHERE prefix = %s",
+        (prefix, now, prefix))).fetchone()
+    total, every = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
+    summary.skipped_expired = every - total
+    async with pg.transaction(), pg.cursor(name="restore") as cursor:
+        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
+                             (prefix, now))
+        while batch := await cursor.fetchmany(BATCH):
+            await _run(state, [c for row in batch for c in entry_commands(state, row)])
+            summary.entries += len(batch)
+            if progress is not None:
+                progress(summary.entries, total)
+    summary.triggers, summary.claims = await _restore_registry(state, pg)
+    await _restore_principals(state, pg, summary)
+    stored = await barriers.stored_barriers(pg, prefix)
+    for start in range(0, len(stored), BATCH):
+        await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
+    summary.barriers = len(stored)
+    summary.calls = await calls.restore(state, pg)
+    await _positions_to_ends(state, pg, generation_id)
+    await begin_history(state.conn, state.keys, "restore")
+    # Running replicas reload the claims, triggers and principals restored (their
+    # registry followers) before the markers let writes in again.
+    await _run(state, [["XADD", state.keys.registry, "MAXLEN", "~", REGISTRY_MAXLEN, "*",
+                        "kind", RELOAD]])
+    # The entries are back, their value indexes are not: built again from their
+    # definitions, which came back as entries of `state_indexes`.
+    summary.indexes = await indexes.rebuild_all(state)
+    await generation.stamp(state, generation_id)  # (writes are let in from here)
+    summary.generation = generation_id
     return summary
 
 

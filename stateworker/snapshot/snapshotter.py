@@ -113,6 +113,38 @@ async def prepare(settings: Settings) -> PgConnection | None:
         return None
 
 
+async def behind_partitions(state: RedisState, positions: dict[int, StoredPosition],
+                            held: list[int], infos: list[trimming.StreamInfo]) -> dict[int, str]:
+    """The partitions whose stream is not the history PostgreSQL applied (`positions`), and
+    why: fewer events added than it applied, an end before its position, or no event at its
+    position where the stream still keeps that far back (an older copy that took new writes
+    since: its count may have caught up, its ids are other)."""
+    found: dict[int, str] = {}
+    check: list[int] = []
+    for p, info in zip(held, infos, strict=True):
+        position = positions.get(p)
+        if position is None or position.id == "0-0":
+            continue
+        at = revision_of(position.id)
+        if info.added < position.n:
+            found[p] = (f"partition {p}'s event stream has had {info.added} events added, "
+                        f"PostgreSQL applied {position.n}")
+        elif revision_of(info.last_id) < at:
+            found[p] = (f"partition {p}'s event stream ends at {info.last_id}, before "
+                        f"{position.id} that PostgreSQL applied")
+        elif revision_of(info.first_id) <= at:
+            check.append(p)
+    if check:
+        replies = await state.conn.pipeline([
+            ["XRANGE", state.keys.partition(p).events, positions[p].id, positions[p].id]
+            for p in check])
+        for p, reply in zip(check, replies, strict=True):
+            if not reply:
+                found[p] = (f"partition {p}'s event stream holds no event {positions[p].id} "
+                            "that PostgreSQL applied (other events since)")
+    return found
+
+
 class Snapshotter:
     """Runs until `stop()`."""
 
@@ -264,14 +296,11 @@ class Snapshotter:
                 await self._mirror(partition)
         held = sorted(usable)
         infos = await trimming.infos(self.state, held)
-        behind = [(p, i.added, self.positions[p].n) for p, i in zip(held, infos, strict=True)
-                  if p in self.positions and i.added < self.positions[p].n]
+        behind = await behind_partitions(self.state, self.positions, held, infos)
         if behind:
-            await self._lose(", ".join(
-                f"partition {p}'s event stream has had {added} events added, PostgreSQL "
-                f"applied {n}" for p, added, n in behind) + " (Redis is behind the snapshot: "
-                "an older copy of its data, or a replica promoted before it synced)",
-                [p for p, _, _ in behind], forget=False)
+            await self._lose(", ".join(behind.values()) + " (Redis is behind the snapshot: an "
+                             "older copy of its data, or a replica promoted before it synced)",
+                             sorted(behind), forget=False)
             held = sorted(usable - self._lost_parts)
             infos = await trimming.infos(self.state, held)
         for partition, info in zip(held, infos, strict=True):
@@ -311,6 +340,8 @@ class Snapshotter:
             await self._lose(markers.problem() or "a restore is running", [])
             return None
         other = markers.meta is not None and follows is not None and markers.meta != follows
+        if other and await pg_generation.stored(pg, self.prefix) != follows:
+            return None  # (a restore replaced it meanwhile: the next round sees which)
         if follows is None or other or (follows not in markers.partitions
                                         and markers.registry != follows):
             problem = markers.problem() or "every generation marker of the prefix is gone"

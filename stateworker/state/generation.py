@@ -26,16 +26,19 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from stateworker.clock import now_ms
-from stateworker.errors import StateError
+from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
 from stateworker.keys import KeySpace
+from stateworker.scripts.bindings import STAMP
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
+from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.generation")
@@ -95,13 +98,22 @@ class Markers:
             what = "the generation markers disagree"
         else:
             return None
-        if self.restoring is not None:
+        if self.restoring == PENDING:
+            what += (" (the prefix is new in this Redis: `stateworker serve` with the "
+                     "snapshot asks PostgreSQL at start whether to restore it)")
+        elif self.restoring is not None:
             what += " (a restore began and has not finished: run `stateworker restore` again)"
         return f"{what}, since {self.lost_reason}" if self.lost_reason else what
 
 
 def _text(value: object) -> str | None:
     return value.decode() if isinstance(value, bytes) else None
+
+
+def _marker(value: object) -> str | None:
+    """A marker as read; None when gone, or held by a restore that runs ("~" ...)."""
+    text = _text(value)
+    return None if text is None or text.startswith("~") else text
 
 
 async def read(conn: RedisConnection, keys: KeySpace) -> Markers:
@@ -115,7 +127,7 @@ async def read(conn: RedisConnection, keys: KeySpace) -> Markers:
         if isinstance(reply, ReplyError):
             raise reply
     return Markers(meta=_text(meta[0]), partitions=tuple(_text(g) for g in rest[:-1]),
-                   registry=_text(rest[-1]), restoring=_text(meta[1]),
+                   registry=_marker(rest[-1]), restoring=_text(meta[1]),
                    lost_reason=_text(lost[0]), lost_seen=lost[1] is not None)
 
 
@@ -134,22 +146,55 @@ async def begin(conn: RedisConnection, keys: KeySpace) -> str:
 
 
 async def keep_meta(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
-    """The meta hash again, when its node lost it and the partitions' did not (a cluster)."""
+    """The meta hash again, when its node lost it and the partitions' did not (a cluster):
+    its layout facts (partitions; entries packed: state/repack.py) and the generation."""
     await conn.pipeline([["HSETNX", keys.meta, "partitions", keys.partitions],
+                         ["HSETNX", keys.meta, "entries", "packed"],
                          ["HSETNX", keys.meta, META_FIELD, generation]])
 
 
-async def stamp(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
-    """A restore's last step: every marker is `generation`, the restore is over."""
-    replies = await conn.pipeline([
-        *[["HSET", p.history, PARTITION_FIELD, generation] for p in keys.all_partitions()],
-        ["SET", keys.registry_marker, generation],
+PENDING = "pending"  # `restoring` of a prefix begun by a service with a snapshot: not yet decided
+
+
+async def stamp(state: RedisState, generation: str) -> None:
+    """A restore's last step: every marker is `generation`, the restore is over. Each slot is
+    stamped only while the restore's mark is there (stamp.lua); Unavailable when a slot's is
+    gone (Redis wiped during the restore): nothing more is stamped, and writes stay refused."""
+    keys, library = state.keys, state.library
+    commands = [STAMP.command(library, [p.history], ["h", generation])
+                for p in keys.all_partitions()]
+    commands.append(STAMP.command(library, [keys.registry_marker], ["s", generation]))
+    replies = await pipeline(state.conn, library, commands)
+    if not all(STAMP.read(reply).done for reply in replies):
+        raise Unavailable("restore: Redis lost what the restore wrote before it ended (a "
+                          "FLUSHALL or a restart without its data during the restore); writes "
+                          "stay refused: run `stateworker restore` again", {})
+    await conn_pipeline_checked(state.conn, [
         ["HSET", keys.meta, META_FIELD, generation],
         ["HDEL", keys.meta, RESTORING_FIELD],
         ["HDEL", keys.snapshot_status, LOST_FIELD, SEEN_FIELD]])
-    for reply in replies:
+
+
+async def conn_pipeline_checked(conn: RedisConnection, commands: list[list[Any]]) -> None:
+    for reply in await conn.pipeline(commands):
         if isinstance(reply, ReplyError):
             raise reply
+
+
+async def defer(conn: RedisConnection, keys: KeySpace) -> None:
+    """A prefix new in this Redis, opened with a PostgreSQL snapshot configured: no marker
+    yet (no write lands) until the repair at start has asked PostgreSQL whether this Redis
+    is new or wiped (`begin_fresh`, or a restore)."""
+    await conn.execute("HSETNX", keys.meta, RESTORING_FIELD, PENDING)
+
+
+async def begin_fresh(conn: RedisConnection, keys: KeySpace) -> str:
+    """The repair at start found nothing to restore: the prefix begins (`begin`)."""
+    generation = await begin(conn, keys)
+    held = await conn.execute("HGET", keys.meta, RESTORING_FIELD)
+    if held == PENDING.encode():
+        await conn.execute("HDEL", keys.meta, RESTORING_FIELD)
+    return generation
 
 
 async def mark_lost(conn: RedisConnection, keys: KeySpace, partitions: list[int],
@@ -165,12 +210,14 @@ async def mark_lost(conn: RedisConnection, keys: KeySpace, partitions: list[int]
 
 
 async def begin_restore(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
-    """A restore's first step: writes are refused while it runs (every marker removed), and
-    a restore that stops half way is known (`restoring`: the next one may go on over what it
-    wrote)."""
-    await conn.pipeline([["HSET", keys.meta, RESTORING_FIELD, generation],
-                         *[["HDEL", p.history, PARTITION_FIELD] for p in keys.all_partitions()],
-                         ["DEL", keys.registry_marker]])
+    """A restore's first step: writes are refused while it runs (every marker removed), a
+    restore that stops half way is known (`restoring`: the next one may go on over what it
+    wrote), and each slot holds the restore's mark (`stamp` needs it: a wipe takes it)."""
+    await conn_pipeline_checked(conn, [
+        ["HSET", keys.meta, RESTORING_FIELD, generation],
+        *[["HDEL", p.history, PARTITION_FIELD] for p in keys.all_partitions()],
+        *[["HSET", p.history, RESTORING_FIELD, generation] for p in keys.all_partitions()],
+        ["SET", keys.registry_marker, f"~{generation}"]])
 
 
 async def watch_loop(state: RedisState, *,
@@ -199,8 +246,9 @@ async def check(state: RedisState) -> str | None:
     markers = await read(state.conn, state.keys)
     problem = markers.problem()  # (the state was opened: the prefix began here, markers held)
     # Without a snapshot of its own, this process begins the prefix anew, unless a snapshotter
-    # (another process's) found it lost: then PostgreSQL holds it, and a restore is due.
-    if problem is not None and state.settings.postgres_url is None and not markers.lost_seen:
+    # (another process's) found it lost, or a restore runs: then PostgreSQL holds it.
+    if problem is not None and state.settings.postgres_url is None and not markers.lost_seen \
+            and markers.restoring is None:
         log.error("Redis lost the data of prefix %s (%s), and with no PostgreSQL snapshot "
                   "(STATEWORKER_POSTGRES_URL) there is nothing to restore it from: the prefix "
                   "begins anew in this Redis", state.settings.prefix, problem,

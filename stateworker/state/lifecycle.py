@@ -130,7 +130,10 @@ async def check_server(state: RedisState) -> None:
         # gets COMPACTED. Recorded first, so no event is written before it.
         await begin_history(conn, keys, "new")
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
-        await generation.begin(conn, keys)
+        if settings.postgres_url is None:
+            await generation.begin(conn, keys)
+        else:  # (new, or wiped? PostgreSQL knows: the repair at start asks it, or a restore)
+            await generation.defer(conn, keys)
     elif int(stored) != keys.partitions:
         raise ConfigError(
             f"prefix {shown(settings.prefix)} was created with {int(stored)} partitions, not "

@@ -24,7 +24,7 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
-from stateworker.state import functions, principals, repack
+from stateworker.state import functions, generation, principals, repack
 from stateworker.transport.wire import Arg
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -117,6 +117,9 @@ async def test_every_script_call_hashes_to_one_slot(
     await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
+    restored = generation.new_generation()  # stamp.lua: a restore's first and last steps
+    await generation.begin_restore(store.state.conn, store.state.keys, restored)
+    await generation.stamp(store.state, restored)
     # repack.lua: an entry of the layout before packed entries, and a topic index, upgraded
     await store.set(scope, "tagged", 1, topic="t")
     at = store.state.keys.for_scope(scope)

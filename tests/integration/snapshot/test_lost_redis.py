@@ -29,6 +29,7 @@ from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
+from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.state import generation, lifecycle, principals
@@ -264,3 +265,34 @@ async def test_a_redis_started_on_an_older_copy_of_its_data_is_found_behind(
         assert await store.get("later", "k") == "new-4"
         assert summary["triggers"] == 0
         assert (await store.set("later", "k", "after")).version == 7
+
+
+async def test_an_older_copy_that_took_new_writes_since_is_behind_too(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    """Its streams have had as many events added as PostgreSQL applied by now, but not the
+    same ones: the service refuses to start on it, and PostgreSQL keeps every version."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        await store.set("later", "k", "old")
+        await until(lambda: caught_up(client, keys), 30, "the snapshot to hold the write")
+    older = tmp_path / "older"
+    own_redis.kill(signal.SIGTERM)
+    shutil.copytree(own_redis.directory, older)
+    own_redis.start()
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        for n in range(3):
+            await store.set("later", "k", f"new-{n}")  # version 4 in PostgreSQL
+        await until(lambda: caught_up(client, keys), 30, "the snapshot to hold the writes")
+    truth = postgres_truth(postgres_url, prefix)
+    swap_data(own_redis, older)
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        for n in range(6):  # (the older copy's stream catches up on the count, other events)
+            await store.set("later", "k", f"other-{n}")
+    with pytest.raises(ConfigError) as refused:
+        async with StateService.running(settings, BusOptions(block_ms=50)):
+            pass
+    assert "holds no event" in str(refused.value) and "does not merge" in str(refused.value)
+    assert postgres_truth(postgres_url, prefix) == truth

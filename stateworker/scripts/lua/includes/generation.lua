@@ -15,6 +15,8 @@ local function generation_lost(tag)
 end
 
 -- Whether the registry lost it; `registry`: the registry stream's name (<tag> .. "registry").
+-- While a restore runs the marker is "~" .. its generation (stamp.lua): lost as well.
 local function generation_registry_lost(registry)
-  return redis.call('EXISTS', string.sub(registry, 1, -9) .. 'generation') == 0
+  local marker = redis.call('GET', string.sub(registry, 1, -9) .. 'generation')
+  return not marker or string.byte(marker, 1) == 126
 end
