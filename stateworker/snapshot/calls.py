@@ -23,6 +23,7 @@ once, though their reply may differ."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,24 +48,32 @@ class Unsaved:
 
 
 async def read_unsaved(state: RedisState, partition: int, bound: tuple[int, int],
-                       generation: str) -> Unsaved:
-    """The partition's unsaved records whose first change is at or before `bound`, read from
-    a Redis of `generation` (checked after the last read: Fenced when it is not)."""
+                       generation: str, held: Mapping[str, tuple[int, int]] | None = None
+                       ) -> Unsaved:
+    """The partition's unsaved records whose first change a commit holds, read from a Redis
+    of `generation` (checked after the last read: Fenced when it is not): those at or before
+    `bound` (the commit's position), and those whose first change's entry is among `held`
+    (member -> the revision of the row read) at or after that change. The others stay in the
+    stream for a later commit: a record committed before its change would answer the retry
+    of a call whose change a restore lost (without re-applying it)."""
     keys = state.keys.partition(partition)
+    newest = max([bound, *(held or {}).values()])
     oldest = now_ms() - state.settings.dedupe_window_ms
     unsaved = Unsaved()
     start = "-"
     while True:
-        entries, held = await state.conn.pipeline([
+        entries, marker = await state.conn.pipeline([
             ["XRANGE", keys.unsaved_calls, start, "+", "COUNT", BATCH],
             ["HGET", keys.history, PARTITION_FIELD]])
-        if held is None or held.decode() != generation:
+        if marker is None or marker.decode() != generation:
             raise Fenced(f"partition {partition}'s generation marker is no longer {generation}")
         for entry_id, flat in entries or []:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
             revision = revision_of(fields[b"r"])
-            if revision > bound:
+            if revision > newest:
                 return unsaved  # (in stream order: the later ones are later changes too)
+            if revision > bound and not _held(fields.get(b"k"), revision, held or {}):
+                continue  # (its first change is past what this commit holds)
             at_ms = int(fields[b"t"])
             if at_ms >= oldest:
                 unsaved.rows.append(CallRow(fields[b"f"], fields[b"v"], revision, at_ms))
@@ -72,6 +81,16 @@ async def read_unsaved(state: RedisState, partition: int, bound: tuple[int, int]
         if len(entries or []) < BATCH:
             return unsaved
         start = "(" + entries[-1][0].decode()
+
+
+def _held(member: bytes | None, revision: tuple[int, int],
+          held: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether the row of `member` (a record's first change's entry; None: a record of a
+    version before the field, held with the newest row) holds the change at `revision`."""
+    if member is None:
+        return True
+    row = held.get(member.decode(errors="surrogateescape"))
+    return row is not None and row >= revision
 
 
 async def forget_saved(state: RedisState, partition: int, unsaved: Unsaved) -> None:

@@ -56,6 +56,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, StateError, StoreLost
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import fields_of, revision_of
+from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, advance_call
@@ -111,6 +112,11 @@ async def prepare(settings: Settings) -> PgConnection | None:
         log.warning("PostgreSQL is not reachable at start (%s); the snapshot retries", exc,
                     extra={"event": "snapshot.unreachable"})
         return None
+
+
+def _members(rows: list[tables.Row]) -> dict[str, tuple[int, int]]:
+    """The rows read, by their entry's member (keys.member: what a call's record names)."""
+    return {member(row.scope, row.key): row.revision for row in rows}
 
 
 async def behind_partitions(state: RedisState, positions: dict[int, StoredPosition],
@@ -427,8 +433,8 @@ class Snapshotter:
         assert self.generation is not None
         found = await rows.scan_partition(self.state, self.state.keys.partition(partition),
                                           self.generation)
-        newest = max([revision_of(start.id), *(row.revision for row in found)])
-        unsaved = await calls.read_unsaved(self.state, partition, newest, self.generation)
+        unsaved = await calls.read_unsaved(self.state, partition, revision_of(start.id),
+                                           self.generation, _members(found))
         await tables.apply_rescan(pg, self.prefix, partition, found, start,
                                   generation=self.generation, records=unsaved.rows)
         await calls.forget_saved(self.state, partition, unsaved)
@@ -439,7 +445,23 @@ class Snapshotter:
                         "entries": len(found)})
 
     # ---- one partition's batch ---------------------------------------------------------------
+    async def _whole_transactions(self, partition: int, entries: list[Any]) -> list[Any]:
+        """`entries`, and the rest of a transaction the batch's read cut (events carry `tx`
+        and `tx_size`): a transaction reaches PostgreSQL whole, with its record, or not."""
+        last = fields_of(entries[-1][1])
+        tx, size = last.get(b"tx"), last.get(b"tx_size")
+        if tx is None or size is None:
+            return entries
+        have = sum(1 for _, flat in entries if fields_of(flat).get(b"tx") == tx)
+        if have >= int(size):
+            return entries
+        more = await self.state.conn.execute(
+            "XRANGE", self.state.keys.partition(partition).events,
+            "(" + entries[-1][0].decode(), "+", "COUNT", int(size) - have)
+        return entries + list(more or [])
+
     async def _apply(self, pg: PgConnection, partition: int, entries: list[Any]) -> None:
+        entries = await self._whole_transactions(partition, entries)
         changed: dict[tuple[str, str], tuple[int, int]] = {}
         for entry_id, flat in entries:
             fields = fields_of(flat)
@@ -452,8 +474,8 @@ class Snapshotter:
         moved = StoredPosition(entries[-1][0].decode(), self.positions[partition].n + len(entries))
         # The records of every change the rows hold: a row is read as it is now, so it may
         # hold changes past the batch (calls.py). Read after the rows, from the same generation.
-        newest = max([revision_of(moved.id), *(row.revision for row in found)])
-        unsaved = await calls.read_unsaved(self.state, partition, newest, self.generation)
+        unsaved = await calls.read_unsaved(self.state, partition, revision_of(moved.id),
+                                           self.generation, _members(found))
         await tables.apply(pg, self.prefix, partition, found, gone, moved,
                            generation=self.generation, records=unsaved.rows)
         self.positions[partition] = moved

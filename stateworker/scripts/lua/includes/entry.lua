@@ -8,7 +8,8 @@
     ctx.now, ctx.stamp, ctx.maxlen, ctx.by  -- call time (ms; as a number and as its text),
                                             -- stream cap, writer
     ctx.tp                                  -- a traced call's traceparent (false: untraced)
-    ctx.rev, ctx.rev1                       -- the revision of the call's last and first event
+    ctx.rev, ctx.rev1, ctx.key1             -- the revision of the call's last and first event,
+                                            -- and the member of its first change's entry
   Numbers go to redis.call as text: Redis 7.0 turns a Lua number argument into text with
   printf("%.17g"), a visible part of a small script's time.
   An entry is one string (packed.lua); a loaded entry `cur` is {value, version, expires_at,
@@ -44,7 +45,9 @@ local function entry_emit_traced(ctx, etype, old, new, version)
   end
   args[#args + 1], args[#args + 2] = 'tp', ctx.tp
   ctx.rev = redis.call('XADD', unpack(args))
-  ctx.rev1 = ctx.rev1 or ctx.rev
+  if not ctx.rev1 then
+    ctx.rev1, ctx.key1 = ctx.rev, ctx.member
+  end
   return ctx.rev
 end
 
@@ -61,14 +64,18 @@ local function entry_emit(ctx, etype, old, new, version)
       'type', etype, 'scope', ctx.scope, 'key', ctx.key,
       'old_value', old, 'new_value', new, 'version', version,
       'ts_ms', ctx.stamp, 'by', ctx.by, 'tx', ctx.tx, 'tx_size', ctx.txsize)
-    ctx.rev1 = ctx.rev1 or ctx.rev
+    if not ctx.rev1 then
+    ctx.rev1, ctx.key1 = ctx.rev, ctx.member
+  end
     return ctx.rev
   end
   ctx.rev = redis.call('XADD', ctx.events, 'MAXLEN', '~', ctx.maxlen, '*',
     'type', etype, 'scope', ctx.scope, 'key', ctx.key,
     'old_value', old, 'new_value', new, 'version', version,
     'ts_ms', ctx.stamp, 'by', ctx.by)
-  ctx.rev1 = ctx.rev1 or ctx.rev
+  if not ctx.rev1 then
+    ctx.rev1, ctx.key1 = ctx.rev, ctx.member
+  end
   return ctx.rev
 end
 
@@ -257,10 +264,10 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   A record found with the same digest and a reply is {ST.DUPLICATE, reply}, nothing changed;
   another digest is {ST.CALL_ID_REUSED}. The reply is recorded in the same script as the
   change, so the two cannot part. With KEYS[9] (the snapshot is on), a call that changed the
-  entry also appends its record, the revision of its first change (ctx.rev1) and its time to
-  the partition's stream of records PostgreSQL does not hold yet (fields f, v, r, t): the
-  snapshot commits it with the first batch whose rows hold any change of the call
-  (snapshot/calls.py), so a restore brings it back with them. The deadline is checked
+  entry also appends its record, the revision of its first change (ctx.rev1), that entry's
+  member (ctx.key1) and its time to the partition's stream of records PostgreSQL does not hold
+  yet (fields f, v, r, k, t): the snapshot commits it with the batch whose rows hold its
+  first change (snapshot/calls.py), so a restore brings it back with it. The deadline is checked
   after the record: a call applied in time gets its reply again when it comes late.
 ]]
 local ENTRY_DIGEST = 8 -- raw bytes of the call's digest in its record
@@ -395,7 +402,7 @@ local function entry_finish(reply)
     records_keep(KEYS[8], slice, field, value, ms, entry_ctx.now, entry_ctx.fresh)
     if KEYS[9] and KEYS[9] ~= KEYS[8] and entry_ctx.rev then
       redis.call('XADD', KEYS[9], 'MAXLEN', '~', entry_ctx.maxlen, '*',
-        'f', field, 'v', value, 'r', entry_ctx.rev1, 't', entry_ctx.stamp)
+        'f', field, 'v', value, 'r', entry_ctx.rev1, 'k', entry_ctx.key1, 't', entry_ctx.stamp)
     end
   end
   return reply
