@@ -123,6 +123,7 @@ async def check_server(state: RedisState) -> None:
         )
     if settings.durability == "strict":
         await check_strict(state)
+    await check_eviction(state)
     stored = await conn.execute("HGET", keys.meta, "partitions")
     if stored is None:
         state.created = True
@@ -187,19 +188,45 @@ async def check_strict(state: RedisState) -> None:
     state.confirm = Confirm(waitaof=waitaof, replicas=replicas)
 
 
+async def check_eviction(state: RedisState) -> None:
+    """Redis must not evict keys of its own accord (`maxmemory-policy allkeys-*`): it would
+    drop entries silently, and a write over one would start its version again at 1. A
+    `volatile-*` policy evicts only keys with an expiry (none of the entries' but those
+    written with a ttl, which expire anyway). A refused CONFIG GET (ACL): not checked."""
+    try:
+        policies = await _config(state.conn, "maxmemory-policy")
+    except ReplyError:
+        return
+    evicting = {node: policy for node, policy in policies.items()
+                if policy.startswith("allkeys-")}
+    if evicting:
+        node, policy = next(iter(evicting.items()))
+        raise ConfigError(
+            f"Redis at {node} evicts any key when it is full (maxmemory-policy {policy}): it "
+            "would drop entries without a word, and the next write of one would begin its "
+            "version at 1 again. Set `maxmemory-policy noeviction` (CONFIG SET, and in "
+            "redis.conf; on a cluster on every node): a full Redis then refuses writes "
+            "(RESOURCE_EXHAUSTED) instead")
+
+
 async def _appendfsync(conn: RedisConnection) -> dict[str, str]:
     """Each primary's appendfsync (one server: its own), by node."""
+    return await _config(conn, "appendfsync")
+
+
+async def _config(conn: RedisConnection, name: str) -> dict[str, str]:
+    """Each primary's setting `name` (one server: its own), by node."""
     if isinstance(conn, ClusterConnection):
-        replies = await conn.on_every_primary("CONFIG", "GET", "appendfsync")
+        replies = await conn.on_every_primary("CONFIG", "GET", name)
     else:
-        replies = {conn.shown: await conn.execute("CONFIG", "GET", "appendfsync")}
-    fsyncs = {}
+        replies = {conn.shown: await conn.execute("CONFIG", "GET", name)}
+    values = {}
     for node, reply in replies.items():
         if isinstance(reply, ReplyError):
             raise reply
-        fsyncs[node] = dict(zip(reply[::2], reply[1::2], strict=True)).get(
-            b"appendfsync", b"").decode()
-    return fsyncs
+        values[node] = dict(zip(reply[::2], reply[1::2], strict=True)).get(
+            name.encode(), b"").decode()
+    return values
 
 
 def fsync_guard(state: RedisState) -> str:

@@ -142,8 +142,31 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         report = await status_report(settings)
         assert report["store_lost"] and "generation marker" in report["store_lost"]
 
-        code, summary, stderr = await restore_while_serving(own_redis.url, prefix, postgres_url)
+        # A writer that keeps writing all along: refused until the restore's end, after
+        # which what it writes stays (the restore is not refused for it).
+        acked: dict[str, int] = {}
+        refused: list[str] = []
+        stop = anyio.Event()
+
+        async def keep_writing() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    await store.set("busy", f"k{n}", n)
+                    acked[f"k{n}"] = n
+                except StateError as exc:
+                    refused.append(exc.code)
+                await anyio.sleep(0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_writing)
+            code, summary, stderr = await restore_while_serving(own_redis.url, prefix,
+                                                                postgres_url)
+            stop.set()
         assert code == 0, stderr
+        assert refused and set(refused) == {"STORE_LOST"}
+        for key, n in acked.items():
+            assert await store.get("busy", key) == n
         assert (summary["triggers"], summary["claims"], summary["principals"],
                 summary["roles"], summary["barriers"]) == (1, 1, 1, 1, 3)
         assert summary["entries"] == len(truth["entries"])
@@ -152,8 +175,8 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         assert b"\nstateworker_store_lost 0.0\n" in (await metrics.exposition())[0]
         assert (await status_report(settings))["store_lost"] is None
         restored = dump(client, prefix)
-        assert {k: v for k, v in restored.items() if b":e:" in k} == \
-            {k: v for k, v in before.items() if b":e:" in k}
+        assert {k: v for k, v in restored.items() if b":e:" in k and b":e:4:busy" not in k} \
+            == {k: v for k, v in before.items() if b":e:" in k}
         # Writes go on from the versions PostgreSQL held, and reach it.
         written = await store.set("s2", "twice", "z")
         assert written.version == 3
@@ -296,3 +319,49 @@ async def test_an_older_copy_that_took_new_writes_since_is_behind_too(
             pass
     assert "holds no event" in str(refused.value) and "does not merge" in str(refused.value)
     assert postgres_truth(postgres_url, prefix) == truth
+
+
+async def test_a_redis_that_evicts_any_key_is_refused_at_start(
+        own_redis: RedisServer, prefix: str) -> None:
+    """Eviction would drop entries (and markers) one by one, without a wipe to notice."""
+    own_redis.client().config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.raises(ConfigError) as refused:
+        async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS):
+            pass
+    assert "maxmemory-policy allkeys-lru" in str(refused.value)
+    assert "noeviction" in str(refused.value)
+    own_redis.client().config_set("maxmemory-policy", "volatile-lru")  # (ttl keys only: fine)
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        assert (await store.set("s", "k", 1)).version == 1
+
+
+async def test_two_restores_at_once_one_is_refused(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client = own_redis.client()
+    await seed(client, settings)
+    client.flushall()
+    results: list[tuple[int, dict[str, Any], str]] = []
+
+    async def one() -> None:
+        results.append(await restore_while_serving(own_redis.url, prefix, postgres_url))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(one)
+    assert sorted(code for code, _, _ in results) == [0, 1]
+    _, _, stderr = next(r for r in results if r[0] == 1)
+    assert msgspec.json.decode(stderr.strip().splitlines()[-1])["code"] == "RESTORE_REFUSED"
+
+
+async def test_a_wipe_during_a_restore_stamps_nothing(own_redis: RedisServer,
+                                                      prefix: str) -> None:
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        restoring = generation.new_generation()
+        await generation.begin_restore(store.state.conn, store.state.keys, restoring)
+        own_redis.client().flushall()  # (what the restore wrote so far, gone)
+        with pytest.raises(StateError) as failed:
+            await generation.stamp(store.state, restoring)
+        assert failed.value.code == "UNAVAILABLE" and "run `stateworker restore` again" in \
+            failed.value.message
+        markers = await generation.read(store.state.conn, store.state.keys)
+        assert markers.partitions == (None,) * PARTITIONS and markers.registry is None
