@@ -138,7 +138,7 @@ async def behind_partitions(state: RedisState, positions: dict[int, StoredPositi
         elif revision_of(info.last_id) < at:
             found[p] = (f"partition {p}'s event stream ends at {info.last_id}, before "
                         f"{position.id} that PostgreSQL applied")
-        elif revision_of(info.first_id) <= at:
+        elif info.length and revision_of(info.first_id) <= at:  # (kept that far back)
             check.append(p)
     if check:
         replies = await state.conn.pipeline([

@@ -192,11 +192,22 @@ async def check_eviction(state: RedisState) -> None:
     """Redis must not evict keys of its own accord (`maxmemory-policy allkeys-*`): it would
     drop entries silently, and a write over one would start its version again at 1. A
     `volatile-*` policy evicts only keys with an expiry (none of the entries' but those
-    written with a ttl, which expire anyway). A refused CONFIG GET (ACL): not checked."""
+    written with a ttl, which expire anyway). Read from INFO memory (the service's ACL rule
+    has no CONFIG); refused (an ACL of the operator's): not checked."""
+    conn = state.conn
     try:
-        policies = await _config(state.conn, "maxmemory-policy")
+        if isinstance(conn, ClusterConnection):
+            infos = await conn.on_every_primary("INFO", "memory")
+        else:
+            infos = {conn.shown: await conn.execute("INFO", "memory")}
     except ReplyError:
         return
+    policies: dict[str, str] = {}
+    for node, info in infos.items():
+        if isinstance(info, bytes):
+            for line in info.decode(errors="replace").splitlines():
+                if line.startswith("maxmemory_policy:"):
+                    policies[node] = line.split(":", 1)[1].strip()
     evicting = {node: policy for node, policy in policies.items()
                 if policy.startswith("allkeys-")}
     if evicting:
@@ -211,22 +222,17 @@ async def check_eviction(state: RedisState) -> None:
 
 async def _appendfsync(conn: RedisConnection) -> dict[str, str]:
     """Each primary's appendfsync (one server: its own), by node."""
-    return await _config(conn, "appendfsync")
-
-
-async def _config(conn: RedisConnection, name: str) -> dict[str, str]:
-    """Each primary's setting `name` (one server: its own), by node."""
     if isinstance(conn, ClusterConnection):
-        replies = await conn.on_every_primary("CONFIG", "GET", name)
+        replies = await conn.on_every_primary("CONFIG", "GET", "appendfsync")
     else:
-        replies = {conn.shown: await conn.execute("CONFIG", "GET", name)}
-    values = {}
+        replies = {conn.shown: await conn.execute("CONFIG", "GET", "appendfsync")}
+    fsyncs = {}
     for node, reply in replies.items():
         if isinstance(reply, ReplyError):
             raise reply
-        values[node] = dict(zip(reply[::2], reply[1::2], strict=True)).get(
-            name.encode(), b"").decode()
-    return values
+        fsyncs[node] = dict(zip(reply[::2], reply[1::2], strict=True)).get(
+            b"appendfsync", b"").decode()
+    return fsyncs
 
 
 def fsync_guard(state: RedisState) -> str:
