@@ -47,6 +47,7 @@ class Clients:
         self.not_sent = 0  # calls that never reached the bus (left out of the history)
         self.codes: Counter[str] = Counter()  # the errors of the ops without an answer
         self.in_flight = 0
+        self.started = 0  # ops started
         self._going = anyio.Event()
         self._going.set()
         self._stopping = False
@@ -86,6 +87,11 @@ class Clients:
         target = self.answered + ops
         await until(lambda: self.answered >= target, within_s,
                     f"{ops} more answered ops {what}({self.summary()})")
+
+    async def an_op_started(self, within_s: float, what: str) -> None:
+        """Wait until one more op was started."""
+        before = self.started
+        await until(lambda: self.started > before, within_s, f"an op started {what}")
 
     async def no_send_rerouted(self, within_s: float) -> None:
         """On a cluster, wait until no client's send is still being re-routed in the
@@ -136,6 +142,7 @@ class Clients:
                 op_input: tuple[Value, ...] = {"get": (), "set": (new,), "cas": (version, new),
                                                "swap": (value, new)}[kind]
                 self.in_flight += 1
+                self.started += 1
                 invoke = time.monotonic()
                 try:
                     output = await self._call(client, kind, scope, key, op_input)

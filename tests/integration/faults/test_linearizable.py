@@ -76,7 +76,7 @@ async def test_one_redis_and_the_service_killed_9_twice_each(tmp_path: Path, pre
             for fault in ("redis-server", "service", "redis-server", "service"):
                 down, back = (server.kill, server.start) if fault == "redis-server" \
                     else (service.kill, service.start)
-                down()  # kill -9
+                await anyio.to_thread.run_sync(down)  # kill -9, the clients calling on
                 faults[fault] += 1
                 await clients.an_op_unanswered(20, f"with the {fault} down ")
                 await anyio.to_thread.run_sync(back)  # same port, same AOF
@@ -102,9 +102,10 @@ def strict_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCl
 async def test_a_cluster_primary_killed_9_while_its_replica_lags(strict_cluster: RedisCluster,
                                                                  prefix: str) -> None:
     """Half the registers on the partition whose primary is killed. Its replica is stopped
-    first (SIGSTOP), so the primary holds writes the replica lacks when it dies: strict's
-    WAIT 1 keeps their replies back (no answer: they may or may not survive). Then the replica
-    runs again and is promoted, and the killed node comes back as its replica."""
+    first (SIGSTOP): from then on no batch is confirmed by strict's WAIT 1, so the calls in
+    flight when the primary dies get no answer (applied or not: the replica may or may not
+    have read them). Then the replica runs again and is promoted, and the killed node comes
+    back as its replica."""
     keys = KeySpace(prefix, 4)
     scopes = scopes_in(keys, 1, 1) + [s for s in (f"o{n}" for n in range(40))
                                       if keys.partition_of(s) != 1][:1]
@@ -145,7 +146,14 @@ async def test_across_a_crash_and_a_restore_from_postgres(tmp_path: Path, prefix
                                                           postgres_url: str) -> None:
     """The service killed -9 under load; once the snapshot holds every write, killed again
     and Redis wiped (FLUSHALL); the service started on the empty Redis rebuilds it from
-    PostgreSQL (the repair at start) and the clients go on: one history across it all."""
+    PostgreSQL (the repair at start) and the clients go on: one history across it all.
+
+    It relies on: the repair at start seeing a flushed Redis as new (no meta key) and
+    restoring every entry with its version before the "serving" line; versions going on from
+    the restored ones; `caught_up` (the snapshot's positions mirrored in Redis at the streams'
+    ends) meaning PostgreSQL holds every applied write; and a call never starting after its
+    deadline (the calls in flight at the crash are past theirs before the restart, so none is
+    applied after the snapshot caught up)."""
     server = RedisServer(tmp_path / "redis", appendfsync="always")
     server.start()
     service = ServiceProcess(server.url, prefix,
@@ -160,10 +168,13 @@ async def test_across_a_crash_and_a_restore_from_postgres(tmp_path: Path, prefix
             clients.start(tg)
             await clients.opened_all()
             await clients.progress(PHASE, 60, "before the crash ")
+            # Stopped first, so that the calls made meanwhile are in flight at the kill.
+            await anyio.to_thread.run_sync(service.freeze)
+            await clients.an_op_started(10, "with the service stopped ")
             service.kill()
             faults["service"] += 1
             clients.pause()  # no new op; those in flight time out (no service to answer)
-            await clients.idle(20)
+            await clients.idle(20)  # (and so their deadlines have passed)
             await anyio.to_thread.run_sync(service.start)
             keys = KeySpace(prefix, 4)
             await until(lambda: caught_up(redis, keys), 60, "the snapshot to catch up")
