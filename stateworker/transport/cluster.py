@@ -98,7 +98,9 @@ class ClusterConnection(RedisConnection):
         self._stale = False  # a connection broke: read the map before the next command
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # connections of dropped nodes
-        self._rerouting: set[asyncio.Task[list[Any]]] = set()  # (_send_direct's, held)
+        # The sends running as tasks (send_pipeline's, _send_direct's re-routed ones): held,
+        # and cancelled by close(), so none lands (nor opens a connection) after it.
+        self._rerouting: set[asyncio.Task[list[Any]]] = set()
 
     # ---- the map -------------------------------------------------------------------------------
     def _node(self, address: str) -> RedisConnection:
@@ -200,7 +202,10 @@ class ClusterConnection(RedisConnection):
             direct = self._send_direct(commands[0])
             if direct is not None:
                 return direct
-        return asyncio.ensure_future(self._run(commands))
+        task = asyncio.ensure_future(self._run(commands))
+        self._rerouting.add(task)
+        task.add_done_callback(self._rerouting.discard)
+        return task
 
     def _send_direct(self, args: Sequence[Arg]) -> asyncio.Future[list[Any]] | None:
         """One keyed command put on the wire to its slot's primary in this tick, with no task
@@ -255,6 +260,11 @@ class ClusterConnection(RedisConnection):
         self._closed = True
         if self._refreshing is not None and not self._refreshing.done():
             self._refreshing.cancel()
+        sending = list(self._rerouting)
+        for task in sending:
+            task.cancel()
+        if sending:
+            await asyncio.gather(*sending, return_exceptions=True)
         nodes, self._nodes = list(self._nodes.values()), {}
         for node in nodes:
             await node.close()

@@ -54,3 +54,24 @@ async def test_a_primary_killed_under_load_fails_over(redis_cluster: RedisCluste
         gone = f"127.0.0.1:{victim.port}"  # dropped from the map at the refresh
         assert gone not in conn.primaries and gone not in conn.connected
     await anyio.to_thread.run_sync(redis_cluster.restart_node, victim.port)
+
+
+async def test_a_send_waiting_for_a_failover_ends_with_the_connection(
+        redis_cluster: RedisCluster, prefix: str) -> None:
+    """A pipeline sent while its slot's primary is down waits for the promotion; closing the
+    connection ends it: it lands nowhere later, and opens no connection of its own."""
+    stream = f"{prefix}:s"
+    slot = key_slot(stream)
+    conn = ClusterConnection(redis_cluster.urls)
+    await conn.connect()
+    victim = redis_cluster.owner(slot)
+    redis_cluster.kill_node(victim.port)
+    await conn.execute("PING")  # (the map is read before the victim's connection is seen lost)
+    sent = conn.send_pipeline([["XADD", stream, "*", "n", "after-close"]])
+    assert sent is not None and not sent.done()
+    await conn.close()
+    assert sent.done()
+    owner = await anyio.to_thread.run_sync(redis_cluster.promoted, slot, victim.port)
+    assert redis_cluster.client(owner).xlen(stream) == 0
+    assert not conn.connected
+    await anyio.to_thread.run_sync(redis_cluster.restart_node, victim.port)
