@@ -48,7 +48,7 @@ from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
-from stateworker.bus.entries import MAX_ID_BYTES, call_digest, parse_context
+from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
 from stateworker.bus.protocol import reply_document
 from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
@@ -197,7 +197,8 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
                             context_limit, "X-Stateworker-Context")
     if trace_headers:
         context = {**context, **trace_headers}
-    ctx = CallContext(context=context, call_id=call_id, principal=principal, caller=principal,
+    own = None if call_id is None else own_call_id(principal, call_id)
+    ctx = CallContext(context=context, call_id=own, principal=principal, caller=principal,
                       call_digest=None if call_id is None else call_digest(fn, body))
     span = None
     if tracing.TRACEPARENT in context:

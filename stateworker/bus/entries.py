@@ -23,6 +23,13 @@ from stateworker.keys import MAX_FUNCTION_BYTES
 Parsed = tuple[Call | None, bytes, str | None, StateError | None, bool]
 
 
+
+def own_call_id(principal: str | None, call_id: str) -> str:
+    """`acl` mode: a call id is its principal's own, `<principal>/<id>`, for its records and
+    binding, on every door (a bus entry's id, HTTP's Idempotency-Key): one principal's ids
+    never meet another's, whatever text they hold."""
+    return call_id if principal is None else f"{principal}/{call_id}"
+
 def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str | None = None,
                 group: str | None = None, in_script: frozenset[str] = frozenset()) -> Parsed:
     """A stream entry as a Call, or the error to answer with (and where, to which id, and
@@ -69,9 +76,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         named = None if caller is None else _text(fields, b"caller")
         if principal is not None:
             named = _principal_caller(principal, named)
-        # (`acl` mode: an id is the principal's own: `<principal>/<id>` for its records and
-        # binding, so one principal's ids never meet another's)
-        own_id = call_id if principal is None else f"{principal}/{call_id}"
+        own_id = own_call_id(principal, call_id)
         answer = Answer(reply, ref[0], ref[1], group, options.reply_ttl_ms, reply_head(
             call_id)) if group is not None and reply and fn in in_script and not msgpack \
             else None

@@ -1,0 +1,83 @@
+"""`acl` mode: one identity through every door. A call id is the principal's own whatever door
+it comes through: an HTTP `Idempotency-Key` is `<principal>/<key>` as a bus entry's id is, so
+a key another principal names (even one written as `bob/...`) never binds bob's calls, and two
+principals' equal keys never meet. A Redis of the module's own: ACL users are server-wide."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
+from stateworker.keys import principal_reply_prefix, principal_stream
+from tests.integration.acl import principal, role
+from tests.integration.services import settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def served(acl_redis: RedisServer, prefix: str) -> AsyncIterator[StateService]:
+    settings = settings_for(acl_redis, prefix, auth="acl", http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+        yield service
+
+
+def password_of(url: str) -> tuple[str, str]:
+    """(name, password) of a principal's client URL (tests/integration/acl.py)."""
+    credentials = url.split("//", 1)[1].split("@", 1)[0]
+    name, _, password = credentials.partition(":")
+    return name, password
+
+
+async def http_set(base: str, url: str, key: str, idempotency_key: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, auth=password_of(url)) as client:
+        answer = await client.post("/v1/call/state::set", headers={
+            "Idempotency-Key": idempotency_key},
+            content=msgspec.json.encode({"scope": "orders", "key": key, "value": 1}))
+    document: dict[str, Any] = answer.json()
+    return document
+
+
+async def bus_set(url: str, prefix: str, key: str, call_id: str) -> dict[str, Any]:
+    name = password_of(url)[0]
+    reply = principal_reply_prefix(prefix, name) + uuid.uuid4().hex[:8]
+    conn = aredis.Redis.from_url(url)
+    try:
+        await conn.xadd(principal_stream(prefix, "state", name), {
+            "id": call_id, "fn": "state::set", "reply": reply,
+            "body": msgspec.json.encode({"scope": "orders", "key": key, "value": 2})})
+        popped = await conn.execute_command("BLMPOP", 20, 1, reply, "LEFT")
+    finally:
+        await conn.aclose()
+    document: dict[str, Any] = msgspec.json.decode(popped[1][0])
+    return document
+
+
+async def test_an_idempotency_key_is_the_principals_own(served: StateService,
+                                                       acl_redis: RedisServer,
+                                                       prefix: str) -> None:
+    writer = await role(served.state, ["read", "write"], ["orders"])
+    _, alice = await principal(served.state, acl_redis, [writer])
+    bob_name, bob = await principal(served.state, acl_redis, [writer])
+    base = f"http://{served.http_address}"
+    # alice names bob's own id over HTTP: it is hers, `<alice>/<bob>/order-42`
+    squat = await http_set(base, alice, "a", f"{bob_name}/order-42")
+    assert squat["ok"], squat
+    mine = await bus_set(bob, prefix, "b", "order-42")
+    assert mine["ok"], f"bob's call with his own id, after alice named it: {mine}"
+    # the same key from two principals over HTTP: two calls
+    first = await http_set(base, alice, "c", "same-key")
+    second = await http_set(base, bob, "d", "same-key")
+    assert first["ok"] and second["ok"], (first, second)
+    # and a principal's own retry over HTTP is still answered from its record
+    again = await http_set(base, alice, "c", "same-key")
+    assert again == first
