@@ -38,7 +38,9 @@ from stateworker.state.grants import BUILTIN, Principal, Role
 from stateworker.state.store import RedisState
 
 SERVICE = STATE_SERVICE  # the stream `principal add` creates (with its consumer group)
-CONNECTION_COMMANDS = ("+auth", "+hello", "+ping", "+echo", "+select", "+quit", "+reset",
+# (no SELECT: a principal's keys are database 0's; in another it would XADD its own stream's
+# name where no service reads, and that stream would grow for good)
+CONNECTION_COMMANDS = ("+auth", "+hello", "+ping", "+echo", "+quit", "+reset",
                        "+client|setname", "+client|getname", "+client|id", "+client|info")
 REPLY_COMMANDS = ("+blmpop", "+lpop", "+del", "+pexpire")
 

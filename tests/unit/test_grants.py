@@ -190,7 +190,7 @@ def test_allow_items_are_families_patterns_or_functions_served() -> None:
 def test_the_acl_rule_of_a_principal() -> None:
     assert acl_rule("sw", "bob") == [
         "resetkeys", "resetchannels", "clearselectors", "-@all", "+auth", "+hello", "+ping",
-        "+echo", "+select", "+quit", "+reset", "+client|setname", "+client|getname",
+        "+echo", "+quit", "+reset", "+client|setname", "+client|getname",
         "+client|id", "+client|info",
         "+blmpop", "+lpop", "+del", "+pexpire", "~sw:reply:bob:*",
         "(+xadd %W~sw:bus:state:from:bob)"]

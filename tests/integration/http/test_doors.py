@@ -81,3 +81,19 @@ async def test_an_idempotency_key_is_the_principals_own(served: StateService,
     # and a principal's own retry over HTTP is still answered from its record
     again = await http_set(base, alice, "c", "same-key")
     assert again == first
+
+
+async def test_a_principal_cannot_write_where_nobody_reads(served: StateService,
+                                                           acl_redis: RedisServer,
+                                                           prefix: str) -> None:
+    """Its ACL user works in database 0 only: no SELECT, so no XADD of its own stream's name
+    in a database no service reads."""
+    writer = await role(served.state, ["read", "write"], ["orders"])
+    _, url = await principal(served.state, acl_redis, [writer])
+    conn = aredis.Redis.from_url(url)
+    try:
+        with pytest.raises(aredis.ResponseError, match="no permissions to run the 'select'"):
+            await conn.execute_command("SELECT", 3)
+    finally:
+        await conn.aclose()
+    assert (await bus_set(url, prefix, "e", "in-db-0"))["ok"]  # (database 0: served)
