@@ -19,7 +19,7 @@ import msgspec
 
 from stateworker.app.output import add_output, table, wants_table
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import ConfigError, NotFound, StateError, Unavailable, shown
+from stateworker.errors import ConfigError, Conflict, NotFound, StateError, Unavailable, shown
 from stateworker.keys import principal_own_streams_pattern
 from stateworker.settings import Settings
 from stateworker.state import lifecycle
@@ -62,6 +62,10 @@ def add_parsers(sub: Any) -> None:
                      help="who its calls' context may name (user_id, dag_name, org_id ...)")
     add.add_argument("--password-stdin", action="store_true",
                      help="read the password from stdin instead of generating one")
+    add.add_argument("--replace", action="store_true",
+                     help="take over a Redis ACL user of that name that exists already (its "
+                     "rules and passwords are replaced); never `default` nor the user this "
+                     "command connects as")
     listed = _verb(principal, "list", "every principal: roles, act_as, whether its ACL user "
                    "exists")
     add_output(listed)
@@ -159,7 +163,30 @@ def _saved(state_saved: bool) -> bool:
     return state_saved
 
 
+async def _refuse_existing_user(state: RedisState, name: str, replace: bool) -> None:
+    """A principal's ACL user is made for it: an existing user (the service's, an operator's,
+    another program's) is not silently turned into one (its rules and passwords would be
+    replaced: the service would then fail with WRONGPASS). `--replace` takes one over, but
+    never `default` nor the user this command runs as."""
+    whoami = (await state.conn.execute("ACL", "WHOAMI")).decode()
+    if name in ("default", whoami):
+        who = "the default user" if name == "default" else "the Redis user this command " \
+            "connects as"
+        raise Conflict(f"principal {shown(name)}: {shown(name)} is {who}; a principal's ACL "
+                       "user is its own: choose another name; nothing was written",
+                       {"name": name, "acl_user": "protected"})
+    if await state.conn.execute("HEXISTS", state.keys.principals, name):
+        return  # (a principal of that name: the add's own CONFLICT says so)
+    if not replace and await p.has_user(state, name):
+        raise Conflict(f"principal {shown(name)}: Redis already has an ACL user {shown(name)} "
+                       "(another program's, or the service's own?); `principal add` would "
+                       "replace its rules and passwords. Choose another name, or give "
+                       "--replace if that user is to become this principal's; nothing was "
+                       "written", {"name": name, "acl_user": "exists"})
+
+
 async def principal_add(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    await _refuse_existing_user(state, args.name, args.replace)
     password = _password(args)
     record = await p.add_principal(state, args.name, args.roles, args.act_as)
     await p.set_user(state, args.name, password)  # last: the service knows it, its stream is there

@@ -171,3 +171,26 @@ def test_no_redis_is_unavailable_as_for_every_command(command: list[str]) -> Non
                           capture_output=True, text=True, timeout=60, check=False)
     error = refused(done, "UNAVAILABLE")
     assert "Connection refused" in error["message"] and error["details"] == {"redis": url}
+
+
+def test_an_existing_redis_user_is_not_taken_over_without_replace(
+        redis_server: RedisServer, prefix: str) -> None:
+    """`principal add` of a name Redis already has a user of (the service's, an operator's)
+    refuses unless --replace; the user this command connects as and `default`, always."""
+    client = redis_server.client()
+    other = name()
+    client.execute_command("ACL", "SETUSER", other, "on", ">its-own-password", "+ping")
+    try:
+        taken = cli(redis_server, prefix, "principal", "add", other, "--role", "reader")
+        assert refused(taken, "CONFLICT")["details"] == {"name": other, "acl_user": "exists"}
+        assert logs_in(redis_server, other, "its-own-password")  # untouched
+        assert not client.hexists(KeySpace(prefix, 4).principals, other)
+        for protected in ("default",):
+            kept = cli(redis_server, prefix, "principal", "add", protected, "--role", "reader")
+            assert refused(kept, "CONFLICT")["details"]["acl_user"] == "protected"
+        shown = ok(cli(redis_server, prefix, "principal", "add", other, "--role", "reader",
+                       "--replace"))
+        assert logs_in(redis_server, other, shown["password"])
+        assert not logs_in(redis_server, other, "its-own-password")
+    finally:
+        client.execute_command("ACL", "DELUSER", other)
