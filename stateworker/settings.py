@@ -73,6 +73,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # `serve`'s HTTP face (app/http.py): HOST:PORT it listens on (port 0: one the system
     # picks; the start line says which); None: off.
     http: str | None = None
+    # The names (or addresses) the HTTP face answers to, comma-separated; `*`: any; None: the
+    # loopback names and the bind address's host (app/hosts.py: DNS rebinding).
+    http_hosts: str | None = None
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.

@@ -46,6 +46,7 @@ from stateworker.app.batches import Batches
 from stateworker.app.bodies import read_body
 from stateworker.app.console import CONSOLE_HEADER, console_routes
 from stateworker.app.dapr import dapr_routes
+from stateworker.app.hosts import HostGuard, allowed_hosts
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
@@ -148,7 +149,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         metrics.http_call(fn, "OK", time.perf_counter() - started)
         return result
 
-    return Starlette(middleware=[Middleware(SameOrigin)], routes=[
+    return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
+                                 Middleware(SameOrigin)], routes=[
         *console_routes(state, logins, stopping),
         *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),

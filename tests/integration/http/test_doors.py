@@ -14,9 +14,12 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
+from stateworker import StateStore
+from stateworker.app.hosts import LOOPBACK, allowed_hosts, host_of
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import principal_reply_prefix, principal_stream
+from stateworker.settings import Settings
 from tests.integration.acl import principal, role
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
@@ -97,3 +100,45 @@ async def test_a_principal_cannot_write_where_nobody_reads(served: StateService,
     finally:
         await conn.aclose()
     assert (await bus_set(url, prefix, "e", "in-db-0"))["ok"]  # (database 0: served)
+
+
+@pytest.fixture
+async def open_service(redis_server: RedisServer, prefix: str) -> AsyncIterator[StateService]:
+    """`off` mode (no credential at all), bound to loopback."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+        yield service
+
+
+async def test_a_request_for_a_host_the_service_is_not_is_refused(
+        open_service: StateService) -> None:
+    """DNS rebinding: a page under the attacker's name, resolved to this service's address,
+    sends `Origin` and `Host` both its own: the same-origin guard alone lets it through."""
+    base = f"http://{open_service.http_address}"
+    body = msgspec.json.encode({"scope": "orders", "key": "k", "value": 1})
+    async with httpx.AsyncClient(base_url=base) as client:
+        rebound = {"Host": "evil.example:8080", "Origin": "http://evil.example:8080"}
+        for path, method in (("/v1/call/state::set", "POST"),
+                             ("/v1.0/state/statestore", "POST"), ("/readyz", "GET")):
+            answer = await client.request(method, path, headers=rebound, content=body)
+            assert answer.status_code == 403, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == "PERMISSION_DENIED" and "evil.example" in error["message"]
+        for host in ("127.0.0.1", "localhost", "[::1]"):
+            port = open_service.http_address.rsplit(":", 1)[1]
+            answer = await client.post("/v1/call/state::set", content=body,
+                                       headers={"Host": f"{host}:{port}"})
+            assert answer.status_code == 200, (host, answer.text)
+    assert await StateStore(open_service.state).get("orders", "k") == 1
+
+
+def test_the_names_answered_to() -> None:
+    assert allowed_hosts(Settings(http="127.0.0.1:8080")) == LOOPBACK
+    assert allowed_hosts(Settings(http="10.0.0.5:8080")) == LOOPBACK | {"10.0.0.5"}
+    assert allowed_hosts(Settings(http="0.0.0.0:8080")) == LOOPBACK  # (every address: none)
+    assert allowed_hosts(Settings(http="[::]:8080")) == LOOPBACK
+    assert allowed_hosts(Settings(http="0.0.0.0:8080", http_hosts="state.internal, [::1]")) \
+        == {"state.internal", "::1"}
+    assert allowed_hosts(Settings(http_hosts="*")) is None
+    assert host_of(b"[::1]:8080") == "::1" and host_of(b"Example.COM") == "example.com"
