@@ -111,6 +111,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zlexcount": ["ZLEXCOUNT", index, "-", "+"],
         "zrangebyscore": ["ZRANGEBYSCORE", part.ttl, 0, 1],
         "zrank": ["ZRANK", index, "k"],
+        # The console's live tail (app/console.py): a Watch reads a partition in one MULTI.
+        "multi": ["MULTI"],
+        "exec": ["EXEC"],
         # The upgrade to packed entries (state/repack.py, lua/repack.lua), at start.
         "type": ["TYPE", entry],
         "zremrangebylex": ["ZREMRANGEBYLEX", index, "[a", "+"],

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import msgspec
 import psycopg
 import pytest
@@ -267,8 +268,6 @@ NOT_SERVED = {
     "WAIT": "strict durability, replicas confirm (rule(strict=True))",
     "XLEN": "`stateworker status` (the operator's user)",
     "XPENDING": "`stateworker status`",
-    "MULTI": "watches (`stateworker watch`, StateClient.watch)",
-    "EXEC": "watches",
     "TIME": "watches",
     "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
     "READONLY": "an error reply's first word",
@@ -326,3 +325,22 @@ async def test_a_noperm_met_during_the_start_is_the_same_one_line(
         f'the Redis user "narrow" at redis://narrow:***@127.0.0.1:{acl_redis.port}/0 lacks '
         f"part of the service's ACL rule: ~{prefix}:* (a key of")
     assert "\n" not in str(refused.value) and PASSWORD not in str(refused.value)
+
+
+async def test_the_consoles_live_tail_runs_under_exactly_the_rule(
+        acl_redis: RedisServer, prefix: str) -> None:
+    """The tail is a Watch inside the service (MULTI/EXEC of a partition's reads): under the
+    documented rule it streams the changes, and Redis refused the service nothing."""
+    url = add_user(acl_redis, "svc", service_user.rule(prefix))
+    settings = Settings(redis_url=url, prefix=prefix, partitions=4, http="127.0.0.1:0")
+    with acl_redis.client() as raw:
+        raw.execute_command("ACL", "LOG", "RESET")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30) as http, \
+            http.stream("GET", "/v1/console/tail?scope=tailed") as tail:
+        await StateStore(service.state).set("tailed", "seen", 1)
+        with anyio.fail_after(20):
+            async for line in tail.aiter_lines():
+                if "seen" in line:
+                    break
+    assert refusals(acl_redis) == []
