@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from stateworker.app.bodies import read_body
 from stateworker.app.cli.status import status_report
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
+from stateworker.context import CallContext
 from stateworker.errors import (
     InternalError,
     InvalidRequest,
@@ -46,6 +47,7 @@ from stateworker.errors import (
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.events.watch import Watch
 from stateworker.specs import GET
+from stateworker.state import validate
 from stateworker.state.store import RedisState
 from stateworker.uicontent import console_page, ui_file
 
@@ -115,7 +117,8 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
 
     async def tail(request: Request) -> Response:
         scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
-        _may_read(state, await _principal(logins, request), scope)
+        principal = await _principal(logins, request)
+        _may_read(state, principal, scope)
         watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
         try:
             await watch.open()
@@ -123,7 +126,8 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
             with anyio.CancelScope(shield=True):
                 await watch.close()
             raise
-        return _Tail(_events(watch, prefix), stopping, media_type="text/event-stream",
+        return _Tail(_events(watch, prefix, lambda scope: _shown(state, principal, scope)),
+                     stopping, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache"})
 
     return [
@@ -207,12 +211,25 @@ def _session(state: RedisState, principal: str | None) -> dict[str, Any]:
 
 
 def _may_read(state: RedisState, principal: str | None, scope: str | None) -> None:
-    """A read grant on `scope` (None: on every scope) for `principal` (None: trusted)."""
-    if principal is not None:
-        state.access.check(principal, GET.name, None if scope is None else [scope])
+    """A read grant on `scope` (None: on every scope) for `principal` (None: trusted), and,
+    as the public functions do, no claimed or reserved scope but for an admin: a private
+    namespace is read through its accessors alone, whatever the door."""
+    if principal is None:
+        return
+    state.access.check(principal, GET.name, None if scope is None else [scope])
+    if scope is not None and not state.access.is_admin(principal):
+        validate.scope(state, CallContext(principal=principal), scope)
 
 
-async def _events(watch: Watch, prefix: str | None) -> AsyncIterator[bytes]:
+def _shown(state: RedisState, principal: str | None, scope: str) -> bool:
+    """Whether the tail shows `principal` an event of `scope` (an unscoped tail: the claimed
+    and reserved scopes left out, as listings leave them out)."""
+    return principal is None or state.access.is_admin(principal) or \
+        scope not in validate.hidden_scopes(state)
+
+
+async def _events(watch: Watch, prefix: str | None,
+                  shown: Callable[[str], bool]) -> AsyncIterator[bytes]:
     """The watch's events as server-sent events; its bookmarks as comments, which keep the
     connection alive (and show a closed one: the write fails, the watch closes)."""
     try:
@@ -220,7 +237,7 @@ async def _events(watch: Watch, prefix: str | None) -> AsyncIterator[bytes]:
         async for item in watch:
             if not isinstance(item, Event):
                 yield b": " + item.revision.encode() + b"\n\n"
-            elif prefix is None or item.key.startswith(prefix):
+            elif (prefix is None or item.key.startswith(prefix)) and shown(item.scope):
                 yield b"data: " + document_json(item) + b"\n\n"
     finally:
         with anyio.CancelScope(shield=True):

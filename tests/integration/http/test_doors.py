@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import msgspec
 import pytest
@@ -20,6 +21,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.settings import Settings
+from stateworker.state import principals
 from tests.integration.acl import principal, role
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
@@ -142,3 +144,33 @@ def test_the_names_answered_to() -> None:
         == {"state.internal", "::1"}
     assert allowed_hosts(Settings(http_hosts="*")) is None
     assert host_of(b"[::1]:8080") == "::1" and host_of(b"Example.COM") == "example.com"
+
+
+async def test_the_console_keeps_private_namespaces_private(served: StateService) -> None:
+    """A reader (the built-in role: read on every scope) gets no claimed scope through the
+    console, as it gets none through the public functions: its history is RESERVED_SCOPE,
+    and an unscoped tail leaves its changes out."""
+    store = StateStore(served.state)  # (in process: trusted)
+    await store.claim_namespace("billing", ["private"], caller="billing")
+    await principals.add_principal(served.state, "rd", ["reader"], ())
+    await principals.set_user(served.state, "rd", "read-pass-1")
+    auth = ("rd", "read-pass-1")
+    async with httpx.AsyncClient(base_url=f"http://{served.http_address}", auth=auth,
+                                 timeout=30) as http:
+        await store.call("billing::state::compare-and-set",
+                         {"scope": "private", "key": "secret", "value": "s3cr3t"})
+        history = await http.get("/v1/console/history?scope=private&key=secret")
+        assert (history.status_code, history.json()["error"]["code"]) == (403, "RESERVED_SCOPE")
+        scoped = await http.get("/v1/console/tail?scope=private")
+        assert scoped.json()["error"]["code"] == "RESERVED_SCOPE"
+        async with http.stream("GET", "/v1/console/tail") as tail:
+            await store.call("billing::state::compare-and-set",
+                             {"scope": "private", "key": "secret2", "value": "s3cr3t2"})
+            await store.set("public", "after", 1)
+            seen: list[str] = []
+            with anyio.fail_after(20):
+                async for line in tail.aiter_lines():
+                    seen.append(line)
+                    if '"after"' in line:
+                        break
+    assert not any("s3cr3t" in line or "private" in line for line in seen), seen
