@@ -9,7 +9,11 @@ stores one: a login opens a connection of its own to the service's Redis and sen
   of the service does not know another's sessions; a restart logs everyone out);
 - `Authorization: Basic <principal:password>` on any request (programs): proven the same
   way, the proof remembered for `PROOF_S` by the password's SHA-256, so a busy caller costs
-  one AUTH a minute, and a rotated password stops working within `PROOF_S`.
+  one AUTH a minute.
+
+Both end when the principal's record changes (`principal passwd` writes when the password
+changed; other roles, act_as): every replica's registry follower reloads the records within
+a moment, and a session or proof made under the record of before is over.
 
 In `off` mode nobody logs in: there are no principals (the request is trusted as a bus call
 of whoever reaches Redis is).
@@ -36,6 +40,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
+from stateworker.state.grants import Principal
 from stateworker.state.store import RedisState
 from stateworker.transport.cluster_map import seeds_of
 from stateworker.transport.connect import connection_for
@@ -52,8 +57,12 @@ class Logins:
 
     def __init__(self, state: RedisState) -> None:
         self.state = state
-        self.sessions: dict[str, tuple[str, float]] = {}  # token -> (principal, expires)
-        self.proofs: dict[tuple[str, bytes], float] = {}  # (principal, sha256) -> expires
+        # token -> (principal, expires, its record then); (principal, sha256) -> (expires,
+        # its record then): a session or proof ends when the record changes (a new password,
+        # other roles: `password_ms`, grants.Principal), on every replica within a moment
+        # (the registry follower reloads the records).
+        self.sessions: dict[str, tuple[str, float, Principal | None]] = {}
+        self.proofs: dict[tuple[str, bytes], tuple[float, Principal | None]] = {}
 
     @property
     def required(self) -> bool:
@@ -64,7 +73,8 @@ class Logins:
         await self._prove(principal, password)
         token = secrets.token_urlsafe(32)
         self._forget_expired()
-        self.sessions[token] = (principal, time.monotonic() + SESSION_S)
+        self.sessions[token] = (principal, time.monotonic() + SESSION_S,
+                                self.state.access.principal(principal))
         return token
 
     def logout(self, token: str | None) -> None:
@@ -78,13 +88,20 @@ class Logins:
         if header is not None:
             principal, password = _basic(header)
             key = (principal, hashlib.sha256(password.encode()).digest())
-            if self.proofs.get(key, 0.0) < time.monotonic():
+            proof = self.proofs.get(key)
+            if proof is None or proof[0] < time.monotonic() or \
+                    proof[1] != self.state.access.principal(principal):
                 await self._prove(principal, password)
                 self._forget_expired()
-                self.proofs[key] = time.monotonic() + PROOF_S
+                self.proofs[key] = (time.monotonic() + PROOF_S,
+                                    self.state.access.principal(principal))
             return principal
-        session = self.sessions.get(request.cookies.get(COOKIE, ""))
+        token = request.cookies.get(COOKIE, "")
+        session = self.sessions.get(token)
         if session is None or session[1] < time.monotonic():
+            return None
+        if session[2] != self.state.access.principal(session[0]):  # (a new password ...)
+            self.sessions.pop(token, None)
             return None
         return session[0]
 
@@ -117,7 +134,7 @@ class Logins:
     def _forget_expired(self) -> None:
         now = time.monotonic()
         self.sessions = {t: s for t, s in self.sessions.items() if s[1] >= now}
-        self.proofs = {k: e for k, e in self.proofs.items() if e >= now}
+        self.proofs = {k: e for k, e in self.proofs.items() if e[0] >= now}
 
 
 def _basic(header: str) -> tuple[str, str]:

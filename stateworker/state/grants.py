@@ -59,6 +59,9 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     roles: tuple[str, ...]
     act_as: tuple[str, ...] = ()  # patterns its context's user_id, dag_name ... may match
     created_ms: int = 0
+    # When its password last changed (`principal passwd`): a new record, so every replica's
+    # console sessions and proven credentials of before end (app/logins.py).
+    password_ms: int = 0
 
 
 BUILTIN: dict[str, Role] = {

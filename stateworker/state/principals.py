@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import Conflict, InvalidRequest, NotFound, shown
@@ -177,9 +179,16 @@ async def set_user(state: RedisState, name: str, password: str | None) -> None:
 
 async def set_password(state: RedisState, name: str, password: str) -> None:
     """A new password, the old ones dropped (rotation); the rule is set again, so a user
-    missing after a restore comes back whole."""
+    missing after a restore comes back whole. The record says when (`password_ms`): every
+    replica then ends the console sessions and HTTP proofs made with the old one."""
     await state.conn.execute("ACL", "SETUSER", name, "resetpass", "on", f">{password}",
                              *acl_rule(state.settings.prefix, name))
+    records, _ = await stored(state)
+    record = records.get(name)
+    if record is not None:
+        changed = msgspec.structs.replace(record, password_ms=now_ms())
+        await _write(state, "principal-set", name, grants.encode(changed),
+                     [r for r in changed.roles if r not in BUILTIN])
 
 
 async def has_user(state: RedisState, name: str) -> bool:

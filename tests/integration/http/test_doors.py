@@ -23,6 +23,7 @@ from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.settings import Settings
 from stateworker.state import principals
 from tests.integration.acl import principal, role
+from tests.integration.busproto import until
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
@@ -174,3 +175,29 @@ async def test_the_console_keeps_private_namespaces_private(served: StateService
                     if '"after"' in line:
                         break
     assert not any("s3cr3t" in line or "private" in line for line in seen), seen
+
+
+async def test_a_new_password_ends_the_sessions_of_the_old_one(served: StateService) -> None:
+    """The documented leaked-password procedure (`principal passwd`): the console session and
+    the proven Basic credential of the old password stop working within seconds."""
+    writer = await role(served.state, ["read", "write"], ["orders"])
+    await principals.add_principal(served.state, "ed", [writer], ())
+    await principals.set_user(served.state, "ed", "old-pass-1")
+    body = msgspec.json.encode({"scope": "orders", "key": "k", "value": 1})
+    base = f"http://{served.http_address}"
+    async with httpx.AsyncClient(base_url=base) as browser, \
+            httpx.AsyncClient(base_url=base, auth=("ed", "old-pass-1")) as program:
+        login = await browser.post("/v1/console/login",
+                                   content=b'{"principal":"ed","password":"old-pass-1"}')
+        assert login.status_code == 200, login.text  # (the client keeps the cookie)
+        assert (await browser.post("/v1/call/state::set", content=body)).json()["ok"]
+        assert (await program.post("/v1/call/state::set", content=body)).json()["ok"]
+        await principals.set_password(served.state, "ed", "new-pass-2")
+
+        async def refused() -> bool:
+            by_cookie = await browser.post("/v1/call/state::set", content=body)
+            by_basic = await program.post("/v1/call/state::set", content=body)
+            return by_cookie.status_code == 401 and by_basic.status_code == 401
+        await until(refused, 10, "the old password's session and proof to end")
+        assert (await program.post("/v1/call/state::set", content=body,
+                                   auth=("ed", "new-pass-2"))).json()["ok"]
