@@ -76,6 +76,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The names (or addresses) the HTTP face answers to, comma-separated; `*`: any; None: the
     # loopback names and the bind address's host (app/hosts.py: DNS rebinding).
     http_hosts: str | None = None
+    # The console's live tails open at once (each holds a Redis connection): in all, and per
+    # principal (`off` mode: per client address). Beyond: RESOURCE_EXHAUSTED (app/console.py).
+    max_tails: int = 64
+    max_tails_per_caller: int = 8
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.
@@ -108,6 +112,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                               "use STATEWORKER_DURABILITY=fast")
         if self.dedupe_window_ms < 1000:
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
+        if self.max_tails < 1 or self.max_tails_per_caller < 1:
+            raise ConfigError("max_tails and max_tails_per_caller must be at least 1")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
         if not 0 <= self.events_retain < _FOREVER:

@@ -40,12 +40,14 @@ from stateworker.errors import (
     InternalError,
     InvalidRequest,
     PermissionDenied,
+    ResourceExhausted,
     StateError,
     UnknownCaller,
     http_status,
 )
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.events.watch import Watch
+from stateworker.settings import Settings
 from stateworker.specs import GET
 from stateworker.state import validate
 from stateworker.state.store import RedisState
@@ -64,6 +66,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> list[BaseRoute]:
     """The console's routes (module docstring); `stopping`: set when the service stops (a
     live tail ends then, rather than hold the stop for the server's grace period)."""
+    tails = Tails(state.settings)
 
     async def page(request: Request) -> Response:
         name = request.path_params.get("name", "")
@@ -119,15 +122,20 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> 
         scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
         principal = await _principal(logins, request)
         _may_read(state, principal, scope)
+        caller = principal if principal is not None else \
+            f"address {request.client.host if request.client else '?'}"
+        tails.take(caller)
         watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
         try:
             await watch.open()
         except BaseException:
+            tails.give_back(caller)
             with anyio.CancelScope(shield=True):
                 await watch.close()
             raise
-        return _Tail(_events(watch, prefix, lambda scope: _shown(state, principal, scope)),
-                     stopping, media_type="text/event-stream",
+        events = _events(watch, prefix, lambda scope: _shown(state, principal, scope),
+                         lambda: tails.give_back(caller))
+        return _Tail(events, stopping, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache"})
 
     return [
@@ -228,8 +236,8 @@ def _shown(state: RedisState, principal: str | None, scope: str) -> bool:
         scope not in validate.hidden_scopes(state)
 
 
-async def _events(watch: Watch, prefix: str | None,
-                  shown: Callable[[str], bool]) -> AsyncIterator[bytes]:
+async def _events(watch: Watch, prefix: str | None, shown: Callable[[str], bool],
+                  ended: Callable[[], None]) -> AsyncIterator[bytes]:
     """The watch's events as server-sent events; its bookmarks as comments, which keep the
     connection alive (and show a closed one: the write fails, the watch closes)."""
     try:
@@ -240,8 +248,38 @@ async def _events(watch: Watch, prefix: str | None,
             elif (prefix is None or item.key.startswith(prefix)) and shown(item.scope):
                 yield b"data: " + document_json(item) + b"\n\n"
     finally:
+        ended()
         with anyio.CancelScope(shield=True):
             await watch.close()
+
+
+class Tails:
+    """The live tails open, in all and per caller, each within its cap (settings
+    `max_tails`, `max_tails_per_caller`): a tail holds a Redis connection, and Redis's
+    `maxclients` is everyone's."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.open: dict[str, int] = {}
+
+    def take(self, caller: str) -> None:
+        total, mine = sum(self.open.values()), self.open.get(caller, 0)
+        if total >= self.settings.max_tails or mine >= self.settings.max_tails_per_caller:
+            which, limit = (("open in all", self.settings.max_tails)
+                            if total >= self.settings.max_tails else
+                            (f"open by {caller}", self.settings.max_tails_per_caller))
+            raise ResourceExhausted(
+                f"tail: {limit} live tails are {which} already (STATEWORKER_MAX_TAILS, "
+                "STATEWORKER_MAX_TAILS_PER_CALLER): close one first",
+                {"path": "tail", "limit": limit, "open": total if "all" in which else mine})
+        self.open[caller] = mine + 1
+
+    def give_back(self, caller: str) -> None:
+        left = self.open.get(caller, 0) - 1
+        if left > 0:
+            self.open[caller] = left
+        else:
+            self.open.pop(caller, None)
 
 
 async def _history(state: RedisState, scope: str, key: str) -> list[Any]:

@@ -5,6 +5,7 @@ principals' equal keys never meet. A Redis of the module's own: ACL users are se
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -201,3 +202,33 @@ async def test_a_new_password_ends_the_sessions_of_the_old_one(served: StateServ
         await until(refused, 10, "the old password's session and proof to end")
         assert (await program.post("/v1/call/state::set", content=body,
                                    auth=("ed", "new-pass-2"))).json()["ok"]
+
+
+@pytest.mark.parametrize(("in_all", "per_caller", "which"), [(5, 2, "open by"),
+                                                             (2, 5, "open in all")])
+async def test_live_tails_beyond_their_cap_are_refused(
+        redis_server: RedisServer, prefix: str, in_all: int, per_caller: int,
+        which: str) -> None:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        http="127.0.0.1:0", max_tails=in_all, max_tails_per_caller=per_caller)
+    cap = min(in_all, per_caller)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30) as http, \
+            contextlib.AsyncExitStack() as tails:
+        opened = [await tails.enter_async_context(http.stream("GET", "/v1/console/tail"))
+                  for _ in range(cap)]
+        assert all(t.status_code == 200 for t in opened)
+        over = await http.get("/v1/console/tail")
+        assert over.status_code == 507
+        error = over.json()["error"]
+        assert error["code"] == "RESOURCE_EXHAUSTED" and which in error["message"]
+        assert error["details"]["limit"] == cap
+        await opened[0].aclose()  # one closed: its place is free again
+
+        async def reopened() -> bool:
+            again = await tails.enter_async_context(http.stream("GET", "/v1/console/tail"))
+            if again.status_code == 200:
+                return True
+            await again.aclose()
+            return False
+        await until(reopened, 10, "a tail's place to come free")
