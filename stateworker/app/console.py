@@ -35,15 +35,16 @@ from starlette.types import Receive, Scope, Send
 from stateworker.app.bodies import read_body
 from stateworker.app.cli.status import status_report
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
-from stateworker.context import CallContext
 from stateworker.errors import (
     InternalError,
     InvalidRequest,
     PermissionDenied,
+    ReservedScope,
     ResourceExhausted,
     StateError,
     UnknownCaller,
     http_status,
+    shown,
 )
 from stateworker.events.model import Event, decode_event, document_json, fields_of
 from stateworker.events.watch import Watch
@@ -225,8 +226,15 @@ def _may_read(state: RedisState, principal: str | None, scope: str | None) -> No
     if principal is None:
         return
     state.access.check(principal, GET.name, None if scope is None else [scope])
-    if scope is not None and not state.access.is_admin(principal):
-        validate.scope(state, CallContext(principal=principal), scope)
+    if scope is not None and not state.access.is_admin(principal) and \
+            scope in validate.hidden_scopes(state):
+        owner = state.claims.owner(scope)
+        raise ReservedScope(
+            f"scope {shown(scope)} is " + (f"claimed by namespace {shown(owner)}: only its "
+                                           f"accessors ({owner}::state::get, ...) serve it"
+                                           if owner else "reserved for the service's own "
+                                           "bookkeeping"),
+            {"path": "scope", "scope": scope, **({"namespace": owner} if owner else {})})
 
 
 def _shown(state: RedisState, principal: str | None, scope: str) -> bool:

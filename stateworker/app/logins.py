@@ -59,7 +59,7 @@ class Logins:
         self.state = state
         # token -> (principal, expires, its record then); (principal, sha256) -> (expires,
         # its record then): a session or proof ends when the record changes (a new password,
-        # other roles: `password_ms`, grants.Principal), on every replica within a moment
+        # other roles: `rotated_ms`, grants.Principal), on every replica within a moment
         # (the registry follower reloads the records).
         self.sessions: dict[str, tuple[str, float, Principal | None]] = {}
         self.proofs: dict[tuple[str, bytes], tuple[float, Principal | None]] = {}

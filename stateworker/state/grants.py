@@ -61,7 +61,7 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     created_ms: int = 0
     # When its password last changed (`principal passwd`): a new record, so every replica's
     # console sessions and proven credentials of before end (app/logins.py).
-    password_ms: int = 0
+    rotated_ms: int = 0
 
 
 BUILTIN: dict[str, Role] = {

@@ -179,14 +179,14 @@ async def set_user(state: RedisState, name: str, password: str | None) -> None:
 
 async def set_password(state: RedisState, name: str, password: str) -> None:
     """A new password, the old ones dropped (rotation); the rule is set again, so a user
-    missing after a restore comes back whole. The record says when (`password_ms`): every
+    missing after a restore comes back whole. The record says when (`rotated_ms`): every
     replica then ends the console sessions and HTTP proofs made with the old one."""
     await state.conn.execute("ACL", "SETUSER", name, "resetpass", "on", f">{password}",
                              *acl_rule(state.settings.prefix, name))
     records, _ = await stored(state)
     record = records.get(name)
     if record is not None:
-        changed = msgspec.structs.replace(record, password_ms=now_ms())
+        changed = msgspec.structs.replace(record, rotated_ms=now_ms())
         await _write(state, "principal-set", name, grants.encode(changed),
                      [r for r in changed.roles if r not in BUILTIN])
 

@@ -163,6 +163,9 @@ async def test_the_console_keeps_private_namespaces_private(served: StateService
                          {"scope": "private", "key": "secret", "value": "s3cr3t"})
         history = await http.get("/v1/console/history?scope=private&key=secret")
         assert (history.status_code, history.json()["error"]["code"]) == (403, "RESERVED_SCOPE")
+        await store.set("public", "open", 1)  # (a public scope's history: as before)
+        public = await http.get("/v1/console/history?scope=public&key=open")
+        assert public.status_code == 200 and public.json()["events"], public.text
         scoped = await http.get("/v1/console/tail?scope=private")
         assert scoped.json()["error"]["code"] == "RESERVED_SCOPE"
         async with http.stream("GET", "/v1/console/tail") as tail:
