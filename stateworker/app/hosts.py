@@ -58,11 +58,15 @@ class HostGuard:
 
 
 async def _refuse(send: Send, host: str | None, hosts: frozenset[str]) -> None:
-    error = PermissionDenied(
+    await send_refusal(send, PermissionDenied(
         f"Host {shown(host)}: this service answers to {', '.join(sorted(hosts))} only "
         "(STATEWORKER_HTTP_HOSTS: a page under a name of another's that resolves to this "
         "address must not reach it, DNS rebinding); nothing was run",
-        {"path": "Host", "value": host, "hosts": sorted(hosts)})
+        {"path": "Host", "value": host, "hosts": sorted(hosts)}))
+
+
+async def send_refusal(send: Send, error: PermissionDenied) -> None:
+    """A guard's refusal, before routing: 403 and the call API's error document."""
     body = msgspec.json.encode({"id": None, "ok": False, "error": {
         "code": error.code, "message": str(error), "details": error.details}})
     start: dict[str, Any] = {"type": "http.response.start", "status": 403, "headers": [

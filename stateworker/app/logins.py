@@ -33,12 +33,11 @@ import hashlib
 import secrets
 import time
 import urllib.parse
-from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stateworker.app.hosts import send_refusal
 from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
 from stateworker.state.grants import Principal
 from stateworker.state.store import RedisState
@@ -182,12 +181,6 @@ def _same(origin: bytes, host: bytes | None) -> bool:
 
 
 async def _refuse(send: Send, origin: str) -> None:
-    error = PermissionDenied(f"Origin {shown(origin)}: a page of another site may not call "
-                             "this service (programs send no Origin header)",
-                             {"path": "Origin", "value": origin})
-    body = msgspec.json.encode({"id": None, "ok": False, "error": {
-        "code": error.code, "message": str(error), "details": error.details}})
-    start: dict[str, Any] = {"type": "http.response.start", "status": 403, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-    await send(start)
-    await send({"type": "http.response.body", "body": body})
+    await send_refusal(send, PermissionDenied(
+        f"Origin {shown(origin)}: a page of another site may not call this service (programs "
+        "send no Origin header)", {"path": "Origin", "value": origin}))
