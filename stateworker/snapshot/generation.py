@@ -51,33 +51,31 @@ async def adopt(pg: PgConnection, prefix: str, generation: str) -> str:
     return held
 
 
-async def fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str) -> None:
-    """Inside a commit's transaction: go on only while PostgreSQL follows `generation`."""
-    await cursor.execute("SELECT generation FROM sw_generations WHERE prefix = %s FOR SHARE",
-                         (prefix,))
+async def fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str,
+                lock: str = "FOR SHARE") -> int:
+    """Inside a commit's transaction: go on only while PostgreSQL follows `generation` (the
+    row locked `lock`); the registry's count copied last (`registry_fence`)."""
+    await cursor.execute(f"SELECT generation, registry_n FROM sw_generations WHERE prefix = %s "
+                         f"{lock}", (prefix,))
     row = await cursor.fetchone()
     held = str(row[0]) if row else None
-    if held != generation:
+    if row is None or held != generation:
         raise Fenced(f"PostgreSQL follows generation {held}, not {generation} that was read in "
                      "Redis: nothing of it was committed")
+    return int(str(row[1]))
 
 
 async def registry_fence(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str,
                          added: int) -> None:
-    """Inside the registry copy's transaction: go on only while PostgreSQL follows
-    `generation` and this Redis's registry stream has had at least as many entries added as
-    when the registry was last copied (an older copy of Redis would put back what was
-    removed since, and remove what was added); then that count is the new mark."""
-    await cursor.execute("SELECT generation, registry_n FROM sw_generations WHERE prefix = %s "
-                         "FOR UPDATE", (prefix,))
-    row = await cursor.fetchone()
-    if row is None or str(row[0]) != generation:
-        raise Fenced(f"PostgreSQL follows generation {row[0] if row else None}, not "
-                     f"{generation} that was read in Redis: nothing of it was committed")
-    if added < int(row[1]):  # type: ignore[call-overload]
+    """Inside the registry copy's transaction: `fence`, and this Redis's registry stream has
+    had at least as many entries added as when the registry was last copied (an older copy
+    of Redis would put back what was removed since, and remove what was added); then that
+    count is the new mark."""
+    copied = await fence(cursor, prefix, generation, "FOR UPDATE")
+    if added < copied:
         raise RegistryBehind(
             f"the registry stream has had {added} entries added, PostgreSQL copied it at "
-            f"{row[1]} (Redis is behind the snapshot: an older copy of its data)")
+            f"{copied} (Redis is behind the snapshot: an older copy of its data)")
     await cursor.execute("UPDATE sw_generations SET registry_n = %s WHERE prefix = %s",
                          (added, prefix))
 

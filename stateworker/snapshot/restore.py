@@ -53,7 +53,7 @@ from stateworker.state import triggers as registry
 from stateworker.state.packed import Stored, pack
 from stateworker.state.registry import RELOAD
 from stateworker.state.store import RedisState
-from stateworker.transport.plans import command_reply
+from stateworker.transport.plans import checked_pipeline
 from stateworker.transport.wire import ReplyError
 
 BATCH = 1000  # rows per fetch and per Redis pipeline
@@ -110,10 +110,8 @@ async def holds_entries(state: RedisState) -> bool:
 
 
 async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
-    """A pipeline whose every reply must succeed: an error reply (NOPERM, OOM ...) is raised
-    (redis_error), not restored past."""
-    return [command_reply(reply, f"restore: {command[0]}") for command, reply
-            in zip(commands, await state.conn.pipeline(commands), strict=True)]
+    """A pipeline whose every reply must succeed (an error reply is not restored past)."""
+    return await checked_pipeline(state.conn, commands, "restore")
 
 
 async def _refuse_non_empty(state: RedisState) -> None:

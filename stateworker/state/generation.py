@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -38,7 +37,7 @@ from stateworker.keys import KeySpace
 from stateworker.scripts.bindings import STAMP
 from stateworker.state.store import RedisState
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import pipeline
+from stateworker.transport.plans import checked_pipeline, pipeline
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.generation")
@@ -169,16 +168,10 @@ async def stamp(state: RedisState, generation: str) -> None:
         raise Unavailable("restore: Redis lost what the restore wrote before it ended (a "
                           "FLUSHALL or a restart without its data during the restore); writes "
                           "stay refused: run `stateworker restore` again", {})
-    await conn_pipeline_checked(state.conn, [
+    await checked_pipeline(state.conn, [
         ["HSET", keys.meta, META_FIELD, generation],
         ["HDEL", keys.meta, RESTORING_FIELD],
-        ["HDEL", keys.snapshot_status, LOST_FIELD, SEEN_FIELD]])
-
-
-async def conn_pipeline_checked(conn: RedisConnection, commands: list[list[Any]]) -> None:
-    for reply in await conn.pipeline(commands):
-        if isinstance(reply, ReplyError):
-            raise reply
+        ["HDEL", keys.snapshot_status, LOST_FIELD, SEEN_FIELD]], "restore: stamp")
 
 
 async def defer(conn: RedisConnection, keys: KeySpace) -> None:
@@ -213,11 +206,11 @@ async def begin_restore(conn: RedisConnection, keys: KeySpace, generation: str) 
     """A restore's first step: writes are refused while it runs (every marker removed), a
     restore that stops half way is known (`restoring`: the next one may go on over what it
     wrote), and each slot holds the restore's mark (`stamp` needs it: a wipe takes it)."""
-    await conn_pipeline_checked(conn, [
+    await checked_pipeline(conn, [
         ["HSET", keys.meta, RESTORING_FIELD, generation],
         *[["HDEL", p.history, PARTITION_FIELD] for p in keys.all_partitions()],
         *[["HSET", p.history, RESTORING_FIELD, generation] for p in keys.all_partitions()],
-        ["SET", keys.registry_marker, f"~{generation}"]])
+        ["SET", keys.registry_marker, f"~{generation}"]], "restore: begin")
 
 
 async def watch_loop(state: RedisState, *,

@@ -99,6 +99,14 @@ def command_reply(reply: Any, what: str) -> Any:
     return reply
 
 
+async def checked_pipeline(conn: RedisConnection, commands: Sequence[Sequence[Arg]],
+                           what: str) -> list[Any]:
+    """A pipeline whose every reply must succeed: an error reply (NOPERM, OOM ...) is raised
+    (redis_error, naming `what` and the command), not gone on past."""
+    return [command_reply(reply, f"{what}: {command[0]!s}") for command, reply
+            in zip(commands, await conn.pipeline(commands), strict=True)]
+
+
 def send_first_step(conn: RedisConnection, plans: Sequence[Plan]) -> Sent:
     """Put the first step of `plans` on the wire at once (None when not connected); pass the
     result to `execute_many`, which then only waits for the replies."""

@@ -365,3 +365,22 @@ async def test_a_wipe_during_a_restore_stamps_nothing(own_redis: RedisServer,
             failed.value.message
         markers = await generation.read(store.state.conn, store.state.keys)
         assert markers.partitions == (None,) * PARTITIONS and markers.registry is None
+
+
+async def test_a_meta_hash_lost_alone_is_put_back_whole(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """Its node lost it, the partitions' did not (a cluster): the data is intact, so the
+    snapshot puts its layout facts back (partitions, packed entries, the generation), writes
+    go on, and a new process opens the prefix."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        await store.set("s", "k", 1)
+        await until(lambda: caught_up(client, keys), 30, "the snapshot")
+        before = client.hgetall(keys.meta)
+        client.delete(keys.meta)
+        await until(lambda: client.hgetall(keys.meta) == before, 30, "the meta hash back")
+        assert (await store.set("s", "k", 2)).version == 2
+    async with StateStore.open(settings=settings) as again:
+        assert await again.get("s", "k") == 2
