@@ -27,6 +27,8 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
   sw:{sw:p3}:barriers_changed             set    names of the partition's barrier hashes
                                                  changed since the snapshot last stored them
+  sw:{sw:p3}:barrier_writes               string the last write number (`w`) a barrier of
+                                                 the partition took (lua/barrier.lua)
   sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
   sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
                                                  handed on), n (its ordinal in the stream)
@@ -105,6 +107,7 @@ class PartitionKeys:
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
+    barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
     # zset: the partition's scopes by the ms of their last change event, also when every
     # entry has gone since (state::claim-namespace: a scope written within the dedupe window
     # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
@@ -227,6 +230,7 @@ class KeySpace:
             snapshot_lease=f"{tag}snapshot_lease",
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
+            barrier_writes=f"{tag}barrier_writes",
             written=f"{tag}written",
             history=f"{tag}history",
         )

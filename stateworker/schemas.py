@@ -108,6 +108,14 @@ class BarrierRequest(Request, kw_only=True):
     condition_config: Raw = NULL  # missing or null: refused by barrier.parse_condition
 
 
+class DeleteBarrierRequest(Request, kw_only=True):
+    id: str
+
+
+class BarrierDeletedResult(Struct):
+    deleted: bool  # false: there was no such barrier (never made, deleted, or expired)
+
+
 class BarrierConfigShape(Request, kw_only=True):
     """`condition_config` as sent; barrier.parse_condition checks it into a BarrierCondition."""
 

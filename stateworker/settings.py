@@ -66,6 +66,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
     dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
+    # A completed barrier (state::barrier) is kept this long, then its hash expires with
+    # every payload it holds; an arrival after that starts a new barrier of the same id.
+    barrier_ttl_s: int = 24 * 3600
     connect_timeout_s: float = 5.0  # opening a Redis connection gives up after this
     read_timeout_s: float = 10.0  # replies outstanding, no byte from Redis this long: reconnect
     watch_progress_s: float = 5.0  # a watch with nothing to hand on this long sends a bookmark
@@ -112,6 +115,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                               "use STATEWORKER_DURABILITY=fast")
         if self.dedupe_window_ms < 1000:
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
+        if not 1 <= self.barrier_ttl_s <= 10 * 365 * 24 * 3600:
+            raise ConfigError("barrier_ttl_s (STATEWORKER_BARRIER_TTL_S) must be 1..315360000 "
+                              f"seconds (ten years), got {shown(self.barrier_ttl_s)}")
         if self.max_tails < 1 or self.max_tails_per_caller < 1:
             raise ConfigError("max_tails and max_tails_per_caller must be at least 1")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:

@@ -106,6 +106,11 @@ BARRIER = Spec("state::barrier", "barrier", s.BarrierRequest, s.BarrierDecision,
                "exactly once with each key's carried value", ("event", "condition_config"),
                raises=("BARRIER_CONFIG", "INVALID_REQUEST", "UNKNOWN_FIELD", "KEY_TOO_LONG",
                        "VALUE_TOO_LARGE"))
+DELETE_BARRIER = Spec("state::delete-barrier", "delete_barrier", s.DeleteBarrierRequest,
+                      s.BarrierDeletedResult, "delete a barrier, complete or not, with every "
+                      "payload it holds (`deleted: false`: there was none)", ("id",),
+                      raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "KEY_TOO_LONG"),
+                      unwrap="deleted")
 CLAIM_NAMESPACE = Spec("state::claim-namespace", "claim_namespace", s.ClaimNamespaceRequest,
                        s.ClaimResult, "reserve scopes for the calling worker's private "
                        "namespace (none in public use, unless an admin adopts it)",
@@ -178,7 +183,7 @@ UI_CONTENT = Spec("state::ui-content", "ui_content", s.UiContentRequest, s.UiCon
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
-    CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
+    DELETE_BARRIER, CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
     LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX, QUERY,
     CREATE_INDEX, DROP_INDEX, LIST_INDEXES, UI_CONTENT)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)

@@ -61,6 +61,7 @@ class TypedCalls(abc.ABC):
     delete_by_topic = spec_method(specs.DELETE_BY_TOPIC, CLIENT)
     list_namespaces = spec_method(specs.LIST_NAMESPACES, CLIENT)
     barrier = spec_method(specs.BARRIER, CLIENT)
+    delete_barrier = spec_method(specs.DELETE_BARRIER, CLIENT)
     claim_namespace = spec_method(specs.CLAIM_NAMESPACE, CLIENT)
     release_namespace = spec_method(specs.RELEASE_NAMESPACE, CLIENT)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, CLIENT)

@@ -81,7 +81,8 @@ KEEP_TRIGGER = Binding("keeptrigger", 3, KeptReply.read)  # keep-trigger, the re
 CLAIM = Binding("claim", 2, ClaimReply.read)
 ACCESS = Binding("access", 3, AccessReply.read)
 RELEASE = Binding("release", 2, ReleaseReply.read)
-BARRIER = Binding("barrier", 2, BarrierReply.read)
+BARRIER = Binding("barrier", 3, BarrierReply.read)
+DELBARRIER = Binding("delbarrier", 3, Moved.read)
 FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
@@ -94,7 +95,7 @@ GET: Binding[list[Any]] = Binding("get", 2, list)
 DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
-    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
+    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
     TRANSACTION, GETMANY, DELPREFIX, GET)
 INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
 REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/repack.py)
@@ -331,13 +332,18 @@ def access_call(keys: KeySpace, op: str, name: str, record: bytes | str,
 
 def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, tag: str,
                  expected: int, expect_text: str, token: str | None, cap: int,
-                 named_keys: Sequence[str] | None) -> Call:
+                 named_keys: Sequence[str] | None, kept_ms: int) -> Call:
     """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
-    order) only when the script asked for them (a new barrier of a named set)."""
-    sent: list[Arg] = [""] if named_keys is None else ["1", *named_keys]
-    return ([part.barrier(barrier_id), part.barriers_changed],
+    order) only when the script asked for them (a new barrier of a named set); `kept_ms`: how
+    long a completed barrier is kept."""
+    return ([part.barrier(barrier_id), part.barriers_changed, part.barrier_writes],
             [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
-             cap, *sent])
+             cap, "" if named_keys is None else "1", now_ms(), kept_ms, *(named_keys or ())])
+
+
+def delbarrier_call(part: PartitionKeys, barrier_id: str) -> Call:
+    """delbarrier.lua: delete one barrier."""
+    return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes], []
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:

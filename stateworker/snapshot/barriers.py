@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
 from stateworker.snapshot.generation import fence
@@ -29,13 +30,17 @@ from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
 
 UPSERT = """
-INSERT INTO sw_barriers AS b (prefix, id, partition, fields, exact, w)
-VALUES (%s, %s, %s, %s::jsonb, %s, %s)
+INSERT INTO sw_barriers AS b (prefix, id, partition, fields, exact, w, expires_ms)
+VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s)
 ON CONFLICT (prefix, id) DO UPDATE SET
     partition = excluded.partition, fields = excluded.fields, exact = excluded.exact,
-    w = excluded.w
+    w = excluded.w, expires_ms = excluded.expires_ms
 WHERE b.w < excluded.w
 """
+# A barrier deleted (or expired) since it was marked changed: its row goes too. One made again
+# meanwhile stays marked (forget.lua) and is stored at the next round, newer (its `w`).
+DELETE = "DELETE FROM sw_barriers WHERE prefix = %s AND id = %s"
+PRUNE = "DELETE FROM sw_barriers WHERE prefix = %s AND expires_ms <= %s"
 
 BATCH = 1000  # barriers read and stored per round and partition, at most
 
@@ -59,7 +64,9 @@ class BarrierRow:
                 else msgspec.json.encode(texts).decode()
         except UnicodeDecodeError:
             as_json = None
-        return (prefix, to_pg(self.id), partition, as_json, exact, self.w)
+        expires = self.fields.get(b"z")
+        return (prefix, to_pg(self.id), partition, as_json, exact, self.w,
+                None if expires is None else int(expires))
 
 
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
@@ -77,12 +84,22 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     confirm(keys, after, generation)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
              for name, flat in zip(names, replies, strict=True) if flat]
-    if found:
-        async with pg.transaction(), pg.cursor() as cursor:
-            await fence(cursor, prefix, generation)
+    gone = [keys.barrier_id_of(name) for name, flat in zip(names, replies, strict=True)
+            if not flat]
+    async with pg.transaction(), pg.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        if found:
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
+        if gone:
+            await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
-    return len(found)
+    return len(names)
+
+
+async def prune(pg: PgConnection, prefix: str) -> None:
+    """Delete the rows of completed barriers past their expiry (Redis dropped their hashes
+    without a change to follow)."""
+    await pg.execute(PRUNE, (prefix, now_ms()))
 
 
 async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
@@ -95,19 +112,33 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
 
 
 async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:
-    """(id, exact msgpack) of every barrier of the prefix in PostgreSQL."""
-    cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s", (prefix,))
+    """(id, exact msgpack) of every barrier of the prefix in PostgreSQL not expired yet."""
+    cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s AND "
+                              "(expires_ms IS NULL OR expires_ms > %s)", (prefix, now_ms()))
     return [(from_pg(str(i)), bytes(e))  # type: ignore[call-overload]
             for i, e in await cursor.fetchall()]
 
 
 def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
-    """The writes that put the stored barrier hashes back exactly (write count included): a
-    hash Redis still has of the barrier is replaced, not merged field by field."""
+    """The writes that put the stored barrier hashes back exactly (write count and expiry
+    included): a hash Redis still has of the barrier is replaced, not merged field by field."""
     commands: list[list[Any]] = []
     for barrier_id, exact in stored:
         fields = msgspec.msgpack.decode(exact, type=dict[bytes, bytes])
         flat = [part for pair in fields.items() for part in pair]
         name = state.keys.barrier_partition(barrier_id).barrier(barrier_id)
         commands += [["DEL", name], ["HSET", name, *flat]]
+        if b"z" in fields:
+            commands.append(["PEXPIREAT", name, int(fields[b"z"])])
     return commands
+
+
+def counter_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
+    """Each partition's barrier write counter at the highest `w` of every barrier put back, so
+    the next write numbers above what PostgreSQL holds."""
+    highest: dict[str, int] = {}
+    for barrier_id, exact in stored:
+        w = int(msgspec.msgpack.decode(exact, type=dict[bytes, bytes]).get(b"w", b"0"))
+        counter = state.keys.barrier_partition(barrier_id).barrier_writes
+        highest[counter] = max(highest.get(counter, 0), w)
+    return [["SET", counter, w] for counter, w in sorted(highest.items())]

@@ -200,6 +200,7 @@ async def _restore(state: RedisState, pg: PgConnection,
     stored = await barriers.stored_barriers(pg, prefix)
     for start in range(0, len(stored), BATCH):
         await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
+    await _run(state, barriers.counter_commands(state, stored))
     summary.barriers = len(stored)
     summary.calls = await calls.restore(state, pg)
     await _positions_to_ends(state, pg, generation_id)

@@ -327,6 +327,7 @@ class Snapshotter:
                 await self._lose(exc.message, [], forget=False)
             else:
                 await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
+                await barriers.prune(pg, self.prefix)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
 

@@ -286,6 +286,7 @@ class StateStore(KeyValueMethods):
     delete_by_topic = spec_method(specs.DELETE_BY_TOPIC, STORE)
     list_namespaces = spec_method(specs.LIST_NAMESPACES, STORE)
     release_namespace = spec_method(specs.RELEASE_NAMESPACE, STORE)
+    delete_barrier = spec_method(specs.DELETE_BARRIER, STORE)
     register_trigger = spec_method(specs.REGISTER_TRIGGER, STORE)
     keep_trigger = spec_method(specs.KEEP_TRIGGER, STORE)
     unregister_trigger = spec_method(specs.UNREGISTER_TRIGGER, STORE)

@@ -13,6 +13,10 @@ Arrival tokens make a repeated evaluation safe: the token of the completing arri
 again, gets the same `allow` and payload (a trigger dispatcher re-evaluating an event after a
 crash uses `<trigger id>:<revision>`; a bus call uses its call id). A barrier is not an entry:
 it writes no change event. It is never re-armed: a new round uses a new id.
+
+A completed barrier is kept `barrier_ttl_s` (STATEWORKER_BARRIER_TTL_S), then its hash
+expires with its payload (an arrival after that starts a new barrier of the id);
+state::delete-barrier deletes one at once (lua/delbarrier.lua), complete or not.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from stateworker import codec
 from stateworker.context import NO_CONTEXT
 from stateworker.errors import BarrierConfig, InternalError, InvalidRequest, KeyTooLong
 from stateworker.keys import PartitionKeys
-from stateworker.schemas import BarrierConfigShape, BarrierDecision
-from stateworker.scripts.bindings import BARRIER, barrier_call
+from stateworker.schemas import BarrierConfigShape, BarrierDecision, BarrierDeletedResult
+from stateworker.scripts.bindings import BARRIER, DELBARRIER, barrier_call, delbarrier_call
 from stateworker.scripts.replies import BarrierReply
 from stateworker.scripts.statuses import Target
 from stateworker.settings import Settings
@@ -108,9 +112,13 @@ def parse_condition(settings: Settings, raw: msgspec.Raw | bytes | None,
         if pointer is not None:
             _check_pointer(f"{field}.{name}", pointer)
     expect = shape.expect if isinstance(shape.expect, int) else tuple(shape.expect)
-    barrier_id = shape.id if owner is None else f"{owner}/{shape.id}"
-    return BarrierCondition(id=barrier_id, expect=expect, key_from=shape.key_from,
+    return BarrierCondition(id=owned_id(shape.id, owner), expect=expect, key_from=shape.key_from,
                             carry=shape.carry)
+
+
+def owned_id(barrier_id: str, owner: str | None) -> str:
+    """The barrier's id as stored: `acl` mode's principal's own, `<owner>/<id>`."""
+    return barrier_id if owner is None else f"{owner}/{barrier_id}"
 
 
 def _check_expect(settings: Settings, field: str, expect: int | list[str]) -> None:
@@ -212,7 +220,8 @@ def _barrier_attempt(state: RedisState, part: PartitionKeys, config: BarrierCond
     them. (A module function, not a closure calling itself: that would be a reference cycle
     per arrival, writes.py `_write_attempt`.)"""
     call = barrier_call(part, config.id, key, result, config.tag, config.expected,
-                        config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys)
+                        config.expect_text, token, MAX_PAYLOAD_BYTES, named_keys,
+                        state.settings.barrier_ttl_s * 1000)
 
     def finish(read: BarrierReply) -> Any:
         if read.outcome != "expect":
@@ -246,3 +255,18 @@ def decision(config: BarrierCondition, key: str, reply: BarrierReply) -> Barrier
             shown = ", ".join(f"`{k.decode()}`" for k in reply.missing)
             reason += f": {shown}{', …' if left > len(reply.missing) else ''}"
     return BarrierDecision(decision="skip", reason=reason)
+
+
+# ---- its deletion --------------------------------------------------------------------------
+def delete_plan(state: RedisState, barrier_id: str, owner: str | None) -> Plan:
+    """state::delete-barrier: the plan's result is a BarrierDeletedResult. `owner`: `acl`
+    mode's principal, whose own barriers (`<owner>/<id>`) are the only ones it names."""
+    if not barrier_id:
+        raise InvalidRequest("$.id: must not be empty (the id of the barrier to delete)",
+                             {"path": "$.id"})
+    validate.sized_text("id", barrier_id, state.settings.max_key_bytes, KeyTooLong)
+    stored = owned_id(barrier_id, owner)
+    part = state.keys.barrier_partition(stored)
+    target = Target(state.settings, validate.BARRIER_SCOPE, stored, NO_CONTEXT, barrier=True)
+    return state.script_plan(DELBARRIER, delbarrier_call(part, stored),
+                             lambda read: BarrierDeletedResult(deleted=read.done), target)

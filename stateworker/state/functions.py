@@ -30,6 +30,7 @@ from stateworker.schemas import (
     BarrierRequest,
     ClaimNamespaceRequest,
     CompareAndSetRequest,
+    DeleteBarrierRequest,
     DeleteByTopicRequest,
     DeletedResult,
     DeleteRequest,
@@ -265,6 +266,12 @@ def state_barrier(state: RedisState, req: BarrierRequest, ctx: CallContext) -> P
     return barrier.barrier_plan(state, req.event, config, ctx.call_id)
 
 
+def state_delete_barrier(state: RedisState, req: DeleteBarrierRequest, ctx: CallContext) -> Plan:
+    """Delete a barrier (in `acl` mode one of the principal's own, as its arrivals name
+    them: `<principal>/<id>`)."""
+    return barrier.delete_plan(state, req.id, ctx.principal)
+
+
 class Served(NamedTuple):
     """A function as a service serves it: its spec, its typed function (request Struct in,
     plan out: what engines and `StateStore.typed` call) and `prepare` (JSON body in)."""
@@ -296,6 +303,7 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.DELETE_BY_TOPIC, state_delete_by_topic),
     (specs.LIST_NAMESPACES, state_list_namespaces),
     (specs.BARRIER, state_barrier),
+    (specs.DELETE_BARRIER, state_delete_barrier),
     (specs.CLAIM_NAMESPACE, state_claim_namespace),
     (specs.RELEASE_NAMESPACE, state_release_namespace),
     (specs.REGISTER_TRIGGER, triggers.state_register_trigger),

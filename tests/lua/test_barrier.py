@@ -15,8 +15,11 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
+from stateworker.clock import now_ms
 from stateworker.settings import Settings
 from stateworker.state.barrier import MAX_PAYLOAD_BYTES, parse_condition
+from tests.integration.busproto import until
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -459,3 +462,77 @@ async def test_concurrent_arrivals_at_a_new_barrier_allow_exactly_once(
     counts = sorted(int(r["reason"].split(": ")[1].split("/")[0])
                     for r in replies if r["decision"] == "skip")
     assert counts == list(range(1, len(keys)))  # each arrival counted once, in turn
+
+
+# ---- expiry and deletion -------------------------------------------------------------------------
+async def test_a_completed_barrier_expires_as_configured_and_an_open_one_does_not(
+        redis_server: RedisServer, prefix: str) -> None:
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               barrier_ttl_s=3) as store:
+        done, open_, conn = new_id(), new_id(), store.state.conn
+        before = now_ms()
+        await arrive(store, {"key": "a"}, {"id": done, "expect": 1})
+        await arrive(store, {"key": "a"}, {"id": open_, "expect": 2})
+        name = store.state.keys.barrier_partition(done).barrier(done)
+        expires = int(await conn.execute("HGET", name, "z"))
+        assert before + 3000 <= expires <= now_ms() + 3000
+        assert await conn.execute("PEXPIRETIME", name) == expires
+        assert await conn.execute("PTTL", store.state.keys.barrier_partition(open_).barrier(
+            open_)) == -1
+        # Gone once the time is up; an arrival then starts a new barrier of that id.
+        await until(lambda: _gone(conn, name), 10, "the barrier's expiry")
+        assert (await arrive(store, {"key": "b"}, {"id": done, "expect": 2}))["reason"] == \
+            f"barrier `{done}`: 1/2 arrived, waiting on 1 more"
+
+
+async def _gone(conn: Any, name: str) -> bool:
+    return not await conn.execute("EXISTS", name)
+
+
+async def test_delete_barrier_removes_an_open_or_complete_one_and_says_whether(
+        store: StateStore) -> None:
+    complete, open_ = new_id(), new_id()
+    await arrive(store, {"key": "a"}, {"id": complete, "expect": 1})
+    await arrive(store, {"key": "a"}, {"id": open_, "expect": ["a", "b"]})
+    for bid in (complete, open_):
+        assert await store.call("state::delete-barrier", {"id": bid}) == {"deleted": True}
+        assert await store.call("state::delete-barrier", {"id": bid}) == {"deleted": False}
+        name = store.state.keys.barrier_partition(bid).barrier(bid)
+        assert await store.state.conn.execute("EXISTS", name) == 0
+    # A new round of a deleted id starts over (the named set's links went with it).
+    assert (await arrive(store, {"key": "b"}, {"id": open_, "expect": ["a", "b"]}))[
+        "reason"] == f"barrier `{open_}`: 1/2 arrived, waiting on 1 more: `a`"
+    assert await store.delete_barrier("never-made") is False
+
+
+async def test_delete_barrier_refuses_a_bad_id_with_its_field_and_limit(
+        store: StateStore) -> None:
+    assert "`id`" in (await _refusal(store, {})).message  # (missing: the request's own path, $)
+    for body, code, path in (({"id": ""}, "INVALID_REQUEST", "$.id"),
+                             ({"id": 7}, "INVALID_REQUEST", "$.id"),
+                             ({"id": "x" * 1025}, "KEY_TOO_LONG", "$.id"),
+                             ({"id": "a", "extra": 1}, "UNKNOWN_FIELD", "$.extra")):
+        with pytest.raises(StateError) as caught:
+            await store.call("state::delete-barrier", body)
+        assert (caught.value.code, caught.value.details.get("path")) == (code, path), body
+    assert "1024" in str((await _refusal(store, {"id": "x" * 1025})).message)
+
+
+async def _refusal(store: StateStore, body: Any) -> StateError:
+    with pytest.raises(StateError) as caught:
+        await store.call("state::delete-barrier", body)
+    return caught.value
+
+
+async def test_a_barrier_made_again_after_a_deletion_is_numbered_above_the_old(
+        store: StateStore) -> None:
+    """The snapshot keeps the newest state by `w`: a barrier deleted (or expired) and made
+    again must not start over below what PostgreSQL may still hold of the old one."""
+    bid = new_id()
+    name = store.state.keys.barrier_partition(bid).barrier(bid)
+    for key in ("a", "b", "c"):
+        await arrive(store, {"key": key}, {"id": bid, "expect": 5})
+    old = int(await store.state.conn.execute("HGET", name, "w"))
+    await store.delete_barrier(bid)
+    await arrive(store, {"key": "a"}, {"id": bid, "expect": 5})
+    assert int(await store.state.conn.execute("HGET", name, "w")) > old

@@ -105,6 +105,8 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.transaction(s, [{"op": "set", "key": "t1", "value": 1},
                                     {"op": "delete", "key": "t2"}])
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
+        await store.barrier({"key": "c"}, {"id": f"gone{s}", "expect": 1})
+        await store.delete_barrier(f"gone{s}")  # delbarrier.lua
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
     await store.release_namespace([scope + "-private"], caller="billing")  # the same two

@@ -1,5 +1,5 @@
 """The `stateworker` command: serve, call and the short verbs (get, put, del, ls,
-list-triggers), watch, status, restore, acl-rule, principal and role, completion.
+list-triggers, delete-barrier), watch, status, restore, acl-rule, principal and role, completion.
 
 `commands.main` runs one; `parser` builds the argument tree (texts: its epilogs); `calls`,
 `watching` and `status` hold the commands that talk to the service or its Redis."""

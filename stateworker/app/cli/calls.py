@@ -1,7 +1,8 @@
 """The commands that call functions over the bus: `call` (any function, JSON in and out) and
-the short verbs for people, `get`, `put`, `del`, `ls` and `list-triggers`, each one call of a
-state function. Every one checks first that a consumer group reads the stream it writes to,
-so a call to a service nobody serves fails at once instead of waiting out its timeout."""
+the short verbs for people, `get`, `put`, `del`, `ls`, `list-triggers` and `delete-barrier`,
+each one call of a state function. Every one checks first that a consumer group reads the
+stream it writes to, so a call to a service nobody serves fails at once instead of waiting
+out its timeout."""
 
 from __future__ import annotations
 
@@ -133,6 +134,15 @@ async def run_del(args: argparse.Namespace) -> int:
     try:
         print((await call_one(args, "state::delete", _body(scope=args.scope,
                                                           key=args.key))).decode())
+    except StateError as exc:
+        return print_error(exc)
+    return EXIT_OK
+
+
+async def run_delete_barrier(args: argparse.Namespace) -> int:
+    """`delete-barrier ID`: state::delete-barrier; its JSON result."""
+    try:
+        print((await call_one(args, "state::delete-barrier", _body(id=args.id))).decode())
     except StateError as exc:
         return print_error(exc)
     return EXIT_OK

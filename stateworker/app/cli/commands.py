@@ -29,7 +29,8 @@ from stateworker.transport.wire import ConnectionLost
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 ASYNC: dict[str, Command] = {
     "call": calls.run_call, "get": calls.run_get, "put": calls.run_put, "del": calls.run_del,
-    "ls": calls.run_ls, "list-triggers": calls.run_list_triggers, "watch": watching.run_watch,
+    "ls": calls.run_ls, "list-triggers": calls.run_list_triggers,
+    "delete-barrier": calls.run_delete_barrier, "watch": watching.run_watch,
     "status": status.run_status, "txn": multi.run_txn, "query": multi.run_query,
 }
 

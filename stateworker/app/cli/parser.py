@@ -132,6 +132,10 @@ def _verbs(sub: Sub) -> None:
                     texts.LIST_TRIGGERS)
     _timeout(triggers)
     add_output(triggers)
+    gone = _add(sub, "delete-barrier", "delete a barrier (state::delete-barrier)",
+                texts.DELETE_BARRIER)
+    gone.add_argument("id", help="the barrier's id (its condition_config.id)")
+    _timeout(gone)
 
 
 def _multi(sub: Sub) -> None:

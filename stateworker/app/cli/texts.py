@@ -48,6 +48,11 @@ DEL = call_epilog("deleted (or there was nothing): the old value (JSON, null whe
   stateworker del orders o-1
 """)
 
+DELETE_BARRIER = call_epilog("done: `{\"deleted\": true}` on stdout (`false`: there was no "
+                             "such barrier)", """\
+  stateworker delete-barrier load-7
+""")
+
 LS = call_epilog("one page of entries is on stdout (a table, or the JSON of "
                  "state::list-entries)", """\
   stateworker ls orders

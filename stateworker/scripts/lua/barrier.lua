@@ -8,6 +8,9 @@
     KEYS[1] the barrier's hash (keys: PartitionKeys.barrier)
     KEYS[2] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed):
             every write adds KEYS[1] to it, for the snapshot in PostgreSQL
+    KEYS[3] the partition's barrier write counter (keys: PartitionKeys.barrier_writes): a
+            write's `w` is above every `w` the partition gave before, so a barrier deleted
+            or expired and made again is never older than its last stored state
     ARGV[1] arrival key (text)
     ARGV[2] the arrival's result: JSON text of the key .. ':' .. carried JSON
     ARGV[3] expect tag: "n:<count>" | "k:<SHA-1 of the key list's JSON>"
@@ -15,14 +18,17 @@
     ARGV[5] the expect as text, for messages (the first arrival stores it)
     ARGV[6] arrival token: "" none | "=" .. token
     ARGV[7] the payload's cap in bytes
-    ARGV[8] "1" when the named keys follow in ARGV[9..] (byte order), else ""
+    ARGV[8] "1" when the named keys follow in ARGV[11..] (byte order), else ""
+    ARGV[9] now (epoch ms)
+    ARGV[10] how long a completed barrier is kept (ms): its hash expires then
   Hash fields (single-letter names; a key's fields are a letter .. key):
     e expect tag    E expect text    n N    c keys arrived    s bytes of the results so far
-    w writes so far (every write adds 1: the snapshot keeps only the newest state it saw)
+    w the write's number (KEYS[3]: the snapshot keeps only the newest state it saw)
     a<key> the key's result (ARGV[2] of its last arrival)
     named sets, while keys are missing: h "=" .. first missing key (byte order);
       p<key> / x<key> a missing key's previous / next missing key ("=" .. key, "-": none)
-    complete: only e E n c w, d the payload JSON, t the completing arrival's token
+    complete: only e E n c w, d the payload JSON, t the completing arrival's token, z when
+      it expires (epoch ms; the hash has that PEXPIREAT too)
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, outcome, arrived, N, payload JSON or false, {missing key, ...}}, outcome:
@@ -34,8 +40,9 @@
       'expect'    the barrier is new and its named keys were not sent: call again with them
     {ST.BARRIER_CONFIG, stored expect text, this arrival's expect text}   nothing written
     {ST.VALUE_TOO_LARGE, payload size with this arrival, the cap}        nothing written
-  Events: none. A barrier is not an entry: no change event, no index, no expiry. A write
-  adds KEYS[1] to KEYS[2] instead (the snapshotter stores it, then forgets it: forget.lua).
+  Events: none. A barrier is not an entry: no change event, no index; a completed one
+  expires (ARGV[10]). A write adds KEYS[1] to KEYS[2] instead (the snapshotter stores it,
+  then forgets it: forget.lua).
 ]]
 --- @include "text"
 --- @include "generation"
@@ -46,9 +53,12 @@ local function barrier_strict_order(a, b)
   return a ~= b and text_bytes_le(a, b)
 end
 
--- Whether `key` is one of the named keys sent in ARGV[9..] (a new barrier: once per barrier).
+local NAMED = 11 -- the first of the named keys in ARGV
+
+-- Whether `key` is one of the named keys sent in ARGV[NAMED..] (a new barrier: once per
+-- barrier).
 local function barrier_sent_has(key)
-  for i = 9, #ARGV do
+  for i = NAMED, #ARGV do
     if ARGV[i] == key then
       return true
     end
@@ -59,7 +69,7 @@ end
 -- The missing keys of a new named barrier as a doubly linked list in byte order, so that a
 -- key's arrival unlinks it in O(1) and the first missing keys are read from the head.
 local function barrier_link_all(barrier)
-  local first, last, args, n = 9, #ARGV, {}, 0
+  local first, last, args, n = NAMED, #ARGV, {}, 0
   redis.call('HSET', barrier, 'h', '=' .. ARGV[first])
   for i = first, last do
     local key = ARGV[i]
@@ -125,10 +135,16 @@ local function barrier_payload(barrier, key, result)
   return '{"results":{' .. table.concat(parts, ',') .. '}}'
 end
 
--- Count one more write (`w`, from `before`: the count read before the write) and mark the
--- barrier changed for the snapshot.
+-- Number the write (`w`: above the partition's counter and `before`, the barrier's number
+-- read before the write) and mark the barrier changed for the snapshot.
 local function barrier_changed(barrier, before)
-  redis.call('HSET', barrier, 'w', string.format('%d', (tonumber(before) or 0) + 1))
+  local w = redis.call('INCR', KEYS[3])
+  local last = tonumber(before) or 0
+  if w <= last then -- (a barrier numbered before the counter existed)
+    w = last + 1
+    redis.call('SET', KEYS[3], string.format('%d', w))
+  end
+  redis.call('HSET', barrier, 'w', string.format('%d', w))
   redis.call('SADD', KEYS[2], barrier)
 end
 
@@ -180,10 +196,12 @@ end
 
 if not old and arrived + 1 == need then
   local payload = barrier_payload(barrier, key, result)
+  local expires = string.format('%d', tonumber(ARGV[9]) + tonumber(ARGV[10]))
   redis.call('DEL', barrier) -- the results and links are in the payload now
   redis.call('HSET', barrier, 'e', tag, 'E', ARGV[5], 'n', ARGV[4], 'c', ARGV[4],
-    'd', payload, 't', token)
+    'd', payload, 't', token, 'z', expires)
   barrier_changed(barrier, f[7])
+  redis.call('PEXPIREAT', barrier, expires)
   return {ST.OK, 'allow', need, need, payload, {}}
 end
 
