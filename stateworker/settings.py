@@ -50,6 +50,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # trimmed; events not yet dispatched are kept (up to events_maxlen).
     events_retain: float = 3600.0
     dispatch: bool = True  # `serve` runs the trigger dispatcher (replicas share partitions)
+    # A trigger target's call stream (each shard's) may hold this many entries; beyond, the
+    # dispatch of the events calling it waits (reactive/batch.py), so a dead service's stream
+    # holds at most this plus one event's calls and never grows Redis without bound.
+    trigger_backlog: int = 10_000
     lease_ms: int = 5000  # a dispatcher's hold on a partition; renewed every lease_ms / 5
     # PostgreSQL (libpq URL) that `serve` keeps a continuous snapshot in; None: Redis alone.
     postgres_url: str | None = None
@@ -115,6 +119,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                               "use STATEWORKER_DURABILITY=fast")
         if self.dedupe_window_ms < 1000:
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
+        if not 1 <= self.trigger_backlog <= 10_000_000:
+            raise ConfigError("trigger_backlog (STATEWORKER_TRIGGER_BACKLOG) must be 1..10000000 "
+                              f"entries of a target's stream, got {shown(self.trigger_backlog)}")
         if not 1 <= self.barrier_ttl_s <= 10 * 365 * 24 * 3600:
             raise ConfigError("barrier_ttl_s (STATEWORKER_BARRIER_TTL_S) must be 1..315360000 "
                               f"seconds (ten years), got {shown(self.barrier_ttl_s)}")

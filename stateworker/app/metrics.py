@@ -23,6 +23,8 @@ as the tests run them, never share a counter).
     stateworker_trigger_lag_events{trigger}         per trigger: its partitions' lag,
     stateworker_trigger_lag_seconds{trigger}        and the handler calls it was handed on
     stateworker_trigger_calls_total{trigger}        with (every replica's)
+    stateworker_trigger_waiting{trigger}            1 while its target's stream is full (the
+                                                    backlog: its deliveries wait)
     stateworker_dedupe_records                      bus call ids held for the dedupe window
 """
 
@@ -190,13 +192,17 @@ def _per_trigger(triggers: list[dict[str, Any]]) -> list[Any]:
                                 "Age of the oldest of them.", labels=["trigger"])
     calls = CounterMetricFamily("stateworker_trigger_calls", "Handler calls the trigger was "
                                 "handed on with, every replica's.", labels=["trigger"])
+    waiting = GaugeMetricFamily("stateworker_trigger_waiting", "1 while the trigger's target "
+                                "stream is full (STATEWORKER_TRIGGER_BACKLOG): its deliveries "
+                                "wait.", labels=["trigger"])
     for trigger in triggers:
         label = [trigger["id"]]
         events.add_metric(label, trigger["lag_events"])
         if trigger["lag_ms"] is not None:
             seconds.add_metric(label, trigger["lag_ms"] / 1000)
         calls.add_metric(label, trigger["delivered"])
-    return [events, seconds, calls]
+        waiting.add_metric(label, 0 if trigger["waiting_on"] is None else 1)
+    return [events, seconds, calls, waiting]
 
 
 def _lags(what: str, partitions: list[dict[str, Any]]) -> list[Any]:

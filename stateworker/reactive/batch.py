@@ -12,10 +12,20 @@ events with the same call ids. Before a bus condition is asked, the calls gather
 out with the position moved to the last event whose calls are all out: the events ahead of a
 pending condition are never held up by it; only what follows it in its partition waits. A
 batch that hands nothing on moves the position in memory only (stored at the next round).
+
+The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
+target stream must hold fewer entries than that (XLEN once a batch per stream, then counted
+down as calls are added). One that is full stops the batch before the event: what is ahead
+goes out, the position stays there, the partition rests (the dispatcher reads it again a
+moment later) and the trigger shows it waits (`waiting_on` in `status`, the metric
+stateworker_trigger_waiting). A dead target's stream so holds at most the backlog plus one
+event's calls, the writes never wait for it (their events wait in the partition's stream,
+which its cap bounds), and nothing is dropped: deliveries go on once its workers drain it.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +59,15 @@ def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
     return f"{trigger_id}:p{partition}:{revision}"
 
 
+class Outcome(enum.Enum):
+    """How a batch ended: every event passed, the lease lost, or stopped before an event
+    whose target stream is full (the backlog)."""
+
+    DONE = "done"
+    LOST = "lost"
+    WAITING = "waiting"
+
+
 class Batches:
     """Dispatches the batches of one dispatcher's partitions. `positions` and `stored` are the
     dispatcher's (where dispatch is; what Redis holds), moved here as calls go out."""
@@ -70,33 +89,72 @@ class Batches:
         # may run in tasks of their own): each ends once its call is out (`_hand_on`).
         self._sending: dict[int, list[Span]] = {}
 
-    async def run(self, partition: int, entries: list[Any]) -> bool:
-        """Hand on one partition's batch (stream entries read after its position); False
-        when the lease was lost (nothing more is handed on)."""
+    async def run(self, partition: int, entries: list[Any]) -> Outcome:
+        """Hand on one partition's batch (stream entries read after its position)."""
         start = self.positions[partition]
         calls: list[list[Any]] = []
+        room: dict[str, int] = {}  # target stream -> calls it may still take (the backlog)
         self._sending.pop(partition, None)  # (a failed batch's: never sent, never exported)
         for index, (entry_id, flat) in enumerate(entries):
             event = self._event(partition, entry_id, flat)
             if event is None:
                 continue
-            for matcher in self.triggers().matching(event, self.granted, partition):
+            matchers = self.triggers().matching(event, self.granted, partition)
+            before = Position(entries[index - 1][0].decode(), start.n + index) \
+                if index else start
+            if matchers and not await self._room_for(partition, matchers, room):
+                return await self._stop_before(partition, calls, before)
+            for matcher in matchers:
                 if matcher.asks_the_bus and calls:  # (what is ahead goes out first)
-                    before = Position(entries[index - 1][0].decode(), start.n + index) \
-                        if index else start
                     if not await self._hand_on(partition, calls, before):
-                        return False
+                        return Outcome.LOST
                     calls = []
                 call = await self._handler_call(matcher, event, partition)
                 if call is not None:
                     calls.append(call)
+                    room[self._target(matcher.trigger, partition)] -= 1
                     self.counts.handed_on(matcher.trigger.id)
         moved = Position(entries[-1][0].decode(), start.n + len(entries))
         if calls:
-            return await self._hand_on(partition, calls, moved)
+            return Outcome.DONE if await self._hand_on(partition, calls, moved) else Outcome.LOST
         if partition in self.positions:  # (a round may have given it up meanwhile)
             self.positions[partition] = moved  # nothing handed on: stored at the next round
-        return True
+        return Outcome.DONE
+
+    async def _room_for(self, partition: int, matchers: list[Matcher],
+                        room: dict[str, int]) -> bool:
+        """Whether every target stream of the event's triggers is below the backlog (each
+        new stream's XLEN read once a batch, in one round trip); the triggers of a full one
+        are noted as waiting."""
+        targets = {m.trigger.id: self._target(m.trigger, partition) for m in matchers}
+        unknown = sorted(set(targets.values()) - set(room))
+        if unknown:
+            backlog = self.state.settings.trigger_backlog
+            lengths = await self.state.conn.pipeline([["XLEN", t] for t in unknown])
+            room.update((t, backlog - int(n)) for t, n in zip(unknown, lengths, strict=True))
+        full = {trigger: stream for trigger, stream in targets.items() if room[stream] <= 0}
+        for trigger, stream in full.items():
+            self.counts.waiting(trigger, stream, self.state.settings.trigger_backlog - room[stream])
+        return not full
+
+    async def _stop_before(self, partition: int, calls: list[list[Any]],
+                           before: Position) -> Outcome:
+        """A target is full: what is ahead of the event goes out, the rest waits."""
+        self.counts.add("backlog_waits")
+        if calls:
+            if not await self._hand_on(partition, calls, before):
+                return Outcome.LOST
+        elif partition in self.positions:
+            self.positions[partition] = before
+        return Outcome.WAITING
+
+    def _target(self, trigger: Trigger, partition: int) -> str:
+        """The stream a trigger's calls for an event of `partition` go to: the shard of the
+        event's partition, `partition_of(scope) % shards`, the rule every caller follows (the
+        document's `scope`), so one scope's calls keep their order."""
+        settings = self.state.settings
+        return bus_shard_stream(settings.prefix, trigger.service,
+                                partition % settings.bus_shards)
 
     def _event(self, partition: int, entry_id: bytes, flat: list[Any]) -> Event | None:
         """The entry's event, when a trigger may want it (None: a hidden scope, no trigger
@@ -163,12 +221,7 @@ class Batches:
         elif matcher.condition is not None and \
                 not await self.conditions.holds(matcher, event, call_id):
             return None
-        # The shard of the event's partition: `partition_of(scope) % shards`, the rule every
-        # caller follows (the document's `scope`), so one scope's calls keep their order.
-        settings = self.state.settings
-        stream = bus_shard_stream(settings.prefix, trigger.service,
-                                  partition % settings.bus_shards)
-        return call_entry(stream, call_id,  # no reply
+        return call_entry(self._target(trigger, partition), call_id,  # no reply
                           trigger.function_id, document_json(event, payload), "", caller="state",
                           context=None if event.traceparent is None else self._delivery(
                               trigger, event.traceparent, call_id, partition))

@@ -21,6 +21,9 @@ condition's timeout, 60 s at most, far past `lease_ms`). Without one (no conditi
 barriers, which run in Redis), batches run in the loop itself, one after another (no task to
 pay for).
 
+A partition whose batch stopped before a full target stream (the trigger backlog: reactive/
+batch.py) rests REST_S, then is read again from where it stopped; the others go on.
+
 With no trigger there is nothing to hand on: the events are not read, and each round moves
 the positions to the streams' ends, if there is still no trigger once the ends are read (one
 registered meanwhile, not yet loaded, must see what came after it).
@@ -39,7 +42,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.errors import StateError
 from stateworker.reactive import trimming
-from stateworker.reactive.batch import Batches
+from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import TriggerSet
@@ -59,6 +62,9 @@ log = logging.getLogger("stateworker.reactive.dispatcher")
 BATCH = 512  # events read per partition per round trip
 ROUND_S = 1.0  # leases, trimming, counters at least this often (5 times a lease: renew_s)
 ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partition is read)
+# A partition stopped by a full target stream (reactive/batch.py, the backlog) is left out of
+# the reads this long, then read again from where it stopped.
+REST_S = 0.2
 
 
 class Dispatcher:
@@ -89,6 +95,7 @@ class Dispatcher:
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
         self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
+        self._resting: dict[int, float] = {}  # partition -> when it is read again (backlog)
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -146,12 +153,16 @@ class Dispatcher:
         ids = [self.registry_id]
         # With no trigger there is nothing to hand on: the rounds move the positions to the
         # streams' ends instead, and the events are not read at all.
-        held = [p for p in sorted(self.positions) if p not in self._aside] \
+        for partition, until in list(self._resting.items()):
+            if until <= now:
+                del self._resting[partition]
+        held = [p for p in sorted(self.positions)
+                if p not in self._aside and p not in self._resting] \
             if self.triggers.count else []
         for partition in held:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
-        block_ms = ASIDE_BLOCK_MS if self._aside else int(round_s * 1000)
+        block_ms = ASIDE_BLOCK_MS if self._aside or self._resting else int(round_s * 1000)
         reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
                                         streams, ids)
         if not reply:
@@ -269,5 +280,8 @@ class Dispatcher:
         self.stored.pop(partition, None)
 
     async def _dispatch_batch(self, partition: int, entries: list[Any]) -> None:
-        if not await self.batches.run(partition, entries):
+        outcome = await self.batches.run(partition, entries)
+        if outcome is Outcome.LOST:
             self._lost(partition)
+        elif outcome is Outcome.WAITING:
+            self._resting[partition] = anyio.current_time() + REST_S

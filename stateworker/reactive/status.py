@@ -93,6 +93,8 @@ class Counts:
         self.pending: dict[str, int] = {}
         self.delivered: dict[str, int] = {}  # trigger id -> handler calls since the flush
         self.errors: dict[str, bytes] = {}  # trigger id -> its last error (JSON)
+        self.full: dict[str, bytes] = {}  # trigger id -> the full target it waits on (JSON)
+        self.flowing: set[str] = set()  # trigger ids handed on since their last wait
 
     def add(self, name: str, by: int = 1) -> None:
         if by:
@@ -100,21 +102,34 @@ class Counts:
 
     def handed_on(self, trigger_id: str) -> None:
         self.delivered[trigger_id] = self.delivered.get(trigger_id, 0) + 1
+        self.full.pop(trigger_id, None)
+        self.flowing.add(trigger_id)
 
     def failed(self, trigger_id: str, error: dict[str, Any]) -> None:
         self.errors[trigger_id] = msgspec.json.encode(error)
+
+    def waiting(self, trigger_id: str, stream: str, length: int) -> None:
+        """The trigger's target stream is full (the backlog): its deliveries wait."""
+        self.full[trigger_id] = msgspec.json.encode(
+            {"stream": stream, "length": length, "since_ms": now_ms()})
+        self.flowing.discard(trigger_id)
 
     async def flush(self) -> None:
         counts, self.pending = self.pending, {}
         delivered, self.delivered = self.delivered, {}
         errors, self.errors = self.errors, {}
+        full, self.full = self.full, {}
+        flowing, self.flowing = self.flowing, set()
         commands: list[list[Arg]] = [["HINCRBY", self.key, name, by]
                                      for name, by in counts.items()]
         commands += [["HINCRBY", self.per_trigger, f"{t}|delivered", n]
                      for t, n in delivered.items()]
-        if errors:
-            commands.append(["HSET", self.per_trigger,
-                             *(x for t, e in errors.items() for x in (f"{t}|error", e))])
+        if flowing:  # (delivering again since their last wait)
+            commands.append(["HDEL", self.per_trigger, *(f"{t}|waiting" for t in sorted(flowing))])
+        for name, marks in (("error", errors), ("waiting", full)):
+            if marks:
+                commands.append(["HSET", self.per_trigger,
+                                 *(x for t, e in marks.items() for x in (f"{t}|{name}", e))])
         if commands:
             await self.conn.pipeline(commands)
 
@@ -127,15 +142,24 @@ class Counts:
             await self.conn.execute("HDEL", self.per_trigger, *gone)
 
 
+FIGURES = ("delivered", "error", "waiting")
+
+
 async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
-                          ) -> list[tuple[int, dict[str, Any] | None]]:
-    """Each trigger's handler calls handed on (every replica's) and last error (None)."""
+                          ) -> list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]]:
+    """Each trigger's handler calls handed on (every replica's), last error and the full
+    target stream its deliveries wait on (None: none)."""
     if not ids:
         return []
     flat = await conn.execute("HMGET", keys.dispatch_by_trigger,
-                              *(f"{t}|{what}" for t in ids for what in ("delivered", "error")))
-    return [(int(flat[2 * i] or 0), None if flat[2 * i + 1] is None else
-             msgspec.json.decode(flat[2 * i + 1])) for i in range(len(ids))]
+                              *(f"{t}|{what}" for t in ids for what in FIGURES))
+    n = len(FIGURES)
+
+    def mark(raw: bytes | None) -> dict[str, Any] | None:
+        return None if raw is None else msgspec.json.decode(raw)
+
+    return [(int(flat[n * i] or 0), mark(flat[n * i + 1]), mark(flat[n * i + 2]))
+            for i in range(len(ids))]
 
 
 async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list[dict[str, Any]]
@@ -143,7 +167,8 @@ async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list
     """Each live trigger with the dispatch's lag on the partitions it reads (its scope's, or
     every one): events not yet handed on, and the age of the oldest (None: no dispatcher
     has passed one of its events yet); the handler calls it was handed on with (every
-    replica's, since it was registered) and its last condition error (None)."""
+    replica's, since it was registered), its last condition error (None) and the full target
+    stream its deliveries wait on (`waiting_on`: stream, length, since_ms; None)."""
     by_partition = {p["partition"]: p for p in partitions}
     flat = await conn.execute("HGETALL", keys.triggers)
     now = now_ms()
@@ -159,6 +184,6 @@ async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list
                        "lag_events": sum(p["lag_events"] for p in behind),
                        "lag_ms": max(ages) if ages else None})
     figures = await trigger_figures(conn, keys, [t["id"] for t in listed])
-    for row, (delivered, error) in zip(listed, figures, strict=True):
-        row.update(delivered=delivered, last_error=error)
+    for row, (delivered, error, waiting) in zip(listed, figures, strict=True):
+        row.update(delivered=delivered, last_error=error, waiting_on=waiting)
     return listed

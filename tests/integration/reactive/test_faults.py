@@ -93,8 +93,10 @@ async def _holders(raw: aredis.Redis, prefix: str) -> bool:
 
 async def test_a_stopped_dispatcher_loses_nothing_beyond_the_retention_window(
         redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    # (No worker serves the target: its backlog must hold every call, test_backlog.py has
+    # the bound itself.)
     settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
-                        events_retain=0)
+                        events_retain=0, trigger_backlog=100_000)
     async with StateService.running(settings, BusOptions(block_ms=50)) as service:
         assert service.dispatcher is not None
         await register(StateStore(service.state), "all")

@@ -1,0 +1,72 @@
+"""The trigger backlog: a target service nobody serves never grows Redis without bound. Its
+call stream holds at most STATEWORKER_TRIGGER_BACKLOG entries plus one event's calls; the
+dispatch of the events that call it waits (the trigger shows `waiting_on`, the metric
+stateworker_trigger_waiting), the writes go on, and once a worker drains the stream every
+call is delivered, each once, none lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateworker.app.cli import status_report
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.keys import bus_stream
+from tests.integration.busproto import until
+from tests.integration.handlers import Handler
+from tests.integration.services import settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+TRIGGERS, BACKLOG, WRITES = 20, 50, 10
+
+
+async def figures(settings: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`stateworker status`'s dispatch and triggers."""
+    report = await status_report(settings)
+    return report["dispatch"], report["triggers"]
+
+
+async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_lost(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
+    client_redis = redis_server.client()
+    stream = bus_stream(prefix, "reactor")
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        for i in range(TRIGGERS):
+            await client.call("state::register-trigger", {
+                "id": f"t{i:02}", "function_id": "reactor::on_change", "service": "reactor",
+                "config": {"scope": scope}})
+        for n in range(WRITES):  # never slowed: each is answered
+            await client.set(scope, f"k{n}", "x" * 1000)
+
+        async def waits_twice() -> bool:
+            dispatch, triggers = await figures(settings)
+            return dispatch["counters"].get("backlog_waits", 0) >= 2 and all(
+                t["waiting_on"] is not None for t in triggers)
+
+        await until(waits_twice, 30, "the dispatch to stop at the full stream, twice")
+        # Events of 20 calls each go out while the stream has room: 50 -> 30 -> 10 -> -10.
+        assert client_redis.xlen(stream) == 60
+        _, triggers = await figures(settings)
+        assert {t["waiting_on"]["stream"] for t in triggers} == {stream}
+        assert all(t["lag_events"] == WRITES - 3 and t["delivered"] == 3 for t in triggers)
+
+        # A worker drains it: every call goes out, each once.
+        async with Handler(settings).running() as handler:
+            await until(lambda: len(handler.calls) >= TRIGGERS * WRITES, 30, "every delivery")
+            ids = [call_id for call_id, _ in handler.calls]
+            assert len(set(ids)) == len(ids) == TRIGGERS * WRITES
+            assert sorted({body["key"] for _, body in handler.calls}) == sorted(
+                f"k{n}" for n in range(WRITES))
+
+            async def cleared() -> bool:
+                _, triggers = await figures(settings)
+                return all(t["waiting_on"] is None and t["lag_events"] == 0 for t in triggers)
+
+            await until(cleared, 30, "the triggers to show no wait and no lag")
