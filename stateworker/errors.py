@@ -86,6 +86,13 @@ class ValueTooLarge(StateError):
     code = "VALUE_TOO_LARGE"
 
 
+class CallTooLarge(StateError):
+    """Raised when one call would read and write more bytes of values than `max_call_bytes`
+    (a transaction, set-many or delete-many over many large values): nothing was written."""
+
+    code = "CALL_TOO_LARGE"
+
+
 class Conflict(StateError):
     """Raised when `expected_version` or `create_only` does not match the stored version."""
 
@@ -297,6 +304,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         UnknownField,
         KeyTooLong,
         ValueTooLarge,
+        CallTooLarge,
         Conflict,
         NotFound,
         ReservedScope,
@@ -335,7 +343,7 @@ HTTP_STATUS: dict[str, int] = {
     "CONFLICT": 409, "CALL_ID_REUSED": 409, "BARRIER_CONFIG": 409, "SCOPE_CONFLICT": 409,
     "SCOPE_IN_USE": 409, "KEY_LIMIT": 409,
     "COMPACTED": 410,
-    "VALUE_TOO_LARGE": 413,
+    "VALUE_TOO_LARGE": 413, "CALL_TOO_LARGE": 413,
     "RESOURCE_EXHAUSTED": 507,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,

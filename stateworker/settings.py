@@ -45,6 +45,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     bus_shards: int = 1
     max_value_bytes: int = 1024 * 1024
     max_key_bytes: int = 1024
+    # One call's values read and written, at most (the stored values its ops read, the new
+    # ones they write): what one script may spend on them, about 100 ms at 8 MiB. A
+    # transaction, set-many or delete-many over more is CALL_TOO_LARGE (nothing written); a
+    # delete-by-prefix or delete-by-topic batch stops there and goes on in the next.
+    max_call_bytes: int = 8 * 1024 * 1024
     events_maxlen: int = 100_000  # hard cap of each partition's event stream (approximate)
     # Events the dispatcher has handed on are kept this many seconds more for watches, then
     # trimmed; events not yet dispatched are kept (up to events_maxlen).
@@ -105,6 +110,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"{shown(self.bus_shards)}")
         if self.max_value_bytes < 1 or self.max_key_bytes < 1:
             raise ConfigError("max_value_bytes and max_key_bytes must be positive")
+        if not 2 * self.max_value_bytes <= self.max_call_bytes <= 1 << 31:
+            raise ConfigError(
+                "max_call_bytes (STATEWORKER_MAX_CALL_BYTES) must be at least twice "
+                f"max_value_bytes ({2 * self.max_value_bytes}: one update of the largest value "
+                f"reads and writes it) and at most 2 GiB, got {shown(self.max_call_bytes)}")
         if self.durability not in APPENDFSYNC:
             raise ConfigError(f"durability must be one of {tuple(APPENDFSYNC)}, got "
                               f"{shown(self.durability)}")

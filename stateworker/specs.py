@@ -156,16 +156,18 @@ TRANSACTION = Spec("state::transaction", "transaction", s.TransactionRequest,
                    "several keys of one scope written all or nothing: set, update, delete, "
                    "compare-and-set and check ops, all checked before the first write; with "
                    "`compare`, `ops` or `else_ops`", ("scope", "ops"), scoped=True,
-                   raises=(*_WRITE, "CONFLICT", "DUPLICATE_KEY"))
+                   raises=(*_WRITE, "CONFLICT", "DUPLICATE_KEY", "CALL_TOO_LARGE"))
 
 SET_MANY = Spec("state::set-many", "set_many", s.SetManyRequest, s.BulkResult,
                 "write many keys of one scope in one step, each on its own (`expected_version` "
                 "per entry); each entry's outcome and an `errors` list",
-                ("scope", "entries"), scoped=True, raises=(*_WRITE, "DUPLICATE_KEY"))
+                ("scope", "entries"), scoped=True,
+                raises=(*_WRITE, "DUPLICATE_KEY", "CALL_TOO_LARGE"))
 DELETE_MANY = Spec("state::delete-many", "delete_many", s.DeleteManyRequest, s.BulkResult,
                    "delete many keys of one scope in one step, each on its own "
                    "(`expected_version` per entry); each entry's outcome and an `errors` list",
-                   ("scope", "entries"), scoped=True, raises=(*_ADDRESS, "DUPLICATE_KEY"))
+                   ("scope", "entries"), scoped=True,
+                   raises=(*_ADDRESS, "DUPLICATE_KEY", "CALL_TOO_LARGE"))
 GET_MANY = Spec("state::get-many", "get_many", s.GetManyRequest, s.GetManyResult,
                 "several entries of a scope in one step, in the order asked, each as "
                 "`get-entry` gives it (`{found: false}` for a miss)", ("scope", "keys"),
@@ -221,6 +223,9 @@ _WHY: dict[str, str] = {
                          "service (`details`: principal, fn, scope or service, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
     "DUPLICATE_KEY": "a transaction's list of ops writes one key twice",
+    "CALL_TOO_LARGE": "the call's ops would read and write more than `max_call_bytes` of "
+                      "values, or its updates hold more than 10000 ops in all (nothing written: "
+                      "split it)",
 }
 
 

@@ -281,7 +281,7 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: s
     return ([part.topic_index(scope), part.key_index(scope), part.updated_index(scope),
              part.scopes, part.ttl, part.events],
             [scope, now_ms(), settings.events_maxlen, writer, pattern, start, end, batch,
-             part.entry_prefix + member(scope, ""), member(scope, "")])
+             part.entry_prefix + member(scope, ""), member(scope, ""), settings.max_call_bytes])
 
 
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
@@ -367,11 +367,13 @@ def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
     return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), *keys]
 
 
-def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int) -> list[Arg]:
+def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int,
+                   budget: int) -> list[Arg]:
     """delprefix.lua's ARGV from ARGV[8] on (its KEYS and first 7: `entry_call`, the prefix
-    as the key): at most `limit` entries whose key starts with `prefix`."""
+    as the key): at most `limit` entries whose key starts with `prefix`, and values of at
+    most about `budget` bytes."""
     return [part.entry_prefix + member(scope, ""), member(scope, ""), b"[" + prefix,
-            b"(" + prefix + b"\xff", limit]
+            b"(" + prefix + b"\xff", limit, budget]
 
 
 def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:

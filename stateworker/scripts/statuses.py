@@ -13,6 +13,7 @@ from stateworker.errors import (
     STORE_LOST_TEXT,
     BarrierConfig,
     CallIdReused,
+    CallTooLarge,
     Conflict,
     DeadlineExceeded,
     Forbidden,
@@ -51,6 +52,7 @@ LUA_STATUS: dict[str, int] = {
     "OP_FAILED": 15,  # (in TX_ABORTED) an update op could not apply; nothing written
     "ANSWERED": 16,  # the script wrote the bus call's reply and acknowledged it (Answer)
     "STORE_LOST": 17,  # this Redis lost the prefix's data (generation.lua); nothing written
+    "CALL_TOO_LARGE": 18,  # the call's values read and written pass max_call_bytes; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -66,6 +68,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["FORBIDDEN"]: Forbidden,
     LUA_STATUS["INVALID_SCOPE"]: InvalidScope,
     LUA_STATUS["STORE_LOST"]: StoreLost,  # (raised by script_reply, for every script)
+    LUA_STATUS["CALL_TOO_LARGE"]: CallTooLarge,
 }
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/transactions.py),
 # which names the op: the error is that of the op's own status.
@@ -200,6 +203,16 @@ def _barrier_config(target: Target, reply: list[Any]) -> Text:
             {"path": "$.condition_config.expect", "expected": stored, "given": given})
 
 
+def _call_too_large(target: Target, reply: list[Any]) -> Text:
+    """transaction.lua: {status, op index, bytes by then, the limit}."""
+    index, size, limit = reply[1], reply[2], reply[3]
+    return (f"the call would read and write more than {limit} bytes of values by its op "
+            f"{index} ({size} bytes: the stored values its ops read and the new ones they "
+            "write), more than the limit of one call (max_call_bytes, "
+            "STATEWORKER_MAX_CALL_BYTES); nothing was written: split it into smaller calls",
+            {"op_index": index, "size": size, "limit": limit})
+
+
 # The message of each error status; its class comes from STATUS_ERRORS above (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
@@ -214,6 +227,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["FORBIDDEN"]: _not_owner,
     LUA_STATUS["INVALID_SCOPE"]: _not_claimed,
     LUA_STATUS["STORE_LOST"]: lambda target, reply: (STORE_LOST_TEXT, {}),
+    LUA_STATUS["CALL_TOO_LARGE"]: _call_too_large,
 }
 
 

@@ -113,5 +113,6 @@ def delete_by_prefix_plan(state: RedisState, scope: str, prefix: str, limit: int
     def finish(reply: DelprefixReply) -> PrefixDeletedResult:
         return PrefixDeletedResult(reply.deleted, reply.more)
 
-    args = delprefix_args(state.keys.for_scope(scope), scope, prefix.encode(), limit)
+    args = delprefix_args(state.keys.for_scope(scope), scope, prefix.encode(), limit,
+                          state.settings.max_call_bytes)
     return state.entry_plan(DELPREFIX, state.target(scope, prefix, ctx), args, finish)

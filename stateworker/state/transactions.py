@@ -20,6 +20,7 @@ import msgspec
 from stateworker import codec
 from stateworker.context import CallContext
 from stateworker.errors import (
+    CallTooLarge,
     DuplicateKey,
     InternalError,
     InvalidRequest,
@@ -51,6 +52,9 @@ from stateworker.transport.plans import Plan, then
 from stateworker.transport.wire import Arg
 
 MAX_TX_OPS = 100  # ops in `ops`, in `else_ops` and items in `compare`, each
+# The updates' ops of one transaction, in all (each about 1 µs in the script): with
+# max_call_bytes, what keeps one call's script near 100 ms.
+MAX_CALL_OPS = 10_000
 _HASH_RETRIES = 3  # stored hashes an update left unknown, computed before giving up
 _OK, _ABORTED, _NEEDS_HASH = LUA_STATUS["OK"], LUA_STATUS["TX_ABORTED"], LUA_STATUS["NEEDS_HASH"]
 _CONFLICT, _OP_FAILED = LUA_STATUS["CONFLICT"], LUA_STATUS["OP_FAILED"]
@@ -179,9 +183,11 @@ def script_args(state: RedisState, scope: str, tx_id: str, max_keys: int | None,
                 lists: list[tuple[int, Encoded]]) -> list[Arg]:
     """transaction.lua's ARGV from ARGV[8] on: the scope's prefixes, the id ("": each op on
     its own), the limits, and the compare items, ops and else ops (count, encoded)."""
+    settings = state.settings
     return [state.keys.for_scope(scope).entry_prefix + member(scope, ""), member(scope, ""),
-            tx_id, state.settings.max_value_bytes, optional(validate.max_keys(max_keys)),
-            *(count for count, _ in lists), *(arg for _, items in lists for arg in items.args)]
+            tx_id, settings.max_value_bytes, optional(validate.max_keys(max_keys)),
+            *(count for count, _ in lists), settings.max_call_bytes,
+            *(arg for _, items in lists for arg in items.args)]
 
 
 def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallContext) -> Plan:
@@ -193,6 +199,7 @@ def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallConte
     if not compare and not then_ops:
         raise InvalidRequest("$.ops: a transaction needs at least one op (or a `compare`)",
                              {"path": "$.ops"})
+    _count_update_ops(then_ops, else_ops)
     encoded = [encode_items(state, compare, "compare"), encode_items(state, then_ops, "ops"),
                encode_items(state, else_ops, "else_ops")]
     first_key = (compare or then_ops or else_ops)[0].key
@@ -200,6 +207,22 @@ def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallConte
                        [(len(compare), encoded[0]), (len(then_ops), encoded[1]),
                         (len(else_ops), encoded[2])])
     return _attempt(state, req, ctx, first_key, args, encoded, _HASH_RETRIES)
+
+
+def _count_update_ops(then_ops: list[TxOp], else_ops: list[TxOp]) -> None:
+    """The updates' ops of both branches, in all, within MAX_CALL_OPS (CALL_TOO_LARGE)."""
+    total = 0
+    for field, items in (("ops", then_ops), ("else_ops", else_ops)):
+        for index, op in enumerate(items):
+            if isinstance(op, TxUpdate):
+                total += len(op.ops)
+                if total > MAX_CALL_OPS:
+                    path = f"$.{field}[{index}].ops"
+                    raise CallTooLarge(
+                        f"{path}: the transaction's updates hold more than {MAX_CALL_OPS} ops "
+                        f"in all by here ({total}), more than the limit of one call; nothing "
+                        "was written: split it into smaller calls",
+                        {"path": path, "size": total, "limit": MAX_CALL_OPS})
 
 
 def _attempt(state: RedisState, req: TransactionRequest, ctx: CallContext, first_key: str,

@@ -17,6 +17,8 @@
     ARGV[10] lex range start ("[" .. prefix)
     ARGV[11] lex range end ("(" .. prefix .. "\255": no UTF-8 key holds the byte 255)
     ARGV[12] most index members to examine (the call's limit)
+    ARGV[13] the batch's budget: bytes of the values it deletes (max_call_bytes; they go into
+             the events): once passed, the batch ends (at least one entry is deleted)
   Output:
     {ST.OK, number deleted, 1 when keys with the prefix remain else 0}
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
@@ -31,9 +33,13 @@ if dup then
 end
 local members = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 'LIMIT', 0,
   tonumber(ARGV[12]))
-local deleted = 0
+local deleted, budget = 0, tonumber(ARGV[13])
 for _, key in ipairs(members) do
   deleted = deleted + entry_delete_key(ctx, ARGV[8], ARGV[9], key)
+  budget = budget - ctx.dropped
+  if budget <= 0 then
+    break
+  end
 end
 local left = redis.call('ZRANGE', ctx.keyIndex, ARGV[10], ARGV[11], 'BYLEX', 'LIMIT', 0, 1)
 return entry_finish({ST.OK, deleted, #left > 0 and 1 or 0})

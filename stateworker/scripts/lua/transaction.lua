@@ -19,8 +19,9 @@
     ARGV[10] the transaction's id (its events' `tx`); "" each op on its own
     ARGV[11] max value bytes (an update's result)
     ARGV[12] max live keys of the scope when the transaction creates keys ("" for no limit)
-    ARGV[13] C, ARGV[14] T, ARGV[15] E: the number of compare items, ops and else ops; then
-      the C + T + E items from ARGV[16] on, each its kind, its key and its kind's ARGV:
+    ARGV[13] C, ARGV[14] T, ARGV[15] E: the number of compare items, ops and else ops
+    ARGV[16] the call's budget: bytes of values its ops may read and write (max_call_bytes)
+    then the C + T + E items from ARGV[17] on, each its kind, its key and its kind's ARGV:
       check   version ("" or N: the stored version must be N, 0 = absent), hash ("" or the
               stored value's hash), presence ("" | "e" present | "a" absent)
       set     value, hash, topic ("~" | "-" | "=" .. topic), ttl ms ("0" none), condition
@@ -40,6 +41,9 @@
       status VALUE_TOO_LARGE, size of an update's new value
       status KEY_LIMIT, live keys, limit
       status OP_FAILED, op position among the update's ops, code, detail (update.lua's)
+    {ST.CALL_TOO_LARGE, op index, bytes by then, ARGV[16]}: the stored values the ops read
+      and the new values they write pass the budget (checked before an update is applied
+      and after each op); nothing written, in `each` mode too
     {ST.NEEDS_HASH, key, current version, current value}   a hash condition on a stored hash
       that is unknown (after an update): the caller stores it and retries (not recorded)
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
@@ -183,7 +187,7 @@ local function load(key)
 end
 
 -- The branch: every compare item holds (an unknown stored hash is asked for first).
-local at = 16
+local at = 17
 local branch = 1
 for _ = 1, ncompare do
   local cur = load(ARGV[at + 1])
@@ -211,10 +215,19 @@ local failures = {} -- `each` mode: index, status, 2 values, per failed op
 local events, created = 0, 0
 local creator = nil -- the index of the first op that creates a key
 local limit = ARGV[12] ~= '' and tonumber(ARGV[12]) or false
+local budget, spent = tonumber(ARGV[16]), 0 -- bytes of values read and written
 for index = 0, count - 1 do
   local key = ARGV[at + 1]
   local cur = load(key)
+  spent = spent + (cur and #cur[1] or 0) -- (read: into the event, the reply, an update)
+  if spent > budget then
+    return entry_finish({ST.CALL_TOO_LARGE, index, spent, budget})
+  end
   local plan, failure = plan_op(at, key, cur)
+  spent = spent + (plan[4] and #plan[4] or 0)
+  if spent > budget then
+    return entry_finish({ST.CALL_TOO_LARGE, index, spent, budget})
+  end
   if not failure and each and plan[9] and not cur and plan[1] ~= 'delete' and limit then
     failure = entry_key_limit(ctx, nil, tostring(limit - created)) -- (this op's own count)
   end

@@ -246,6 +246,7 @@ local entry_ctx = { -- (every field named here: its slots are made once)
   now = false, stamp = false, maxlen = false, by = false, tp = false,
   rev = false, -- the revision of the call's last event (false: no change yet)
   tx = false, txsize = false, -- a transaction's id and number of events (false: none)
+  dropped = 0, -- bytes of the value entry_delete_key deleted last (a batch's budget)
   fresh = false, -- the call's record slice is new (records.lua)
   answer = false, -- the script writes the call's reply itself (answer.lua)
 }
@@ -371,8 +372,10 @@ local function entry_delete_key(ctx, prefix, ttl_prefix, key)
   entry_at(ctx, prefix, ttl_prefix, key)
   local cur = entry_load_live(ctx)
   if not cur then
+    ctx.dropped = 0
     return 0
   end
+  ctx.dropped = #cur[1] -- (the bytes of the value deleted: a batch's budget counts them)
   entry_delete(ctx, cur)
   return 1
 end
