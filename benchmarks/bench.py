@@ -20,6 +20,7 @@ import redis.asyncio as aredis
 
 from benchmarks import (
     bench_acl,
+    bench_bounds,
     bench_bus,
     bench_cluster,
     bench_console,
@@ -68,6 +69,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "shards" in sections:  # two services on this Redis: 1 and 3 bus shards
                 figures["shards"] = await bench_shards.shards_section(server.url, seconds,
                                                                       rounds, out)
+            if "bounds" in sections:  # fresh servers of its own: their memory is a figure
+                figures["bounds"] = await bench_bounds.bounds_section(out)
             if "dedupe" in sections:  # a fresh server of its own: its memory is the figure
                 figures["dedupe"] = await bench_dedupe.dedupe_section(out)
             if "durability" in sections:  # two fresh servers of its own, one per mode
@@ -254,7 +257,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
             "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http", "console",
-            "msgpack")
+            "msgpack", "bounds")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

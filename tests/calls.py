@@ -118,6 +118,9 @@ def calls(prefix: str) -> list[Call]:
          {"org_id": "o", "workflow_id": "w", "execution_id": "e"}),
         ("state::barrier", {"event": {"key": "a"},
                             "condition_config": {"id": "named", "expect": ["a", "b"]}}, None),
+        ("state::barrier", {"event": {"key": "a"},  # completed: it expires (PEXPIREAT)
+                            "condition_config": {"id": "done", "expect": 1}}, None),
+        ("state::delete-barrier", {"id": "named"}, None),
         ("state::claim-namespace", {"functions_prefix": "mine", "scopes": ["private"]}, None),
         ("mine::state::compare-and-set", {"scope": "private", "key": "k", "expected": None,
                                           "value": 1}, None),

@@ -89,6 +89,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "exists": ["EXISTS", entry],
         # The dispatcher: handler calls, a bus condition's client, leases, trimming.
         "xadd": ["XADD", keys.bus_stream("handler"), "*", "f", "v"],  # (and every event)
+        "xlen": ["XLEN", keys.bus_stream("handler")],  # a target's backlog
         "blmpop": ["BLMPOP", 1, 1, reply, "LEFT"],
         "del": ["DEL", reply],  # (and the scripts, the repair)
         "zadd": ["ZADD", keys.replicas, 0, "r"],  # (and the scripts' indexes, the repair)
@@ -111,6 +112,8 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zlexcount": ["ZLEXCOUNT", index, "-", "+"],
         "zrangebyscore": ["ZRANGEBYSCORE", part.ttl, 0, 1],
         "zrank": ["ZRANK", index, "k"],
+        "incr": ["INCR", part.barrier_writes],  # (barrier.lua: the write numbers)
+        "pexpireat": ["PEXPIREAT", part.barrier("b"), 1],  # (a completed barrier; restore)
         # The console's live tail (app/console.py): a Watch reads a partition in one MULTI.
         "multi": ["MULTI"],
         "exec": ["EXEC"],

@@ -1,8 +1,11 @@
 """`BusRuntime`: the loops that serve one service's streams (bus/protocol.py: the protocol;
 bus/sources.py: which streams, and whose: `acl` mode's principals).
 
-    reader   XREADGROUP batches -> one task per batch (plans) or per call (user handlers),
-             bounded by `concurrency` calls in flight
+    reader   XREADGROUP batches -> the callers' lanes (bus/lanes.py: a fair share each) ->
+             one task per batch (plans) or per call (user handlers), bounded by
+             `concurrency` calls in flight; it reads on while every slot is busy, so one
+             caller's flood never stands ahead of another caller's next call
+    fetcher  parked entries of a flooding caller read back (XRANGE) as its lane runs low
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
              (the queue, the flusher and the call records: bus/reply_writer.py)
@@ -27,6 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker import tracing
 from stateworker.bus.entries import Parsed
+from stateworker.bus.lanes import Entry, Lanes
 from stateworker.bus.protocol import (
     BatchHandler,
     Bus,
@@ -63,6 +67,9 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
 
+SKIM = 512  # entries a read takes ahead while every call slot is busy (into the lanes)
+SKIM_WAIT_S = 0.05  # with every slot busy and no backlog, how long before looking again
+
 
 class BusRuntime:
     """Serves one service's stream with `handler` until `stop()`."""
@@ -94,6 +101,10 @@ class BusRuntime:
         self._running: set[Ref] = set()  # entries being served: never served twice at once
         self._idle = anyio.Event()  # set when no call is in flight
         self._freed = anyio.Event()  # set when a call finishes
+        self.lanes = Lanes()  # entries read, not yet served: one lane per caller
+        self._calls: TaskGroup | None = None  # (the task group calls run in)
+        self._to_fetch = anyio.Event()  # set when a lane's parked entries are wanted
+        self._closed = False  # the grace period is over: nothing more starts
         self.start_wait_s = start_wait_s
         self.describe = describe or {}
         self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
@@ -122,7 +133,9 @@ class BusRuntime:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.replies.flusher)
                 async with anyio.create_task_group() as calls:
+                    self._calls = calls
                     calls.start_soon(self._reclaim_loop, calls)
+                    calls.start_soon(self._fetch_loop)
                     task_status.started()
                     await self._read_loop(calls)
                     await self._drain(calls)
@@ -176,10 +189,17 @@ class BusRuntime:
         return not self._stopping.is_set()
 
     async def _drain(self, calls: TaskGroup) -> None:
-        """Wait for calls in flight, at most `grace_s`; then cancel what is left."""
+        """Wait for calls in flight and those read ahead (the lanes: read, so this
+        consumer's to answer), at most `grace_s`; then cancel what is left (pending: a
+        restart or another replica serves it)."""
         with anyio.move_on_after(self.options.grace_s):
-            while self._in_flight:
-                await self._idle.wait()
+            while self._in_flight or self.lanes.held or self.lanes.parked:
+                if self._in_flight:
+                    await self._idle.wait()
+                else:  # (parked ones only: fetched, then started by the fetcher)
+                    self._to_fetch.set()
+                    await anyio.sleep(SKIM_WAIT_S)
+        self._closed = True
         if self._in_flight:
             log.warning("grace period over, cancelling calls", extra={
                 "event": "bus.cancel", "service": self.bus.service, "in_flight": self._in_flight})
@@ -194,8 +214,8 @@ class BusRuntime:
         again = Backoff()  # re-reads of the pending history for calls left unanswered
         while not self._stopping.is_set():
             room = min(self.options.read_count, self.options.concurrency - self._in_flight)
-            if room <= 0:
-                await self._freed.wait()
+            if room <= 0 and not self.lanes.accepting:
+                await self._freed.wait()  # (as much read ahead as parks: wait for a slot)
                 self._freed = anyio.Event()
                 continue
             if self.replies.unanswered and sources.reading_new():
@@ -203,19 +223,26 @@ class BusRuntime:
                 # at once: Redis may be away still; a reclaim takes what this one misses).
                 self.replies.unanswered = False
                 await self._pause(again.next())
-                sources.all_history()
+                self._history_again()
             try:
                 await follow_principals(self.conn, self.sources, self.bus.group)
                 # COUNT is per stream: the calls in flight stay within `concurrency`. A
                 # shard's batch (one pipeline) is up to `read_count` long, as one stream's
                 # (16 / 3 a shard cost 14% at 64 in flight); `acl` mode's many principal
-                # streams share `read_count`, as before.
+                # streams share `read_count`, as before. With every slot busy it reads
+                # ahead, SKIM at a time, into the callers' lanes (bus/lanes.py).
                 streams = len(sources.positions)
-                count = max(1, room // streams if sources.closed_shared else min(
-                    room, (self.options.concurrency - self._in_flight) // streams))
+                # Reading ahead never blocks: it takes what already waits in the stream (a
+                # backlog), never a new entry that a replica with a free slot, blocked on
+                # its read, would get.
+                skim = room <= 0
+                count = SKIM if skim else max(1, room // streams if sources.closed_shared
+                                              else min(room, (self.options.concurrency
+                                                              - self._in_flight) // streams))
                 reply = await self.reader.read(
                     ["XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
-                     "BLOCK", self.options.block_ms], *sources.read_args())
+                     *(() if skim else ("BLOCK", self.options.block_ms))],
+                    *sources.read_args())
             except (ConnectionLost, ReplyError) as exc:
                 self.transient[transient_reason(exc) or "OTHER"] += 1
                 if not backoff.failures:  # one line per outage, not one per retry
@@ -223,37 +250,89 @@ class BusRuntime:
                                 extra={"event": "bus.read_failed", "service": self.bus.service})
                 await self._pause(backoff.next())
                 await recover_groups(self.conn, self.sources, self.bus.group)
-                sources.all_history()  # then the pending calls first: some lost their reply
+                self._history_again()  # then the pending calls first: some lost their reply
                 continue
             if backoff.failures:
                 log.info("reading again after %d failed reads", backoff.failures,
                          extra={"event": "bus.read_recovered", "service": self.bus.service})
                 backoff.reset()
+            if skim and not any(entries for _, entries in reply or []):
+                with anyio.move_on_after(SKIM_WAIT_S):  # no backlog: until a slot frees
+                    await self._freed.wait()
+                continue
             read = {stream.decode(): entries for stream, entries in reply or []}
             if read and again.failures and not self.replies.unanswered:
                 again.reset()
             sources.advance(read)
-            # (every stream's entries of one read in one batch: on a cluster the shards'
-            # calls then share each node's pipeline, one write a node, not one a shard)
-            self._spawn(calls, [(source, entries) for stream, entries in read.items()
-                                if entries and (source := sources.by_stream.get(stream))])
+            got = [(source, entries) for stream, entries in read.items()
+                   if entries and (source := sources.by_stream.get(stream))]
+            if not self.lanes.held and not self.lanes.parked and sum(
+                    len(entries) for _, entries in got) <= self.options.concurrency - self._in_flight:
+                # Nothing waits and there is a slot for each: served at once, as read.
+                self._spawn(calls, [Entry((source.stream, entry_id), flat, source)
+                                    for source, entries in got for entry_id, flat in entries])
+                continue
+            for source, entries in got:
+                self.lanes.add(source, entries, self._running)
+            self._serve_lanes()
+
+    def _history_again(self) -> None:
+        """Read every stream's pending history again: what the lanes held comes back with
+        it (so they start empty; what is being served is left out when it comes)."""
+        self.sources.all_history()
+        self.lanes = Lanes()
+
+    def _serve_lanes(self) -> None:
+        """Start what the free slots take from the lanes (every stream's entries of one
+        turn in one batch: on a cluster the shards' calls then share each node's pipeline);
+        a lane left with only parked entries is fetched."""
+        room = self.options.concurrency - self._in_flight
+        if room > 0 and self.lanes.held and self._calls is not None and not self._closed:
+            self._spawn(self._calls, self.lanes.take(room))
+        if self.lanes.parked:
+            self._to_fetch.set()
+
+    async def _fetch_loop(self) -> None:
+        """Parked entries back into their lanes (XRANGE each), as the lanes run low."""
+        while not self._closed:
+            await self._to_fetch.wait()
+            self._to_fetch = anyio.Event()
+            lanes, wanted = self.lanes, self.lanes.to_fetch()
+            if not wanted:
+                continue
+            try:
+                replies = await self.conn.pipeline(
+                    [["XRANGE", stream, entry_id, entry_id]
+                     for _, refs in wanted for stream, entry_id in refs])
+            except (ConnectionLost, ReplyError) as exc:
+                log.warning("reading parked calls failed: %s", exc,
+                            extra={"event": "bus.fetch_failed", "service": self.bus.service})
+                self._history_again()  # (they are pending: read again from the history)
+                continue
+            if lanes is not self.lanes:  # (the history is read again meanwhile)
+                continue
+            at = 0
+            for key, refs in wanted:
+                found = replies[at:at + len(refs)]
+                at += len(refs)
+                lanes.fetched(key, [(ref, reply[0][1] if reply else None)
+                                    for ref, reply in zip(refs, found, strict=True)])
+            self._serve_lanes()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but no longer than until `stop()`."""
         with anyio.move_on_after(seconds):
             await self._stopping.wait()
 
-    def _spawn(self, calls: TaskGroup, read: list[tuple[Source, list[Any]]]) -> None:
-        """Serve the entries read (of each source), as one batch of plans."""
+    def _spawn(self, calls: TaskGroup, entries: list[Entry]) -> None:
+        """Serve entries read, as one batch of plans."""
         live: list[tuple[Ref, list[bytes], Source]] = []
-        for source, entries in read:
-            for entry_id, flat in entries:
-                ref = (source.stream, entry_id)
-                if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
-                    self.replies.queue(b"", None, ref, None)
-                elif ref not in self._running:  # not one this consumer is still serving
-                    live.append((ref, flat, source))
-                    self._running.add(ref)
+        for ref, flat, source in entries:
+            if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
+                self.replies.queue(b"", None, ref, None)
+            elif ref not in self._running:  # not one this consumer is still serving
+                live.append((ref, flat, source))
+                self._running.add(ref)
         if not live:
             return
         self._in_flight += len(live)
@@ -274,6 +353,8 @@ class BusRuntime:
         self._running.difference_update(refs)
         self._in_flight -= len(refs)
         self._freed.set()
+        if self.lanes.held or self.lanes.parked:  # (read ahead: served as slots free)
+            self._serve_lanes()
         if self._in_flight == 0:
             self._idle.set()
 
@@ -365,7 +446,8 @@ class BusRuntime:
                 log.info("reclaimed entries of a dead consumer", extra={
                     "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
                     "stream": source.stream})
-                self._spawn(calls, [(source, entries)])
+                self._spawn(calls, [Entry((source.stream, entry_id), flat, source)
+                                    for entry_id, flat in entries])
             for entry_id in deleted:  # deleted from the stream meanwhile
                 self.replies.queue(b"", None, (source.stream, entry_id), None)
 

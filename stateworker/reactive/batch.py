@@ -131,6 +131,9 @@ class Batches:
         if unknown:
             backlog = self.state.settings.trigger_backlog
             lengths = await self.state.conn.pipeline([["XLEN", t] for t in unknown])
+            for length in lengths:
+                if isinstance(length, ReplyError):  # (NOPERM, WRONGTYPE: the batch retries)
+                    raise length
             room.update((t, backlog - int(n)) for t, n in zip(unknown, lengths, strict=True))
         full = {trigger: stream for trigger, stream in targets.items() if room[stream] <= 0}
         for trigger, stream in full.items():

@@ -58,6 +58,9 @@ def calls(r: int) -> list[Call]:
         ("state::barrier", {"event": {"key": "a"},
                             "condition_config": {"id": f"named-{r}", "expect": ["a", "b"]}},
          None),
+        ("state::barrier", {"event": {"key": "a"},  # completed: it expires (PEXPIREAT)
+                            "condition_config": {"id": f"done-{r}", "expect": 1}}, None),
+        ("state::delete-barrier", {"id": f"named-{r}"}, None),
         *moco_calls(VALUE),
         ("state.set", {"key": "k", "value": VALUE}, DAGU),
         ("state.get", {"key": "k"}, DAGU),

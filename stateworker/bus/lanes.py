@@ -1,0 +1,147 @@
+"""Fair shares of a shared call stream: the entries a `BusRuntime` has read, in one lane per
+caller, served round-robin.
+
+A stream is one queue: a caller who floods it with 100,000 calls puts them all ahead of
+everyone else's next call. So the runtime reads on while every call slot is busy, and files
+each entry in its caller's lane: the principal of an `acl` mode stream, else the entry's
+`caller` field, else its reply list (one per client), else "" (fire-and-forget calls,
+triggers'). A lane holds at most `HELD` entries in memory; the rest of a flooding caller's
+entries are parked: read (so pending for this consumer, never lost: a restart reads its own
+pending entries again, a dead consumer's are taken over after the visibility timeout) but
+kept as ids only, and fetched again (`XRANGE id id`) when the lane runs low. A free call slot
+goes to the lanes in turn, so another caller's call waits for about one batch, not for the
+flood; one caller's calls keep their order.
+
+Bounds: `HELD` entries per lane in memory, `PARKED` ids in all; at that, the runtime stops
+reading until the lanes drain (the stream holds the rest, as before).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+from stateworker.bus.protocol import Ref
+from stateworker.bus.sources import Source
+
+HELD = 256  # entries of one lane in memory, at most; beyond, its entries are parked
+PARKED = 200_000  # parked entries (ids) of every lane, at most; then reading waits
+_CALLER, _REPLY = b"caller", b"reply"
+
+
+class Entry(NamedTuple):
+    """An entry read: where it is, its fields (flat, as read), whose stream."""
+
+    ref: Ref
+    flat: list[bytes] | None  # None: deleted while pending (acknowledged, not run)
+    source: Source
+
+
+class Lane:
+    """One caller's entries: those in memory (in order), then those parked (ids, in order)."""
+
+    __slots__ = ("held", "parked", "sources")
+
+    def __init__(self) -> None:
+        self.held: deque[Entry] = deque()
+        self.parked: deque[Ref] = deque()
+        self.sources: dict[str, Source] = {}  # stream -> its source (for parked refs)
+
+
+def lane_of(flat: list[bytes], source: Source) -> bytes:
+    """Whose entry it is: the stream's principal, else its `caller`, else its reply list."""
+    if source.principal is not None:
+        return source.principal.encode()
+    reply = b""
+    for i in range(0, len(flat) - 1, 2):
+        name = flat[i]
+        if name == _CALLER:
+            return b"c:" + flat[i + 1]
+        if name == _REPLY:
+            reply = flat[i + 1]
+    return b"r:" + reply
+
+
+class Lanes:
+    """The lanes of one runtime, and the order in which they are served."""
+
+    def __init__(self, held: int = HELD, parked: int = PARKED) -> None:
+        self.held_max = held
+        self.parked_max = parked
+        self.lanes: dict[bytes, Lane] = {}
+        self.turns: deque[bytes] = deque()  # lanes with entries in memory, in serving order
+        self.held = 0  # entries in memory, every lane's
+        self.parked = 0  # parked ids, every lane's
+
+    @property
+    def accepting(self) -> bool:
+        """Whether more may be read (the parked ids are below their bound)."""
+        return self.parked < self.parked_max
+
+    def add(self, source: Source, entries: list[Any], skip: set[Ref]) -> None:
+        """File entries read from `source` (XREADGROUP's `(id, fields)`; fields None: deleted
+        while pending, kept in memory so that it is acknowledged); those in `skip` (being
+        served: a pending history read again) are left out."""
+        for entry_id, flat in entries:
+            if (source.stream, entry_id) in skip:
+                continue
+            key = lane_of(flat or [], source)
+            lane = self.lanes.get(key)
+            if lane is None:
+                lane = self.lanes[key] = Lane()
+            ref = (source.stream, entry_id)
+            if lane.parked or len(lane.held) >= self.held_max:
+                lane.parked.append(ref)
+                lane.sources[source.stream] = source
+                self.parked += 1
+                continue
+            if not lane.held:
+                self.turns.append(key)
+            lane.held.append(Entry(ref, flat, source))
+            self.held += 1
+
+    def take(self, room: int) -> list[Entry]:
+        """Up to `room` entries, the lanes in turn: each gives an equal share (at least one),
+        then goes to the back of the turns if it has more."""
+        taken: list[Entry] = []
+        while room > len(taken) and self.turns:
+            share = max(1, (room - len(taken)) // len(self.turns))
+            for _ in range(len(self.turns)):
+                if len(taken) >= room:
+                    break
+                key = self.turns.popleft()
+                lane = self.lanes[key]
+                for _ in range(min(share, room - len(taken), len(lane.held))):
+                    taken.append(lane.held.popleft())
+                if lane.held:
+                    self.turns.append(key)
+                elif not lane.parked:
+                    del self.lanes[key]
+        self.held -= len(taken)
+        return taken
+
+    def to_fetch(self) -> list[tuple[bytes, list[Ref]]]:
+        """The parked ids to read back now: of each lane whose memory is empty, up to
+        `held_max` (taken off the parked ones)."""
+        wanted = []
+        for key, lane in self.lanes.items():
+            if lane.parked and not lane.held:
+                count = min(self.held_max, len(lane.parked))
+                refs = [lane.parked.popleft() for _ in range(count)]
+                self.parked -= count
+                wanted.append((key, refs))
+        return wanted
+
+    def fetched(self, key: bytes, entries: list[tuple[Ref, list[bytes] | None]]) -> None:
+        """Parked entries read back (fields None: gone from the stream meanwhile), to the
+        front of their lane's memory, in order."""
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane()
+        if entries and not lane.held:
+            self.turns.append(key)
+        for ref, flat in entries:
+            lane.held.append(Entry(ref, flat, lane.sources.get(ref[0]) or Source(ref[0], None)))
+        self.held += len(entries)
+        if not lane.held and not lane.parked:
+            del self.lanes[key]
