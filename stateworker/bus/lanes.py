@@ -2,15 +2,15 @@
 caller, served round-robin.
 
 A stream is one queue: a caller who floods it with 100,000 calls puts them all ahead of
-everyone else's next call. So the runtime reads on while every call slot is busy, and files
-each entry in its caller's lane: the principal of an `acl` mode stream, else the entry's
-`caller` field, else its reply list (one per client), else "" (fire-and-forget calls,
-triggers'). A lane holds at most `HELD` entries in memory; the rest of a flooding caller's
-entries are parked: read (so pending for this consumer, never lost: a restart reads its own
-pending entries again, a dead consumer's are taken over after the visibility timeout) but
-kept as ids only, and fetched again (`XRANGE id id`) when the lane runs low. A free call slot
-goes to the lanes in turn, so another caller's call waits for about one batch, not for the
-flood; one caller's calls keep their order.
+everyone else's next call. So while a backlog waits the runtime reads ahead and files each
+entry in its caller's lane: the principal of an `acl` mode stream, else the entry's `caller`
+field, else its reply list (one per client), else "" (fire-and-forget calls, triggers'). A
+lane holds at most `HELD` entries in memory; the rest of a flooding caller's entries are
+parked: read (so pending for this consumer, never lost: a restart reads its own pending
+entries again, a dead consumer's are taken over after the visibility timeout) but kept as ids
+only, and fetched again (`XRANGE id id`) when the lane is down to half; entries read while a
+fetch is under way park behind it, so one caller's calls keep their order. Free call slots go
+to the lanes in turn, so another caller's call waits for about one batch, not for the flood.
 
 Bounds: `HELD` entries per lane in memory, `PARKED` ids in all; at that, the runtime stops
 reading until the lanes drain (the stream holds the rest, as before).
@@ -40,11 +40,12 @@ class Entry(NamedTuple):
 class Lane:
     """One caller's entries: those in memory (in order), then those parked (ids, in order)."""
 
-    __slots__ = ("held", "parked", "sources")
+    __slots__ = ("fetching", "held", "parked", "sources")
 
     def __init__(self) -> None:
         self.held: deque[Entry] = deque()
         self.parked: deque[Ref] = deque()
+        self.fetching = 0  # parked entries being read back: what comes meanwhile parks
         self.sources: dict[str, Source] = {}  # stream -> its source (for parked refs)
 
 
@@ -90,7 +91,7 @@ class Lanes:
             if lane is None:
                 lane = self.lanes[key] = Lane()
             ref = (source.stream, entry_id)
-            if lane.parked or len(lane.held) >= self.held_max:
+            if lane.parked or lane.fetching or len(lane.held) >= self.held_max:
                 lane.parked.append(ref)
                 lane.sources[source.stream] = source
                 self.parked += 1
@@ -115,29 +116,30 @@ class Lanes:
                     taken.append(lane.held.popleft())
                 if lane.held:
                     self.turns.append(key)
-                elif not lane.parked:
+                elif not lane.parked and not lane.fetching:
                     del self.lanes[key]
         self.held -= len(taken)
         return taken
 
     def to_fetch(self) -> list[tuple[bytes, list[Ref]]]:
-        """The parked ids to read back now: of each lane whose memory is empty, up to
-        `held_max` (taken off the parked ones)."""
+        """The parked ids to read back now: of each lane down to half its memory (and not
+        being read back already), enough to fill it (taken off the parked ones)."""
         wanted = []
+        low = self.held_max // 2
         for key, lane in self.lanes.items():
-            if lane.parked and not lane.held:
-                count = min(self.held_max, len(lane.parked))
+            if lane.parked and not lane.fetching and len(lane.held) <= low:
+                count = min(self.held_max - len(lane.held), len(lane.parked))
                 refs = [lane.parked.popleft() for _ in range(count)]
                 self.parked -= count
+                lane.fetching = count
                 wanted.append((key, refs))
         return wanted
 
     def fetched(self, key: bytes, entries: list[tuple[Ref, list[bytes] | None]]) -> None:
-        """Parked entries read back (fields None: gone from the stream meanwhile), to the
-        front of their lane's memory, in order."""
-        lane = self.lanes.get(key)
-        if lane is None:
-            lane = self.lanes[key] = Lane()
+        """Parked entries read back (fields None: gone from the stream meanwhile), after
+        their lane's memory, in order (what was read meanwhile is parked after them)."""
+        lane = self.lanes[key]
+        lane.fetching = 0
         if entries and not lane.held:
             self.turns.append(key)
         for ref, flat in entries:

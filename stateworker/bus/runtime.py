@@ -3,8 +3,8 @@ bus/sources.py: which streams, and whose: `acl` mode's principals).
 
     reader   XREADGROUP batches -> the callers' lanes (bus/lanes.py: a fair share each) ->
              one task per batch (plans) or per call (user handlers), bounded by
-             `concurrency` calls in flight; it reads on while every slot is busy, so one
-             caller's flood never stands ahead of another caller's next call
+             `concurrency` calls in flight; while a backlog waits it reads ahead, so
+             one caller's flood never stands ahead of another caller's next call
     fetcher  parked entries of a flooding caller read back (XRANGE) as its lane runs low
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
@@ -67,8 +67,9 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
 
-SKIM = 512  # entries a read takes ahead while every call slot is busy (into the lanes)
-SKIM_WAIT_S = 0.05  # with every slot busy and no backlog, how long before looking again
+SKIM = 512  # entries a read takes ahead (into the lanes) while a backlog waits
+SKIM_WAIT_S = 0.05  # reading ahead, caught up: how long before looking again at most
+WINDOW = 64  # a batch handler's calls in flight taken from the lanes, at most
 
 
 class BusRuntime:
@@ -105,6 +106,12 @@ class BusRuntime:
         self._calls: TaskGroup | None = None  # (the task group calls run in)
         self._to_fetch = anyio.Event()  # set when a lane's parked entries are wanted
         self._closed = False  # the grace period is over: nothing more starts
+        self._ahead = False  # the last read was full: the next one reads ahead
+        # Calls in flight taken from the lanes, at most: a batch handler's calls queue on
+        # one connection, so a call taken later waits for all of them (and 64 keep Redis
+        # as busy as 1,024); a handler's calls run side by side.
+        self._window = min(options.concurrency, WINDOW) if batch is not None \
+            else options.concurrency
         self.start_wait_s = start_wait_s
         self.describe = describe or {}
         self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
@@ -214,7 +221,10 @@ class BusRuntime:
         again = Backoff()  # re-reads of the pending history for calls left unanswered
         while not self._stopping.is_set():
             room = min(self.options.read_count, self.options.concurrency - self._in_flight)
-            if room <= 0 and not self.lanes.accepting:
+            # Reading ahead (into the callers' lanes, bus/lanes.py) while a backlog waits:
+            # the last read was full, read entries wait in the lanes, or every slot is busy.
+            ahead = self._ahead or room <= 0 or bool(self.lanes.held or self.lanes.parked)
+            if ahead and not self.lanes.accepting:
                 await self._freed.wait()  # (as much read ahead as parks: wait for a slot)
                 self._freed = anyio.Event()
                 continue
@@ -229,19 +239,16 @@ class BusRuntime:
                 # COUNT is per stream: the calls in flight stay within `concurrency`. A
                 # shard's batch (one pipeline) is up to `read_count` long, as one stream's
                 # (16 / 3 a shard cost 14% at 64 in flight); `acl` mode's many principal
-                # streams share `read_count`, as before. With every slot busy it reads
-                # ahead, SKIM at a time, into the callers' lanes (bus/lanes.py).
+                # streams share `read_count`, as before. Reading ahead takes SKIM at a time
+                # and never blocks: it takes what already waits in the stream, never a new
+                # entry that a replica with a free slot, blocked on its read, would get.
                 streams = len(sources.positions)
-                # Reading ahead never blocks: it takes what already waits in the stream (a
-                # backlog), never a new entry that a replica with a free slot, blocked on
-                # its read, would get.
-                skim = room <= 0
-                count = SKIM if skim else max(1, room // streams if sources.closed_shared
-                                              else min(room, (self.options.concurrency
-                                                              - self._in_flight) // streams))
+                count = SKIM if ahead else max(1, room // streams if sources.closed_shared
+                                               else min(room, (self.options.concurrency
+                                                               - self._in_flight) // streams))
                 reply = await self.reader.read(
                     ["XREADGROUP", "GROUP", self.bus.group, self.consumer, "COUNT", count,
-                     *(() if skim else ("BLOCK", self.options.block_ms))],
+                     *(() if ahead else ("BLOCK", self.options.block_ms))],
                     *sources.read_args())
             except (ConnectionLost, ReplyError) as exc:
                 self.transient[transient_reason(exc) or "OTHER"] += 1
@@ -256,25 +263,26 @@ class BusRuntime:
                 log.info("reading again after %d failed reads", backoff.failures,
                          extra={"event": "bus.read_recovered", "service": self.bus.service})
                 backoff.reset()
-            if skim and not any(entries for _, entries in reply or []):
-                with anyio.move_on_after(SKIM_WAIT_S):  # no backlog: until a slot frees
-                    await self._freed.wait()
-                continue
             read = {stream.decode(): entries for stream, entries in reply or []}
             if read and again.failures and not self.replies.unanswered:
                 again.reset()
             sources.advance(read)
             got = [(source, entries) for stream, entries in read.items()
                    if entries and (source := sources.by_stream.get(stream))]
-            if not self.lanes.held and not self.lanes.parked and sum(
-                    len(entries) for _, entries in got) <= self.options.concurrency - self._in_flight:
-                # Nothing waits and there is a slot for each: served at once, as read.
+            self._ahead = any(len(entries) >= count for _, entries in got)  # full: more wait
+            if not ahead:  # nothing waits, a slot for each: served at once, as read
                 self._spawn(calls, [Entry((source.stream, entry_id), flat, source)
                                     for source, entries in got for entry_id, flat in entries])
                 continue
             for source, entries in got:
                 self.lanes.add(source, entries, self._running)
             self._serve_lanes()
+            if not got and (self.lanes.held or self.lanes.parked or room <= 0):
+                # Caught up, still busy: look again when a call finishes (a new caller's
+                # call is read within one batch), or after SKIM_WAIT_S.
+                self._freed = anyio.Event()
+                with anyio.move_on_after(SKIM_WAIT_S):
+                    await self._freed.wait()
 
     def _history_again(self) -> None:
         """Read every stream's pending history again: what the lanes held comes back with
@@ -283,12 +291,14 @@ class BusRuntime:
         self.lanes = Lanes()
 
     def _serve_lanes(self) -> None:
-        """Start what the free slots take from the lanes (every stream's entries of one
-        turn in one batch: on a cluster the shards' calls then share each node's pipeline);
-        a lane left with only parked entries is fetched."""
-        room = self.options.concurrency - self._in_flight
-        if room > 0 and self.lanes.held and self._calls is not None and not self._closed:
-            self._spawn(self._calls, self.lanes.take(room))
+        """Start what the free slots take from the lanes, `read_count` a batch (the streams'
+        entries of one turn together: on a cluster the shards' calls then share each node's
+        pipeline); a lane running low on entries in memory is fetched."""
+        if self._calls is None or self._closed:
+            return
+        while self.lanes.held and self._in_flight < self._window:
+            self._spawn(self._calls, self.lanes.take(
+                min(self.options.read_count, self._window - self._in_flight)))
         if self.lanes.parked:
             self._to_fetch.set()
 

@@ -16,20 +16,27 @@ def entry(caller: str, n: int) -> tuple[bytes, list[bytes]]:
     return (f"{n}-0".encode(), [b"id", f"{caller}{n}".encode(), b"caller", caller.encode()])
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from("abc"), max_size=300), st.integers(1, 40), st.integers(1, 8))
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from("abc"), max_size=300), st.integers(1, 40), st.integers(1, 8),
+       st.integers(1, 50))
 def test_each_callers_entries_come_out_in_order_through_parking(
-        callers: list[str], room: int, held: int) -> None:
+        callers: list[str], room: int, held: int, chunk: int) -> None:
+    # Entries arrive `chunk` at a time between two takes, and a fetch of parked entries is
+    # answered only after the next chunk arrived (as the runtime's XRANGE may be).
     lanes = Lanes(held=held)
-    lanes.add(SOURCE, [entry(c, n) for n, c in enumerate(callers)], set())
+    arriving = [entry(c, n) for n, c in enumerate(callers)]
     out: list[bytes] = []
-    while lanes.held or lanes.parked:
+    asked: list[tuple[bytes, list[tuple[str, bytes]]]] = []
+    while arriving or asked or lanes.held or lanes.parked:
+        lanes.add(SOURCE, arriving[:chunk], set())
+        del arriving[:chunk]
+        for key, refs in asked:  # (the runtime's XRANGE: the fields as read)
+            lanes.fetched(key, [(ref, entry(key.decode()[2:], int(ref[1].split(b"-")[0]))[1])
+                                for ref in refs])
         taken = lanes.take(room)
         assert len(taken) <= room
         out += [e.ref[1] for e in taken]
-        for key, refs in lanes.to_fetch():  # (the runtime's XRANGE: the fields as read)
-            lanes.fetched(key, [(ref, entry(key.decode()[2:], int(ref[1].split(b"-")[0]))[1])
-                                for ref in refs])
+        asked = lanes.to_fetch()
     assert sorted(out) == sorted(f"{n}-0".encode() for n in range(len(callers)))
     for caller in "abc":
         mine = [r for r in out if callers[int(r.split(b"-")[0])] == caller]

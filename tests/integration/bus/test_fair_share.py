@@ -15,7 +15,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.keys import bus_stream
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
-from tests.servers import RedisServer
+from tests.servers import RedisServer, ServiceProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -29,6 +29,47 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[aredis.Redis]:
     await conn.aclose()
 
 
+async def flood(raw: aredis.Redis, stream: str, scope: str) -> None:
+    async with raw.pipeline(transaction=False) as pipe:
+        for n in range(FLOOD):  # fire-and-forget sets, all of them ahead of the probe
+            pipe.xadd(stream, {"id": f"flood-{n}", "fn": "state::set", "reply": "",
+                               "caller": "flood", "body": msgspec.json.encode(
+                                   {"scope": scope, "key": f"k{n}", "value": n})})
+        await pipe.execute()
+
+
+async def served(raw: aredis.Redis, probe: StateClient, stream: str, scope: str) -> None:
+    """The probe answered while most of the flood still waits (in one queue, after all of
+    it), and then every flooded call served."""
+    await probe.set(f"{scope}-probe", "k", 1)
+    left = await raw.xlen(stream)
+    assert left > FLOOD // 4, f"the probe waited for {FLOOD - left} flooded calls"
+
+    async def drained() -> bool:
+        groups = await raw.xinfo_groups(stream)
+        return await raw.xlen(stream) == 0 and groups[0]["pending"] == 0
+
+    await until(drained, 120, "every flooded call served")
+    assert len(await probe.list_keys(scope)) == FLOOD
+    assert await probe.get(scope, f"k{FLOOD - 1}") == FLOOD - 1
+
+
+async def test_a_flood_of_one_caller_does_not_starve_another_as_it_serves(
+        redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    # The service's defaults (1,024 calls in flight), in a process of its own: it serves as
+    # fast as it reads, so its slots never fill, and the flood waits in the stream.
+    settings = settings_for(redis_server, prefix)
+    stream = bus_stream(prefix, "state")
+    service = ServiceProcess(redis_server.url, prefix)
+    service.start()
+    try:
+        async with StateClient(settings=settings, caller="probe") as probe:
+            await flood(raw, stream, scope)
+            await served(raw, probe, stream, scope)
+    finally:
+        service.kill()
+
+
 async def test_a_flood_of_one_caller_does_not_starve_another(
         redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str) -> None:
     settings = settings_for(redis_server, prefix)
@@ -36,21 +77,5 @@ async def test_a_flood_of_one_caller_does_not_starve_another(
     # Four calls in flight: the flood takes every slot at once.
     async with StateService.running(settings, BusOptions(block_ms=50, concurrency=4)), \
             StateClient(settings=settings, caller="probe") as probe:
-        async with raw.pipeline(transaction=False) as pipe:
-            for n in range(FLOOD):  # fire-and-forget sets, all of them ahead of the probe
-                pipe.xadd(stream, {"id": f"flood-{n}", "fn": "state::set", "reply": "",
-                                   "caller": "flood", "body": msgspec.json.encode(
-                                       {"scope": scope, "key": f"k{n}", "value": n})})
-            await pipe.execute()
-        await probe.set(f"{scope}-probe", "k", 1)
-        # Answered while most of the flood still waits (in one queue, after all of it).
-        left = await raw.xlen(stream)
-        assert left > FLOOD // 4, f"the probe waited for {FLOOD - left} flooded calls"
-
-        async def drained() -> bool:
-            groups = await raw.xinfo_groups(stream)
-            return await raw.xlen(stream) == 0 and groups[0]["pending"] == 0
-
-        await until(drained, 120, "every flooded call served")
-        assert len(await probe.list_keys(scope)) == FLOOD
-        assert await probe.get(scope, f"k{FLOOD - 1}") == FLOOD - 1
+        await flood(raw, stream, scope)
+        await served(raw, probe, stream, scope)

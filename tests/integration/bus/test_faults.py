@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from stateworker import StateStore
 from stateworker.app.service import StateService
+from stateworker.bus.runtime import SKIM
 from stateworker.keys import KeySpace
 from tests.integration.busproto import roundtrip, until
 from tests.records import reply_of
@@ -163,6 +164,7 @@ async def test_sigterm_with_calls_in_flight_answers_every_call_read(
     entries = [{"id": i, "fn": "state::set", "reply": reply,
                 "body": msgspec.json.encode({"scope": scope, "key": i, "value": {"i": i}})}
                for i in ids]
+    late, entries = entries[2000:], entries[:2000]
     service = ServiceProcess(redis_server.url, prefix, consumer="term-1")
     service.start()
     try:
@@ -171,6 +173,9 @@ async def test_sigterm_with_calls_in_flight_answers_every_call_read(
         frozen_at = await freeze_in_flight(service, raw, stream, redis_server.port)
         in_stream = await call_ids(raw, stream)
         in_flight = {in_stream[entry_id] for entry_id in frozen_at}
+        # Calls that come with the signal: a read under way may take one batch of them,
+        # then it stops reading (those read before, even far ahead, are in flight).
+        await xadd_many(raw, stream, late)
         service.signal(signal.SIGTERM)  # arrives with those calls in flight
         service.thaw()
         assert service.wait(timeout=30) == 0
@@ -185,7 +190,7 @@ async def test_sigterm_with_calls_in_flight_answers_every_call_read(
     assert len(answered) == len(set(answered))  # each call answered once
     assert set(answered) | unread == set(ids) and not set(answered) & unread
     assert in_flight <= set(answered)  # in flight at the signal: answered before the exit
-    assert unread, "after SIGTERM the service stops reading: the rest waits for another"
+    assert len(unread) >= len(late) - SKIM, "after SIGTERM the service stops reading"
     assert all(msgspec.json.decode(document)["ok"] for document in replies)
     async with StateStore.open(redis_server.url, prefix=prefix, partitions=4, reaper=False) as store:
         # exactly the answered calls were applied, the unread ones not
