@@ -64,10 +64,11 @@ JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event) -> list[BaseRoute]:
+def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
+                   tails: Tails) -> list[BaseRoute]:
     """The console's routes (module docstring); `stopping`: set when the service stops (a
-    live tail ends then, rather than hold the stop for the server's grace period)."""
-    tails = Tails(state.settings)
+    live tail ends then, rather than hold the stop for the server's grace period); `tails`:
+    the live tails open (their caps; /metrics reads them)."""
 
     async def page(request: Request) -> Response:
         name = request.path_params.get("name", "")
@@ -269,10 +270,12 @@ class Tails:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.open: dict[str, int] = {}
+        self.refused = 0  # tails refused at a cap, since start
 
     def take(self, caller: str) -> None:
         total, mine = sum(self.open.values()), self.open.get(caller, 0)
         if total >= self.settings.max_tails or mine >= self.settings.max_tails_per_caller:
+            self.refused += 1
             which, limit = (("open in all", self.settings.max_tails)
                             if total >= self.settings.max_tails else
                             (f"open by {caller}", self.settings.max_tails_per_caller))

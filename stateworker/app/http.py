@@ -44,7 +44,7 @@ from starlette.routing import Route
 from stateworker import tracing
 from stateworker.app.batches import Batches
 from stateworker.app.bodies import read_body
-from stateworker.app.console import CONSOLE_HEADER, console_routes
+from stateworker.app.console import CONSOLE_HEADER, Tails, console_routes
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.hosts import HostGuard, allowed_hosts
 from stateworker.app.logins import Logins, SameOrigin
@@ -80,7 +80,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
              stopping: anyio.Event) -> Starlette:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
     run through `batches` (app/batches.py); `stopping` is set when the service stops."""
-    metrics = Metrics(state, runtime)
+    tails = Tails(state.settings)
+    metrics = Metrics(state, runtime, tails)
     logins = Logins(state)
 
     async def call(request: Request) -> Response:
@@ -151,7 +152,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
 
     return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
                                  Middleware(SameOrigin)], routes=[
-        *console_routes(state, logins, stopping),
+        *console_routes(state, logins, stopping, tails),
         *dapr_routes(native, read),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -11,6 +11,9 @@ as the tests run them, never share a counter).
     stateworker_bus_call_seconds                    their latency (histogram)
     stateworker_bus_pending{stream}                 entries read, not yet acknowledged
     stateworker_bus_lag{stream}                     entries not yet read (Redis 7's `lag`)
+    stateworker_bus_read_ahead                      entries read ahead of the call slots, in
+    stateworker_bus_callers_waiting                 the callers' lanes (bus/lanes.py), and
+                                                    how many callers they are
     stateworker_http_calls_total{function,code}     calls through POST /v1/call
     stateworker_http_call_seconds{function}         their latency (histogram)
     stateworker_redis_up                            1 when Redis answered a PING (1 s)
@@ -26,6 +29,8 @@ as the tests run them, never share a counter).
     stateworker_trigger_waiting{trigger}            1 while its target's stream is full (the
                                                     backlog: its deliveries wait)
     stateworker_dedupe_records                      bus call ids held for the dedupe window
+    stateworker_console_tails                       live tails open (STATEWORKER_MAX_TAILS)
+    stateworker_console_tails_refused_total         tails refused at a cap (507)
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from stateworker.app.console import Tails
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.stats import LATENCY_BUCKETS_MS, function_label
 from stateworker.clock import now_ms
@@ -66,9 +72,10 @@ class Metrics:
     """The metrics of one service: `http_call` counts the HTTP face's calls, `exposition`
     renders everything in the text format."""
 
-    def __init__(self, state: RedisState, runtime: BusRuntime) -> None:
+    def __init__(self, state: RedisState, runtime: BusRuntime, tails: Tails) -> None:
         self.state = state
         self.runtime = runtime
+        self.tails = tails
         self.registry = CollectorRegistry(auto_describe=True)
         self.http_calls = Counter("stateworker_http_calls", "Calls through POST /v1/call.",
                                   ["function", "code"], registry=self.registry)
@@ -104,7 +111,19 @@ class Metrics:
         latency = HistogramMetricFamily("stateworker_bus_call_seconds",
                                         "Latency of calls answered over the bus.",
                                         buckets=buckets, sum_value=sum_us / 1e6)
-        return [calls, latency]
+        lanes = self.runtime.lanes
+        ahead = GaugeMetricFamily("stateworker_bus_read_ahead",
+                                  "Bus entries read ahead of the call slots (the lanes).")
+        ahead.add_metric([], lanes.held + lanes.parked)
+        waiting = GaugeMetricFamily("stateworker_bus_callers_waiting",
+                                    "Callers with entries read ahead (one lane each).")
+        waiting.add_metric([], len(lanes.lanes))
+        tails = GaugeMetricFamily("stateworker_console_tails", "Console live tails open.")
+        tails.add_metric([], sum(self.tails.open.values()))
+        refused = CounterMetricFamily("stateworker_console_tails_refused",
+                                      "Console live tails refused at a cap (507).")
+        refused.add_metric([], self.tails.refused)
+        return [calls, latency, ahead, waiting, tails, refused]
 
     async def _redis(self) -> list[Any]:
         conn = self.state.conn

@@ -9,6 +9,8 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
+from stateworker.app.console import Tails
+from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
@@ -38,12 +40,19 @@ async def flood(raw: aredis.Redis, stream: str, scope: str) -> None:
         await pipe.execute()
 
 
-async def served(raw: aredis.Redis, probe: StateClient, stream: str, scope: str) -> None:
+async def served(raw: aredis.Redis, probe: StateClient, stream: str, scope: str,
+                 service: StateService | None = None) -> None:
     """The probe answered while most of the flood still waits (in one queue, after all of
     it), and then every flooded call served."""
     await probe.set(f"{scope}-probe", "k", 1)
     left = await raw.xlen(stream)
     assert left > FLOOD // 4, f"the probe waited for {FLOOD - left} flooded calls"
+    if service is not None:  # what waits read ahead shows in /metrics
+        metrics = Metrics(service.state, service.runtime, Tails(service.state.settings))
+        text = (await metrics.exposition())[0].decode()
+        ahead = float(text.split("\nstateworker_bus_read_ahead ")[1].split()[0])
+        assert 0 < ahead <= left
+        assert "\nstateworker_bus_callers_waiting 1.0\n" in text  # the flood's lane alone
 
     async def drained() -> bool:
         groups = await raw.xinfo_groups(stream)
@@ -75,7 +84,7 @@ async def test_a_flood_of_one_caller_does_not_starve_another(
     settings = settings_for(redis_server, prefix)
     stream = bus_stream(prefix, "state")
     # Four calls in flight: the flood takes every slot at once.
-    async with StateService.running(settings, BusOptions(block_ms=50, concurrency=4)), \
+    async with StateService.running(settings, BusOptions(block_ms=50, concurrency=4)) as service, \
             StateClient(settings=settings, caller="probe") as probe:
         await flood(raw, stream, scope)
-        await served(raw, probe, stream, scope)
+        await served(raw, probe, stream, scope, service)

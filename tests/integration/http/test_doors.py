@@ -226,6 +226,9 @@ async def test_live_tails_beyond_their_cap_are_refused(
         error = over.json()["error"]
         assert error["code"] == "RESOURCE_EXHAUSTED" and which in error["message"]
         assert error["details"]["limit"] == cap
+        metrics = (await http.get("/metrics")).text
+        assert f"\nstateworker_console_tails {float(cap)}\n" in metrics
+        assert "\nstateworker_console_tails_refused_total 1.0\n" in metrics
         await opened[0].aclose()  # one closed: its place is free again
 
         async def reopened() -> bool:

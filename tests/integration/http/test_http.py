@@ -188,6 +188,12 @@ async def test_metrics_move_with_calls(redis_server: RedisServer,
     assert got[("stateworker_bus_lag", stream)] == 0
     # The call ids held: the 5 bus sets' and the HTTP set's (the refused get bound none).
     assert got[("stateworker_dedupe_records", ())] == 6
+    # Every family the page shows is in docs/http.md's table of metrics.
+    documented = (Path(__file__).parents[3] / "docs" / "http.md").read_text()
+    families = {family.name for family in text_string_to_metric_families(response.text)
+                if family.name.startswith("stateworker_")
+                and not family.name.endswith("_created")}  # (the client's own timestamps)
+    assert families and {name for name in families if f"`{name}" not in documented} == set()
 
 
 async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: str) -> None:
