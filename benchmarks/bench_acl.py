@@ -13,8 +13,8 @@ from benchmarks.bench_bus import start_service
 from benchmarks.benchtime import timed
 from stateworker.bus.client import StateClient
 from stateworker.settings import Settings
-from stateworker.state import principals
 from stateworker.state.api import StateStore
+from stateworker.state.tenancy import principals
 
 OFF, ACL = "benchacl_off", "benchacl_on"
 PRINCIPAL = "bench-principal"

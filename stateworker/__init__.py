@@ -25,9 +25,9 @@ from stateworker.events.model import Bookmark, Event
 from stateworker.pyvalues import ABSENT
 from stateworker.settings import Settings
 from stateworker.specs import NATIVE
-from stateworker.state.access import Access
 from stateworker.state.api import StateStore
-from stateworker.state.results import BarrierOutcome, Entry, SetOutcome, Swap
+from stateworker.state.core.access import Access
+from stateworker.state.core.results import BarrierOutcome, Entry, SetOutcome, Swap
 
 # The engines plugged into the layers below them: an in-process StateStore serves what the
 # bus service serves (the engines' functions, and KeeperHub's isolation on the native ones);

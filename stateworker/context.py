@@ -41,13 +41,13 @@ class CallContext(Struct, frozen=True, kw_only=True):
     deadline_ms: int | None = None  # a bus call's deadline (epoch ms), checked by its plan
     call_digest: str | None = None  # SHA-1 hex of fn + canonical body (bus.entries.call_digest)
     # Set for a call to a private namespace's accessor (`<prefix>::state::get` ...): its
-    # functions prefix. Its scope must be one the namespace claimed (state/validate.py).
+    # functions prefix. Its scope must be one the namespace claimed (state/core/validate.py).
     namespace: str | None = None
     # `acl` mode: the principal the call came from, taken from the name of the stream it was
     # read from (keys.principal_stream), never from a field of the entry. None: `off` mode or
     # an in-process call (a trusted caller).
     principal: str | None = None
-    # `acl` mode, set when the call is admitted (state/guard.py): the function id the
+    # `acl` mode, set when the call is admitted (state/core/guard.py): the function id the
     # principal called (what its grants are checked against) and the writer recorded.
     function: str | None = None
     writer: str | None = None

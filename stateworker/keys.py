@@ -6,7 +6,7 @@ one entry and the indexes and event stream of its partition, runs on a single cl
 
 Layout (`sw` prefix, partition 3):
   sw:{sw:p3}:e:<len(scope)>:<scope><key>  string one entry, packed (lua/includes/packed.lua,
-                                                 state/packed.py): version, created/updated
+                                                 state/kv/packed.py): version, created/updated
                                                  ms, revision, hash, expires ms, topic,
                                                  updated_by, plain mark, then the value
   sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
@@ -58,7 +58,7 @@ Layout (`sw` prefix, partition 3):
   sw:snapshot:status                      hash   the snapshotters' last error and last commit;
                                                  lost: why this Redis was found lost
   sw:meta                                 hash   layout facts checked at start (partitions;
-                                                 entries: "packed" once state/repack.py ran);
+                                                 entries: "packed" once state/kv/repack.py ran);
                                                  generation (state/generation.py), restoring
                                                  (while a restore runs: the one it writes)
   sw:calls:{sw:c<b>}:<slice>              hash   on one Redis: the records and bindings of
@@ -149,7 +149,7 @@ class PartitionKeys:
 
     def value_index(self, scope: str, pointer: str) -> str:
         """zset (score 0): one indexed pointer's members, "<encoded value><key>"
-        (state/predicates.py `encode`); made by indexes.lua as "iv:<len>:<scope><pointer>"."""
+        (state/query/predicates.py `encode`); made by indexes.lua as "iv:<len>:<scope><pointer>"."""
         return f"{self.tag}iv:{member(scope, pointer)}"
 
     @property

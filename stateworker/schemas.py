@@ -535,7 +535,7 @@ class BulkResult(Struct, kw_only=True):
 # ---- state::query and its indexes ------------------------------------------------------------------
 class WhereItem(Request):
     pointer: str  # RFC 6901: "" the whole value, "/a/0" ...
-    op: str  # eq ne lt lte gt gte in exists prefix (checked by state/predicates.py)
+    op: str  # eq ne lt lte gt gte in exists prefix (checked by state/query/predicates.py)
     value: Raw | UnsetType = UNSET
 
 

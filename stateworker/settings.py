@@ -25,7 +25,7 @@ AUTH_MODES = ("off", "acl")
 # group per replica; 64 spread the calls over far more primaries than a cluster here has.
 MAX_BUS_SHARDS = 64
 # A replica is live while its last heartbeat (keys.replicas) is within this many lease times
-# (`lease_ms`): the leases' share (reactive/leases.py) and the upgrade's check (state/repack.py).
+# (`lease_ms`): the leases' share (reactive/leases.py) and the upgrade's check (state/kv/repack.py).
 LIVE_LEASES = 3
 # Replicas a strict write waits for at most: more than a primary has makes every write time out.
 MAX_STRICT_REPLICAS = 16

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from stateworker import StateError, StateStore
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 
 INCREMENT = [{"type": "increment", "path": "n", "by": 1}]
 

@@ -1,4 +1,4 @@
-"""An independent reference for `state::query` (not state/predicates.py): documents decoded
+"""An independent reference for `state::query` (not state/query/predicates.py): documents decoded
 with every number as an exact Fraction, RFC 6901 pointers walked by hand, the ops as the
 README states them. And the helpers the query tests share: raw JSON writes, every page of a
 query, the reference over `list-entries`.

@@ -23,9 +23,9 @@ from stateworker.errors import ConfigError, Conflict, NotFound, StateError, Unav
 from stateworker.keys import principal_own_streams_pattern
 from stateworker.settings import Settings
 from stateworker.state import lifecycle
-from stateworker.state import principals as p
-from stateworker.state.grants import BUILTIN, FAMILIES
-from stateworker.state.store import RedisState
+from stateworker.state.core.grants import BUILTIN, FAMILIES
+from stateworker.state.core.store import RedisState
+from stateworker.state.tenancy import principals as p
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import shown_url
 from stateworker.transport.embedded import client_url

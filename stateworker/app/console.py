@@ -50,8 +50,8 @@ from stateworker.events.model import Event, decode_event, document_json, fields_
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.specs import GET
-from stateworker.state import validate
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
 from stateworker.uicontent import console_page, ui_file
 
 CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode

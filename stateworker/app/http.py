@@ -64,7 +64,7 @@ from stateworker.errors import (
 )
 from stateworker.schemas import encoder
 from stateworker.state import functions
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.http")

@@ -39,8 +39,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.app.hosts import send_refusal
 from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
-from stateworker.state.grants import Principal
-from stateworker.state.store import RedisState
+from stateworker.state.core.grants import Principal
+from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster_map import seeds_of
 from stateworker.transport.connect import connection_for
 from stateworker.transport.wire import ConnectionLost, ReplyError

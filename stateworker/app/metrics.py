@@ -52,7 +52,7 @@ from stateworker.keys import CALL_BUCKETS
 from stateworker.reactive.status import dispatch_status, trigger_status
 from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 _BOUNDS_S = [bound / 1000 for bound in LATENCY_BUCKETS_MS]

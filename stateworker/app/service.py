@@ -35,7 +35,7 @@ from stateworker.snapshot.repair import repair_at_start
 from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import functions, lifecycle
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.plans import Answered, Plan, Sent

@@ -82,7 +82,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "xdel": ["XDEL", bus, "0-1"],
         "hincrby": ["HINCRBY", stats, "calls", 1],  # (and the dispatcher's, the cut)
         "hset": ["HSET", stats, "flushed_ms", 1],  # (and the scripts, the snapshot, the repair,
-        # the mark of the entries' layout: state/repack.py)
+        # the mark of the entries' layout: state/kv/repack.py)
         # The functions outside scripts: reads, list_groups, Dagu's create_only check.
         "hmget": ["HMGET", part.dispatched, "id", "n"],  # (and trimming, barriers)
         "zrange": ["ZRANGE", part.scopes, 0, -1],
@@ -117,7 +117,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         # The console's live tail (app/console.py): a Watch reads a partition in one MULTI.
         "multi": ["MULTI"],
         "exec": ["EXEC"],
-        # The upgrade to packed entries (state/repack.py, lua/repack.lua), at start.
+        # The upgrade to packed entries (state/kv/repack.py, lua/repack.lua), at start.
         "type": ["TYPE", entry],
         "zremrangebylex": ["ZREMRANGEBYLEX", index, "[a", "+"],
         "zscore": ["ZSCORE", index, "k"],
@@ -127,7 +127,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
     if strict:  # lifecycle.check_strict
         probes["config|get"] = ["CONFIG", "GET", "appendfsync"]
         probes["command|info"] = ["COMMAND", "INFO", "WAITAOF"]
-        # Every batch confirmed (state/confirm.py): by replicas on a cluster (or with
+        # Every batch confirmed (state/core/confirm.py): by replicas on a cluster (or with
         # STATEWORKER_STRICT_REPLICAS), with WAITAOF on Redis 7.2+.
         probes["wait"] = ["WAIT", 0, 0]
         if waitaof:

@@ -45,7 +45,7 @@ from stateworker.reactive.status import Counts
 from stateworker.reactive.trimming import Position
 from stateworker.schemas import Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
 

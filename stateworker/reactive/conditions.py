@@ -27,9 +27,9 @@ from stateworker.events.model import Event, document_json
 from stateworker.reactive.matching import Matcher
 from stateworker.reactive.status import Counts
 from stateworker.schemas import BarrierDecision, Trigger
-from stateworker.state import barrier, triggers
-from stateworker.state.barrier import BarrierCondition
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import barrier, triggers
+from stateworker.state.reactive.barrier import BarrierCondition
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
 

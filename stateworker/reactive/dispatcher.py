@@ -49,8 +49,9 @@ from stateworker.reactive.matching import TriggerSet
 from stateworker.reactive.status import Counts
 from stateworker.reactive.trimming import Position
 from stateworker.scripts.bindings import ADVANCE, advance_call
-from stateworker.state import guard, triggers, validate
-from stateworker.state.store import RedisState
+from stateworker.state.core import guard, validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import triggers
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff

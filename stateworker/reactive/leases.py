@@ -27,7 +27,7 @@ from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import LEASE, lease_call
 from stateworker.settings import LIVE_LEASES
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
 

@@ -20,7 +20,7 @@ from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event, Revision, revision_of
 from stateworker.schemas import Trigger
-from stateworker.state.triggers import BARRIER, expires_ms
+from stateworker.state.reactive.triggers import BARRIER, expires_ms
 
 _MISSING = object()
 

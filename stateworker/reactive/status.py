@@ -13,7 +13,7 @@ from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
 from stateworker.reactive.trimming import StreamInfo
-from stateworker.state.triggers import decode_trigger, live
+from stateworker.state.reactive.triggers import decode_trigger, live
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
 

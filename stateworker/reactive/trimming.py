@@ -25,7 +25,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.scripts.bindings import ADVANCE, advance_call
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
 

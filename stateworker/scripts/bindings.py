@@ -87,10 +87,10 @@ FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, Moved.read)
 ADVANCE = Binding("advance", 2, Moved.read)
 BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
-# state::transaction: its reply is read by state/transactions.py (its layout per branch)
+# state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
 GETMANY = Binding("getmany", 1, GetManyReply.read)
-# state::get of a bus call answered by its script: read by state/reads.py
+# state::get of a bus call answered by its script: read by state/kv/reads.py
 GET: Binding[list[Any]] = Binding("get", 2, list)
 DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
 BINDINGS: tuple[Binding[Any], ...] = (
@@ -98,7 +98,7 @@ BINDINGS: tuple[Binding[Any], ...] = (
     KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
     TRANSACTION, GETMANY, DELPREFIX, GET)
 INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
-REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/repack.py)
+REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/kv/repack.py)
 STAMP = Binding("stamp", 1, Moved.read)  # a restore's generation marker, one slot at a time
 BINDINGS += (INDEX, REPACK, STAMP)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one

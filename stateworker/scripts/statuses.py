@@ -70,7 +70,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["STORE_LOST"]: StoreLost,  # (raised by script_reply, for every script)
     LUA_STATUS["CALL_TOO_LARGE"]: CallTooLarge,
 }
-# TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/transactions.py),
+# TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/kv/transactions.py),
 # which names the op: the error is that of the op's own status.
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE", "TX_ABORTED",
                               "OP_FAILED", "ANSWERED"})

@@ -25,8 +25,8 @@ from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
 from stateworker.snapshot.tables import PgConnection
+from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
-from stateworker.state.store import RedisState
 from stateworker.transport.plans import pipeline
 
 UPSERT = """

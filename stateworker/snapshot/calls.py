@@ -32,8 +32,8 @@ from stateworker.events.model import revision_of
 from stateworker.scripts.bindings import DIGEST_BYTES, RECORD_SLICES, slice_ms
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import CallRow, PgConnection, StoredPosition, apply_records
+from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
-from stateworker.state.store import RedisState
 
 BATCH = 1000  # records read per trip
 

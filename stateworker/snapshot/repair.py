@@ -28,7 +28,7 @@ from stateworker.snapshot import restore, tables
 from stateworker.snapshot.snapshotter import behind_partitions
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 
 log = logging.getLogger("stateworker.snapshot.repair")
 

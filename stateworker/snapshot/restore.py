@@ -47,12 +47,13 @@ from stateworker.snapshot import barriers, calls, tables
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import generation, indexes
-from stateworker.state import principals as acl
-from stateworker.state import triggers as registry
-from stateworker.state.packed import Stored, pack
-from stateworker.state.registry import RELOAD
-from stateworker.state.store import RedisState
+from stateworker.state import generation
+from stateworker.state.core.registry import RELOAD
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.packed import Stored, pack
+from stateworker.state.query import indexes
+from stateworker.state.reactive import triggers as registry
+from stateworker.state.tenancy import principals as acl
 from stateworker.transport.plans import checked_pipeline
 from stateworker.transport.wire import ReplyError
 
@@ -77,7 +78,7 @@ class Summary(msgspec.Struct):
     # Redis refused the ACL commands (the user restoring may not manage users): why. The
     # operator then runs `stateworker principal list` (acl_user) and `principal passwd`.
     acl_refused: str | None = None
-    indexes: int = 0  # value indexes defined again and rebuilt (state/indexes.py)
+    indexes: int = 0  # value indexes defined again and rebuilt (state/query/indexes.py)
     seconds: float = 0.0
     generation: str = ""  # the generation the restore began (state/generation.py)
 

@@ -1,5 +1,5 @@
 """Redis entries -> snapshot rows: each entry read whole (one GET each, pipelined; its stored
-form: state/packed.py) and a full scan of one partition's entries (a rescan)."""
+form: state/kv/packed.py) and a full scan of one partition's entries (a rescan)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 from stateworker.keys import PartitionKeys
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row
+from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
-from stateworker.state.packed import unpack
-from stateworker.state.store import RedisState
+from stateworker.state.kv.packed import unpack
 
 SCAN_COUNT = 1000
 

@@ -65,7 +65,7 @@ from stateworker.snapshot import barriers, calls, rows, schema, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state import generation
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import Backoff

@@ -23,11 +23,12 @@ from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.events.model import Event
 from stateworker.events.reader import scope_events
 from stateworker.specs import Spec, spec_method, with_raises
-from stateworker.state import expiry, functions, lifecycle, results
-from stateworker.state.barrier import barrier_plan, parse_condition
+from stateworker.state import expiry, functions, lifecycle
+from stateworker.state.core import results
+from stateworker.state.core.results import BarrierOutcome, Claim
+from stateworker.state.core.store import RedisState
 from stateworker.state.keyvalue import STORE, KeyValueMethods
-from stateworker.state.results import BarrierOutcome, Claim
-from stateworker.state.store import RedisState
+from stateworker.state.reactive.barrier import barrier_plan, parse_condition
 
 
 class StateStore(KeyValueMethods):

@@ -4,7 +4,7 @@ Reads already treat an expired entry as missing; the reaper only makes the delet
 `state:deleted` event) happen soon after expiry even when nobody touches the key. Each round
 also forgets the scopes last written before the dedupe window (`PartitionKeys.written`), so
 that record holds only the scopes written within it, and removes the triggers whose lease
-(`ttl_ms`) expired (state/trigger_leases.py).
+(`ttl_ms`) expired (state/reactive/trigger_leases.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from stateworker.errors import StateError, StoreLost
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REAP, reap_call
 from stateworker.scripts.replies import ReapReply
-from stateworker.state import trigger_leases
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import trigger_leases
 from stateworker.transport.plans import Plan, command_reply
 from stateworker.transport.wire import Arg
 

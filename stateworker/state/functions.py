@@ -54,25 +54,13 @@ from stateworker.scripts.bindings import KEEP, writer_arg
 from stateworker.scripts.replies import UpdateReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import Spec
-from stateworker.state import (
-    barrier,
-    bulk,
-    bulkread,
-    guard,
-    indexes,
-    listing,
-    namespaces,
-    ops,
-    query,
-    reads,
-    transactions,
-    trigger_leases,
-    triggers,
-    uifiles,
-    validate,
-    writes,
-)
-from stateworker.state.store import RedisState
+from stateworker.state import uifiles
+from stateworker.state.core import guard, validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import bulk, bulkread, listing, ops, reads, transactions, writes
+from stateworker.state.query import indexes, query
+from stateworker.state.reactive import barrier, trigger_leases, triggers
+from stateworker.state.tenancy import namespaces
 from stateworker.transport.plans import Plan, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
@@ -375,7 +363,7 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         fn, prefix = private
         function = FUNCTIONS[fn]
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
-    if ctx.principal is not None:  # `acl` mode (state/guard.py)
+    if ctx.principal is not None:  # `acl` mode (state/core/guard.py)
         ctx = guard.admit(state, called, ctx, scoped=_names_scopes(catalog, called))
     if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None:
         body = rewrite(fn, body, ctx)  # (the engines' own functions refuse fields they do not know)

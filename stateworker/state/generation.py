@@ -35,7 +35,7 @@ from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
 from stateworker.keys import KeySpace
 from stateworker.scripts.bindings import STAMP
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import checked_pipeline, pipeline
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -146,7 +146,7 @@ async def begin(conn: RedisConnection, keys: KeySpace) -> str:
 
 async def keep_meta(conn: RedisConnection, keys: KeySpace, generation: str) -> None:
     """The meta hash again, when its node lost it and the partitions' did not (a cluster):
-    its layout facts (partitions; entries packed: state/repack.py) and the generation."""
+    its layout facts (partitions; entries packed: state/kv/repack.py) and the generation."""
     await conn.pipeline([["HSETNX", keys.meta, "partitions", keys.partitions],
                          ["HSETNX", keys.meta, "entries", "packed"],
                          ["HSETNX", keys.meta, META_FIELD, generation]])

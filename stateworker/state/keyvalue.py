@@ -28,9 +28,10 @@ from stateworker.schemas import (
 )
 from stateworker.settings import Settings
 from stateworker.specs import Face, with_raises
-from stateworker.state import functions, results
-from stateworker.state.results import Entry, SetOutcome, Swap, py_value
-from stateworker.state.store import RedisState
+from stateworker.state import functions
+from stateworker.state.core import results
+from stateworker.state.core.results import Entry, SetOutcome, Swap, py_value
+from stateworker.state.core.store import RedisState
 
 # StateStore's face: calls run in-process, so no TIMEOUT; Redis's errors are its own.
 STORE = Face("call_python", "Unavailable (UNAVAILABLE): the connection to Redis broke (the next "

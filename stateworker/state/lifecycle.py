@@ -15,9 +15,10 @@ import anyio
 from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
-from stateworker.state import expiry, generation, repack
-from stateworker.state.confirm import Confirm
-from stateworker.state.store import RedisState
+from stateworker.state import expiry, generation
+from stateworker.state.core.confirm import Confirm
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import repack
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection

@@ -7,7 +7,7 @@ from __future__ import annotations
 from stateworker.context import CallContext
 from stateworker.errors import NotFound, shown
 from stateworker.schemas import UiContentRequest, UiContentResult
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import Plan
 from stateworker.uicontent import known_paths, ui_file
 

@@ -13,8 +13,8 @@ import redis.asyncio as aredis
 
 from stateworker.bus.client import StateClient
 from stateworker.settings import Settings
-from stateworker.state import principals
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
+from stateworker.state.tenancy import principals
 from tests.servers import RedisServer
 
 

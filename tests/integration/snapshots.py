@@ -1,6 +1,6 @@
 """Helpers of the snapshot tests: what Redis and PostgreSQL hold, side by side, read
 independently of the snapshotter's own code (redis-py and psycopg; an entry's stored form with
-state/packed.py, which tests/lua/test_packed.py holds against the scripts)."""
+state/kv/packed.py, which tests/lua/test_packed.py holds against the scripts)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stateworker import StateStore
 from stateworker.errors import StateError
 from stateworker.keys import KeySpace
 from stateworker.snapshot.names import from_pg
-from stateworker.state.packed import unpack
+from stateworker.state.kv.packed import unpack
 
 
 def redis_entries(client: redis.Redis, keys: KeySpace) -> dict[tuple[str, str], tuple[Any, ...]]:

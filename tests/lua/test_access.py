@@ -1,4 +1,4 @@
-"""access.lua, through state/principals.py: each return code, the registry entry of every
+"""access.lua, through state/tenancy/principals.py: each return code, the registry entry of every
 change (and none for a refusal or a del of what is absent), and nothing written before the
 checks."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.errors import Conflict, NotFound
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ import pytest
 from stateworker import StateError, StateStore
 from stateworker.clock import now_ms
 from stateworker.settings import Settings
-from stateworker.state.barrier import MAX_PAYLOAD_BYTES, parse_condition
+from stateworker.state.reactive.barrier import MAX_PAYLOAD_BYTES, parse_condition
 from tests.integration.busproto import until
 from tests.servers import RedisServer
 

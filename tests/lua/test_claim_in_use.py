@@ -186,7 +186,7 @@ async def test_an_admin_adopts_a_scope_in_use_and_it_is_logged_and_evented(
     await store.set(scope + "-orders", "o-1", 1)
     body = {"functions_prefix": "billing", "scopes": [scope + "-orders", scope + "-new"],
             "adopt": True}
-    with caplog.at_level("INFO", logger="stateworker.state.namespaces"):
+    with caplog.at_level("INFO", logger="stateworker.state.tenancy.namespaces"):
         result = await store.call("state::claim-namespace", body, caller="billing")
     assert result["claimed"] is True and result["adopted"] == [scope + "-orders"]
     assert result["scopes"] == [scope + "-new", scope + "-orders"]
@@ -205,7 +205,7 @@ async def test_an_admin_adopts_a_scope_in_use_and_it_is_logged_and_evented(
 
 async def test_a_claim_without_scopes_in_use_adopts_nothing_and_logs_nothing(
         store: StateStore, scope: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("INFO", logger="stateworker.state.namespaces"):
+    with caplog.at_level("INFO", logger="stateworker.state.tenancy.namespaces"):
         result = await store.call("state::claim-namespace", {
             "functions_prefix": "billing", "scopes": [scope], "adopt": True}, caller="billing")
     assert "adopted" not in result

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stateworker import StateError, StateStore
-from stateworker.state import bulkread
+from stateworker.state.kv import bulkread
 from tests.lua.ttl import HOUR_MS, expiring, pass_time
 
 pytestmark = pytest.mark.anyio

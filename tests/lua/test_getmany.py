@@ -11,8 +11,9 @@ import pytest
 
 from stateworker import StateError, StateStore, codec
 from stateworker.context import CallContext
-from stateworker.state import bulkread, functions
-from stateworker.state.packed import unpack
+from stateworker.state import functions
+from stateworker.state.kv import bulkread
+from stateworker.state.kv.packed import unpack
 from tests.lua.ttl import HOUR_MS, expiring, pass_time
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """index.lua and lua/includes/indexes.lua through the functions that run them: the member a
-write puts in an index is Python's encoding (state/predicates.py) of the value at the
+write puts in an index is Python's encoding (state/query/predicates.py) of the value at the
 pointer, for numbers in every JSON form, strings with every escape, nested pointers; the
 build writes the same members as the writes."""
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateStore
-from stateworker.state import predicates as p
+from stateworker.state.query import predicates as p
 from tests.querymodel import put
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,8 @@ import pytest
 from stateworker import StateError, StateStore
 from stateworker.clock import epoch_ms, now_ms
 from stateworker.context import CallContext
-from stateworker.state import functions, trigger_leases
+from stateworker.state import functions
+from stateworker.state.reactive import trigger_leases
 from tests.calls import principal as make_principal
 from tests.integration.busproto import until
 from tests.servers import RedisServer

@@ -24,7 +24,9 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library
 from stateworker.snapshot import barriers
-from stateworker.state import functions, generation, principals, repack
+from stateworker.state import functions, generation
+from stateworker.state.kv import repack
+from stateworker.state.tenancy import principals
 from stateworker.transport.wire import Arg
 from tests.calls import INCREMENT
 from tests.integration.busproto import until

@@ -1,4 +1,4 @@
-"""An entry's stored form: the scripts (lua/includes/packed.lua) and Python (state/packed.py)
+"""An entry's stored form: the scripts (lua/includes/packed.lua) and Python (state/kv/packed.py)
 read and write the same bytes. Python's entries are read by getmany.lua and written again by
 sethash.lua and topic.lua (each reads, then packs); the scripts' entries are read by Python and
 packed again to the same bytes."""
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from stateworker import StateStore
 from stateworker.scripts.bindings import GETMANY, getmany_call
-from stateworker.state.packed import WIDE, Stored, pack, unpack
-from stateworker.state.reads import hash_plan
+from stateworker.state.kv.packed import WIDE, Stored, pack, unpack
+from stateworker.state.kv.reads import hash_plan
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ import pytest
 from stateworker import StateError, StateStore
 from stateworker.context import CallContext
 from stateworker.state import functions
-from stateworker.state.registry import RegistryEntry
+from stateworker.state.core.registry import RegistryEntry
 from tests.calls import principal, refuses
 
 pytestmark = pytest.mark.anyio
@@ -139,7 +139,7 @@ async def test_an_admin_releases_any_namespaces_scopes_with_force_and_it_is_logg
         store: StateStore, scope: str, caplog: pytest.LogCaptureFixture) -> None:
     await store.claim_namespace("billing", [scope + "-a"])
     await store.claim_namespace("orders", [scope + "-b"])
-    with caplog.at_level("INFO", logger="stateworker.state.namespaces"):
+    with caplog.at_level("INFO", logger="stateworker.state.tenancy.namespaces"):
         result = await release(store, [scope + "-a", scope + "-b"], "ops", force=True)
     assert result == {"released": [scope + "-a", scope + "-b"], "scopes": []}
     assert await owners(store) == {}

@@ -1,4 +1,4 @@
-"""The upgrade to packed entries (state/repack.py, lua/repack.lua): a prefix written in the
+"""The upgrade to packed entries (state/kv/repack.py, lua/repack.lua): a prefix written in the
 layout before them (an entry a hash of fields, the topic index holding untagged entries too)
 reads the same after a start, and is upgraded once."""
 
@@ -13,8 +13,8 @@ from stateworker import StateStore, codec
 from stateworker.app.service import StateService
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, member
-from stateworker.state import repack
-from stateworker.state.packed import unpack
+from stateworker.state.kv import repack
+from stateworker.state.kv.packed import unpack
 from tests.integration.busproto import until
 from tests.servers import RedisServer
 

@@ -2,7 +2,7 @@
 
 Short TTLs are never raced: a test that needs an entry expired waits for the clock to pass the
 latest moment its expiry can be at (the write's end + ttl); what must still be alive has a TTL
-of an hour. The expiry a write stored is read from the stored entry (state/packed.py), which
+of an hour. The expiry a write stored is read from the stored entry (state/kv/packed.py), which
 reads do not filter."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import anyio
 from stateworker import StateStore
 from stateworker.clock import now_ms
 from stateworker.keys import member
-from stateworker.state.packed import unpack
+from stateworker.state.kv.packed import unpack
 
 HOUR_MS = 3_600_000
 

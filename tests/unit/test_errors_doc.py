@@ -12,7 +12,7 @@ import pytest
 import stateworker  # noqa: F401  (registers the engines' error classes)
 from stateworker.errors import ERROR_CLASSES, ERRORS_DOC_URL, ConfigError, anchor, doc_url
 from stateworker.settings import Settings
-from stateworker.state.ops import OP_CODES
+from stateworker.state.kv.ops import OP_CODES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 

@@ -1,4 +1,4 @@
-"""What roles grant (state/grants.py, state/access.py), decided without Redis: `*` patterns
+"""What roles grant (state/core/grants.py, state/core/access.py), decided without Redis: `*` patterns
 against an independent reference, the families, the built-in roles, scopes, act_as, and a
 property test of `Access.check` against a reference decision."""
 
@@ -16,10 +16,10 @@ import stateworker  # noqa: F401  (plugs the engines' specs into Access)
 from stateworker.errors import PermissionDenied
 from stateworker.keys import KeySpace
 from stateworker.specs import NATIVE
-from stateworker.state import grants
-from stateworker.state.access import PRINCIPALS, ROLES, Access
-from stateworker.state.grants import Pattern, Principal, Role
-from stateworker.state.principals import acl_rule
+from stateworker.state.core import grants
+from stateworker.state.core.access import PRINCIPALS, ROLES, Access
+from stateworker.state.core.grants import Pattern, Principal, Role
+from stateworker.state.tenancy.principals import acl_rule
 from stateworker.transport.connection import RedisConnection
 
 

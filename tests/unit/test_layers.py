@@ -8,6 +8,8 @@ streams with reactive's leases), so reactive never imports it. The package's pub
 (`stateworker/__init__.py`, `__main__.py`) sits on top. docs/architecture.md has the picture
 and says where each kind of change goes. Inside `engines`, an
 engine's room (`engines/moco/` ...) imports no other engine's; only `catalog.py` joins them.
+Inside `state`, the families stack (stateworker/state/__init__.py): core, then kv and
+reactive, then query and tenancy, then the package's own modules (the function table, the API).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ ROOT = Path(str(resources.files("stateworker")))
 PACKAGES = frozenset(".".join(("stateworker", *init.parent.relative_to(ROOT).parts))
                      for init in ROOT.rglob("__init__.py"))
 ENGINES_JOINED = "stateworker.engines.catalog"  # the one engines module that imports every room
+# Inside `state`, families stack (stateworker/state/__init__.py): a family imports its own
+# modules and lower ranks' only; "" is the package's own modules, on top.
+FAMILY_RANKS = {"core": 0, "kv": 1, "reactive": 1, "query": 2, "tenancy": 2, "": 3}
 
 
 def layer_of(module: str) -> str:
@@ -48,7 +53,7 @@ def imported(source: str, module: str) -> list[str]:
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
                                 + ([base] if base else []))
-            # `from stateworker.state import writes` imports the module stateworker.state.writes
+            # `from stateworker.state import writes` imports the module stateworker.state.kv.writes
             names += [f"{base}.{alias.name}" if _is_package(base) else base
                       for alias in node.names]
     return [n for n in names if n.split(".")[0] in ("stateworker", "benchmarks", "tests")]
@@ -79,10 +84,30 @@ def violations(source: str, module: str) -> list[str]:
         sideways = theirs != mine and RANKS[theirs] == RANKS[mine]
         if RANKS[theirs] > RANKS[mine] or sideways:
             found.append(f"{module} ({mine}) imports {name} ({theirs})")
+        elif mine == "state" and theirs == "state" and (wrong := _across_families(module, name)):
+            found.append(wrong)
         elif mine == "engines" and module != ENGINES_JOINED and \
                 engine_of(name) not in (None, engine_of(module)):
             found.append(f"{module} imports {name}: an engine's room imports no other engine's")
     return found
+
+
+def family_of(module: str) -> str:
+    """The family of a module of `stateworker.state` (`stateworker.state.kv.writes`: kv); ""
+    for the package's own modules (the function table, the API, lifecycle)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) >= 3 and ".".join(parts[:3]) in PACKAGES else ""
+
+
+def _across_families(module: str, name: str) -> str | None:
+    mine, theirs = family_of(module), family_of(name)
+    if mine == theirs:
+        return None
+    if FAMILY_RANKS[theirs] > FAMILY_RANKS[mine]:
+        return f"{module} (state/{mine or '.'}) imports {name} (state/{theirs or '.'}), a family above"
+    if FAMILY_RANKS[theirs] == FAMILY_RANKS[mine]:
+        return f"{module} (state/{mine}) imports {name} (state/{theirs}), a family beside it"
+    return None
 
 
 def package_modules() -> dict[str, str]:
@@ -102,8 +127,8 @@ def test_every_import_points_down() -> None:
 
 
 def test_a_wrong_import_is_caught() -> None:
-    assert violations("from stateworker.state import writes\n", "stateworker.bus.runtime") == [
-        "stateworker.bus.runtime (bus) imports stateworker.state.writes (state)"]
+    assert violations("from stateworker.state.kv import writes\n", "stateworker.bus.runtime") == [
+        "stateworker.bus.runtime (bus) imports stateworker.state.kv.writes (state)"]
     assert violations("import stateworker.app.cli\n", "stateworker.keys") == [
         "stateworker.keys (leaf) imports stateworker.app.cli (app)"]
     assert violations("def f():\n    from stateworker.bus import client\n",
@@ -111,7 +136,7 @@ def test_a_wrong_import_is_caught() -> None:
         "stateworker.transport.plans (transport) imports stateworker.bus.client (bus)"]
     assert violations("from benchmarks import bench\n", "stateworker.app.cli") == [
         "stateworker.app.cli imports benchmarks, which is outside the installed package"]
-    assert violations("from ..transport.plans import Plan\n", "stateworker.state.writes") == []
+    assert violations("from ...transport.plans import Plan\n", "stateworker.state.kv.writes") == []
     assert violations("from stateworker.events.model import Event\n",
                       "stateworker.state.api") == []
     assert violations("from stateworker.snapshot import status\n",
@@ -120,9 +145,30 @@ def test_a_wrong_import_is_caught() -> None:
     assert violations("from stateworker.engines import catalog\n",
                       "stateworker.reactive.dispatcher") == [
         "stateworker.reactive.dispatcher (reactive) imports stateworker.engines.catalog (engines)"]
-    assert violations("from stateworker.state import store\n",
+    assert violations("from stateworker.state.core import store\n",
                       "stateworker.scripts.bindings") == [
-        "stateworker.scripts.bindings (scripts) imports stateworker.state.store (state)"]
+        "stateworker.scripts.bindings (scripts) imports stateworker.state.core.store (state)"]
+
+
+def test_the_state_families_stack() -> None:
+    modules = package_modules()
+    families = {family_of(m) for m in modules if m.startswith("stateworker.state")}
+    assert families == set(FAMILY_RANKS)  # every family ranked, no rank without a family
+    assert violations("from stateworker.state.kv import reads\n",
+                      "stateworker.state.core.store") == [
+        "stateworker.state.core.store (state/core) imports stateworker.state.kv.reads "
+        "(state/kv), a family above"]
+    assert violations("from stateworker.state.reactive.triggers import live\n",
+                      "stateworker.state.kv.writes") == [
+        "stateworker.state.kv.writes (state/kv) imports stateworker.state.reactive.triggers "
+        "(state/reactive), a family beside it"]
+    assert violations("from stateworker.state import functions\n",
+                      "stateworker.state.query.query") == [
+        "stateworker.state.query.query (state/query) imports stateworker.state.functions "
+        "(state/.), a family above"]
+    assert violations("from stateworker.state.core import store, validate\n"
+                      "from stateworker.state.kv import reads\n",
+                      "stateworker.state.query.indexes") == []
 
 
 def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:

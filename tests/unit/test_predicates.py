@@ -1,4 +1,4 @@
-"""state/predicates.py, pure: Number's order and equality against Fractions, the index
+"""state/query/predicates.py, pure: Number's order and equality against Fractions, the index
 encoding's byte order against the values' order (what lets a range of the index answer a
 range query), pointers per RFC 6901."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stateworker.state import predicates as p
+from stateworker.state.query import predicates as p
 
 number_texts = st.one_of(
     st.integers(-(10**30), 10**30).map(str),

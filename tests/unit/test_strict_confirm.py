@@ -7,7 +7,7 @@ import pytest
 
 from stateworker.errors import ConfigError
 from stateworker.settings import MAX_STRICT_REPLICAS, Settings
-from stateworker.state.confirm import CONFIRM_TIMEOUT_MS, Confirm
+from stateworker.state.core.confirm import CONFIRM_TIMEOUT_MS, Confirm
 from stateworker.transport.wire import ReplyError
 
 

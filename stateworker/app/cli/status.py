@@ -15,7 +15,8 @@ from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern,
 from stateworker.reactive.status import dispatch_status, trigger_status
 from stateworker.settings import Settings
 from stateworker.snapshot.status import snapshot_status
-from stateworker.state import generation, indexes
+from stateworker.state import generation
+from stateworker.state.query import indexes
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, shown_url

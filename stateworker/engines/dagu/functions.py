@@ -46,8 +46,8 @@ from stateworker.schemas import (
 )
 from stateworker.specs import Spec
 from stateworker.state import functions
-from stateworker.state.listing import MAX_LIMIT as PAGE_LIMIT
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.listing import MAX_LIMIT as PAGE_LIMIT
 from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import Arg
 
@@ -158,7 +158,7 @@ def dagu_list(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
 
 class _Listing:
     """One list, page after page. (A class: two closures calling each other would be a
-    reference cycle per list, state/writes.py `_write_attempt`.)"""
+    reference cycle per list, state/kv/writes.py `_write_attempt`.)"""
 
     def __init__(self, state: RedisState, req: DaguRequest, ctx: CallContext, where: Place,
                  limit: int, prefix: str) -> None:

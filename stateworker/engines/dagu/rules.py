@@ -30,8 +30,8 @@ from stateworker.errors import (
     UnknownField,
     ValueTooLarge,
 )
-from stateworker.state import validate
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import Plan
 
 SCOPES = ("dag", "root_dag", "global", "custom")

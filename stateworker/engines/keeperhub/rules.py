@@ -14,7 +14,7 @@ import msgspec
 
 from stateworker.context import CallContext
 from stateworker.errors import InvalidContext, InvalidRequest, shown
-from stateworker.state import validate
+from stateworker.state.core import validate
 from stateworker.state.functions import SCOPED
 
 MARKER = b'"isolation"'  # bodies without it (nearly all) are passed on untouched

@@ -30,8 +30,10 @@ from stateworker.schemas import (
     ListEntriesResult,
 )
 from stateworker.specs import Spec
-from stateworker.state import functions, listing, validate
-from stateworker.state.store import RedisState
+from stateworker.state import functions
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import listing
 from stateworker.transport.plans import Plan, then
 
 R = TypeVar("R", bound=msgspec.Struct)
@@ -138,7 +140,7 @@ def list_states(state: RedisState, req: moco.ListStatesRequest, ctx: CallContext
 
 class _StatesListing:
     """One list_states, page after page. (A class: closures calling each other would be a
-    reference cycle per list, state/writes.py `_write_attempt`.)"""
+    reference cycle per list, state/kv/writes.py `_write_attempt`.)"""
 
     def __init__(self, state: RedisState, ctx: CallContext, wanted: int | None) -> None:
         self.state, self.ctx, self.wanted = state, ctx, wanted

@@ -25,7 +25,7 @@ from stateworker.errors import (
     shown,
 )
 from stateworker.settings import Settings
-from stateworker.state import validate
+from stateworker.state.core import validate
 
 SECRET = "secret"  # moco keeps secrets in the same table, under `secret` and `<user_id>:secret`
 CACHED_CHARS = 1024  # longer namespace + user id: resolved each time (memory: dagu/rules.py)

@@ -1,5 +1,5 @@
 --[[
-  A scope's value index (state::create-index, drop-index; state/indexes.py): define it, build
+  A scope's value index (state::create-index, drop-index; state/query/indexes.py): define it, build
   it for the entries it does not hold yet in bounded batches, or drop it. Writes keep every
   defined index true themselves (includes/indexes.lua), building or ready, so a build only
   has to reach the keys that existed before: each batch reads the next keys of the key index

@@ -1,5 +1,5 @@
 --[[
-  The upgrade to packed entries (state/repack.py): entries stored as hashes (v n h t c u x b r
+  The upgrade to packed entries (state/kv/repack.py): entries stored as hashes (v n h t c u x b r
   s, the layout before packed.lua) become packed strings, and the topic indexes lose the
   members of untagged entries ("\255\0<key>": the index holds tagged entries now). Run at
   start, in batches, until a scan finds no hash; an entry already packed is left alone, so a

@@ -13,7 +13,7 @@ import redis.asyncio as aredis
 
 from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream, principal_reply_prefix, principal_stream
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 from tests.integration.acl import client_of, principal, raw_call
 from tests.integration.acl import role as _role
 from tests.integration.busproto import until

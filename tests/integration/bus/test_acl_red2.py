@@ -11,7 +11,7 @@ import pytest
 
 from stateworker.errors import PermissionDenied, StateError
 from stateworker.keys import bus_stream
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 from tests.integration.acl import client_of, principal
 from tests.integration.acl import role as _role
 from tests.integration.busproto import until
@@ -179,7 +179,7 @@ async def test_held_an_ownerless_trigger_is_an_admins_to_change(
     may."""
     from stateworker.context import CallContext
     from stateworker.schemas import RegisterTriggerRequest, TriggerConfig
-    from stateworker.state import triggers
+    from stateworker.state.reactive import triggers
 
     state = acl_service.state
     await state.execute(triggers.register_plan(state, RegisterTriggerRequest(

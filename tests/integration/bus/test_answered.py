@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import reply_document
 from stateworker.schemas import SetResult, UpdateResult, encoder
-from stateworker.state.packed import pack, unpack
+from stateworker.state.kv.packed import pack, unpack
 from tests.integration.busproto import send, until
 
 pytestmark = pytest.mark.anyio

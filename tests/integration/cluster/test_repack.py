@@ -1,4 +1,4 @@
-"""The upgrade to packed entries (state/repack.py) on one server and on the 3+3 cluster: hash
+"""The upgrade to packed entries (state/kv/repack.py) on one server and on the 3+3 cluster: hash
 entries of the older layout in partitions on every primary are packed (each partition's SCAN
 goes to its node), and read as before."""
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stateworker import StateStore
-from stateworker.state import repack
+from stateworker.state.kv import repack
 from tests.integration.cluster.conftest import SPREAD_PARTITIONS
 
 pytestmark = pytest.mark.anyio

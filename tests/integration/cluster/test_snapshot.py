@@ -28,7 +28,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace, call_field
 from stateworker.settings import Settings
 from stateworker.snapshot.names import from_pg
-from stateworker.state.packed import unpack
+from stateworker.state.kv.packed import unpack
 from stateworker.transport.slots import SLOTS, key_slot
 from tests.cluster import RedisCluster
 from tests.integration.busproto import until

@@ -16,7 +16,7 @@ from benchmarks.browser import Browser
 from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 from tests.integration.acl import role
 from tests.integration.services import settings_for
 from tests.servers import RedisServer

@@ -22,7 +22,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.settings import Settings
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 from tests.integration.acl import principal, role
 from tests.integration.busproto import until
 from tests.integration.services import settings_for

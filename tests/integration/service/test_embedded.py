@@ -12,7 +12,7 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.errors import ConfigError
-from stateworker.state import principals
+from stateworker.state.tenancy import principals
 from stateworker.transport.embedded import pid_alive
 from tests.servers import RedisServer
 

@@ -32,8 +32,8 @@ from stateworker.engines.catalog import CATALOG
 from stateworker.errors import MissingPermission, StateError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.state import principals
 from stateworker.state.api import StateStore
+from stateworker.state.tenancy import principals
 from tests.calls import EXPECTED_ERRORS, calls
 from tests.integration.busproto import until
 from tests.integration.snapshots import caught_up

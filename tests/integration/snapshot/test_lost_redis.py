@@ -33,7 +33,8 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.state import generation, lifecycle, principals
+from stateworker.state import generation, lifecycle
+from stateworker.state.tenancy import principals
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_repair import PARTITIONS, TRIGGER, seed, settings_for
 from tests.integration.snapshot.test_restore import dump

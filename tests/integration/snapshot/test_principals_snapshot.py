@@ -17,7 +17,8 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace, principal_stream
 from stateworker.settings import Settings
-from stateworker.state import lifecycle, principals
+from stateworker.state import lifecycle
+from stateworker.state.tenancy import principals
 from tests.integration.busproto import until
 from tests.integration.services import run_cli
 from tests.integration.snapshot.test_restore import restore_command

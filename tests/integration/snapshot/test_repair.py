@@ -25,7 +25,7 @@ from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.snapshot.barriers import forget
-from stateworker.state.packed import unpack
+from stateworker.state.kv.packed import unpack
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_restore import dump, restore_command
 from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap

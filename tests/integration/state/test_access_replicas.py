@@ -9,9 +9,10 @@ import uuid
 import pytest
 
 from stateworker.errors import Conflict, NotFound, PermissionDenied
-from stateworker.state import lifecycle, principals
-from stateworker.state.access import Access
-from stateworker.state.registry import RegistryEntry
+from stateworker.state import lifecycle
+from stateworker.state.core.access import Access
+from stateworker.state.core.registry import RegistryEntry
+from stateworker.state.tenancy import principals
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
@@ -99,7 +100,7 @@ async def test_a_record_written_by_hand_that_does_not_decode_is_left_out(
         await principals.add_principal(state, "good", ["reader"], [])
         await state.conn.execute("HSET", state.keys.principals, "bad", "{not json")
         await state.conn.execute("HSET", state.keys.roles, "broken", '{"allow": 5}')
-    with caplog.at_level("WARNING", logger="stateworker.state.access"):
+    with caplog.at_level("WARNING", logger="stateworker.state.core.access"):
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
             assert state.access.principals() == frozenset({"good"})
             assert "broken" not in state.access.roles()

@@ -11,7 +11,7 @@ import pytest
 
 from stateworker import StateError, StateStore
 from stateworker.scripts.bindings import DELTOPIC, deltopic_call
-from stateworker.state.transactions import MAX_CALL_OPS
+from stateworker.state.kv.transactions import MAX_CALL_OPS
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio

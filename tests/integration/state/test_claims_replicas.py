@@ -17,7 +17,7 @@ from stateworker import StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.state.registry import RegistryEntry
+from stateworker.state.core.registry import RegistryEntry
 from tests.calls import refuses
 from tests.integration.busproto import roundtrip, until
 from tests.integration.services import settings_for

@@ -16,7 +16,8 @@ import redis
 
 from stateworker.bus.client import StateClient
 from stateworker.keys import KeySpace, bus_stream, principal_reply_prefix, principal_stream
-from stateworker.state import lifecycle, principals
+from stateworker.state import lifecycle
+from stateworker.state.tenancy import principals
 from stateworker.transport.connection import RedisConnection
 from tests.integration.services import settings_for
 from tests.servers import RedisServer

@@ -16,7 +16,7 @@ from stateworker import StateStore, specs
 from stateworker.app.cli import status
 from stateworker.errors import InvalidRequest
 from stateworker.schemas import QueryRequest, WhereItem
-from stateworker.state import indexes, predicates, query
+from stateworker.state.query import indexes, predicates, query
 from tests.calls import error_of
 from tests.querymodel import put, query_all, reference
 from tests.servers import RedisServer

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateStore
-from stateworker.state import predicates
+from stateworker.state.query import predicates
 from tests.querymodel import put, query_all, reference
 
 pytestmark = pytest.mark.anyio

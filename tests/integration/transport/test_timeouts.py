@@ -21,7 +21,7 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError, Unavailable
 from stateworker.settings import Settings
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost
 from tests.integration.busproto import until

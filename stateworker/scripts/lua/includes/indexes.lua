@@ -1,12 +1,12 @@
 --[[
-  Value indexes of state::query (state/indexes.py). A scope's index definitions are the hash
+  Value indexes of state::query (state/query/indexes.py). A scope's index definitions are the hash
   <tag>ix:<scope> (keys.py `index_defs`: pointer -> "r" ready, "b" build not started, "c" ..
   the last key built); each indexed pointer's members are the zset
   <tag>iv:<len>:<scope><pointer> (`value_index`), score 0, member <encoded value><key>. Both
   names are made from the scope's key index (<tag>k:<scope>), so every script that keeps the
   key index keeps these in the same slot with no KEYS of their own.
 
-  The encoding (state/predicates.py `encode`, the same bytes): its byte order is the query's
+  The encoding (state/query/predicates.py `encode`, the same bytes): its byte order is the query's
   order: \1 null, \2 false, \3 true; numbers \16 negative, \17 zero, \18 positive, each as
   0.<digits> * 10^point (no leading or trailing zero): positive \18 .. <point + 2e15 as 16
   digits> .. <digits> .. \1, negative the same digits flipped (9 - d) and \254; strings \32 ..

@@ -2,7 +2,7 @@
   An entry's stored form (helpers prefixed packed_): one Redis string, a packed head and then
   the value's JSON text. A hash of ten fields took 870 bytes of Redis memory for a 200-byte
   value (a value over hash-max-listpack-value makes the whole hash a hash table); this string
-  takes the value's own allocation and ~50 bytes more. state/packed.py reads and writes the
+  takes the value's own allocation and ~50 bytes more. state/kv/packed.py reads and writes the
   same form (tests/lua/test_packed.py holds the two together). Big-endian, as `struct` packs:
     B  flags: PACKED_PLAIN no string in the value holds a bracket or brace (json.lua's skip),
        PACKED_EXPIRES, PACKED_TOPIC, PACKED_WRITER, PACKED_HASH: which optional parts follow;

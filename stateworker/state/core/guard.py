@@ -3,7 +3,7 @@ which scope, acting for whom (docs/security.md).
 
 Redis decides who a caller is (the stream its ACL user may write to: bus/sources.py); this
 module decides what that principal may do, asking the roles cache (`RedisState.access`,
-state/access.py):
+state/core/access.py):
 - `admit` (functions.prepare, once per call): the context's user fields (moco's `user_id`,
   Dagu's `dag_name` …) may name only whom the principal may act for; a function that names
   no scope needs a grant of its own on `*`; a private namespace's accessors serve only their
@@ -30,7 +30,7 @@ from stateworker.errors import PermissionDenied, shown
 
 if TYPE_CHECKING:
     from stateworker.schemas import Trigger
-    from stateworker.state.store import RedisState
+    from stateworker.state.core.store import RedisState
 
 
 READ_PROBE = specs.GET.name  # the read a trigger's values stand for (the `read` family)

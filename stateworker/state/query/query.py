@@ -36,11 +36,12 @@ from stateworker.errors import InvalidRequest
 from stateworker.schemas import ListedEntry, QueryRequest, QueryResult
 from stateworker.scripts.bindings import ENTRIES, entries_call
 from stateworker.scripts.replies import EntriesReply
-from stateworker.state import listing, validate
-from stateworker.state import predicates as p
-from stateworker.state.packed import Stored, unpack
-from stateworker.state.reads import hash_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import listing
+from stateworker.state.kv.packed import Stored, unpack
+from stateworker.state.kv.reads import hash_plan
+from stateworker.state.query import predicates as p
 from stateworker.transport.plans import Plan, command_reply
 
 EXAMINE = 1000  # entries one query call examines at most

@@ -13,7 +13,7 @@ A registration starts where the streams of the partitions it covers end (`start_
 read in its first step, `_started`): the dispatcher hands it no event at or before them.
 
 A trigger registered with `ttl_ms` is leased: its registration carries `expires_at`, renewed
-by `state::keep-trigger` (state/trigger_leases.py), and once that time passes it is gone:
+by `state::keep-trigger` (state/reactive/trigger_leases.py), and once that time passes it is gone:
 no event written from then on matches it (reactive/matching.py), `list-triggers` leaves it
 out, trigger.lua treats it as absent, and the reaper removes it (`KeySpace.trigger_leases`).
 """
@@ -48,12 +48,13 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import TRIGGER, trigger_call
 from stateworker.scripts.replies import TriggerReply
-from stateworker.state import barrier, guard, validate
-from stateworker.state.store import RedisState
+from stateworker.state.core import guard, validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import barrier
 from stateworker.transport.plans import Plan, command_reply, then
 from stateworker.transport.wire import ReplyError
 
-log = logging.getLogger("stateworker.state.triggers")
+log = logging.getLogger("stateworker.state.reactive.triggers")
 
 MAX_TRIGGERS = 10_000  # registrations kept, at most (each is matched against every event)
 MAX_ID_BYTES = 256

@@ -36,12 +36,12 @@ import msgspec
 from stateworker.errors import PermissionDenied, shown
 from stateworker.keys import KeySpace
 from stateworker.specs import NATIVE, Spec
-from stateworker.state import grants
-from stateworker.state.grants import Compiled, Functions, Principal, Role
-from stateworker.state.registry import RegistryEntry
+from stateworker.state.core import grants
+from stateworker.state.core.grants import Compiled, Functions, Principal, Role
+from stateworker.state.core.registry import RegistryEntry
 from stateworker.transport.connection import RedisConnection
 
-log = logging.getLogger("stateworker.state.access")
+log = logging.getLogger("stateworker.state.core.access")
 T = TypeVar("T")
 
 PRINCIPALS = "principals"  # registry kinds

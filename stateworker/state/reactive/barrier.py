@@ -37,8 +37,8 @@ from stateworker.scripts.bindings import BARRIER, DELBARRIER, barrier_call, delb
 from stateworker.scripts.replies import BarrierReply
 from stateworker.scripts.statuses import Target
 from stateworker.settings import Settings
-from stateworker.state import validate
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import Plan
 
 MAX_EXPECT = 10_000  # arrivals a barrier waits for, at most (a count, or named keys)

@@ -1,6 +1,6 @@
 """`state::create-index`, `drop-index`, `list-indexes`: value indexes for `state::query`.
 
-An index of (scope, pointer) is a sorted set of "<encoded value><key>" (state/predicates.py,
+An index of (scope, pointer) is a sorted set of "<encoded value><key>" (state/query/predicates.py,
 lua/includes/indexes.lua) that the write scripts keep themselves: entry.lua's `entry_write`
 and `entry_unlink` call `indexes_change`, so set, update, compare-and-set, diff, delete,
 delete-by-topic, the transaction and bulk scripts and the reaper all keep it true in the
@@ -36,9 +36,11 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import INDEX, index_call
 from stateworker.scripts.replies import IndexReply
-from stateworker.state import predicates, validate, writes
-from stateworker.state.reads import list_values_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import writes
+from stateworker.state.kv.reads import list_values_plan
+from stateworker.state.query import predicates
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, command_reply, then
 

@@ -1,5 +1,5 @@
 """`state::query`'s `where`: its checks, its exact evaluation and the order-preserving
-encoding of an index member (pure code; the plans are in state/query.py).
+encoding of an index member (pure code; the plans are in state/query/query.py).
 
 Values are compared as JSON, exactly: documents are decoded with every number as a
 `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`,

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from stateworker.state.registry import RegistryEntry
+from stateworker.state.core.registry import RegistryEntry
 from stateworker.transport.connection import RedisConnection
 
 KIND = "claims"  # the registry entries of claims

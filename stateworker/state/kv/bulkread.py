@@ -25,9 +25,9 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import DELPREFIX, GETMANY, delprefix_args, getmany_call
 from stateworker.scripts.replies import DelprefixReply, GetManyReply
-from stateworker.state import validate
-from stateworker.state.reads import hash_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.reads import hash_plan
 from stateworker.transport.plans import Plan
 
 MAX_GET_MANY = 1000  # keys one get-many reads at most

@@ -20,8 +20,8 @@ from stateworker.schemas import NULL, DiffResult, EntryResult, SetResult, SwapRe
 from stateworker.scripts.bindings import DELETE, KEEP, SET, TOPIC, UPDATE, Keep, optional, topic_arg, ttl_arg
 from stateworker.scripts.replies import SetReply, UpdateReply
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
-from stateworker.state.reads import get_entry_plan, hash_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.reads import get_entry_plan, hash_plan
 from stateworker.transport.plans import Plan, then
 from stateworker.transport.wire import Arg
 

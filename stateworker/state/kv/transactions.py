@@ -45,9 +45,10 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import KEEP, TRANSACTION, optional, topic_arg, ttl_arg
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_ERRORS, STATUS_TEXTS, Target
-from stateworker.state import ops, validate
-from stateworker.state.reads import hash_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv import ops
+from stateworker.state.kv.reads import hash_plan
 from stateworker.transport.plans import Plan, then
 from stateworker.transport.wire import Arg
 

@@ -20,8 +20,8 @@ from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
 from stateworker.scripts.statuses import LUA_STATUS, raise_for_status, script_reply
-from stateworker.state.packed import unpack
-from stateworker.state.store import RedisState, answered_as
+from stateworker.state.core.store import RedisState, answered_as
+from stateworker.state.kv.packed import unpack
 from stateworker.transport.plans import Plan, command_reply, then
 
 _ANSWERED = LUA_STATUS["ANSWERED"]

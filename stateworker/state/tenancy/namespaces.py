@@ -30,12 +30,12 @@ from stateworker.scripts.bindings import CLAIM, RELEASE, claim_call, release_cal
 from stateworker.scripts.replies import ClaimReply, ReleaseReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import ACCESSORS as ACCESSED
-from stateworker.state.store import RedisState
-from stateworker.state.triggers import decode_trigger, live
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive.triggers import decode_trigger, live
 from stateworker.transport.plans import Plan, command_reply
 from stateworker.transport.wire import Arg
 
-log = logging.getLogger("stateworker.state.namespaces")
+log = logging.getLogger("stateworker.state.tenancy.namespaces")
 
 ACCESSORS = tuple(name.removeprefix("state::") for name in ACCESSED)  # (specs.py)
 _INFIX = "::state::"  # <prefix>::state::<accessor>

@@ -31,14 +31,14 @@ from stateworker.errors import (
 )
 from stateworker.keys import BUS_NAME_RULES, bus_name_problem
 from stateworker.settings import Settings
-from stateworker.state import guard
+from stateworker.state.core import guard
 
 if TYPE_CHECKING:  # (store.py's operations call these checks; only its type is needed)
-    from stateworker.state.store import RedisState
+    from stateworker.state.core.store import RedisState
 
 # Scopes the service keeps for its own bookkeeping; no public function may name them.
 BARRIER_SCOPE = "state_barrier"  # barriers (state::barrier), which are not entries
-INDEXES_SCOPE = "state_indexes"  # index definitions (state/indexes.py), kept by the snapshot
+INDEXES_SCOPE = "state_indexes"  # index definitions (state/query/indexes.py), kept by the snapshot
 RESERVED_SCOPES = frozenset({BARRIER_SCOPE, "state_triggers", "state_namespaces", INDEXES_SCOPE})
 _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,256}")  # a namespace is a caller: at most 256 bytes
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years

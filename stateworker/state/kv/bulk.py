@@ -26,9 +26,9 @@ from stateworker.schemas import (
 )
 from stateworker.scripts.bindings import TRANSACTION
 from stateworker.scripts.statuses import STATUS_ERRORS, STATUS_TEXTS, Target
-from stateworker.state import validate
-from stateworker.state.store import RedisState
-from stateworker.state.transactions import Encoded, encode_items, script_args
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.transactions import Encoded, encode_items, script_args
 from stateworker.transport.plans import Plan
 
 MAX_BULK_ENTRIES = 1000  # entries per set-many / delete-many call

@@ -1,6 +1,6 @@
 """Leased triggers: `state::keep-trigger` renews one, and the reaper removes the expired ones.
 
-A trigger registered with `ttl_ms` (state/triggers.py) carries `expires_at` in its
+A trigger registered with `ttl_ms` (state/reactive/triggers.py) carries `expires_at` in its
 registration and its expiry (ms) in `KeySpace.trigger_leases`, the reaper's index; both
 change together, in one script (`lua/keeptrigger.lua`). Keeping it is two steps, as the
 registration's JSON is rewritten here, never by Lua (cjson would re-encode its values): read
@@ -25,8 +25,9 @@ from stateworker.scripts.bindings import (
     reap_triggers_call,
 )
 from stateworker.scripts.replies import KeptReply
-from stateworker.state import guard, triggers
-from stateworker.state.store import RedisState
+from stateworker.state.core import guard
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import triggers
 from stateworker.transport.plans import Plan, command_reply
 
 KEEP_ATTEMPTS = 5  # reads again when the registration changed in between, at most

@@ -15,9 +15,9 @@ from stateworker.errors import ConfigError, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import REPACK
 from stateworker.settings import LIVE_LEASES
-from stateworker.state.store import RedisState
+from stateworker.state.core.store import RedisState
 
-log = logging.getLogger("stateworker.state.repack")
+log = logging.getLogger("stateworker.state.kv.repack")
 
 LAYOUT_FIELD, PACKED = "entries", b"packed"  # the meta field that says the layout is packed
 SCAN_COUNT = 500

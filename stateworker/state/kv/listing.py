@@ -21,9 +21,9 @@ from stateworker.patterns import glob_match, glob_parts
 from stateworker.schemas import ListedEntry, ListEntriesRequest, ListEntriesResult
 from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entries_call
 from stateworker.scripts.replies import DeltopicReply, EntriesReply
-from stateworker.state import validate
-from stateworker.state.reads import hash_plan, list_groups_plan
-from stateworker.state.store import RedisState
+from stateworker.state.core import validate
+from stateworker.state.core.store import RedisState
+from stateworker.state.kv.reads import hash_plan, list_groups_plan
 from stateworker.transport.plans import Plan, then
 
 MAX_LIMIT = 1000

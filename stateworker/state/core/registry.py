@@ -31,7 +31,7 @@ from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
-log = logging.getLogger("stateworker.state.registry")
+log = logging.getLogger("stateworker.state.core.registry")
 
 MAXLEN = REGISTRY_MAXLEN  # entries kept (MAXLEN ~): a replica that reconnects reloads anyway
 READ_COUNT = 1000  # entries one read takes: a connected follower keeps up with the trim

@@ -34,10 +34,11 @@ from stateworker.keys import (
 )
 from stateworker.scripts.bindings import ACCESS, access_call
 from stateworker.scripts.replies import AccessReply
-from stateworker.state import grants, triggers
-from stateworker.state.access import PRINCIPALS, ROLES
-from stateworker.state.grants import BUILTIN, Principal, Role
-from stateworker.state.store import RedisState
+from stateworker.state.core import grants
+from stateworker.state.core.access import PRINCIPALS, ROLES
+from stateworker.state.core.grants import BUILTIN, Principal, Role
+from stateworker.state.core.store import RedisState
+from stateworker.state.reactive import triggers
 
 SERVICE = STATE_SERVICE  # the stream `principal add` creates (with its consumer group)
 # (no SELECT: a principal's keys are database 0's; in another it would XADD its own stream's

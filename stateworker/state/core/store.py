@@ -23,11 +23,11 @@ from stateworker.keys import KeySpace, call_field
 from stateworker.scripts.bindings import BIND, Binding, Call, bind_call, entry_call, library_of
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
-from stateworker.state.access import PRINCIPALS, ROLES, Access
-from stateworker.state.claims import KIND as CLAIMS
-from stateworker.state.claims import Claims
-from stateworker.state.confirm import Confirm
-from stateworker.state.registry import Registry
+from stateworker.state.core.access import PRINCIPALS, ROLES, Access
+from stateworker.state.core.claims import KIND as CLAIMS
+from stateworker.state.core.claims import Claims
+from stateworker.state.core.confirm import Confirm
+from stateworker.state.core.registry import Registry
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
