@@ -20,8 +20,8 @@ rounds), so the load of this shared machine hits both sides alike.
 7. 1 and 3 again on a 3+3 Redis Cluster (tests/cluster.py; the service with 3 bus shards),
    as a second table.
 
-Without etcd or aetcd the etcd lines say so and the rest runs. docs/architecture.md, "Where
-the bus stands", has the figures and what each line measures.
+Without etcd or aetcd the etcd lines say so and the rest runs. What each line measures, and
+what the figures decided: docs/decisions/0022-the-bus-cost-floor.md.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ from stateworker.transport.wire import Arg
 # ---- the actions ---------------------------------------------------------------------------------
 def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     # (Written out rather than composed from `then` and `renamed`: every function call on a
-    # Dagu read's path showed in its cost next to the native read's, docs/architecture.md.)
+    # Dagu read's path showed in its cost next to the native read's,
+    # docs/decisions/0043-engines-thin-translation.md.)
     where, key = rules.address("get", req, ctx, state.settings.max_key_bytes)
     try:
         native = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
@@ -71,7 +72,7 @@ def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
 def _get_output(state: RedisState, req: DaguRequest, where: Place, key: str,
                 entry: EntryResult | Plan) -> Plan | GetOutput:
     """Dagu's output of a get. (A module function: a closure passing itself to `then` would
-    be a reference cycle per call, docs/architecture.md.)"""
+    be a reference cycle per call: docs/decisions/0044-no-reference-cycles.md.)"""
     if isinstance(entry, Plan):  # (its hash is computed first)
         return then(entry, functools.partial(_get_output, state, req, where, key))
     if entry.found:

@@ -57,7 +57,7 @@ def answered_null(plan: Plan) -> Plan:
 
 
 # (set_state and get_state, the common calls, name the native errors without a `with`: it
-# costs two calls more on their path, docs/architecture.md "What a translation costs".)
+# costs two calls more on their path, docs/decisions/0043-engines-thin-translation.md.)
 def set_state(state: RedisState, req: moco.SetStateRequest, ctx: CallContext) -> Plan:
     scope = rules.resolve(state.settings, ctx, req)
     try:

@@ -3,7 +3,7 @@ start (lifecycle.connect) until `meta` says it is done: entries stored as hashes
 strings, and the topic indexes drop their untagged members (lua/repack.lua), partition by
 partition, in SCAN batches. A new prefix is marked done at once. Services of the older
 layout must not write to the prefix meanwhile: while any serves it (a live dispatcher
-heartbeat) the start is refused, saying so (docs/architecture.md, "Packed entries")."""
+heartbeat) the start is refused, saying so (docs/decisions/0008-packed-entries.md)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def _write_attempt(state: RedisState, scope: str, key: str, target: Target, args
     """One run of set.lua; when the stored hash is unknown, that hash first, then again
     (`left` more times). A module function, not a closure calling itself: such a closure is a
     reference cycle, and a cycle per write kept Python's collector busy for 100+ ms at a time
-    under load (docs/architecture.md, "No reference cycles per call")."""
+    under load (docs/decisions/0044-no-reference-cycles.md)."""
     def check(read: SetReply) -> Any:
         if read.status != _NEEDS_HASH:
             return finish(read)

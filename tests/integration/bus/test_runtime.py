@@ -1,4 +1,4 @@
-"""Promises of the bus runtime that the README and docs/architecture.md make: exactly once
+"""Promises of the bus runtime that the README and docs/decisions/ make: exactly once
 when a call is delivered twice at once (the visibility timeout), Redis lost in the middle of a
 batch, and the dedupe window of the call records (the state service's and a user worker's).
 
