@@ -44,6 +44,7 @@ from stateworker.errors import StateError
 from stateworker.reactive import trimming
 from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
+from stateworker.reactive.follower import follow
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import TriggerSet
 from stateworker.reactive.status import Counts
@@ -109,22 +110,7 @@ class Dispatcher:
                 with self._scope:
                     await self._reader.conn.try_connect()  # (Redis away: the reads retry)
                     task_status.started()
-                    while True:
-                        try:
-                            await self._step()
-                            backoff.reset()
-                        except (StateError, ConnectionLost, ReplyError) as exc:
-                            # Redis away: go on from the positions in Redis once it is back.
-                            log.warning("dispatch paused: %s", exc,
-                                        extra={"event": "dispatch.paused"})
-                            self.positions.clear()
-                            self.stored.clear()
-                            await anyio.sleep(backoff.next())
-                        except Exception:  # a bug: the service goes on; the batch is retried
-                            log.exception("dispatch failed", extra={"event": "dispatch.crashed"})
-                            self.positions.clear()
-                            self.stored.clear()
-                            await anyio.sleep(backoff.next())
+                    await follow(self._step, self._failed, backoff)
                 self._tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -132,6 +118,15 @@ class Dispatcher:
 
     def stop(self) -> None:
         self._scope.cancel()
+
+    async def _failed(self, exc: Exception) -> None:
+        """A step failed: go on from the positions in Redis (once it is back, if it was away)."""
+        if isinstance(exc, (StateError, ConnectionLost, ReplyError)):
+            log.warning("dispatch paused: %s", exc, extra={"event": "dispatch.paused"})
+        else:  # a bug: the service goes on; the batch is retried
+            log.error("dispatch failed", exc_info=exc, extra={"event": "dispatch.crashed"})
+        self.positions.clear()
+        self.stored.clear()
 
     async def _close(self) -> None:
         try:

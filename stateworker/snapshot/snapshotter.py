@@ -58,6 +58,7 @@ from stateworker.events.compaction import stream_info
 from stateworker.events.model import fields_of, revision_of
 from stateworker.keys import member
 from stateworker.reactive import trimming
+from stateworker.reactive.follower import follow
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.settings import Settings
@@ -187,31 +188,26 @@ class Snapshotter:
             with self._scope:
                 await self._reader.conn.try_connect()  # (Redis away: the reads retry)
                 task_status.started()
-                while True:
-                    try:
-                        await self._step()
-                        backoff.reset()
-                    except (psycopg.Error, OSError, ConfigError) as exc:
-                        await self._failed("PostgreSQL", exc)
-                        await anyio.sleep(backoff.next())
-                    except StoreLost as exc:  # (a wipe or a restore since the round)
-                        log.warning("snapshot: %s; nothing of it was committed", exc.message,
-                                    extra={"event": "snapshot.fenced"})
-                        self._forget_positions()
-                        await anyio.sleep(backoff.next())
-                    except (StateError, ConnectionLost, ReplyError) as exc:
-                        await self._failed("Redis", exc)
-                        await anyio.sleep(backoff.next())
-                    except Exception as exc:  # a bug: the service goes on; the batch is retried
-                        log.exception("snapshot failed", extra={"event": "snapshot.crashed"})
-                        await self._failed("snapshot", exc)
-                        await anyio.sleep(backoff.next())
+                await follow(self._step, self._step_failed, backoff)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close()
 
     def stop(self) -> None:
         self._scope.cancel()
+
+    async def _step_failed(self, exc: Exception) -> None:
+        if isinstance(exc, (psycopg.Error, OSError, ConfigError)):
+            await self._failed("PostgreSQL", exc)
+        elif isinstance(exc, StoreLost):  # (a wipe or a restore since the round)
+            log.warning("snapshot: %s; nothing of it was committed", exc.message,
+                        extra={"event": "snapshot.fenced"})
+            self._forget_positions()
+        elif isinstance(exc, (StateError, ConnectionLost, ReplyError)):
+            await self._failed("Redis", exc)
+        else:  # a bug: the service goes on; the batch is retried
+            log.error("snapshot failed", exc_info=exc, extra={"event": "snapshot.crashed"})
+            await self._failed("snapshot", exc)
 
     async def _failed(self, where: str, exc: BaseException) -> None:
         """Log, record the error for `status`, and start again from what PostgreSQL holds."""
