@@ -123,6 +123,16 @@ async def _records(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str,
                                                 *r.revision, r.at_ms) for r in records])
 
 
+async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
+                  rows: Sequence[Row], records: Sequence[CallRow], generation: str) -> None:
+    """A batch's first statements: the fence (PostgreSQL still follows `generation`), the
+    records of the calls, the rows written."""
+    await fence(cursor, prefix, generation)
+    await _records(cursor, prefix, partition, records)
+    if rows:
+        await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
+
+
 async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
                 gone: Sequence[Gone], position: StoredPosition, *, generation: str,
                 records: Sequence[CallRow] = ()) -> None:
@@ -130,10 +140,7 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
     partition's new position, one transaction, while PostgreSQL follows `generation`."""
     ms, _, seq = position.id.partition("-")
     async with conn.transaction(), conn.cursor() as cursor:
-        await fence(cursor, prefix, generation)
-        await _records(cursor, prefix, partition, records)
-        if rows:
-            await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
+        await _upsert(cursor, prefix, partition, rows, records, generation)
         if gone:
             await cursor.executemany(DELETE, [(prefix, to_pg(g.scope), to_pg(g.key),
                                                *g.revision) for g in gone])
@@ -149,10 +156,7 @@ async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Se
     started from)."""
     ms, _, seq = position.id.partition("-")
     async with conn.transaction(), conn.cursor() as cursor:
-        await fence(cursor, prefix, generation)
-        await _records(cursor, prefix, partition, records)
-        if rows:
-            await cursor.executemany(UPSERT, [row.params(prefix, partition) for row in rows])
+        await _upsert(cursor, prefix, partition, rows, records, generation)
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
                                              [to_pg(r.scope) for r in rows],
                                              [to_pg(r.key) for r in rows]))
