@@ -17,9 +17,6 @@ process of its own:
 from __future__ import annotations
 
 import contextlib
-import os
-import select
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +26,9 @@ from typing import Any
 
 import anyio
 import httpx
-import msgspec
 import redis.asyncio as aredis
 
+from benchmarks.bench_http import serve
 from benchmarks.benchtime import percentile
 from stateworker.bus.client import StateClient
 from stateworker.keys import bus_stream
@@ -54,29 +51,13 @@ for start in range(0, int(sys.argv[3]), 10_000):
 """
 
 
-def serve(url: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """A `stateworker serve` (HTTP on a free port) and its start line, once it serves."""
-    args = [sys.executable, "-m", "stateworker", "--redis-url", url, "serve", "--log-level",
-            "WARNING", "--http", "127.0.0.1:0"]
-    process = subprocess.Popen(args, env={**os.environ, "STATEWORKER_PREFIX": PREFIX, **env},
-                               stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 30)
-    line = process.stdout.readline() if ready else ""
-    if '"serving"' not in line:
-        process.kill()
-        raise RuntimeError(f"the service did not start for the benchmark: {line!r}")
-    return process, msgspec.json.decode(line)
-
-
 @contextlib.asynccontextmanager
-async def fresh(env: dict[str, str] | None = None
-                ) -> AsyncIterator[tuple[EmbeddedRedis, dict[str, Any]]]:
+async def fresh() -> AsyncIterator[tuple[EmbeddedRedis, dict[str, Any]]]:
     """A Redis of its own and a service on it."""
     with tempfile.TemporaryDirectory(prefix="sw-bounds-") as tmp:
         server = EmbeddedRedis(Path(tmp))
         await server.start()
-        process, start = serve(server.url, env or {})
+        process, start = serve(server.url, PREFIX, http=True)
         try:
             yield server, start
         finally:
