@@ -228,9 +228,11 @@ class BusRuntime:
                 await self._freed.wait()  # (as much read ahead as parks: wait for a slot)
                 self._freed = anyio.Event()
                 continue
-            if self.replies.unanswered and sources.reading_new():
+            if self.replies.unanswered:
                 # Calls met Redis away and stay pending: read them again once it serves (not
-                # at once: Redis may be away still; a reclaim takes what this one misses).
+                # at once: Redis may be away still; a reclaim takes what this one misses),
+                # before anything read after them (a worker serving one call at a time keeps
+                # its stream's order: trigger deliveries per scope).
                 self.replies.unanswered = False
                 await self._pause(again.next())
                 self._history_again()
@@ -263,6 +265,8 @@ class BusRuntime:
                 log.info("reading again after %d failed reads", backoff.failures,
                          extra={"event": "bus.read_recovered", "service": self.bus.service})
                 backoff.reset()
+            if self.replies.unanswered:
+                continue  # (what was read is pending: it comes again, in order, with the history)
             read = {stream.decode(): entries for stream, entries in reply or []}
             if read and again.failures and not self.replies.unanswered:
                 again.reset()
@@ -295,6 +299,9 @@ class BusRuntime:
         entries of one turn together: on a cluster the shards' calls then share each node's
         pipeline); a lane running low on entries in memory is fetched."""
         if self._calls is None or self._closed:
+            return
+        if self.replies.unanswered:  # (the read loop reads the history again first)
+            self._freed.set()
             return
         while self.lanes.held and self._in_flight < self._window:
             self._spawn(self._calls, self.lanes.take(

@@ -94,9 +94,6 @@ class Sources:
         for stream in self.positions:
             self.positions[stream] = HISTORY
 
-    def reading_new(self) -> bool:
-        return all(position == NEW for position in self.positions.values())
-
     def read_args(self) -> tuple[list[str], list[str]]:
         """The streams of an XREADGROUP and the position of each (`STREAMS s1 s2 … p1 p2 …`)."""
         streams = list(self.positions)
