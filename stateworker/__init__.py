@@ -2,7 +2,7 @@
 
 from stateworker.bus.client import StateClient
 from stateworker.bus.worker import Worker
-from stateworker.engines.catalog import CATALOG, SPECS
+from stateworker.engines.catalog import StateStore
 from stateworker.engines.moco.rules import ReservedNamespaceError
 from stateworker.errors import (
     BarrierConfig,
@@ -24,16 +24,7 @@ from stateworker.errors import (
 from stateworker.events.model import Bookmark, Event
 from stateworker.pyvalues import ABSENT
 from stateworker.settings import Settings
-from stateworker.specs import NATIVE
-from stateworker.state.api import StateStore
-from stateworker.state.core.access import Access
 from stateworker.state.core.results import BarrierOutcome, Entry, SetOutcome, Swap
-
-# The engines plugged into the layers below them: an in-process StateStore serves what the
-# bus service serves (the engines' functions, and KeeperHub's isolation on the native ones);
-# moco's error is mapped back to its class by every client (engines/moco/rules.py registers it).
-StateStore.catalog = CATALOG
-Access.specs = (*NATIVE, *SPECS)  # which function is a read, for the roles' families
 
 __all__ = [
     "ABSENT",

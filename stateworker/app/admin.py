@@ -19,6 +19,7 @@ import msgspec
 
 from stateworker.app.output import add_output, table, wants_table
 from stateworker.clock import rfc3339_ms
+from stateworker.engines.catalog import CATALOG
 from stateworker.errors import ConfigError, Conflict, NotFound, StateError, Unavailable, shown
 from stateworker.keys import principal_own_streams_pattern
 from stateworker.settings import Settings
@@ -118,6 +119,7 @@ async def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     verb = VERBS[(args.command, args.verb)]
     try:
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            state.access.serve(CATALOG.specs)  # (roles may name the engines' functions)
             result = await verb(state, args)
     except ConfigError as exc:
         if not isinstance(exc.__cause__, ConnectionLost):

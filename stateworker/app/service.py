@@ -119,6 +119,7 @@ class StateService:
         try:
             ready = _ready(settings) if settings.redis_url is not None else None
             state = await lifecycle.connect(settings, ready)
+            state.access.serve(CATALOG.specs)  # (the engines' functions: the roles' families)
             async with lifecycle.running(state, reaper=True,
                                          before=lambda opened: repair_at_start(opened, pg)):
                 service = cls(state, options or BusOptions(), pg)

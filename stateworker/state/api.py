@@ -34,10 +34,9 @@ from stateworker.state.reactive.barrier import barrier_plan, parse_condition
 class StateStore(KeyValueMethods):
     """The state store; open it with `async with StateStore.open() as store`."""
 
-    # What `call`, `call_json` and `typed` serve: the native functions, with the option every
-    # native function takes, which lives above this layer (KeeperHub's isolation):
-    # stateworker/__init__.py sets engines/catalog.py's CATALOG here (the engines' functions
-    # too), before any store opens.
+    # What `call`, `call_json` and `typed` serve: the native functions here; the engines'
+    # store (engines/catalog.py, `stateworker.StateStore`) serves theirs too, with the option
+    # every native function takes there (KeeperHub's isolation).
     catalog: ClassVar[functions.Catalog] = functions.NATIVE
 
     def __init__(self, state: RedisState) -> None:
@@ -78,6 +77,7 @@ class StateStore(KeyValueMethods):
         Example: `async with StateStore.open("redis://localhost:6379/0", prefix="app") as store:`
         """
         async with lifecycle.open_state(redis_url, reaper=reaper, **settings) as state:
+            state.access.serve(cls.catalog.specs)
             yield cls(state)
 
     # ---- typed methods (those on keys and scopes: KeyValueMethods) --------------------------

@@ -328,6 +328,7 @@ class Catalog:
         self.reads = frozenset(n for n, e in self.served.items() if e.spec.read_only)
         self.scoped = frozenset(n for n, e in self.served.items()
                                 if e.spec.scoped and e.spec.engine == "state")
+        self.specs = tuple(entry.spec for entry in self.served.values())
 
     def joined(self, more: tuple[Served, ...], rewrite: Rewrite | None) -> Catalog:
         """This catalogue with `more` functions, and `rewrite` for the native ones."""

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import stateworker  # noqa: F401  (plugs the engines' specs into Access)
+from stateworker.engines.catalog import CATALOG
 from stateworker.errors import PermissionDenied
 from stateworker.keys import KeySpace
 from stateworker.specs import NATIVE
@@ -56,6 +56,7 @@ def test_a_pattern_matches_a_subject_holding_stars_as_the_reference_does(
 def access(roles: dict[str, Role] | None = None,
            principals: dict[str, Principal] | None = None) -> Access:
     held = Access(RedisConnection("redis://127.0.0.1:1/0"), KeySpace("t", 4))  # never connected
+    held.serve(CATALOG.specs)  # (as the service does: the engines' functions too)
     for name, role in (roles or {}).items():
         held.set(ROLES, name, grants.encode(role))
     for name, principal in (principals or {}).items():

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -53,13 +53,13 @@ IDENTITY_FIELDS = ("user_id", "dag_name", "root_dag_name", "org_id")
 class Access:
     """Principals and roles of one prefix, and the decisions on them."""
 
-    # Every function served and whether it is a read: the native ones here; the engines'
-    # are plugged in from the top (stateworker/__init__.py), as StateStore's catalogue is.
-    specs: ClassVar[tuple[Spec, ...]] = NATIVE
-
     def __init__(self, conn: RedisConnection, keys: KeySpace) -> None:
         self._conn = conn
         self._keys = keys
+        # Every function served and whether it is a read (the roles' families): the native
+        # ones, until whoever serves more says so (`serve`: the service and an engines'
+        # StateStore at their start, from the catalogue above this layer).
+        self.specs: tuple[Spec, ...] = NATIVE
         self._principals: dict[str, Principal] = {}
         self._roles: dict[str, Role] = {}
         self._compiled: dict[str, Compiled] = grants.compiled_roles({})
@@ -82,9 +82,14 @@ class Access:
         """Every role by name: the built-in ones and the stored ones."""
         return {name: c.role for name, c in self._compiled.items()}
 
+    def serve(self, specs: tuple[Spec, ...]) -> None:
+        """The functions served (their specs), for the roles' families and grant checks."""
+        self.specs = specs
+        self._functions = None
+
     @property
     def functions(self) -> Functions:
-        if self._functions is None or len(self._functions.specs) != len(self.specs):
+        if self._functions is None:
             self._functions = Functions(self.specs)
         return self._functions
 

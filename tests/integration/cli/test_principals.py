@@ -140,6 +140,10 @@ def test_roles_are_added_listed_refused_and_removed(redis_server: RedisServer,
     assert roles["orders"]["allow"] == ["state::*"]
     bad = cli(redis_server, prefix, "role", "add", "x", "--allow", "state::nope", "--scopes", "*")
     assert "state::nope" in refused(bad, "INVALID_REQUEST")["message"]
+    engine = ok(cli(redis_server, prefix, "role", "add", "moco", "--allow",
+                    "builtin.state.get_state", "--scopes", "*"))  # (an engine's function)
+    assert engine["allow"] == ["builtin.state.get_state"]
+    assert ok(cli(redis_server, prefix, "role", "remove", "moco"))["removed"] is True
     refused(cli(redis_server, prefix, "role", "add", "admin", "--allow", "read", "--scopes",
                 "*"), "CONFLICT")
     refused(cli(redis_server, prefix, "role", "remove", "reader"), "CONFLICT")
