@@ -98,9 +98,6 @@ ensure_postgres() {
   fi
 }
 
-# Node.js for the test of a client and a worker in another language (tests/node/, run by
-# tests/integration/bus/test_polyglot.py): Debian's nodejs and npm, then the npm packages of
-# tests/node's package-lock.json into tests/node/node_modules (git-ignored).
 ensure_compose() {
   # The compose tests check compose.yaml and compose.cluster.yaml with a Compose checker
   # (`docker-compose config`, which needs no Docker engine).
@@ -110,14 +107,21 @@ ensure_compose() {
   fi
 }
 
+# Node.js for the test of a client and a worker in another language (tests/node/, run by
+# tests/integration/bus/test_polyglot.py) and for Dapr's JavaScript SDK (tests/dapr-js/, run by
+# tests/integration/http/test_dapr_sdk.py): Debian's nodejs and npm, then the npm packages of
+# each directory's package-lock.json into its node_modules (git-ignored).
 ensure_node() {
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     log "installing Debian's nodejs and npm"
     apt_install nodejs npm
   fi
-  local installed="tests/node/node_modules/.package-lock.json"
-  if [ ! -f "$installed" ] || [ tests/node/package-lock.json -nt "$installed" ]; then
-    log "installing the npm packages of tests/node"
-    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  fi
+  local dir installed
+  for dir in tests/node tests/dapr-js; do
+    installed="$dir/node_modules/.package-lock.json"
+    if [ ! -f "$installed" ] || [ "$dir/package-lock.json" -nt "$installed" ]; then
+      log "installing the npm packages of $dir"
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    fi
+  done
 }

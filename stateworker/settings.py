@@ -88,6 +88,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The names (or addresses) the HTTP face answers to, comma-separated; `*`: any; None: the
     # loopback names and the bind address's host (app/hosts.py: DNS rebinding).
     http_hosts: str | None = None
+    # Dapr's state stores the HTTP face serves, comma-separated: `name`, `name=scope` or
+    # `name=prefix*` (app/dapr_requests.py); None: `statestore`.
+    dapr_stores: str | None = None
     # The console's live tails open at once (each holds a Redis connection): in all, and per
     # principal (`off` mode: per client address). Beyond: RESOURCE_EXHAUSTED (app/console.py).
     max_tails: int = 64

@@ -1,16 +1,20 @@
-"""Dapr's state API shape on the HTTP face (app/http.py), so a Dapr client or SDK can point at
-stateworker: a store is a scope, a key a key, an ETag an entry's version (its decimal text).
+"""Dapr's state API on the HTTP face (app/http.py), as Dapr's HTTP API reference gives it, so
+Dapr's SDKs (over HTTP) and clients point at stateworker unchanged: a store is a configured
+scope (app/dapr_requests.py), a key a key, an ETag an entry's version.
 
-    POST   /v1.0/state/{store}                 save items (one transaction: all or none)
-    GET    /v1.0/state/{store}/{key}           the value, `ETag` header; 204 when absent
-    DELETE /v1.0/state/{store}/{key}           `If-Match: <etag>`: only at that version
-    POST   /v1.0/state/{store}/bulk            `{"keys": [...]}` -> [{key, data, etag}]
-    POST   /v1.0/state/{store}/transaction     upsert and delete operations, atomically
-    POST   /v1.0-alpha1/state/{store}/query    EQ, IN and AND filters, a page and its token
+    GET         /v1.0/healthz, /v1.0/healthz/outbound   204 (the SDKs wait on these)
+    GET         /v1.0/metadata                          the app and its state stores
+    POST|PUT    /v1.0/state/{store}                     save items (one transaction: all or none)
+    GET         /v1.0/state/{store}/{key}               the value, `ETag` header; 204 when absent
+    DELETE      /v1.0/state/{store}/{key}               `If-Match: <etag>`: only at that version
+    POST|PUT    /v1.0/state/{store}/bulk                `{"keys": [...]}` -> [{key, data, etag}]
+    POST|PUT    /v1.0/state/{store}/transaction         operations in order, all or nothing
+    POST|PUT    /v1.0-alpha1/state/{store}/query        app/dapr_query.py
 
-Each runs native functions through `Caller` (the HTTP face's in-process call), so it is
-what a bus call would do. A save or transaction whose ETag does not hold is 409 and writes
-nothing; errors come as Dapr's `{"errorCode", "message"}` with the code's HTTP status.
+Each runs native functions through `Caller` (the HTTP face's in-process call, as the
+request's principal in `acl` mode: `dapr-api-token` or `Authorization`), so it is what a bus
+call would do. Errors are Dapr's: `{"errorCode", "message", "details"}` with Dapr's statuses
+(an ETag that does not hold 409, a malformed request 400, a store that is not there 400).
 """
 
 from __future__ import annotations
@@ -23,202 +27,222 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from stateworker.errors import InvalidRequest, StateError, http_status
+from stateworker import __name__ as _package
+from stateworker.app import dapr_query
+from stateworker.app.dapr_requests import (
+    CAPABILITIES,
+    Bulk,
+    DaprError,
+    Item,
+    Store,
+    Transaction,
+    decode,
+    expected,
+    failed,
+    in_order,
+    malformed,
+    repeated_with_etag,
+    upsert,
+    url_metadata,
+)
+from stateworker.errors import StateError, shown
 
-Caller = Callable[[str, bytes], Awaitable[bytes]]  # (function, JSON body) -> result JSON
+# (request, function, JSON body) -> the result's JSON, as the request's principal
+Caller = Callable[[Request, str, bytes], Awaitable[bytes]]
 Reader = Callable[[Request], Awaitable[bytes]]  # a request's body, refused past the limit
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
-
-
-class Item(msgspec.Struct):
-    key: str
-    value: msgspec.Raw = msgspec.Raw(b"null")
-    etag: str | None = None
-    metadata: dict[str, str] = msgspec.field(default_factory=dict)
-
-
-class Operation(msgspec.Struct):
-    operation: str  # upsert | delete
-    request: Item
-
-
-class Transaction(msgspec.Struct):
-    operations: list[Operation]
-
-
-class Bulk(msgspec.Struct):
-    keys: list[str]
-
-
-class Entry(msgspec.Struct):
-    """What the functions' results say of an entry (the value kept as its JSON text)."""
-
-    found: bool = True
-    key: str = ""
-    value: msgspec.Raw = msgspec.Raw(b"null")
-    version: int | None = None
+WRITES = ["POST", "PUT"]  # Dapr takes either for its writes and queries
 
 
 class Entries(msgspec.Struct):
-    entries: list[Entry]
-    next_after: str | None = None
+    entries: list[dapr_query.Entry]
 
 
-class Page(msgspec.Struct):
-    limit: int = 100
-    token: str | None = None
+def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: str,
+                version: str) -> list[Route]:
+    """The Dapr routes over the configured `stores`, each calling native functions through
+    `call`, reading its body with `read` (the HTTP face's size limit)."""
 
+    def store_of(request: Request) -> Store:
+        name = str(request.path_params["store"])
+        store = stores.get(name)
+        if store is None:
+            raise DaprError("ERR_STATE_STORE_NOT_FOUND", 400, f"state store {shown(name)} is "
+                            f"not found (configured: {', '.join(sorted(stores)) or 'none'}; "
+                            "STATEWORKER_DAPR_STORES)")
+        return store
 
-class Query(msgspec.Struct):
-    filter: dict[str, Any] = msgspec.field(default_factory=dict)
-    sort: list[Any] = msgspec.field(default_factory=list)
-    page: Page = msgspec.field(default_factory=Page)
+    async def native(request: Request, code: str, what: str, fn: str, body: Any) -> bytes:
+        try:
+            return await call(request, fn, msgspec.json.encode(body))
+        except StateError as exc:
+            raise failed(code, exc, what) from exc
 
-
-def dapr_routes(call: Caller, read: Reader) -> list[Route]:
-    """The Dapr state routes, each calling native functions through `call`, reading its
-    body with `read` (the HTTP face's size limit)."""
     async def save(request: Request) -> Response:
-        items = _decode(await read(request), list[Item], "body")
-        ops = [_upsert(item, f"$[{i}]") for i, item in enumerate(items)]
-        await call("state::transaction", _json({"scope": _store(request), "ops": ops}))
+        store = store_of(request)
+        items = decode(await read(request), list[Item])
+        if not items:
+            return Response(status_code=204)
+        metadata = url_metadata(request.query_params)
+        ops = []
+        for i, item in enumerate(items):
+            scope, key = store.address(item.key, f"$[{i}].key")
+            ops.append({**upsert(item, key, metadata, f"$[{i}]", "ERR_STATE_SAVE"),
+                        "scope": scope})
+        scope = _one_scope(ops, "a save")
+        await native(request, "ERR_STATE_SAVE", f"failed saving state in state store "
+                     f"{store.name}", "state::transaction", {"scope": scope, "ops": _keys(ops)})
         return Response(status_code=204)
 
     async def get(request: Request) -> Response:
-        entry = msgspec.json.decode(await call("state::get-entry", _json(_address(request))),
-                                    type=Entry)
-        if not entry.found:
+        store = store_of(request)
+        key = str(request.path_params["key"])
+        scope, native_key = store.address(key, "key")
+        got = msgspec.json.decode(await native(
+            request, "ERR_STATE_GET", f"fail to get {key} from state store {store.name}",
+            "state::get-entry", {"scope": scope, "key": native_key}), type=_Found)
+        if not got.found:
             return Response(status_code=204)
-        return Response(bytes(entry.value), 200, media_type=JSON,
-                        headers={"ETag": str(entry.version)})
+        return Response(bytes(got.value), 200, media_type=JSON,
+                        headers={"ETag": str(got.version)})
 
     async def delete(request: Request) -> Response:
-        etag = request.headers.get("if-match")
-        body = {**_address(request), **_version(etag, "If-Match")}
-        await call("state::delete", _json(body))
+        store = store_of(request)
+        key = str(request.path_params["key"])
+        scope, native_key = store.address(key, "key")
+        condition = expected(request.headers.get("if-match"), "If-Match", "ERR_STATE_DELETE")
+        await native(request, "ERR_STATE_DELETE", f"failed deleting state with key {key}",
+                     "state::delete", {"scope": scope, "key": native_key, **condition})
         return Response(status_code=204)
 
     async def bulk(request: Request) -> Response:
-        keys = _decode(await read(request), Bulk, "body").keys
-        got = msgspec.json.decode(await call("state::get-many", _json(
-            {"scope": _store(request), "keys": keys})), type=Entries)
-        items = [{"key": key, "data": entry.value, "etag": str(entry.version)}
-                 if entry.found else {"key": key}
-                 for key, entry in zip(keys, got.entries, strict=True)]
+        store = store_of(request)
+        keys = decode(await read(request), Bulk).keys
+        by_scope: dict[str, list[tuple[int, str]]] = {}
+        for i, key in enumerate(keys):
+            scope, native_key = store.address(key, f"$.keys[{i}]")
+            by_scope.setdefault(scope, []).append((i, native_key))
+        items: list[dict[str, Any]] = [{"key": key} for key in keys]
+        for scope, wanted in by_scope.items():
+            got = msgspec.json.decode(await native(
+                request, "ERR_STATE_BULK_GET", f"failed getting state from {store.name}",
+                "state::get-many", {"scope": scope, "keys": [k for _, k in wanted]}),
+                type=Entries)
+            for (i, _), entry in zip(wanted, got.entries, strict=True):
+                if entry.version is not None:
+                    items[i] = {"key": keys[i], "data": entry.value, "etag": str(entry.version)}
         return Response(msgspec.json.encode(items), 200, media_type=JSON)
 
     async def transaction(request: Request) -> Response:
-        operations = _decode(await read(request), Transaction, "body").operations
-        ops = [_operation(op, f"$.operations[{i}]") for i, op in enumerate(operations)]
-        await call("state::transaction", _json({"scope": _store(request), "ops": ops}))
+        store = store_of(request)
+        asked = decode(await read(request), Transaction)
+        metadata = {**url_metadata(request.query_params), **(asked.metadata or {})}
+        ops = [_operation(store, op, metadata, f"$.operations[{i}]")
+               for i, op in enumerate(asked.operations)]
+        if not ops:
+            return Response(status_code=204)
+        scope = _one_scope(ops, "a transaction")
+        what = f"failed executing state transaction in {store.name}"
+        versions: dict[str, int | None] = {}
+        reread = repeated_with_etag(ops)
+        if reread:
+            got = msgspec.json.decode(await native(
+                request, "ERR_STATE_TRANSACTION", what, "state::get-many",
+                {"scope": scope, "keys": reread}), type=Entries)
+            versions = {k: e.version for k, e in zip(reread, got.entries, strict=True)}
+        await native(request, "ERR_STATE_TRANSACTION", what, "state::transaction",
+                     {"scope": scope, "ops": in_order(_keys(ops), versions)})
         return Response(status_code=204)
 
     async def query(request: Request) -> Response:
-        asked = _decode(await read(request), Query, "body")
-        if asked.sort:
-            raise InvalidRequest("$.sort: not supported: results come in key order",
-                                 {"path": "$.sort"})
-        body: dict[str, Any] = {"scope": _store(request), "where": _where(asked.filter),
-                                "limit": asked.page.limit}
-        if asked.page.token:
-            body["after"] = asked.page.token
-        found = msgspec.json.decode(await call("state::query", _json(body)), type=Entries)
+        store = store_of(request)
+        if store.spans:
+            raise DaprError("ERR_NOT_SUPPORTED_STATE_OPERATION", 400, f"store {store.name} "
+                            "spans several scopes: a query reads one (configure a store per "
+                            "scope to query it)")
+        asked = decode(await read(request), dapr_query.Query)
+
+        async def page(body: dict[str, Any]) -> dapr_query.Found:
+            return msgspec.json.decode(await native(
+                request, "ERR_STATE_QUERY", f"failed query in state store {store.name}",
+                "state::query", body), type=dapr_query.Found)
+
+        entries, token = await dapr_query.run(asked, page, store.scope)
         out: dict[str, Any] = {"results": [
-            {"key": e.key, "data": e.value, "etag": str(e.version)} for e in found.entries]}
-        if found.next_after is not None:
-            out["token"] = found.next_after
+            {"key": e.key, "data": e.value, "etag": str(e.version)} for e in entries]}
+        if token is not None:
+            out["token"] = token
         return Response(msgspec.json.encode(out), 200, media_type=JSON)
 
+    async def healthz(_: Request) -> Response:
+        return Response(status_code=204)
+
+    async def metadata(_: Request) -> Response:
+        components = [{"name": name, "type": "state.stateworker", "version": "v1",
+                       "capabilities": CAPABILITIES} for name in sorted(stores)]
+        return Response(msgspec.json.encode({
+            "id": app_id, "runtimeVersion": f"{_package} {version}", "enabledFeatures": [],
+            "actorRuntime": {"runtimeStatus": "DISABLED"}, "components": components,
+            "extended": {}, "subscriptions": [], "httpEndpoints": []}), 200, media_type=JSON)
+
     return [
-        Route("/v1.0/state/{store}", _dapr(save), methods=["POST"]),
-        Route("/v1.0/state/{store}/bulk", _dapr(bulk), methods=["POST"]),
-        Route("/v1.0/state/{store}/transaction", _dapr(transaction), methods=["POST"]),
-        Route("/v1.0-alpha1/state/{store}/query", _dapr(query), methods=["POST"]),
+        Route("/v1.0/healthz", healthz, methods=["GET"]),
+        Route("/v1.0/healthz/outbound", healthz, methods=["GET"]),
+        Route("/v1.0/metadata", metadata, methods=["GET"]),
+        Route("/v1.0/state/{store}", _dapr(save), methods=WRITES),
+        Route("/v1.0/state/{store}/bulk", _dapr(bulk), methods=WRITES),
+        Route("/v1.0/state/{store}/transaction", _dapr(transaction), methods=WRITES),
+        Route("/v1.0-alpha1/state/{store}/query", _dapr(query), methods=WRITES),
         Route("/v1.0/state/{store}/{key:path}", _dapr(get), methods=["GET"]),
         Route("/v1.0/state/{store}/{key:path}", _dapr(delete), methods=["DELETE"]),
     ]
 
 
+class _Found(msgspec.Struct):
+    found: bool = True
+    value: msgspec.Raw = msgspec.Raw(b"null")
+    version: int | None = None
+
+
 def _dapr(handler: Handler) -> Handler:
-    """`handler` with its StateError as Dapr's error body and the code's HTTP status."""
+    """`handler` with its errors as Dapr's body and status; a refusal before any Dapr
+    operation (the caller unknown, not allowed, the body too large) keeps its own status."""
     async def answered(request: Request) -> Response:
         try:
             return await handler(request)
+        except DaprError as exc:
+            return Response(exc.body(), exc.status, media_type=JSON)
         except StateError as exc:
-            body = {"errorCode": exc.code, "message": exc.message, "details": exc.details}
-            return Response(msgspec.json.encode(body), http_status(exc.code), media_type=JSON)
+            error = failed("ERR_MALFORMED_REQUEST", exc, "the request")
+            return Response(error.body(), error.status, media_type=JSON)
 
     return answered
 
 
-def _json(value: Any) -> bytes:
-    return msgspec.json.encode(value)
+def _keys(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in op.items() if k != "scope"} for op in ops]
 
 
-def _decode(body: bytes, type_: Any, where: str) -> Any:
-    try:
-        return msgspec.json.decode(body, type=type_)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise InvalidRequest(f"{where}: {exc}", {"path": where}) from exc
+def _one_scope(ops: list[dict[str, Any]], what: str) -> str:
+    scopes: set[str] = {op["scope"] for op in ops}
+    if len(scopes) > 1:
+        raise malformed(f"{what} writes one scope atomically; its keys name "
+                        f"{', '.join(sorted(scopes)[:3])}…")
+    return scopes.pop()
 
 
-def _store(request: Request) -> str:
-    return str(request.path_params["store"])
-
-
-def _address(request: Request) -> dict[str, str]:
-    return {"scope": _store(request), "key": str(request.path_params["key"])}
-
-
-def _version(etag: str | None, where: str) -> dict[str, int]:
-    """`expected_version` for an ETag (none: no condition)."""
-    if etag is None or etag == "":
-        return {}
-    text = etag.strip('"')
-    if not text.isdigit() or not 1 <= int(text) <= 2**53:
-        raise InvalidRequest(f"{where}: an ETag is an entry's version (a positive integer, as "
-                             f"GET's ETag header gives it), got {etag!r}", {"path": where})
-    return {"expected_version": int(text)}
-
-
-def _upsert(item: Item, where: str) -> dict[str, Any]:
-    op: dict[str, Any] = {"op": "set", "key": item.key, "value": item.value,
-                          **_version(item.etag, f"{where}.etag")}
-    ttl = item.metadata.get("ttlInSeconds")
-    if ttl is not None and ttl != "-1":  # (-1: Dapr's "never expire", as no ttl)
-        if not ttl.isdigit():
-            raise InvalidRequest(f"{where}.metadata.ttlInSeconds: a whole number of seconds, "
-                                 f"got {ttl!r}", {"path": f"{where}.metadata.ttlInSeconds"})
-        op["ttl_ms"] = int(ttl) * 1000
-    return op
-
-
-def _operation(operation: Operation, where: str) -> dict[str, Any]:
+def _operation(store: Store, operation: Any, metadata: dict[str, str],
+               where: str) -> dict[str, Any]:
+    item: Item = operation.request
+    scope, key = store.address(item.key, f"{where}.request.key")
     if operation.operation == "upsert":
-        return _upsert(operation.request, f"{where}.request")
-    if operation.operation == "delete":
-        return {"op": "delete", "key": operation.request.key,
-                **_version(operation.request.etag, f"{where}.request.etag")}
-    raise InvalidRequest(f"{where}.operation: must be upsert or delete, got "
-                         f"{operation.operation!r}", {"path": f"{where}.operation"})
-
-
-def _where(node: Any, where: str = "$.filter") -> list[dict[str, Any]]:
-    """Dapr's filter as the query's `where` list: EQ and IN on a dotted path, AND of them."""
-    if not isinstance(node, dict):
-        raise InvalidRequest(f"{where}: must be an object (EQ, IN or AND)", {"path": where})
-    if not node:
-        return [{"pointer": "", "op": "exists", "value": True}]
-    if len(node) != 1:
-        raise InvalidRequest(f"{where}: one of EQ, IN, AND per object", {"path": where})
-    (kind, arg), = node.items()
-    if kind == "AND" and isinstance(arg, list):
-        return [w for i, part in enumerate(arg) for w in _where(part, f"{where}.AND[{i}]")]
-    if kind in ("EQ", "IN") and isinstance(arg, dict) and len(arg) == 1:
-        (path, value), = arg.items()
-        pointer = "/" + "/".join(p.replace("~", "~0").replace("/", "~1")
-                                 for p in str(path).split("."))
-        return [{"pointer": pointer, "op": kind.lower(), "value": value}]
-    raise InvalidRequest(f"{where}: {kind!r} is not supported here: EQ and IN (one path "
-                         "each) and AND of them are", {"path": where})
+        op = upsert(item, key, metadata, f"{where}.request", "ERR_STATE_TRANSACTION")
+    elif operation.operation == "delete":
+        op = {"op": "delete", "key": key,
+              **expected(item.etag, f"{where}.request.etag", "ERR_STATE_TRANSACTION")}
+    else:
+        raise DaprError("ERR_NOT_SUPPORTED_STATE_OPERATION", 400, f"{where}.operation: "
+                        f"operation type {shown(operation.operation)} not supported "
+                        "(upsert or delete)")
+    return {**op, "scope": scope}

@@ -44,8 +44,10 @@ from starlette.routing import Route
 from stateworker import tracing
 from stateworker.app.batches import Batches
 from stateworker.app.bodies import read_body
+from stateworker.app.cli.parser import version
 from stateworker.app.console import CONSOLE_HEADER, Tails, console_routes
 from stateworker.app.dapr import dapr_routes
+from stateworker.app.dapr_requests import dapr_stores
 from stateworker.app.hosts import HostGuard, allowed_hosts
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
@@ -134,16 +136,19 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         text, content_type = await metrics.exposition()
         return Response(text, 200, media_type=content_type)
 
-    async def native(fn: str, body: bytes) -> bytes:  # (Dapr's routes call through this)
+    async def native(request: Request, fn: str, body: bytes) -> bytes:  # (Dapr's routes')
         started = time.perf_counter()
         try:
+            principal = None
             if logins.required:
-                raise PermissionDenied(
-                    "Dapr's state API is off in acl mode: it carries no principal; use "
-                    "POST /v1/call/<function> with Authorization: Basic (docs/http.md)",
-                    {"path": "authorization"})
+                principal = await logins.principal_of(request)
+                if principal is None:
+                    raise UnknownCaller(
+                        "acl mode: Dapr's state API needs a principal: send `dapr-api-token: "
+                        "<principal>:<password>` (the SDKs' DAPR_API_TOKEN) or "
+                        "`Authorization: Basic` (docs/http.md)", {"path": "dapr-api-token"})
             result = await _run(state, batches, fn, body, None, None,
-                                runtime.options.max_context_bytes, None)
+                                runtime.options.max_context_bytes, principal)
         except StateError as exc:
             metrics.http_call(fn, exc.code, time.perf_counter() - started)
             raise
@@ -153,7 +158,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
                                  Middleware(SameOrigin)], routes=[
         *console_routes(state, logins, stopping, tails),
-        *dapr_routes(native, read),
+        *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

@@ -7,7 +7,8 @@ stores one: a login opens a connection of its own to the service's Redis and sen
 - the console's login form (`POST /v1/console/login`): a session, a random token in an
   HttpOnly, SameSite=Strict cookie, kept in this process's memory for `SESSION_S` (a replica
   of the service does not know another's sessions; a restart logs everyone out);
-- `Authorization: Basic <principal:password>` on any request (programs): proven the same
+- `Authorization: Basic <principal:password>` on any request (programs), or Dapr's
+  `dapr-api-token: <principal>:<password>` (its SDKs send DAPR_API_TOKEN so): proven the same
   way, the proof remembered for `PROOF_S` by the password's SHA-256, so a busy caller costs
   one AUTH a minute.
 
@@ -83,9 +84,9 @@ class Logins:
     async def principal_of(self, request: Request) -> str | None:
         """The principal `request` acts as: its Basic credentials (proven), else its session
         cookie; None when it carries neither or the session is over."""
-        header = request.headers.get("authorization")
-        if header is not None:
-            principal, password = _basic(header)
+        credential = _credential(request)
+        if credential is not None:
+            principal, password = credential
             key = (principal, hashlib.sha256(password.encode()).digest())
             proof = self.proofs.get(key)
             if proof is None or proof[0] < time.monotonic() or \
@@ -134,6 +135,22 @@ class Logins:
         now = time.monotonic()
         self.sessions = {t: s for t, s in self.sessions.items() if s[1] >= now}
         self.proofs = {k: e for k, e in self.proofs.items() if e[0] >= now}
+
+
+def _credential(request: Request) -> tuple[str, str] | None:
+    """(principal, password) a request carries: `Authorization: Basic`, else Dapr's
+    `dapr-api-token: <principal>:<password>` (what Dapr's SDKs send from DAPR_API_TOKEN)."""
+    header = request.headers.get("authorization")
+    if header is not None:
+        return _basic(header)
+    token = request.headers.get("dapr-api-token")
+    if token is None:
+        return None
+    principal, sep, password = token.partition(":")
+    if not sep:
+        raise InvalidRequest("dapr-api-token: must be `<principal>:<password>`",
+                             {"path": "dapr-api-token"})
+    return principal, password
 
 
 def _basic(header: str) -> tuple[str, str]:

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def dapr(redis_server: RedisServer, prefix: str) -> AsyncIterator[httpx.AsyncClient]:
+async def dapr(redis_server: RedisServer, prefix: str, scope: str
+               ) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
-                        http="127.0.0.1:0")
+                        http="127.0.0.1:0", dapr_stores=f"{scope},spread={scope}-*")
     async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
             httpx.AsyncClient(base_url=f"http://{service.http_address}/v1.0/state") as http:
         yield http
@@ -30,6 +31,13 @@ async def dapr(redis_server: RedisServer, prefix: str) -> AsyncIterator[httpx.As
 
 async def save(http: httpx.AsyncClient, store: str, *items: dict[str, Any]) -> httpx.Response:
     return await http.post(f"/{store}", content=msgspec.json.encode(list(items)))
+
+
+def refusal(response: httpx.Response) -> tuple[int, str, str | None]:
+    """(status, Dapr's errorCode, our own code in its ErrorInfo details)."""
+    body = response.json()
+    details = body.get("details") or [{}]
+    return response.status_code, body["errorCode"], details[0].get("reason")
 
 
 async def test_save_get_delete_with_etags(dapr: httpx.AsyncClient, scope: str) -> None:
@@ -41,13 +49,13 @@ async def test_save_get_delete_with_etags(dapr: httpx.AsyncClient, scope: str) -
     assert (await dapr.get(f"/{scope}/b/c")).json() == "text"  # a key with a slash
     assert (await dapr.get(f"/{scope}/absent")).status_code == 204
     stale = await save(dapr, scope, {"key": "a", "value": 2, "etag": "7"})
-    assert (stale.status_code, stale.json()["errorCode"]) == (409, "CONFLICT")
+    assert refusal(stale) == (409, "ERR_STATE_SAVE", "CONFLICT")
     assert (await save(dapr, scope, {"key": "a", "value": 2, "etag": "1"})).status_code == 204
     assert (await dapr.get(f"/{scope}/a")).headers["etag"] == "2"
     bad = await save(dapr, scope, {"key": "a", "value": 3, "etag": "W/x"})
-    assert (bad.status_code, bad.json()["details"]["path"]) == (400, "$[0].etag")
+    assert refusal(bad) == (400, "ERR_STATE_SAVE", None) and "$[0].etag" in bad.json()["message"]
     refused = await dapr.delete(f"/{scope}/a", headers={"If-Match": "1"})
-    assert (refused.status_code, refused.json()["errorCode"]) == (409, "CONFLICT")
+    assert refusal(refused) == (409, "ERR_STATE_DELETE", "CONFLICT")
     assert (await dapr.delete(f"/{scope}/a", headers={"If-Match": "2"})).status_code == 204
     assert (await dapr.get(f"/{scope}/a")).status_code == 204
     assert (await dapr.delete(f"/{scope}/b/c")).status_code == 204
@@ -64,14 +72,15 @@ async def test_a_save_is_all_or_nothing_and_takes_a_ttl(dapr: httpx.AsyncClient,
     assert (await save(dapr, scope, {"key": "t", "value": 1, "metadata": {
         "ttlInSeconds": "60"}})).status_code == 204
     bad = await save(dapr, scope, {"key": "t", "value": 1, "metadata": {"ttlInSeconds": "x"}})
-    assert (bad.status_code, bad.json()["details"]["path"]) == (
-        400, "$[0].metadata.ttlInSeconds")
+    assert refusal(bad) == (400, "ERR_MALFORMED_REQUEST", None)
+    assert "$[0].metadata.ttlInSeconds" in bad.json()["message"]
     never = await save(dapr, scope, {"key": "t", "value": 2, "metadata": {"ttlInSeconds": "-1"}})
     assert never.status_code == 204  # Dapr's "never expire"
     too_big = b'[{"key":"b","value":"' + b"x" * 6 * 1024 * 1024 + b'"}]'
     refused = await dapr.post(f"/{scope}", content=too_big)
-    assert (refused.status_code, refused.json()["errorCode"]) == (413, "VALUE_TOO_LARGE")
-    assert refused.json()["details"]["path"] == "body"  # refused as read, not by a value's check
+    assert refusal(refused) == (413, "ERR_MALFORMED_REQUEST", "VALUE_TOO_LARGE")
+    # refused as read, not by a value's check
+    assert refused.json()["details"][0]["metadata"]["path"] == "body"
 
 
 async def test_bulk_get(dapr: httpx.AsyncClient, scope: str) -> None:
@@ -105,8 +114,8 @@ async def test_a_transaction_applies_all_or_nothing(dapr: httpx.AsyncClient,
     assert (await dapr.get(f"/{scope}/kept")).headers["etag"] == "2"
     odd = await dapr.post(f"/{scope}/transaction", json=tx(
         {"operation": "merge", "request": {"key": "x"}}))
-    assert (odd.status_code, odd.json()["details"]["path"]) == (
-        400, "$.operations[0].operation")
+    assert refusal(odd) == (400, "ERR_NOT_SUPPORTED_STATE_OPERATION", None)
+    assert "$.operations[0].operation" in odd.json()["message"]
 
 
 async def test_query_with_filters_and_pages(dapr: httpx.AsyncClient, scope: str) -> None:
@@ -133,7 +142,112 @@ async def test_query_with_filters_and_pages(dapr: httpx.AsyncClient, scope: str)
     assert [r["key"] for r in rest["results"]] == [f"p{i}" for i in range(4, 9)]
     assert "token" not in rest
     refused = await dapr.post(f"{base}/{scope}/query", json={"filter": {"OR": []}})
-    assert (refused.status_code, refused.json()["details"]["path"]) == (400, "$.filter")
+    assert refusal(refused) == (400, "ERR_MALFORMED_REQUEST", None)
+    assert "$.filter.OR" in refused.json()["message"]
     for odd in ({"AND": ["a"]}, {"AND": [1]}, [], {"EQ": {"a": 1}, "IN": {}}):
         refused = await dapr.post(f"{base}/{scope}/query", json={"filter": odd})
-        assert refused.status_code == 400 and refused.json()["errorCode"] == "INVALID_REQUEST"
+        assert refusal(refused) == (400, "ERR_MALFORMED_REQUEST", None), odd
+
+
+async def entry(dapr: httpx.AsyncClient, scope: str, key: str) -> dict[str, Any]:
+    """The native entry (its expiry, its version) through /v1/call."""
+    base = str(dapr.base_url).rstrip("/").replace("/v1.0/state", "")
+    answer = await dapr.post(f"{base}/v1/call/state::get-entry",
+                             json={"scope": scope, "key": key})
+    result: dict[str, Any] = answer.json()["result"]
+    return result
+
+
+async def test_health_metadata_and_the_configured_stores(dapr: httpx.AsyncClient,
+                                                         scope: str) -> None:
+    base = str(dapr.base_url).rstrip("/").replace("/state", "")
+    for path in ("/healthz", "/healthz/outbound"):
+        assert (await dapr.get(f"{base}{path}")).status_code == 204
+    metadata = (await dapr.get(f"{base}/metadata")).json()
+    assert metadata["id"] == "stateworker"
+    assert sorted(c["name"] for c in metadata["components"]) == sorted([scope, "spread"])
+    assert all(c["type"] == "state.stateworker" and "ETAG" in c["capabilities"]
+               and "TRANSACTIONAL" in c["capabilities"] for c in metadata["components"])
+    typo = await save(dapr, f"{scope}x", {"key": "a", "value": 1})
+    assert refusal(typo) == (400, "ERR_STATE_STORE_NOT_FOUND", None)
+    assert f"{scope}x" in typo.json()["message"] and scope in typo.json()["message"]
+    assert refusal(await dapr.get(f"/{scope}x/a"))[1] == "ERR_STATE_STORE_NOT_FOUND"
+    assert (await entry(dapr, f"{scope}x", "a"))["found"] is False  # no scope made
+
+
+async def test_put_url_metadata_options_and_unknown_fields(dapr: httpx.AsyncClient,
+                                                           scope: str) -> None:
+    put = await dapr.put(f"/{scope}?metadata.ttlInSeconds=60&metadata.contentType="
+                         "application/json", json=[
+                             {"key": "u", "value": 1, "options": {"consistency": "strong",
+                                                                  "concurrency": "first-write"}},
+                             {"key": "v", "value": 2, "metadata": {"ttlInSeconds": "-1"}}])
+    assert put.status_code == 204, put.text
+    assert (await entry(dapr, scope, "u"))["expires_at"] is not None  # the URL's ttl
+    assert (await entry(dapr, scope, "v")).get("expires_at") is None  # the item's -1 wins
+    for body in ([{"key": "w", "value": 1, "etga": "1"}],
+                 [{"key": "w", "value": 1, "options": {"consistency": "strongest"}}],
+                 [{"value": 1}]):
+        refused = await dapr.post(f"/{scope}", json=body)
+        assert refusal(refused) == (400, "ERR_MALFORMED_REQUEST", None), body
+    assert (await dapr.get(f"/{scope}/w")).status_code == 204
+    assert (await dapr.put(f"/{scope}/bulk", json={"keys": ["u"]})).json()[0]["data"] == 1
+
+
+async def test_a_transaction_applies_its_operations_in_order(dapr: httpx.AsyncClient,
+                                                            scope: str) -> None:
+    """Dapr's rule (its conformance test): operations in order, all or nothing."""
+    await save(dapr, scope, {"key": "key1", "value": 1}, {"key": "key2", "value": 1})
+    done = await dapr.put(f"/{scope}/transaction", json={"operations": [
+        {"operation": "delete", "request": {"key": "key1"}},
+        {"operation": "upsert", "request": {"key": "key2", "value": 2}},
+        {"operation": "delete", "request": {"key": "key2"}},
+        {"operation": "upsert", "request": {"key": "key3", "value": 3}}]})
+    assert done.status_code == 204, done.text
+    assert [(await dapr.get(f"/{scope}/{k}")).status_code for k in ("key1", "key2", "key3")] \
+        == [204, 204, 200]
+    # A later operation's ETag is checked against what the earlier ones made of the key.
+    chained = await dapr.post(f"/{scope}/transaction", json={"operations": [
+        {"operation": "upsert", "request": {"key": "key3", "value": 4}},
+        {"operation": "upsert", "request": {"key": "key3", "value": 5, "etag": "2"}}]})
+    assert chained.status_code == 204, chained.text
+    assert (await dapr.get(f"/{scope}/key3")).json() == 5
+    stale = await dapr.post(f"/{scope}/transaction", json={"operations": [
+        {"operation": "upsert", "request": {"key": "new", "value": 1}},
+        {"operation": "delete", "request": {"key": "key3"}},
+        {"operation": "upsert", "request": {"key": "key3", "value": 6, "etag": "3"}}]})
+    assert refusal(stale)[:2] == (409, "ERR_STATE_TRANSACTION")  # deleted before: no etag holds
+    assert (await dapr.get(f"/{scope}/new")).status_code == 204  # nothing written
+    assert (await dapr.get(f"/{scope}/key3")).json() == 5
+
+
+async def test_query_with_or_and_sort(dapr: httpx.AsyncClient, scope: str) -> None:
+    people = [{"key": f"p{i}", "value": {"state": "CA" if i % 2 else "WA", "id": 10 - i,
+                                         "person": {"org": f"o{i % 3}"}}} for i in range(9)]
+    await save(dapr, scope, *people)
+    base = str(dapr.base_url).rstrip("/").replace("/v1.0/state", "/v1.0-alpha1/state")
+    body = {"filter": {"OR": [{"EQ": {"person.org": "o0"}},
+                              {"AND": [{"EQ": {"state": "CA"}}, {"IN": {"person.org": ["o1"]}}]}]},
+            "sort": [{"key": "state", "order": "DESC"}, {"key": "id"}], "page": {"limit": 3}}
+    first = (await dapr.put(f"{base}/{scope}/query", json=body)).json()
+    # o0: p0 p3 p6; CA and o1: p1 p7. WA first (DESC), then by id ascending.
+    assert [r["key"] for r in first["results"]] == ["p6", "p0", "p7"]
+    rest = (await dapr.post(f"{base}/{scope}/query", json={
+        **body, "page": {"limit": 3, "token": first["token"]}})).json()
+    assert [r["key"] for r in rest["results"]] == ["p3", "p1"] and "token" not in rest
+    above = (await dapr.post(f"{base}/{scope}/query", json={
+        "filter": {"GT": {"id": 7}}, "sort": [{"key": "id", "order": "DESC"}]})).json()
+    assert [r["key"] for r in above["results"]] == ["p0", "p1", "p2"]
+
+
+async def test_a_store_spanning_scopes_keys_by_app(dapr: httpx.AsyncClient, scope: str) -> None:
+    """`spread={scope}-*`: a key `<app>||<key>` is the key in the scope `{scope}-<app>`."""
+    assert (await save(dapr, "spread", {"key": "a||k", "value": 1})).status_code == 204
+    assert (await entry(dapr, f"{scope}-a", "k"))["value"] == 1
+    assert (await dapr.get("/spread/a||k")).json() == 1
+    assert (await dapr.post("/spread/bulk", json={"keys": ["a||k", "b||k"]})).json() == [
+        {"key": "a||k", "data": 1, "etag": "1"}, {"key": "b||k"}]
+    mixed = await save(dapr, "spread", {"key": "a||x", "value": 1}, {"key": "b||x", "value": 1})
+    assert refusal(mixed) == (400, "ERR_MALFORMED_REQUEST", None)
+    plain = await save(dapr, "spread", {"key": "k", "value": 1})
+    assert refusal(plain)[:2] == (400, "ERR_MALFORMED_REQUEST") and "||" in plain.json()["message"]

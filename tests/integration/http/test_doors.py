@@ -238,3 +238,28 @@ async def test_live_tails_beyond_their_cap_are_refused(
             await again.aclose()
             return False
         await until(reopened, 10, "a tail's place to come free")
+
+
+async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
+        served: StateService, acl_redis: RedisServer) -> None:
+    """Dapr's SDKs send DAPR_API_TOKEN as `dapr-api-token`: `<principal>:<password>` is that
+    principal, whose roles decide as on every other door; none, or a wrong one, is 401."""
+    writer = await role(served.state, ["read", "write"], ["statestore"])
+    reader = await role(served.state, ["read"], ["statestore"])
+    writer_token = ":".join(password_of((await principal(served.state, acl_redis, [writer]))[1]))
+    reader_token = ":".join(password_of((await principal(served.state, acl_redis, [reader]))[1]))
+    url = f"http://{served.http_address}/v1.0/state/statestore"
+    item = b'[{"key":"k","value":1}]'
+    async with httpx.AsyncClient() as client:
+        saved = await client.post(url, content=item, headers={"dapr-api-token": writer_token})
+        assert saved.status_code == 204, saved.text
+        got = await client.get(f"{url}/k", headers={"dapr-api-token": reader_token})
+        assert (got.status_code, got.json()) == (200, 1)
+        denied = await client.post(url, content=item, headers={"dapr-api-token": reader_token})
+        assert (denied.status_code, denied.json()["details"][0]["reason"]) == (
+            403, "PERMISSION_DENIED")
+        for headers in ({}, {"dapr-api-token": writer_token + "x"}):
+            refused = await client.post(url, content=item, headers=headers)
+            assert (refused.status_code, refused.json()["details"][0]["reason"]) == (
+                401, "UNKNOWN_CALLER"), headers
+    assert await StateStore(served.state).get("statestore", "k") == 1

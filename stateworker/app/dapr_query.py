@@ -1,0 +1,148 @@
+"""Dapr's state query (`/v1.0-alpha1/state/<store>/query`) as native `state::query` calls.
+
+A filter of EQ, NEQ, GT, GTE, LT, LTE and IN on a dotted path, joined by AND and OR. Without
+OR and `sort` it is one native query, paged by the native cursor (indexes serve it). With
+either, the matches of each AND branch are gathered (at most MAX_GATHERED entries in all:
+beyond, the query is refused naming the limit, never cut short), joined by key, sorted (each
+`sort` key ASC or DESC, values in the native query's order: null, false, true, numbers, strings;
+a missing or non-scalar value last), and paged by offset (the token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import msgspec
+
+from stateworker.app.dapr_requests import DaprError, malformed
+from stateworker.errors import shown
+from stateworker.state.query import predicates
+
+MAX_BRANCHES = 16  # AND branches of a filter with OR (its disjunctive form)
+MAX_GATHERED = 10_000  # entries a query with OR or sort may gather before it pages
+GATHER_PAGE = 1000  # entries per native call while gathering
+OPS = {"EQ": "eq", "NEQ": "ne", "GT": "gt", "GTE": "gte", "LT": "lt", "LTE": "lte", "IN": "in"}
+
+Native = Callable[[dict[str, Any]], Awaitable["Found"]]  # a native query body -> its page
+
+
+class Sort(msgspec.Struct, forbid_unknown_fields=True):
+    key: str
+    order: Literal["ASC", "DESC"] = "ASC"
+
+
+class Page(msgspec.Struct, forbid_unknown_fields=True):
+    limit: int = 100
+    token: str | None = None
+
+
+class Query(msgspec.Struct, forbid_unknown_fields=True):
+    filter: dict[str, Any] = msgspec.field(default_factory=dict)
+    sort: list[Sort] = msgspec.field(default_factory=list)
+    page: Page = msgspec.field(default_factory=Page)
+
+
+class Entry(msgspec.Struct):
+    key: str = ""
+    value: msgspec.Raw = msgspec.Raw(b"null")
+    version: int | None = None
+
+
+class Found(msgspec.Struct):
+    entries: list[Entry]
+    next_after: str | None = None
+
+
+def pointer(path: str) -> str:
+    """A dotted Dapr path as a JSON pointer."""
+    return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path.split("."))
+
+
+def branches(node: Any, where: str = "$.filter") -> list[list[dict[str, Any]]]:
+    """The filter in disjunctive form: a list of AND branches, each a native `where`."""
+    if not isinstance(node, dict):
+        raise malformed(f"{where}: must be an object (EQ, NEQ, GT, GTE, LT, LTE, IN, AND, OR)")
+    if not node:
+        return [[{"pointer": "", "op": "exists", "value": True}]]
+    if len(node) != 1:
+        raise malformed(f"{where}: one operator per object, got {sorted(node)}")
+    (kind, arg), = node.items()
+    if kind in ("AND", "OR"):
+        if not isinstance(arg, list) or not arg:
+            raise malformed(f"{where}.{kind}: a non-empty list of filters")
+        parts = [branches(part, f"{where}.{kind}[{i}]") for i, part in enumerate(arg)]
+        if kind == "OR":
+            joined = [b for part in parts for b in part]
+        else:
+            joined = [[]]
+            for part in parts:
+                joined = [a + b for a in joined for b in part]
+                if len(joined) > MAX_BRANCHES:
+                    break
+        if len(joined) > MAX_BRANCHES:
+            raise malformed(f"{where}: at most {MAX_BRANCHES} AND branches once the ORs are "
+                            f"spread out, got more")
+        return joined
+    if kind in OPS and isinstance(arg, dict) and len(arg) == 1:
+        (path, value), = arg.items()
+        if kind == "IN" and not isinstance(value, list):
+            raise malformed(f"{where}.IN: a list of values")
+        return [[{"pointer": pointer(str(path)), "op": OPS[kind], "value": value}]]
+    raise malformed(f"{where}: {shown(kind)} with {shown(arg)}: want one of "
+                    f"{', '.join(OPS)} (one path each), AND or OR")
+
+
+async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], str | None]:
+    """The page of `query` over `scope`: its entries and the next page's token."""
+    limit = query.page.limit
+    if not 1 <= limit <= 1000:
+        raise malformed(f"$.page.limit: 1 to 1000, got {limit}")
+    ands = branches(query.filter)
+    if len(ands) == 1 and not query.sort:  # one native query, paged by its cursor
+        body: dict[str, Any] = {"scope": scope, "where": ands[0], "limit": limit}
+        if query.page.token:
+            body["after"] = query.page.token
+        found = await native(body)
+        return found.entries, found.next_after
+    start = _offset(query.page.token)
+    gathered: dict[str, Entry] = {}
+    for where in ands:
+        after: str | None = None
+        while True:
+            body = {"scope": scope, "where": where, "limit": GATHER_PAGE}
+            if after is not None:
+                body["after"] = after
+            found = await native(body)
+            gathered.update((e.key, e) for e in found.entries)
+            if len(gathered) > MAX_GATHERED:
+                raise DaprError("ERR_STATE_QUERY", 400, f"a query with OR or sort gathers at "
+                                f"most {MAX_GATHERED} entries before it sorts and pages; "
+                                "narrow the filter")
+            after = found.next_after
+            if after is None:
+                break
+    entries = [gathered[k] for k in sorted(gathered)]
+    for spec in reversed(query.sort):  # (stable: the first sort key decides first)
+        parts = predicates.pointer_parts(pointer(spec.key), "$.sort.key")
+        entries = _sorted(entries, parts, spec.order == "DESC")
+    page = entries[start:start + limit]
+    more = start + limit < len(entries)
+    return page, (str(start + limit) if more else None)
+
+
+def _sorted(entries: list[Entry], parts: tuple[str, ...], descending: bool) -> list[Entry]:
+    """By the scalar at `parts` (its index encoding orders it), missing ones last."""
+    keyed = [(predicates.encode(predicates.resolve(predicates.decode(bytes(e.value)), parts))
+              if e.value else None, e) for e in entries]
+    present = [(k, e) for k, e in keyed if k is not None]
+    present.sort(key=lambda pair: pair[0], reverse=descending)
+    return [e for _, e in present] + [e for k, e in keyed if k is None]
+
+
+def _offset(token: str | None) -> int:
+    if not token:
+        return 0
+    if not token.isdigit() or len(token) > 9:
+        raise malformed(f"$.page.token: not a token this query gave, got {shown(token)}")
+    return int(token)
