@@ -77,10 +77,6 @@ class Store(msgspec.Struct, frozen=True):
                             f"{shown(self.scope + '*')}: a key is `<app>||<key>`, got {shown(key)}")
         return self.scope + app, rest
 
-    def key_of(self, scope: str, key: str) -> str:
-        """The Dapr key of an entry (the inverse of `address`)."""
-        return f"{scope[len(self.scope):]}{SEPARATOR}{key}" if self.spans else key
-
 
 def dapr_stores(settings: Settings) -> dict[str, Store]:
     """The stores STATEWORKER_DAPR_STORES configures (module docstring)."""

@@ -1,0 +1,48 @@
+"""Dapr's requests read into native calls (app/dapr_requests.py): the configured stores and a
+transaction's operations applied in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stateworker.app.dapr_requests import DaprError, Store, in_order, parse_stores
+
+
+def test_stores_are_names_scopes_or_prefixes() -> None:
+    assert parse_stores(None) == {"statestore": Store("statestore", "statestore")}
+    assert parse_stores(" a , b=orders ,c=t-* ") == {
+        "a": Store("a", "a"), "b": Store("b", "orders"), "c": Store("c", "t-", spans=True)}
+    for bad in ("a,a", "a=*", "a=x*y", "a/b"):
+        with pytest.raises(ValueError, match="STATEWORKER_DAPR_STORES"):
+            parse_stores(bad)
+    spread = Store("c", "t-", spans=True)
+    assert spread.address("app||k||x", "key") == ("t-app", "k||x")
+    with pytest.raises(DaprError, match="<app>"):
+        spread.address("k", "key")
+
+
+def ops(*items: tuple[str, str, int | None]) -> list[dict[str, Any]]:
+    return [{"op": op, "key": key, **({"value": 1} if op == "set" else {}),
+             **({} if etag is None else {"expected_version": etag})} for op, key, etag in items]
+
+
+def test_a_transaction_ends_as_its_last_operation_per_key() -> None:
+    assert in_order(ops(("delete", "k1", None), ("set", "k2", None), ("delete", "k2", None),
+                        ("set", "k3", None)), {}) == [
+        {"op": "delete", "key": "k1"}, {"op": "delete", "key": "k2"},
+        {"op": "set", "key": "k3", "value": 1}]
+    # the first operation's ETag stays the key's condition; a later one is checked in order
+    assert in_order(ops(("set", "k", 4), ("set", "k", 5), ("delete", "k", 6)), {}) == [
+        {"op": "delete", "key": "k", "expected_version": 4}]
+    with pytest.raises(DaprError) as caught:
+        in_order(ops(("set", "k", 4), ("set", "k", 4)), {})
+    assert caught.value.status == 409
+    # a key read first (a later ETag on it): the read version is the condition
+    assert in_order(ops(("set", "k", None), ("set", "k", 8)), {"k": 7}) == [
+        {"op": "set", "key": "k", "value": 1, "expected_version": 7}]
+    assert in_order(ops(("set", "k", None), ("set", "k", 1)), {"k": None}) == [
+        {"op": "set", "key": "k", "value": 1, "expected_version": 0}]  # (absent: create)
+    with pytest.raises(DaprError):
+        in_order(ops(("delete", "k", None), ("set", "k", 3)), {"k": 3})
