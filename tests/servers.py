@@ -4,6 +4,7 @@ on a free port (the PostgreSQL is benchmarks/pgserver.py's, which the benchmarks
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -125,6 +126,7 @@ class ServiceProcess:
         assert ready, "the service did not report that it serves within 30 s"
         line = self.process.stdout.readline()
         assert '"serving"' in line, line
+        self.started: dict[str, Any] = json.loads(line)  # (the start line: where it serves)
 
     def signal(self, sig: int) -> None:
         assert self.process is not None

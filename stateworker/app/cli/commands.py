@@ -35,6 +35,13 @@ ASYNC: dict[str, Command] = {
 }
 
 
+def _http_urls(address: str) -> dict[str, str]:
+    """Where the HTTP face serves (app/http.py): the console, the call API, Dapr's paths."""
+    base = f"http://{address}"
+    return {"http": address, "console": f"{base}/console/", "calls": f"{base}/v1/call/<function>",
+            "dapr": f"{base}/v1.0/state/<store>"}
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     if args.http is not None:
@@ -51,7 +58,8 @@ def serve(args: argparse.Namespace) -> int:
                                    **({"shards": len(svc.bus.streams)}
                                       if len(svc.bus.streams) > 1 else {}),
                                    "consumer": svc.runtime.consumer,
-                                   **({"http": svc.http_address} if svc.http_address else {}),
+                                   **(_http_urls(svc.http_address) if svc.http_address
+                                      else {}),
                                    **svc.runtime.describe}).decode(), flush=True)
 
     # OTEL_EXPORTER_OTLP_ENDPOINT set: the SDK exports the spans of traced calls; what is

@@ -70,8 +70,10 @@ def _serving(sub: Sub) -> None:
                        help="on stop, how long calls in flight may take")
     serve.add_argument("--concurrency", type=int, default=1024, help="calls in flight at most")
     serve.add_argument("--http", default=None, metavar="HOST:PORT",
-                       help="serve the HTTP face there: POST /v1/call/<function>, /metrics, "
-                            "/healthz, /readyz (docs/http.md; default off, STATEWORKER_HTTP)")
+                       help="serve the HTTP face there: the console at /console/, POST "
+                            "/v1/call/<function>, Dapr's state API at /v1.0/state/<store>, "
+                            "/metrics, /healthz, /readyz (docs/http.md; default off, "
+                            "STATEWORKER_HTTP)")
     serve.add_argument("--log-level", default="INFO",
                        help="DEBUG, INFO (default), WARNING or ERROR")
 

@@ -130,8 +130,8 @@ examples:
 """
 
 SERVE = f"""\
-Prints one JSON line once it serves ({{"serving":"state",...}}), then JSON log lines on
-stderr.
+Prints one JSON line once it serves ({{"serving":"state",...}}; with --http it names the
+console's URL, the call API's and Dapr's state paths), then JSON log lines on stderr.
 
 exit status:
   0  stopped by SIGINT or SIGTERM (calls in flight answered within --grace-s)
