@@ -47,7 +47,8 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
     try:
         raw_id = fields.get(b"id")
         call_id = None if raw_id is None else raw_id.decode()
-        msgpack = is_msgpack(fields.get(b"fmt"))
+        fmt = fields.get(b"fmt")
+        msgpack = fmt is not None and is_msgpack(fmt)  # (JSON, nearly always: no call)
         if raw_id is None or not call_id:
             raise InvalidRequest(f"id: the call has {'no' if raw_id is None else 'an empty'} "
                                  "`id` field (a unique id per logical call)", {"path": "id"})

@@ -64,7 +64,17 @@ from stateworker.state.tenancy import namespaces
 from stateworker.transport.plans import Plan, then
 
 Prepare = Callable[[RedisState, bytes, CallContext], Plan]
-Rewrite = Callable[[str, bytes, CallContext], bytes]  # (fn, body, ctx) -> the body to decode
+
+
+class Rewrite(NamedTuple):
+    """What rewrites a native function's body before it is decoded (an option every native
+    function takes, plugged in from above: KeeperHub's isolation). `apply(fn, body, ctx)`
+    runs only on a body holding `marker`: nearly none do, and the rest never leave here."""
+
+    marker: bytes
+    apply: Callable[[str, bytes, CallContext], bytes]
+
+
 R = TypeVar("R")
 _ACCESSOR_TEXT = ", ".join(f"<prefix>::{name}" for name in specs.ACCESSORS)
 
@@ -366,8 +376,8 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         ctx = msgspec.structs.replace(ctx, namespace=prefix)
     if ctx.principal is not None:  # `acl` mode (state/core/guard.py)
         ctx = guard.admit(state, called, ctx, scoped=_names_scopes(catalog, called))
-    if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None:
-        body = rewrite(fn, body, ctx)  # (the engines' own functions refuse fields they do not know)
+    if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None and rewrite.marker in body:
+        body = rewrite.apply(fn, body, ctx)  # (the engines' functions refuse fields they lack)
     plan = function(state, body, ctx)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
