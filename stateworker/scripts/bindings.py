@@ -1,13 +1,14 @@
 """One binding per Lua script: its KEYS and ARGV built in one place, its reply read into a
 typed tuple (replies.py), its error statuses turned into errors by one table (statuses.py).
 
-A `Binding` names its script (`lua/<name>.lua`), how many KEYS the script's header declares
-(the library loader checks the two agree when it assembles the library, so a script and its
-binding cannot drift apart silently) and its reply tuple. `Binding.command` is the only code
-that writes an FCALL: the builders below give it the KEYS and ARGV, in the order each
-script's header documents. Every key a script touches, named in its KEYS or built from an
-ARGV prefix (a scope's entries), carries the hash tag of its first KEY, so a cluster router
-can send any command by that key (tests/lua: every script call hashes to one slot).
+A `Binding` names its script (`lua/<name>.lua`), the KEYS and ARGV its header declares (the
+library loader checks they agree, so a script and its binding cannot drift apart silently)
+and its reply tuple. `Binding.command` is the only code that writes an FCALL; each script's
+one builder below gives it the KEYS and ARGV, in its header's order (an entry script's,
+`<name>_args`, its own from ARGV[8] on: `entry_call` adds the shared ones); tests/unit/
+test_bindings.py holds what each builds to its header. Every key a script touches, named in
+its KEYS or built from an ARGV prefix (a scope's entries), carries the hash tag of its first
+KEY, so a cluster router can send any command by that key (tests/lua: one slot per call).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from stateworker.clock import now_ms
+from stateworker.codec import Value
 from stateworker.context import Answer, CallContext
 from stateworker.keys import KeySpace, PartitionKeys, call_field, member
-from stateworker.scripts.library import Library
+from stateworker.scripts.library import Library, Signature
 from stateworker.scripts.replies import (
     AccessReply,
     BarrierReply,
@@ -54,7 +56,14 @@ REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that recon
 class Binding(Generic[R]):
     name: str  # lua/<name>.lua
     keys: int  # the most KEYS the script takes (its header's highest KEYS[i])
+    args: int  # its fixed ARGV (its header's ARGV[1..args])
     reply: Callable[[list[Any]], R]  # its reply tuple's `read`
+    tail: bool = False  # any number of ARGV more (its header's ARGV[args + 1..])
+    answers: bool = False  # answer_args may come last (its header's `@arguments answer`)
+
+    @property
+    def signature(self) -> Signature:
+        return Signature(self.keys, self.args, self.tail, self.answers)
 
     def command(self, library: Library, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
         """The FCALL of this script on `library`."""
@@ -65,42 +74,41 @@ class Binding(Generic[R]):
         return self.reply(script_reply(raw, self.name))
 
 
-# set, compare-and-set, diff; KEYS[8..9] for bus calls (state::set, delete and update may
-# answer their call: the last six ARGV, lua/includes/answer.lua)
-SET = Binding("set", 9, SetReply.read)
-DELETE = Binding("delete", 9, DeleteReply.read)
-UPDATE = Binding("update", 9, UpdateReply.read)
-TOPIC = Binding("topic", 9, TopicReply.read)
-SETHASH = Binding("sethash", 1, Moved.read)
-REAP = Binding("reap", 3, ReapReply.read)
-LIST = Binding("list", 1, ListReply.read)
-ENTRIES = Binding("entries", 2, EntriesReply.read)
-DELTOPIC = Binding("deltopic", 6, DeltopicReply.read)
-TRIGGER = Binding("trigger", 3, TriggerReply.read)
-KEEP_TRIGGER = Binding("keeptrigger", 3, KeptReply.read)  # keep-trigger, the reaper's
-CLAIM = Binding("claim", 2, ClaimReply.read)
-ACCESS = Binding("access", 3, AccessReply.read)
-RELEASE = Binding("release", 2, ReleaseReply.read)
-BARRIER = Binding("barrier", 3, BarrierReply.read)
-DELBARRIER = Binding("delbarrier", 3, Moved.read)
-FORGET = Binding("forget", 1, Counted.read)  # KEYS[2..]: the barriers forgotten
-LEASE = Binding("lease", 1, Moved.read)
-ADVANCE = Binding("advance", 2, Moved.read)
-BIND = Binding("bind", 1, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
+# The entry scripts (`entry_call`): set, compare-and-set, diff; KEYS[8..9] for bus calls
+# (state::set, delete and update may answer their call: answer_args, last)
+SET = Binding("set", 9, 15, SetReply.read, answers=True)
+DELETE = Binding("delete", 9, 8, DeleteReply.read, answers=True)
+UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True)  # the ops
+TOPIC = Binding("topic", 9, 8, TopicReply.read)
+SETHASH = Binding("sethash", 1, 2, Moved.read)
+REAP = Binding("reap", 3, 4, ReapReply.read)
+LIST = Binding("list", 1, 3, ListReply.read)
+ENTRIES = Binding("entries", 2, 13, EntriesReply.read)
+DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read)
+TRIGGER = Binding("trigger", 3, 8, TriggerReply.read)
+KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read)  # keep-trigger, the reaper's
+CLAIM = Binding("claim", 2, 4, ClaimReply.read, tail=True)  # the scopes and their uses
+ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True)  # the roles
+RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True)  # the scopes
+BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True)  # the named keys
+DELBARRIER = Binding("delbarrier", 3, 0, Moved.read)
+FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
+LEASE = Binding("lease", 1, 3, Moved.read)
+ADVANCE = Binding("advance", 2, 3, Moved.read)
+BIND = Binding("bind", 1, 5, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
-TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, list)
-GETMANY = Binding("getmany", 1, GetManyReply.read)
+TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
+GETMANY = Binding("getmany", 1, 2, GetManyReply.read, tail=True)  # the keys
 # state::get of a bus call answered by its script: read by state/kv/reads.py
-GET: Binding[list[Any]] = Binding("get", 2, list)
-DELPREFIX = Binding("delprefix", 9, DelprefixReply.read)  # an entry script (KEYS[8..9])
+GET: Binding[list[Any]] = Binding("get", 2, 12, list)
+DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script (KEYS[8..9])
+INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
+REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
+STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 BINDINGS: tuple[Binding[Any], ...] = (
-    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER,
-    KEEP_TRIGGER, CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND,
-    TRANSACTION, GETMANY, DELPREFIX, GET)
-INDEX = Binding("index", 4, IndexReply.read)  # create-index, its build, drop-index
-REPACK = Binding("repack", 1, Counted.read)  # the upgrade to packed entries (state/kv/repack.py)
-STAMP = Binding("stamp", 1, Moved.read)  # a restore's generation marker, one slot at a time
-BINDINGS += (INDEX, REPACK, STAMP)
+    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
+    CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -109,7 +117,7 @@ DIGEST_BYTES = 8  # raw bytes of a call's digest in its record (entry.lua's ENTR
 
 def library_of(conn: Any) -> Library:
     """The library of every binding's script, for `conn`."""
-    return Library(conn, {b.name: b.keys for b in BINDINGS})
+    return Library(conn, {b.name: b.signature for b in BINDINGS})
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -148,11 +156,10 @@ def pattern_arg(pattern: str | None) -> str:
 
 
 def writer_arg(by: str | None, trace: str | None = None) -> str:
-    """The writer argument of every script that writes events (its `by`, "" for none) and
-    the call's trace: a traced call's (CallContext.trace) is "\0" <traceparent> "\0"
-    <writer>, so its events carry the traceparent (`tp`); so is a writer that begins with
-    NUL itself (an empty traceparent then), so no writer reads as a trace.
-    (lua/includes/entry.lua, `entry_writer`, reads it back.)"""
+    """The writer argument of the scripts that write events (`by`, "" for none; entry.lua's
+    entry_writer reads it): a traced call's (CallContext.trace) is "\0" <traceparent> "\0"
+    <writer>, so its events carry `tp`; so is a writer that begins with NUL (an empty
+    traceparent then), so no writer reads as a trace."""
     writer = by or ""
     if trace is None and not writer.startswith("\0"):
         return writer
@@ -173,9 +180,8 @@ def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | No
                answer: Answer | None = None) -> bytes:
     """ARGV[7] of the entry scripts: "<slice ms>|<deadline>|<slice>|<answer>|<field><digest>",
     b"" for an in-process call (nothing to record, no deadline). `field`: the call id's
-    (call_field), when the caller has it already. <answer>: "" the service answers the call,
-    "a" its script does (`answer`: the last six ARGV), "c" the same on a cluster, once the
-    script has checked that the reply list and stream are on its node."""
+    (call_field), when known. <answer>: "" the service answers the call, "a" its script does
+    (answer_args last), "c" the same on a cluster, once it checked the names are on its node."""
     if ctx.call_id is None and ctx.deadline_ms is None:
         return b""
     ms = slice_ms(settings)
@@ -187,26 +193,15 @@ def record_arg(settings: Settings, ctx: CallContext, now: int, field: bytes | No
     return head + mode + (field or call_field(ctx.call_id)) + call_digest(ctx)
 
 
-def records_key(keys: KeySpace, part: PartitionKeys, field: bytes, slice_: int,
-                cluster: bool) -> str:
-    """Where an entry script records a bus call (`field`: its id's, call_field): on one
-    Redis the id's own bucket (which also binds the id across partitions, in the same
-    script); on a cluster the partition's, which binds the id too when it is the id's home
-    (KeySpace.id_home), else the id is bound before in a step of its own (bind_call)."""
-    if cluster:
-        return part.call_records(slice_)
-    return keys.call_ids(field, slice_)
-
-
 # ---- KEYS and ARGV of each script ----------------------------------------------------------------
 def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: CallContext,
                cluster: bool, extra: Sequence[Arg], answer: Answer | None = None) -> Call:
-    """An entry script (set, delete, update, topic): KEYS the entry, its indexes, and for bus
-    calls the current slice of the call's records (records_key) and, with the snapshot on,
-    the partition's stream of records PostgreSQL does not hold yet; ARGV the 7 shared ones
-    (set.lua's header), then the script's own (`extra`). With `answer` (a bus call with an
-    id, its reply list on the state's node) the script writes the call's reply itself: ARGV[7]
-    says so, and the last six ARGV are answer_args (lua/includes/answer.lua)."""
+    """An entry script (entry.lua's header): KEYS the entry, its indexes, for bus calls the
+    current slice of the call's records (one Redis: the id's own bucket, which binds the id
+    across partitions too; a cluster: the partition's, which binds it when it is the id's
+    home, KeySpace.id_home, else bind_call did before) and, with the snapshot on, the records
+    PostgreSQL lacks; ARGV the 7 shared ones, then `extra` (its `<name>_args`). With `answer`
+    (its reply list on the state's node) ARGV[7] says so, and answer_args come last."""
     part = space.for_scope(scope)
     address = member(scope, key)
     keys: list[Arg] = [part.entry_prefix + address, *part.scope_keys(scope)]
@@ -218,12 +213,45 @@ def entry_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: C
     args: list[Arg] = [scope, key, address, now, settings.events_maxlen, writer,
                        record_arg(settings, ctx, now, field, answer), *extra]
     if field is not None:
-        keys.append(records_key(space, part, field, now // slice_ms(settings), cluster))
+        slice_ = now // slice_ms(settings)
+        keys.append(part.call_records(slice_) if cluster else space.call_ids(field, slice_))
         if settings.postgres_url:
             keys.append(part.unsaved_calls)
         if answer is not None:
             args += answer_args(answer)
     return keys, args
+
+
+def set_args(value: Value, topic: str | Keep | None, ttl_ms: int | Keep | None, condition: str,
+             diff: bool, max_keys: int | None) -> list[Arg]:
+    """set.lua's own ARGV (see its header for `condition`)."""
+    return [value.json, value.hash, topic_arg(topic), ttl_arg(ttl_ms), condition,
+            "1" if diff else "", "1" if value.plain_strings else "", optional(max_keys)]
+
+
+def update_args(max_value_bytes: int, expected_version: int | None, topic: str | Keep | None,
+                ttl_ms: int | None, op_args: Sequence[Arg], max_keys: int | None) -> list[Arg]:
+    """update.lua's own ARGV; `op_args`: state/kv/ops.py encode_ops'."""
+    return [max_value_bytes, optional(expected_version), topic_arg(topic), optional(ttl_ms),
+            *op_args, optional(max_keys)]
+
+
+def delete_args(expected_version: int | None) -> list[Arg]:
+    return [optional(expected_version)]
+
+
+def topic_args(topic: str | None) -> list[Arg]:
+    return [topic_arg(topic)]
+
+
+def transaction_args(settings: Settings, part: PartitionKeys, scope: str, tx_id: str,
+                     max_keys: int | None, lists: Sequence[tuple[int, Sequence[Arg]]]
+                     ) -> list[Arg]:
+    """transaction.lua's own ARGV: the scope's prefixes, the id ("": each op on its own), the
+    limits, and each list of items (compare, ops, else ops: its count, its items' ARGV)."""
+    return [part.entry_prefix + member(scope, ""), member(scope, ""), tx_id,
+            settings.max_value_bytes, optional(max_keys), *(count for count, _ in lists),
+            settings.max_call_bytes, *(arg for _, items in lists for arg in items)]
 
 
 def answer_args(answer: Answer) -> list[Arg]:
@@ -270,9 +298,10 @@ def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, ord
                  examine: int) -> Call:
     """entries.lua over one of the scope's indexes (`index`), from `position` ("" or "=" +
     the cursor's member); topic order walks the key index too (the untagged entries)."""
-    return [index, part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), order_by, order,
-                     position, score, limit, skip, prefix or "", pattern_arg(key_pattern),
-                     pattern_arg(topic_pattern), "1" if values else "", examine]
+    return ([index, part.key_index(scope)],
+            [now_ms(), part.entry_prefix + member(scope, ""), order_by, order, position, score,
+             limit, skip, prefix or "", pattern_arg(key_pattern), pattern_arg(topic_pattern),
+             "1" if values else "", examine])
 
 
 def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: str,
@@ -287,10 +316,9 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: s
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
                  cap: int, owner: str | None = None, admin: bool = False, *, now: int,
                  expires: int | None = None) -> Call:
-    """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the
-    principal asking (None: a trusted caller), `admin`: it may change anyone's; `now` (ms):
-    a lease expired by then is gone; `expires` (ms): a "set" registration's lease (None:
-    none)."""
+    """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the principal
+    asking (None: a trusted caller), `admin`: it may change anyone's; `now` (ms): a lease
+    expired by then is gone; `expires` (ms): a "set" registration's lease (None: none)."""
     return ([keys.triggers, keys.registry, keys.trigger_leases],
             [op, trigger_id, registration, cap, owner or "", "1" if admin else "", now,
              "" if expires is None else expires])
@@ -305,7 +333,8 @@ def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
 
 def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
     """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
-    return ([keys.triggers, keys.registry, keys.trigger_leases], ["reap", now, batch])
+    return ([keys.triggers, keys.registry, keys.trigger_leases],
+            ["reap", now, batch, "", "", ""])  # (ARGV[4..6] are "keep"'s)
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],
@@ -369,9 +398,8 @@ def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
 
 def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int,
                    budget: int) -> list[Arg]:
-    """delprefix.lua's ARGV from ARGV[8] on (its KEYS and first 7: `entry_call`, the prefix
-    as the key): at most `limit` entries whose key starts with `prefix`, and values of at
-    most about `budget` bytes."""
+    """delprefix.lua's own ARGV (`entry_call`'s key: the prefix): at most `limit` entries whose
+    key starts with `prefix`, and values of at most about `budget` bytes."""
     return [part.entry_prefix + member(scope, ""), member(scope, ""), b"[" + prefix,
             b"(" + prefix + b"\xff", limit, budget]
 
@@ -382,3 +410,13 @@ def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: in
     return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer),
              part.index_builds],
             [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])
+
+
+def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
+    """repack.lua: `what` "entries" or "topics", the names of that kind it upgrades."""
+    return [part.scopes], [what, *names]
+
+
+def stamp_call(key: str, kind: str, generation: str) -> Call:
+    """stamp.lua: `kind` "h" (`key` a partition's history) or "s" (the registry's marker)."""
+    return [key], [kind, generation]

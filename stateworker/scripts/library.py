@@ -20,8 +20,9 @@ A script's shebang `#!lua flags=no-writes` becomes its function's flags. Top-lev
 at the start of each call. The library's name carries a digest of its source, so services of
 different versions can share one Redis; a call that finds its function missing (a restart
 without persistence, FUNCTION FLUSH) loads the library again and is repeated (plans.pipeline).
-Which scripts there are, and how many KEYS each takes, is said by their bindings
-(bindings.py); an FCALL is written only by `Library.fcall`, which only a binding calls.
+Which scripts there are, and the KEYS and ARGV each takes, is said by their bindings
+(bindings.py) and checked here against each script's header (`check_header`); an FCALL is
+written only by `Library.fcall`, which only a binding calls.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 
 from stateworker.errors import ScriptError, shown
@@ -86,26 +88,111 @@ def _script_block(name: str, function: str) -> str:
             "end\n")
 
 
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a script takes: the most KEYS, its fixed ARGV, whether any number more follow
+    them (`tail`) and whether answer.lua's may come last (`answers`)."""
+    keys: int
+    args: int
+    tail: bool = False
+    answers: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A script's header (its opening comment's `Input:` section) read: its Signature, the
+    name of each fixed ARGV and how many ARGV answer.lua's are (`last`)."""
+    signature: Signature
+    names: dict[int, str]
+    last: int
+
+    def admits(self, count: int) -> bool:
+        """Whether a call of `count` ARGV fits the header."""
+        sig = self.signature
+        extra = count - sig.args
+        return extra >= 0 if sig.tail else extra == 0 or (sig.answers and extra == self.last)
+
+
+# Header lines: KEYS[i] or KEYS[i..j]; ARGV[i], ARGV[i..j], ARGV[i..] (a tail: any number) or,
+# in answer.lua, ARGV[n-i] (counted from the last, n = #ARGV); `@arguments <include>` takes
+# the include's Input section first (answer: last).
 _HEADER_KEYS = re.compile(r"KEYS\[(\d+)(?:\.\.(\d+))?\]")
+_HEADER_ARGV = re.compile(r"ARGV\[([^\]]*)\]([^\n]*?)(?=ARGV\[|KEYS\[|$)", re.MULTILINE)
+_ARGV_INDEX = re.compile(r"(?:(\d+)(?:\.\.(\d*))?|n(?:-(\d+))?)")
+_ARGUMENTS = re.compile(r"@arguments ([a-z]+)")
+_INPUT = re.compile(r"^( *)Input\b[^\n]*:\n((?:\1 +[^\n]*\n|\n)*)", re.MULTILINE)
 
 
-def header_keys(name: str, source: str) -> int:
-    """The highest KEYS[i] that a script's header (its opening comment) names."""
-    header = source.split("]]", 1)[0]
-    found = [int(m.group(2) or m.group(1)) for m in _HEADER_KEYS.finditer(header)]
-    if not found:
+def _input(name: str, source: str) -> str:
+    """The `Input:` section of a Lua file's header (the lines indented under it)."""
+    found = _INPUT.search(source.split("]]", 1)[0] + "\n")
+    if found is None:
+        raise ScriptError(f"lua/{name}.lua: its header has no Input: section")
+    return found.group(2)
+
+
+def read_header(name: str, source: str) -> Header:
+    """A script's header read (includes/<x>.lua's Input section for `@arguments x`)."""
+    section = _input(name, source)
+    uses = _ARGUMENTS.findall(section)
+    for include in uses:
+        section = _input(f"includes/{include}", _read(f"includes/{include}.lua")) + section
+    keys = [int(m.group(2) or m.group(1)) for m in _HEADER_KEYS.finditer(section)]
+    if not keys:
         raise ScriptError(f"lua/{name}.lua: its header names no KEYS[i]")
-    return max(found)
+    names: dict[int, str] = {}
+    tail: set[int] = set()
+    last: set[int] = set()
+    for ref in _HEADER_ARGV.finditer(section):
+        index = _ARGV_INDEX.fullmatch(ref.group(1))
+        if index is None:
+            raise ScriptError(f"lua/{name}.lua: its header's ARGV[{ref.group(1)}] is none of "
+                              "ARGV[i], ARGV[i..j], ARGV[i..], ARGV[n-i]")
+        first, end, back = index.groups()
+        if first is None:
+            last.add(int(back or 0))
+        elif end == "":
+            tail.add(int(first))
+        else:
+            for i in range(int(first), int(end or first) + 1):
+                names.setdefault(i, " ".join(ref.group(2).split()))
+    args = len(names)
+    if set(names) != set(range(1, args + 1)) or tail not in (set(), {args + 1}) \
+            or last != set(range(len(last))):
+        raise ScriptError(f"lua/{name}.lua: its header's ARGV are not ARGV[1] on, one after "
+                          f"another (fixed {sorted(names)}, tail from {sorted(tail)}, from the "
+                          f"last n-{sorted(last)})")
+    answers = "answer" in uses
+    return Header(Signature(max(keys), args, bool(tail), answers), names,
+                  len(last) if answers else 0)
 
 
-def assemble_library(scripts: Mapping[str, int]) -> tuple[str, str]:
-    """(library name, library source) of `scripts` (name -> KEYS its binding passes at
-    most, checked against each script's header)."""
-    for name, keys in scripts.items():
-        declared = header_keys(name, _read(f"{name}.lua"))
-        if declared != keys:
-            raise ScriptError(f"lua/{name}.lua declares {declared} KEYS in its header, its "
-                              f"binding passes up to {keys}")
+def check_header(name: str, source: str, binding: Signature) -> Header:
+    """`source`'s header read; a binding that disagrees with it raises ScriptError, naming the
+    first argument the two count differently."""
+    header = read_header(name, source)
+    declared, where = header.signature, f"lua/{name}.lua"
+    if declared.keys != binding.keys:
+        raise ScriptError(f"{where} declares {declared.keys} KEYS in its header, its binding "
+                          f"passes up to {binding.keys}")
+    if declared.args != binding.args:
+        first = min(declared.args, binding.args) + 1
+        raise ScriptError(f"{where} declares {declared.args} ARGV in its header, its binding "
+                          f"passes {binding.args}: ARGV[{first}] "
+                          f"({header.names.get(first, 'not in the header')})")
+    for says, takes, what in ((declared.tail, binding.tail, f"ARGV[{declared.args + 1}..]"),
+                              (declared.answers, binding.answers, "answer.lua's ARGV last")):
+        if says != takes:
+            raise ScriptError(f"{where}: its header {'declares' if says else 'has no'} {what}, "
+                              f"its binding {'passes them' if takes else 'does not'}")
+    return header
+
+
+def assemble_library(scripts: Mapping[str, Signature]) -> tuple[str, str]:
+    """(library name, library source) of `scripts` (name -> what its binding passes, checked
+    against each script's header)."""
+    for name, signature in scripts.items():
+        check_header(name, _read(f"{name}.lua"), signature)
     wanted = "".join(f'--- @include "{n}"\n' for name in scripts
                      for n in _INCLUDE.findall(_read(f"{name}.lua")))
     shared = _expand(wanted, (), set())
@@ -142,7 +229,7 @@ FCALL = "FCALL"  # written here only; the service's ACL rule names it (app/servi
 class Library:
     """The package's scripts as one function library, for one connection."""
 
-    def __init__(self, conn: RedisConnection, scripts: Mapping[str, int]) -> None:
+    def __init__(self, conn: RedisConnection, scripts: Mapping[str, Signature]) -> None:
         self.conn = conn
         self.names = tuple(scripts)
         self.library, self.source = assemble_library(scripts)

@@ -34,7 +34,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
 from stateworker.keys import KeySpace
-from stateworker.scripts.bindings import STAMP
+from stateworker.scripts.bindings import STAMP, stamp_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import checked_pipeline, pipeline
@@ -160,9 +160,9 @@ async def stamp(state: RedisState, generation: str) -> None:
     stamped only while the restore's mark is there (stamp.lua); Unavailable when a slot's is
     gone (Redis wiped during the restore): nothing more is stamped, and writes stay refused."""
     keys, library = state.keys, state.library
-    commands = [STAMP.command(library, [p.history], ["h", generation])
+    commands = [STAMP.command(library, *stamp_call(p.history, "h", generation))
                 for p in keys.all_partitions()]
-    commands.append(STAMP.command(library, [keys.registry_marker], ["s", generation]))
+    commands.append(STAMP.command(library, *stamp_call(keys.registry_marker, "s", generation)))
     replies = await pipeline(state.conn, library, commands)
     if not all(STAMP.read(reply).done for reply in replies):
         raise Unavailable("restore: Redis lost what the restore wrote before it ended (a "

@@ -22,7 +22,7 @@ from stateworker.keys import call_field
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
-from stateworker.scripts.library import Library
+from stateworker.scripts.library import Library, read_header
 from stateworker.snapshot import barriers
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack
@@ -32,6 +32,7 @@ from tests.calls import INCREMENT
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
 from tests.servers import RedisServer
+from tests.unit.test_bindings import lua_files
 
 pytestmark = pytest.mark.anyio
 
@@ -143,7 +144,9 @@ async def test_every_script_call_hashes_to_one_slot(
     # get.lua answers a bus call itself: one Redis only (its keys span slots by design; a
     # service on a cluster never lets a script answer: test_answered_only_on_one_redis).
     assert {c[0] for c in calls} == {b.name for b in BINDINGS} - {GET.name}
-    for script, keys, args in calls:
+    files = lua_files()
+    for script, keys, args in calls:  # (and each with the ARGV its header declares)
+        assert read_header(script, files[script]).admits(len(args)), (script, len(args))
         names = [str(k) for k in keys] + derived_keys(script, keys, args)
         slots = {key_slot(name.encode()) for name in names}
         assert len(slots) == 1, (script, names)

@@ -11,7 +11,7 @@ from stateworker.scripts.bindings import BINDINGS
 from stateworker.scripts.library import assemble_library
 from stateworker.scripts.statuses import LUA_STATUS, OUTCOME_STATUSES, STATUS_ERRORS, lua_status_table
 
-SCRIPTS = {b.name: b.keys for b in BINDINGS}
+SCRIPTS = {b.name: b.signature for b in BINDINGS}
 SCRIPT_NAMES = tuple(SCRIPTS)
 
 

@@ -11,8 +11,8 @@
     ARGV[1] functions prefix        ARGV[2] registry stream MAXLEN
     ARGV[3] "" no adoption, or "=" .. the admin adopting the scopes in use
     ARGV[4] n, the number of scopes asked for
-    ARGV[5 .. 4+n] the scopes asked for (distinct)
-    ARGV[5+n .. 4+2n] each scope's use: "" free, or "<entries>:<why>" in use
+    ARGV[5..] the n scopes asked for (distinct), then each one's use: "" free, or
+            "<entries>:<why>" in use
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1 when a scope was new else 0, {every scope the prefix owns now},

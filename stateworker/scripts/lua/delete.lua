@@ -2,18 +2,10 @@
 --[[
   Delete one entry (state::delete).
   Input:
-    KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
-            arguments (entry.lua)
-    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
-    ARGV[1] scope                   ARGV[2] key
-    ARGV[3] ttl member              ARGV[4] now (epoch ms)
-    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
-            traceparent: entry.lua, entry_writer)
+    @arguments entry (lua/includes/entry.lua), then
     ARGV[8] expected version ("" for none; 1 or more: Python refuses 0)
-    the last six ARGV, when ARGV[7] says so (state::delete over the bus, where the reply
-             list shares the node; answer.lua):
-             the call is answered here (entry.lua, entry_answer)
+    @arguments answer, last when ARGV[7] says so (state::delete over the bus, where the
+             reply list shares the node): the call is answered here (entry_answer)
   Output:
     {ST.OK, deleted value or false, revision or false}
     {ST.CONFLICT, current version (0 = absent), current value or false}   the entry is

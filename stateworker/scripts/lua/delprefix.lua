@@ -5,13 +5,9 @@
   reaper's event (by ""), not counted. The caller calls again while `more`. A bus call's
   reply is recorded (entry.lua), so a second delivery gets it and deletes nothing more.
   Input:
-    KEYS[1..7] as set.lua: KEYS[1] the entry of the key equal to the prefix (any entry of
-      the scope: the others are ARGV[8] .. <len>:<scope><key>, in the same slot), the scope's
-      key, updated and topic indexes, the partition's scopes, ttl index and event stream
-    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
-            arguments (entry.lua)
-    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
-    ARGV[1..7] as set.lua (ARGV[2], ARGV[3]: the prefix as a key and its ttl member)
+    @arguments entry (lua/includes/entry.lua), its entry, key and ttl member the
+      prefix's as a key (any entry of the scope: the others are the prefix below ..
+      <len>:<scope><key>, in the same slot), then
     ARGV[8] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[9] ttl member prefix of the scope (<len>:<scope>)
     ARGV[10] lex range start ("[" .. prefix)

@@ -5,7 +5,7 @@
   Input:
     KEYS[1] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed)
     KEYS[2..] the barrier hashes stored (keys: PartitionKeys.barrier, same partition)
-    ARGV[i] the write count `w` stored in PostgreSQL for KEYS[i + 1]
+    ARGV[1..] the write count `w` stored in PostgreSQL for each of KEYS[2..], in order
   Output:
     {ST.OK, number forgotten}
   Events: none.

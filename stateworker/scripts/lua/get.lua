@@ -11,8 +11,7 @@
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
     ARGV[6] "c": on a cluster, send the reply only when its names are on this node
             (answer_here), else "" (one Redis)
-    ARGV[7..12] the reply list, the call's stream ("": the service acknowledges), the reply
-            list's expiry (ms), the consumer group, the entry's id, the reply's head
+    ARGV[7..12] the six that answer the call (lua/includes/answer.lua's Input), always
   Output:
     {ST.ANSWERED}          the stored value (null when missing or expired) sent as the reply
     {ST.OK, value}         the same value, not sent: the reply list or the stream is on

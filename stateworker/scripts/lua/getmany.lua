@@ -7,7 +7,7 @@
     KEYS[1] scope key index (only its hash tag is used: every entry is in its slot)
     ARGV[1] now (epoch ms)
     ARGV[2] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
-    ARGV[3 ..] the keys
+    ARGV[3..] the keys
   Output:
     {ST.OK, {{value, version, hash, topic, created, updated, expires, updated_by, revision}, ...}}
     (one list of 9 fields per key asked, false where unset; value false for a missing or

@@ -8,7 +8,7 @@
     ARGV[1] "keep" or "reap"    ARGV[2] now (ms)
     "keep": ARGV[3] trigger id  ARGV[4] its registration as read (JSON)
             ARGV[5] the registration renewed (JSON: its new `expires_at`)  ARGV[6] expires ms
-    "reap": ARGV[3] most triggers removed in one call
+    "reap": ARGV[3] most triggers removed in one call, ARGV[4..6] "" (unread)
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     "keep": {ST.OK, 1} renewed; {ST.OK, 0} the id is not registered, or its lease expired by

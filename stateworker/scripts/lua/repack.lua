@@ -6,7 +6,7 @@
   batch may run twice.
   Input:
     KEYS[1] the partition's scopes (only its hash tag: every name given is in its slot)
-    ARGV[1] "entries" or "topics"   ARGV[2 ..] entry names, or topic index names
+    ARGV[1] "entries" or "topics"   ARGV[2..] entry names, or topic index names
   Output:
     {ST.OK, names changed}
   Events: none (values, versions and revisions stay as they were).

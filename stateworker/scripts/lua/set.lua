@@ -4,17 +4,7 @@
   state::diff (skip when unchanged). Sizes, names and types are checked by the caller; the
   condition is checked here before the first write.
   Input:
-    KEYS[1] entry hash              KEYS[2] scope key index (zset, score 0)
-    KEYS[3] scope updated index     KEYS[4] scope topic index (zset, topic\0key)
-    KEYS[5] partition scopes        KEYS[6] partition ttl index
-    KEYS[7] partition event stream  KEYS[8] (bus calls only) the current slice of the
-    call's records (entry.lua)   KEYS[9] (bus calls, snapshot on) the partition's records to save
-    ARGV[1] scope                   ARGV[2] key
-    ARGV[3] ttl member (<len>:<scope><key>)
-    ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
-    ARGV[6] writer ("" for none; a traced call's also names its traceparent: entry.lua,
-            entry_writer)               ARGV[7] call record arguments (entry.lua; "" for none;
-            whether this script answers the call)
+    @arguments entry (lua/includes/entry.lua), then
     ARGV[8] value (compact JSON)
     ARGV[9] value hash
     ARGV[10] topic: "~" keep the current one | "-" none | "=" .. topic
@@ -24,9 +14,8 @@
     ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
     ARGV[14] "1" when no string in the value holds a bracket or brace
     ARGV[15] max live keys of the scope when this write creates a key ("" for no limit)
-    the last six ARGV, when ARGV[7] says so (state::set over the bus, where the reply
-             list shares the node; answer.lua):
-             the call is answered here (entry.lua, entry_answer)
+    @arguments answer, last when ARGV[7] says so (state::set over the bus, where the reply
+             list shares the node): the call is answered here (entry.lua, entry_answer)
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua: the partition's
                       marker is gone); nothing written, nothing recorded

@@ -1,13 +1,7 @@
 --[[
   Retag one entry (state::update-topic): value, version and updated_at stay as they are.
   Input:
-    KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
-            arguments (entry.lua)
-    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
-    ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
-    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
-            traceparent: entry.lua, entry_writer)
+    @arguments entry (lua/includes/entry.lua), then
     ARGV[8] topic: "-" clears, "=" .. topic sets
   Output:
     {ST.OK, 1 when the key exists (retagged or already so), 0 when missing}

@@ -7,13 +7,9 @@
   state::delete-many): a failed op is left out and named, the others are written, and their
   events carry no `tx`.
   Input:
-    KEYS[1..7] as set.lua: KEYS[1] the entry of the transaction's first key (every other
-      entry is ARGV[8] .. <len>:<scope><key>, in the same slot), the scope's key, updated and
-      topic indexes, the partition's scopes, ttl index and event stream
-    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
-            arguments (entry.lua)
-    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
-    ARGV[1..7] as set.lua (ARGV[2], ARGV[3]: the first key and its ttl member)
+    @arguments entry (lua/includes/entry.lua), its entry, key and ttl member the
+      transaction's first key's (every other entry is the prefix below .. <len>:<scope><key>,
+      in the same slot), then
     ARGV[8] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[9] ttl member prefix of the scope (<len>:<scope>)
     ARGV[10] the transaction's id (its events' `tx`); "" each op on its own
@@ -21,7 +17,7 @@
     ARGV[12] max live keys of the scope when the transaction creates keys ("" for no limit)
     ARGV[13] C, ARGV[14] T, ARGV[15] E: the number of compare items, ops and else ops
     ARGV[16] the call's budget: bytes of values its ops may read and write (max_call_bytes)
-    then the C + T + E items from ARGV[17] on, each its kind, its key and its kind's ARGV:
+    ARGV[17..] the C + T + E items, each its kind, its key and its kind's ARGV:
       check   version ("" or N: the stored version must be N, 0 = absent), hash ("" or the
               stored value's hash), presence ("" | "e" present | "a" absent)
       set     value, hash, topic ("~" | "-" | "=" .. topic), ttl ms ("0" none), condition

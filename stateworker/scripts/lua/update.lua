@@ -5,26 +5,20 @@
   Ops arrive validated (paths, limits, merge values: Python reports those errors and leaves
   the op out); this script reports the errors that depend on the document.
   Input:
-    KEYS[1..7] as set.lua: entry, key index, updated index, topic index, scopes, ttl, events
-    KEYS[8] (bus calls only) the current slice of the call's records; ARGV[7] its
-            arguments (entry.lua)
-    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry.lua)
-    ARGV[1] scope    ARGV[2] key    ARGV[3] ttl member    ARGV[4] now (epoch ms)
-    ARGV[5] event stream MAXLEN     ARGV[6] writer ("" for none; and a traced call's
-            traceparent: entry.lua, entry_writer)
+    @arguments entry (lua/includes/entry.lua), then
     ARGV[8] max value bytes         ARGV[9] expected version ("" for none)
     ARGV[10] topic: "~" keep | "-" clear | "=" .. topic
     ARGV[11] ttl ms: "" keep the current expiry, else a new expiry from now
     ARGV[12] "1" when no string in any op value holds a bracket or brace
-    ARGV[13] number of ops, then 3 ARGV per op:
+    ARGV[13] number of ops
+    ARGV[14..] 3 per op:
       type (set remove increment decrement merge append append_array);
       path ("" = root, else escaped JSON string tokens joined by "\0");
-      value (compact JSON; increment/decrement: the signed integer to add)
-    ARGV[14 + 3 * number of ops] max live keys of the scope when this call creates the key
-      ("" for no limit)
-    the last six ARGV, when ARGV[7] says so (state::update over the bus, where the reply
-             list shares the node; answer.lua):
-      a call whose every op applied is answered here (entry.lua, entry_answer)
+      value (compact JSON; increment/decrement: the signed integer to add);
+      then, after the ops, max live keys of the scope when this call creates the key ("" for
+      no limit)
+    @arguments answer, last when ARGV[7] says so (state::update over the bus, where the
+      reply list shares the node): a call whose every op applied is answered here
   Output:
     {ST.OK, old value or false, new value, version, created (1/0), written (1/0),
      {op position, code, detail, ...}, 1}

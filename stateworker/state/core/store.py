@@ -178,12 +178,12 @@ class RedisState:
     def entry_plan(self, binding: Binding[R], target: Target, args: Sequence[Arg],
                    finish: Callable[[R], Any],
                    accept: frozenset[int] = frozenset(), answers: bool = False) -> Plan:
-        """An entry script (KEYS and first ARGV as set.lua's header). A bus call's reply is
-        recorded with the change; a second delivery gets the recorded reply. Statuses that are
-        errors are raised (statuses.STATUS_ERRORS) unless `accept`ed; `finish` gets the rest,
-        typed (the binding's reply tuple). `answers`: the script can write the call's reply
-        itself, which it does when the call carries a context.Answer (the plan's result is
-        then plans.ANSWERED)."""
+        """An entry script (bindings.entry_call; `args` its own ARGV, from its `<name>_args`
+        builder). A bus call's reply is recorded with the change; a second delivery gets the
+        recorded reply. Statuses that are errors are raised (statuses.STATUS_ERRORS) unless
+        `accept`ed; `finish` gets the rest, typed (the binding's reply tuple). `answers`: the
+        script can write the call's reply itself, which it does when the call carries a
+        context.Answer (the plan's result is then plans.ANSWERED)."""
         scope, key, ctx = target.scope, target.key, target.ctx
         answer = self.answer_here(ctx.answer, scope) if answers else None
         answered = answered_as(answer)

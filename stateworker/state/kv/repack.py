@@ -13,7 +13,7 @@ from typing import Any
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, shown
 from stateworker.keys import PartitionKeys
-from stateworker.scripts.bindings import REPACK
+from stateworker.scripts.bindings import REPACK, repack_call
 from stateworker.settings import LIVE_LEASES
 from stateworker.state.core.store import RedisState
 
@@ -72,7 +72,7 @@ async def _repack(state: RedisState, part: PartitionKeys, what: str, pattern: st
         cursor, names = await state.conn.execute("SCAN", cursor, "MATCH", pattern,
                                                  "COUNT", SCAN_COUNT, "TYPE", kind)
         if names:
-            plan = state.script_plan(REPACK, ([part.scopes], [what, *names]),
+            plan = state.script_plan(REPACK, repack_call(part, what, names),
                                      lambda reply: reply.number)
             changed += await state.execute(plan)
         if cursor in (b"0", "0"):

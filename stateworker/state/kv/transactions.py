@@ -29,7 +29,6 @@ from stateworker.errors import (
     doc_url,
     shown,
 )
-from stateworker.keys import member
 from stateworker.schemas import (
     NULL,
     CheckFields,
@@ -43,7 +42,7 @@ from stateworker.schemas import (
     TxSet,
     TxUpdate,
 )
-from stateworker.scripts.bindings import KEEP, TRANSACTION, optional, topic_arg, ttl_arg
+from stateworker.scripts.bindings import KEEP, TRANSACTION, optional, topic_arg, transaction_args, ttl_arg
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_ERRORS, STATUS_TEXTS, Target
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
@@ -182,13 +181,9 @@ def encode_items(state: RedisState, items: Sequence[TxOp | CheckFields], field: 
 
 def script_args(state: RedisState, scope: str, tx_id: str, max_keys: int | None,
                 lists: list[tuple[int, Encoded]]) -> list[Arg]:
-    """transaction.lua's ARGV from ARGV[8] on: the scope's prefixes, the id ("": each op on
-    its own), the limits, and the compare items, ops and else ops (count, encoded)."""
-    settings = state.settings
-    return [state.keys.for_scope(scope).entry_prefix + member(scope, ""), member(scope, ""),
-            tx_id, settings.max_value_bytes, optional(validate.max_keys(max_keys)),
-            *(count for count, _ in lists), settings.max_call_bytes,
-            *(arg for _, items in lists for arg in items.args)]
+    """transaction.lua's own ARGV (bindings.transaction_args), `max_keys` checked first."""
+    return transaction_args(state.settings, state.keys.for_scope(scope), scope, tx_id,
+                            validate.max_keys(max_keys), [(n, items.args) for n, items in lists])
 
 
 def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallContext) -> Plan:

@@ -17,7 +17,18 @@ from stateworker import codec
 from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.errors import Conflict, InternalError, shown
 from stateworker.schemas import NULL, DiffResult, EntryResult, SetResult, SwapResult
-from stateworker.scripts.bindings import DELETE, KEEP, SET, TOPIC, UPDATE, Keep, optional, topic_arg, ttl_arg
+from stateworker.scripts.bindings import (
+    DELETE,
+    KEEP,
+    SET,
+    TOPIC,
+    UPDATE,
+    Keep,
+    delete_args,
+    set_args,
+    topic_args,
+    update_args,
+)
 from stateworker.scripts.replies import SetReply, UpdateReply
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
 from stateworker.state.core.store import RedisState
@@ -44,9 +55,7 @@ def write_plan(state: RedisState, scope: str, key: str, value: codec.Value,
     scope's ceiling of live keys for a write that creates one (KEY_LIMIT). `answers`: the
     result is state::set's, which the script writes itself for a bus call that lets it
     (context.Answer; entry.lua `entry_answer`)."""
-    args: list[Arg] = [value.json, value.hash, topic_arg(topic), ttl_arg(ttl_ms), condition,
-                       "1" if diff else "", "1" if value.plain_strings else "",
-                       optional(max_keys)]
+    args = set_args(value, topic, ttl_ms, condition, diff, max_keys)
     target = state.target(scope, key, ctx, expected_version=expected_version,
                           create_only=create_only)
     accept = frozenset({_NEEDS_HASH, _CONFLICT}) if condition[:1] in ("h", "a") else \
@@ -150,14 +159,14 @@ def update_plan(state: RedisState, scope: str, key: str, op_args: Sequence[Arg],
     keeps the current expiry. `answers`: the result is state::update's, which the script
     writes itself when every op applied (context.Answer)."""
     target = state.target(scope, key, ctx, expected_version=expected_version)
-    return state.entry_plan(UPDATE, target, [
-        state.settings.max_value_bytes, optional(expected_version), topic_arg(topic),
-        optional(ttl_ms), *op_args, optional(max_keys)], finish, answers=answers)
+    args = update_args(state.settings.max_value_bytes, expected_version, topic, ttl_ms, op_args,
+                       max_keys)
+    return state.entry_plan(UPDATE, target, args, finish, answers=answers)
 
 
 def update_topic_plan(state: RedisState, scope: str, key: str, topic: str | None, *,
                       ctx: CallContext = NO_CONTEXT) -> Plan:
-    return state.entry_plan(TOPIC, state.target(scope, key, ctx), [topic_arg(topic)],
+    return state.entry_plan(TOPIC, state.target(scope, key, ctx), topic_args(topic),
                             lambda reply: reply.found)
 
 
@@ -166,5 +175,5 @@ def delete_plan(state: RedisState, scope: str, key: str, expected_version: int |
     """delete.lua; `expected_version`: delete only the entry at that version (CONFLICT
     otherwise, a missing key being at version 0)."""
     target = state.target(scope, key, ctx, expected_version=expected_version)
-    return state.entry_plan(DELETE, target, [optional(expected_version)],
+    return state.entry_plan(DELETE, target, delete_args(expected_version),
                             lambda reply: _raw(reply.old_value), answers=True)

@@ -1,13 +1,16 @@
 --[[
   A bus call answered by its own script (helpers prefixed answer_; context.Answer): where the
   reply list shares the node with the state (always on one Redis; on a cluster when the
-  layout puts them together). The last six ARGV of such a script: the reply list, the call's
-  stream ("": the service acknowledges the entry, which is on another node), the reply list's
-  expiry (ms), the consumer group, the entry's id and the reply document's head
-  (`{"id":<id>,"ok":true,"result":`). What the service's flush did in a round trip of its own:
-  the reply LPUSHed (the list given its expiry), the call's entry acknowledged and deleted.
-  A script answers only a call that succeeded; an error (and a replayed call) goes back to the
+  layout puts them together). What the service's flush did in a round trip of its own: the
+  reply LPUSHed (the list given its expiry), the call's entry acknowledged and deleted. A
+  script answers only a call that succeeded; an error (and a replayed call) goes back to the
   service, which answers it.
+  Input, the last six ARGV of such a script (its header says `@arguments answer`; n = #ARGV):
+    ARGV[n-5] the reply list        ARGV[n-4] the call's stream ("": the service acknowledges
+            the entry, which is on another node)
+    ARGV[n-3] the reply list's expiry (ms)   ARGV[n-2] the consumer group
+    ARGV[n-1] the entry's id        ARGV[n] the reply document's head (`{"id":<id>,"ok":true,
+            "result":`)
 
   The two names are arguments, not KEYS: a script's KEYS must share one slot on a cluster,
   and these are in other slots (the scripts that answer are flagged allow-cross-slot-keys). On

@@ -17,6 +17,19 @@
   numbers as numbers, the hash as 32 raw bytes), a field that is not set false. `plain` =
   "1" marks a value with no bracket or brace inside a string (json.lua's fast container
   skip).
+  Input of an entry script (a script whose header says `@arguments entry`), before its own:
+    KEYS[1] entry                   KEYS[2] scope key index (zset, score 0)
+    KEYS[3] scope updated index     KEYS[4] scope topic index (zset, topic\0key)
+    KEYS[5] partition scopes        KEYS[6] partition ttl index
+    KEYS[7] partition event stream
+    KEYS[8] (bus calls only) the current slice of the call's records (entry_begin)
+    KEYS[9] (bus calls, snapshot on) the partition's records to save (entry_begin)
+    ARGV[1] scope                   ARGV[2] key
+    ARGV[3] ttl member (<len>:<scope><key>)
+    ARGV[4] now (epoch ms)          ARGV[5] event stream MAXLEN
+    ARGV[6] writer ("" for none; a traced call's also names its traceparent: entry_writer)
+    ARGV[7] the call's record arguments ("" for none; whether the script answers the call:
+            entry_begin)
 ]]
 
 --- @include "packed"
@@ -229,10 +242,8 @@ local function entry_write(ctx, cur, value, hash, topic, ttl, plain)
 end
 
 --[[
-  The ctx of an entry script's call: the entry addressed by the standard keys and first
-  arguments of the entry scripts: KEYS[1..7] = entry, key index, updated index, topic index,
-  scopes, ttl, events; ARGV[1..6] = scope, key, ttl member, now, event stream MAXLEN, writer
-  (entry_writer: the writer, and a traced call's traceparent).
+  The ctx of an entry script's call: the entry its KEYS and first ARGV address (this file's
+  header).
   All of entry.lua's per-call state, in one library table (the library outlives calls, and
   a call never outlives the next), refilled whole by entry_begin: no table to make and
   collect per call. It is not emptied at the end of a call: its fields are the call's KEYS
