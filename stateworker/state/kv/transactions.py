@@ -3,9 +3,11 @@
 Everything that needs no stored state is checked here, before the script runs: the shapes,
 every key and value (their limits), every update op's path and value (an op error found here
 fails the transaction as the script's would), and that no key is written twice in one list
-(DUPLICATE_KEY). transaction.lua then checks every precondition and builds every new value
-before its first write, so a transaction is applied whole or not at all. One partition holds
-the whole scope, so it is one script on one Redis, and one slot on a Redis Cluster.
+(DUPLICATE_KEY), etcd's rule: a key deleted twice is deleted once (each delete answered with
+the one outcome), a key set twice, or set and deleted, is refused. transaction.lua then
+checks every precondition and builds every new value before its first write, so a
+transaction is applied whole or not at all. One partition holds the whole scope, so it is one
+script on one Redis, and one slot on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -151,16 +153,59 @@ def _op_error(op: TxUpdate, index: int, path: str, error: Any, docs_url: str) ->
                      "doc_url": doc_url(error.code, docs_url)})
 
 
+class Once(NamedTuple):
+    """One list of ops as the script runs it: each key's repeated deletes applied once.
+    `at[i]`: the index in `ops` of the request's op i; `origin[k]`: the request's index of op k."""
+
+    ops: list[TxOp]
+    at: list[int]
+    origin: list[int]
+
+
+def once(items: list[TxOp], field: str) -> Once:
+    """`items` with a key's later deletes folded into its first (their conditions must agree:
+    two different expected versions cannot both hold)."""
+    kept: list[TxOp] = []
+    at: list[int] = []
+    origin: list[int] = []
+    deletes: dict[str, int] = {}  # key -> the index of its delete in `kept`
+    for index, op in enumerate(items):
+        first = deletes.get(op.key) if isinstance(op, TxDelete) else None
+        if first is None:
+            if isinstance(op, TxDelete):
+                deletes[op.key] = len(kept)
+            at.append(len(kept))
+            origin.append(index)
+            kept.append(op)
+            continue
+        earlier = kept[first]
+        assert isinstance(earlier, TxDelete) and isinstance(op, TxDelete)
+        if None not in (earlier.expected_version, op.expected_version) and \
+                earlier.expected_version != op.expected_version:
+            path = f"$.{field}[{index}]"
+            raise DuplicateKey(
+                f"{path}: key {shown(op.key)} is deleted twice in `{field}` ({origin[first]} "
+                f"and {index}) at different expected versions ({earlier.expected_version} and "
+                f"{op.expected_version}); both cannot hold",
+                {"path": path, "key": op.key, "op_index": index, "first_index": origin[first]})
+        if earlier.expected_version is None:
+            kept[first] = msgspec.structs.replace(earlier, expected_version=op.expected_version)
+        at.append(first)
+    return Once(kept, at, origin)
+
+
 def encode_items(state: RedisState, items: Sequence[TxOp | CheckFields], field: str,
-                 limit: int = MAX_TX_OPS, what: str = "per transaction") -> Encoded:
-    """transaction.lua's items of one list (`field`), checked: at most `limit` of them."""
+                 limit: int = MAX_TX_OPS, what: str = "per transaction",
+                 origin: Sequence[int] | None = None) -> Encoded:
+    """transaction.lua's items of one list (`field`), checked: at most `limit` of them
+    (`origin`: each item's index in the request, when some were folded: `once`)."""
     if len(items) > limit:
         raise InvalidRequest(f"$.{field}: at most {limit} {what}, got {len(items)}",
                              {"path": f"$.{field}", "limit": limit})
     encoded = Encoded()
     written: dict[str, int] = {}
     for index, item in enumerate(items):
-        path = f"$.{field}[{index}]"
+        path = f"$.{field}[{index if origin is None else origin[index]}]"
         validate.name(state.settings, f"{field}[{index}].key", item.key)
         if isinstance(item, CheckFields):  # a `compare` item or a `check` op: writes nothing
             kind = "check"
@@ -196,13 +241,15 @@ def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallConte
         raise InvalidRequest("$.ops: a transaction needs at least one op (or a `compare`)",
                              {"path": "$.ops"})
     _count_update_ops(then_ops, else_ops)
-    encoded = [encode_items(state, compare, "compare"), encode_items(state, then_ops, "ops"),
-               encode_items(state, else_ops, "else_ops")]
+    runs = (once(then_ops, "ops"), once(else_ops, "else_ops"))
+    encoded = [encode_items(state, compare, "compare"),
+               encode_items(state, runs[0].ops, "ops", origin=runs[0].origin),
+               encode_items(state, runs[1].ops, "else_ops", origin=runs[1].origin)]
     first_key = (compare or then_ops or else_ops)[0].key
     args = script_args(state, req.scope, uuid.uuid4().hex, req.max_keys,
-                       [(len(compare), encoded[0]), (len(then_ops), encoded[1]),
-                        (len(else_ops), encoded[2])])
-    return _attempt(state, req, ctx, first_key, args, encoded, _HASH_RETRIES)
+                       [(len(compare), encoded[0]), (len(runs[0].ops), encoded[1]),
+                        (len(runs[1].ops), encoded[2])])
+    return _attempt(state, req, ctx, first_key, args, encoded, runs, _HASH_RETRIES)
 
 
 def _count_update_ops(then_ops: list[TxOp], else_ops: list[TxOp]) -> None:
@@ -222,7 +269,8 @@ def _count_update_ops(then_ops: list[TxOp], else_ops: list[TxOp]) -> None:
 
 
 def _attempt(state: RedisState, req: TransactionRequest, ctx: CallContext, first_key: str,
-             args: list[Arg], encoded: list[Encoded], left: int) -> Plan:
+             args: list[Arg], encoded: list[Encoded], runs: tuple[Once, Once],
+             left: int) -> Plan:
     """One run of transaction.lua; a stored hash an update left unknown is computed and
     stored first, then the transaction runs again (`left` more times)."""
     def finish(reply: list[Any]) -> Any:
@@ -234,25 +282,28 @@ def _attempt(state: RedisState, req: TransactionRequest, ctx: CallContext, first
             key = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             return then(hash_plan(state, req.scope, key, reply[2], reply[3] or b""),
                         lambda _digest: _attempt(state, req, ctx, first_key, args, encoded,
-                                                 left - 1))
+                                                 runs, left - 1))
         if status == _ABORTED:
-            raise _aborted(state, req, ctx, reply)
-        return _result(req, reply, encoded)
+            raise _aborted(state, req, ctx, reply, runs)
+        return _result(req, reply, encoded, runs)
 
     target = state.target(req.scope, first_key, ctx)
     return state.entry_plan(TRANSACTION, target, args, finish)
 
 
-def _branch(req: TransactionRequest, reply_branch: int) -> tuple[str, list[TxOp]]:
-    return ("ops", req.ops) if reply_branch == 1 else ("else_ops", req.else_ops or [])
+def _branch(req: TransactionRequest, reply_branch: int, runs: tuple[Once, Once]
+            ) -> tuple[str, list[TxOp], Once]:
+    if reply_branch == 1:
+        return "ops", req.ops, runs[0]
+    return "else_ops", req.else_ops or [], runs[1]
 
 
 def _aborted(state: RedisState, req: TransactionRequest, ctx: CallContext,
-             reply: list[Any]) -> StateError:
+             reply: list[Any], runs: tuple[Once, Once]) -> StateError:
     """The error of the op that stopped the transaction (TX_ABORTED: its index, status and
     the status's own reply)."""
-    field, ops_list = _branch(req, reply[1])
-    index, status, inner = reply[2], reply[3], reply[3:]
+    field, ops_list, run = _branch(req, reply[1], runs)
+    index, status, inner = run.origin[reply[2]], reply[3], reply[3:]
     op = ops_list[index]
     path = f"$.{field}[{index}]"
     name = _OP_NAMES[type(op)]
@@ -286,14 +337,15 @@ def _unmet(op: TxCheck | TxCompareAndSet, inner: list[Any], target: Target
             "absent)", {**wanted, "current_version": current})
 
 
-def _result(req: TransactionRequest, reply: list[Any], encoded: list[Encoded]
-            ) -> TransactionResult:
-    field, ops_list = _branch(req, reply[1])
+def _result(req: TransactionRequest, reply: list[Any], encoded: list[Encoded],
+            runs: tuple[Once, Once]) -> TransactionResult:
+    field, ops_list, run = _branch(req, reply[1], runs)
     values = encoded[1 if field == "ops" else 2].values
     results = []
-    for index, op in enumerate(ops_list):
-        old, new, version, created = reply[4 + 4 * index: 8 + 4 * index]
-        results.append(_op_result(op, values.get(index), old, new, version, created == 1))
+    for index, op in enumerate(ops_list):  # (a key deleted twice: each with the one outcome)
+        ran = run.at[index]
+        old, new, version, created = reply[4 + 4 * ran: 8 + 4 * ran]
+        results.append(_op_result(op, values.get(ran), old, new, version, created == 1))
     revision = reply[2].decode() if isinstance(reply[2], bytes) else None
     return TransactionResult(branch="ops" if field == "ops" else "else_ops", results=results,
                              revision=revision, tx=reply[3].decode())
