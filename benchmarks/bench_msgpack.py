@@ -19,8 +19,8 @@ import msgspec
 import redis.asyncio as aredis
 
 from benchmarks.bench_bus import start_service
-from benchmarks.bench_floor import _stop, timed_cpu
 from benchmarks.benchtime import Op
+from benchmarks.floor_process import stop_process, timed_cpu
 
 PREFIX = "benchmp"
 VALUE: dict[str, Any] = {"n": 1, "name": "bench", "tags": ["a", "b"], "ok": True}
@@ -110,7 +110,7 @@ async def msgpack_section(url: str, socket_path: str, seconds: float, rounds: in
                                      "service_cpu_us": round(statistics.median(cpus[fmt]) * 1e6,
                                                              1)} for fmt in rates}
     finally:
-        _stop(service)
+        stop_process(service)
     print("\nmsgpack bodies (fmt msgpack) vs JSON, bus, 64 in flight, one hand-written caller",
           file=out)
     print(f"{'call':<12}{'json/s':>9}{'msgpack/s':>11}{'ratio':>7}{'svc us json':>13}"

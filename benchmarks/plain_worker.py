@@ -1,5 +1,5 @@
 """A plain hand-written redis-py worker for the `state` service's `state::set`: the reference
-of issue 24's "Must show" 1 and 3 (`benchmarks/bench_floor.py`).
+of issue 24's "Must show" 1 and 3 (`benchmarks/floor_bus.py`).
 
 It speaks the bus protocol (docs/bus-protocol.md) just enough for a `StateClient` to call it:
 it reads `<prefix>:bus:state` with the group `state` (`XREADGROUP COUNT 64`), runs one

@@ -32,7 +32,7 @@ ensure_redis() {
   fi
 }
 
-# etcd for the floor bench's reference (benchmarks/bench_floor.py, issue 24): Debian's
+# etcd for the floor bench's reference (benchmarks/floor_strict.py, issue 24): Debian's
 # etcd-server, started per run by the bench on free ports. scripts/bench only: the tests never
 # need it.
 ensure_etcd() {

@@ -1,5 +1,7 @@
 """`BusRuntime`: the loops that serve one service's streams (bus/protocol.py: the protocol;
-bus/sources.py: which streams, and whose: `acl` mode's principals).
+bus/sources.py: which streams, and whose: `acl` mode's principals). This module holds the way
+of one call, from its read to its reply; the start, the drain, the fetcher and the reclaim are
+bus/upkeep.py's (`Upkeep`, a mixin of `BusRuntime`).
 
     reader   XREADGROUP batches -> the callers' lanes (bus/lanes.py: a fair share each) ->
              one task per batch (plans) or per call (user handlers), bounded by
@@ -21,7 +23,6 @@ records when they ran), and the reclaim takes over what any consumer left.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from typing import Any
 
@@ -44,13 +45,12 @@ from stateworker.bus.reply_writer import ReplyWriter
 from stateworker.bus.sources import (
     Source,
     Sources,
-    claimed_entries,
-    create_groups,
     follow_principals,
     read_call,
     recover_groups,
 )
 from stateworker.bus.stats import Stats
+from stateworker.bus.upkeep import SKIM_WAIT_S, Upkeep
 from stateworker.clock import now_ms
 from stateworker.errors import (
     InternalError,
@@ -61,18 +61,17 @@ from stateworker.errors import (
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import REPLIED, Answered, Plan, Sent
-from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
+from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
 
 SKIM = 512  # entries a read takes ahead (into the lanes) while a backlog waits
-SKIM_WAIT_S = 0.05  # reading ahead, caught up: how long before looking again at most
 WINDOW = 64  # a batch handler's calls in flight taken from the lanes, at most
 
 
-class BusRuntime:
+class BusRuntime(Upkeep):
     """Serves one service's stream with `handler` until `stop()`."""
 
     def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, *,
@@ -154,63 +153,10 @@ class BusRuntime:
                 await self.reader.close()
             log.info("stopped", extra={"event": "bus.stop", "service": self.bus.service})
 
-    def _shards(self) -> dict[str, int]:
-        """`{"shards": N}` for a sharded service (STATEWORKER_BUS_SHARDS), else nothing."""
-        count = len(self.bus.streams)
-        return {"shards": count} if count > 1 else {}
-
     def stop(self) -> None:
         """Stop reading; calls already read finish (within the grace period) and are answered."""
         self._stopping.set()
         self._freed.set()  # a reader waiting for a free call slot sees the stop at once
-
-    async def _start(self) -> bool:
-        """Create the consumer group, waiting (with backoff, at most `start_wait_s`) while
-        Redis refuses connections or is in a transient state. One log line says so. False:
-        `stop()` came first."""
-        end = None if self.start_wait_s is None else time.monotonic() + self.start_wait_s
-        backoff = Backoff()
-        while not self._stopping.is_set():
-            try:
-                await create_groups(self.conn, self.sources, self.bus.group)
-                break
-            except (ConnectionLost, ReplyError) as exc:
-                reason = transient_reason(exc)
-                if reason is None:
-                    raise
-                self.transient[reason] += 1
-                text = (no_redis_text(self.conn.url, exc) if reason == "CONNECTION" else
-                        f"Redis at {self.conn.shown} is not serving yet ({exc})")
-                delay = backoff.next()
-                if end is not None and time.monotonic() + delay >= end:
-                    raise Unavailable(f"{text}; gave up after {self.start_wait_s:g} s",
-                                      {"redis": self.conn.shown}) from None
-                if backoff.failures == 1:
-                    log.warning("%s; waiting for it%s", text, "" if end is None else
-                                f" (at most {self.start_wait_s:g} s)",
-                                extra={"event": "bus.waiting", "service": self.bus.service,
-                                       "redis": self.conn.shown})
-                await self._pause(delay)
-        if backoff.failures and not self._stopping.is_set():
-            log.info("Redis at %s serves", self.conn.shown, extra={"event": "bus.redis_back"})
-        return not self._stopping.is_set()
-
-    async def _drain(self, calls: TaskGroup) -> None:
-        """Wait for calls in flight and those read ahead (the lanes: read, so this
-        consumer's to answer), at most `grace_s`; then cancel what is left (pending: a
-        restart or another replica serves it)."""
-        with anyio.move_on_after(self.options.grace_s):
-            while self._in_flight or self.lanes.held or self.lanes.parked:
-                if self._in_flight:
-                    await self._idle.wait()
-                else:  # (parked ones only: fetched, then started by the fetcher)
-                    self._to_fetch.set()
-                    await anyio.sleep(SKIM_WAIT_S)
-        self._closed = True
-        if self._in_flight:
-            log.warning("grace period over, cancelling calls", extra={
-                "event": "bus.cancel", "service": self.bus.service, "in_flight": self._in_flight})
-        calls.cancel_scope.cancel()
 
     # ---- reading -----------------------------------------------------------------------------
     async def _read_loop(self, calls: TaskGroup) -> None:
@@ -232,10 +178,11 @@ class BusRuntime:
                 # Calls met Redis away and stay pending: read them again once it serves (not
                 # at once: Redis may be away still; a reclaim takes what this one misses),
                 # before anything read after them (a worker serving one call at a time keeps
-                # its stream's order: trigger deliveries per scope).
-                self.replies.unanswered = False
-                await self._pause(again.next())
+                # its stream's order: trigger deliveries per scope). The lanes are dropped
+                # first, so none of what they held starts during the pause.
                 self._history_again()
+                await self._pause(again.next())
+                self.replies.unanswered = False
             try:
                 await follow_principals(self.conn, self.sources, self.bus.group)
                 # COUNT is per stream: the calls in flight stay within `concurrency`. A
@@ -288,12 +235,6 @@ class BusRuntime:
                 with anyio.move_on_after(SKIM_WAIT_S):
                     await self._freed.wait()
 
-    def _history_again(self) -> None:
-        """Read every stream's pending history again: what the lanes held comes back with
-        it (so they start empty; what is being served is left out when it comes)."""
-        self.sources.all_history()
-        self.lanes = Lanes()
-
     def _serve_lanes(self) -> None:
         """Start what the free slots take from the lanes, `read_count` a batch (the streams'
         entries of one turn together: on a cluster the shards' calls then share each node's
@@ -308,38 +249,6 @@ class BusRuntime:
                 min(self.options.read_count, self._window - self._in_flight)))
         if self.lanes.parked:
             self._to_fetch.set()
-
-    async def _fetch_loop(self) -> None:
-        """Parked entries back into their lanes (XRANGE each), as the lanes run low."""
-        while not self._closed:
-            await self._to_fetch.wait()
-            self._to_fetch = anyio.Event()
-            lanes, wanted = self.lanes, self.lanes.to_fetch()
-            if not wanted:
-                continue
-            try:
-                replies = await self.conn.pipeline(
-                    [["XRANGE", stream, entry_id, entry_id]
-                     for _, refs in wanted for stream, entry_id in refs])
-            except (ConnectionLost, ReplyError) as exc:
-                log.warning("reading parked calls failed: %s", exc,
-                            extra={"event": "bus.fetch_failed", "service": self.bus.service})
-                self._history_again()  # (they are pending: read again from the history)
-                continue
-            if lanes is not self.lanes:  # (the history is read again meanwhile)
-                continue
-            at = 0
-            for key, refs in wanted:
-                found = replies[at:at + len(refs)]
-                at += len(refs)
-                lanes.fetched(key, [(ref, reply[0][1] if reply else None)
-                                    for ref, reply in zip(refs, found, strict=True)])
-            self._serve_lanes()
-
-    async def _pause(self, seconds: float) -> None:
-        """Sleep, but no longer than until `stop()`."""
-        with anyio.move_on_after(seconds):
-            await self._stopping.wait()
 
     def _spawn(self, calls: TaskGroup, entries: list[Entry]) -> None:
         """Serve entries read, as one batch of plans."""
@@ -441,32 +350,6 @@ class BusRuntime:
             await replies.flush_all()  # at once, rather than a loop iteration later
         finally:
             self._finished(refs)
-
-    async def _reclaim_loop(self, calls: TaskGroup) -> None:
-        period = self.options.visibility_timeout_ms / 2000
-        while not self._stopping.is_set():
-            with anyio.move_on_after(period):
-                await self._stopping.wait()
-            if self._stopping.is_set():
-                return
-            try:
-                await self._reclaim(calls)
-            except (ConnectionLost, ReplyError) as exc:
-                log.warning("reclaim failed: %s", exc, extra={"event": "bus.reclaim_failed"})
-
-    async def _reclaim(self, calls: TaskGroup) -> None:
-        room = lambda: self.options.concurrency - self._in_flight  # noqa: E731
-        async for source, entries, deleted in claimed_entries(
-                self.conn, self.sources, self.bus.group, self.consumer,
-                self.options.visibility_timeout_ms, room):
-            if entries:
-                log.info("reclaimed entries of a dead consumer", extra={
-                    "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
-                    "stream": source.stream})
-                self._spawn(calls, [Entry((source.stream, entry_id), flat, source)
-                                    for entry_id, flat in entries])
-            for entry_id in deleted:  # deleted from the stream meanwhile
-                self.replies.queue(b"", None, (source.stream, entry_id), None)
 
     def _parse(self, ref: Ref, flat: list[bytes], source: Source,
                in_script: frozenset[str] = frozenset()) -> Parsed:

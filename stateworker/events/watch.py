@@ -6,25 +6,11 @@ yields `Event`s and, after `watch_progress_s` without one, a `Bookmark` (the lat
 examined). StateClient.watch() and `stateworker watch` are both this class.
 
 Reading. Each partition has a cursor, the last stream id examined (`PartitionReader`'s rule:
-a filter never makes it read an entry twice). One read is one transaction (MULTI ... EXEC):
-`XINFO STREAM` of each partition read, one `XREAD COUNT <page>` of them all, `TIME`. Being
-atomic, the XINFO tells exactly whether events after the cursor were trimmed before this read
-(`compaction.lost_after`), and the partition's history record (read in it too) whether the
-cursor is from before a restore or a new Redis, or ahead of this Redis (`compaction.gap`):
-then COMPACTED, after the events read before it. When a read finds
-nothing, the watch waits with `XREAD BLOCK` on every partition it reads (its reply only says
-"something came"; the transaction reads it), at most until the next bookmark is due. A
-transient Redis error (broken connection, LOADING ...) is waited out with `Backoff` and the
-read repeated from the same cursors: cursors move only with a read's reply, so nothing is lost
-or repeated across reconnects.
-
-On a Redis Cluster an unscoped watch's partitions are in several slots, and Redis refuses an
-XREAD or a MULTI across slots (even on one node). There each partition is read in a
-transaction of its own (its XINFO, history, XREAD and its primary's TIME), all sent at once
-(one pipeline per primary: as many round trips as one server's single read, in parallel), and
-the wait is transport/streamread.py's (one blocking XREAD per slot, the first answer ends the
-others). The single-server read
-is unchanged: one transaction, one round trip.
+a filter never makes it read an entry twice). A read (events/watch_reads.py: one transaction
+on one server, one per partition on a Redis Cluster) brings the entries after each cursor and
+tells whether events after it were trimmed, or the cursor is from before a restore or a new
+Redis, or ahead of this Redis (`compaction.gap`): then COMPACTED, after the events read before
+it. A transient Redis error is waited out and the read repeated from the same cursors.
 
 Order. One partition's stream is totally ordered, so a scoped watch hands each event on as
 read. An unscoped watch merges the partitions by revision: an entry read from one partition is
@@ -55,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import InvalidRequest, StateError, Unavailable
+from stateworker.errors import InvalidRequest, StateError
 from stateworker.events.compaction import (
     History,
     StreamInfo,
@@ -78,43 +64,19 @@ from stateworker.events.model import (
     tx_rest,
 )
 from stateworker.events.reader import PAGE, PartitionReader
+from stateworker.events.watch_reads import Partition, WatchReads, checked
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
-from stateworker.transport.connection import shown_url
-from stateworker.transport.retry import Backoff, open_ready, transient_reason
-from stateworker.transport.slot_transactions import transactions_by_slot
+from stateworker.transport.retry import open_ready
 from stateworker.transport.streamread import StreamReader
-from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 FOREVER: Revision = (MAX_SEQ + 1, 0)  # after every stream id
-# One partition's read: the partition, its XINFO STREAM and history replies, the entries read,
-# the clock (µs) of the Redis that holds it, all from one transaction.
-PartitionRead = tuple["_Partition", Any, Any, list[Any], int]
 CLOCK_WAIT_MAX_S = 0.05  # the longest wait for Redis's clock to pass a held entry's millisecond
 
 
-class _Partition:
-    """One partition as the watch reads it."""
-
-    __slots__ = ("counted", "cursor", "frontier", "held", "history", "index", "more", "number",
-                 "reader")
-
-    def __init__(self, reader: PartitionReader, history: str, number: int, index: int,
-                 cursor: Revision, counted: int | None) -> None:
-        self.reader = reader
-        self.history = history  # its history key (compaction.History)
-        self.number = number  # the partition's number in the key space
-        self.index = index  # its place in the watch's list (the merge refers to it)
-        self.cursor = cursor  # the last stream id examined
-        self.counted = counted  # entries ever added up to the cursor (compaction.py); None: unknown
-        self.held = 0  # its entries read but waiting in the merge for other partitions
-        self.more = True  # it may hold entries after the cursor that no read has brought yet
-        self.frontier = cursor  # every entry of it up to here has been read
-
-
-class Watch:
+class Watch(WatchReads):
     """An async iterator of `Event | Bookmark` (module docstring); also an async context
     manager that closes its connection."""
 
@@ -151,7 +113,7 @@ class Watch:
                                    read_timeout_s=settings.read_timeout_s)
         self.transient: Counter[str] = Counter()  # transient Redis states met, by kind
         self.position: Revision = (0, 0)  # see the module docstring
-        self._parts: list[_Partition] = []
+        self._parts: list[Partition] = []
         self._merge: list[tuple[Revision, int, Event | None]] = []  # held entries, a heap
         self._tx_end: dict[str, Revision] = {}  # a held transaction's last revision, by id
         self._blocked = False  # the merge's head waits for the rest of its transaction
@@ -162,7 +124,7 @@ class Watch:
         self._bookmark_at = 0.0
         self._opened = False
         # An unscoped watch on a Redis Cluster: its partitions are in several slots, so each
-        # is read in a transaction of its own and waited on one by one (module docstring).
+        # is read in a transaction of its own and waited on one by one (events/watch_reads.py).
         self._waits: StreamReader | None = None
 
     # ---- opening and closing -----------------------------------------------------------------
@@ -181,7 +143,7 @@ class Watch:
         (stored,) = await self._execute([["HGET", KeySpace(prefix, 1).meta, "partitions"]])
         keys = KeySpace(prefix, int(stored) if stored else self.settings.partitions)
         indexes = range(keys.partitions) if self.scope is None else [keys.partition_of(self.scope)]
-        self._parts = [_Partition(PartitionReader(self.conn, keys, n, scope=self.scope,
+        self._parts = [Partition(PartitionReader(self.conn, keys, n, scope=self.scope,
                                                   key=self.key),
                                   keys.partition(n).history, n, i, self.start or (0, 0), None)
                        for i, n in enumerate(indexes)]
@@ -194,26 +156,6 @@ class Watch:
         self._bookmark_at = time.monotonic() + self.settings.watch_progress_s
         self._opened = True
         return self
-
-    async def _from_now(self) -> None:
-        """Each partition's cursor at its newest id (or where its history begins, if later),
-        every entry it ever had counted."""
-        each: list[list[list[Arg]]] = [
-            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"]]
-            for p in self._parts]
-        if self._waits is None:  # one transaction
-            replies = await self._transaction([command for pair in each for command in pair])
-            pairs = list(zip(replies[0::2], replies[1::2], strict=True))
-        else:  # one per partition (slot)
-            pairs = [(info, recorded) for info, recorded in await self._transactions(
-                each, [p.reader.stream for p in self._parts])]
-        for part, (reply, recorded) in zip(self._parts, pairs, strict=True):
-            info, history = stream_info(reply, part.reader.stream), history_of(recorded)
-            part.cursor = part.frontier = max(
-                (0, 0) if info is None else info.last_generated,
-                (0, 0) if history is None else history.after)
-            part.counted = 0 if info is None else info.entries_added
-        self.position = max(p.cursor for p in self._parts)
 
     async def close(self) -> None:
         if self._waits is not None:
@@ -277,29 +219,6 @@ class Watch:
         oldest_ms = self._merge[0][0][0]
         return min(max((oldest_ms + 1) * 1000 - self._clock_us, 1) / 1e6, CLOCK_WAIT_MAX_S)
 
-    async def _wait(self, seconds: float) -> None:
-        """Block until an entry comes to a partition read (its reply is dropped: the next read
-        takes it with the compaction check) or `seconds` pass."""
-        streams, cursors = self._cursors(self._parts)
-        block_ms = max(int(seconds * 1000), 1)
-        try:
-            if self._waits is not None:
-                await self._waits.read(["XREAD", "COUNT", 1, "BLOCK", block_ms], streams, cursors)
-            else:
-                await self.conn.execute("XREAD", "COUNT", 1, "BLOCK", block_ms,
-                                        "STREAMS", *streams, *cursors)
-        except anyio.get_cancelled_exc_class():
-            # The XREAD stays blocked in Redis: a read after it would queue behind it.
-            if self._waits is None:  # (StreamReader ends its own blocked reads)
-                with anyio.CancelScope(shield=True):
-                    await self.conn.close()
-            raise
-        except (ConnectionLost, ReplyError) as exc:
-            # Not repeated here: the read that follows rides it out (with backoff), and a
-            # repeated wait would start its whole time again.
-            self._refused(exc)
-            self._met(exc)
-
     async def _read(self) -> None:
         """Read the partitions not full in the merge, then hand on what can go."""
         parts = [p for p in self._parts if self._may_read(p)]  # the others wait in the merge
@@ -314,7 +233,7 @@ class Watch:
             if self._compacted(part, info, history_of(recorded), clock_us // 1000):
                 continue
             if cut := tx_missing(entries):  # (a watch never shows half a transaction)
-                entries = entries + tx_rest(cut[0], _checked((await self._execute([[
+                entries = entries + tx_rest(cut[0], checked((await self._execute([[
                     "XRANGE", part.reader.stream, f"({entries[-1][0].decode()}", "+", "COUNT",
                     cut[1]]]))[0]))
             self._take(part, entries)
@@ -328,34 +247,7 @@ class Watch:
             part.frontier = at_end if to_the_end else part.cursor
         self._release()
 
-    async def _read_together(self, parts: list[_Partition]) -> list[PartitionRead]:
-        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
-        streams, cursors = self._cursors(parts)
-        count = len(parts)
-        commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
-        commands += [["HMGET", p.history, "after", "cause"] for p in parts]
-        commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
-        replies = await self._transaction(commands)
-        read = {name.decode(): entries for name, entries in _checked(replies[-2]) or []}
-        clock_us = _micros(_checked(replies[-1]))
-        return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us)
-                for part, reply, recorded in zip(parts, replies[:count],
-                                                 replies[count:2 * count], strict=True)]
-
-    async def _read_each(self, parts: list[_Partition]) -> list[PartitionRead]:
-        """On a Redis Cluster: one transaction per partition (one slot), all sent at once (one
-        pipeline per primary): its XINFO, history, XREAD and its primary's TIME."""
-        replies = await self._transactions([
-            [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"],
-             ["XREAD", "COUNT", self.page, "STREAMS", p.reader.stream, revision_text(p.cursor)],
-             ["TIME"]] for p in parts], [p.reader.stream for p in parts])
-        reads: list[PartitionRead] = []
-        for part, (reply, recorded, read, clock) in zip(parts, replies, strict=True):
-            entries = _checked(read)[0][1] if _checked(read) else []
-            reads.append((part, reply, recorded, entries, _micros(_checked(clock))))
-        return reads
-
-    def _compacted(self, part: _Partition, info: StreamInfo | None, history: History | None,
+    def _compacted(self, part: Partition, info: StreamInfo | None, history: History | None,
                    clock_ms: int) -> bool:
         """Whether events after the partition's cursor cannot all be read: the watch's failure
         (once the events before are out) and the partition read no more."""
@@ -367,7 +259,7 @@ class Watch:
         part.more = False
         return True
 
-    def _take(self, part: _Partition, entries: list[Any]) -> None:
+    def _take(self, part: Partition, entries: list[Any]) -> None:
         for entry_id, event in part.reader.sift(entries):
             heapq.heappush(self._merge, (revision_of(entry_id), part.index, event))
         for tx, end in tx_ends(entries).items():
@@ -376,7 +268,7 @@ class Watch:
             part.held += len(entries)
             part.cursor = revision_of(entries[-1][0])
 
-    def _may_read(self, part: _Partition) -> bool:
+    def _may_read(self, part: Partition) -> bool:
         """A full partition waits in the merge, unless a transaction holds the merge up: then
         the others are read on until the frontier passes its end."""
         return part.held < self.page or self._blocked
@@ -400,74 +292,6 @@ class Watch:
                 self._ready.append(event)
         for tx in [tx for tx, end in self._tx_end.items() if end <= self.position]:
             del self._tx_end[tx]
-
-    # ---- Redis ---------------------------------------------------------------------------------
-    @staticmethod
-    def _cursors(parts: list[_Partition]) -> tuple[list[str], list[str]]:
-        return [p.reader.stream for p in parts], [revision_text(p.cursor) for p in parts]
-
-    def _met(self, error: BaseException) -> None:
-        self.transient[transient_reason(error) or str(error).split(" ", 1)[0] or "OTHER"] += 1
-
-    async def _transaction(self, commands: list[list[Arg]]) -> list[Any]:
-        """The replies of `commands` run as one MULTI ... EXEC."""
-        replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
-        return list(_checked(replies[-1]))
-
-    async def _transactions(self, each: list[list[list[Arg]]], keys: list[str]
-                            ) -> list[list[Any]]:
-        """On a Redis Cluster: the replies of each command list (all of the slot of its key
-        in `keys`) run as a MULTI ... EXEC of its own. Those of one primary go back to back in
-        one pipeline, the primaries' side by side. A transient failure is waited out with
-        backoff and they are grouped and sent again (a slot that moved: its new primary)."""
-        backoff = Backoff()
-        while True:
-            try:
-                assert isinstance(self.conn, ClusterConnection)
-                return await transactions_by_slot(self.conn, each, keys)
-            except (ConnectionLost, ReplyError) as exc:
-                self._refused(exc)
-                self._met(exc)
-                await anyio.sleep(backoff.next())
-
-    async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
-        """Run commands (they only read); a transient failure is waited out with backoff and
-        they run again, for as long as it takes: a watch rides out Redis restarts."""
-        backoff = Backoff()
-        while True:
-            try:
-                replies = await self.conn.pipeline(commands)
-                for reply in replies:
-                    _checked(reply)
-                return replies
-            except (ConnectionLost, ReplyError) as exc:
-                self._refused(exc)
-                self._met(exc)
-                await anyio.sleep(backoff.next())
-
-    def _refused(self, error: ConnectionLost | ReplyError) -> None:
-        """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again).
-        On a Redis Cluster a transaction discarded (EXECABORT) is transient too: its commands
-        met MOVED or ASK (its slot moved or is moving), the connection read the map again,
-        and the transaction, sent again, goes to the new primary; so is a MOVED or ASK that
-        ended a wait (StreamReader: the map is read again before the next read)."""
-        moved = isinstance(self.conn, ClusterConnection) and str(error).startswith(
-            ("EXECABORT", "MOVED", "ASK"))
-        if transient_reason(error) is None and not moved:
-            raise Unavailable(f"Redis at {shown_url(self.url)} refused a watch's read: {error}",
-                              {"redis": shown_url(self.url)}) from error
-
-
-def _checked(reply: Any) -> Any:
-    if isinstance(reply, ReplyError):
-        raise reply
-    return reply
-
-
-def _micros(time_reply: Any) -> int:
-    """TIME's reply (seconds, microseconds) in microseconds."""
-    seconds, micros = time_reply
-    return int(seconds) * 1_000_000 + int(micros)
 
 
 def _check_text(field: str, text: str) -> None:

@@ -2,7 +2,7 @@
 
 The Structs are what callers get back (`SetOutcome`, `Swap`, `Entry` and `BarrierOutcome` are
 exported from `stateworker`; `Claim` is only returned). The operations answer with the
-JSON-shaped results of schemas.py, values kept as raw JSON; the conversions here decode those
+JSON-shaped results of schemas/, values kept as raw JSON; the conversions here decode those
 values (tagged datetime, Decimal, UUID, bytes ... back to their types, codec.py) and turn
 unset fields into None.
 """

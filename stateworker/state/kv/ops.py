@@ -1,4 +1,4 @@
-"""`state::update` ops (their shapes are in schemas.py): the checks that need no document, and their
+"""`state::update` ops (their shapes: schemas/base.py): the checks that need no document, and their
 encoding for update.lua.
 
 The checks here (path depth, segment size, empty and prototype-polluting segments, merge value

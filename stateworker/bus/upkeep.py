@@ -1,0 +1,174 @@
+"""`Upkeep`: what a `BusRuntime` (bus/runtime.py) does around serving its calls, none of it on
+the way of one call: the start (the consumer groups made, waiting for a Redis that is away or
+loading), the drain at stop (calls in flight and read ahead finished within `grace_s`), the
+fetcher (a flooding caller's parked entries read back, XRANGE, as its lane runs low: bus/lanes.py)
+and the reclaim (XAUTOCLAIM of entries idle longer than the visibility timeout, served as any
+read).
+
+A mixin of `BusRuntime`, which holds the state it uses (declared below for the type checker)
+and serves what these loops hand it (`_spawn`, `_serve_lanes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskGroup
+
+from stateworker.bus.lanes import Entry, Lanes
+from stateworker.bus.protocol import Bus, BusOptions
+from stateworker.bus.reply_writer import ReplyWriter
+from stateworker.bus.sources import Sources, claimed_entries, create_groups
+from stateworker.errors import Unavailable
+from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
+from stateworker.transport.wire import ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.bus")
+
+SKIM_WAIT_S = 0.05  # reading ahead, caught up: how long before looking again at most
+
+
+class Upkeep:
+    """The start, the drain, the fetcher and the reclaim of a `BusRuntime`."""
+
+    conn: RedisConnection
+    bus: Bus
+    options: BusOptions
+    sources: Sources
+    consumer: str
+    replies: ReplyWriter
+    lanes: Lanes
+    start_wait_s: float | None
+    transient: Counter[str]
+    _stopping: anyio.Event
+    _idle: anyio.Event
+    _to_fetch: anyio.Event
+    _in_flight: int
+    _closed: bool
+
+    if TYPE_CHECKING:  # (BusRuntime's: how what these loops find is served)
+        def _spawn(self, calls: TaskGroup, entries: list[Entry]) -> None: ...
+
+        def _serve_lanes(self) -> None: ...
+
+    async def _start(self) -> bool:
+        """Create the consumer group, waiting (with backoff, at most `start_wait_s`) while
+        Redis refuses connections or is in a transient state. One log line says so. False:
+        `stop()` came first."""
+        end = None if self.start_wait_s is None else time.monotonic() + self.start_wait_s
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            try:
+                await create_groups(self.conn, self.sources, self.bus.group)
+                break
+            except (ConnectionLost, ReplyError) as exc:
+                reason = transient_reason(exc)
+                if reason is None:
+                    raise
+                self.transient[reason] += 1
+                text = (no_redis_text(self.conn.url, exc) if reason == "CONNECTION" else
+                        f"Redis at {self.conn.shown} is not serving yet ({exc})")
+                delay = backoff.next()
+                if end is not None and time.monotonic() + delay >= end:
+                    raise Unavailable(f"{text}; gave up after {self.start_wait_s:g} s",
+                                      {"redis": self.conn.shown}) from None
+                if backoff.failures == 1:
+                    log.warning("%s; waiting for it%s", text, "" if end is None else
+                                f" (at most {self.start_wait_s:g} s)",
+                                extra={"event": "bus.waiting", "service": self.bus.service,
+                                       "redis": self.conn.shown})
+                await self._pause(delay)
+        if backoff.failures and not self._stopping.is_set():
+            log.info("Redis at %s serves", self.conn.shown, extra={"event": "bus.redis_back"})
+        return not self._stopping.is_set()
+
+    def _shards(self) -> dict[str, int]:
+        """`{"shards": N}` for a sharded service (STATEWORKER_BUS_SHARDS), else nothing."""
+        count = len(self.bus.streams)
+        return {"shards": count} if count > 1 else {}
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but no longer than until `stop()`."""
+        with anyio.move_on_after(seconds):
+            await self._stopping.wait()
+
+    async def _drain(self, calls: TaskGroup) -> None:
+        """Wait for calls in flight and those read ahead (the lanes: read, so this
+        consumer's to answer), at most `grace_s`; then cancel what is left (pending: a
+        restart or another replica serves it)."""
+        with anyio.move_on_after(self.options.grace_s):
+            while self._in_flight or self.lanes.held or self.lanes.parked:
+                if self._in_flight:
+                    await self._idle.wait()
+                else:  # (parked ones only: fetched, then started by the fetcher)
+                    self._to_fetch.set()
+                    await anyio.sleep(SKIM_WAIT_S)
+        self._closed = True
+        if self._in_flight:
+            log.warning("grace period over, cancelling calls", extra={
+                "event": "bus.cancel", "service": self.bus.service, "in_flight": self._in_flight})
+        calls.cancel_scope.cancel()
+
+    def _history_again(self) -> None:
+        """Read every stream's pending history again: what the lanes held comes back with
+        it (so they start empty; what is being served is left out when it comes)."""
+        self.sources.all_history()
+        self.lanes = Lanes()
+
+    async def _fetch_loop(self) -> None:
+        """Parked entries back into their lanes (XRANGE each), as the lanes run low."""
+        while not self._closed:
+            await self._to_fetch.wait()
+            self._to_fetch = anyio.Event()
+            lanes, wanted = self.lanes, self.lanes.to_fetch()
+            if not wanted:
+                continue
+            try:
+                replies = await self.conn.pipeline(
+                    [["XRANGE", stream, entry_id, entry_id]
+                     for _, refs in wanted for stream, entry_id in refs])
+            except (ConnectionLost, ReplyError) as exc:
+                log.warning("reading parked calls failed: %s", exc,
+                            extra={"event": "bus.fetch_failed", "service": self.bus.service})
+                self._history_again()  # (they are pending: read again from the history)
+                continue
+            if lanes is not self.lanes:  # (the history is read again meanwhile)
+                continue
+            at = 0
+            for key, refs in wanted:
+                found = replies[at:at + len(refs)]
+                at += len(refs)
+                lanes.fetched(key, [(ref, reply[0][1] if reply else None)
+                                    for ref, reply in zip(refs, found, strict=True)])
+            self._serve_lanes()
+
+    async def _reclaim_loop(self, calls: TaskGroup) -> None:
+        period = self.options.visibility_timeout_ms / 2000
+        while not self._stopping.is_set():
+            with anyio.move_on_after(period):
+                await self._stopping.wait()
+            if self._stopping.is_set():
+                return
+            try:
+                await self._reclaim(calls)
+            except (ConnectionLost, ReplyError) as exc:
+                log.warning("reclaim failed: %s", exc, extra={"event": "bus.reclaim_failed"})
+
+    async def _reclaim(self, calls: TaskGroup) -> None:
+        room = lambda: self.options.concurrency - self._in_flight  # noqa: E731
+        async for source, entries, deleted in claimed_entries(
+                self.conn, self.sources, self.bus.group, self.consumer,
+                self.options.visibility_timeout_ms, room):
+            if entries:
+                log.info("reclaimed entries of a dead consumer", extra={
+                    "event": "bus.reclaim", "service": self.bus.service, "count": len(entries),
+                    "stream": source.stream})
+                self._spawn(calls, [Entry((source.stream, entry_id), flat, source)
+                                    for entry_id, flat in entries])
+            for entry_id in deleted:  # deleted from the stream meanwhile
+                self.replies.queue(b"", None, (source.stream, entry_id), None)
