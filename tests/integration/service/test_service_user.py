@@ -274,6 +274,7 @@ NOT_SERVED = {
     "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",
     "ROLE": "an argument name of `principal add --role`",
     "DISCARD": "cluster.py routes one with its transaction (a name compared, never sent)",
+    "TTL": "a capability Dapr's /v1.0/metadata lists (app/dapr_requests.py), never sent",
 }
 ROUTER = "slots.py"  # its table names commands to find their keys; it sends none
 
