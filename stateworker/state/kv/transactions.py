@@ -31,8 +31,8 @@ from stateworker.errors import (
     doc_url,
     shown,
 )
-from stateworker.schemas import (
-    NULL,
+from stateworker.schemas.base import NULL
+from stateworker.schemas.bulk import (
     CheckFields,
     TransactionRequest,
     TransactionResult,

@@ -36,8 +36,8 @@ from stateworker.errors import InvalidRequest, PermissionDenied, ReservedScope, 
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import revision_text
 from stateworker.keys import MAX_FUNCTION_BYTES, MAX_SERVICE_BYTES, STATE_SERVICE, KeySpace, bus_shard_stream
-from stateworker.schemas import (
-    EmptyRequest,
+from stateworker.schemas.kv import EmptyRequest
+from stateworker.schemas.reactive import (
     RegisterTriggerRequest,
     Trigger,
     TriggerConfig,
