@@ -10,10 +10,13 @@ from importlib import resources
 
 # path -> (file, content type). The HTTP face asks for "" (the page), "console.js" ...;
 # iii's console config names assets under the worker's own folder ("state/page.js").
+# The scripts, in the page's order (console.js's start runs once they all have).
+SCRIPTS = ("console_json.js", "console.js", "console_overview.js", "console_keys.js",
+           "console_entry.js", "console_tail.js")
 FILES = {"": ("console.html", "text/html; charset=utf-8"),
          "console.html": ("console.html", "text/html; charset=utf-8"),
-         "console.js": ("console.js", "text/javascript; charset=utf-8"),
-         "console.css": ("console.css", "text/css; charset=utf-8")}
+         "console.css": ("console.css", "text/css; charset=utf-8"),
+         **{name: (name, "text/javascript; charset=utf-8") for name in SCRIPTS}}
 _FOLDERS = ("state/", "console/")  # prefixes a path may carry
 
 
@@ -30,7 +33,10 @@ def normal(path: str) -> str:
 
 
 _STYLE = b'<link rel="stylesheet" href="/console/console.css">'
-_SCRIPT = b'<script src="/console/console.js"></script>'
+
+
+def _script_tag(name: str) -> bytes:
+    return f'<script src="/console/{name}"></script>'.encode()
 
 
 @functools.cache
@@ -38,10 +44,12 @@ def console_page() -> bytes:
     """The page as the HTTP face serves it: its style and script inlined (two round trips
     fewer before the first keys show), made once."""
     html = _read("console.html")
-    style = b"<style>\n" + _read("console.css") + b"</style>"
-    script = b"<script>\n" + _read("console.js") + b"</script>"
-    assert _STYLE in html and _SCRIPT in html, "console.html no longer links its files"
-    return html.replace(_STYLE, style).replace(_SCRIPT, script)
+    assert _STYLE in html, "console.html no longer links its style"
+    html = html.replace(_STYLE, b"<style>\n" + _read("console.css") + b"</style>")
+    for name in SCRIPTS:
+        assert _script_tag(name) in html, f"console.html no longer links {name}"
+        html = html.replace(_script_tag(name), b"<script>\n" + _read(name) + b"</script>")
+    return html
 
 
 @functools.cache

@@ -12,12 +12,14 @@ bus's, checked by the same roles).
                                    with the lag of their partitions, claimed namespaces,
                                    principals and roles (`acl` mode: an admin's only)
     GET  /v1/console/history       a key's recent events (old and new values)
+    GET  /v1/console/counts        the keys of each scope named (`scope`, repeated)
     GET  /v1/console/tail          the live tail: events as server-sent events, filtered by
                                    scope, key and key prefix
 
 In `acl` mode every route but the page, its files and the login needs a principal (the
 session, or Basic credentials: app/logins.py); the history and the tail need a read grant on
-the scope (on `*` without one), as `state::get` does.
+the scope (on `*` without one), as `state::get` does; a count is given for the scopes the
+principal may read. app/console_reads.py reads what these show.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from stateworker.app import console_reads
 from stateworker.app.bodies import read_body
-from stateworker.app.cli.status import status_report
+from stateworker.app.console_reads import HISTORY_SCAN, Rates
+from stateworker.app.hosts import loopback_bound
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
 from stateworker.errors import (
     InternalError,
@@ -46,7 +50,7 @@ from stateworker.errors import (
     http_status,
     shown,
 )
-from stateworker.events.model import Event, decode_event, document_json, fields_of
+from stateworker.events.model import Event, document_json
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.specs import GET
@@ -54,21 +58,19 @@ from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
 from stateworker.uicontent import console_page, ui_file
 
-CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode
-HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
-HISTORY_KEEP = 20  # ... its last changes this many
+# The console's calls: read-only in `off` mode, unless bound to a loopback address (app/http.py)
+CONSOLE_HEADER = "x-stateworker-console"
 LOGIN_BYTES = 4096  # a login form (a principal's name and password: 256 bytes each at most)
-BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
 JSON = "application/json"
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
-                   tails: Tails) -> list[BaseRoute]:
+                   tails: Tails, rates: Rates) -> list[BaseRoute]:
     """The console's routes (module docstring); `stopping`: set when the service stops (a
     live tail ends then, rather than hold the stop for the server's grace period); `tails`:
-    the live tails open (their caps; /metrics reads them)."""
+    the live tails open (their caps; /metrics reads them); `rates`: the recent counters."""
 
     async def page(request: Request) -> Response:
         name = request.path_params.get("name", "")
@@ -110,7 +112,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
             raise PermissionDenied(
                 f"the overview shows every service, trigger and principal: principal "
                 f"{principal!r} is not an admin", {"principal": principal})
-        return _json(await _overview(state))
+        return _json(await console_reads.overview(state, rates))
 
     async def history(request: Request) -> Response:
         scope, key = _text(request, "scope"), _text(request, "key")
@@ -118,7 +120,22 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
             raise InvalidRequest("history: scope and key are required", {"path": "scope"})
         _may_read(state, await _principal(logins, request), scope)
         return _json({"scope": scope, "key": key, "scanned": HISTORY_SCAN,
-                      "events": await _history(state, scope, key)})
+                      "events": await console_reads.history(state, scope, key)})
+
+    async def counts(request: Request) -> Response:
+        principal = await _principal(logins, request)
+        named = [scope for scope in request.query_params.getlist("scope") if scope]
+        if len(named) > console_reads.COUNTED_SCOPES:
+            raise InvalidRequest(f"counts: at most {console_reads.COUNTED_SCOPES} scopes",
+                                 {"path": "scope", "limit": console_reads.COUNTED_SCOPES})
+        readable = []
+        for scope in named:
+            try:
+                _may_read(state, principal, scope)
+            except StateError:  # (a scope it may not read: no count, as no listing)
+                continue
+            readable.append(scope)
+        return _json(await console_reads.counts(state, readable))
 
     async def tail(request: Request) -> Response:
         scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
@@ -149,6 +166,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         Route("/v1/console/logout", _answering(logout), methods=["POST"]),
         Route("/v1/console/overview", _answering(overview), methods=["GET"]),
         Route("/v1/console/history", _answering(history), methods=["GET"]),
+        Route("/v1/console/counts", _answering(counts), methods=["GET"]),
         Route("/v1/console/tail", _answering(tail), methods=["GET"]),
     ]
 
@@ -212,12 +230,14 @@ async def _principal(logins: Logins, request: Request, *, needed: bool = True) -
 
 
 def _session(state: RedisState, principal: str | None) -> dict[str, Any]:
-    """What the page needs to know of who it acts as: in `off` mode it is read-only; in
-    `acl` mode a logged-in principal may try writes (its roles decide each)."""
+    """What the page needs to know of who it acts as: in `off` mode it is read-only but on
+    a loopback bind (`local`: this machine's programs alone reach it); in `acl` mode a
+    logged-in principal may try writes (its roles decide each)."""
     acl = state.settings.auth == "acl"
-    return {"auth": state.settings.auth, "principal": principal,
+    local = not acl and loopback_bound(state.settings)
+    return {"auth": state.settings.auth, "principal": principal, "local": local,
             "admin": not acl or (principal is not None and state.access.is_admin(principal)),
-            "writes": acl and principal is not None}
+            "writes": (acl and principal is not None) or local}
 
 
 def _may_read(state: RedisState, principal: str | None, scope: str | None) -> None:
@@ -291,73 +311,3 @@ class Tails:
             self.open[caller] = left
         else:
             self.open.pop(caller, None)
-
-
-async def _history(state: RedisState, scope: str, key: str) -> list[Any]:
-    """The key's changes among its partition's last HISTORY_SCAN events, newest first (at
-    most HISTORY_KEEP): what the console diffs."""
-    events_key = state.keys.partition(state.keys.partition_of(scope)).events
-    entries = await state.conn.execute("XREVRANGE", events_key, "+", "-", "COUNT", HISTORY_SCAN)
-    found: list[Any] = []
-    for entry_id, flat in entries:
-        fields = fields_of(flat)
-        if fields.get(b"scope") != scope.encode() or fields.get(b"key") != key.encode():
-            continue
-        try:
-            found.append(msgspec.Raw(document_json(decode_event(entry_id, fields))))
-        except (KeyError, ValueError):  # not a change event
-            continue
-        if len(found) == HISTORY_KEEP:
-            break
-    return found
-
-
-async def _overview(state: RedisState) -> dict[str, Any]:
-    """The front page: the status report (with the triggers and the lag of the partitions
-    they read), the claimed namespaces, the principals and roles."""
-    report = await status_report(state.settings, state.conn)  # (no connection of its own)
-    access = state.access
-    return {"status": report, "triggers": report.get("triggers", []),
-            "barriers": await _barriers(state),
-            "namespaces": _namespaces(state),
-            "principals": {name: msgspec.to_builtins(access.principal(name))
-                           for name in sorted(access.principals())},
-            "roles": {name: msgspec.to_builtins(role)
-                      for name, role in sorted(access.roles().items())}}
-
-
-def _namespaces(state: RedisState) -> dict[str, list[str]]:
-    """Each private namespace (functions prefix) and the scopes it claimed."""
-    owned: dict[str, list[str]] = {}
-    for scope in sorted(state.claims.scopes):
-        owner = state.claims.owner(scope)
-        if owner is not None:
-            owned.setdefault(owner, []).append(scope)
-    return owned
-
-
-async def _barriers(state: RedisState) -> dict[str, Any]:
-    """Barriers with their arrivals (at most BARRIERS_SHOWN; `more`: there are others):
-    each partition's barrier hashes, found by SCAN of its tagged prefix (one slot, routed
-    on a cluster too), then their counters in one pipeline."""
-    ids: list[str] = []
-    names: list[bytes] = []
-    for part in state.keys.all_partitions():
-        cursor: Any = b"0"
-        while len(names) <= BARRIERS_SHOWN:
-            cursor, found = await state.conn.execute(
-                "SCAN", cursor, "MATCH", part.barrier_prefix + "*", "TYPE", "hash",
-                "COUNT", 1000)
-            names += found
-            ids += [part.barrier_id_of(name) for name in found]
-            if cursor in (b"0", "0"):
-                break
-    more = len(names) > BARRIERS_SHOWN
-    names, ids = names[:BARRIERS_SHOWN], ids[:BARRIERS_SHOWN]
-    fields = await state.conn.pipeline([["HMGET", name, "E", "n", "c", "d"] for name in names])
-    shown = [{"id": barrier_id, "expect": None if expect is None else expect.decode(
-                  errors="replace"),
-              "expected": int(expected or 0), "arrived": int(arrived or 0),
-              "complete": payload is not None}
-             for barrier_id, (expect, expected, arrived, payload) in zip(ids, fields, strict=True)]
-    return {"barriers": sorted(shown, key=lambda b: str(b["id"])), "more": more}

@@ -10,6 +10,7 @@ names none: set the list, as compose.yaml does)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import msgspec
@@ -29,6 +30,18 @@ def allowed_hosts(settings: Settings) -> frozenset[str] | None:
         return None if "*" in names else frozenset(names - {""})
     bound = host_of((settings.http or "").encode())
     return LOOPBACK | ({bound} - _EVERY_ADDRESS if bound else set())
+
+
+def loopback_bound(settings: Settings) -> bool:
+    """Whether the HTTP face listens on a loopback address only (127.0.0.0/8, ::1,
+    localhost): then only this machine's own programs reach it."""
+    host = host_of((settings.http or "").encode())
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def host_of(header: bytes | None) -> str | None:

@@ -17,7 +17,9 @@ a bus call's id; `X-Stateworker-Context` carries the bus entry's `context` (a JS
 In `acl` mode a request acts as the principal it proves (app/logins.py: `Authorization:
 Basic`, or the console's session cookie), whose roles decide as over the bus; without one it
 is UNKNOWN_CALLER (401). The console (app/console.py) sends `X-Stateworker-Console`: in `off`
-mode its writes are refused (it is read-only where nobody logs in).
+mode its writes are refused (nobody logs in: a page anyone on the network opens must not edit
+state by a click), unless the face is bound to a loopback address, where only this machine's
+programs reach it (a developer's own service).
 
 Why Starlette and Hypercorn: Starlette runs on anyio (the project's concurrency), is small
 and well kept; Hypercorn serves ASGI on an asyncio loop the caller already runs and stops on
@@ -46,9 +48,10 @@ from stateworker.app.batches import Batches
 from stateworker.app.bodies import read_body
 from stateworker.app.cli.parser import version
 from stateworker.app.console import CONSOLE_HEADER, Tails, console_routes
+from stateworker.app.console_reads import Rates
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
-from stateworker.app.hosts import HostGuard, allowed_hosts
+from stateworker.app.hosts import HostGuard, allowed_hosts, loopback_bound
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
@@ -79,19 +82,21 @@ METRICS_PROBE = "state::list_groups"
 
 
 def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
-             stopping: anyio.Event) -> Starlette:
+             stopping: anyio.Event, rates: Rates) -> Starlette:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
-    run through `batches` (app/batches.py); `stopping` is set when the service stops."""
+    run through `batches` (app/batches.py); `stopping` is set when the service stops;
+    `rates`: the counters' recent samples the console's overview shows."""
     tails = Tails(state.settings)
     metrics = Metrics(state, runtime, tails)
     logins = Logins(state)
+    local = loopback_bound(state.settings)
 
     async def call(request: Request) -> Response:
         fn = request.path_params["function"]
         started = time.perf_counter()
         call_id = request.headers.get("idempotency-key")
         try:
-            caller = await _caller(logins, request, fn)
+            caller = await _caller(logins, request, fn, local)
             body = await read_body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
                                 request.headers.get(CONTEXT_HEADER),
@@ -157,7 +162,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
 
     return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
                                  Middleware(SameOrigin)], routes=[
-        *console_routes(state, logins, stopping, tails),
+        *console_routes(state, logins, stopping, tails, rates),
         *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -166,9 +171,10 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     ])
 
 
-async def _caller(logins: Logins, request: Request, fn: str) -> str | None:
+async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
-    without one, and PermissionDenied for a write from the console in `off` mode."""
+    without one, and PermissionDenied for a write from the console in `off` mode unless the
+    face is `local` (bound to a loopback address: hosts.loopback_bound)."""
     if logins.required:
         principal = await logins.principal_of(request)
         if principal is None:
@@ -177,10 +183,11 @@ async def _caller(logins: Logins, request: Request, fn: str) -> str | None:
                 "<principal:password>` or log in to the console (docs/http.md)",
                 {"path": "authorization"})
         return principal
-    if CONSOLE_HEADER in request.headers and fn not in CATALOG.reads:
+    if CONSOLE_HEADER in request.headers and fn not in CATALOG.reads and not local:
         raise PermissionDenied(
-            f"{fn}: the console is read-only in off mode (no principal logs in); writes go "
-            "through the call API, the bus or the CLI", {"path": "fn", "fn": fn})
+            f"{fn}: the console is read-only in off mode (no principal logs in) unless the "
+            "HTTP face is bound to a loopback address (STATEWORKER_HTTP=127.0.0.1:<port>); "
+            "writes go through the call API, the bus or the CLI", {"path": "fn", "fn": fn})
     return None
 
 
@@ -262,9 +269,12 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
     # address is known before the first request)
     batches = Batches(state)
-    app = http_app(state, runtime, batches, stop)  # (Starlette's ASGI types and Hypercorn's differ)
+    rates = Rates(state)
+    app = http_app(state, runtime, batches, stop, rates)
     async with anyio.create_task_group() as tg:
         await tg.start(batches.run)
+        tg.start_soon(rates.run)
+        # (Starlette's ASGI types and Hypercorn's differ)
         await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
                            config, sockets=sockets, shutdown_trigger=stop.wait)
         tg.cancel_scope.cancel()

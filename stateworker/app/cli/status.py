@@ -23,6 +23,10 @@ from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.embedded import client_url
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
+# A call waiting longer than this (unread, or read and not acknowledged) flags its service as
+# stalled (the report's `stalled`, the console's services): a served call takes milliseconds.
+STALL_MS = 60_000
+
 
 async def status_report(settings: Settings, conn: RedisConnection | None = None
                         ) -> dict[str, Any]:
@@ -117,6 +121,9 @@ async def _service_status(conn: RedisConnection, streams: dict[int, bytes], grou
     group has not read yet: XINFO GROUPS `lag`, null when Redis cannot tell)."""
     shards = []
     consumers: dict[str, dict[str, Any]] = {}
+    now_ms = await _redis_ms(conn)
+    oldest_unread: int | None = None  # the stream-id time of the oldest entry not read yet
+    oldest_pending: int | None = None  # ... of the oldest read but not acknowledged
     for shard, stream in sorted(streams.items()):
         length = await conn.execute("XLEN", stream)
         try:
@@ -125,7 +132,16 @@ async def _service_status(conn: RedisConnection, streams: dict[int, bytes], grou
             groups = [_pairs(g) for g in await conn.execute("XINFO", "GROUPS", stream)]
         except ReplyError:  # no group yet: nobody has served this stream
             pending, found, groups = [0], [], []
-        lag = next((g.get("lag") for g in groups if g.get("name") == group), None)
+        mine = next((g for g in groups if g.get("name") == group), None)
+        lag = None if mine is None else mine.get("lag")
+        # An entry the group has not read: the first after its last delivered id (a stream
+        # no group reads yet: its first entry).
+        after = "-" if mine is None else "(" + str(mine.get("last-delivered-id", "0-0"))
+        first = await conn.execute("XRANGE", stream, after, "+", "COUNT", 1)
+        if first:
+            oldest_unread = _earliest(oldest_unread, first[0][0])
+        if pending[0]:
+            oldest_pending = _earliest(oldest_pending, pending[1])
         shards.append({"shard": shard, "stream": stream.decode(), "stream_length": length,
                        "pending": pending[0], "lag": lag, "read": bool(groups)})
         for consumer in map(_pairs, found):  # a replica reads every shard: one consumer
@@ -145,10 +161,47 @@ async def _service_status(conn: RedisConnection, streams: dict[int, bytes], grou
         "counters": counters,
         # The service adds its counts every FLUSH_EVERY_S: they are this old at most.
         "counters_as_of": rfc3339_ms(flushed),
+        "oldest_unread_ms": _age(now_ms, oldest_unread),
+        "oldest_pending_ms": _age(now_ms, oldest_pending),
     }
+    report["stalled"] = stalled(report, shards)
     if len(shards) > 1:
         report["shards"] = shards
     return report
+
+
+def stalled(service: dict[str, Any], shards: list[dict[str, Any]]) -> str | None:
+    """Why a service looks stalled (None: it does not): calls wait and no consumer reads
+    them, or the oldest call waiting (unread, or read and not acknowledged) is older than
+    STALL_MS. An idle service with nothing waiting is never stalled."""
+    unread = sum(s["lag"] if s["lag"] is not None else 0 if s["read"] else s["stream_length"]
+                 for s in shards)
+    unread = max(unread, 1 if service["oldest_unread_ms"] is not None else 0)
+    if unread and not service["consumers"]:
+        return f"{unread} call(s) wait and no consumer reads this stream"
+    live = [c for c in service["consumers"] if isinstance(c.get("idle"), int)]
+    idle = f"; its consumers idle {min(c['idle'] for c in live) // 1000} s" if live else ""
+    for age, what in ((service["oldest_unread_ms"], "unread"),
+                      (service["oldest_pending_ms"], "read and not acknowledged")):
+        if age is not None and age > STALL_MS:
+            return f"a call {what} for {age // 1000} s{idle}"
+    return None
+
+
+async def _redis_ms(conn: RedisConnection) -> int:
+    """Redis's clock (the stream ids' clock), in ms."""
+    seconds, micros = await conn.execute("TIME")
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _earliest(known: int | None, entry_id: Any) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    ms = int(text.split("-", 1)[0])
+    return ms if known is None else min(known, ms)
+
+
+def _age(now_ms: int, since_ms: int | None) -> int | None:
+    return None if since_ms is None else max(0, now_ms - since_ms)
 
 
 def _pairs(flat: list[Any]) -> dict[str, Any]:
@@ -190,6 +243,8 @@ def summary(report: dict[str, Any]) -> str:
         lines += shown.splitlines()
         lines += [f"  {name}: {shards_line(s['shards'])}" for name, s in services.items()
                   if "shards" in s]
+        lines += [f"  {name}: STALLED: {s['stalled']}" for name, s in services.items()
+                  if s.get("stalled")]
     dispatch = report["dispatch"]
     lines.append(f"dispatch   {dispatch['triggers']} trigger(s), {len(dispatch['replicas'])} "
                  f"replica(s), {partitions_line(dispatch['partitions'])}")

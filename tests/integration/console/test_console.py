@@ -1,7 +1,8 @@
 """The console in a real headless chromium (`off` mode): it lists a scope's keys, opens a value
 with its metadata and its recent changes, shows a write made by another client in the live
-tail within 2 s, shows a trigger with its lag, and refuses a write (read-only where nobody
-logs in), and pages through a scope. Each page is saved as docs/screenshots/<page>.png.
+tail within 2 s, shows a trigger with its lag, flags a service nobody serves as stalled, shows
+the rates of the last minutes at once, and pages through a scope. Each page is saved as
+docs/screenshots/<page>.png (test_console_keys.py: the keys view's others).
 (The first page of a scope of 100,000 entries is timed in `scripts/bench --sections
 console`.)"""
 
@@ -116,36 +117,54 @@ async def test_overview_shows_a_trigger_and_its_lag(redis_server: RedisServer, p
         await browser.screenshot("overview")
 
 
-async def test_refuses_a_write_in_off_mode(served: tuple[StateService, StateClient, str],
-                                           browser: Browser) -> None:
+async def test_flags_a_service_nobody_serves_as_stalled(
+        served: tuple[StateService, StateClient, str], browser: Browser) -> None:
+    _, client, base = served
+    await client.call("state::register-trigger", {
+        "id": "mail", "function_id": "mailer::send", "service": "mailer",
+        "config": {"scope": "orders"}})
+    await client.call("state::set", {"scope": "orders", "key": "o-1", "value": 1})
+    await browser.open(f"{base}/console/#/overview")
+    services = await browser.wait_text("ov-services", "STALLED", timeout=20)
+    row = next(r for r in await browser.rows("ov-services") if r[0] == "mailer")
+    assert row[1].startswith("STALLED: 1 call(s) wait and no consumer reads"), row
+    assert [r[1] for r in await browser.rows("ov-services") if r[0] == "state"] == ["ok"], services
+    await browser.wait_text("ov-counters", "handler_calls")  # (flushed once a round)
+    counters = {r[0]: r[1] for r in await browser.rows("ov-counters")}
+    assert counters["handler_calls"] == "1", counters  # the dispatch's counters as a table
+    await browser.screenshot("stalled")
+
+
+async def test_rates_show_the_last_minutes_at_once(
+        served: tuple[StateService, StateClient, str], browser: Browser) -> None:
     _, client, base = served
     await client.call("state::set", {"scope": "orders", "key": "o-1", "value": 1})
-    await browser.open(f"{base}/console/#/keys/orders/o-1")
-    await browser.wait_text("entry-title", "orders / o-1")
-    assert await browser.script("return document.getElementById('entry-write').hidden") is True
-    assert "off mode: read-only" in await browser.text_of("who")
-    # The page's own call, as a write button would send it: refused, nothing written.
-    refused = await browser.script(
-        "return fetch('/v1/call/state::set', {method: 'POST', headers: {'X-Stateworker-Console': '1'},"
-        " body: JSON.stringify({scope: 'orders', key: 'o-1', value: 2})}).then(r => r.json())")
-    assert refused["error"]["code"] == "PERMISSION_DENIED"
-    assert await client.call("state::get", {"scope": "orders", "key": "o-1"}) == 1
+    await browser.open(f"{base}/healthz")  # (the service's origin, no page polling it)
+    await browser.wait("three samples of the service's rates", lambda d: d.execute_script(
+        "const x = new XMLHttpRequest(); x.open('GET', '/v1/console/overview', false); x.send();"
+        "return JSON.parse(x.responseText).rates.length >= 3"), timeout=30)
+    await browser.open(f"{base}/console/#/overview")
+    # The first render already draws the samples the service kept (not one poll's point).
+    await browser.wait_text("ov-rate-text", "calls/s now")
+    points = await browser.script("return Number(document.getElementById('ov-rate').dataset.points)")
+    assert points >= 2, points
+    assert "(last " in await browser.text_of("ov-rate-text")
 
 
 async def test_pages_through_a_scope(served: tuple[StateService, StateClient, str],
                                     browser: Browser) -> None:
     _, client, base = served
-    await client.call("state::set-many", {"scope": "big", "entries": [  # 250 keys: 3 pages
-        {"key": f"k{n:05d}", "value": {"n": n}} for n in range(250)]})
+    await client.call("state::set-many", {"scope": "big", "entries": [  # 450 keys: 3 pages
+        {"key": f"k{n:05d}", "value": {"n": n}} for n in range(450)]})
     await browser.open(f"{base}/console/#/keys/big")
-    await browser.wait_text("page-note", "100 keys on page 1")
-    assert [r[0] for r in await browser.rows("entries")] == [f"k{n:05d}" for n in range(100)]
+    await browser.wait_text("page-note", "200 keys on page 1")
+    assert [r[0] for r in await browser.rows("entries")] == [f"k{n:05d}" for n in range(200)]
     await browser.click("page-next")
-    await browser.wait_text("page-note", "100 keys on page 2")
+    await browser.wait_text("page-note", "200 keys on page 2")
     await browser.click("page-next")
     await browser.wait_text("page-note", "50 keys on page 3")
     rows = await browser.rows("entries")
-    assert [r[0] for r in rows] == [f"k{n:05d}" for n in range(200, 250)]
+    assert [r[0] for r in rows] == [f"k{n:05d}" for n in range(400, 450)]
     assert await browser.script("return document.getElementById('page-next').disabled") is True
     await browser.type("search-prefix", "k0002")
     await browser.click_text("search", "Search")
