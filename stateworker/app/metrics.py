@@ -3,14 +3,17 @@ client library (`prometheus_client`).
 
 The bus's figures are the runtime's own counters (bus/stats.py: kept in process on the hot
 path, read here at scrape time, so serving metrics costs a call nothing); the streams' lag
-and pending, and whether Redis answers, are read from Redis when scraped (one XINFO GROUPS
-per stream, one PING). Each service has a registry of its own (two services in one process,
-as the tests run them, never share a counter).
+and pending, and whether Redis answers, are read from Redis when scraped (an XINFO GROUPS
+and at most one more read per stream, one PING). Each service has a registry of its own (two
+services in one process, as the tests run them, never share a counter).
 
     stateworker_bus_calls_total{function,code}      calls answered over the bus
-    stateworker_bus_call_seconds                    their latency (histogram)
-    stateworker_bus_pending{stream}                 entries read, not yet acknowledged
-    stateworker_bus_lag{stream}                     entries not yet read (Redis 7's `lag`)
+    stateworker_bus_call_seconds{function}          their latency (histogram)
+    stateworker_bus_pending{service,shard,principal}
+                                                    entries read, not yet acknowledged, of
+    stateworker_bus_lag_entries{...}                the service's streams and of every trigger
+    stateworker_bus_lag_seconds{...}                target's; entries not yet read; the age
+                                                    of the oldest entry of either kind
     stateworker_bus_read_ahead                      entries read ahead of the call slots, in
     stateworker_bus_callers_waiting                 the callers' lanes (bus/lanes.py), and
                                                     how many callers they are
@@ -18,7 +21,8 @@ as the tests run them, never share a counter).
     stateworker_http_call_seconds{function}         their latency (histogram)
     stateworker_redis_up                            1 when Redis answered a PING (1 s)
     stateworker_triggers                            triggers registered
-    stateworker_dispatch_total{counter}             the dispatch's counters (all replicas)
+    stateworker_dispatch_<counter>_total            the dispatch's counters (all replicas;
+                                                    reactive/status.py COUNTERS)
     stateworker_dispatch_lag_events{partition}      events not yet handed on, and the age
     stateworker_dispatch_lag_seconds{partition}     of the oldest of them
     stateworker_snapshot_lag_events{partition}      the same for the snapshot in PostgreSQL
@@ -31,31 +35,48 @@ as the tests run them, never share a counter).
     stateworker_dedupe_records                      bus call ids held for the dedupe window
     stateworker_console_tails                       live tails open (STATEWORKER_MAX_TAILS)
     stateworker_console_tails_refused_total         tails refused at a cap (507)
+    stateworker_build_info{version,python}          1
+    process_*, python_info                          the client's process and platform
+                                                    collectors
+
+A `function` label is one of the functions the service serves, or `other` for every other
+name (bus/stats.py: callers choose the names, a label each would grow without limit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import platform
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from stateworker.app.cli.parser import version
 from stateworker.app.console import Tails
 from stateworker.bus.runtime import BusRuntime
-from stateworker.bus.stats import LATENCY_BUCKETS_MS, function_label
+from stateworker.bus.stats import LATENCY_BUCKETS_MS, stream_backlog
 from stateworker.clock import now_ms
-from stateworker.keys import CALL_BUCKETS
-from stateworker.reactive.status import dispatch_status, trigger_status
+from stateworker.keys import CALL_BUCKETS, bus_shard_stream
+from stateworker.reactive.status import COUNTERS, dispatch_status, trigger_status
 from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.core.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 _BOUNDS_S = [bound / 1000 for bound in LATENCY_BUCKETS_MS]
+_BOUNDS = [*map(str, _BOUNDS_S), "+Inf"]
+_STREAM_LABELS = ["service", "shard", "principal"]
 
 
 class _Scraped(Collector):
@@ -82,12 +103,17 @@ class Metrics:
         self.http_seconds = Histogram("stateworker_http_call_seconds",
                                       "Latency of calls through POST /v1/call.", ["function"],
                                       buckets=_BOUNDS_S, registry=self.registry)
+        Gauge("stateworker_build_info", "1, labelled with the version of stateworker and of "
+              "Python running it.", ["version", "python"], registry=self.registry).labels(
+            version(), platform.python_version()).set(1)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.scraped = _Scraped()
         self.registry.register(self.scraped)
         self.lock = anyio.Lock()
 
     def http_call(self, fn: str, code: str, seconds: float) -> None:
-        fn = function_label(fn, code)
+        fn = self.runtime.stats.function_label(fn)
         self.http_calls.labels(fn, code).inc()
         self.http_seconds.labels(fn).observe(seconds)
 
@@ -101,16 +127,17 @@ class Metrics:
         stats = self.runtime.stats
         calls = CounterMetricFamily("stateworker_bus_calls", "Calls answered over the bus.",
                                     labels=["function", "code"])
-        for (fn, code), count in sorted(stats.by_function.items()):
-            calls.add_metric([fn, code], count)
-        counts, sum_us = stats.latency()
-        cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, _BOUNDS_S), "+Inf"], counts, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
         latency = HistogramMetricFamily("stateworker_bus_call_seconds",
                                         "Latency of calls answered over the bus.",
-                                        buckets=buckets, sum_value=sum_us / 1e6)
+                                        labels=["function"])
+        for fn, codes in sorted(stats.codes.items()):
+            for code, count in sorted(codes.items()):
+                calls.add_metric([fn, code], count)
+            *counts, sum_us = stats.latencies[fn]
+            if any(counts):  # (the functions called: a histogram each)
+                cumulative = [sum(counts[:n + 1]) for n in range(len(counts))]
+                latency.add_metric([fn], list(zip(_BOUNDS, cumulative, strict=True)),
+                                   sum_us / 1e6)
         lanes = self.runtime.lanes
         ahead = GaugeMetricFamily("stateworker_bus_read_ahead",
                                   "Bus entries read ahead of the call slots (the lanes).")
@@ -128,10 +155,6 @@ class Metrics:
     async def _redis(self) -> list[Any]:
         conn = self.state.conn
         up = GaugeMetricFamily("stateworker_redis_up", "1 when Redis answered a PING.")
-        pending = GaugeMetricFamily("stateworker_bus_pending",
-                                    "Bus entries read and not yet acknowledged.", labels=["stream"])
-        lag = GaugeMetricFamily("stateworker_bus_lag", "Bus entries not yet read.",
-                                labels=["stream"])
         try:
             with anyio.fail_after(1.0):
                 await conn.execute("PING")
@@ -144,31 +167,72 @@ class Metrics:
         lost.add_metric([], 0 if self.state.lost is None else 1)
         try:
             with anyio.fail_after(5.0):
-                for stream in list(self.runtime.sources.by_stream):  # (acl mode changes it)
-                    await self._group(stream, pending, lag)
-                followers = await self._followers()
+                followers, targets = await self._followers()
+                streams = await self._streams(targets)
         except (TimeoutError, ConnectionLost, ReplyError):
             return [up, lost]  # (Redis went away or slowed meanwhile: the next scrape says so)
-        return [up, lost, pending, lag, *followers]
+        return [up, lost, *streams, *followers]
 
-    async def _followers(self) -> list[Any]:
+    async def _streams(self, targets: Iterable[str]) -> list[Any]:
+        """The backlog of every stream the service reads and every trigger target's (each
+        shard of each): entries read and not acknowledged, entries not read, the age of the
+        oldest of them (a stream no group of its service reads yet: left out)."""
+        pending = GaugeMetricFamily("stateworker_bus_pending", "Bus entries read and not yet "
+                                    "acknowledged.", labels=_STREAM_LABELS)
+        lag = GaugeMetricFamily("stateworker_bus_lag_entries", "Bus entries not yet read.",
+                                labels=_STREAM_LABELS)
+        age = GaugeMetricFamily("stateworker_bus_lag_seconds", "Age of the oldest bus entry "
+                                "not yet read or not yet acknowledged.", labels=_STREAM_LABELS)
+        now = now_ms()
+        for labels, stream, group in self._stream_names(targets):
+            backlog = await stream_backlog(self.state.conn, stream, group)
+            if backlog is None:
+                continue
+            pending.add_metric(labels, backlog.pending)
+            if backlog.lag is not None:  # (Redis cannot tell after entries were deleted)
+                lag.add_metric(labels, backlog.lag)
+            age.add_metric(labels, 0 if backlog.oldest_ms is None
+                           else max(0, now - backlog.oldest_ms) / 1000)
+        return [pending, lag, age]
+
+    def _stream_names(self, targets: Iterable[str]) -> list[tuple[list[str], str, str]]:
+        """Each stream's labels (service, shard, principal), name and group: the service's
+        own shards (and in `acl` mode each principal's stream), every shard of every other
+        service a trigger calls."""
+        bus, sources = self.runtime.bus, self.runtime.sources
+        names = [([bus.service, str(shard), ""], source.stream, bus.group)
+                 for shard, source in enumerate(sources.shards)]
+        names += [([bus.service, "0", source.principal], source.stream, bus.group)
+                  for source in list(sources.by_stream.values())  # (acl mode changes it)
+                  if source.principal is not None]
+        settings = self.state.settings
+        for service in sorted(set(targets) - {bus.service}):
+            names += [([service, str(shard), ""],
+                       bus_shard_stream(settings.prefix, service, shard), service)
+                      for shard in range(settings.bus_shards)]
+        return names
+
+    async def _followers(self) -> tuple[list[Any], set[str]]:
         """The dispatch's and the snapshot's lag per partition, as `status` reports them
-        (reactive/status.py, snapshot/status.py), and the dispatch's counters."""
+        (reactive/status.py, snapshot/status.py), and the dispatch's counters; and the
+        services the triggers call."""
         conn, keys = self.state.conn, self.state.keys
         dispatch = await dispatch_status(conn, keys)
         triggers = GaugeMetricFamily("stateworker_triggers", "Triggers registered.")
         triggers.add_metric([], dispatch["triggers"])
-        counters = CounterMetricFamily("stateworker_dispatch", "The dispatch's counters, "
-                                       "summed over replicas.", labels=["counter"])
-        for name, count in sorted(dispatch["counters"].items()):
-            counters.add_metric([name], count)
-        families = [triggers, counters, *_lags("dispatch", dispatch["partitions"]),
-                    *_per_trigger(await trigger_status(conn, keys, dispatch["partitions"])),
-                    await self._dedupe()]
+        counters = []
+        for name, meaning in COUNTERS.items():
+            counter = CounterMetricFamily(f"stateworker_dispatch_{name}",
+                                          f"{meaning} Every replica's.")
+            counter.add_metric([], dispatch["counters"].get(name, 0))
+            counters.append(counter)
+        per_trigger = await trigger_status(conn, keys, dispatch["partitions"])
+        families = [triggers, *counters, *_lags("dispatch", dispatch["partitions"]),
+                    *_per_trigger(per_trigger), await self._dedupe()]
         snapshot = await snapshot_status(conn, keys)
         if snapshot is not None:
             families += _lags("snapshot", snapshot["partitions"])
-        return families
+        return families, {trigger["service"] for trigger in per_trigger}
 
     async def _dedupe(self) -> GaugeMetricFamily:
         """The call ids held for the dedupe window: the fields of every slice that can still
@@ -187,19 +251,6 @@ class Metrics:
         # (each slice's hash holds a mark besides its records: records.lua, RECORDS_MARK)
         records.add_metric([], sum(max(0, int(size) - 1) for size in sizes))
         return records
-
-    async def _group(self, stream: str, pending: GaugeMetricFamily,
-                     lag: GaugeMetricFamily) -> None:
-        """The service's group on `stream` (none yet, or no stream: left out)."""
-        try:
-            groups = await self.state.conn.execute("XINFO", "GROUPS", stream)
-        except ReplyError:
-            return
-        for group in groups:
-            info = dict(zip(group[::2], group[1::2], strict=False))
-            if info.get(b"name") == self.runtime.bus.group.encode():
-                pending.add_metric([stream], int(info.get(b"pending") or 0))
-                lag.add_metric([stream], int(info.get(b"lag") or 0))
 
 
 def _per_trigger(triggers: list[dict[str, Any]]) -> list[Any]:

@@ -98,7 +98,7 @@ class StateService:
                    if isinstance(conn, ClusterConnection) else {})
         self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
                                   describe={**durability, "auth": state.settings.auth, **cluster},
-                                  sources=_sources(state, self.bus))
+                                  sources=_sources(state, self.bus), functions=CATALOG.functions)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
         self.snapshotter = Snapshotter(state, url, pg) if url else None

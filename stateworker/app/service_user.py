@@ -98,6 +98,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zrem": ["ZREM", keys.replicas, "r"],  # (and the scripts)
         "xinfo|stream": ["XINFO", "STREAM", events],
         "xtrim": ["XTRIM", events, "MINID", "~", "0-1"],
+        # /metrics: the backlog of a call stream (its group's, and its oldest pending entry).
+        "xinfo|groups": ["XINFO", "GROUPS", bus],
+        "xpending": ["XPENDING", bus, SERVICE],
         # The snapshot: the rescan of a partition's entries, changed barriers.
         "scan": ["SCAN", 0, "MATCH", f"{part.entry_prefix}*", "COUNT", 1],
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],

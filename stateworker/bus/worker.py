@@ -228,7 +228,8 @@ class Worker:
                                   handler=self._handle,
                                   record_ttl_ms=self.settings.dedupe_window_ms,
                                   start_wait_s=self.start_wait_s,
-                                  describe={"functions": ",".join(sorted(self.functions))})
+                                  describe={"functions": ",".join(sorted(self.functions))},
+                                  functions=self.functions)
         try:
             await self.runtime.run(task_status=task_status)
         finally:

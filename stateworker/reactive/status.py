@@ -80,6 +80,17 @@ async def lag(conn: RedisConnection, events: str, stream: StreamInfo, position: 
     return report
 
 
+# The dispatchers' counters (`Counts.add`'s names), each with what it counts.
+COUNTERS = {
+    "handler_calls": "Handler calls handed on to the triggers' target streams.",
+    "append_errors": "Handler calls whose append to a target stream failed.",
+    "condition_skips": "Handler calls a trigger's condition skipped.",
+    "condition_errors": "Trigger conditions that failed (an error or a timeout): skipped.",
+    "malformed_events": "Entries of the events streams that are not change events: skipped.",
+    "backlog_waits": "Times the dispatch stopped before a full target stream (the backlog).",
+}
+
+
 class Counts:
     """A dispatcher's counters (handler calls, condition skips and errors, malformed events,
     append errors), added up in memory and flushed into `keys.dispatch_stats` once a round:

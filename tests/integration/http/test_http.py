@@ -6,7 +6,6 @@ client's own parser and moves with calls, `/healthz` and `/readyz` tell a dead R
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ import anyio
 import httpx
 import msgspec
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
@@ -22,30 +20,10 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import StateError
 from stateworker.settings import Settings
 from tests.calls import calls
+from tests.integration.http.conftest import http_settings, post, samples
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-def http_settings(url: str, prefix: str) -> Settings:
-    return Settings(redis_url=url, prefix=prefix, partitions=4, http="127.0.0.1:0")
-
-
-@pytest.fixture
-async def served(redis_server: RedisServer, prefix: str
-                 ) -> AsyncIterator[tuple[StateService, httpx.AsyncClient]]:
-    async with StateService.running(http_settings(redis_server.url, prefix),
-                                    BusOptions(block_ms=50)) as service, \
-            httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
-        yield service, http
-
-
-async def post(http: httpx.AsyncClient, fn: str, body: Any, **headers: str
-               ) -> tuple[int, dict[str, Any]]:
-    data = body if isinstance(body, bytes) else msgspec.json.encode(body)
-    response = await http.post(f"/v1/call/{fn}", content=data, headers=headers)
-    assert response.headers["content-type"] == "application/json"
-    return response.status_code, msgspec.json.decode(response.content)
 
 
 # What differs between two runs of the same calls: times, stream ids, generated ids.
@@ -148,54 +126,6 @@ async def test_an_idempotency_key_is_a_call_id(
     assert read["result"] == {"n": 1}
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a /metrics page, parsed by the Prometheus client's own parser."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def test_metrics_move_with_calls(redis_server: RedisServer,
-                                       served: tuple[StateService, httpx.AsyncClient],
-                                       prefix: str, scope: str) -> None:
-    service, http = served
-    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
-    async with StateClient(settings=settings) as client:
-        for i in range(5):
-            await client.call_json("state::set", msgspec.json.encode(
-                {"scope": scope, "key": f"k{i}", "value": i}))
-        with pytest.raises(StateError):
-            await client.call_json("state::get", b'{"scope": 1}')
-    for _ in range(3):
-        await post(http, "state::get", {"scope": scope, "key": "k1"})
-    await post(http, "state::get", {"scope": 1})
-    await post(http, "state::set", {"scope": scope, "key": "h", "value": 1},
-               **{"Idempotency-Key": "metrics-1"})
-    response = await http.get("/metrics")
-    assert response.status_code == 200 and response.headers["content-type"].startswith(
-        "text/plain")
-    got = samples(response.text)
-    bus = "stateworker_bus_calls_total"
-    assert got[(bus, (("code", "OK"), ("function", "state::set")))] == 5
-    assert got[(bus, (("code", "INVALID_REQUEST"), ("function", "state::get")))] == 1
-    assert got[("stateworker_bus_call_seconds_count", ())] == 6
-    http_calls = "stateworker_http_calls_total"
-    assert got[(http_calls, (("code", "OK"), ("function", "state::get")))] == 3
-    assert got[(http_calls, (("code", "INVALID_REQUEST"), ("function", "state::get")))] == 1
-    assert got[("stateworker_http_call_seconds_count", (("function", "state::get"),))] == 4
-    assert got[("stateworker_redis_up", ())] == 1
-    stream = (("stream", service.bus.stream),)
-    assert got[("stateworker_bus_pending", stream)] == 0
-    assert got[("stateworker_bus_lag", stream)] == 0
-    # The call ids held: the 5 bus sets' and the HTTP set's (the refused get bound none).
-    assert got[("stateworker_dedupe_records", ())] == 6
-    # Every family the page shows is in docs/http.md's table of metrics.
-    documented = (Path(__file__).parents[3] / "docs" / "http.md").read_text()
-    families = {family.name for family in text_string_to_metric_families(response.text)
-                if family.name.startswith("stateworker_")
-                and not family.name.endswith("_created")}  # (the client's own timestamps)
-    assert families and {name for name in families if f"`{name}" not in documented} == set()
-
-
 async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: str) -> None:
     server = RedisServer(tmp_path)
     server.start()
@@ -217,36 +147,6 @@ async def test_health_and_readiness_tell_a_dead_redis(tmp_path: Path, prefix: st
             assert (status, document["error"]["code"]) == (503, "UNAVAILABLE")
     finally:
         server.kill()
-
-
-async def test_metrics_show_the_dispatch(served: tuple[StateService, httpx.AsyncClient],
-                                         scope: str) -> None:
-    _, http = served
-    status, _ = await post(http, "state::register-trigger", {
-        "id": "watch", "function_id": "reactor::on_change", "service": "reactor",
-        "config": {"scope": scope}})
-    assert status == 200
-    for i in range(3):
-        await post(http, "state::set", {"scope": scope, "key": f"k{i}", "value": i})
-    await post(http, "state::set", {"scope": f"{scope}-other", "key": "k", "value": 1})
-
-    async def dispatched() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return samples((await http.get("/metrics")).text)
-
-    calls = ("stateworker_dispatch_total", (("counter", "handler_calls"),))
-    with anyio.fail_after(10):  # the dispatch's counters reach Redis once a round (1 s)
-        while (got := await dispatched()).get(calls) != 3:
-            await anyio.sleep(0.05)  # polling the counters
-    assert got[("stateworker_triggers", ())] == 1
-    lagged = {labels for name, labels in got if name == "stateworker_dispatch_lag_events"}
-    assert lagged == {(("partition", str(n)),) for n in range(4)}
-    assert not any(name.startswith("stateworker_snapshot") for name, _ in got)  # none runs
-    trigger = (("trigger", "watch"),)
-    with anyio.fail_after(10):  # (its figures reach Redis with the dispatch's counters)
-        while (got := await dispatched()).get(("stateworker_trigger_calls_total",
-                                               trigger)) != 3:
-            await anyio.sleep(0.05)
-    assert got[("stateworker_trigger_lag_events", trigger)] == 0
 
 
 async def test_calls_in_flight_run_together_and_each_gets_its_own_result(
@@ -275,26 +175,6 @@ async def test_calls_in_flight_run_together_and_each_gets_its_own_result(
             tg.start_soon(one)
     assert sorted(seen) == list(range(1, 65))
     assert max(sizes) > 1, sizes  # (the reaper and others run plans of their own too)
-
-
-async def test_unknown_function_names_share_one_metric_label(
-        served: tuple[StateService, httpx.AsyncClient], redis_server: RedisServer,
-        prefix: str) -> None:
-    """Callers choose the names they call: those no function has are counted under one
-    label, so /metrics does not grow with them."""
-    _, http = served
-    for i in range(3):
-        status, _ = await post(http, f"junk::{i}", {})
-        assert status == 404
-    async with StateClient(settings=Settings(redis_url=redis_server.url, prefix=prefix)) as c:
-        for i in range(2):
-            with pytest.raises(StateError):
-                await c.call_json(f"junk::bus{i}", b"{}")
-    got = samples((await http.get("/metrics")).text)
-    unknown = (("code", "UNKNOWN_FUNCTION"), ("function", "(unknown)"))
-    assert got[("stateworker_http_calls_total", unknown)] == 3
-    assert got[("stateworker_bus_calls_total", unknown)] == 2
-    assert not any("junk" in value for _, labels in got for _, value in labels)
 
 
 async def test_a_page_of_another_site_may_not_call(served: tuple[StateService, httpx.AsyncClient],

@@ -21,6 +21,7 @@ import msgspec
 import psycopg
 import pytest
 import redis.asyncio as aredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from stateworker.app import service_user
 from stateworker.app.service import StateService
@@ -103,7 +104,7 @@ async def serve_everything(settings: Settings, admin: Settings, acl_redis: Redis
                              "body": '{"scope":"s","key":"k"}', "reply": reply})
     assert await dead.xreadgroup("state", "dead-consumer", {stream: ">"}, count=1)
     async with StateService.running(settings, BusOptions(block_ms=50,
-                                                         visibility_timeout_ms=500)), \
+                                                         visibility_timeout_ms=500)) as service, \
             StateClient(settings=admin, timeout=30, caller="mine") as client, \
             anyio.create_task_group() as tg:
         await tg.start(reactor.worker.run)
@@ -121,6 +122,7 @@ async def serve_everything(settings: Settings, admin: Settings, acl_redis: Redis
         got = await dead.blpop([reply], timeout=30)
         await dead.aclose()
         assert got is not None and b'"ok":true' in got[1]
+        assert {"state", "reactor"} <= await backlogs_shown(service)
         with acl_redis.client() as raw:
             # The reaper deleted the expired entry (reads hid it already).
             entry = keys.for_scope("s").entry("s", "short")
@@ -134,12 +136,22 @@ async def serve_everything(settings: Settings, admin: Settings, acl_redis: Redis
         reactor.worker.stop()
 
 
+async def backlogs_shown(service: StateService) -> set[str]:
+    """The services whose call streams' backlog /metrics shows (it reads them with
+    `xinfo|groups` and `xpending`)."""
+    assert service.http_address
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+        page = (await http.get("/metrics")).text
+    return {sample.labels["service"] for family in text_string_to_metric_families(page)
+            if family.name == "stateworker_bus_pending" for sample in family.samples}
+
+
 async def test_the_service_serves_everything_under_exactly_its_rule(
         acl_redis: RedisServer, prefix: str, postgres_url: str) -> None:
     url = add_user(acl_redis, "svc", service_user.rule(prefix))
     # (events_retain 0: the dispatcher trims what it and the snapshot have passed, XTRIM)
     settings = Settings(redis_url=url, prefix=prefix, partitions=4, postgres_url=postgres_url,
-                        reaper_interval_s=0.05, events_retain=0)
+                        reaper_interval_s=0.05, events_retain=0, http="127.0.0.1:0")
     admin = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4)
     with acl_redis.client() as raw:
         raw.execute_command("ACL", "LOG", "RESET")
@@ -267,7 +279,6 @@ NOT_SERVED = {
     "WAITAOF": "strict durability on Redis 7.2+ (rule(strict=True, waitaof=True))",
     "WAIT": "strict durability, replicas confirm (rule(strict=True))",
     "XLEN": "`stateworker status` (the operator's user)",
-    "XPENDING": "`stateworker status`",
     "TIME": "watches",
     "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
     "READONLY": "an error reply's first word",

@@ -1,0 +1,53 @@
+"""What the HTTP face's tests share: a state service with the face (`served`, or `serving`
+for other settings), a call through it (`post`), and a /metrics page's samples."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
+from stateworker.settings import Settings
+from tests.servers import RedisServer
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def http_settings(url: str, prefix: str, **more: Any) -> Settings:
+    return Settings(redis_url=url, prefix=prefix, partitions=4, http="127.0.0.1:0", **more)
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[tuple[StateService, httpx.AsyncClient]]:
+    """A state service with its HTTP face, and a client of the face."""
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+        yield service, http
+
+
+@pytest.fixture
+async def served(redis_server: RedisServer, prefix: str
+                 ) -> AsyncIterator[tuple[StateService, httpx.AsyncClient]]:
+    async with serving(http_settings(redis_server.url, prefix)) as both:
+        yield both
+
+
+async def post(http: httpx.AsyncClient, fn: str, body: Any, **headers: str
+               ) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    response = await http.post(f"/v1/call/{fn}", content=data, headers=headers)
+    assert response.headers["content-type"] == "application/json"
+    return response.status_code, msgspec.json.decode(response.content)
+
+
+def samples(text: str) -> Samples:
+    """Every sample of a /metrics page, parsed by the Prometheus client's own parser."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
