@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -36,6 +36,15 @@ def shown(value: object) -> str:
         return msgspec.json.encode(value).decode()
     except (TypeError, ValueError, msgspec.EncodeError):  # (a lone surrogate: escaped)
         return json.dumps(str(value))
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name nearest to `name` (a misspelling's: a field, a command, a function),
+    or None when none is close."""
+    import difflib  # (with heapq: only for a misspelling, not in every command's start)
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 class StateError(Exception):

@@ -46,7 +46,8 @@ from stateworker.errors import (
     http_status,
     shown,
 )
-from stateworker.events.model import Event, decode_event, document_json, fields_of
+from stateworker.events.history import history_document
+from stateworker.events.model import Event, document_json
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.specs import GET
@@ -55,8 +56,6 @@ from stateworker.state.core.store import RedisState
 from stateworker.uicontent import console_page, ui_file
 
 CONSOLE_HEADER = "x-stateworker-console"  # the console's calls: read-only in `off` mode
-HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
-HISTORY_KEEP = 20  # ... its last changes this many
 LOGIN_BYTES = 4096  # a login form (a principal's name and password: 256 bytes each at most)
 BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
 JSON = "application/json"
@@ -117,8 +116,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         if scope is None or key is None:
             raise InvalidRequest("history: scope and key are required", {"path": "scope"})
         _may_read(state, await _principal(logins, request), scope)
-        return _json({"scope": scope, "key": key, "scanned": HISTORY_SCAN,
-                      "events": await _history(state, scope, key)})
+        return _json(await history_document(state.conn, state.keys, scope, key))
 
     async def tail(request: Request) -> Response:
         scope, key, prefix = (_text(request, name) for name in ("scope", "key", "prefix"))
@@ -291,25 +289,6 @@ class Tails:
             self.open[caller] = left
         else:
             self.open.pop(caller, None)
-
-
-async def _history(state: RedisState, scope: str, key: str) -> list[Any]:
-    """The key's changes among its partition's last HISTORY_SCAN events, newest first (at
-    most HISTORY_KEEP): what the console diffs."""
-    events_key = state.keys.partition(state.keys.partition_of(scope)).events
-    entries = await state.conn.execute("XREVRANGE", events_key, "+", "-", "COUNT", HISTORY_SCAN)
-    found: list[Any] = []
-    for entry_id, flat in entries:
-        fields = fields_of(flat)
-        if fields.get(b"scope") != scope.encode() or fields.get(b"key") != key.encode():
-            continue
-        try:
-            found.append(msgspec.Raw(document_json(decode_event(entry_id, fields))))
-        except (KeyError, ValueError):  # not a change event
-            continue
-        if len(found) == HISTORY_KEEP:
-            break
-    return found
 
 
 async def _overview(state: RedisState) -> dict[str, Any]:
