@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from stateworker.errors import ERROR_HOMES as _ERROR_HOMES
+
 if TYPE_CHECKING:
     from stateworker.bus.client import StateClient
     from stateworker.bus.worker import Worker
@@ -53,6 +55,10 @@ _HOME: dict[str, str] = {
     **dict.fromkeys(("BarrierOutcome", "Entry", "SetOutcome", "Swap"),
                     "stateworker.state.core.results"),
 }
+
+# An engine's error code maps to its class in every process (errors.error_from), imported at
+# its first reply rather than at start.
+_ERROR_HOMES["ReservedNamespaceError"] = _HOME["ReservedNamespaceError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,6 +5,7 @@ are errors, are the scripts layer's (scripts/statuses.py).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -375,8 +376,8 @@ E = TypeVar("E", bound=StateError)
 def register(http_status: int) -> Callable[[type[E]], type[E]]:
     """A class decorator: map `cls.code` back to `cls` in `error_from`, and give the code its
     HTTP status, for an error class of its own outside this module (an engine's: moco's
-    ReservedNamespaceError, engines/moco/rules.py). `stateworker/__init__.py` imports every
-    such class, so every process's clients know it."""
+    ReservedNamespaceError, engines/moco/rules.py). `stateworker/__init__.py` names every
+    such class's module in ERROR_HOMES, so every process's clients know it."""
     def registered(cls: type[E]) -> type[E]:
         if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
             raise ValueError(f"error code {shown(cls.code)} is "
@@ -387,9 +388,18 @@ def register(http_status: int) -> Callable[[type[E]], type[E]]:
     return registered
 
 
+# The codes whose class is defined (and registered) outside this module, and that module:
+# error_from imports it at the first such reply, so a process that never imported the engines
+# (a client; a short command, which must start fast) still raises their classes.
+ERROR_HOMES: dict[str, str] = {}
+
+
 def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:
     """The exception for an error reply (`{code, message, details}`) read off the bus."""
     cls = ERROR_CLASSES.get(code)
+    if cls is None and code in ERROR_HOMES:
+        importlib.import_module(ERROR_HOMES[code])  # (its `register` adds the class)
+        cls = ERROR_CLASSES.get(code)
     return cls(message, details) if cls is not None else RemoteError(code, message, details)
 
 
