@@ -5,9 +5,10 @@ are errors, are the scripts layer's (scripts/statuses.py).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -36,6 +37,15 @@ def shown(value: object) -> str:
         return msgspec.json.encode(value).decode()
     except (TypeError, ValueError, msgspec.EncodeError):  # (a lone surrogate: escaped)
         return json.dumps(str(value))
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name nearest to `name` (a misspelling's: a field, a command, a function),
+    or None when none is close."""
+    import difflib  # (with heapq: only for a misspelling, not in every command's start)
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 class StateError(Exception):
@@ -366,8 +376,8 @@ E = TypeVar("E", bound=StateError)
 def register(http_status: int) -> Callable[[type[E]], type[E]]:
     """A class decorator: map `cls.code` back to `cls` in `error_from`, and give the code its
     HTTP status, for an error class of its own outside this module (an engine's: moco's
-    ReservedNamespaceError, engines/moco/rules.py). `stateworker/__init__.py` imports every
-    such class, so every process's clients know it."""
+    ReservedNamespaceError, engines/moco/rules.py). `stateworker/__init__.py` names every
+    such class's module in ERROR_HOMES, so every process's clients know it."""
     def registered(cls: type[E]) -> type[E]:
         if ERROR_CLASSES.setdefault(cls.code, cls) is not cls:
             raise ValueError(f"error code {shown(cls.code)} is "
@@ -378,9 +388,18 @@ def register(http_status: int) -> Callable[[type[E]], type[E]]:
     return registered
 
 
+# The codes whose class is defined (and registered) outside this module, and that module:
+# error_from imports it at the first such reply, so a process that never imported the engines
+# (a client; a short command, which must start fast) still raises their classes.
+ERROR_HOMES: dict[str, str] = {}
+
+
 def error_from(code: str, message: str, details: dict[str, Any] | None = None) -> StateError:
     """The exception for an error reply (`{code, message, details}`) read off the bus."""
     cls = ERROR_CLASSES.get(code)
+    if cls is None and code in ERROR_HOMES:
+        importlib.import_module(ERROR_HOMES[code])  # (its `register` adds the class)
+        cls = ERROR_CLASSES.get(code)
     return cls(message, details) if cls is not None else RemoteError(code, message, details)
 
 

@@ -36,7 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from stateworker.app import console_reads
 from stateworker.app.bodies import read_body
-from stateworker.app.console_reads import HISTORY_SCAN, Rates
+from stateworker.app.console_reads import Rates
 from stateworker.app.hosts import loopback_bound
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
 from stateworker.errors import (
@@ -50,6 +50,7 @@ from stateworker.errors import (
     http_status,
     shown,
 )
+from stateworker.events.history import history_document
 from stateworker.events.model import Event, document_json
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
@@ -119,8 +120,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         if scope is None or key is None:
             raise InvalidRequest("history: scope and key are required", {"path": "scope"})
         _may_read(state, await _principal(logins, request), scope)
-        return _json({"scope": scope, "key": key, "scanned": HISTORY_SCAN,
-                      "events": await console_reads.history(state, scope, key)})
+        return _json(await history_document(state.conn, state.keys, scope, key))
 
     async def counts(request: Request) -> Response:
         principal = await _principal(logins, request)

@@ -17,13 +17,10 @@ import msgspec
 
 from stateworker.app.cli.status import status_report
 from stateworker.clock import now_ms
-from stateworker.events.model import decode_event, document_json, fields_of
 from stateworker.keys import stats_key
 from stateworker.state.core.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
-HISTORY_SCAN = 1000  # a key's history: among its partition's last events this many
-HISTORY_KEEP = 20  # ... its last changes this many
 BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
 RATE_EVERY_S = 2.0  # the rates' sampling period (the overview polls as often)
 RATE_SAMPLES = 150  # ... and how many are kept: the last 5 minutes
@@ -51,25 +48,6 @@ class Rates:
         except (ConnectionLost, ReplyError):  # (a gap in the graph; the overview says why)
             return
         self.samples.append([now_ms(), int(calls or 0), int(latency or 0)])
-
-
-async def history(state: RedisState, scope: str, key: str) -> list[Any]:
-    """The key's changes among its partition's last HISTORY_SCAN events, newest first (at
-    most HISTORY_KEEP): what the console diffs."""
-    events_key = state.keys.partition(state.keys.partition_of(scope)).events
-    entries = await state.conn.execute("XREVRANGE", events_key, "+", "-", "COUNT", HISTORY_SCAN)
-    found: list[Any] = []
-    for entry_id, flat in entries:
-        fields = fields_of(flat)
-        if fields.get(b"scope") != scope.encode() or fields.get(b"key") != key.encode():
-            continue
-        try:
-            found.append(msgspec.Raw(document_json(decode_event(entry_id, fields))))
-        except (KeyError, ValueError):  # not a change event
-            continue
-        if len(found) == HISTORY_KEEP:
-            break
-    return found
 
 
 async def overview(state: RedisState, rates: Rates) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""`--output json|table` for the commands that list things (status, ls, list-triggers,
-principal list): the default (a table on a terminal, JSON when piped) and the table layout."""
+"""`--output json|table` for the commands that list things (status, ls, query, scopes,
+history, triggers ls, principal list): the default (a table on a terminal, JSON when piped),
+the table layout and its cells (JSON values with their stored digits: never through a
+float)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import sys
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from stateworker.errors import shown
 
@@ -45,7 +49,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
                                ).rstrip() for row in cells)
 
 
+def listing(headers: Sequence[str], rows: Sequence[Sequence[object]], empty: str) -> str:
+    """`table`, or `empty` when there are no rows: a line that says there is nothing, where a
+    header alone would leave a person wondering."""
+    return table(headers, rows) if rows else empty
+
+
 def cell(value: Any) -> str:
-    """A JSON value in a table cell: as JSON text, cut to 60 characters."""
-    text = value.decode() if isinstance(value, bytes) else shown(value)
+    """A JSON value in a table cell: as JSON text (JSON bytes, or msgspec.Raw, as they are:
+    numbers with their stored digits), cut to 60 characters."""
+    text = bytes(value).decode() if isinstance(value, bytes | msgspec.Raw) else shown(value)
     return text if len(text) <= 60 else text[:59] + "…"

@@ -1,8 +1,8 @@
 """The commands that call functions over the bus: `call` (any function, JSON in and out) and
-the short verbs for people, `get`, `put`, `del`, `ls`, `list-triggers` and `delete-barrier`,
-each one call of a state function. Every one checks first that a consumer group reads the
-stream it writes to, so a call to a service nobody serves fails at once instead of waiting
-out its timeout."""
+the short verbs for people, `get`, `put`, `del`, `ls` and `delete-barrier`, each a call of a
+state function (app/cli/verbs.py: scopes, history, triggers). Every one checks first that a
+consumer group reads the stream it writes to, so a call to a service nobody serves fails at
+once instead of waiting out its timeout."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 
 from stateworker import codec
 from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE, print_error, settings_of
-from stateworker.app.output import cell, table, wants_table
+from stateworker.app.cli.suggest import function_hint
+from stateworker.app.output import cell, listing, wants_table
 from stateworker.bus.client import StateClient
 from stateworker.errors import StateError, Unavailable, shown
 from stateworker.keys import STATE_SERVICE
-from stateworker.schemas import ListEntriesResult
+from stateworker.schemas import ListedEntry, ListEntriesResult, PrefixDeletedResult
 
 
 async def check_readers(client: StateClient, service: str) -> None:
@@ -46,15 +49,24 @@ async def check_readers(client: StateClient, service: str) -> None:
                       {"stream": client.stream, "service": service, "sent": False})
 
 
-async def call_one(args: argparse.Namespace, fn: str, body: bytes,
-                   service: str = STATE_SERVICE,
-                   context: dict[str, Any] | None = None) -> bytes:
-    """One call within `args.timeout` (opening the client, which waits for a Redis that is
-    restarting, the check and the call); its result's JSON. Raises its StateError."""
-    end = time.monotonic() + args.timeout
+@asynccontextmanager
+async def connected(args: argparse.Namespace,
+                    service: str = STATE_SERVICE) -> AsyncIterator[StateClient]:
+    """A client of `service` whose stream a consumer group reads (check_readers), opened
+    within `args.timeout` (it waits for a Redis that is restarting)."""
     async with StateClient(settings=settings_of(args), service=service,
                            timeout=args.timeout) as client:
         await check_readers(client, service)
+        yield client
+
+
+async def call_one(args: argparse.Namespace, fn: str, body: bytes,
+                   service: str = STATE_SERVICE,
+                   context: dict[str, Any] | None = None) -> bytes:
+    """One call within `args.timeout` (opening the client, the check and the call); its
+    result's JSON. Raises its StateError."""
+    end = time.monotonic() + args.timeout
+    async with connected(args, service) as client:
         left = max(end - time.monotonic(), 0.001)
         return await client.call_json(fn, body, timeout=left, context=context)
 
@@ -64,7 +76,7 @@ async def run_call(args: argparse.Namespace) -> int:
     try:
         result = await call_one(args, args.fn, args.body.encode(), args.service, args.context)
     except StateError as exc:
-        return print_error(exc)
+        return print_error(function_hint(exc, args.fn, args.service))
     print(result.decode())
     return EXIT_OK
 
@@ -116,11 +128,13 @@ def read_value(text: str) -> bytes | None:
 
 
 async def run_put(args: argparse.Namespace) -> int:
-    """`put SCOPE KEY VALUE`: state::set; its result's JSON."""
+    """`put SCOPE KEY VALUE [--ttl] [--topic] [--if-version]`: state::set; its result's JSON
+    (a version that does not match: CONFLICT, exit 1)."""
     value = read_value(args.value)
     if value is None:
         return EXIT_USAGE
-    head = _body(scope=args.scope, key=args.key)
+    head = _body(scope=args.scope, key=args.key, ttl_ms=args.ttl, topic=args.topic,
+                 expected_version=args.if_version)
     body = head[:-1] + b',"value":' + value + b"}"  # the value's text as written
     try:
         print((await call_one(args, "state::set", body)).decode())
@@ -130,12 +144,28 @@ async def run_put(args: argparse.Namespace) -> int:
 
 
 async def run_del(args: argparse.Namespace) -> int:
-    """`del SCOPE KEY`: state::delete; the old value's JSON (null when there was none)."""
+    """`del SCOPE KEY`: state::delete; the old value's JSON (null when there was none).
+    `del SCOPE --prefix P`: state::delete-by-prefix until no key is left; `{"deleted": N}`."""
+    if (args.key is None) == (args.prefix is None):
+        print("stateworker del: give KEY or --prefix (one of them)", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        print((await call_one(args, "state::delete", _body(scope=args.scope,
-                                                          key=args.key))).decode())
+        if args.key is not None:
+            print((await call_one(args, "state::delete", _body(scope=args.scope,
+                                                              key=args.key))).decode())
+            return EXIT_OK
+        deleted = 0
+        async with connected(args) as client:
+            while True:  # (each call deletes one batch; `more`: keys with the prefix remain)
+                batch = msgspec.json.decode(await client.call_json(
+                    "state::delete-by-prefix", _body(scope=args.scope, prefix=args.prefix)),
+                    type=PrefixDeletedResult)
+                deleted += batch.deleted
+                if not batch.more:
+                    break
     except StateError as exc:
         return print_error(exc)
+    print(msgspec.json.encode({"deleted": deleted}).decode())
     return EXIT_OK
 
 
@@ -157,9 +187,11 @@ async def run_ls(args: argparse.Namespace) -> int:
         return result
     page = msgspec.json.decode(result, type=ListEntriesResult)  # values as stored (Raw)
     headers = ["KEY", "VERSION", "UPDATED", "TOPIC"] + (["VALUE"] if args.values else [])
-    rows = [[e.key, e.version, e.updated_at, e.topic]
-            + ([_value(e.value)] if args.values else []) for e in page.entries]
-    print(table(headers, rows))
+    rows = [[e.key, e.version, e.updated_at, e.topic] + (entry_value(e) if args.values else [])
+            for e in page.entries]
+    keys = "keys" if args.prefix is None else f"keys starting with {shown(args.prefix)}"
+    print(listing(headers, rows, f"no {'more ' if args.after else ''}{keys} in scope "
+                                 f"{shown(args.scope)}"))
     if isinstance(page.next_after, str):  # (the same listing's next page: its options kept)
         more = ["stateworker", "ls", args.scope, *(["--prefix", args.prefix] if args.prefix
                                                    is not None else []),
@@ -168,23 +200,7 @@ async def run_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def run_list_triggers(args: argparse.Namespace) -> int:
-    """`list-triggers`: state::list-triggers, as a table or its JSON."""
-    result = await for_table(args, "state::list-triggers", b"{}")
-    if isinstance(result, int):
-        return result
-    listed = msgspec.json.decode(result)["triggers"]
-    rows = [[t["id"], t["service"], t["function_id"], _filters(t["config"]), t["created_at"]]
-            for t in listed]
-    print(table(["ID", "SERVICE", "FUNCTION", "FILTERS", "CREATED"], rows))
-    return EXIT_OK
-
-
-def _value(value: object) -> str | None:
-    return cell(bytes(value)) if isinstance(value, msgspec.Raw) else None
-
-
-def _filters(config: dict[str, Any]) -> str:
-    return " ".join(f"{name}={cell(value)}" for name, value in config.items()
-                    if value is not None) or "(every event)"
-
+def entry_value(entry: ListedEntry) -> list[str | None]:
+    """A listed entry's value as a table's cell (its stored JSON text), in a list to add to
+    a row."""
+    return [cell(entry.value) if isinstance(entry.value, msgspec.Raw) else None]

@@ -4,6 +4,7 @@ errors on stderr and the exit statuses (`--output json|table`: app/output.py).""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -56,6 +57,30 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {shown(text)}")
     return value
+
+
+# --ttl's units, in milliseconds; a bare number is seconds, as --timeout's
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
+
+
+def duration_ms(text: str) -> int:
+    """A duration (`30s`, `5m`, `2h`, `1d`, `250ms`, `1.5s`; a bare number is seconds) in
+    whole milliseconds, at least 1."""
+    match = _DURATION.fullmatch(text.strip())
+    ms = round(float(match[1]) * _UNITS[match[2] or "s"]) if match else 0
+    if ms < 1:
+        raise argparse.ArgumentTypeError(f"must be a duration such as 30s, 5m, 2h, 1d or 250ms "
+                                         f"(a bare number is seconds), got {shown(text)}")
+    return ms
+
+
+def version_number(text: str) -> int:
+    """An entry's version: 0 (the key absent) or more."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a version, a whole number of 0 or more "
+                                         f"(0: the key must be absent), got {shown(text)}")
+    return int(text)
 
 
 def json_object(text: str) -> dict[str, Any]:

@@ -11,10 +11,11 @@ from typing import Any
 
 import msgspec
 
-from stateworker.app.cli.calls import for_table
+from stateworker.app.cli.calls import entry_value, for_table
 from stateworker.app.cli.common import EXIT_OK, EXIT_USAGE
-from stateworker.app.output import cell, table
+from stateworker.app.output import listing, table
 from stateworker.errors import shown
+from stateworker.schemas import QueryResult
 
 QUERY_OPS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "prefix")
 
@@ -98,13 +99,14 @@ async def run_query(args: argparse.Namespace) -> int:
     result = await for_table(args, "state::query", body)
     if isinstance(result, int):
         return result
-    page = msgspec.json.decode(result, type=dict[str, Any])
-    rows = [[e["key"], e["version"], e["updated_at"], cell(msgspec.json.encode(e.get("value")))]
-            for e in page["entries"]]
-    print(table(["KEY", "VERSION", "UPDATED", "VALUE"], rows))
-    if page.get("next_after"):
+    page = msgspec.json.decode(result, type=QueryResult)  # values as stored (Raw)
+    rows = [[e.key, e.version, e.updated_at, *entry_value(e)] for e in page.entries]
+    print(listing(["KEY", "VERSION", "UPDATED", "VALUE"], rows,
+                  f"no {'more ' if args.after else ''}entries of scope {shown(args.scope)} "
+                  "match"))
+    if isinstance(page.next_after, str):
         more = ["stateworker", "query", args.scope, "--limit", str(args.limit)]
         for text in args.where:
             more += ["--where", text]
-        print(f"(more: {shlex.join([*more, '--after', page['next_after']])})")
+        print(f"(more: {shlex.join([*more, '--after', page.next_after])})")
     return EXIT_OK

@@ -8,10 +8,19 @@ import argparse
 from importlib import metadata
 from typing import TypeAlias
 
-from stateworker.app import admin, service_user
-from stateworker.app.cli import texts
-from stateworker.app.cli.common import RAW, json_object, positive, seconds, service_name
+from stateworker.app import service_user
+from stateworker.app.cli import admin_parser, texts
+from stateworker.app.cli.common import (
+    RAW,
+    duration_ms,
+    json_object,
+    positive,
+    seconds,
+    service_name,
+    version_number,
+)
 from stateworker.app.cli.completion import SHELLS
+from stateworker.app.cli.suggest import Parser
 from stateworker.app.cli.watching import revision
 from stateworker.app.output import add_output
 
@@ -26,7 +35,7 @@ def version() -> str:
 
 
 def build() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="stateworker", description="Durable, reactive key/value state over Redis "
         "streams: serve it, call it, watch it, look at it.", epilog=texts.TOP,
         formatter_class=RAW)
@@ -46,7 +55,7 @@ def build() -> argparse.ArgumentParser:
     _add(sub, "restore", "rebuild an empty Redis from the PostgreSQL snapshot "
          "(STATEWORKER_POSTGRES_URL): entries, triggers, claims", texts.RESTORE)
     service_user.add_command(sub)
-    admin.add_parsers(sub)
+    admin_parser.add_parsers(sub)
     completion = _add(sub, "completion", "print a bash or zsh completion script",
                       texts.COMPLETION)
     completion.add_argument("shell", choices=SHELLS, help="the shell: bash or zsh")
@@ -114,9 +123,23 @@ def _verbs(sub: Sub) -> None:
     _address(put)
     put.add_argument("value", help="one JSON value: 12.5, '\"text\"', '{\"a\":1}'; - reads it "
                      "from stdin")
+    put.add_argument("--ttl", type=duration_ms, default=None, metavar="DURATION",
+                     help="expire the key this long after the write: 30s, 5m, 2h, 1d, 250ms "
+                     "(a bare number is seconds); default: never")
+    put.add_argument("--topic", default=None, help="tag the entry with a topic (ls shows it; "
+                     "state::delete-by-topic deletes by it)")
+    put.add_argument("--if-version", type=version_number, default=None, metavar="N",
+                     help="write only if the entry is at version N (0: only if the key is "
+                     "absent); else CONFLICT, exit 1, nothing written")
     _timeout(put)
-    delete = _add(sub, "del", "delete a key; print its old value", texts.DEL)
-    _address(delete)
+    delete = _add(sub, "del", "delete a key (print its old value), or every key with a prefix",
+                  texts.DEL)
+    delete.add_argument("scope", help="the scope (a group of keys, e.g. orders)")
+    delete.add_argument("key", nargs="?", default=None, help="the key in the scope (or "
+                        "--prefix)")
+    delete.add_argument("--prefix", default=None, help="delete every key of the scope that "
+                        "starts with this (state::delete-by-prefix, in batches); prints "
+                        "{\"deleted\": N}")
     _timeout(delete)
     ls = _add(sub, "ls", "list a scope's keys with their version, time and topic", texts.LS)
     ls.add_argument("scope", help="the scope to list")
@@ -130,14 +153,59 @@ def _verbs(sub: Sub) -> None:
     _timeout(ls)
     add_output(ls)
     _multi(sub)
-    triggers = _add(sub, "list-triggers", "list the registered triggers",
-                    texts.LIST_TRIGGERS)
-    _timeout(triggers)
-    add_output(triggers)
+    _listings(sub)
     gone = _add(sub, "delete-barrier", "delete a barrier (state::delete-barrier)",
                 texts.DELETE_BARRIER)
     gone.add_argument("id", help="the barrier's id (its condition_config.id)")
     _timeout(gone)
+
+
+def _listings(sub: Sub) -> None:
+    scopes = _add(sub, "scopes", "list the scopes that hold keys", texts.SCOPES)
+    scopes.add_argument("--pattern", default=None, metavar="GLOB",
+                        help="only scopes matching this (`*` any run of characters, `?` one)")
+    scopes.add_argument("--limit", type=positive, default=1000, help="scopes at most "
+                        "(default and most 1000)")
+    _timeout(scopes)
+    add_output(scopes)
+    history = _add(sub, "history", "a key's recent changes, newest first", texts.HISTORY)
+    _address(history)
+    add_output(history)
+    triggers = _add(sub, "list-triggers", "list the registered triggers (as `triggers ls`)",
+                    texts.LIST_TRIGGERS)
+    _timeout(triggers)
+    add_output(triggers)
+    _triggers(sub)
+
+
+def _triggers(sub: Sub) -> None:
+    verbs = _add(sub, "triggers", "list, add and remove triggers: the functions called for "
+                 "change events", texts.TRIGGERS).add_subparsers(
+        dest="verb", required=True, metavar="VERB",
+        help="what to do (`stateworker triggers VERB --help`)")
+    ls = _add(verbs, "ls", "list the registered triggers", texts.LIST_TRIGGERS)
+    _timeout(ls)
+    add_output(ls)
+    add = _add(verbs, "add", "register a trigger: call a service's function for every "
+               "matching change event", texts.TRIGGERS_ADD)
+    add.add_argument("function", help="the function to call, e.g. audit::seen")
+    add.add_argument("--service", type=service_name, required=True,
+                     help="the service whose stream gets the calls (a Worker's name)")
+    add.add_argument("--id", default=None, help="the trigger's id (default: a new one); "
+                     "registering an id again replaces that trigger")
+    add.add_argument("--scope", default=None, help="only this scope's events")
+    add.add_argument("--key", default=None, help="only this key's events")
+    add.add_argument("--key-prefix", default=None, help="only keys that start with this")
+    add.add_argument("--event-type", dest="event_types", action="append", default=None,
+                     choices=("created", "updated", "deleted"),
+                     help="only these kinds of change (repeat it; default: every kind)")
+    add.add_argument("--ttl", type=duration_ms, default=None, metavar="DURATION",
+                     help="a lease: the trigger is gone this long after registering unless "
+                     "kept (state::keep-trigger): 30s, 5m, 1h; default: never")
+    _timeout(add)
+    remove = _add(verbs, "rm", "remove a trigger", texts.TRIGGERS_RM)
+    remove.add_argument("id", help="the trigger's id (`triggers ls` lists them)")
+    _timeout(remove)
 
 
 def _multi(sub: Sub) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stateworker.app.cli.common import USAGE_LINE
+from stateworker.events.history import HISTORY_KEEP, HISTORY_SCAN
 
 FAILED_CALL = """\
   1  the call failed: {code, message, details} on stderr (JSON): an error reply
@@ -40,13 +41,20 @@ PUT = call_epilog("written: state::set's result (JSON) is on stdout", """\
   stateworker put orders o-1 '{"total":12.50}'
   stateworker put orders greeting '"hello"'          # a string is JSON too: quoted
   echo '[1,2,3]' | stateworker put orders list -      # the value from stdin
+  stateworker put sessions s-9 '{"user":"u-1"}' --ttl 30m --topic web
+  stateworker put orders o-1 '{"total":13}' --if-version 1   # CONFLICT unless at version 1
 """, note="VALUE is one JSON value, kept as written (numbers exactly); `-` reads it from "
-   "stdin.\nNot JSON: exit 2 with the reason, nothing sent.\n\n")
+   "stdin.\nNot JSON: exit 2 with the reason, nothing sent. --ttl, --topic and --if-version "
+   "are\nstate::set's ttl_ms, topic and expected_version: a write replaces the key's topic "
+   "and\nexpiry, so a put without them clears them.\n\n")
 
 DEL = call_epilog("deleted (or there was nothing): the old value (JSON, null when none) is "
-                  "on stdout", """\
+                  "on stdout;\n     with --prefix: {\"deleted\": N}", """\
   stateworker del orders o-1
-""")
+  stateworker del orders --prefix tmp-                # every key that starts with tmp-
+""", note="--prefix deletes in batches (state::delete-by-prefix, 1000 keys a call) until none "
+   "is left;\neach batch is one step, the whole is not: a failure leaves the batches before "
+   "it deleted.\n\n")
 
 DELETE_BARRIER = call_epilog("done: `{\"deleted\": true}` on stdout (`false`: there was no "
                              "such barrier)", """\
@@ -84,9 +92,52 @@ QUERY = call_epilog("one page of matching entries is on stdout (a table, or the 
 
 LIST_TRIGGERS = call_epilog("the registered triggers are on stdout (a table, or the JSON "
                             "of state::list-triggers)", """\
-  stateworker list-triggers
-  stateworker list-triggers -o json | jq -r '.triggers[].id'
+  stateworker triggers ls
+  stateworker triggers ls -o json | jq -r '.triggers[].id'
 """)
+
+TRIGGERS = call_epilog("done (each VERB's --help says what it prints)", """\
+  stateworker triggers ls
+  stateworker triggers add audit::seen --service audit --scope orders --event-type deleted
+  stateworker triggers rm t-1
+""", note="A trigger calls a service's function (a Worker's) with every change event that "
+   "matches\nits filters (README: Triggers); `stateworker call state::register-trigger` takes "
+   "every\noption (match rules, conditions).\n\n")
+
+TRIGGERS_ADD = call_epilog("registered: {\"id\": ...} on stdout", """\
+  stateworker triggers add audit::seen --service audit --scope orders
+  stateworker triggers add mail::send --service mail --scope users --key-prefix u- \\
+      --event-type created --id welcome --ttl 1h
+""", note="Every filter given must hold; none: every event of every scope. It sees the "
+   "events after\nit is registered (state::register-trigger).\n\n")
+
+TRIGGERS_RM = call_epilog("done: {\"id\": ..., \"removed\": true} on stdout (`false`: there "
+                          "was no such trigger)", """\
+  stateworker triggers rm welcome
+""")
+
+SCOPES = call_epilog("the scopes are on stdout (a table, or the JSON of "
+                     "state::list-namespaces)", """\
+  stateworker scopes
+  stateworker scopes --pattern 'order*' -o json | jq -r '.namespaces[]'
+""", note="The scopes holding at least one live key, in byte order (state::list-namespaces).\n\n")
+
+HISTORY = f"""\
+The key's changes among the last {HISTORY_SCAN} events of its partition's stream, newest first
+(at most {HISTORY_KEEP}): revision, time, event, version and the value written (the old one
+for a delete). It reads Redis directly, as `watch` does; trimming (STATEWORKER_EVENTS_RETAIN)
+and the other keys' events bound how far back it goes. The JSON (piped, or --output json) is the
+console's history: {{scope, key, scanned, events}}, each event as `watch` prints it.
+
+exit status:
+  0  the changes found are on stdout (none: it says so)
+  1  {{code, message, details}} on stderr (JSON): UNAVAILABLE (no Redis)
+{USAGE_LINE}
+
+examples:
+  stateworker history orders o-1
+  stateworker history orders o-1 -o json | jq '.events[].new_value'
+"""
 
 WATCH = f"""\
 Prints one JSON line per event, as it happens: {{"type":"state","event_type":"state:updated",

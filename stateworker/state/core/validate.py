@@ -6,10 +6,9 @@ before anything is written.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -27,6 +26,7 @@ from stateworker.errors import (
     StateError,
     UnknownCaller,
     UnknownField,
+    nearest,
     shown,
 )
 from stateworker.keys import BUS_NAME_RULES, bus_name_problem
@@ -85,12 +85,6 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
         raise error(f"{root}: {what} is {codec.DEPTH_MESSAGE}",
                     {"path": root, "limit": codec.MAX_DEPTH}) from exc
     return result
-
-
-def nearest(name: str, known: Iterable[str]) -> str | None:
-    """The known field nearest to `name` (a misspelling's), or None when none is close."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return close[0] if close else None
 
 
 def unknown_field(where: str, name: str, known: Sequence[str], takes: str = "") -> UnknownField:
