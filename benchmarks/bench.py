@@ -31,6 +31,7 @@ from benchmarks import (
     bench_getmany,
     bench_http,
     bench_msgpack,
+    bench_peers,
     bench_query,
     bench_reactive,
     bench_shards,
@@ -76,6 +77,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
             if "durability" in sections:  # two fresh servers of its own, one per mode
                 figures["durability"] = await bench_durability.durability_section(
                     seconds, rounds, out)
+            if "peers" in sections:  # its own servers: two Redis, an etcd, two NATS
+                figures["peers"] = await bench_peers.peers_section(seconds, rounds, out)
             if "snapshot" in sections:  # its own servers: four Redis and a PostgreSQL
                 figures["snapshot"] = await bench_snapshot.snapshot_section(seconds, rounds, out)
             if "cluster" in sections:  # its own servers: one redis-server and a 3+3 cluster
@@ -257,7 +260,7 @@ async def _list_section(store: StateStore, raw_client: Any, seconds: float, roun
 
 SECTIONS = ("store", "update", "list", "bus", "acl", "shards", "dedupe", "durability", "snapshot",
             "reactive", "engines", "cluster", "getmany", "txn", "query", "floor", "http", "console",
-            "msgpack", "bounds")
+            "msgpack", "bounds", "peers")
 
 
 def main(seconds: float = 2.0, rounds: int = 3, sections: tuple[str, ...] = SECTIONS) -> None:

@@ -10,6 +10,7 @@ serve` process with STATEWORKER_DURABILITY set), fast and strict in alternation,
 from __future__ import annotations
 
 import statistics
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -30,11 +31,12 @@ CASES = (("store", 1), ("store", 64), ("bus", 64))
 
 class Mode(dict[str, Op]):
     """The ops of one mode by name ("store", "bus": a set; "bus_get": a get over the bus), with
-    the redis-server they run on."""
+    the redis-server they run on, the service's process and the bus client."""
 
-    def __init__(self, server: EmbeddedRedis, ops: dict[str, Op]) -> None:
+    def __init__(self, server: EmbeddedRedis, ops: dict[str, Op],
+                 service: subprocess.Popen[str], client: StateClient) -> None:
         super().__init__(ops)
-        self.server = server
+        self.server, self.service, self.client = server, service, client
 
 
 @asynccontextmanager
@@ -66,7 +68,8 @@ async def durability_mode(directory: Path, durability: str, env: dict[str, str] 
                                               b'{"scope":"bench","key":"b%d"}' % w)
 
             await bus_set(0, 0)  # warm up: the service has loaded its scripts and group
-            yield Mode(server, {"store": store_set, "bus": bus_set, "bus_get": bus_get})
+            yield Mode(server, {"store": store_set, "bus": bus_set, "bus_get": bus_get},
+                       service, client)
     finally:
         service.terminate()
         service.wait(timeout=30)

@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from benchmarks.bench_bus import start_service
-from benchmarks.benchtime import percentile, timed
+from benchmarks.benchtime import paced, percentile, timed
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
@@ -81,14 +81,13 @@ async def write_to_handler_latency(client: StateClient, settings: Settings, seco
         "id": "bench-latency", "function_id": "benchhandler::on_change",
         "service": "benchhandler", "config": {"scope": "latency"}})
     count = int(RATE * seconds)
+
+    async def write(i: int) -> None:
+        await client.set("latency", f"k{i % 100}", {"t": time.perf_counter()})
+
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
-        start = time.perf_counter()
-        async with anyio.create_task_group() as writers:
-            for i in range(count):
-                await anyio.sleep(max(0.0, start + i / RATE - time.perf_counter()))
-                writers.start_soon(client.set, "latency", f"k{i % 100}",
-                                   {"t": time.perf_counter()})
+        await paced(write, count, RATE)
         with anyio.move_on_after(30):
             while len(delays) < count:
                 await anyio.sleep(0.05)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -35,6 +35,17 @@ async def timed(op: Op, concurrency: int, seconds: float) -> tuple[float, list[f
         for w in range(concurrency):
             tg.start_soon(worker, w)
     return len(latencies) / (time.perf_counter() - start), latencies
+
+
+async def paced(write: Callable[[int], Coroutine[Any, Any, Any]], count: int, rate: float
+                ) -> None:
+    """`count` writes, write i started at i / `rate` s (each in a task of its own, so a slow
+    one does not hold back the next), back when all have returned."""
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            await anyio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            tg.start_soon(write, i)
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -32,13 +32,24 @@ def process_cpu(pid: int) -> float:
     return cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
 
 
+async def timed_cpus(op: Op, concurrency: int, seconds: float, pids: dict[str, int]
+                     ) -> tuple[float, list[float], dict[str, float]]:
+    """`timed`, plus the CPU seconds per op over the measurement of each process of `pids` (by
+    name) and of this one ("caller": every thread of it, a client library's too)."""
+    before = {name: process_cpu(pid) for name, pid in pids.items()}
+    caller = time.process_time()
+    rate, latencies = await timed(op, concurrency, seconds)
+    calls = max(1, len(latencies))
+    cpus = {name: (process_cpu(pid) - before[name]) / calls for name, pid in pids.items()}
+    return rate, latencies, {"caller": (time.process_time() - caller) / calls, **cpus}
+
+
 async def timed_cpu(op: Op, concurrency: int, seconds: float, pid: int | None = None
                     ) -> tuple[float, list[float], float]:
     """`timed`, plus the CPU seconds per op of process `pid` over the measurement."""
-    before = process_cpu(pid) if pid else 0.0
-    rate, latencies = await timed(op, concurrency, seconds)
-    cpu = (process_cpu(pid) - before) / len(latencies) if pid and latencies else 0.0
-    return rate, latencies, cpu
+    rate, latencies, cpus = await timed_cpus(op, concurrency, seconds,
+                                             {"server": pid} if pid else {})
+    return rate, latencies, cpus.get("server", 0.0)
 
 
 def set_op(caller: Any) -> Op:

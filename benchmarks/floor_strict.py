@@ -9,37 +9,38 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
 from benchmarks.bench_durability import durability_mode
 from benchmarks.benchtime import Op, percentile, timed
 from benchmarks.floor_process import VALUE, median, stop_process
+from benchmarks.pgserver import free_port
 
 STRACE_CALLS = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Server(NamedTuple):
+    """A server the bench started: the port its clients use, its pid (for its CPU)."""
+
+    port: int
+    pid: int
 
 
 @contextlib.contextmanager
-def etcd_server(directory: Path) -> Iterator[int | None]:
-    """Debian's etcd (one member, its data in `directory`) on free ports: its client port,
-    None when etcd is not installed."""
+def etcd_server(directory: Path) -> Iterator[Server | None]:
+    """Debian's etcd (one member, its data in `directory`) on free ports, None when etcd is
+    not installed."""
     binary = shutil.which("etcd")
     if binary is None:
         yield None
         return
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     process = subprocess.Popen(
         [binary, "--name", "floor", "--data-dir", str(directory),
          "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -49,14 +50,15 @@ def etcd_server(directory: Path) -> Iterator[int | None]:
          "--initial-cluster", f"floor=http://127.0.0.1:{peer}", "--log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        yield client
+        yield Server(client, process.pid)
     finally:
         stop_process(process)
 
 
 @contextlib.asynccontextmanager
-async def etcd_ops(port: int | None) -> AsyncIterator[dict[str, Op] | str]:
-    """`put` through aetcd (one gRPC channel, as a client process has), or why none."""
+async def etcd_client(port: int | None) -> AsyncIterator[Any]:
+    """An aetcd client (one gRPC channel, as a client process has) once etcd serves, or a
+    text saying why there is none."""
     if port is None:
         yield "etcd is not installed (Debian's etcd-server: scripts/_setup.sh ensure_etcd)"
         return
@@ -74,13 +76,23 @@ async def etcd_ops(port: int | None) -> AsyncIterator[dict[str, Op] | str]:
                     break
                 except Exception:
                     await anyio.sleep(0.1)
+        yield client
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def etcd_ops(port: int | None) -> AsyncIterator[dict[str, Op] | str]:
+    """`put` through aetcd, or why none."""
+    async with etcd_client(port) as client:
+        if isinstance(client, str):
+            yield client
+            return
 
         async def put(w: int, i: int) -> Any:
             return await client.put(b"bench/k%d" % w, VALUE)
 
         yield {"put": put}
-    finally:
-        await client.close()
 
 
 async def _count_fsyncs(pid: int, op: Op, calls: int) -> float | None:
@@ -109,10 +121,10 @@ async def _count_fsyncs(pid: int, op: Op, calls: int) -> float | None:
 async def strict_lines(seconds: float, rounds: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sw-bench-floor-") as tmp, \
-            etcd_server(Path(tmp) / "etcd") as port:
+            etcd_server(Path(tmp) / "etcd") as etcd_process:
         async with durability_mode(Path(tmp) / "fast", "fast") as fast, \
                 durability_mode(Path(tmp) / "strict", "strict") as strict, \
-                etcd_ops(port) as etcd:
+                etcd_ops(etcd_process and etcd_process.port) as etcd:
             cases: list[tuple[str, Op, int]] = [
                 ("strict_set_64", strict["bus"], 64), ("strict_set_1", strict["bus"], 1),
                 ("fast_get_1", fast["bus_get"], 1), ("strict_get_1", strict["bus_get"], 1)]

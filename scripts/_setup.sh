@@ -44,9 +44,20 @@ ensure_etcd() {
   fi
 }
 
+# NATS JetStream for the peers section (benchmarks/bench_peers.py): Debian's nats-server,
+# started per run by the bench with -js on free ports. scripts/bench only.
+ensure_nats() {
+  if ! command -v nats-server >/dev/null 2>&1; then
+    log "installing Debian's nats-server"
+    apt_install nats-server
+    # Debian's package may start a system server; the bench starts its own, so stop it.
+    if command -v service >/dev/null 2>&1; then service nats-server stop >/dev/null 2>&1 || true; fi
+  fi
+}
+
 # ensure_venv service|test|bench: a .venv with the project installed (editable): `service`
 # (the service and its command alone: ./scripts/run), `test` (with the test and lint tools:
-# ./scripts/test) or `bench` (those and the benchmarks' etcd client: ./scripts/bench). Each
+# ./scripts/test) or `bench` (those and the benchmarks' etcd and NATS clients: ./scripts/bench). Each
 # has its stamp, the hash of pyproject.toml it was installed for; `test` covers `service`,
 # `bench` covers both. pip's output goes to .venv/install.log, shown
 # only when the install fails.
