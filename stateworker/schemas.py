@@ -580,3 +580,40 @@ class IndexInfo(Struct):
 
 class IndexesResult(Struct):
     indexes: list[IndexInfo]
+
+
+# ==== iii's paged listing and live settings (issue 41) =========================================
+# One block, so it moves as one when this module is split.
+class EntriesPageRequest(Scoped, kw_only=True):
+    """state::list_entries, as iii serves it: the first call (no cursor) captures the scope."""
+
+    scope: str
+    cursor: str | None = None
+    limit: int = 100
+    max_bytes: int = 1_000_000
+
+
+class EntriesPage(Struct):
+    """One page of a snapshot: each entry a row `[key, value]` (JSON as stored), in key byte
+    order; `next_cursor` null once `done`; `offset`: the snapshot's entries before this page,
+    `total`: all of them."""
+
+    entries: list[Raw]
+    done: bool
+    next_cursor: str | None
+    offset: int
+    total: int
+
+
+class ConfigChangeRequest(Request, kw_only=True):
+    """state::on-config-change: iii's takes `{}` (a reload); the live settings given are stored
+    first, null removing an override (the setting's value at start comes back)."""
+
+    max_value_bytes: int | UnsetType | None = UNSET
+    triggers_enabled: bool | UnsetType | None = UNSET
+
+
+class ConfigChangeResult(Struct):
+    ok: bool
+    max_value_bytes: int  # the settings now in force on the replica that served the call
+    triggers_enabled: bool

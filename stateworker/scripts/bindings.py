@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from stateworker.clock import now_ms
 from stateworker.codec import Value
@@ -26,6 +26,7 @@ from stateworker.scripts.replies import (
     AccessReply,
     BarrierReply,
     ClaimReply,
+    ConfigReply,
     Counted,
     DeleteReply,
     DelprefixReply,
@@ -36,6 +37,7 @@ from stateworker.scripts.replies import (
     KeptReply,
     ListReply,
     Moved,
+    PageReply,
     ReapReply,
     ReleaseReply,
     SetReply,
@@ -105,10 +107,12 @@ DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script 
 INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
 REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
+PAGES = Binding("pages", 4, 12, PageReply.read)  # state::list_entries: a snapshot's page
+CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP)
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -420,3 +424,31 @@ def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
 def stamp_call(key: str, kind: str, generation: str) -> Call:
     """stamp.lua: `kind` "h" (`key` a partition's history) or "s" (the registry's marker)."""
     return [key], [kind, generation]
+
+
+class PageBounds(NamedTuple):
+    """What bounds pages.lua's snapshots: entries, bytes of their rows, live snapshots of a
+    partition, a snapshot's life (ms), bytes of one row."""
+
+    entries: int
+    bytes: int
+    snapshots: int
+    life_ms: int
+    row_bytes: int
+
+
+def pages_call(part: PartitionKeys, scope: str, cursor: str | None, next_cursor: str,
+               binding: str, limit: int, max_bytes: int, bounds: PageBounds) -> Call:
+    """pages.lua: the page of `cursor`'s snapshot (None: capture the scope first), the
+    snapshot renamed to `next_cursor`'s when pages remain; `binding`: what the cursor serves."""
+    after = part.snapshot(next_cursor)
+    return ([part.key_index(scope), after if cursor is None else part.snapshot(cursor), after,
+             part.snapshots],
+            [now_ms(), "1" if cursor is None else "", part.entry_prefix + member(scope, ""),
+             binding, limit, max_bytes, next_cursor, *bounds])
+
+
+def config_call(keys: KeySpace, overrides: Sequence[tuple[str, str]]) -> Call:
+    """config.lua: `overrides` (name, value text; "" removes one) written, every replica told."""
+    return ([keys.live_settings, keys.registry],
+            [REGISTRY_MAXLEN, *(item for pair in overrides for item in pair)])
