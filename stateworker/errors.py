@@ -228,9 +228,32 @@ class Forbidden(StateError):
 
 
 class UnknownCaller(StateError):
-    """Raised when a call that needs the caller's identity (claim-namespace) carries none."""
+    """Raised when a call that needs the caller's identity (claim-namespace, release-namespace,
+    list_entries) carries none."""
 
     code = "UNKNOWN_CALLER"
+
+
+class InvalidCursor(StateError):
+    """Raised when `state::list_entries`' cursor is not a live one of this listing: unknown,
+    tampered, expired, already read, or issued for another scope, caller, limit or
+    max_bytes (which of these is not said: a cursor reveals nothing)."""
+
+    code = "INVALID_CURSOR"
+
+
+class SnapshotCapacity(StateError):
+    """Raised when `state::list_entries` would keep a snapshot past its bounds: the live
+    snapshots of a partition, the entries of one, or its bytes (`max_call_bytes`)."""
+
+    code = "SNAPSHOT_CAPACITY"
+
+
+class RowTooLarge(StateError):
+    """Raised when `state::list_entries`' next entry cannot fit a page of `max_bytes` on its
+    own: it is never skipped (nothing read is consumed)."""
+
+    code = "ROW_TOO_LARGE"
 
 
 class ScopeConflict(StateError):
@@ -339,6 +362,9 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         ScopeInUse,
         PermissionDenied,
         DuplicateKey,
+        InvalidCursor,
+        SnapshotCapacity,
+        RowTooLarge,
     )
 }
 
@@ -346,15 +372,15 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
 # code (`increment.not_number`) is 409 there, any other code 500.
 HTTP_STATUS: dict[str, int] = {
     "INVALID_REQUEST": 400, "UNKNOWN_FIELD": 400, "KEY_TOO_LONG": 400, "INVALID_PREFIX": 400,
-    "INVALID_CONTEXT": 400, "DUPLICATE_KEY": 400, "INVALID_SCOPE": 400,
+    "INVALID_CONTEXT": 400, "DUPLICATE_KEY": 400, "INVALID_SCOPE": 400, "INVALID_CURSOR": 400,
     "UNKNOWN_CALLER": 401,
     "PERMISSION_DENIED": 403, "FORBIDDEN": 403, "RESERVED_SCOPE": 403,
     "NOT_FOUND": 404, "UNKNOWN_FUNCTION": 404,
     "CONFLICT": 409, "CALL_ID_REUSED": 409, "BARRIER_CONFIG": 409, "SCOPE_CONFLICT": 409,
     "SCOPE_IN_USE": 409, "KEY_LIMIT": 409,
     "COMPACTED": 410,
-    "VALUE_TOO_LARGE": 413, "CALL_TOO_LARGE": 413,
-    "RESOURCE_EXHAUSTED": 507,
+    "VALUE_TOO_LARGE": 413, "CALL_TOO_LARGE": 413, "ROW_TOO_LARGE": 413,
+    "RESOURCE_EXHAUSTED": 507, "SNAPSHOT_CAPACITY": 507,
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
     "STORE_LOST": 503,

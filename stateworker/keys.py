@@ -24,6 +24,10 @@ Layout (`sw` prefix, partition 3):
                                                  (KeySpace.id_home)
   sw:{sw:p3}:unsaved_calls                stream records of calls that changed the partition,
                                                  until PostgreSQL holds them (snapshot on)
+  sw:{sw:p3}:snap:<cursor>                hash   a state::list_entries snapshot, under the
+                                                 cursor that reads it next (lua/pages.lua);
+                                                 expires 120 s after its capture
+  sw:{sw:p3}:snaps                        zset   the partition's live snapshots by expiry ms
   sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
   sw:{sw:p3}:barriers_changed             set    names of the partition's barrier hashes
                                                  changed since the snapshot last stored them
@@ -49,6 +53,8 @@ Layout (`sw` prefix, partition 3):
                                                  act_as; never a password)
   sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
   sw:{sw:reg}:generation                  string the registry's generation marker
+  sw:{sw:reg}:settings                    hash   live settings' overrides: name -> value
+                                                 (state::on-config-change; state/core/live.py)
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
   sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
   sw:dispatch:by_trigger                  hash   per trigger: "<id>|delivered" handler calls
@@ -132,6 +138,15 @@ class PartitionKeys:
     def entry(self, scope: str, key: str) -> str:
         return f"{self.entry_prefix}{member(scope, key)}"
 
+    def snapshot(self, cursor: str) -> str:
+        """A state::list_entries snapshot, named by the cursor that reads it next."""
+        return f"{self.tag}snap:{cursor}"
+
+    @property
+    def snapshots(self) -> str:
+        """zset: the partition's live snapshots (their names) by expiry ms."""
+        return f"{self.tag}snaps"
+
     def key_index(self, scope: str) -> str:
         return f"{self.tag}k:{scope}"
 
@@ -209,6 +224,7 @@ class KeySpace:
         # The registry's generation marker (state/generation.py; lua/includes/generation.lua
         # finds it as the registry stream's name less "registry").
         self.registry_marker = f"{registry_tag}generation"
+        self.live_settings = f"{registry_tag}settings"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"

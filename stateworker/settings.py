@@ -55,6 +55,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # trimmed; events not yet dispatched are kept (up to events_maxlen).
     events_retain: float = 3600.0
     dispatch: bool = True  # `serve` runs the trigger dispatcher (replicas share partitions)
+    # The dispatcher hands events on to triggers; false: it pauses, events wait in their
+    # partitions (none lost, up to events_maxlen). Live: state::on-config-change (LIVE).
+    triggers_enabled: bool = True
     # A trigger target's call stream (each shard's) may hold this many entries; beyond, the
     # dispatch of the events calling it waits (reactive/batch.py), so a dead service's stream
     # holds at most this plus one event's calls and never grows Redis without bound.
@@ -182,6 +185,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid setting: {exc}") from exc
+
+
+# The settings state::on-config-change changes on a running service (state/core/live.py):
+# what iii treats as live. Every other setting is read once, at start.
+LIVE = ("max_value_bytes", "triggers_enabled")
+_WHOLE = re.compile(r"[0-9]{1,12}")
+
+
+def with_live(base: Settings, overrides: Mapping[str, str]) -> Settings:
+    """`base` with the live settings' overrides (name -> value text, as Redis keeps them); a
+    bad one raises ConfigError naming it, its value and what it must be."""
+    values: dict[str, object] = {}
+    for name, raw in overrides.items():
+        if name not in LIVE:
+            raise ConfigError(f"live setting {shown(name)} is none of {', '.join(LIVE)} (the "
+                              "settings that change on a running service)")
+        if name == "triggers_enabled":
+            values[name] = _parse(name, bool, raw)
+        elif _WHOLE.fullmatch(raw):
+            values[name] = int(raw)
+        else:
+            raise ConfigError(f"live setting {name} must be a whole number of bytes, got "
+                              f"{shown(raw)}")
+    return msgspec.structs.replace(base, **values) if values else base
 
 
 def default_state_dir(env: Mapping[str, str]) -> str:

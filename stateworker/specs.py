@@ -182,12 +182,25 @@ UI_CONTENT = Spec("state::ui-content", "ui_content", s.UiContentRequest, s.UiCon
                   "content function; the HTTP face serves the same files at /console/)",
                   ("path",), read_only=True, raises=("UNKNOWN_FIELD", "NOT_FOUND"))
 
+LIST_ENTRIES_PAGE = Spec(
+    "state::list_entries", "list_entries_page", s.EntriesPageRequest, s.EntriesPage,
+    "iii's paged listing: the first call snapshots the scope, each page (`limit`, `max_bytes`) "
+    "gives `[key, value]` rows in key order, `offset`, `total`, `done` and a single-use "
+    "`next_cursor`", ("scope",), read_only=True, scoped=True,
+    raises=(*_ADDRESS, "UNKNOWN_CALLER", "INVALID_CURSOR", "ROW_TOO_LARGE", "SNAPSHOT_CAPACITY"),
+    accessor=True)
+ON_CONFIG_CHANGE = Spec(
+    "state::on-config-change", "on_config_change", s.ConfigChangeRequest, s.ConfigChangeResult,
+    "store the live settings given (`max_value_bytes`, `triggers_enabled`; null: back to the "
+    "start value) and make every replica reload them; `{}` only reloads",
+    raises=("INVALID_REQUEST", "UNKNOWN_FIELD", "PERMISSION_DENIED"))
+
 NATIVE: tuple[Spec, ...] = (
     GET, SET, DELETE, LIST, LIST_KEYS, LIST_GROUPS, COMPARE_AND_SET, GET_ENTRY, UPDATE,
     LIST_ENTRIES, DIFF, UPDATE_TOPIC, DELETE_BY_TOPIC, LIST_NAMESPACES, BARRIER,
     DELETE_BARRIER, CLAIM_NAMESPACE, RELEASE_NAMESPACE, REGISTER_TRIGGER, KEEP_TRIGGER, UNREGISTER_TRIGGER,
     LIST_TRIGGERS, TRANSACTION, SET_MANY, DELETE_MANY, GET_MANY, DELETE_BY_PREFIX, QUERY,
-    CREATE_INDEX, DROP_INDEX, LIST_INDEXES, UI_CONTENT)
+    CREATE_INDEX, DROP_INDEX, LIST_INDEXES, UI_CONTENT, LIST_ENTRIES_PAGE, ON_CONFIG_CHANGE)
 ACCESSORS: tuple[str, ...] = tuple(spec.name for spec in NATIVE if spec.accessor)
 
 
@@ -223,6 +236,12 @@ _WHY: dict[str, str] = {
                          "service (`details`: principal, fn, scope or service, missing)",
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
     "DUPLICATE_KEY": "a transaction's list of ops writes one key twice",
+    "INVALID_CURSOR": "`cursor` is not a live one of this listing: unknown, expired (120 s), "
+                      "already read, or issued for another scope, caller, limit or max_bytes",
+    "ROW_TOO_LARGE": "the next entry cannot fit a page of `max_bytes` on its own (never "
+                     "skipped)",
+    "SNAPSHOT_CAPACITY": "a snapshot would pass its bounds: live snapshots of the partition, "
+                         "entries, or bytes (`max_call_bytes`)",
     "CALL_TOO_LARGE": "the call's ops would read and write more than `max_call_bytes` of "
                       "values, or its updates hold more than 10000 ops in all (nothing written: "
                       "split it)",

@@ -91,6 +91,8 @@ def calls(prefix: str) -> list[Call]:
         ("state::get-many", {"scope": "s", "keys": ["k", "u", "absent"]}, None),  # hash stored
         ("state::diff", {"scope": "s", "key": "u", "value": {"n": 7}}, None),
         ("state::list-entries", {"scope": "s"}, None),
+        ("state::list_entries", {"scope": "s", "limit": 1}, None),  # a snapshot kept (pages.lua)
+        ("state::on-config-change", {}, None),  # config.lua
         ("state::create-index", {"scope": "s", "pointer": "/n"}, None),  # (the writes below
         ("state::query", {"scope": "s", "where": [  # keep it: index.lua, includes/indexes.lua)
             {"pointer": "/n", "op": "eq", "value": 7}]}, None),

@@ -117,6 +117,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zrank": ["ZRANK", index, "k"],
         "incr": ["INCR", part.barrier_writes],  # (barrier.lua: the write numbers)
         "pexpireat": ["PEXPIREAT", part.barrier("b"), 1],  # (a completed barrier; restore)
+        # lua/pages.lua: a state::list_entries snapshot handed to the next cursor, its expiry kept
+        "rename": ["RENAME", part.snapshot("a"), part.snapshot("b")],
+        "pexpiretime": ["PEXPIRETIME", part.snapshot("a")],
         # The console's live tail (app/console.py): a Watch reads a partition in one MULTI.
         "multi": ["MULTI"],
         "exec": ["EXEC"],

@@ -78,3 +78,5 @@ class TypedCalls(abc.ABC):
     drop_index = spec_method(specs.DROP_INDEX, CLIENT)
     list_indexes = spec_method(specs.LIST_INDEXES, CLIENT)
     ui_content = spec_method(specs.UI_CONTENT, CLIENT)
+    list_entries_page = spec_method(specs.LIST_ENTRIES_PAGE, CLIENT)
+    on_config_change = spec_method(specs.ON_CONFIG_CHANGE, CLIENT)

@@ -148,13 +148,15 @@ class Dispatcher:
         streams = [self.state.keys.registry]
         ids = [self.registry_id]
         # With no trigger there is nothing to hand on: the rounds move the positions to the
-        # streams' ends instead, and the events are not read at all.
+        # streams' ends instead, and the events are not read at all. With triggers paused
+        # (`triggers_enabled` false, a live setting) they are not read either, and wait where
+        # they are: the positions stay, so trimming keeps them.
         for partition, until in list(self._resting.items()):
             if until <= now:
                 del self._resting[partition]
         held = [p for p in sorted(self.positions)
                 if p not in self._aside and p not in self._resting] \
-            if self.triggers.count else []
+            if self.triggers.count and self.state.settings.triggers_enabled else []
         for partition in held:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)

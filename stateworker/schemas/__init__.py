@@ -1,8 +1,8 @@
 """Request and result shapes of the `state::*` functions, as msgspec Structs, one module per
 family: `base` (Request, Scoped, Address, NULL, encoder; an entry as read; the update ops),
 `kv` (one key, one scope's listings), `bulk` (get-many, delete-by-prefix, set-many,
-delete-many, transaction), `query` (list-entries, query, indexes), `reactive` (triggers,
-barriers), `admin` (namespace claims, the console's files).
+delete-many, transaction), `query` (list-entries, list_entries, query, indexes), `reactive` (triggers,
+barriers), `admin` (namespace claims, the console's files, the live settings).
 
 Every name is re-exported here: `from stateworker.schemas import SetRequest` whichever module
 holds it. A Struct's fields, their order and its tag are its wire form: moving one between
@@ -14,6 +14,8 @@ from __future__ import annotations
 from stateworker.schemas.admin import (
     ClaimNamespaceRequest,
     ClaimResult,
+    ConfigChangeRequest,
+    ConfigChangeResult,
     ReleaseNamespaceRequest,
     ReleaseResult,
     UiContentRequest,
@@ -87,6 +89,8 @@ from stateworker.schemas.kv import (
 from stateworker.schemas.query import (
     CreateIndexResult,
     DropIndexResult,
+    EntriesPage,
+    EntriesPageRequest,
     IndexesResult,
     IndexInfo,
     IndexRequest,
@@ -130,6 +134,8 @@ __all__ = [
     "ClaimNamespaceRequest",
     "ClaimResult",
     "CompareAndSetRequest",
+    "ConfigChangeRequest",
+    "ConfigChangeResult",
     "CreateIndexResult",
     "DecrementOp",
     "DeleteBarrierRequest",
@@ -143,6 +149,8 @@ __all__ = [
     "DiffResult",
     "DropIndexResult",
     "EmptyRequest",
+    "EntriesPage",
+    "EntriesPageRequest",
     "EntryResult",
     "GetEntryRequest",
     "GetManyRequest",

@@ -54,3 +54,18 @@ class UiContentRequest(Request):
 class UiContentResult(Struct):
     content: str  # the file, verbatim
     content_type: str
+
+
+# ---- state::on-config-change (the live settings) ------------------------------------------------
+class ConfigChangeRequest(Request, kw_only=True):
+    """state::on-config-change: iii's takes `{}` (a reload); the live settings given are stored
+    first, null removing an override (the setting's value at start comes back)."""
+
+    max_value_bytes: int | UnsetType | None = UNSET
+    triggers_enabled: bool | UnsetType | None = UNSET
+
+
+class ConfigChangeResult(Struct):
+    ok: bool
+    max_value_bytes: int  # the settings now in force on the replica that served the call
+    triggers_enabled: bool

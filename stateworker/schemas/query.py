@@ -78,3 +78,25 @@ class IndexInfo(Struct):
 
 class IndexesResult(Struct):
     indexes: list[IndexInfo]
+
+
+# ---- state::list_entries (iii's snapshot pages) -------------------------------------------------
+class EntriesPageRequest(Scoped, kw_only=True):
+    """state::list_entries, as iii serves it: the first call (no cursor) captures the scope."""
+
+    scope: str
+    cursor: str | None = None
+    limit: int = 100
+    max_bytes: int = 1_000_000
+
+
+class EntriesPage(Struct):
+    """One page of a snapshot: each entry a row `[key, value]` (JSON as stored), in key byte
+    order; `next_cursor` null once `done`; `offset`: the snapshot's entries before this page,
+    `total`: all of them."""
+
+    entries: list[Raw]
+    done: bool
+    next_cursor: str | None
+    offset: int
+    total: int

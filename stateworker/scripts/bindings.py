@@ -13,19 +13,19 @@ KEY, so a cluster router can send any command by that key (tests/lua: one slot p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from stateworker.clock import now_ms
 from stateworker.codec import Value
 from stateworker.context import Answer, CallContext
 from stateworker.keys import KeySpace, PartitionKeys, call_field, member
-from stateworker.scripts.library import Library, Signature
+from stateworker.scripts.library import Binding, Library
 from stateworker.scripts.replies import (
     AccessReply,
     BarrierReply,
     ClaimReply,
+    ConfigReply,
     Counted,
     DeleteReply,
     DelprefixReply,
@@ -36,6 +36,7 @@ from stateworker.scripts.replies import (
     KeptReply,
     ListReply,
     Moved,
+    PageReply,
     ReapReply,
     ReleaseReply,
     SetReply,
@@ -43,35 +44,12 @@ from stateworker.scripts.replies import (
     TriggerReply,
     UpdateReply,
 )
-from stateworker.scripts.statuses import script_reply
 from stateworker.settings import Settings
 from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
 Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV
 REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
-
-
-@dataclass(frozen=True, slots=True)
-class Binding(Generic[R]):
-    name: str  # lua/<name>.lua
-    keys: int  # the most KEYS the script takes (its header's highest KEYS[i])
-    args: int  # its fixed ARGV (its header's ARGV[1..args])
-    reply: Callable[[list[Any]], R]  # its reply tuple's `read`
-    tail: bool = False  # any number of ARGV more (its header's ARGV[args + 1..])
-    answers: bool = False  # answer_args may come last (its header's `@arguments answer`)
-
-    @property
-    def signature(self) -> Signature:
-        return Signature(self.keys, self.args, self.tail, self.answers)
-
-    def command(self, library: Library, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
-        """The FCALL of this script on `library`."""
-        return library.fcall(self.name, keys, args)
-
-    def read(self, raw: Any) -> R:
-        """Its reply, checked (statuses.script_reply) and typed."""
-        return self.reply(script_reply(raw, self.name))
 
 
 # The entry scripts (`entry_call`): set, compare-and-set, diff; KEYS[8..9] for bus calls
@@ -105,10 +83,12 @@ DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script 
 INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
 REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
+PAGES = Binding("pages", 4, 12, PageReply.read)  # state::list_entries: a snapshot's page
+CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP)
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -420,3 +400,31 @@ def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
 def stamp_call(key: str, kind: str, generation: str) -> Call:
     """stamp.lua: `kind` "h" (`key` a partition's history) or "s" (the registry's marker)."""
     return [key], [kind, generation]
+
+
+class PageBounds(NamedTuple):
+    """What bounds pages.lua's snapshots: entries, bytes of their rows, live snapshots of a
+    partition, a snapshot's life (ms), bytes of one row."""
+
+    entries: int
+    bytes: int
+    snapshots: int
+    life_ms: int
+    row_bytes: int
+
+
+def pages_call(part: PartitionKeys, scope: str, cursor: str | None, next_cursor: str,
+               binding: str, limit: int, max_bytes: int, bounds: PageBounds) -> Call:
+    """pages.lua: the page of `cursor`'s snapshot (None: capture the scope first), the
+    snapshot renamed to `next_cursor`'s when pages remain; `binding`: what the cursor serves."""
+    after = part.snapshot(next_cursor)
+    return ([part.key_index(scope), after if cursor is None else part.snapshot(cursor), after,
+             part.snapshots],
+            [now_ms(), "1" if cursor is None else "", part.entry_prefix + member(scope, ""),
+             binding, limit, max_bytes, next_cursor, *bounds])
+
+
+def config_call(keys: KeySpace, overrides: Sequence[tuple[str, str]]) -> Call:
+    """config.lua: `overrides` (name, value text; "" removes one) written, every replica told."""
+    return ([keys.live_settings, keys.registry],
+            [REGISTRY_MAXLEN, *(item for pair in overrides for item in pair)])

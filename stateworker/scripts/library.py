@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any, Generic, TypeVar
 
 from stateworker.errors import ScriptError, shown
-from stateworker.scripts.statuses import lua_status_table
+from stateworker.scripts.statuses import lua_status_table, script_reply
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
+
+R = TypeVar("R")  # a binding's reply tuple
 
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z0-9_-]+)"\s*$', re.MULTILINE)
 _PER_CALL = re.compile(r"^--- @per-call\s*$", re.MULTILINE)
@@ -244,3 +247,25 @@ class Library:
         reply = (await self.conn.pipeline([["FUNCTION", "LOAD", "REPLACE", self.source]]))[0]
         if isinstance(reply, Exception):
             raise ScriptError(_load_failure(self.library, reply))
+
+
+@dataclass(frozen=True, slots=True)
+class Binding(Generic[R]):
+    name: str  # lua/<name>.lua
+    keys: int  # the most KEYS the script takes (its header's highest KEYS[i])
+    args: int  # its fixed ARGV (its header's ARGV[1..args])
+    reply: Callable[[list[Any]], R]  # its reply tuple's `read`
+    tail: bool = False  # any number of ARGV more (its header's ARGV[args + 1..])
+    answers: bool = False  # answer_args may come last (its header's `@arguments answer`)
+
+    @property
+    def signature(self) -> Signature:
+        return Signature(self.keys, self.args, self.tail, self.answers)
+
+    def command(self, library: Library, keys: Sequence[Arg], args: Sequence[Arg]) -> list[Arg]:
+        """The FCALL of this script on `library`."""
+        return library.fcall(self.name, keys, args)
+
+    def read(self, raw: Any) -> R:
+        """Its reply, checked (statuses.script_reply) and typed."""
+        return self.reply(script_reply(raw, self.name))

@@ -244,3 +244,28 @@ class IndexReply(NamedTuple):
     @classmethod
     def read(cls, reply: list[Any]) -> IndexReply:
         return cls(int(reply[1]))
+
+
+class PageReply(NamedTuple):
+    """pages.lua's OK reply: where the page begins, the snapshot's size, the page's rows (each
+    `["<key>",<value>]` as the page writes it) and whether it is the last."""
+
+    offset: int
+    total: int
+    rows: list[bytes]
+    done: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> PageReply:
+        return cls(reply[1], reply[2], list(reply[3]), reply[4] == 1)
+
+
+class ConfigReply(NamedTuple):
+    """config.lua: every live setting's override stored, name -> value text."""
+
+    overrides: dict[str, str]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> ConfigReply:
+        flat = [item.decode(errors="replace") for item in reply[1]]
+        return cls(dict(zip(flat[::2], flat[1::2], strict=True)))

@@ -18,10 +18,13 @@ from stateworker.errors import (
     DeadlineExceeded,
     Forbidden,
     InternalError,
+    InvalidCursor,
     InvalidScope,
     KeyLimit,
+    RowTooLarge,
     ScopeConflict,
     ScopeInUse,
+    SnapshotCapacity,
     StateError,
     StoreLost,
     ValueTooLarge,
@@ -53,6 +56,9 @@ LUA_STATUS: dict[str, int] = {
     "ANSWERED": 16,  # the script wrote the bus call's reply and acknowledged it (Answer)
     "STORE_LOST": 17,  # this Redis lost the prefix's data (generation.lua); nothing written
     "CALL_TOO_LARGE": 18,  # the call's values read and written pass max_call_bytes; nothing written
+    "INVALID_CURSOR": 19,  # pages.lua: the cursor's snapshot is not there for it; nothing written
+    "SNAPSHOT_CAPACITY": 20,  # pages.lua: a snapshot past its bounds; nothing written
+    "ROW_TOO_LARGE": 21,  # pages.lua: the next row fits no page alone; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -69,6 +75,9 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["INVALID_SCOPE"]: InvalidScope,
     LUA_STATUS["STORE_LOST"]: StoreLost,  # (raised by script_reply, for every script)
     LUA_STATUS["CALL_TOO_LARGE"]: CallTooLarge,
+    LUA_STATUS["INVALID_CURSOR"]: InvalidCursor,
+    LUA_STATUS["SNAPSHOT_CAPACITY"]: SnapshotCapacity,
+    LUA_STATUS["ROW_TOO_LARGE"]: RowTooLarge,
 }
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/kv/transactions.py),
 # which names the op: the error is that of the op's own status.
@@ -213,6 +222,41 @@ def _call_too_large(target: Target, reply: list[Any]) -> Text:
             {"op_index": index, "size": size, "limit": limit})
 
 
+CURSOR_TEXT = ("$.cursor: not a live cursor of this listing: unknown, expired (a snapshot lives "
+               "120 s), already read (each page gives the next one), or issued for another "
+               "scope, caller, limit or max_bytes; list again without a cursor")
+
+
+def _invalid_cursor(target: Target, reply: list[Any]) -> Text:
+    return CURSOR_TEXT, {"path": "$.cursor"}
+
+
+_BOUNDS = {"snapshots": ("live snapshots of the scope's partition", "pages.MAX_SNAPSHOTS"),
+           "entries": ("entries of one snapshot", "pages.MAX_ENTRIES"),
+           "bytes": ("bytes of one snapshot's entries", "max_call_bytes, "
+                     "STATEWORKER_MAX_CALL_BYTES")}
+
+
+def _snapshot_capacity(target: Target, reply: list[Any]) -> Text:
+    """pages.lua: {status, what, found, the limit}."""
+    what, found, limit = reply[1].decode(), reply[2], reply[3]
+    told, name = _BOUNDS[what]
+    return (f"state::list_entries of scope {shown(target.scope)}: a snapshot would pass the "
+            f"limit of {limit} {told} ({name}; found {found}); nothing was kept: list a "
+            "smaller scope, or again once a snapshot expires (120 s) or is read to its end",
+            {"path": "$.scope", "limit": limit, "found": found, "bound": what})
+
+
+def _row_too_large(target: Target, reply: list[Any]) -> Text:
+    """pages.lua: {status, the row's position, its bytes, the limit}."""
+    position, size, limit = reply[1], reply[2], reply[3]
+    return (f"$.max_bytes: entry {position} of the listing is {size} bytes of JSON as a row "
+            f"([key, value]), more than a page of max_bytes {limit} holds with it; it is never "
+            "skipped: list it with a larger max_bytes (at most 8000000), or read it with "
+            "state::get", {"path": "$.max_bytes", "offset": position, "size": size,
+                           "limit": limit})
+
+
 # The message of each error status; its class comes from STATUS_ERRORS above (one table of
 # status -> exception, shared with the Lua side through LUA_STATUS).
 STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
@@ -228,6 +272,9 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["INVALID_SCOPE"]: _not_claimed,
     LUA_STATUS["STORE_LOST"]: lambda target, reply: (STORE_LOST_TEXT, {}),
     LUA_STATUS["CALL_TOO_LARGE"]: _call_too_large,
+    LUA_STATUS["INVALID_CURSOR"]: _invalid_cursor,
+    LUA_STATUS["SNAPSHOT_CAPACITY"]: _snapshot_capacity,
+    LUA_STATUS["ROW_TOO_LARGE"]: _row_too_large,
 }
 
 

@@ -22,6 +22,7 @@ from stateworker import pyvalues, specs
 from stateworker.context import NO_CONTEXT, CallContext
 from stateworker.events.model import Event
 from stateworker.events.reader import scope_events
+from stateworker.settings import Settings
 from stateworker.specs import Spec, spec_method, with_raises
 from stateworker.state import expiry, functions, lifecycle
 from stateworker.state.core import results
@@ -50,7 +51,11 @@ class StateStore(KeyValueMethods):
         Example: `store = StateStore(state)`
         """
         self.state = state
-        self.settings = state.settings
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (the live ones change with state::on-config-change)."""
+        return self.state.settings
 
     @classmethod
     @asynccontextmanager
@@ -302,3 +307,5 @@ class StateStore(KeyValueMethods):
     drop_index = spec_method(specs.DROP_INDEX, STORE)
     list_indexes = spec_method(specs.LIST_INDEXES, STORE)
     ui_content = spec_method(specs.UI_CONTENT, STORE)
+    list_entries_page = spec_method(specs.LIST_ENTRIES_PAGE, STORE)
+    on_config_change = spec_method(specs.ON_CONFIG_CHANGE, STORE)

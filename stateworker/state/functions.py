@@ -21,6 +21,8 @@ from stateworker.clock import now_ms
 from stateworker.context import CallContext
 from stateworker.errors import (
     InvalidRequest,
+    ReservedScope,
+    StateError,
     UnknownFunction,
     deadline_exceeded,
     shown,
@@ -55,9 +57,9 @@ from stateworker.scripts.replies import UpdateReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import Spec
 from stateworker.state import uifiles
-from stateworker.state.core import guard, validate
+from stateworker.state.core import config, guard, validate
 from stateworker.state.core.store import RedisState
-from stateworker.state.kv import bulk, bulkread, listing, ops, reads, transactions, writes
+from stateworker.state.kv import bulk, bulkread, listing, ops, pages, reads, transactions, writes
 from stateworker.state.query import indexes, query
 from stateworker.state.reactive import barrier, trigger_leases, triggers
 from stateworker.state.tenancy import namespaces
@@ -318,6 +320,8 @@ NATIVE_SERVED: tuple[Served, ...] = tuple(served(spec, typed) for spec, typed in
     (specs.DROP_INDEX, indexes.state_drop_index),
     (specs.LIST_INDEXES, indexes.state_list_indexes),
     (specs.UI_CONTENT, uifiles.state_ui_content),
+    (specs.LIST_ENTRIES_PAGE, pages.state_list_entries),
+    (specs.ON_CONFIG_CHANGE, config.state_on_config_change),
 ))
 
 
@@ -378,7 +382,12 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         ctx = guard.admit(state, called, ctx, scoped=_names_scopes(catalog, called))
     if fn in FUNCTIONS and (rewrite := catalog.rewrite) is not None and rewrite.marker in body:
         body = rewrite.apply(fn, body, ctx)  # (the engines' functions refuse fields they lack)
-    plan = function(state, body, ctx)
+    try:
+        plan = function(state, body, ctx)
+    except StateError as exc:
+        if fn in SCOPED and not isinstance(exc, ReservedScope):
+            validate.reserved_first(state, body, ctx, exc)
+        raise
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)

@@ -26,7 +26,6 @@ from stateworker.schemas import (
     ScopeRequest,
     SetRequest,
 )
-from stateworker.settings import Settings
 from stateworker.specs import Face, with_raises
 from stateworker.state import functions
 from stateworker.state.core import results
@@ -45,13 +44,12 @@ def _ctx(by: str | None) -> CallContext:
 
 
 class KeyValueMethods:
-    """The key and scope methods of `StateStore`, which sets `state` and `settings`."""
+    """The key and scope methods of `StateStore`, which sets `state`."""
 
     state: RedisState
-    settings: Settings
 
     def _value(self, value: Any, field: str = "value") -> codec.Value:
-        return pyvalues.encode_value(value, field, self.settings.max_value_bytes)
+        return pyvalues.encode_value(value, field, self.state.settings.max_value_bytes)
 
     @with_raises(specs.GET, STORE)
     async def get(self, scope: str, key: str) -> Any:

@@ -18,7 +18,8 @@ from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-ACCESSORS = ["get", "list", "list_keys", "compare-and-set"]
+ACCESSORS = ["get", "list", "list_keys", "compare-and-set", "list_entries"]
+SEQUENCED = ACCESSORS[:4]  # run_sequence's (list_entries: tests/integration/state/test_private_listing.py)
 
 
 async def claim(store: StateStore, prefix: Any, scopes: Any, caller: str | None = "same"
@@ -61,7 +62,8 @@ async def test_a_claim_returns_every_owned_scope_sorted_and_the_accessors(
         "claimed": True,
         "scopes": [scope + "-a", scope + "-z"],
         "functions": ["billing::state::get", "billing::state::list",
-                      "billing::state::list_keys", "billing::state::compare-and-set"],
+                      "billing::state::list_keys", "billing::state::compare-and-set",
+                      "billing::state::list_entries"],
     }
     assert not await is_public(store, scope + "-a")
     assert store.state.claims.owner(scope + "-z") == "billing"
@@ -279,13 +281,13 @@ async def run_sequence(store: StateStore, get: str, list_: str, keys: str, cas: 
 async def test_accessors_serve_their_own_scopes_exactly_as_the_public_functions(
         store: StateStore, scope: str) -> None:
     await claim(store, "billing", [scope + "-private"])
-    private = await run_sequence(store, *[f"billing::state::{a}" for a in ACCESSORS],
+    private = await run_sequence(store, *[f"billing::state::{a}" for a in SEQUENCED],
                                  scope=scope + "-private", caller="anyone")
-    public = await run_sequence(store, *[f"state::{a}" for a in ACCESSORS],
+    public = await run_sequence(store, *[f"state::{a}" for a in SEQUENCED],
                                 scope=scope + "-private", caller="anyone")
     # the public ones are refused; on a public scope they give what the accessors gave
     assert all(isinstance(r, tuple) and r[0] == "RESERVED_SCOPE" for r in public[:9])
-    reference = await run_sequence(store, *[f"state::{a}" for a in ACCESSORS],
+    reference = await run_sequence(store, *[f"state::{a}" for a in SEQUENCED],
                                    scope=scope + "-private-ref", caller="anyone")
     assert private == reference
     assert private[5] == b'{"n":2}' and private[6] == b'[[1.50,1e2],{"n":2}]'

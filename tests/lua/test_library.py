@@ -110,11 +110,17 @@ async def test_every_script_call_hashes_to_one_slot(
         await store.barrier({"key": "a"}, {"id": f"b{s}", "expect": ["a", "b"]})
         await store.barrier({"key": "c"}, {"id": f"gone{s}", "expect": 1})
         await store.delete_barrier(f"gone{s}")  # delbarrier.lua
+        listing = await store.call("state::list_entries", {"scope": s, "limit": 1},
+                                   caller="c")  # pages.lua: a snapshot kept
+        if listing["next_cursor"]:  # (and handed to the next cursor)
+            await store.call("state::list_entries", {"scope": s, "limit": 1,
+                                                     "cursor": listing["next_cursor"]}, caller="c")
     await store.reap_expired()
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
     await store.release_namespace([scope + "-private"], caller="billing")  # the same two
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
     await store.call("state::unregister-trigger", {"id": "t"})
+    await store.call("state::on-config-change", {})  # config.lua
     await principals.add_role(store.state, "r", ["read"], ["*"], False, [])  # access.lua
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua

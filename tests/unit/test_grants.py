@@ -204,7 +204,7 @@ READS = {s.name for s in NATIVE if s.read_only} | {"builtin.state.get_state", "n
 FAMILY = {"state::register-trigger": "triggers", "state::keep-trigger": "triggers",
           "state::unregister-trigger": "triggers",
           "state::list-triggers": "triggers", "state::claim-namespace": "claims",
-          "state::release-namespace": "claims"}
+          "state::release-namespace": "claims", "state::on-config-change": "admin"}
 
 
 def reference_allows(item: str, fn: str) -> bool:

@@ -17,7 +17,8 @@ A `--allow` item is a named family or a function-id pattern:
   triggers  state::register-trigger, state::keep-trigger, state::unregister-trigger,
             state::list-triggers
   claims    state::claim-namespace, state::release-namespace
-  admin     every function, claims with `adopt`, and the administration (roles, restore)
+  admin     every function, claims with `adopt`, and the administration (roles, restore,
+            state::on-config-change)
   anything else: a function-id pattern (`state::get`, `state::*`, `builtin.state.*`)
 
 A private namespace's accessor (`<prefix>::state::get`) is in the families of the native
@@ -39,6 +40,7 @@ FAMILIES = ("read", "write", "triggers", "claims", "admin")
 TRIGGERS = frozenset({"state::register-trigger", "state::keep-trigger",
                       "state::unregister-trigger", "state::list-triggers"})
 CLAIMS = frozenset({"state::claim-namespace", "state::release-namespace"})
+ADMIN = frozenset({"state::on-config-change"})  # changes the service's settings
 EVERY_SCOPE = "*"
 
 
@@ -132,6 +134,8 @@ class Functions:
             return "triggers"
         if name in CLAIMS:
             return "claims"
+        if name in ADMIN:
+            return "admin"
         if name in self.reads:
             return "read"
         return "write" if name in self.specs else "admin"

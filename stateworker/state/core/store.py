@@ -20,13 +20,16 @@ import msgspec
 from stateworker.context import Answer, CallContext
 from stateworker.errors import StateError, Unavailable
 from stateworker.keys import KeySpace, call_field
-from stateworker.scripts.bindings import BIND, Binding, Call, bind_call, entry_call, library_of
+from stateworker.scripts.bindings import BIND, Call, bind_call, entry_call, library_of
+from stateworker.scripts.library import Binding
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
 from stateworker.state.core.access import PRINCIPALS, ROLES, Access
 from stateworker.state.core.claims import KIND as CLAIMS
 from stateworker.state.core.claims import Claims
 from stateworker.state.core.confirm import Confirm
+from stateworker.state.core.live import KIND as SETTINGS
+from stateworker.state.core.live import LiveSettings
 from stateworker.state.core.registry import Registry
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
@@ -77,8 +80,10 @@ class RedisState:
 
     def __init__(self, settings: Settings, conn: RedisConnection,
                  embedded: EmbeddedRedis | None = None) -> None:
-        self.settings = settings
         self.keys = KeySpace(settings.prefix, settings.partitions)
+        # The settings in force: those at start with the live overrides (live.py), shared
+        # with every copy of this state (the dispatcher's), so a reload reaches them all.
+        self.live = LiveSettings(conn, self.keys.live_settings, settings)
         self.conn = conn
         self.library = library_of(conn)
         self.embedded = embedded
@@ -104,6 +109,16 @@ class RedisState:
         self.access = Access(conn, self.keys)
         self.registry.on(PRINCIPALS, self.access.reload, self.access.apply)
         self.registry.on(ROLES, self.access.reload, self.access.apply)
+        self.registry.on(SETTINGS, self.live.reload, self.live.apply)
+
+    @property
+    def settings(self) -> Settings:
+        return self.live.current
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        """New settings at start (tests, a restore's): the live overrides apply over them."""
+        self.live.base = self.live.current = settings
 
     async def close(self) -> None:
         await self.conn.close()

@@ -194,6 +194,35 @@ def scope(state: RedisState, ctx: CallContext, text: str) -> None:
     guard.scope(state, ctx, text)
 
 
+class _Scope(msgspec.Struct):
+    """A body read for its scope alone (any other field, known or not, ignored)."""
+
+    scope: Any = None
+
+
+_scope_only = msgspec.json.Decoder(_Scope)
+
+
+def reserved_first(state: RedisState, body: bytes, ctx: CallContext, refusal: StateError
+                    ) -> None:
+    """A body refused (an unknown field, a bad one) whose scope is reserved or claimed is
+    RESERVED_SCOPE, on every scoped function: iii's answer to a claimed scope comes before
+    any other, so a private scope is never told apart by the errors of its requests. Runs
+    only on a refusal: the happy path pays nothing."""
+    try:
+        text = _scope_only.decode(body).scope
+    except (msgspec.DecodeError, RecursionError):
+        return
+    if not isinstance(text, str):
+        return
+    try:
+        scope(state, ctx, text)
+    except ReservedScope as exc:
+        raise exc from refusal
+    except StateError:
+        return
+
+
 def address(state: RedisState, ctx: CallContext, scope_text: str, key_text: str) -> None:
     scope(state, ctx, scope_text)
     name(state.settings, "key", key_text)

@@ -3,7 +3,7 @@
 A worker claims scopes for itself (claim.lua: all or nothing, the first claimant keeps a
 scope). From then on every public function refuses those scopes (`validate.scope`), listings
 leave them out, and the namespace's accessors `<prefix>::state::get`, `::list`,
-`::list_keys`, `::compare-and-set` serve them, and only them: each runs the public function
+`::list_keys`, `::compare-and-set`, `::list_entries` serve them, and only them: each runs the public function
 of its name with `CallContext.namespace` set, which turns the claimed-scope refusal into the
 requirement that the scope is the namespace's own. Any caller may call an accessor (iii
 registers them as functions, open to every worker): the claim hides scopes from the public

@@ -128,7 +128,7 @@ async def test_a_claim_over_the_bus_is_made_as_the_entrys_caller(
         result = await billing.claim_namespace("billing", [scope])
         assert result == {"claimed": True, "scopes": [scope], "functions": [
             "billing::state::get", "billing::state::list", "billing::state::list_keys",
-            "billing::state::compare-and-set"]}
+            "billing::state::compare-and-set", "billing::state::list_entries"]}
         # any caller may use the accessors; the public functions refuse the scope
         swap = await orders.call("billing::state::compare-and-set",
                                  {"scope": scope, "key": "k", "value": 5})
