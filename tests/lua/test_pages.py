@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateError, StateStore
@@ -276,6 +276,22 @@ def last_page_bytes(rows: list[bytes], offset: int, total: int) -> int:
                                                offset, total)))
 
 
+def page_with_cursor_bytes(rows: list[bytes], offset: int, total: int) -> int:
+    """The JSON bytes of a page holding `rows` that is not the last (a cursor: a UUID)."""
+    return len(msgspec.json.encode(EntriesPage([msgspec.Raw(r) for r in rows], False,
+                                               str(uuid.UUID(int=0)), offset, total)))
+
+
+def fits_no_page(rows: list[bytes], offset: int, limit: int, max_bytes: int) -> bool:
+    """The row at `offset` is on no page within `max_bytes`: not with the whole tail as the
+    last page (when the tail is within `limit`), nor alone on a page with a cursor."""
+    tail = rows[offset:]
+    if len(tail) <= limit and last_page_bytes(tail, offset, len(rows)) <= max_bytes:
+        return False
+    return len(tail) == 1 or \
+        page_with_cursor_bytes(tail[:1], offset, len(rows)) > max_bytes
+
+
 scopes = st.dictionaries(st.text(max_size=12),
                          st.one_of(st.none(), st.integers(), st.text(max_size=150)), max_size=16)
 
@@ -283,6 +299,7 @@ scopes = st.dictionaries(st.text(max_size=12),
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(stored=scopes, limit=st.integers(1, 8), max_bytes=st.integers(256, 600))
+@example(stored={"a": "x" * 200, "b": None}, limit=1, max_bytes=256)  # fits only as a last page
 async def test_pages_are_the_most_that_fit_and_cover_the_scope(
         store: StateStore, stored: dict[str, Any], limit: int, max_bytes: int) -> None:
     scope = f"prop-{uuid.uuid4().hex[:8]}"
@@ -306,7 +323,7 @@ async def walk(store: StateStore, body: dict[str, Any], rows: list[bytes], limit
             raw = await raw_page(store, body)
         except StateError as exc:  # the next row fits no page on its own
             assert exc.code == "ROW_TOO_LARGE" and exc.details["offset"] == offset
-            assert last_page_bytes(rows[offset:offset + 1], offset, len(rows)) > max_bytes
+            assert fits_no_page(rows, offset, limit, max_bytes)
             break
         got = msgspec.json.decode(raw, type=EntriesPage)
         held = [bytes(row) for row in got.entries]
