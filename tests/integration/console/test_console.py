@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -25,15 +24,6 @@ from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-@pytest.fixture
-async def served(redis_server: RedisServer, prefix: str
-                 ) -> AsyncIterator[tuple[StateService, StateClient, str]]:
-    settings = settings_for(redis_server, prefix, http="127.0.0.1:0")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
-            StateClient(settings=settings, timeout=20) as client:
-        yield service, client, f"http://{service.http_address}"
-
 
 async def test_lists_keys_and_opens_a_value_with_metadata_and_changes(
         served: tuple[StateService, StateClient, str], browser: Browser) -> None:

@@ -7,7 +7,6 @@ address). Screenshots: docs/screenshots/detail.png, search.png, folded.png, edit
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,15 +20,6 @@ from tests.servers import RedisServer
 pytestmark = pytest.mark.anyio
 
 BIG = 9007199254740993  # 2**53 + 1: a double reads it as ...992
-
-
-@pytest.fixture
-async def served(redis_server: RedisServer, prefix: str
-                 ) -> AsyncIterator[tuple[StateService, StateClient, str]]:
-    settings = settings_for(redis_server, prefix, http="127.0.0.1:0")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
-            StateClient(settings=settings, timeout=20) as client:
-        yield service, client, f"http://{service.http_address}"
 
 
 async def test_a_keys_detail_opens_beside_a_long_list_with_its_row_marked(
