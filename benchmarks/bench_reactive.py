@@ -128,8 +128,11 @@ async def unregister_ten(client: StateClient) -> None:
 
 
 async def _dispatch_backlog(url: str) -> float:
-    """A backlog written with no dispatcher running, then handed on by one: events/s."""
-    settings = Settings(redis_url=url, prefix=f"{PREFIX}d", dispatch=False)
+    """A backlog written with no dispatcher running, then handed on by one: events/s. Nobody
+    reads the sink, so its backlog bound is raised above the events handed on (at the default
+    bound the dispatch would wait at 10,000 entries, as it should for a dead target)."""
+    settings = Settings(redis_url=url, prefix=f"{PREFIX}d", dispatch=False,
+                        trigger_backlog=2 * BACKLOG)
     async with StateStore.open(settings=settings, reaper=False) as store:
         await store.call("state::register-trigger", {
             "id": "backlog", "function_id": "nobody::reads", "service": "backlogsink"})
