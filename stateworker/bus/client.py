@@ -437,5 +437,5 @@ class StateClient(TypedCalls):
             `async with client.watch("orders", from_revision=rev) as events:`
             `    async for item in events: print(item)`
         """
-        return Watch(client_url(self.settings), self.settings, scope=scope, key=key, from_revision=from_revision,
-                     start_timeout_s=self.timeout)
+        return Watch(client_url(self.settings), self.settings, scope=scope, key=key,
+                     from_revision=from_revision, start_timeout_s=self.timeout)

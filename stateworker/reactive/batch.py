@@ -9,10 +9,11 @@ fire-and-forget, `call_id_of`).
 The calls go out in ONE pipeline, followed by the move of the position (`lua/advance.lua`,
 only while the lease holds): at-least-once, since a crash before the move re-dispatches the
 events with the same call ids. With the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL)
-the calls' replies are awaited there before the move is sent to the state's Redis. Before a bus condition is asked, the calls gathered so far go
-out with the position moved to the last event whose calls are all out: the events ahead of a
-pending condition are never held up by it; only what follows it in its partition waits. A
-batch that hands nothing on moves the position in memory only (stored at the next round).
+the calls' replies are awaited there before the move is sent to the state's Redis. Before a
+bus condition is asked, the calls gathered so far go out with the position moved to the last
+event whose calls are all out: the events ahead of a pending condition are never held up by
+it; only what follows it in its partition waits. A batch that hands nothing on moves the
+position in memory only (stored at the next round).
 
 The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
 target stream must hold fewer entries than that (XLEN once a batch per stream, then counted

@@ -119,16 +119,16 @@ class RedisState:
     def settings(self) -> Settings:
         return self.live.current
 
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        """New settings at start (tests, a restore's): the live overrides apply over them."""
+        self.live.base = self.live.current = settings
+
     @property
     def split_bus(self) -> bool:
         """The bus is on a Redis of its own (STATEWORKER_BUS_REDIS_URL): no script answers
         its call (the service writes every reply), nothing of the bus is written here."""
         return self.settings.bus_redis_url is not None
-
-    @settings.setter
-    def settings(self, settings: Settings) -> None:
-        """New settings at start (tests, a restore's): the live overrides apply over them."""
-        self.live.base = self.live.current = settings
 
     async def close(self) -> None:
         await self.conn.close()

@@ -47,8 +47,8 @@ from stateworker.schemas.reactive import (
     UnregisteredResult,
 )
 from stateworker.scripts.bindings import TRIGGER, trigger_call
-from stateworker.settings import Settings
 from stateworker.scripts.replies import TriggerReply
+from stateworker.settings import Settings
 from stateworker.state.core import guard, validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import barrier
