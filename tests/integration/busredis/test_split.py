@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from stateworker.app.cli import status_report
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
@@ -50,6 +51,10 @@ async def test_split_bus_serves_set_get_cas_and_triggers(pair: Pair, prefix: str
         assert refused["swapped"] is False
         assert await client.get(scope, "k") == {"n": 2}
         await until(lambda: handler.delivered_keys() == ["k", "k"], 30, "both deliveries")
+        # `stateworker status` reads the services from the bus's Redis and names it.
+        report = await status_report(settings)
+        assert report["bus_redis"]
+        assert {"state", "reactor"} <= set(report["services"])
 
     bus = key_types(pair.bus, prefix)
     state = key_types(pair.state, prefix)
