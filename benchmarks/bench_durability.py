@@ -40,12 +40,18 @@ class Mode(dict[str, Op]):
 
 
 @asynccontextmanager
-async def durability_mode(directory: Path, durability: str, env: dict[str, str] | None = None
-                          ) -> AsyncIterator[Mode]:
+async def durability_mode(directory: Path, durability: str, env: dict[str, str] | None = None,
+                          split_bus: bool = False) -> AsyncIterator[Mode]:
     """A redis-server, a store and a service in `durability` (its environment plus `env`);
-    yields the set of each path (and the bus's get: `Mode`)."""
+    yields the set of each path (and the bus's get: `Mode`). `split_bus`: the bus on a second
+    redis-server of its own (`appendfsync everysec`; STATEWORKER_BUS_REDIS_URL)."""
     server = EmbeddedRedis(directory, APPENDFSYNC[durability])
     await server.start()
+    bus: EmbeddedRedis | None = None
+    if split_bus:
+        bus = EmbeddedRedis(directory / "bus", APPENDFSYNC["fast"])
+        await bus.start()
+        env = {**(env or {}), "STATEWORKER_BUS_REDIS_URL": bus.url}
     service = start_service(server.url, PREFIX,
                             {"STATEWORKER_DURABILITY": durability, **(env or {})})
     try:
@@ -53,7 +59,8 @@ async def durability_mode(directory: Path, durability: str, env: dict[str, str] 
             store = await stack.enter_async_context(StateStore.open(
                 server.url, prefix=PREFIX, reaper=False, durability=durability))
             client = await stack.enter_async_context(StateClient(
-                settings=Settings(redis_url=server.url, prefix=PREFIX)))
+                settings=Settings(redis_url=server.url, prefix=PREFIX,
+                                  bus_redis_url=bus.url if bus is not None else None)))
 
             async def store_set(w: int, i: int) -> Any:
                 return await store.call_json(
@@ -74,6 +81,8 @@ async def durability_mode(directory: Path, durability: str, env: dict[str, str] 
         service.terminate()
         service.wait(timeout=30)
         await server.stop()
+        if bus is not None:
+            await bus.stop()
 
 
 async def durability_section(seconds: float, rounds: int, out: Any) -> dict[str, Any]:

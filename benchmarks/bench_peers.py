@@ -3,7 +3,8 @@ each on this machine, side by side in one run, as ratios (>1: stateworker is bet
 
 Five systems, each started by the bench on loopback with its data in one temporary directory
 (one disk): stateworker `fast` and `strict` (a redis-server and a `stateworker serve` each,
-called through a StateClient: bench_durability's modes), etcd 3.4 (Debian's, through aetcd),
+called through a StateClient: bench_durability's modes; `strict` with its bus on a second
+redis-server, STATEWORKER_BUS_REDIS_URL, decision 0056), etcd 3.4 (Debian's, through aetcd),
 NATS JetStream KV at its default and with `sync_interval: always` (through nats-py). For each
 round, every measure runs on every system one after another (set, get and compare-and-set at
 64 in flight: ops/s; one at a time: p50; write -> watch delivery p50/p99 at 1,000 writes/s;
@@ -38,7 +39,8 @@ from benchmarks.peers_servers import nats_binary, nats_kv, nats_server, nats_ver
 PEERS = ("fast", "strict", "etcd", "nats", "nats_sync")
 PROMISES = {
     "fast": "stateworker fast: appendfsync everysec; a reply may come up to ~1 s before its fsync",
-    "strict": "stateworker strict: appendfsync always; the reply after the write's fsync",
+    "strict": "stateworker strict: appendfsync always; the reply after the write's fsync; "
+              "the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL, everysec)",
     "etcd": "etcd 3.4: the entry fsynced to its WAL before the reply",
     "nats": "NATS JetStream default: written to the OS, fsynced every 2 min (sync_interval)",
     "nats_sync": "NATS JetStream sync_interval always: fsynced per write before the reply",
@@ -120,7 +122,7 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
     missing: dict[str, str] = {}
     for mode in ("fast", "strict"):
         peers[mode] = await stateworker_peer(await stack.enter_async_context(
-            durability_mode(tmp / mode, mode)))
+            durability_mode(tmp / mode, mode, split_bus=mode == "strict")))
     client = await stack.enter_async_context(etcd_client(etcd and etcd.port))
     if isinstance(client, str) or etcd is None:
         missing["etcd"] = client if isinstance(client, str) else "etcd did not start"

@@ -35,6 +35,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the store and the service read from their environment."""
 
     redis_url: str | None = None  # None: start and manage an embedded redis-server
+    # The bus on a Redis of its own (call streams, their groups, reply lists, trigger
+    # targets' streams): it needs no fsync per write, since a call's record is the state
+    # Redis's (docs/decisions/0056). None: the bus shares the state's Redis.
+    bus_redis_url: str | None = None
     # Embedded Redis data (AOF) and socket: one well-known place per user, whatever the
     # current directory, so `serve`, `call`, `status` and StateStore.open() agree.
     state_dir: str = msgspec.field(default_factory=lambda: default_state_dir(os.environ))
@@ -133,6 +137,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if self.durability == "strict" and self.allow_no_aof:
             raise ConfigError("durability strict needs AOF: unset STATEWORKER_ALLOW_NO_AOF or "
                               "use STATEWORKER_DURABILITY=fast")
+        if self.bus_redis_url is not None and self.auth == "acl":
+            raise ConfigError(
+                "bus_redis_url (STATEWORKER_BUS_REDIS_URL) cannot be used with auth acl "
+                "(STATEWORKER_AUTH=acl): acl mode's principals are Redis users of the one Redis "
+                "that holds their streams and the state; unset one of the two")
         if self.dedupe_window_ms < 1000:
             raise ConfigError(f"dedupe_window_ms must be at least 1000, got {self.dedupe_window_ms}")
         if not 1 <= self.trigger_backlog <= 10_000_000:

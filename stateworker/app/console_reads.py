@@ -42,7 +42,7 @@ class Rates:
 
     async def sample(self) -> None:
         try:
-            calls, latency = await self.state.conn.execute(
+            calls, latency = await self.state.bus_conn.execute(
                 "HMGET", stats_key(self.state.settings.prefix, "state"), "calls",
                 "latency_us_sum")
         except (ConnectionLost, ReplyError):  # (a gap in the graph; the overview says why)
@@ -54,7 +54,8 @@ async def overview(state: RedisState, rates: Rates) -> dict[str, Any]:
     """The front page: the status report (with the triggers and the lag of the partitions
     they read; each service `stalled` or not), the claimed namespaces, the principals and
     roles, and the recent rates (`Rates`)."""
-    report = await status_report(state.settings, state.conn)  # (no connection of its own)
+    report = await status_report(state.settings, state.conn,  # (no connection of its own)
+                                 state.bus_conn)
     access = state.access
     return {"status": report, "triggers": report.get("triggers", []),
             "barriers": await _barriers(state), "rates": list(rates.samples),

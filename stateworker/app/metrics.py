@@ -185,7 +185,7 @@ class Metrics:
                                 "not yet read or not yet acknowledged.", labels=_STREAM_LABELS)
         now = now_ms()
         for labels, stream, group in self._stream_names(targets):
-            backlog = await stream_backlog(self.state.conn, stream, group)
+            backlog = await stream_backlog(self.state.bus_conn, stream, group)
             if backlog is None:
                 continue
             pending.add_metric(labels, backlog.pending)

@@ -62,7 +62,7 @@ class StateCalls:
         node with the state (always on one Redis; on a cluster: RedisState.answer_here);
         none when a strict batch waits for a confirmation (WAITAOF, WAIT) before its
         replies."""
-        if self.state.confirm.needed:
+        if self.state.confirm.needed or self.state.split_bus:
             return frozenset()
         return functions.ANSWERED_IN_SCRIPT
 
@@ -96,8 +96,12 @@ class StateService:
         conn = state.conn
         cluster = ({"cluster_seed": conn.answered or "", "primaries": str(len(conn.primaries))}
                    if isinstance(conn, ClusterConnection) else {})
-        self.runtime = BusRuntime(state.conn, self.bus, options, batch=StateCalls(state),
-                                  describe={**durability, "auth": state.settings.auth, **cluster},
+        # (STATEWORKER_BUS_REDIS_URL: the streams, replies and acks on the bus's own Redis;
+        # the plans still run on the state's, StateCalls)
+        bus = {"bus_redis": state.bus_conn.shown} if state.split_bus else {}
+        self.runtime = BusRuntime(state.bus_conn, self.bus, options, batch=StateCalls(state),
+                                  describe={**durability, "auth": state.settings.auth, **cluster,
+                                            **bus},
                                   sources=_sources(state, self.bus), functions=CATALOG.functions)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
@@ -119,6 +123,12 @@ class StateService:
         try:
             ready = _ready(settings) if settings.redis_url is not None else None
             state = await lifecycle.connect(settings, ready)
+            try:
+                await lifecycle.check_bus(state)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await state.close()
+                raise
             state.access.serve(CATALOG.specs)  # (the engines' functions: the roles' families)
             async with lifecycle.running(state, reaper=True,
                                          before=lambda opened: repair_at_start(opened, pg)):

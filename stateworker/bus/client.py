@@ -38,7 +38,7 @@ from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, connection_like, probed
 from stateworker.transport.connection import check_url, shown_url
-from stateworker.transport.embedded import client_url
+from stateworker.transport.embedded import bus_url, client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -91,6 +91,8 @@ class StateClient(TypedCalls):
         Args:
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
+                With STATEWORKER_BUS_REDIS_URL set, the bus is there instead (the bus on a
+                Redis of its own).
             service: whose stream calls go to (`<prefix>:bus:<service>`; with
                 STATEWORKER_BUS_SHARDS > 1 the shard each call's scope, else its id, picks:
                 docs/bus-protocol.md, "Shards"); a Worker's name to call its functions.
@@ -110,7 +112,8 @@ class StateClient(TypedCalls):
         Example: `client = StateClient("redis://localhost:6379/0", caller="billing")`
         """
         self.settings = settings or Settings.from_env(redis_url=redis_url)
-        self.url = client_url(self.settings)
+        # (the bus's Redis: STATEWORKER_BUS_REDIS_URL when set; watches read the state's)
+        self.url = bus_url(self.settings)
         check_url(self.url)
         # (`acl` mode: the principal's own stream and reply lists, the URL's Redis user)
         self.stream, replies, self.principal = caller_route(self.settings, self.url, service)
@@ -434,5 +437,5 @@ class StateClient(TypedCalls):
             `async with client.watch("orders", from_revision=rev) as events:`
             `    async for item in events: print(item)`
         """
-        return Watch(self.url, self.settings, scope=scope, key=key, from_revision=from_revision,
-                     start_timeout_s=self.timeout)
+        return Watch(client_url(self.settings), self.settings, scope=scope, key=key,
+                     from_revision=from_revision, start_timeout_s=self.timeout)

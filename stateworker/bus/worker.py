@@ -52,7 +52,7 @@ from stateworker.loop import run
 from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, check_url
-from stateworker.transport.embedded import client_url
+from stateworker.transport.embedded import bus_url
 from stateworker.transport.retry import no_redis_text, transient_reason, wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -87,6 +87,8 @@ class Worker:
                 shard of it); functions are named `<service>::<name>`.
             redis_url: `redis://host:port/db` or `unix:///path.sock`; default
                 STATEWORKER_REDIS_URL, else the embedded Redis's socket under `state_dir`.
+                With STATEWORKER_BUS_REDIS_URL set, the bus is there instead (the bus on a
+                Redis of its own).
             options: how the stream is read and answered (concurrency, grace_s, consumer ...).
             settings: all settings at once (then `redis_url` and the environment are ignored).
             start_wait_s: how long `run()` waits at start for a Redis that refuses
@@ -101,7 +103,7 @@ class Worker:
         """
         self.service = service
         self.settings = settings or Settings.from_env(redis_url=redis_url)
-        check_url(client_url(self.settings))
+        check_url(bus_url(self.settings))
         self.start_wait_s = start_wait_s
         self.options = options or BusOptions()
         self.functions: dict[str, Function] = {}
@@ -241,7 +243,7 @@ class Worker:
         says): a ClusterConnection when its one URL names a Redis Cluster node, asked once as
         the service and StateClient ask (else the first MOVED would stop the worker). None:
         `stop()` came while waiting."""
-        conn = connection_for(client_url(self.settings),
+        conn = connection_for(bus_url(self.settings),
                               connect_timeout_s=self.settings.connect_timeout_s,
                               read_timeout_s=self.settings.read_timeout_s)
         try:

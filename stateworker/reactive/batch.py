@@ -8,10 +8,12 @@ fire-and-forget, `call_id_of`).
 
 The calls go out in ONE pipeline, followed by the move of the position (`lua/advance.lua`,
 only while the lease holds): at-least-once, since a crash before the move re-dispatches the
-events with the same call ids. Before a bus condition is asked, the calls gathered so far go
-out with the position moved to the last event whose calls are all out: the events ahead of a
-pending condition are never held up by it; only what follows it in its partition waits. A
-batch that hands nothing on moves the position in memory only (stored at the next round).
+events with the same call ids. With the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL)
+the calls' replies are awaited there before the move is sent to the state's Redis. Before a
+bus condition is asked, the calls gathered so far go out with the position moved to the last
+event whose calls are all out: the events ahead of a pending condition are never held up by
+it; only what follows it in its partition waits. A batch that hands nothing on moves the
+position in memory only (stored at the next round).
 
 The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
 target stream must hold fewer entries than that (XLEN once a batch per stream, then counted
@@ -47,6 +49,7 @@ from stateworker.schemas import Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
+from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
@@ -130,7 +133,7 @@ class Batches:
         unknown = sorted(set(targets.values()) - set(room))
         if unknown:
             backlog = self.state.settings.trigger_backlog
-            lengths = await self.state.conn.pipeline([["XLEN", t] for t in unknown])
+            lengths = await self.state.bus_conn.pipeline([["XLEN", t] for t in unknown])
             for length in lengths:
                 if isinstance(length, ReplyError):  # (NOPERM, WRONGTYPE: the batch retries)
                     raise length
@@ -199,6 +202,17 @@ class Batches:
     async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any]
                     ) -> list[Any]:
         """The calls and the position's move on the wire; their replies."""
+        if self.state.split_bus:
+            # The bus on a Redis of its own: no one pipeline spans both. The calls first,
+            # their replies awaited, then the position: a crash between the two hands the
+            # events on again, with the same call ids (at least once, as ever). The bus Redis
+            # need not fsync: a call it loses is lost with it (docs/decisions/0056).
+            replies = await self.state.bus_conn.pipeline(calls)
+            passing = next((r for r in replies if isinstance(r, ReplyError)
+                            and transient_reason(r)), None)
+            if passing is not None:  # (LOADING after its restart ...: not handed on, retried)
+                raise passing
+            return replies + await pipeline(self.state.conn, self.state.library, [advance])
         if self.state.confirm.needed:
             # `strict`: the calls confirmed (on a cluster their streams may be on another
             # primary than the position) before the position moves past their events, so a

@@ -49,13 +49,14 @@ from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import TriggerSet
 from stateworker.reactive.status import Counts
 from stateworker.reactive.trimming import Position
+from stateworker.schemas import Trigger
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state.core import guard, validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import triggers
 from stateworker.transport.connect import connection_like
 from stateworker.transport.plans import pipeline
-from stateworker.transport.retry import Backoff
+from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -252,8 +253,27 @@ class Dispatcher:
             if self.registry_id == "0-0":
                 self.registry_id = "0-1"  # nothing yet: any first change is after this
         raw = await self.state.conn.execute("HGETALL", self.state.keys.triggers)
-        self.triggers = TriggerSet(triggers.decode_trigger(r) for r in raw[1::2])
+        loaded = [triggers.decode_trigger(r) for r in raw[1::2]]
+        if self.state.split_bus:
+            await self._make_groups(loaded)
+        self.triggers = TriggerSet(loaded)
         await self.counts.prune(self.triggers.ids)
+
+    async def _make_groups(self, loaded: list[Trigger]) -> None:
+        """The bus on a Redis of its own: the targets' consumer groups made there (what a
+        registration does on one Redis: state/reactive/triggers.py `with_groups`), before
+        the triggers are used, so a worker that starts later reads every call handed on."""
+        names = triggers.target_services(loaded)
+        if not names:
+            return
+        replies = await self.state.bus_conn.pipeline(
+            triggers.group_commands(self.state.settings, names))
+        for reply in replies:
+            if isinstance(reply, ReplyError) and transient_reason(reply):
+                raise reply  # (the bus away: the reload is retried)
+            if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
+                log.warning("trigger target: no consumer group made: %s", reply,
+                            extra={"event": "triggers.group_failed"})
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:

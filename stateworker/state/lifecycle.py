@@ -52,6 +52,10 @@ async def connect(settings: Settings,
                 await embedded.stop()
         raise
     state = RedisState(settings, conn, embedded)
+    if settings.bus_redis_url is not None:  # (connected on its first use)
+        state.bus_conn = connection_for(settings.bus_redis_url,
+                                        connect_timeout_s=settings.connect_timeout_s,
+                                        read_timeout_s=settings.read_timeout_s)
     try:
         await check_server(state)
         await state.library.load()
@@ -154,6 +158,30 @@ async def _markers_at_start(state: RedisState) -> None:
         await generation.begin(state.conn, state.keys)
     elif state.settings.postgres_url is None:
         await generation.check(state)
+
+
+async def check_bus(state: RedisState) -> None:
+    """The bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL): neither side may be a
+    Redis Cluster (the fused path's routing and a cluster's reply lists per node assume the
+    state's map; docs/decisions/0056). A bus Redis away is left to the bus's start, which
+    waits for it and says so."""
+    settings = state.settings
+    if settings.bus_redis_url is None:
+        return
+    if state.cluster:
+        raise ConfigError(
+            f"bus_redis_url (STATEWORKER_BUS_REDIS_URL) cannot be used with a Redis Cluster: "
+            f"the state's Redis at {state.conn.shown} is one; unset it, or use one Redis server "
+            "for the state")
+    try:
+        info = await state.bus_conn.execute("INFO", "cluster")
+    except (ConnectionLost, ReplyError):
+        return
+    if b"cluster_enabled:1" in info:
+        raise ConfigError(
+            f"bus_redis_url (STATEWORKER_BUS_REDIS_URL) must name one Redis server, not a "
+            f"Redis Cluster node ({state.bus_conn.shown}); unset it to keep the bus on the "
+            "state's Redis")
 
 
 async def check_strict(state: RedisState) -> None:

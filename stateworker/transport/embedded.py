@@ -67,6 +67,12 @@ def client_url(settings: Settings) -> str:
     return settings.redis_url or socket_url(Path(settings.state_dir))
 
 
+def bus_url(settings: Settings) -> str:
+    """Where the bus is (call streams, reply lists): STATEWORKER_BUS_REDIS_URL, else the
+    state's Redis (`client_url`)."""
+    return settings.bus_redis_url or client_url(settings)
+
+
 class EmbeddedRedis:
     """Starts, adopts and stops one redis-server for a state directory."""
 

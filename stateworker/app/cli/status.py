@@ -28,19 +28,23 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 STALL_MS = 60_000
 
 
-async def status_report(settings: Settings, conn: RedisConnection | None = None
-                        ) -> dict[str, Any]:
+async def status_report(settings: Settings, conn: RedisConnection | None = None,
+                        bus: RedisConnection | None = None) -> dict[str, Any]:
     """Redis, AOF, the bus streams with their pending calls and consumers, the counters, and
     the dispatch: triggers, replicas, per-partition holders, lag and cuts; the snapshot:
     per-partition lag (events, ms) and its last error (null: no snapshot ran). `conn`: a
     running service's own connection (the console's overview), used and left open; else
-    one is opened to the settings' Redis and closed."""
+    one is opened to the settings' Redis and closed. The services come from the bus's
+    Redis: `bus` (the service's), else STATEWORKER_BUS_REDIS_URL's (`bus_redis` in the
+    report), else the state's."""
     url = client_url(settings)
     report: dict[str, Any] = {"redis": shown_url(url), "state_dir": None if settings.redis_url
                               else settings.state_dir, "prefix": settings.prefix}
+    if settings.bus_redis_url is not None:
+        report["bus_redis"] = shown_url(settings.bus_redis_url)
     if conn is not None:
         try:
-            return await _filled(report, conn, settings)
+            return await _filled(report, conn, settings, bus=bus)
         except ConnectionLost as exc:
             report.update(reachable=False, error=str(exc))
             return report
@@ -57,22 +61,32 @@ async def status_report(settings: Settings, conn: RedisConnection | None = None
         await conn.close()
         report.update(reachable=False, error=str(exc))
         return report
+    bus = None if settings.bus_redis_url is None else connection_for(settings.bus_redis_url)
     try:
-        return await _filled(report, conn, settings, info)
+        return await _filled(report, conn, settings, info, bus)
+    except ConnectionLost as exc:  # (the bus's Redis away: the state's answered)
+        if bus is None:
+            raise
+        report.update(reachable=False, error=str(exc))
+        return report
     finally:
         await conn.close()
+        if bus is not None:
+            await bus.close()
 
 
 async def _filled(report: dict[str, Any], conn: RedisConnection, settings: Settings,
-                  info: bytes | None = None) -> dict[str, Any]:
+                  info: bytes | None = None, bus: RedisConnection | None = None
+                  ) -> dict[str, Any]:
     """`report` with what Redis says (`info`: its INFO persistence, when read already;
-    ConnectionLost: Redis went away meanwhile)."""
+    ConnectionLost: Redis went away meanwhile; `bus`: the bus's own Redis, if any)."""
     if info is None:
         info = await conn.execute("INFO", "persistence")
     report.update(reachable=True, aof=b"aof_enabled:1" in info, services={})
-    streams = await _bus_streams(conn, settings.prefix)
+    bus = bus or conn
+    streams = await _bus_streams(bus, settings.prefix)
     for name, shards in _by_service(settings.prefix, streams).items():
-        report["services"][name] = await _service_status(conn, shards, name, settings)
+        report["services"][name] = await _service_status(bus, shards, name, settings)
     keys = KeySpace(settings.prefix, settings.partitions)
     # Why writes are refused (STORE_LOST: the generation markers, state/generation.py); null
     # when they are not. A prefix this Redis never held has no markers and is not lost.

@@ -85,6 +85,10 @@ class RedisState:
         # with every copy of this state (the dispatcher's), so a reload reaches them all.
         self.live = LiveSettings(conn, self.keys.live_settings, settings)
         self.conn = conn
+        # Where the bus is (call streams, reply lists, trigger targets' streams): this same
+        # connection, or with STATEWORKER_BUS_REDIS_URL one to the bus's own Redis
+        # (lifecycle.connect), which no script ever touches (`split_bus`).
+        self.bus_conn = conn
         self.library = library_of(conn)
         self.embedded = embedded
         # A Redis Cluster (INFO cluster, at start): every script call keeps to one slot, so a
@@ -120,8 +124,16 @@ class RedisState:
         """New settings at start (tests, a restore's): the live overrides apply over them."""
         self.live.base = self.live.current = settings
 
+    @property
+    def split_bus(self) -> bool:
+        """The bus is on a Redis of its own (STATEWORKER_BUS_REDIS_URL): no script answers
+        its call (the service writes every reply), nothing of the bus is written here."""
+        return self.settings.bus_redis_url is not None
+
     async def close(self) -> None:
         await self.conn.close()
+        if self.bus_conn is not self.conn:
+            await self.bus_conn.close()
         if self.embedded is not None:
             await self.embedded.stop()
 
@@ -131,12 +143,16 @@ class RedisState:
         bus's pipelines (nor the bus's in its). Close it with `close_own_connection`."""
         twin = copy.copy(self)
         twin.conn = connection_like(self.conn)
+        twin.bus_conn = twin.conn if self.bus_conn is self.conn else connection_like(
+            self.bus_conn)
         twin.embedded = None  # (the server stays the service's to stop)
         return twin
 
     async def close_own_connection(self) -> None:
         """Close what `on_own_connection` opened (the server itself is left running)."""
         await self.conn.close()
+        if self.bus_conn is not self.conn:
+            await self.bus_conn.close()
 
     # ---- running plans -----------------------------------------------------------------------
     async def execute(self, plan: Plan) -> Any:

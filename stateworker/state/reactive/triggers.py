@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jsonpointer
@@ -48,6 +48,7 @@ from stateworker.schemas.reactive import (
 )
 from stateworker.scripts.bindings import TRIGGER, trigger_call
 from stateworker.scripts.replies import TriggerReply
+from stateworker.settings import Settings
 from stateworker.state.core import guard, validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import barrier
@@ -297,12 +298,13 @@ def with_groups(state: RedisState, services: set[str | None], result: Any) -> An
     another type) is logged; the registration stands. Then `result` (at once when the trigger
     calls only the state service, which makes its own group)."""
     names = sorted(s for s in services if s and s != STATE_SERVICE)
-    if not names:
+    if not names or state.split_bus:
+        # (the bus on a Redis of its own: the dispatcher makes the groups there when it
+        # loads the trigger, before its first call: reactive/dispatcher.py)
         return result
 
     # (every shard's group: a worker with STATEWORKER_BUS_SHARDS > 1 reads them all)
-    shards = range(state.settings.bus_shards)
-    targets = [(name, n) for name in names for n in shards]
+    targets = [(name, n) for name in names for n in range(state.settings.bus_shards)]
 
     def finish(replies: list[Any]) -> Any:
         for (name, _), reply in zip(targets, replies, strict=True):
@@ -311,8 +313,20 @@ def with_groups(state: RedisState, services: set[str | None], result: Any) -> An
                             extra={"event": "triggers.group_failed", "service": name})
         return result
 
-    return Plan([["XGROUP", "CREATE", bus_shard_stream(state.settings.prefix, name, n), name,
-                  "0", "MKSTREAM"] for name, n in targets], finish)
+    return Plan(group_commands(state.settings, names), finish)
+
+
+def group_commands(settings: Settings, names: Sequence[str]) -> list[list[Any]]:
+    """XGROUP CREATE (at `0`, MKSTREAM) of each service's group on every shard's stream, in
+    the order of `names`, then of the shards."""
+    return [["XGROUP", "CREATE", bus_shard_stream(settings.prefix, name, n), name, "0",
+             "MKSTREAM"] for name in names for n in range(settings.bus_shards)]
+
+
+def target_services(triggers: Iterable[Trigger]) -> list[str]:
+    """The services the triggers call (handlers and bus conditions), the state's left out."""
+    return sorted({name for t in triggers for name in (t.service, t.config.condition_service)
+                   if name and name != STATE_SERVICE})
 
 
 def decode_trigger(raw: bytes) -> Trigger:
