@@ -68,8 +68,9 @@ class KeepAlive:
     async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.stream is None:
             self.stream = await anyio.connect_tcp(self.host, self.port)
-        await self.stream.send(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Length: %d\r\n\r\n%s"
-                               % (path.encode(), len(body), body))
+        # (Host: the address itself, a name the service answers to: app/hosts.py)
+        await self.stream.send(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Length: %d\r\n\r\n%s"
+                               % (path.encode(), self.host.encode(), self.port, len(body), body))
         while b"\r\n\r\n" not in self.buffer:
             self.buffer += await self.stream.receive()
         head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
