@@ -34,9 +34,6 @@ import time
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
-from hypercorn.asyncio.run import worker_serve
-from hypercorn.config import Config
-from hypercorn.utils import wrap_app
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -52,6 +49,8 @@ from stateworker.app.console_reads import Rates
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
 from stateworker.app.hosts import HostGuard, allowed_hosts, loopback_bound
+from stateworker.app.hot_paths import HotPaths
+from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
@@ -110,7 +109,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             log.exception("HTTP call failed", extra={"event": "http.crashed", "fn": fn})
             error = InternalError(f"{fn} failed inside the service: {type(exc).__name__}")
             document, status, code = reply_document(call_id, None, error), 500, error.code
-        metrics.http_call(fn, code, time.perf_counter() - started)
+        metrics.http_call(fn, code, started)
         return Response(document, status, media_type=JSON)
 
     async def read(request: Request) -> bytes:  # (Dapr's routes read their bodies with this)
@@ -155,20 +154,23 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             result = await _run(state, batches, fn, body, None, None,
                                 runtime.options.max_context_bytes, principal)
         except StateError as exc:
-            metrics.http_call(fn, exc.code, time.perf_counter() - started)
+            metrics.http_call(fn, exc.code, started)
             raise
-        metrics.http_call(fn, "OK", time.perf_counter() - started)
+        metrics.http_call(fn, "OK", started)
         return result
 
-    return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
-                                 Middleware(SameOrigin)], routes=[
+    routes = [
         *console_routes(state, logins, stopping, tails, rates),
         *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-    ])
+    ]
+    # The guards first, for every request; then the hot paths past Starlette's routing.
+    return Starlette(routes=routes, middleware=[
+        Middleware(HostGuard, hosts=allowed_hosts(state.settings)), Middleware(SameOrigin),
+        Middleware(HotPaths, routes=routes)])
 
 
 async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str | None:
@@ -254,27 +256,22 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
                      task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve the HTTP face on `bind` until `stop` is set; `task_status` gets the address it
     listens on (`host:port`, the port chosen when `bind` asked for 0)."""
-    config = Config()
-    config.bind = [bind]
-    config.accesslog = None
-    config.errorlog = log
-    config.graceful_timeout = 2.0
-    sockets = config.create_sockets()  # bound here: the port is known before serving
-    for sock in sockets.insecure_sockets:  # and listening: a client may connect at once
-        sock.listen(config.backlog)
-    name = sockets.insecure_sockets[0].getsockname()
+    sock = listening(bind)  # bound and listening here: the port is known, a client may connect
+    name = sock.getsockname()
     address = f"{name[0]}:{name[1]}"
     log.info("HTTP on http://%s", address, extra={"event": "http.start", "http": address})
     task_status.started(address)
-    # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
-    # address is known before the first request)
     batches = Batches(state)
     rates = Rates(state)
-    app = http_app(state, runtime, batches, stop, rates)
+    server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates)))
     async with anyio.create_task_group() as tg:
         await tg.start(batches.run)
         tg.start_soon(rates.run)
-        # (Starlette's ASGI types and Hypercorn's differ)
-        await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
-                           config, sockets=sockets, shutdown_trigger=stop.wait)
+
+        async def stopping() -> None:
+            await stop.wait()
+            server.should_exit = True  # (seen within its tick, 0.1 s; then the grace)
+
+        tg.start_soon(stopping)
+        await server.serve(sockets=[sock])
         tg.cancel_scope.cancel()
