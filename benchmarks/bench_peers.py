@@ -1,10 +1,10 @@
 """Peers (`scripts/bench --sections peers`, issue 43): the bus beside etcd and NATS JetStream KV,
 each on this machine, side by side in one run, as ratios (>1: stateworker is better).
 
-Five systems (six columns), each started by the bench on loopback with its data in one temporary directory
+Five systems (seven columns), each started by the bench on loopback with its data in one temporary directory
 (one disk): stateworker `fast` and `strict` (a redis-server and a `stateworker serve` each,
-called through a StateClient: bench_durability's modes; `strict` also through its HTTP face,
-`POST /v1/call` on 64 keep-alive connections: the `http` column, its ops only, and the
+called through a StateClient: bench_durability's modes; each also through its HTTP face,
+`POST /v1/call` on 64 keep-alive connections: the `http` columns, their ops only, and the
 servers' CPU per op beside the bus's: issue 43), etcd 3.4 (Debian's, through aetcd),
 NATS JetStream KV at its default and with `sync_interval: always` (through nats-py). For each
 round, every measure runs on every system one after another (set, get and compare-and-set at
@@ -45,17 +45,18 @@ from benchmarks.peers_ops import (
 from benchmarks.peers_servers import nats_binary, nats_kv, nats_server, nats_version
 from benchmarks.pgserver import free_port
 
-PEERS = ("fast", "strict", "http", "etcd", "nats", "nats_sync")
+PEERS = ("fast", "strict", "http_fast", "http", "etcd", "nats", "nats_sync")
 PROMISES = {
     "fast": "stateworker fast: appendfsync everysec; a reply may come up to ~1 s before its fsync",
     "strict": "stateworker strict: appendfsync always; the reply after the write's fsync",
+    "http_fast": "stateworker fast through its HTTP face (POST /v1/call, keep-alive): the same service",
     "http": "stateworker strict through its HTTP face (POST /v1/call, keep-alive): the same service",
     "etcd": "etcd 3.4: the entry fsynced to its WAL before the reply",
     "nats": "NATS JetStream default: written to the OS, fsynced every 2 min (sync_interval)",
     "nats_sync": "NATS JetStream sync_interval always: fsynced per write before the reply",
 }
 PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"), ("http", "etcd"),
-         ("http", "strict"))
+         ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"))
 OPS = ("set", "get", "cas")
 
 
@@ -132,13 +133,12 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
     nats_sync = stack.enter_context(nats_server(tmp / "nats-sync", sync_always=True))
     peers: dict[str, Peer] = {}
     missing: dict[str, str] = {}
-    http = f"127.0.0.1:{free_port()}"  # the strict service's HTTP face (the http peer)
-    for mode in ("fast", "strict"):
+    for mode, http_name in (("fast", "http_fast"), ("strict", "http")):
+        http = f"127.0.0.1:{free_port()}"  # the service's HTTP face (its http peer)
         served = await stack.enter_async_context(durability_mode(
-            tmp / mode, mode, {"STATEWORKER_HTTP": http} if mode == "strict" else None))
+            tmp / mode, mode, {"STATEWORKER_HTTP": http}))
         peers[mode] = await stateworker_peer(served)
-        if mode == "strict":
-            peers["http"] = await http_peer(served, http)
+        peers[http_name] = await http_peer(served, http)
     client = await stack.enter_async_context(etcd_client(etcd and etcd.port))
     if isinstance(client, str) or etcd is None:
         missing["etcd"] = client if isinstance(client, str) else "etcd did not start"
@@ -186,8 +186,9 @@ def _report(figures: dict[str, Any], out: Any) -> None:
     def cell(value: float | None, fmt: Callable[[float], str]) -> str:
         return "-" if value is None else fmt(value)
 
-    heads = ("sw fast", "sw strict", "http strict", "etcd", "nats", "nats sync")
-    pair_heads = ("strict/etcd", "strict/nsync", "fast/nats", "http/etcd", "http/strict")
+    heads = ("sw fast", "sw strict", "http fast", "http strct", "etcd", "nats", "nats sync")
+    pair_heads = ("strict/etcd", "strict/nsync", "fast/nats", "http/etcd", "hfast/etcd",
+                  "http/strict", "hfast/fast")
     print(f"\n{'peers (issue 43)':<26}{'unit':>6}" + "".join(f"{h:>11}" for h in heads)
           + "".join(f"{h:>13}" for h in pair_heads), file=out)
     for row in figures["rows"]:
