@@ -74,7 +74,8 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.http")
 
 JSON = "application/json"
-CONTEXT_HEADER = "x-stateworker-context"
+CONTEXT_HEADER = b"x-stateworker-context"
+_CONSOLE = CONSOLE_HEADER.encode()
 # In `acl` mode /metrics is for a principal with a read role on `*` (a scraper's own): its
 # labels name every stream and partition, as listing every scope would.
 METRICS_PROBE = "state::list_groups"
@@ -93,14 +94,15 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     async def call(request: Request) -> Response:
         fn = request.path_params["function"]
         started = time.perf_counter()
-        call_id = request.headers.get("idempotency-key")
+        headers = _headers(request)
+        call_id = _text(headers.get(b"idempotency-key"))
         try:
-            caller = await _caller(logins, request, fn, local)
+            caller = await _caller(logins, request, headers, fn, local)
             body = await read_body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
-                                request.headers.get(CONTEXT_HEADER),
+                                _text(headers.get(CONTEXT_HEADER)),
                                 runtime.options.max_context_bytes, caller,
-                                _trace_headers(request))
+                                _trace_headers(headers))
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), http_status(
@@ -173,7 +175,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         Middleware(HotPaths, routes=routes)])
 
 
-async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str | None:
+async def _caller(logins: Logins, request: Request, headers: dict[bytes, bytes], fn: str,
+                  local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
     without one, and PermissionDenied for a write from the console in `off` mode unless the
     face is `local` (bound to a loopback address: hosts.loopback_bound)."""
@@ -185,7 +188,7 @@ async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str
                 "<principal:password>` or log in to the console (docs/http.md)",
                 {"path": "authorization"})
         return principal
-    if CONSOLE_HEADER in request.headers and fn not in CATALOG.reads and not local:
+    if _CONSOLE in headers and fn not in CATALOG.reads and not local:
         raise PermissionDenied(
             f"{fn}: the console is read-only in off mode (no principal logs in) unless the "
             "HTTP face is bound to a loopback address (STATEWORKER_HTTP=127.0.0.1:<port>); "
@@ -193,11 +196,25 @@ async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str
     return None
 
 
-def _trace_headers(request: Request) -> dict[str, str]:
+def _headers(request: Request) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first of a repeated one as Starlette's
+    `request.headers.get` gives: a call looks up several, most of them absent, and a dict made
+    once beats a scan of the list (and a KeyError) for each."""
+    return dict(reversed(request.scope["headers"]))
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")  # (as Starlette decodes them)
+
+
+_TRACE_HEADERS = [(name, name.encode()) for name in (tracing.TRACEPARENT, tracing.TRACESTATE)]
+
+
+def _trace_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
     """W3C trace context sent as HTTP headers (`traceparent`, `tracestate`): what a bus call
     carries in its `context` (a header wins over the context's field)."""
-    return {name: value for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
-            if (value := request.headers.get(name)) is not None}
+    return {name: value.decode("latin-1") for name, raw in _TRACE_HEADERS
+            if (value := headers.get(raw)) is not None}
 
 
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
