@@ -1,5 +1,6 @@
 """The service's HTTP face (`stateworker serve --http HOST:PORT`, STATEWORKER_HTTP; off by
-default): a Starlette app served by Hypercorn on the service's own event loop.
+default): a Starlette app served by uvicorn on httptools on the service's own event loop
+(app/http_server.py), its busiest paths sent past Starlette's router (app/hot_paths.py).
 
     POST /v1/call/{function}   the function's JSON body in, the bus's reply document out
                                (`{"id":…,"ok":…,"result"|"error":…}`), the error's code
@@ -21,9 +22,9 @@ mode its writes are refused (nobody logs in: a page anyone on the network opens 
 state by a click), unless the face is bound to a loopback address, where only this machine's
 programs reach it (a developer's own service).
 
-Why Starlette and Hypercorn: Starlette runs on anyio (the project's concurrency), is small
-and well kept; Hypercorn serves ASGI on an asyncio loop the caller already runs and stops on
-a trigger of ours, not on signals it would install (the service owns SIGINT/SIGTERM).
+Why Starlette: it runs on anyio (the project's concurrency), is small and well kept. Why
+uvicorn on httptools: it serves ASGI on a loop the caller already runs, at the least CPU a
+request of the servers measured (decision 0056; Hypercorn's h11 took 5x as much).
 """
 
 from __future__ import annotations
