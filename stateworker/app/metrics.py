@@ -3,9 +3,9 @@ client library (`prometheus_client`).
 
 The bus's figures are the runtime's own counters (bus/stats.py: kept in process on the hot
 path, read here at scrape time, so serving metrics costs a call nothing), the HTTP face's a
-`Stats` of its own, counted the same way; the streams' lag
-and pending, and whether Redis answers, are read from Redis when scraped (an XINFO GROUPS
-and at most one more read per stream, one PING). Each service has a registry of its own (two
+`Stats` of its own, counted the same way; the streams' lag and pending, and whether Redis
+answers, are read from Redis when scraped (an XINFO GROUPS and at most one more read per
+stream, one PING). Each service has a registry of its own (two
 services in one process, as the tests run them, never share a counter).
 
     stateworker_bus_calls_total{function,code}      calls answered over the bus
