@@ -96,7 +96,8 @@ async def run(seconds: float, rounds: int, out: Any, sections: set[str]) -> dict
                 figures["getmany"] = await bench_getmany.getmany_section(
                     server.url, seconds, rounds, out)
             if "http" in sections:  # two services of their own prefixes, HTTP off and on
-                figures["http"] = await bench_http.http_section(server.url, seconds, rounds, out)
+                figures["http"] = await bench_http.http_section(server.url, seconds, rounds, out,
+                                                                 server.pid)
             if "console" in sections:  # a service of its own prefix, 100k entries, chromium
                 figures["console"] = await bench_console.console_section(server.url, rounds, out)
             if "msgpack" in sections:  # a service of its own prefix, a hand-written caller

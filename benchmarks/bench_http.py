@@ -2,8 +2,10 @@
 
 1. bus `state::set` at 64 in flight through a service with the HTTP face on and `/metrics`
    scraped every 0.25 s, against the same through a service with it off (target >= 0.95);
-2. `POST /v1/call/state::get` at 64 in flight (64 keep-alive connections of a lean client,
-   `KeepAlive`) against bus `state::get` at 64 on the same service.
+2. `POST /v1/call/state::get` and `state::set` at 64 in flight (64 keep-alive connections
+   of a lean client, `KeepAlive`) against bus `state::get` and `state::set` at 64 on the same
+   service, with the service process's CPU per call of each (issue 43: HTTP at most 1.5x the
+   bus's). The service is `fast` (the run's Redis); the peers section has `strict` beside etcd.
 
 Both services are `stateworker serve` processes on the run's Redis, each on its own prefix.
 """
@@ -25,6 +27,7 @@ import httpx
 import msgspec
 
 from benchmarks.benchtime import timed
+from benchmarks.floor_process import timed_cpus
 from stateworker.bus.client import StateClient
 from stateworker.settings import Settings
 
@@ -68,8 +71,9 @@ class KeepAlive:
     async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.stream is None:
             self.stream = await anyio.connect_tcp(self.host, self.port)
-        await self.stream.send(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Length: %d\r\n\r\n%s"
-                               % (path.encode(), len(body), body))
+        # (Host: the address itself, a name the service answers to: app/hosts.py)
+        await self.stream.send(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Length: %d\r\n\r\n%s"
+                               % (path.encode(), self.host.encode(), self.port, len(body), body))
         while b"\r\n\r\n" not in self.buffer:
             self.buffer += await self.stream.receive()
         head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
@@ -101,10 +105,17 @@ async def scraping(http: httpx.AsyncClient) -> AsyncIterator[list[int]]:
         tg.cancel_scope.cancel()
 
 
-async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[str, Any]:
+async def http_section(url: str, seconds: float, rounds: int, out: Any, redis_pid: int | None
+                       ) -> dict[str, Any]:
+    """The section; `redis_pid`: the run's Redis, whose CPU per call is counted with the
+    service's (what a call costs the servers: an HTTP call does less in Redis, no stream)."""
     off, _ = serve(url, "benchhttpoff", http=False)
     on, line = serve(url, "benchhttpon", http=True)
-    rates: dict[str, list[float]] = {"off": [], "on": [], "http_get": [], "bus_get": []}
+    rates: dict[str, list[float]] = {"off": [], "on": [], "http_get": [], "bus_get": [],
+                                     "http_set": [], "bus_set": []}
+    cpus: dict[str, list[float]] = {f"{name}{part}": [] for name in ("http_get", "bus_get",
+                                    "http_set", "bus_set") for part in ("", "_service")}
+    pids = {"service": on.pid, **({"redis": redis_pid} if redis_pid else {})}
     scrapes = 0
     clients = [KeepAlive(line["http"]) for _ in range(64)]  # one connection per caller
     try:
@@ -127,6 +138,15 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
                 assert status == 200, reply
                 return reply
 
+            async def http_set(w: int, i: int) -> Any:
+                status, reply = await clients[w].post(
+                    "/v1/call/state::set", b'{"scope":"s","key":"k%d","value":%s}' % (w, VALUE))
+                assert status == 200, reply
+                return reply
+
+            paths = {"bus_get": bus_get, "http_get": http_get, "bus_set": setter(c_on),
+                     "http_set": http_set}
+
             await setter(c_off)(0, 0)
             await setter(c_on)(0, 0)
             for _ in range(rounds):
@@ -134,8 +154,11 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
                 async with scraping(web) as sizes:
                     rates["on"].append((await timed(setter(c_on), 64, seconds))[0])
                 scrapes += len(sizes)
-                rates["bus_get"].append((await timed(bus_get, 64, seconds))[0])
-                rates["http_get"].append((await timed(http_get, 64, seconds))[0])
+                for name, op in paths.items():
+                    rate, _, cpu = await timed_cpus(op, 64, seconds, pids)
+                    rates[name].append(rate)
+                    cpus[name].append(sum(v for k, v in cpu.items() if k != "caller") * 1e6)
+                    cpus[f"{name}_service"].append(cpu["service"] * 1e6)
     finally:
         for client in clients:
             await client.aclose()
@@ -146,6 +169,8 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
                                for name, values in rates.items()}
     figures["on_vs_off"] = round(figures["on"] / figures["off"], 3)
     figures["http_get_vs_bus_get"] = round(figures["http_get"] / figures["bus_get"], 3)
+    figures["http_set_vs_bus_set"] = round(figures["http_set"] / figures["bus_set"], 3)
+    figures["cpu_us"] = {name: round(statistics.median(values), 1) for name, values in cpus.items()}
     figures["scrapes"] = scrapes
     print(f"\n{'HTTP face (issue 25)':<46}{'ours':>9}  {'reference':<34}{'ref':>9}{'ratio':>7}"
           f"  target", file=out)
@@ -155,4 +180,14 @@ async def http_section(url: str, seconds: float, rounds: int, out: Any) -> dict[
     print(f"{'POST /v1/call/state::get/s, 64':<46}{figures['http_get']:>9,}  "
           f"{'bus state::get/s, 64':<34}{figures['bus_get']:>9,}"
           f"{figures['http_get_vs_bus_get']:>7.2f}  (measured)", file=out)
+    print(f"{'POST /v1/call/state::set/s, 64':<46}{figures['http_set']:>9,}  "
+          f"{'bus state::set/s, 64':<34}{figures['bus_set']:>9,}"
+          f"{figures['http_set_vs_bus_set']:>7.2f}  (measured)", file=out)
+    cpu = figures["cpu_us"]
+    for op in ("get", "set"):  # (the service and Redis; then the service alone)
+        for part, what, target in (("", "servers", "<= 1.5"), ("_service", "service", "")):
+            http, bus = cpu[f"http_{op}{part}"], cpu[f"bus_{op}{part}"]
+            print(f"{f'{what} CPU us per HTTP {op}, 64':<46}{http:>9.1f}  "
+                  f"{f'per bus {op}, 64':<34}{bus:>9.1f}{http / bus:>7.2f}  {target}",
+                  file=out)
     return figures

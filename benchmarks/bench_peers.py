@@ -1,10 +1,12 @@
 """Peers (`scripts/bench --sections peers`, issue 43): the bus beside etcd and NATS JetStream KV,
 each on this machine, side by side in one run, as ratios (>1: stateworker is better).
 
-Five systems, each started by the bench on loopback with its data in one temporary directory
+Five systems (seven columns), each started by the bench on loopback with its data in one temporary directory
 (one disk): stateworker `fast` and `strict` (a redis-server and a `stateworker serve` each,
 called through a StateClient: bench_durability's modes; `strict` with its bus on a second
-redis-server, STATEWORKER_BUS_REDIS_URL, decision 0056), etcd 3.4 (Debian's, through aetcd),
+redis-server, STATEWORKER_BUS_REDIS_URL, decision 0056; each also through its HTTP face,
+`POST /v1/call` on 64 keep-alive connections: the `http` columns, their ops only, and the
+servers' CPU per op beside the bus's: issue 43), etcd 3.4 (Debian's, through aetcd),
 NATS JetStream KV at its default and with `sync_interval: always` (through nats-py). For each
 round, every measure runs on every system one after another (set, get and compare-and-set at
 64 in flight: ops/s; one at a time: p50; write -> watch delivery p50/p99 at 1,000 writes/s;
@@ -33,19 +35,30 @@ from benchmarks.bench_durability import durability_mode
 from benchmarks.benchtime import percentile
 from benchmarks.floor_process import timed_cpus
 from benchmarks.floor_strict import etcd_client, etcd_server
-from benchmarks.peers_ops import Peer, delivery_latency, etcd_peer, nats_peer, stateworker_peer
+from benchmarks.peers_ops import (
+    Peer,
+    delivery_latency,
+    etcd_peer,
+    http_peer,
+    nats_peer,
+    stateworker_peer,
+)
 from benchmarks.peers_servers import nats_binary, nats_kv, nats_server, nats_version
+from benchmarks.pgserver import free_port
 
-PEERS = ("fast", "strict", "etcd", "nats", "nats_sync")
+PEERS = ("fast", "strict", "http_fast", "http", "etcd", "nats", "nats_sync")
 PROMISES = {
     "fast": "stateworker fast: appendfsync everysec; a reply may come up to ~1 s before its fsync",
     "strict": "stateworker strict: appendfsync always; the reply after the write's fsync; "
               "the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL, everysec)",
+    "http_fast": "stateworker fast through its HTTP face (POST /v1/call, keep-alive): the same service",
+    "http": "stateworker strict through its HTTP face (POST /v1/call, keep-alive): the same service",
     "etcd": "etcd 3.4: the entry fsynced to its WAL before the reply",
     "nats": "NATS JetStream default: written to the OS, fsynced every 2 min (sync_interval)",
     "nats_sync": "NATS JetStream sync_interval always: fsynced per write before the reply",
 }
-PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"))
+PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"), ("http", "etcd"),
+         ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"))
 OPS = ("set", "get", "cas")
 
 
@@ -78,6 +91,8 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
                 got[f"{op} @64 CPU servers"][name] = servers * 1e6
                 got[f"{op} @64 CPU all"][name] = (servers + cpus["caller"]) * 1e6
     for name, peer in peers.items():
+        if peer.watch is None:
+            continue
         deliveries = {"watch": await delivery_latency(peer.watch(f"{tag}"), seconds)}
         if peer.trigger is not None:
             deliveries["trigger"] = await peer.trigger(seconds)
@@ -120,9 +135,12 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
     nats_sync = stack.enter_context(nats_server(tmp / "nats-sync", sync_always=True))
     peers: dict[str, Peer] = {}
     missing: dict[str, str] = {}
-    for mode in ("fast", "strict"):
-        peers[mode] = await stateworker_peer(await stack.enter_async_context(
-            durability_mode(tmp / mode, mode, split_bus=mode == "strict")))
+    for mode, http_name in (("fast", "http_fast"), ("strict", "http")):
+        http = f"127.0.0.1:{free_port()}"  # the service's HTTP face (its http peer)
+        served = await stack.enter_async_context(durability_mode(
+            tmp / mode, mode, {"STATEWORKER_HTTP": http}, split_bus=mode == "strict"))
+        peers[mode] = await stateworker_peer(served)
+        peers[http_name] = await http_peer(served, http)
     client = await stack.enter_async_context(etcd_client(etcd and etcd.port))
     if isinstance(client, str) or etcd is None:
         missing["etcd"] = client if isinstance(client, str) else "etcd did not start"
@@ -170,8 +188,9 @@ def _report(figures: dict[str, Any], out: Any) -> None:
     def cell(value: float | None, fmt: Callable[[float], str]) -> str:
         return "-" if value is None else fmt(value)
 
-    heads = ("sw fast", "sw strict", "etcd", "nats", "nats sync")
-    pair_heads = ("strict/etcd", "strict/nsync", "fast/nats")
+    heads = ("sw fast", "sw strict", "http fast", "http strct", "etcd", "nats", "nats sync")
+    pair_heads = ("strict/etcd", "strict/nsync", "fast/nats", "http/etcd", "hfast/etcd",
+                  "http/strict", "hfast/fast")
     print(f"\n{'peers (issue 43)':<26}{'unit':>6}" + "".join(f"{h:>11}" for h in heads)
           + "".join(f"{h:>13}" for h in pair_heads), file=out)
     for row in figures["rows"]:

@@ -1,7 +1,7 @@
 """The peers section's measured operations (benchmarks/bench_peers.py), one `Peer` per system:
 its set, get and compare-and-set as bench `Op`s on the same value, its processes (for their
 CPU) and a source of deliveries (a watch, and ours a trigger too) for the latency at 1,000
-writes/s.
+writes/s. Ours twice: over the bus, and over the HTTP face of the same service (no watch).
 
 Each worker w of an op owns key k<w> (set, get) and c<w> (compare-and-set), so every swap
 names the version (etcd: the mod_revision; NATS: the revision) its worker's previous swap
@@ -20,6 +20,7 @@ import anyio
 import msgspec
 
 from benchmarks.bench_durability import Mode
+from benchmarks.bench_http import KeepAlive
 from benchmarks.bench_reactive import RATE, write_to_handler_latency
 from benchmarks.benchtime import Op, paced, percentile
 from benchmarks.floor_process import VALUE
@@ -35,7 +36,8 @@ Deliveries = contextlib.AbstractAsyncContextManager[tuple[Write, AsyncIterator[b
 class Peer:
     ops: dict[str, Op]  # "set", "get", "cas"
     pids: dict[str, int]  # the processes serving it, by name
-    watch: Callable[[str], Deliveries]  # a watch of a fresh key prefix (by its tag) and its write
+    # a watch of a fresh key prefix (by its tag) and its write (None: the ops alone)
+    watch: Callable[[str], Deliveries] | None
     trigger: Callable[[float], Awaitable[dict[str, float]]] | None = None
 
 
@@ -82,6 +84,44 @@ async def stateworker_peer(mode: Mode) -> Peer:
 
     pids = {"service": mode.service.pid, "redis": mode.server.pid or 0}
     return Peer({"set": mode["bus"], "get": mode["bus_get"], "cas": cas}, pids, watch, trigger)
+
+
+async def http_peer(mode: Mode, address: str) -> Peer:
+    """`mode`'s service through its HTTP face (`POST /v1/call/...`, one keep-alive connection
+    per worker, bench_http.KeepAlive): set, get, and compare-and-set as the bus peer's, on
+    keys of its own (h<w>, hc<w>). Its processes are the bus peer's: the same service."""
+    clients = [KeepAlive(address) for _ in range(WORKERS)]
+    versions: dict[int, int] = {}
+
+    async def post(w: int, fn: str, body: bytes) -> bytes:
+        status, reply = await clients[w].post(f"/v1/call/{fn}", body)
+        if status != 200:
+            raise RuntimeError(f"HTTP {fn}: {status} {reply!r}")
+        return reply
+
+    async def put(w: int, i: int) -> Any:
+        return await post(w, "state::set",
+                          b'{"scope":"bench","key":"h%d","value":%s}' % (w, VALUE))
+
+    async def get(w: int, i: int) -> Any:
+        return await post(w, "state::get", b'{"scope":"bench","key":"h%d"}' % w)
+
+    async def cas(w: int, i: int) -> None:
+        reply = await post(w, "state::set", b'{"scope":"bench","key":"hc%d","value":%s,'
+                           b'"expected_version":%d}' % (w, VALUE, versions[w]))
+        versions[w] = msgspec.json.decode(reply, type=_Reply).result.version
+
+    for w in range(WORKERS):
+        await put(w, 0)
+        reply = await post(w, "state::set", b'{"scope":"bench","key":"hc%d","value":%s}' % (
+            w, VALUE))
+        versions[w] = msgspec.json.decode(reply, type=_Reply).result.version
+    pids = {"service": mode.service.pid, "redis": mode.server.pid or 0}
+    return Peer({"set": put, "get": get, "cas": cas}, pids, None)
+
+
+class _Reply(msgspec.Struct):
+    result: _Versioned
 
 
 async def etcd_peer(client: Any, server: Server) -> Peer:

@@ -1,5 +1,6 @@
 """The service's HTTP face (`stateworker serve --http HOST:PORT`, STATEWORKER_HTTP; off by
-default): a Starlette app served by Hypercorn on the service's own event loop.
+default): a Starlette app served by uvicorn on httptools on the service's own event loop
+(app/http_server.py), its busiest paths sent past Starlette's router (app/hot_paths.py).
 
     POST /v1/call/{function}   the function's JSON body in, the bus's reply document out
                                (`{"id":…,"ok":…,"result"|"error":…}`), the error's code
@@ -21,9 +22,9 @@ mode its writes are refused (nobody logs in: a page anyone on the network opens 
 state by a click), unless the face is bound to a loopback address, where only this machine's
 programs reach it (a developer's own service).
 
-Why Starlette and Hypercorn: Starlette runs on anyio (the project's concurrency), is small
-and well kept; Hypercorn serves ASGI on an asyncio loop the caller already runs and stops on
-a trigger of ours, not on signals it would install (the service owns SIGINT/SIGTERM).
+Why Starlette: it runs on anyio (the project's concurrency), is small and well kept. Why
+uvicorn on httptools: it serves ASGI on a loop the caller already runs, at the least CPU a
+request of the servers measured (decision 0057; Hypercorn's h11 took 5x as much).
 """
 
 from __future__ import annotations
@@ -34,9 +35,6 @@ import time
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
-from hypercorn.asyncio.run import worker_serve
-from hypercorn.config import Config
-from hypercorn.utils import wrap_app
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -52,6 +50,8 @@ from stateworker.app.console_reads import Rates
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
 from stateworker.app.hosts import HostGuard, allowed_hosts, loopback_bound
+from stateworker.app.hot_paths import HotPaths
+from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
@@ -75,7 +75,8 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.http")
 
 JSON = "application/json"
-CONTEXT_HEADER = "x-stateworker-context"
+CONTEXT_HEADER = b"x-stateworker-context"
+_CONSOLE = CONSOLE_HEADER.encode()
 # In `acl` mode /metrics is for a principal with a read role on `*` (a scraper's own): its
 # labels name every stream and partition, as listing every scope would.
 METRICS_PROBE = "state::list_groups"
@@ -94,14 +95,15 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     async def call(request: Request) -> Response:
         fn = request.path_params["function"]
         started = time.perf_counter()
-        call_id = request.headers.get("idempotency-key")
+        headers = _headers(request)
+        call_id = _text(headers.get(b"idempotency-key"))
         try:
-            caller = await _caller(logins, request, fn, local)
+            caller = await _caller(logins, request, headers, fn, local)
             body = await read_body(request, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
-                                request.headers.get(CONTEXT_HEADER),
+                                _text(headers.get(CONTEXT_HEADER)),
                                 runtime.options.max_context_bytes, caller,
-                                _trace_headers(request))
+                                _trace_headers(headers))
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), http_status(
@@ -110,7 +112,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             log.exception("HTTP call failed", extra={"event": "http.crashed", "fn": fn})
             error = InternalError(f"{fn} failed inside the service: {type(exc).__name__}")
             document, status, code = reply_document(call_id, None, error), 500, error.code
-        metrics.http_call(fn, code, time.perf_counter() - started)
+        metrics.http_call(fn, code, started)
         return Response(document, status, media_type=JSON)
 
     async def read(request: Request) -> bytes:  # (Dapr's routes read their bodies with this)
@@ -155,23 +157,27 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             result = await _run(state, batches, fn, body, None, None,
                                 runtime.options.max_context_bytes, principal)
         except StateError as exc:
-            metrics.http_call(fn, exc.code, time.perf_counter() - started)
+            metrics.http_call(fn, exc.code, started)
             raise
-        metrics.http_call(fn, "OK", time.perf_counter() - started)
+        metrics.http_call(fn, "OK", started)
         return result
 
-    return Starlette(middleware=[Middleware(HostGuard, hosts=allowed_hosts(state.settings)),
-                                 Middleware(SameOrigin)], routes=[
+    routes = [
         *console_routes(state, logins, stopping, tails, rates),
         *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-    ])
+    ]
+    # The guards first, for every request; then the hot paths past Starlette's routing.
+    return Starlette(routes=routes, middleware=[
+        Middleware(HostGuard, hosts=allowed_hosts(state.settings)), Middleware(SameOrigin),
+        Middleware(HotPaths, routes=routes)])
 
 
-async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str | None:
+async def _caller(logins: Logins, request: Request, headers: dict[bytes, bytes], fn: str,
+                  local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
     without one, and PermissionDenied for a write from the console in `off` mode unless the
     face is `local` (bound to a loopback address: hosts.loopback_bound)."""
@@ -183,7 +189,7 @@ async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str
                 "<principal:password>` or log in to the console (docs/http.md)",
                 {"path": "authorization"})
         return principal
-    if CONSOLE_HEADER in request.headers and fn not in CATALOG.reads and not local:
+    if _CONSOLE in headers and fn not in CATALOG.reads and not local:
         raise PermissionDenied(
             f"{fn}: the console is read-only in off mode (no principal logs in) unless the "
             "HTTP face is bound to a loopback address (STATEWORKER_HTTP=127.0.0.1:<port>); "
@@ -191,11 +197,25 @@ async def _caller(logins: Logins, request: Request, fn: str, local: bool) -> str
     return None
 
 
-def _trace_headers(request: Request) -> dict[str, str]:
+def _headers(request: Request) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first of a repeated one as Starlette's
+    `request.headers.get` gives: a call looks up several, most of them absent, and a dict made
+    once beats a scan of the list (and a KeyError) for each."""
+    return dict(reversed(request.scope["headers"]))
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")  # (as Starlette decodes them)
+
+
+_TRACE_HEADERS = [(name, name.encode()) for name in (tracing.TRACEPARENT, tracing.TRACESTATE)]
+
+
+def _trace_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
     """W3C trace context sent as HTTP headers (`traceparent`, `tracestate`): what a bus call
     carries in its `context` (a header wins over the context's field)."""
-    return {name: value for name in (tracing.TRACEPARENT, tracing.TRACESTATE)
-            if (value := request.headers.get(name)) is not None}
+    return {name: value.decode("latin-1") for name, raw in _TRACE_HEADERS
+            if (value := headers.get(raw)) is not None}
 
 
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
@@ -254,27 +274,22 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
                      task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve the HTTP face on `bind` until `stop` is set; `task_status` gets the address it
     listens on (`host:port`, the port chosen when `bind` asked for 0)."""
-    config = Config()
-    config.bind = [bind]
-    config.accesslog = None
-    config.errorlog = log
-    config.graceful_timeout = 2.0
-    sockets = config.create_sockets()  # bound here: the port is known before serving
-    for sock in sockets.insecure_sockets:  # and listening: a client may connect at once
-        sock.listen(config.backlog)
-    name = sockets.insecure_sockets[0].getsockname()
+    sock = listening(bind)  # bound and listening here: the port is known, a client may connect
+    name = sock.getsockname()
     address = f"{name[0]}:{name[1]}"
     log.info("HTTP on http://%s", address, extra={"event": "http.start", "http": address})
     task_status.started(address)
-    # (hypercorn.asyncio.serve is this without `sockets`; the sockets are made here so the
-    # address is known before the first request)
     batches = Batches(state)
     rates = Rates(state)
-    app = http_app(state, runtime, batches, stop, rates)
+    server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates)))
     async with anyio.create_task_group() as tg:
         await tg.start(batches.run)
         tg.start_soon(rates.run)
-        # (Starlette's ASGI types and Hypercorn's differ)
-        await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"),  # type: ignore[arg-type]
-                           config, sockets=sockets, shutdown_trigger=stop.wait)
+
+        async def stopping() -> None:
+            await stop.wait()
+            server.should_exit = True  # (seen within its tick, 0.1 s; then the grace)
+
+        tg.start_soon(stopping)
+        await server.serve(sockets=[sock])
         tg.cancel_scope.cancel()

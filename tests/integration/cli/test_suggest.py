@@ -61,7 +61,7 @@ async def test_call_of_a_misspelt_function_names_the_nearest(
 
 
 SERVER_SIDE = ("stateworker.app.service", "stateworker.app.http", "stateworker.engines.catalog",
-               "stateworker.state.lifecycle", "hypercorn", "starlette", "psycopg",
+               "stateworker.state.lifecycle", "uvicorn", "httptools", "starlette", "psycopg",
                "prometheus_client", "opentelemetry.sdk")
 PROBE = f"""\
 import sys

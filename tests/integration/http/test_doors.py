@@ -123,8 +123,8 @@ async def test_a_request_for_a_host_the_service_is_not_is_refused(
     body = msgspec.json.encode({"scope": "orders", "key": "k", "value": 1})
     async with httpx.AsyncClient(base_url=base) as client:
         rebound = {"Host": "evil.example:8080", "Origin": "http://evil.example:8080"}
-        for path, method in (("/v1/call/state::set", "POST"),
-                             ("/v1.0/state/statestore", "POST"), ("/readyz", "GET")):
+        for path, method in (("/v1/call/state::set", "POST"), ("/v1.0/state/statestore", "POST"),
+                             ("/v1.0/state/statestore/k", "GET"), ("/readyz", "GET")):
             answer = await client.request(method, path, headers=rebound, content=body)
             assert answer.status_code == 403, (path, answer.text)
             error = answer.json()["error"]

@@ -1,0 +1,194 @@
+"""The HTTP face on the wire, below any client library: what the server in front of the app
+(app/http.py, `serve_http`) must keep whichever it is. A body past the limit is refused and
+the connection serves on; a malformed request line, or a head past its limit, gets 400 and
+a close; a client that sends half a request holds up nobody else; a connection is kept alive
+across requests (HTTP/1.1) or closed after one (HTTP/1.0); and SIGTERM lets a request in
+flight finish, then the process exits 0."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import httpx
+import msgspec
+import pytest
+
+from stateworker.app.service import StateService
+from tests.integration.http.conftest import http_settings, serving
+from tests.servers import RedisServer, ServiceProcess
+
+pytestmark = pytest.mark.anyio
+
+GET = b'{"scope":"wire","key":"k"}'
+
+
+@pytest.fixture
+async def face(redis_server: RedisServer, prefix: str) -> AsyncIterator[StateService]:
+    async with serving(http_settings(redis_server.url, prefix)) as (service, _):
+        yield service
+
+
+@asynccontextmanager
+async def connection(address: str) -> AsyncIterator[Wire]:
+    host, _, port = address.rpartition(":")
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        yield Wire(stream, address)
+
+
+class Wire:
+    """One TCP connection to the face: requests written as bytes, answers read by their
+    Content-Length."""
+
+    def __init__(self, stream: anyio.abc.SocketStream, address: str) -> None:
+        self.stream = stream
+        self.address = address
+        self.buffer = b""
+
+    def head(self, path: str, length: int, method: str = "POST", version: str = "1.1") -> bytes:
+        return (f"{method} {path} HTTP/{version}\r\nHost: {self.address}\r\n"
+                f"Content-Length: {length}\r\n\r\n").encode()
+
+    async def call(self, fn: str, body: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+        await self.stream.send(self.head(f"/v1/call/{fn}", len(body)) + body)
+        return await self.answer()
+
+    async def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        with anyio.fail_after(30):
+            while b"\r\n\r\n" not in self.buffer:
+                self.buffer += await self.stream.receive()
+            head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+            status_line, *lines = head.split(b"\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in
+                       (line.partition(b":") for line in lines)}
+            length = int(headers.get(b"content-length", b"0"))
+            while len(self.buffer) < length:
+                self.buffer += await self.stream.receive()
+            body, self.buffer = self.buffer[:length], self.buffer[length:]
+            return int(status_line.split(b" ")[1]), headers, body
+
+    async def closed(self) -> bool:
+        """Whether the server closes the connection (reading what else it sends)."""
+        with anyio.fail_after(30):
+            try:
+                while await self.stream.receive():
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return True
+        return False  # (unreachable: receive() never gives b"")
+
+
+def code(body: bytes) -> str:
+    return str(msgspec.json.decode(body)["error"]["code"])
+
+
+async def test_a_body_past_the_limit_is_refused_and_the_connection_serves_on(
+        face: StateService) -> None:
+    assert face.http_address is not None
+    limit = face.runtime.options.max_body_bytes
+    async with connection(face.http_address) as wire:
+        status, _, body = await wire.call("state::set", b"x" * (limit + 1))
+        assert (status, code(body)) == (413, "VALUE_TOO_LARGE")
+        status, _, body = await wire.call("state::get", GET)  # the same connection
+        assert status == 200, body
+        dapr = b'[{"key":"k","value":"' + b"x" * limit + b'"}]'
+        await wire.stream.send(wire.head("/v1.0/state/statestore", len(dapr)) + dapr)
+        status, _, body = await wire.answer()
+        assert status == 413 and b"VALUE_TOO_LARGE" in body, body
+        status, _, _ = await wire.call("state::get", GET)
+        assert status == 200
+
+
+@pytest.mark.parametrize("request_line", [b"NOT HTTP AT ALL\r\n\r\n",
+                                          b"POST /v1/call/state::get HTTP/1.1\r\nno colon here\r\n\r\n",
+                                          b"POST /v1/call/state::get HTTP/1.1\r\n"
+                                          b"Content-Length: nine\r\n\r\n"])
+async def test_a_malformed_request_gets_400_and_a_close(face: StateService,
+                                                         request_line: bytes) -> None:
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire:
+        await wire.stream.send(request_line)
+        status, _, _ = await wire.answer()
+        assert status == 400
+        assert await wire.closed()
+
+
+async def test_a_head_past_its_limit_gets_400_and_a_close(face: StateService) -> None:
+    """The request line and headers are held in memory until the head ends: a limit (64 KiB)
+    keeps a client from making the service hold more."""
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire:
+        await wire.stream.send(b"GET /healthz HTTP/1.1\r\nHost: " + wire.address.encode()
+                               + b"\r\n" + b"X-Filler: " + b"y" * 70_000 + b"\r\n\r\n")
+        status, _, _ = await wire.answer()
+        assert status in (400, 431)
+        assert await wire.closed()
+    async with connection(face.http_address) as wire:  # a long URL too
+        await wire.stream.send(b"GET /healthz?" + b"q" * 70_000 + b" HTTP/1.1\r\n\r\n")
+        status, _, _ = await wire.answer()
+        assert status in (400, 414, 431)
+        assert await wire.closed()
+
+
+async def test_a_slow_client_holds_up_nobody_else(face: StateService) -> None:
+    assert face.http_address is not None
+    async with connection(face.http_address) as slow, connection(face.http_address) as other:
+        request = slow.head("/v1/call/state::get", len(GET)) + GET
+        await slow.stream.send(request[:20])  # half a request line
+        for _ in range(5):
+            status, _, _ = await other.call("state::get", GET)
+            assert status == 200
+        await slow.stream.send(request[20:-5])  # the head, and a body but its end
+        for _ in range(5):
+            status, _, _ = await other.call("state::get", GET)
+            assert status == 200
+        await slow.stream.send(request[-5:])
+        status, _, body = await slow.answer()
+        assert status == 200 and msgspec.json.decode(body)["ok"] is True
+
+
+async def test_a_connection_is_kept_alive_in_1_1_and_closed_after_1_0(
+        face: StateService) -> None:
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire:
+        for _ in range(3):
+            status, headers, _ = await wire.call("state::get", GET)
+            assert status == 200 and headers.get(b"connection") != b"close"
+    async with connection(face.http_address) as wire:
+        await wire.stream.send(wire.head("/v1/call/state::get", len(GET), version="1.0") + GET)
+        status, _, _ = await wire.answer()
+        assert status == 200
+        assert await wire.closed()
+
+
+async def test_sigterm_lets_a_request_in_flight_finish(redis_server: RedisServer,
+                                                       prefix: str) -> None:
+    """A request whose body is still coming when SIGTERM arrives, and half a second after,
+    gets its answer (requests in flight have 2 s); then the connection closes and the process
+    exits 0."""
+    service = ServiceProcess(redis_server.url, prefix, env={"STATEWORKER_HTTP": "127.0.0.1:0"})
+    service.start()
+    try:
+        address = service.started["http"]
+        body = b'{"scope":"wire","key":"k","value":1}'
+        async with connection(address) as wire, connection(address) as idle:
+            status, _, _ = await idle.call("state::get", GET)  # open, kept alive, idle
+            assert status == 200
+            await wire.stream.send(wire.head("/v1/call/state::set", len(body)) + body[:10])
+            status, _, _ = await idle.call("state::get", GET)  # (the head is read by now)
+            assert status == 200
+            service.signal(signal.SIGTERM)
+            assert await idle.closed()  # the server closes the idle one: it is stopping
+            await anyio.sleep(0.5)  # (a pace, not a wait: still in flight well into the stop)
+            await wire.stream.send(body[10:])
+            status, _, answer = await wire.answer()
+            assert status == 200 and msgspec.json.decode(answer)["ok"] is True, answer
+            assert await wire.closed()
+        assert service.wait() == 0
+        with pytest.raises(httpx.ConnectError):  # nobody listens any more
+            httpx.get(f"http://{address}/healthz")
+    finally:
+        service.kill()
