@@ -7,7 +7,7 @@ default): a Starlette app served by uvicorn on httptools on the service's own ev
                                mapped to an HTTP status (errors.HTTP_STATUS)
     GET  /metrics              Prometheus text (app/metrics.py)
     GET  /healthz              200 while the process serves
-    GET  /readyz               200 when Redis answers a PING and has not lost the data
+    GET  /readyz               200 when Redis (and the bus's own) answers a PING and has not lost the data
                                PostgreSQL holds (STORE_LOST), else 503 naming why
     /v1.0/state/...            Dapr's state API shape (app/dapr.py)
 
@@ -257,16 +257,19 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
 
 async def redis_unready(state: RedisState) -> str | None:
     """None when Redis answers a PING within a second and holds the data (not STORE_LOST);
-    else why not."""
+    else why not. With the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL) that one
+    must answer too: without it no call comes in nor goes out."""
     if state.lost is not None:
         return f"STORE_LOST: writes are refused: {state.lost}; run `stateworker restore`"
-    try:
-        with anyio.fail_after(1.0):
-            await state.conn.execute("PING")
-    except TimeoutError:
-        return f"Redis at {state.conn.shown} did not answer a PING within 1 s"
-    except (ConnectionLost, ReplyError) as exc:
-        return f"Redis at {state.conn.shown}: {exc}"
+    conns = [state.conn] if state.bus_conn is state.conn else [state.conn, state.bus_conn]
+    for conn, what in zip(conns, ("Redis", "the bus's Redis"), strict=False):
+        try:
+            with anyio.fail_after(1.0):
+                await conn.execute("PING")
+        except TimeoutError:
+            return f"{what} at {conn.shown} did not answer a PING within 1 s"
+        except (ConnectionLost, ReplyError) as exc:
+            return f"{what} at {conn.shown}: {exc}"
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+import httpx
 import pytest
 
 from stateworker.app.cli import status_report
@@ -111,3 +112,18 @@ async def test_the_split_is_refused_with_acl_mode_and_a_cluster(pair: Pair, pref
     with pytest.raises(ConfigError, match=r"must name one Redis server, not a Redis Cluster"):
         async with StateService.running(settings):
             pass
+
+
+async def test_readiness_tells_a_dead_bus_redis(pair: Pair, prefix: str) -> None:
+    """/readyz asks the bus's Redis too: with it gone no call comes in nor goes out, though
+    the state's Redis answers."""
+    settings = pair.settings(prefix, http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
+        ready = await http.get("/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        pair.bus.kill()
+        unready = await http.get("/readyz")
+        assert unready.status_code == 503
+        reason = unready.json()["reason"]
+        assert reason.startswith("the bus's Redis at") and str(pair.bus.port) in reason
