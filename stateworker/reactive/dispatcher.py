@@ -271,9 +271,7 @@ class Dispatcher:
         for reply in replies:
             if isinstance(reply, ReplyError) and transient_reason(reply):
                 raise reply  # (the bus away: the reload is retried)
-            if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
-                log.warning("trigger target: no consumer group made: %s", reply,
-                            extra={"event": "triggers.group_failed"})
+        triggers.log_groups_not_made(self.state.settings, names, replies)
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:

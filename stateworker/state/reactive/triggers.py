@@ -303,24 +303,29 @@ def with_groups(state: RedisState, services: set[str | None], result: Any) -> An
         # loads the trigger, before its first call: reactive/dispatcher.py)
         return result
 
-    # (every shard's group: a worker with STATEWORKER_BUS_SHARDS > 1 reads them all)
-    targets = [(name, n) for name in names for n in range(state.settings.bus_shards)]
-
     def finish(replies: list[Any]) -> Any:
-        for (name, _), reply in zip(targets, replies, strict=True):
-            if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
-                log.warning("trigger target %s: no consumer group made: %s", name, reply,
-                            extra={"event": "triggers.group_failed", "service": name})
+        log_groups_not_made(state.settings, names, replies)
         return result
 
     return Plan(group_commands(state.settings, names), finish)
 
 
 def group_commands(settings: Settings, names: Sequence[str]) -> list[list[Any]]:
-    """XGROUP CREATE (at `0`, MKSTREAM) of each service's group on every shard's stream, in
-    the order of `names`, then of the shards."""
+    """XGROUP CREATE (at `0`, MKSTREAM) of each service's group on every shard's stream (a
+    worker with STATEWORKER_BUS_SHARDS > 1 reads them all), in the order of `names`, then of
+    the shards."""
     return [["XGROUP", "CREATE", bus_shard_stream(settings.prefix, name, n), name, "0",
              "MKSTREAM"] for name in names for n in range(settings.bus_shards)]
+
+
+def log_groups_not_made(settings: Settings, names: Sequence[str], replies: list[Any]) -> None:
+    """`group_commands`' replies: each group that could not be made (the name holds another
+    type, NOPERM ...) logged; BUSYGROUP is a group already there."""
+    targets = [name for name in names for _ in range(settings.bus_shards)]
+    for name, reply in zip(targets, replies, strict=True):
+        if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
+            log.warning("trigger target %s: no consumer group made: %s", name, reply,
+                        extra={"event": "triggers.group_failed", "service": name})
 
 
 def target_services(triggers: Iterable[Trigger]) -> list[str]:
