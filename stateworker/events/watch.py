@@ -204,10 +204,7 @@ class Watch(WatchReads):
             await anyio.sleep(self._clock_wait_s())
             await self._read()
         else:
-            left = self._bookmark_at - time.monotonic()
-            if left > 0:
-                await self._wait(left)
-            await self._read()
+            await self._read(wait_s=max(self._bookmark_at - time.monotonic(), 0.0))
         # (A watch from now starts at the newest id of all partitions: its first bookmark
         # waits until every partition has been read past that.)
         if (not self._ready and self._failure is None and self.position <= self._frontier
@@ -219,11 +216,16 @@ class Watch(WatchReads):
         oldest_ms = self._merge[0][0][0]
         return min(max((oldest_ms + 1) * 1000 - self._clock_us, 1) / 1e6, CLOCK_WAIT_MAX_S)
 
-    async def _read(self) -> None:
-        """Read the partitions not full in the merge, then hand on what can go."""
+    async def _read(self, wait_s: float = 0.0) -> None:
+        """Read the partitions not full in the merge (once something came to one of them, or
+        `wait_s` passed), then hand on what can go."""
         parts = [p for p in self._parts if self._may_read(p)]  # the others wait in the merge
-        reads = await (self._read_together(parts) if self._waits is None
-                       else self._read_each(parts))
+        if self._waits is None:
+            reads = await self._read_together(parts, wait_s)
+        else:
+            if wait_s > 0:
+                await self._wait(wait_s)
+            reads = await self._read_each(parts)
         if reads:  # (a held entry waits for every clock read to pass its millisecond)
             self._clock_us = min(clock_us for *_, clock_us in reads)
         for part in self._parts:

@@ -8,7 +8,9 @@ after the cursor were trimmed before this read (`compaction.lost_after`), and th
 history record (read in it too) whether the cursor is from before a restore or a new Redis, or
 ahead of this Redis (`compaction.gap`). When a read finds nothing, the watch waits with `XREAD
 BLOCK` on every partition it reads (its reply only says "something came"; the transaction reads
-it), at most until the next bookmark is due. A transient Redis error (broken connection,
+it), at most until the next bookmark is due. On one server the wait and the read go in one
+pipeline: Redis runs the transaction as soon as the wait ends, so an event reaches the watch
+in one round trip, not two. A transient Redis error (broken connection,
 LOADING ...) is waited out with `Backoff` and the read repeated from the same cursors: cursors
 move only with a read's reply, so nothing is lost or repeated across reconnects.
 
@@ -119,14 +121,21 @@ class WatchReads:
             self._refused(exc)
             self._met(exc)
 
-    async def _read_together(self, parts: list[Partition]) -> list[PartitionRead]:
-        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME."""
+    async def _read_together(self, parts: list[Partition], wait_s: float = 0.0
+                             ) -> list[PartitionRead]:
+        """One transaction: each partition's XINFO and history, one XREAD of them all, TIME;
+        with `wait_s`, sent behind a blocking XREAD of the same cursors, so that Redis runs it
+        once an entry comes or the time is up (the wait's own reply is dropped)."""
         streams, cursors = self._cursors(parts)
         count = len(parts)
         commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
         commands += [["HMGET", p.history, "after", "cause"] for p in parts]
         commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
-        replies = await self._transaction(commands)
+        wait: list[Arg] | None = None
+        if wait_s > 0:
+            wait = ["XREAD", "COUNT", 1, "BLOCK", max(int(wait_s * 1000), 1),
+                    "STREAMS", *streams, *cursors]
+        replies = await self._transaction(commands, wait)
         read = {name.decode(): entries for name, entries in checked(replies[-2]) or []}
         clock_us = micros(checked(replies[-1]))
         return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us)
@@ -153,9 +162,10 @@ class WatchReads:
     def _met(self, error: BaseException) -> None:
         self.transient[transient_reason(error) or str(error).split(" ", 1)[0] or "OTHER"] += 1
 
-    async def _transaction(self, commands: list[list[Arg]]) -> list[Any]:
-        """The replies of `commands` run as one MULTI ... EXEC."""
-        replies = await self._execute([["MULTI"], *commands, ["EXEC"]])
+    async def _transaction(self, commands: list[list[Arg]], wait: list[Arg] | None = None
+                           ) -> list[Any]:
+        """The replies of `commands` run as one MULTI ... EXEC (behind `wait`: `_execute`)."""
+        replies = await self._execute([["MULTI"], *commands, ["EXEC"]], wait)
         return list(checked(replies[-1]))
 
     async def _transactions(self, each: list[list[list[Arg]]], keys: list[str]
@@ -174,20 +184,37 @@ class WatchReads:
                 self._met(exc)
                 await anyio.sleep(backoff.next())
 
-    async def _execute(self, commands: list[list[Arg]]) -> list[Any]:
-        """Run commands (they only read); a transient failure is waited out with backoff and
-        they run again, for as long as it takes: a watch rides out Redis restarts."""
+    async def _execute(self, commands: list[list[Arg]], wait: list[Arg] | None = None
+                       ) -> list[Any]:
+        """Run commands (they only read), the first time behind `wait` (a blocking read whose
+        reply is dropped); a transient failure is waited out with backoff and they run again
+        (without the wait: it is over), for as long as it takes: a watch rides out Redis
+        restarts."""
         backoff = Backoff()
+        lead = [] if wait is None else [wait]
         while True:
             try:
-                replies = await self.conn.pipeline(commands)
+                replies = await self._sent(lead + commands, blocking=bool(lead))
                 for reply in replies:
                     checked(reply)
-                return replies
+                return replies[len(lead):]
             except (ConnectionLost, ReplyError) as exc:
                 self._refused(exc)
                 self._met(exc)
+                if lead:  # the wait ended early: read at once
+                    lead = []
+                    continue
                 await anyio.sleep(backoff.next())
+
+    async def _sent(self, commands: list[list[Arg]], blocking: bool) -> list[Any]:
+        try:
+            return await self.conn.pipeline(commands)
+        except anyio.get_cancelled_exc_class():
+            # A blocking XREAD stays blocked in Redis: a read after it would queue behind it.
+            if blocking:
+                with anyio.CancelScope(shield=True):
+                    await self.conn.close()
+            raise
 
     def _refused(self, error: ConnectionLost | ReplyError) -> None:
         """Raise UNAVAILABLE for an error that is not transient (Redis will refuse it again).

@@ -73,7 +73,7 @@ DELBARRIER = Binding("delbarrier", 3, 0, Moved.read)
 FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, 3, Moved.read)
 ADVANCE = Binding("advance", 2, 3, Moved.read)
-BIND = Binding("bind", 1, 5, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
+BIND = Binding("bind", 1, 6, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
 GETMANY = Binding("getmany", 1, 2, GetManyReply.read, tail=True)  # the keys
@@ -251,12 +251,14 @@ def get_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: Cal
              *answer_args(answer)])
 
 
-def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bool) -> Call:
+def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bool,
+              read_only: bool) -> Call:
     """bind.lua for a bus call: its id bound to its digest where ids are bound
-    (KeySpace.binding: its bucket, or on a cluster its home partition's records)."""
+    (KeySpace.binding: its bucket, or on a cluster its home partition's records); a read's
+    binding kept unlogged (decision 0058)."""
     field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
     return ([space.binding(field, now // ms, cluster)],
-            [ms, now // ms, now, field, call_digest(ctx)])
+            [ms, now // ms, now, field, call_digest(ctx), "r" if read_only else ""])
 
 
 def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest: str) -> Call:

@@ -184,7 +184,8 @@ class RedisConnection:
         return await future
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Send commands back to back; replies in order, an error reply as its exception."""
+        """Send commands back to back; replies in order, an error reply as its exception.
+        A blocking command may lead (a wait whose wake runs the rest in Redis at once)."""
         if not commands:
             return []
         sent = self.send_pipeline(commands)
@@ -192,6 +193,8 @@ class RedisConnection:
             await self._connected()
             sent = self.send_pipeline(commands)
             assert sent is not None
+        if commands[0][0] in BLOCKING and self._proto is not None:
+            self._proto.allow_wait(blocking_wait(commands[0]))
         return await sent
 
     def send_pipeline(self, commands: Sequence[Sequence[Arg]]) -> asyncio.Future[list[Any]] | None:

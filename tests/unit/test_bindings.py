@@ -106,7 +106,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
         (0, []), (2, ["set", "k", "1", "h", "~", "", "", "", "delete", "j", ""]), (0, [])]))],
     "delprefix": lambda: [entry(b.delprefix_args(PART, "s", b"p", 10, 100))],
     "get": lambda: [b.get_call(SETTINGS, SPACE, "s", "k", BUS, ANSWER, False)],
-    "bind": lambda: [b.bind_call(SETTINGS, SPACE, BUS, True)],
+    "bind": lambda: [b.bind_call(SETTINGS, SPACE, BUS, True, read) for read in (True, False)],
     "sethash": lambda: [b.sethash_call(PART, "s", "k", 1, "h")],
     "reap": lambda: [b.reap_call(SETTINGS, PART)],
     "list": lambda: [b.list_call(PART, "s", "keys")],

@@ -8,6 +8,7 @@
             cluster its home partition's records; records.lua; a hash)
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
+    ARGV[6] "r": a read's binding, kept unlogged (records_keep; decision 0058), else ""
   Output:
     {ST.OK, 1}            bound now
     {ST.OK, 0}            bound before, to this same call
@@ -17,7 +18,7 @@
 --- @include "records"
 
 local bound = records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]),
-  tonumber(ARGV[3]))
+  tonumber(ARGV[3]), ARGV[6] == 'r')
 if not bound then
   return {ST.CALL_ID_REUSED}
 end

@@ -1,8 +1,9 @@
 #!lua flags=allow-cross-slot-keys
 --[[
   state::get of a bus call, answered here (context.Answer): the call's id bound as bind.lua
-  binds it, the entry read, the reply sent and the call's entry acknowledged (answer.lua):
-  one script, where bind.lua, a GET and the service's flush took two round trips.
+  binds a read's (unlogged: decision 0058), the entry read, the reply sent and the call's
+  entry acknowledged (answer.lua): one script, where bind.lua, a GET and the service's flush
+  took two round trips.
   Input:
     KEYS[1] the current time slice where the id is bound (records.lua; a hash: on one Redis
             the id's bucket, on a cluster its home partition's records, the entry's slot)
@@ -26,7 +27,7 @@
 
 local now = tonumber(ARGV[3])
 local here = answer_here(ARGV[6] == 'c')
-if not records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]), now) then
+if not records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]), now, true) then
   return {ST.CALL_ID_REUSED}
 end
 local stored = redis.call('GET', KEYS[2])

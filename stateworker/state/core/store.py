@@ -270,7 +270,7 @@ class RedisState:
         read does not overtake a write read before it).
         """
         claim = BIND.command(self.library, *bind_call(self.settings, self.keys, ctx,
-                                                      self.cluster))
+                                                      self.cluster, read_only))
 
         def check(reply: Any) -> None:
             raise_for_status(script_reply(reply, BIND.name), Target(self.settings, "", "", ctx))

@@ -42,8 +42,12 @@ async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_los
             await client.call("state::register-trigger", {
                 "id": f"t{i:02}", "function_id": "reactor::on_change", "service": "reactor",
                 "config": {"scope": scope}})
+        # Written with triggers paused, so that the events come to the dispatcher in one
+        # batch: its calls gathered are counted before they are in Redis.
+        await client.call("state::on-config-change", {"triggers_enabled": False})
         for n in range(WRITES):  # never slowed: each is answered
             await client.set(scope, f"k{n}", "x" * 1000)
+        await client.call("state::on-config-change", {"triggers_enabled": None})
 
         async def waits_twice() -> bool:
             dispatch, triggers = await figures(settings)
@@ -70,3 +74,34 @@ async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_los
                 return all(t["waiting_on"] is None and t["lag_events"] == 0 for t in triggers)
 
             await until(cleared, 30, "the triggers to show no wait and no lag")
+
+
+async def test_the_backlog_holds_when_each_event_is_a_batch_of_its_own(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """The dispatcher keeps each target stream's room across batches (its length read behind
+    each hand-on): one event at a time, the stream still stops at the backlog plus one
+    event's calls, and a stream found full is read again once its workers drain it."""
+    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
+    client_redis = redis_server.client()
+    stream = bus_stream(prefix, "reactor")
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        for i in range(TRIGGERS):
+            await client.call("state::register-trigger", {
+                "id": f"t{i:02}", "function_id": "reactor::on_change", "service": "reactor",
+                "config": {"scope": scope}})
+        for n in range(3):  # 50 -> 30 -> 10 -> -10: each event handed on alone
+            await client.set(scope, f"k{n}", n)
+            await until(lambda n=n: client_redis.xlen(stream) == TRIGGERS * (n + 1), 30,
+                        f"event {n}'s calls")
+        await client.set(scope, "k3", 3)
+
+        async def waits() -> bool:
+            dispatch, _ = await figures(settings)
+            return dispatch["counters"].get("backlog_waits", 0) >= 1
+
+        await until(waits, 30, "the dispatch to stop at the full stream")
+        assert client_redis.xlen(stream) == 60
+        async with Handler(settings).running() as handler:
+            await until(lambda: len(handler.calls) >= TRIGGERS * 4, 30, "every delivery")
+            assert len({call_id for call_id, _ in handler.calls}) == TRIGGERS * 4

@@ -50,13 +50,24 @@ local function records_find(name, slice, field, ms, now)
   return false, fresh
 end
 
--- Keep `value` for `field` in the current slice `name` (`fresh`: records_find's answer).
-local function records_keep(name, slice, field, value, ms, now, fresh)
-  redis.call('HSET', name, field, value)
+--[[
+  Keep `value` for `field` in the current slice `name` (`fresh`: records_find's answer).
+  `unlogged`: the field kept in memory only, neither in the AOF nor sent to replicas (a read's
+  binding: decision 0058). A slice's mark and expiry are always logged, mark first, so that
+  the AOF's and the replicas' copy of every slice has its expiry.
+]]
+local function records_keep(name, slice, field, value, ms, now, fresh, unlogged)
   if fresh then
     local keep = (tonumber(slice) + RECORDS_BACK + 1) * ms - now
-    redis.call('PEXPIRE', name, string.format('%d', keep))
     redis.call('HSET', name, '', RECORDS_MARK)
+    redis.call('PEXPIRE', name, string.format('%d', keep))
+  end
+  if unlogged then
+    redis.set_repl(redis.REPL_NONE)
+    redis.call('HSET', name, field, value)
+    redis.set_repl(redis.REPL_ALL)
+  else
+    redis.call('HSET', name, field, value)
   end
 end
 
@@ -64,13 +75,13 @@ end
   Bind a call id (its record's `field`) to the call's `digest` in the current slice `name`
   unless it is bound already: 1 bound now, 0 bound before to this same call, false bound to
   another call (CALL_ID_REUSED; nothing written). bind.lua, and the scripts that bind a
-  read's id themselves (get.lua).
+  read's id themselves (get.lua); `unlogged` as records_keep's (a read's binding).
 ]]
-local function records_bind(name, slice, field, digest, ms, now)
+local function records_bind(name, slice, field, digest, ms, now, unlogged)
   local held, fresh = records_find(name, slice, field, ms, now)
   if held then
     return string.sub(held, 1, #digest) == digest and 0
   end
-  records_keep(name, slice, field, digest, ms, now, fresh)
+  records_keep(name, slice, field, digest, ms, now, fresh, unlogged)
   return 1
 end
