@@ -1,13 +1,15 @@
 """Peers (`scripts/bench --sections peers`, issue 43): the bus beside etcd and NATS JetStream KV,
 each on this machine, side by side in one run, as ratios (>1: stateworker is better).
 
-Five systems (seven columns), each started by the bench on loopback with its data in one temporary directory
+Six systems (nine columns), each started by the bench on loopback with its data in one temporary directory
 (one disk): stateworker `fast` and `strict` (a redis-server and a `stateworker serve` each,
 called through a StateClient: bench_durability's modes; `strict` with its bus on a second
 redis-server, STATEWORKER_BUS_REDIS_URL, decision 0056; each also through its HTTP face,
 `POST /v1/call` on 64 keep-alive connections: the `http` columns, their ops only, and the
-servers' CPU per op beside the bus's: issue 43), etcd 3.4 (Debian's, through aetcd),
-NATS JetStream KV at its default and with `sync_interval: always` (through nats-py). For each
+servers' CPU per op beside the bus's: issue 43; `strict`'s writes also in this process,
+StateStore.set on its Redis: the `store` column, set only), etcd 3.4 (Debian's, through aetcd),
+NATS JetStream KV at its default and with `sync_interval: always` (through nats-py), and a saq
+job queue (its `set` only: benchmarks/peers_queues.py). For each
 round, every measure runs on every system one after another (set, get and compare-and-set at
 64 in flight: ops/s; one at a time: p50; write -> watch delivery p50/p99 at 1,000 writes/s;
 ours also write -> trigger handler start, beside the peers' watch); the ratio of each pair is
@@ -43,22 +45,26 @@ from benchmarks.peers_ops import (
     nats_peer,
     stateworker_peer,
 )
+from benchmarks.peers_queues import saq_peer
 from benchmarks.peers_servers import nats_binary, nats_kv, nats_server, nats_version
 from benchmarks.pgserver import free_port
 
-PEERS = ("fast", "strict", "http_fast", "http", "etcd", "nats", "nats_sync")
+PEERS = ("fast", "strict", "http_fast", "http", "store", "etcd", "nats", "nats_sync", "saq")
 PROMISES = {
     "fast": "stateworker fast: appendfsync everysec; a reply may come up to ~1 s before its fsync",
     "strict": "stateworker strict: appendfsync always; the reply after the write's fsync; "
               "the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL, everysec)",
     "http_fast": "stateworker fast through its HTTP face (POST /v1/call, keep-alive): the same service",
     "http": "stateworker strict through its HTTP face (POST /v1/call, keep-alive): the same service",
+    "store": "stateworker strict in process: StateStore.set on the strict Redis (set only)",
     "etcd": "etcd 3.4: the entry fsynced to its WAL before the reply",
     "nats": "NATS JetStream default: written to the OS, fsynced every 2 min (sync_interval)",
     "nats_sync": "NATS JetStream sync_interval always: fsynced per write before the reply",
+    "saq": "saq job (one SET by its worker, result awaited, polled every 10 ms): Redis everysec",
 }
 PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"), ("http", "etcd"),
-         ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"))
+         ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"), ("fast", "saq"),
+         ("store", "etcd"))
 OPS = ("set", "get", "cas")
 
 
@@ -81,6 +87,8 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
     for op in OPS:
         for concurrency in (64, 1):
             for name, peer in peers.items():
+                if op not in peer.ops:  # (a job queue: set only)
+                    continue
                 rate, latencies, cpus = await timed_cpus(peer.ops[op], concurrency, seconds,
                                                          peer.pids)
                 if concurrency == 1:
@@ -141,6 +149,9 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
             tmp / mode, mode, {"STATEWORKER_HTTP": http}, split_bus=mode == "strict"))
         peers[mode] = await stateworker_peer(served)
         peers[http_name] = await http_peer(served, http)
+        if mode == "strict":  # the same writes without the bus: StateStore in this process
+            peers["store"] = Peer({"set": served["store"]}, {"redis": served.server.pid or 0},
+                                  None)
     client = await stack.enter_async_context(etcd_client(etcd and etcd.port))
     if isinstance(client, str) or etcd is None:
         missing["etcd"] = client if isinstance(client, str) else "etcd did not start"
@@ -152,6 +163,11 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
             missing[name] = kv if isinstance(kv, str) else str(server)
         else:
             peers[name] = await nats_peer(kv, server)
+    queue = await stack.enter_async_context(saq_peer(tmp / "saq"))
+    if isinstance(queue, str):
+        missing["saq"] = queue
+    else:
+        peers["saq"] = Peer({"set": queue[0]}, queue[1], None)
     return [await _round(peers, seconds, tag) for tag in range(rounds)], missing
 
 
@@ -188,9 +204,10 @@ def _report(figures: dict[str, Any], out: Any) -> None:
     def cell(value: float | None, fmt: Callable[[float], str]) -> str:
         return "-" if value is None else fmt(value)
 
-    heads = ("sw fast", "sw strict", "http fast", "http strct", "etcd", "nats", "nats sync")
+    heads = ("sw fast", "sw strict", "http fast", "http strct", "in process", "etcd", "nats",
+             "nats sync", "saq")
     pair_heads = ("strict/etcd", "strict/nsync", "fast/nats", "http/etcd", "hfast/etcd",
-                  "http/strict", "hfast/fast")
+                  "http/strict", "hfast/fast", "fast/saq", "store/etcd")
     print(f"\n{'peers (issue 43)':<26}{'unit':>6}" + "".join(f"{h:>11}" for h in heads)
           + "".join(f"{h:>13}" for h in pair_heads), file=out)
     for row in figures["rows"]:
