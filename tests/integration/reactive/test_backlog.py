@@ -6,6 +6,8 @@ call is delivered, each once, none lost."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import bus_stream
+from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
 from tests.integration.services import settings_for
@@ -31,17 +34,26 @@ async def figures(settings: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return report["dispatch"], report["triggers"]
 
 
-async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_lost(
-        redis_server: RedisServer, prefix: str, scope: str) -> None:
+@contextlib.asynccontextmanager
+async def serving(redis_server: RedisServer, prefix: str, scope: str
+                  ) -> AsyncIterator[tuple[Settings, StateClient]]:
+    """A service with the backlog BACKLOG and TRIGGERS triggers on `scope`, each calling the
+    dead service `reactor`; its settings and a client."""
     settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
-    client_redis = redis_server.client()
-    stream = bus_stream(prefix, "reactor")
     async with StateService.running(settings, BusOptions(block_ms=50)), \
             StateClient(settings=settings) as client:
         for i in range(TRIGGERS):
             await client.call("state::register-trigger", {
                 "id": f"t{i:02}", "function_id": "reactor::on_change", "service": "reactor",
                 "config": {"scope": scope}})
+        yield settings, client
+
+
+async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_lost(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    stream = bus_stream(prefix, "reactor")
+    client_redis = redis_server.client()
+    async with serving(redis_server, prefix, scope) as (settings, client):
         # Written with triggers paused, so that the events come to the dispatcher in one
         # batch: its calls gathered are counted before they are in Redis.
         await client.call("state::on-config-change", {"triggers_enabled": False})
@@ -81,15 +93,9 @@ async def test_the_backlog_holds_when_each_event_is_a_batch_of_its_own(
     """The dispatcher keeps each target stream's room across batches (its length read behind
     each hand-on): one event at a time, the stream still stops at the backlog plus one
     event's calls, and a stream found full is read again once its workers drain it."""
-    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
-    client_redis = redis_server.client()
     stream = bus_stream(prefix, "reactor")
-    async with StateService.running(settings, BusOptions(block_ms=50)), \
-            StateClient(settings=settings) as client:
-        for i in range(TRIGGERS):
-            await client.call("state::register-trigger", {
-                "id": f"t{i:02}", "function_id": "reactor::on_change", "service": "reactor",
-                "config": {"scope": scope}})
+    client_redis = redis_server.client()
+    async with serving(redis_server, prefix, scope) as (settings, client):
         for n in range(3):  # 50 -> 30 -> 10 -> -10: each event handed on alone
             await client.set(scope, f"k{n}", n)
             await until(lambda n=n: client_redis.xlen(stream) == TRIGGERS * (n + 1), 30,
