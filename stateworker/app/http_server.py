@@ -13,6 +13,10 @@ What is set here, and why:
 - a request's head (request line and headers) is held in memory until it ends, and llhttp
   sets no bound: `_BoundedHead` refuses one past MAX_HEAD_BYTES (400 and a close), as h11's
   limit did under Hypercorn; and it sends what a pass of the loop wrote as one (`_OneWrite`);
+- uvicorn waits for a request's head for ever (its keep-alive timeout runs only between
+  requests), so a client trickling heads could hold connections without end: a head not
+  complete HEAD_TIMEOUT_S after its first byte gets 408 and a close, and a connection that
+  sends nothing for HEAD_TIMEOUT_S after it opened is closed (as an idle kept-alive one is);
 - `proxy_headers` off: a client's `X-Forwarded-For` does not replace its address (the live
   tails' cap counts per client address in `off` mode);
 - no `server` header, no access log (the service's own log lines say what matters), its
@@ -34,6 +38,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers, together
 KEEP_ALIVE_S = 5
+HEAD_TIMEOUT_S = 10.0  # from a connection's opening or a request's first byte to its head's end
 GRACE_S = 2  # requests in flight at a stop: then they are cancelled
 BACKLOG = 1024
 
@@ -69,17 +74,52 @@ class _OneWrite:
 
 
 class _BoundedHead(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the head of each request bounded, its writes made
-    one a pass (`_OneWrite`)."""
+    """uvicorn's httptools protocol, with the head of each request bounded in size and in
+    time, its writes made one a pass (`_OneWrite`)."""
 
     _head = 0
+    _late: asyncio.TimerHandle | None = None  # the head's deadline, while one is awaited
+    _begun = False  # a byte of a request came since the deadline was set
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _OneWrite(transport)))
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         self._head = 0
+        if self._late is None:  # (a kept-alive connection's next request)
+            self._await_head()
+        self._begun = True
         super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def _await_head(self) -> None:
+        self._begun = False
+        self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+
+    def _head_done(self) -> None:
+        if self._late is not None:
+            self._late.cancel()
+            self._late = None
+
+    def _head_late(self) -> None:
+        self._late = None
+        if self.transport.is_closing():
+            return
+        if self._begun:
+            message = f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                % (len(message), message.encode()))
+        self.transport.close()
 
     def on_url(self, url: bytes) -> None:
         self._grow(len(url))

@@ -1,7 +1,8 @@
 """The HTTP face on the wire, below any client library: what the server in front of the app
 (app/http.py, `serve_http`) must keep whichever it is. A body past the limit is refused and
 the connection serves on; a malformed request line, or a head past its limit, gets 400 and
-a close; a client that sends half a request holds up nobody else; a connection is kept alive
+a close; a client that sends half a request holds up nobody else, and gets 408 and a close
+once its head is late; a connection is kept alive
 across requests (HTTP/1.1) or closed after one (HTTP/1.0); and SIGTERM lets a request in
 flight finish, then the process exits 0."""
 
@@ -17,6 +18,7 @@ import httpx
 import msgspec
 import pytest
 
+from stateworker.app import http_server
 from stateworker.app.service import StateService
 from tests.integration.http.conftest import http_settings, serving
 from tests.servers import RedisServer, ServiceProcess
@@ -148,6 +150,29 @@ async def test_a_slow_client_holds_up_nobody_else(face: StateService) -> None:
         await slow.stream.send(request[-5:])
         status, _, body = await slow.answer()
         assert status == 200 and msgspec.json.decode(body)["ok"] is True
+
+
+async def test_a_head_that_does_not_end_in_time_gets_408_and_a_close(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn alone would wait for a request's head for ever: a client trickling heads (or
+    opening connections and sending nothing) could hold the face's connections without end."""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    assert face.http_address is not None
+    async with connection(face.http_address) as slow, connection(face.http_address) as silent:
+        request = slow.head("/v1/call/state::get", len(GET)) + GET
+        await slow.stream.send(request[:20])  # half a request line, and no more
+        status, headers, body = await slow.answer()
+        assert status == 408 and headers[b"connection"] == b"close"
+        assert body == b"the request's head did not end within 0.5 s"
+        assert await slow.closed()
+        assert await silent.closed()  # (nothing sent: closed, nothing answered)
+        # A kept-alive connection's next request has its own time for its head.
+        async with connection(face.http_address) as other:
+            status, _, _ = await other.call("state::get", GET)
+            assert status == 200
+            await other.stream.send(request[:30])
+            status, _, _ = await other.answer()
+            assert status == 408 and await other.closed()
 
 
 async def test_a_connection_is_kept_alive_in_1_1_and_closed_after_1_0(
