@@ -17,6 +17,8 @@ What is set here, and why:
   requests), so a client trickling heads could hold connections without end: a head not
   complete HEAD_TIMEOUT_S after its first byte gets 408 and a close, and a connection that
   sends nothing for HEAD_TIMEOUT_S after it opened is closed (as an idle kept-alive one is);
+  likewise a body none of which came for BODY_IDLE_S (between two pieces, as nginx's
+  client_body_timeout counts): 408 and a close (the app's read of it ends: app/bodies.py);
 - `proxy_headers` off: a client's `X-Forwarded-For` does not replace its address (the live
   tails' cap counts per client address in `off` mode);
 - no `server` header, no access log (the service's own log lines say what matters), its
@@ -39,6 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers, together
 KEEP_ALIVE_S = 5
 HEAD_TIMEOUT_S = 10.0  # from a connection's opening or a request's first byte to its head's end
+BODY_IDLE_S = 10.0  # the longest wait for the next piece of a request's body
 GRACE_S = 2  # requests in flight at a stop: then they are cancelled
 BACKLOG = 1024
 
@@ -78,7 +81,7 @@ class _BoundedHead(HttpToolsProtocol):
     time, its writes made one a pass (`_OneWrite`)."""
 
     _head = 0
-    _late: asyncio.TimerHandle | None = None  # the head's deadline, while one is awaited
+    _late: asyncio.TimerHandle | None = None  # the head's or the body's deadline
     _begun = False  # a byte of a request came since the deadline was set
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -99,10 +102,23 @@ class _BoundedHead(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_done()
         super().on_headers_complete()
+        self._await_body()  # (ended at once by on_message_complete when there is none)
+
+    def on_body(self, body: bytes) -> None:
+        self._await_body()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._head_done()
+        super().on_message_complete()
 
     def _await_head(self) -> None:
         self._begun = False
         self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+
+    def _await_body(self) -> None:
+        self._head_done()
+        self._late = self.loop.call_later(BODY_IDLE_S, self._body_late)
 
     def _head_done(self) -> None:
         if self._late is not None:
@@ -111,10 +127,21 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _head_late(self) -> None:
         self._late = None
+        self._refuse(f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
+                     if self._begun else None)
+
+    def _body_late(self) -> None:
+        self._late = None
+        started = self.cycle is not None and self.cycle.response_started
+        self._refuse(None if started else
+                     f"nothing of the request's body came for {BODY_IDLE_S:g} s")
+
+    def _refuse(self, message: str | None) -> None:
+        """408 with `message` (None: nothing, a response has begun or no request), and a
+        close."""
         if self.transport.is_closing():
             return
-        if self._begun:
-            message = f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
+        if message is not None:
             self.transport.write(
                 b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s"

@@ -2,7 +2,7 @@
 (app/http.py, `serve_http`) must keep whichever it is. A body past the limit is refused and
 the connection serves on; a malformed request line, or a head past its limit, gets 400 and
 a close; a client that sends half a request holds up nobody else, and gets 408 and a close
-once its head is late; a connection is kept alive
+once its head is late or its body stalls; a connection is kept alive
 across requests (HTTP/1.1) or closed after one (HTTP/1.0); and SIGTERM lets a request in
 flight finish, then the process exits 0."""
 
@@ -173,6 +173,34 @@ async def test_a_head_that_does_not_end_in_time_gets_408_and_a_close(
             await other.stream.send(request[:30])
             status, _, _ = await other.answer()
             assert status == 408 and await other.closed()
+
+
+async def test_a_body_that_stalls_gets_408_and_a_close(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body none of which comes for a while (after its head, or between two pieces) ends
+    its request: the client is told (408) and the connection closed; the call is not made. A
+    body that keeps coming, however slowly, is read."""
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 1.0)
+    assert face.http_address is not None
+    put = b'{"scope":"wire","key":"stalled","value":1}'
+    async with connection(face.http_address) as headed, \
+            connection(face.http_address) as begun, connection(face.http_address) as steady:
+        await headed.stream.send(headed.head("/v1/call/state::set", len(put)))
+        await begun.stream.send(begun.head("/v1/call/state::set", len(put)) + put[:-5])
+        await steady.stream.send(steady.head("/v1/call/state::get", len(GET)))
+        for n in range(0, len(GET), 4):  # a piece every 0.2 s, 1.4 s in all: never idle 1 s
+            await anyio.sleep(0.2)  # (the client's own pace, the behaviour under test)
+            await steady.stream.send(GET[n:n + 4])
+        status, _, _ = await steady.answer()
+        assert status == 200
+        for wire in (headed, begun):
+            status, headers, body = await wire.answer()
+            assert status == 408 and headers[b"connection"] == b"close"
+            assert body == b"nothing of the request's body came for 1 s"
+            assert await wire.closed()
+    async with connection(face.http_address) as other:
+        status, _, body = await other.call("state::get", b'{"scope":"wire","key":"stalled"}')
+        assert status == 200 and msgspec.json.decode(body)["result"] is None
 
 
 async def test_a_connection_is_kept_alive_in_1_1_and_closed_after_1_0(
