@@ -21,6 +21,8 @@ services in one process, as the tests run them, never share a counter).
     stateworker_http_calls_total{function,code}     calls through POST /v1/call
     stateworker_http_call_seconds{function}         their latency (histogram)
     stateworker_redis_up                            1 when Redis answered a PING (1 s)
+    stateworker_bus_redis_up                        the same of the bus's own Redis (only
+                                                    with STATEWORKER_BUS_REDIS_URL)
     stateworker_triggers                            triggers registered
     stateworker_dispatch_<counter>_total            the dispatch's counters (all replicas;
                                                     reactive/status.py COUNTERS)
@@ -71,6 +73,7 @@ from stateworker.reactive.status import COUNTERS, dispatch_status, trigger_statu
 from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.core.store import RedisState
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 _BOUNDS_S = [bound / 1000 for bound in LATENCY_BUCKETS_MS]
@@ -138,15 +141,16 @@ class Metrics:
                 ahead, waiting, tails, refused]
 
     async def _redis(self) -> list[Any]:
-        conn = self.state.conn
         up = GaugeMetricFamily("stateworker_redis_up", "1 when Redis answered a PING.")
-        try:
-            with anyio.fail_after(1.0):
-                await conn.execute("PING")
-        except (TimeoutError, ConnectionLost, ReplyError):
-            up.add_metric([], 0)
-            return [up]
-        up.add_metric([], 1)
+        ups = [up]
+        if self.state.split_bus:
+            bus_up = GaugeMetricFamily("stateworker_bus_redis_up",
+                                       "1 when the bus's own Redis answered a PING.")
+            bus_up.add_metric([], await _answers(self.state.bus_conn))
+            ups.append(bus_up)
+        up.add_metric([], await _answers(self.state.conn))
+        if not up.samples[0].value:
+            return ups
         lost = GaugeMetricFamily("stateworker_store_lost", "1 while writes are refused because "
                                  "Redis lost data that PostgreSQL holds (STORE_LOST).")
         lost.add_metric([], 0 if self.state.lost is None else 1)
@@ -155,8 +159,8 @@ class Metrics:
                 followers, targets = await self._followers()
                 streams = await self._streams(targets)
         except (TimeoutError, ConnectionLost, ReplyError):
-            return [up, lost]  # (Redis went away or slowed meanwhile: the next scrape says so)
-        return [up, lost, *streams, *followers]
+            return [*ups, lost]  # (Redis went away or slowed meanwhile: the next scrape says so)
+        return [*ups, lost, *streams, *followers]
 
     async def _streams(self, targets: Iterable[str]) -> list[Any]:
         """The backlog of every stream the service reads and every trigger target's (each
@@ -290,3 +294,13 @@ def _calls(stats: Stats, door: str, what: str) -> list[Any]:
             cumulative = [sum(counts[:n + 1]) for n in range(len(counts))]
             latency.add_metric([fn], list(zip(_BOUNDS, cumulative, strict=True)), sum_us / 1e6)
     return [calls, latency]
+
+
+async def _answers(conn: RedisConnection) -> int:
+    """1 when Redis on `conn` answered a PING within a second, else 0."""
+    try:
+        with anyio.fail_after(1.0):
+            await conn.execute("PING")
+    except (TimeoutError, ConnectionLost, ReplyError):
+        return 0
+    return 1

@@ -114,16 +114,26 @@ async def test_the_split_is_refused_with_acl_mode_and_a_cluster(pair: Pair, pref
             pass
 
 
+def ups(metrics: str) -> dict[str, str]:
+    """The `*redis_up` gauges of a /metrics page."""
+    return {name: value for name, _, value in (line.partition(" ") for line in metrics.splitlines())
+            if name in ("stateworker_redis_up", "stateworker_bus_redis_up")}
+
+
 async def test_readiness_tells_a_dead_bus_redis(pair: Pair, prefix: str) -> None:
     """/readyz asks the bus's Redis too: with it gone no call comes in nor goes out, though
-    the state's Redis answers."""
+    the state's Redis answers; /metrics says which is down."""
     settings = pair.settings(prefix, http="127.0.0.1:0")
     async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
             httpx.AsyncClient(base_url=f"http://{service.http_address}") as http:
         ready = await http.get("/readyz")
         assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        assert ups((await http.get("/metrics")).text) == {
+            "stateworker_redis_up": "1.0", "stateworker_bus_redis_up": "1.0"}
         pair.bus.kill()
         unready = await http.get("/readyz")
         assert unready.status_code == 503
         reason = unready.json()["reason"]
         assert reason.startswith("the bus's Redis at") and str(pair.bus.port) in reason
+        assert ups((await http.get("/metrics")).text) == {
+            "stateworker_redis_up": "1.0", "stateworker_bus_redis_up": "0.0"}
