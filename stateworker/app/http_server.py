@@ -94,8 +94,7 @@ class _BoundedHead(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._head = 0
-        if self._late is None:  # (a kept-alive connection's next request)
-            self._await_head()
+        self._await_head()  # (counted from the request's first byte)
         self._begun = True
         super().on_message_begin()
 
@@ -113,12 +112,20 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_message_complete()
 
     def _await_head(self) -> None:
+        self._head_done()
         self._begun = False
         self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
 
     def _await_body(self) -> None:
         self._head_done()
         self._late = self.loop.call_later(BODY_IDLE_S, self._body_late)
+
+    def _server_waits(self) -> bool:
+        """Whether the server, not the client, holds the request up: uvicorn stopped reading
+        (a request before it still runs, or the app has not read its body so far), or a
+        `100 Continue` is not sent yet (uvicorn sends it when the app first reads)."""
+        return bool(self.flow.read_paused or self.pipeline or (
+            self.cycle is not None and self.cycle.waiting_for_100_continue))
 
     def _head_done(self) -> None:
         if self._late is not None:
@@ -127,18 +134,26 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _head_late(self) -> None:
         self._late = None
+        if self._server_waits():
+            self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+            return
+        cycle = self.cycle  # (the request before this one, if any: its response may still go)
+        going = cycle is not None and cycle.response_started and not cycle.response_complete
         self._refuse(f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
-                     if self._begun else None)
+                     if self._begun and not going else None)
 
     def _body_late(self) -> None:
         self._late = None
-        started = self.cycle is not None and self.cycle.response_started
-        self._refuse(None if started else
+        if self._server_waits():
+            self._await_body()
+            return
+        answered = self.cycle is not None and self.cycle.response_started  # (its own request's)
+        self._refuse(None if answered else
                      f"nothing of the request's body came for {BODY_IDLE_S:g} s")
 
     def _refuse(self, message: str | None) -> None:
-        """408 with `message` (None: nothing, a response has begun or no request), and a
-        close."""
+        """408 with `message`, and a close (None: the close alone, when no request began or
+        a response is on its way: a 408 would land inside it, or after an answer)."""
         if self.transport.is_closing():
             return
         if message is not None:

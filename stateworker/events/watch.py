@@ -220,12 +220,13 @@ class Watch(WatchReads):
         """Read the partitions not full in the merge (once something came to one of them, or
         `wait_s` passed), then hand on what can go."""
         parts = [p for p in self._parts if self._may_read(p)]  # the others wait in the merge
-        if self._waits is None:
+        if not isinstance(self.conn, ClusterConnection):  # (the wait and the read: one pipeline)
             reads = await self._read_together(parts, wait_s)
         else:
             if wait_s > 0:
                 await self._wait(wait_s)
-            reads = await self._read_each(parts)
+            reads = await (self._read_together(parts) if self._waits is None
+                           else self._read_each(parts))
         if reads:  # (a held entry waits for every clock read to pass its millisecond)
             self._clock_us = min(clock_us for *_, clock_us in reads)
         for part in self._parts:

@@ -8,9 +8,9 @@ after the cursor were trimmed before this read (`compaction.lost_after`), and th
 history record (read in it too) whether the cursor is from before a restore or a new Redis, or
 ahead of this Redis (`compaction.gap`). When a read finds nothing, the watch waits with `XREAD
 BLOCK` on every partition it reads (its reply only says "something came"; the transaction reads
-it), at most until the next bookmark is due. On one server the wait and the read go in one
-pipeline: Redis runs the transaction as soon as the wait ends, so an event reaches the watch
-in one round trip, not two. A transient Redis error (broken connection,
+it), at most until the next bookmark is due. On one server (not a cluster) the wait and the
+read go in one pipeline: Redis runs the transaction as soon as the wait ends, so an event
+reaches the watch in one round trip, not two. A transient Redis error (broken connection,
 LOADING ...) is waited out with `Backoff` and the read repeated from the same cursors: cursors
 move only with a read's reply, so nothing is lost or repeated across reconnects.
 

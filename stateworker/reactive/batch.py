@@ -91,19 +91,12 @@ class Batches:
         # The delivery spans of traced events' calls not sent yet, by partition (its batches
         # may run in tasks of their own): each ends once its call is out (`_hand_on`).
         self._sending: dict[int, list[Span]] = {}
-        # Target stream -> calls it may still take: the backlog less its length when last
-        # read (XLEN, also sent behind each hand-on), less the calls added since. Workers
-        # only shorten a stream, so this never overstates the room left by this dispatcher's
-        # own calls; a stream found full in an earlier batch is read again before its next
-        # call (within a batch, never: its calls gathered are not in Redis yet).
-        self._room: dict[str, int] = {}
 
     async def run(self, partition: int, entries: list[Any]) -> Outcome:
         """Hand on one partition's batch (stream entries read after its position)."""
         start = self.positions[partition]
         calls: list[list[Any]] = []
-        room = self._room
-        seen: set[str] = set()  # the streams read or called in this batch
+        room: dict[str, int] = {}  # target stream -> calls it may still take (the backlog)
         self._sending.pop(partition, None)  # (a failed batch's: never sent, never exported)
         for index, (entry_id, flat) in enumerate(entries):
             event = self._event(partition, entry_id, flat)
@@ -112,7 +105,7 @@ class Batches:
             matchers = self.triggers().matching(event, self.granted, partition)
             before = Position(entries[index - 1][0].decode(), start.n + index) \
                 if index else start
-            if matchers and not await self._room_for(partition, matchers, room, seen):
+            if matchers and not await self._room_for(partition, matchers, room):
                 return await self._stop_before(partition, calls, before)
             for matcher in matchers:
                 if matcher.asks_the_bus and calls:  # (what is ahead goes out first)
@@ -122,9 +115,7 @@ class Batches:
                 call = await self._handler_call(matcher, event, partition)
                 if call is not None:
                     calls.append(call)
-                    target = self._target(matcher.trigger, partition)
-                    room[target] -= 1
-                    seen.add(target)
+                    room[self._target(matcher.trigger, partition)] -= 1
                     self.counts.handed_on(matcher.trigger.id)
         moved = Position(entries[-1][0].decode(), start.n + len(entries))
         if calls:
@@ -134,14 +125,12 @@ class Batches:
         return Outcome.DONE
 
     async def _room_for(self, partition: int, matchers: list[Matcher],
-                        room: dict[str, int], seen: set[str]) -> bool:
-        """Whether every target stream of the event's triggers is below the backlog (the XLEN
-        of a stream not known yet, or known full, read first, in one round trip); the
-        triggers of a full one are noted as waiting."""
+                        room: dict[str, int]) -> bool:
+        """Whether every target stream of the event's triggers is below the backlog (each
+        new stream's XLEN read once a batch, in one round trip); the triggers of a full one
+        are noted as waiting."""
         targets = {m.trigger.id: self._target(m.trigger, partition) for m in matchers}
-        unknown = sorted(t for t in set(targets.values())
-                         if t not in room or (room[t] <= 0 and t not in seen))
-        seen.update(unknown)
+        unknown = sorted(set(targets.values()) - set(room))
         if unknown:
             backlog = self.state.settings.trigger_backlog
             lengths = await self.state.bus_conn.pipeline([["XLEN", t] for t in unknown])
@@ -194,18 +183,11 @@ class Batches:
         keys = self.state.keys.partition(partition)
         advance = ADVANCE.command(self.state.library, *advance_call(
             keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
-        targets = sorted({call[1] for call in calls})
         try:
-            replies, lengths = await self._send(partition, calls, advance, targets)
+            replies = await self._send(partition, calls, advance)
         finally:
             for span in self._sending.pop(partition, ()):  # (their calls out, or failed)
                 span.end()
-        backlog = self.state.settings.trigger_backlog
-        for target, length in zip(targets, lengths, strict=True):
-            if isinstance(length, int):  # (an error: read again before the next call)
-                self._room[target] = backlog - length
-            else:
-                self._room.pop(target, None)
         failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
         if failed:
             self.counts.add("append_errors", len(failed))
@@ -217,17 +199,9 @@ class Batches:
         self.positions[partition] = self.stored[partition] = moved
         return True
 
-    async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any],
-                    targets: list[str]) -> tuple[list[Any], list[Any]]:
-        """The calls and the position's move on the wire, the targets' XLEN behind the calls
-        (the room left, without a round trip of its own): their replies, and the lengths."""
-        sent = await self._sent(partition, [*calls, *(["XLEN", t] for t in targets)], advance)
-        cut = len(calls)
-        return sent[:cut] + sent[-1:], sent[cut:-1]
-
-    async def _sent(self, partition: int, calls: list[list[Any]], advance: list[Any]
+    async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any]
                     ) -> list[Any]:
-        """`calls` (the XADDs and the XLENs) and the position's move; their replies."""
+        """The calls and the position's move on the wire; their replies."""
         if self.state.split_bus:
             # The bus on a Redis of its own: no one pipeline spans both. The calls first,
             # their replies awaited, then the position: a crash between the two hands the

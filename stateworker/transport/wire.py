@@ -16,9 +16,9 @@ command's own arguments (`blocking_wait`: XREAD / XREADGROUP `BLOCK <ms>`, BLMPO
 longer; a wait of 0 (forever) suspends the read timeout until the reply comes. Derived from the
 command rather than configured per connection, the allowance always matches the wait actually
 asked for (the runtime's `BLOCK block_ms`, the client's `BLMPOP 1`) with no setting to keep in
-step, costs the hot path one dict lookup per `execute` (`pipeline` does no such lookup: send
-blocking commands with `execute`), and a blocking command on a shared connection also covers
-the replies queued behind it.
+step, costs the hot path one dict lookup per `execute` (`pipeline` looks at its first command
+only: a blocking one may lead a pipeline, as a watch's wait leads its read), and a blocking
+command on a shared connection also covers the replies queued behind it.
 """
 
 from __future__ import annotations

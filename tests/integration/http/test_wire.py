@@ -8,9 +8,11 @@ flight finish, then the process exits 0."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -201,6 +203,34 @@ async def test_a_body_that_stalls_gets_408_and_a_close(
     async with connection(face.http_address) as other:
         status, _, body = await other.call("state::get", b'{"scope":"wire","key":"stalled"}')
         assert status == 200 and msgspec.json.decode(body)["result"] is None
+
+
+async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a request before it still runs, the server stops reading a pipelined request's
+    body (uvicorn's flow control): that wait is the server's, not the client's, and is not
+    refused however long it lasts. (Its own Redis, stopped with SIGSTOP for the while.)"""
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 0.5)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        async with serving(http_settings(server.url, prefix)) as (face, _):
+            assert face.http_address is not None and server.process is not None
+            put = b'{"scope":"wire","key":"big","value":"%s"}' % (b"x" * 300_000)
+            async with connection(face.http_address) as wire:
+                first = wire.head("/v1/call/state::get", len(GET)) + GET
+                second = wire.head("/v1/call/state::set", len(put)) + put
+                os.kill(server.process.pid, signal.SIGSTOP)  # the first call waits on Redis
+                try:
+                    await wire.stream.send(first + second)
+                    await anyio.sleep(1.5)  # (the time that passes is the test: 3 idle limits)
+                finally:
+                    os.kill(server.process.pid, signal.SIGCONT)
+                assert (await wire.answer())[0] == 200
+                status, _, body = await wire.answer()
+                assert status == 200 and msgspec.json.decode(body)["ok"] is True
+    finally:
+        server.kill()
 
 
 async def test_a_connection_is_kept_alive_in_1_1_and_closed_after_1_0(
