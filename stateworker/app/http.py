@@ -70,7 +70,7 @@ from stateworker.errors import (
 from stateworker.schemas import encoder
 from stateworker.state import functions
 from stateworker.state.core.store import RedisState
-from stateworker.transport.wire import ConnectionLost, ReplyError
+from stateworker.transport.retry import ping_trouble
 
 log = logging.getLogger("stateworker.http")
 
@@ -263,13 +263,8 @@ async def redis_unready(state: RedisState) -> str | None:
         return f"STORE_LOST: writes are refused: {state.lost}; run `stateworker restore`"
     conns = [state.conn] if state.bus_conn is state.conn else [state.conn, state.bus_conn]
     for conn, what in zip(conns, ("Redis", "the bus's Redis"), strict=False):
-        try:
-            with anyio.fail_after(1.0):
-                await conn.execute("PING")
-        except TimeoutError:
-            return f"{what} at {conn.shown} did not answer a PING within 1 s"
-        except (ConnectionLost, ReplyError) as exc:
-            return f"{what} at {conn.shown}: {exc}"
+        if trouble := await ping_trouble(conn, what):
+            return trouble
     return None
 
 

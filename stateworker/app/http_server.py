@@ -89,7 +89,7 @@ class _BoundedHead(HttpToolsProtocol):
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._head_done()
+        self._disarm()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -99,7 +99,7 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
-        self._head_done()
+        self._disarm()
         super().on_headers_complete()
         self._await_body()  # (ended at once by on_message_complete when there is none)
 
@@ -108,16 +108,16 @@ class _BoundedHead(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._head_done()
+        self._disarm()
         super().on_message_complete()
 
     def _await_head(self) -> None:
-        self._head_done()
+        self._disarm()
         self._begun = False
         self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
 
     def _await_body(self) -> None:
-        self._head_done()
+        self._disarm()
         self._late = self.loop.call_later(BODY_IDLE_S, self._body_late)
 
     def _server_waits(self) -> bool:
@@ -127,7 +127,7 @@ class _BoundedHead(HttpToolsProtocol):
         return bool(self.flow.read_paused or self.pipeline or (
             self.cycle is not None and self.cycle.waiting_for_100_continue))
 
-    def _head_done(self) -> None:
+    def _disarm(self) -> None:
         if self._late is not None:
             self._late.cancel()
             self._late = None

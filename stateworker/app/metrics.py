@@ -73,7 +73,7 @@ from stateworker.reactive.status import COUNTERS, dispatch_status, trigger_statu
 from stateworker.scripts.bindings import RECORD_SLICES, slice_ms
 from stateworker.snapshot.status import snapshot_status
 from stateworker.state.core.store import RedisState
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.retry import ping_trouble
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 _BOUNDS_S = [bound / 1000 for bound in LATENCY_BUCKETS_MS]
@@ -146,9 +146,9 @@ class Metrics:
         if self.state.split_bus:
             bus_up = GaugeMetricFamily("stateworker_bus_redis_up",
                                        "1 when the bus's own Redis answered a PING.")
-            bus_up.add_metric([], await _answers(self.state.bus_conn))
+            bus_up.add_metric([], 0 if await ping_trouble(self.state.bus_conn) else 1)
             ups.append(bus_up)
-        up.add_metric([], await _answers(self.state.conn))
+        up.add_metric([], 0 if await ping_trouble(self.state.conn) else 1)
         if not up.samples[0].value:
             return ups
         lost = GaugeMetricFamily("stateworker_store_lost", "1 while writes are refused because "
@@ -294,13 +294,3 @@ def _calls(stats: Stats, door: str, what: str) -> list[Any]:
             cumulative = [sum(counts[:n + 1]) for n in range(len(counts))]
             latency.add_metric([fn], list(zip(_BOUNDS, cumulative, strict=True)), sum_us / 1e6)
     return [calls, latency]
-
-
-async def _answers(conn: RedisConnection) -> int:
-    """1 when Redis on `conn` answered a PING within a second, else 0."""
-    try:
-        with anyio.fail_after(1.0):
-            await conn.execute("PING")
-    except (TimeoutError, ConnectionLost, ReplyError):
-        return 0
-    return 1

@@ -96,6 +96,20 @@ async def wait_ready(conn: RedisConnection, within_s: float | None,
             await asyncio.sleep(delay)
 
 
+async def ping_trouble(conn: RedisConnection, what: str = "Redis",
+                       within_s: float = 1.0) -> str | None:
+    """None when Redis on `conn` answers a PING within `within_s`; else why not, naming
+    `what` and its address (readiness, /metrics)."""
+    try:
+        async with asyncio.timeout(within_s):
+            await conn.execute("PING")
+    except TimeoutError:
+        return f"{what} at {conn.shown} did not answer a PING within {within_s:g} s"
+    except (ConnectionLost, ReplyError) as exc:
+        return f"{what} at {conn.shown}: {exc}"
+    return None
+
+
 async def open_ready(conn: RedisConnection, within_s: float,
                      waiting: Callable[[BaseException], None] | None, who: str) -> None:
     """`wait_ready` for something that opens on a Redis (a client, a watch): no Redis within
