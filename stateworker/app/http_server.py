@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import uvicorn
@@ -83,6 +83,7 @@ class _BoundedHead(HttpToolsProtocol):
     _head = 0
     _late: asyncio.TimerHandle | None = None  # the head's or the body's deadline
     _begun = False  # a byte of a request came since the deadline was set
+    _held = False  # the server held the request up when the deadline was last reached
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _OneWrite(transport)))
@@ -128,24 +129,37 @@ class _BoundedHead(HttpToolsProtocol):
             self.cycle is not None and self.cycle.waiting_for_100_continue))
 
     def _disarm(self) -> None:
+        self._held = False
         if self._late is not None:
             self._late.cancel()
             self._late = None
 
+    def _still_held(self, again: Callable[[], None]) -> bool:
+        """At a deadline: while the server holds the request up, and once more after its hold
+        ended (the client's whole time starts then, not when the hold began), set the
+        deadline `again` and say so."""
+        held = self._server_waits()
+        if not (held or self._held):
+            return False
+        again()
+        self._held = held
+        return True
+
     def _head_late(self) -> None:
         self._late = None
-        if self._server_waits():
-            self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+        if self._still_held(self._rearm_head):
             return
         cycle = self.cycle  # (the request before this one, if any: its response may still go)
         going = cycle is not None and cycle.response_started and not cycle.response_complete
         self._refuse(f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
                      if self._begun and not going else None)
 
+    def _rearm_head(self) -> None:
+        self._late = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+
     def _body_late(self) -> None:
         self._late = None
-        if self._server_waits():
-            self._await_body()
+        if self._still_held(self._await_body):
             return
         answered = self.cycle is not None and self.cycle.response_started  # (its own request's)
         self._refuse(None if answered else

@@ -210,7 +210,7 @@ async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
     """While a request before it still runs, the server stops reading a pipelined request's
     body (uvicorn's flow control): that wait is the server's, not the client's, and is not
     refused however long it lasts. (Its own Redis, stopped with SIGSTOP for the while.)"""
-    monkeypatch.setattr(http_server, "BODY_IDLE_S", 0.5)
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 1.0)
     server = RedisServer(tmp_path / "redis")
     server.start()
     try:
@@ -223,7 +223,7 @@ async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
                 os.kill(server.process.pid, signal.SIGSTOP)  # the first call waits on Redis
                 try:
                     await wire.stream.send(first + second)
-                    await anyio.sleep(1.5)  # (the time that passes is the test: 3 idle limits)
+                    await anyio.sleep(3.0)  # (the time that passes is the test: 3 idle limits)
                 finally:
                     os.kill(server.process.pid, signal.SIGCONT)
                 assert (await wire.answer())[0] == 200
