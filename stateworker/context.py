@@ -30,6 +30,7 @@ class Answer(Struct, frozen=True):
     ttl_ms: int
     head: bytes
     check: bool = False
+    publish: bool = False
 
 
 class CallContext(Struct, frozen=True, kw_only=True):

@@ -62,7 +62,7 @@ class StateCalls:
         node with the state (always on one Redis; on a cluster: RedisState.answer_here);
         none when a strict batch waits for a confirmation (WAITAOF, WAIT) before its
         replies."""
-        if self.state.confirm.needed or self.state.split_bus:
+        if self.state.confirm.needed:
             return frozenset()
         return functions.ANSWERED_IN_SCRIPT
 

@@ -1,5 +1,5 @@
 """The state service's own Redis user: the minimal ACL rule `stateworker serve` needs (every
-command it runs, by name and subcommand, on `~<prefix>:*`, no channels), and the check at
+command it runs, by name and subcommand, on `~<prefix>:*`, the reply channels), and the check at
 start that the user it runs as has all of it (docs/security.md).
 
 The rule is one table, `_probes`: each command the service runs - in Python or inside its Lua
@@ -77,6 +77,8 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         # the snapshot's rows)
         "set": ["SET", part.lease, "t", "NX", "PX", 1],  # (the scripts: a partition's lease)
         "lpush": ["LPUSH", reply, "r"],
+        # (the scripts: a reply published on the state's Redis, the bus on one of its own)
+        "publish": ["PUBLISH", reply, "r"],
         "pexpire": ["PEXPIRE", reply, 1],  # (and the scripts: records)
         "xack": ["XACK", bus, SERVICE, "0-1"],
         "xdel": ["XDEL", bus, "0-1"],
@@ -145,10 +147,12 @@ def rule(prefix: str, *, strict: bool = False, waitaof: bool = False,
          select: bool = False) -> list[str]:
     """The ACL SETUSER arguments (after the user name; a password is added apart, `>...`)
     that let `stateworker serve` on `prefix` run everything it runs, and nothing more: the
-    keys `<prefix>:*`, no pub/sub channel, each command by name. `strict`: the durability
+    keys `<prefix>:*`, the channels `<prefix>:reply:*` (the scripts publish replies there),
+    each command by name. `strict`: the durability
     check (`waitaof`: on Redis 7.2+); `select`: a URL naming a database other than 0."""
     commands = _probes(prefix, DEFAULT_USER, strict=strict, waitaof=waitaof, select=select)
-    return ["on", "resetkeys", f"~{prefix}:*", "resetchannels", "-@all",
+    return ["on", "resetkeys", f"~{prefix}:*", "resetchannels", f"&{reply_prefix(prefix)}*",
+            "-@all",
             *(f"+{name}" for name in sorted(commands))]
 
 

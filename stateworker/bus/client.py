@@ -28,11 +28,11 @@ import anyio
 from stateworker import pyvalues, tracing
 from stateworker.bus.ids import CallIds, body_partition
 from stateworker.bus.protocol import call_entry, caller_route, caller_shards
-from stateworker.bus.reply_reader import ReplyReader, Waiter
+from stateworker.bus.reply_reader import ReplyReader, Waiter, not_sent_text, timeout_text
 from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from, shown
+from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
@@ -41,33 +41,10 @@ from stateworker.transport.connection import check_url, shown_url
 from stateworker.transport.embedded import bus_url, client_url
 from stateworker.transport.plans import redis_error
 from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.subscriber import Subscriber
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 MAX_TIMEOUT_S = 366 * 86_400  # a call's timeout, at most (its deadline is epoch ms from it)
-
-
-def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
-                 when: str) -> tuple[str, dict[str, Any]]:
-    """Message (one short line) and details of a client's TIMEOUT for a call sent with
-    `deadline_ms` (`when`: the same time as RFC 3339): until when it may still be applied,
-    and in `details` how to learn its outcome."""
-    return (f"{fn}: no reply within {timeout_s:g} s; applied by {when} "
-            f"(deadline_ms {deadline_ms}) or never",
-            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when,
-             "sends": sends,
-             "outcome": "the service starts a call only before its deadline (a state::* call "
-                        "applies in one step; a worker function started in time may still be "
-                        "running); the same call_id with the same deadline_ms returns its "
-                        "outcome: its recorded reply, or DEADLINE_EXCEEDED when it never ran"})
-
-
-def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
-                  reason: object) -> tuple[str, dict[str, Any]]:
-    """Message and details of a client's UNAVAILABLE for a call that never reached the
-    stream: it will never be applied."""
-    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
-            f"the call (id {shown(call_id)}) never reached the bus and will not be applied",
-            {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})
 
 
 class StateClient(TypedCalls):
@@ -132,6 +109,14 @@ class StateClient(TypedCalls):
         self._replies = ReplyReader(self.url, self.settings, self.reply_key, self._pending,
                                     self._met)
         self._readers = [self._replies]  # (on a cluster one a reply list: `_routes`)
+        # The bus on a Redis of its own (`off` mode): the replies the calls' scripts answer
+        # are published on the state's Redis, one hop sooner (transport/subscriber.py).
+        state_url = client_url(self.settings)
+        self._published = Subscriber(
+            state_url, self.reply_key, self._replies.deliver, self._published_lost,
+            connect_timeout_s=self.settings.connect_timeout_s,
+            read_timeout_s=self.settings.read_timeout_s) \
+            if self.url != state_url and self.principal is None else None
         self._routes: Routes | None = None
         self._stack = AsyncExitStack()
         self._ids = CallIds(principal=self.principal)  # (on a cluster: homed ids, __aenter__)
@@ -166,6 +151,11 @@ class StateClient(TypedCalls):
         self._stack.push_async_callback(self._close)
         for reader in self._readers:
             tg.start_soon(reader.read)
+        if self._published is not None:
+            tg.start_soon(self._published.run)
+            # (the first calls published when it can: the subscription made, or given up)
+            with anyio.move_on_after(self.settings.connect_timeout_s or 5.0):
+                await self._published.tried.wait()
         tg.start_soon(self._replies.sweep_timeouts)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
@@ -190,14 +180,24 @@ class StateClient(TypedCalls):
         routes = self._routes = Routes(conn, self.shards, self.reply_key, self.settings.prefix,
                                        self.settings.partitions)
         await self._replies.conn.close()
+        self._published = None  # (a cluster's scripts answer on its nodes' reply lists)
         self.reply_key = routes.lists[0]
         self._readers = [ReplyReader(self.url, self.settings, name, self._pending, self._met,
                                      connection_like(conn, write_first_at_once=True))
                          for name in routes.lists]
         self._replies = self._readers[0]
 
+    def _published_lost(self, exc: BaseException) -> None:
+        """The subscription broke: replies published meanwhile are gone. Every waiting call
+        sends again (same id and deadline), not published now, and gets its reply from the
+        call's record on the bus."""
+        self._met(exc)
+        self._replies.wake_all()
+
     async def _close(self) -> None:
         self._closed = True
+        if self._published is not None:
+            self._published.close()
         self._replies.wake_all()  # calls still waiting end now
         with anyio.CancelScope(shield=True):
             # Redis gone or loading: the reply lists expire on their own (so a close never
@@ -220,6 +220,12 @@ class StateClient(TypedCalls):
             return ConnectionLost(f"cannot connect to Redis at {shown_url(self.url)} within the "
                                   "call's time")
         return None
+
+    @property
+    def published_replies(self) -> int:
+        """How many replies came published on the state's Redis (the bus on a Redis of its
+        own, `off` mode: a call's script answers there, one hop sooner than the reply list)."""
+        return 0 if self._published is None else self._published.messages
 
     async def missing_readers(self) -> list[str]:
         """The streams this client may send to that no consumer group reads (XINFO GROUPS of
@@ -318,8 +324,9 @@ class StateClient(TypedCalls):
             stream, reply_list = self._routes.pick(partition, call_id)
         else:
             stream = self._one_stream or self.shards.stream_at(partition, call_id)
+        published = self._published
         fields = call_entry(stream, call_id, fn, body, reply_list, deadline_ms, self.caller,
-                            context)
+                            context, published is not None and published.live)
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream

@@ -79,8 +79,8 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
             named = _principal_caller(principal, named)
         own_id = own_call_id(principal, call_id)
         answer = Answer(reply, ref[0], ref[1], group, options.reply_ttl_ms, reply_head(
-            call_id)) if group is not None and reply and fn in in_script and not msgpack \
-            else None
+            call_id), publish=principal is None and fields.get(b"publish") == b"1") \
+            if group is not None and reply and fn in in_script and not msgpack else None
         ctx = CallContext(caller=named, context=context, call_id=own_id, deadline_ms=deadline,
                           call_digest=digest, principal=principal, answer=answer)
     except UnicodeDecodeError:

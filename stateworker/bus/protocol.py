@@ -191,7 +191,7 @@ def caller_shards(settings: Settings, service: str, stream: str) -> Shards:
 
 def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
                deadline_ms: int | None = None, caller: str | None = None,
-               context: Mapping[str, Any] | None = None) -> list[Arg]:
+               context: Mapping[str, Any] | None = None, publish: bool = False) -> list[Arg]:
     """The XADD of one call (docs/bus-protocol.md, "A call"): `id fn body reply`, then the optional
     `deadline_ms`, `caller` and `context` (a JSON object), each only when given. `reply` is
     the reply list's key, "" for fire-and-forget. Built as one list, as the client's send path
@@ -206,6 +206,8 @@ def call_entry(stream: str, call_id: str, fn: str, body: Arg, reply: str,
         command += ["caller", caller]
     if context:
         command += ["context", msgspec.json.encode(dict(context))]
+    if publish:
+        command += ["publish", "1"]
     return command
 
 

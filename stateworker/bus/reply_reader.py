@@ -13,13 +13,38 @@ from typing import Any
 import anyio
 
 from stateworker.bus.protocol import Reply, parse_reply
+from stateworker.errors import shown
 from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for
-from stateworker.transport.connection import RedisConnection
+from stateworker.transport.connection import RedisConnection, shown_url
 from stateworker.transport.retry import Backoff
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
+
+
+def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
+                 when: str) -> tuple[str, dict[str, Any]]:
+    """Message (one short line) and details of a client's TIMEOUT for a call sent with
+    `deadline_ms` (`when`: the same time as RFC 3339): until when it may still be applied,
+    and in `details` how to learn its outcome."""
+    return (f"{fn}: no reply within {timeout_s:g} s; applied by {when} "
+            f"(deadline_ms {deadline_ms}) or never",
+            {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when,
+             "sends": sends,
+             "outcome": "the service starts a call only before its deadline (a state::* call "
+                        "applies in one step; a worker function started in time may still be "
+                        "running); the same call_id with the same deadline_ms returns its "
+                        "outcome: its recorded reply, or DEADLINE_EXCEEDED when it never ran"})
+
+
+def not_sent_text(fn: str, call_id: str, url: str, timeout_s: float,
+                  reason: object) -> tuple[str, dict[str, Any]]:
+    """Message and details of a client's UNAVAILABLE for a call that never reached the
+    stream: it will never be applied."""
+    return (f"{fn}: not sent within {timeout_s:g} s: Redis at {shown_url(url)} was unavailable ({reason}); "
+            f"the call (id {shown(call_id)}) never reached the bus and will not be applied",
+            {"call_id": call_id, "sent": False, "reason": str(reason)[:200]})
 
 
 class Waiter:
@@ -101,7 +126,7 @@ class ReplyReader:
             if backoff.failures:
                 backoff.reset()
             for document in popped[1] if popped else []:
-                self._deliver(document)
+                self.deliver(document)
 
     async def sweep_timeouts(self) -> None:
         """Wake the calls whose time is up. One sweeper instead of a cancel scope per call:
@@ -113,7 +138,8 @@ class ReplyReader:
                 if waiter.deadline <= now:
                     waiter.wake()
 
-    def _deliver(self, document: bytes) -> None:
+    def deliver(self, document: bytes) -> None:
+        """Wake the call a reply document answers (one read here, or published: client.py)."""
         reply = parse_reply(document)
         if reply is None:
             return

@@ -237,7 +237,8 @@ def transaction_args(settings: Settings, part: PartitionKeys, scope: str, tx_id:
 def answer_args(answer: Answer) -> list[Arg]:
     """The last six ARGV of a script that answers its call (lua/includes/answer.lua): names,
     not KEYS, as on a cluster they are in other slots than the state's."""
-    return [answer.reply, answer.stream, answer.ttl_ms, answer.group, answer.entry_id,
+    return [answer.reply, answer.stream, 0 if answer.publish else answer.ttl_ms, answer.group,
+            answer.entry_id,
             answer.head]
 
 

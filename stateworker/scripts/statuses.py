@@ -59,6 +59,7 @@ LUA_STATUS: dict[str, int] = {
     "INVALID_CURSOR": 19,  # pages.lua: the cursor's snapshot is not there for it; nothing written
     "SNAPSHOT_CAPACITY": 20,  # pages.lua: a snapshot past its bounds; nothing written
     "ROW_TOO_LARGE": 21,  # pages.lua: the next row fits no page alone; nothing written
+    "UNHEARD": 22,  # answer.lua: the reply published and no one listened; the service answers
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -82,7 +83,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/kv/transactions.py),
 # which names the op: the error is that of the op's own status.
 OUTCOME_STATUSES = frozenset({"OK", "UNCHANGED", "NEEDS_HASH", "DUPLICATE", "TX_ABORTED",
-                              "OP_FAILED", "ANSWERED"})
+                              "OP_FAILED", "ANSWERED", "UNHEARD"})
 
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stateworker.errors import ConfigError, shown
@@ -123,7 +123,7 @@ class RedisConnection:
             self._attempts += 1
             self._failed = None
             try:
-                self._proto = await _open(self.url, self.connect_timeout_s, self.read_timeout_s)
+                self._proto = await open_socket(self.url, self.connect_timeout_s, self.read_timeout_s)
             except ConnectionLost as exc:
                 self._failed = exc
                 raise
@@ -220,26 +220,30 @@ class RedisConnection:
             proto.transport.close()
 
 
-async def _open(url: str, connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
-                read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S) -> RespProtocol:
-    """Connect (and AUTH / SELECT) within `connect_timeout_s`."""
+async def open_socket(url: str, connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+                read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
+                protocol: Callable[[str, float | None], RespProtocol] = RespProtocol
+                ) -> RespProtocol:
+    """Connect (and AUTH / SELECT) within `connect_timeout_s`; `protocol(shown URL, read
+    timeout)` makes the socket's protocol (a subscriber's: transport/subscriber.py)."""
     if connect_timeout_s is None:
-        return await _connect(url, read_timeout_s)
+        return await _connect(url, read_timeout_s, protocol)
     try:
         async with asyncio.timeout(connect_timeout_s):
-            return await _connect(url, read_timeout_s)
+            return await _connect(url, read_timeout_s, protocol)
     except TimeoutError:  # the timeout's own (an OS-level one is a ConnectionLost already)
         raise ConnectionLost(f"cannot connect to Redis at {shown_url(url)} within "
                              f"{connect_timeout_s:g} s "
                              "(connect timeout)") from None
 
 
-async def _connect(url: str, read_timeout_s: float | None) -> RespProtocol:
+async def _connect(url: str, read_timeout_s: float | None,
+                   protocol: Callable[[str, float | None], RespProtocol]) -> RespProtocol:
     parsed = urllib.parse.urlparse(url)
     loop = asyncio.get_running_loop()
 
     def factory() -> RespProtocol:
-        return RespProtocol(shown_url(url), read_timeout_s)
+        return protocol(shown_url(url), read_timeout_s)
 
     try:
         if parsed.scheme == "unix":

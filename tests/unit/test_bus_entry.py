@@ -82,3 +82,20 @@ def test_a_call_digest_is_of_the_function_and_the_canonical_body() -> None:
     assert call_digest("orders::cancel", canonical) != expected
     not_json = b"{not json"
     assert call_digest("f", not_json) == hashlib.sha1(b"f\0" + not_json).hexdigest()
+
+
+def test_a_published_reply_is_asked_by_the_last_field_and_never_for_a_principal() -> None:
+    entry = call_entry("sw:bus:state", "c-1", "state::get", b"{}", "sw:reply:r1", 42,
+                       publish=True)
+    assert entry[-2:] == ["publish", "1"]
+    flat = [a if isinstance(a, bytes) else str(a).encode() for a in entry[3:]]
+    in_script = frozenset({"state::get"})
+    call, *_ = parse_entry(("s", b"1-0"), flat, BusOptions(), None, "state", in_script)
+    assert call is not None and call.ctx.answer is not None and call.ctx.answer.publish
+    # A principal's call is answered on its own reply lists only (acl mode): its reply is
+    # never published on a channel others could listen to.
+    call, *_ = parse_entry(("s", b"1-0"), flat, BusOptions(), "alice", "state", in_script)
+    assert call is not None and call.ctx.answer is not None and not call.ctx.answer.publish
+    # Without the field: a reply list's reply, as ever.
+    call, *_ = parse_entry(("s", b"1-0"), flat[:-2], BusOptions(), None, "state", in_script)
+    assert call is not None and call.ctx.answer is not None and not call.ctx.answer.publish

@@ -30,10 +30,10 @@ def test_the_docs_name_what_strict_durability_and_a_database_add() -> None:
     assert all(f"`{permission}`" in text for permission in added)
 
 
-def test_the_rule_names_commands_and_one_key_pattern_no_category() -> None:
+def test_the_rule_names_commands_one_key_and_one_channel_pattern_no_category() -> None:
     rule = service_user.rule("p-1")
-    assert rule[:5] == ["on", "resetkeys", "~p-1:*", "resetchannels", "-@all"]
-    assert all(re.fullmatch(r"\+[a-z]+(\|[a-z]+)?", arg) for arg in rule[5:])
+    assert rule[:6] == ["on", "resetkeys", "~p-1:*", "resetchannels", "&p-1:reply:*", "-@all"]
+    assert all(re.fullmatch(r"\+[a-z]+(\|[a-z]+)?", arg) for arg in rule[6:])
     assert len(set(rule)) == len(rule)
 
 

@@ -13,6 +13,7 @@
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
     {ST.ANSWERED}    (answering) done, the call's reply (the deleted value or null)
+    {ST.UNHEARD, result}  (answering by PUBLISH) done; no one heard the reply
                      LPUSHed and its entry acknowledged
   Events: state:deleted when something was deleted (also for an entry found expired).
 ]]

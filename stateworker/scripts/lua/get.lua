@@ -15,6 +15,7 @@
     ARGV[7..12] the six that answer the call (lua/includes/answer.lua's Input), always
   Output:
     {ST.ANSWERED}          the stored value (null when missing or expired) sent as the reply
+    {ST.UNHEARD, value}    the same value, published to no one: the service answers
     {ST.OK, value}         the same value, not sent: the reply list or the stream is on
                            another node (a slot moved since the service's map), so the
                            service answers

@@ -28,6 +28,7 @@
     {ST.DUPLICATE, record}    the call was run before: its reply, nothing changed
     {ST.DEADLINE_EXCEEDED}    the call's deadline passed (and it never ran): nothing written
     {ST.ANSWERED}    (answering) written, and the call's reply LPUSHed, its entry acked
+    {ST.UNHEARD, result}  (answering by PUBLISH) written; no one heard the reply
   Every reply but NEEDS_HASH is recorded in KEYS[8] when given (CALL_ID_REUSED: entry.lua).
   Events: state:created when absent, else state:updated; an expired entry in the way is
     first deleted with state:deleted.

@@ -30,6 +30,7 @@
       code 'append.value_not_string' is append.type_mismatch for a string target and a
       non-string value (the detail: the value's type).
     {ST.ANSWERED}    (answering, every op applied) written, the call's reply LPUSHed
+    {ST.UNHEARD, result}  (answering by PUBLISH) written; no one heard the reply
       and its entry acknowledged
     {ST.CONFLICT, current version (0 = absent), current value or false}
     {ST.VALUE_TOO_LARGE, size in bytes of the new value}

@@ -49,6 +49,7 @@ from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
 _DUPLICATE, _ANSWERED = LUA_STATUS["DUPLICATE"], LUA_STATUS["ANSWERED"]
+_UNHEARD = LUA_STATUS["UNHEARD"]
 
 
 def answered_as(answer: Answer | None) -> Answered:
@@ -223,6 +224,8 @@ class RedisState:
             reply = script_reply(replies[0], binding.name)
             if reply[0] == _ANSWERED:
                 return answered
+            if reply[0] == _UNHEARD:  # (published to no one: the service answers, on the bus)
+                return msgspec.Raw(reply[1])
             if reply[0] == _DUPLICATE:
                 reply = _recorded(reply[1])
             raise_for_status(reply, target, accept)
@@ -238,7 +241,11 @@ class RedisState:
         always; on a cluster when the map puts its reply list on the node of the scope's
         partition (the stream too, else the service acknowledges the entry: stream ""). The
         script checks again (`check`), as the map may be stale. None: the service answers."""
-        if answer is None or not self.cluster:
+        if answer is None:
+            return None
+        if self.split_bus:
+            return msgspec.structs.replace(answer, stream="") if answer.publish else None
+        if not self.cluster:
             return answer
         conn = self.conn
         if not isinstance(conn, ClusterConnection):

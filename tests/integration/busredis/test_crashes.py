@@ -11,10 +11,9 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.bus.client import StateClient
-from stateworker.errors import StateError
 from stateworker.keys import bus_stream
 from tests.integration.busproto import until
-from tests.integration.busredis.conftest import Pair
+from tests.integration.busredis.conftest import Pair, assert_kept, flood_until
 from tests.integration.handlers import Handler
 from tests.servers import FaultProxy, RedisServer, ServiceProcess
 
@@ -33,35 +32,16 @@ async def test_kill_9_of_the_service_mid_flood_loses_no_acknowledged_write(
         pair: Pair, prefix: str, scope: str) -> None:
     service = ServiceProcess(pair.state.url, prefix, env=service_env(pair.bus.url))
     service.start()
-    acked = [0] * WRITERS  # the last value each writer got a reply for
     try:
         async with StateClient(settings=pair.settings(prefix), timeout=2) as client:
-            async def writer(w: int) -> None:
-                value = 0
-                while True:
-                    value += 1
-                    try:
-                        await client.set(scope, f"k{w}", value)
-                    except StateError:  # the service gone: this write's outcome is unknown
-                        return
-                    acked[w] = value
-
-            async with anyio.create_task_group() as tg:
-                for w in range(WRITERS):
-                    tg.start_soon(writer, w)
-                await until(lambda: sum(acked) >= ACKED_BEFORE_KILL, 60, "writes before the kill")
-                service.kill()
+            acked = await flood_until(client, scope, WRITERS, ACKED_BEFORE_KILL, service.kill)
     finally:
         service.kill()
     # The state Redis killed too, and restarted on its AOF: every acknowledged write is there
     # (of the one in flight at the kill, applied or not).
     pair.state.kill()
     pair.state.start()
-    async with StateStore.open(pair.state.url, prefix=prefix, partitions=4, reaper=False,
-                               durability="strict") as store:
-        for w in range(WRITERS):
-            stored = (await store.get(scope, f"k{w}")) or 0
-            assert stored in (acked[w], acked[w] + 1), (w, stored, acked[w])
+    await assert_kept(pair.state, prefix, scope, acked)
     assert sum(acked) >= ACKED_BEFORE_KILL
 
 

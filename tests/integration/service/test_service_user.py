@@ -280,6 +280,7 @@ NOT_SERVED = {
     "WAIT": "strict durability, replicas confirm (rule(strict=True))",
     "XLEN": "`stateworker status` (the operator's user)",
     "TIME": "watches",
+    "SUBSCRIBE": "a client's (transport/subscriber.py: replies published on the state's Redis)",
     "TYPE": "an argument (`status`'s SCAN ... TYPE stream)",
     "READONLY": "an error reply's first word",
     "SAVE": "`ACL SAVE` after `principal add` (app/admin.py: the operator's user)",

@@ -8,7 +8,9 @@
   Input, the last six ARGV of such a script (its header says `@arguments answer`; n = #ARGV):
     ARGV[n-5] the reply list        ARGV[n-4] the call's stream ("": the service acknowledges
             the entry, which is on another node)
-    ARGV[n-3] the reply list's expiry (ms)   ARGV[n-2] the consumer group
+    ARGV[n-3] the reply list's expiry (ms); 0: PUBLISH the reply on the channel of the reply
+            list's name instead (the bus on a Redis of its own: the caller listens here)
+    ARGV[n-2] the consumer group
     ARGV[n-1] the entry's id        ARGV[n] the reply document's head (`{"id":<id>,"ok":true,
             "result":`)
 
@@ -41,10 +43,22 @@ end
 -- reply list's name holding another type (a caller's SET under the reply prefix) refuses the
 -- LPUSH (WRONGTYPE): the reply is dropped and that key left as it is, the call's change and
 -- record stay (a script error here would come after them), and the entry is acknowledged.
+-- A published reply (expiry 0) is not logged: it is no write, and a read that logs nothing
+-- waits for no fsync; a write's still leaves Redis after its turn's fsync, as every reply of
+-- the turn. Pub/sub keeps nothing: when no one heard it (the caller not subscribed, or
+-- PUBLISH refused by the service user's rule) the result goes back to the service, which
+-- answers on the bus: {ST.UNHEARD, result}.
 local function answer_send(result)
   local n = #ARGV
   local list, stream = ARGV[n - 5], ARGV[n - 4]
-  if type(redis.pcall('LPUSH', list, ARGV[n] .. result .. '}')) == 'number' then
+  if ARGV[n - 3] == '0' then
+    redis.set_repl(redis.REPL_NONE)
+    local heard = redis.pcall('PUBLISH', list, ARGV[n] .. result .. '}')
+    redis.set_repl(redis.REPL_ALL)
+    if type(heard) ~= 'number' or heard == 0 then
+      return {ST.UNHEARD, result}
+    end
+  elseif type(redis.pcall('LPUSH', list, ARGV[n] .. result .. '}')) == 'number' then
     redis.call('PEXPIRE', list, ARGV[n - 3])
   end
   if stream ~= '' then

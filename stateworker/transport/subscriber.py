@@ -1,0 +1,137 @@
+"""`Subscriber`: one Redis channel's messages, on a connection of its own (SUBSCRIBE).
+
+A bus client whose bus is on a Redis of its own gets the replies its calls' scripts answer
+on the state's Redis this way (bus/client.py, docs/decisions/0059): a PUBLISH writes nothing
+to the AOF, so a read's reply waits for no fsync, and a write's still leaves Redis only after
+its turn's fsync, as every reply of that turn. Pub/sub keeps nothing for a subscriber that is
+away: `live` says whether messages can arrive now, and `lost` runs when they may have been
+missed (the connection broke), so the caller asks again for what it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import hiredis
+
+from stateworker.transport.connection import open_socket
+from stateworker.transport.retry import Backoff
+from stateworker.transport.wire import ConnectionLost, ReplyError, RespProtocol
+
+MESSAGE = b"message"
+
+
+class PushProtocol(RespProtocol):
+    """A subscribed connection: a `message` push goes to `deliver`, any other reply to the
+    command waiting for it (SUBSCRIBE's confirmation)."""
+
+    def __init__(self, url: str, read_timeout_s: float | None,
+                 deliver: Callable[[bytes], None]) -> None:
+        super().__init__(url, read_timeout_s)
+        self.deliver = deliver
+        self.ended: asyncio.Future[None] = self.loop.create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        self.reader.feed(data)
+        while True:
+            try:
+                reply = self.reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.fail(ConnectionLost(f"{self.url} does not speak the Redis protocol: {exc}"))
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            if reply is False:
+                return
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == MESSAGE:
+                self.deliver(reply[2])
+            elif self.waiting:
+                future = self.waiting.popleft()
+                if isinstance(future, asyncio.Future) and not future.done():
+                    if isinstance(reply, ReplyError):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+
+    def fail(self, error: ConnectionLost) -> None:
+        super().fail(error)
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+class Subscriber:
+    """Subscribes to `channel` at `url` and keeps it subscribed (reconnecting with backoff)."""
+
+    def __init__(self, url: str, channel: str, deliver: Callable[[bytes], None],
+                 lost: Callable[[BaseException], None], *, connect_timeout_s: float | None,
+                 read_timeout_s: float | None) -> None:
+        self.url = url
+        self.channel = channel
+        self.deliver = deliver
+        self.lost = lost
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.live = False  # subscribed now: a message published now reaches `deliver`
+        self.refused: ReplyError | None = None  # SUBSCRIBE refused for good (an ACL rule)
+        self.messages = 0  # messages delivered
+        self.tried = asyncio.Event()  # the first subscription was made, or failed
+        self._proto: PushProtocol | None = None
+
+    async def run(self) -> None:
+        """Subscribe, and again after each loss, until cancelled or refused for good."""
+        backoff = Backoff()
+        while True:
+            try:
+                proto = await self._subscribe()
+            except ReplyError as exc:  # NOPERM ...: this client cannot listen there
+                self.refused = exc
+                self.tried.set()
+                return
+            except ConnectionLost:
+                self.tried.set()
+                await asyncio.sleep(backoff.next())
+                continue
+            self.tried.set()
+            backoff.reset()
+            try:
+                await proto.ended
+            finally:
+                self.live = False
+                self._close()
+            self.lost(proto.closed or ConnectionLost("the subscription ended"))
+
+    async def _subscribe(self) -> PushProtocol:
+        def factory(url: str, read_timeout_s: float | None) -> PushProtocol:
+            return PushProtocol(url, read_timeout_s, self._message)
+
+        proto = await open_socket(self.url, self.connect_timeout_s, self.read_timeout_s, factory)
+        assert isinstance(proto, PushProtocol)
+        self._proto = proto
+        confirmed: asyncio.Future[Any] = proto.loop.create_future()
+        proto.start_waiting()
+        proto.waiting.append(confirmed)
+        proto.out += hiredis.pack_command(("SUBSCRIBE", self.channel))  # type: ignore[arg-type]
+        proto.flush()
+        try:
+            await confirmed
+        except BaseException:
+            self._close()
+            raise
+        self.live = True
+        return proto
+
+    def _message(self, data: bytes) -> None:
+        self.messages += 1
+        self.deliver(data)
+
+    def _close(self) -> None:
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+
+    def close(self) -> None:
+        self.live = False
+        self._close()
