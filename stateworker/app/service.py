@@ -125,6 +125,10 @@ class StateService:
             state = await lifecycle.connect(settings, ready)
             try:
                 await lifecycle.check_bus(state)
+                if state.split_bus and settings.bus_redis_url is not None:
+                    # The same rule on the bus's Redis: its user is checked as the state's
+                    # (a NOPERM at a rare moment there would leave calls pending for ever).
+                    await service_user.check(state.bus_conn, settings)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await state.close()

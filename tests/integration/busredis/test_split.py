@@ -6,18 +6,21 @@ id after the bus Redis lost everything is applied once and answered the same."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from typing import Any
 
 import httpx
 import pytest
 
+from stateworker.app import service_user
 from stateworker.app.cli import status_report
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, MissingPermission
 from stateworker.settings import Settings
+from tests.integration.acl_users import add_user, refusals
 from tests.integration.busproto import until
 from tests.integration.busredis.conftest import Pair
 from tests.integration.handlers import Handler
@@ -137,3 +140,29 @@ async def test_readiness_tells_a_dead_bus_redis(pair: Pair, prefix: str) -> None
         assert reason.startswith("the bus's Redis at") and str(pair.bus.port) in reason
         assert ups((await http.get("/metrics")).text) == {
             "stateworker_redis_up": "1.0", "stateworker_bus_redis_up": "0.0"}
+
+
+async def test_the_service_users_rule_is_asked_of_the_bus_redis_too(
+        pair: Pair, prefix: str, scope: str) -> None:
+    """The bus's Redis is checked at start as the state's: a user there that lacks part of
+    the rule refuses the start with the one line naming it (not a NOPERM the day a replica
+    dies and its calls are reclaimed); with the whole rule on both, everything is served
+    (replies published on the state's Redis too) and neither Redis refused anything."""
+    rule = service_user.rule(prefix, strict=True)
+    lacking = add_user(pair.bus, "svc-bus", [arg for arg in rule if arg != "+xautoclaim"])
+    with pytest.raises(MissingPermission, match=re.escape("+xautoclaim")) as refused:
+        async with StateService.running(pair.settings(prefix, bus_redis_url=lacking)):
+            pass
+    assert f"127.0.0.1:{pair.bus.port}" in str(refused.value)
+
+    settings = pair.settings(prefix, redis_url=add_user(pair.state, "svc", rule),
+                             bus_redis_url=add_user(pair.bus, "svc-bus", rule))
+    for server in pair:
+        with server.client() as admin:
+            admin.execute_command("ACL", "LOG", "RESET")
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=pair.settings(prefix), timeout=5) as client:
+        await client.set(scope, "k", {"n": 1})
+        assert await client.get(scope, "k") == {"n": 1}
+        assert client.published_replies == 2
+    assert [refusals(server) for server in pair] == [[], []]

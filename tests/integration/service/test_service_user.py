@@ -36,31 +36,14 @@ from stateworker.settings import Settings
 from stateworker.state.api import StateStore
 from stateworker.state.tenancy import principals
 from tests.calls import EXPECTED_ERRORS, calls
+from tests.integration.acl_users import PASSWORD, add_user, refusals
 from tests.integration.busproto import until
 from tests.integration.snapshots import caught_up
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
-PASSWORD = "service-pass"
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def add_user(server: RedisServer, name: str, rule: list[str]) -> str:
-    """A Redis ACL user with exactly `rule` (and PASSWORD); its URL."""
-    with server.client() as admin:
-        admin.execute_command("ACL", "DELUSER", name)
-        admin.execute_command("ACL", "SETUSER", name, *rule, f">{PASSWORD}")
-    return f"redis://{name}:{PASSWORD}@127.0.0.1:{server.port}/0"
-
-
-def refusals(server: RedisServer) -> list[dict[str, Any]]:
-    """What Redis refused since the last reset (ACL LOG), as name -> value dicts."""
-    with server.client() as admin:
-        return [{k: v for k, v in e.items() if k in ("username", "reason", "object")}
-                for e in admin.acl_log()]
-
-
 
 
 def test_every_function_of_the_catalog_is_called() -> None:
