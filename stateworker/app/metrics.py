@@ -143,10 +143,12 @@ class Metrics:
     async def _redis(self) -> list[Any]:
         up = GaugeMetricFamily("stateworker_redis_up", "1 when Redis answered a PING.")
         ups = [up]
+        bus_down = False
         if self.state.split_bus:
             bus_up = GaugeMetricFamily("stateworker_bus_redis_up",
                                        "1 when the bus's own Redis answered a PING.")
-            bus_up.add_metric([], 0 if await ping_trouble(self.state.bus_conn) else 1)
+            bus_down = await ping_trouble(self.state.bus_conn) is not None
+            bus_up.add_metric([], 0 if bus_down else 1)
             ups.append(bus_up)
         up.add_metric([], 0 if await ping_trouble(self.state.conn) else 1)
         if not up.samples[0].value:
@@ -157,7 +159,9 @@ class Metrics:
         try:
             with anyio.fail_after(5.0):
                 followers, targets = await self._followers()
-                streams = await self._streams(targets)
+                # (a bus Redis that did not answer is not asked again: the state's figures
+                # come at once rather than after the wait for it)
+                streams = [] if bus_down else await self._streams(targets)
         except (TimeoutError, ConnectionLost, ReplyError):
             return [*ups, lost]  # (Redis went away or slowed meanwhile: the next scrape says so)
         return [*ups, lost, *streams, *followers]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 from typing import Any
 
 import httpx
@@ -166,3 +167,22 @@ async def test_the_service_users_rule_is_asked_of_the_bus_redis_too(
         assert await client.get(scope, "k") == {"n": 1}
         assert client.published_replies == 2
     assert [refusals(server) for server in pair] == [[], []]
+
+
+async def test_metrics_give_the_states_figures_while_the_bus_redis_hangs(
+        pair: Pair, prefix: str) -> None:
+    """A bus Redis that does not answer (stopped, not gone) is said to be down, and not asked
+    for its streams' backlog: the state's figures still come (they were dropped with the
+    backlog's wait before)."""
+    settings = pair.settings(prefix, http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30) as http:
+        assert "\nstateworker_triggers 0.0" in (await http.get("/metrics")).text
+        assert pair.bus.process is not None
+        pair.bus.process.send_signal(signal.SIGSTOP)
+        try:
+            page = (await http.get("/metrics")).text
+        finally:
+            pair.bus.process.send_signal(signal.SIGCONT)
+        assert ups(page) == {"stateworker_redis_up": "1.0", "stateworker_bus_redis_up": "0.0"}
+        assert "\nstateworker_triggers 0.0" in page
