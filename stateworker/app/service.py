@@ -175,7 +175,7 @@ def _ready(settings: Settings) -> Callable[[RedisConnection], Awaitable[None]]:
     loads, then the check that the service's user has the whole ACL rule."""
     async def ready(conn: RedisConnection) -> None:
         await _wait_while_loading(conn)
-        await service_user.check(conn, settings)
+        await service_user.check(conn, settings, publishes=settings.bus_redis_url is not None)
 
     return ready
 

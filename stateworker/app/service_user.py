@@ -195,10 +195,12 @@ def _refusal(prefix: str, name: str, text: str) -> str:
     return f"{name} ({text})"
 
 
-async def check(conn: RedisConnection, settings: Settings) -> None:
+async def check(conn: RedisConnection, settings: Settings, publishes: bool = False) -> None:
     """Raise MissingPermission (one line) when the user `conn` is logged in as lacks part of
     the rule. A Redis that cannot be reached, or refuses the login, is left to the server
-    checks that follow (they say so)."""
+    checks that follow (they say so). `publishes`: the scripts publish replies there (the
+    state's Redis with the bus on one of its own), so PUBLISH on the reply channels is asked
+    too; elsewhere a user without it still serves."""
     strict = settings.durability == "strict"
     try:
         user = (await conn.execute("ACL", "WHOAMI")).decode()
@@ -212,6 +214,8 @@ async def check(conn: RedisConnection, settings: Settings) -> None:
             _refusal(settings.prefix, "the login", str(exc))])) from None
     probes = _probes(settings.prefix, user, strict=strict, waitaof=waitaof,
                      select=selects(settings.redis_url))
+    if not publishes:  # (a rule from before 0059 serves where no reply is published)
+        del probes["publish"]
     try:
         replies = await conn.pipeline([["ACL", "DRYRUN", user, *args]
                                        for args in probes.values()])

@@ -189,8 +189,8 @@ class StateClient(TypedCalls):
 
     def _published_lost(self, exc: BaseException) -> None:
         """The subscription broke: replies published meanwhile are gone. Every waiting call
-        sends again (same id and deadline), not published now, and gets its reply from the
-        call's record on the bus."""
+        sends again (same id and deadline; a re-send is never published) and gets its reply
+        on the bus: a write's from its record, a read read again."""
         self._met(exc)
         self._replies.wake_all()
 
@@ -341,6 +341,8 @@ class StateClient(TypedCalls):
                     failure = await self._connect(end)
                 else:
                     sends += 1
+                    if fields[-2] == "publish":  # (a re-send's reply comes on the list: a
+                        fields = fields[:-2]  # subscription lost its first, or is dead)
                     xadd.add_done_callback(waiter.sent)
                     # The re-sends are spread evenly over the call's time.
                     waiter.deadline = min(end, start + sends * wait_s / (self.retries + 1))

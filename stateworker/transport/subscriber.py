@@ -17,10 +17,12 @@ from typing import Any
 import hiredis
 
 from stateworker.transport.connection import open_socket
-from stateworker.transport.retry import Backoff
+from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.wire import ConnectionLost, ReplyError, RespProtocol
 
 MESSAGE = b"message"
+PING_S = 2.0  # a live subscription's PING, so its read timeout can tell a dead path
+KEPT_S = 5.0  # a subscription that lasted this long resets the backoff of its successor
 
 
 class PushProtocol(RespProtocol):
@@ -86,22 +88,47 @@ class Subscriber:
         while True:
             try:
                 proto = await self._subscribe()
-            except ReplyError as exc:  # NOPERM ...: this client cannot listen there
-                self.refused = exc
+            except ReplyError as exc:
                 self.tried.set()
-                return
+                if transient_reason(exc) is None:  # NOPERM ...: this client cannot listen
+                    self.refused = exc
+                    return
+                await asyncio.sleep(backoff.next())  # (BUSY, max clients: later)
+                continue
             except ConnectionLost:
                 self.tried.set()
                 await asyncio.sleep(backoff.next())
                 continue
+            except Exception as exc:  # (a state URL this client cannot use: never listens)
+                self.refused = ReplyError(str(exc))
+                self.tried.set()
+                return
             self.tried.set()
-            backoff.reset()
+            began = proto.loop.time()
             try:
-                await proto.ended
+                await self._keep(proto)
             finally:
                 self.live = False
                 self._close()
             self.lost(proto.closed or ConnectionLost("the subscription ended"))
+            if proto.loop.time() - began > KEPT_S:  # (one that keeps breaking: backed off)
+                backoff.reset()
+            await asyncio.sleep(backoff.next())
+
+    async def _keep(self, proto: PushProtocol) -> None:
+        """Until the connection ends: a PING every PING_S, so a path gone silent (a dropped
+        connection the kernel has not noticed) fails the read timeout, not the replies."""
+        while not proto.ended.done():
+            await asyncio.wait([proto.ended], timeout=PING_S)
+            if proto.ended.done() or proto.closed is not None:
+                return
+            pong: asyncio.Future[Any] = proto.loop.create_future()
+            if not proto.waiting:
+                proto.start_waiting()
+            proto.waiting.append(pong)
+            pong.add_done_callback(_retrieved)
+            proto.out += hiredis.pack_command(("PING",))
+            proto.flush()
 
     async def _subscribe(self) -> PushProtocol:
         def factory(url: str, read_timeout_s: float | None) -> PushProtocol:
@@ -135,3 +162,9 @@ class Subscriber:
     def close(self) -> None:
         self.live = False
         self._close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A PING's reply is not awaited: its failure (the connection's) is taken here."""
+    if not future.cancelled():
+        future.exception()

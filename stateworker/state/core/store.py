@@ -245,6 +245,8 @@ class RedisState:
             return None
         if self.split_bus:
             return msgspec.structs.replace(answer, stream="") if answer.publish else None
+        if answer.publish:  # (asked where the bus is not on a Redis of its own: a list's)
+            answer = msgspec.structs.replace(answer, publish=False)
         if not self.cluster:
             return answer
         conn = self.conn

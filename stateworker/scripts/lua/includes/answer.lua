@@ -21,6 +21,9 @@
   `answer_here(true)` asks first, before the script's first write.
 ]]
 local ANSWER_DONE = {ST.ANSWERED}
+-- A larger result is answered on the bus, not published: Redis closes a subscriber whose
+-- output passes its pub/sub buffer limit (32 MB by default), and a burst of large replies would.
+local ANSWER_PUBLISHED_MAX = 65536
 
 -- Whether the reply list and the stream can be written from here: on one Redis always; on a
 -- cluster (`check`) when each is on this node (a command on a name elsewhere is refused, and
@@ -45,13 +48,17 @@ end
 -- record stay (a script error here would come after them), and the entry is acknowledged.
 -- A published reply (expiry 0) is not logged: it is no write, and a read that logs nothing
 -- waits for no fsync; a write's still leaves Redis after its turn's fsync, as every reply of
--- the turn. Pub/sub keeps nothing: when no one heard it (the caller not subscribed, or
+-- the turn. Results over ANSWER_PUBLISHED_MAX bytes go back to the service. Pub/sub keeps
+-- nothing: when no one heard it (the caller not subscribed, or
 -- PUBLISH refused by the service user's rule) the result goes back to the service, which
 -- answers on the bus: {ST.UNHEARD, result}.
 local function answer_send(result)
   local n = #ARGV
   local list, stream = ARGV[n - 5], ARGV[n - 4]
   if ARGV[n - 3] == '0' then
+    if #result > ANSWER_PUBLISHED_MAX then
+      return {ST.UNHEARD, result}
+    end
     redis.set_repl(redis.REPL_NONE)
     local heard = redis.pcall('PUBLISH', list, ARGV[n] .. result .. '}')
     redis.set_repl(redis.REPL_ALL)
