@@ -18,7 +18,13 @@ import hiredis
 
 from stateworker.transport.connection import open_socket
 from stateworker.transport.retry import Backoff, transient_reason
-from stateworker.transport.wire import ConnectionLost, ReplyError, RespProtocol
+from stateworker.transport.wire import (
+    Arg,
+    ConnectionLost,
+    ReplyError,
+    RespProtocol,
+    encode_command,
+)
 
 MESSAGE = b"message"
 PING_S = 2.0  # a live subscription's PING, so its read timeout can tell a dead path
@@ -77,7 +83,7 @@ class Subscriber:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.live = False  # subscribed now: a message published now reaches `deliver`
-        self.refused: ReplyError | None = None  # SUBSCRIBE refused for good (an ACL rule)
+        self.refused: Exception | None = None  # refused for good (an ACL rule, the URL)
         self.messages = 0  # messages delivered
         self.tried = asyncio.Event()  # the first subscription was made, or failed
         self._proto: PushProtocol | None = None
@@ -88,21 +94,15 @@ class Subscriber:
         while True:
             try:
                 proto = await self._subscribe()
-            except ReplyError as exc:
+            except Exception as exc:
                 self.tried.set()
-                if transient_reason(exc) is None:  # NOPERM ...: this client cannot listen
+                # Refused for good (NOPERM, a state URL this client cannot use): it never
+                # listens. Away, BUSY, max clients: later.
+                if not isinstance(exc, ConnectionLost) and transient_reason(exc) is None:
                     self.refused = exc
                     return
-                await asyncio.sleep(backoff.next())  # (BUSY, max clients: later)
-                continue
-            except ConnectionLost:
-                self.tried.set()
                 await asyncio.sleep(backoff.next())
                 continue
-            except Exception as exc:  # (a state URL this client cannot use: never listens)
-                self.refused = ReplyError(str(exc))
-                self.tried.set()
-                return
             self.tried.set()
             began = proto.loop.time()
             try:
@@ -122,13 +122,7 @@ class Subscriber:
             await asyncio.wait([proto.ended], timeout=PING_S)
             if proto.ended.done() or proto.closed is not None:
                 return
-            pong: asyncio.Future[Any] = proto.loop.create_future()
-            if not proto.waiting:
-                proto.start_waiting()
-            proto.waiting.append(pong)
-            pong.add_done_callback(_retrieved)
-            proto.out += hiredis.pack_command(("PING",))
-            proto.flush()
+            _command(proto, "PING").add_done_callback(_retrieved)
 
     async def _subscribe(self) -> PushProtocol:
         def factory(url: str, read_timeout_s: float | None) -> PushProtocol:
@@ -137,13 +131,8 @@ class Subscriber:
         proto = await open_socket(self.url, self.connect_timeout_s, self.read_timeout_s, factory)
         assert isinstance(proto, PushProtocol)
         self._proto = proto
-        confirmed: asyncio.Future[Any] = proto.loop.create_future()
-        proto.start_waiting()
-        proto.waiting.append(confirmed)
-        proto.out += hiredis.pack_command(("SUBSCRIBE", self.channel))  # type: ignore[arg-type]
-        proto.flush()
         try:
-            await confirmed
+            await _command(proto, "SUBSCRIBE", self.channel)
         except BaseException:
             self._close()
             raise
@@ -162,6 +151,17 @@ class Subscriber:
     def close(self) -> None:
         self.live = False
         self._close()
+
+
+def _command(proto: PushProtocol, *args: Arg) -> asyncio.Future[Any]:
+    """One command written at once; the future of its reply (a push is not one)."""
+    future: asyncio.Future[Any] = proto.loop.create_future()
+    if not proto.waiting:
+        proto.start_waiting()
+    proto.waiting.append(future)
+    encode_command(args, proto.out)
+    proto.flush()
+    return future
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
