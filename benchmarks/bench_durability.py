@@ -31,12 +31,14 @@ CASES = (("store", 1), ("store", 64), ("bus", 64))
 
 class Mode(dict[str, Op]):
     """The ops of one mode by name ("store", "bus": a set; "bus_get": a get over the bus), with
-    the redis-server they run on, the service's process and the bus client."""
+    the redis-server they run on, the bus's own redis-server (or None: the bus on `server`),
+    the service's process and the bus client."""
 
     def __init__(self, server: EmbeddedRedis, ops: dict[str, Op],
-                 service: subprocess.Popen[str], client: StateClient) -> None:
+                 service: subprocess.Popen[str], client: StateClient,
+                 bus: EmbeddedRedis | None = None) -> None:
         super().__init__(ops)
-        self.server, self.service, self.client = server, service, client
+        self.server, self.service, self.client, self.bus = server, service, client, bus
 
 
 @asynccontextmanager
@@ -76,7 +78,7 @@ async def durability_mode(directory: Path, durability: str, env: dict[str, str] 
 
             await bus_set(0, 0)  # warm up: the service has loaded its scripts and group
             yield Mode(server, {"store": store_set, "bus": bus_set, "bus_get": bus_get},
-                       service, client)
+                       service, client, bus)
     finally:
         service.terminate()
         service.wait(timeout=30)

@@ -82,8 +82,16 @@ async def stateworker_peer(mode: Mode) -> Peer:
     async def trigger(seconds: float) -> dict[str, float]:
         return await write_to_handler_latency(client, client.settings, seconds)
 
+    return Peer({"set": mode["bus"], "get": mode["bus_get"], "cas": cas}, _pids(mode), watch,
+                trigger)
+
+
+def _pids(mode: Mode) -> dict[str, int]:
+    """The processes a call costs: the service and its Redis, and the bus's own Redis if any."""
     pids = {"service": mode.service.pid, "redis": mode.server.pid or 0}
-    return Peer({"set": mode["bus"], "get": mode["bus_get"], "cas": cas}, pids, watch, trigger)
+    if mode.bus is not None:
+        pids["bus redis"] = mode.bus.pid or 0
+    return pids
 
 
 async def http_peer(mode: Mode, address: str) -> Peer:
@@ -116,8 +124,7 @@ async def http_peer(mode: Mode, address: str) -> Peer:
         reply = await post(w, "state::set", b'{"scope":"bench","key":"hc%d","value":%s}' % (
             w, VALUE))
         versions[w] = msgspec.json.decode(reply, type=_Reply).result.version
-    pids = {"service": mode.service.pid, "redis": mode.server.pid or 0}
-    return Peer({"set": put, "get": get, "cas": cas}, pids, None)
+    return Peer({"set": put, "get": get, "cas": cas}, _pids(mode), None)
 
 
 class _Reply(msgspec.Struct):
