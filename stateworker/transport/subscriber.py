@@ -6,17 +6,22 @@ to the AOF, so a read's reply waits for no fsync, and a write's still leaves Red
 its turn's fsync, as every reply of that turn. Pub/sub keeps nothing for a subscriber that is
 away: `live` says whether messages can arrive now, and `lost` runs when they may have been
 missed (the connection broke), so the caller asks again for what it waits for.
+
+A subscription that cannot be made is not an error of any call (each is answered on the bus
+meanwhile), but it makes every call a hop slower: it is logged, once an outage (a warning at
+its first failure, a line when subscribed again) and once when refused for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import hiredis
 
-from stateworker.transport.connection import open_socket
+from stateworker.transport.connection import open_socket, shown_url
 from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.wire import (
     Arg,
@@ -29,6 +34,8 @@ from stateworker.transport.wire import (
 MESSAGE = b"message"
 PING_S = 2.0  # a live subscription's PING, so its read timeout can tell a dead path
 KEPT_S = 5.0  # a subscription that lasted this long resets the backoff of its successor
+
+log = logging.getLogger("stateworker.transport.subscriber")
 
 
 class PushProtocol(RespProtocol):
@@ -85,6 +92,7 @@ class Subscriber:
         self.live = False  # subscribed now: a message published now reaches `deliver`
         self.refused: Exception | None = None  # refused for good (an ACL rule, the URL)
         self.messages = 0  # messages delivered
+        self.failures = 0  # subscriptions that failed in a row (0: live, or not tried yet)
         self.tried = asyncio.Event()  # the first subscription was made, or failed
         self._proto: PushProtocol | None = None
 
@@ -100,10 +108,19 @@ class Subscriber:
                 # listens. Away, BUSY, max clients: later.
                 if not isinstance(exc, ConnectionLost) and transient_reason(exc) is None:
                     self.refused = exc
+                    log.warning("replies cannot be subscribed to at %s: %s; every call is "
+                                "answered on the bus", shown_url(self.url), exc, extra={
+                                    "event": "client.subscribe_refused"})
                     return
+                self._failed(exc)
                 await asyncio.sleep(backoff.next())
                 continue
             self.tried.set()
+            if self.failures:
+                log.info("replies subscribed to again at %s after %d failed tries",
+                         shown_url(self.url), self.failures,
+                         extra={"event": "client.subscribed"})
+                self.failures = 0
             began = proto.loop.time()
             try:
                 await self._keep(proto)
@@ -114,6 +131,13 @@ class Subscriber:
             if proto.loop.time() - began > KEPT_S:  # (one that keeps breaking: backed off)
                 backoff.reset()
             await asyncio.sleep(backoff.next())
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.failures == 1:  # (one line an outage, not one a retry)
+            log.warning("replies cannot be subscribed to at %s: %s; calls are answered on "
+                        "the bus meanwhile, and the subscription is tried again with backoff",
+                        shown_url(self.url), exc, extra={"event": "client.subscribe_failed"})
 
     async def _keep(self, proto: PushProtocol) -> None:
         """Until the connection ends: a PING every PING_S, so a path gone silent (a dropped

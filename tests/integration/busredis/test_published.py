@@ -7,6 +7,8 @@ kill -9 of the state's Redis loses no write whose reply was published."""
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import msgspec
 import pytest
@@ -140,3 +142,51 @@ async def test_a_large_reply_and_a_resend_come_on_the_bus(pair: Pair, prefix: st
         transport.pause_reading()  # (published replies are sent, never read)
         assert await client.get(scope, "k") == 1
         assert client.published_replies == 1
+
+
+async def test_a_subscription_that_cannot_be_made_is_logged_once_an_outage(
+        pair: Pair, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The state's Redis away: the client's subscription fails again and again (each call
+    would be answered on the bus meanwhile); one warning names the Redis, not one a try, and
+    one line says when the subscription is back."""
+    settings = pair.settings(prefix)
+    with caplog.at_level("INFO", logger="stateworker.transport.subscriber"):
+        async with StateClient(settings=settings, timeout=5) as client:
+            published = client._published
+            assert published is not None and published.live
+            pair.state.kill()
+            await until(lambda: published.failures >= 3, 30, "three failed subscriptions")
+            pair.state.start()
+            await until(lambda: published.live, 30, "the subscription back")
+            assert published.failures == 0
+
+    def lines(event: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == event]
+
+    failed = lines("client.subscribe_failed")
+    assert len(failed) == 1 and pair.state.url in failed[0].getMessage()
+    back = lines("client.subscribed")
+    assert len(back) == 1 and "failed tries" in back[0].getMessage()
+
+
+async def test_a_subscription_refused_for_good_is_logged_and_calls_go_on(
+        pair: Pair, prefix: str, scope: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client whose user on the state's Redis may not SUBSCRIBE: one warning names the Redis
+    and the refusal, and its calls are answered on the bus."""
+    with pair.state.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "nosub", "on", ">pw", "~*", "&*", "+@all",
+                              "-subscribe")
+    settings = pair.settings(prefix)
+    client_settings = pair.settings(
+        prefix, redis_url=f"redis://nosub:pw@127.0.0.1:{pair.state.port}/0")
+    with caplog.at_level("INFO", logger="stateworker.transport.subscriber"):
+        async with StateService.running(settings, BusOptions(block_ms=50)), \
+                StateClient(settings=client_settings, timeout=5) as client:
+            await client.set(scope, "k", 1)
+            assert await client.get(scope, "k") == 1
+            assert client.published_replies == 0
+    refused = [r for r in caplog.records if getattr(r, "event", "") == "client.subscribe_refused"]
+    assert len(refused) == 1
+    message = refused[0].getMessage()
+    assert f"redis://nosub:***@127.0.0.1:{pair.state.port}/0" in message and "NOPERM" in message
+    assert "pw@" not in message
