@@ -23,8 +23,9 @@ local dup, ctx, cur = entry_begin()
 if dup then
   return dup
 end
-if ARGV[8] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[8]) then
-  return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+local conflict = entry_expect(cur, ARGV[8])
+if conflict then
+  return conflict
 end
 local reply
 if not cur then

@@ -50,14 +50,14 @@ if cond ~= '' then
   local kind, want = string.sub(cond, 1, 1), string.sub(cond, 2)
   local ok
   if kind == 'v' then
-    ok = (cur and tonumber(cur[2]) or 0) == tonumber(want)
+    ok = entry_version(cur) == tonumber(want)
   elseif kind == 'h' then
     ok = cur ~= nil and packed_hex(cur[4]) == want
   else
     ok = cur == nil or cur[1] == 'null'
   end
   if not ok then
-    return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+    return entry_conflict(cur)
   end
 end
 

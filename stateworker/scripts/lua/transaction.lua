@@ -64,15 +64,11 @@ local function next_item(at)
   return at + 2 + WIDTH[kind]
 end
 
-local function version_of(cur)
-  return cur and tonumber(cur[2]) or 0
-end
-
 -- nil when the check at `at` holds on `cur`; else 'conflict', or 'hash' when it needs the
 -- stored hash and the entry has none yet.
 local function check_fails(at, cur)
   local version, hash, presence = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-  if version ~= '' and version_of(cur) ~= tonumber(version) then
+  if version ~= '' and entry_version(cur) ~= tonumber(version) then
     return 'conflict'
   end
   if presence == 'e' and not cur or presence == 'a' and cur then
@@ -93,7 +89,7 @@ local function check_fails(at, cur)
 end
 
 local function conflict(cur)
-  return {ST.CONFLICT, version_of(cur), cur and cur[1] or false}
+  return {ST.CONFLICT, entry_version(cur), cur and cur[1] or false}
 end
 
 --[[
@@ -107,13 +103,13 @@ local function plan_op(at, key, cur)
   if kind == 'check' then
     local failed = check_fails(at, cur)
     if failed == 'hash' then
-      return plan, {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
+      return plan, {ST.NEEDS_HASH, key, entry_version(cur), cur[1]}
     elseif failed then
       return plan, conflict(cur)
     end
   elseif kind == 'set' then
     local cond = ARGV[at + 6]
-    if cond ~= '' and version_of(cur) ~= tonumber(string.sub(cond, 2)) then
+    if cond ~= '' and entry_version(cur) ~= tonumber(string.sub(cond, 2)) then
       return plan, conflict(cur)
     end
     plan[4], plan[5], plan[6] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
@@ -127,18 +123,18 @@ local function plan_op(at, key, cur)
     elseif not cur then
       return plan, conflict(cur)
     elseif not cur[4] then
-      return plan, {ST.NEEDS_HASH, key, version_of(cur), cur[1]}
+      return plan, {ST.NEEDS_HASH, key, entry_version(cur), cur[1]}
     elseif packed_hex(cur[4]) ~= string.sub(cond, 2) then
       return plan, conflict(cur)
     end
     plan[4], plan[5], plan[8], plan[9] = ARGV[at + 2], ARGV[at + 3], ARGV[at + 5] == '1', true
   elseif kind == 'delete' then
-    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
+    if ARGV[at + 2] ~= '' and entry_version(cur) ~= tonumber(ARGV[at + 2]) then
       return plan, conflict(cur)
     end
     plan[9] = cur ~= nil
   else -- update
-    if ARGV[at + 2] ~= '' and version_of(cur) ~= tonumber(ARGV[at + 2]) then
+    if ARGV[at + 2] ~= '' and entry_version(cur) ~= tonumber(ARGV[at + 2]) then
       return plan, conflict(cur)
     end
     local plain = (cur == nil or cur[6] == '1') and ARGV[at + 5] == '1'
@@ -189,7 +185,7 @@ for _ = 1, ncompare do
   local cur = load(ARGV[at + 1])
   local failed = check_fails(at, cur)
   if failed == 'hash' then
-    return {ST.NEEDS_HASH, ARGV[at + 1], version_of(cur), cur[1]}
+    return {ST.NEEDS_HASH, ARGV[at + 1], entry_version(cur), cur[1]}
   end
   if failed then
     branch = 0
@@ -276,7 +272,7 @@ local reply = {ST.OK, branch, false, ARGV[10]}
 for index = 1, count do
   local plan = plans[index]
   local kind, cur = plan[1], plan[3] or nil
-  local version, new = cur and tonumber(cur[2]) or 0, false
+  local version, new = entry_version(cur), false
   if plan[9] then
     entry_at(ctx, prefix, ttl_prefix, plan[2])
     if kind == 'delete' then

@@ -50,8 +50,9 @@ if dup then
   return dup
 end
 
-if ARGV[9] ~= '' and (cur and tonumber(cur[2]) or 0) ~= tonumber(ARGV[9]) then
-  return entry_finish({ST.CONFLICT, cur and tonumber(cur[2]) or 0, cur and cur[1] or false})
+local conflict = entry_expect(cur, ARGV[9])
+if conflict then
+  return conflict
 end
 
 local full = entry_key_limit(ctx, cur, ARGV[14 + tonumber(ARGV[13]) * 3])

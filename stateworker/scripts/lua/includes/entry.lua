@@ -422,6 +422,26 @@ local function entry_finish(reply)
   return reply
 end
 
+-- The version of the live entry `cur` (0: absent).
+local function entry_version(cur)
+  return cur and tonumber(cur[2]) or 0
+end
+
+-- The end of a call whose condition on the live entry `cur` does not hold: {ST.CONFLICT, its
+-- version (0 = absent), its value or false}, recorded.
+local function entry_conflict(cur)
+  return entry_finish({ST.CONFLICT, entry_version(cur), cur and cur[1] or false})
+end
+
+-- A call's expected version `want` ("" for none) against the live entry `cur`: its CONFLICT
+-- reply (entry_conflict) when the entry is not at that version, else nil.
+local function entry_expect(cur, want)
+  if want ~= '' and entry_version(cur) ~= tonumber(want) then
+    return entry_conflict(cur)
+  end
+  return nil
+end
+
 -- A bus call answered by its own script (answer.lua; entry_ctx.answer, from ARGV[7]): its
 -- result sent, {ST.ANSWERED}.
 local function entry_answer(result)
