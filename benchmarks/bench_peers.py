@@ -10,8 +10,9 @@ servers' CPU per op beside the bus's: issue 43; `strict`'s writes also in this p
 StateStore.set on its Redis: the `store` column, set only), etcd 3.4 (Debian's, through aetcd),
 NATS JetStream KV at its default and with `sync_interval: always` (through nats-py), and a saq
 job queue (its `set` only: benchmarks/peers_queues.py). For each
-round, every measure runs on every system one after another (set, get and compare-and-set at
-64 in flight: ops/s; one at a time: p50; write -> watch delivery p50/p99 at 1,000 writes/s;
+round, every measure runs on every system one after another, in the reverse order every other
+round (set, get and compare-and-set at 64 in flight: ops/s; one at a time: p50; write -> watch
+delivery p50/p99 at 1,000 writes/s for at least DELIVERY_S;
 ours also write -> trigger handler start, beside the peers' watch); the ratio of each pair is
 taken per round and its median over the rounds is reported, with the medians of the figures.
 CPU per op at 64 in flight of each system's processes (utime + stime from /proc) and of this
@@ -66,6 +67,9 @@ PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"), ("http",
          ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"), ("fast", "saq"),
          ("store", "etcd"))
 OPS = ("set", "get", "cas")
+# A delivery's paced writes last at least this long a round (1,000 a second): a p99 of 1,000
+# samples is their tenth slowest, which swung up to 2x from round to round on this machine.
+DELIVERY_S = 3.0
 
 
 def _rows() -> list[tuple[str, str, bool | None]]:
@@ -82,11 +86,13 @@ def _rows() -> list[tuple[str, str, bool | None]]:
 
 
 async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, dict[str, float]]:
-    """One round: every measure on every peer, one after another; row -> peer -> figure."""
+    """One round: every measure on every peer, one after another (in the reverse order in
+    every other round, so that no system always runs first or last); row -> peer -> figure."""
     got: dict[str, dict[str, float]] = {row: {} for row, _, _ in _rows()}
+    order = list(peers.items()) if tag % 2 == 0 else list(peers.items())[::-1]
     for op in OPS:
         for concurrency in (64, 1):
-            for name, peer in peers.items():
+            for name, peer in order:
                 if op not in peer.ops:  # (a job queue: set only)
                     continue
                 rate, latencies, cpus = await timed_cpus(peer.ops[op], concurrency, seconds,
@@ -98,12 +104,13 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
                 servers = sum(cpu for part, cpu in cpus.items() if part != "caller")
                 got[f"{op} @64 CPU servers"][name] = servers * 1e6
                 got[f"{op} @64 CPU all"][name] = (servers + cpus["caller"]) * 1e6
-    for name, peer in peers.items():
+    paced = max(seconds, DELIVERY_S)
+    for name, peer in order:
         if peer.watch is None:
             continue
-        deliveries = {"watch": await delivery_latency(peer.watch(f"{tag}"), seconds)}
+        deliveries = {"watch": await delivery_latency(peer.watch(f"{tag}"), paced)}
         if peer.trigger is not None:
-            deliveries["trigger"] = await peer.trigger(seconds)
+            deliveries["trigger"] = await peer.trigger(paced)
         for kind, figure in deliveries.items():
             got[f"{kind} p50 @1000/s"][name] = figure["p50_ms"]
             got[f"{kind} p99 @1000/s"][name] = figure["p99_ms"]
