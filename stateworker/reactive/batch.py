@@ -9,7 +9,8 @@ fire-and-forget, `call_id_of`).
 The calls go out in ONE pipeline, followed by the move of the position (`lua/advance.lua`,
 only while the lease holds): at-least-once, since a crash before the move re-dispatches the
 events with the same call ids. With the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL)
-the calls' replies are awaited there before the move is sent to the state's Redis. Before a
+the calls' replies are awaited there and the move is kept in memory, stored by the dispatcher
+within STORE_S with every other partition's (docs/decisions/0060). Before a
 bus condition is asked, the calls gathered so far go out with the position moved to the last
 event whose calls are all out: the events ahead of a pending condition are never held up by
 it; only what follows it in its partition waits. A batch that hands nothing on moves the
@@ -179,40 +180,51 @@ class Batches:
             return None
 
     async def _hand_on(self, partition: int, calls: list[list[Any]], moved: Position) -> bool:
-        """The calls, then the position moved (one pipeline); False when the lease is lost."""
-        keys = self.state.keys.partition(partition)
-        advance = ADVANCE.command(self.state.library, *advance_call(
-            keys.lease, keys.dispatched, self.leases.token, moved.id, moved.n))
+        """The calls, then the position moved (one pipeline); False when the lease is lost.
+        With the bus on a Redis of its own the calls' replies are awaited and the move is left
+        in memory: the dispatcher stores it with the others within STORE_S (`_persist`)."""
         try:
-            replies = await self._send(partition, calls, advance)
+            if self.state.split_bus:
+                replies = await self._send_to_bus(calls)
+            else:
+                keys = self.state.keys.partition(partition)
+                replies = await self._send(partition, calls, ADVANCE.command(
+                    self.state.library, *advance_call(keys.lease, keys.dispatched,
+                                                      self.leases.token, moved.id, moved.n)))
         finally:
             for span in self._sending.pop(partition, ()):  # (their calls out, or failed)
                 span.end()
-        failed = [r for r in replies[:-1] if isinstance(r, ReplyError)]
+        failed = [r for r in replies[:len(calls)] if isinstance(r, ReplyError)]
         if failed:
             self.counts.add("append_errors", len(failed))
             log.error("could not append %d handler calls: %s", len(failed), failed[0],
                       extra={"event": "dispatch.append_failed", "partition": partition})
         self.counts.add("handler_calls", len(calls) - len(failed))
+        if self.state.split_bus:
+            if partition in self.positions:  # (a round may have given it up meanwhile)
+                self.positions[partition] = moved
+            return True
         if not ADVANCE.read(replies[-1]).done:
             return False
         self.positions[partition] = self.stored[partition] = moved
         return True
 
+    async def _send_to_bus(self, calls: list[list[Any]]) -> list[Any]:
+        """The bus on a Redis of its own: no one pipeline spans it and the position. The
+        calls' replies are awaited; the position is stored later, in strict one fsync for
+        every batch of a moment instead of one each (docs/decisions/0060). A crash before it
+        is stored hands the events on again, with the same call ids (at least once, as
+        ever). The bus Redis need not fsync: a call it loses is lost with it (0056)."""
+        replies = await self.state.bus_conn.pipeline(calls)
+        passing = next((r for r in replies if isinstance(r, ReplyError)
+                        and transient_reason(r)), None)
+        if passing is not None:  # (LOADING after its restart ...: not handed on, retried)
+            raise passing
+        return replies
+
     async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any]
                     ) -> list[Any]:
-        """The calls and the position's move on the wire; their replies."""
-        if self.state.split_bus:
-            # The bus on a Redis of its own: no one pipeline spans both. The calls first,
-            # their replies awaited, then the position: a crash between the two hands the
-            # events on again, with the same call ids (at least once, as ever). The bus Redis
-            # need not fsync: a call it loses is lost with it (docs/decisions/0056).
-            replies = await self.state.bus_conn.pipeline(calls)
-            passing = next((r for r in replies if isinstance(r, ReplyError)
-                            and transient_reason(r)), None)
-            if passing is not None:  # (LOADING after its restart ...: not handed on, retried)
-                raise passing
-            return replies + await pipeline(self.state.conn, self.state.library, [advance])
+        """The calls and the position's move on the wire (one Redis); their replies."""
         if self.state.confirm.needed:
             # `strict`: the calls confirmed (on a cluster their streams may be on another
             # primary than the position) before the position moves past their events, so a

@@ -68,6 +68,10 @@ ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partitio
 # A partition stopped by a full target stream (reactive/batch.py, the backlog) is left out of
 # the reads this long, then read again from where it stopped.
 REST_S = 0.2
+# With the bus on a Redis of its own a hand-on moves the position in memory only (reactive/
+# batch.py): the moved positions are stored this often (one advance.lua each, in one
+# pipeline), so a crash hands on again at most this much (docs/decisions/0060).
+STORE_S = 0.1
 
 
 class Dispatcher:
@@ -94,7 +98,7 @@ class Dispatcher:
                                self.positions, self.stored)
         # Blocking reads of the registry and the held partitions (one per slot on a cluster).
         self._reader = StreamReader(connection_like(state.conn))
-        self._last_round = 0.0
+        self._last_round = self._last_store = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
         self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
@@ -144,8 +148,11 @@ class Dispatcher:
         now = anyio.current_time()
         round_s = min(ROUND_S, self.leases.renew_s)
         if now - self._last_round >= round_s or not self.leases.held:
-            self._last_round = now
+            self._last_round = self._last_store = now
             await self._round()
+        elif self.state.split_bus and now - self._last_store >= STORE_S and self._unstored():
+            self._last_store = now
+            await self._persist()
         streams = [self.state.keys.registry]
         ids = [self.registry_id]
         # With no trigger there is nothing to hand on: the rounds move the positions to the
@@ -162,6 +169,8 @@ class Dispatcher:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
         block_ms = ASIDE_BLOCK_MS if self._aside or self._resting else int(round_s * 1000)
+        if self.state.split_bus and self._unstored():  # (stored once the wait ends)
+            block_ms = min(block_ms, int(STORE_S * 1000))
         reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
                                         streams, ids)
         if not reply:
@@ -219,25 +228,29 @@ class Dispatcher:
             if info.added > self.positions[partition].n:
                 self.positions[partition] = Position(info.last_id, info.added)
 
+    def _unstored(self) -> dict[int, Position]:
+        """The positions in memory ahead of what Redis holds."""
+        return {p: position for p, position in sorted(self.positions.items())
+                if self.stored.get(p) != position}
+
     async def _persist(self) -> None:
-        """Store the positions that moved past batches without handler calls (kept in memory
-        until a round: a batch that hands nothing on costs no write)."""
-        dirty = sorted(p for p, position in self.positions.items()
-                       if self.stored.get(p) != position)
+        """Store the positions that moved in memory only: past batches without handler calls
+        (stored at the next round: a batch that hands nothing on costs no write), and, with
+        the bus on a Redis of its own, past hand-ons (within STORE_S)."""
+        dirty = self._unstored()
         if not dirty:
             return
         commands = []
-        for partition in dirty:
+        for partition, position in dirty.items():
             keys = self.state.keys.partition(partition)
-            position = self.positions[partition]
             commands.append(ADVANCE.command(self.state.library, *advance_call(
                 keys.lease, keys.dispatched, self.leases.token, position.id, position.n)))
         replies = await pipeline(self.state.conn, self.state.library, commands)
-        for partition, reply in zip(dirty, replies, strict=True):
-            if ADVANCE.read(reply).done:
-                self.stored[partition] = self.positions[partition]
-            else:
+        for (partition, position), reply in zip(dirty.items(), replies, strict=True):
+            if not ADVANCE.read(reply).done:
                 self._lost(partition)
+            elif partition in self.positions:  # (what was sent: a batch aside may be ahead)
+                self.stored[partition] = position
 
     def _lost(self, partition: int) -> None:
         log.warning("partition %d: lease lost; its new holder goes on", partition,
