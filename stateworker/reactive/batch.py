@@ -17,13 +17,16 @@ it; only what follows it in its partition waits. A batch that hands nothing on m
 position in memory only (stored at the next round).
 
 The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
-target stream must hold fewer entries than that (XLEN once a batch per stream, then counted
-down as calls are added). One that is full stops the batch before the event: what is ahead
+target stream must hold fewer entries than that (its room counted down as calls are added,
+its XLEN read again at most once a batch: when the last read is ROOM_S old or half the room
+is used, `_room_for`). One that is full stops the batch before the event: what is ahead
 goes out, the position stays there, the partition rests (the dispatcher reads it again a
 moment later) and the trigger shows it waits (`waiting_on` in `status`, the metric
 stateworker_trigger_waiting). A dead target's stream so holds at most the backlog plus one
-event's calls, the writes never wait for it (their events wait in the partition's stream,
-which its cap bounds), and nothing is dropped: deliveries go on once its workers drain it.
+event's calls (with several replicas handing on to it, plus what the others added since its
+length was last read: 0.1 s of their calls, below half the backlog), the writes never wait
+for it (their events wait in the partition's stream, which its cap bounds), and nothing is
+dropped: deliveries go on once its workers drain it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import msgspec
 from opentelemetry.trace import Span
 
@@ -54,6 +58,10 @@ from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
+
+# A target stream's length read this recently, with more than half the backlog free, is not
+# read again: its room is counted down by the calls handed on (`Batches._room_for`).
+ROOM_S = 0.1
 
 
 def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
@@ -92,12 +100,17 @@ class Batches:
         # The delivery spans of traced events' calls not sent yet, by partition (its batches
         # may run in tasks of their own): each ends once its call is out (`_hand_on`).
         self._sending: dict[int, list[Span]] = {}
+        # The room of each target stream (the backlog less its length, counted down as calls
+        # are handed on) and when its length was read (`_room_for`).
+        self._room: dict[str, int] = {}
+        self._read_at: dict[str, float] = {}
 
     async def run(self, partition: int, entries: list[Any]) -> Outcome:
         """Hand on one partition's batch (stream entries read after its position)."""
         start = self.positions[partition]
         calls: list[list[Any]] = []
-        room: dict[str, int] = {}  # target stream -> calls it may still take (the backlog)
+        room = self._room  # target stream -> calls it may still take (the backlog)
+        read: set[str] = set()  # the streams whose length this batch read
         self._sending.pop(partition, None)  # (a failed batch's: never sent, never exported)
         for index, (entry_id, flat) in enumerate(entries):
             event = self._event(partition, entry_id, flat)
@@ -106,7 +119,7 @@ class Batches:
             matchers = self.triggers().matching(event, self.granted, partition)
             before = Position(entries[index - 1][0].decode(), start.n + index) \
                 if index else start
-            if matchers and not await self._room_for(partition, matchers, room):
+            if matchers and not await self._room_for(partition, matchers, read):
                 return await self._stop_before(partition, calls, before)
             for matcher in matchers:
                 if matcher.asks_the_bus and calls:  # (what is ahead goes out first)
@@ -125,23 +138,30 @@ class Batches:
             self.positions[partition] = moved  # nothing handed on: stored at the next round
         return Outcome.DONE
 
-    async def _room_for(self, partition: int, matchers: list[Matcher],
-                        room: dict[str, int]) -> bool:
-        """Whether every target stream of the event's triggers is below the backlog (each
-        new stream's XLEN read once a batch, in one round trip); the triggers of a full one
-        are noted as waiting."""
+    async def _room_for(self, partition: int, matchers: list[Matcher], read: set[str]) -> bool:
+        """Whether every target stream of the event's triggers is below the backlog; the
+        triggers of a full one are noted as waiting. A stream's length is read (XLEN, the
+        streams of an event in one round trip) at most once a batch, and not at all while
+        the room last read is fresh (ROOM_S) and more than half the backlog: the room is
+        counted down by every call handed on, so it only errs low (a worker drained
+        meanwhile), but for other replicas' calls, which a fresh read near the limit sees."""
+        room, backlog = self._room, self.state.settings.trigger_backlog
+        now = anyio.current_time()
         targets = {m.trigger.id: self._target(m.trigger, partition) for m in matchers}
-        unknown = sorted(set(targets.values()) - set(room))
-        if unknown:
-            backlog = self.state.settings.trigger_backlog
-            lengths = await self.state.bus_conn.pipeline([["XLEN", t] for t in unknown])
+        stale = sorted(t for t in set(targets.values()) - read
+                       if t not in room or room[t] <= backlog // 2
+                       or now - self._read_at[t] >= ROOM_S)
+        if stale:
+            lengths = await self.state.bus_conn.pipeline([["XLEN", t] for t in stale])
             for length in lengths:
                 if isinstance(length, ReplyError):  # (NOPERM, WRONGTYPE: the batch retries)
                     raise length
-            room.update((t, backlog - int(n)) for t, n in zip(unknown, lengths, strict=True))
+            room.update((t, backlog - int(n)) for t, n in zip(stale, lengths, strict=True))
+            self._read_at.update((t, now) for t in stale)
+            read.update(stale)
         full = {trigger: stream for trigger, stream in targets.items() if room[stream] <= 0}
         for trigger, stream in full.items():
-            self.counts.waiting(trigger, stream, self.state.settings.trigger_backlog - room[stream])
+            self.counts.waiting(trigger, stream, backlog - room[stream])
         return not full
 
     async def _stop_before(self, partition: int, calls: list[list[Any]],

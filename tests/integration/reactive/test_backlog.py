@@ -17,6 +17,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import bus_stream
+from stateworker.reactive import batch
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
@@ -90,9 +91,10 @@ async def test_a_dead_targets_stream_stays_within_the_backlog_and_nothing_is_los
 
 async def test_the_backlog_holds_when_each_event_is_a_batch_of_its_own(
         redis_server: RedisServer, prefix: str, scope: str) -> None:
-    """The dispatcher keeps each target stream's room across batches (its length read behind
-    each hand-on): one event at a time, the stream still stops at the backlog plus one
-    event's calls, and a stream found full is read again once its workers drain it."""
+    """The dispatcher keeps each target stream's room across batches (counted down by its
+    hand-ons; the length read again when stale or half used): one event at a time, the
+    stream still stops at the backlog plus one event's calls, and a stream found full is read
+    again once its workers drain it."""
     stream = bus_stream(prefix, "reactor")
     client_redis = redis_server.client()
     async with serving(redis_server, prefix, scope) as (settings, client):
@@ -111,3 +113,36 @@ async def test_the_backlog_holds_when_each_event_is_a_batch_of_its_own(
         async with Handler(settings).running() as handler:
             await until(lambda: len(handler.calls) >= TRIGGERS * 4, 30, "every delivery")
             assert len({call_id for call_id, _ in handler.calls}) == TRIGGERS * 4
+
+
+async def test_calls_another_replica_added_are_seen_once_half_the_room_is_used(
+        redis_server: RedisServer, prefix: str, scope: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target stream's room is counted down by this dispatcher's hand-ons and read again
+    (XLEN) when half of it is used, however fresh: calls another replica added meanwhile stop
+    the dispatch there. (ROOM_S made long: a read is never stale by its age here.)"""
+    monkeypatch.setattr(batch, "ROOM_S", 3600.0)
+    stream = bus_stream(prefix, "reactor")
+    client_redis = redis_server.client()
+    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        await client.call("state::register-trigger", {
+            "id": "t", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope}})
+        await client.set(scope, "first", 0)  # its batch reads the length: 0, room 50 -> 49
+        await until(lambda: client_redis.xlen(stream) == 1, 30, "the first event's call")
+        for n in range(45):  # another replica's calls, not counted by this dispatcher
+            client_redis.xadd(stream, {"id": f"other-{n}", "fn": "reactor::on_change",
+                                       "body": "{}", "reply": ""})
+        for n in range(40):
+            await client.set(scope, f"k{n}", n)
+
+        async def waits() -> bool:
+            dispatch, _ = await figures(settings)
+            return dispatch["counters"].get("backlog_waits", 0) >= 1
+
+        await until(waits, 30, "the dispatch to stop at the full stream")
+        # 24 more handed on while the room counted was above half (49 -> 25), then the
+        # length read again: 1 + 45 + 24 = 70, 20 over the backlog, and no more.
+        assert client_redis.xlen(stream) == 70
