@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -102,7 +102,7 @@ async def write_to_handler_latency(client: StateClient, settings: Settings, seco
             "p99_ms": round(percentile(delays, 0.99) * 1000, 3)}
 
 
-async def warmed(write: Callable[[int], Awaitable[Any]], delays: list[float]) -> None:
+async def warmed(write: Callable[[int], Coroutine[Any, Any, Any]], delays: list[float]) -> None:
     """The path's first use (a new trigger's load, a new reader's first read) and what comes
     right after it are not the latency a running system has: one write delivered, then WARM_S
     of writes paced at RATE delivered, none counted. (A trigger registered after a burst of
