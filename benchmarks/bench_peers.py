@@ -27,6 +27,7 @@ ratios are None. ops in peers_ops.py, servers in peers_servers.py and floor_stri
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import subprocess
 import tempfile
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_durability import durability_mode
-from benchmarks.benchtime import percentile
+from benchmarks.benchtime import percentile, quiet
 from benchmarks.floor_process import timed_cpus
 from benchmarks.floor_strict import etcd_client, etcd_server
 from benchmarks.peers_ops import (
@@ -105,11 +106,28 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
                 got[f"{op} @64 CPU servers"][name] = servers * 1e6
                 got[f"{op} @64 CPU all"][name] = (servers + cpus["caller"]) * 1e6
     paced = max(seconds, DELIVERY_S)
+    # The HTTP peers' 64 keep-alive connections closed now: left idle, the service closes
+    # them 5 s later (its keep-alive timeout), all at once, in the middle of a delivery
+    # measure (it held deliveries up by 5-19 ms for ~50 ms: a p99 of its own).
+    for peer in peers.values():
+        if peer.idle is not None:
+            await peer.idle()
+    # What this process holds (every peer's client, the rounds' figures) frozen, as
+    # `stateworker serve` freezes its own (stateworker/loop.py): a full collection here
+    # took 30 ms on this 2-core machine, every 15-20 s of the 64-way measures, and one
+    # falling in a delivery measure held up every peer's watch or our trigger's handler,
+    # all of which run in this process.
+    gc.collect()
+    gc.freeze()
     for name, peer in order:
         if peer.watch is None:
             continue
+        # Latency at 1,000 writes/s is measured on a quiet machine: the background work the
+        # 64-way measures left (AOF rewrites, etcd's snapshot, NATS's flushes) done first.
+        await quiet()
         deliveries = {"watch": await delivery_latency(peer.watch(f"{tag}"), paced)}
         if peer.trigger is not None:
+            await quiet()
             deliveries["trigger"] = await peer.trigger(paced)
         for kind, figure in deliveries.items():
             got[f"{kind} p50 @1000/s"][name] = figure["p50_ms"]

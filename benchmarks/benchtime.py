@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -51,3 +52,27 @@ async def paced(write: Callable[[int], Coroutine[Any, Any, Any]], count: int, ra
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def _cpu_times() -> tuple[int, int]:
+    """The machine's busy and total CPU ticks since boot (/proc/stat; idle and iowait are
+    not busy)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+async def quiet(busy_cores: float = 0.3, window_s: float = 0.2, timeout_s: float = 10.0
+                ) -> float:
+    """Wait until fewer than `busy_cores` cores were busy over one `window_s` (what earlier
+    measures left running is done: an AOF rewrite, a server's snapshot or compaction), at
+    most `timeout_s`; the cores busy in the last window."""
+    cores = len(os.sched_getaffinity(0))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy, total = _cpu_times()
+        await anyio.sleep(window_s)
+        busy2, total2 = _cpu_times()
+        share = cores * (busy2 - busy) / max(1, total2 - total)
+        if share < busy_cores or time.monotonic() >= deadline:
+            return share

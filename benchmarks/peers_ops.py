@@ -39,6 +39,8 @@ class Peer:
     # a watch of a fresh key prefix (by its tag) and its write (None: the ops alone)
     watch: Callable[[str], Deliveries] | None
     trigger: Callable[[float], Awaitable[dict[str, float]]] | None = None
+    # closes its idle connections (None: it has none a server would close on a timer)
+    idle: Callable[[], Awaitable[None]] | None = None
 
 
 class _Versioned(msgspec.Struct):
@@ -124,7 +126,11 @@ async def http_peer(mode: Mode, address: str) -> Peer:
         reply = await post(w, "state::set", b'{"scope":"bench","key":"hc%d","value":%s}' % (
             w, VALUE))
         versions[w] = msgspec.json.decode(reply, type=_Reply).result.version
-    return Peer({"set": put, "get": get, "cas": cas}, _pids(mode), None)
+    async def idle() -> None:
+        for client in clients:  # (reopened by the next request)
+            await client.aclose()
+
+    return Peer({"set": put, "get": get, "cas": cas}, _pids(mode), None, idle=idle)
 
 
 class _Reply(msgspec.Struct):
