@@ -13,7 +13,9 @@ job queue (its `set` only: benchmarks/peers_queues.py). For each
 round, every measure runs on every system one after another, in the reverse order every other
 round (set, get and compare-and-set at 64 in flight: ops/s; one at a time: p50; write -> watch
 delivery p50/p99 at 1,000 writes/s for at least DELIVERY_S;
-ours also write -> trigger handler start, beside the peers' watch); the ratio of each pair is
+ours also write -> trigger handler start, beside the peers' watch; the deliveries on a quiet
+machine, with the HTTP peers' idle connections closed and this process's heap frozen: `_round`);
+the ratio of each pair is
 taken per round and its median over the rounds is reported, with the medians of the figures.
 CPU per op at 64 in flight of each system's processes (utime + stime from /proc) and of this
 one (the caller: the client library's work).
