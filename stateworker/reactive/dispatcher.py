@@ -235,8 +235,9 @@ class Dispatcher:
 
     async def _persist(self) -> None:
         """Store the positions that moved in memory only: past batches without handler calls
-        (stored at the next round: a batch that hands nothing on costs no write), and, with
-        the bus on a Redis of its own, past hand-ons (within STORE_S)."""
+        (at the next round: a batch that hands nothing on costs no write of its own) and,
+        with the bus on a Redis of its own, past hand-ons; there every moved position is
+        stored within STORE_S (at most 1/STORE_S writes a second, whatever the batches)."""
         dirty = self._unstored()
         if not dirty:
             return
