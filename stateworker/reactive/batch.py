@@ -203,14 +203,13 @@ class Batches:
         """The calls, then the position moved (one pipeline); False when the lease is lost.
         With the bus on a Redis of its own the calls' replies are awaited and the move is left
         in memory: the dispatcher stores it with the others within STORE_S (`_persist`)."""
+        keys = self.state.keys.partition(partition)
+        advance = None if self.state.split_bus else ADVANCE.command(
+            self.state.library, *advance_call(keys.lease, keys.dispatched, self.leases.token,
+                                              moved.id, moved.n))
         try:
-            if self.state.split_bus:
-                replies = await self._send_to_bus(calls)
-            else:
-                keys = self.state.keys.partition(partition)
-                replies = await self._send(partition, calls, ADVANCE.command(
-                    self.state.library, *advance_call(keys.lease, keys.dispatched,
-                                                      self.leases.token, moved.id, moved.n)))
+            replies = await (self._send_to_bus(calls) if advance is None
+                             else self._send(partition, calls, advance))
         finally:
             for span in self._sending.pop(partition, ()):  # (their calls out, or failed)
                 span.end()
@@ -220,7 +219,7 @@ class Batches:
             log.error("could not append %d handler calls: %s", len(failed), failed[0],
                       extra={"event": "dispatch.append_failed", "partition": partition})
         self.counts.add("handler_calls", len(calls) - len(failed))
-        if self.state.split_bus:
+        if advance is None:
             if partition in self.positions:  # (a round may have given it up meanwhile)
                 self.positions[partition] = moved
             return True

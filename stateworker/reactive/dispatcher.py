@@ -147,10 +147,13 @@ class Dispatcher:
     async def _step(self) -> None:
         now = anyio.current_time()
         round_s = min(ROUND_S, self.leases.renew_s)
+        # (a split bus's hand-ons leave their positions unstored: stored within STORE_S)
+        unstored = self.state.split_bus and any(
+            self.stored.get(p) != position for p, position in self.positions.items())
         if now - self._last_round >= round_s or not self.leases.held:
             self._last_round = self._last_store = now
             await self._round()
-        elif self.state.split_bus and now - self._last_store >= STORE_S and self._unstored():
+        elif unstored and now - self._last_store >= STORE_S:
             self._last_store = now
             await self._persist()
         streams = [self.state.keys.registry]
@@ -169,7 +172,7 @@ class Dispatcher:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
         block_ms = ASIDE_BLOCK_MS if self._aside or self._resting else int(round_s * 1000)
-        if self.state.split_bus and self._unstored():  # (stored once the wait ends)
+        if unstored:  # (stored once the wait ends)
             block_ms = min(block_ms, int(STORE_S * 1000))
         reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
                                         streams, ids)
@@ -228,17 +231,13 @@ class Dispatcher:
             if info.added > self.positions[partition].n:
                 self.positions[partition] = Position(info.last_id, info.added)
 
-    def _unstored(self) -> dict[int, Position]:
-        """The positions in memory ahead of what Redis holds."""
-        return {p: position for p, position in sorted(self.positions.items())
-                if self.stored.get(p) != position}
-
     async def _persist(self) -> None:
         """Store the positions that moved in memory only: past batches without handler calls
         (at the next round: a batch that hands nothing on costs no write of its own) and,
         with the bus on a Redis of its own, past hand-ons; there every moved position is
         stored within STORE_S (at most 1/STORE_S writes a second, whatever the batches)."""
-        dirty = self._unstored()
+        dirty = {p: position for p, position in sorted(self.positions.items())
+                 if self.stored.get(p) != position}
         if not dirty:
             return
         commands = []
