@@ -198,6 +198,9 @@ class Dispatcher:
         """Leases (renew, take, give back the excess), trimming, counters."""
         excess = [p for p in self.leases.excess() if p not in self._aside]  # (later, then)
         if excess:
+            # Stored before they go (a split bus's hand-ons move positions in memory): the
+            # next holder starts where this one got, and hands nothing on again.
+            await self._persist()
             await self.leases.drop(excess)
         taken = await self.leases.round()
         for partition in list(self.positions):

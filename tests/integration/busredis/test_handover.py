@@ -1,0 +1,160 @@
+"""Partitions changing hands with the bus on a Redis of its own (decision 0060: a hand-on moves
+the position in memory, stored within STORE_S): a replica that gives partitions back to one
+that joins stores where it got first, so the joiner hands on nothing again; a replica frozen
+past its lease hands on nothing once it runs again but the batch it had read."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import pytest
+
+from stateworker import StateStore
+from stateworker.keys import bus_stream
+from tests.integration.busproto import until
+from tests.integration.busredis.conftest import Pair
+from tests.servers import RedisServer, ServiceProcess
+
+pytestmark = pytest.mark.anyio
+
+SCOPES = 8
+
+
+def service_env(bus_url: str) -> dict[str, str]:
+    return {"STATEWORKER_BUS_REDIS_URL": bus_url, "STATEWORKER_DURABILITY": "strict",
+            "STATEWORKER_LEASE_MS": "1000"}
+
+
+def handed_on(bus: RedisServer, prefix: str) -> Counter[bytes]:
+    """How many times each trigger call id was appended to the handler's stream."""
+    entries = bus.client().xrange(bus_stream(prefix, "reactor"))
+    return Counter(fields[b"id"] for _, fields in entries)
+
+
+def holders(state: RedisServer, store: StateStore) -> set[bytes | None]:
+    raw, keys = state.client(), store.state.keys
+    return {raw.get(keys.partition(n).lease) for n in range(4)}
+
+
+async def test_a_replica_that_gives_partitions_back_stores_where_it_got_first(
+        pair: Pair, prefix: str, scope: str) -> None:
+    """One replica holds the four partitions and hands on a steady flow of writes; a second
+    joins, takes two (the first gives them back at a round), and writes go on until both
+    hand on. Every write's call is on the handler's stream exactly once: the first stored
+    the positions it had moved before it gave the partitions back."""
+    settings = pair.settings(prefix)
+    replicas = [ServiceProcess(pair.state.url, prefix, consumer=f"r{i}",
+                               env=service_env(pair.bus.url)) for i in range(2)]
+    written = 0
+    try:
+        async with StateStore.open(settings=settings, reaper=False) as store:
+            await store.call("state::register-trigger", {
+                "id": "t1", "function_id": "reactor::on_change", "service": "reactor"})
+            await anyio.to_thread.run_sync(replicas[0].start)
+            await until(lambda: None not in holders(pair.state, store), 30, "the first's leases")
+            writing = True
+
+            async def write(name: str) -> None:
+                nonlocal written
+                n = 0
+                while writing:
+                    n += 1
+                    await store.set(name, "k", n)
+                    written += 1
+
+            async with anyio.create_task_group() as tg:
+                for i in range(SCOPES):
+                    tg.start_soon(write, f"{scope}-{i}")
+                await until(lambda: len(handed_on(pair.bus, prefix)) >= 200, 30, "hand-ons")
+                await anyio.to_thread.run_sync(replicas[1].start)
+                await until(lambda: len(holders(pair.state, store)) == 2, 30, "both holding")
+                at_handover = len(handed_on(pair.bus, prefix))
+                await until(lambda: len(handed_on(pair.bus, prefix)) >= at_handover + 200, 30,
+                            "hand-ons after the handover")
+                writing = False
+            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
+                        f"{written} calls handed on")
+            counts = handed_on(pair.bus, prefix)
+            assert len(counts) == written
+            again = {call_id: n for call_id, n in counts.items() if n > 1}
+            assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
+    finally:
+        for replica in replicas:
+            await anyio.to_thread.run_sync(replica.kill)
+
+
+def revision(call_id: bytes) -> tuple[int, int]:
+    """The event revision of a trigger call id (`t1:p<n>:<ms>-<seq>`)."""
+    ms, seq = call_id.rsplit(b":", 1)[1].split(b"-")
+    return int(ms), int(seq)
+
+
+async def test_a_replica_frozen_past_its_lease_hands_on_nothing_new_once_it_runs_again(
+        pair: Pair, prefix: str, scope: str) -> None:
+    """Two replicas share the partitions; one is frozen (SIGSTOP) mid-flow, past its lease,
+    and the other takes its partitions from the positions it had stored. Handed on again
+    are only events past those positions (the frozen one's moves still in memory). Once it
+    runs again it learns at its first round that its leases are gone: the writes made from
+    then on are each handed on once, whoever holds their partition."""
+    settings = pair.settings(prefix)
+    replicas = [ServiceProcess(pair.state.url, prefix, consumer=f"r{i}",
+                               env=service_env(pair.bus.url)) for i in range(2)]
+    try:
+        async with StateStore.open(settings=settings, reaper=False) as store:
+            await store.call("state::register-trigger", {
+                "id": "t1", "function_id": "reactor::on_change", "service": "reactor"})
+            keys, raw = store.state.keys, pair.state.client()
+            frozen = replicas[0]
+            await anyio.to_thread.run_sync(frozen.start)
+            await until(lambda: None not in holders(pair.state, store), 30, "the first's leases")
+            (token,) = holders(pair.state, store)
+            await anyio.to_thread.run_sync(replicas[1].start)
+            await until(lambda: len(holders(pair.state, store)) == 2, 30, "both holding")
+            writing, written = True, 0
+
+            async def write(name: str) -> None:
+                nonlocal written
+                n = 0
+                while writing:
+                    n += 1
+                    await store.set(name, "k", n)
+                    written += 1
+
+            async with anyio.create_task_group() as tg:
+                for i in range(SCOPES):
+                    tg.start_soon(write, f"{scope}-{i}")
+                await until(lambda: len(handed_on(pair.bus, prefix)) >= 300, 30, "hand-ons")
+                await anyio.to_thread.run_sync(frozen.freeze)
+                # What the frozen one stored: its successor starts there.
+                held = {n for n in range(4) if raw.get(keys.partition(n).lease) == token}
+                assert held, "the frozen replica held no partition"
+                stored = {n: revision(b":" + raw.hget(keys.partition(n).dispatched, "id"))
+                          for n in held}
+                # Its leases expire (1 s) and the other takes them, while the writes go on.
+                await until(lambda: token not in holders(pair.state, store), 30,
+                            "the frozen one's leases taken")
+                writing = False
+            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
+                        f"{written} calls handed on")
+            again = [call_id for call_id, n in handed_on(pair.bus, prefix).items() if n > 1]
+            for call_id in again:  # (the frozen one's, then its successor's)
+                partition = int(call_id.split(b":")[1][1:])
+                assert partition in held and revision(call_id) > stored[partition], call_id
+            await anyio.to_thread.run_sync(frozen.thaw)
+            # It runs again: it may still hand on the batch it had read (at least once), then
+            # its round finds its leases gone; later it takes a share back from the other.
+            await until(lambda: len(holders(pair.state, store)) == 2, 30, "shared again")
+            new = []
+            for n in range(200):
+                name = f"{scope}-{n % SCOPES}"
+                await store.set(name, "after", n)
+                entry = await store.get_entry(name, "after")
+                new.append(f"t1:p{keys.partition_of(name)}:{entry.revision}".encode())
+            await until(lambda: len(handed_on(pair.bus, prefix).keys() & set(new)) == len(new),
+                        30, "the later writes handed on")
+            counts = handed_on(pair.bus, prefix)
+            assert [counts[call_id] for call_id in new] == [1] * len(new)
+    finally:
+        for replica in replicas:
+            await anyio.to_thread.run_sync(replica.kill)
