@@ -19,7 +19,7 @@ position in memory only (stored at the next round).
 The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
 target stream must hold fewer entries than that (its room counted down as calls are added,
 its XLEN read again at most once a batch: when the last read is ROOM_S old or half the room
-is used, `_room_for`). One that is full stops the batch before the event: what is ahead
+is used, `_room_for`; a length read counts the calls gathered and not on the stream yet). One that is full stops the batch before the event: what is ahead
 goes out, the position stays there, the partition rests (the dispatcher reads it again a
 moment later) and the trigger shows it waits (`waiting_on` in `status`, the metric
 stateworker_trigger_waiting). A dead target's stream so holds at most the backlog plus one
@@ -72,12 +72,15 @@ def call_id_of(trigger_id: str, partition: int, revision: str) -> str:
 
 
 class Outcome(enum.Enum):
-    """How a batch ended: every event passed, the lease lost, or stopped before an event
-    whose target stream is full (the backlog)."""
+    """How a batch ended: every event passed, the lease lost, stopped before an event whose
+    target stream is full (the backlog), or the partition no longer the batch's to move (a
+    batch in a task of its own: a round gave it up, found its lease gone, or moved it
+    meanwhile; the position is the round's)."""
 
     DONE = "done"
     LOST = "lost"
     WAITING = "waiting"
+    GONE = "gone"
 
 
 class Batches:
@@ -104,39 +107,62 @@ class Batches:
         # are handed on) and when its length was read (`_room_for`).
         self._room: dict[str, int] = {}
         self._read_at: dict[str, float] = {}
+        # Calls gathered for each target stream and not on it yet (every batch's, until its
+        # hand-on ends): a length read meanwhile does not count them, the room must.
+        self._unsent: dict[str, int] = {}
 
     async def run(self, partition: int, entries: list[Any]) -> Outcome:
         """Hand on one partition's batch (stream entries read after its position)."""
-        start = self.positions[partition]
+        start = at = self.positions[partition]  # `at`: the position this batch last set
         calls: list[list[Any]] = []
         room = self._room  # target stream -> calls it may still take (the backlog)
         read: set[str] = set()  # the streams whose length this batch read
         self._sending.pop(partition, None)  # (a failed batch's: never sent, never exported)
-        for index, (entry_id, flat) in enumerate(entries):
-            event = self._event(partition, entry_id, flat)
-            if event is None:
-                continue
-            matchers = self.triggers().matching(event, self.granted, partition)
-            before = Position(entries[index - 1][0].decode(), start.n + index) \
-                if index else start
-            if matchers and not await self._room_for(partition, matchers, read):
-                return await self._stop_before(partition, calls, before)
-            for matcher in matchers:
-                if matcher.asks_the_bus and calls:  # (what is ahead goes out first)
-                    if not await self._hand_on(partition, calls, before):
-                        return Outcome.LOST
-                    calls = []
-                call = await self._handler_call(matcher, event, partition)
-                if call is not None:
-                    calls.append(call)
-                    room[self._target(matcher.trigger, partition)] -= 1
-                    self.counts.handed_on(matcher.trigger.id)
-        moved = Position(entries[-1][0].decode(), start.n + len(entries))
-        if calls:
-            return Outcome.DONE if await self._hand_on(partition, calls, moved) else Outcome.LOST
-        if partition in self.positions:  # (a round may have given it up meanwhile)
+        try:
+            for index, (entry_id, flat) in enumerate(entries):
+                event = self._event(partition, entry_id, flat)
+                if event is None:
+                    continue
+                matchers = self.triggers().matching(event, self.granted, partition)
+                before = Position(entries[index - 1][0].decode(), start.n + index) \
+                    if index else start
+                if matchers and not await self._room_for(partition, matchers, read):
+                    sending, calls = calls, []
+                    return await self._stop_before(partition, sending, before, at)
+                for matcher in matchers:
+                    if matcher.asks_the_bus and calls:  # (what is ahead goes out first)
+                        sending, calls = calls, []
+                        outcome = await self._hand_on(partition, sending, before, at)
+                        if outcome is not Outcome.DONE:
+                            return outcome
+                        at = before
+                    call = await self._handler_call(matcher, event, partition)
+                    if call is not None:
+                        calls.append(call)
+                        target = self._target(matcher.trigger, partition)
+                        room[target] -= 1
+                        self._unsent[target] = self._unsent.get(target, 0) + 1
+                        self.counts.handed_on(matcher.trigger.id)
+            moved = Position(entries[-1][0].decode(), start.n + len(entries))
+            if calls:
+                sending, calls = calls, []
+                return await self._hand_on(partition, sending, moved, at)
+            if not self._ours(partition, at):
+                return Outcome.GONE
             self.positions[partition] = moved  # nothing handed on: stored at the next round
-        return Outcome.DONE
+            return Outcome.DONE
+        finally:
+            self._sent(calls)  # (gathered, never handed on: the batch failed)
+
+    def _ours(self, partition: int, at: Position) -> bool:
+        """Whether `partition` is still the batch's to move: held, and at the position the
+        batch last set (positions are replaced, never changed: `is` tells a round's)."""
+        return partition in self.leases.held and self.positions.get(partition) is at
+
+    def _sent(self, calls: list[list[Any]]) -> None:
+        """`calls` are no longer waiting to go out (on their streams now, or never)."""
+        for call in calls:  # (an XADD: its stream second)
+            self._unsent[call[1]] -= 1
 
     async def _room_for(self, partition: int, matchers: list[Matcher], read: set[str]) -> bool:
         """Whether every target stream of the event's triggers is below the backlog; the
@@ -156,7 +182,9 @@ class Batches:
             for length in lengths:
                 if isinstance(length, ReplyError):  # (NOPERM, WRONGTYPE: the batch retries)
                     raise length
-            room.update((t, backlog - int(n)) for t, n in zip(stale, lengths, strict=True))
+            unsent = self._unsent  # (gathered by the batches running, not on the stream yet)
+            room.update((t, backlog - int(n) - unsent.get(t, 0))
+                        for t, n in zip(stale, lengths, strict=True))
             self._read_at.update((t, now) for t in stale)
             read.update(stale)
         full = {trigger: stream for trigger, stream in targets.items() if room[stream] <= 0}
@@ -165,14 +193,17 @@ class Batches:
         return not full
 
     async def _stop_before(self, partition: int, calls: list[list[Any]],
-                           before: Position) -> Outcome:
+                           before: Position, at: Position) -> Outcome:
         """A target is full: what is ahead of the event goes out, the rest waits."""
         self.counts.add("backlog_waits")
         if calls:
-            if not await self._hand_on(partition, calls, before):
-                return Outcome.LOST
-        elif partition in self.positions:
+            outcome = await self._hand_on(partition, calls, before, at)
+            if outcome is not Outcome.DONE:
+                return outcome
+        elif self._ours(partition, at):
             self.positions[partition] = before
+        else:
+            return Outcome.GONE
         return Outcome.WAITING
 
     def _target(self, trigger: Trigger, partition: int) -> str:
@@ -199,18 +230,25 @@ class Batches:
                       extra={"event": "dispatch.malformed", "partition": partition})
             return None
 
-    async def _hand_on(self, partition: int, calls: list[list[Any]], moved: Position) -> bool:
-        """The calls, then the position moved (one pipeline); False when the lease is lost.
-        With the bus on a Redis of its own the calls' replies are awaited and the move is left
-        in memory: the dispatcher stores it with the others within STORE_S (`_persist`)."""
+    async def _hand_on(self, partition: int, calls: list[list[Any]], moved: Position,
+                       at: Position) -> Outcome:
+        """The calls, then the position moved from `at` (one pipeline): DONE, LOST (the lease
+        lost), GONE (`_ours`). With the bus on a Redis of its own the calls' replies are
+        awaited and the move is left in memory: the dispatcher stores it with the others
+        within STORE_S (`_persist`); there no script checks the lease, so the batch does,
+        before the calls go and before the move (the round that finds a lease gone drops it
+        from `held` and the position from `positions`)."""
         keys = self.state.keys.partition(partition)
         advance = None if self.state.split_bus else ADVANCE.command(
             self.state.library, *advance_call(keys.lease, keys.dispatched, self.leases.token,
                                               moved.id, moved.n))
         try:
+            if not self._ours(partition, at):
+                return Outcome.GONE
             replies = await (self._send_to_bus(calls) if advance is None
                              else self._send(partition, calls, advance))
         finally:
+            self._sent(calls)
             for span in self._sending.pop(partition, ()):  # (their calls out, or failed)
                 span.end()
         failed = [r for r in replies[:len(calls)] if isinstance(r, ReplyError)]
@@ -220,13 +258,14 @@ class Batches:
                       extra={"event": "dispatch.append_failed", "partition": partition})
         self.counts.add("handler_calls", len(calls) - len(failed))
         if advance is None:
-            if partition in self.positions:  # (a round may have given it up meanwhile)
-                self.positions[partition] = moved
-            return True
+            if not self._ours(partition, at):  # (out, and handed on again by the next holder)
+                return Outcome.GONE
+            self.positions[partition] = moved
+            return Outcome.DONE
         if not ADVANCE.read(replies[-1]).done:
-            return False
+            return Outcome.LOST
         self.positions[partition] = self.stored[partition] = moved
-        return True
+        return Outcome.DONE
 
     async def _send_to_bus(self, calls: list[list[Any]]) -> list[Any]:
         """The bus on a Redis of its own: no one pipeline spans it and the position. The

@@ -125,13 +125,25 @@ class Dispatcher:
         self._scope.cancel()
 
     async def _failed(self, exc: Exception) -> None:
-        """A step failed: go on from the positions in Redis (once it is back, if it was away)."""
+        """A step failed: go on from the positions in Redis (once it is back, if it was away),
+        those moved in memory stored first if Redis takes them (a split bus's hand-ons)."""
         if isinstance(exc, (StateError, ConnectionLost, ReplyError)):
             log.warning("dispatch paused: %s", exc, extra={"event": "dispatch.paused"})
         else:  # a bug: the service goes on; the batch is retried
             log.error("dispatch failed", exc_info=exc, extra={"event": "dispatch.crashed"})
+        await self._store_what_moved()
         self.positions.clear()
         self.stored.clear()
+
+    async def _store_what_moved(self) -> None:
+        """`_persist`, when Redis takes it: a position moves only once its calls are out, so
+        what is stored is handed on (not storing it would hand it on again, and again while
+        a failure repeats)."""
+        try:
+            await self._persist()
+        except (StateError, ConnectionLost, ReplyError) as exc:
+            log.warning("could not store the positions: %s", exc,
+                        extra={"event": "dispatch.store_failed"})
 
     async def _close(self) -> None:
         try:
@@ -172,8 +184,9 @@ class Dispatcher:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
         block_ms = ASIDE_BLOCK_MS if self._aside or self._resting else int(round_s * 1000)
-        if unstored:  # (stored once the wait ends)
-            block_ms = min(block_ms, int(STORE_S * 1000))
+        if unstored:  # (stored once the wait ends: STORE_S after the last store)
+            left = STORE_S - (anyio.current_time() - self._last_store)
+            block_ms = min(block_ms, max(1, int(left * 1000)))
         reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
                                         streams, ids)
         if not reply:
@@ -191,8 +204,8 @@ class Dispatcher:
             if aside:
                 self._aside.add(partition)
                 self._tg.start_soon(self._dispatch_aside, partition, entries)
-            else:
-                await self._dispatch_batch(partition, entries)
+            else:  # (one partition's failure is its own: the others go on)
+                await self._dispatch_or_forget(partition, entries)
 
     async def _round(self) -> None:
         """Leases (renew, take, give back the excess), trimming, counters."""
@@ -216,22 +229,26 @@ class Dispatcher:
             await self._skip_to_ends()
         await self._persist()
         # Trimmed below what is stored (not what is only in memory): a successor resumes
-        # from the stored positions and finds every event it has to read again.
-        cut = await trimming.trim(self.state, self.stored, self.leases.token)
+        # from the stored positions and finds every event it has to read again. A partition
+        # whose batch runs aside is trimmed at a later round (its position is the batch's).
+        settled = {p: position for p, position in self.stored.items() if p not in self._aside}
+        cut = await trimming.trim(self.state, settled, self.leases.token)
         for partition, position in cut.items():
-            self.positions[partition] = self.stored[partition] = position
+            if partition in self.positions and partition not in self._aside:
+                self.positions[partition] = self.stored[partition] = position
         await self.counts.flush()
 
     async def _skip_to_ends(self) -> None:
         """No trigger: the positions to the streams' ends read, if there is still none once
         they are read (one registered meanwhile, not yet loaded, must get the events after
         its start: the next read loads it, and the events are read)."""
-        held = sorted(self.positions)
+        held = sorted(p for p in self.positions if p not in self._aside)
         ends = await trimming.infos(self.state, held)
         if await self.state.conn.execute("HLEN", self.state.keys.triggers):
             return
         for partition, info in zip(held, ends, strict=True):
-            if info.added > self.positions[partition].n:
+            position = self.positions.get(partition)  # (a batch aside may have lost it)
+            if position is not None and info.added > position.n:
                 self.positions[partition] = Position(info.last_id, info.added)
 
     async def _persist(self) -> None:
@@ -291,21 +308,28 @@ class Dispatcher:
 
     # ---- one partition's batch ---------------------------------------------------------------
     async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:
-        """One partition's batch in a task of its own (module docstring). A failure costs this
-        partition its position in memory: the next round reads it again from Redis, and its
-        batch is dispatched again from there."""
+        """One partition's batch in a task of its own (module docstring)."""
+        try:
+            await self._dispatch_or_forget(partition, entries)
+        finally:
+            self._aside.discard(partition)
+
+    async def _dispatch_or_forget(self, partition: int, entries: list[Any]) -> None:
+        """One partition's batch. A failure costs this partition its position in memory (the
+        moves of the others stored first): the next round reads it again from Redis, and
+        its batch is dispatched again from there."""
         try:
             await self._dispatch_batch(partition, entries)
         except (StateError, ConnectionLost, ReplyError) as exc:
             log.warning("partition %d: dispatch paused: %s", partition, exc,
                         extra={"event": "dispatch.paused", "partition": partition})
-            self._forget(partition)
         except Exception:  # a bug: the dispatcher goes on; the batch is retried
             log.exception("partition %d: dispatch failed", partition,
                           extra={"event": "dispatch.crashed", "partition": partition})
-            self._forget(partition)
-        finally:
-            self._aside.discard(partition)
+        else:
+            return
+        await self._store_what_moved()
+        self._forget(partition)
 
     def _forget(self, partition: int) -> None:
         self.positions.pop(partition, None)

@@ -146,3 +146,34 @@ async def test_calls_another_replica_added_are_seen_once_half_the_room_is_used(
         # 24 more handed on while the room counted was above half (49 -> 25), then the
         # length read again: 1 + 45 + 24 = 70, 20 over the backlog, and no more.
         assert client_redis.xlen(stream) == 70
+
+
+async def test_a_length_read_mid_batch_counts_the_calls_the_batch_gathered_and_not_sent(
+        redis_server: RedisServer, prefix: str, scope: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch of 100 events for a stream with room for 49: its calls are gathered, not on
+    the stream, when half the room is used and the length is read again (1); the room is the
+    backlog less that length and the 24 gathered, so the batch stops at the backlog exactly.
+    (ROOM_S made long: the length is read again for half the room only.)"""
+    monkeypatch.setattr(batch, "ROOM_S", 3600.0)
+    stream = bus_stream(prefix, "reactor")
+    client_redis = redis_server.client()
+    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        await client.call("state::register-trigger", {
+            "id": "t", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope}})
+        await client.set(scope, "first", 0)  # its batch reads the length: 0, room 50 -> 49
+        await until(lambda: client_redis.xlen(stream) == 1, 30, "the first event's call")
+        await client.call("state::on-config-change", {"triggers_enabled": False})
+        for n in range(100):  # (paused: the dispatcher reads them as one batch)
+            await client.set(scope, f"k{n}", n)
+        await client.call("state::on-config-change", {"triggers_enabled": None})
+
+        async def waits() -> bool:
+            dispatch, _ = await figures(settings)
+            return dispatch["counters"].get("backlog_waits", 0) >= 1
+
+        await until(waits, 30, "the dispatch to stop at the full stream")
+        assert client_redis.xlen(stream) == BACKLOG
