@@ -19,10 +19,11 @@ position in memory only (stored at the next round).
 The backlog (`trigger_backlog`, STATEWORKER_TRIGGER_BACKLOG): before an event's calls, each
 target stream must hold fewer entries than that (its room counted down as calls are added,
 its XLEN read again at most once a batch: when the last read is ROOM_S old or half the room
-is used, `_room_for`; a length read counts the calls gathered and not on the stream yet). One that is full stops the batch before the event: what is ahead
-goes out, the position stays there, the partition rests (the dispatcher reads it again a
-moment later) and the trigger shows it waits (`waiting_on` in `status`, the metric
-stateworker_trigger_waiting). A dead target's stream so holds at most the backlog plus one
+is used, `_room_for`; a length read counts the calls gathered and not on the stream yet).
+One that is full stops the batch before the event: what is ahead goes out, the position
+stays there, the partition rests (the dispatcher reads it again a moment later) and the
+trigger shows it waits (`waiting_on` in `status`, the metric stateworker_trigger_waiting).
+A dead target's stream so holds at most the backlog plus one
 event's calls (with several replicas handing on to it, plus what the others added since its
 length was last read: 0.1 s of their calls, below half the backlog), the writes never wait
 for it (their events wait in the partition's stream, which its cap bounds), and nothing is

@@ -103,6 +103,8 @@ class Dispatcher:
         self._tg: TaskGroup
         self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
         self._resting: dict[int, float] = {}  # partition -> when it is read again (backlog)
+        # partition -> (its position in memory, the one stored) when its lease went (`_lapse`)
+        self._lapsed: dict[int, tuple[Position, Position]] = {}
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -218,11 +220,14 @@ class Dispatcher:
         taken = await self.leases.round()
         for partition in list(self.positions):
             if partition not in self.leases.held:
-                del self.positions[partition]
-                self.stored.pop(partition, None)
+                self._lapse(partition)
         for partition in sorted(taken | (self.leases.held - set(self.positions))):
-            self.positions[partition] = self.stored[partition] = await trimming.position(
-                self.state, partition, self.leases.token)
+            stored = await trimming.position(self.state, partition, self.leases.token)
+            moved, stored_here = self._lapsed.pop(partition, (None, None))
+            # A lease that ran out before its renewal, taken straight back: Redis holds what
+            # this replica stored, so no one moved it since, and the moves in memory stand.
+            self.positions[partition] = moved if moved and stored_here == stored else stored
+            self.stored[partition] = stored
         if self.registry_id == "0-0":
             await self.reload_triggers()
         if not self.triggers.count:
@@ -276,7 +281,14 @@ class Dispatcher:
         log.warning("partition %d: lease lost; its new holder goes on", partition,
                     extra={"event": "dispatch.lease_lost", "partition": partition})
         self.leases.held.discard(partition)
-        self._forget(partition)
+        self._lapse(partition)
+
+    def _lapse(self, partition: int) -> None:
+        """The partition's lease is gone: its positions kept aside, for a round that takes
+        it back before anyone else moved it (`_round`)."""
+        moved, stored = self.positions.pop(partition, None), self.stored.pop(partition, None)
+        if moved is not None and stored is not None:
+            self._lapsed[partition] = (moved, stored)
 
     async def reload_triggers(self) -> None:
         if self.registry_id == "0-0":  # first load: follow the registry from its end

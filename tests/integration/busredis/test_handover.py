@@ -158,3 +158,50 @@ async def test_a_replica_frozen_past_its_lease_hands_on_nothing_new_once_it_runs
     finally:
         for replica in replicas:
             await anyio.to_thread.run_sync(replica.kill)
+
+
+async def test_a_lease_renewed_too_late_and_taken_back_hands_nothing_on_again(
+        pair: Pair, prefix: str, scope: str) -> None:
+    """A replica's lease on a partition runs out before its renewal (here: the lease key
+    removed, as its expiry would) and no other replica takes it: the replica takes it straight
+    back, finds in Redis the position it stored itself, and goes on from the one it had in
+    memory. Every write's call is on the handler's stream exactly once."""
+    settings = pair.settings(prefix)
+    replica = ServiceProcess(pair.state.url, prefix, env=service_env(pair.bus.url))
+    written = 0
+    try:
+        async with StateStore.open(settings=settings, reaper=False) as store:
+            await store.call("state::register-trigger", {
+                "id": "t1", "function_id": "reactor::on_change", "service": "reactor"})
+            await anyio.to_thread.run_sync(replica.start)
+            await until(lambda: None not in holders(pair.state, store), 30, "its leases")
+            (token,) = holders(pair.state, store)
+            raw, keys = pair.state.client(), store.state.keys
+            writing = True
+
+            async def write(name: str) -> None:
+                nonlocal written
+                n = 0
+                while writing:
+                    n += 1
+                    await store.set(name, "k", n)
+                    written += 1
+
+            async with anyio.create_task_group() as tg:
+                for i in range(SCOPES):
+                    tg.start_soon(write, f"{scope}-{i}")
+                for partition in range(4):  # each lease lapses once, mid-flow
+                    lease = keys.partition(partition).lease
+                    enough = 100 * (partition + 1)
+                    await until(lambda: len(handed_on(pair.bus, prefix)) >= enough,  # noqa: B023
+                                30, "hand-ons")
+                    raw.delete(lease)
+                    await until(lambda: raw.get(lease) == token, 30,  # noqa: B023
+                                "the lease taken back")
+                writing = False
+            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
+                        f"{written} calls handed on")
+            again = {call_id: n for call_id, n in handed_on(pair.bus, prefix).items() if n > 1}
+            assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
+    finally:
+        await anyio.to_thread.run_sync(replica.kill)
