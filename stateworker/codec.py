@@ -295,3 +295,12 @@ def tree_from_json(text: bytes, field: str, max_bytes: int) -> Any:
         raise surrogate_error(text, f"$.{field}") or InvalidRequest(
             f"$.{field}: not valid JSON: {exc}", {"path": f"$.{field}"}) from exc
     return tree
+
+
+def whole_number(text: str, most_digits: int = 18) -> int | None:
+    """The value of a text of ASCII digits, at most `most_digits` of them; None for any other
+    text. (`str.isdigit` takes other scripts' digits and superscripts, which `int` refuses,
+    and `int` refuses more than 4,300 digits: a caller's text checked so cannot crash.)"""
+    if not (0 < len(text) <= most_digits and text.isascii() and text.isdigit()):
+        return None
+    return int(text)

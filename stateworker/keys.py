@@ -92,6 +92,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
+from stateworker.codec import whole_number
 from stateworker.errors import shown
 
 
@@ -337,8 +338,9 @@ def bus_shard_of_stream(prefix: str, stream: str) -> tuple[str, int]:
     no shard tag is shard 0 of the service after `<prefix>:bus:`)."""
     service = stream[len(bus_stream(prefix, "")):]
     head, brace, tail = service.rpartition(f":{{{prefix}:p")
-    if brace and tail.endswith("}") and tail[:-1].isdigit():
-        return head, int(tail[:-1])
+    shard = whole_number(tail[:-1], 6) if brace and tail.endswith("}") else None
+    if shard is not None:
+        return head, shard
     return service, 0
 
 

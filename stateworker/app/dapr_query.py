@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from stateworker.app.dapr_requests import DaprError, malformed
+from stateworker.codec import whole_number
 from stateworker.errors import shown
 from stateworker.state.query import predicates
 
@@ -143,6 +144,7 @@ def _sorted(entries: list[Entry], parts: tuple[str, ...], descending: bool) -> l
 def _offset(token: str | None) -> int:
     if not token:
         return 0
-    if not token.isdigit() or len(token) > 9:
+    offset = whole_number(token, 9)
+    if offset is None:
         raise malformed(f"$.page.token: not a token this query gave, got {shown(token)}")
-    return int(token)
+    return offset

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from stateworker.codec import whole_number
 from stateworker.errors import HTTP_STATUS, ConfigError, StateError, shown
 from stateworker.settings import Settings
 
@@ -149,11 +150,11 @@ def expected(etag: str | None, where: str, code: str) -> dict[str, int]:
     ours is an entry's version, as GET gave it: any other is Dapr's invalid ETag (400)."""
     if etag is None or etag == "":
         return {}
-    text = etag.strip('"')
-    if not text.isdigit() or not 1 <= int(text) <= 2**53:
+    version = whole_number(etag.strip('"'))
+    if version is None or not 1 <= version <= 2**53:
         raise DaprError(code, 400, f"{where}: invalid etag {shown(etag)}: an ETag of this store "
                                    "is what GET or bulk gave for the key")
-    return {"expected_version": int(text)}
+    return {"expected_version": version}
 
 
 def ttl_ms(metadata: dict[str, str], where: str) -> int | None:
@@ -162,10 +163,11 @@ def ttl_ms(metadata: dict[str, str], where: str) -> int | None:
     ttl = metadata.get("ttlInSeconds")
     if ttl is None or ttl == "-1":
         return None
-    if not ttl.isdigit() or int(ttl) == 0:
-        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, 1 or more (or -1), "
-                        f"got {shown(ttl)}")
-    return int(ttl) * 1000
+    seconds = whole_number(ttl, 12)  # (more than 30,000 years)
+    if not seconds:
+        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, 1 to 12 digits (or "
+                        f"-1), got {shown(ttl)}")
+    return seconds * 1000
 
 
 def upsert(item: Item, key: str, metadata: dict[str, str], where: str,

@@ -70,9 +70,6 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         _limit("id", raw_id, MAX_ID_BYTES)
         _limit("reply", reply, MAX_REPLY_KEY_BYTES)
         _limit("caller", caller, MAX_ID_BYTES)
-        execution = context.get("execution_id")
-        if isinstance(execution, str):
-            _limit("context.execution_id", execution.encode(), MAX_ID_BYTES)
         digest = call_digest(fn, body)
         named = None if caller is None else _text(fields, b"caller")
         if principal is not None:
@@ -175,4 +172,7 @@ def parse_context(raw: bytes | None, limit: int, field: str = "context") -> dict
         raise InvalidRequest(f"{field}: not valid JSON: {exc}", {"path": field}) from exc
     if not isinstance(context, dict):
         raise InvalidRequest(f"{field}: must be a JSON object", {"path": field})
+    execution = context.get("execution_id")  # (the writer every event records: `updated_by`)
+    if isinstance(execution, str):
+        _limit(f"{field}.execution_id", execution.encode(), MAX_ID_BYTES)
     return context

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from stateworker.bus.client import MAX_TIMEOUT_S
+from stateworker.codec import whole_number
 from stateworker.errors import StateError, shown
 from stateworker.keys import MAX_SERVICE_BYTES, bus_name_problem
 from stateworker.settings import Settings
@@ -77,10 +78,11 @@ def duration_ms(text: str) -> int:
 
 def version_number(text: str) -> int:
     """An entry's version: 0 (the key absent) or more."""
-    if not (text.isascii() and text.isdigit()):
+    version = whole_number(text)
+    if version is None:
         raise argparse.ArgumentTypeError(f"must be a version, a whole number of 0 or more "
                                          f"(0: the key must be absent), got {shown(text)}")
-    return int(text)
+    return version
 
 
 def json_object(text: str) -> dict[str, Any]:

@@ -251,3 +251,36 @@ async def test_a_store_spanning_scopes_keys_by_app(dapr: httpx.AsyncClient, scop
     assert refusal(mixed) == (400, "ERR_MALFORMED_REQUEST", None)
     plain = await save(dapr, "spread", {"key": "k", "value": 1})
     assert refusal(plain)[:2] == (400, "ERR_MALFORMED_REQUEST") and "||" in plain.json()["message"]
+
+
+@pytest.mark.parametrize(("where", "number"), [
+    ("etag", "²"), ("etag", "9" * 5000), ("if-match", "²"), ("ttl", "²"), ("ttl", "9" * 5000),
+    ("ttl-url", "9" * 5000), ("token", "²")])
+async def test_numbers_in_other_digits_or_too_long_are_refused_not_crashed(
+        dapr: httpx.AsyncClient, scope: str, where: str, number: str) -> None:
+    """What `str.isdigit` takes and `int` refuses (a superscript, 5,000 digits): Dapr's 400 for
+    that field, never the server's 500."""
+    await save(dapr, scope, {"key": "k", "value": 1})
+    if where == "etag":
+        refused = await save(dapr, scope, {"key": "k", "value": 2, "etag": number})
+        code, field = "ERR_STATE_SAVE", "$[0].etag"
+    elif where == "if-match":
+        refused = await dapr.delete(f"/{scope}/k", headers=[(b"If-Match", number.encode("latin-1")
+                                                             if len(number) == 1 else number.encode())])
+        code, field = "ERR_STATE_DELETE", "If-Match"
+    elif where == "ttl":
+        refused = await save(dapr, scope, {"key": "k", "value": 2,
+                                           "metadata": {"ttlInSeconds": number}})
+        code, field = "ERR_MALFORMED_REQUEST", "$[0].metadata.ttlInSeconds"
+    elif where == "ttl-url":
+        refused = await dapr.post(f"/{scope}?metadata.ttlInSeconds={number}",
+                                  content=b'[{"key":"k","value":2}]')
+        code, field = "ERR_MALFORMED_REQUEST", "ttlInSeconds"
+    else:
+        query = str(dapr.base_url).rstrip("/").replace("/v1.0/", "/v1.0-alpha1/") + f"/{scope}/query"
+        refused = await dapr.post(query, content=msgspec.json.encode(
+            {"filter": {}, "sort": [{"key": "a"}], "page": {"token": number}}))
+        code, field = "ERR_MALFORMED_REQUEST", "$.page.token"
+    assert refusal(refused)[:2] == (400, code), refused.text
+    assert field in refused.json()["message"]
+    assert (await dapr.get(f"/{scope}/k")).json() == 1  # nothing written

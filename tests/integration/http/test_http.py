@@ -198,3 +198,22 @@ async def test_a_page_of_another_site_may_not_call(served: tuple[StateService, h
                           headers={"Origin": f"http://{service.http_address}"})
     assert own.json()["ok"] is True
     assert (await http.get("/healthz", headers={"Origin": "http://evil.example"})).status_code == 200
+
+
+async def test_a_writer_name_over_the_limit_is_refused_at_every_door(
+        served: tuple[StateService, httpx.AsyncClient]) -> None:
+    """`context.execution_id` is recorded as the writer of the entry and of its every event
+    (`updated_by`): the HTTP face holds it to the bus's limit, naming its header."""
+    _, http = served
+    context = msgspec.json.encode({"execution_id": "x" * 257}).decode()
+    status, doc = await post(http, "state::set", {"scope": "o", "key": "k", "value": 1},
+                             **{"X-Stateworker-Context": context})
+    assert status == 400 and doc["error"]["code"] == "INVALID_REQUEST"
+    assert doc["error"]["details"] == {"path": "X-Stateworker-Context.execution_id",
+                                       "size": 257, "limit": 256}
+    status, doc = await post(http, "state::get", {"scope": "o", "key": "k"})
+    assert status == 200 and doc["result"] is None  # (nothing written)
+    context = msgspec.json.encode({"execution_id": "x" * 256}).decode()
+    status, doc = await post(http, "state::set", {"scope": "o", "key": "k", "value": 1},
+                             **{"X-Stateworker-Context": context})
+    assert status == 200 and doc["ok"], doc
