@@ -73,14 +73,33 @@ async def _pending(state: RedisState) -> bool:
     return markers.restoring == generation.PENDING
 
 
+async def _meta_put_back(state: RedisState, pg: PgConnection) -> bool:
+    """Whether the meta hash was lost alone (on a cluster its node came back empty, the
+    partitions' did not: a partition's or the registry's marker is PostgreSQL's generation):
+    then it is put back as the snapshotter puts it back (its layout facts, the generation),
+    the prefix no longer undecided, and the usual checks follow. Else it is new or wiped."""
+    follows = await pg_generation.stored(pg, state.settings.prefix)
+    markers = await generation.read(state.conn, state.keys)
+    if follows is None or (follows not in markers.partitions and markers.registry != follows):
+        return False
+    log.warning("the meta hash of prefix %s was lost alone (its partitions are of generation "
+                "%s, as PostgreSQL): put back", state.settings.prefix, follows,
+                extra={"event": "repair.meta_back"})
+    await generation.keep_meta(state.conn, state.keys, follows)
+    await generation.decided(state.conn, state.keys)
+    state.created = False
+    return True
+
+
 async def lost(state: RedisState, pg: PgConnection) -> str | None:
     """Why Redis needs the restore (new, or behind PostgreSQL); None: it does not."""
     prefix = state.settings.prefix
     row = await (await pg.execute(HOLDS, {"p": prefix})).fetchone()
     if not row or not row[0]:
         return None
-    if state.created:
-        return f"Redis holds nothing of prefix {shown(prefix)} (no meta key) but PostgreSQL does"
+    if state.created and not await _meta_put_back(state, pg):
+        return (f"Redis has no meta hash of prefix {shown(prefix)} ({state.keys.meta}: a new or "
+                "wiped Redis) but PostgreSQL holds the prefix")
     markers = await generation.read(state.conn, state.keys)
     problem = markers.problem()
     if problem is not None:
@@ -100,7 +119,7 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
 async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     prefix = state.settings.prefix
     markers = await generation.read(state.conn, state.keys)
-    if markers.restoring is None and await restore.holds_entries(state):
+    if not markers.restore_begun and await restore.holds_entries(state):
         raise ConfigError(
             f"{reason}, and Redis still holds entries of prefix {shown(prefix)}: restore rebuilds, it "
             f"does not merge. Keep this Redis as it is (start on a copy of its data that is "

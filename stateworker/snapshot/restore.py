@@ -117,7 +117,7 @@ async def _run(state: RedisState, commands: list[list[Any]]) -> list[Any]:
 
 async def _refuse_non_empty(state: RedisState) -> None:
     markers = await generation.read(state.conn, state.keys)
-    if markers.restoring is None and await holds_entries(state):
+    if not markers.restore_begun and await holds_entries(state):
         raise RestoreRefused(
             f"Redis already holds entries of prefix {shown(state.settings.prefix)}: restore "
             "rebuilds an empty Redis (a new server, or one flushed), it does not merge; nothing "
@@ -180,6 +180,11 @@ async def _restore(state: RedisState, pg: PgConnection,
     prefix = state.settings.prefix
     generation_id = generation.new_generation()
     await generation.begin_restore(state.conn, state.keys, generation_id)
+    # PostgreSQL follows the restore's generation before anything is read from it: a commit
+    # of what a snapshotter read in the Redis of before ends first, and none commits after,
+    # so the rows, barriers and call records read below are one state (a call's record is
+    # never restored without its change, decision 0036).
+    await tables.follow(pg, prefix, generation_id, await _registry_added(state))
     summary = Summary()
     now = now_ms()
     live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
@@ -285,8 +290,6 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
     in PostgreSQL with the restore's generation (from now on the one it follows)."""
     count = state.settings.partitions
     infos = await trimming.infos(state, list(range(count)))
-    (reply,) = await state.conn.pipeline([["XINFO", "STREAM", state.keys.registry]])
-    registry = stream_info(reply, state.keys.registry)  # (None: no registry stream yet)
     commands: list[list[Any]] = []
     for n, info in enumerate(infos):
         part = state.keys.partition(n)
@@ -296,4 +299,11 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)
                                   for n, i in enumerate(infos)}, generation_id,
-                                 registry.entries_added if registry else 0)
+                                 await _registry_added(state))
+
+
+async def _registry_added(state: RedisState) -> int:
+    """The entries ever added to the registry stream (0: none yet)."""
+    (reply,) = await state.conn.pipeline([["XINFO", "STREAM", state.keys.registry]])
+    registry = stream_info(reply, state.keys.registry)
+    return registry.entries_added if registry else 0

@@ -193,6 +193,13 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
                     [(prefix, to_pg(k), to_pg(v)) for k, v in rows.items()])
 
 
+async def follow(conn: PgConnection, prefix: str, generation: str, registry_added: int) -> None:
+    """A restore, before it reads PostgreSQL: PostgreSQL follows its `generation` (a commit
+    in progress of the Redis of before ends first; none commits after)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await replace(cursor, prefix, generation, registry_added)
+
+
 async def reset_positions(conn: PgConnection, prefix: str,
                           positions: dict[int, StoredPosition], generation: str,
                           registry_added: int) -> None:

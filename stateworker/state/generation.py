@@ -73,6 +73,20 @@ class Markers:
             or self.lost_seen or self.lost_reason is not None
 
     @property
+    def may_begin(self) -> bool:
+        """A process may begin the prefix anew in this Redis: no snapshotter found it lost and
+        no restore began or waits (else PostgreSQL holds it, and a restore alone brings it
+        back: a new generation would let writes in on the empty Redis)."""
+        return not self.lost_seen and self.lost_reason is None and self.restoring is None
+
+    @property
+    def restore_begun(self) -> bool:
+        """A restore began here and has not finished: the next one goes on over what it
+        wrote. Not `PENDING` (a prefix new here, undecided): Redis then holds no entry, and
+        one that does lost its meta hash alone (a cluster node back empty), not its data."""
+        return self.restoring is not None and self.restoring != PENDING
+
+    @property
     def missing(self) -> list[int]:
         """The partitions whose marker is gone."""
         return [n for n, gen in enumerate(self.partitions) if gen is None]
@@ -184,10 +198,15 @@ async def defer(conn: RedisConnection, keys: KeySpace) -> None:
 async def begin_fresh(conn: RedisConnection, keys: KeySpace) -> str:
     """The repair at start found nothing to restore: the prefix begins (`begin`)."""
     generation = await begin(conn, keys)
+    await decided(conn, keys)
+    return generation
+
+
+async def decided(conn: RedisConnection, keys: KeySpace) -> None:
+    """The repair at start decided: the prefix is no longer `PENDING`."""
     held = await conn.execute("HGET", keys.meta, RESTORING_FIELD)
     if held == PENDING.encode():
         await conn.execute("HDEL", keys.meta, RESTORING_FIELD)
-    return generation
 
 
 async def mark_lost(conn: RedisConnection, keys: KeySpace, partitions: list[int],
@@ -240,8 +259,7 @@ async def check(state: RedisState) -> str | None:
     problem = markers.problem()  # (the state was opened: the prefix began here, markers held)
     # Without a snapshot of its own, this process begins the prefix anew, unless a snapshotter
     # (another process's) found it lost, or a restore runs: then PostgreSQL holds it.
-    if problem is not None and state.settings.postgres_url is None and not markers.lost_seen \
-            and markers.restoring is None:
+    if problem is not None and state.settings.postgres_url is None and markers.may_begin:
         log.error("Redis lost the data of prefix %s (%s), and with no PostgreSQL snapshot "
                   "(STATEWORKER_POSTGRES_URL) there is nothing to restore it from: the prefix "
                   "begins anew in this Redis", state.settings.prefix, problem,

@@ -137,7 +137,8 @@ async def check_server(state: RedisState) -> None:
         await begin_history(conn, keys, "new")
         await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
         if settings.postgres_url is None:
-            await generation.begin(conn, keys)
+            if (await generation.read(conn, keys)).may_begin:  # (not a Redis found wiped)
+                await generation.begin(conn, keys)
         else:  # (new, or wiped? PostgreSQL knows: the repair at start asks it, or a restore)
             await generation.defer(conn, keys)
     elif int(stored) != keys.partitions:
@@ -154,7 +155,7 @@ async def _markers_at_start(state: RedisState) -> None:
     no PostgreSQL snapshot, markers gone (a cluster node that came back empty) are begun anew
     (generation.check says so in the log); with one, the repair at start decides."""
     markers = await generation.read(state.conn, state.keys)
-    if markers.meta is None and markers.restoring is None:
+    if markers.meta is None and markers.may_begin:
         await generation.begin(state.conn, state.keys)
     elif state.settings.postgres_url is None:
         await generation.check(state)

@@ -161,7 +161,7 @@ async def test_the_service_repairs_a_wiped_redis_at_start(
         async with StateService.running(settings, BusOptions(block_ms=50)):
             repaired = [r.getMessage() for r in caplog.records
                         if getattr(r, "event", "") == "repair.start"]
-            assert repaired and "no meta key" in repaired[0]
+            assert repaired and "no meta hash" in repaired[0]
             await check_restored(target.client(), settings, entries, barriers)
     finally:
         if target is not own_redis:
@@ -179,7 +179,7 @@ async def test_with_repair_off_the_service_refuses_and_names_the_command(
                             "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert serve.returncode == 2, serve.stderr
     assert "run `stateworker restore`" in serve.stderr and "STATEWORKER_REPAIR=false" in serve.stderr
-    assert "no meta key" in serve.stderr
+    assert "no meta hash" in serve.stderr
     assert client.dbsize() == 0  # left as found: the next start sees the same
 
     # So again, in-process; then the command it names rebuilds Redis.
