@@ -152,8 +152,17 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
             with anyio.CancelScope(shield=True):
                 await watch.close()
             raise
+        holds = logins.still_holds(request, principal)
+
+        def allowed(scope: str) -> bool:  # (a role may lose the scope while the tail runs)
+            try:
+                _may_read(state, principal, scope)
+            except StateError:
+                return False
+            return holds()
+
         events = _events(watch, prefix, lambda scope: _shown(state, principal, scope),
-                         lambda: tails.give_back(caller))
+                         holds, allowed, lambda: tails.give_back(caller))
         return _Tail(events, stopping, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache"})
 
@@ -266,15 +275,23 @@ def _shown(state: RedisState, principal: str | None, scope: str) -> bool:
 
 
 async def _events(watch: Watch, prefix: str | None, shown: Callable[[str], bool],
+                  holds: Callable[[], bool], allowed: Callable[[str], bool],
                   ended: Callable[[], None]) -> AsyncIterator[bytes]:
     """The watch's events as server-sent events; its bookmarks as comments, which keep the
-    connection alive (and show a closed one: the write fails, the watch closes)."""
+    connection alive (and show a closed one: the write fails, the watch closes). The login
+    (`holds`) and the read grant on each event's scope (`allowed`) are asked again at every
+    item, not only at the open: the stream ends once the login is over (a logout, a new
+    password) or the principal may no longer read what comes."""
     try:
         yield b": watching\n\n"
         async for item in watch:
             if not isinstance(item, Event):
+                if not holds():
+                    return
                 yield b": " + item.revision.encode() + b"\n\n"
             elif (prefix is None or item.key.startswith(prefix)) and shown(item.scope):
+                if not allowed(item.scope):
+                    return
                 yield b"data: " + document_json(item) + b"\n\n"
     finally:
         ended()

@@ -34,6 +34,7 @@ import hashlib
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -104,6 +105,24 @@ class Logins:
             self.sessions.pop(token, None)
             return None
         return session[0]
+
+    def still_holds(self, request: Request, principal: str | None) -> Callable[[], bool]:
+        """A cheap check, made once `principal_of(request)` gave `principal`, that the login
+        still holds (principal_of's rule): the session is still kept and not expired, or the
+        Basic credential's principal has the record it had now. What outlives its request
+        (a live tail) asks it again and again: a logout, a new password, other roles end it."""
+        if principal is None:  # (`off` mode: nobody logged in, nothing to end)
+            return lambda: True
+        if _credential(request) is not None:
+            record = self.state.access.principal(principal)
+            return lambda: record is not None and self.state.access.principal(principal) == record
+        token = request.cookies.get(COOKIE, "")
+
+        def session_holds() -> bool:
+            session = self.sessions.get(token)
+            return session is not None and session[1] >= time.monotonic() and \
+                session[2] == self.state.access.principal(session[0])
+        return session_holds
 
     async def _prove(self, principal: str, password: str) -> None:
         """Raises UnknownCaller unless `principal` is a principal of this service and Redis

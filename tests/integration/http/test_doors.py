@@ -263,3 +263,57 @@ async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
             assert (refused.status_code, refused.json()["details"][0]["reason"]) == (
                 401, "UNKNOWN_CALLER"), headers
     assert await StateStore(served.state).get("statestore", "k") == 1
+
+
+async def test_a_live_tail_ends_with_its_login_or_its_grant(served: StateService) -> None:
+    """A tail is checked at every event, not only at its open: a logout ends the session's
+    tail, a new password the Basic credential's, a role losing the scope the tail of a
+    principal of that role; none of them shows what was written after."""
+    state, store = served.state, StateStore(served.state)
+    await principals.add_principal(state, "tailer", [await role(state, ["read"], ["orders"])], ())
+    await principals.set_user(state, "tailer", "pass-1")
+    keeper_role = await role(state, ["read"], ["orders"])
+    await principals.add_principal(state, "keeper", [keeper_role], ())
+    await principals.set_user(state, "keeper", "keep-1")
+    base = f"http://{served.http_address}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as browser, \
+            httpx.AsyncClient(base_url=base, timeout=30, auth=("tailer", "pass-1")) as program, \
+            httpx.AsyncClient(base_url=base, timeout=30, auth=("keeper", "keep-1")) as keeper, \
+            contextlib.AsyncExitStack() as stack:
+        login = await browser.post("/v1/console/login",
+                                   content=b'{"principal":"tailer","password":"pass-1"}')
+        assert login.status_code == 200, login.text
+        by_session, by_basic, by_role = [
+            (await stack.enter_async_context(client.stream(
+                "GET", "/v1/console/tail?scope=orders"))).aiter_lines()
+            for client in (browser, program, keeper)]
+
+        async def shows(lines: AsyncIterator[str], value: str) -> None:
+            with anyio.fail_after(10):
+                async for line in lines:
+                    if value in line:
+                        return
+            raise AssertionError(f"the tail ended before {value}")
+
+        async def ends_without(lines: AsyncIterator[str], value: str) -> None:
+            with anyio.fail_after(10):  # (the stream must end: a tail left open fails here)
+                seen = [line async for line in lines]
+            assert not any(value in line for line in seen), seen
+
+        await browser.post("/v1/console/logout")
+        await store.set("orders", "k", "after-logout")
+        await ends_without(by_session, "after-logout")
+        await shows(by_basic, "after-logout")
+        await principals.set_password(state, "tailer", "pass-2")
+
+        async def status_is(client: httpx.AsyncClient, status: int) -> bool:
+            return (await client.get("/v1/console/history?scope=orders&key=k")).status_code \
+                == status
+        await until(lambda: status_is(program, 401), 10, "the old password to be refused")
+        await store.set("orders", "k", "after-passwd")
+        await ends_without(by_basic, "after-passwd")
+        await shows(by_role, "after-passwd")
+        await principals.add_role(state, keeper_role, ["read"], ["elsewhere"], False, [])
+        await until(lambda: status_is(keeper, 403), 10, "the role to lose orders")
+        await store.set("orders", "k", "after-role")
+        await ends_without(by_role, "after-role")
