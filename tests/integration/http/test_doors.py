@@ -5,6 +5,7 @@ principals' equal keys never meet. A Redis of the module's own: ACL users are se
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore
+from stateworker.app import admin
 from stateworker.app.hosts import LOOPBACK, allowed_hosts, host_of
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
@@ -317,3 +319,37 @@ async def test_a_live_tail_ends_with_its_login_or_its_grant(served: StateService
         await until(lambda: status_is(keeper, 403), 10, "the role to lose orders")
         await store.set("orders", "k", "after-role")
         await ends_without(by_role, "after-role")
+
+
+async def test_principal_remove_ends_its_sessions_at_once(served: StateService,
+                                                         acl_redis: RedisServer,
+                                                         prefix: str) -> None:
+    """`principal remove` deletes the ACL user, then waits for the principal's streams to
+    drain: its console session and proven Basic credential end with the user, not with the
+    record (here a stream that never drains: the remove times out, the record stays)."""
+    writer = await role(served.state, ["read", "write"], ["orders"])
+    await principals.add_principal(served.state, "leaver", [writer], ())
+    await principals.set_user(served.state, "leaver", "pass-1")
+    conn = aredis.Redis.from_url(acl_redis.url)
+    ghost = principal_stream(prefix, "ghost", "leaver")  # (a service not running now)
+    await conn.xgroup_create(ghost, "ghost", id="0", mkstream=True)
+    await conn.xadd(ghost, {"id": "1", "fn": "x", "body": "{}"})
+    await conn.aclose()
+    body = msgspec.json.encode({"scope": "orders", "key": "k", "value": "after-removal"})
+    base = f"http://{served.http_address}"
+    async with httpx.AsyncClient(base_url=base) as browser, \
+            httpx.AsyncClient(base_url=base, auth=("leaver", "pass-1")) as program:
+        login = await browser.post("/v1/console/login",
+                                   content=b'{"principal":"leaver","password":"pass-1"}')
+        assert login.status_code == 200, login.text
+        assert (await program.post("/v1/call/state::set", content=b'{"scope":"orders",'
+                                   b'"key":"k","value":"before"}')).json()["ok"]
+        removal = argparse.Namespace(name="leaver", timeout=0.5)
+        assert await admin.principal_remove(served.state, removal) == 1  # (timed out)
+
+        async def refused() -> bool:
+            by_cookie = await browser.post("/v1/call/state::set", content=body)
+            by_basic = await program.post("/v1/call/state::set", content=body)
+            return by_cookie.status_code == 401 and by_basic.status_code == 401
+        await until(refused, 10, "the removed principal's session and proof to end")
+    assert await StateStore(served.state).get("orders", "k") == "before"
