@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore
-from stateworker.app import admin
+from stateworker.app import admin, logins
 from stateworker.app.hosts import LOOPBACK, allowed_hosts, host_of
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
@@ -353,3 +353,38 @@ async def test_principal_remove_ends_its_sessions_at_once(served: StateService,
             return by_cookie.status_code == 401 and by_basic.status_code == 401
         await until(refused, 10, "the removed principal's session and proof to end")
     assert await StateStore(served.state).get("orders", "k") == "before"
+
+
+async def test_console_sessions_are_capped(served: StateService,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A principal has at most SESSIONS_PER_PRINCIPAL sessions (a new login ends its oldest)
+    and a process MAX_SESSIONS (a login beyond is refused, naming the limit): logging in
+    again and again fills no memory. (The caps lowered: the same at 16 and 10,000.)"""
+    monkeypatch.setattr(logins, "SESSIONS_PER_PRINCIPAL", 3)
+    monkeypatch.setattr(logins, "MAX_SESSIONS", 5)
+    reading = await role(served.state, ["read"], ["orders"])
+    for name in ("often", "other"):
+        await principals.add_principal(served.state, name, [reading], ())
+        await principals.set_user(served.state, name, f"{name}-pass-1")
+    base = f"http://{served.http_address}"
+    async with contextlib.AsyncExitStack() as stack:
+        async def logged_in(name: str) -> tuple[httpx.AsyncClient, httpx.Response]:
+            client = await stack.enter_async_context(httpx.AsyncClient(base_url=base))
+            answer = await client.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": name, "password": f"{name}-pass-1"}))
+            return client, answer
+
+        async def who(client: httpx.AsyncClient) -> str | None:
+            principal: str | None = (await client.get("/v1/console/session")).json()["principal"]
+            return principal
+        often = [await logged_in("often") for _ in range(4)]
+        assert all(answer.status_code == 200 for _, answer in often)
+        assert [await who(client) for client, _ in often] == [None] + ["often"] * 3
+        others = [await logged_in("other") for _ in range(3)]
+        assert [answer.status_code for _, answer in others] == [200, 200, 507]
+        error = others[2][1].json()["error"]
+        assert error["code"] == "RESOURCE_EXHAUSTED" and "5 console sessions" in error["message"]
+        assert error["details"] == {"path": "login", "limit": 5}
+        assert await who(others[2][0]) is None and await who(others[1][0]) == "other"
+        await others[1][0].post("/v1/console/logout")  # (a place free again)
+        assert (await logged_in("other"))[1].status_code == 200
