@@ -147,10 +147,13 @@ async def principal_passwd(state: RedisState, args: argparse.Namespace) -> dict[
 
 
 async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[str, Any] | int:
-    """ACL DELUSER first (its connections are closed, no new call comes), then wait until
-    every stream of the principal is served and acknowledged, then drop the record (every
-    replica stops reading its streams) and the streams."""
+    """ACL DELUSER first (its connections are closed, no new call comes) and the record
+    rotated (every replica ends its console sessions and proven HTTP credentials: they are
+    tied to the record, which stays while the streams drain), then wait until every stream
+    of the principal is served and acknowledged, then drop the record (every replica stops
+    reading its streams) and the streams."""
     await state.conn.execute("ACL", "DELUSER", args.name)
+    await p.rotate(state, args.name)
     _saved(await p.save_acl(state))
     streams = await _streams_of(state, args.name)
     end = time.monotonic() + args.timeout

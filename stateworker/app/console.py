@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 from stateworker.app import console_reads
 from stateworker.app.bodies import read_body
 from stateworker.app.console_reads import Rates
-from stateworker.app.hosts import loopback_bound
+from stateworker.app.hosts import local_only
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
 from stateworker.errors import (
     InternalError,
@@ -59,7 +59,7 @@ from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
 from stateworker.uicontent import console_page, ui_file
 
-# The console's calls: read-only in `off` mode, unless bound to a loopback address (app/http.py)
+# The console's calls: read-only in `off` mode, unless local (hosts.local_only: app/http.py)
 CONSOLE_HEADER = "x-stateworker-console"
 LOGIN_BYTES = 4096  # a login form (a principal's name and password: 256 bytes each at most)
 JSON = "application/json"
@@ -152,8 +152,17 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
             with anyio.CancelScope(shield=True):
                 await watch.close()
             raise
+        holds = logins.still_holds(request, principal)
+
+        def allowed(scope: str) -> bool:  # (a role may lose the scope while the tail runs)
+            try:
+                _may_read(state, principal, scope)
+            except StateError:
+                return False
+            return holds()
+
         events = _events(watch, prefix, lambda scope: _shown(state, principal, scope),
-                         lambda: tails.give_back(caller))
+                         holds, allowed, lambda: tails.give_back(caller))
         return _Tail(events, stopping, media_type="text/event-stream",
                      headers={"Cache-Control": "no-cache"})
 
@@ -231,10 +240,11 @@ async def _principal(logins: Logins, request: Request, *, needed: bool = True) -
 
 def _session(state: RedisState, principal: str | None) -> dict[str, Any]:
     """What the page needs to know of who it acts as: in `off` mode it is read-only but on
-    a loopback bind (`local`: this machine's programs alone reach it); in `acl` mode a
+    a loopback bind answering to loopback names alone (`local`: this machine's programs alone
+    reach it, no proxy in front; hosts.local_only); in `acl` mode a
     logged-in principal may try writes (its roles decide each)."""
     acl = state.settings.auth == "acl"
-    local = not acl and loopback_bound(state.settings)
+    local = not acl and local_only(state.settings)
     return {"auth": state.settings.auth, "principal": principal, "local": local,
             "admin": not acl or (principal is not None and state.access.is_admin(principal)),
             "writes": (acl and principal is not None) or local}
@@ -266,15 +276,23 @@ def _shown(state: RedisState, principal: str | None, scope: str) -> bool:
 
 
 async def _events(watch: Watch, prefix: str | None, shown: Callable[[str], bool],
+                  holds: Callable[[], bool], allowed: Callable[[str], bool],
                   ended: Callable[[], None]) -> AsyncIterator[bytes]:
     """The watch's events as server-sent events; its bookmarks as comments, which keep the
-    connection alive (and show a closed one: the write fails, the watch closes)."""
+    connection alive (and show a closed one: the write fails, the watch closes). The login
+    (`holds`) and the read grant on each event's scope (`allowed`) are asked again at every
+    item, not only at the open: the stream ends once the login is over (a logout, a new
+    password) or the principal may no longer read what comes."""
     try:
         yield b": watching\n\n"
         async for item in watch:
             if not isinstance(item, Event):
+                if not holds():
+                    return
                 yield b": " + item.revision.encode() + b"\n\n"
             elif (prefix is None or item.key.startswith(prefix)) and shown(item.scope):
+                if not allowed(item.scope):
+                    return
                 yield b"data: " + document_json(item) + b"\n\n"
     finally:
         ended()

@@ -45,7 +45,8 @@ from stateworker.app.dapr_requests import (
     upsert,
     url_metadata,
 )
-from stateworker.errors import StateError, shown
+from stateworker.errors import InvalidRequest, StateError, shown
+from stateworker.state.kv.bulkread import MAX_GET_MANY
 
 # (request, function, JSON body) -> the result's JSON, as the request's principal
 Caller = Callable[[Request, str, bytes], Awaitable[bytes]]
@@ -119,6 +120,12 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
     async def bulk(request: Request) -> Response:
         store = store_of(request)
         keys = decode(await read(request), Bulk).keys
+        if len(keys) > MAX_GET_MANY:  # (before grouping: a store spanning scopes would make
+            # one native get-many per scope its keys name, as many as the keys at worst)
+            raise failed("ERR_STATE_BULK_GET", InvalidRequest(
+                f"$.keys: at most {MAX_GET_MANY} keys, got {len(keys)}",
+                {"path": "$.keys", "size": len(keys), "limit": MAX_GET_MANY}),
+                f"failed getting state from {store.name}")
         by_scope: dict[str, list[tuple[int, str]]] = {}
         for i, key in enumerate(keys):
             scope, native_key = store.address(key, f"$.keys[{i}]")

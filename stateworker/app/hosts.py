@@ -32,10 +32,17 @@ def allowed_hosts(settings: Settings) -> frozenset[str] | None:
     return LOOPBACK | ({bound} - _EVERY_ADDRESS if bound else set())
 
 
-def loopback_bound(settings: Settings) -> bool:
-    """Whether the HTTP face listens on a loopback address only (127.0.0.0/8, ::1,
-    localhost): then only this machine's own programs reach it."""
-    host = host_of((settings.http or "").encode())
+def local_only(settings: Settings) -> bool:
+    """Whether only this machine's own programs reach the HTTP face: it listens on a loopback
+    address (127.0.0.0/8, ::1, localhost) and answers to loopback names alone. A bind to
+    loopback is not enough: a reverse proxy on the same machine passes the network's requests
+    on, under the public name STATEWORKER_HTTP_HOSTS then lists."""
+    hosts = allowed_hosts(settings)
+    return _loopback(host_of((settings.http or "").encode())) and hosts is not None and \
+        all(_loopback(name) for name in hosts)
+
+
+def _loopback(host: str | None) -> bool:
     if host == "localhost":
         return True
     try:

@@ -49,7 +49,7 @@ from stateworker.app.console import CONSOLE_HEADER, Tails, console_routes
 from stateworker.app.console_reads import Rates
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
-from stateworker.app.hosts import HostGuard, allowed_hosts, loopback_bound
+from stateworker.app.hosts import HostGuard, allowed_hosts, local_only
 from stateworker.app.hot_paths import HotPaths
 from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
@@ -90,7 +90,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     tails = Tails(state.settings)
     metrics = Metrics(state, runtime, tails)
     logins = Logins(state)
-    local = loopback_bound(state.settings)
+    local = local_only(state.settings)
 
     async def call(request: Request) -> Response:
         fn = request.path_params["function"]
@@ -180,7 +180,8 @@ async def _caller(logins: Logins, request: Request, headers: dict[bytes, bytes],
                   local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
     without one, and PermissionDenied for a write from the console in `off` mode unless the
-    face is `local` (bound to a loopback address: hosts.loopback_bound)."""
+    face is `local` (bound to a loopback address and answering to loopback names alone:
+    hosts.local_only)."""
     if logins.required:
         principal = await logins.principal_of(request)
         if principal is None:
@@ -192,7 +193,8 @@ async def _caller(logins: Logins, request: Request, headers: dict[bytes, bytes],
     if _CONSOLE in headers and fn not in CATALOG.reads and not local:
         raise PermissionDenied(
             f"{fn}: the console is read-only in off mode (no principal logs in) unless the "
-            "HTTP face is bound to a loopback address (STATEWORKER_HTTP=127.0.0.1:<port>); "
+            "HTTP face is bound to a loopback address (STATEWORKER_HTTP=127.0.0.1:<port>) and "
+            "answers to loopback names alone (STATEWORKER_HTTP_HOSTS); "
             "writes go through the call API, the bus or the CLI", {"path": "fn", "fn": fn})
     return None
 

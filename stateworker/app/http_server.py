@@ -18,7 +18,12 @@ What is set here, and why:
   complete HEAD_TIMEOUT_S after its first byte gets 408 and a close, and a connection that
   sends nothing for HEAD_TIMEOUT_S after it opened is closed (as an idle kept-alive one is);
   likewise a body none of which came for BODY_IDLE_S (between two pieces, as nginx's
-  client_body_timeout counts): 408 and a close (the app's read of it ends: app/bodies.py);
+  client_body_timeout counts), or not whole BODY_TOTAL_S after its head ended (a byte every
+  few seconds would restart the idle time for ever): 408 and a close (the app's read of it
+  ends: app/bodies.py);
+- at most MAX_CONCURRENT connections and requests in flight (uvicorn's `limit_concurrency`:
+  file descriptors and request tasks are the process's); a request beyond them is answered
+  503 UNAVAILABLE and its connection closed;
 - `proxy_headers` off: a client's `X-Forwarded-For` does not replace its address (the live
   tails' cap counts per client address in `off` mode);
 - no `server` header, no access log (the service's own log lines say what matters), its
@@ -35,13 +40,18 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from stateworker.errors import Unavailable
 
 MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers, together
 KEEP_ALIVE_S = 5
 HEAD_TIMEOUT_S = 10.0  # from a connection's opening or a request's first byte to its head's end
 BODY_IDLE_S = 10.0  # the longest wait for the next piece of a request's body
+BODY_TOTAL_S = 60.0  # from a request's head's end to its body's end
+MAX_CONCURRENT = 1024  # connections open, and requests in flight, each (limit_concurrency)
 GRACE_S = 2  # requests in flight at a stop: then they are cancelled
 BACKLOG = 1024
 
@@ -84,6 +94,8 @@ class _BoundedHead(HttpToolsProtocol):
     _late: asyncio.TimerHandle | None = None  # the head's or the body's deadline
     _begun = False  # a byte of a request came since the deadline was set
     _held = False  # the server held the request up when the deadline was last reached
+    _body_by = 0.0  # the loop's time by which the body must have ended
+    _whole = False  # the deadline set is the whole body's (BODY_TOTAL_S), not an idle one
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(cast(asyncio.Transport, _OneWrite(transport)))
@@ -101,7 +113,18 @@ class _BoundedHead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        super().on_headers_complete()
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            # uvicorn's own answer is a bare "Service Unavailable": ours is the call API's
+            # error document, naming the limit (the swap is undone before any await)
+            app, self.app, self.limit_concurrency = self.app, _Busy(limit), None
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app, self.limit_concurrency = app, limit
+        else:
+            super().on_headers_complete()
+        self._body_by = self.loop.time() + BODY_TOTAL_S
         self._await_body()  # (ended at once by on_message_complete when there is none)
 
     def on_body(self, body: bytes) -> None:
@@ -119,7 +142,14 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _await_body(self) -> None:
         self._disarm()
-        self._late = self.loop.call_later(BODY_IDLE_S, self._body_late)
+        left = self._body_by - self.loop.time()
+        self._whole = left <= BODY_IDLE_S
+        self._late = self.loop.call_later(max(0.0, min(BODY_IDLE_S, left)), self._body_late)
+
+    def _body_held(self) -> None:
+        """The server held the body up: the client's whole time starts again after it."""
+        self._body_by = self.loop.time() + BODY_TOTAL_S
+        self._await_body()
 
     def _server_waits(self) -> bool:
         """Whether the server, not the client, holds the request up: uvicorn stopped reading
@@ -159,11 +189,12 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _body_late(self) -> None:
         self._late = None
-        if self._still_held(self._await_body):
+        if self._still_held(self._body_held):
             return
         answered = self.cycle is not None and self.cycle.response_started  # (its own request's)
         self._refuse(None if answered else
-                     f"nothing of the request's body came for {BODY_IDLE_S:g} s")
+                     f"the request's body did not end within {BODY_TOTAL_S:g} s" if self._whole
+                     else f"nothing of the request's body came for {BODY_IDLE_S:g} s")
 
     def _refuse(self, message: str | None) -> None:
         """408 with `message`, and a close (None: the close alone, when no request began or
@@ -191,6 +222,23 @@ class _BoundedHead(HttpToolsProtocol):
             raise ValueError(f"a request head over {MAX_HEAD_BYTES} bytes")
 
 
+class _Busy:
+    """The answer to a request beyond MAX_CONCURRENT: 503, UNAVAILABLE, and a close."""
+
+    def __init__(self, limit: int) -> None:
+        self.body = msgspec.json.encode({"id": None, "ok": False, "error": {
+            "code": Unavailable.code,
+            "message": f"the HTTP face holds at most {limit} connections and requests in "
+                       "flight (MAX_CONCURRENT): try again in a moment",
+            "details": {"path": "connections", "limit": limit}}})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"connection", b"close"),
+            (b"content-length", str(len(self.body)).encode())]})
+        await send({"type": "http.response.body", "body": self.body})
+
+
 class ServerOnOurLoop(uvicorn.Server):
     """uvicorn's server, without the signal handlers it would install (the service's own)."""
 
@@ -204,7 +252,8 @@ def server_config(app: Any) -> uvicorn.Config:
     return uvicorn.Config(app, http=_BoundedHead, ws="none", lifespan="off", loop="none",
                           log_config=None, access_log=False, proxy_headers=False,
                           server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
-                          timeout_graceful_shutdown=GRACE_S, backlog=BACKLOG)
+                          timeout_graceful_shutdown=GRACE_S, backlog=BACKLOG,
+                          limit_concurrency=MAX_CONCURRENT)
 
 
 def listening(bind: str) -> socket.socket:

@@ -6,7 +6,9 @@ stores one: a login opens a connection of its own to the service's Redis and sen
 
 - the console's login form (`POST /v1/console/login`): a session, a random token in an
   HttpOnly, SameSite=Strict cookie, kept in this process's memory for `SESSION_S` (a replica
-  of the service does not know another's sessions; a restart logs everyone out);
+  of the service does not know another's sessions; a restart logs everyone out); at most
+  `SESSIONS_PER_PRINCIPAL` a principal (a new login ends its oldest) and `MAX_SESSIONS` in
+  all (beyond: RESOURCE_EXHAUSTED), so logging in again and again fills no memory;
 - `Authorization: Basic <principal:password>` on any request (programs), or Dapr's
   `dapr-api-token: <principal>:<password>` (its SDKs send DAPR_API_TOKEN so): proven the same
   way, the proof remembered for `PROOF_S` by the password's SHA-256, so a busy caller costs
@@ -34,12 +36,19 @@ import hashlib
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.app.hosts import send_refusal
-from stateworker.errors import InvalidRequest, PermissionDenied, UnknownCaller, shown
+from stateworker.errors import (
+    InvalidRequest,
+    PermissionDenied,
+    ResourceExhausted,
+    UnknownCaller,
+    shown,
+)
 from stateworker.state.core.grants import Principal
 from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster_map import seeds_of
@@ -50,6 +59,8 @@ COOKIE = "sw_session"
 SESSION_S = 12 * 3600.0  # a console login lasts this long
 PROOF_S = 60.0  # a Basic credential proven is trusted this long before Redis is asked again
 MAX_FIELD_BYTES = 256  # a principal's name or password, as sent
+SESSIONS_PER_PRINCIPAL = 16  # a principal's sessions at most: a new login ends its oldest
+MAX_SESSIONS = 10_000  # sessions of a process at most: a login beyond is refused
 
 
 class Logins:
@@ -61,8 +72,11 @@ class Logins:
         # its record then): a session or proof ends when the record changes (a new password,
         # other roles: `rotated_ms`, grants.Principal), on every replica within a moment
         # (the registry follower reloads the records).
+        # Both in the order they expire (each lives as long; a proof renewed is put last),
+        # so the expired ones are found at the front, not by a pass over all.
         self.sessions: dict[str, tuple[str, float, Principal | None]] = {}
         self.proofs: dict[tuple[str, bytes], tuple[float, Principal | None]] = {}
+        self.tokens: dict[str, dict[str, None]] = {}  # principal -> its tokens, oldest first
 
     @property
     def required(self) -> bool:
@@ -71,15 +85,28 @@ class Logins:
     async def login(self, principal: str, password: str) -> str:
         """A new session's token for `principal` once Redis accepts its password."""
         await self._prove(principal, password)
-        token = secrets.token_urlsafe(32)
         self._forget_expired()
+        mine = self.tokens.get(principal, {})
+        if len(mine) >= SESSIONS_PER_PRINCIPAL:
+            self.logout(next(iter(mine)))  # (its oldest: the total stays as it was)
+        elif len(self.sessions) >= MAX_SESSIONS:
+            raise ResourceExhausted(
+                f"login: {MAX_SESSIONS} console sessions are open in this process already "
+                "(MAX_SESSIONS): try again when some have ended, or use Basic credentials",
+                {"path": "login", "limit": MAX_SESSIONS})
+        token = secrets.token_urlsafe(32)
         self.sessions[token] = (principal, time.monotonic() + SESSION_S,
                                 self.state.access.principal(principal))
+        self.tokens.setdefault(principal, {})[token] = None
         return token
 
     def logout(self, token: str | None) -> None:
-        if token is not None:
-            self.sessions.pop(token, None)
+        session = self.sessions.pop(token, None) if token is not None else None
+        if session is not None:
+            mine = self.tokens.get(session[0], {})
+            mine.pop(str(token), None)
+            if not mine:
+                self.tokens.pop(session[0], None)
 
     async def principal_of(self, request: Request) -> str | None:
         """The principal `request` acts as: its Basic credentials (proven), else its session
@@ -93,6 +120,7 @@ class Logins:
                     proof[1] != self.state.access.principal(principal):
                 await self._prove(principal, password)
                 self._forget_expired()
+                self.proofs.pop(key, None)  # (put last: the order they expire)
                 self.proofs[key] = (time.monotonic() + PROOF_S,
                                     self.state.access.principal(principal))
             return principal
@@ -101,9 +129,27 @@ class Logins:
         if session is None or session[1] < time.monotonic():
             return None
         if session[2] != self.state.access.principal(session[0]):  # (a new password ...)
-            self.sessions.pop(token, None)
+            self.logout(token)
             return None
         return session[0]
+
+    def still_holds(self, request: Request, principal: str | None) -> Callable[[], bool]:
+        """A cheap check, made once `principal_of(request)` gave `principal`, that the login
+        still holds (principal_of's rule): the session is still kept and not expired, or the
+        Basic credential's principal has the record it had now. What outlives its request
+        (a live tail) asks it again and again: a logout, a new password, other roles end it."""
+        if principal is None:  # (`off` mode: nobody logged in, nothing to end)
+            return lambda: True
+        if _credential(request) is not None:
+            record = self.state.access.principal(principal)
+            return lambda: record is not None and self.state.access.principal(principal) == record
+        token = request.cookies.get(COOKIE, "")
+
+        def session_holds() -> bool:
+            session = self.sessions.get(token)
+            return session is not None and session[1] >= time.monotonic() and \
+                session[2] == self.state.access.principal(session[0])
+        return session_holds
 
     async def _prove(self, principal: str, password: str) -> None:
         """Raises UnknownCaller unless `principal` is a principal of this service and Redis
@@ -133,8 +179,16 @@ class Logins:
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
-        self.sessions = {t: s for t, s in self.sessions.items() if s[1] >= now}
-        self.proofs = {k: e for k, e in self.proofs.items() if e[0] >= now}
+        while self.sessions:
+            token, session = next(iter(self.sessions.items()))
+            if session[1] >= now:
+                break
+            self.logout(token)
+        while self.proofs:
+            key, proof = next(iter(self.proofs.items()))
+            if proof[0] >= now:
+                break
+            del self.proofs[key]
 
 
 def _credential(request: Request) -> tuple[str, str] | None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stateworker.app.cli.status import STALL_MS, stalled
-from stateworker.app.hosts import loopback_bound
+from stateworker.app.hosts import local_only
 from stateworker.settings import Settings
 
 
@@ -18,7 +18,15 @@ from stateworker.settings import Settings
     ("[::1]:8080", True), ("0.0.0.0:8080", False), ("[::]:8080", False),
     ("10.0.0.5:8080", False), ("example.com:8080", False), (None, False)])
 def test_loopback_binds(bind: str | None, local: bool) -> None:
-    assert loopback_bound(Settings(http=bind)) is local
+    assert local_only(Settings(http=bind)) is local
+
+
+@pytest.mark.parametrize(("hosts", "local"), [
+    ("localhost, 127.0.0.1, [::1]", True), ("127.0.0.2", True), ("state.example.com", False),
+    ("localhost, state.example.com", False), ("*", False)])
+def test_a_loopback_bind_answering_to_other_names_is_not_local(hosts: str, local: bool) -> None:
+    """Behind a reverse proxy on the same machine the names are the public ones."""
+    assert local_only(Settings(http="127.0.0.1:8080", http_hosts=hosts)) is local
 
 
 def service(consumers: list[dict[str, Any]], unread_ms: int | None = None,

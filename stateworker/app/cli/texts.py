@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stateworker.app.cli.common import USAGE_LINE
-from stateworker.events.history import HISTORY_KEEP, HISTORY_SCAN
+from stateworker.events.history import HISTORY_BYTES, HISTORY_KEEP, HISTORY_SCAN
 
 FAILED_CALL = """\
   1  the call failed: {code, message, details} on stderr (JSON): an error reply
@@ -126,8 +126,9 @@ HISTORY = f"""\
 The key's changes among the last {HISTORY_SCAN} events of its partition's stream, newest first
 (at most {HISTORY_KEEP}): revision, time, event, version and the value written (the old one
 for a delete). It reads Redis directly, as `watch` does; trimming (STATEWORKER_EVENTS_RETAIN)
-and the other keys' events bound how far back it goes. The JSON (piped, or --output json) is the
-console's history: {{scope, key, scanned, events}}, each event as `watch` prints it.
+and the other keys' events bound how far back it goes, and so does {HISTORY_BYTES // 2**20} MiB of events
+read (`stopped_early`: true). The JSON (piped, or --output json) is the console's history:
+{{scope, key, scanned, read, stopped_early, events}}, each event as `watch` prints it.
 
 exit status:
   0  the changes found are on stdout (none: it says so)

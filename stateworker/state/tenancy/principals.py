@@ -184,6 +184,14 @@ async def set_password(state: RedisState, name: str, password: str) -> None:
     replica then ends the console sessions and HTTP proofs made with the old one."""
     await state.conn.execute("ACL", "SETUSER", name, "resetpass", "on", f">{password}",
                              *acl_rule(state.settings.prefix, name))
+    await rotate(state, name)
+
+
+async def rotate(state: RedisState, name: str) -> None:
+    """The principal's record written again with `rotated_ms` now (nothing else changed): a
+    changed record ends, on every replica within a moment, the console sessions and proven
+    HTTP credentials made under the one before (app/logins.py). A new password, and a
+    removal (its ACL user gone, its record kept while its streams drain), end them so."""
     records, _ = await stored(state)
     record = records.get(name)
     if record is not None:

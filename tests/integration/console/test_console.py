@@ -179,3 +179,35 @@ async def test_ui_content_serves_the_console_files(
         await client.call("state::ui-content", {"path": "state/../../etc/passwd"})
     assert refused.value.code == "NOT_FOUND"
     assert "state/console.js" in str(refused.value)
+
+
+async def net_out(client: StateClient) -> int:
+    """The bytes Redis has sent its clients, since it started."""
+    info = await client.conn.execute("INFO", "stats")
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    return int(text.split("total_net_output_bytes:", 1)[1].split()[0])
+
+
+async def test_a_key_history_reads_a_bounded_number_of_bytes(
+        served: tuple[StateService, StateClient, str]) -> None:
+    """A history reads its partition's last events in pages, at most HISTORY_BYTES (8 MiB) of
+    them, and says when it stopped there: 48 values of 1 MiB before a key's one change are
+    not all read (Redis's own count of the bytes it sent) to show that change."""
+    _, client, base = served
+    big = "v" * (1024 * 1024 - 64)
+    for i in range(48):
+        await client.call("state::set", {"scope": "orders", "key": f"big{i}", "value": big})
+    await client.call("state::set", {"scope": "orders", "key": "small", "value": 1})
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        before = await net_out(client)
+        answer = await http.get("/v1/console/history?scope=orders&key=small")
+        sent = await net_out(client) - before
+        assert answer.status_code == 200, answer.text
+        document = answer.json()
+        assert [e["key"] for e in document["events"]] == ["small"]
+        assert document["stopped_early"] is True and document["scanned"] == 1000
+        assert 8 <= document["read"] < 20, document["read"]
+        assert sent < 16 * 2**20, f"{sent / 2**20:.0f} MiB read from Redis for one history"
+        await client.call("state::set", {"scope": "orders", "key": "small", "value": 2})
+        again = (await http.get("/v1/console/history?scope=orders&key=small")).json()
+        assert [e["new_value"] for e in again["events"]][:1] == [2]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from benchmarks.browser import Browser
@@ -153,3 +154,23 @@ async def test_refuses_a_write_in_off_mode_bound_to_every_address(
         assert refused["error"]["code"] == "PERMISSION_DENIED"
         assert "loopback" in refused["error"]["message"]
         assert await client.call("state::get", {"scope": "orders", "key": "o-1"}) == 1
+
+
+async def test_refuses_a_write_in_off_mode_behind_a_proxy(redis_server: RedisServer,
+                                                          prefix: str) -> None:
+    """A loopback bind answering to a public name (a reverse proxy on the same machine passes
+    the network's requests on): not local, so the console does not edit."""
+    settings = settings_for(redis_server, prefix, http="127.0.0.1:0",
+                            http_hosts="state.example.com")
+    public = {"Host": "state.example.com", "Origin": "http://state.example.com"}
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings, timeout=20) as client, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}", headers=public) as http:
+        session = (await http.get("/v1/console/session")).json()
+        assert (session["local"], session["writes"]) == (False, False)
+        write = await http.post("/v1/call/state::set", headers={"X-Stateworker-Console": "1"},
+                                content=b'{"scope": "orders", "key": "o-1", "value": 2}')
+        assert write.status_code == 403, write.text
+        error = write.json()["error"]
+        assert error["code"] == "PERMISSION_DENIED" and "loopback names" in error["message"]
+        assert await client.call("state::get", {"scope": "orders", "key": "o-1"}) is None

@@ -253,6 +253,20 @@ async def test_a_store_spanning_scopes_keys_by_app(dapr: httpx.AsyncClient, scop
     assert refusal(plain)[:2] == (400, "ERR_MALFORMED_REQUEST") and "||" in plain.json()["message"]
 
 
+
+async def test_a_bulk_get_over_a_store_spanning_scopes_is_capped(
+        dapr: httpx.AsyncClient) -> None:
+    """A bulk get reads at most 1,000 keys, as native get-many does, whichever scopes they
+    name: over a store spanning scopes each scope is a call, so 5,000 keys in 5,000 scopes
+    were 5,000 calls from one request. Refused before any, as Dapr refuses."""
+    over = await dapr.post("/spread/bulk", json={"keys": [f"a{i}||k" for i in range(1001)]})
+    assert refusal(over) == (400, "ERR_STATE_BULK_GET", "INVALID_REQUEST")
+    assert "at most 1000 keys, got 1001" in over.json()["message"]
+    assert over.json()["details"][0]["metadata"] == {"path": "$.keys", "size": "1001",
+                                                     "limit": "1000"}
+    most = await dapr.post("/spread/bulk", json={"keys": [f"a{i}||k" for i in range(1000)]})
+    assert most.status_code == 200 and len(most.json()) == 1000
+
 @pytest.mark.parametrize(("where", "number"), [
     ("etag", "²"), ("etag", "9" * 5000), ("if-match", "²"), ("ttl", "²"), ("ttl", "9" * 5000),
     ("ttl-url", "9" * 5000), ("token", "²")])

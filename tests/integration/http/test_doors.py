@@ -5,6 +5,7 @@ principals' equal keys never meet. A Redis of the module's own: ACL users are se
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore
+from stateworker.app import admin, logins
 from stateworker.app.hosts import LOOPBACK, allowed_hosts, host_of
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
@@ -263,3 +265,126 @@ async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
             assert (refused.status_code, refused.json()["details"][0]["reason"]) == (
                 401, "UNKNOWN_CALLER"), headers
     assert await StateStore(served.state).get("statestore", "k") == 1
+
+
+async def test_a_live_tail_ends_with_its_login_or_its_grant(served: StateService) -> None:
+    """A tail is checked at every event, not only at its open: a logout ends the session's
+    tail, a new password the Basic credential's, a role losing the scope the tail of a
+    principal of that role; none of them shows what was written after."""
+    state, store = served.state, StateStore(served.state)
+    await principals.add_principal(state, "tailer", [await role(state, ["read"], ["orders"])], ())
+    await principals.set_user(state, "tailer", "pass-1")
+    keeper_role = await role(state, ["read"], ["orders"])
+    await principals.add_principal(state, "keeper", [keeper_role], ())
+    await principals.set_user(state, "keeper", "keep-1")
+    base = f"http://{served.http_address}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as browser, \
+            httpx.AsyncClient(base_url=base, timeout=30, auth=("tailer", "pass-1")) as program, \
+            httpx.AsyncClient(base_url=base, timeout=30, auth=("keeper", "keep-1")) as keeper, \
+            contextlib.AsyncExitStack() as stack:
+        login = await browser.post("/v1/console/login",
+                                   content=b'{"principal":"tailer","password":"pass-1"}')
+        assert login.status_code == 200, login.text
+        by_session, by_basic, by_role = [
+            (await stack.enter_async_context(client.stream(
+                "GET", "/v1/console/tail?scope=orders"))).aiter_lines()
+            for client in (browser, program, keeper)]
+
+        async def shows(lines: AsyncIterator[str], value: str) -> None:
+            with anyio.fail_after(10):
+                async for line in lines:
+                    if value in line:
+                        return
+            raise AssertionError(f"the tail ended before {value}")
+
+        async def ends_without(lines: AsyncIterator[str], value: str) -> None:
+            with anyio.fail_after(10):  # (the stream must end: a tail left open fails here)
+                seen = [line async for line in lines]
+            assert not any(value in line for line in seen), seen
+
+        await browser.post("/v1/console/logout")
+        await store.set("orders", "k", "after-logout")
+        await ends_without(by_session, "after-logout")
+        await shows(by_basic, "after-logout")
+        await principals.set_password(state, "tailer", "pass-2")
+
+        async def status_is(client: httpx.AsyncClient, status: int) -> bool:
+            return (await client.get("/v1/console/history?scope=orders&key=k")).status_code \
+                == status
+        await until(lambda: status_is(program, 401), 10, "the old password to be refused")
+        await store.set("orders", "k", "after-passwd")
+        await ends_without(by_basic, "after-passwd")
+        await shows(by_role, "after-passwd")
+        await principals.add_role(state, keeper_role, ["read"], ["elsewhere"], False, [])
+        await until(lambda: status_is(keeper, 403), 10, "the role to lose orders")
+        await store.set("orders", "k", "after-role")
+        await ends_without(by_role, "after-role")
+
+
+async def test_principal_remove_ends_its_sessions_at_once(served: StateService,
+                                                         acl_redis: RedisServer,
+                                                         prefix: str) -> None:
+    """`principal remove` deletes the ACL user, then waits for the principal's streams to
+    drain: its console session and proven Basic credential end with the user, not with the
+    record (here a stream that never drains: the remove times out, the record stays)."""
+    writer = await role(served.state, ["read", "write"], ["orders"])
+    await principals.add_principal(served.state, "leaver", [writer], ())
+    await principals.set_user(served.state, "leaver", "pass-1")
+    conn = aredis.Redis.from_url(acl_redis.url)
+    ghost = principal_stream(prefix, "ghost", "leaver")  # (a service not running now)
+    await conn.xgroup_create(ghost, "ghost", id="0", mkstream=True)
+    await conn.xadd(ghost, {"id": "1", "fn": "x", "body": "{}"})
+    await conn.aclose()
+    body = msgspec.json.encode({"scope": "orders", "key": "k", "value": "after-removal"})
+    base = f"http://{served.http_address}"
+    async with httpx.AsyncClient(base_url=base) as browser, \
+            httpx.AsyncClient(base_url=base, auth=("leaver", "pass-1")) as program:
+        login = await browser.post("/v1/console/login",
+                                   content=b'{"principal":"leaver","password":"pass-1"}')
+        assert login.status_code == 200, login.text
+        assert (await program.post("/v1/call/state::set", content=b'{"scope":"orders",'
+                                   b'"key":"k","value":"before"}')).json()["ok"]
+        removal = argparse.Namespace(name="leaver", timeout=0.5)
+        assert await admin.principal_remove(served.state, removal) == 1  # (timed out)
+
+        async def refused() -> bool:
+            by_cookie = await browser.post("/v1/call/state::set", content=body)
+            by_basic = await program.post("/v1/call/state::set", content=body)
+            return by_cookie.status_code == 401 and by_basic.status_code == 401
+        await until(refused, 10, "the removed principal's session and proof to end")
+    assert await StateStore(served.state).get("orders", "k") == "before"
+
+
+async def test_console_sessions_are_capped(served: StateService,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A principal has at most SESSIONS_PER_PRINCIPAL sessions (a new login ends its oldest)
+    and a process MAX_SESSIONS (a login beyond is refused, naming the limit): logging in
+    again and again fills no memory. (The caps lowered: the same at 16 and 10,000.)"""
+    monkeypatch.setattr(logins, "SESSIONS_PER_PRINCIPAL", 3)
+    monkeypatch.setattr(logins, "MAX_SESSIONS", 5)
+    reading = await role(served.state, ["read"], ["orders"])
+    for name in ("often", "other"):
+        await principals.add_principal(served.state, name, [reading], ())
+        await principals.set_user(served.state, name, f"{name}-pass-1")
+    base = f"http://{served.http_address}"
+    async with contextlib.AsyncExitStack() as stack:
+        async def logged_in(name: str) -> tuple[httpx.AsyncClient, httpx.Response]:
+            client = await stack.enter_async_context(httpx.AsyncClient(base_url=base))
+            answer = await client.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": name, "password": f"{name}-pass-1"}))
+            return client, answer
+
+        async def who(client: httpx.AsyncClient) -> str | None:
+            principal: str | None = (await client.get("/v1/console/session")).json()["principal"]
+            return principal
+        often = [await logged_in("often") for _ in range(4)]
+        assert all(answer.status_code == 200 for _, answer in often)
+        assert [await who(client) for client, _ in often] == [None] + ["often"] * 3
+        others = [await logged_in("other") for _ in range(3)]
+        assert [answer.status_code for _, answer in others] == [200, 200, 507]
+        error = others[2][1].json()["error"]
+        assert error["code"] == "RESOURCE_EXHAUSTED" and "5 console sessions" in error["message"]
+        assert error["details"] == {"path": "login", "limit": 5}
+        assert await who(others[2][0]) is None and await who(others[1][0]) == "other"
+        await others[1][0].post("/v1/console/logout")  # (a place free again)
+        assert (await logged_in("other"))[1].status_code == 200

@@ -8,6 +8,7 @@ flight finish, then the process exits 0."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ import pytest
 
 from stateworker.app import http_server
 from stateworker.app.service import StateService
+from tests.integration.busproto import until
 from tests.integration.http.conftest import http_settings, serving
 from tests.servers import RedisServer, ServiceProcess
 
@@ -203,6 +205,52 @@ async def test_a_body_that_stalls_gets_408_and_a_close(
     async with connection(face.http_address) as other:
         status, _, body = await other.call("state::get", b'{"scope":"wire","key":"stalled"}')
         assert status == 200 and msgspec.json.decode(body)["result"] is None
+
+
+async def test_a_trickled_body_gets_408_when_its_whole_time_is_up(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A byte now and then restarts the idle time: the body as a whole has BODY_TOTAL_S
+    from its head's end, so a trickling client cannot hold a connection for ever."""
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 1.0)
+    monkeypatch.setattr(http_server, "BODY_TOTAL_S", 2.0)
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire, anyio.create_task_group() as tg:
+        await wire.stream.send(wire.head("/v1/call/state::set", 5_000_000))
+
+        async def trickle() -> None:  # a byte every 0.3 s: never idle 1 s
+            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                while True:
+                    await wire.stream.send(b" ")
+                    await anyio.sleep(0.3)  # (the client's own pace, the behaviour under test)
+        tg.start_soon(trickle)
+        status, headers, body = await wire.answer()
+        tg.cancel_scope.cancel()
+        assert status == 408 and headers[b"connection"] == b"close"
+        assert body == b"the request's body did not end within 2 s"
+
+
+async def test_connections_beyond_the_limit_get_503(
+        redis_server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most MAX_CONCURRENT connections and requests in flight: a request beyond them is
+    answered 503 UNAVAILABLE naming the limit, and served again once one closes."""
+    monkeypatch.setattr(http_server, "MAX_CONCURRENT", 3)
+    async with serving(http_settings(redis_server.url, prefix)) as (face, _), \
+            contextlib.AsyncExitStack() as held:
+        assert face.http_address is not None
+        for _ in range(3):
+            await held.enter_async_context(connection(face.http_address))
+
+        async def status_is(wanted: int) -> bool:
+            async with connection(face.http_address) as wire:
+                status, _, body = await wire.call("state::get", GET)
+                if status == 503:
+                    error = msgspec.json.decode(body)["error"]
+                    assert error["code"] == "UNAVAILABLE" and "at most 3" in error["message"]
+                    assert error["details"]["limit"] == 3
+                return status == wanted
+        await until(lambda: status_is(503), 10, "a request beyond the limit to be refused")
+        await held.aclose()
+        await until(lambda: status_is(200), 10, "the connections to be free again")
 
 
 async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
