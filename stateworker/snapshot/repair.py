@@ -25,7 +25,7 @@ from stateworker.errors import ConfigError, shown
 from stateworker.reactive import trimming
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot import restore, tables
-from stateworker.snapshot.steps import behind_partitions
+from stateworker.snapshot.behind import behind_partitions
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState

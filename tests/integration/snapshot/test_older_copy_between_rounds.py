@@ -1,0 +1,170 @@
+"""A Redis restarted on an older copy of its data (an older AOF; a replica promoted before it
+synced) while the snapshotter sits between two rounds: the lean connection reconnects
+without a word, so no error tells the snapshotter, and its positions are still in memory.
+Nothing the older copy holds reaches PostgreSQL: its next batch is fenced before anything is
+committed, the partition is reported behind and its writes refused, and a restore brings back
+the newer value PostgreSQL kept.
+
+The tests drive the snapshotter's steps by hand (`Snapshotter._step`, and `_step_failed` as
+its loop does with an error) so the restart lands exactly between two rounds."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from stateworker import StateError
+from stateworker.app.cli import status_report
+from stateworker.context import CallContext
+from stateworker.keys import KeySpace
+from stateworker.settings import Settings
+from stateworker.snapshot import repair, restore
+from stateworker.snapshot.generation import Fenced
+from stateworker.snapshot.snapshotter import Snapshotter, connect
+from stateworker.state import functions, generation, lifecycle
+from stateworker.state.core.store import RedisState
+from tests.integration.busproto import until
+from tests.integration.snapshot.test_lost_redis import swap_data
+from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
+from tests.integration.snapshots import postgres_entries
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def opened(settings: Settings) -> AsyncIterator[RedisState]:
+    """A state as the service opens it (the repair at start first), without the service's
+    own snapshotter: the test's drives its steps."""
+    assert settings.postgres_url is not None
+    pg = await connect(settings.postgres_url)
+
+    async def repaired(state: RedisState) -> None:
+        await repair.repair_at_start(state, pg)
+
+    try:
+        async with lifecycle.running(await lifecycle.connect(settings), reaper=False,
+                                     before=repaired) as state:
+            yield state
+    finally:
+        await pg.close()
+
+
+@asynccontextmanager
+async def stepped(state: RedisState, url: str) -> AsyncIterator[Snapshotter]:
+    """A snapshotter whose steps the test drives; its connections and leases closed after."""
+    snap = Snapshotter(state, url)
+    try:
+        yield snap
+    finally:
+        await snap._close()
+
+
+async def call(state: RedisState, fn: str, body: dict[str, Any], call_id: str) -> Any:
+    """A call as the service runs a bus call's (its record kept, for the snapshot too)."""
+    ctx = CallContext(call_id=call_id, call_digest="0" * 40)
+    return await state.execute(functions.prepare(state, fn, msgspec.json.encode(body), ctx))
+
+
+async def steps_until(snap: Snapshotter, holds: Any, what: str, rounds: bool = False) -> None:
+    """Snapshot steps until `holds()` (bounded); `rounds`: a round at every step."""
+    for _ in range(60):
+        if rounds:
+            snap._last_round = 0.0
+        await snap._step()
+        if holds():
+            return
+    raise AssertionError(f"the snapshot never reached {what}")
+
+
+async def restarted_on(server: RedisServer, directory: Path | None, snap: Snapshotter) -> None:
+    """Redis stopped cleanly and started again (on a copy of its data in `directory`, if
+    given); back once it answers and the snapshotter's reader has seen its socket closed (its
+    next read reconnects without an error, the case under test)."""
+    if directory is None:
+        server.kill(signal.SIGTERM)
+        server.start()
+    else:
+        swap_data(server, directory)
+    await until(lambda: server.answers() and not snap._reader.conn.is_open, 10,
+                "Redis back, the old socket closed")
+
+
+async def written(state: RedisState, value: Any, call_id: str) -> int:
+    """s/k set to `value` (retried while the state's connection still meets the old
+    socket); its version."""
+    versions: list[int] = []
+
+    async def attempt() -> bool:
+        try:
+            versions.append((await call(state, "state::set", {
+                "scope": "s", "key": "k", "value": value}, call_id)).version)
+        except StateError as exc:
+            assert exc.code == "UNAVAILABLE", exc
+        return bool(versions)
+    await until(attempt, 10, f"the write of {value}")
+    return versions[0]
+
+
+async def test_a_batch_read_from_an_older_copy_after_a_silent_reconnect_commits_nothing(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    partition = KeySpace(prefix, PARTITIONS).partition_of("s")
+    older = tmp_path / "older"
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        assert await written(state, 1, "c1") == 1
+        await steps_until(snap, lambda: postgres_entries(postgres_url, prefix).get(
+            ("s", "k"), ())[:2] == ("1", 1), "version 1")
+        own_redis.kill(signal.SIGTERM)  # (a clean stop: a complete AOF to copy)
+        shutil.copytree(own_redis.directory, older)
+        own_redis.start()
+        await restarted_on(own_redis, None, snap)
+        assert await written(state, 2, "c2") == 2
+        assert await written(state, 3, "c3") == 3
+        await steps_until(snap, lambda: postgres_entries(postgres_url, prefix).get(
+            ("s", "k"), ())[:2] == ("3", 3), "version 3")
+        truth = postgres_entries(postgres_url, prefix)
+
+        await restarted_on(own_redis, older, snap)
+        # The older copy has the same markers: it accepts the write, on its version 1.
+        assert await written(state, "stale", "c4") == 2
+        # The restart came between two rounds (the last one just now): the next step reads
+        # the stale write with the positions of before, no round's check first.
+        snap._last_round = anyio.current_time()
+        with pytest.raises(Fenced) as fenced:
+            await snap._step()
+        assert fenced.value.code == "STORE_LOST"
+        assert (f"partition {partition}'s event stream has had 2 events added, PostgreSQL "
+                "applied 3") in fenced.value.message
+        assert "behind the snapshot" in fenced.value.message
+        await snap._step_failed(fenced.value)  # (the loop's answer: positions forgotten)
+        assert postgres_entries(postgres_url, prefix) == truth
+
+        # The next round (due at once, not after the loop's backoff) finds the partition
+        # behind: reported, and its writes refused.
+        snap._last_round = 0.0
+        await snap._step()
+        assert postgres_entries(postgres_url, prefix) == truth
+        markers = await generation.read(state.conn, state.keys)
+        assert markers.partitions[partition] is None
+        report = (await status_report(settings))["store_lost"]
+        assert f"partition {partition}'s event stream has had" in report
+        assert "behind" in report
+        with pytest.raises(StateError) as refused:
+            await call(state, "state::set", {"scope": "s", "key": "k", "value": 5}, "c5")
+        assert refused.value.code == "STORE_LOST"
+
+        # The recovery: the older copy's keys gone, a restore brings back PostgreSQL's value.
+        own_redis.client().flushall()
+        await restore.restore(state, postgres_url)
+        got = await call(state, "state::get", {"scope": "s", "key": "k"}, "c6")
+        assert msgspec.json.decode(got) == 3
+        assert await written(state, "after", "c7") == 4  # (on from PostgreSQL's version)
