@@ -112,7 +112,8 @@ class SnapshotSteps:
                 await self._mirror(partition)
         held = sorted(usable)
         infos = await trimming.infos(self.state, held)
-        behind = await behind_partitions(self.state, self.positions, held, infos)
+        behind = await behind_partitions(self.state, self.positions, held, infos,
+                                         await barriers.highest_w(pg, self.prefix, held))
         if behind:
             await self._lose(f"{', '.join(behind.values())} ({WHY})", sorted(behind),
                              forget=False)
@@ -123,7 +124,11 @@ class SnapshotSteps:
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
         for partition in held:
-            await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
+            try:
+                await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
+            except barriers.BarriersBehind as exc:  # (its writes refused from now on)
+                await self._lose(exc.message, [partition], forget=False)
+                continue
             if partition in self.positions:
                 await calls.store_unsaved(self.state, pg, self.prefix, partition,
                                           self.positions[partition], confirmed)

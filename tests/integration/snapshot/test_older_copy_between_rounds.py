@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import psycopg
 import pytest
 
 from stateworker import StateError
@@ -168,3 +169,87 @@ async def test_a_batch_read_from_an_older_copy_after_a_silent_reconnect_commits_
         got = await call(state, "state::get", {"scope": "s", "key": "k"}, "c6")
         assert msgspec.json.decode(got) == 3
         assert await written(state, "after", "c7") == 4  # (on from PostgreSQL's version)
+
+
+CONFIG = {"id": "B", "expect": ["a", "b", "c", "d", "e"]}
+
+
+def pg_barrier(url: str, prefix: str) -> tuple[int, list[str]] | None:
+    """PostgreSQL's row of barrier B: its write count and the keys arrived."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT w, fields FROM sw_barriers WHERE prefix = %s AND id = 'B'",
+                           (prefix,)).fetchone()
+    if row is None:
+        return None
+    return int(row[0]), sorted(name[1:] for name in row[1] if name.startswith("a"))
+
+
+async def arrive(state: RedisState, key: str, call_id: str) -> str:
+    result = await call(state, "state::barrier", {"event": {"key": key},
+                                                   "condition_config": CONFIG}, call_id)
+    return str(result.decision)
+
+
+async def barrier_behind(own_redis: RedisServer, prefix: str, postgres_url: str,
+                         older: Path, arrivals_on_the_copy: list[str], why: str) -> None:
+    """B with `a` and `b` in PostgreSQL, Redis restarted on a copy from when it had `a`
+    only, `arrivals_on_the_copy` taken there (before the snapshotter's next round): nothing
+    of the copy is stored over PostgreSQL's B, the partition is behind (`why`; its writes
+    refused), and a restore brings `a` and `b` back."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    partition = keys.all_partitions().index(keys.barrier_partition("B"))
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        assert await arrive(state, "a", "b1") == "skip"
+        await steps_until(snap, lambda: pg_barrier(postgres_url, prefix) == (1, ["a"]),
+                          "B with a", rounds=True)  # (barriers are stored once a round)
+        own_redis.kill(signal.SIGTERM)  # (a clean stop: a complete AOF to copy)
+        shutil.copytree(own_redis.directory, older)
+        own_redis.start()
+        await restarted_on(own_redis, None, snap)
+        acked: list[str] = []
+
+        async def arrived() -> bool:  # (retried while the state meets the old socket)
+            try:
+                acked.append(await arrive(state, "b", "b2"))
+            except StateError as exc:
+                assert exc.code == "UNAVAILABLE", exc
+            return bool(acked)
+        await until(arrived, 10, "the arrival of b")
+        await steps_until(snap, lambda: pg_barrier(postgres_url, prefix) == (2, ["a", "b"]),
+                          "B with a and b", rounds=True)
+
+        await restarted_on(own_redis, older, snap)
+        for n, key in enumerate(arrivals_on_the_copy):  # (the copy's markers: accepted)
+            assert await arrive(state, key, f"copy-{n}") == "skip"
+        await steps_until(snap, lambda: partition in snap._lost_parts,
+                          "the partition found behind", rounds=True)
+        assert pg_barrier(postgres_url, prefix) == (2, ["a", "b"])
+        report = (await status_report(settings))["store_lost"]
+        assert f"partition {partition}'s barrier {why}" in report and "behind" in report
+        with pytest.raises(StateError) as refused:
+            await arrive(state, "e", "refused")
+        assert refused.value.code == "STORE_LOST"
+
+        own_redis.client().flushall()
+        await restore.restore(state, postgres_url)
+        assert await arrive(state, "c", "after") == "skip"
+        assert pg_barrier(postgres_url, prefix) == (2, ["a", "b"])
+        fields = own_redis.client().hgetall(state.keys.barrier_partition("B").barrier("B"))
+        assert sorted(k[1:].decode() for k in fields if k.startswith(b"a")) == ["a", "b", "c"]
+
+
+async def test_an_older_copy_of_a_partition_s_barriers_is_found_behind(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    """No entry written there since the copy: its stream looks current, its barrier write
+    counter (1) is below B's `w` in PostgreSQL (2)."""
+    await barrier_behind(own_redis, prefix, postgres_url, tmp_path / "older", [],
+                         "write counter is at 1, PostgreSQL holds a barrier written at 2")
+
+
+async def test_an_arrival_on_an_older_copy_is_not_stored_over_the_newer_barrier(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    """`c` arrives on the copy first: the counter is up to PostgreSQL's (2), but the copy's B
+    at write 2 is not the B PostgreSQL holds at write 2."""
+    await barrier_behind(own_redis, prefix, postgres_url, tmp_path / "older", ["c"],
+                         '"B" is at write 2 with other fields')
