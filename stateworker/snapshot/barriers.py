@@ -9,7 +9,14 @@ one transaction (a row is replaced only by one with a higher `w`), and then forg
 (`lua/forget.lua`): each is removed from the set only if its `w` is still the one stored, so
 a barrier written again between the read and the forget stays marked for the next round. A
 crash anywhere in between leaves the set as it was: the next holder stores the same states
-again (changing nothing) and forgets them."""
+again (changing nothing) and forgets them.
+
+A Redis restarted on an older copy of its data holds older barrier hashes and an older write
+counter (snapshot/behind.py): each store first checks, in its transaction, that the counter is
+not below the highest `w` PostgreSQL holds of the partition's barriers and that no barrier read
+is older than its row (a lower `w`, or the same `w` and other fields: each write takes a new
+one), else BarriersBehind and nothing is stored: a later arrival's higher `w` would replace a
+newer row, and a barrier the copy lacks would delete it."""
 
 from __future__ import annotations
 
@@ -17,10 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from psycopg import AsyncCursor
 
 from stateworker.clock import now_ms
+from stateworker.errors import StoreLost, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
+from stateworker.snapshot.behind import WHY, barriers_behind
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
@@ -41,8 +51,21 @@ WHERE b.w < excluded.w
 # meanwhile stays marked (forget.lua) and is stored at the next round, newer (its `w`).
 DELETE = "DELETE FROM sw_barriers WHERE prefix = %s AND id = %s"
 PRUNE = "DELETE FROM sw_barriers WHERE prefix = %s AND expires_ms <= %s"
+# The highest `w` of each partition's barriers not expired (a restore leaves the expired out
+# and sets the counter from the rest: counter_commands); one index probe each (0007).
+HIGHEST = """
+SELECT p, (SELECT max(w) FROM sw_barriers WHERE prefix = %s AND partition = p
+           AND (expires_ms IS NULL OR expires_ms > %s))
+FROM unnest(%s::integer[]) AS p
+"""
+STORED = "SELECT id, w, exact FROM sw_barriers WHERE prefix = %s AND id = ANY(%s)"
 
 BATCH = 1000  # barriers read and stored per round and partition, at most
+
+
+class BarriersBehind(StoreLost):
+    """Raised when the barriers read are older than those PostgreSQL holds (an older copy of
+    Redis): nothing of them was stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +95,16 @@ class BarrierRow:
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                         generation: str) -> int:
     """Store the partition's changed barriers and forget them; how many were stored. Read
-    from a Redis whose partition marker is `generation` before and after (Fenced if not)."""
+    from a Redis whose partition marker is `generation` before and after (Fenced if not),
+    and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring)."""
     keys = state.keys.partition(partition)
     names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
     if not names:
         return 0
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     reads: list[list[Any]] = [["HGETALL", name] for name in names]
-    before, *replies, after = await state.conn.pipeline([marker, *reads, marker])
+    before, counter, *replies, after = await state.conn.pipeline([
+        marker, ["GET", keys.barrier_writes], *reads, marker])
     confirm(keys, before, generation)
     confirm(keys, after, generation)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
@@ -88,12 +113,45 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
             if not flat]
     async with pg.transaction(), pg.cursor() as cursor:
         await fence(cursor, prefix, generation)
+        await _not_behind(cursor, prefix, partition, int(counter or 0), found)
         if found:
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
         if gone:
             await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
     return len(names)
+
+
+async def highest_w(pg: PgConnection, prefix: str, partitions: list[int]) -> dict[int, int]:
+    """The highest `w` PostgreSQL holds of each partition's barriers (those it holds any of)."""
+    cursor = await pg.execute(HIGHEST, (prefix, now_ms(), partitions))
+    return {int(str(p)): int(str(w)) for p, w in await cursor.fetchall() if w is not None}
+
+
+async def _not_behind(cursor: AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
+                      counter: int, found: list[BarrierRow]) -> None:
+    """In the store's transaction: BarriersBehind when the partition's write counter read
+    (`counter`) is below the highest `w` stored, or a barrier read is older than its row."""
+    await cursor.execute(HIGHEST, (prefix, now_ms(), [partition]))
+    row = await cursor.fetchone()
+    reason = barriers_behind(partition, counter, int(str(row[1])) if row and row[1] else 0)
+    if reason is None and found:
+        await cursor.execute(STORED, (prefix, [to_pg(b.id) for b in found]))
+        stored = {from_pg(str(i)): (int(str(w)), bytes(e))  # type: ignore[call-overload]
+                  for i, w, e in await cursor.fetchall()}
+        for b in found:
+            w, exact = stored.get(b.id, (0, b""))
+            # (Every barrier write takes a new `w`: the same one is the same state.)
+            if w > b.w:
+                reason = (f"partition {partition}'s barrier {shown(b.id)} is at write {b.w}, "
+                          f"PostgreSQL holds it at write {w}")
+            elif w == b.w and msgspec.msgpack.decode(exact) != b.fields:
+                reason = (f"partition {partition}'s barrier {shown(b.id)} is at write {w} "
+                          "with other fields than PostgreSQL holds of that write")
+            if reason is not None:
+                break
+    if reason is not None:
+        raise BarriersBehind(f"{reason} ({WHY})")
 
 
 async def prune(pg: PgConnection, prefix: str) -> None:

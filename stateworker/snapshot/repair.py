@@ -9,7 +9,8 @@ trigger or claim, or a partition position past event 0):
     PostgreSQL follows (another dataset, or an older copy from before a restore);
   - or Redis is BEHIND: a partition's event stream has had fewer events added than the
     snapshot's position stored in PostgreSQL (events PostgreSQL applied that Redis no longer
-    has: a wipe, or a Redis started on an older copy of its data).
+    has: a wipe, or a Redis started on an older copy of its data), or its barrier write
+    counter is below the highest `w` of its barriers there (snapshot/behind.py).
 Either, with Redis holding no entry of the prefix, is repaired by a restore (with `repair`
 off: ConfigError naming `stateworker restore`, and Redis left as found). BEHIND with entries
 still in Redis is never repaired automatically: restore rebuilds, it does not merge, and the
@@ -23,9 +24,9 @@ import logging
 
 from stateworker.errors import ConfigError, shown
 from stateworker.reactive import trimming
+from stateworker.snapshot import barriers, restore, tables
 from stateworker.snapshot import generation as pg_generation
-from stateworker.snapshot import restore, tables
-from stateworker.snapshot.steps import behind_partitions
+from stateworker.snapshot.behind import behind_partitions
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -109,8 +110,9 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
         return (f"Redis holds generation {markers.meta} of prefix {shown(prefix)}, PostgreSQL "
                 f"follows {follows} (other data, or an older copy from before a restore)")
     stored = await tables.positions(pg, prefix)
-    held = sorted(stored)
-    behind = await behind_partitions(state, stored, held, await trimming.infos(state, held))
+    held = list(range(state.settings.partitions))  # (barriers: also where no position is)
+    behind = await behind_partitions(state, stored, held, await trimming.infos(state, held),
+                                     await barriers.highest_w(pg, prefix, held))
     if behind:
         return f"Redis is behind PostgreSQL: {', '.join(behind.values())}"
     return None

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from stateworker.keys import PartitionKeys
+from stateworker.reactive.trimming import StreamInfo
+from stateworker.snapshot.behind import WHY, stream_behind
 from stateworker.snapshot.generation import Fenced
-from stateworker.snapshot.tables import Gone, Row
+from stateworker.snapshot.tables import Gone, Row, StoredPosition
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.kv.packed import unpack
@@ -33,16 +35,27 @@ def confirm(partition: PartitionKeys, held: bytes | None, generation: str) -> No
 
 
 async def read_changed(state: RedisState, partition: PartitionKeys,
-                       changed: dict[tuple[str, str], tuple[int, int]], generation: str
-                       ) -> tuple[list[Row], list[Gone]]:
+                       changed: dict[tuple[str, str], tuple[int, int]], generation: str,
+                       at: tuple[int, StoredPosition]) -> tuple[list[Row], list[Gone]]:
     """The current entries of the keys a batch changed (keyed by their last change's
     revision): rows for those that exist, `Gone` for those that do not; from a Redis whose
-    partition marker is `generation` when they are read (a wiped one reads every key gone)."""
+    partition marker is `generation` (a wiped one reads every key gone) and whose stream is
+    not behind `at` (the partition's number and the position the snapshotter holds) when
+    they are read, else Fenced. The second check is here, in the read's own pipeline, not
+    only in the round: the connection reconnects without a word, so a Redis restarted on an
+    older copy of its data (same markers) since the round would hand over its older entries
+    (snapshot/behind.py)."""
     addresses = list(changed)
-    held, *replies = await state.conn.pipeline([
+    number, position = at
+    held, info, kept, *replies = await state.conn.pipeline([
         ["HGET", partition.history, PARTITION_FIELD],
+        ["XINFO", "STREAM", partition.events],
+        ["XRANGE", partition.events, position.id, position.id],
         *[["GET", partition.entry(scope, key)] for scope, key in addresses]])
     confirm(partition, held, generation)
+    behind = stream_behind(number, position, StreamInfo(info), bool(kept))
+    if behind is not None:
+        raise Fenced(f"{behind} ({WHY})")
     rows: list[Row] = []
     gone: list[Gone] = []
     for (scope, key), fields in zip(addresses, replies, strict=True):

@@ -46,6 +46,7 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.snapshot import barriers, calls, rows, tables
 from stateworker.snapshot import generation as pg_generation
+from stateworker.snapshot.behind import WHY, behind_partitions
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -57,38 +58,6 @@ log = logging.getLogger("stateworker.snapshot")
 def _members(rows: list[tables.Row]) -> dict[str, tuple[int, int]]:
     """The rows read, by their entry's member (keys.member: what a call's record names)."""
     return {member(row.scope, row.key): row.revision for row in rows}
-
-
-async def behind_partitions(state: RedisState, positions: dict[int, StoredPosition],
-                            held: list[int], infos: list[trimming.StreamInfo]) -> dict[int, str]:
-    """The partitions whose stream is not the history PostgreSQL applied (`positions`), and
-    why: fewer events added than it applied, an end before its position, or no event at its
-    position where the stream still keeps that far back (an older copy that took new writes
-    since: its count may have caught up, its ids are other)."""
-    found: dict[int, str] = {}
-    check: list[int] = []
-    for p, info in zip(held, infos, strict=True):
-        position = positions.get(p)
-        if position is None or position.id == "0-0":
-            continue
-        at = revision_of(position.id)
-        if info.added < position.n:
-            found[p] = (f"partition {p}'s event stream has had {info.added} events added, "
-                        f"PostgreSQL applied {position.n}")
-        elif revision_of(info.last_id) < at:
-            found[p] = (f"partition {p}'s event stream ends at {info.last_id}, before "
-                        f"{position.id} that PostgreSQL applied")
-        elif info.length and revision_of(info.first_id) <= at:  # (kept that far back)
-            check.append(p)
-    if check:
-        replies = await state.conn.pipeline([
-            ["XRANGE", state.keys.partition(p).events, positions[p].id, positions[p].id]
-            for p in check])
-        for p, reply in zip(check, replies, strict=True):
-            if not reply:
-                found[p] = (f"partition {p}'s event stream holds no event {positions[p].id} "
-                            "that PostgreSQL applied (other events since)")
-    return found
 
 
 class SnapshotSteps:
@@ -143,11 +112,11 @@ class SnapshotSteps:
                 await self._mirror(partition)
         held = sorted(usable)
         infos = await trimming.infos(self.state, held)
-        behind = await behind_partitions(self.state, self.positions, held, infos)
+        behind = await behind_partitions(self.state, self.positions, held, infos,
+                                         await barriers.highest_w(pg, self.prefix, held))
         if behind:
-            await self._lose(", ".join(behind.values()) + " (Redis is behind the snapshot: an "
-                             "older copy of its data, or a replica promoted before it synced)",
-                             sorted(behind), forget=False)
+            await self._lose(f"{', '.join(behind.values())} ({WHY})", sorted(behind),
+                             forget=False)
             held = sorted(usable - self._lost_parts)
             infos = await trimming.infos(self.state, held)
         for partition, info in zip(held, infos, strict=True):
@@ -155,7 +124,11 @@ class SnapshotSteps:
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
         for partition in held:
-            await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
+            try:
+                await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
+            except barriers.BarriersBehind as exc:  # (its writes refused from now on)
+                await self._lose(exc.message, [partition], forget=False)
+                continue
             if partition in self.positions:
                 await calls.store_unsaved(self.state, pg, self.prefix, partition,
                                           self.positions[partition], confirmed)
@@ -311,8 +284,10 @@ class SnapshotSteps:
                 changed[(scope.decode(), key.decode())] = revision_of(entry_id)
         assert self.generation is not None
         keys = self.state.keys.partition(partition)
-        found, gone = await rows.read_changed(self.state, keys, changed, self.generation)
-        moved = StoredPosition(entries[-1][0].decode(), self.positions[partition].n + len(entries))
+        held = self.positions[partition]
+        found, gone = await rows.read_changed(self.state, keys, changed, self.generation,
+                                              (partition, held))
+        moved = StoredPosition(entries[-1][0].decode(), held.n + len(entries))
         # The records of every change the rows hold: a row is read as it is now, so it may
         # hold changes past the batch (calls.py). Read after the rows, from the same generation.
         unsaved = await calls.read_unsaved(self.state, partition, revision_of(moved.id),
