@@ -134,7 +134,7 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
 
 def _sorted(entries: list[Entry], parts: tuple[str, ...], descending: bool) -> list[Entry]:
     """By the scalar at `parts` (its index encoding orders it), missing ones last."""
-    keyed = [(predicates.encode(predicates.resolve(predicates.decode(bytes(e.value)), parts))
+    keyed = [(predicates.encode(predicates.resolve(predicates.decode_doc(bytes(e.value)), parts))
               if e.value else None, e) for e in entries]
     present = [(k, e) for k, e in keyed if k is not None]
     present.sort(key=lambda pair: pair[0], reverse=descending)

@@ -61,7 +61,7 @@ TOPIC = Binding("topic", 9, 8, TopicReply.read)
 SETHASH = Binding("sethash", 1, 2, Moved.read)
 REAP = Binding("reap", 3, 4, ReapReply.read)
 LIST = Binding("list", 1, 3, ListReply.read)
-ENTRIES = Binding("entries", 2, 13, EntriesReply.read)
+ENTRIES = Binding("entries", 2, 14, EntriesReply.read)
 DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read)
 TRIGGER = Binding("trigger", 3, 8, TriggerReply.read)
 KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read)  # keep-trigger, the reaper's
@@ -278,13 +278,14 @@ def list_call(part: PartitionKeys, scope: str, what: str) -> Call:
 def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, order: str,
                  position: bytes, score: str, limit: int, skip: int, prefix: str | None,
                  key_pattern: str | None, topic_pattern: str | None, values: bool,
-                 examine: int) -> Call:
+                 examine: int, max_bytes: int | None = None) -> Call:
     """entries.lua over one of the scope's indexes (`index`), from `position` ("" or "=" +
-    the cursor's member); topic order walks the key index too (the untagged entries)."""
+    the cursor's member); topic order walks the key index too (the untagged entries);
+    `max_bytes`: the walk stops once the values returned reach it."""
     return ([index, part.key_index(scope)],
             [now_ms(), part.entry_prefix + member(scope, ""), order_by, order, position, score,
              limit, skip, prefix or "", pattern_arg(key_pattern), pattern_arg(topic_pattern),
-             "1" if values else "", examine])
+             "1" if values else "", examine, "" if max_bytes is None else max_bytes])
 
 
 def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: str,

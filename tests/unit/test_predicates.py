@@ -64,3 +64,30 @@ def test_types_sort_apart() -> None:
 ])
 def test_resolve(doc: object, pointer: str, found: object) -> None:
     assert p.resolve(doc, p.pointer_parts(pointer, "$.pointer")) == found
+
+
+@given(doc=st.recursive(
+    st.one_of(number_texts, st.sampled_from(["null", "true", "false", '"1"', '"a"', '"1.5"'])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+                            st.lists(inner, max_size=3).map(lambda xs: "{" + ",".join(
+                                f'"k{i}":{x}' for i, x in enumerate(xs)) + "}")),
+    max_leaves=6))
+def test_a_stored_value_decoded_in_c_compares_as_the_exact_decoding(doc: str) -> None:
+    """decode_doc (msgspec: ints, other numbers as text) holds every condition as decode
+    (a Number per number) does, and a number's index bytes are the same."""
+    fast, slow = p.decode_doc(doc.encode()), p.decode(doc)
+    assert p.same(fast, slow) and p.encode(fast) == p.encode(slow)
+    for value in (slow, *(slow if isinstance(slow, list) else [])):
+        for op in ("eq", "ne", "lt", "gte", "prefix"):
+            if op in p.RANGE_OPS and p._kind(value) not in ("num", "str"):
+                continue
+            if op == "prefix" and not isinstance(value, str):
+                continue
+            where = p.Where("", (), op, value)
+            assert p.holds(where, fast) == p.holds(where, slow), (doc, op, value)
+
+
+def test_an_integer_past_msgspec_is_still_exact() -> None:
+    big = "1" + "0" * 5000
+    assert p.same(p.decode_doc(f"[{big}, 1.5]".encode()), p.decode(f"[{big}.0, 15e-1]"))
+    assert not p.same(p.decode_doc(f"[{big}]".encode()), p.decode(f"[{big}1]"))

@@ -19,6 +19,8 @@
     ARGV[10] key pattern: "" none, else "=" .. pattern
     ARGV[11] topic pattern: "" none, else "=" .. pattern
     ARGV[12] "1" to return values        ARGV[13] most members to examine
+    ARGV[14] most bytes of values to return ("" none): the walk stops after the entry whose
+             value reaches it (state::query's byte budget, max_call_bytes), with a cursor
   Output:
     {ST.OK, cursor member or false, cursor score or false, entries still to skip,
      {key, version, hash, topic, created, updated, expires, updated_by, value, ...}}
@@ -37,6 +39,8 @@ local limit, skip, keyPrefix = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local keyParts = ARGV[10] ~= '' and glob_parts(string.sub(ARGV[10], 2)) or nil
 local topicParts = ARGV[11] ~= '' and glob_parts(string.sub(ARGV[11], 2)) or nil
 local withValues, examineMax = ARGV[12] == '1', tonumber(ARGV[13])
+local bytesMax = tonumber(ARGV[14] or '')
+local bytes = 0
 
 local UNTAGGED = '\255\0' -- the cursor members of the untagged in topic order
 
@@ -154,7 +158,8 @@ local function walk_leg(leg)
           out[n + 5], out[n + 6], out[n + 7], out[n + 8] = f[8], f[9], f[3], f[7]
           out[n + 9] = (withValues or not f[4]) and f[1] or false
           found = found + 1
-          if found == limit then
+          if out[n + 9] then bytes = bytes + #out[n + 9] end
+          if found == limit or (bytesMax and bytes >= bytesMax) then
             return false
           end
         end

@@ -1,11 +1,12 @@
 """`state::query`'s `where`: its checks, its exact evaluation and the order-preserving
 encoding of an index member (pure code; the plans are in state/query/query.py).
 
-Values are compared as JSON, exactly: documents are decoded with every number as a
-`Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are one number, `-0` is `0`,
-big integers and long decimals are never rounded through a double); `true` is never the
-number 1; strings compare by their UTF-8 bytes (= code point order); objects compare with key
-order ignored.
+Values are compared as JSON, exactly: a stored document is decoded by msgspec (`decode_doc`:
+integers as exact ints, other numbers kept as their text, in C), and only the values a
+condition compares become a `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are
+one number, `-0` is `0`, big integers and long decimals are never rounded through a double);
+`true` is never the number 1; strings compare by their UTF-8 bytes (= code point order);
+objects compare with key order ignored.
 
 A pointer is RFC 6901 (parsed by `jsonpointer`; `""` is the whole value); it is resolved here
 (not with `jsonpointer.resolve_pointer`, which indexes into a string as into an array): an
@@ -95,8 +96,37 @@ def _refuse(name: str) -> Any:
 
 
 def decode(text: bytes | str) -> Any:
-    """A JSON document with every number as an exact Number."""
+    """A JSON document with every number as an exact Number (a condition's value: small)."""
     return json.loads(text, parse_float=Number, parse_int=Number, parse_constant=_refuse)
+
+
+class NumberText(str):
+    """A JSON number that is not an integer, as its text (decode_doc): a Number when compared."""
+
+    __slots__ = ()
+
+
+_DOC = msgspec.json.Decoder(float_hook=NumberText)
+
+
+def decode_doc(text: bytes) -> Any:
+    """A stored value for the conditions: decoded in C (no Python call per integer: a 1 MiB
+    value of numbers once took ~2 s of the event loop), its numbers exact: ints (Python's,
+    exact) and NumberText; `exact` makes what a condition compares a Number."""
+    try:
+        return _DOC.decode(text)
+    except msgspec.DecodeError:  # (an integer past what msgspec parses: each kept as text)
+        return json.loads(text, parse_float=NumberText, parse_int=NumberText,
+                          parse_constant=_refuse)
+
+
+def exact(value: Any) -> Any:
+    """A scalar of decode_doc as decode gives it (an int or NumberText: a Number)."""
+    if isinstance(value, NumberText):
+        return Number(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Number(str(value))
+    return value
 
 
 def pointer_parts(pointer: str, path: str) -> tuple[str, ...]:
@@ -157,7 +187,7 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, Number):
+    if isinstance(value, (Number, NumberText, int)):
         return "num"
     if isinstance(value, str):
         return "str"
@@ -189,7 +219,7 @@ def same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if ka == "obj":
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return bool(a == b)
+    return bool(exact(a) == exact(b))
 
 
 def holds(where: Where, doc: Any) -> bool:
@@ -206,7 +236,8 @@ def holds(where: Where, doc: Any) -> bool:
     if op == "in":
         return any(same(found, v) for v in value)
     if op == "prefix":
-        return isinstance(found, str) and found.startswith(value)
+        return _kind(found) == "str" and found.startswith(value)
+    found = exact(found)
     kind = _kind(found)
     if kind != _kind(value):  # a number is never lt a string; booleans and null never order
         return False
@@ -236,6 +267,7 @@ _FLIP = bytes.maketrans(b"0123456789", b"9876543210")
 def encode(value: Any) -> bytes | None:
     """A scalar's index bytes (a member is these + the key); None for a container or a number
     whose point is beyond +-10^15 (those go to the ODD bucket, always a candidate)."""
+    value = exact(value)
     if value is None:
         return NULL
     if isinstance(value, bool):

@@ -5,8 +5,10 @@ exact (a decimal text is never rounded through a double; big integers, exponents
 Python compares them exactly (predicates.Number: the digits and the decimal point's position,
 any exponent) where Redis's Lua (doubles only) cannot; it also keeps one
 evaluator for both paths, which the property tests hold to a reference. The work per call is
-bounded: at most EXAMINE entries are fetched and examined, and `next_after` resumes after the
-last one examined even when fewer than `limit` matched.
+bounded: at most EXAMINE entries are fetched and examined, and their values at most
+max_call_bytes (the page stops after the value that reaches it), and `next_after` resumes
+after the last one examined even when fewer than `limit` matched. A value is decoded in C
+(predicates.decode_doc); only what a condition compares becomes an exact Number.
 
 Two paths, chosen per page by the scope's ready indexes (one HGETALL of its definitions):
 - no usable index: entries.lua walks the scope's key index from the cursor (EXAMINE members,
@@ -83,23 +85,27 @@ class Page:
         self.result = QueryResult([])
         self.unknown: list[tuple[ListedEntry, bytes]] = []  # matches whose hash is unknown
         self.now = clock.now_ms()
+        self.budget = state.settings.max_call_bytes  # bytes of values one page examines
+        self.examined = 0
 
     def take(self, key: bytes, e: Stored | None) -> bool:
-        """Examine one entry (None: gone); True once the page is full."""
+        """Examine one entry (None: gone); True once the page is full or its values examined
+        reach the byte budget."""
         if e is None or (e.expires is not None and e.expires <= self.now):
             return False
-        if not p.matches(self.wheres, p.decode(e.value)):
-            return False
+        self.examined += len(e.value)
+        if not p.matches(self.wheres, p.decode_doc(e.value)):
+            return self.examined >= self.budget
         entry = ListedEntry(key.decode(), e.topic, e.version, e.hash or "", _ms(e.created),
                             _ms(e.updated), _ms(e.expires), e.by, msgspec.Raw(e.value))
         self.result.entries.append(entry)
         if e.hash is None:
             self.unknown.append((entry, e.value))
-        return len(self.result.entries) >= self.req.limit
+        return len(self.result.entries) >= self.req.limit or self.examined >= self.budget
 
     def run(self, keys: list[bytes], rows: Sequence[Stored | None], more: bool) -> Any:
         """Examine `rows` (of `keys`, in the page's order); `more`: entries after the last
-        remain."""
+        remain. The page ends at the first entry that fills it (its `limit`, its byte budget)."""
         for i, (key, row) in enumerate(zip(keys, rows, strict=True)):
             if self.take(key, row):
                 if i < len(keys) - 1 or more:
@@ -180,7 +186,7 @@ def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
         return page.run(keys, rows, more)
 
     call = entries_call(part, page.req.scope, index, order_by, "asc", position, score, EXAMINE,
-                        0, None, None, None, True, EXAMINE)
+                        0, None, None, None, True, EXAMINE, page.budget)
     return state.script_plan(ENTRIES, call, finish)
 
 
@@ -241,12 +247,25 @@ def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
 
 def _rows_plan(state: RedisState, page: Page, pointer: str, keys: list[bytes],
                more: bool) -> Plan:
+    """The candidates' entries, read up to the one whose size reaches the byte budget (their
+    STRLEN first: a page never reads a thousand large values to examine a few)."""
     part = state.keys.for_scope(page.req.scope)
     scope = page.req.scope
+    names = [part.entry(scope, k.decode()) for k in keys]
 
-    def finish(replies: list[Any]) -> Any:
+    def sized(replies: list[Any]) -> Any:
+        total, count = 0, len(keys)
+        for i, r in enumerate(replies):
+            total += int(command_reply(r, "STRLEN"))
+            if total >= page.budget:
+                count = i + 1
+                break
+        return Plan([["GET", name] for name in names[:count]],
+                    lambda got: finish(keys[:count], got, more or count < len(keys)))
+
+    def finish(read: list[bytes], replies: list[Any], more: bool) -> Any:
         page.result.index = pointer
         rows = [command_reply(r, "GET") for r in replies]
-        return page.run(keys, [None if r is None else unpack(r) for r in rows], more)
+        return page.run(read, [None if r is None else unpack(r) for r in rows], more)
 
-    return Plan([["GET", part.entry(scope, k.decode())] for k in keys], finish)
+    return Plan([["STRLEN", name] for name in names], sized)
