@@ -296,11 +296,19 @@ def bus_target(field: str, value: str, limit: int) -> None:
             f"and at most {limit} bytes", {"path": f"$.{field}", "limit": limit})
 
 
+MAX_CLAIM_SCOPES = 1000  # scopes one claim- or release-namespace call names
+
+
 def claim_scopes(settings: Settings, values: list[Any]) -> list[str]:
-    """The scopes asked for: at least one, each non-empty text, a name, not reserved;
+    """The scopes asked for: at least one and at most MAX_CLAIM_SCOPES (one script run and one
+    registry entry every replica applies), each non-empty text, a name, not reserved;
     duplicates once, in the order given."""
     if not values:
         raise InvalidScope("$.scopes: must list at least one scope", {"path": "$.scopes"})
+    if len(values) > MAX_CLAIM_SCOPES:
+        raise InvalidRequest(f"$.scopes: at most {MAX_CLAIM_SCOPES} scopes a call, got "
+                             f"{len(values)}", {"path": "$.scopes", "size": len(values),
+                                                "limit": MAX_CLAIM_SCOPES})
     for i, value in enumerate(values):
         field = f"scopes[{i}]"
         if not isinstance(value, str) or not value:

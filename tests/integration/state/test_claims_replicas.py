@@ -248,3 +248,29 @@ async def test_the_registry_hands_each_entry_to_the_kind_registered_for_it(
     assert applied == [RegistryEntry(entry_id, "test", {"kind": "test", "name": "é"})]
     assert reloads == ["reload", "reload"]
     assert registry.last_id == entry_id
+
+
+async def test_a_claim_or_release_names_at_most_1000_scopes(redis_server: RedisServer,
+                                                            prefix: str, scope: str) -> None:
+    """1001 scopes in one call: INVALID_REQUEST naming the field, the count and the limit,
+    nothing claimed and no registry entry for the replicas; 1000 pass, and are released in
+    one call."""
+    settings = settings_for(redis_server, prefix)
+    async with replicas(redis_server, prefix, 1) as (service,), \
+            StateClient(settings=settings, caller="billing") as billing:
+        registry = service.state.keys.registry
+        before = await service.state.conn.execute("XLEN", registry)
+        names = [f"{scope}-{i}" for i in range(1001)]
+        for call in (lambda: billing.claim_namespace("billing", names),
+                     lambda: billing.release_namespace(names)):
+            with pytest.raises(StateError) as refused:
+                await call()
+            assert refused.value.code == "INVALID_REQUEST"
+            assert str(refused.value) == "$.scopes: at most 1000 scopes a call, got 1001"
+            assert refused.value.details == {"path": "$.scopes", "size": 1001, "limit": 1000}
+        assert await service.state.conn.execute("XLEN", registry) == before
+        assert not await refuses(StateStore(service.state), names[0])
+        claimed = await billing.claim_namespace("billing", names[:1000])
+        assert len(claimed["scopes"]) == 1000
+        assert await refuses(StateStore(service.state), names[999])
+        assert (await billing.release_namespace(names[:1000]))["scopes"] == []
