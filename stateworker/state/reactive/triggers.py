@@ -61,6 +61,8 @@ MAX_TRIGGERS = 10_000  # registrations kept, at most (each is matched against ev
 MAX_ID_BYTES = 256
 MAX_MATCH_RULES = 16
 MAX_EQUALS_BYTES = 64 * 1024
+MAX_POINTER_BYTES = 1024  # a match rule's pointer
+MAX_REGISTRATION_BYTES = 64 * 1024  # a registration's JSON (every replica reloads them all)
 MAX_CONDITION_TIMEOUT_MS = 60_000
 DEFAULT_CONDITION_TIMEOUT_MS = 5_000
 MIN_TTL_MS = 500  # a leased trigger lives at least this long (renewals need a round trip)
@@ -99,6 +101,7 @@ def _match_rules(config: TriggerConfig) -> None:
     validate.in_range("config.match", len(rules), 0, MAX_MATCH_RULES, " rules")
     for index, rule in enumerate(rules):
         path = f"$.config.match[{index}]"
+        validate.sized_text(f"config.match[{index}].pointer", rule.pointer, MAX_POINTER_BYTES)
         try:
             jsonpointer.JsonPointer(rule.pointer)
         except jsonpointer.JsonPointerException as exc:
@@ -214,6 +217,12 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
     trigger = Trigger(id=trigger_id, function_id=req.function_id, service=req.service,
                       config=config, created_at=rfc3339_ms(now) or "",
                       owner=ctx.principal, ttl_ms=ttl_ms, expires_at=rfc3339_ms(expires))
+    size = len(_encoder.encode(trigger))  # (before its start_revisions: one per partition)
+    if size > MAX_REGISTRATION_BYTES:
+        raise InvalidRequest(f"$.config: the registration is {size} bytes of JSON, more than "
+                             f"the limit of {MAX_REGISTRATION_BYTES} (every replica reloads "
+                             "every registration)", {"path": "$.config", "size": size,
+                                                     "limit": MAX_REGISTRATION_BYTES})
 
     def finish(reply: TriggerReply) -> TriggerIdResult:
         _not_anothers(ctx, trigger_id, reply)

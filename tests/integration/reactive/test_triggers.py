@@ -117,6 +117,33 @@ async def test_bad_registrations_name_the_field(
         assert await client.call("state::list-triggers", {}) == {"triggers": []}
 
 
+async def test_a_registration_is_at_most_64_kib_and_a_pointer_1024_bytes(
+        service: StateService, redis_server: RedisServer, prefix: str) -> None:
+    """A match pointer over 1024 bytes, or a registration over 64 KiB of JSON (16 rules of
+    8 KiB `equals`, each within its own limit): INVALID_REQUEST naming the field, the size and
+    the limit, nothing registered; the largest allowed pointer registers."""
+    async with StateClient(settings=settings_for(redis_server, prefix)) as client:
+        base = {"function_id": "reactor::on_change", "service": "reactor"}
+        with pytest.raises(InvalidRequest) as long_pointer:
+            await client.call("state::register-trigger", {**base, "config": {
+                "match": [{"pointer": "/" + "a" * 1024, "equals": 1}]}})
+        assert long_pointer.value.details == {"path": "$.config.match[0].pointer",
+                                              "size": 1025, "limit": 1024}
+        assert "config.match[0].pointer is 1025 bytes" in str(long_pointer.value)
+        rules = [{"pointer": f"/r{i}", "equals": "x" * 8192} for i in range(16)]
+        with pytest.raises(InvalidRequest) as large:
+            await client.call("state::register-trigger", {**base, "config": {"match": rules}})
+        assert large.value.details["path"] == "$.config"
+        assert large.value.details["limit"] == 64 * 1024
+        assert large.value.details["size"] > 16 * 8192
+        assert "limit of 65536" in str(large.value)
+        assert await client.call("state::list-triggers", {}) == {"triggers": []}
+        made = await client.call("state::register-trigger", {**base, "config": {
+            "match": [{"pointer": "/" + "a" * 1023, "equals": 1}, *rules[:7]]}})
+        listed = (await client.call("state::list-triggers", {}))["triggers"]
+        assert [t["id"] for t in listed] == [made["id"]]
+
+
 async def test_list_and_unregister(service: StateService, redis_server: RedisServer,
                                    prefix: str) -> None:
     async with StateClient(settings=settings_for(redis_server, prefix)) as client:
