@@ -302,7 +302,8 @@ class PermissionDenied(StateError):
 
 class DuplicateKey(StateError):
     """Raised when a transaction writes one key twice (as etcd refuses it): which write wins
-    would be a guess; `details` names the key and both ops."""
+    would be a guess; `details` names the key and both ops. Also when a get-many asks one key
+    twice (its reply would grow with each repeat)."""
 
     code = "DUPLICATE_KEY"
 

@@ -132,11 +132,13 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             by_scope.setdefault(scope, []).append((i, native_key))
         items: list[dict[str, Any]] = [{"key": key} for key in keys]
         for scope, wanted in by_scope.items():
+            distinct = list(dict.fromkeys(k for _, k in wanted))  # (get-many: each key once)
             got = msgspec.json.decode(await native(
                 request, "ERR_STATE_BULK_GET", f"failed getting state from {store.name}",
-                "state::get-many", {"scope": scope, "keys": [k for _, k in wanted]}),
-                type=Entries)
-            for (i, _), entry in zip(wanted, got.entries, strict=True):
+                "state::get-many", {"scope": scope, "keys": distinct}), type=Entries)
+            found = dict(zip(distinct, got.entries, strict=True))
+            for i, native_key in wanted:
+                entry = found[native_key]
                 if entry.version is not None:
                     items[i] = {"key": keys[i], "data": entry.value, "etag": str(entry.version)}
         return Response(msgspec.json.encode(items), 200, media_type=JSON)

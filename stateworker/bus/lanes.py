@@ -12,8 +12,12 @@ only, and fetched again (`XRANGE id id`) when the lane is down to half; entries 
 fetch is under way park behind it, so one caller's calls keep their order. Free call slots go
 to the lanes in turn, so another caller's call waits for about one batch, not for the flood.
 
-Bounds: `HELD` entries per lane in memory, `PARKED` ids in all; at that, the runtime stops
-reading until the lanes drain (the stream holds the rest, as before).
+Bounds: `HELD` entries per lane in memory, and `TOTAL_HELD` entries and `HELD_BYTES` bytes
+of fields in memory across the lanes (a lane is named by the entry's own fields, so a flood
+naming a new caller in each entry makes as many lanes: the total bounds what they hold);
+beyond, entries park as a flooding lane's do, and are fetched back as memory frees. `PARKED`
+ids in all; at that, the runtime stops reading until the lanes drain (the stream holds the
+rest, as before).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from stateworker.bus.protocol import Ref
 from stateworker.bus.sources import Source
 
 HELD = 256  # entries of one lane in memory, at most; beyond, its entries are parked
+TOTAL_HELD = 4096  # entries of every lane in memory, at most; beyond, entries are parked
+HELD_BYTES = 64 * 1024 * 1024  # bytes of fields of every lane in memory, at most (but one)
 PARKED = 200_000  # parked entries (ids) of every lane, at most; then reading waits
 _CALLER, _REPLY = b"caller", b"reply"
 
@@ -66,13 +72,24 @@ def lane_of(flat: list[bytes], source: Source) -> bytes:
 class Lanes:
     """The lanes of one runtime, and the order in which they are served."""
 
-    def __init__(self, held: int = HELD, parked: int = PARKED) -> None:
+    def __init__(self, held: int = HELD, parked: int = PARKED, total: int = TOTAL_HELD,
+                 held_bytes: int = HELD_BYTES) -> None:
         self.held_max = held
         self.parked_max = parked
+        self.total_max = total
+        self.bytes_max = held_bytes
         self.lanes: dict[bytes, Lane] = {}
         self.turns: deque[bytes] = deque()  # lanes with entries in memory, in serving order
         self.held = 0  # entries in memory, every lane's
+        self.held_bytes = 0  # their fields' bytes
         self.parked = 0  # parked ids, every lane's
+        self.fetching = 0  # parked entries being read back, every lane's
+        self._full = False  # an entry read back did not fit memory: fetch after a take
+
+    def _fits(self, size: int) -> bool:
+        """Whether an entry of `size` bytes may be held in memory (one always may, alone)."""
+        return not self.held or (self.held < self.total_max
+                                 and self.held_bytes + size <= self.bytes_max)
 
     @property
     def accepting(self) -> bool:
@@ -91,7 +108,9 @@ class Lanes:
             if lane is None:
                 lane = self.lanes[key] = Lane()
             ref = (source.stream, entry_id)
-            if lane.parked or lane.fetching or len(lane.held) >= self.held_max:
+            size = _size(flat)
+            if (lane.parked or lane.fetching or len(lane.held) >= self.held_max
+                    or not self._fits(size)):
                 lane.parked.append(ref)
                 lane.sources[source.stream] = source
                 self.parked += 1
@@ -100,6 +119,7 @@ class Lanes:
                 self.turns.append(key)
             lane.held.append(Entry(ref, flat, source))
             self.held += 1
+            self.held_bytes += size
 
     def take(self, room: int) -> list[Entry]:
         """Up to `room` entries, the lanes in turn: each gives an equal share (at least one),
@@ -119,16 +139,27 @@ class Lanes:
                 elif not lane.parked and not lane.fetching:
                     del self.lanes[key]
         self.held -= len(taken)
+        self.held_bytes -= sum(_size(e.flat) for e in taken)
+        if taken:
+            self._full = False
         return taken
 
     def to_fetch(self) -> list[tuple[bytes, list[Ref]]]:
         """The parked ids to read back now: of each lane down to half its memory (and not
-        being read back already), enough to fill it (taken off the parked ones)."""
-        wanted = []
+        being read back already), enough to fill it (taken off the parked ones), while the
+        lanes' total is below its bounds (entries; bytes: down to half)."""
+        wanted: list[tuple[bytes, list[Ref]]] = []
         low = self.held_max // 2
+        room = self.total_max - self.held - self.fetching
+        if self._full or self.held_bytes > self.bytes_max // 2:
+            return wanted
         for key, lane in self.lanes.items():
+            if room <= 0:
+                break
             if lane.parked and not lane.fetching and len(lane.held) <= low:
-                count = min(self.held_max - len(lane.held), len(lane.parked))
+                count = min(self.held_max - len(lane.held), len(lane.parked), room)
+                room -= count
+                self.fetching += count
                 refs = [lane.parked.popleft() for _ in range(count)]
                 self.parked -= count
                 lane.fetching = count
@@ -139,11 +170,25 @@ class Lanes:
         """Parked entries read back (fields None: gone from the stream meanwhile), after
         their lane's memory, in order (what was read meanwhile is parked after them)."""
         lane = self.lanes[key]
+        self.fetching -= lane.fetching
         lane.fetching = 0
-        if entries and not lane.held:
-            self.turns.append(key)
-        for ref, flat in entries:
+        for kept, (ref, flat) in enumerate(entries):
+            size = _size(flat)
+            if not self._fits(size):  # (memory filled meanwhile: the rest park again, first)
+                back = [ref for ref, _ in entries[kept:]]
+                lane.parked.extendleft(reversed(back))
+                self.parked += len(back)
+                self._full = True
+                break
+            if not lane.held:
+                self.turns.append(key)
             lane.held.append(Entry(ref, flat, lane.sources.get(ref[0]) or Source(ref[0], None)))
-        self.held += len(entries)
+            self.held += 1
+            self.held_bytes += size
         if not lane.held and not lane.parked:
             del self.lanes[key]
+
+
+def _size(flat: list[bytes] | None) -> int:
+    """An entry's fields' bytes (what holding it costs, near enough)."""
+    return sum(len(field) for field in flat) if flat else 0

@@ -71,6 +71,10 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     grace_s: float = 10.0  # on stop, how long calls in flight may take
     max_body_bytes: int = 5 * 1024 * 1024
     max_context_bytes: int = 64 * 1024  # who makes the call, not data: ids and names
+    # A reply document larger is answered CALL_TOO_LARGE instead: below Redis's
+    # proto-max-bulk-len (512 MB by default), past which its LPUSH would drop the connection
+    # and leave the call pending, read and run again in a loop.
+    max_reply_bytes: int = 256 * 1024 * 1024
     consumer: str = ""  # default: <hostname>-<pid>
 
 

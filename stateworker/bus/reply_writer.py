@@ -1,7 +1,7 @@
 """`ReplyWriter`: the answering side of a `BusRuntime` (bus/runtime.py).
 
     answer   error logged, counted (bus/stats.py), reply document -> queue (answer_call: a
-             Call's)
+             Call's); a document over `max_reply_bytes`: CALL_TOO_LARGE instead
     queue    (reply key, reply document, entry id, call record, msgpack) kept until the next
              flush (a `fmt msgpack` call's reply is turned into msgpack there: its record
              keeps the JSON document, as every other)
@@ -27,7 +27,7 @@ import anyio
 from stateworker.bus.formats import reply_msgpack
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_reply, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
-from stateworker.errors import CallIdReused, InternalError, StateError, shown
+from stateworker.errors import CallIdReused, CallTooLarge, InternalError, StateError, shown
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -67,8 +67,21 @@ class ReplyWriter:
             log.log(level, "call error", extra={"event": "call.error", "call_id": call_id,
                                                 "fn": fn, "code": error.code,
                                                 "error": error.message})
-        self.stats.count(error.code if error else None, started, fn)
         document = reply_document(call_id, result, error)
+        if len(document) > self.options.max_reply_bytes:
+            # (a reply Redis could not take: its LPUSH would drop the connection and leave the
+            # call pending, run again and again; every function's reply, listings too)
+            error = CallTooLarge(
+                f"$: the reply would be {len(document)} bytes, more than the limit of "
+                f"{self.options.max_reply_bytes} bytes of one reply (the bus's "
+                "max_reply_bytes, below Redis's proto-max-bulk-len); nothing is returned: "
+                "ask for less a call (fewer keys, smaller pages)",
+                {"path": "$", "size": len(document), "limit": self.options.max_reply_bytes})
+            log.warning("reply too large", extra={"event": "call.reply_too_large",
+                                                  "call_id": call_id, "fn": fn,
+                                                  "size": len(document)})
+            document = reply_document(call_id, None, error)
+        self.stats.count(error.code if error else None, started, fn)
         self.queue(reply_key, document, ref, record, msgpack)
 
     def answer_call(self, call: Call, result: bytes | None, error: StateError | None,

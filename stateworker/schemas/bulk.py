@@ -14,7 +14,7 @@ from stateworker.schemas.base import EntryResult, Op, Request, Scoped
 # ---- state::get-many, state::delete-by-prefix --------------------------------------------------
 class GetManyRequest(Scoped):
     scope: str
-    keys: list[str]  # at most bulkread.MAX_GET_MANY keys; one may come twice
+    keys: list[str]  # at most bulkread.MAX_GET_MANY keys, each once; values <= max_call_bytes
 
 
 class DeleteByPrefixRequest(Scoped, kw_only=True):

@@ -76,7 +76,7 @@ ADVANCE = Binding("advance", 2, 3, Moved.read)
 BIND = Binding("bind", 1, 6, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
-GETMANY = Binding("getmany", 1, 2, GetManyReply.read, tail=True)  # the keys
+GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True)  # the keys
 # state::get of a bus call answered by its script: read by state/kv/reads.py
 GET: Binding[list[Any]] = Binding("get", 2, 12, list)
 DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script (KEYS[8..9])
@@ -375,9 +375,11 @@ def advance_call(lease: str, position: str, token: str, last_id: str, n: int) ->
     return [lease, position], [token, last_id, n]
 
 
-def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str]) -> Call:
-    """getmany.lua: the scope's entries named `keys`, in that order."""
-    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), *keys]
+def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str], budget: int) -> Call:
+    """getmany.lua: the scope's entries named `keys`, in that order, and values of at most
+    `budget` bytes in all."""
+    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), budget,
+                                     *keys]
 
 
 def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int,

@@ -215,12 +215,16 @@ class ListReply(NamedTuple):
 
 
 class GetManyReply(NamedTuple):
-    """getmany.lua: 9 fields per key asked (value None: missing or expired)."""
+    """getmany.lua: 9 fields per key asked (value None: missing or expired); or, when the
+    values pass the call's byte limit, `over`: (the key's index, bytes by then, the limit)."""
 
     entries: list[list[Any]]
+    over: tuple[int, int, int] | None = None
 
     @classmethod
     def read(cls, reply: list[Any]) -> GetManyReply:
+        if reply[0] == LUA_STATUS["CALL_TOO_LARGE"]:  # {status, index, bytes, limit}
+            return cls([], (int(reply[1]), int(reply[2]), int(reply[3])))
         return cls(list(reply[1]))
 
 

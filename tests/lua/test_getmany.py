@@ -1,6 +1,6 @@
 """state::get-many (getmany.lua) against real Redis: entries in request order, each exactly as
-state::get-entry gives it; misses, expired keys, duplicates, hashes an update left unknown,
-one script call, and the request's limits."""
+state::get-entry gives it; misses, expired keys, hashes an update left unknown, one script
+call, and the request's limits: keys, each once, values in bytes."""
 
 from __future__ import annotations
 
@@ -26,17 +26,16 @@ async def get_many(store: StateStore, scope: str, keys: list[str]) -> list[dict[
     return entries
 
 
-async def test_request_order_misses_and_duplicates(store: StateStore, scope: str) -> None:
+async def test_request_order_and_misses(store: StateStore, scope: str) -> None:
     await store.set(scope, "b", {"n": 2}, topic="t", ttl_ms=HOUR_MS)
     await store.set(scope, "a", [1, "x"])
     await store.set(scope, "é", None)
     await store.set(scope, "gone", 1)
     await store.delete(scope, "gone")
-    keys = ["b", "zz", "a", "b", "gone", "é", ""]
+    keys = ["b", "zz", "a", "gone", "é", ""]
     entries = await get_many(store, scope, keys)
-    assert [e["found"] for e in entries] == [True, False, True, True, False, True, False]
-    assert [e.get("value") for e in entries] == [{"n": 2}, None, [1, "x"], {"n": 2}, None,
-                                                 None, None]
+    assert [e["found"] for e in entries] == [True, False, True, False, True, False]
+    assert [e.get("value") for e in entries] == [{"n": 2}, None, [1, "x"], None, None, None]
     for key, entry in zip(keys, entries, strict=True):
         assert entry == await store.call("state::get-entry", {"scope": scope, "key": key}), key
     assert entries[1] == {"found": False}
@@ -60,11 +59,11 @@ async def test_a_hash_an_update_left_unknown_is_computed_and_stored(
         {"type": "increment", "path": "n", "by": 2}]})
     part = store.state.keys.for_scope(scope)
     assert unpack(await store.state.conn.execute("GET", part.entry(scope, "u"))).hash is None
-    entries = await get_many(store, scope, ["u", "u"])
+    entries = await get_many(store, scope, ["v", "u"])
     expected = codec.hash_tree(codec.decode_exact(b'{"n":3}'))
-    assert [e["hash"] for e in entries] == [expected, expected]
+    assert [e.get("hash") for e in entries] == [None, expected]
     assert unpack(await store.state.conn.execute("GET", part.entry(scope, "u"))).hash == expected
-    assert entries[0] == await store.call("state::get-entry", {"scope": scope, "key": "u"})
+    assert entries[1] == await store.call("state::get-entry", {"scope": scope, "key": "u"})
 
 
 async def test_one_script_call(store: StateStore, scope: str) -> None:
@@ -88,7 +87,7 @@ async def code_and_details(store: StateStore, body: dict[str, Any]) -> tuple[str
 
 async def test_limits_and_refusals(store: StateStore, scope: str) -> None:
     limit = bulkread.MAX_GET_MANY
-    assert len(await get_many(store, scope, ["k"] * limit)) == limit
+    assert len(await get_many(store, scope, [f"k{i}" for i in range(limit)])) == limit
     code, details = await code_and_details(store, {"scope": scope, "keys": ["k"] * (limit + 1)})
     assert (code, details["path"], details["limit"]) == ("INVALID_REQUEST", "$.keys", limit)
     long = "x" * (store.state.settings.max_key_bytes + 1)
@@ -102,3 +101,31 @@ async def test_limits_and_refusals(store: StateStore, scope: str) -> None:
     assert (code, details["path"]) == ("UNKNOWN_FIELD", "$.key")
     code, _ = await code_and_details(store, {"scope": "state_barrier", "keys": ["a"]})
     assert code == "RESERVED_SCOPE"
+
+
+async def test_a_key_asked_twice_is_refused(store: StateStore, scope: str) -> None:
+    """A repeated key would let a small call build a reply of its value again and again."""
+    await store.set(scope, "k", "x" * 1000)
+    code, details = await code_and_details(store, {"scope": scope, "keys": ["a", "k", "b", "k"]})
+    assert (code, details) == ("DUPLICATE_KEY", {"path": "$.keys[3]", "key": "k",
+                                                 "first": "$.keys[1]"})
+    with pytest.raises(StateError) as caught:
+        await store.call("state::get-many", {"scope": scope, "keys": ["k"] * 300})
+    assert caught.value.code == "DUPLICATE_KEY" and "$.keys[1]" in caught.value.message
+
+
+async def test_the_values_read_are_bounded_by_max_call_bytes(redis_server: Any,
+                                                             prefix: str) -> None:
+    budget = 64 * 1024
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               max_value_bytes=budget // 2, max_call_bytes=budget) as store:
+        value = "x" * (budget // 4 - 2)  # its JSON: budget / 4 bytes
+        for i in range(5):
+            await store.set("s", f"k{i}", value)
+        entries = await get_many(store, "s", ["k0", "k1", "nope", "k2", "k3"])  # just the budget
+        assert [e.get("value") for e in entries] == [value, value, None, value, value]
+        code, details = await code_and_details(
+            store, {"scope": "s", "keys": ["nope", "k0", "k1", "k2", "k3", "k4"]})
+        assert (code, details) == ("CALL_TOO_LARGE", {"path": "$.keys[5]",
+                                                      "size": budget + budget // 4,
+                                                      "limit": budget})

@@ -18,12 +18,14 @@ def entry(caller: str, n: int) -> tuple[bytes, list[bytes]]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from("abc"), max_size=300), st.integers(1, 40), st.integers(1, 8),
-       st.integers(1, 50))
+       st.integers(1, 50), st.integers(1, 30), st.integers(1, 400))
 def test_each_callers_entries_come_out_in_order_through_parking(
-        callers: list[str], room: int, held: int, chunk: int) -> None:
+        callers: list[str], room: int, held: int, chunk: int, total: int,
+        held_bytes: int) -> None:
     # Entries arrive `chunk` at a time between two takes, and a fetch of parked entries is
-    # answered only after the next chunk arrived (as the runtime's XRANGE may be).
-    lanes = Lanes(held=held)
+    # answered only after the next chunk arrived (as the runtime's XRANGE may be). The total
+    # bounds (entries, bytes: an entry is about 20 bytes) park entries too.
+    lanes = Lanes(held=held, total=total, held_bytes=held_bytes)
     arriving = [entry(c, n) for n, c in enumerate(callers)]
     out: list[bytes] = []
     asked: list[tuple[bytes, list[tuple[str, bytes]]]] = []
@@ -33,6 +35,7 @@ def test_each_callers_entries_come_out_in_order_through_parking(
         for key, refs in asked:  # (the runtime's XRANGE: the fields as read)
             lanes.fetched(key, [(ref, entry(key.decode()[2:], int(ref[1].split(b"-")[0]))[1])
                                 for ref in refs])
+        assert lanes.held <= total and (lanes.held_bytes <= held_bytes or lanes.held == 1)
         taken = lanes.take(room)
         assert len(taken) <= room
         out += [e.ref[1] for e in taken]
@@ -41,7 +44,7 @@ def test_each_callers_entries_come_out_in_order_through_parking(
     for caller in "abc":
         mine = [r for r in out if callers[int(r.split(b"-")[0])] == caller]
         assert mine == sorted(mine, key=lambda r: int(r.split(b"-")[0]))
-    assert not lanes.lanes and lanes.held == lanes.parked == 0
+    assert not lanes.lanes and lanes.held == lanes.parked == lanes.held_bytes == 0
 
 
 def test_a_slot_goes_to_each_caller_in_turn_whatever_came_first() -> None:
@@ -51,3 +54,14 @@ def test_a_slot_goes_to_each_caller_in_turn_whatever_came_first() -> None:
     assert lanes.held == 256 + 1 and lanes.parked == 10_000 - 256
     first = lanes.take(2)
     assert [e.flat[3] for e in first if e.flat] == [b"flood", b"probe"]
+
+
+def test_distinct_callers_park_past_the_total_bounds() -> None:
+    """A lane each (the entry names its caller): the total bounds memory, not the lanes."""
+    lanes = Lanes(held=256, total=100, held_bytes=10**9)
+    lanes.add(SOURCE, [entry(f"c{n}", n) for n in range(300)], set())
+    assert (lanes.held, lanes.parked) == (100, 200)
+    size = len(b"".join(entry("c0", 0)[1]))
+    lanes = Lanes(held=256, total=10**6, held_bytes=50 * size)
+    lanes.add(SOURCE, [entry("c0", n % 10) for n in range(300)], set())
+    assert lanes.held == 50 and lanes.held_bytes <= 50 * size and lanes.parked == 250

@@ -1,10 +1,12 @@
 """Bulk reads and prefix deletes: state::get-many and state::delete-by-prefix.
 
 `get-many` reads every key asked in one read-only script (getmany.lua), each entry as
-`get-entry` gives it; the hashes an update left unknown are computed here and stored in one
-second step (as list-entries does). `delete-by-prefix` deletes at most `limit` entries in key
-order per call, from the scope's key index (delprefix.lua: one atomic, bounded batch); `more`
-tells the caller to call again.
+`get-entry` gives it: each key once (a repeated key is refused, DUPLICATE_KEY), and values of
+at most `max_call_bytes` in all (more: CALL_TOO_LARGE, nothing returned: one call's reply is
+bounded by what it asked, not by what it asks again); the hashes an update left unknown are
+computed here and stored in one second step (as list-entries does). `delete-by-prefix`
+deletes at most `limit` entries in key order per call, from the scope's key index
+(delprefix.lua: one atomic, bounded batch); `more` tells the caller to call again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import msgspec
 
 from stateworker import clock
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.errors import InvalidRequest
+from stateworker.errors import CallTooLarge, DuplicateKey, InvalidRequest, shown
 from stateworker.schemas import (
     DeleteByPrefixRequest,
     EntryResult,
@@ -40,8 +42,15 @@ def state_get_many(state: RedisState, req: GetManyRequest, ctx: CallContext) -> 
     if len(req.keys) > MAX_GET_MANY:
         raise InvalidRequest(f"$.keys: at most {MAX_GET_MANY} keys, got {len(req.keys)}",
                              {"path": "$.keys", "size": len(req.keys), "limit": MAX_GET_MANY})
+    first: dict[str, int] = {}
     for i, key in enumerate(req.keys):
         validate.name(state.settings, f"keys[{i}]", key)
+        if key in first:
+            raise DuplicateKey(
+                f"$.keys[{i}]: key {shown(key)} is asked again (first at $.keys[{first[key]}]); "
+                "each key at most once in a get-many call (read its entry once and use it "
+                "twice)", {"path": f"$.keys[{i}]", "key": key, "first": f"$.keys[{first[key]}]"})
+        first[key] = i
     return get_many_plan(state, req.scope, req.keys)
 
 
@@ -74,10 +83,19 @@ def _entry(f: list[Any]) -> EntryResult:
 def get_many_plan(state: RedisState, scope: str, keys: list[str]) -> Plan:
     """The entries of `keys`, in that order, in one script call (and one step storing the
     hashes an update left unknown, when there are any)."""
+    budget = state.settings.max_call_bytes
+
     def finish(reply: GetManyReply) -> Any:
+        if reply.over is not None:
+            index, size, limit = reply.over
+            raise CallTooLarge(
+                f"$.keys[{index}]: the values of keys up to this one are {size} bytes, more "
+                f"than the limit of {limit} bytes of values one call reads (max_call_bytes, "
+                "STATEWORKER_MAX_CALL_BYTES); nothing was returned: ask fewer keys a call",
+                {"path": f"$.keys[{index}]", "size": size, "limit": limit})
         fields = reply.entries
         entries = [_entry(f) for f in fields]
-        unknown = {keys[i]: (entry, fields[i][0])  # (a key asked twice: one step)
+        unknown = {keys[i]: (entry, fields[i][0])
                    for i, entry in enumerate(entries) if entry.found and not entry.hash}
         if not unknown:
             return GetManyResult(entries)
@@ -85,7 +103,7 @@ def get_many_plan(state: RedisState, scope: str, keys: list[str]) -> Plan:
                  for key, (entry, value) in unknown.items()]
         return _with_hashes(entries, keys, steps)
 
-    return state.script_plan(GETMANY, getmany_call(state.keys.for_scope(scope), scope, keys),
+    return state.script_plan(GETMANY, getmany_call(state.keys.for_scope(scope), scope, keys, budget),
                              finish)
 
 

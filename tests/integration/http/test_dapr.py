@@ -90,6 +90,11 @@ async def test_bulk_get(dapr: httpx.AsyncClient, scope: str) -> None:
     assert response.status_code == 200
     assert response.json() == [{"key": "a", "data": [1], "etag": "1"}, {"key": "missing"},
                                {"key": "b", "data": None, "etag": "1"}]
+    # a key asked twice (native get-many takes each key once): read once, given twice
+    twice = await dapr.post(f"/{scope}/bulk", json={"keys": ["a", "missing", "a"]})
+    assert twice.status_code == 200
+    assert twice.json() == [{"key": "a", "data": [1], "etag": "1"}, {"key": "missing"},
+                            {"key": "a", "data": [1], "etag": "1"}]
 
 
 async def test_a_transaction_applies_all_or_nothing(dapr: httpx.AsyncClient,
