@@ -302,8 +302,7 @@ class PermissionDenied(StateError):
 
 class DuplicateKey(StateError):
     """Raised when a transaction writes one key twice (as etcd refuses it): which write wins
-    would be a guess; `details` names the key and both ops. Also when a get-many asks one key
-    twice (its reply would grow with each repeat)."""
+    would be a guess; `details` names the key and both ops."""
 
     code = "DUPLICATE_KEY"
 

@@ -170,9 +170,9 @@ DELETE_MANY = Spec("state::delete-many", "delete_many", s.DeleteManyRequest, s.B
                    raises=(*_ADDRESS, "DUPLICATE_KEY", "CALL_TOO_LARGE"))
 GET_MANY = Spec("state::get-many", "get_many", s.GetManyRequest, s.GetManyResult,
                 "several entries of a scope in one step, in the order asked, each as "
-                "`get-entry` gives it (`{found: false}` for a miss); each key once, values of "
-                "at most `max_call_bytes` in all", ("scope", "keys"), read_only=True,
-                scoped=True, raises=(*_ADDRESS, "DUPLICATE_KEY", "CALL_TOO_LARGE"),
+                "`get-entry` gives it (`{found: false}` for a miss); values of at most "
+                "`max_call_bytes` in all", ("scope", "keys"), read_only=True,
+                scoped=True, raises=(*_ADDRESS, "CALL_TOO_LARGE"),
                 unwrap="entries")
 DELETE_BY_PREFIX = Spec("state::delete-by-prefix", "delete_by_prefix", s.DeleteByPrefixRequest,
                         s.PrefixDeletedResult, "delete up to `limit` entries whose key starts "

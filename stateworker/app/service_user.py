@@ -89,6 +89,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "hmget": ["HMGET", part.dispatched, "id", "n"],  # (and trimming, barriers)
         "zrange": ["ZRANGE", part.scopes, 0, -1],
         "exists": ["EXISTS", entry],
+        "strlen": ["STRLEN", entry],  # a query's index path: an entry's size before its value
         # The dispatcher: handler calls, a bus condition's client, leases, trimming.
         "xadd": ["XADD", keys.bus_stream("handler"), "*", "f", "v"],  # (and every event)
         "xlen": ["XLEN", keys.bus_stream("handler")],  # a target's backlog

@@ -45,7 +45,8 @@ def stored_entries(draw: st.DrawFn) -> Stored:
 async def _getmany(store: StateStore, scope: str, key: str) -> list[Any]:
     part = store.state.keys.for_scope(scope)
     return await store.state.execute(store.state.script_plan(
-        GETMANY, getmany_call(part, scope, [key]), lambda reply: reply.entries[0]))
+        GETMANY, getmany_call(part, scope, [key], store.state.settings.max_call_bytes),
+        lambda reply: reply.entries[0]))
 
 
 def _text(raw: Any) -> str | None:

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
-  Several entries of one scope in one call (state::get-many), in the order asked (each key once:
-  the caller refuses a repeated key). An entry whose expiry has passed reads as missing (the reaper deletes
+  Several entries of one scope in one call (state::get-many), in the order asked (a key asked
+  twice is read twice, its bytes counted each time). An entry whose expiry has passed reads as missing (the reaper deletes
   it later). A hash an update left unknown comes back false: the caller computes and stores it.
   Input:
     KEYS[1] scope key index (only its hash tag is used: every entry is in its slot)

@@ -1,9 +1,9 @@
 """Bulk reads and prefix deletes: state::get-many and state::delete-by-prefix.
 
 `get-many` reads every key asked in one read-only script (getmany.lua), each entry as
-`get-entry` gives it: each key once (a repeated key is refused, DUPLICATE_KEY), and values of
-at most `max_call_bytes` in all (more: CALL_TOO_LARGE, nothing returned: one call's reply is
-bounded by what it asked, not by what it asks again); the hashes an update left unknown are
+`get-entry` gives it: a key asked twice is read twice, and the values read, each time, are at
+most `max_call_bytes` in all (more: CALL_TOO_LARGE, nothing returned: a small call asking one
+large value again and again builds no large reply); the hashes an update left unknown are
 computed here and stored in one second step (as list-entries does). `delete-by-prefix`
 deletes at most `limit` entries in key order per call, from the scope's key index
 (delprefix.lua: one atomic, bounded batch); `more` tells the caller to call again.
@@ -17,7 +17,7 @@ import msgspec
 
 from stateworker import clock
 from stateworker.context import NO_CONTEXT, CallContext
-from stateworker.errors import CallTooLarge, DuplicateKey, InvalidRequest, shown
+from stateworker.errors import CallTooLarge, InvalidRequest
 from stateworker.schemas import (
     DeleteByPrefixRequest,
     EntryResult,
@@ -42,15 +42,8 @@ def state_get_many(state: RedisState, req: GetManyRequest, ctx: CallContext) -> 
     if len(req.keys) > MAX_GET_MANY:
         raise InvalidRequest(f"$.keys: at most {MAX_GET_MANY} keys, got {len(req.keys)}",
                              {"path": "$.keys", "size": len(req.keys), "limit": MAX_GET_MANY})
-    first: dict[str, int] = {}
     for i, key in enumerate(req.keys):
         validate.name(state.settings, f"keys[{i}]", key)
-        if key in first:
-            raise DuplicateKey(
-                f"$.keys[{i}]: key {shown(key)} is asked again (first at $.keys[{first[key]}]); "
-                "each key at most once in a get-many call (read its entry once and use it "
-                "twice)", {"path": f"$.keys[{i}]", "key": key, "first": f"$.keys[{first[key]}]"})
-        first[key] = i
     return get_many_plan(state, req.scope, req.keys)
 
 
