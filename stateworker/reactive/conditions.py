@@ -7,14 +7,22 @@ document, call id `<handler call id>:condition` and the trigger's timeout (defau
 most 60 s): only an explicit `false` skips; an error or a timeout skips too, logged and
 counted (`condition_errors`; skips: `condition_skips`).
 
-One `StateClient` per condition service, opened at its first condition and held open (in a
-task of the dispatcher's task group) as long as the dispatcher runs; it calls as the trusted
-service, on its own stream and reply lists, in `acl` mode too.
+One `StateClient` per condition service (two Redis connections), opened at its first
+condition and held open in a task of the dispatcher's task group; it calls as the trusted
+service, on its own stream and reply lists, in `acl` mode too. At most MAX_CLIENTS are kept,
+the least recently used one given up past that, and a reload of the triggers gives up those of
+services no trigger names any more (`prune`, with the parsed barriers of triggers gone): a
+client given up is closed once no call is in flight on it (a new condition on its service
+opens another). So triggers naming many condition services cost at most 2 x MAX_CLIENTS
+connections of each replica, not two per service for as long as the dispatcher runs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 
 import anyio
 import msgspec
@@ -33,6 +41,24 @@ from stateworker.state.reactive.barrier import BarrierCondition
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
 
+MAX_CLIENTS = 32  # condition clients kept open by one dispatcher (two connections each)
+
+
+class _Held:
+    """A condition client, its calls in flight, and whether it was given up (closed once
+    none is in flight: `closed` set ends the task holding it)."""
+
+    def __init__(self, client: StateClient) -> None:
+        self.client = client
+        self.busy = 0
+        self.given_up = False
+        self.closed = anyio.Event()
+
+    def give_up(self) -> None:
+        self.given_up = True
+        if self.busy == 0:
+            self.closed.set()
+
 
 class Conditions:
     """The conditions of one dispatcher; `open(task_group)` before the first bus condition."""
@@ -41,7 +67,7 @@ class Conditions:
         self.state = state
         self.counts = counts
         self._barriers: dict[str, tuple[Trigger, BarrierCondition]] = {}
-        self._clients: dict[str, StateClient] = {}
+        self._clients: OrderedDict[str, _Held] = OrderedDict()  # least recently used first
         self._opening = anyio.Lock()  # one condition client per service, however many ask
         self._tg: TaskGroup | None = None
 
@@ -78,9 +104,10 @@ class Conditions:
         timeout_s = (trigger.config.condition_timeout_ms or
                      triggers.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
         try:
-            client = await self._client(service)
-            result = await client.call_json(matcher.condition or "", document_json(event),
-                                            timeout=timeout_s, call_id=f"{call_id}:condition")
+            async with self._client(service) as client:
+                result = await client.call_json(matcher.condition or "", document_json(event),
+                                                timeout=timeout_s,
+                                                call_id=f"{call_id}:condition")
         except StateError as exc:
             self._failed(matcher, event, exc)
             return False
@@ -99,21 +126,44 @@ class Conditions:
                     extra={"event": "dispatch.condition_failed", "trigger": matcher.trigger.id,
                            "code": exc.code})
 
-    async def _client(self, service: str) -> StateClient:
-        client = self._clients.get(service)
-        if client is None:
+    def prune(self, loaded: Iterable[Trigger]) -> None:
+        """After a reload of the triggers: the parsed barriers of triggers gone forgotten, and
+        the clients of services no trigger's bus condition names given up."""
+        loaded = list(loaded)
+        ids = {trigger.id for trigger in loaded}
+        for gone in [tid for tid in self._barriers if tid not in ids]:
+            del self._barriers[gone]
+        named = {trigger.config.condition_service or trigger.service for trigger in loaded
+                 if trigger.config.condition_function_id not in (None, triggers.BARRIER)}
+        for service in [s for s in self._clients if s not in named]:
+            self._clients.pop(service).give_up()
+
+    @asynccontextmanager
+    async def _client(self, service: str) -> AsyncIterator[StateClient]:
+        """The service's client for one call (counted in flight while it runs)."""
+        held = self._clients.get(service)
+        if held is None:
             async with self._opening:  # (two batches asking at once open one client)
-                client = self._clients.get(service)
-                if client is None:
+                held = self._clients.get(service)
+                if held is None:
                     if self._tg is None:
                         raise RuntimeError("Conditions.open was not called")
-                    client = await self._tg.start(self._hold_client, service)
-        return client
+                    held = await self._tg.start(self._hold_client, service)
+                    self._clients[service] = held
+        self._clients.move_to_end(service)
+        held.busy += 1
+        while len(self._clients) > MAX_CLIENTS:  # (never this one: the most recent)
+            self._clients.popitem(last=False)[1].give_up()
+        try:
+            yield held.client
+        finally:
+            held.busy -= 1
+            if held.given_up and held.busy == 0:
+                held.closed.set()
 
-    async def _hold_client(self, service: str, *,
-                           task_status: TaskStatus[StateClient]) -> None:
+    async def _hold_client(self, service: str, *, task_status: TaskStatus[_Held]) -> None:
         trusted = msgspec.structs.replace(self.state.settings, auth="off")
         async with StateClient(settings=trusted, service=service, caller="state") as client:
-            self._clients[service] = client
-            task_status.started(client)
-            await anyio.sleep_forever()
+            held = _Held(client)
+            task_status.started(held)
+            await held.closed.wait()

@@ -302,6 +302,7 @@ class Dispatcher:
         if self.state.split_bus:
             await self._make_groups(loaded)
         self.triggers = TriggerSet(loaded)
+        self.conditions.prune(loaded)  # (clients of services no trigger names closed, when idle)
         await self.counts.prune(self.triggers.ids)
 
     async def _make_groups(self, loaded: list[Trigger]) -> None:

@@ -419,6 +419,33 @@ async def test_the_payload_is_capped_and_a_refused_arrival_writes_nothing(
     assert done["payload"]["results"] == {"a": "small", "b": part, "c": part}
 
 
+async def test_a_named_set_is_counted_against_the_cap_as_the_barrier_keeps_it(
+        store: StateStore) -> None:
+    """The named keys stay in the barrier until they arrive (twice, as links): 4 x (key bytes
+    + 1) each counts against the cap before anything is written, a call's or a trigger's."""
+    per_key = 4 * (1000 + 1)
+    fits = MAX_PAYLOAD_BYTES // per_key
+    keys = [f"{i:04d}" + "k" * 996 for i in range(fits + 1)]
+    bid = new_id()
+    err = await refused(store, {"event": {"key": keys[0]},
+                                "condition_config": {"id": bid, "expect": keys}})
+    size = per_key * (fits + 1)
+    assert err.code == "BARRIER_CONFIG"
+    assert err.details == {"path": "$.condition_config.expect", "size": size,
+                           "limit": MAX_PAYLOAD_BYTES}
+    assert "condition_config.expect" in err.message and f"{size} bytes" in err.message
+    assert f"limit of {MAX_PAYLOAD_BYTES} bytes" in err.message
+    name = store.state.keys.barrier_partition(bid).barrier(bid)
+    assert await store.state.conn.execute("EXISTS", name) == 0
+    with pytest.raises(StateError) as caught:
+        parse_condition(Settings(), msgspec.json.encode({"id": "b", "expect": keys}),
+                        "$.options.condition_config")
+    assert caught.value.details["path"] == "$.options.condition_config.expect"
+    assert await arrive(store, {"key": keys[0]}, {"id": bid, "expect": keys[:fits]}) == skip(
+        f"barrier `{bid}`: 1/{fits} arrived, waiting on {fits - 1} more: "
+        + ", ".join(f"`{k}`" for k in keys[1:11]) + ", …")
+
+
 # ---- what a barrier leaves ---------------------------------------------------------------------
 async def test_a_barrier_writes_no_change_event_and_no_scope(store: StateStore) -> None:
     bid = new_id()

@@ -219,6 +219,23 @@ async def test_a_snapshot_over_max_call_bytes_is_refused(
         assert (await page(store, {"scope": scope}))["total"] == 3
 
 
+async def test_an_index_past_max_entries_is_refused_before_it_is_read(
+        store: StateStore, scope: str) -> None:
+    """The bound is the scope's keys, read at most one past it: an index of more keys is
+    refused even when few of them are live (here one live entry beside index members whose
+    entries are gone, what expired entries leave until the reaper drops them)."""
+    await store.set(scope, "live", 1)
+    index = store.state.keys.for_scope(scope).key_index(scope)
+    stale = [f"gone-{i:06d}" for i in range(pages.MAX_ENTRIES + 10)]
+    await store.state.conn.execute("ZADD", index, *(x for m in stale for x in (0, m)))
+    refused = await refusal(store, {"scope": scope})
+    assert refused.code == "SNAPSHOT_CAPACITY" and refused.details["bound"] == "entries"
+    assert refused.details["limit"] == pages.MAX_ENTRIES
+    assert refused.details["found"] == pages.MAX_ENTRIES + 11
+    assert "pages.MAX_ENTRIES" in refused.message and str(pages.MAX_ENTRIES) in refused.message
+    assert await snapshots(store, scope) == []
+
+
 async def test_live_snapshots_are_bounded_and_a_live_cursor_outlives_a_refusal(
         store: StateStore, scope: str) -> None:
     for key in ("a", "b"):

@@ -21,7 +21,8 @@
     ARGV[8] "1" when the named keys follow in ARGV[11..] (byte order), else ""
     ARGV[9] now (epoch ms)
     ARGV[10] how long a completed barrier is kept (ms): its hash expires then
-    ARGV[11..] the named keys, when ARGV[8] is "1"
+    ARGV[11..] the named keys, when ARGV[8] is "1" (the caller has checked their link fields,
+            4 x (key bytes + 1) each at most, within the cap ARGV[7]: state/reactive/barrier.py)
   Hash fields (single-letter names; a key's fields are a letter .. key):
     e expect tag    E expect text    n N    c keys arrived    s bytes of the results so far
     w the write's number (KEYS[3]: the snapshot keeps only the newest state it saw)

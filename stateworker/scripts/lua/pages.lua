@@ -30,6 +30,8 @@
     {ST.ROW_TOO_LARGE, the row's position (0-based), its bytes, the limit}   the next row
                           cannot fit a page alone (or passes ARGV[12]); nothing written
     {ST.SNAPSHOT_CAPACITY, "snapshots" | "entries" | "bytes", found, limit}   nothing written
+                          ("entries": the keys of the scope's index, live or expired not yet
+                          reaped; at most ARGV[8] + 1 of them are read)
   Events: none.
 ]]
 --- @include "packed"
@@ -135,8 +137,14 @@ local held = redis.call('ZCARD', live)
 if held >= maxLive or redis.call('EXISTS', snapshot) == 1 then
   return capacity('snapshots', held, maxLive)
 end
+-- At most one key past the bound is read: an index of more keys (live entries and expired
+-- ones not yet reaped alike) is refused before any entry is read.
+local keys = redis.call('ZRANGE', KEYS[1], 0, maxEntries)
+if #keys > maxEntries then
+  return capacity('entries', redis.call('ZCARD', KEYS[1]), maxEntries)
+end
 local rows, bytes = {}, 0
-for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+for _, key in ipairs(keys) do
   local stored = redis.call('GET', prefix .. key)
   if stored then
     local value, expires = packed_value(stored)
@@ -144,9 +152,6 @@ for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
       local row = '[' .. json_text(key) .. ',' .. value .. ']'
       if #row > maxRow then
         return {ST.ROW_TOO_LARGE, #rows, #row, maxRow}
-      end
-      if #rows == maxEntries then
-        return capacity('entries', #rows + 1, maxEntries)
       end
       bytes = bytes + #row
       if bytes > maxSnapshotBytes then

@@ -12,8 +12,9 @@ capture (pages never extend it). A page holds at most `limit` entries and its JS
 `max_bytes` bytes; an entry that cannot fit a page alone is ROW_TOO_LARGE, never skipped.
 
 Bounds (SNAPSHOT_CAPACITY beyond, nothing kept): MAX_SNAPSHOTS live snapshots in a partition,
-MAX_ENTRIES entries in one, and the bytes of its rows within the per-call budget
-`max_call_bytes` (one script reads them all).
+MAX_ENTRIES entries in one (the scope's keys, expired ones not yet reaped included: the script
+reads at most one key past the bound, never the whole index), and the bytes of its rows within
+the per-call budget `max_call_bytes` (one script reads them all).
 
 The caller is who the call came from (validate.identity: the principal in `acl` mode, else the
 bus entry's `caller`); a call with none is UNKNOWN_CALLER, as iii's and as

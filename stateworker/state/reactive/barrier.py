@@ -45,6 +45,10 @@ MAX_EXPECT = 10_000  # arrivals a barrier waits for, at most (a count, or named 
 # A barrier's payload, at most: it travels in replies and in a trigger handler's call
 # body next to the event (two values of up to max_value_bytes), under the bus's 5 MiB.
 MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+# A named set's keys are kept in the barrier until they arrive, each twice as a link field
+# naming a neighbour (lua/barrier.lua: p<key>/x<key> = "=" .. key): 4 x (its bytes + 1), at
+# most, per key. They count against the same cap, checked before the first write.
+LINK_BYTES_PER_KEY = 4
 EXPECT_TEXT_CHARS = 200  # of a named set's key list, in messages
 DEFAULT_KEY_FROM = "/key"  # a state event's own key
 
@@ -134,6 +138,14 @@ def _check_expect(settings: Settings, field: str, expect: int | list[str]) -> No
             raise BarrierConfig(f"$.{where}[{i}]: `{key}` is listed twice; the keys of a "
                                 "barrier are distinct", {"path": f"$.{where}[{i}]"})
         seen.add(key)
+    links = sum(LINK_BYTES_PER_KEY * (len(key.encode()) + 1) for key in expect)
+    if links > MAX_PAYLOAD_BYTES:
+        raise BarrierConfig(
+            f"$.{where}: the {len(expect)} named keys take {links} bytes as the barrier keeps "
+            f"them until they arrive ({LINK_BYTES_PER_KEY} x (key bytes + 1) each), more than "
+            f"the limit of {MAX_PAYLOAD_BYTES} bytes of a barrier (barrier.MAX_PAYLOAD_BYTES); "
+            "name fewer or shorter keys, or expect a count",
+            {"path": f"$.{where}", "size": links, "limit": MAX_PAYLOAD_BYTES})
 
 
 def _check_pointer(field: str, pointer: str) -> None:
