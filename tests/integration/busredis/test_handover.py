@@ -32,6 +32,29 @@ def handed_on(bus: RedisServer, prefix: str) -> Counter[bytes]:
     return Counter(fields[b"id"] for _, fields in entries)
 
 
+class Writes:
+    """SCOPES tasks, each writing its scope's key again and again until `stop()`; `written`
+    counts the writes acknowledged (each one event, one trigger call)."""
+
+    def __init__(self) -> None:
+        self.written, self._on = 0, True
+
+    def stop(self) -> None:
+        self._on = False
+
+    async def run(self, store: StateStore, scope: str) -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(SCOPES):
+                tg.start_soon(self._write, store, f"{scope}-{i}")
+
+    async def _write(self, store: StateStore, name: str) -> None:
+        n = 0
+        while self._on:
+            n += 1
+            await store.set(name, "k", n)
+            self.written += 1
+
+
 def holders(state: RedisServer, store: StateStore) -> set[bytes | None]:
     raw, keys = state.client(), store.state.keys
     return {raw.get(keys.partition(n).lease) for n in range(4)}
@@ -46,37 +69,26 @@ async def test_a_replica_that_gives_partitions_back_stores_where_it_got_first(
     settings = pair.settings(prefix)
     replicas = [ServiceProcess(pair.state.url, prefix, consumer=f"r{i}",
                                env=service_env(pair.bus.url)) for i in range(2)]
-    written = 0
+    writes = Writes()
     try:
         async with StateStore.open(settings=settings, reaper=False) as store:
             await store.call("state::register-trigger", {
                 "id": "t1", "function_id": "reactor::on_change", "service": "reactor"})
             await anyio.to_thread.run_sync(replicas[0].start)
             await until(lambda: None not in holders(pair.state, store), 30, "the first's leases")
-            writing = True
-
-            async def write(name: str) -> None:
-                nonlocal written
-                n = 0
-                while writing:
-                    n += 1
-                    await store.set(name, "k", n)
-                    written += 1
-
             async with anyio.create_task_group() as tg:
-                for i in range(SCOPES):
-                    tg.start_soon(write, f"{scope}-{i}")
+                tg.start_soon(writes.run, store, scope)
                 await until(lambda: len(handed_on(pair.bus, prefix)) >= 200, 30, "hand-ons")
                 await anyio.to_thread.run_sync(replicas[1].start)
                 await until(lambda: len(holders(pair.state, store)) == 2, 30, "both holding")
                 at_handover = len(handed_on(pair.bus, prefix))
                 await until(lambda: len(handed_on(pair.bus, prefix)) >= at_handover + 200, 30,
                             "hand-ons after the handover")
-                writing = False
-            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
-                        f"{written} calls handed on")
+                writes.stop()
+            await until(lambda: len(handed_on(pair.bus, prefix)) == writes.written, 30,
+                        f"{writes.written} calls handed on")
             counts = handed_on(pair.bus, prefix)
-            assert len(counts) == written
+            assert len(counts) == writes.written
             again = {call_id: n for call_id, n in counts.items() if n > 1}
             assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
     finally:
@@ -111,19 +123,9 @@ async def test_a_replica_frozen_past_its_lease_hands_on_nothing_new_once_it_runs
             (token,) = holders(pair.state, store)
             await anyio.to_thread.run_sync(replicas[1].start)
             await until(lambda: len(holders(pair.state, store)) == 2, 30, "both holding")
-            writing, written = True, 0
-
-            async def write(name: str) -> None:
-                nonlocal written
-                n = 0
-                while writing:
-                    n += 1
-                    await store.set(name, "k", n)
-                    written += 1
-
+            writes = Writes()
             async with anyio.create_task_group() as tg:
-                for i in range(SCOPES):
-                    tg.start_soon(write, f"{scope}-{i}")
+                tg.start_soon(writes.run, store, scope)
                 await until(lambda: len(handed_on(pair.bus, prefix)) >= 300, 30, "hand-ons")
                 await anyio.to_thread.run_sync(frozen.freeze)
                 # What the frozen one stored: its successor starts there.
@@ -134,9 +136,9 @@ async def test_a_replica_frozen_past_its_lease_hands_on_nothing_new_once_it_runs
                 # Its leases expire (1 s) and the other takes them, while the writes go on.
                 await until(lambda: token not in holders(pair.state, store), 30,
                             "the frozen one's leases taken")
-                writing = False
-            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
-                        f"{written} calls handed on")
+                writes.stop()
+            await until(lambda: len(handed_on(pair.bus, prefix)) == writes.written, 30,
+                        f"{writes.written} calls handed on")
             again = [call_id for call_id, n in handed_on(pair.bus, prefix).items() if n > 1]
             for call_id in again:  # (the frozen one's, then its successor's)
                 partition = int(call_id.split(b":")[1][1:])
@@ -168,7 +170,7 @@ async def test_a_lease_renewed_too_late_and_taken_back_hands_nothing_on_again(
     memory. Every write's call is on the handler's stream exactly once."""
     settings = pair.settings(prefix)
     replica = ServiceProcess(pair.state.url, prefix, env=service_env(pair.bus.url))
-    written = 0
+    writes = Writes()
     try:
         async with StateStore.open(settings=settings, reaper=False) as store:
             await store.call("state::register-trigger", {
@@ -177,19 +179,8 @@ async def test_a_lease_renewed_too_late_and_taken_back_hands_nothing_on_again(
             await until(lambda: None not in holders(pair.state, store), 30, "its leases")
             (token,) = holders(pair.state, store)
             raw, keys = pair.state.client(), store.state.keys
-            writing = True
-
-            async def write(name: str) -> None:
-                nonlocal written
-                n = 0
-                while writing:
-                    n += 1
-                    await store.set(name, "k", n)
-                    written += 1
-
             async with anyio.create_task_group() as tg:
-                for i in range(SCOPES):
-                    tg.start_soon(write, f"{scope}-{i}")
+                tg.start_soon(writes.run, store, scope)
                 for partition in range(4):  # each lease lapses once, mid-flow
                     lease = keys.partition(partition).lease
                     enough = 100 * (partition + 1)
@@ -198,9 +189,9 @@ async def test_a_lease_renewed_too_late_and_taken_back_hands_nothing_on_again(
                     raw.delete(lease)
                     await until(lambda: raw.get(lease) == token, 30,  # noqa: B023
                                 "the lease taken back")
-                writing = False
-            await until(lambda: len(handed_on(pair.bus, prefix)) == written, 30,
-                        f"{written} calls handed on")
+                writes.stop()
+            await until(lambda: len(handed_on(pair.bus, prefix)) == writes.written, 30,
+                        f"{writes.written} calls handed on")
             again = {call_id: n for call_id, n in handed_on(pair.bus, prefix).items() if n > 1}
             assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
     finally:

@@ -24,39 +24,21 @@ import pytest
 
 from stateworker import StateError
 from stateworker.app.cli import status_report
-from stateworker.context import CallContext
 from stateworker.keys import KeySpace
-from stateworker.settings import Settings
-from stateworker.snapshot import repair, restore
+from stateworker.snapshot import restore
 from stateworker.snapshot.generation import Fenced
-from stateworker.snapshot.snapshotter import Snapshotter, connect
-from stateworker.state import functions, generation, lifecycle
+from stateworker.snapshot.snapshotter import Snapshotter
+from stateworker.state import generation
 from stateworker.state.core.store import RedisState
 from tests.integration.busproto import until
+from tests.integration.snapshot.driven import bus_call as call
+from tests.integration.snapshot.driven import opened
 from tests.integration.snapshot.test_lost_redis import swap_data
 from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
 from tests.integration.snapshots import postgres_entries
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def opened(settings: Settings) -> AsyncIterator[RedisState]:
-    """A state as the service opens it (the repair at start first), without the service's
-    own snapshotter: the test's drives its steps."""
-    assert settings.postgres_url is not None
-    pg = await connect(settings.postgres_url)
-
-    async def repaired(state: RedisState) -> None:
-        await repair.repair_at_start(state, pg)
-
-    try:
-        async with lifecycle.running(await lifecycle.connect(settings), reaper=False,
-                                     before=repaired) as state:
-            yield state
-    finally:
-        await pg.close()
 
 
 @asynccontextmanager
@@ -67,12 +49,6 @@ async def stepped(state: RedisState, url: str) -> AsyncIterator[Snapshotter]:
         yield snap
     finally:
         await snap._close()
-
-
-async def call(state: RedisState, fn: str, body: dict[str, Any], call_id: str) -> Any:
-    """A call as the service runs a bus call's (its record kept, for the snapshot too)."""
-    ctx = CallContext(call_id=call_id, call_digest="0" * 40)
-    return await state.execute(functions.prepare(state, fn, msgspec.json.encode(body), ctx))
 
 
 async def steps_until(snap: Snapshotter, holds: Any, what: str, rounds: bool = False) -> None:
