@@ -115,6 +115,24 @@ async def test_the_backlog_holds_when_each_event_is_a_batch_of_its_own(
             assert len({call_id for call_id, _ in handler.calls}) == TRIGGERS * 4
 
 
+@contextlib.asynccontextmanager
+async def room_of_49(redis_server: RedisServer, prefix: str, scope: str
+                     ) -> AsyncIterator[tuple[Settings, StateClient]]:
+    """A service with the backlog BACKLOG and one trigger on `scope` calling the dead service
+    `reactor`, whose first event's call is handed on: the stream's length read (0), its room
+    counted down to 49."""
+    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as client:
+        await client.call("state::register-trigger", {
+            "id": "t", "function_id": "reactor::on_change", "service": "reactor",
+            "config": {"scope": scope}})
+        await client.set(scope, "first", 0)
+        stream, raw = bus_stream(prefix, "reactor"), redis_server.client()
+        await until(lambda: raw.xlen(stream) == 1, 30, "the first event's call")
+        yield settings, client
+
+
 async def test_calls_another_replica_added_are_seen_once_half_the_room_is_used(
         redis_server: RedisServer, prefix: str, scope: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,14 +142,7 @@ async def test_calls_another_replica_added_are_seen_once_half_the_room_is_used(
     monkeypatch.setattr(batch, "ROOM_S", 3600.0)
     stream = bus_stream(prefix, "reactor")
     client_redis = redis_server.client()
-    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
-    async with StateService.running(settings, BusOptions(block_ms=50)), \
-            StateClient(settings=settings) as client:
-        await client.call("state::register-trigger", {
-            "id": "t", "function_id": "reactor::on_change", "service": "reactor",
-            "config": {"scope": scope}})
-        await client.set(scope, "first", 0)  # its batch reads the length: 0, room 50 -> 49
-        await until(lambda: client_redis.xlen(stream) == 1, 30, "the first event's call")
+    async with room_of_49(redis_server, prefix, scope) as (settings, client):
         for n in range(45):  # another replica's calls, not counted by this dispatcher
             client_redis.xadd(stream, {"id": f"other-{n}", "fn": "reactor::on_change",
                                        "body": "{}", "reply": ""})
@@ -158,14 +169,7 @@ async def test_a_length_read_mid_batch_counts_the_calls_the_batch_gathered_and_n
     monkeypatch.setattr(batch, "ROOM_S", 3600.0)
     stream = bus_stream(prefix, "reactor")
     client_redis = redis_server.client()
-    settings = settings_for(redis_server, prefix, trigger_backlog=BACKLOG)
-    async with StateService.running(settings, BusOptions(block_ms=50)), \
-            StateClient(settings=settings) as client:
-        await client.call("state::register-trigger", {
-            "id": "t", "function_id": "reactor::on_change", "service": "reactor",
-            "config": {"scope": scope}})
-        await client.set(scope, "first", 0)  # its batch reads the length: 0, room 50 -> 49
-        await until(lambda: client_redis.xlen(stream) == 1, 30, "the first event's call")
+    async with room_of_49(redis_server, prefix, scope) as (settings, client):
         await client.call("state::on-config-change", {"triggers_enabled": False})
         for n in range(100):  # (paused: the dispatcher reads them as one batch)
             await client.set(scope, f"k{n}", n)
