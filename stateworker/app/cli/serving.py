@@ -17,7 +17,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError, StateError, Unavailable
 from stateworker.loop import run, tune_gc_for_serving
 from stateworker.settings import Settings
-from stateworker.snapshot import restore
+from stateworker.snapshot import repair, restore
 from stateworker.state import lifecycle
 from stateworker.transport.wire import ConnectionLost
 
@@ -74,6 +74,7 @@ async def restore_all(settings: Settings) -> int:
 
     try:
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
+            await repair.refuse_healthy(state, settings.postgres_url)
             summary = await restore.restore(state, settings.postgres_url, progress)
     except (psycopg.Error, OSError) as exc:
         return _refused(Unavailable(f"restore: PostgreSQL failed: {exc}; nothing more was "

@@ -4,7 +4,8 @@ data, newer than the snapshot (its lag): never restored over. The meta hash lost
 Redis Cluster its node came back empty, the partitions' did not: their markers are
 PostgreSQL's generation) is put back and the service serves; with the markers gone too, the
 start is refused, and so is `stateworker restore`. And a process without the snapshot
-(STATEWORKER_POSTGRES_URL unset) never begins anew a prefix a snapshotter found wiped."""
+(STATEWORKER_POSTGRES_URL unset) never begins anew a prefix a snapshotter found wiped, and
+`stateworker restore` never rolls back a Redis that is whole."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from stateworker.state import lifecycle
 from stateworker.state.core.store import RedisState
 from stateworker.state.kv.packed import unpack
 from tests.integration.snapshot.driven import bus_call, opened, snapshot_of
+from tests.integration.snapshot.test_restore import restore_command
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +109,18 @@ async def test_a_process_without_the_snapshot_leaves_a_redis_found_wiped_refusin
         with pytest.raises(StateError) as still:
             await bus_call(state, "state::set", {"scope": "s", "key": "k", "value": 3}, "c7")
         assert still.value.code == "STORE_LOST"
+
+
+async def test_a_restore_of_a_redis_that_is_not_lost_is_refused(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """Every key deleted, the deletes not in PostgreSQL yet, the markers PostgreSQL's: the
+    Redis is whole, and empty. `stateworker restore` would bring the deleted keys back (and
+    skip the events not handed on): refused, and they stay deleted."""
+    async with lagging(own_redis, prefix, postgres_url) as (_, state):
+        await bus_call(state, "state::delete", {"scope": "s", "key": "k"}, "c5")
+        done = await anyio.to_thread.run_sync(restore_command, own_redis.url, prefix,
+                                              postgres_url)
+        assert done.returncode == 1, done.stdout
+        error = msgspec.json.decode(done.stderr.strip().splitlines()[-1])
+        assert error["code"] == "RESTORE_REFUSED" and "whole" in error["message"]
+        assert await state.conn.execute("GET", state.keys.for_scope("s").entry("s", "k")) is None
