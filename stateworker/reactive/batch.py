@@ -239,11 +239,11 @@ class Batches:
         within STORE_S (`_persist`); there no script checks the lease, so the batch does,
         before the calls go and before the move (the round that finds a lease gone drops it
         from `held` and the position from `positions`)."""
-        keys = self.state.keys.partition(partition)
-        advance = None if self.state.split_bus else ADVANCE.command(
-            self.state.library, *advance_call(keys.lease, keys.dispatched, self.leases.token,
-                                              moved.id, moved.n))
-        try:
+        try:  # (whatever happens, `calls` are no longer waiting to go out: `_sent`)
+            keys = self.state.keys.partition(partition)
+            advance = None if self.state.split_bus else ADVANCE.command(
+                self.state.library, *advance_call(keys.lease, keys.dispatched,
+                                                  self.leases.token, moved.id, moved.n))
             if not self._ours(partition, at):
                 return Outcome.GONE
             replies = await (self._send_to_bus(calls) if advance is None
