@@ -252,3 +252,79 @@ async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
                                 {"run": 2})
         assert runs == ["win-2", "win-2"]
         worker.stop()
+
+
+# ---- one call id, one run ----------------------------------------------------------------------
+async def test_a_slow_call_sent_again_by_the_client_runs_once(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """The client sends a call again (same id: a new stream entry) at a third of its timeout;
+    a handler slower than that still runs once, and its reply answers the call."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[str] = []
+
+    @worker.function("orders::charge")
+    async def charge(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        await anyio.sleep(1.5)  # slower than the client's re-send at 1 s: what is tested
+        return {"charged": body["amount"]}
+
+    stream = Bus(prefix, "orders").stream
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=3.0,
+                               retries=2) as client:
+            result = await client.call("orders::charge", {"amount": 10}, call_id="charge-1")
+
+            async def served() -> bool:  # every entry (the re-send too) answered or dropped
+                return await raw.xlen(stream) == 0
+
+            await until(served, 10, "the re-sent entry to be served")
+        worker.stop()
+    assert result == {"charged": 10}
+    assert runs == ["charge-1"]
+
+
+async def test_a_call_sent_again_to_another_worker_while_it_runs_runs_once(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """While one worker runs a call, the client's re-send of it (same id) is read by another
+    worker: that one finds the id claimed and does not run it; the first run answers."""
+    settings = settings_for(redis_server.url, prefix)
+    first = Worker("orders", settings=settings, options=BusOptions(block_ms=50, consumer="a"))
+    second = Worker("orders", settings=settings, options=BusOptions(block_ms=50, consumer="b"))
+    runs: dict[str, list[str]] = {"a": [], "b": []}
+    started = anyio.Event()
+
+    for name, worker in (("a", first), ("b", second)):
+        @worker.function("orders::charge")
+        async def charge(body: Any, call: Call, name: str = name) -> Any:
+            runs[name].append(call.id or "")
+            started.set()
+            await anyio.sleep(3.0)  # slower than the client's re-send at 2 s: what is tested
+            return {"charged": body["amount"]}
+
+    stream = Bus(prefix, "orders").stream
+    async with anyio.create_task_group() as tg, \
+            StateClient(settings=settings, service="orders", timeout=6.0, retries=2) as client:
+        await tg.start(first.run)
+        calling = tg.start_soon  # (the call waits while the workers change)
+        outcome: list[Any] = []
+
+        async def call() -> None:
+            outcome.append(await client.call("orders::charge", {"amount": 10},
+                                             call_id="charge-2"))
+
+        calling(call)
+        await started.wait()
+        first.stop()  # reads no more; its run goes on and answers
+        await tg.start(second.run)  # the re-sends are this one's
+
+        async def answered() -> bool:
+            return bool(outcome) and await raw.xlen(stream) == 0
+
+        await until(answered, 15, "the call answered and every entry served")
+        second.stop()
+    assert outcome == [{"charged": 10}]
+    assert runs == {"a": ["charge-2"], "b": []}
