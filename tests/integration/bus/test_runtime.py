@@ -18,6 +18,7 @@ import redis.asyncio as aredis
 from stateworker import StateClient, StateStore, Worker
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import Bus, BusOptions, Call
+from stateworker.errors import InvalidRequest
 from stateworker.keys import KeySpace, call_field
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -328,3 +329,42 @@ async def test_a_call_sent_again_to_another_worker_while_it_runs_runs_once(
         second.stop()
     assert outcome == [{"charged": 10}]
     assert runs == {"a": ["charge-2"], "b": []}
+
+
+async def test_a_second_call_with_an_id_in_flight_in_the_client_is_refused(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Two calls with one id at once in one client: the second is refused at once (naming
+    `call_id`), the first is answered as if alone."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    started, release = anyio.Event(), anyio.Event()
+    runs: list[str] = []
+
+    @worker.function("orders::hold")
+    async def hold(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        started.set()
+        await release.wait()
+        return {"held": body["n"]}
+
+    outcome: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=10.0) as client:
+
+            async def first() -> None:
+                outcome.append(await client.call("orders::hold", {"n": 1}, call_id="hedge-1"))
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(first)
+                await started.wait()
+                with pytest.raises(InvalidRequest) as refused:
+                    await client.call("orders::hold", {"n": 1}, call_id="hedge-1")
+                release.set()
+        worker.stop()
+    assert refused.value.code == "INVALID_REQUEST"
+    assert refused.value.details["path"] == "call_id"
+    assert "already in flight in this client" in refused.value.message
+    assert outcome == [{"held": 1}]
+    assert runs == ["hedge-1"]
