@@ -386,23 +386,27 @@ class BusRuntime(Upkeep):
     async def _run(self, call: Call) -> None:
         replies = self.replies
         record = None
+        late = call.deadline_ms is not None and now_ms() > call.deadline_ms
         if replies.record_ttl_ms is not None and call.id is not None:
             record = (self.bus.record(call.id), (call.ctx.call_digest or "").encode())
             running = self._running_ids.get(record[0])
             if running is not None:  # the same id runs here now: the first run answers
                 replies.duplicate(call, record, running)
                 return
-            # Looked up, and claimed for the visibility timeout: no other worker runs it
-            # meanwhile.
-            if await replies.replayed(call, record):
+            # Looked up, and (when it is to run) claimed for the visibility timeout, so no
+            # other worker runs it meanwhile; a late call is only looked up (its
+            # DEADLINE_EXCEEDED is not recorded: the id stays free).
+            if await replies.replayed(call, record, claim=not late):
                 return
+        if late:  # (not recorded: sent again with a later deadline, it runs)
+            assert call.deadline_ms is not None
+            replies.answer_call(call, None, deadline_exceeded(call.deadline_ms))
+            return
         result: bytes | None = None
         error: StateError | None = None
         if record is not None:
             self._running_ids[record[0]] = record[1]
         try:
-            if call.deadline_ms is not None and now_ms() > call.deadline_ms:
-                raise deadline_exceeded(call.deadline_ms)
             assert self.handler is not None
             result = await self.handler(call)
         except StateError as exc:

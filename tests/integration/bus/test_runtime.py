@@ -18,7 +18,8 @@ import redis.asyncio as aredis
 from stateworker import StateClient, StateStore, Worker
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import Bus, BusOptions, Call
-from stateworker.errors import InvalidRequest
+from stateworker.clock import now_ms
+from stateworker.errors import InvalidRequest, StateError
 from stateworker.keys import KeySpace, call_field
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -368,3 +369,31 @@ async def test_a_second_call_with_an_id_in_flight_in_the_client_is_refused(
     assert "already in flight in this client" in refused.value.message
     assert outcome == [{"held": 1}]
     assert runs == ["hedge-1"]
+
+
+async def test_a_call_answered_deadline_exceeded_runs_when_sent_again_with_a_later_deadline(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """DEADLINE_EXCEEDED is not recorded (docs/bus-protocol.md): the id stays free, and the
+    call sent again with a later deadline runs."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[str] = []
+
+    @worker.function("orders::ship")
+    async def ship(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"shipped": body["n"]}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=5.0) as client:
+            with pytest.raises(StateError) as late:
+                await client.call("orders::ship", {"n": 1}, call_id="ship-1",
+                                  deadline_ms=now_ms() - 1000)
+            again = await client.call("orders::ship", {"n": 1}, call_id="ship-1")
+            recorded = await client.call("orders::ship", {"n": 1}, call_id="ship-1")
+        worker.stop()
+    assert late.value.code == "DEADLINE_EXCEEDED"
+    assert again == recorded == {"shipped": 1}
+    assert runs == ["ship-1"]  # not run when late; run once in time, then its record
