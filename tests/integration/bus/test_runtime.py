@@ -397,3 +397,34 @@ async def test_a_call_answered_deadline_exceeded_runs_when_sent_again_with_a_lat
     assert late.value.code == "DEADLINE_EXCEEDED"
     assert again == recorded == {"shipped": 1}
     assert runs == ["ship-1"]  # not run when late; run once in time, then its record
+
+
+async def test_a_malformed_reply_naming_a_waiting_call_answers_it_internal(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """A reply document that names a waiting call's id but is not a reply document (here
+    `ok` is not a boolean) answers that call with INTERNAL naming the document, rather than
+    leaving it to wait for its timeout."""
+    settings = settings_for(redis_server.url, prefix)
+    stream = Bus(prefix, "nobody").stream  # (no worker: the only reply is the bad one)
+    async with StateClient(settings=settings, service="nobody", timeout=10.0) as client:
+        outcome: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                await client.call("nobody::run", {}, call_id="bad-1")
+            except StateError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+
+            async def sent() -> bool:
+                return await raw.xlen(stream) >= 1
+
+            await until(sent, 10, "the call to reach the stream")
+            await raw.lpush(client.reply_key, b'{"id":"bad-1","ok":"yes"}')
+    [error] = outcome
+    assert isinstance(error, StateError) and error.code == "INTERNAL"
+    assert '{"id":"bad-1","ok":"yes"}' in error.message
+    assert error.details["call_id"] == "bad-1"
