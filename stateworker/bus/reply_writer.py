@@ -105,13 +105,15 @@ class ReplyWriter:
         (CALL_ID_REUSED when the record is another call's), it runs now elsewhere (its
         claim is found: acknowledged without a reply, the run answers), or its record could
         not be read (then it is left pending, to be read again). False: run it (`claim`:
-        the id is claimed first, `SET <record> "<digest>\n" NX PX <visibility timeout>`,
-        so no other worker runs it meanwhile; the record written after the run replaces
-        the claim, and a run that dies leaves a claim that expires with the visibility
-        timeout, when the reclaim serves the entry again)."""
+        the id is claimed first, `SET <record> "<digest>\n@<entry>" NX PX <visibility
+        timeout>`, so no other worker runs it meanwhile; the record written after the run
+        replaces the claim. A run that dies leaves a claim naming its entry: that entry,
+        served again (the consumer's history read again after a restart, or a reclaim),
+        takes the claim over and runs; another entry of the id is a re-send, not run)."""
+        claimed = record[1] + b"\n@" + _entry_name(call.ref)
         commands: list[list[Arg]] = [["GET", record[0]]]
         if claim:
-            commands.insert(0, ["SET", record[0], record[1] + b"\n", "NX", "PX",
+            commands.insert(0, ["SET", record[0], claimed, "NX", "PX",
                                 self.options.visibility_timeout_ms])
         try:
             results = await self.conn.pipeline(commands)
@@ -136,7 +138,11 @@ class ReplyWriter:
         # Answered before: the same reply again, nothing re-run.
         digest, document = (b"", previous) if previous[:1] == b"{" else (
             previous.partition(b"\n")[::2])  # (a record without digest: older)
-        if not document:  # a claim: the call runs now (elsewhere), that run answers
+        if document == claimed[len(record[1]) + 1:] and digest == record[1]:
+            # This very entry claimed it, and its run ended without a record (its worker
+            # died): served again, it runs again (at least once), the claim taken over.
+            return await self._take_over(call, record, claimed) if claim else False
+        if not document or document[:1] == b"@":  # a claim: the call runs now elsewhere
             self.duplicate(call, record, digest)
             return True
         if digest and digest != record[1]:  # the id of another call: not this one's
@@ -144,6 +150,19 @@ class ReplyWriter:
             return True
         self.queue(call.reply, document, call.ref, None, call.msgpack)
         return True
+
+    async def _take_over(self, call: Call, record: Record, claimed: bytes) -> bool:
+        """The claim of a run that died, renewed for this one: False (run it), or True when
+        Redis could not be asked (left pending, read again)."""
+        try:
+            await self.conn.execute("SET", record[0], claimed, "XX", "PX",
+                                    self.options.visibility_timeout_ms)
+        except (ConnectionLost, ReplyError) as exc:
+            log.warning("renewing a call's claim failed: %s", exc, extra={
+                "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
+            self.unanswered = True
+            return True
+        return False
 
     async def release(self, record: Record) -> None:
         """Drop the claim of a run cut off (the worker's stop): the entry stays pending, and
@@ -252,3 +271,8 @@ def _msgpack(document: bytes) -> bytes:
         return reply_msgpack(reply_document(
             parsed.id if parsed is not None else None, None,
             InternalError("the reply could not be encoded as msgpack")))
+
+
+def _entry_name(ref: Ref) -> bytes:
+    """A stream entry as a claim names it: `<stream> <entry id>`."""
+    return ref[0].encode() + b" " + ref[1]

@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 
 from stateworker import StateClient, StateStore, Worker
 from stateworker.app.service import StateService
+from stateworker.bus.entries import call_digest
 from stateworker.bus.protocol import Bus, BusOptions, Call
 from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest, StateError
@@ -428,3 +429,38 @@ async def test_a_malformed_reply_naming_a_waiting_call_answers_it_internal(
     assert isinstance(error, StateError) and error.code == "INTERNAL"
     assert '{"id":"bad-1","ok":"yes"}' in error.message
     assert error.details["call_id"] == "bad-1"
+
+
+async def test_a_call_whose_run_died_runs_when_its_entry_is_served_again(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """A worker died (kill -9) while running a call: its entry is pending in its history and
+    its claim of the id, naming that entry, is still alive (the visibility timeout). The
+    worker starts again under the same consumer name and reads its history first: that
+    entry takes the claim over and runs, and the caller is answered (at least once), where a
+    re-send of the id (another entry) would not run."""
+    bus = Bus(prefix, "orders")
+    body = b'{"amount":10}'
+    reply = f"{bus.reply_prefix}died"
+    await raw.xgroup_create(bus.stream, bus.group, id="0", mkstream=True)
+    entry_id = await raw.xadd(bus.stream, {"id": "died-1", "fn": "orders::charge",
+                                           "body": body, "reply": reply})
+    await raw.xreadgroup(bus.group, "w1", {bus.stream: ">"}, count=1)  # (the dead run's read)
+    digest = call_digest("orders::charge", body).encode()
+    await raw.set(bus.record("died-1"), digest + b"\n@" + bus.stream.encode() + b" " + entry_id,
+                  px=60_000)  # (the dead run's claim)
+    worker = Worker("orders", settings=settings_for(redis_server.url, prefix),
+                    options=BusOptions(block_ms=50, consumer="w1"))
+    runs: list[str] = []
+
+    @worker.function("orders::charge")
+    async def charge(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"charged": body["amount"]}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        answer = await raw.blpop([reply], timeout=15)
+        worker.stop()
+    assert runs == ["died-1"]
+    assert answer is not None and msgspec.json.decode(answer[1])["result"] == {"charged": 10}
