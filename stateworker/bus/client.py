@@ -32,7 +32,7 @@ from stateworker.bus.reply_reader import ReplyReader, Waiter, not_sent_text, tim
 from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
 from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from
+from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from, shown
 from stateworker.events.watch import Watch
 from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
@@ -270,7 +270,8 @@ class StateClient(TypedCalls):
             timeout: the call's overall time in seconds; default the client's `timeout`.
             call_id: the call's unique id; default a new one. Reuse it only to repeat the
                 same call: it is applied at most once per id (dedupe window), and a repeat
-                gets the first call's recorded reply.
+                gets the first call's recorded reply. One call per id at a time in a client
+                (it re-sends a call itself): a second while the first waits is refused.
             context: a JSON object handed to the function (`call.ctx.context`). Called
                 under a current OpenTelemetry span, the call has a span of its own (CLIENT)
                 and its context carries it (`traceparent`, `tracestate`: tracing.py).
@@ -286,6 +287,8 @@ class StateClient(TypedCalls):
                 (Redis refused connections or answered LOADING, BUSY ... throughout: it will
                 never be applied; `details["sent"]` is False), the XADD was refused for
                 good, or the client is closed (or closed while waiting).
+            InvalidRequest (INVALID_REQUEST): `call_id` is already in flight in this client
+                (at once; the first call goes on).
             StateError: the error reply, as the class of its code: InvalidRequest
                 (INVALID_REQUEST), KeyTooLong (KEY_TOO_LONG), ValueTooLarge
                 (VALUE_TOO_LARGE), Conflict (CONFLICT), NotFound (NOT_FOUND), ReservedScope
@@ -327,6 +330,11 @@ class StateClient(TypedCalls):
         published = self._published
         fields = call_entry(stream, call_id, fn, body, reply_list, deadline_ms, self.caller,
                             context, published is not None and published.live)
+        if call_id in self._pending:  # (its reply would go to one of them alone)
+            raise InvalidRequest(
+                f"call_id: {shown(call_id)} is already in flight in this client (one call "
+                "per id at a time: the client re-sends it itself; await the first call)",
+                {"path": "call_id", "call_id": call_id})
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream
@@ -371,7 +379,8 @@ class StateClient(TypedCalls):
                 if self._closed:
                     break
         finally:
-            del self._pending[call_id]
+            if self._pending.get(call_id) is waiter:
+                del self._pending[call_id]
         reply = waiter.reply
         if reply is None:
             if self._closed:

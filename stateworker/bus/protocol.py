@@ -251,5 +251,25 @@ def parse_reply(document: bytes) -> Reply | None:
         return None
 
 
+def unreadable_reply(document: bytes) -> Reply | None:
+    """A document that is not a reply document (`parse_reply` gives None) but names an id: an
+    INTERNAL error reply for that id, naming the document (so its call is answered, not left
+    to time out). None when no id can be read from it (a foreign push to the list)."""
+    try:
+        found = msgspec.json.decode(document)
+    except msgspec.DecodeError:
+        return None
+    call_id = found.get("id") if isinstance(found, dict) else None
+    if not isinstance(call_id, str):
+        return None
+    shown_document = document[:200].decode(errors="replace")
+    return Reply(id=call_id, ok=False, error={
+        "code": "INTERNAL",
+        "message": f"the reply to call {shown(call_id)} is not a reply document (`id`, `ok`, "
+                   f"`result` or `error`, an object): {shown_document}"
+                   f"{'...' if len(document) > 200 else ''}",
+        "details": {"call_id": call_id, "document": shown_document}})
+
+
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.bus.protocol import Reply, parse_reply
+from stateworker.bus.protocol import Reply, parse_reply, unreadable_reply
 from stateworker.errors import shown
 from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for
@@ -140,8 +140,8 @@ class ReplyReader:
 
     def deliver(self, document: bytes) -> None:
         """Wake the call a reply document answers (one read here, or published: client.py)."""
-        reply = parse_reply(document)
-        if reply is None:
+        reply = parse_reply(document) or unreadable_reply(document)  # (malformed: INTERNAL)
+        if reply is None:  # (no id to be read: not a reply to a call of this client)
             return
         waiter = self.pending.get(reply.id or "")
         if waiter is not None and waiter.reply is None:

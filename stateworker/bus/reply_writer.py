@@ -100,31 +100,92 @@ class ReplyWriter:
         self._outgoing.append((reply_key, document, ref, record, msgpack))
         self._outgoing_ready.set()
 
-    async def replayed(self, call: Call, record: Record) -> bool:
+    async def replayed(self, call: Call, record: Record, claim: bool = True) -> bool:
         """True when `call` needs no run: it ran before and is answered from its record
-        (CALL_ID_REUSED when the record is another call's), or its record could not be read
-        (then it is left pending, to be read again). False: run it."""
+        (CALL_ID_REUSED when the record is another call's), it runs now elsewhere (its
+        claim is found: acknowledged without a reply, the run answers), or its record could
+        not be read (then it is left pending, to be read again). False: run it (`claim`:
+        the id is claimed first, `SET <record> "<digest>\n@<entry>" NX PX <visibility
+        timeout>`, so no other worker runs it meanwhile; the record written after the run
+        replaces the claim. A run that dies leaves a claim naming its entry: that entry,
+        served again (the consumer's history read again after a restart, or a reclaim),
+        takes the claim over and runs; another entry of the id is a re-send, not run)."""
+        claimed = record[1] + b"\n@" + _entry_name(call.ref)
+        commands: list[list[Arg]] = [["GET", record[0]]]
+        if claim:
+            commands.insert(0, ["SET", record[0], claimed, "NX", "PX",
+                                self.options.visibility_timeout_ms])
         try:
-            previous = await self.conn.execute("GET", record[0])
+            results = await self.conn.pipeline(commands)
+            failed = next((r for r in results if isinstance(r, ReplyError)), None)
+            if failed is not None:
+                raise failed
         except (ConnectionLost, ReplyError) as exc:
             # Not answered, not acknowledged: the entry stays pending, to be read again.
             log.warning("reading a call record failed: %s", exc, extra={
                 "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
             self.unanswered = True
             return True
+        if claim and results[0] is not None:
+            return False  # claimed: run it
+        previous = results[-1]
         if previous is None:
+            if claim:  # (the claim or record expired between the SET and the GET)
+                self.unanswered = True  # left pending: read again
+                return True
             return False
+        assert isinstance(previous, bytes)
         # Answered before: the same reply again, nothing re-run.
         digest, document = (b"", previous) if previous[:1] == b"{" else (
             previous.partition(b"\n")[::2])  # (a record without digest: older)
+        if document == claimed[len(record[1]) + 1:] and digest == record[1]:
+            # This very entry claimed it, and its run ended without a record (its worker
+            # died): served again, it runs again (at least once), the claim taken over.
+            return await self._take_over(call, record, claimed) if claim else False
+        if not document or document[:1] == b"@":  # a claim: the call runs now elsewhere
+            self.duplicate(call, record, digest)
+            return True
         if digest and digest != record[1]:  # the id of another call: not this one's
-            self.answer_call(call, None, CallIdReused(
-                f"id {shown(call.id)} was used for another call (another function or body) in the "
-                f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
-                "call, a new call needs a new id", {"id": call.id}))
+            self._reused(call)
             return True
         self.queue(call.reply, document, call.ref, None, call.msgpack)
         return True
+
+    async def _take_over(self, call: Call, record: Record, claimed: bytes) -> bool:
+        """The claim of a run that died, renewed for this one: False (run it), or True when
+        Redis could not be asked (left pending, read again)."""
+        try:
+            await self.conn.execute("SET", record[0], claimed, "XX", "PX",
+                                    self.options.visibility_timeout_ms)
+        except (ConnectionLost, ReplyError) as exc:
+            log.warning("renewing a call's claim failed: %s", exc, extra={
+                "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
+            self.unanswered = True
+            return True
+        return False
+
+    async def release(self, record: Record) -> None:
+        """Drop the claim of a run cut off (the worker's stop): the entry stays pending, and
+        whoever serves it again runs it. A claim not dropped (Redis away) expires with the
+        visibility timeout."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1), \
+                contextlib.suppress(ConnectionLost, ReplyError):
+            await self.conn.execute("DEL", record[0])
+
+    def duplicate(self, call: Call, record: Record, running: bytes) -> None:
+        """An entry of a call id that runs now (digest `running`): acknowledged without a
+        reply (the run answers the caller, who matches replies by id); CALL_ID_REUSED when
+        it is another call (another function or body)."""
+        if running and running != record[1]:
+            self._reused(call)
+        else:
+            self.queue(b"", None, call.ref, None)
+
+    def _reused(self, call: Call) -> None:
+        self.answer_call(call, None, CallIdReused(
+            f"id {shown(call.id)} was used for another call (another function or body) in the "
+            f"last {(self.record_ttl_ms or 0) // 1000} s; a retry must repeat the same "
+            "call, a new call needs a new id", {"id": call.id}))
 
     async def flusher(self) -> None:
         while True:
@@ -210,3 +271,8 @@ def _msgpack(document: bytes) -> bytes:
         return reply_msgpack(reply_document(
             parsed.id if parsed is not None else None, None,
             InternalError("the reply could not be encoded as msgpack")))
+
+
+def _entry_name(ref: Ref) -> bytes:
+    """A stream entry as a claim names it: `<stream> <entry id>`."""
+    return ref[0].encode() + b" " + ref[1]

@@ -102,6 +102,9 @@ class BusRuntime(Upkeep):
         self._stopping = anyio.Event()
         self._in_flight = 0
         self._running: set[Ref] = set()  # entries being served: never served twice at once
+        # A user worker's calls being run, by record key (one per call id): the call's
+        # digest. An entry of an id already running here (the client's re-send) is not run.
+        self._running_ids: dict[str, bytes] = {}
         self._idle = anyio.Event()  # set when no call is in flight
         self._freed = anyio.Event()  # set when a call finishes
         self.lanes = Lanes()  # entries read, not yet served: one lane per caller
@@ -383,15 +386,27 @@ class BusRuntime(Upkeep):
     async def _run(self, call: Call) -> None:
         replies = self.replies
         record = None
+        late = call.deadline_ms is not None and now_ms() > call.deadline_ms
         if replies.record_ttl_ms is not None and call.id is not None:
             record = (self.bus.record(call.id), (call.ctx.call_digest or "").encode())
-            if await replies.replayed(call, record):
+            running = self._running_ids.get(record[0])
+            if running is not None:  # the same id runs here now: the first run answers
+                replies.duplicate(call, record, running)
                 return
+            # Looked up, and (when it is to run) claimed for the visibility timeout, so no
+            # other worker runs it meanwhile; a late call is only looked up (its
+            # DEADLINE_EXCEEDED is not recorded: the id stays free).
+            if await replies.replayed(call, record, claim=not late):
+                return
+        if late:  # (not recorded: sent again with a later deadline, it runs)
+            assert call.deadline_ms is not None
+            replies.answer_call(call, None, deadline_exceeded(call.deadline_ms))
+            return
         result: bytes | None = None
         error: StateError | None = None
+        if record is not None:
+            self._running_ids[record[0]] = record[1]
         try:
-            if call.deadline_ms is not None and now_ms() > call.deadline_ms:
-                raise deadline_exceeded(call.deadline_ms)
             assert self.handler is not None
             result = await self.handler(call)
         except StateError as exc:
@@ -400,4 +415,11 @@ class BusRuntime(Upkeep):
             log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
                                                 "fn": call.fn})
             error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
+        except anyio.get_cancelled_exc_class():
+            if record is not None:  # (cut off at the stop: the id free again, for the
+                await replies.release(record)  # entry left pending, when read again)
+            raise
+        finally:
+            if record is not None:
+                self._running_ids.pop(record[0], None)
         replies.answer_call(call, result, error, record)

@@ -9,7 +9,10 @@
     await worker.run()    # or worker.serve() from a script
 
 Replies are recorded by call id (for `dedupe_window_ms`): a call delivered again (a retry,
-a redelivery after a crash) gets the recorded reply and the function does not run again.
+a redelivery after a crash) gets the recorded reply and the function does not run again;
+delivered again while it runs (the client's re-send, on this worker or another: the id is
+claimed for the visibility timeout before the run), it is acknowledged without a reply and the
+run answers.
 A crash after the function's side effects but before the reply was written runs it again
 (at-least-once) - make such effects idempotent with the call id (`call.id`).
 

@@ -17,7 +17,10 @@ import redis.asyncio as aredis
 
 from stateworker import StateClient, StateStore, Worker
 from stateworker.app.service import StateService
+from stateworker.bus.entries import call_digest
 from stateworker.bus.protocol import Bus, BusOptions, Call
+from stateworker.clock import now_ms
+from stateworker.errors import InvalidRequest, StateError
 from stateworker.keys import KeySpace, call_field
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -252,3 +255,212 @@ async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
                                 {"run": 2})
         assert runs == ["win-2", "win-2"]
         worker.stop()
+
+
+# ---- one call id, one run ----------------------------------------------------------------------
+async def test_a_slow_call_sent_again_by_the_client_runs_once(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """The client sends a call again (same id: a new stream entry) at a third of its timeout;
+    a handler slower than that still runs once, and its reply answers the call."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[str] = []
+
+    @worker.function("orders::charge")
+    async def charge(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        await anyio.sleep(1.5)  # slower than the client's re-send at 1 s: what is tested
+        return {"charged": body["amount"]}
+
+    stream = Bus(prefix, "orders").stream
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=3.0,
+                               retries=2) as client:
+            result = await client.call("orders::charge", {"amount": 10}, call_id="charge-1")
+
+            async def served() -> bool:  # every entry (the re-send too) answered or dropped
+                return await raw.xlen(stream) == 0
+
+            await until(served, 10, "the re-sent entry to be served")
+        worker.stop()
+    assert result == {"charged": 10}
+    assert runs == ["charge-1"]
+
+
+async def test_a_call_sent_again_to_another_worker_while_it_runs_runs_once(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """While one worker runs a call, the client's re-send of it (same id) is read by another
+    worker: that one finds the id claimed and does not run it; the first run answers."""
+    settings = settings_for(redis_server.url, prefix)
+    first = Worker("orders", settings=settings, options=BusOptions(block_ms=50, consumer="a"))
+    second = Worker("orders", settings=settings, options=BusOptions(block_ms=50, consumer="b"))
+    runs: dict[str, list[str]] = {"a": [], "b": []}
+    started = anyio.Event()
+
+    for name, worker in (("a", first), ("b", second)):
+        @worker.function("orders::charge")
+        async def charge(body: Any, call: Call, name: str = name) -> Any:
+            runs[name].append(call.id or "")
+            started.set()
+            await anyio.sleep(3.0)  # slower than the client's re-send at 2 s: what is tested
+            return {"charged": body["amount"]}
+
+    stream = Bus(prefix, "orders").stream
+    async with anyio.create_task_group() as tg, \
+            StateClient(settings=settings, service="orders", timeout=6.0, retries=2) as client:
+        await tg.start(first.run)
+        calling = tg.start_soon  # (the call waits while the workers change)
+        outcome: list[Any] = []
+
+        async def call() -> None:
+            outcome.append(await client.call("orders::charge", {"amount": 10},
+                                             call_id="charge-2"))
+
+        calling(call)
+        await started.wait()
+        first.stop()  # reads no more; its run goes on and answers
+        await tg.start(second.run)  # the re-sends are this one's
+
+        async def answered() -> bool:
+            return bool(outcome) and await raw.xlen(stream) == 0
+
+        await until(answered, 15, "the call answered and every entry served")
+        second.stop()
+    assert outcome == [{"charged": 10}]
+    assert runs == {"a": ["charge-2"], "b": []}
+
+
+async def test_a_second_call_with_an_id_in_flight_in_the_client_is_refused(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Two calls with one id at once in one client: the second is refused at once (naming
+    `call_id`), the first is answered as if alone."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    started, release = anyio.Event(), anyio.Event()
+    runs: list[str] = []
+
+    @worker.function("orders::hold")
+    async def hold(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        started.set()
+        await release.wait()
+        return {"held": body["n"]}
+
+    outcome: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=10.0) as client:
+
+            async def first() -> None:
+                outcome.append(await client.call("orders::hold", {"n": 1}, call_id="hedge-1"))
+
+            async with anyio.create_task_group() as calls:
+                calls.start_soon(first)
+                await started.wait()
+                with pytest.raises(InvalidRequest) as refused:
+                    await client.call("orders::hold", {"n": 1}, call_id="hedge-1")
+                release.set()
+        worker.stop()
+    assert refused.value.code == "INVALID_REQUEST"
+    assert refused.value.details["path"] == "call_id"
+    assert "already in flight in this client" in refused.value.message
+    assert outcome == [{"held": 1}]
+    assert runs == ["hedge-1"]
+
+
+async def test_a_call_answered_deadline_exceeded_runs_when_sent_again_with_a_later_deadline(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """DEADLINE_EXCEEDED is not recorded (docs/bus-protocol.md): the id stays free, and the
+    call sent again with a later deadline runs."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
+    runs: list[str] = []
+
+    @worker.function("orders::ship")
+    async def ship(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"shipped": body["n"]}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        async with StateClient(settings=settings, service="orders", timeout=5.0) as client:
+            with pytest.raises(StateError) as late:
+                await client.call("orders::ship", {"n": 1}, call_id="ship-1",
+                                  deadline_ms=now_ms() - 1000)
+            again = await client.call("orders::ship", {"n": 1}, call_id="ship-1")
+            recorded = await client.call("orders::ship", {"n": 1}, call_id="ship-1")
+        worker.stop()
+    assert late.value.code == "DEADLINE_EXCEEDED"
+    assert again == recorded == {"shipped": 1}
+    assert runs == ["ship-1"]  # not run when late; run once in time, then its record
+
+
+async def test_a_malformed_reply_naming_a_waiting_call_answers_it_internal(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """A reply document that names a waiting call's id but is not a reply document (here
+    `ok` is not a boolean) answers that call with INTERNAL naming the document, rather than
+    leaving it to wait for its timeout."""
+    settings = settings_for(redis_server.url, prefix)
+    stream = Bus(prefix, "nobody").stream  # (no worker: the only reply is the bad one)
+    async with StateClient(settings=settings, service="nobody", timeout=10.0) as client:
+        outcome: list[BaseException] = []
+
+        async def call() -> None:
+            try:
+                await client.call("nobody::run", {}, call_id="bad-1")
+            except StateError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+
+            async def sent() -> bool:
+                return await raw.xlen(stream) >= 1
+
+            await until(sent, 10, "the call to reach the stream")
+            await raw.lpush(client.reply_key, b'{"id":"bad-1","ok":"yes"}')
+    [error] = outcome
+    assert isinstance(error, StateError) and error.code == "INTERNAL"
+    assert '{"id":"bad-1","ok":"yes"}' in error.message
+    assert error.details["call_id"] == "bad-1"
+
+
+async def test_a_call_whose_run_died_runs_when_its_entry_is_served_again(
+    redis_server: RedisServer, raw: aredis.Redis, prefix: str
+) -> None:
+    """A worker died (kill -9) while running a call: its entry is pending in its history and
+    its claim of the id, naming that entry, is still alive (the visibility timeout). The
+    worker starts again under the same consumer name and reads its history first: that
+    entry takes the claim over and runs, and the caller is answered (at least once), where a
+    re-send of the id (another entry) would not run."""
+    bus = Bus(prefix, "orders")
+    body = b'{"amount":10}'
+    reply = f"{bus.reply_prefix}died"
+    await raw.xgroup_create(bus.stream, bus.group, id="0", mkstream=True)
+    entry_id = await raw.xadd(bus.stream, {"id": "died-1", "fn": "orders::charge",
+                                           "body": body, "reply": reply})
+    await raw.xreadgroup(bus.group, "w1", {bus.stream: ">"}, count=1)  # (the dead run's read)
+    digest = call_digest("orders::charge", body).encode()
+    await raw.set(bus.record("died-1"), digest + b"\n@" + bus.stream.encode() + b" " + entry_id,
+                  px=60_000)  # (the dead run's claim)
+    worker = Worker("orders", settings=settings_for(redis_server.url, prefix),
+                    options=BusOptions(block_ms=50, consumer="w1"))
+    runs: list[str] = []
+
+    @worker.function("orders::charge")
+    async def charge(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return {"charged": body["amount"]}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        answer = await raw.blpop([reply], timeout=15)
+        worker.stop()
+    assert runs == ["died-1"]
+    assert answer is not None and msgspec.json.decode(answer[1])["result"] == {"charged": 10}
