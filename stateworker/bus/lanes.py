@@ -41,6 +41,7 @@ class Entry(NamedTuple):
     ref: Ref
     flat: list[bytes] | None  # None: deleted while pending (acknowledged, not run)
     source: Source
+    size: int = 0  # its fields' bytes, while a lane holds it (`Lanes.held_bytes`)
 
 
 class Lane:
@@ -117,7 +118,7 @@ class Lanes:
                 continue
             if not lane.held:
                 self.turns.append(key)
-            lane.held.append(Entry(ref, flat, source))
+            lane.held.append(Entry(ref, flat, source, size))
             self.held += 1
             self.held_bytes += size
 
@@ -139,7 +140,7 @@ class Lanes:
                 elif not lane.parked and not lane.fetching:
                     del self.lanes[key]
         self.held -= len(taken)
-        self.held_bytes -= sum(_size(e.flat) for e in taken)
+        self.held_bytes -= sum(entry.size for entry in taken)
         if taken:
             self._full = False
         return taken
@@ -182,7 +183,8 @@ class Lanes:
                 break
             if not lane.held:
                 self.turns.append(key)
-            lane.held.append(Entry(ref, flat, lane.sources.get(ref[0]) or Source(ref[0], None)))
+            lane.held.append(Entry(ref, flat, lane.sources.get(ref[0]) or Source(ref[0], None),
+                                   size))
             self.held += 1
             self.held_bytes += size
         if not lane.held and not lane.parked:

@@ -259,7 +259,7 @@ class BusRuntime(Upkeep):
     def _spawn(self, calls: TaskGroup, entries: list[Entry]) -> None:
         """Serve entries read, as one batch of plans."""
         live: list[tuple[Ref, list[bytes], Source]] = []
-        for ref, flat, source in entries:
+        for ref, flat, source, _ in entries:
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
                 self.replies.queue(b"", None, ref, None)
             elif ref not in self._running:  # not one this consumer is still serving

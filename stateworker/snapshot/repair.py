@@ -27,7 +27,6 @@ from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, restore, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import behind_partitions
-from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -119,27 +118,23 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
     return None
 
 
-async def refuse_healthy(state: RedisState, url: str) -> None:
+async def refuse_healthy(state: RedisState, pg: PgConnection) -> None:
     """`stateworker restore` on a Redis that is not lost (its markers are PostgreSQL's
     generation, no partition behind) would roll it back to the snapshot: the writes and
     deletes PostgreSQL does not hold yet undone, events not handed on yet skipped (the
     positions move to the streams' ends). Refused (RESTORE_REFUSED), unless a restore began
     and has to be finished; emptying the prefix first is the way to roll back on purpose."""
-    pg = await connect(url)
-    try:
-        if (await generation.read(state.conn, state.keys)).restore_begun or \
-                await restore.holds_entries(state):  # (the restore refuses that itself)
-            return
-        if await lost(state, pg) is None:
-            prefix = state.settings.prefix
-            raise RestoreRefused(
-                f"Redis holds prefix {shown(prefix)} whole (its generation is PostgreSQL's, no "
-                "partition behind): a restore would undo what the snapshot does not hold yet "
-                "and skip events not handed on; nothing was written. To roll back to the "
-                "snapshot on purpose, delete the prefix's keys (or FLUSHALL a Redis of its "
-                "own) and run it again", {"prefix": prefix})
-    finally:
-        await pg.close()
+    if (await generation.read(state.conn, state.keys)).restore_begun or \
+            await restore.holds_entries(state):  # (the restore refuses that itself)
+        return
+    if await lost(state, pg) is None:
+        prefix = state.settings.prefix
+        raise RestoreRefused(
+            f"Redis holds prefix {shown(prefix)} whole (its generation is PostgreSQL's, no "
+            "partition behind): a restore would undo what the snapshot does not hold yet and "
+            "skip events not handed on; nothing was written. To roll back to the snapshot on "
+            "purpose, delete the prefix's keys (or FLUSHALL a Redis of its own) and run it "
+            "again", {"prefix": prefix})
 
 
 async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:

@@ -18,6 +18,7 @@ from stateworker.errors import ConfigError, StateError, Unavailable
 from stateworker.loop import run, tune_gc_for_serving
 from stateworker.settings import Settings
 from stateworker.snapshot import repair, restore
+from stateworker.snapshot.snapshotter import connect
 from stateworker.state import lifecycle
 from stateworker.transport.wire import ConnectionLost
 
@@ -74,8 +75,12 @@ async def restore_all(settings: Settings) -> int:
 
     try:
         async with lifecycle.open_state(settings=settings, reaper=False) as state:
-            await repair.refuse_healthy(state, settings.postgres_url)
-            summary = await restore.restore(state, settings.postgres_url, progress)
+            pg = await connect(settings.postgres_url)  # (one connection for the check and all)
+            try:
+                await repair.refuse_healthy(state, pg)
+                summary = await restore.restore(state, settings.postgres_url, progress, pg=pg)
+            finally:
+                await pg.close()
     except (psycopg.Error, OSError) as exc:
         return _refused(Unavailable(f"restore: PostgreSQL failed: {exc}; nothing more was "
                                     "written (run it again: it goes on over what it wrote)"))
