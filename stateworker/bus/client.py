@@ -77,7 +77,9 @@ class StateClient(TypedCalls):
                 long `async with` waits for a Redis that is restarting or loading.
             retries: re-sends within that time while no reply came (at even intervals; each
                 re-sends the call with the same id and deadline); a transient Redis error
-                re-sends after its backoff besides.
+                re-sends after its backoff besides. None later than half the dedupe window
+                (`dedupe_window_ms`) after the first send: a call's record is kept a window
+                after it ran, and a re-send read after that would apply it again.
             caller: recorded as the writer (`updated_by`, the event's `by`) of every call;
                 the worker `claim_namespace` claims for.
             settings: all settings at once (then `redis_url` and the environment are ignored).
@@ -338,17 +340,26 @@ class StateClient(TypedCalls):
         waiter = self._pending[call_id] = Waiter()
         sends = 0
         maybe_sent = False  # an XADD went out that may have reached the stream
+        # Re-sent only within half the dedupe window after the first send that may have
+        # reached the stream: the call's record is kept a window after it ran, and a re-send
+        # read after the record is gone would apply the call again.
+        resend_until = math.inf
+        resend_s = self.settings.dedupe_window_ms / 2000
         last_failure: BaseException | None = None  # the last transient error met
         backoff: Backoff | None = None
         try:
             while waiter.reply is None:
                 failure: BaseException | None = None
+                if time.monotonic() >= resend_until:  # (past it: the reply, or the timeout)
+                    await waiter.pause(end - time.monotonic())
+                    break
                 # Sent without waiting for Redis to say so: one wake-up per call, not two.
                 xadd = self.conn.send_pipeline([fields])
                 if xadd is None:  # not connected (yet, or since Redis went away)
                     failure = await self._connect(end)
                 else:
                     sends += 1
+                    sent_at = time.monotonic()
                     if fields[-2] == "publish":  # (a re-send's reply comes on the list: a
                         fields = fields[:-2]  # subscription lost its first, or is dead)
                     xadd.add_done_callback(waiter.sent)
@@ -361,6 +372,7 @@ class StateClient(TypedCalls):
                     waiter.future = asyncio.get_running_loop().create_future()
                     if not isinstance(failure, ReplyError):  # no error reply: it may have run
                         maybe_sent = True
+                        resend_until = min(resend_until, sent_at + resend_s)
                     elif transient_reason(failure) is None:  # refused for good
                         if str(failure).startswith("OOM"):  # Redis at maxmemory
                             raise redis_error(failure, f"{fn}: sending the call") from failure

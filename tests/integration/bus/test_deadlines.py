@@ -73,3 +73,23 @@ async def test_client_call_that_timed_out_is_never_applied(redis_server: RedisSe
                 await client.call("state::set", {"scope": scope, "key": "late", "value": 1},
                                   call_id=details["call_id"], deadline_ms=details["deadline_ms"])
             assert await client.get(scope, "late") is None
+
+
+async def test_a_reply_lost_is_not_resent_past_the_calls_record(redis_server: RedisServer,
+                                                                 raw: aredis.Redis, prefix: str,
+                                                                 scope: str) -> None:
+    """A call's record is kept one dedupe window (here 1 s); a client whose timeout is longer
+    re-sends only within half of it, so a re-send never finds the record gone and applies the
+    call again. The reply is lost for good: the client's reply list is a string (the script's
+    LPUSH fails, the change stays; the client's pops fail)."""
+    settings = settings_for(redis_server, prefix, dedupe_window_ms=1000)
+    body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "", "by": 1}]}
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=3.6, retries=2) as client:
+        await client.set(scope, "n", 0)
+        await raw.set(client.reply_key, "not a list")
+        with pytest.raises(CallTimeout):  # re-sends were due at 1.2 s and 2.4 s
+            await client.call("state::update", body)
+        await drained(raw, f"{prefix}:bus:state")
+        await raw.delete(client.reply_key)
+        assert await client.get(scope, "n") == 1  # applied once
