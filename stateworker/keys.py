@@ -33,6 +33,8 @@ Layout (`sw` prefix, partition 3):
                                                  changed since the snapshot last stored them
   sw:{sw:p3}:barrier_writes               string the last write number (`w`) a barrier of
                                                  the partition took (lua/barrier.lua)
+  sw:{sw:p3}:snapshot_reads               string the snapshot's reads of the partition
+                                                 counted (lua/snapread.lua)
   sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
   sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
                                                  handed on), n (its ordinal in the stream)
@@ -115,6 +117,7 @@ class PartitionKeys:
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
     barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
+    snapshot_reads: str  # counter: the snapshot's reads of it (snapshot/behind.py)
     # zset: the partition's scopes by the ms of their last change event, also when every
     # entry has gone since (state::claim-namespace: a scope written within the dedupe window
     # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
@@ -248,6 +251,7 @@ class KeySpace:
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
             barrier_writes=f"{tag}barrier_writes",
+            snapshot_reads=f"{tag}snapshot_reads",
             written=f"{tag}written",
             history=f"{tag}history",
         )

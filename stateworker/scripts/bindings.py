@@ -85,10 +85,11 @@ REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries 
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 PAGES = Binding("pages", 4, 12, PageReply.read)  # state::list_entries: a snapshot's page
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
+SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG)
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -368,6 +369,11 @@ def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) ->
 def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
     """lease.lua: `op` "take", "renew" or "drop"."""
     return [lease], [op, token, lease_ms]
+
+
+def snapread_call(counter: str, stored: int) -> Call:
+    """snapread.lua: count a snapshot read unless the counter is below `stored` (PostgreSQL's)."""
+    return [counter], [stored]
 
 
 def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:

@@ -161,7 +161,8 @@ class Moved(NamedTuple):
 
 
 class Counted(NamedTuple):
-    """forget.lua: how many it forgot; repack.lua: how many names it changed."""
+    """forget.lua: how many it forgot; repack.lua: how many names it changed; snapread.lua:
+    the read's count, or minus the counter when it is behind."""
 
     number: int
 

@@ -30,11 +30,11 @@ from stateworker.clock import now_ms
 from stateworker.errors import StoreLost, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
-from stateworker.snapshot.behind import WHY, barriers_behind
+from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
-from stateworker.snapshot.tables import PgConnection
+from stateworker.snapshot.tables import READS, PgConnection
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import pipeline
@@ -93,20 +93,24 @@ class BarrierRow:
 
 
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
-                        generation: str) -> int:
+                        generation: str, reads: dict[int, int]) -> int:
     """Store the partition's changed barriers and forget them; how many were stored. Read
     from a Redis whose partition marker is `generation` before and after (Fenced if not),
-    and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring)."""
+    and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring); the read
+    counted against the count PostgreSQL holds (`reads`, raised to the read's: behind.py)."""
     keys = state.keys.partition(partition)
     names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
     if not names:
         return 0
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
-    reads: list[list[Any]] = [["HGETALL", name] for name in names]
-    before, counter, *replies, after = await state.conn.pipeline([
-        marker, ["GET", keys.barrier_writes], *reads, marker])
+    hashes: list[list[Any]] = [["HGETALL", name] for name in names]
+    stored = reads.get(partition, 0)
+    before, counter, *replies, after, count = await pipeline(state.conn, state.library, [
+        marker, ["GET", keys.barrier_writes], *hashes, marker,
+        count_command(state, keys, stored)])
     confirm(keys, before, generation)
     confirm(keys, after, generation)
+    read = counted(partition, count, stored)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
              for name, flat in zip(names, replies, strict=True) if flat]
     gone = [keys.barrier_id_of(name) for name, flat in zip(names, replies, strict=True)
@@ -118,6 +122,8 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
         if gone:
             await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
+        await cursor.execute(READS, (prefix, partition, read))
+    reads[partition] = read
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
     return len(names)
 

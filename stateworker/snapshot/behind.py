@@ -12,6 +12,13 @@ shows in counters that only grow:
     partition whose entries did not change since the copy looks current by its stream alone
     (`barriers_behind`; a barrier stored is checked against its row too: barriers.py).
 
+  - its snapshot read counter (`snapshot_reads`) is below the count PostgreSQL holds of it:
+    every read the snapshot commits ends with `lua/snapread.lua`, which counts it (only while
+    the counter is not below PostgreSQL's), and the count is committed with the data. A copy
+    made before a read has a lower count, and only the snapshot counts, so writes on the copy
+    since (barrier arrivals past the newer `w`, entries past the count) never hide it
+    (`reads_behind`; each read checks it in its pipeline: `counted`).
+
 They are checked once a round for the partitions held (`behind_partitions`, which the
 snapshotter answers by refusing writes there), by the repair at start, and again with each
 read it commits (snapshot/steps.py `_apply`, barriers.py `store_changed`): the lean connection
@@ -21,9 +28,13 @@ reconnects without a word, so Redis may have restarted on an older copy since th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from stateworker.events.model import revision_of
+from stateworker.keys import PartitionKeys
 from stateworker.reactive.trimming import StreamInfo
+from stateworker.scripts.bindings import SNAPREAD, snapread_call
+from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import StoredPosition
 from stateworker.state.core.store import RedisState
 
@@ -64,12 +75,38 @@ def barriers_behind(partition: int, counter: int, stored_w: int) -> str | None:
             f"a barrier written at {stored_w}")
 
 
+def reads_behind(partition: int, counter: int, stored: int) -> str | None:
+    """Why the partition is a copy older than a read PostgreSQL committed: its snapshot read
+    counter in Redis (`counter`, 0 when absent) below the count PostgreSQL holds (`stored`)."""
+    if counter >= stored:
+        return None
+    return (f"partition {partition}'s snapshot read counter is at {counter}, PostgreSQL "
+            f"holds a read counted at {stored}")
+
+
+def count_command(state: RedisState, keys: PartitionKeys, stored: int) -> list[Any]:
+    """The command that ends a read the snapshot commits (lua/snapread.lua): it counts the
+    read unless the partition's counter is below `stored`, PostgreSQL's count."""
+    return SNAPREAD.command(state.library, *snapread_call(keys.snapshot_reads, stored))
+
+
+def counted(partition: int, reply: Any, stored: int) -> int:
+    """The read's count from `count_command`'s reply; Fenced when the counter was below
+    `stored` (a copy older than a read PostgreSQL committed: nothing of the read may be)."""
+    number = SNAPREAD.read(reply).number
+    if number <= 0:
+        raise Fenced(f"{reads_behind(partition, -number, stored)} ({WHY})")
+    return number
+
+
 async def behind_partitions(state: RedisState, positions: Mapping[int, StoredPosition],
                             held: list[int], infos: list[StreamInfo],
-                            barrier_w: Mapping[int, int]) -> dict[int, str]:
+                            barrier_w: Mapping[int, int],
+                            reads: Mapping[int, int]) -> dict[int, str]:
     """The partitions of `held` (with their streams' `infos`) that are behind what PostgreSQL
     holds, and why: their streams against the `positions` it applied, their barrier write
-    counters against the highest `w` it holds of their barriers (`barrier_w`)."""
+    counters against the highest `w` it holds of their barriers (`barrier_w`), their snapshot
+    read counters against the counts it holds (`reads`)."""
     found: dict[int, str] = {}
     check: list[int] = []
     for p, info in zip(held, infos, strict=True):
@@ -81,17 +118,24 @@ async def behind_partitions(state: RedisState, positions: Mapping[int, StoredPos
             found[p] = reason
         elif position.id != "0-0" and needs_read(position, info):
             check.append(p)
-    counted = [p for p in held if barrier_w.get(p, 0) > 0 and p not in found]
+    written = [p for p in held if barrier_w.get(p, 0) > 0 and p not in found]
+    read = [p for p in held if reads.get(p, 0) > 0 and p not in found]
     replies = await state.conn.pipeline([
         *(["XRANGE", state.keys.partition(p).events, positions[p].id, positions[p].id]
           for p in check),
-        *(["GET", state.keys.partition(p).barrier_writes] for p in counted)])
+        *(["GET", state.keys.partition(p).barrier_writes] for p in written),
+        *(["GET", state.keys.partition(p).snapshot_reads] for p in read)])
     for p, reply in zip(check, replies[:len(check)], strict=True):
         reason = stream_behind(p, positions[p], infos[held.index(p)], bool(reply))
         if reason is not None:
             found[p] = reason
-    for p, reply in zip(counted, replies[len(check):], strict=True):
+    counters = replies[len(check):]
+    for p, reply in zip(written, counters[:len(written)], strict=True):
         reason = barriers_behind(p, int(reply or 0), barrier_w[p])
+        if reason is not None and p not in found:
+            found[p] = reason
+    for p, reply in zip(read, counters[len(written):], strict=True):
+        reason = reads_behind(p, int(reply or 0), reads[p])
         if reason is not None and p not in found:
             found[p] = reason
     return found

@@ -7,12 +7,13 @@ from typing import Any
 
 from stateworker.keys import PartitionKeys
 from stateworker.reactive.trimming import StreamInfo
-from stateworker.snapshot.behind import WHY, stream_behind
+from stateworker.snapshot.behind import WHY, count_command, counted, stream_behind
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row, StoredPosition
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.kv.packed import unpack
+from stateworker.transport.plans import pipeline
 
 SCAN_COUNT = 1000
 
@@ -36,7 +37,8 @@ def confirm(partition: PartitionKeys, held: bytes | None, generation: str) -> No
 
 async def read_changed(state: RedisState, partition: PartitionKeys,
                        changed: dict[tuple[str, str], tuple[int, int]], generation: str,
-                       at: tuple[int, StoredPosition]) -> tuple[list[Row], list[Gone]]:
+                       at: tuple[int, StoredPosition], reads: int
+                       ) -> tuple[list[Row], list[Gone], int]:
     """The current entries of the keys a batch changed (keyed by their last change's
     revision): rows for those that exist, `Gone` for those that do not; from a Redis whose
     partition marker is `generation` (a wiped one reads every key gone) and whose stream is
@@ -44,18 +46,21 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
     they are read, else Fenced. The second check is here, in the read's own pipeline, not
     only in the round: the connection reconnects without a word, so a Redis restarted on an
     older copy of its data (same markers) since the round would hand over its older entries
-    (snapshot/behind.py)."""
+    (snapshot/behind.py). The read is counted last (`counted`, against `reads`, the count
+    PostgreSQL holds): its count goes with the rows, the third of what this returns."""
     addresses = list(changed)
     number, position = at
-    held, info, kept, *replies = await state.conn.pipeline([
+    held, info, kept, *replies, count = await pipeline(state.conn, state.library, [
         ["HGET", partition.history, PARTITION_FIELD],
         ["XINFO", "STREAM", partition.events],
         ["XRANGE", partition.events, position.id, position.id],
-        *[["GET", partition.entry(scope, key)] for scope, key in addresses]])
+        *[["GET", partition.entry(scope, key)] for scope, key in addresses],
+        count_command(state, partition, reads)])
     confirm(partition, held, generation)
     behind = stream_behind(number, position, StreamInfo(info), bool(kept))
     if behind is not None:
         raise Fenced(f"{behind} ({WHY})")
+    read = counted(number, count, reads)
     rows: list[Row] = []
     gone: list[Gone] = []
     for (scope, key), fields in zip(addresses, replies, strict=True):
@@ -64,7 +69,7 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
             gone.append(Gone(scope, key, changed[(scope, key)]))
         else:
             rows.append(row)
-    return rows, gone
+    return rows, gone, read
 
 
 def split_member(member: bytes) -> tuple[str, str]:
@@ -74,10 +79,13 @@ def split_member(member: bytes) -> tuple[str, str]:
     return rest[:size].decode(), rest[size:].decode()
 
 
-async def scan_partition(state: RedisState, partition: PartitionKeys,
-                         generation: str) -> list[Row]:
+async def scan_partition(state: RedisState, partition: PartitionKeys, generation: str,
+                         at: tuple[int, int]) -> tuple[list[Row], int]:
     """Every entry of a partition (SCAN, then GET in pipelines of SCAN_COUNT), of a Redis
-    whose partition marker is `generation` when the scan begins."""
+    whose partition marker is `generation` when the scan begins; and the scan's count, once
+    it is done (`at`: the partition's number and the count of reads PostgreSQL holds;
+    Fenced when Redis's is below: snapshot/behind.py)."""
+    number, reads = at
     confirm(partition, await state.conn.execute("HGET", partition.history, PARTITION_FIELD),
             generation)
     prefix = partition.entry_prefix.encode()
@@ -94,4 +102,6 @@ async def scan_partition(state: RedisState, partition: PartitionKeys,
                 if row is not None:
                     rows.append(row)
         if cursor in (b"0", "0"):
-            return rows
+            reply = await pipeline(state.conn, state.library,
+                                   [count_command(state, partition, reads)])
+            return rows, counted(number, reply[0], reads)

@@ -102,6 +102,7 @@ class Snapshotter(SnapshotSteps):
         self.leases = Leases(state, self.replica, lease_of=lambda keys: keys.snapshot_lease,
                              replicas=state.keys.snapshot_replicas)
         self.positions: dict[int, StoredPosition] = {}
+        self.reads: dict[int, int] = {}
         self._pg: PgConnection | None = pg
         self._reader = StreamReader(connection_like(state.conn))  # (one read per slot on a cluster)
         self._last_round = 0.0

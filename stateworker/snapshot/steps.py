@@ -68,6 +68,7 @@ class SnapshotSteps:
     replica: str
     leases: Leases
     positions: dict[int, StoredPosition]
+    reads: dict[int, int]  # the count of reads PostgreSQL holds of each partition (behind.py)
     generation: str | None
     _lost: str | None
     _lost_parts: set[int]
@@ -78,6 +79,7 @@ class SnapshotSteps:
     def _forget_positions(self) -> None:
         """Start again from what PostgreSQL holds, once the generation is confirmed again."""
         self.positions.clear()
+        self.reads.clear()
         self._registry_copied = None
         self.generation = None
 
@@ -112,8 +114,10 @@ class SnapshotSteps:
                 await self._mirror(partition)
         held = sorted(usable)
         infos = await trimming.infos(self.state, held)
+        self.reads = await tables.stored_reads(pg, self.prefix)
         behind = await behind_partitions(self.state, self.positions, held, infos,
-                                         await barriers.highest_w(pg, self.prefix, held))
+                                         await barriers.highest_w(pg, self.prefix, held),
+                                         self.reads)
         if behind:
             await self._lose(f"{', '.join(behind.values())} ({WHY})", sorted(behind),
                              forget=False)
@@ -125,7 +129,8 @@ class SnapshotSteps:
                 await self._rescan(pg, partition, info, position)
         for partition in held:
             try:
-                await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed)
+                await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed,
+                                             self.reads)
             except barriers.BarriersBehind as exc:  # (its writes refused from now on)
                 await self._lose(exc.message, [partition], forget=False)
                 continue
@@ -246,12 +251,14 @@ class SnapshotSteps:
                       extra={"event": "snapshot.events_cut", "partition": partition})
         start = StoredPosition(info.last_id, info.added)
         assert self.generation is not None
-        found = await rows.scan_partition(self.state, self.state.keys.partition(partition),
-                                          self.generation)
+        found, read = await rows.scan_partition(
+            self.state, self.state.keys.partition(partition), self.generation,
+            (partition, self.reads.get(partition, 0)))
         unsaved = await calls.read_unsaved(self.state, partition, revision_of(start.id),
                                            self.generation, _members(found))
         await tables.apply_rescan(pg, self.prefix, partition, found, start,
-                                  generation=self.generation, records=unsaved.rows)
+                                  generation=self.generation, reads=read, records=unsaved.rows)
+        self.reads[partition] = read
         await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
         await self._mirror(partition)
@@ -285,15 +292,17 @@ class SnapshotSteps:
         assert self.generation is not None
         keys = self.state.keys.partition(partition)
         held = self.positions[partition]
-        found, gone = await rows.read_changed(self.state, keys, changed, self.generation,
-                                              (partition, held))
+        found, gone, read = await rows.read_changed(self.state, keys, changed, self.generation,
+                                                    (partition, held),
+                                                    self.reads.get(partition, 0))
         moved = StoredPosition(entries[-1][0].decode(), held.n + len(entries))
         # The records of every change the rows hold: a row is read as it is now, so it may
         # hold changes past the batch (calls.py). Read after the rows, from the same generation.
         unsaved = await calls.read_unsaved(self.state, partition, revision_of(moved.id),
                                            self.generation, _members(found))
         await tables.apply(pg, self.prefix, partition, found, gone, moved,
-                           generation=self.generation, records=unsaved.rows)
+                           generation=self.generation, reads=read, records=unsaved.rows)
+        self.reads[partition] = read
         self.positions[partition] = moved
         await calls.forget_saved(self.state, partition, unsaved)
         await self._mirror(partition)

@@ -92,6 +92,15 @@ class Gone:
     revision: tuple[int, int]
 
 
+# The snapshot's count of a partition's reads (lua/snapread.lua), committed with what they
+# read; only ever raised (snapshot/behind.py).
+READS = """
+INSERT INTO sw_reads AS r (prefix, partition, reads) VALUES (%s, %s, %s)
+ON CONFLICT (prefix, partition) DO UPDATE SET reads = excluded.reads
+WHERE r.reads < excluded.reads
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class StoredPosition:
     id: str
@@ -135,9 +144,10 @@ async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, 
 
 async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
                 gone: Sequence[Gone], position: StoredPosition, *, generation: str,
-                records: Sequence[CallRow] = ()) -> None:
-    """One batch: its rows, its deletes, the records of the calls that changed them and the
-    partition's new position, one transaction, while PostgreSQL follows `generation`."""
+                reads: int, records: Sequence[CallRow] = ()) -> None:
+    """One batch: its rows, its deletes, the records of the calls that changed them, the
+    partition's new position and the count of the read (`reads`), one transaction, while
+    PostgreSQL follows `generation`."""
     ms, _, seq = position.id.partition("-")
     async with conn.transaction(), conn.cursor() as cursor:
         await _upsert(cursor, prefix, partition, rows, records, generation)
@@ -146,10 +156,11 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
                                                *g.revision) for g in gone])
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
+        await cursor.execute(READS, (prefix, partition, reads))
 
 
 async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                       position: StoredPosition, *, generation: str,
+                       position: StoredPosition, *, generation: str, reads: int,
                        records: Sequence[CallRow] = ()) -> None:
     """A partition's full rescan: every live entry (and the records of the calls that made
     them), and the rows of entries no longer in Redis removed (up to the position the rescan
@@ -162,6 +173,14 @@ async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Se
                                              [to_pg(r.key) for r in rows]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
+        await cursor.execute(READS, (prefix, partition, reads))
+
+
+async def stored_reads(conn: PgConnection, prefix: str) -> dict[int, int]:
+    """The count of reads PostgreSQL holds of each partition (those it counted any of)."""
+    cursor = await conn.execute("SELECT partition, reads FROM sw_reads WHERE prefix = %s",
+                                (prefix,))
+    return {int(str(p)): int(str(n)) for p, n in await cursor.fetchall()}
 
 
 async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition]:
@@ -208,6 +227,9 @@ async def reset_positions(conn: PgConnection, prefix: str,
     async with conn.transaction(), conn.cursor() as cursor:
         await replace(cursor, prefix, generation, registry_added)
         await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
+        # (the restored Redis counts its reads anew: an older copy of the Redis of before has
+        # another generation's markers)
+        await cursor.execute("DELETE FROM sw_reads WHERE prefix = %s", (prefix,))
         await cursor.executemany(POSITION, [
             (prefix, n, p.id, *(int(part or 0) for part in p.id.partition("-")[::2]), p.n,
              now_ms()) for n, p in positions.items()])

@@ -23,10 +23,11 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library, read_header
-from stateworker.snapshot import barriers
+from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack
 from stateworker.state.tenancy import principals
+from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import Arg
 from tests.calls import INCREMENT
 from tests.integration.busproto import until
@@ -125,6 +126,8 @@ async def test_every_script_call_hashes_to_one_slot(
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
+    await pipeline(store.state.conn, store.state.library, [  # snapread.lua
+        behind.count_command(store.state, store.state.keys.partition(0), 0)])
     await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget

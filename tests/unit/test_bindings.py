@@ -127,6 +127,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "forget": lambda: [b.forget_call("c", ["x", "y"], ["1", ""])],
     "lease": lambda: [b.lease_call("l", "take", "t", 5)],
     "advance": lambda: [b.advance_call("l", "p", "t", "1-0", 1)],
+    "snapread": lambda: [b.snapread_call("r", 0)],
     "getmany": lambda: [b.getmany_call(PART, "s", ["a", "b"], 1000)],
     "index": lambda: [b.index_call(PART, "s", "create", "/n", 5)],
     "repack": lambda: [b.repack_call(PART, "entries", ["e1"])],

@@ -24,6 +24,7 @@ from stateworker.bus.client import StateClient
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
+from tests.integration.snapshots import postgres_entries
 from tests.servers import RedisServer, ServiceProcess
 
 pytestmark = pytest.mark.anyio
@@ -85,6 +86,10 @@ async def one_run(own_redis: RedisServer, prefix: str, postgres_url: str, number
             for k in range(KEYS):  # (an append to an absent path would make a string)
                 await client.call("state::set", {"scope": SCOPE, "key": f"k{k}",
                                                  "value": {"n": 0, "ids": []}})
+            # (the keys in PostgreSQL before the writes: the restore brings each back; a
+            # loaded machine's snapshot could lag past every write until the kill)
+            await until(lambda: len(postgres_entries(postgres_url, prefix)) == KEYS, 30,
+                        "the keys in PostgreSQL")
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
                 for w in range(WRITERS):

@@ -202,7 +202,7 @@ async def barrier_behind(own_redis: RedisServer, prefix: str, postgres_url: str,
                           "the partition found behind", rounds=True)
         assert pg_barrier(postgres_url, prefix) == (2, ["a", "b"])
         report = (await status_report(settings))["store_lost"]
-        assert f"partition {partition}'s barrier {why}" in report and "behind" in report
+        assert f"partition {partition}'s {why}" in report and "behind" in report
         with pytest.raises(StateError) as refused:
             await arrive(state, "e", "refused")
         assert refused.value.code == "STORE_LOST"
@@ -220,12 +220,23 @@ async def test_an_older_copy_of_a_partition_s_barriers_is_found_behind(
     """No entry written there since the copy: its stream looks current, its barrier write
     counter (1) is below B's `w` in PostgreSQL (2)."""
     await barrier_behind(own_redis, prefix, postgres_url, tmp_path / "older", [],
-                         "write counter is at 1, PostgreSQL holds a barrier written at 2")
+                         "barrier write counter is at 1, PostgreSQL holds a barrier written at 2")
 
 
 async def test_an_arrival_on_an_older_copy_is_not_stored_over_the_newer_barrier(
         own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
-    """`c` arrives on the copy first: the counter is up to PostgreSQL's (2), but the copy's B
-    at write 2 is not the B PostgreSQL holds at write 2."""
+    """`c` arrives on the copy first: the barrier write counter is up to PostgreSQL's (2) and
+    the copy's B at write 2 is not the B PostgreSQL holds at write 2; the snapshot's read
+    counter tells first (the copy was made before the read that stored B at write 2)."""
     await barrier_behind(own_redis, prefix, postgres_url, tmp_path / "older", ["c"],
-                         '"B" is at write 2 with other fields')
+                         "snapshot read counter is at 2, PostgreSQL holds a read counted at 3")
+
+
+async def test_arrivals_on_an_older_copy_past_the_newer_barrier_s_write_are_found_behind(
+        own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
+    """`c` and `d` arrive on the copy before the next round: its write counter (3) is past
+    PostgreSQL's (2), and so is its B (write 3, other keys than PostgreSQL's B at write 2),
+    which counters alone take for newer. The snapshot's own reads tell: the copy was made
+    before the read PostgreSQL stored B from."""
+    await barrier_behind(own_redis, prefix, postgres_url, tmp_path / "older", ["c", "d"],
+                         "snapshot read counter is at")

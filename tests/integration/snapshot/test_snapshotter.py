@@ -73,21 +73,25 @@ async def test_an_older_batch_applied_again_changes_nothing(postgres_url: str) -
         newer = tables.Row("s", "k", '{"a":2}', 2, "h2", "t", 1, 2, None, "w", (20, 0))
         older = tables.Row("s", "k", '{"a":1}', 1, "h1", None, 1, 1, None, "w", (10, 0))
         kept = {("s", "k"): ('{"a":2}', 2, "h2", "t", None)}
-        await tables.apply(pg, "p", 0, [newer], [], tables.StoredPosition("20-0", 2), generation="g1")
+        await tables.apply(pg, "p", 0, [newer], [], tables.StoredPosition("20-0", 2),
+                           generation="g1", reads=1)
         # An older batch again (a replica that lost its lease, a crash before the mirror):
         # neither its write nor its delete touches the newer row, nor does the position go back.
-        await tables.apply(pg, "p", 0, [older], [], tables.StoredPosition("10-0", 1), generation="g1")
+        await tables.apply(pg, "p", 0, [older], [], tables.StoredPosition("10-0", 1),
+                           generation="g1", reads=1)
         assert postgres_entries(postgres_url, "p") == kept
         await tables.apply(pg, "p", 0, [], [tables.Gone("s", "k", (10, 0))],
-                           tables.StoredPosition("10-0", 1), generation="g1")
+                           tables.StoredPosition("10-0", 1),
+                           generation="g1", reads=1)
         assert postgres_entries(postgres_url, "p") == kept
         assert await tables.positions(pg, "p") == {0: tables.StoredPosition("20-0", 2)}
-        await tables.apply(pg, "p", 0, [newer], [], tables.StoredPosition("20-0", 2), generation="g1")
+        await tables.apply(pg, "p", 0, [newer], [], tables.StoredPosition("20-0", 2),
+                           generation="g1", reads=1)
         assert postgres_entries(postgres_url, "p") == kept
         assert await tables.positions(pg, "p") == {0: tables.StoredPosition("20-0", 2)}
         # The delete that followed the newer write removes it.
         await tables.apply(pg, "p", 0, [], [tables.Gone("s", "k", (30, 0))],
-                           tables.StoredPosition("30-0", 3), generation="g1")
+                           tables.StoredPosition("30-0", 3), generation="g1", reads=1)
         assert postgres_entries(postgres_url, "p") == {}
     finally:
         await pg.close()
