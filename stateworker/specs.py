@@ -239,11 +239,13 @@ _WHY: dict[str, str] = {
     "ReservedNamespaceError": "the namespace is `secret` or `<anyone>:secret` (moco)",
     "DUPLICATE_KEY": "a transaction's list of ops writes one key twice",
     "INVALID_CURSOR": "`cursor` is not a live one of this listing: unknown, expired (120 s), "
-                      "already read, or issued for another scope, caller, limit or max_bytes",
+                      "already read, dropped for the caller's newer listings (4 live a "
+                      "partition), or issued for another scope, caller, limit or max_bytes",
     "ROW_TOO_LARGE": "the next entry cannot fit a page of `max_bytes` on its own (never "
                      "skipped)",
-    "SNAPSHOT_CAPACITY": "a snapshot would pass its bounds: live snapshots of the partition, "
-                         "entries, or bytes (`max_call_bytes`)",
+    "SNAPSHOT_CAPACITY": "a snapshot would pass its bounds: live snapshots of the partition "
+                         "(16, none of them the caller's), entries, or bytes "
+                         "(`max_call_bytes`)",
     "CALL_TOO_LARGE": "the call's ops would read and write more than `max_call_bytes` of "
                       "values, or its updates hold more than 10000 ops in all (nothing written: "
                       "split it)",

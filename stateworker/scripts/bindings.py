@@ -83,7 +83,7 @@ DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script 
 INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
 REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
-PAGES = Binding("pages", 4, 12, PageReply.read)  # state::list_entries: a snapshot's page
+PAGES = Binding("pages", 4, 14, PageReply.read)  # state::list_entries: a snapshot's page
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 BINDINGS: tuple[Binding[Any], ...] = (
@@ -416,24 +416,28 @@ def stamp_call(key: str, kind: str, generation: str) -> Call:
 
 class PageBounds(NamedTuple):
     """What bounds pages.lua's snapshots: entries, bytes of their rows, live snapshots of a
-    partition, a snapshot's life (ms), bytes of one row."""
+    partition, a snapshot's life (ms), bytes of one row, live snapshots of one caller in a
+    partition (its share)."""
 
     entries: int
     bytes: int
     snapshots: int
     life_ms: int
     row_bytes: int
+    per_caller: int
 
 
 def pages_call(part: PartitionKeys, scope: str, cursor: str | None, next_cursor: str,
-               binding: str, limit: int, max_bytes: int, bounds: PageBounds) -> Call:
+               binding: str, limit: int, max_bytes: int, bounds: PageBounds,
+               caller: str) -> Call:
     """pages.lua: the page of `cursor`'s snapshot (None: capture the scope first), the
-    snapshot renamed to `next_cursor`'s when pages remain; `binding`: what the cursor serves."""
+    snapshot renamed to `next_cursor`'s when pages remain; `binding`: what the cursor serves;
+    `caller`: whose share of the partition's snapshots a capture takes."""
     after = part.snapshot(next_cursor)
     return ([part.key_index(scope), after if cursor is None else part.snapshot(cursor), after,
              part.snapshots],
             [now_ms(), "1" if cursor is None else "", part.entry_prefix + member(scope, ""),
-             binding, limit, max_bytes, next_cursor, *bounds])
+             binding, limit, max_bytes, next_cursor, *bounds, caller])
 
 
 def config_call(keys: KeySpace, overrides: Sequence[tuple[str, str]]) -> Call:

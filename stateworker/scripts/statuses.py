@@ -224,15 +224,19 @@ def _call_too_large(target: Target, reply: list[Any]) -> Text:
 
 
 CURSOR_TEXT = ("$.cursor: not a live cursor of this listing: unknown, expired (a snapshot lives "
-               "120 s), already read (each page gives the next one), or issued for another "
-               "scope, caller, limit or max_bytes; list again without a cursor")
+               "120 s), already read (each page gives the next one), dropped (a caller keeps "
+               "at most 4 live listings in a partition: a newer one drops its oldest), or "
+               "issued for another scope, caller, limit or max_bytes; list again without a "
+               "cursor")
 
 
 def _invalid_cursor(target: Target, reply: list[Any]) -> Text:
     return CURSOR_TEXT, {"path": "$.cursor"}
 
 
-_BOUNDS = {"snapshots": ("live snapshots of the scope's partition", "pages.MAX_SNAPSHOTS"),
+_BOUNDS = {"snapshots": ("live snapshots of the scope's partition, none of them the caller's "
+                         "(a caller holding some gives back its own oldest)",
+                         "pages.MAX_SNAPSHOTS"),
            "entries": ("entries of one snapshot", "pages.MAX_ENTRIES"),
            "bytes": ("bytes of one snapshot's entries", "max_call_bytes, "
                      "STATEWORKER_MAX_CALL_BYTES")}

@@ -240,13 +240,13 @@ async def test_live_snapshots_are_bounded_and_a_live_cursor_outlives_a_refusal(
         store: StateStore, scope: str) -> None:
     for key in ("a", "b"):
         await store.set(scope, key, None)
-    tokens = [(await page(store, {"scope": scope, "limit": 1}))["next_cursor"]
-              for _ in range(pages.MAX_SNAPSHOTS)]
-    refused = await refusal(store, {"scope": scope, "limit": 1})
+    tokens = [(await page(store, {"scope": scope, "limit": 1}, f"c{i}"))["next_cursor"]
+              for i in range(pages.MAX_SNAPSHOTS)]  # (one each: a caller's share is smaller)
+    refused = await refusal(store, {"scope": scope, "limit": 1}, "late")
     assert refused.code == "SNAPSHOT_CAPACITY" and refused.details["bound"] == "snapshots"
     assert refused.details["limit"] == pages.MAX_SNAPSHOTS
-    assert (await page(store, {"scope": scope, "limit": 1, "cursor": tokens[0]}))["done"]
-    assert (await page(store, {"scope": scope, "limit": 1}))["next_cursor"]  # room again
+    assert (await page(store, {"scope": scope, "limit": 1, "cursor": tokens[0]}, "c0"))["done"]
+    assert (await page(store, {"scope": scope, "limit": 1}, "late"))["next_cursor"]  # room
 
 
 async def test_bytes_cut_before_the_count_and_the_last_page_is_exact(

@@ -133,7 +133,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "repack": lambda: [b.repack_call(PART, "entries", ["e1"])],
     "stamp": lambda: [b.stamp_call("h", "h", "g")],
     "pages": lambda: [b.pages_call(PART, "s", c, "n", "s\0\0c\0 1\0256", 1, 256,
-                                   b.PageBounds(1, 2, 3, 4, 5)) for c in (None, "c")],
+                                   b.PageBounds(1, 2, 3, 4, 5, 6), "w") for c in (None, "c")],
     "config": lambda: [b.config_call(SPACE, []), b.config_call(SPACE, [("a", "1"), ("b", "")])],
 }
 

@@ -7,8 +7,16 @@
   next cursor's (the TTL goes with it: pages never extend a snapshot's life), and the last page
   deletes it. Reading and renaming are this one script, so of two callers racing on one cursor
   only the first gets the page.
-  The snapshot hash: "b" its binding (ARGV[4]), "o" the entries already paged, "n" how many it
-  holds, and "1".."n" each entry's row as the page writes it: ["<key JSON>",<value JSON>].
+  The snapshot hash: "b" its binding (ARGV[4]), "c" its caller (ARGV[14]), "s" its place in
+  the order of the caller's captures (one past the newest of its live ones), "o" the entries
+  already paged, "n" how many it holds, and "1".."n" each entry's row as the page writes it:
+  ["<key JSON>",<value JSON>].
+  The partition's room is shared: a caller holds at most ARGV[13] live snapshots of it, so one
+  caller opening listings in a loop cannot fill the room and lock the others out. A capture
+  that would pass the caller's share, or find the room full while the caller holds some of it,
+  drops the caller's own oldest snapshot (its cursor then INVALID_CURSOR), never another
+  caller's; a full room and none of it the caller's is SNAPSHOT_CAPACITY. The drop is the last
+  step of a capture that keeps a snapshot: a refused capture drops nothing.
   Input:
     KEYS[1] the scope's key index (zset)
     KEYS[2] the snapshot read: the cursor's (capturing: the same name as KEYS[3])
@@ -22,7 +30,8 @@
     ARGV[7] the next cursor (its text, in the page's JSON)
     ARGV[8] most entries of a snapshot   ARGV[9] most bytes of a snapshot's rows
     ARGV[10] most live snapshots of the partition   ARGV[11] a snapshot's life (ms)
-    ARGV[12] most bytes of one row
+    ARGV[12] most bytes of one row      ARGV[13] most live snapshots of one caller
+    ARGV[14] the caller (whose share the snapshot is taken from)
   Output:
     {ST.OK, offset, total, {key, value, ...} (the page's), 1 when done else 0}
     {ST.INVALID_CURSOR}   the cursor's snapshot is unknown, expired, consumed or bound to
@@ -30,6 +39,7 @@
     {ST.ROW_TOO_LARGE, the row's position (0-based), its bytes, the limit}   the next row
                           cannot fit a page alone (or passes ARGV[12]); nothing written
     {ST.SNAPSHOT_CAPACITY, "snapshots" | "entries" | "bytes", found, limit}   nothing written
+                          ("snapshots": the room full, none of it the caller's)
                           ("entries": the keys of the scope's index, live or expired not yet
                           reaped; at most ARGV[8] + 1 of them are read)
   Events: none.
@@ -132,9 +142,33 @@ end
 -- Capture: every live entry's row, in key byte order, within the snapshot's bounds.
 local maxEntries, maxSnapshotBytes = tonumber(ARGV[8]), tonumber(ARGV[9])
 local maxLive, lifeMs, maxRow = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local share, caller = tonumber(ARGV[13]), ARGV[14]
+if redis.call('EXISTS', snapshot) == 1 then -- (a cursor drawn twice: never overwrite one)
+  return capacity('snapshots', 1, 0)
+end
 redis.call('ZREMRANGEBYSCORE', live, '-inf', now) -- (the expired ones are gone)
-local held = redis.call('ZCARD', live)
-if held >= maxLive or redis.call('EXISTS', snapshot) == 1 then
+-- The room's holders (at most ARGV[10] names: a capture adds one only below it, and drops one
+-- when the room is full), and the caller's own with their capture order "s" (captures in one
+-- millisecond share an expiry, so the score cannot tell the oldest). A name whose hash Redis
+-- expired already (its clock a little ahead of ours) holds nothing; the next capture's
+-- ZREMRANGEBYSCORE removes it.
+local held, owned, oldest, last = 0, 0, nil, 0
+for _, name in ipairs(redis.call('ZRANGE', live, 0, -1)) do
+  local owner = redis.call('HMGET', name, 'b', 'c', 's')
+  if owner[1] then
+    held = held + 1
+    if owner[2] == caller then
+      local order = tonumber(owner[3])
+      owned = owned + 1
+      if not oldest or order < oldest[2] then oldest = {name, order} end
+      if order > last then last = order end
+    end
+  end
+end
+local drop = nil
+if owned >= share or (held >= maxLive and owned > 0) then
+  drop = oldest[1]
+elseif held >= maxLive then
   return capacity('snapshots', held, maxLive)
 end
 -- At most one key past the bound is read: an index of more keys (live entries and expired
@@ -165,7 +199,11 @@ local reply, stop = page(function(i) return rows[i] end, 0, #rows)
 if not stop or stop == #rows then
   return reply -- (refused, or all in one page: nothing kept)
 end
-redis.call('HSET', snapshot, 'b', binding, 'o', stop, 'n', #rows)
+if drop then
+  redis.call('DEL', drop)
+  redis.call('ZREM', live, drop)
+end
+redis.call('HSET', snapshot, 'b', binding, 'c', caller, 's', last + 1, 'o', stop, 'n', #rows)
 local batch = {}
 for i, row in ipairs(rows) do
   batch[#batch + 1], batch[#batch + 2] = i, row

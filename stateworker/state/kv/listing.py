@@ -23,8 +23,8 @@ from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entri
 from stateworker.scripts.replies import DeltopicReply, EntriesReply
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
-from stateworker.state.kv.reads import hash_plan, list_groups_plan
-from stateworker.transport.plans import Plan, then
+from stateworker.state.kv.reads import hash_plan
+from stateworker.transport.plans import Plan, command_reply
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 1_000_000_000
@@ -159,13 +159,80 @@ def _deltopic_batch(state: RedisState, part: PartitionKeys, scope: str, writer: 
     return state.script_plan(DELTOPIC, call, finish)
 
 
-def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
-                         hidden: frozenset[str]) -> Plan:
-    def finish(groups: Any) -> list[str]:
-        names: list[str] = groups.groups
-        if pattern is not None:
-            parts = glob_parts(pattern)
-            names = [g for g in names if glob_match(g, parts)]
-        return names[:limit]
+# list-namespaces reads a partition's scopes index in chunks of this many members at first
+# (at least: twice its even share of `limit`), each further chunk of a partition twice the last
+# up to NAMESPACES_CHUNK_MAX: a sparse pattern takes a few round trips, never the whole index.
+NAMESPACES_CHUNK, NAMESPACES_CHUNK_MAX = 16, 4096
 
-    return then(list_groups_plan(state, hidden), finish)
+
+def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
+                         hidden: frozenset[str], chunk: int | None = None) -> Plan:
+    """The first `limit` scopes (byte order) matching `pattern` (None: every one), `hidden`
+    ones left out: state::list_groups cut and filtered, without reading every scope. Each
+    partition's scopes index has equal scores, so it is ordered by bytes and `BYLEX` reads
+    only the range of the pattern's literal head (the text before its first `*`: from
+    `[head` to `(head` and byte 255, which no UTF-8 scope holds), `LIMIT` a chunk at a time;
+    the partitions' chunks merge in byte order.
+    `chunk`: the first read of a partition (tests force many steps with 1)."""
+    parts = None if pattern is None else glob_parts(pattern)
+    if parts is None or (parts[0] == "" and len(parts) > 1):
+        start, end = b"-", b"+"
+    elif len(parts) == 1:  # (no star: the one scope of that name)
+        start = end = b"[" + parts[0].encode()
+    else:
+        start, end = b"[" + parts[0].encode(), b"(" + parts[0].encode() + b"\xff"
+    keys = [part.scopes for part in state.keys.all_partitions()]
+    first = chunk or min(NAMESPACES_CHUNK_MAX, max(NAMESPACES_CHUNK, -(-2 * limit // len(keys))))
+    walk = _ScopesWalk(parts, limit, hidden, end)
+    return walk.read({key: (start, first) for key in keys})
+
+
+class _ScopesWalk:
+    """A list-namespaces walk over the partitions' scopes indexes: what each has read and not
+    yet given out, and where each goes on. Its steps' plans hold it; it holds no plan."""
+
+    def __init__(self, parts: list[str] | None, limit: int, hidden: frozenset[str],
+                 end: bytes) -> None:
+        self.parts, self.limit, self.hidden, self.end = parts, limit, hidden, end
+        self.found: list[str] = []
+        self.pending: list[bytes] = []  # read, above the last step's frontier
+        self.last: dict[str, tuple[bytes, int]] = {}  # a partition not read to the end:
+        # its last member read, its last chunk
+
+    def read(self, reads: dict[str, tuple[bytes, int]]) -> Plan:
+        """One step: a chunk of each partition in `reads` (key: its range's start, count)."""
+        order = list(reads)
+        commands: list[list[Any]] = [["ZRANGE", key, start, self.end, "BYLEX", "LIMIT", 0,
+                                      count] for key, (start, count) in reads.items()]
+
+        def finish(replies: list[Any]) -> Any:
+            for key, reply in zip(order, replies, strict=True):
+                members: list[bytes] = command_reply(reply, "ZRANGE")
+                self.pending += members
+                if len(members) < reads[key][1]:
+                    self.last.pop(key, None)  # (read to the end of its range)
+                else:
+                    self.last[key] = (members[-1], reads[key][1])
+            return self.give()
+
+        return Plan(commands, finish)
+
+    def give(self) -> Any:
+        """Every scope read up to the frontier (the least last member of the partitions not
+        read to their end: below it every partition has been read) given out in byte order;
+        the names when `limit` are found or all is read, else the next step: the partitions
+        at the frontier, each a chunk twice its last."""
+        frontier = min((member for member, _ in self.last.values()), default=None)
+        ready = sorted(m for m in self.pending if frontier is None or m <= frontier)
+        self.pending = [m for m in self.pending if frontier is not None and m > frontier]
+        for member in ready:  # (a scope is in one partition's index only: no duplicate)
+            scope = member.decode()
+            if scope not in self.hidden and (self.parts is None or
+                                             glob_match(scope, self.parts)):
+                self.found.append(scope)
+                if len(self.found) == self.limit:
+                    return self.found
+        if frontier is None:
+            return self.found
+        return self.read({key: (b"(" + member, min(NAMESPACES_CHUNK_MAX, 2 * count))
+                          for key, (member, count) in self.last.items() if member == frontier})

@@ -12,6 +12,10 @@ capture (pages never extend it). A page holds at most `limit` entries and its JS
 `max_bytes` bytes; an entry that cannot fit a page alone is ROW_TOO_LARGE, never skipped.
 
 Bounds (SNAPSHOT_CAPACITY beyond, nothing kept): MAX_SNAPSHOTS live snapshots in a partition,
+shared by the callers, PER_CALLER of them at most one caller's (a capture past the caller's
+share, or into a full partition where the caller holds some, drops the caller's own oldest
+snapshot: one caller opening listings in a loop and never finishing them recycles its own
+share and locks no one else out; a full partition where the caller holds none refuses it),
 MAX_ENTRIES entries in one (the scope's keys, expired ones not yet reaped included: the script
 reads at most one key past the bound, never the whole index), and the bytes of its rows within
 the per-call budget `max_call_bytes` (one script reads them all).
@@ -42,6 +46,7 @@ from stateworker.transport.plans import Plan
 MAX_LIMIT = 1000  # entries of a page
 MIN_BYTES, MAX_BYTES = 256, 8_000_000  # a page's JSON
 MAX_SNAPSHOTS = 16  # live snapshots of one partition (iii: of one worker)
+PER_CALLER = 4  # live snapshots of one caller in a partition: its share of MAX_SNAPSHOTS
 MAX_ENTRIES = 100_000  # entries of one snapshot
 LIFE_MS = 120_000  # a snapshot's life from its capture
 
@@ -75,13 +80,14 @@ def state_list_entries(state: RedisState, req: EntriesPageRequest, ctx: CallCont
     validate.in_range("limit", req.limit, 1, MAX_LIMIT)
     validate.in_range("max_bytes", req.max_bytes, MIN_BYTES, MAX_BYTES)
     held = cursor(req.cursor)
-    binding = msgspec.json.encode([req.scope, ctx.namespace, caller(ctx), req.limit,
+    who = caller(ctx)
+    binding = msgspec.json.encode([req.scope, ctx.namespace, who, req.limit,
                                    req.max_bytes]).decode()
     after = str(uuid.uuid4())
     bounds = PageBounds(MAX_ENTRIES, state.settings.max_call_bytes, MAX_SNAPSHOTS, LIFE_MS,
-                        MAX_BYTES)
+                        MAX_BYTES, PER_CALLER)
     call = pages_call(state.keys.for_scope(req.scope), req.scope, held, after, binding,
-                      req.limit, req.max_bytes, bounds)
+                      req.limit, req.max_bytes, bounds, who)
 
     def finish(page: PageReply) -> EntriesPage:
         return EntriesPage([Raw(row) for row in page.rows], page.done,
