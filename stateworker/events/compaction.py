@@ -34,6 +34,12 @@ history: nothing this Redis knows of came before it; after a restore events did,
 A cursor ahead of both the stream's last id and Redis's clock is not of this history either
 (another server's, or a clock that went back): the events this stream adds before it would be
 skipped. A prefix created before the history key existed has none: only trimming is checked.
+
+A Redis restarted on an older copy of its data (an older AOF or RDB, a replica promoted before
+it synced) keeps its history record, and its stream goes back: events a reader already had
+are in no stream, and the writes since give their revisions again with other changes. A
+reader that counted the entries ever added up to its cursor sees the stream's `entries-added`
+below that count (it never goes down in a stream's life): a gap too (`behind`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ TRIMMED = "trimmed"
 NEW_HISTORY = "new_history"  # before the start of a new (or flushed) Redis's history
 RESTORED = "restored"  # before a restore from the snapshot
 AHEAD = "ahead"  # after everything this Redis has given and its clock
+BEHIND = "behind"  # the stream has had fewer events than the reader counted: an older copy
 CAUSES = ("new", "restore")
 
 
@@ -142,13 +149,15 @@ def lost_after(cursor: Revision, counted: int | None, info: StreamInfo | None) -
 
 def gap(cursor: Revision, counted: int | None, info: StreamInfo | None,
         history: History | None, clock_ms: int) -> str | None:
-    """Why events after `cursor` cannot all be read (TRIMMED, NEW_HISTORY, RESTORED, AHEAD);
-    None: every one of them is in the stream or still to come (module docstring)."""
+    """Why events after `cursor` cannot all be read (TRIMMED, NEW_HISTORY, RESTORED, AHEAD,
+    BEHIND); None: every one of them is in the stream or still to come (module docstring)."""
     if history is not None and cursor < history.after:
         if history.cause == "restore":
             return RESTORED
         if cursor != (0, 0):
             return NEW_HISTORY
+    if counted is not None and info is not None and info.entries_added < counted:
+        return BEHIND
     newest = (0, 0) if info is None else info.last_generated
     if cursor > newest and cursor > (clock_ms, MAX_SEQ):
         return AHEAD
@@ -183,6 +192,11 @@ def compacted(partition: int, cursor: Revision, info: StreamInfo | None,
                      "(a new or flushed Redis): the events after it are in no stream",
         AHEAD: f"it is ahead of every event of partition {partition} and of Redis's clock: "
                "it is not a revision of this Redis, and the events before it would be skipped",
+        BEHIND: f"partition {partition}'s stream has had fewer events added "
+                f"({info.entries_added if info else 0}) than were read up to it: Redis went "
+                "back to an older copy of its data (a restart on an older AOF or RDB, a "
+                "replica promoted before it synced), and the events read since are in no "
+                "stream",
     }[reason]
     return Compacted(
         f"revision {at} is compacted: {why}; {kept}. Resync: read the current state, then "

@@ -40,6 +40,7 @@ from stateworker.scripts.replies import (
     ReapReply,
     ReleaseReply,
     SetReply,
+    SnapRowsReply,
     TopicReply,
     TriggerReply,
     UpdateReply,
@@ -86,10 +87,11 @@ STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one
 PAGES = Binding("pages", 4, 14, PageReply.read)  # state::list_entries: a snapshot's page
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
+SNAPROWS = Binding("snaprows", 1, 3, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD)
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD, SNAPROWS)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4
@@ -402,6 +404,12 @@ def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: in
     return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer),
              part.index_builds],
             [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])
+
+
+def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str]) -> Call:
+    """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
+    event `after` that wrote one of them (at most `budget` events examined)."""
+    return [part.events], [after, budget, part.entry_prefix, *members]
 
 
 def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:

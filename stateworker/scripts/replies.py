@@ -171,6 +171,23 @@ class Counted(NamedTuple):
         return cls(int(reply[1]))
 
 
+class SnapRowsReply(NamedTuple):
+    """snaprows.lua: whether every event after the batch was examined, the stored entries of
+    the members asked (None: absent), and the entries added (scope, key, the revision of
+    its last change, stored or None)."""
+
+    complete: bool
+    stored: list[bytes | None]
+    added: list[tuple[str, str, bytes, bytes | None]]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> SnapRowsReply:
+        flat = reply[3]
+        added = [(flat[i].decode(), flat[i + 1].decode(), flat[i + 2], flat[i + 3] or None)
+                 for i in range(0, len(flat), 4)]
+        return cls(reply[1] == 1, [s or None for s in reply[2]], added)
+
+
 class TriggerReply(NamedTuple):
     """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
     `registered` registrations already. FORBIDDEN: the id is `owner`'s trigger."""

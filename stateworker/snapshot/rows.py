@@ -1,12 +1,16 @@
-"""Redis entries -> snapshot rows: each entry read whole (one GET each, pipelined; its stored
-form: state/kv/packed.py) and a full scan of one partition's entries (a rescan)."""
+"""Redis entries -> snapshot rows: a batch's entries read whole, in one script with those of
+the transactions after the batch that wrote one of them (snaprows.lua; their stored form:
+state/kv/packed.py), and a full scan of one partition's entries (a rescan)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from stateworker.keys import PartitionKeys
+from stateworker.events.model import revision_of
+from stateworker.keys import PartitionKeys, member
 from stateworker.reactive.trimming import StreamInfo
+from stateworker.scripts.bindings import SNAPROWS, snaprows_call
 from stateworker.snapshot.behind import WHY, count_command, counted, stream_behind
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row, StoredPosition
@@ -15,7 +19,12 @@ from stateworker.state.generation import PARTITION_FIELD
 from stateworker.state.kv.packed import unpack
 from stateworker.transport.plans import pipeline
 
+log = logging.getLogger("stateworker.snapshot")
+
 SCAN_COUNT = 1000
+# Events after a batch examined for the transactions its rows may hold (snaprows.lua): the
+# snapshot's usual lag is far less; past it (catching up) a transaction may be cut.
+TAIL_BUDGET = 4000
 
 
 def row_of(scope: str, key: str, stored: bytes | None) -> Row | None:
@@ -37,39 +46,51 @@ def confirm(partition: PartitionKeys, held: bytes | None, generation: str) -> No
 
 async def read_changed(state: RedisState, partition: PartitionKeys,
                        changed: dict[tuple[str, str], tuple[int, int]], generation: str,
-                       at: tuple[int, StoredPosition], reads: int
+                       at: tuple[int, StoredPosition], after: str, reads: int
                        ) -> tuple[list[Row], list[Gone], int]:
     """The current entries of the keys a batch changed (keyed by their last change's
-    revision): rows for those that exist, `Gone` for those that do not; from a Redis whose
-    partition marker is `generation` (a wiped one reads every key gone) and whose stream is
-    not behind `at` (the partition's number and the position the snapshotter holds) when
-    they are read, else Fenced. The second check is here, in the read's own pipeline, not
-    only in the round: the connection reconnects without a word, so a Redis restarted on an
-    older copy of its data (same markers) since the round would hand over its older entries
-    (snapshot/behind.py). The read is counted last (`counted`, against `reads`, the count
-    PostgreSQL holds): its count goes with the rows, the third of what this returns."""
+    revision), and of every key a transaction after the batch (after event `after`) wrote
+    together with one of them (snaprows.lua: an entry read as it is now may hold such a
+    change, and PostgreSQL must get the transaction whole); rows for those that exist, `Gone`
+    for those that do not; from a Redis whose partition marker is `generation` (a wiped one
+    reads every key gone) and whose stream is not behind `at` (the partition's number and
+    the position the snapshotter holds) when they are read, else Fenced. The second check is
+    here, in the read's own pipeline, not only in the round: the connection reconnects
+    without a word, so a Redis restarted on an older copy of its data (same markers) since
+    the round would hand over its older entries (snapshot/behind.py). The read is counted
+    last (`counted`, against `reads`, the count PostgreSQL holds): its count goes with the
+    rows, the third of what this returns."""
     addresses = list(changed)
     number, position = at
-    held, info, kept, *replies, count = await pipeline(state.conn, state.library, [
+    held, info, kept, reply, count = await pipeline(state.conn, state.library, [
         ["HGET", partition.history, PARTITION_FIELD],
         ["XINFO", "STREAM", partition.events],
         ["XRANGE", partition.events, position.id, position.id],
-        *[["GET", partition.entry(scope, key)] for scope, key in addresses],
+        SNAPROWS.command(state.library, *snaprows_call(
+            partition, after, TAIL_BUDGET, [member(scope, key) for scope, key in addresses])),
         count_command(state, partition, reads)])
     confirm(partition, held, generation)
     behind = stream_behind(number, position, StreamInfo(info), bool(kept))
     if behind is not None:
         raise Fenced(f"{behind} ({WHY})")
-    read = counted(number, count, reads)
+    counted_read = counted(number, count, reads)
+    read = SNAPROWS.read(reply)
+    if not read.complete:
+        log.warning("partition %d: the snapshot is more than %d events behind; a transaction "
+                    "past its batch may reach PostgreSQL in parts until it catches up", number,
+                    TAIL_BUDGET, extra={"event": "snapshot.tail_unchecked",
+                                        "partition": number})
+    stored = [*zip(addresses, (changed[a] for a in addresses), read.stored, strict=True),
+              *(((scope, key), revision_of(rev), entry) for scope, key, rev, entry in read.added)]
     rows: list[Row] = []
     gone: list[Gone] = []
-    for (scope, key), fields in zip(addresses, replies, strict=True):
+    for (scope, key), revision, fields in stored:
         row = row_of(scope, key, fields)
         if row is None:
-            gone.append(Gone(scope, key, changed[(scope, key)]))
+            gone.append(Gone(scope, key, revision))
         else:
             rows.append(row)
-    return rows, gone, read
+    return rows, gone, counted_read
 
 
 def split_member(member: bytes) -> tuple[str, str]:

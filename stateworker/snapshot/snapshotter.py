@@ -6,8 +6,9 @@ It follows the partition event streams the way the dispatcher does (reactive/dis
 replicas share the partitions with leases of their own (`snapshot_lease`, the replica set
 `snapshot:replicas`), and one loop blocks on ONE `XREAD` over the streams it holds, from each
 partition's position (on a Redis Cluster one per slot: transport/streamread.py). For a
-partition's batch it reads the CURRENT entry hash of every key the batch touched (one pipelined
-HMGET per key: the events lack hash, topic and expiry) and, in ONE PostgreSQL transaction,
+partition's batch it reads the CURRENT entry of every key the batch touched (the events lack
+hash, topic and expiry), with every entry of the transactions after the batch that wrote one
+of them (snapshot/rows.py: a transaction reaches PostgreSQL whole), and, in ONE PostgreSQL transaction,
 upserts those that exist (only over an older revision), deletes those that do not (only up to
 the revision of the change read), and stores the partition's position. After the commit it
 mirrors the position into Redis (`snapshotted`, only while the lease holds): the trimming keeps

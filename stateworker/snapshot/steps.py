@@ -24,7 +24,8 @@ and `sw_claims` by the holder of partition 0, at its first round and whenever th
 stream has a new entry (checked once a round).
 
 A batch: the events read (and the rest of a transaction the read cut: it reaches PostgreSQL
-whole or not), the current entry of every key they touched, and in ONE PostgreSQL transaction
+whole or not), the current entry of every key they touched (and of every key a later
+transaction wrote with one of them: an entry read now may hold its change), and in ONE PostgreSQL transaction
 the rows upserted or deleted, the call records and the partition's position; then the position
 mirrored into Redis (`snapshotted`, only while the lease holds).
 
@@ -293,7 +294,7 @@ class SnapshotSteps:
         keys = self.state.keys.partition(partition)
         held = self.positions[partition]
         found, gone, read = await rows.read_changed(self.state, keys, changed, self.generation,
-                                                    (partition, held),
+                                                    (partition, held), entries[-1][0].decode(),
                                                     self.reads.get(partition, 0))
         moved = StoredPosition(entries[-1][0].decode(), held.n + len(entries))
         # The records of every change the rows hold: a row is read as it is now, so it may

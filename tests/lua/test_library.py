@@ -18,10 +18,10 @@ from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateCalls, StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.context import CallContext
-from stateworker.keys import call_field
+from stateworker.keys import call_field, member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.scripts.bindings import BINDINGS, GET
+from stateworker.scripts.bindings import BINDINGS, GET, SNAPROWS, snaprows_call
 from stateworker.scripts.library import Library, read_header
 from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
@@ -60,6 +60,8 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
         return [text(args[8]) + "somekey", *written(keys[3]), *value_indexes(keys[1], args[0])]
     if name == "getmany":
         return [text(args[1]) + "somekey"]
+    if name == "snaprows":  # the members asked (and those of transactions after: the same)
+        return [text(args[2]) + text(a) for a in args[3:]]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
@@ -131,6 +133,9 @@ async def test_every_script_call_hashes_to_one_slot(
     await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
+    await pipeline(store.state.conn, store.state.library, [SNAPROWS.command(  # snaprows.lua
+        store.state.library, *snaprows_call(store.state.keys.for_scope(scope), "0-0", 10,
+                                            [member(scope, "t1")]))])
     restored = generation.new_generation()  # stamp.lua: a restore's first and last steps
     await generation.begin_restore(store.state.conn, store.state.keys, restored)
     await generation.stamp(store.state, restored)

@@ -135,6 +135,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "pages": lambda: [b.pages_call(PART, "s", c, "n", "s\0\0c\0 1\0256", 1, 256,
                                    b.PageBounds(1, 2, 3, 4, 5, 6), "w") for c in (None, "c")],
     "config": lambda: [b.config_call(SPACE, []), b.config_call(SPACE, [("a", "1"), ("b", "")])],
+    "snaprows": lambda: [b.snaprows_call(PART, "1-0", 10, ["1:sk"])],
 }
 
 

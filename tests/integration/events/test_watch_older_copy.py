@@ -1,0 +1,71 @@
+"""A watch across a Redis restarted on an older copy of its data (an older AOF, a replica
+promoted before it synced): the events it already handed on are in no stream of that Redis,
+and the writes after the restart give their revisions again with other changes. The watch
+raises COMPACTED (`details.reason` `behind`) instead of going on as if its history held."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from stateworker import StateError, StateStore
+from stateworker.errors import Compacted
+from stateworker.events.model import Event
+from tests.integration.busproto import until
+from tests.integration.events.test_watch import client, events_of
+from tests.integration.snapshot.test_lost_redis import swap_data
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def written(store: StateStore, value: Any) -> None:
+    """s/k set to `value`, retried while the store's connection still meets the old socket."""
+    done: list[bool] = []
+
+    async def attempt() -> bool:
+        try:
+            await store.set("s", "k", value)
+            done.append(True)
+        except StateError as exc:
+            assert exc.code == "UNAVAILABLE", exc
+        return bool(done)
+    await until(attempt, 10, f"the write of {value}")
+
+
+async def test_a_watch_over_a_redis_restarted_on_an_older_copy_is_compacted(
+        own_redis: RedisServer, prefix: str, tmp_path: Path) -> None:
+    older = tmp_path / "older"
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store:
+        for n in (1, 2, 3):
+            await written(store, n)
+        first = (await store.get_entry("s", "k")).revision
+        assert first is not None
+        own_redis.kill(signal.SIGTERM)  # (a clean stop: a complete AOF to copy)
+        shutil.copytree(own_redis.directory, older)
+        own_redis.start()
+        async with client(own_redis.url, prefix).watch("s", from_revision=first) as watch:
+            await written(store, 4)
+            await written(store, 5)
+            seen = await events_of(watch, 2)  # (read to the stream's end: then a bookmark)
+            assert [bytes(e.new_value) for e in seen] == [b"4", b"5"]
+            swap_data(own_redis, older)  # back to 1, 2, 3
+            await written(store, "other")  # version 4 again, another value
+            got: list[Any] = []
+            compacted: Compacted | None = None
+            with anyio.fail_after(20):
+                try:
+                    async for item in watch:
+                        if isinstance(item, Event):
+                            got.append((item.version, bytes(item.new_value)))
+                            break
+                except Compacted as exc:
+                    compacted = exc
+    # Before the fix: [(4, b'"other"')], handed on as if it followed version 5.
+    assert got == []
+    assert compacted is not None and compacted.details["reason"] == "behind"
