@@ -87,7 +87,7 @@ STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one
 PAGES = Binding("pages", 4, 14, PageReply.read)  # state::list_entries: a snapshot's page
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
-SNAPROWS = Binding("snaprows", 1, 3, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
+SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
@@ -406,10 +406,12 @@ def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: in
             [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])
 
 
-def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str]) -> Call:
+def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],
+                  max_bytes: int = 4 << 20) -> Call:
     """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
-    event `after` that wrote one of them (at most `budget` events examined)."""
-    return [part.events], [after, budget, part.entry_prefix, *members]
+    event `after` that wrote one of them (at most `budget` events, about `max_bytes` of them,
+    examined)."""
+    return [part.events], [after, budget, part.entry_prefix, max_bytes, *members]
 
 
 def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:

@@ -61,7 +61,7 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
     if name == "getmany":
         return [text(args[1]) + "somekey"]
     if name == "snaprows":  # the members asked (and those of transactions after: the same)
-        return [text(args[2]) + text(a) for a in args[3:]]
+        return [text(args[2]) + text(a) for a in args[4:]]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]

@@ -68,3 +68,22 @@ async def test_a_tail_longer_than_the_budget_is_not_complete(store: StateStore,
         await store.set(scope, f"k{n}", n)
     assert not (await rows(store, scope, after, 10, ["a"])).complete
     assert (await rows(store, scope, after, 1000, ["a"])).complete
+
+
+async def test_a_tail_of_large_values_stops_at_the_byte_budget(store: StateStore,
+                                                               scope: str) -> None:
+    """Events carry whole values: 40 events of 200 KB each (old and new: ~16 MB) are not all
+    moved into one script call under a 1 MiB budget; 16 events at a time, it stops at the
+    first read that passes it."""
+    await store.set(scope, "a", 1)
+    after = await revision(store, scope, "a")
+    for n in range(40):
+        await store.set(scope, "big", "x" * 200_000 + str(n))
+    state = store.state
+    part = state.keys.for_scope(scope)
+    (reply,) = await pipeline(state.conn, state.library, [SNAPROWS.command(
+        state.library, *snaprows_call(part, after, 1000, [member(scope, "a")], 1 << 20))])
+    assert not SNAPROWS.read(reply).complete
+    (reply,) = await pipeline(state.conn, state.library, [SNAPROWS.command(
+        state.library, *snaprows_call(part, after, 1000, [member(scope, "a")], 64 << 20))])
+    assert SNAPROWS.read(reply).complete

@@ -10,20 +10,23 @@
     ARGV[1] the batch's last event id (the events after it are examined)
     ARGV[2] the most events after it to examine (the budget)
     ARGV[3] entry name prefix of the partition (partition tag .. "e:")
-    ARGV[4..] the members (<len>:<scope><key>) of the entries the batch changed
+    ARGV[4] the most bytes of events after it to examine (events carry whole values: a few
+            large ones would otherwise hold Redis for seconds); read 16 events at a time
+    ARGV[5..] the members (<len>:<scope><key>) of the entries the batch changed
   Output:
-    {ST.OK, complete (1: every event after ARGV[1] was examined; 0: the budget ended first),
-     {stored entry or false, per member of ARGV[4..]},
+    {ST.OK, complete (1: every event after ARGV[1] was examined; 0: a budget ended first),
+     {stored entry or false, per member of ARGV[5..]},
      {scope, key, revision of its last change, stored entry or false, per entry added: one of
       a transaction after the batch that wrote an entry read here}}
   Events: none.
 ]]
 
-local stream, budget, prefix = KEYS[1], tonumber(ARGV[2]), ARGV[3]
-local PAGE = 256
+local stream, budget, prefix, max_bytes = KEYS[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local PAGE = 16
+local MEMBERS = 5 -- the first of the members in ARGV
 
 local read = {} -- member -> true: read here
-for i = 4, #ARGV do
+for i = MEMBERS, #ARGV do
   read[ARGV[i]] = true
 end
 
@@ -31,13 +34,14 @@ end
 local groups = {} -- per transaction: its members
 local last = {} -- member -> {scope, key, revision}
 local group, group_tx = nil, nil
-local cursor, seen, complete = '(' .. ARGV[1], 0, 0
+local cursor, seen, bytes, complete = '(' .. ARGV[1], 0, 0, 0
 while true do
   local page = redis.call('XRANGE', stream, cursor, '+', 'COUNT', PAGE)
   for _, entry in ipairs(page) do
     local flat, scope, key, tx = entry[2], nil, nil, nil
     for j = 1, #flat, 2 do
       local name = flat[j]
+      bytes = bytes + #name + #flat[j + 1]
       if name == 'scope' then
         scope = flat[j + 1]
       elseif name == 'key' then
@@ -65,7 +69,7 @@ while true do
     complete = 1
     break
   end
-  if seen >= budget then
+  if seen >= budget or bytes >= max_bytes then
     break
   end
 end
@@ -100,8 +104,8 @@ while grew do
 end
 
 local stored = {}
-for i = 4, #ARGV do
-  stored[i - 3] = redis.call('GET', prefix .. ARGV[i]) or false
+for i = MEMBERS, #ARGV do
+  stored[i - MEMBERS + 1] = redis.call('GET', prefix .. ARGV[i]) or false
 end
 local more = {}
 for _, member in ipairs(added) do
