@@ -223,7 +223,11 @@ class Dispatcher:
                 self._lapse(partition)
         for partition in sorted(taken | (self.leases.held - set(self.positions))):
             stored = await trimming.position(self.state, partition, self.leases.token)
-            moved, stored_here = self._lapsed.pop(partition, (None, None))
+            # (lapsed at a store or a round before, or lost and taken back in this round's
+            # renew-then-take: still in `positions`)
+            lapsed = self._lapsed.pop(partition, None)
+            moved, stored_here = lapsed if lapsed is not None else (
+                self.positions.get(partition), self.stored.get(partition))
             # A lease that ran out before its renewal, taken straight back: Redis holds what
             # this replica stored, so no one moved it since, and the moves in memory stand.
             self.positions[partition] = moved if moved and stored_here == stored else stored

@@ -12,6 +12,7 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.keys import bus_stream
+from stateworker.reactive.dispatcher import Dispatcher
 from tests.integration.busproto import until
 from tests.integration.busredis.conftest import Pair
 from tests.servers import RedisServer, ServiceProcess
@@ -196,3 +197,46 @@ async def test_a_lease_renewed_too_late_and_taken_back_hands_nothing_on_again(
             assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
     finally:
         await anyio.to_thread.run_sync(replica.kill)
+
+
+async def test_a_lease_lost_and_taken_back_in_one_round_keeps_the_moves_in_memory(
+        pair: Pair, prefix: str, scope: str) -> None:
+    """The same lapse met by the round itself (its renewal fails, its take wins the partition
+    back at once) rather than by a store: the moves in memory since the last store stand, and
+    nothing is handed on again. Driven step by step, so the round meets it every time."""
+    async with StateStore.open(settings=pair.settings(prefix), reaper=False) as store:
+        await store.call("state::register-trigger", {
+            "id": "t1", "function_id": "reactor::on_change", "service": "reactor"})
+        dispatcher = Dispatcher(store.state)
+        await dispatcher._reader.conn.try_connect()
+        raw = pair.state.client()
+        try:
+            async with anyio.create_task_group() as tg:
+                dispatcher._tg = tg
+                await dispatcher._round()
+                held = sorted(dispatcher.positions)
+                assert held == [0, 1, 2, 3]  # (alone: every partition)
+
+                async def hand_on(first: int) -> None:
+                    """Writes to every partition, handed on with no store or round between."""
+                    for n in range(first, first + 40):
+                        await store.set(f"{scope}-{n % SCOPES}", "k", n)
+                    with anyio.fail_after(10):
+                        while len(handed_on(pair.bus, prefix)) < first + 40:
+                            dispatcher._last_round = dispatcher._last_store = \
+                                anyio.current_time()
+                            await dispatcher._step()
+                await hand_on(0)
+                moved = dict(dispatcher.positions)
+                assert moved != dispatcher.stored  # (handed on, not stored yet)
+                for partition in held:
+                    raw.delete(store.state.keys.partition(partition).lease)
+                await dispatcher._round()  # renew fails, take wins: the same partitions
+                assert sorted(dispatcher.leases.held) == held
+                await hand_on(40)
+                tg.cancel_scope.cancel()
+        finally:
+            await dispatcher._close()
+    again = {call_id: n for call_id, n in handed_on(pair.bus, prefix).items() if n > 1}
+    assert not again, f"{len(again)} calls handed on again: {sorted(again)[:5]}"
+    assert len(handed_on(pair.bus, prefix)) == 80
