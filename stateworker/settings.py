@@ -27,6 +27,8 @@ MAX_BUS_SHARDS = 64
 # A replica is live while its last heartbeat (keys.replicas) is within this many lease times
 # (`lease_ms`): the leases' share (reactive/leases.py) and the upgrade's check (state/kv/repack.py).
 LIVE_LEASES = 3
+# A partition's event bytes at most (events_max_bytes): far past any Redis's memory.
+MAX_EVENTS_BYTES = 1 << 40
 # Replicas a strict write waits for at most: more than a primary has makes every write time out.
 MAX_STRICT_REPLICAS = 16
 
@@ -55,6 +57,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # delete-by-prefix or delete-by-topic batch stops there and goes on in the next.
     max_call_bytes: int = 8 * 1024 * 1024
     events_maxlen: int = 100_000  # hard cap of each partition's event stream (approximate)
+    # Bytes each partition's event stream may hold (MEMORY USAGE): over it, the events handed
+    # on are trimmed before events_retain ends, oldest first; events still owed to triggers or
+    # the snapshot are kept (bounded by events_maxlen alone). 64 MiB holds 32 events of the
+    # largest values (2 x 1 MiB), ~300,000 small ones (more than events_maxlen: the count
+    # cap bounds those first), and 1 GiB in all at 16 partitions.
+    events_max_bytes: int = 64 * 1024 * 1024
     # Events the dispatcher has handed on are kept this many seconds more for watches, then
     # trimmed; events not yet dispatched are kept (up to events_maxlen).
     events_retain: float = 3600.0
@@ -154,6 +162,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("max_tails and max_tails_per_caller must be at least 1")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
+        if not 2 * self.max_value_bytes <= self.events_max_bytes <= MAX_EVENTS_BYTES:
+            raise ConfigError(
+                "events_max_bytes (STATEWORKER_EVENTS_MAX_BYTES) must be at least twice "
+                f"max_value_bytes ({2 * self.max_value_bytes}: one event holds the old and the "
+                f"new value) and at most {MAX_EVENTS_BYTES} (1 TiB), got "
+                f"{shown(self.events_max_bytes)}")
         if not 0 <= self.events_retain < _FOREVER:
             raise ConfigError(f"events_retain must be 0 or more seconds, got {self.events_retain}")
         if not 500 <= self.lease_ms <= 600_000:

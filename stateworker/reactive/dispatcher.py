@@ -44,6 +44,7 @@ from stateworker.errors import StateError
 from stateworker.reactive import trimming
 from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
+from stateworker.reactive.event_bytes import Ledger
 from stateworker.reactive.follower import follow
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import TriggerSet
@@ -105,6 +106,7 @@ class Dispatcher:
         self._resting: dict[int, float] = {}  # partition -> when it is read again (backlog)
         # partition -> (its position in memory, the one stored) when its lease went (`_lapse`)
         self._lapsed: dict[int, tuple[Position, Position]] = {}
+        self._ledgers: dict[int, Ledger] = {}  # the held streams' bytes (reactive/event_bytes.py)
 
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -241,7 +243,7 @@ class Dispatcher:
         # from the stored positions and finds every event it has to read again. A partition
         # whose batch runs aside is trimmed at a later round (its position is the batch's).
         settled = {p: position for p, position in self.stored.items() if p not in self._aside}
-        cut = await trimming.trim(self.state, settled, self.leases.token)
+        cut = await trimming.trim(self.state, settled, self.leases.token, self._ledgers)
         for partition, position in cut.items():
             if partition in self.positions and partition not in self._aside:
                 self.positions[partition] = self.stored[partition] = position
@@ -291,6 +293,7 @@ class Dispatcher:
         """The partition's lease is gone: its positions kept aside, for a round that takes
         it back before anyone else moved it (`_round`)."""
         moved, stored = self.positions.pop(partition, None), self.stored.pop(partition, None)
+        self._ledgers.pop(partition, None)  # (its next holder trims it meanwhile)
         if moved is not None and stored is not None:
             self._lapsed[partition] = (moved, stored)
 

@@ -8,7 +8,9 @@ the holder of the partition's lease trims it, once a round. The entry scripts ke
 `MAXLEN ~ events_maxlen` as a hard cap that protects memory (writes pay nothing more for
 the rule); when the cap cuts events the dispatcher had not handed on, `trim` sees it (more
 entries were removed from the stream's front than the position's ordinal), logs an error,
-counts the events lost in `<partition>:cut` (shown by `status`) and moves past them.
+counts the events lost in `<partition>:cut` (shown by `status`) and moves past them. The
+bytes are bounded too (`events_max_bytes`): over it, what is handed on and snapshotted goes
+before the retention window ends, oldest first (reactive/event_bytes.py).
 
 A position is `(id, n)`: the last event id handed on and its ordinal in the stream (how many
 entries were ever added up to it), so `entries-added - n` is the exact dispatch lag.
@@ -23,7 +25,8 @@ from typing import Any
 import msgspec
 
 from stateworker.clock import now_ms
-from stateworker.events.model import revision_of
+from stateworker.events.model import MAX_SEQ, revision_of
+from stateworker.reactive.event_bytes import Ledger, bytes_cut, measure_commands, measure_replies
 from stateworker.scripts.bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
@@ -87,16 +90,32 @@ async def position(state: RedisState, partition: int, token: str) -> Position:
     return first
 
 
-async def trim(state: RedisState, positions: Mapping[int, Position],
-               token: str) -> dict[int, Position]:
+async def trim(state: RedisState, positions: Mapping[int, Position], token: str,
+               ledgers: dict[int, Ledger] | None = None) -> dict[int, Position]:
     """Trim every held partition by the rule; the positions moved past events the hard cap
-    cut before they were handed on."""
+    cut before they were handed on. `ledgers`: the held streams' byte ledgers, kept from
+    round to round by the caller (one made for a partition that has none)."""
     held = sorted(positions)
+    ledgers = {} if ledgers is None else ledgers
     moved: dict[int, Position] = {}
     commands: list[list[Any]] = []
     keep_from = (now_ms() - int(state.settings.events_retain * 1000), 0)
     snapshotted = await snapshot_positions(state, held)
-    for partition, info in zip(held, await infos(state, held), strict=True):
+    # The oldest event each partition still owes (to triggers, to the snapshot): a stream
+    # with nothing kept before it has nothing to trim for bytes, and is not measured.
+    fences = {p: min(revision_of(positions[p].id), snapshotted.get(p, (MAX_SEQ, MAX_SEQ)))
+              for p in held}
+    sized = [ledgers.setdefault(p, Ledger()).trimmable(fences[p]) for p in held]
+    sent: list[list[Any]] = []
+    for partition, measured in zip(held, sized, strict=True):
+        sent += measure_commands(state.keys.partition(partition).events, measured)
+    replies = await pipeline(state.conn, state.library, sent) if sent else []
+    offset = 0
+    for partition, measured in zip(held, sized, strict=True):
+        count = len(measure_commands("", measured))
+        reply, size = measure_replies(replies[offset:offset + count], measured)
+        offset += count
+        info = StreamInfo(reply)
         keys = state.keys.partition(partition)
         current = positions[partition]
         if info.deleted > current.n:  # (our own trimming never passes the position)
@@ -113,7 +132,12 @@ async def trim(state: RedisState, positions: Mapping[int, Position],
                          ADVANCE.command(state.library, *advance_call(
                              keys.lease, keys.dispatched, token, current.id, current.n))]
         below = min(revision_of(current.id), keep_from, snapshotted.get(partition, keep_from))
-        if below > (0, 0) and info.length:
+        over = bytes_cut(ledgers[partition], partition, info, size,
+                         state.settings.events_max_bytes, fences[partition])
+        if over is not None:  # (exact: the chunks the ledger dropped go whole)
+            at = max(over, below)
+            commands.append(["XTRIM", keys.events, "MINID", f"{at[0]}-{at[1]}"])
+        elif below > (0, 0) and info.length:
             commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])
     if commands:
         await pipeline(state.conn, state.library, commands)

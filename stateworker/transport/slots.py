@@ -34,7 +34,7 @@ ACL_ON_EVERY_NODE = frozenset({"SETUSER", "DELUSER", "SAVE", "LOAD"})
 KEYLESS = frozenset({
     "PING", "INFO", "TIME", "CLIENT", "CONFIG", "COMMAND", "ECHO", "DBSIZE", "CLUSTER", "WAIT",
     "WAITAOF", "ACL", "AUTH", "HELLO", "SELECT", "MULTI", "EXEC", "DISCARD", "ASKING", "LASTSAVE",
-    "BGREWRITEAOF", "SAVE", "MEMORY", "LATENCY", "SLOWLOG", "ROLE", "READONLY", "READWRITE",
+    "BGREWRITEAOF", "SAVE", "LATENCY", "SLOWLOG", "ROLE", "READONLY", "READWRITE",
     "RANDOMKEY", "SWAPDB", "SHUTDOWN", "DEBUG", "MONITOR", "SUBSCRIBE", "PUBLISH", "QUIT",
     "RESET", "FAILOVER", "REPLICAOF", "SLAVEOF", "LOLWUT",
 })
@@ -192,6 +192,8 @@ KEYS_OF: dict[str, Callable[[Sequence[Arg]], Sequence[Arg]]] = {
     "RPOPLPUSH": lambda args: args[1:3], "BRPOPLPUSH": lambda args: args[1:3],
     "SMOVE": lambda args: args[1:3], "COPY": lambda args: args[1:3],
     "SCAN": _scan_match,
+    # MEMORY USAGE key (the trimmer's measure of a stream); MEMORY STATS, DOCTOR ... have none.
+    "MEMORY": lambda args: args[2:3] if len(args) > 2 and _word(args[1]) == "USAGE" else (),
 }
 
 

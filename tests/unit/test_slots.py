@@ -88,6 +88,7 @@ CASES: dict[str, list[object]] = {
     "SMOVE": ["SMOVE", T, U, "member"],
     "COPY": ["COPY", T, U],
     "SCAN": ["SCAN", 0, "MATCH", "sw:{t}:e:*", "COUNT", 100],
+    "MEMORY": ["MEMORY", "USAGE", T, "SAMPLES", 0],
 }
 
 
@@ -141,7 +142,7 @@ def test_default_is_argument_1(args: list[object]) -> None:
 
 @pytest.mark.parametrize("args", [["PING"], ["INFO", "cluster"], ["TIME"], ["CLIENT", "SETNAME", "x"],
                                   ["MULTI"], ["EXEC"], ["WAIT", 1, 0], ["FCALL", "fn", 0],
-                                  ["SCAN", 0, "MATCH", "sw:*"], ["SCAN", 0]])
+                                  ["SCAN", 0, "MATCH", "sw:*"], ["SCAN", 0], ["MEMORY", "STATS"]])
 def test_keyless(args: list[object]) -> None:
     assert slot_of(args) is None  # type: ignore[arg-type]
 
