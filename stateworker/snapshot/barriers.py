@@ -107,7 +107,7 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     stored = reads.get(partition, 0)
     before, counter, *replies, after, count = await pipeline(state.conn, state.library, [
         marker, ["GET", keys.barrier_writes], *hashes, marker,
-        count_command(state, keys, stored)])
+        count_command(state, keys.snapshot_reads, stored)])
     confirm(keys, before, generation)
     confirm(keys, after, generation)
     read = counted(partition, count, stored)

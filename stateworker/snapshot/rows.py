@@ -68,7 +68,7 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
         ["XRANGE", partition.events, position.id, position.id],
         SNAPROWS.command(state.library, *snaprows_call(
             partition, after, TAIL_BUDGET, [member(scope, key) for scope, key in addresses])),
-        count_command(state, partition, reads)])
+        count_command(state, partition.snapshot_reads, reads)])
     confirm(partition, held, generation)
     behind = stream_behind(number, position, StreamInfo(info), bool(kept))
     if behind is not None:
@@ -124,5 +124,5 @@ async def scan_partition(state: RedisState, partition: PartitionKeys, generation
                     rows.append(row)
         if cursor in (b"0", "0"):
             reply = await pipeline(state.conn, state.library,
-                                   [count_command(state, partition, reads)])
+                                   [count_command(state, partition.snapshot_reads, reads)])
             return rows, counted(number, reply[0], reads)

@@ -94,6 +94,7 @@ class Gone:
 
 # The snapshot's count of a partition's reads (lua/snapread.lua), committed with what they
 # read; only ever raised (snapshot/behind.py).
+REGISTRY = -1  # the registry's row (behind.py)
 READS = """
 INSERT INTO sw_reads AS r (prefix, partition, reads) VALUES (%s, %s, %s)
 ON CONFLICT (prefix, partition) DO UPDATE SET reads = excluded.reads
@@ -193,11 +194,11 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
 async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
                            claims: dict[str, str], principals: dict[str, str] | None = None,
                            roles: dict[str, str] | None = None, *, generation: str,
-                           registry_added: int) -> None:
+                           registry_added: int, reads: int) -> None:
     """The prefix's trigger registrations (id -> JSON), claims (scope -> namespace),
-    principals and roles (name -> record JSON) as Redis holds them now, in one transaction,
-    while PostgreSQL follows `generation` (an empty registry of a wiped Redis never replaces
-    them)."""
+    principals and roles (name -> record JSON) as Redis holds them now, and the copy's count
+    (`reads`: snapshot/behind.py), in one transaction, while PostgreSQL follows `generation`
+    (an empty registry of a wiped Redis never replaces them)."""
     tables = (("sw_triggers", "id, registration", triggers), ("sw_claims", "scope, namespace",
                                                               claims),
               ("sw_principals", "name, record", principals or {}),
@@ -210,6 +211,7 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
                 await cursor.executemany(
                     f"INSERT INTO {table} (prefix, {columns}) VALUES (%s, %s, %s)",
                     [(prefix, to_pg(k), to_pg(v)) for k, v in rows.items()])
+        await cursor.execute(READS, (prefix, REGISTRY, reads))
 
 
 async def follow(conn: PgConnection, prefix: str, generation: str, registry_added: int) -> None:
