@@ -30,7 +30,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import StoreLost, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
-from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted
+from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
@@ -111,6 +111,7 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     confirm(keys, before, generation)
     confirm(keys, after, generation)
     read = counted(partition, count, stored)
+    await settle(state)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
              for name, flat in zip(names, replies, strict=True) if flat]
     gone = [keys.barrier_id_of(name) for name, flat in zip(names, replies, strict=True)

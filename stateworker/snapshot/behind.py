@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stateworker.errors import Unavailable
 from stateworker.events.model import revision_of
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.scripts.bindings import SNAPREAD, snapread_call
@@ -109,6 +110,19 @@ def count_command(state: RedisState, counter: str, stored: int) -> list[Any]:
     read on `counter` (a partition's `snapshot_reads`, or the registry's) unless it is below
     `stored`, PostgreSQL's count."""
     return SNAPREAD.command(state.library, *snapread_call(counter, stored))
+
+
+async def settle(state: RedisState) -> None:
+    """`strict`: wait, as a strict batch does (state/core/confirm.py), until the read's count
+    is fsynced and on the replicas strict asks for, before PostgreSQL commits it; Unavailable
+    when it is not (nothing committed, the snapshot retries). A count PostgreSQL held that a
+    promoted replica lacked made that replica, which held every acknowledged write and every
+    row read, an "older copy". (The count follows the data in the replication stream: the
+    replica then holds what was read too.)"""
+    if state.confirm.needed:
+        missing = await state.confirm.missing(state.conn)
+        if missing is not None:
+            raise Unavailable(f"the snapshot's read count is not confirmed: {missing}")
 
 
 def counted(partition: int, reply: Any, stored: int) -> int:

@@ -11,7 +11,7 @@ from stateworker.events.model import revision_of
 from stateworker.keys import PartitionKeys, member
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.scripts.bindings import SNAPROWS, snaprows_call
-from stateworker.snapshot.behind import WHY, count_command, counted, stream_behind
+from stateworker.snapshot.behind import WHY, count_command, counted, settle, stream_behind
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row, StoredPosition
 from stateworker.state.core.store import RedisState
@@ -59,7 +59,7 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
     without a word, so a Redis restarted on an older copy of its data (same markers) since
     the round would hand over its older entries (snapshot/behind.py). The read is counted
     last (`counted`, against `reads`, the count PostgreSQL holds): its count goes with the
-    rows, the third of what this returns."""
+    rows, the third of what this returns (`strict`: once confirmed, `settle`)."""
     addresses = list(changed)
     number, position = at
     held, info, kept, reply, count = await pipeline(state.conn, state.library, [
@@ -74,6 +74,7 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
     if behind is not None:
         raise Fenced(f"{behind} ({WHY})")
     counted_read = counted(number, count, reads)
+    await settle(state)
     read = SNAPROWS.read(reply)
     if not read.complete:
         log.warning("partition %d: the snapshot is more than %d events behind; a transaction "
@@ -125,4 +126,6 @@ async def scan_partition(state: RedisState, partition: PartitionKeys, generation
         if cursor in (b"0", "0"):
             reply = await pipeline(state.conn, state.library,
                                    [count_command(state, partition.snapshot_reads, reads)])
-            return rows, counted(number, reply[0], reads)
+            read = counted(number, reply[0], reads)
+            await settle(state)
+            return rows, read

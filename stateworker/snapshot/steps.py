@@ -47,7 +47,7 @@ from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import ADVANCE, SNAPREAD, advance_call
 from stateworker.snapshot import barriers, calls, rows, tables
 from stateworker.snapshot import generation as pg_generation
-from stateworker.snapshot.behind import WHY, behind_partitions, count_command, registry_behind
+from stateworker.snapshot.behind import WHY, behind_partitions, count_command, registry_behind, settle
 from stateworker.snapshot.tables import REGISTRY, PgConnection, StoredPosition
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -246,6 +246,7 @@ class SnapshotSteps:
             behind = registry_behind(-number, stored) if number <= 0 else None
         if behind is not None:
             raise pg_generation.RegistryBehind(f"{behind} ({WHY})")
+        await settle(self.state)
         added = stream_info(info, keys.registry)
 
         def texts(flat: list[bytes]) -> dict[str, str]:
