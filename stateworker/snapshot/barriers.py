@@ -34,7 +34,7 @@ from stateworker.snapshot.behind import WHY, barriers_behind, count_command, cou
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
-from stateworker.snapshot.tables import READS, PgConnection
+from stateworker.snapshot.tables import PgConnection, commit_count
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import pipeline
@@ -123,7 +123,7 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
         if gone:
             await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
-        await cursor.execute(READS, (prefix, partition, read))
+        await commit_count(cursor, prefix, partition, read)
     reads[partition] = read
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
     return len(names)

@@ -17,7 +17,8 @@ shows in counters that only grow:
     the counter is not below PostgreSQL's), and the count is committed with the data. A copy
     made before a read has a lower count, and only the snapshot counts, so writes on the copy
     since (barrier arrivals past the newer `w`, entries past the count) never hide it
-    (`reads_behind`; each read checks it in its pipeline: `counted`). The registry has a
+    (`reads_behind`; each read checks it in its pipeline: `counted`, against the count held
+    in memory, and each commit against PostgreSQL's: tables.commit_count). The registry has a
     counter of its own (`KeySpace.registry_reads`, PostgreSQL's count under partition
     `REGISTRY`), counted by each copy of it: the registry stream's entries-added, all its
     copy checked before, catches up with registrations made on the copy (`registry_behind`).
