@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from stateworker.snapshot.snapshotter import Snapshotter
+from stateworker.state import generation
 from stateworker.state.core.store import RedisState
 from tests.integration.snapshot.driven import bus_call as call
 from tests.integration.snapshot.driven import opened
@@ -91,3 +92,38 @@ async def test_a_replica_promoted_in_strict_mode_is_not_found_behind(
     async with opened(promoted) as state, stepped(state, postgres_url) as snap:
         assert await write(state, 3, "c3") == 3
         assert await steps(snap, version(3), 20), "version 3 in PostgreSQL"
+
+
+async def test_kill_9_of_a_strict_redis_loses_no_count(tmp_path: Path, prefix: str,
+                                                        postgres_url: str) -> None:
+    """`appendfsync always`: a count is fsynced before its reply, so before PostgreSQL commits
+    it; Redis killed right after the commits is found whole at start (no repair, no refusal)
+    and the snapshot goes on."""
+    server = RedisServer(tmp_path / "redis", appendfsync="always")
+    server.start()
+    try:
+        settings = settings_for(server.url, prefix, postgres_url, durability="strict")
+        async with opened(settings) as state, stepped(state, postgres_url) as snap:
+            for n in range(1, 6):
+                assert int((await call(state, "state::set", {"scope": "s", "key": "k",
+                                                              "value": n}, f"c{n}")).version) == n
+                await call(state, "state::barrier", {"event": {"key": f"a{n}"},
+                                                     "condition_config": {"id": "B",
+                                                                          "expect": 9}},
+                           f"b{n}")
+                assert await steps(snap, lambda n=n: postgres_entries(postgres_url, prefix).get(
+                    ("s", "k"), ())[:2] == (str(n), n), 20)
+            assert snap.reads and all(count > 0 for count in snap.reads.values())
+            before = (await generation.read(state.conn, state.keys)).meta
+        server.kill(signal.SIGKILL)
+        server.start()
+        async with opened(settings) as state, stepped(state, postgres_url) as snap:
+            markers = await generation.read(state.conn, state.keys)
+            assert markers.problem() is None and markers.meta == before  # (not restored)
+            assert int((await call(state, "state::set", {"scope": "s", "key": "k",
+                                                          "value": 6}, "c6")).version) == 6
+            assert await steps(snap, lambda: postgres_entries(postgres_url, prefix).get(
+                ("s", "k"), ())[:2] == ("6", 6), 20)
+            assert not snap._lost_parts and snap._lost is None
+    finally:
+        server.kill()
