@@ -55,6 +55,8 @@ Layout (`sw` prefix, partition 3):
                                                  act_as; never a password)
   sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
   sw:{sw:reg}:generation                  string the registry's generation marker
+  sw:{sw:reg}:snapshot_reads              string the snapshot's copies of the registry
+                                                 counted (lua/snapread.lua)
   sw:{sw:reg}:settings                    hash   live settings' overrides: name -> value
                                                  (state::on-config-change; state/core/live.py)
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
@@ -229,6 +231,7 @@ class KeySpace:
         # finds it as the registry stream's name less "registry").
         self.registry_marker = f"{registry_tag}generation"
         self.live_settings = f"{registry_tag}settings"
+        self.registry_reads = f"{registry_tag}snapshot_reads"  # (snapshot/behind.py)
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"

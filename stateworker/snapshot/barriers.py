@@ -30,11 +30,11 @@ from stateworker.clock import now_ms
 from stateworker.errors import StoreLost, shown
 from stateworker.keys import PartitionKeys
 from stateworker.scripts.bindings import FORGET, forget_call
-from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted
+from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import confirm
-from stateworker.snapshot.tables import READS, PgConnection
+from stateworker.snapshot.tables import PgConnection, commit_count
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import pipeline
@@ -107,10 +107,11 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     stored = reads.get(partition, 0)
     before, counter, *replies, after, count = await pipeline(state.conn, state.library, [
         marker, ["GET", keys.barrier_writes], *hashes, marker,
-        count_command(state, keys, stored)])
+        count_command(state, keys.snapshot_reads, stored)])
     confirm(keys, before, generation)
     confirm(keys, after, generation)
     read = counted(partition, count, stored)
+    await settle(state)
     found = [BarrierRow(keys.barrier_id_of(name), dict(zip(flat[::2], flat[1::2], strict=True)))
              for name, flat in zip(names, replies, strict=True) if flat]
     gone = [keys.barrier_id_of(name) for name, flat in zip(names, replies, strict=True)
@@ -122,7 +123,7 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
             await cursor.executemany(UPSERT, [b.params(prefix, partition) for b in found])
         if gone:
             await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
-        await cursor.execute(READS, (prefix, partition, read))
+        await commit_count(cursor, prefix, partition, read)
     reads[partition] = read
     await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
     return len(names)

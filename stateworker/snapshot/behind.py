@@ -17,7 +17,11 @@ shows in counters that only grow:
     the counter is not below PostgreSQL's), and the count is committed with the data. A copy
     made before a read has a lower count, and only the snapshot counts, so writes on the copy
     since (barrier arrivals past the newer `w`, entries past the count) never hide it
-    (`reads_behind`; each read checks it in its pipeline: `counted`).
+    (`reads_behind`; each read checks it in its pipeline: `counted`, against the count held
+    in memory, and each commit against PostgreSQL's: tables.commit_count). The registry has a
+    counter of its own (`KeySpace.registry_reads`, PostgreSQL's count under partition
+    `REGISTRY`), counted by each copy of it: the registry stream's entries-added, all its
+    copy checked before, catches up with registrations made on the copy (`registry_behind`).
 
 They are checked once a round for the partitions held (`behind_partitions`, which the
 snapshotter answers by refusing writes there), by the repair at start, and again with each
@@ -30,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stateworker.errors import Unavailable
 from stateworker.events.model import revision_of
-from stateworker.keys import PartitionKeys
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.scripts.bindings import SNAPREAD, snapread_call
 from stateworker.snapshot.generation import Fenced
-from stateworker.snapshot.tables import StoredPosition
+from stateworker.snapshot.tables import REGISTRY, StoredPosition
 from stateworker.state.core.store import RedisState
 
 WHY = ("Redis is behind the snapshot: an older copy of its data, or a replica promoted "
@@ -84,10 +88,42 @@ def reads_behind(partition: int, counter: int, stored: int) -> str | None:
             f"holds a read counted at {stored}")
 
 
-def count_command(state: RedisState, keys: PartitionKeys, stored: int) -> list[Any]:
+def registry_behind(counter: int, stored: int) -> str | None:
+    """Why the registry is a copy older than a copy of it PostgreSQL committed: its snapshot
+    read counter (`counter`, 0 when absent) below the count PostgreSQL holds (`stored`)."""
+    if counter >= stored:
+        return None
+    return (f"the registry's snapshot read counter is at {counter}, PostgreSQL holds a copy "
+            f"counted at {stored}")
+
+
+async def registry_reads_behind(state: RedisState, reads: Mapping[int, int]) -> str | None:
+    """`registry_behind` for the counter in Redis now (the repair at start)."""
+    stored = reads.get(REGISTRY, 0)
+    if not stored:
+        return None
+    return registry_behind(int(await state.conn.execute("GET", state.keys.registry_reads)
+                               or 0), stored)
+
+
+def count_command(state: RedisState, counter: str, stored: int) -> list[Any]:
     """The command that ends a read the snapshot commits (lua/snapread.lua): it counts the
-    read unless the partition's counter is below `stored`, PostgreSQL's count."""
-    return SNAPREAD.command(state.library, *snapread_call(keys.snapshot_reads, stored))
+    read on `counter` (a partition's `snapshot_reads`, or the registry's) unless it is below
+    `stored`, PostgreSQL's count."""
+    return SNAPREAD.command(state.library, *snapread_call(counter, stored))
+
+
+async def settle(state: RedisState) -> None:
+    """`strict`: wait, as a strict batch does (state/core/confirm.py), until the read's count
+    is fsynced and on the replicas strict asks for, before PostgreSQL commits it; Unavailable
+    when it is not (nothing committed, the snapshot retries). A count PostgreSQL held that a
+    promoted replica lacked made that replica, which held every acknowledged write and every
+    row read, an "older copy". (The count follows the data in the replication stream: the
+    replica then holds what was read too.)"""
+    if state.confirm.needed:
+        missing = await state.confirm.missing(state.conn)
+        if missing is not None:
+            raise Unavailable(f"the snapshot's read count is not confirmed: {missing}")
 
 
 def counted(partition: int, reply: Any, stored: int) -> int:

@@ -10,8 +10,8 @@ trigger or claim, or a partition position past event 0):
   - or Redis is BEHIND: a partition's event stream has had fewer events added than the
     snapshot's position stored in PostgreSQL (events PostgreSQL applied that Redis no longer
     has: a wipe, or a Redis started on an older copy of its data), or its barrier write
-    counter is below the highest `w` of its barriers there, or its snapshot read counter
-    below the count of reads PostgreSQL holds (snapshot/behind.py).
+    counter is below the highest `w` of its barriers there, or its (or the registry's)
+    snapshot read counter below the count of reads PostgreSQL holds (snapshot/behind.py).
 Either, with Redis holding no entry of the prefix, is repaired by a restore (with `repair`
 off: ConfigError naming `stateworker restore`, and Redis left as found). BEHIND with entries
 still in Redis is never repaired automatically: restore rebuilds, it does not merge, and the
@@ -27,7 +27,7 @@ from stateworker.errors import ConfigError, RestoreRefused, shown
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, restore, tables
 from stateworker.snapshot import generation as pg_generation
-from stateworker.snapshot.behind import behind_partitions
+from stateworker.snapshot.behind import behind_partitions, registry_reads_behind
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -112,11 +112,16 @@ async def lost(state: RedisState, pg: PgConnection) -> str | None:
                 f"follows {follows} (other data, or an older copy from before a restore)")
     stored = await tables.positions(pg, prefix)
     held = list(range(state.settings.partitions))  # (barriers: also where no position is)
-    behind = await behind_partitions(state, stored, held, await trimming.infos(state, held),
-                                     await barriers.highest_w(pg, prefix, held),
-                                     await tables.stored_reads(pg, prefix))
+    reads = await tables.stored_reads(pg, prefix)
+    behind = list((await behind_partitions(state, stored, held,
+                                           await trimming.infos(state, held),
+                                           await barriers.highest_w(pg, prefix, held),
+                                           reads)).values())
+    registry = await registry_reads_behind(state, reads)
+    if registry is not None:
+        behind.append(registry)
     if behind:
-        return f"Redis is behind PostgreSQL: {', '.join(behind.values())}"
+        return f"Redis is behind PostgreSQL: {', '.join(behind)}"
     return None
 
 

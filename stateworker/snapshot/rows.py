@@ -11,7 +11,7 @@ from stateworker.events.model import revision_of
 from stateworker.keys import PartitionKeys, member
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.scripts.bindings import SNAPROWS, snaprows_call
-from stateworker.snapshot.behind import WHY, count_command, counted, stream_behind
+from stateworker.snapshot.behind import WHY, count_command, counted, settle, stream_behind
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row, StoredPosition
 from stateworker.state.core.store import RedisState
@@ -62,7 +62,7 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
     without a word, so a Redis restarted on an older copy of its data (same markers) since
     the round would hand over its older entries (snapshot/behind.py). The read is counted
     last (`counted`, against `reads`, the count PostgreSQL holds): its count goes with the
-    rows, the third of what this returns."""
+    rows, the third of what this returns (`strict`: once confirmed, `settle`)."""
     addresses = list(changed)
     number, position = at
     held, info, kept, reply, count = await pipeline(state.conn, state.library, [
@@ -72,12 +72,13 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
         SNAPROWS.command(state.library, *snaprows_call(
             partition, after, TAIL_BUDGET, [member(scope, key) for scope, key in addresses],
             TAIL_BYTES)),
-        count_command(state, partition, reads)])
+        count_command(state, partition.snapshot_reads, reads)])
     confirm(partition, held, generation)
     behind = stream_behind(number, position, StreamInfo(info), bool(kept))
     if behind is not None:
         raise Fenced(f"{behind} ({WHY})")
     counted_read = counted(number, count, reads)
+    await settle(state)
     read = SNAPROWS.read(reply)
     if not read.complete:
         log.warning("partition %d: the snapshot is more than %d events behind; a transaction "
@@ -128,5 +129,7 @@ async def scan_partition(state: RedisState, partition: PartitionKeys, generation
                     rows.append(row)
         if cursor in (b"0", "0"):
             reply = await pipeline(state.conn, state.library,
-                                   [count_command(state, partition, reads)])
-            return rows, counted(number, reply[0], reads)
+                                   [count_command(state, partition.snapshot_reads, reads)])
+            read = counted(number, reply[0], reads)
+            await settle(state)
+            return rows, read

@@ -44,11 +44,11 @@ from stateworker.events.model import fields_of, revision_of
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.scripts.bindings import ADVANCE, advance_call
+from stateworker.scripts.bindings import ADVANCE, SNAPREAD, advance_call
 from stateworker.snapshot import barriers, calls, rows, tables
 from stateworker.snapshot import generation as pg_generation
-from stateworker.snapshot.behind import WHY, behind_partitions
-from stateworker.snapshot.tables import PgConnection, StoredPosition
+from stateworker.snapshot.behind import WHY, behind_partitions, count_command, registry_behind, settle
+from stateworker.snapshot.tables import REGISTRY, PgConnection, StoredPosition
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
@@ -218,8 +218,11 @@ class SnapshotSteps:
             self._lost = reason
 
     async def _copy_registry(self, pg: PgConnection, confirmed: str) -> None:
+        """The registry copied when its stream has a new entry; RegistryBehind when it is an
+        older copy than PostgreSQL's (its read counter: behind.py), checked every round."""
         keys = self.state.keys
-        marker, info, last, triggers, claims, principals, roles, after = \
+        stored = self.reads.get(REGISTRY, 0)
+        marker, info, last, triggers, claims, principals, roles, after, counter = \
             await self.state.conn.pipeline([
             ["GET", keys.registry_marker],
             ["XINFO", "STREAM", keys.registry],
@@ -228,12 +231,22 @@ class SnapshotSteps:
             ["HGETALL", keys.claims],
             ["HGETALL", keys.principals],
             ["HGETALL", keys.roles],
-            ["GET", keys.registry_marker]])
+            ["GET", keys.registry_marker],
+            ["GET", keys.registry_reads]])
         if marker != after or marker is None or marker.decode() != confirmed:
             raise pg_generation.Fenced(f"the registry's generation marker is not {confirmed}")
+        behind = registry_behind(int(counter or 0), stored)
         last_id = last[0][0] if last else b"0-0"
-        if last_id == self._registry_copied:
+        if behind is None and last_id == self._registry_copied:
             return
+        if behind is None:  # counted after the read: a copy of Redis with the count holds it
+            (count,) = await pipeline(self.state.conn, self.state.library,
+                                      [count_command(self.state, keys.registry_reads, stored)])
+            number = SNAPREAD.read(count).number
+            behind = registry_behind(-number, stored) if number <= 0 else None
+        if behind is not None:
+            raise pg_generation.RegistryBehind(f"{behind} ({WHY})")
+        await settle(self.state)
         added = stream_info(info, keys.registry)
 
         def texts(flat: list[bytes]) -> dict[str, str]:
@@ -241,7 +254,9 @@ class SnapshotSteps:
 
         await tables.replace_registry(pg, self.prefix, texts(triggers), texts(claims),
                                       texts(principals), texts(roles), generation=confirmed,
-                                      registry_added=added.entries_added if added else 0)
+                                      registry_added=added.entries_added if added else 0,
+                                      reads=number)
+        self.reads[REGISTRY] = number
         self._registry_copied = last_id
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,

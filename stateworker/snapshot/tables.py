@@ -6,7 +6,9 @@ taken).
 Idempotent by construction: an upsert replaces a row only when the stored revision is older,
 a delete removes a row only up to the revision of the change that deleted it, and a position
 only moves forward. So a batch applied twice (a crash between the commit and the Redis
-mirror, a replica that lost its lease mid-batch) changes nothing, and no row goes back."""
+mirror: read again, counted anew) changes nothing, and no row goes back; one whose read was
+counted before the last committed (a replica that lost its lease mid-batch) is refused
+whole (`commit_count`)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 import psycopg
 
 from stateworker.clock import now_ms
+from stateworker.snapshot.generation import Fenced, fence, registry_fence, replace
 from stateworker.snapshot.generation import PgConnection as PgConnection
-from stateworker.snapshot.generation import fence, registry_fence, replace
 from stateworker.snapshot.names import to_pg
 
 UPSERT = """
@@ -93,12 +95,30 @@ class Gone:
 
 
 # The snapshot's count of a partition's reads (lua/snapread.lua), committed with what they
-# read; only ever raised (snapshot/behind.py).
+# read; only ever raised, and a commit whose count is not above it is refused
+# (`commit_count`).
+REGISTRY = -1  # the registry's row (behind.py)
 READS = """
 INSERT INTO sw_reads AS r (prefix, partition, reads) VALUES (%s, %s, %s)
 ON CONFLICT (prefix, partition) DO UPDATE SET reads = excluded.reads
 WHERE r.reads < excluded.reads
+RETURNING reads
 """
+
+
+async def commit_count(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str,
+                       partition: int, reads: int) -> None:
+    """Inside a commit: its read's count (`reads`) above PostgreSQL's, which it becomes; else
+    Fenced (rolled back). The read was counted only while Redis's counter was not below the
+    count the snapshotter held in memory, which may be older than PostgreSQL's (another
+    replica committed since): a copy of Redis older than PostgreSQL's count then counts too,
+    and only this check refuses what was read there."""
+    await cursor.execute(READS, (prefix, partition, reads))
+    if await cursor.fetchone() is None:
+        what = "the registry's" if partition == REGISTRY else f"partition {partition}'s"
+        raise Fenced(f"{what} snapshot read count {reads} is not above the one PostgreSQL "
+                     "holds (a read of an older copy of Redis, or an older read committed "
+                     "late): nothing of it was committed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +176,7 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
                                                *g.revision) for g in gone])
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
-        await cursor.execute(READS, (prefix, partition, reads))
+        await commit_count(cursor, prefix, partition, reads)
 
 
 async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
@@ -173,7 +193,7 @@ async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Se
                                              [to_pg(r.key) for r in rows]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
-        await cursor.execute(READS, (prefix, partition, reads))
+        await commit_count(cursor, prefix, partition, reads)
 
 
 async def stored_reads(conn: PgConnection, prefix: str) -> dict[int, int]:
@@ -193,11 +213,11 @@ async def positions(conn: PgConnection, prefix: str) -> dict[int, StoredPosition
 async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, str],
                            claims: dict[str, str], principals: dict[str, str] | None = None,
                            roles: dict[str, str] | None = None, *, generation: str,
-                           registry_added: int) -> None:
+                           registry_added: int, reads: int) -> None:
     """The prefix's trigger registrations (id -> JSON), claims (scope -> namespace),
-    principals and roles (name -> record JSON) as Redis holds them now, in one transaction,
-    while PostgreSQL follows `generation` (an empty registry of a wiped Redis never replaces
-    them)."""
+    principals and roles (name -> record JSON) as Redis holds them now, and the copy's count
+    (`reads`: snapshot/behind.py), in one transaction, while PostgreSQL follows `generation`
+    (an empty registry of a wiped Redis never replaces them)."""
     tables = (("sw_triggers", "id, registration", triggers), ("sw_claims", "scope, namespace",
                                                               claims),
               ("sw_principals", "name, record", principals or {}),
@@ -210,6 +230,7 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
                 await cursor.executemany(
                     f"INSERT INTO {table} (prefix, {columns}) VALUES (%s, %s, %s)",
                     [(prefix, to_pg(k), to_pg(v)) for k, v in rows.items()])
+        await commit_count(cursor, prefix, REGISTRY, reads)
 
 
 async def follow(conn: PgConnection, prefix: str, generation: str, registry_added: int) -> None:

@@ -129,7 +129,8 @@ async def test_every_script_call_hashes_to_one_slot(
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
     await pipeline(store.state.conn, store.state.library, [  # snapread.lua
-        behind.count_command(store.state, store.state.keys.partition(0), 0)])
+        behind.count_command(store.state, store.state.keys.partition(0).snapshot_reads, 0),
+        behind.count_command(store.state, store.state.keys.registry_reads, 0)])
     await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget

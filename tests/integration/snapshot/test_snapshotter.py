@@ -18,6 +18,7 @@ from stateworker.errors import ConfigError
 from stateworker.settings import Settings
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot import schema, tables
+from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.snapshotter import connect
 from tests.integration.busproto import until
 from tests.integration.snapshots import (
@@ -77,21 +78,29 @@ async def test_an_older_batch_applied_again_changes_nothing(postgres_url: str) -
                            generation="g1", reads=1)
         # An older batch again (a replica that lost its lease, a crash before the mirror):
         # neither its write nor its delete touches the newer row, nor does the position go back.
+        # (Each read of Redis takes a new count, above the last committed.)
         await tables.apply(pg, "p", 0, [older], [], tables.StoredPosition("10-0", 1),
-                           generation="g1", reads=1)
+                           generation="g1", reads=2)
         assert postgres_entries(postgres_url, "p") == kept
         await tables.apply(pg, "p", 0, [], [tables.Gone("s", "k", (10, 0))],
                            tables.StoredPosition("10-0", 1),
-                           generation="g1", reads=1)
+                           generation="g1", reads=3)
         assert postgres_entries(postgres_url, "p") == kept
         assert await tables.positions(pg, "p") == {0: tables.StoredPosition("20-0", 2)}
         await tables.apply(pg, "p", 0, [newer], [], tables.StoredPosition("20-0", 2),
-                           generation="g1", reads=1)
+                           generation="g1", reads=4)
+        assert postgres_entries(postgres_url, "p") == kept
+        assert await tables.positions(pg, "p") == {0: tables.StoredPosition("20-0", 2)}
+        # A read counted before the last one committed (its batch committed late, or read
+        # from an older copy of Redis at a count PostgreSQL is past) is refused whole.
+        with pytest.raises(Fenced, match="snapshot read count 3 is not above"):
+            await tables.apply(pg, "p", 0, [], [tables.Gone("s", "k", (30, 0))],
+                               tables.StoredPosition("30-0", 3), generation="g1", reads=3)
         assert postgres_entries(postgres_url, "p") == kept
         assert await tables.positions(pg, "p") == {0: tables.StoredPosition("20-0", 2)}
         # The delete that followed the newer write removes it.
         await tables.apply(pg, "p", 0, [], [tables.Gone("s", "k", (30, 0))],
-                           tables.StoredPosition("30-0", 3), generation="g1", reads=1)
+                           tables.StoredPosition("30-0", 3), generation="g1", reads=5)
         assert postgres_entries(postgres_url, "p") == {}
     finally:
         await pg.close()
