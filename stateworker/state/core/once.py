@@ -86,10 +86,11 @@ def _kept(library: Library, claim: Call, plan: Plan) -> Plan:
             text = encoder.encode(error.to_dict())
             return Plan([BIND.command(library, *kept_call(claim, _ERROR + text))],
                         lambda _: _raise(error))
-        text = encoder.encode(out)
-        # (a failed keep is not the call's failure: it ran; a retry after the claim runs again)
-        return Plan([BIND.command(library, *kept_call(claim, _RESULT + text))],
-                    lambda _: msgspec.Raw(text))
+        # (a failed keep is not the call's failure: it ran; a retry after the claim runs again.
+        # The result as made, so an in-process caller gets its Struct; a replay has its JSON.)
+        result = out
+        keep = kept_call(claim, _RESULT + encoder.encode(result))
+        return Plan([BIND.command(library, *keep)], lambda _: result)
 
     return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)
 
