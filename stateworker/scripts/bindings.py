@@ -74,7 +74,7 @@ DELBARRIER = Binding("delbarrier", 3, 0, Moved.read)
 FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, 3, Moved.read)
 ADVANCE = Binding("advance", 2, 3, Moved.read)
-BIND = Binding("bind", 1, 6, Moved.read)  # a bus call's id bound in a step (CALL_ID_REUSED)
+BIND: Binding[list[Any]] = Binding("bind", 1, 8, list)  # a call id bound, claimed, its reply kept
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
 GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True)  # the keys
@@ -256,13 +256,22 @@ def get_call(settings: Settings, space: KeySpace, scope: str, key: str, ctx: Cal
 
 
 def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bool,
-              read_only: bool) -> Call:
-    """bind.lua for a bus call: its id bound to its digest where ids are bound
-    (KeySpace.binding: its bucket, or on a cluster its home partition's records); a read's
-    binding kept unlogged (decision 0058)."""
+              mode: str, claim_end: int | None = None, last: Arg = "") -> Call:
+    """bind.lua for a call with an id: bound to its digest where ids are bound
+    (KeySpace.binding: its bucket, or on a cluster its home partition's records). `mode`:
+    "r" a read's binding, kept unlogged (decision 0058); "b" a binding alone; "w" a write's
+    claim until `claim_end` (`last`: its deadline, "" none); "k" its reply `last` kept in
+    place of the claim (state/core/once.py)."""
     field, now, ms = call_field(ctx.call_id or ""), now_ms(), slice_ms(settings)
     return ([space.binding(field, now // ms, cluster)],
-            [ms, now // ms, now, field, call_digest(ctx), "r" if read_only else ""])
+            [ms, now // ms, now, field, call_digest(ctx), mode, optional(claim_end), last])
+
+
+def kept_call(claim: Call, reply: bytes) -> Call:
+    """bind.lua "k": a claim's (`claim`, its "w" call) reply kept in its place, in the very
+    slice the claim was made in (the slice may have turned since)."""
+    keys, args = claim
+    return keys, [*args[:5], "k", args[6], reply]
 
 
 def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest: str) -> Call:

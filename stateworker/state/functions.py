@@ -388,12 +388,12 @@ def prepare(state: RedisState, fn: str, body: bytes, ctx: CallContext,
         if fn in SCOPED and not isinstance(exc, ReservedScope):
             validate.reserved_first(state, body, ctx, exc)
         raise
+    if ctx.call_id is not None and not plan.binds_call_id:
+        plan = state.claimed(ctx, plan, fn in catalog.reads)
     if ctx.deadline_ms is not None and not plan.checks_deadline and now_ms() > ctx.deadline_ms:
         # (A plan whose script checks the deadline does so after the call's record: a call
         # applied in time is answered the same when it comes again late.)
         raise deadline_exceeded(ctx.deadline_ms)
-    if ctx.call_id is not None and not plan.binds_call_id:
-        plan = state.claimed(ctx, plan, fn in catalog.reads)
     return plan
 
 

@@ -30,6 +30,7 @@ from stateworker.state.core.claims import Claims
 from stateworker.state.core.confirm import Confirm
 from stateworker.state.core.live import KIND as SETTINGS
 from stateworker.state.core.live import LiveSettings
+from stateworker.state.core.once import run_once
 from stateworker.state.core.registry import Registry
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_like
@@ -278,8 +279,12 @@ class RedisState:
         writes. The calls of one batch keep their order either way (a
         read does not overtake a write read before it).
         """
+        if not read_only and not plan.checks_deadline:
+            # (a write whose steps record nothing: claimed, and its reply kept, state/core/
+            # once.py; an entry script records its call itself, on a cluster in its partition)
+            return run_once(self.settings, self.keys, self.library, ctx, self.cluster, plan)
         claim = BIND.command(self.library, *bind_call(self.settings, self.keys, ctx,
-                                                      self.cluster, read_only))
+                                                      self.cluster, "r" if read_only else "b"))
 
         def check(reply: Any) -> None:
             raise_for_status(script_reply(reply, BIND.name), Target(self.settings, "", "", ctx))
@@ -295,7 +300,7 @@ class RedisState:
             check(replies[0])
             return plan
 
-        return Plan([claim], bound)
+        return Plan([claim], bound, plan.checks_deadline)
 
     def target(self, scope: str, key: str, ctx: CallContext, *,
                expected_version: int | None = None, create_only: bool = False) -> Target:
