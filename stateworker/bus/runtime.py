@@ -61,7 +61,7 @@ from stateworker.errors import (
 )
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import REPLIED, Answered, Plan, Sent
+from stateworker.transport.plans import REPLIED, Answered, Plan, RunsNow, Sent
 from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -337,8 +337,11 @@ class BusRuntime(Upkeep):
             if isinstance(result, Unavailable):
                 # Redis went away mid-call: the script may have run. No reply, no ack: the
                 # entry stays pending, and the reader (or a reclaim) serves it again, which
-                # answers it from the call's record.
-                replies.unanswered = True
+                # answers it from the call's record. A call that runs now under its id's claim
+                # (a re-send) waits for a reclaim alone: the reader's pause and history would
+                # hold up every other call for as long as the claim lives.
+                if not isinstance(result, RunsNow):
+                    replies.unanswered = True
                 return
             if isinstance(result, Answered):  # its script wrote the reply (and acknowledged)
                 replies.stats.count(None, call.started, call.fn)

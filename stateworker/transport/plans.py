@@ -58,6 +58,13 @@ class Replied(Answered):
 REPLIED = Replied()
 
 
+class RunsNow(Unavailable):
+    """A call met its id's live claim (state/core/once.py): the same call runs now, elsewhere
+    or here, or died and left its claim. Not Redis away: over the bus its entry is left
+    pending, and a reclaim serves it again (then from its record), while every other call goes
+    on (bus/runtime.py)."""
+
+
 @dataclass(slots=True)
 class Plan:
     commands: list[list[Arg]] = field(default_factory=list)

@@ -9,8 +9,9 @@ binding (bind.lua) is made in three moves:
 - **claim** ("w"), a step before the write: the id bound to the call's digest with a claim
   until now + CLAIM_MS. A record of the same call answers at once (its reply, nothing run); a
   live claim of the same call means it runs now (another replica, the other door, a re-send):
-  UNAVAILABLE, run nothing (over the bus the entry stays pending and is served again, then
-  from the record); another call's binding: CALL_ID_REUSED. The deadline is checked after the
+  UNAVAILABLE (RunsNow), run nothing (over the bus the entry stays pending, and a reclaim
+  serves it again, then from the record; no other call waits for it); another call's
+  binding: CALL_ID_REUSED. The deadline is checked after the
   record: a call applied in time is answered the same when it comes again late.
 - the write's own steps;
 - **keep** ("k"), a step after: its JSON result, or the error it ended with, replaces the
@@ -37,7 +38,7 @@ from stateworker.scripts.bindings import BIND, Call, bind_call, kept_call
 from stateworker.scripts.library import Library
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
-from stateworker.transport.plans import Answered, Plan
+from stateworker.transport.plans import Answered, Plan, RunsNow
 
 CLAIM_MS = 60_000  # how long a run holds its id before a retry may take it over (a dead run)
 _DUPLICATE, _RUNNING = LUA_STATUS["DUPLICATE"], 2
@@ -58,7 +59,7 @@ def run_once(settings: Settings, space: KeySpace, library: Library, ctx: CallCon
         if reply[0] == _DUPLICATE:
             return _replayed(reply[1])
         if reply[1] == _RUNNING:
-            raise Unavailable(
+            raise RunsNow(
                 f"id: the call {ctx.call_id!r} runs now (sent again while it runs, here or on "
                 f"another replica, for at most {CLAIM_MS // 1000} s); it is not run twice: "
                 "send it again to get its reply", {"path": "id", "call_id": ctx.call_id,
