@@ -57,8 +57,8 @@ async def _claimed(service: StateService, client: StateClient, raw: aredis.Redis
     for i in range(40):  # other calls, one after another, while the claim lives
         await client.set(f"{scope}-other", f"k{i}", i)
     elapsed = time.monotonic() - started
-    # (each takes a few ms; held up by the reader's pauses, 40 took 10-25 s)
-    assert elapsed < 2, f"40 other calls took {elapsed:.1f} s"
+    # (each takes a few ms; held up by the reader's pauses until the claim went, 40-60 s)
+    assert elapsed < 10, f"40 other calls took {elapsed:.1f} s"
     assert await raw.llen(reply) == 0  # not run, not answered: the claim's run answers
     assert await client.get(scope, "a") == 1  # nothing deleted
     # The run keeps its reply: a reclaim serves the re-send again, from it.
