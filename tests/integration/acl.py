@@ -53,3 +53,9 @@ async def raw_call(conn: aredis.Redis, stream: str, reply: str, fn: str, body: d
     document: dict[str, Any] = msgspec.json.decode(popped[1][0])
     assert document["id"] == call_id
     return document
+
+
+def credentials(url: str) -> tuple[str, str]:
+    """(name, password) of a principal's client URL (`principal`'s)."""
+    name, _, password = url.split("//", 1)[1].split("@", 1)[0].partition(":")
+    return name, password

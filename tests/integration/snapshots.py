@@ -54,6 +54,12 @@ def caught_up(client: redis.Redis, keys: KeySpace) -> bool:
     return True
 
 
+def calls_saved(client: redis.Redis, keys: KeySpace) -> bool:
+    """The snapshot caught up, and every call record it kept for PostgreSQL stored there."""
+    return caught_up(client, keys) and not any(
+        client.xlen(p.unsaved_calls) for p in keys.all_partitions())
+
+
 def all_dispatched(client: redis.Redis, keys: KeySpace) -> bool:
     """Every partition's dispatch position is at its stream's end."""
     return all(int(client.hget(p.dispatched, "n") or -1)

@@ -39,6 +39,15 @@ async def served(redis_server: RedisServer, prefix: str
         yield both
 
 
+@pytest.fixture
+async def acl_served(acl_redis: RedisServer, prefix: str) -> AsyncIterator[StateService]:
+    """A state service in `acl` mode with its HTTP face, on a Redis of the module's own."""
+    settings = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4, auth="acl",
+                        http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+        yield service
+
+
 async def post(http: httpx.AsyncClient, fn: str, body: Any, **headers: str
                ) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else msgspec.json.encode(body)

@@ -9,7 +9,6 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -19,20 +18,10 @@ import pytest
 
 from stateworker import StateError
 from stateworker.app.service import StateService
-from stateworker.bus.protocol import BusOptions
-from tests.integration.acl import client_of, principal, role
-from tests.integration.http.test_doors import password_of
-from tests.integration.services import settings_for
+from tests.integration.acl import client_of, credentials, principal, role
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def served(acl_redis: RedisServer, prefix: str) -> AsyncIterator[StateService]:
-    settings = settings_for(acl_redis, prefix, auth="acl", http="127.0.0.1:0")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
-        yield service
 
 
 async def over_bus(url: str, prefix: str, fn: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +33,7 @@ async def over_bus(url: str, prefix: str, fn: str, body: dict[str, Any]) -> dict
 
 
 async def over_http(base: str, url: str, fn: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=base, auth=password_of(url)) as client:
+    async with httpx.AsyncClient(base_url=base, auth=credentials(url)) as client:
         answer = await client.post(f"/v1/call/{fn}", content=msgspec.json.encode(body))
     document: dict[str, Any] = answer.json()
     return document
@@ -64,15 +53,15 @@ async def over_cli(url: str, prefix: str, barrier_id: str) -> dict[str, Any]:
 
 
 async def test_delete_barrier_honours_roles_and_ownership_at_every_door(
-        served: StateService, acl_redis: RedisServer, prefix: str) -> None:
-    everywhere = await role(served.state, ["read", "write"], ["*"])
-    reading = await role(served.state, ["read"], ["*"])
-    narrow = await role(served.state, ["read", "write"], ["orders"])
-    _, alice = await principal(served.state, acl_redis, [everywhere])
-    _, bob = await principal(served.state, acl_redis, [everywhere])
-    _, reader = await principal(served.state, acl_redis, [reading])
-    _, orders = await principal(served.state, acl_redis, [narrow])
-    base = f"http://{served.http_address}"
+        acl_served: StateService, acl_redis: RedisServer, prefix: str) -> None:
+    everywhere = await role(acl_served.state, ["read", "write"], ["*"])
+    reading = await role(acl_served.state, ["read"], ["*"])
+    narrow = await role(acl_served.state, ["read", "write"], ["orders"])
+    _, alice = await principal(acl_served.state, acl_redis, [everywhere])
+    _, bob = await principal(acl_served.state, acl_redis, [everywhere])
+    _, reader = await principal(acl_served.state, acl_redis, [reading])
+    _, orders = await principal(acl_served.state, acl_redis, [narrow])
+    base = f"http://{acl_served.http_address}"
 
     async def arrive(url: str, barrier_id: str) -> None:
         done = await over_bus(url, prefix, "state::barrier", {

@@ -25,30 +25,15 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.settings import Settings
 from stateworker.state.tenancy import principals
-from tests.integration.acl import principal, role
+from tests.integration.acl import credentials, principal, role
 from tests.integration.busproto import until
-from tests.integration.services import settings_for
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def served(acl_redis: RedisServer, prefix: str) -> AsyncIterator[StateService]:
-    settings = settings_for(acl_redis, prefix, auth="acl", http="127.0.0.1:0")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
-        yield service
-
-
-def password_of(url: str) -> tuple[str, str]:
-    """(name, password) of a principal's client URL (tests/integration/acl.py)."""
-    credentials = url.split("//", 1)[1].split("@", 1)[0]
-    name, _, password = credentials.partition(":")
-    return name, password
-
-
 async def http_set(base: str, url: str, key: str, idempotency_key: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=base, auth=password_of(url)) as client:
+    async with httpx.AsyncClient(base_url=base, auth=credentials(url)) as client:
         answer = await client.post("/v1/call/state::set", headers={
             "Idempotency-Key": idempotency_key},
             content=msgspec.json.encode({"scope": "orders", "key": key, "value": 1}))
@@ -57,7 +42,7 @@ async def http_set(base: str, url: str, key: str, idempotency_key: str) -> dict[
 
 
 async def bus_set(url: str, prefix: str, key: str, call_id: str) -> dict[str, Any]:
-    name = password_of(url)[0]
+    name = credentials(url)[0]
     reply = principal_reply_prefix(prefix, name) + uuid.uuid4().hex[:8]
     conn = aredis.Redis.from_url(url)
     try:
@@ -71,13 +56,13 @@ async def bus_set(url: str, prefix: str, key: str, call_id: str) -> dict[str, An
     return document
 
 
-async def test_an_idempotency_key_is_the_principals_own(served: StateService,
+async def test_an_idempotency_key_is_the_principals_own(acl_served: StateService,
                                                        acl_redis: RedisServer,
                                                        prefix: str) -> None:
-    writer = await role(served.state, ["read", "write"], ["orders"])
-    _, alice = await principal(served.state, acl_redis, [writer])
-    bob_name, bob = await principal(served.state, acl_redis, [writer])
-    base = f"http://{served.http_address}"
+    writer = await role(acl_served.state, ["read", "write"], ["orders"])
+    _, alice = await principal(acl_served.state, acl_redis, [writer])
+    bob_name, bob = await principal(acl_served.state, acl_redis, [writer])
+    base = f"http://{acl_served.http_address}"
     # alice names bob's own id over HTTP: it is hers, `<alice>/<bob>/order-42`
     squat = await http_set(base, alice, "a", f"{bob_name}/order-42")
     assert squat["ok"], squat
@@ -92,20 +77,20 @@ async def test_an_idempotency_key_is_the_principals_own(served: StateService,
     assert again == first
 
 
-async def test_a_principal_cannot_write_where_nobody_reads(served: StateService,
+async def test_a_principal_cannot_write_where_nobody_reads(acl_served: StateService,
                                                            acl_redis: RedisServer,
                                                            prefix: str) -> None:
     """Its ACL user works in database 0 only: no SELECT, so no XADD of its own stream's name
     in a database no service reads."""
-    writer = await role(served.state, ["read", "write"], ["orders"])
-    _, url = await principal(served.state, acl_redis, [writer])
+    writer = await role(acl_served.state, ["read", "write"], ["orders"])
+    _, url = await principal(acl_served.state, acl_redis, [writer])
     conn = aredis.Redis.from_url(url)
     try:
         with pytest.raises(aredis.ResponseError, match="no permissions to run the 'select'"):
             await conn.execute_command("SELECT", 3)
     finally:
         await conn.aclose()
-    assert (await bus_set(url, prefix, "e", "in-db-0"))["ok"]  # (database 0: served)
+    assert (await bus_set(url, prefix, "e", "in-db-0"))["ok"]  # (database 0: acl_served)
 
 
 @pytest.fixture
@@ -150,16 +135,16 @@ def test_the_names_answered_to() -> None:
     assert host_of(b"[::1]:8080") == "::1" and host_of(b"Example.COM") == "example.com"
 
 
-async def test_the_console_keeps_private_namespaces_private(served: StateService) -> None:
+async def test_the_console_keeps_private_namespaces_private(acl_served: StateService) -> None:
     """A reader (the built-in role: read on every scope) gets no claimed scope through the
     console, as it gets none through the public functions: its history is RESERVED_SCOPE,
     and an unscoped tail leaves its changes out."""
-    store = StateStore(served.state)  # (in process: trusted)
+    store = StateStore(acl_served.state)  # (in process: trusted)
     await store.claim_namespace("billing", ["private"], caller="billing")
-    await principals.add_principal(served.state, "rd", ["reader"], ())
-    await principals.set_user(served.state, "rd", "read-pass-1")
+    await principals.add_principal(acl_served.state, "rd", ["reader"], ())
+    await principals.set_user(acl_served.state, "rd", "read-pass-1")
     auth = ("rd", "read-pass-1")
-    async with httpx.AsyncClient(base_url=f"http://{served.http_address}", auth=auth,
+    async with httpx.AsyncClient(base_url=f"http://{acl_served.http_address}", auth=auth,
                                  timeout=30) as http:
         await store.call("billing::state::compare-and-set",
                          {"scope": "private", "key": "secret", "value": "s3cr3t"})
@@ -183,14 +168,14 @@ async def test_the_console_keeps_private_namespaces_private(served: StateService
     assert not any("s3cr3t" in line or "private" in line for line in seen), seen
 
 
-async def test_a_new_password_ends_the_sessions_of_the_old_one(served: StateService) -> None:
+async def test_a_new_password_ends_the_sessions_of_the_old_one(acl_served: StateService) -> None:
     """The documented leaked-password procedure (`principal passwd`): the console session and
     the proven Basic credential of the old password stop working within seconds."""
-    writer = await role(served.state, ["read", "write"], ["orders"])
-    await principals.add_principal(served.state, "ed", [writer], ())
-    await principals.set_user(served.state, "ed", "old-pass-1")
+    writer = await role(acl_served.state, ["read", "write"], ["orders"])
+    await principals.add_principal(acl_served.state, "ed", [writer], ())
+    await principals.set_user(acl_served.state, "ed", "old-pass-1")
     body = msgspec.json.encode({"scope": "orders", "key": "k", "value": 1})
-    base = f"http://{served.http_address}"
+    base = f"http://{acl_served.http_address}"
     async with httpx.AsyncClient(base_url=base) as browser, \
             httpx.AsyncClient(base_url=base, auth=("ed", "old-pass-1")) as program:
         login = await browser.post("/v1/console/login",
@@ -198,7 +183,7 @@ async def test_a_new_password_ends_the_sessions_of_the_old_one(served: StateServ
         assert login.status_code == 200, login.text  # (the client keeps the cookie)
         assert (await browser.post("/v1/call/state::set", content=body)).json()["ok"]
         assert (await program.post("/v1/call/state::set", content=body)).json()["ok"]
-        await principals.set_password(served.state, "ed", "new-pass-2")
+        await principals.set_password(acl_served.state, "ed", "new-pass-2")
 
         async def refused() -> bool:
             by_cookie = await browser.post("/v1/call/state::set", content=body)
@@ -243,14 +228,14 @@ async def test_live_tails_beyond_their_cap_are_refused(
 
 
 async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
-        served: StateService, acl_redis: RedisServer) -> None:
+        acl_served: StateService, acl_redis: RedisServer) -> None:
     """Dapr's SDKs send DAPR_API_TOKEN as `dapr-api-token`: `<principal>:<password>` is that
     principal, whose roles decide as on every other door; none, or a wrong one, is 401."""
-    writer = await role(served.state, ["read", "write"], ["statestore"])
-    reader = await role(served.state, ["read"], ["statestore"])
-    writer_token = ":".join(password_of((await principal(served.state, acl_redis, [writer]))[1]))
-    reader_token = ":".join(password_of((await principal(served.state, acl_redis, [reader]))[1]))
-    url = f"http://{served.http_address}/v1.0/state/statestore"
+    writer = await role(acl_served.state, ["read", "write"], ["statestore"])
+    reader = await role(acl_served.state, ["read"], ["statestore"])
+    writer_token = ":".join(credentials((await principal(acl_served.state, acl_redis, [writer]))[1]))
+    reader_token = ":".join(credentials((await principal(acl_served.state, acl_redis, [reader]))[1]))
+    url = f"http://{acl_served.http_address}/v1.0/state/statestore"
     item = b'[{"key":"k","value":1}]'
     async with httpx.AsyncClient() as client:
         saved = await client.post(url, content=item, headers={"dapr-api-token": writer_token})
@@ -264,20 +249,20 @@ async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
             refused = await client.post(url, content=item, headers=headers)
             assert (refused.status_code, refused.json()["details"][0]["reason"]) == (
                 401, "UNKNOWN_CALLER"), headers
-    assert await StateStore(served.state).get("statestore", "k") == 1
+    assert await StateStore(acl_served.state).get("statestore", "k") == 1
 
 
-async def test_a_live_tail_ends_with_its_login_or_its_grant(served: StateService) -> None:
+async def test_a_live_tail_ends_with_its_login_or_its_grant(acl_served: StateService) -> None:
     """A tail is checked at every event, not only at its open: a logout ends the session's
     tail, a new password the Basic credential's, a role losing the scope the tail of a
     principal of that role; none of them shows what was written after."""
-    state, store = served.state, StateStore(served.state)
+    state, store = acl_served.state, StateStore(acl_served.state)
     await principals.add_principal(state, "tailer", [await role(state, ["read"], ["orders"])], ())
     await principals.set_user(state, "tailer", "pass-1")
     keeper_role = await role(state, ["read"], ["orders"])
     await principals.add_principal(state, "keeper", [keeper_role], ())
     await principals.set_user(state, "keeper", "keep-1")
-    base = f"http://{served.http_address}"
+    base = f"http://{acl_served.http_address}"
     async with httpx.AsyncClient(base_url=base, timeout=30) as browser, \
             httpx.AsyncClient(base_url=base, timeout=30, auth=("tailer", "pass-1")) as program, \
             httpx.AsyncClient(base_url=base, timeout=30, auth=("keeper", "keep-1")) as keeper, \
@@ -321,22 +306,22 @@ async def test_a_live_tail_ends_with_its_login_or_its_grant(served: StateService
         await ends_without(by_role, "after-role")
 
 
-async def test_principal_remove_ends_its_sessions_at_once(served: StateService,
+async def test_principal_remove_ends_its_sessions_at_once(acl_served: StateService,
                                                          acl_redis: RedisServer,
                                                          prefix: str) -> None:
     """`principal remove` deletes the ACL user, then waits for the principal's streams to
     drain: its console session and proven Basic credential end with the user, not with the
     record (here a stream that never drains: the remove times out, the record stays)."""
-    writer = await role(served.state, ["read", "write"], ["orders"])
-    await principals.add_principal(served.state, "leaver", [writer], ())
-    await principals.set_user(served.state, "leaver", "pass-1")
+    writer = await role(acl_served.state, ["read", "write"], ["orders"])
+    await principals.add_principal(acl_served.state, "leaver", [writer], ())
+    await principals.set_user(acl_served.state, "leaver", "pass-1")
     conn = aredis.Redis.from_url(acl_redis.url)
     ghost = principal_stream(prefix, "ghost", "leaver")  # (a service not running now)
     await conn.xgroup_create(ghost, "ghost", id="0", mkstream=True)
     await conn.xadd(ghost, {"id": "1", "fn": "x", "body": "{}"})
     await conn.aclose()
     body = msgspec.json.encode({"scope": "orders", "key": "k", "value": "after-removal"})
-    base = f"http://{served.http_address}"
+    base = f"http://{acl_served.http_address}"
     async with httpx.AsyncClient(base_url=base) as browser, \
             httpx.AsyncClient(base_url=base, auth=("leaver", "pass-1")) as program:
         login = await browser.post("/v1/console/login",
@@ -345,28 +330,28 @@ async def test_principal_remove_ends_its_sessions_at_once(served: StateService,
         assert (await program.post("/v1/call/state::set", content=b'{"scope":"orders",'
                                    b'"key":"k","value":"before"}')).json()["ok"]
         removal = argparse.Namespace(name="leaver", timeout=0.5)
-        assert await admin.principal_remove(served.state, removal) == 1  # (timed out)
+        assert await admin.principal_remove(acl_served.state, removal) == 1  # (timed out)
 
         async def refused() -> bool:
             by_cookie = await browser.post("/v1/call/state::set", content=body)
             by_basic = await program.post("/v1/call/state::set", content=body)
             return by_cookie.status_code == 401 and by_basic.status_code == 401
         await until(refused, 10, "the removed principal's session and proof to end")
-    assert await StateStore(served.state).get("orders", "k") == "before"
+    assert await StateStore(acl_served.state).get("orders", "k") == "before"
 
 
-async def test_console_sessions_are_capped(served: StateService,
+async def test_console_sessions_are_capped(acl_served: StateService,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A principal has at most SESSIONS_PER_PRINCIPAL sessions (a new login ends its oldest)
     and a process MAX_SESSIONS (a login beyond is refused, naming the limit): logging in
     again and again fills no memory. (The caps lowered: the same at 16 and 10,000.)"""
     monkeypatch.setattr(logins, "SESSIONS_PER_PRINCIPAL", 3)
     monkeypatch.setattr(logins, "MAX_SESSIONS", 5)
-    reading = await role(served.state, ["read"], ["orders"])
+    reading = await role(acl_served.state, ["read"], ["orders"])
     for name in ("often", "other"):
-        await principals.add_principal(served.state, name, [reading], ())
-        await principals.set_user(served.state, name, f"{name}-pass-1")
-    base = f"http://{served.http_address}"
+        await principals.add_principal(acl_served.state, name, [reading], ())
+        await principals.set_user(acl_served.state, name, f"{name}-pass-1")
+    base = f"http://{acl_served.http_address}"
     async with contextlib.AsyncExitStack() as stack:
         async def logged_in(name: str) -> tuple[httpx.AsyncClient, httpx.Response]:
             client = await stack.enter_async_context(httpx.AsyncClient(base_url=base))

@@ -7,7 +7,6 @@ A Redis of the module's own: ACL users are server-wide."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,28 +15,13 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
-from stateworker.bus.protocol import BusOptions
 from stateworker.keys import principal_reply_prefix, principal_stream
 from stateworker.state.kv import pages
-from tests.integration.acl import principal, role
-from tests.integration.services import settings_for
+from tests.integration.acl import credentials, principal, role
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
 FN = "state::list_entries"
-
-
-@pytest.fixture
-async def served(acl_redis: RedisServer, prefix: str) -> AsyncIterator[StateService]:
-    settings = settings_for(acl_redis, prefix, auth="acl", http="127.0.0.1:0")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
-        yield service
-
-
-def credentials(url: str) -> tuple[str, str]:
-    """(name, password) of a principal's client URL (tests/integration/acl.py)."""
-    name, _, password = url.split("//", 1)[1].split("@", 1)[0].partition(":")
-    return name, password
 
 
 async def over_http(service: StateService, url: str, body: dict[str, Any], fn: str = FN
@@ -67,17 +51,17 @@ async def over_bus(prefix: str, url: str, body: dict[str, Any], **fields: str
 
 
 async def test_a_principals_share_is_its_own_through_every_door(
-        served: StateService, acl_redis: RedisServer, prefix: str) -> None:
-    keys = served.state.keys
+        acl_served: StateService, acl_redis: RedisServer, prefix: str) -> None:
+    keys = acl_served.state.keys
     victim_scope = f"listing-{uuid.uuid4().hex[:8]}"
     tag = keys.for_scope(victim_scope).tag
     flood_scope = next(s for i in range(10_000) if keys.for_scope(s := f"flood-{i}").tag == tag)
-    reader = await role(served.state, ["read", "write"], ["listing-*", "flood-*"])
-    victim_name, victim = await principal(served.state, acl_redis, [reader])
-    _, flooder = await principal(served.state, acl_redis, [reader])
+    reader = await role(acl_served.state, ["read", "write"], ["listing-*", "flood-*"])
+    victim_name, victim = await principal(acl_served.state, acl_redis, [reader])
+    _, flooder = await principal(acl_served.state, acl_redis, [reader])
     for scope in (victim_scope, flood_scope):
         for key in ("a", "b"):
-            written = await over_http(served, victim, {"scope": scope, "key": key,
+            written = await over_http(acl_served, victim, {"scope": scope, "key": key,
                                                        "value": key}, "state::set")
             assert written["ok"], written
     body = {"scope": victim_scope, "limit": 1}
@@ -87,13 +71,13 @@ async def test_a_principals_share_is_its_own_through_every_door(
     posing = await over_bus(prefix, flooder, flood, caller=victim_name)
     assert posing["error"]["code"] == "PERMISSION_DENIED", posing  # (no one else's share)
     for n in range(3 * pages.MAX_SNAPSHOTS):  # first pages over both doors, never finished
-        answer = await (over_http(served, flooder, flood) if n % 2 else
+        answer = await (over_http(acl_served, flooder, flood) if n % 2 else
                         over_bus(prefix, flooder, flood))
         assert answer["ok"], answer  # (never refused: it recycles its own share)
     # The victim's listing goes on over the other door, and it starts a share of new ones.
-    rest = await over_http(served, victim, {**body, "cursor": first["result"]["next_cursor"]})
+    rest = await over_http(acl_served, victim, {**body, "cursor": first["result"]["next_cursor"]})
     assert rest["ok"] and rest["result"]["done"], rest
-    started = [await over_http(served, victim, body) for _ in range(pages.PER_CALLER)]
+    started = [await over_http(acl_served, victim, body) for _ in range(pages.PER_CALLER)]
     for again in started:
         assert again["ok"], again
         last = await over_bus(prefix, victim, {**body, "cursor": again["result"]["next_cursor"]})

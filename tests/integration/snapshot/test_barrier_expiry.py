@@ -5,9 +5,6 @@ barriers out and gives the others their expiry back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import msgspec
@@ -22,6 +19,7 @@ from stateworker.clock import now_ms
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
+from tests.integration.snapshot.test_restore import restore_command
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -37,13 +35,6 @@ def rows(postgres_url: str, prefix: str) -> dict[str, dict[str, Any]]:
 
 def nothing_changed(client: redis.Redis, keys: KeySpace) -> bool:
     return not any(client.scard(p.barriers_changed) for p in keys.all_partitions())
-
-
-def restore_command(redis_url: str, prefix: str, postgres_url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
-           "STATEWORKER_POSTGRES_URL": postgres_url}
-    return subprocess.run([sys.executable, "-m", "stateworker", "--redis-url", redis_url,
-                           "restore"], env=env, capture_output=True, text=True, timeout=120)
 
 
 async def test_the_snapshot_follows_expiry_and_deletion_and_a_restore_keeps_it(

@@ -20,7 +20,7 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_restore import restore_command
-from tests.integration.snapshots import caught_up
+from tests.integration.snapshots import calls_saved
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -50,11 +50,8 @@ async def test_http_retries_after_a_restore_get_their_reply(
             assert response.status_code == 200, response.text
             first[key] = response.content
 
-        def saved() -> bool:
-            return caught_up(client, keys) and not any(
-                client.xlen(p.unsaved_calls) for p in keys.all_partitions())
-
-        await until(saved, 60, "the snapshot and the call records to catch up")
+        await until(lambda: calls_saved(client, keys), 60,
+                    "the snapshot and the call records to catch up")
 
     client.flushall()
     done = restore_command(own_redis.url, prefix, postgres_url)

@@ -17,6 +17,7 @@ import pytest
 
 from stateworker import StateError
 from stateworker.app.cli import status_report
+from stateworker.snapshot.snapshotter import Snapshotter
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
 from tests.integration.busproto import until
@@ -52,22 +53,28 @@ async def registered(state: RedisState, name: str, call_id: str) -> bool:
     return True
 
 
+async def copied_then_t2(own_redis: RedisServer, older: Path, state: RedisState,
+                         snap: Snapshotter, postgres_url: str, prefix: str) -> None:
+    """t1 registered and copied to PostgreSQL, Redis's data copied to `older` (a clean stop:
+    a complete AOF), then t2 registered and copied too: `older` lacks t2."""
+    await call(state, "state::register-trigger", trigger("t1"), "r1")
+    await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1"],
+                      "t1 copied", rounds=True)
+    own_redis.kill(signal.SIGTERM)
+    shutil.copytree(own_redis.directory, older)
+    own_redis.start()
+    await restarted_on(own_redis, None, snap)
+    await until(lambda: registered(state, "t2", "r2"), 10, "t2 registered")
+    await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1", "t2"],
+                      "t2 copied", rounds=True)
+
+
 async def test_a_registry_change_on_an_older_copy_is_not_copied_over_the_newer_registry(
         own_redis: RedisServer, prefix: str, postgres_url: str, tmp_path: Path) -> None:
     settings = settings_for(own_redis.url, prefix, postgres_url)
     older = tmp_path / "older"
     async with opened(settings) as state, stepped(state, postgres_url) as snap:
-        await call(state, "state::register-trigger", trigger("t1"), "r1")
-        await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1"],
-                          "t1 copied", rounds=True)
-        own_redis.kill(signal.SIGTERM)  # (a clean stop: a complete AOF to copy)
-        shutil.copytree(own_redis.directory, older)
-        own_redis.start()
-        await restarted_on(own_redis, None, snap)
-
-        await until(lambda: registered(state, "t2", "r2"), 10, "t2 registered")
-        await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1", "t2"],
-                          "t2 copied", rounds=True)
+        await copied_then_t2(own_redis, older, state, snap, postgres_url, prefix)
 
         await restarted_on(own_redis, older, snap)
         # The copy has the same markers: it takes a registration, and its registry stream's
@@ -97,16 +104,7 @@ async def test_the_repair_at_start_restores_an_older_copy_of_the_registry(
     settings = settings_for(own_redis.url, prefix, postgres_url)
     older = tmp_path / "older"
     async with opened(settings) as state, stepped(state, postgres_url) as snap:
-        await call(state, "state::register-trigger", trigger("t1"), "r1")
-        await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1"],
-                          "t1 copied", rounds=True)
-        own_redis.kill(signal.SIGTERM)
-        shutil.copytree(own_redis.directory, older)
-        own_redis.start()
-        await restarted_on(own_redis, None, snap)
-        await until(lambda: registered(state, "t2", "r2"), 10, "t2 registered")
-        await steps_until(snap, lambda: pg_triggers(postgres_url, prefix) == ["t1", "t2"],
-                          "t2 copied", rounds=True)
+        await copied_then_t2(own_redis, older, state, snap, postgres_url, prefix)
     swap_data(own_redis, older)
     async with opened(settings) as state:
         assert sorted(k.decode() for k in await state.conn.execute(

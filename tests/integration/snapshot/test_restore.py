@@ -22,7 +22,7 @@ from stateworker.errors import CallIdReused
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
-from tests.integration.snapshots import all_dispatched, caught_up, mixed_writes, nothing_to_reap
+from tests.integration.snapshots import all_dispatched, calls_saved, caught_up, mixed_writes, nothing_to_reap
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -180,11 +180,8 @@ async def test_a_late_retry_after_a_restore_gets_its_reply_and_is_not_applied_ag
         assert (first["old_value"], first["new_value"], first["version"]) == (None, {"n": 1}, 1)
         assert later["version"] == 2
 
-        def saved() -> bool:  # the position past both changes, their records in PostgreSQL
-            return caught_up(client, keys) and not any(
-                client.xlen(p.unsaved_calls) for p in keys.all_partitions())
-
-        await until(saved, 60, "the snapshot and the call records to catch up")
+        await until(lambda: calls_saved(client, keys), 60,
+                    "the snapshot and the call records to catch up")
 
     client.flushall()
     done = restore_command(own_redis.url, prefix, postgres_url)
