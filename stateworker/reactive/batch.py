@@ -52,7 +52,7 @@ from stateworker.reactive.matching import Matcher, TriggerSet
 from stateworker.reactive.status import Counts
 from stateworker.reactive.trimming import Position
 from stateworker.schemas import Trigger
-from stateworker.scripts.bindings import ADVANCE, advance_call
+from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.retry import transient_reason

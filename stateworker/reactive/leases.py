@@ -25,7 +25,7 @@ from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
-from stateworker.scripts.bindings import LEASE, lease_call
+from stateworker.scripts.upkeep_bindings import LEASE, lease_call
 from stateworker.settings import LIVE_LEASES
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline

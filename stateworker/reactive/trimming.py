@@ -27,7 +27,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import MAX_SEQ, revision_of
 from stateworker.reactive.event_bytes import Ledger, bytes_cut, measure_commands, measure_replies
-from stateworker.scripts.bindings import ADVANCE, advance_call
+from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError

@@ -14,36 +14,40 @@ KEY, so a cluster router can send any command by that key (tests/lua: one slot p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from stateworker.clock import now_ms
 from stateworker.codec import Value
 from stateworker.context import Answer, CallContext
 from stateworker.keys import KeySpace, PartitionKeys, call_field, member
 from stateworker.scripts.library import Binding, Library
+from stateworker.scripts.read_bindings import ENTRIES, GETMANY, LIST, PAGES
 from stateworker.scripts.replies import (
     AccessReply,
     BarrierReply,
     ClaimReply,
     ConfigReply,
-    Counted,
     DeleteReply,
     DelprefixReply,
     DeltopicReply,
-    EntriesReply,
-    GetManyReply,
     IndexReply,
     KeptReply,
-    ListReply,
     Moved,
-    PageReply,
-    ReapReply,
     ReleaseReply,
     SetReply,
-    SnapRowsReply,
     TopicReply,
     TriggerReply,
     UpdateReply,
+)
+from stateworker.scripts.upkeep_bindings import (
+    ADVANCE,
+    FORGET,
+    LEASE,
+    REAP,
+    REPACK,
+    SNAPREAD,
+    SNAPROWS,
+    STAMP,
 )
 from stateworker.settings import Settings
 from stateworker.transport.wire import Arg
@@ -60,9 +64,6 @@ DELETE = Binding("delete", 9, 8, DeleteReply.read, answers=True)
 UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True)  # the ops
 TOPIC = Binding("topic", 9, 8, TopicReply.read)
 SETHASH = Binding("sethash", 1, 2, Moved.read)
-REAP = Binding("reap", 3, 4, ReapReply.read)
-LIST = Binding("list", 1, 3, ListReply.read)
-ENTRIES = Binding("entries", 2, 14, EntriesReply.read)
 DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read)
 TRIGGER = Binding("trigger", 3, 8, TriggerReply.read)
 KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read)  # keep-trigger, the reaper's
@@ -71,23 +72,14 @@ ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True)  # the roles
 RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True)  # the scopes
 BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True)  # the named keys
 DELBARRIER = Binding("delbarrier", 3, 0, Moved.read)
-FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
-LEASE = Binding("lease", 1, 3, Moved.read)
-ADVANCE = Binding("advance", 2, 3, Moved.read)
 BIND: Binding[list[Any]] = Binding("bind", 1, 8, list)  # a call id bound, claimed, its reply kept
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
-GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True)  # the keys
 # state::get of a bus call answered by its script: read by state/kv/reads.py
 GET: Binding[list[Any]] = Binding("get", 2, 12, list)
 DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script (KEYS[8..9])
 INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
-REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
-STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
-PAGES = Binding("pages", 4, 14, PageReply.read)  # state::list_entries: a snapshot's page
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
-SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
-SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
@@ -133,9 +125,6 @@ def optional(value: int | str | None) -> Arg:
     return "" if value is None else value
 
 
-def pattern_arg(pattern: str | None) -> str:
-    """An optional pattern: "" for none, else "=" + pattern (an empty pattern is a pattern)."""
-    return "" if pattern is None else "=" + pattern
 
 
 def writer_arg(by: str | None, trace: str | None = None) -> str:
@@ -278,26 +267,10 @@ def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest
     return [part.entry(scope, key)], [version, digest]
 
 
-def reap_call(settings: Settings, part: PartitionKeys) -> Call:
-    return ([part.ttl, part.scopes, part.events],
-            [now_ms(), settings.reaper_batch, part.tag, settings.events_maxlen])
 
 
-def list_call(part: PartitionKeys, scope: str, what: str) -> Call:
-    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), what]
 
 
-def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, order: str,
-                 position: bytes, score: str, limit: int, skip: int, prefix: str | None,
-                 key_pattern: str | None, topic_pattern: str | None, values: bool,
-                 examine: int, max_bytes: int | None = None) -> Call:
-    """entries.lua over one of the scope's indexes (`index`), from `position` ("" or "=" +
-    the cursor's member); topic order walks the key index too (the untagged entries);
-    `max_bytes`: the walk stops once the values returned reach it."""
-    return ([index, part.key_index(scope)],
-            [now_ms(), part.entry_prefix + member(scope, ""), order_by, order, position, score,
-             limit, skip, prefix or "", pattern_arg(key_pattern), pattern_arg(topic_pattern),
-             "1" if values else "", examine, "" if max_bytes is None else max_bytes])
 
 
 def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: str,
@@ -327,10 +300,6 @@ def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
             ["keep", now, trigger_id, held, renewed, expires])
 
 
-def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
-    """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
-    return ([keys.triggers, keys.registry, keys.trigger_leases],
-            ["reap", now, batch, "", "", ""])  # (ARGV[4..6] are "keep"'s)
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],
@@ -371,32 +340,14 @@ def delbarrier_call(part: PartitionKeys, barrier_id: str) -> Call:
     return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes], []
 
 
-def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
-    """forget.lua: the partition's changed-barriers set, the barriers stored and the write
-    count stored for each (`""`: absent)."""
-    return [changed, *barriers], list(writes)
 
 
-def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
-    """lease.lua: `op` "take", "renew" or "drop"."""
-    return [lease], [op, token, lease_ms]
 
 
-def snapread_call(counter: str, stored: int) -> Call:
-    """snapread.lua: count a snapshot read unless the counter is below `stored` (PostgreSQL's)."""
-    return [counter], [stored]
 
 
-def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
-    """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
-    return [lease, position], [token, last_id, n]
 
 
-def getmany_call(part: PartitionKeys, scope: str, keys: Sequence[str], budget: int) -> Call:
-    """getmany.lua: the scope's entries named `keys`, in that order, and values of at most
-    `budget` bytes in all."""
-    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), budget,
-                                     *keys]
 
 
 def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int,
@@ -415,48 +366,14 @@ def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: in
             [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])
 
 
-def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],
-                  max_bytes: int = 4 << 20) -> Call:
-    """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
-    event `after` that wrote one of them (at most `budget` events, about `max_bytes` of them,
-    examined)."""
-    return [part.events], [after, budget, part.entry_prefix, max_bytes, *members]
 
 
-def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
-    """repack.lua: `what` "entries" or "topics", the names of that kind it upgrades."""
-    return [part.scopes], [what, *names]
 
 
-def stamp_call(key: str, kind: str, generation: str) -> Call:
-    """stamp.lua: `kind` "h" (`key` a partition's history) or "s" (the registry's marker)."""
-    return [key], [kind, generation]
 
 
-class PageBounds(NamedTuple):
-    """What bounds pages.lua's snapshots: entries, bytes of their rows, live snapshots of a
-    partition, a snapshot's life (ms), bytes of one row, live snapshots of one caller in a
-    partition (its share)."""
-
-    entries: int
-    bytes: int
-    snapshots: int
-    life_ms: int
-    row_bytes: int
-    per_caller: int
 
 
-def pages_call(part: PartitionKeys, scope: str, cursor: str | None, next_cursor: str,
-               binding: str, limit: int, max_bytes: int, bounds: PageBounds,
-               caller: str) -> Call:
-    """pages.lua: the page of `cursor`'s snapshot (None: capture the scope first), the
-    snapshot renamed to `next_cursor`'s when pages remain; `binding`: what the cursor serves;
-    `caller`: whose share of the partition's snapshots a capture takes."""
-    after = part.snapshot(next_cursor)
-    return ([part.key_index(scope), after if cursor is None else part.snapshot(cursor), after,
-             part.snapshots],
-            [now_ms(), "1" if cursor is None else "", part.entry_prefix + member(scope, ""),
-             binding, limit, max_bytes, next_cursor, *bounds, caller])
 
 
 def config_call(keys: KeySpace, overrides: Sequence[tuple[str, str]]) -> Call:

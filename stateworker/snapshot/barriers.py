@@ -29,7 +29,7 @@ from psycopg import AsyncCursor
 from stateworker.clock import now_ms
 from stateworker.errors import StoreLost, shown
 from stateworker.keys import PartitionKeys
-from stateworker.scripts.bindings import FORGET, forget_call
+from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg

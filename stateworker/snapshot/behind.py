@@ -37,7 +37,7 @@ from typing import Any
 from stateworker.errors import Unavailable
 from stateworker.events.model import revision_of
 from stateworker.reactive.trimming import StreamInfo
-from stateworker.scripts.bindings import SNAPREAD, snapread_call
+from stateworker.scripts.upkeep_bindings import SNAPREAD, snapread_call
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import REGISTRY, StoredPosition
 from stateworker.state.core.store import RedisState

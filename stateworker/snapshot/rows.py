@@ -10,7 +10,7 @@ from typing import Any
 from stateworker.events.model import revision_of
 from stateworker.keys import PartitionKeys, member
 from stateworker.reactive.trimming import StreamInfo
-from stateworker.scripts.bindings import SNAPROWS, snaprows_call
+from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
 from stateworker.snapshot.behind import WHY, count_command, counted, settle, stream_behind
 from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import Gone, Row, StoredPosition

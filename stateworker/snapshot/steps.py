@@ -44,7 +44,7 @@ from stateworker.events.model import fields_of, revision_of
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.scripts.bindings import ADVANCE, SNAPREAD, advance_call
+from stateworker.scripts.upkeep_bindings import ADVANCE, SNAPREAD, advance_call
 from stateworker.snapshot import barriers, calls, rows, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import WHY, behind_partitions, count_command, registry_behind, settle

@@ -18,8 +18,8 @@ from anyio.abc import TaskStatus
 from stateworker.clock import now_ms
 from stateworker.errors import StateError, StoreLost
 from stateworker.keys import PartitionKeys
-from stateworker.scripts.bindings import REAP, reap_call
 from stateworker.scripts.replies import ReapReply
+from stateworker.scripts.upkeep_bindings import REAP, reap_call
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import trigger_leases
 from stateworker.transport.plans import Plan, command_reply

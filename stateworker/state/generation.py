@@ -34,7 +34,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
 from stateworker.keys import KeySpace
-from stateworker.scripts.bindings import STAMP, stamp_call
+from stateworker.scripts.upkeep_bindings import STAMP, stamp_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import checked_pipeline, pipeline

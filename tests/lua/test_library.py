@@ -21,8 +21,9 @@ from stateworker.context import CallContext
 from stateworker.keys import call_field, member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
-from stateworker.scripts.bindings import BINDINGS, GET, SNAPROWS, snaprows_call
+from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library, read_header
+from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
 from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack

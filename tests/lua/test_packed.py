@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateStore
-from stateworker.scripts.bindings import GETMANY, getmany_call
+from stateworker.scripts.read_bindings import GETMANY, getmany_call
 from stateworker.state.kv.packed import WIDE, Stored, pack, unpack
 from stateworker.state.kv.reads import hash_plan
 

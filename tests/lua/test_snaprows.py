@@ -11,8 +11,8 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.keys import member
-from stateworker.scripts.bindings import SNAPROWS, snaprows_call
 from stateworker.scripts.replies import SnapRowsReply
+from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
 from stateworker.state.kv.packed import unpack
 from stateworker.transport.plans import pipeline
 

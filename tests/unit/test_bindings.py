@@ -15,6 +15,8 @@ from stateworker.context import Answer, CallContext
 from stateworker.errors import ScriptError
 from stateworker.keys import KeySpace
 from stateworker.scripts import bindings as b
+from stateworker.scripts import read_bindings as rb
+from stateworker.scripts import upkeep_bindings as ub
 from stateworker.scripts.bindings import BINDINGS
 from stateworker.scripts.library import check_header, read_header
 from stateworker.settings import Settings
@@ -110,15 +112,15 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
                      b.bind_call(SETTINGS, SPACE, BUS, False, "w", 5, 9),
                      b.kept_call(b.bind_call(SETTINGS, SPACE, BUS, False, "w", 5), b"=1")],
     "sethash": lambda: [b.sethash_call(PART, "s", "k", 1, "h")],
-    "reap": lambda: [b.reap_call(SETTINGS, PART)],
-    "list": lambda: [b.list_call(PART, "s", "keys")],
-    "entries": lambda: [b.entries_call(PART, "s", "i", "key", "asc", b"", "", 10, 0, None,
+    "reap": lambda: [ub.reap_call(SETTINGS, PART)],
+    "list": lambda: [rb.list_call(PART, "s", "keys")],
+    "entries": lambda: [rb.entries_call(PART, "s", "i", "key", "asc", b"", "", 10, 0, None,
                                        "k*", None, True, 100)],
     "deltopic": lambda: [b.deltopic_call(SETTINGS, PART, "s", "", "t*", b"[", b"+", 10)],
     "trigger": lambda: [b.trigger_call(SPACE, "del", "t", "", 5, now=1),
                         b.trigger_call(SPACE, "set", "t", "{}", 5, "p", True, now=1, expires=2)],
     "keeptrigger": lambda: [b.keep_trigger_call(SPACE, 1, "t", b"{}", b"{}", 2),
-                            b.reap_triggers_call(SPACE, 1, 10)],
+                            ub.reap_triggers_call(SPACE, 1, 10)],
     "claim": lambda: [b.claim_call(SPACE, "p", ["a", "b"], ["", "1:x"], None)],
     "release": lambda: [b.release_call(SPACE, "p", False, ["a"])],
     "access": lambda: [b.access_call(SPACE, "principal-set", "n", "{}", ["r"])],
@@ -126,18 +128,18 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
                         b.barrier_call(PART, "b", "k", b"1:2", "k:x", 2, "[]", "t", 9,
                                        ["j", "k"], 5)],
     "delbarrier": lambda: [b.delbarrier_call(PART, "b")],
-    "forget": lambda: [b.forget_call("c", ["x", "y"], ["1", ""])],
-    "lease": lambda: [b.lease_call("l", "take", "t", 5)],
-    "advance": lambda: [b.advance_call("l", "p", "t", "1-0", 1)],
-    "snapread": lambda: [b.snapread_call("r", 0)],
-    "getmany": lambda: [b.getmany_call(PART, "s", ["a", "b"], 1000)],
+    "forget": lambda: [ub.forget_call("c", ["x", "y"], ["1", ""])],
+    "lease": lambda: [ub.lease_call("l", "take", "t", 5)],
+    "advance": lambda: [ub.advance_call("l", "p", "t", "1-0", 1)],
+    "snapread": lambda: [ub.snapread_call("r", 0)],
+    "getmany": lambda: [rb.getmany_call(PART, "s", ["a", "b"], 1000)],
     "index": lambda: [b.index_call(PART, "s", "create", "/n", 5)],
-    "repack": lambda: [b.repack_call(PART, "entries", ["e1"])],
-    "stamp": lambda: [b.stamp_call("h", "h", "g")],
-    "pages": lambda: [b.pages_call(PART, "s", c, "n", "s\0\0c\0 1\0256", 1, 256,
-                                   b.PageBounds(1, 2, 3, 4, 5, 6), "w") for c in (None, "c")],
+    "repack": lambda: [ub.repack_call(PART, "entries", ["e1"])],
+    "stamp": lambda: [ub.stamp_call("h", "h", "g")],
+    "pages": lambda: [rb.pages_call(PART, "s", c, "n", "s\0\0c\0 1\0256", 1, 256,
+                                   rb.PageBounds(1, 2, 3, 4, 5, 6), "w") for c in (None, "c")],
     "config": lambda: [b.config_call(SPACE, []), b.config_call(SPACE, [("a", "1"), ("b", "")])],
-    "snaprows": lambda: [b.snaprows_call(PART, "1-0", 10, ["1:sk"])],
+    "snaprows": lambda: [ub.snaprows_call(PART, "1-0", 10, ["1:sk"])],
 }
 
 

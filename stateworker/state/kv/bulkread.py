@@ -25,7 +25,8 @@ from stateworker.schemas import (
     GetManyResult,
     PrefixDeletedResult,
 )
-from stateworker.scripts.bindings import DELPREFIX, GETMANY, delprefix_args, getmany_call
+from stateworker.scripts.bindings import DELPREFIX, delprefix_args
+from stateworker.scripts.read_bindings import GETMANY, getmany_call
 from stateworker.scripts.replies import DelprefixReply, GetManyReply
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState

@@ -19,7 +19,8 @@ from stateworker.errors import InvalidRequest
 from stateworker.keys import PartitionKeys
 from stateworker.patterns import glob_match, glob_parts
 from stateworker.schemas import ListedEntry, ListEntriesRequest, ListEntriesResult
-from stateworker.scripts.bindings import DELTOPIC, ENTRIES, deltopic_call, entries_call
+from stateworker.scripts.bindings import DELTOPIC, deltopic_call
+from stateworker.scripts.read_bindings import ENTRIES, entries_call
 from stateworker.scripts.replies import DeltopicReply, EntriesReply
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState

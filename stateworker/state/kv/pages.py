@@ -36,7 +36,7 @@ from msgspec import Raw
 from stateworker.context import CallContext
 from stateworker.errors import InvalidCursor, UnknownCaller
 from stateworker.schemas import EntriesPage, EntriesPageRequest
-from stateworker.scripts.bindings import PAGES, PageBounds, pages_call
+from stateworker.scripts.read_bindings import PAGES, PageBounds, pages_call
 from stateworker.scripts.replies import PageReply
 from stateworker.scripts.statuses import CURSOR_TEXT, Target
 from stateworker.state.core import validate

@@ -18,7 +18,8 @@ from stateworker.clock import now_ms
 from stateworker.context import Answer, CallContext
 from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
-from stateworker.scripts.bindings import GET, LIST, SETHASH, get_call, list_call, sethash_call
+from stateworker.scripts.bindings import GET, SETHASH, get_call, sethash_call
+from stateworker.scripts.read_bindings import LIST, list_call
 from stateworker.scripts.statuses import LUA_STATUS, raise_for_status, script_reply
 from stateworker.state.core.store import RedisState, answered_as
 from stateworker.state.kv.packed import unpack

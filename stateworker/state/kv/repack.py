@@ -13,7 +13,7 @@ from typing import Any
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, shown
 from stateworker.keys import PartitionKeys
-from stateworker.scripts.bindings import REPACK, repack_call
+from stateworker.scripts.upkeep_bindings import REPACK, repack_call
 from stateworker.settings import LIVE_LEASES
 from stateworker.state.core.store import RedisState
 

@@ -36,7 +36,7 @@ from stateworker import clock
 from stateworker.context import CallContext
 from stateworker.errors import InvalidRequest
 from stateworker.schemas import ListedEntry, QueryRequest, QueryResult
-from stateworker.scripts.bindings import ENTRIES, entries_call
+from stateworker.scripts.read_bindings import ENTRIES, entries_call
 from stateworker.scripts.replies import EntriesReply
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState

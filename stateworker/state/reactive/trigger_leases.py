@@ -19,12 +19,9 @@ from stateworker.clock import now_ms, rfc3339_ms
 from stateworker.context import CallContext
 from stateworker.errors import Conflict, InvalidRequest, NotFound, shown
 from stateworker.schemas import KeepTriggerRequest, KeptResult, Trigger
-from stateworker.scripts.bindings import (
-    KEEP_TRIGGER,
-    keep_trigger_call,
-    reap_triggers_call,
-)
+from stateworker.scripts.bindings import KEEP_TRIGGER, keep_trigger_call
 from stateworker.scripts.replies import KeptReply
+from stateworker.scripts.upkeep_bindings import reap_triggers_call
 from stateworker.state.core import guard
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import triggers

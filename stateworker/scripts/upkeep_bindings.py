@@ -1,0 +1,79 @@
+"""The bindings of the scripts the service's own upkeep runs, not a caller's call: the leases
+and positions of the dispatcher and the snapshot (lease, advance), the snapshot's reads
+(snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
+packed-entries upgrade (repack) and the reaper's (reap; keeptrigger's "reap"). Each as
+bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
+read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
+them all)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stateworker.clock import now_ms
+from stateworker.keys import KeySpace, PartitionKeys
+from stateworker.scripts.library import Binding
+from stateworker.scripts.replies import Counted, Moved, ReapReply, SnapRowsReply
+from stateworker.settings import Settings
+from stateworker.transport.wire import Arg
+
+Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV (as bindings.Call)
+
+FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
+LEASE = Binding("lease", 1, 3, Moved.read)
+ADVANCE = Binding("advance", 2, 3, Moved.read)
+REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
+STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
+SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
+REAP = Binding("reap", 3, 4, ReapReply.read)
+SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
+
+
+def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
+    """forget.lua: the partition's changed-barriers set, the barriers stored and the write
+    count stored for each (`""`: absent)."""
+    return [changed, *barriers], list(writes)
+
+
+def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:
+    """lease.lua: `op` "take", "renew" or "drop"."""
+    return [lease], [op, token, lease_ms]
+
+
+def snapread_call(counter: str, stored: int) -> Call:
+    """snapread.lua: count a snapshot read unless the counter is below `stored` (PostgreSQL's)."""
+    return [counter], [stored]
+
+
+def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
+    """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
+    return [lease, position], [token, last_id, n]
+
+
+def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],
+                  max_bytes: int = 4 << 20) -> Call:
+    """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
+    event `after` that wrote one of them (at most `budget` events, about `max_bytes` of them,
+    examined)."""
+    return [part.events], [after, budget, part.entry_prefix, max_bytes, *members]
+
+
+def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
+    """repack.lua: `what` "entries" or "topics", the names of that kind it upgrades."""
+    return [part.scopes], [what, *names]
+
+
+def stamp_call(key: str, kind: str, generation: str) -> Call:
+    """stamp.lua: `kind` "h" (`key` a partition's history) or "s" (the registry's marker)."""
+    return [key], [kind, generation]
+
+
+def reap_call(settings: Settings, part: PartitionKeys) -> Call:
+    return ([part.ttl, part.scopes, part.events],
+            [now_ms(), settings.reaper_batch, part.tag, settings.events_maxlen])
+
+
+def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
+    """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
+    return ([keys.triggers, keys.registry, keys.trigger_leases],
+            ["reap", now, batch, "", "", ""])  # (ARGV[4..6] are "keep"'s)
