@@ -82,19 +82,19 @@ def barriers_behind(partition: int, counter: int, stored_w: int) -> str | None:
 def reads_behind(partition: int, counter: int, stored: int) -> str | None:
     """Why the partition is a copy older than a read PostgreSQL committed: its snapshot read
     counter in Redis (`counter`, 0 when absent) below the count PostgreSQL holds (`stored`)."""
-    if counter >= stored:
-        return None
-    return (f"partition {partition}'s snapshot read counter is at {counter}, PostgreSQL "
-            f"holds a read counted at {stored}")
+    return _counted_below(f"partition {partition}'s", "a read", counter, stored)
 
 
 def registry_behind(counter: int, stored: int) -> str | None:
-    """Why the registry is a copy older than a copy of it PostgreSQL committed: its snapshot
-    read counter (`counter`, 0 when absent) below the count PostgreSQL holds (`stored`)."""
+    """`reads_behind` of the registry: its counter counts the copies PostgreSQL committed."""
+    return _counted_below("the registry's", "a copy", counter, stored)
+
+
+def _counted_below(whose: str, what: str, counter: int, stored: int) -> str | None:
     if counter >= stored:
         return None
-    return (f"the registry's snapshot read counter is at {counter}, PostgreSQL holds a copy "
-            f"counted at {stored}")
+    return (f"{whose} snapshot read counter is at {counter}, PostgreSQL holds {what} counted "
+            f"at {stored}")
 
 
 async def registry_reads_behind(state: RedisState, reads: Mapping[int, int]) -> str | None:

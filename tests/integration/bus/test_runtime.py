@@ -8,6 +8,7 @@ one connection of an in-process service."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -57,7 +58,22 @@ async def redis_ms(raw: aredis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+def counted(worker: Worker, fn: str, answer: Callable[[Any, int], Any]) -> list[str]:
+    """`fn` on `worker`: each run's call id recorded in the list returned, its reply
+    `answer(body, runs so far)`."""
+    runs: list[str] = []
+
+    @worker.function(fn)
+    async def run(body: Any, call: Call) -> Any:
+        runs.append(call.id or "")
+        return answer(body, len(runs))
+
+    return runs
+
+
 # ---- two consumers, one call -----------------------------------------------------------------
+
+
 async def test_a_call_in_flight_is_kept_until_the_visibility_timeout_and_applied_once(
     redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str
 ) -> None:
@@ -219,12 +235,7 @@ async def test_call_records_are_kept_for_the_dedupe_window_and_then_dropped(
     space = KeySpace(prefix, 4)
     worker = Worker("win", settings=settings, options=BusOptions(block_ms=50))
     worker_record = Bus(prefix, "win").record("win-2")
-    runs: list[str] = []
-
-    @worker.function("win::run")
-    async def run(body: Any, call: Call) -> Any:
-        runs.append(call.id or "")
-        return {"run": len(runs)}
+    runs = counted(worker, "win::run", lambda body, n: {"run": n})
 
     async def both() -> tuple[Any, Any]:
         state = await client.call("state::update", {"scope": scope, "key": "n",
@@ -379,12 +390,7 @@ async def test_a_call_answered_deadline_exceeded_runs_when_sent_again_with_a_lat
     call sent again with a later deadline runs."""
     settings = settings_for(redis_server.url, prefix)
     worker = Worker("orders", settings=settings, options=BusOptions(block_ms=50))
-    runs: list[str] = []
-
-    @worker.function("orders::ship")
-    async def ship(body: Any, call: Call) -> Any:
-        runs.append(call.id or "")
-        return {"shipped": body["n"]}
+    runs = counted(worker, "orders::ship", lambda body, n: {"shipped": body["n"]})
 
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
@@ -451,12 +457,7 @@ async def test_a_call_whose_run_died_runs_when_its_entry_is_served_again(
                   px=60_000)  # (the dead run's claim)
     worker = Worker("orders", settings=settings_for(redis_server.url, prefix),
                     options=BusOptions(block_ms=50, consumer="w1"))
-    runs: list[str] = []
-
-    @worker.function("orders::charge")
-    async def charge(body: Any, call: Call) -> Any:
-        runs.append(call.id or "")
-        return {"charged": body["amount"]}
+    runs = counted(worker, "orders::charge", lambda body, n: {"charged": body["amount"]})
 
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
