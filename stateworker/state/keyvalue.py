@@ -2,7 +2,7 @@
 (`SetOutcome`, `Swap`, `Entry`: results.py).
 
 get, set, delete, compare_and_set and get_entry on one key; list, list_keys and list_groups on
-scopes. Each runs its function's typed plan (state/functions.py: the same checks as a bus
+scopes. Each runs its function's typed plan (state/typed_functions.py: the same checks as a bus
 call) and carries its spec's one Raises text (specs.with_raises). `StateStore` (api.py)
 inherits them; it adds opening, `call` / `call_json`, the other functions' typed methods,
 namespaces, barriers, events and the reaper. Values go in through codec.py (tagged types,
@@ -27,7 +27,7 @@ from stateworker.schemas import (
     SetRequest,
 )
 from stateworker.specs import Face, with_raises
-from stateworker.state import functions
+from stateworker.state import typed_functions
 from stateworker.state.core import results
 from stateworker.state.core.results import Entry, SetOutcome, Swap, py_value
 from stateworker.state.core.store import RedisState
@@ -61,7 +61,7 @@ class KeyValueMethods:
 
         Example: `await store.get("orders", "o-1")`
         """
-        return py_value(await self.state.execute(functions.state_get(self.state, GetRequest(scope, key),
+        return py_value(await self.state.execute(typed_functions.state_get(self.state, GetRequest(scope, key),
                                                             NO_CONTEXT)))
 
     @with_raises(specs.SET, STORE)
@@ -98,7 +98,7 @@ class KeyValueMethods:
         req = SetRequest(scope, key, topic=topic, ttl_ms=ttl_ms,
                          expected_version=expected_version, create_only=create_only,
                          max_keys=max_keys)
-        plan = functions.state_set(self.state, req, _ctx(by), lambda: self._value(value))
+        plan = typed_functions.state_set(self.state, req, _ctx(by), lambda: self._value(value))
         return results.set_outcome(await self.state.execute(plan))
 
     @with_raises(specs.DELETE, STORE)
@@ -115,7 +115,7 @@ class KeyValueMethods:
         Example: `await store.delete("orders", "o-1", expected_version=3)`
         """
         req = DeleteRequest(scope, key, expected_version=expected_version)
-        plan = functions.state_delete(self.state, req, _ctx(by))
+        plan = typed_functions.state_delete(self.state, req, _ctx(by))
         return py_value(await self.state.execute(plan))
 
     @with_raises(specs.LIST, STORE)
@@ -128,7 +128,7 @@ class KeyValueMethods:
 
         Example: `await store.list("orders")`
         """
-        plan = functions.state_list(self.state, ScopeRequest(scope), NO_CONTEXT)
+        plan = typed_functions.state_list(self.state, ScopeRequest(scope), NO_CONTEXT)
         return [py_value(raw) for raw in await self.state.execute(plan)]
 
     @with_raises(specs.LIST_KEYS, STORE)
@@ -140,7 +140,7 @@ class KeyValueMethods:
 
         Example: `await store.list_keys("orders")`
         """
-        plan = functions.state_list_keys(self.state, ScopeRequest(scope), NO_CONTEXT)
+        plan = typed_functions.state_list_keys(self.state, ScopeRequest(scope), NO_CONTEXT)
         keys: builtins.list[str] = (await self.state.execute(plan)).keys
         return keys
 
@@ -151,7 +151,7 @@ class KeyValueMethods:
 
         Example: `await store.list_groups()`
         """
-        plan = functions.state_list_groups(self.state, EmptyRequest(), NO_CONTEXT)
+        plan = typed_functions.state_list_groups(self.state, EmptyRequest(), NO_CONTEXT)
         groups: builtins.list[str] = (await self.state.execute(plan)).groups
         return groups
 
@@ -177,7 +177,7 @@ class KeyValueMethods:
             want = None if expected is ABSENT else self._value(expected, "expected")
             return want, self._value(value)
 
-        plan = functions.state_compare_and_set(self.state, CompareAndSetRequest(scope, key),
+        plan = typed_functions.state_compare_and_set(self.state, CompareAndSetRequest(scope, key),
                                                _ctx(by), checked)
         return results.swap(await self.state.execute(plan))
 
@@ -195,7 +195,7 @@ class KeyValueMethods:
         Example: `entry = await store.get_entry("orders", "o-1", required=True)`
         """
         checked = None if default is ABSENT else lambda: self._value(default, "default")
-        plan = functions.state_get_entry(self.state, GetEntryRequest(scope, key,
+        plan = typed_functions.state_get_entry(self.state, GetEntryRequest(scope, key,
                                                                      required=required),
                                          NO_CONTEXT, checked)
         return results.entry(await self.state.execute(plan))

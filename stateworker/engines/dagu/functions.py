@@ -45,7 +45,7 @@ from stateworker.schemas import (
     SetResult,
 )
 from stateworker.specs import Spec
-from stateworker.state import functions
+from stateworker.state import functions, typed_functions
 from stateworker.state.core.store import RedisState
 from stateworker.state.kv.listing import MAX_LIMIT as PAGE_LIMIT
 from stateworker.transport.plans import Plan, command_reply, then
@@ -59,7 +59,7 @@ def dagu_get(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     # docs/decisions/0043-engines-thin-translation.md.)
     where, key = rules.address("get", req, ctx, state.settings.max_key_bytes)
     try:
-        native = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+        native = typed_functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
     except StateError as exc:
         raise_as_namespace(exc)
 
@@ -97,7 +97,7 @@ def dagu_set(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
                          expected_version=rules.expected_version(req.expected_version),
                          create_only=bool(req.create_only))
     try:
-        native = functions.state_set(state, request, ctx, checked=value)
+        native = typed_functions.state_set(state, request, ctx, checked=value)
     except StateError as exc:
         raise_as_namespace(exc)
 
@@ -119,7 +119,7 @@ def dagu_delete(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     if expected == 0:
         return _absent(state, where, key, ctx)
     with SCOPE_AS_NAMESPACE:
-        delete = functions.state_delete(
+        delete = typed_functions.state_delete(
             state, DeleteRequest(where.native, key, expected_version=expected), ctx)
     exists: list[Arg] = ["EXISTS", state.keys.for_scope(where.native).entry(where.native, key)]
 
@@ -144,7 +144,7 @@ def _absent(state: RedisState, where: Place, key: str, ctx: CallContext) -> Plan
                             key=key, deleted=False)
 
     with SCOPE_AS_NAMESPACE:
-        plan = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+        plan = typed_functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
     return then(plan, answer)
 
 
@@ -174,7 +174,7 @@ class _Listing:
                                     limit=wanted, after=after,
                                     include_values=bool(self.req.include_values))
         with SCOPE_AS_NAMESPACE:
-            return then(functions.state_list_entries(self.state, native, self.ctx),
+            return then(typed_functions.state_list_entries(self.state, native, self.ctx),
                         self.collect)
 
     def collect(self, result: ListEntriesResult) -> Plan | ListOutput:
@@ -215,7 +215,7 @@ def dagu_diff(state: RedisState, req: DaguRequest, ctx: CallContext) -> Plan:
     native = DiffRequest(where.native, key, value=Raw(current.json), update=True,
                          expected_version=expected)
     with SCOPE_AS_NAMESPACE:
-        return rules.in_dagu_texts(functions.state_diff(state, native, ctx, checked=current),
+        return rules.in_dagu_texts(typed_functions.state_diff(state, native, ctx, checked=current),
                                    answer)
 
 
@@ -233,7 +233,7 @@ def _compare(state: RedisState, where: Place, key: str, digest: str, expected: i
             version=stored, hash=entry.hash or "", previous=entry.value)
 
     with SCOPE_AS_NAMESPACE:
-        plan = functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
+        plan = typed_functions.state_get_entry(state, GetEntryRequest(where.native, key), ctx)
     return then(plan, answer)
 
 

@@ -30,7 +30,7 @@ from stateworker.schemas import (
     ListEntriesResult,
 )
 from stateworker.specs import Spec
-from stateworker.state import functions
+from stateworker.state import functions, typed_functions
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.kv import listing
@@ -62,7 +62,7 @@ def set_state(state: RedisState, req: moco.SetStateRequest, ctx: CallContext) ->
     scope = rules.resolve(state.settings, ctx, req)
     try:
         # topic None clears an earlier tag: moco's set_state always writes the topic column.
-        plan = functions.state_set(state, schemas.SetRequest(
+        plan = typed_functions.state_set(state, schemas.SetRequest(
             scope, req.key, value=req.value, topic=req.topic), ctx)
     except StateError as exc:
         raise_as_namespace(exc)
@@ -72,7 +72,7 @@ def set_state(state: RedisState, req: moco.SetStateRequest, ctx: CallContext) ->
 def get_state(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
     scope = rules.resolve(state.settings, ctx, req)
     try:
-        return functions.state_get(state, schemas.GetRequest(scope, req.key), ctx)
+        return typed_functions.state_get(state, schemas.GetRequest(scope, req.key), ctx)
     except StateError as exc:
         raise_as_namespace(exc)
 
@@ -86,7 +86,7 @@ def iso_utc(rfc3339: str) -> str:
 def get_state_with_ts(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
     scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
-        plan = functions.state_get_entry(state, schemas.GetEntryRequest(scope, req.key), ctx)
+        plan = typed_functions.state_get_entry(state, schemas.GetEntryRequest(scope, req.key), ctx)
 
     def reshape(entry: EntryResult) -> moco.StateWithTs:
         if not entry.found or not isinstance(entry.updated_at, str):
@@ -100,7 +100,7 @@ def get_state_with_ts(state: RedisState, req: moco.KeyRequest, ctx: CallContext)
 def del_state(state: RedisState, req: moco.KeyRequest, ctx: CallContext) -> Plan:
     scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
-        plan = functions.state_delete(state, schemas.DeleteRequest(scope, req.key), ctx)
+        plan = typed_functions.state_delete(state, schemas.DeleteRequest(scope, req.key), ctx)
     return answered_null(plan)
 
 
@@ -108,7 +108,7 @@ def update_topic(state: RedisState, req: moco.UpdateTopicRequest, ctx: CallConte
     scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE:
         # A missing key: native update-topic answers {updated: false} and writes nothing.
-        plan = functions.state_update_topic(
+        plan = typed_functions.state_update_topic(
             state, schemas.UpdateTopicRequest(scope, req.key, req.topic), ctx)
     return answered_null(plan)
 
@@ -116,7 +116,7 @@ def update_topic(state: RedisState, req: moco.UpdateTopicRequest, ctx: CallConte
 def delete_by_topic(state: RedisState, req: moco.DeleteByTopicRequest, ctx: CallContext) -> Plan:
     scope = rules.resolve(state.settings, ctx, req)
     with SCOPE_AS_NAMESPACE, renamed("topic", "topic_pattern"):
-        plan = functions.state_delete_by_topic(
+        plan = typed_functions.state_delete_by_topic(
             state, schemas.DeleteByTopicRequest(scope, req.topic_pattern), ctx)
 
     def deleted(result: DeletedResult) -> int:
@@ -148,7 +148,7 @@ class _StatesListing:
 
     def pages(self, page_req: ListEntriesRequest) -> Plan:
         with SCOPE_AS_NAMESPACE:
-            plan = functions.state_list_entries(self.state, page_req, self.ctx)
+            plan = typed_functions.state_list_entries(self.state, page_req, self.ctx)
         return then(plan, functools.partial(self.more, page_req))
 
     def more(self, page_req: ListEntriesRequest, page: ListEntriesResult
@@ -199,7 +199,7 @@ def list_namespaces(state: RedisState, req: moco.ListNamespacesRequest, ctx: Cal
                 found.append(name)
         return found if limit is None else found[:limit]
 
-    plan = functions.state_list_groups(state, schemas.EmptyRequest(), ctx)
+    plan = typed_functions.state_list_groups(state, schemas.EmptyRequest(), ctx)
     return then(plan, names)
 
 
