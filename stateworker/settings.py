@@ -8,7 +8,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from stateworker.errors import ERRORS_DOC_URL, ConfigError, shown
+from stateworker.error_codes import ERRORS_DOC_URL
+from stateworker.errors import ConfigError, shown
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # What each durability mode asks of Redis's AOF: `fast` fsyncs once a second (a second of

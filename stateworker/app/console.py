@@ -39,6 +39,7 @@ from stateworker.app.bodies import read_body
 from stateworker.app.console_reads import Rates
 from stateworker.app.hosts import local_only
 from stateworker.app.logins import COOKIE, SESSION_S, Logins
+from stateworker.error_codes import http_status
 from stateworker.errors import (
     InternalError,
     InvalidRequest,
@@ -47,7 +48,6 @@ from stateworker.errors import (
     ResourceExhausted,
     StateError,
     UnknownCaller,
-    http_status,
     shown,
 )
 from stateworker.events.history import history_document

@@ -18,7 +18,8 @@ from typing import Any, Literal
 import msgspec
 
 from stateworker.codec import whole_number
-from stateworker.errors import HTTP_STATUS, ConfigError, StateError, shown
+from stateworker.error_codes import HTTP_STATUS
+from stateworker.errors import ConfigError, StateError, shown
 from stateworker.settings import Settings
 
 DEFAULT_STORES = "statestore"

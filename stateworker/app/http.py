@@ -4,7 +4,7 @@ default): a Starlette app served by uvicorn on httptools on the service's own ev
 
     POST /v1/call/{function}   the function's JSON body in, the bus's reply document out
                                (`{"id":…,"ok":…,"result"|"error":…}`), the error's code
-                               mapped to an HTTP status (errors.HTTP_STATUS)
+                               mapped to an HTTP status (error_codes.HTTP_STATUS)
     GET  /metrics              Prometheus text (app/metrics.py)
     GET  /healthz              200 while the process serves
     GET  /readyz               200 when Redis (and the bus's own) answers a PING and has not lost the data
@@ -59,13 +59,13 @@ from stateworker.bus.protocol import reply_document
 from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
 from stateworker.engines.catalog import CATALOG
+from stateworker.error_codes import http_status
 from stateworker.errors import (
     InternalError,
     InvalidRequest,
     PermissionDenied,
     StateError,
     UnknownCaller,
-    http_status,
 )
 from stateworker.schemas import encoder
 from stateworker.state import functions

@@ -124,7 +124,7 @@ class OpError(Struct):
     op_index: int
     code: str
     message: str
-    doc_url: str = ""  # the code's section of docs/errors.md (errors.doc_url)
+    doc_url: str = ""  # the code's section of docs/errors.md (error_codes.doc_url)
 
 
 class UpdateResult(Struct, omit_defaults=True):

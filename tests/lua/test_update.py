@@ -9,7 +9,7 @@ import pytest
 
 from stateworker import StateError, StateStore
 from stateworker.clock import now_ms
-from stateworker.errors import ERRORS_DOC_URL, doc_url
+from stateworker.error_codes import ERRORS_DOC_URL, doc_url
 from stateworker.state.kv.ops import OP_CODES
 from tests.jsontext import exact_load
 from tests.lua.ttl import HOUR_MS, pass_time, stored_expiry

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker import StateError, StateStore
-from stateworker.errors import doc_url
+from stateworker.error_codes import doc_url
 from stateworker.state.kv.ops import OP_CODES
 from tests.jsontext import Num, Obj, deep, exact_load, json_trees, strings, to_text
 from tests.reference_ops import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from stateworker.errors import ERROR_CLASSES, HTTP_STATUS
+from stateworker.error_codes import HTTP_STATUS
+from stateworker.errors import ERROR_CLASSES
 from stateworker.scripts.bindings import BINDINGS
 from stateworker.scripts.library import assemble_library
 from stateworker.scripts.statuses import LUA_STATUS, OUTCOME_STATUSES, STATUS_ERRORS, lua_status_table
@@ -70,7 +71,7 @@ def test_every_script_file_is_loaded_and_has_a_header() -> None:
 
 
 def test_every_error_code_has_its_http_status() -> None:
-    """The HTTP face maps each code (errors.HTTP_STATUS); a code added without one would
+    """The HTTP face maps each code (error_codes.HTTP_STATUS); a code added without one would
     answer 500 over HTTP."""
     assert set(HTTP_STATUS) == set(ERROR_CLASSES)
     assert all(400 <= status <= 599 for status in HTTP_STATUS.values())

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import stateworker  # noqa: F401  (registers the engines' error classes)
-from stateworker.errors import ERROR_CLASSES, ERRORS_DOC_URL, ConfigError, anchor, doc_url
+from stateworker.error_codes import ERRORS_DOC_URL, anchor, doc_url
+from stateworker.errors import ERROR_CLASSES, ConfigError
 from stateworker.settings import Settings
 from stateworker.state.kv.ops import OP_CODES
 

@@ -17,7 +17,8 @@ from typing import Any
 from msgspec import UNSET, Struct
 
 from stateworker import codec
-from stateworker.errors import InvalidRequest, doc_url
+from stateworker.error_codes import doc_url
+from stateworker.errors import InvalidRequest
 from stateworker.schemas import AppendOp, DecrementOp, IncrementOp, MergeOp, Op, OpError, RemoveOp, SetOp
 from stateworker.scripts.replies import UpdateReply
 

@@ -21,6 +21,7 @@ import msgspec
 
 from stateworker import codec
 from stateworker.context import CallContext
+from stateworker.error_codes import doc_url
 from stateworker.errors import (
     CallTooLarge,
     DuplicateKey,
@@ -28,7 +29,6 @@ from stateworker.errors import (
     InvalidRequest,
     OpFailed,
     StateError,
-    doc_url,
     shown,
 )
 from stateworker.schemas.base import NULL

@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
-from stateworker.errors import doc_url
+from stateworker.error_codes import doc_url
 from stateworker.keys import KeySpace, call_field
 from stateworker.scripts.bindings import DIGEST_BYTES
 from tests.integration.busproto import receive, roundtrip, send, until

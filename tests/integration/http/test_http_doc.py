@@ -1,6 +1,6 @@
 """docs/http.md as written: its curl sessions run against a service with the HTTP face on
 (the documented address swapped for the one it listens on), each printing what the page
-shows; its status table is errors.HTTP_STATUS."""
+shows; its status table is error_codes.HTTP_STATUS."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import HTTP_STATUS
+from stateworker.error_codes import HTTP_STATUS
 from stateworker.settings import Settings
 from tests.docblocks import ROOT, blocks_of, matches, session
 from tests.servers import RedisServer
