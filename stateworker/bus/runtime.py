@@ -1,7 +1,8 @@
 """`BusRuntime`: the loops that serve one service's streams (bus/protocol.py: the protocol;
-bus/sources.py: which streams, and whose: `acl` mode's principals). This module holds the way
-of one call, from its read to its reply; the start, the drain, the fetcher and the reclaim are
-bus/upkeep.py's (`Upkeep`, a mixin of `BusRuntime`).
+bus/sources.py: which streams, and whose: `acl` mode's principals). This module holds the
+reader: what it reads, how much, and which calls start when; how a call it hands on is served
+(a batch of plans, a handler call) is bus/serving.py's (`Serving`), and the start, the drain,
+the fetcher and the reclaim are bus/upkeep.py's (`Upkeep`): both mixins of `BusRuntime`.
 
     reader   XREADGROUP batches -> the callers' lanes (bus/lanes.py: a fair share each) ->
              one task per batch (plans) or per call (user handlers), bounded by
@@ -30,38 +31,15 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from stateworker import tracing
-from stateworker.bus.entries import Parsed
 from stateworker.bus.lanes import Entry, Lanes
-from stateworker.bus.protocol import (
-    BatchHandler,
-    Bus,
-    BusOptions,
-    Call,
-    Handler,
-    Ref,
-    default_consumer,
-)
+from stateworker.bus.protocol import BatchHandler, Bus, BusOptions, Handler, Ref, default_consumer
 from stateworker.bus.reply_writer import ReplyWriter
-from stateworker.bus.sources import (
-    Source,
-    Sources,
-    follow_principals,
-    read_call,
-    recover_groups,
-)
+from stateworker.bus.serving import Serving
+from stateworker.bus.sources import Source, Sources, follow_principals, recover_groups
 from stateworker.bus.stats import Stats
 from stateworker.bus.upkeep import SKIM_WAIT_S, Upkeep
-from stateworker.clock import now_ms
-from stateworker.errors import (
-    InternalError,
-    StateError,
-    Unavailable,
-    deadline_exceeded,
-)
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.plans import REPLIED, Answered, Plan, RunsNow, Sent
 from stateworker.transport.retry import Backoff, transient_reason
 from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -72,7 +50,7 @@ SKIM = 512  # entries a read takes ahead (into the lanes) while a backlog waits
 WINDOW = 64  # a batch handler's calls in flight taken from the lanes, at most
 
 
-class BusRuntime(Upkeep):
+class BusRuntime(Serving, Upkeep):
     """Serves one service's stream with `handler` until `stop()`."""
 
     def __init__(self, conn: RedisConnection, bus: Bus, options: BusOptions, *,
@@ -289,140 +267,3 @@ class BusRuntime(Upkeep):
             self._serve_lanes()
         if self._in_flight == 0:
             self._idle.set()
-
-    def _prepare_batch(self, entries: list[tuple[Ref, list[bytes], Source]]
-                       ) -> list[tuple[Call, Plan]]:
-        """Calls as plans; a malformed or late call is answered (queued) here."""
-        assert self.batch is not None
-        replies = self.replies
-        in_script = self.batch.answers_in_script
-        ready: list[tuple[Call, Plan]] = []
-        for ref, flat, source in entries:
-            call, reply_key, call_id, error, msgpack = self._parse(ref, flat, source, in_script)
-            if call is None:
-                self._refuse(reply_key, call_id, error, ref, msgpack)
-                continue
-            if tracing.TRACEPARENT in call.ctx.context:  # (an untraced call costs this lookup only)
-                call.span, call.ctx = tracing.start_call(call.fn, call.ctx, call.id)
-            try:
-                # The deadline is checked by the plan: a call that was applied before its
-                # deadline passed must still get its recorded reply when delivered again.
-                ready.append((call, self.batch.prepare(call)))
-            except StateError as exc:
-                if call.span is not None:
-                    tracing.finish(call.span, exc.code)
-                replies.answer_call(call, None, exc)
-            except Exception as exc:  # a bug costs one call, not the batch
-                log.exception("preparing a call failed", extra={
-                    "event": "call.crashed", "call_id": call.id, "fn": call.fn})
-                if call.span is not None:
-                    tracing.finish(call.span, InternalError.code)
-                replies.answer_call(call, None, InternalError(
-                    f"{call.fn} failed inside the service: {type(exc).__name__}"))
-        return ready
-
-    async def _serve_batch(self, ready: list[tuple[Call, Plan]], sent: Sent,
-                           refs: list[Ref]) -> None:
-        """Wait for a batch's plans (every step of all calls in one pipeline); each call is
-        answered when its plan is done, and the replies are written after every step."""
-        assert self.batch is not None
-        replies = self.replies
-        answer_call = replies.answer_call
-
-        def done(index: int, result: Any) -> None:
-            call = ready[index][0]
-            if call.span is not None:
-                tracing.finish(call.span, result.code if isinstance(result, StateError)
-                               else tracing.OK)
-            if isinstance(result, Unavailable):
-                # Redis went away mid-call: the script may have run. No reply, no ack: the
-                # entry stays pending, and the reader (or a reclaim) serves it again, which
-                # answers it from the call's record. A call that runs now under its id's claim
-                # (a re-send) waits for a reclaim alone: the reader's pause and history would
-                # hold up every other call for as long as the claim lives.
-                if not isinstance(result, RunsNow):
-                    replies.unanswered = True
-                return
-            if isinstance(result, Answered):  # its script wrote the reply (and acknowledged)
-                replies.stats.count(None, call.started, call.fn)
-                if result is REPLIED:  # (the entry's stream on another node: acknowledged here)
-                    replies.queue(b"", None, call.ref, None)
-            elif isinstance(result, StateError):
-                answer_call(call, None, result)
-            else:
-                answer_call(call, result, None)
-
-        try:
-            if ready:
-                await self.batch.execute_many([plan for _, plan in ready], sent, done,
-                                              replies.flush_all)
-            await replies.flush_all()  # at once, rather than a loop iteration later
-        finally:
-            self._finished(refs)
-
-    def _parse(self, ref: Ref, flat: list[bytes], source: Source,
-               in_script: frozenset[str] = frozenset()) -> Parsed:
-        return read_call(ref, flat, self.options, self.bus, self.sources, source, in_script)
-
-    def _refuse(self, reply_key: bytes, call_id: str | None, error: StateError | None,
-                ref: Ref, msgpack: bool) -> None:
-        """An entry that is not run: answered with its error (acknowledged without a reply
-        when it gets none: a reply list it may not use)."""
-        if error is None:
-            self.replies.queue(b"", None, ref, None)
-        else:
-            self.replies.answer(reply_key, call_id, None, error, ref, None, None,
-                                msgpack=msgpack)
-
-    # ---- serving one call --------------------------------------------------------------------
-    async def _serve(self, ref: Ref, flat: list[bytes], source: Source) -> None:
-        try:
-            call, reply_key, call_id, error, msgpack = self._parse(ref, flat, source)
-            if call is None:
-                self._refuse(reply_key, call_id, error, ref, msgpack)
-                return
-            await self._run(call)
-            await self.replies.flush_all()
-        finally:
-            self._finished([ref])
-
-    async def _run(self, call: Call) -> None:
-        replies = self.replies
-        record = None
-        late = call.deadline_ms is not None and now_ms() > call.deadline_ms
-        if replies.record_ttl_ms is not None and call.id is not None:
-            record = (self.bus.record(call.id), (call.ctx.call_digest or "").encode())
-            running = self._running_ids.get(record[0])
-            if running is not None:  # the same id runs here now: the first run answers
-                replies.duplicate(call, record, running)
-                return
-            # Looked up, and (when it is to run) claimed for the visibility timeout, so no
-            # other worker runs it meanwhile; a late call is only looked up (its
-            # DEADLINE_EXCEEDED is not recorded: the id stays free).
-            if await replies.replayed(call, record, claim=not late):
-                return
-        if late:  # (not recorded: sent again with a later deadline, it runs)
-            assert call.deadline_ms is not None
-            replies.answer_call(call, None, deadline_exceeded(call.deadline_ms))
-            return
-        result: bytes | None = None
-        error: StateError | None = None
-        if record is not None:
-            self._running_ids[record[0]] = record[1]
-        try:
-            assert self.handler is not None
-            result = await self.handler(call)
-        except StateError as exc:
-            error = exc
-        except Exception as exc:  # a bug must cost one call, not the service
-            log.exception("call failed", extra={"event": "call.crashed", "call_id": call.id,
-                                                "fn": call.fn})
-            error = InternalError(f"{call.fn} failed inside the service: {type(exc).__name__}")
-        except anyio.get_cancelled_exc_class():
-            if record is not None:  # (cut off at the stop: the id free again, for the
-                await replies.release(record)  # entry left pending, when read again)
-            raise
-        finally:
-            if record is not None:
-                self._running_ids.pop(record[0], None)
-        replies.answer_call(call, result, error, record)
