@@ -6,9 +6,9 @@ How it counts: a state service runs in this process; a raw client (redis-py, no 
 the package) XADDs one call and waits for its reply while `sys.setprofile` notes the module
 of every package function called. Only calls made on the service's way count: those whose
 outermost package frame is the runtime's read loop (`BusRuntime.run`: the read, the parse,
-the plan, the send), a batch's task (`BusRuntime._serve_batch`: the answer), the reply
-writer's flusher, or the connection's protocol callbacks (the replies coming back); the
-dispatcher, the reaper and the other followers of the same process do not count.
+the plan, the send), a batch's task (`Serving._serve_batch`, bus/serving.py: the answer),
+the reply writer's flusher, or the connection's protocol callbacks (the replies coming back);
+the dispatcher, the reaper and the other followers of the same process do not count.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from stateworker.transport.embedded import EmbeddedRedis
 PACKAGE = "stateworker"
 # The outermost package frames of the call's way (module, function).
 ROOTS = {("stateworker.bus.runtime", "BusRuntime.run"),
-         ("stateworker.bus.runtime", "BusRuntime._serve_batch"),
+         ("stateworker.bus.serving", "Serving._serve_batch"),
          ("stateworker.bus.reply_writer", "ReplyWriter.flusher"),
          ("stateworker.transport.wire", "RespProtocol.data_received"),
          ("stateworker.transport.wire", "RespProtocol.end_tick")}
