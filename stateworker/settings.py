@@ -33,6 +33,10 @@ MAX_EVENTS_BYTES = 1 << 40
 # Replicas a strict write waits for at most: more than a primary has makes every write time out.
 MAX_STRICT_REPLICAS = 16
 
+# The default dedupe window: how long a call's record (its reply, by id) is kept. A client
+# that cannot read its service's window re-sends within half of it at most (bus/resends.py).
+DEDUPE_WINDOW_MS = 15 * 60 * 1000
+
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the store and the service read from their environment."""
@@ -90,7 +94,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     auth: str = "off"  # "off" or "acl": see AUTH_MODES (docs/security.md)
     reaper_batch: int = 200  # expired entries deleted per reaper script call
     reaper_interval_s: float = 0.25
-    dedupe_window_ms: int = 15 * 60 * 1000  # a call id's reply is kept (and replayed) this long
+    dedupe_window_ms: int = DEDUPE_WINDOW_MS  # a call id's reply is kept (and replayed) this long
     # A completed barrier (state::barrier) is kept this long, then its hash expires with
     # every payload it holds; an arrival after that starts a new barrier of the same id.
     barrier_ttl_s: int = 24 * 3600

@@ -102,7 +102,8 @@ class StateService:
         self.runtime = BusRuntime(state.bus_conn, self.bus, options, batch=StateCalls(state),
                                   describe={**durability, "auth": state.settings.auth, **cluster,
                                             **bus},
-                                  sources=_sources(state, self.bus), functions=CATALOG.functions)
+                                  sources=_sources(state, self.bus), functions=CATALOG.functions,
+                                  dedupe_window_ms=state.settings.dedupe_window_ms)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
         self.snapshotter = Snapshotter(state, url, pg) if url else None

@@ -7,15 +7,14 @@ call's id, so the service applies it at most once and answers it the same way. I
 Every call carries its deadline (`deadline_ms`, epoch ms: now + its timeout, unless given), so
 a call the client gave up on is never applied later. Redis that cannot serve for a while (a
 refused or broken connection, LOADING after a restart, BUSY, TRYAGAIN, CLUSTERDOWN,
-MASTERDOWN) costs a retry with backoff (50 ms doubling to 1 s, jittered) within the call's
-timeout, never the client: past the timeout the call raises UNAVAILABLE when it never reached
-the stream, TIMEOUT when it may have (see `call_json`)."""
+MASTERDOWN) costs a retry with backoff within the call's timeout, never the client: past the
+timeout the call raises UNAVAILABLE when it never reached the stream, TIMEOUT when it may
+have (see `call_json`). How a call is sent and re-sent, and until when (half the service's
+dedupe window), is bus/resends.py's (`Resends`, a mixin of `StateClient`); this module holds
+the client's connections, its reply readers and its faces."""
 
 from __future__ import annotations
 
-import asyncio
-import math
-import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -27,27 +26,25 @@ import anyio
 
 from stateworker import pyvalues, tracing
 from stateworker.bus.ids import CallIds, body_partition
-from stateworker.bus.protocol import call_entry, caller_route, caller_shards
-from stateworker.bus.reply_reader import ReplyReader, Waiter, not_sent_text, timeout_text
+from stateworker.bus.protocol import caller_route, caller_shards
+from stateworker.bus.reply_reader import ReplyReader, Waiter
+from stateworker.bus.resends import Resends, fallback_window_ms
 from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
-from stateworker.clock import now_ms, rfc3339_ms
-from stateworker.errors import CallTimeout, InvalidRequest, Unavailable, error_from, shown
+from stateworker.errors import Unavailable
 from stateworker.events.watch import Watch
+from stateworker.keys import stats_key
 from stateworker.settings import Settings
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, connection_like, probed
-from stateworker.transport.connection import check_url, shown_url
+from stateworker.transport.connection import check_url
 from stateworker.transport.embedded import bus_url, client_url
-from stateworker.transport.plans import redis_error
-from stateworker.transport.retry import Backoff, open_ready, transient_reason
+from stateworker.transport.retry import open_ready, transient_reason
 from stateworker.transport.subscriber import Subscriber
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
-MAX_TIMEOUT_S = 366 * 86_400  # a call's timeout, at most (its deadline is epoch ms from it)
 
-
-class StateClient(TypedCalls):
+class StateClient(Resends, TypedCalls):
     """`async with StateClient() as client: await client.set("s", "k", 1)`
 
     Every call raises the StateError of its error reply (`errors.error_from`: the class of
@@ -77,9 +74,12 @@ class StateClient(TypedCalls):
                 long `async with` waits for a Redis that is restarting or loading.
             retries: re-sends within that time while no reply came (at even intervals; each
                 re-sends the call with the same id and deadline); a transient Redis error
-                re-sends after its backoff besides. None later than half the dedupe window
-                (`dedupe_window_ms`) after the first send: a call's record is kept a window
-                after it ran, and a re-send read after that would apply it again.
+                re-sends after its backoff besides. None later than half the service's dedupe
+                window after the first send: a call's record is kept a window after it ran,
+                and a re-send read after that would apply it again. The service tells its
+                window (read at connect, then every minute: bus/resends.py); unknown (`acl`
+                mode, a service not started), the client's own `dedupe_window_ms` is taken, at
+                most the default (15 min).
             caller: recorded as the writer (`updated_by`, the event's `by`) of every call;
                 the worker `claim_namespace` claims for.
             settings: all settings at once (then `redis_url` and the environment are ignored).
@@ -122,6 +122,10 @@ class StateClient(TypedCalls):
         self._routes: Routes | None = None
         self._stack = AsyncExitStack()
         self._ids = CallIds(principal=self.principal)  # (on a cluster: homed ids, __aenter__)
+        # The re-sends' horizon: half the service's dedupe window, once read (bus/resends.py).
+        self._stats_key = stats_key(self.settings.prefix, service)
+        self.service_window_ms: int | None = None
+        self.resend_window_ms = fallback_window_ms(self.settings)
         self._closed = False
         self.transient: Counter[str] = Counter()
 
@@ -149,6 +153,7 @@ class StateClient(TypedCalls):
         if isinstance(conn, ClusterConnection):  # ids bound with their call's record
             self._ids.keys = self.shards.keys
             await self._route(conn)
+        await self._learn_window()
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         for reader in self._readers:
@@ -159,6 +164,7 @@ class StateClient(TypedCalls):
             with anyio.move_on_after(self.settings.connect_timeout_s or 5.0):
                 await self._published.tried.wait()
         tg.start_soon(self._replies.sweep_timeouts)
+        tg.start_soon(self._follow_window)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
 
@@ -210,18 +216,6 @@ class StateClient(TypedCalls):
             await self.conn.close()
             for reader in self._readers:
                 await reader.conn.close()
-
-    async def _connect(self, end: float) -> BaseException | None:
-        """Connect the sending connection within the call's time; the failure, or None."""
-        try:
-            with anyio.fail_after(max(end - time.monotonic(), 0.0)):
-                await self.conn.connect()
-        except ConnectionLost as exc:
-            return exc
-        except TimeoutError:
-            return ConnectionLost(f"cannot connect to Redis at {shown_url(self.url)} within the "
-                                  "call's time")
-        return None
 
     @property
     def published_replies(self) -> int:
@@ -311,104 +305,6 @@ class StateClient(TypedCalls):
                 return await self._call(fn, body, timeout, call_id, tracing.inject(context),
                                         deadline_ms, partition)
         return await self._call(fn, body, timeout, call_id, context, deadline_ms, partition)
-
-    async def _call(self, fn: str, body: bytes | str, timeout: float | None, call_id: str,
-                    context: Mapping[str, Any] | None, deadline_ms: int | None,
-                    partition: int | None) -> bytes:
-        wait_s = timeout or self.timeout
-        if not 0 < wait_s <= MAX_TIMEOUT_S:  # (not NaN, not past what a deadline can hold)
-            raise InvalidRequest(f"timeout: must be a positive number of seconds, at most "
-                                 f"{MAX_TIMEOUT_S} s (a year), got {wait_s!r}",
-                                 {"path": "timeout", "limit": MAX_TIMEOUT_S})
-        start = time.monotonic()
-        end = start + wait_s
-        if deadline_ms is None:
-            deadline_ms = now_ms() + math.ceil(wait_s * 1000)
-        reply_list = self.reply_key
-        if self._routes is not None:  # (a cluster: the list, the shard on the state's node)
-            stream, reply_list = self._routes.pick(partition, call_id)
-        else:
-            stream = self._one_stream or self.shards.stream_at(partition, call_id)
-        published = self._published
-        fields = call_entry(stream, call_id, fn, body, reply_list, deadline_ms, self.caller,
-                            context, published is not None and published.live)
-        if call_id in self._pending:  # (its reply would go to one of them alone)
-            raise InvalidRequest(
-                f"call_id: {shown(call_id)} is already in flight in this client (one call "
-                "per id at a time: the client re-sends it itself; await the first call)",
-                {"path": "call_id", "call_id": call_id})
-        waiter = self._pending[call_id] = Waiter()
-        sends = 0
-        maybe_sent = False  # an XADD went out that may have reached the stream
-        # Re-sent only within half the dedupe window after the first send that may have
-        # reached the stream: the call's record is kept a window after it ran, and a re-send
-        # read after the record is gone would apply the call again.
-        resend_until = math.inf
-        resend_s = self.settings.dedupe_window_ms / 2000
-        last_failure: BaseException | None = None  # the last transient error met
-        backoff: Backoff | None = None
-        try:
-            while waiter.reply is None:
-                failure: BaseException | None = None
-                if time.monotonic() >= resend_until:  # (past it: the reply, or the timeout)
-                    await waiter.pause(end - time.monotonic())
-                    break
-                # Sent without waiting for Redis to say so: one wake-up per call, not two.
-                xadd = self.conn.send_pipeline([fields])
-                if xadd is None:  # not connected (yet, or since Redis went away)
-                    failure = await self._connect(end)
-                else:
-                    sends += 1
-                    sent_at = time.monotonic()
-                    if fields[-2] == "publish":  # (a re-send's reply comes on the list: a
-                        fields = fields[:-2]  # subscription lost its first, or is dead)
-                    xadd.add_done_callback(waiter.sent)
-                    # The re-sends are spread evenly over the call's time.
-                    waiter.deadline = min(end, start + sends * wait_s / (self.retries + 1))
-                    await waiter.future
-                    if waiter.reply is not None:
-                        break
-                    failure, waiter.error = waiter.error, None
-                    waiter.future = asyncio.get_running_loop().create_future()
-                    if not isinstance(failure, ReplyError):  # no error reply: it may have run
-                        maybe_sent = True
-                        resend_until = min(resend_until, sent_at + resend_s)
-                    elif transient_reason(failure) is None:  # refused for good
-                        if str(failure).startswith("OOM"):  # Redis at maxmemory
-                            raise redis_error(failure, f"{fn}: sending the call") from failure
-                        raise Unavailable(f"{fn}: the call could not be sent: {failure}",
-                                          {"call_id": call_id}) from failure
-                if self._closed or time.monotonic() >= end:
-                    break
-                if failure is None:
-                    continue  # connected, or time to re-send
-                # A transient error: back off (a reply to an earlier send may still come
-                # meanwhile), then re-send with the same id and deadline.
-                last_failure = failure
-                self._met(failure)
-                backoff = backoff or Backoff()
-                await waiter.pause(min(backoff.next(), end - time.monotonic()))
-                if self._closed:
-                    break
-        finally:
-            if self._pending.get(call_id) is waiter:
-                del self._pending[call_id]
-        reply = waiter.reply
-        if reply is None:
-            if self._closed:
-                raise Unavailable(f"{fn}: the client was closed before the reply came (call id "
-                                  f"{call_id}; sent with deadline_ms {deadline_ms})",
-                                  {"call_id": call_id, "deadline_ms": deadline_ms})
-            if maybe_sent:
-                raise CallTimeout(*timeout_text(fn, call_id, wait_s, sends, deadline_ms,
-                                                rfc3339_ms(deadline_ms) or ""))
-            raise Unavailable(*not_sent_text(fn, call_id, self.url, wait_s,
-                                             last_failure or "no time left to send it"))
-        if not reply.ok:
-            error = reply.error
-            raise error_from(str(error.get("code", "INTERNAL")), str(error.get("message", "")),
-                             error.get("details") or {})
-        return bytes(reply.result)
 
     async def call(self, fn: str, body: Any, **options: Any) -> Any:
         """Like `call_json`, body and result as Python values (tagged types converted).

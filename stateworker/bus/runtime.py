@@ -57,13 +57,15 @@ class BusRuntime(Serving, Upkeep):
                  handler: Handler | None = None, batch: BatchHandler | None = None,
                  record_ttl_ms: int | None = None, start_wait_s: float | None = 60.0,
                  describe: dict[str, Any] | None = None, sources: Sources | None = None,
-                 functions: Iterable[str] = ()) -> None:
+                 functions: Iterable[str] = (), dedupe_window_ms: int | None = None) -> None:
         """`handler` runs each call in a task of its own (user workers); `batch` turns calls
         into plans and runs a whole batch together (the state service). `start_wait_s`: how
         long `run` waits for a Redis that refuses connections or is loading (None: as long
         as it takes). `describe`: more fields for the one "serving" log line. `sources`: the
         streams read (default: the service's stream alone; bus/sources.py). `functions`: the
-        names served, the function labels of `stats` (bus/stats.py)."""
+        names served, the function labels of `stats` (bus/stats.py). `dedupe_window_ms`: how long
+        a call's record is kept (default `record_ttl_ms`), told to clients in the stats hash:
+        they re-send a call within half of it only (bus/resends.py)."""
         assert (handler is None) != (batch is None), "give one of handler and batch"
         self.conn = conn  # shared, pipelined: scripts, replies, acks
         # Blocking reads only (one per slot on a cluster: transport/streamread.py).
@@ -74,7 +76,8 @@ class BusRuntime(Serving, Upkeep):
         self.options = options
         self.sources = sources or Sources(bus.prefix, bus.service, bus.streams)
         self.consumer = options.consumer or default_consumer()
-        self.stats = Stats(functions)
+        self.stats = Stats(functions, record_ttl_ms if dedupe_window_ms is None
+                           else dedupe_window_ms)
         # record_ttl_ms set: replies are recorded (user workers)
         self.replies = ReplyWriter(conn, bus, options, self.stats, record_ttl_ms)
         self._stopping = anyio.Event()

@@ -1,6 +1,8 @@
 """Counters of one service: calls, errors by code, latency. Kept in process, added to the
 Redis hash `<prefix>:stats:<service>` with the reply writes (at most every FLUSH_EVERY_S), so
-`stateworker status` of any process can show them."""
+`stateworker status` of any process can show them. The same hash tells the service's dedupe
+window (WINDOW_FIELD, written at start and with the counters): its clients re-send a call
+only within half of it (bus/resends.py)."""
 
 from __future__ import annotations
 
@@ -24,15 +26,20 @@ _BUCKET_NAMES = [f"latency_le_{bound}ms" for bound in LATENCY_BUCKETS_MS] + ["la
 
 
 OTHER_FUNCTION = "other"  # the label of every name the service does not serve
+WINDOW_FIELD = "dedupe_window_ms"  # the stats hash's field telling the service's dedupe window
 
 
 class Stats:
     """Counts on the hot path are plain integers; names are made once a second."""
 
-    def __init__(self, functions: Iterable[str] = ()) -> None:
+    def __init__(self, functions: Iterable[str] = (), dedupe_window_ms: int | None = None
+                 ) -> None:
         """`functions`: the names the service serves, each a label of its own in `codes` and
         `latencies`; any other name is counted as OTHER_FUNCTION (callers choose the
-        names: one label each would grow without limit)."""
+        names: one label each would grow without limit). `dedupe_window_ms`: how long the
+        service keeps a call's record, told in the hash (None: nothing told)."""
+        self.told: list[Arg] = [] if dedupe_window_ms is None else [WINDOW_FIELD,
+                                                                      dedupe_window_ms]
         self.pending: Counter[str] = Counter()
         self.calls = 0
         self.total = 0  # calls this runtime answered since it started (the hash sums replicas)
@@ -93,9 +100,13 @@ class Stats:
         self.last_flush = now
         commands: list[list[Arg]] = [["HINCRBY", key, name, value]
                                      for name, value in self.pending.items()]
-        commands.append(["HSET", key, "flushed_ms", now_ms()])  # how current they are
+        commands.append(["HSET", key, "flushed_ms", now_ms(), *self.told])  # how current they are
         self.pending.clear()
         return commands
+
+    def tell_commands(self, key: str) -> list[list[Arg]]:
+        """What the service tells in the hash before it counts anything (its start)."""
+        return [["HSET", key, *self.told]] if self.told else []
 
 
 class Backlog(NamedTuple):

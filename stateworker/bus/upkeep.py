@@ -1,9 +1,9 @@
 """`Upkeep`: what a `BusRuntime` (bus/runtime.py) does around serving its calls, none of it on
-the way of one call: the start (the consumer groups made, waiting for a Redis that is away or
-loading), the drain at stop (calls in flight and read ahead finished within `grace_s`), the
-fetcher (a flooding caller's parked entries read back, XRANGE, as its lane runs low: bus/lanes.py)
-and the reclaim (XAUTOCLAIM of entries idle longer than the visibility timeout, served as any
-read).
+the way of one call: the start (the consumer groups made, the service's dedupe window told in
+its stats hash, waiting for a Redis that is away or loading), the drain at stop (calls in
+flight and read ahead finished within `grace_s`), the fetcher (a flooding caller's parked
+entries read back, XRANGE, as its lane runs low: bus/lanes.py) and the reclaim (XAUTOCLAIM of
+entries idle longer than the visibility timeout, served as any read).
 
 A mixin of `BusRuntime`, which holds the state it uses (declared below for the type checker)
 and serves what these loops hand it (`_spawn`, `_serve_lanes`).
@@ -65,6 +65,9 @@ class Upkeep:
         while not self._stopping.is_set():
             try:
                 await create_groups(self.conn, self.sources, self.bus.group)
+                # (its dedupe window told before the first call: bus/stats.py, bus/resends.py)
+                if told := self.replies.stats.tell_commands(self.bus.stats_key):
+                    await self.conn.pipeline(told)
                 break
             except (ConnectionLost, ReplyError) as exc:
                 reason = transient_reason(exc)

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from stateworker.bus.client import MAX_TIMEOUT_S
+from stateworker.bus.resends import MAX_TIMEOUT_S
 from stateworker.codec import whole_number
 from stateworker.errors import StateError, shown
 from stateworker.keys import MAX_SERVICE_BYTES, bus_name_problem

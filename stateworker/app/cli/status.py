@@ -9,6 +9,7 @@ from typing import Any
 
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, print_json, settings_of
 from stateworker.app.output import table, wants_table
+from stateworker.bus.stats import WINDOW_FIELD
 from stateworker.clock import rfc3339_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace, bus_shard_of_stream, bus_streams_pattern, stats_key
@@ -168,6 +169,7 @@ async def _service_status(conn: RedisConnection, streams: dict[int, bytes], grou
     flat = await conn.execute("HGETALL", stats_key(settings.prefix, group))
     counters = {k.decode(): int(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
     flushed = counters.pop("flushed_ms", None)
+    counters.pop(WINDOW_FIELD, None)  # (told to clients, not counted: bus/stats.py)
     report = {
         "stream_length": sum(s["stream_length"] for s in shards),
         "pending": sum(s["pending"] for s in shards),

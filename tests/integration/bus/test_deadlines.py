@@ -13,6 +13,7 @@ from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import now_ms
 from stateworker.errors import CallTimeout, DeadlineExceeded
+from stateworker.settings import DEDUPE_WINDOW_MS
 from tests.integration.services import run_cli, settings_for
 from tests.servers import RedisServer
 
@@ -93,3 +94,37 @@ async def test_a_reply_lost_is_not_resent_past_the_calls_record(redis_server: Re
         await drained(raw, f"{prefix}:bus:state")
         await raw.delete(client.reply_key)
         assert await client.get(scope, "n") == 1  # applied once
+
+
+async def test_the_resend_horizon_is_the_services_window_not_the_clients(
+        redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    """The record is kept the SERVICE's window (here 1 s); a client set to a longer one (60 s)
+    reads the service's at connect and re-sends within half of it, so its re-sends, due at
+    1.2 s and 2.4 s, never go out and the call is applied once. The reply is lost for good,
+    as above."""
+    body = {"scope": scope, "key": "n", "ops": [{"type": "increment", "path": "", "by": 1}]}
+    async with StateService.running(settings_for(redis_server, prefix, dedupe_window_ms=1000),
+                                    BusOptions(block_ms=50)), \
+            StateClient(settings=settings_for(redis_server, prefix, dedupe_window_ms=60_000),
+                        timeout=3.6, retries=2) as client:
+        assert (client.service_window_ms, client.resend_window_ms) == (1000, 1000)
+        await client.set(scope, "n", 0)
+        await raw.set(client.reply_key, "not a list")
+        with pytest.raises(CallTimeout):
+            await client.call("state::update", body)
+        await drained(raw, f"{prefix}:bus:state")
+        await raw.delete(client.reply_key)
+        assert await client.get(scope, "n") == 1  # applied once
+
+
+async def test_a_client_that_cannot_read_the_window_keeps_to_the_default(
+        redis_server: RedisServer, prefix: str) -> None:
+    """No service has told its window (none started under this prefix): the client keeps the
+    smaller of its own and the default window, and reads the service's once it can."""
+    settings = settings_for(redis_server, prefix, dedupe_window_ms=DEDUPE_WINDOW_MS * 4)
+    async with StateClient(settings=settings, timeout=3.0) as client:
+        assert (client.service_window_ms, client.resend_window_ms) == (None, DEDUPE_WINDOW_MS)
+    async with StateService.running(settings_for(redis_server, prefix, dedupe_window_ms=5000),
+                                    BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=3.0) as client:
+        assert (client.service_window_ms, client.resend_window_ms) == (5000, 5000)
