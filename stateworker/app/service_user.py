@@ -50,7 +50,8 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "acl|dryrun": ["ACL", "DRYRUN", user, "PING"],
         "ping": ["PING"],
         "info": ["INFO", "persistence"],  # AOF on? a cluster?
-        "hget": ["HGET", keys.meta, "partitions"],  # (and the entries' layout; the scripts)
+        "hget": ["HGET", keys.meta, "partitions"],  # (and the entries' layout; the scripts; a bus
+        # condition's client: its service's dedupe window, bus/resends.py)
         "hsetnx": ["HSETNX", keys.meta, "partitions", 1],
         "time": ["TIME"],  # where a new event history begins (compaction.begin_history)
         "function|load": ["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
