@@ -6,17 +6,13 @@ messages, no Request or Response made), every other request passed to the app. S
 own layers (its error middleware, each middleware's frame, a Request, a Response and its
 send wrapper) cost about a fifth of the service's CPU a call (docs/decisions/0057).
 
-`HotPaths`: the most frequent of the others sent to their endpoint directly, past
-Starlette's router and its exception layer.
-
-`POST /v1/call/<function>`, Dapr's get (`GET /v1.0/state/<store>/<key>`) and save (`POST` or
-`PUT /v1.0/state/<store>`) are nearly all of a busy face's traffic. Starlette's router tries
-its routes in order (the console's and Dapr's come first) and wraps each endpoint in layers of
-its own: a quarter of the face's CPU per call (docs/decisions/0057). The endpoints are the
-routes' own (looked up in the route table, so there is one of each), run as Starlette runs
-them (a `Request`, the `Response` it returns sent), inside the same middleware: the guards
-(Host, Origin) have run before, and an exception reaches Starlette's error middleware as from
-the router. Any other request goes on to the router unchanged.
+`HotPaths`, inside the guards' middleware: Dapr's get (`GET /v1.0/state/<store>/<key>`) and
+save (`POST` or `PUT /v1.0/state/<store>`), the rest of a busy face's traffic, sent to their
+endpoint past Starlette's router, which tries its routes in order (the console's first) and
+wraps each endpoint in layers of its own. The endpoints are the routes' own (looked up in the
+route table, so there is one of each), run as Starlette runs them (a `Request`, the
+`Response` it returns sent); an exception reaches Starlette's error middleware as from the
+router. Any other request goes on to the router unchanged.
 """
 
 from __future__ import annotations
