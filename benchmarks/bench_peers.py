@@ -47,13 +47,15 @@ from benchmarks.peers_ops import (
     etcd_peer,
     http_peer,
     nats_peer,
+    replicas_peers,
     stateworker_peer,
 )
 from benchmarks.peers_queues import saq_peer
 from benchmarks.peers_servers import nats_binary, nats_kv, nats_server, nats_version
 from benchmarks.pgserver import free_port
 
-PEERS = ("fast", "strict", "http_fast", "http", "store", "etcd", "nats", "nats_sync", "saq")
+PEERS = ("fast", "strict", "http_fast", "http", "store", "strict_x2", "http_x2", "etcd", "nats",
+         "nats_sync", "saq")
 PROMISES = {
     "fast": "stateworker fast: appendfsync everysec; a reply may come up to ~1 s before its fsync",
     "strict": "stateworker strict: appendfsync always; the reply after the write's fsync; "
@@ -61,6 +63,10 @@ PROMISES = {
     "http_fast": "stateworker fast through its HTTP face (POST /v1/call, keep-alive): the same service",
     "http": "stateworker strict through its HTTP face (POST /v1/call, keep-alive): the same service",
     "store": "stateworker strict in process: StateStore.set on the strict Redis (set only)",
+    "strict_x2": "stateworker strict on two replicas, one a core (a second `stateworker serve` "
+                 "on the same Redis and bus Redis: both serve the bus's calls); set and get",
+    "http_x2": "the same two replicas through their HTTP faces, the 64 connections spread over "
+               "both as a load balancer would; set and get",
     "etcd": "etcd 3.4: the entry fsynced to its WAL before the reply",
     "nats": "NATS JetStream default: written to the OS, fsynced every 2 min (sync_interval)",
     "nats_sync": "NATS JetStream sync_interval always: fsynced per write before the reply",
@@ -68,7 +74,7 @@ PROMISES = {
 }
 PAIRS = (("strict", "etcd"), ("strict", "nats_sync"), ("fast", "nats"), ("http", "etcd"),
          ("http_fast", "etcd"), ("http", "strict"), ("http_fast", "fast"), ("fast", "saq"),
-         ("store", "etcd"))
+         ("store", "etcd"), ("strict_x2", "etcd"), ("http_x2", "etcd"))
 OPS = ("set", "get", "cas")
 # A delivery's paced writes last at least this long a round (1,000 a second): a p99 of 1,000
 # samples is their tenth slowest, which swung up to 2x from round to round on this machine.
@@ -179,6 +185,7 @@ async def _measure(stack: contextlib.AsyncExitStack, tmp: Path, seconds: float, 
         if mode == "strict":  # the same writes without the bus: StateStore in this process
             peers["store"] = Peer({"set": served["store"]}, {"redis": served.server.pid or 0},
                                   None)
+    peers["strict_x2"], peers["http_x2"] = await replicas_peers(stack, tmp / "x2")
     client = await stack.enter_async_context(etcd_client(etcd and etcd.port))
     if isinstance(client, str) or etcd is None:
         missing["etcd"] = client if isinstance(client, str) else "etcd did not start"
@@ -231,19 +238,20 @@ def _report(figures: dict[str, Any], out: Any) -> None:
     def cell(value: float | None, fmt: Callable[[float], str]) -> str:
         return "-" if value is None else fmt(value)
 
-    heads = ("sw fast", "sw strict", "http fast", "http strct", "in process", "etcd", "nats",
-             "nats sync", "saq")
+    heads = ("sw fast", "sw strict", "http fast", "http strct", "in process", "strict x2",
+             "http x2", "etcd", "nats", "nats sync", "saq")
     pair_heads = ("strict/etcd", "strict/nsync", "fast/nats", "http/etcd", "hfast/etcd",
-                  "http/strict", "hfast/fast", "fast/saq", "store/etcd")
+                  "http/strict", "hfast/fast", "fast/saq", "store/etcd", "strictx2/etcd",
+                  "httpx2/etcd")
     print(f"\n{'peers (issue 43)':<26}{'unit':>6}" + "".join(f"{h:>11}" for h in heads)
-          + "".join(f"{h:>13}" for h in pair_heads), file=out)
+          + "".join(f"{h:>14}" for h in pair_heads), file=out)
     for row in figures["rows"]:
         fmt: Callable[[float], str] = ((lambda v: f"{v:,.0f}") if row["unit"] == "ops/s"
                                        else (lambda v: f"{v:.1f}") if row["unit"] in ("us/op", "%")
                                        else (lambda v: f"{v:.3f}"))
         print(f"{row['measure']:<26}{row['unit']:>6}"
               + "".join(f"{cell(row['values'][p], fmt):>11}" for p in PEERS)
-              + "".join(f"{cell(r, lambda v: f'{v:.2f}'):>13}" for r in row["ratios"].values()),
+              + "".join(f"{cell(r, lambda v: f'{v:.2f}'):>14}" for r in row["ratios"].values()),
               file=out)
     print("ratios: medians of per-round ratios, >1 = stateworker better (trigger rows: ours "
           "against the peer's watch)", file=out)

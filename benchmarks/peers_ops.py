@@ -1,7 +1,8 @@
 """The peers section's measured operations (benchmarks/bench_peers.py), one `Peer` per system:
 its set, get and compare-and-set as bench `Op`s on the same value, its processes (for their
 CPU) and a source of deliveries (a watch, and ours a trigger too) for the latency at 1,000
-writes/s. Ours twice: over the bus, and over the HTTP face of the same service (no watch).
+writes/s. Ours twice: over the bus, and over the HTTP face of the same service (no watch);
+and both again on two replicas of a `strict` service (set and get).
 
 Each worker w of an op owns key k<w> (set, get) and c<w> (compare-and-set), so every swap
 names the version (etcd: the mod_revision; NATS: the revision) its worker's previous swap
@@ -14,17 +15,20 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
-from benchmarks.bench_durability import Mode
+from benchmarks.bench_bus import start_service
+from benchmarks.bench_durability import PREFIX, Mode, durability_mode
 from benchmarks.bench_http import KeepAlive
 from benchmarks.bench_reactive import RATE, warmed, write_to_handler_latency
 from benchmarks.benchtime import Op, paced, percentile
 from benchmarks.floor_process import VALUE
 from benchmarks.floor_strict import Server
+from benchmarks.pgserver import free_port
 from stateworker.events.model import Event
 
 WORKERS = 64
@@ -135,6 +139,39 @@ async def http_peer(mode: Mode, address: str) -> Peer:
 
 class _Reply(msgspec.Struct):
     result: _Versioned
+
+
+async def replicas_peers(stack: contextlib.AsyncExitStack, directory: Path
+                         ) -> tuple[Peer, Peer]:
+    """`strict` on two replicas, one a core, started on `stack`: a service and its Redises
+    (bench_durability's mode) and a second `stateworker serve` on the same two Redises, each
+    with an HTTP face of its own. The bus peer's calls are served by both (one consumer
+    group); the HTTP peer's workers alternate between the two faces (a load balancer's
+    spread). Set and get only (a compare-and-set's version is each face peer's own)."""
+    faces = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    mode = await stack.enter_async_context(durability_mode(
+        directory, "strict", {"STATEWORKER_HTTP": faces[0]}, split_bus=True))
+    assert mode.bus is not None
+    replica = start_service(mode.server.url, PREFIX, {
+        "STATEWORKER_DURABILITY": "strict", "STATEWORKER_HTTP": faces[1],
+        "STATEWORKER_BUS_REDIS_URL": mode.bus.url})
+    stack.callback(replica.wait, 30)
+    stack.callback(replica.terminate)
+    pids = {**_pids(mode), "replica": replica.pid}
+    halves = [await http_peer(mode, face) for face in faces]
+
+    def spread(op: str) -> Op:
+        async def run(w: int, i: int) -> Any:
+            return await halves[w % 2].ops[op](w, i)
+        return run
+
+    async def idle() -> None:
+        for half in halves:
+            assert half.idle is not None
+            await half.idle()
+
+    bus = Peer({"set": mode["bus"], "get": mode["bus_get"]}, pids, None)
+    return bus, Peer({op: spread(op) for op in ("set", "get")}, pids, None, idle=idle)
 
 
 async def etcd_peer(client: Any, server: Server) -> Peer:

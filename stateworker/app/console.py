@@ -87,7 +87,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
 
     async def login(request: Request) -> Response:
         try:
-            form = msgspec.json.decode(await read_body(request, LOGIN_BYTES, "login: the body"),
+            form = msgspec.json.decode(await read_body(request.receive, LOGIN_BYTES, "login: the body"),
                                       type=dict[str, str])
         except msgspec.DecodeError as exc:  # (not JSON, or not an object of strings)
             raise InvalidRequest(f"login: {exc}", {"path": "body"}) from None

@@ -70,19 +70,27 @@ class HostGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.hosts is not None:
-            host = host_of(dict(scope["headers"]).get(b"host"))
-            if host not in self.hosts:
-                await _refuse(send, host, self.hosts)
+            refusal = host_refusal(self.hosts, dict(scope["headers"]))
+            if refusal is not None:
+                await send_refusal(send, refusal)
                 return
         await self.app(scope, receive, send)
 
 
-async def _refuse(send: Send, host: str | None, hosts: frozenset[str]) -> None:
-    await send_refusal(send, PermissionDenied(
+def host_refusal(hosts: frozenset[str] | None, headers: dict[bytes, bytes]
+                 ) -> PermissionDenied | None:
+    """Why a request with `headers` (the last of a repeated one) is refused: its `Host` is
+    none of `hosts` (None: any host is answered)."""
+    if hosts is None:
+        return None
+    host = host_of(headers.get(b"host"))
+    if host in hosts:
+        return None
+    return PermissionDenied(
         f"Host {shown(host)}: this service answers to {', '.join(sorted(hosts))} only "
         "(STATEWORKER_HTTP_HOSTS: a page under a name of another's that resolves to this "
         "address must not reach it, DNS rebinding); nothing was run",
-        {"path": "Host", "value": host, "hosts": sorted(hosts)}))
+        {"path": "Host", "value": host, "hosts": sorted(hosts)})
 
 
 async def send_refusal(send: Send, error: PermissionDenied) -> None:

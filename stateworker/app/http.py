@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import anyio
 import msgspec
@@ -40,6 +41,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive
 
 from stateworker import tracing
 from stateworker.app.batches import Batches
@@ -50,7 +52,7 @@ from stateworker.app.console_reads import Rates
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
 from stateworker.app.hosts import HostGuard, allowed_hosts, local_only
-from stateworker.app.hot_paths import HotPaths
+from stateworker.app.hot_paths import CallDoor, HotPaths
 from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
@@ -83,7 +85,7 @@ METRICS_PROBE = "state::list_groups"
 
 
 def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
-             stopping: anyio.Event, rates: Rates) -> Starlette:
+             stopping: anyio.Event, rates: Rates) -> ASGIApp:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
     run through `batches` (app/batches.py); `stopping` is set when the service stops;
     `rates`: the counters' recent samples the console's overview shows."""
@@ -92,14 +94,14 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     logins = Logins(state)
     local = local_only(state.settings)
 
-    async def call(request: Request) -> Response:
-        fn = request.path_params["function"]
+    async def answer(fn: str, headers: dict[bytes, bytes], receive: Receive,
+                     request: Callable[[], Request]) -> tuple[bytes, int]:
+        """A call's reply document and HTTP status (CallDoor's, and the route's)."""
         started = time.perf_counter()
-        headers = _headers(request)
         call_id = _text(headers.get(b"idempotency-key"))
         try:
             caller = await _caller(logins, request, headers, fn, local)
-            body = await read_body(request, runtime.options.max_body_bytes)
+            body = await read_body(receive, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id,
                                 _text(headers.get(CONTEXT_HEADER)),
                                 runtime.options.max_context_bytes, caller,
@@ -113,10 +115,15 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             error = InternalError(f"{fn} failed inside the service: {type(exc).__name__}")
             document, status, code = reply_document(call_id, None, error), 500, error.code
         metrics.http_call(fn, code, started)
+        return document, status
+
+    async def call(request: Request) -> Response:  # (the route's: CallDoor answers first)
+        document, status = await answer(request.path_params["function"], _headers(request),
+                                        request.receive, lambda: request)
         return Response(document, status, media_type=JSON)
 
     async def read(request: Request) -> bytes:  # (Dapr's routes read their bodies with this)
-        return await read_body(request, runtime.options.max_body_bytes)
+        return await read_body(request.receive, runtime.options.max_body_bytes)
 
     async def healthz(_: Request) -> Response:
         return Response(b'{"status":"ok"}', 200, media_type=JSON)
@@ -170,20 +177,22 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
-    # The guards first, for every request; then the hot paths past Starlette's routing.
-    return Starlette(routes=routes, middleware=[
-        Middleware(HostGuard, hosts=allowed_hosts(state.settings)), Middleware(SameOrigin),
-        Middleware(HotPaths, routes=routes)])
+    # The guards first, for every request; then the hot paths past Starlette's routing. The
+    # call API's requests are answered in front of it all, with the same guards (CallDoor).
+    hosts = allowed_hosts(state.settings)
+    return CallDoor(Starlette(routes=routes, middleware=[
+        Middleware(HostGuard, hosts=hosts), Middleware(SameOrigin),
+        Middleware(HotPaths, routes=routes)]), answer, hosts)
 
 
-async def _caller(logins: Logins, request: Request, headers: dict[bytes, bytes], fn: str,
-                  local: bool) -> str | None:
+async def _caller(logins: Logins, request: Callable[[], Request], headers: dict[bytes, bytes],
+                  fn: str, local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
     without one, and PermissionDenied for a write from the console in `off` mode unless the
     face is `local` (bound to a loopback address and answering to loopback names alone:
     hosts.local_only)."""
     if logins.required:
-        principal = await logins.principal_of(request)
+        principal = await logins.principal_of(request())
         if principal is None:
             raise UnknownCaller(
                 "acl mode: a call over HTTP needs a principal: send `Authorization: Basic "

@@ -234,12 +234,23 @@ class SameOrigin:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
-            headers = dict(scope["headers"])
-            origin = headers.get(b"origin")
-            if origin is not None and not _same(origin, headers.get(b"host")):
-                await _refuse(send, origin.decode(errors="replace"))
+            refusal = origin_refusal(dict(scope["headers"]))
+            if refusal is not None:
+                await send_refusal(send, refusal)
                 return
         await self.app(scope, receive, send)
+
+
+def origin_refusal(headers: dict[bytes, bytes]) -> PermissionDenied | None:
+    """Why a request that may change something, with `headers` (the last of a repeated
+    one), is refused: it comes from a page of another origin."""
+    origin = headers.get(b"origin")
+    if origin is None or _same(origin, headers.get(b"host")):
+        return None
+    shown_origin = origin.decode(errors="replace")
+    return PermissionDenied(
+        f"Origin {shown(shown_origin)}: a page of another site may not call this service "
+        "(programs send no Origin header)", {"path": "Origin", "value": shown_origin})
 
 
 def _same(origin: bytes, host: bytes | None) -> bool:
@@ -249,9 +260,3 @@ def _same(origin: bytes, host: bytes | None) -> bool:
     parsed = urllib.parse.urlsplit(origin.decode(errors="replace"))
     return host is not None and parsed.scheme in ("http", "https") and \
         parsed.netloc.encode() == host
-
-
-async def _refuse(send: Send, origin: str) -> None:
-    await send_refusal(send, PermissionDenied(
-        f"Origin {shown(origin)}: a page of another site may not call this service (programs "
-        "send no Origin header)", {"path": "Origin", "value": origin}))

@@ -1,6 +1,7 @@
 """`HotPaths` (app/hot_paths.py) sends a request to the endpoint Starlette's router would
-pick, with the same path parameters, or leaves it to the router: for every method on paths
-near the hot ones (the Dapr routes are the real table's, `dapr_routes`)."""
+pick, with the same path parameters, or leaves it to the router; `CallDoor` answers exactly
+the requests the router sends to the call API's route: for every method on paths near the
+hot ones (the Dapr routes are the real table's, `dapr_routes`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from starlette.routing import Match, Route
 
 from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
-from stateworker.app.hot_paths import HotPaths
+from stateworker.app.hot_paths import HotPaths, takes
 from stateworker.settings import Settings
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
@@ -28,13 +29,17 @@ async def endpoint(_: Request) -> Response:
     return Response()
 
 
+async def call(_: Request) -> Response:
+    return Response()
+
+
 async def unused(*_: Any) -> bytes:
     return b""
 
 
 def routes() -> list[Route]:
     table = dapr_routes(unused, unused, dapr_stores(Settings()), "stateworker", "0")
-    return [*table, Route("/v1/call/{function:path}", endpoint, methods=["POST"]),
+    return [*table, Route("/v1/call/{function:path}", call, methods=["POST"]),
             Route("/healthz", endpoint, methods=["GET"])]
 
 
@@ -58,4 +63,17 @@ def test_a_hot_path_is_what_the_router_would_run() -> None:
         if mine is not None:  # (None: left to the router, whatever it does)
             taken += 1
             assert mine == routed(table, method, path), (method, path)
-    assert taken >= 8  # the hot ones were taken
+    assert taken >= 5  # the hot ones were taken
+
+
+def test_the_call_door_takes_what_the_router_sends_to_the_call_api() -> None:
+    table = routes()
+    taken = 0
+    for method, path in itertools.product(METHODS, PATHS):
+        route = routed(table, method, path)
+        to_call = route is not None and route[0] is call
+        assert takes(method, path) == to_call, (method, path)
+        if to_call:
+            taken += 1
+            assert route is not None and route[1] == {"function": path[len("/v1/call/"):]}
+    assert taken == 3  # ("/v1/call/state::get", "/v1/call/", "/v1/call/a/b")
