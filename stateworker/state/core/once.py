@@ -44,7 +44,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import StateError, Unavailable, error_from
+from stateworker.errors import StateError, StoreLost, Unavailable, error_from
 from stateworker.keys import KeySpace, call_field
 from stateworker.schemas.base import encoder
 from stateworker.scripts.bindings import BIND, BINDINGS, Call, bind_call, kept_call
@@ -172,6 +172,8 @@ def _kept(run: _Run, plan: Plan) -> Plan:
             error = out
             if isinstance(error, Unavailable):
                 raise error  # (Redis away: the steps may or may not have run; the claim stays)
+            # (a Redis that lost the prefix's data refused it: no reply for PostgreSQL)
+            run.writes.unheld |= isinstance(error, StoreLost)
             return run.keep(_ERROR + encoder.encode(error.to_dict()), lambda _: _raise(error))
         # (a failed keep is not the call's failure: it ran; a retry after the claim runs again.
         # The result as made, so an in-process caller gets its Struct; a replay has its JSON.)
