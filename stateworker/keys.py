@@ -24,6 +24,9 @@ Layout (`sw` prefix, partition 3):
                                                  (KeySpace.id_home)
   sw:{sw:p3}:unsaved_calls                stream records of calls that changed the partition,
                                                  until PostgreSQL holds them (snapshot on)
+  sw:{sw:p3}:unsaved_kept                 stream kept replies of writes that run no entry
+                                                 script, of the ids at home here (id_home),
+                                                 until PostgreSQL holds them and their writes
   sw:{sw:p3}:snap:<cursor>                hash   a state::list_entries snapshot, under the
                                                  cursor that reads it next (lua/pages.lua);
                                                  expires 120 s after its capture
@@ -57,6 +60,8 @@ Layout (`sw` prefix, partition 3):
   sw:{sw:reg}:generation                  string the registry's generation marker
   sw:{sw:reg}:snapshot_reads              string the snapshot's copies of the registry
                                                  counted (lua/snapread.lua)
+  sw:{sw:reg}:snapshotted                 hash   the registry's copy committed in
+                                                 PostgreSQL: id, its stream's last entry then
   sw:{sw:reg}:settings                    hash   live settings' overrides: name -> value
                                                  (state::on-config-change; state/core/live.py)
   sw:replicas                             zset   dispatcher replica id by last heartbeat ms
@@ -188,6 +193,12 @@ class PartitionKeys:
         """Records of calls that changed the partition, until PostgreSQL holds them."""
         return f"{self.tag}unsaved_calls"
 
+    @property
+    def unsaved_kept(self) -> str:
+        """The kept replies of writes that run no entry script (state/core/once.py) of the
+        call ids at home in the partition, until PostgreSQL holds them (snapshot/kept.py)."""
+        return f"{self.tag}unsaved_kept"
+
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one PartitionKeys per partition, kept
     def scope_keys(self, scope: str) -> tuple[str, ...]:
         """KEYS[2..7] of the entry scripts: the scope's indexes, the partition's keys."""
@@ -232,12 +243,16 @@ class KeySpace:
         self.registry_marker = f"{registry_tag}generation"
         self.live_settings = f"{registry_tag}settings"
         self.registry_reads = f"{registry_tag}snapshot_reads"  # (snapshot/behind.py)
+        # hash: the registry's copy committed in PostgreSQL: id (its stream's last entry then)
+        self.registry_snapshotted = f"{registry_tag}snapshotted"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"
         self.snapshot_status = f"{prefix}:snapshot:status"
         self._parts = [self._build(n) for n in range(partitions)]
+        self._positions = {p.events: p.snapshotted for p in self._parts}
+        self._positions[self.registry] = self.registry_snapshotted
 
     def _build(self, n: int) -> PartitionKeys:
         tag = f"{self.prefix}:{{{self.prefix}:p{n}}}:"
@@ -282,6 +297,11 @@ class KeySpace:
         if cluster:
             return self._parts[self.id_home(field)].call_records(slice_)
         return self.call_ids(field, slice_)
+
+    def snapshotted_of(self, stream: str) -> str | None:
+        """The hash that holds the snapshot's committed position in `stream` (a partition's
+        events, the registry; field `id`); None for any other name."""
+        return self._positions.get(stream)
 
     def partition_of(self, scope: str) -> int:
         return zlib.crc32(scope.encode()) % self.partitions

@@ -111,6 +111,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "scan": ["SCAN", 0, "MATCH", f"{part.entry_prefix}*", "COUNT", 1],
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
         "xrange": ["XRANGE", part.unsaved_calls, "-", "+", "COUNT", 1],  # call records
+        "sismember": ["SISMEMBER", part.barriers_changed, "b"],  # a kept reply's barrier stored?
         # Only inside the Lua functions (scripts/lua/).
         "hdel": ["HDEL", keys.claims, "s"],
         "hexists": ["HEXISTS", keys.claims, "s"],

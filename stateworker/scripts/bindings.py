@@ -20,7 +20,7 @@ from stateworker.clock import now_ms
 from stateworker.codec import Value
 from stateworker.context import Answer, CallContext
 from stateworker.keys import KeySpace, PartitionKeys, call_field, member
-from stateworker.scripts.library import Binding, Library
+from stateworker.scripts.library import Binding, Held, Library
 from stateworker.scripts.read_bindings import ENTRIES, GETMANY, LIST, PAGES
 from stateworker.scripts.replies import (
     AccessReply,
@@ -57,28 +57,36 @@ Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV
 REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
 
 
+# How PostgreSQL holds a script's writes (library.Held): the entry scripts' through their events,
+# the registry's through its stream, a barrier's through its partition's changed set.
+EVENTS, REGISTRY, MARKED, NONE = Held("stream", 7), Held("stream", 2), Held("marked", 1, 2), \
+    Held("none")
 # The entry scripts (`entry_call`): set, compare-and-set, diff; KEYS[8..9] for bus calls
 # (state::set, delete and update may answer their call: answer_args, last)
-SET = Binding("set", 9, 15, SetReply.read, answers=True)
-DELETE = Binding("delete", 9, 8, DeleteReply.read, answers=True)
-UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True)  # the ops
-TOPIC = Binding("topic", 9, 8, TopicReply.read)
+SET = Binding("set", 9, 15, SetReply.read, answers=True, held=EVENTS)
+DELETE = Binding("delete", 9, 8, DeleteReply.read, answers=True, held=EVENTS)
+UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True,
+                 held=EVENTS)  # the ops
+TOPIC = Binding("topic", 9, 8, TopicReply.read, held=EVENTS)
 SETHASH = Binding("sethash", 1, 2, Moved.read)
-DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read)
-TRIGGER = Binding("trigger", 3, 8, TriggerReply.read)
-KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read)  # keep-trigger, the reaper's
-CLAIM = Binding("claim", 2, 4, ClaimReply.read, tail=True)  # the scopes and their uses
-ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True)  # the roles
-RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True)  # the scopes
-BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True)  # the named keys
-DELBARRIER = Binding("delbarrier", 3, 0, Moved.read)
-BIND: Binding[list[Any]] = Binding("bind", 1, 8, list)  # a call id bound, claimed, its reply kept
+DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read, held=Held("stream", 6))
+TRIGGER = Binding("trigger", 3, 8, TriggerReply.read, held=REGISTRY)
+KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read,
+                       held=REGISTRY)  # keep-trigger, the reaper's
+CLAIM = Binding("claim", 2, 4, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
+ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True, held=Held("stream", 3))  # roles
+RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True, held=REGISTRY)  # the scopes
+BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
+DELBARRIER = Binding("delbarrier", 3, 0, Moved.read, held=MARKED)
+BIND: Binding[list[Any]] = Binding("bind", 2, 8, list, tail=True)  # an id bound, its reply kept
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
-TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True)  # its items
+TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True,
+                                           held=EVENTS)  # its items
 # state::get of a bus call answered by its script: read by state/kv/reads.py
-GET: Binding[list[Any]] = Binding("get", 2, 12, list)
-DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read)  # an entry script (KEYS[8..9])
-INDEX = Binding("index", 4, 5, IndexReply.read)  # create-index, its build, drop-index
+GET: Binding[list[Any]] = Binding("get", 2, 12, list, held=NONE)
+DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read,
+                    held=EVENTS)  # an entry script (KEYS[8..9])
+INDEX = Binding("index", 4, 5, IndexReply.read, held=NONE)  # create-, drop-index, the build
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
@@ -256,11 +264,16 @@ def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bo
             [ms, now // ms, now, field, call_digest(ctx), mode, optional(claim_end), last])
 
 
-def kept_call(claim: Call, reply: bytes) -> Call:
+def kept_call(claim: Call, reply: bytes, unsaved: tuple[str, int, bytes] | None = None) -> Call:
     """bind.lua "k": a claim's (`claim`, its "w" call) reply kept in its place, in the very
-    slice the claim was made in (the slice may have turned since)."""
+    slice the claim was made in (the slice may have turned since); `unsaved` (the snapshot
+    on): the stream the record goes to for PostgreSQL, its MAXLEN and what PostgreSQL must
+    hold first (state/core/once.py `Needs`)."""
     keys, args = claim
-    return keys, [*args[:5], "k", args[6], reply]
+    if unsaved is None:
+        return keys, [*args[:5], "k", args[6], reply]
+    stream, cap, needs = unsaved
+    return [*keys, stream], [*args[:5], "k", args[6], reply, cap, needs]
 
 
 def sethash_call(part: PartitionKeys, scope: str, key: str, version: int, digest: str) -> Call:

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from stateworker.errors import ScriptError, shown
 from stateworker.scripts.statuses import lua_status_table, script_reply
@@ -249,6 +249,20 @@ class Library:
             raise ScriptError(_load_failure(self.library, reply))
 
 
+class Held(NamedTuple):
+    """How PostgreSQL comes to hold what a script writes: a write that runs no entry script
+    sends its kept reply there only once it holds every write of its steps (state/core/
+    once.py, snapshot/kept.py). `kind` "stream": through the stream KEYS[key] the snapshot
+    follows (a partition's events; the registry, copied whole); "marked": KEYS[key] stays in
+    the set KEYS[mark] until the snapshot stored it (a barrier); "none": nothing it must hold
+    (a read; an index build, which a restore makes again from the definitions). A script
+    without one (`Binding.held` None: the live settings) writes what PostgreSQL never holds."""
+
+    kind: str
+    key: int = 0
+    mark: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Binding(Generic[R]):
     name: str  # lua/<name>.lua
@@ -257,6 +271,7 @@ class Binding(Generic[R]):
     reply: Callable[[list[Any]], R]  # its reply tuple's `read`
     tail: bool = False  # any number of ARGV more (its header's ARGV[args + 1..])
     answers: bool = False  # answer_args may come last (its header's `@arguments answer`)
+    held: Held | None = None  # how PostgreSQL holds its writes (None: never)
 
     @property
     def signature(self) -> Signature:

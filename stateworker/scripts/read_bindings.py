@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys, member
-from stateworker.scripts.library import Binding
+from stateworker.scripts.library import Binding, Held
 from stateworker.scripts.replies import EntriesReply, GetManyReply, ListReply, PageReply
 from stateworker.transport.wire import Arg
 
@@ -21,10 +21,11 @@ def pattern_arg(pattern: str | None) -> str:
     """An optional pattern: "" for none, else "=" + pattern (an empty pattern is a pattern)."""
     return "" if pattern is None else "=" + pattern
 
-LIST = Binding("list", 1, 3, ListReply.read)
-ENTRIES = Binding("entries", 2, 14, EntriesReply.read)
-GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True)  # the keys
-PAGES = Binding("pages", 4, 14, PageReply.read)  # state::list_entries: a snapshot's page
+READ = Held("none")  # (what they write, a page's snapshot, is gone in 120 s: nothing to hold)
+LIST = Binding("list", 1, 3, ListReply.read, held=READ)
+ENTRIES = Binding("entries", 2, 14, EntriesReply.read, held=READ)
+GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True, held=READ)  # the keys
+PAGES = Binding("pages", 4, 14, PageReply.read, held=READ)  # list_entries: a snapshot's page
 
 
 def list_call(part: PartitionKeys, scope: str, what: str) -> Call:

@@ -287,14 +287,17 @@ async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summ
 
 async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id: str) -> None:
     """Dispatch and snapshot positions at every stream's end: nothing restored is an event;
-    in PostgreSQL with the restore's generation (from now on the one it follows)."""
+    in PostgreSQL with the restore's generation (from now on the one it follows). Kept replies
+    waiting from before (a Redis that kept some streams) are dropped: the positions now claim
+    what PostgreSQL may not hold of them (snapshot/kept.py); so is the registry's copy's."""
     count = state.settings.partitions
     infos = await trimming.infos(state, list(range(count)))
-    commands: list[list[Any]] = []
+    commands: list[list[Any]] = [["DEL", state.keys.registry_snapshotted]]
     for n, info in enumerate(infos):
         part = state.keys.partition(n)
         commands += [["HSET", part.dispatched, "id", info.last_id, "n", info.added],
-                     ["HSET", part.snapshotted, "id", info.last_id, "n", info.added]]
+                     ["HSET", part.snapshotted, "id", info.last_id, "n", info.added],
+                     ["DEL", part.unsaved_kept]]
     await _run(state, commands)
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)

@@ -7,7 +7,8 @@ position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
 partition's set of changed barriers (snapshot/barriers.py). The records of the bus calls that
-made a batch's changes are committed with it (snapshot/calls.py).
+made a batch's changes are committed with it (snapshot/calls.py); the kept replies of the
+writes that run no entry script once a round, when their writes are committed (kept.py).
 
 Nothing read from a Redis that lost its data reaches PostgreSQL. Each round begins by
 confirming the generation (state/generation.py): every marker in Redis is there and is the
@@ -45,7 +46,7 @@ from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.upkeep_bindings import ADVANCE, SNAPREAD, advance_call
-from stateworker.snapshot import barriers, calls, rows, tables
+from stateworker.snapshot import barriers, calls, kept, rows, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import WHY, behind_partitions, count_command, registry_behind, settle
 from stateworker.snapshot.tables import REGISTRY, PgConnection, StoredPosition
@@ -148,6 +149,8 @@ class SnapshotSteps:
             else:
                 await calls.prune(pg, self.prefix, self.state.settings.dedupe_window_ms)
                 await barriers.prune(pg, self.prefix)
+        for partition in sorted(self.leases.held - self._lost_parts):  # (after this round's)
+            await kept.store_covered(self.state, pg, self.prefix, partition, confirmed)
         await self.state.conn.execute("HSET", self.state.keys.snapshot_status, "last_round_ms",
                                       now_ms())
 
@@ -258,6 +261,8 @@ class SnapshotSteps:
                                       reads=number)
         self.reads[REGISTRY] = number
         self._registry_copied = last_id
+        if last:  # (mirrored after the commit: the kept replies it covers may follow, kept.py)
+            await self.state.conn.execute("HSET", keys.registry_snapshotted, "id", last_id)
 
     async def _rescan(self, pg: PgConnection, partition: int, info: trimming.StreamInfo,
                       position: StoredPosition | None) -> None:

@@ -9,6 +9,8 @@
   Input:
     KEYS[1] the current time slice where the id is bound (KeySpace.binding: its bucket, or on
             a cluster its home partition's records; records.lua; a hash)
+    KEYS[2] "k" with the snapshot on: the unsaved kept replies of the id's home partition
+            (PartitionKeys.unsaved_kept, a stream; on a cluster KEYS[1]'s slot); else none
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
     ARGV[6] the mode: "r" a read's binding, kept unlogged (records_keep; decision 0058);
@@ -16,6 +18,8 @@
     ARGV[7] "w", "k": when the claim ends (epoch ms, digits); else ""
     ARGV[8] "w": the call's deadline (epoch ms, "" none); "k": the reply ("=" .. JSON
             result, or "!" .. JSON error); else ""
+    ARGV[9..] "k" with KEYS[2] only: KEYS[2]'s MAXLEN, then what PostgreSQL must hold before
+            the reply goes there (state/core/once.py `Needs`, msgpack; snapshot/kept.py)
   Record values: the digest alone (bound, not run); "w": digest .. "@" .. claim end (runs now;
   a claim past its end is a run that died: taken over); "k": digest .. ARGV[8].
   Output:
@@ -26,7 +30,8 @@
     {ST.DUPLICATE, reply}  "w": the call ran: its reply (ARGV[8] as kept); nothing written
     {ST.DEADLINE_EXCEEDED} "w": not run before, and its deadline passed: nothing written
     {ST.CALL_ID_REUSED}    the id is bound to another call: nothing written
-  Events: none.
+  Events: none. "k" with KEYS[2], the reply kept: one entry in KEYS[2] {f ARGV[4], v the
+    record as kept, t ARGV[3] (the claim's time: its slice), n ARGV[10]}.
 ]]
 --- @include "records"
 
@@ -40,6 +45,10 @@ if mode == 'k' then
     return {ST.OK, 0}
   end
   redis.call('HSET', name, field, digest .. ARGV[8])
+  if KEYS[2] then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'f', field, 'v', digest .. ARGV[8],
+      't', ARGV[3], 'n', ARGV[10])
+  end
   return {ST.OK, 1}
 end
 

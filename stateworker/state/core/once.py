@@ -21,21 +21,34 @@ A run that dies between claim and keep (a crash, Redis away) leaves its claim: a
 CLAIM_MS is UNAVAILABLE, a later one runs the write again (as every call whose record is lost).
 Before this, the binding was the digest alone and a retry ran the write again: a retried
 delete-by-topic deleted the keys written with that topic since the first run.
+
+With the snapshot on, the keep also appends the record to the unsaved kept replies of the
+id's home partition, with what PostgreSQL must hold before the record may go there (`Needs`,
+decision 0061): a record there without its writes would answer a retry after a restore that
+lost them, without applying it. Each step's scripts say how PostgreSQL holds their writes
+(`Binding.held`): through a stream the snapshot follows (a partition's events, the registry:
+the stream's last entry, read after the last step, is the position its commit must reach),
+or a barrier's mark in its partition's changed set (gone once stored). A step write that ran
+a script whose writes PostgreSQL never holds (the live settings) keeps its reply in Redis
+alone: a retry after a restore runs it again, as it must. (A step's plain commands are reads,
+or a trigger's consumer groups, which the dispatcher makes again.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import StateError, Unavailable, error_from
-from stateworker.keys import KeySpace
+from stateworker.errors import StateError, StoreLost, Unavailable, error_from
+from stateworker.keys import KeySpace, call_field
 from stateworker.schemas.base import encoder
-from stateworker.scripts.bindings import BIND, Call, bind_call, kept_call
-from stateworker.scripts.library import Library
+from stateworker.scripts.bindings import BIND, BINDINGS, Call, bind_call, kept_call
+from stateworker.scripts.library import FCALL, Binding, Library
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
 from stateworker.settings import Settings
 from stateworker.transport.plans import Answered, Plan, RunsNow
@@ -43,6 +56,79 @@ from stateworker.transport.plans import Answered, Plan, RunsNow
 CLAIM_MS = 60_000  # how long a run holds its id before a retry may take it over (a dead run)
 _DUPLICATE, _RUNNING = LUA_STATUS["DUPLICATE"], 2
 _RESULT, _ERROR = b"=", b"!"
+_BY_NAME: dict[str, Binding[Any]] = {b.name: b for b in BINDINGS}
+
+
+class Needs(msgspec.Struct, array_like=True, frozen=True):
+    """What PostgreSQL must hold before a kept reply goes there (snapshot/kept.py): every
+    `positions` hash (a partition's `snapshotted`, the registry's) at or past its revision
+    ("<ms>-<seq>"), and no barrier hash of `unmarked` left in its changed set: (set, hash)."""
+
+    positions: list[tuple[str, str]]
+    unmarked: list[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class _Writes:
+    """What one run's steps wrote, by how PostgreSQL holds it (library.Held)."""
+
+    streams: set[str] = field(default_factory=set)
+    marked: set[tuple[str, str]] = field(default_factory=set)
+    unheld: bool = False  # a script whose writes PostgreSQL never holds
+
+    def add(self, space: KeySpace, library: Library, commands: list[list[Any]]) -> None:
+        for command in commands:
+            if not command or command[0] != FCALL:
+                continue
+            binding = _BY_NAME.get(str(command[1])[len(library.library) + 1:])
+            held = None if binding is None else binding.held
+            names = [str(k) for k in command[3:3 + int(command[2])]]
+            if held is None:
+                self.unheld = True
+            elif held.kind == "stream":
+                self.streams.add(names[held.key - 1])
+                self.unheld |= space.snapshotted_of(names[held.key - 1]) is None
+            elif held.kind == "marked":
+                self.marked.add((names[held.mark - 1], names[held.key - 1]))
+
+
+@dataclass(slots=True)
+class _Run:
+    """One run of a step write: where its claim is, and what its steps wrote."""
+
+    settings: Settings
+    space: KeySpace
+    library: Library
+    ctx: CallContext
+    claim: Call
+    writes: _Writes = field(default_factory=_Writes)
+
+    def keep(self, reply: bytes, then: Callable[[list[Any]], Any]) -> Plan:
+        """The reply kept in place of the claim (with the snapshot on, and every write held
+        by PostgreSQL, for PostgreSQL too, once the streams' last entries are read), then
+        `then`."""
+        writes = self.writes
+        if not self.settings.postgres_url or writes.unheld:
+            return Plan([BIND.command(self.library, *kept_call(self.claim, reply))], then)
+        streams = sorted(writes.streams)
+
+        def noted(replies: list[Any]) -> Plan:
+            if not all(isinstance(last, list) for last in replies):  # (not read: Redis only)
+                return Plan([BIND.command(self.library, *kept_call(self.claim, reply))], then)
+            positions = []
+            for stream, last in zip(streams, replies, strict=True):
+                mirror = self.space.snapshotted_of(stream)
+                if last and mirror is not None:  # (no entry: nothing written there)
+                    positions.append((mirror, last[0][0].decode()))
+            needs = Needs(positions, sorted(writes.marked))
+            home = self.space.partition(self.space.id_home(call_field(self.ctx.call_id or "")))
+            call = kept_call(self.claim, reply, (home.unsaved_kept, self.settings.events_maxlen,
+                                                 msgspec.msgpack.encode(needs)))
+            return Plan([BIND.command(self.library, *call)], then)
+
+        if not streams:
+            return noted([])
+        return Plan([["XREVRANGE", stream, "+", "-", "COUNT", 1] for stream in streams], noted)
 
 
 def run_once(settings: Settings, space: KeySpace, library: Library, ctx: CallContext,
@@ -64,34 +150,35 @@ def run_once(settings: Settings, space: KeySpace, library: Library, ctx: CallCon
                 f"another replica, for at most {CLAIM_MS // 1000} s); it is not run twice: "
                 "send it again to get its reply", {"path": "id", "call_id": ctx.call_id,
                                                    "limit_ms": CLAIM_MS})
-        return _kept(library, claim, plan)
+        return _kept(_Run(settings, space, library, ctx, claim), plan)
 
     return Plan([BIND.command(library, *claim)], claimed, checks_deadline=True)
 
 
-def _kept(library: Library, claim: Call, plan: Plan) -> Plan:
-    """`plan`, then its result (or the error it ended with) kept in place of `claim`."""
+def _kept(run: _Run, plan: Plan) -> Plan:
+    """`plan`, then its result (or the error it ended with) kept in place of the claim."""
+    run.writes.add(run.space, run.library, plan.commands)
+
     def finish(replies: list[Any]) -> Any:
         try:
             out = plan.finish(replies)
         except StateError as exc:
             out = exc
         if isinstance(out, Plan):
-            return _kept(library, claim, out)
+            return _kept(run, out)
         if isinstance(out, Answered):
             return out
         if isinstance(out, StateError):  # (raised or returned, the same)
             error = out
             if isinstance(error, Unavailable):
                 raise error  # (Redis away: the steps may or may not have run; the claim stays)
-            text = encoder.encode(error.to_dict())
-            return Plan([BIND.command(library, *kept_call(claim, _ERROR + text))],
-                        lambda _: _raise(error))
+            # (a Redis that lost the prefix's data refused it: no reply for PostgreSQL)
+            run.writes.unheld |= isinstance(error, StoreLost)
+            return run.keep(_ERROR + encoder.encode(error.to_dict()), lambda _: _raise(error))
         # (a failed keep is not the call's failure: it ran; a retry after the claim runs again.
         # The result as made, so an in-process caller gets its Struct; a replay has its JSON.)
         result = out
-        keep = kept_call(claim, _RESULT + encoder.encode(result))
-        return Plan([BIND.command(library, *keep)], lambda _: result)
+        return run.keep(_RESULT + encoder.encode(result), lambda _: result)
 
     return Plan(plan.commands, finish, plan.checks_deadline, plan.binds_call_id)
 

@@ -140,7 +140,8 @@ def caught_up(client: redis.Redis | RedisClusterClient, keys: KeySpace) -> bool:
         added = client.xinfo_stream(part.events)["entries-added"] \
             if client.exists(part.events) else 0
         if int(client.hget(part.snapshotted, "n") or -1) != added or \
-                client.scard(part.barriers_changed) or client.xlen(part.unsaved_calls):
+                client.scard(part.barriers_changed) or client.xlen(part.unsaved_calls) or \
+                client.xlen(part.unsaved_kept):
             return False
     return True
 
@@ -208,6 +209,10 @@ BUS_CALL = {"scope": SCOPES[1], "key": "by-bus", "value": {"n": 1}}
 BUS_CALL_ID = "late-1"
 HOME_CALL = {"scope": SCOPES[1], "key": "by-bus-at-home", "value": {"n": 2}}
 HOME_CALL_ID = "late-10"
+# A write that runs no entry script (it changes nothing here): its kept reply goes to
+# PostgreSQL from its id's home partition (decision 0061), and comes back with the restore.
+STEP_CALL = {"id": "never-begun"}
+STEP_CALL_ID = "late-step"
 
 
 async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClient
@@ -224,6 +229,8 @@ async def snapshot_of(settings: Settings, client: redis.Redis | RedisClusterClie
             await change_everywhere(store)
             reply: dict[str, Any] = await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID)
             assert (await bus.call("state::set", HOME_CALL, call_id=HOME_CALL_ID))["version"] == 1
+            assert await bus.call("state::delete-barrier", STEP_CALL,
+                                  call_id=STEP_CALL_ID) == {"deleted": False}
             await until(lambda: caught_up(client, keys), 60, "the snapshot to catch up")
             await until(lambda: registry_copied(settings.postgres_url or "", settings.prefix, 1,
                                                 1), 30, "the trigger and the claim in PostgreSQL")
@@ -253,7 +260,7 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
     assert wipe(nodes, prefix) > len(entries)
     summary = restore_command(url, prefix, postgres_url)
     assert (summary["entries"], summary["barriers"], summary["triggers"], summary["claims"],
-            summary["calls"]) == (len(entries), PARTITIONS, 1, 1, 2)
+            summary["calls"]) == (len(entries), PARTITIONS, 1, 1, 3)
     assert dump(nodes, prefix) == before
     assert not any(client.exists(p.events) for p in keys.all_partitions())  # (no event)
 
@@ -262,6 +269,8 @@ async def test_snapshot_and_restore(where: str, url: str, spread: str, postgres_
             StateClient(settings=settings, timeout=30) as bus:
         assert await bus.call("state::set", BUS_CALL, call_id=BUS_CALL_ID) == first
         assert (await bus.call("state::set", HOME_CALL, call_id=HOME_CALL_ID))["version"] == 1
+        assert await bus.call("state::delete-barrier", STEP_CALL,
+                              call_id=STEP_CALL_ID) == {"deleted": False}
     # The restored state serves: versions go on from the restored ones, revisions past them
     # (one event per scope: the write below; the retry wrote none).
     async with StateStore.open(url, prefix=prefix, partitions=PARTITIONS) as store:

@@ -1,8 +1,7 @@
 """A call over HTTP with an Idempotency-Key, its change and record in PostgreSQL, Redis wiped
 and restored: the same key (and the same id over the bus) gets the first reply and changes
 nothing, for the calls test_restore's bus test leaves out: an update op, a transaction,
-set-many and delete-many. (A write that runs no entry script keeps its reply in Redis only:
-a retry after a restore runs it again, docs/bus-protocol.md.)"""
+set-many and delete-many. (The writes that run no entry script: test_kept_after_restore.py.)"""
 
 from __future__ import annotations
 

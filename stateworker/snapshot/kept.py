@@ -1,0 +1,116 @@
+"""The kept replies of writes that run no entry script -> PostgreSQL (`sw_calls`), once it
+holds every write they answer (decision 0061).
+
+Delete-by-topic, the barriers, the indexes, the triggers and the namespaces run in steps and
+keep their reply after the last one (state/core/once.py). With the snapshot on, the keep also
+appends the record to the `unsaved_kept` stream of the call id's home partition, with what
+PostgreSQL must hold first (`once.Needs`): the position its commits must have reached in each
+stream the steps wrote (a partition's events, the registry), and the barriers whose change must
+be stored (their mark gone from the partition's changed set).
+
+Once a round the holder of each partition reads that stream and commits, in one transaction of
+their own, the records whose needs the snapshot meets: each position read from its mirror in
+Redis (a partition's `snapshotted`, the registry's `registry_snapshotted`, written only after
+the commit they mirror), each mark still absent. The others wait for a later round. So a record
+never reaches PostgreSQL before the writes it answers, and a restore, which brings back what
+PostgreSQL holds, brings back its record only with them; a call whose writes PostgreSQL holds
+in part has no record there: its retry after a restore runs it again. A record older than the
+dedupe window is dropped unstored (no retry can need it).
+
+The positions come from the same Redis as the records: the partition's marker is read before
+and after (Fenced when it changed), and each commit passes the generation fence. A mirror that
+a wipe or an older copy lost reads lower (or none): the record waits, never the other way.
+
+The other way is the cost: the writes reach PostgreSQL before their record (the keep follows
+the last step, the record the commits). A wipe in between loses the record as a crash between
+the last step and the keep does: the retry runs again, as the entry scripts' records avoid by
+riding with their change (decision 0036), which a write of several steps and streams cannot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from stateworker.clock import now_ms
+from stateworker.events.model import Revision, revision_of
+from stateworker.snapshot.rows import confirm
+from stateworker.snapshot.tables import CallRow, PgConnection, apply_records
+from stateworker.state.core.once import Needs
+from stateworker.state.core.store import RedisState
+from stateworker.state.generation import PARTITION_FIELD
+
+BATCH = 1000  # records read per trip
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """One record of the stream, as read."""
+
+    entry_id: bytes
+    row: CallRow
+    needs: Needs
+
+
+def _read(entry_id: bytes, flat: list[bytes]) -> Kept:
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    row = CallRow(fields[b"f"], fields[b"v"], revision_of(entry_id), int(fields[b"t"]))
+    return Kept(entry_id, row, msgspec.msgpack.decode(fields[b"n"], type=Needs))
+
+
+async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                        generation: str) -> int:
+    """Commit the partition's kept records whose writes PostgreSQL holds, read from a Redis
+    of `generation` (Fenced when it is not); forget those and the expired ones. How many were
+    committed."""
+    keys = state.keys.partition(partition)
+    marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
+    oldest = now_ms() - state.settings.dedupe_window_ms
+    stored, start = 0, "-"
+    while True:
+        entries, held = await state.conn.pipeline([
+            ["XRANGE", keys.unsaved_kept, start, "+", "COUNT", BATCH], marker])
+        confirm(keys, held, generation)
+        records = [_read(entry_id, flat) for entry_id, flat in entries or []]
+        if not records:
+            return stored
+        # (read after the records: a position mirrored since only covers more)
+        mirrors = sorted({name for r in records for name, _ in r.needs.positions})
+        marks = sorted({pair for r in records for pair in r.needs.unmarked})
+        *replies, after = await state.conn.pipeline([
+            *(["HGET", name, "id"] for name in mirrors),
+            *(["SISMEMBER", changed, name] for changed, name in marks), marker])
+        confirm(keys, after, generation)
+        at: dict[str, Revision | None] = {
+            name: None if reply is None else revision_of(reply)
+            for name, reply in zip(mirrors, replies[:len(mirrors)], strict=True)}
+        marked = {pair: bool(reply) for pair, reply in zip(marks, replies[len(mirrors):],
+                                                           strict=True)}
+        rows: list[CallRow] = []
+        done: list[bytes] = []
+        for record in records:
+            if record.row.at_ms < oldest:
+                done.append(record.entry_id)
+            elif _covered(record.needs, at, marked):
+                rows.append(record.row)
+                done.append(record.entry_id)
+        if rows:
+            await apply_records(pg, prefix, partition, rows, generation)
+            stored += len(rows)
+        if done:
+            await state.conn.execute("XDEL", keys.unsaved_kept, *done)
+        if len(records) < BATCH:
+            return stored
+        start = "(" + records[-1].entry_id.decode()
+
+
+def _covered(needs: Needs, at: dict[str, Revision | None],
+             marked: dict[tuple[str, str], bool]) -> bool:
+    """Whether PostgreSQL holds every write `needs` names: each position at or past its
+    revision, no barrier left marked."""
+    for name, revision in needs.positions:
+        position = at.get(name)
+        if position is None or position < revision_of(revision):
+            return False
+    return not any(marked.get((changed, name), True) for changed, name in needs.unmarked)

@@ -1,0 +1,193 @@
+"""The kept replies of writes that run no entry script through a wipe of Redis and a restore
+(decision 0061, snapshot/kept.py): a retry of such a call whose writes PostgreSQL holds gets
+its first reply and changes nothing; one whose writes PostgreSQL does not hold runs again.
+
+The first test runs a service and `stateworker restore`: delete-by-topic, a barrier arrival,
+delete-barrier, register-trigger and create-index, each followed by a write it would undo if
+run again (a key written with the topic, the barrier begun again, the trigger unregistered,
+the index dropped). The others drive the snapshotter's steps by hand, so that the round that
+stores kept replies comes before the commit of their writes: the record stays out of
+PostgreSQL, and the retry after the restore runs the write again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import psycopg
+import pytest
+import redis
+
+from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
+from stateworker.bus.protocol import BusOptions
+from stateworker.keys import KeySpace, call_field
+from stateworker.snapshot import kept
+from stateworker.snapshot.snapshotter import Snapshotter
+from tests.integration.busproto import until
+from tests.integration.snapshot.driven import bus_call, opened
+from tests.integration.snapshot.test_older_copy_between_rounds import stepped, steps_until
+from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
+from tests.integration.snapshot.test_restore import restore_command
+from tests.integration.snapshots import calls_saved
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+TRIGGER = {"id": "t1", "function_id": "reactor::on_change", "service": "reactor",
+           "config": {"scope": "s1"}}
+INDEX = {"scope": "ix", "pointer": "/n"}
+CALLS: list[tuple[str, str, dict[str, Any]]] = [
+    ("k-dbt", "state::delete-by-topic", {"scope": "dt", "topic_pattern": "t"}),
+    ("k-arrive", "state::barrier", {"event": {"key": "x"},
+                                    "condition_config": {"id": "one", "expect": 2}}),
+    ("k-delbar", "state::delete-barrier", {"id": "bar"}),
+    ("k-trig", "state::register-trigger", TRIGGER),
+    ("k-idx", "state::create-index", INDEX),
+]
+CONFIG = ("k-cfg", "state::on-config-change", {})  # (its writes: in Redis alone)
+
+
+def arrival(barrier: str, key: str, expect: int = 2) -> dict[str, Any]:
+    return {"event": {"key": key}, "condition_config": {"id": barrier, "expect": expect}}
+
+
+def stored_calls(url: str, prefix: str) -> set[bytes]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT field FROM sw_calls WHERE prefix = %s", (prefix,)).fetchall()
+    return {bytes(row[0]) for row in rows}
+
+
+def nothing_unsaved(client: redis.Redis, keys: KeySpace) -> bool:
+    """Every change, barrier and registry entry committed, and every kept reply with them."""
+    last = client.xrevrange(keys.registry, "+", "-", count=1)
+    return calls_saved(client, keys) and not any(
+        client.xlen(p.unsaved_kept) or client.scard(p.barriers_changed)
+        for p in keys.all_partitions()) and (
+            not last or client.hget(keys.registry_snapshotted, "id") == last[0][0])
+
+
+async def test_step_writes_retried_after_a_restore_get_their_kept_reply(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    first: dict[str, Any] = {}
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as bus:
+        await bus.call("state::set", {"scope": "dt", "key": "a", "value": 1, "topic": "t"})
+        await bus.call("state::barrier", arrival("bar", "a"))
+        for call_id, fn, body in [*CALLS, CONFIG]:
+            first[call_id] = await bus.call(fn, body, call_id=call_id)
+        # What each would undo, run again.
+        await bus.call("state::set", {"scope": "dt", "key": "b", "value": 2, "topic": "t"})
+        await bus.call("state::delete-barrier", {"id": "one"})
+        await bus.call("state::barrier", arrival("bar", "a"))
+        await bus.call("state::unregister-trigger", {"id": "t1"})
+        await bus.call("state::drop-index", INDEX)
+        await until(lambda: nothing_unsaved(client, keys), 60, "the snapshot to catch up")
+    assert first["k-dbt"] == {"deleted": 1} and first["k-delbar"] == {"deleted": True}
+    held = stored_calls(postgres_url, prefix)
+    assert {call_field(call_id) for call_id, _, _ in CALLS} <= held
+    assert call_field(CONFIG[0]) not in held  # (PostgreSQL never holds the live settings)
+
+    client.flushall()
+    done = restore_command(own_redis.url, prefix, postgres_url)
+    assert done.returncode == 0, done.stderr
+
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings) as bus:
+        for call_id, fn, body in CALLS:
+            assert await bus.call(fn, body, call_id=call_id) == first[call_id], call_id
+        entry = await bus.call("state::get-entry", {"scope": "dt", "key": "b"})
+        assert (entry["value"], entry["version"]) == (2, 1)  # not deleted again
+        # `bar` begun again since its deletion keeps its arrival; `one` is not begun again.
+        assert (await bus.call("state::barrier", arrival("bar", "b")))["decision"] == "allow"
+        assert (await bus.call("state::barrier", arrival("one", "y")))["decision"] != "allow"
+        assert (await bus.call("state::list-triggers", {}))["triggers"] == []
+        assert (await bus.call("state::list-indexes", {"scope": "ix"}))["indexes"] == []
+
+
+async def round_before_the_batch(snap: Snapshotter, home: int) -> None:
+    """The snapshotter's kept-reply step for `home`, as its round runs it, before any batch
+    or barrier store commits what the call wrote."""
+    assert snap._pg is not None and snap.generation is not None
+    await kept.store_covered(snap.state, snap._pg, snap.prefix, home, snap.generation)
+
+
+async def retried_after_a_restore(own_redis: RedisServer, prefix: str, postgres_url: str,
+                                  before: list[tuple[str, dict[str, Any]]],
+                                  call: tuple[str, str, dict[str, Any]]) -> tuple[Any, Any]:
+    """`before` committed, then `call` made and the kept-reply step run before its writes
+    are committed: its record stays out of PostgreSQL. Redis wiped, the snapshot restored
+    (the repair at start), the call retried: its first reply and the retry's."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    call_id, fn, body = call
+    home = keys.id_home(call_field(call_id))
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        for n, (name, args) in enumerate(before):
+            await bus_call(state, name, args, f"before-{n}")
+        await steps_until(snap, lambda: nothing_unsaved(client, keys), "the writes before",
+                          rounds=True)
+        first = await bus_call(state, fn, body, call_id)
+        assert client.xlen(keys.partition(home).unsaved_kept) == 1
+        await round_before_the_batch(snap, home)
+        assert call_field(call_id) not in stored_calls(postgres_url, prefix)
+    client.flushall()
+    async with opened(settings) as state:  # (the repair at start restores the snapshot)
+        again = await bus_call(state, fn, body, call_id)
+        return first, again
+
+
+def raw(value: Any) -> Any:
+    """A result as its JSON says (a Struct made by a run, or a replay's Raw)."""
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+async def test_a_delete_by_topic_whose_deletes_were_not_committed_runs_again(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    first, again = await retried_after_a_restore(
+        own_redis, prefix, postgres_url,
+        [("state::set", {"scope": "dt", "key": "a", "value": 1, "topic": "t"})], CALLS[0])
+    assert raw(first) == raw(again) == {"deleted": 1}  # `a` came back, and is deleted again
+    async with opened(settings) as state:
+        assert raw(await bus_call(state, "state::get", {"scope": "dt", "key": "a"}, "g")) is None
+
+
+async def test_a_barrier_deletion_not_stored_runs_again(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    first, again = await retried_after_a_restore(
+        own_redis, prefix, postgres_url, [("state::barrier", arrival("bar", "a"))], CALLS[2])
+    assert raw(first) == raw(again) == {"deleted": True}  # `bar` came back, deleted again
+    async with opened(settings) as state:
+        decided = await bus_call(state, "state::barrier", arrival("bar", "b"), "b")
+        assert raw(decided)["decision"] != "allow"  # a barrier begun anew: `a` is gone
+
+
+async def test_a_trigger_registration_not_copied_runs_again(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    first, again = await retried_after_a_restore(
+        own_redis, prefix, postgres_url, [("state::register-trigger", {**TRIGGER, "id": "t0"})],
+        CALLS[3])
+    assert raw(first) == raw(again)
+    async with opened(settings) as state:
+        listed = await bus_call(state, "state::list-triggers", {}, "l")
+        assert sorted(t["id"] for t in raw(listed)["triggers"]) == ["t0", "t1"]  # t1 again
+
+
+async def test_the_live_settings_keep_their_reply_in_redis_alone(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """PostgreSQL never holds what on-config-change writes: its record never goes there."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        await bus_call(state, *CONFIG[1:], CONFIG[0])
+        assert not any(client.xlen(p.unsaved_kept) for p in keys.all_partitions())
+        await steps_until(snap, lambda: nothing_unsaved(client, keys), "the registry copied",
+                          rounds=True)
+    assert call_field(CONFIG[0]) not in stored_calls(postgres_url, prefix)
