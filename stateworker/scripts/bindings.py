@@ -264,14 +264,15 @@ def bind_call(settings: Settings, space: KeySpace, ctx: CallContext, cluster: bo
             [ms, now // ms, now, field, call_digest(ctx), mode, optional(claim_end), last])
 
 
-def kept_call(claim: Call, reply: bytes, unsaved: tuple[str, int, bytes] | None = None) -> Call:
+def kept_call(claim: Call, reply: bytes, unsaved: tuple[str, int, bytes] | None = None,
+              mode: str = "k") -> Call:
     """bind.lua "k": a claim's (`claim`, its "w" call) reply kept in its place, in the very
     slice the claim was made in (the slice may have turned since); `unsaved` (the snapshot
     on): the stream the record goes to for PostgreSQL, its MAXLEN and what PostgreSQL must
-    hold first (state/core/once.py `Needs`)."""
+    hold first (state/core/once.py `Needs`). `mode` "u" (`reply` b""): the claim let go."""
     keys, args = claim
     if unsaved is None:
-        return keys, [*args[:5], "k", args[6], reply]
+        return keys, [*args[:5], mode, args[6], reply]
     stream, cap, needs = unsaved
     return [*keys, stream], [*args[:5], "k", args[6], reply, cap, needs]
 

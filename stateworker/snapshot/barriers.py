@@ -7,7 +7,8 @@ each partition it holds, the snapshotter reads that set (SRANDMEMBER, a batch at
 only what changed, never a scan), reads those hashes (HGETALL, pipelined), upserts them in
 one transaction (a row is replaced only by one with a higher `w`), and then forgets them
 (`lua/forget.lua`): each is removed from the set only if its `w` is still the one stored, so
-a barrier written again between the read and the forget stays marked for the next round. A
+a barrier written again (or deleted) between the read and the forget stays marked for the
+next round (a delete-barrier's kept reply waits for its mark to go: snapshot/kept.py). A
 crash anywhere in between leaves the set as it was: the next holder stores the same states
 again (changing nothing) and forgets them.
 
@@ -125,7 +126,8 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
             await cursor.executemany(DELETE, [(prefix, to_pg(i)) for i in gone])
         await commit_count(cursor, prefix, partition, read)
     reads[partition] = read
-    await forget(state, keys, names, {keys.barrier(b.id): b.w for b in found})
+    await forget(state, keys, names, {keys.barrier(b.id): b.fields.get(b"w", b"").decode()
+                                      for b in found})
     return len(names)
 
 
@@ -168,10 +170,12 @@ async def prune(pg: PgConnection, prefix: str) -> None:
 
 
 async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
-                 stored: dict[str, int]) -> None:
-    """Unmark the barriers still at the write count stored (absent ones: nothing to store)."""
+                 stored: dict[str, str]) -> None:
+    """Unmark the barriers still as stored: at the write count stored (`stored`), or absent
+    and stored as gone (one deleted since it was read stays marked: its deletion is stored
+    at the next round)."""
     texts = [name.decode() for name in names]
-    call = forget_call(keys.barriers_changed, texts, [str(stored.get(t, "")) for t in texts])
+    call = forget_call(keys.barriers_changed, texts, [stored.get(t, "") for t in texts])
     reply = await pipeline(state.conn, state.library, [FORGET.command(state.library, *call)])
     FORGET.read(reply[0])
 

@@ -19,7 +19,11 @@ dedupe window is dropped unstored (no retry can need it).
 
 The positions come from the same Redis as the records: the partition's marker is read before
 and after (Fenced when it changed), and each commit passes the generation fence. A mirror that
-a wipe or an older copy lost reads lower (or none): the record waits, never the other way.
+a wipe or an older copy lost reads lower (or none): the record waits, never the other way. A
+mark that a wipe lost reads as absent, which would be the other way: so each mirror and each
+changed set counts only while its own partition's marker (the registry's, for its mirror),
+read after it, is the generation; on a Redis Cluster a node that came back empty holds the
+written partition while the id's home, elsewhere, is whole.
 
 The other way is the cost: the writes reach PostgreSQL before their record (the keep follows
 the last step, the record the commits). A wipe in between loses the record as a crash between
@@ -35,6 +39,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.events.model import Revision, revision_of
+from stateworker.keys import KeySpace
 from stateworker.snapshot.rows import confirm
 from stateworker.snapshot.tables import CallRow, PgConnection, apply_records
 from stateworker.state.core.once import Needs
@@ -75,18 +80,26 @@ async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partit
         records = [_read(entry_id, flat) for entry_id, flat in entries or []]
         if not records:
             return stored
-        # (read after the records: a position mirrored since only covers more)
+        # (read after the records: a position mirrored since only covers more; each name's
+        # marker after it: a partition lost alone, its node back empty, has no mark either)
         mirrors = sorted({name for r in records for name, _ in r.needs.positions})
         marks = sorted({pair for r in records for pair in r.needs.unmarked})
+        vouching = _vouching(state.keys, [*mirrors, *(changed for changed, _ in marks)])
+        markers = sorted({tuple(command) for command in vouching.values()})
         *replies, after = await state.conn.pipeline([
             *(["HGET", name, "id"] for name in mirrors),
-            *(["SISMEMBER", changed, name] for changed, name in marks), marker])
+            *(["SISMEMBER", changed, name] for changed, name in marks),
+            *(list(command) for command in markers), marker])
         confirm(keys, after, generation)
+        read, marks_read = replies[:len(mirrors)], replies[len(mirrors):len(mirrors) + len(marks)]
+        vouched = {command: reply is not None and reply.decode() == generation for command, reply
+                   in zip(markers, replies[len(mirrors) + len(marks):], strict=True)}
+        whole = {name for name, command in vouching.items() if vouched[tuple(command)]}
         at: dict[str, Revision | None] = {
-            name: None if reply is None else revision_of(reply)
-            for name, reply in zip(mirrors, replies[:len(mirrors)], strict=True)}
-        marked = {pair: bool(reply) for pair, reply in zip(marks, replies[len(mirrors):],
-                                                           strict=True)}
+            name: None if reply is None or name not in whole else revision_of(reply)
+            for name, reply in zip(mirrors, read, strict=True)}
+        marked = {pair: bool(reply) or pair[0] not in whole
+                  for pair, reply in zip(marks, marks_read, strict=True)}
         rows: list[CallRow] = []
         done: list[bytes] = []
         for record in records:
@@ -103,6 +116,17 @@ async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partit
         if len(records) < BATCH:
             return stored
         start = "(" + records[-1].entry_id.decode()
+
+
+def _vouching(space: KeySpace, names: list[str]) -> dict[str, list[Any]]:
+    """The generation marker that vouches for each name a record's needs read: its
+    partition's (a `snapshotted`, a `barriers_changed`), the registry's (its mirror). A
+    name of none (a version's unknown to this one) is left out: it vouches for nothing."""
+    markers: dict[str, list[Any]] = {space.registry_snapshotted: ["GET", space.registry_marker]}
+    for part in space.all_partitions():
+        markers[part.snapshotted] = markers[part.barriers_changed] = \
+            ["HGET", part.history, PARTITION_FIELD]
+    return {name: markers[name] for name in names if name in markers}
 
 
 def _covered(needs: Needs, at: dict[str, Revision | None],

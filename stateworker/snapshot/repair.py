@@ -2,7 +2,8 @@
 holds is rebuilt from it (`stateworker restore`) before the service serves.
 
 The rule, with PostgreSQL holding something of the prefix (a row of an entry, barrier,
-trigger or claim, or a partition position past event 0):
+trigger or claim, a partition position past event 0, or a call record of the dedupe window:
+a prefix of barriers alone may hold nothing else, and its retries need them):
   - Redis is NEW: the prefix's meta key was absent (a new server, or a flushed one);
   - or Redis is LOST: a generation marker is gone (state/generation.py: a cluster node that
     came back empty, a partition the snapshotter found behind) or is not the generation
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, RestoreRefused, shown
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, restore, tables
@@ -42,6 +44,7 @@ SELECT EXISTS (SELECT 1 FROM sw_entries WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_principals WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_roles WHERE prefix = %(p)s)
     OR EXISTS (SELECT 1 FROM sw_positions WHERE prefix = %(p)s AND n > 0)
+    OR EXISTS (SELECT 1 FROM sw_calls WHERE prefix = %(p)s AND at_ms >= %(since)s)
 """
 
 
@@ -96,7 +99,8 @@ async def _meta_put_back(state: RedisState, pg: PgConnection) -> bool:
 async def lost(state: RedisState, pg: PgConnection) -> str | None:
     """Why Redis needs the restore (new, or behind PostgreSQL); None: it does not."""
     prefix = state.settings.prefix
-    row = await (await pg.execute(HOLDS, {"p": prefix})).fetchone()
+    since = now_ms() - state.settings.dedupe_window_ms  # (a record a retry may still need)
+    row = await (await pg.execute(HOLDS, {"p": prefix, "since": since})).fetchone()
     if not row or not row[0]:
         return None
     if state.created and not await _meta_put_back(state, pg):

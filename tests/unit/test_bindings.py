@@ -111,6 +111,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "bind": lambda: [*(b.bind_call(SETTINGS, SPACE, BUS, True, mode) for mode in "rb"),
                      b.bind_call(SETTINGS, SPACE, BUS, False, "w", 5, 9),
                      b.kept_call(b.bind_call(SETTINGS, SPACE, BUS, False, "w", 5), b"=1"),
+                     b.kept_call(b.bind_call(SETTINGS, SPACE, BUS, False, "w", 5), b"", mode="u"),
                      b.kept_call(b.bind_call(SETTINGS, SPACE, BUS, True, "w", 5), b"=1",
                                  (SPACE.partition(0).unsaved_kept, 10, b"needs"))],
     "sethash": lambda: [b.sethash_call(PART, "s", "k", 1, "h")],

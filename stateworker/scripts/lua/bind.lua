@@ -14,8 +14,9 @@
     ARGV[1] slice length (ms)   ARGV[2] the slice's number   ARGV[3] now (epoch ms)
     ARGV[4] the record's field (12 raw bytes)   ARGV[5] the call's digest (8 raw bytes)
     ARGV[6] the mode: "r" a read's binding, kept unlogged (records_keep; decision 0058);
-            "b" a binding alone; "w" a write's claim; "k" a write's reply kept
-    ARGV[7] "w", "k": when the claim ends (epoch ms, digits); else ""
+            "b" a binding alone; "w" a write's claim; "k" a write's reply kept; "u" a
+            write's claim let go (it ran nothing that outlives the store's recovery)
+    ARGV[7] "w", "k", "u": when the claim ends (epoch ms, digits); else ""
     ARGV[8] "w": the call's deadline (epoch ms, "" none); "k": the reply ("=" .. JSON
             result, or "!" .. JSON error); else ""
     ARGV[9..] "k" with KEYS[2] only: KEYS[2]'s MAXLEN, then what PostgreSQL must hold before
@@ -23,9 +24,10 @@
   Record values: the digest alone (bound, not run); "w": digest .. "@" .. claim end (runs now;
   a claim past its end is a run that died: taken over); "k": digest .. ARGV[8].
   Output:
-    {ST.OK, 1}             bound now ("w": claimed, run it; "k": the reply kept)
-    {ST.OK, 0}             bound before, to this same call ("k": the claim was not there
-                           any more: nothing written)
+    {ST.OK, 1}             bound now ("w": claimed, run it; "k": the reply kept; "u": the
+                           claim removed)
+    {ST.OK, 0}             bound before, to this same call ("k", "u": the claim was not
+                           there any more: nothing written)
     {ST.OK, 2}             "w": the same call runs now under a live claim: do not run it
     {ST.DUPLICATE, reply}  "w": the call ran: its reply (ARGV[8] as kept); nothing written
     {ST.DEADLINE_EXCEEDED} "w": not run before, and its deadline passed: nothing written
@@ -38,11 +40,15 @@
 local name, slice, field, digest = KEYS[1], ARGV[2], ARGV[4], ARGV[5]
 local ms, now, mode = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[6]
 
-if mode == 'k' then
+if mode == 'k' or mode == 'u' then
   -- (the claim made in this very slice: a run that outlived its claim, taken over, keeps
   -- the newer run's claim or reply as they are)
   if redis.call('HGET', name, field) ~= digest .. '@' .. ARGV[7] then
     return {ST.OK, 0}
+  end
+  if mode == 'u' then
+    redis.call('HDEL', name, field)
+    return {ST.OK, 1}
   end
   redis.call('HSET', name, field, digest .. ARGV[8])
   if KEYS[2] then

@@ -5,7 +5,8 @@
   Input:
     KEYS[1] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed)
     KEYS[2..] the barrier hashes stored (keys: PartitionKeys.barrier, same partition)
-    ARGV[1..] the write count `w` stored in PostgreSQL for each of KEYS[2..], in order
+    ARGV[1..] the write count `w` stored in PostgreSQL for each of KEYS[2..], in order; ""
+            for one stored as gone (its hash was absent when read)
   Output:
     {ST.OK, number forgotten}
   Events: none.
@@ -13,7 +14,9 @@
 local forgotten = 0
 for i = 2, #KEYS do
   local w = redis.call('HGET', KEYS[i], 'w')
-  if w == false or w == ARGV[i - 1] then -- (absent: nothing left to store)
+  -- (absent now and when read: nothing left to store; absent now but read present: deleted
+  -- since, the deletion is still to store, and a delete-barrier's kept reply waits for it)
+  if (w or '') == ARGV[i - 1] then
     forgotten = forgotten + redis.call('SREM', KEYS[1], KEYS[i])
   end
 end

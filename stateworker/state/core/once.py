@@ -17,8 +17,12 @@ binding (bind.lua) is made in three moves:
 - **keep** ("k"), a step after: its JSON result, or the error it ended with, replaces the
   claim, for the rest of the window.
 
-A run that dies between claim and keep (a crash, Redis away) leaves its claim: a retry within
-CLAIM_MS is UNAVAILABLE, a later one runs the write again (as every call whose record is lost).
+A run that dies between claim and keep (a crash, Redis away or out of memory: UNAVAILABLE,
+RESOURCE_EXHAUSTED) leaves its claim: a retry within CLAIM_MS is UNAVAILABLE, a later one runs
+the write again (as every call whose record is lost). A run that a Redis which lost the
+prefix's data refused (STORE_LOST) keeps no reply and lets its claim go: what it may have run
+is gone once Redis is recovered (a restore rebuilds an emptied Redis), so the retry after the
+recovery runs the write (kept, that answer would have answered every retry of the window).
 Before this, the binding was the digest alone and a retry ran the write again: a retried
 delete-by-topic deleted the keys written with that topic since the first run.
 
@@ -44,7 +48,7 @@ import msgspec
 
 from stateworker.clock import now_ms
 from stateworker.context import CallContext
-from stateworker.errors import StateError, StoreLost, Unavailable, error_from
+from stateworker.errors import ResourceExhausted, StateError, StoreLost, Unavailable, error_from
 from stateworker.keys import KeySpace, call_field
 from stateworker.schemas.base import encoder
 from stateworker.scripts.bindings import BIND, BINDINGS, Call, bind_call, kept_call
@@ -170,10 +174,13 @@ def _kept(run: _Run, plan: Plan) -> Plan:
             return out
         if isinstance(out, StateError):  # (raised or returned, the same)
             error = out
-            if isinstance(error, Unavailable):
-                raise error  # (Redis away: the steps may or may not have run; the claim stays)
-            # (a Redis that lost the prefix's data refused it: no reply for PostgreSQL)
-            run.writes.unheld |= isinstance(error, StoreLost)
+            if isinstance(error, Unavailable | ResourceExhausted):
+                raise error  # (Redis away or full: the steps may or may not have run; the
+                # claim stays, and a retry after it runs the write again)
+            if isinstance(error, StoreLost):  # (no reply: what it ran, if anything, is gone
+                # once Redis is recovered, by a restore into an emptied Redis; the claim let go)
+                return Plan([BIND.command(run.library, *kept_call(run.claim, b"", mode="u"))],
+                            lambda _: _raise(error))
             return run.keep(_ERROR + encoder.encode(error.to_dict()), lambda _: _raise(error))
         # (a failed keep is not the call's failure: it ran; a retry after the claim runs again.
         # The result as made, so an in-process caller gets its Struct; a replay has its JSON.)

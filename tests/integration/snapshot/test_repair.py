@@ -221,9 +221,9 @@ async def test_a_barrier_written_again_after_it_was_read_stays_marked(store: Sta
     await store.barrier({"key": "a"}, config)
     assert [int(await store.state.conn.execute("HGET", name, "w"))] == [1]
     await store.barrier({"key": "b"}, config)
-    await forget(store.state, part, [name.encode()], {name: 1})  # the state of write 1
+    await forget(store.state, part, [name.encode()], {name: "1"})  # the state of write 1
     assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 1
-    await forget(store.state, part, [name.encode()], {name: 2})
+    await forget(store.state, part, [name.encode()], {name: "2"})
     assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 0
     await store.barrier({"key": "c"}, config)  # completes it: marked again, count kept
     assert await store.state.conn.execute("SISMEMBER", part.barriers_changed, name) == 1

@@ -1,0 +1,43 @@
+"""The repair at start restores a wiped Redis whose prefix PostgreSQL holds only call records
+of (snapshot/repair.py, HOLDS): a prefix of barriers alone, its barrier deleted (or expired
+and pruned) and no event ever written. It began anew instead: the records were never brought
+back, and a retry within the window ran again (a delete-barrier answered `deleted: false`, an
+arrival began the barrier anew)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateworker.keys import KeySpace, call_field
+from tests.integration.snapshot.driven import bus_call, opened
+from tests.integration.snapshot.test_kept_after_restore import (
+    arrival,
+    nothing_unsaved,
+    raw,
+    stored_calls,
+)
+from tests.integration.snapshot.test_older_copy_between_rounds import stepped, steps_until
+from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_prefix_of_call_records_alone_is_restored_at_start(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        first = await bus_call(state, "state::barrier", arrival("one", "x"), "x")
+        deleted = await bus_call(state, "state::delete-barrier", {"id": "one"}, "delete")
+        await steps_until(snap, lambda: nothing_unsaved(client, keys), "the records stored",
+                          rounds=True)
+    assert {call_field("x"), call_field("delete")} <= stored_calls(postgres_url, prefix)
+    client.flushall()
+    async with opened(settings) as state:  # (the repair at start restores the snapshot)
+        assert raw(await bus_call(state, "state::delete-barrier", {"id": "one"},
+                                  "delete")) == raw(deleted) == {"deleted": True}
+        assert raw(await bus_call(state, "state::barrier", arrival("one", "x"),
+                                  "x")) == raw(first)
+        assert not client.exists(keys.barrier_partition("one").barrier("one"))
