@@ -1,96 +1,13 @@
-"""Every Redis key and stream name, built in one place.
+"""Every Redis key and stream name, built in one place: a partition's (`PartitionKeys`), the
+registry's, the dispatchers', the snapshot's and the call records' (`KeySpace`), the bus's
+(`BusKeys`, `bus_stream` ..., `acl` mode's `principal_*`). The map of them all, a row a name
+(its type and what it holds), is docs/architecture.md's "Key layout": a new name gets its row.
 
 Scopes hash (CRC32 of their UTF-8 bytes) into a fixed number of partitions. Every key of one
 partition carries the Redis Cluster hash tag `{<prefix>:p<n>}`, so each script, which touches
 one entry and the indexes and event stream of its partition, runs on a single cluster slot.
-
-Layout (`sw` prefix, partition 3):
-  sw:{sw:p3}:e:<len(scope)>:<scope><key>  string one entry, packed (lua/includes/packed.lua,
-                                                 state/kv/packed.py): version, created/updated
-                                                 ms, revision, hash, expires ms, topic,
-                                                 updated_by, plain mark, then the value
-  sw:{sw:p3}:k:<scope>                    zset   the scope's keys, score 0, byte order
-  sw:{sw:p3}:u:<scope>                    zset   the scope's keys by updated_at ms
-  sw:{sw:p3}:t:<scope>                    zset   <topic>\0<key> of tagged entries, score 0
-  sw:{sw:p3}:scopes                       zset   scopes of the partition with >= 1 entry
-  sw:{sw:p3}:ttl                          zset   <len>:<scope><key> by expires_at ms
-  sw:{sw:p3}:written                      zset   scopes by their last write ms (kept for the
-                                                 dedupe window: a claim's "in use" check)
-  sw:{sw:p3}:events                       stream change events; entry id = revision
-  sw:{sw:p3}:calls:<slice>                hash   on a Redis Cluster: the bus calls' records
-                                                 of the partition in one time slice (field:
-                                                 call_field(id); lua/includes/records.lua),
-                                                 and the bindings of the ids whose home it is
-                                                 (KeySpace.id_home)
-  sw:{sw:p3}:unsaved_calls                stream records of calls that changed the partition,
-                                                 until PostgreSQL holds them (snapshot on)
-  sw:{sw:p3}:unsaved_kept                 stream kept replies of writes that run no entry
-                                                 script, of the ids at home here (id_home),
-                                                 until PostgreSQL holds them and their writes
-  sw:{sw:p3}:snap:<cursor>                hash   a state::list_entries snapshot, under the
-                                                 cursor that reads it next (lua/pages.lua);
-                                                 expires 120 s after its capture
-  sw:{sw:p3}:snaps                        zset   the partition's live snapshots by expiry ms
-  sw:{sw:p3}:b:<barrier id>               hash   one barrier (its id hashes to the partition)
-  sw:{sw:p3}:barriers_changed             set    names of the partition's barrier hashes
-                                                 changed since the snapshot last stored them
-  sw:{sw:p3}:barrier_writes               string the last write number (`w`) a barrier of
-                                                 the partition took (lua/barrier.lua)
-  sw:{sw:p3}:snapshot_reads               string the snapshot's reads of the partition
-                                                 counted (lua/snapread.lua)
-  sw:{sw:p3}:lease                        string the dispatcher holding the partition (token)
-  sw:{sw:p3}:dispatched                   hash   the dispatcher's position: id (last event
-                                                 handed on), n (its ordinal in the stream)
-  sw:{sw:p3}:cut                          hash   undispatched events cut by the hard cap
-  sw:{sw:p3}:snapshot_lease               string the snapshotter holding the partition (token)
-  sw:{sw:p3}:snapshotted                  hash   the snapshot's acknowledged position (id, n),
-                                                 mirrored from PostgreSQL after each commit
-  sw:{sw:p3}:history                      hash   where the partition's event history begins:
-                                                 after (no event of it is at or before this
-                                                 revision), cause (new | restore); gen, the
-                                                 generation marker (state/generation.py)
-  sw:{sw:reg}:registry                    stream changes of triggers and claims (replicas follow)
-  sw:{sw:reg}:triggers                    hash   trigger id -> registration (JSON)
-  sw:{sw:reg}:trigger_leases              zset   leased trigger id -> expires ms (its
-                                                 registration's `expires_at`; the reaper's index)
-  sw:{sw:reg}:claims                      hash   claimed scope -> functions prefix
-  sw:{sw:reg}:principals                  hash   principal name -> its record (JSON: roles,
-                                                 act_as; never a password)
-  sw:{sw:reg}:roles                       hash   role name -> its grants (JSON)
-  sw:{sw:reg}:generation                  string the registry's generation marker
-  sw:{sw:reg}:snapshot_reads              string the snapshot's copies of the registry
-                                                 counted (lua/snapread.lua)
-  sw:{sw:reg}:snapshotted                 hash   the registry's copy committed in
-                                                 PostgreSQL: id, its stream's last entry then
-  sw:{sw:reg}:settings                    hash   live settings' overrides: name -> value
-                                                 (state::on-config-change; state/core/live.py)
-  sw:replicas                             zset   dispatcher replica id by last heartbeat ms
-  sw:dispatch:stats                       hash   the dispatchers' counters (condition errors ...)
-  sw:dispatch:by_trigger                  hash   per trigger: "<id>|delivered" handler calls
-                                                 handed on, "<id>|error" its last condition
-                                                 error (JSON); pruned as triggers go
-  sw:snapshot:replicas                    zset   snapshotter replica id by last heartbeat ms
-  sw:snapshot:status                      hash   the snapshotters' last error and last commit;
-                                                 lost: why this Redis was found lost
-  sw:meta                                 hash   layout facts checked at start (partitions;
-                                                 entries: "packed" once state/kv/repack.py ran);
-                                                 generation (state/generation.py), restoring
-                                                 (while a restore runs: the one it writes)
-  sw:calls:{sw:c<b>}:<slice>              hash   on one Redis: the records and bindings of
-                                                 the call ids of bucket b in one time slice
-  sw:bus:<service>                        stream calls to a service; consumer group <service>
-                                                 (with STATEWORKER_BUS_SHARDS > 1: its shard 0)
-  sw:bus:<service>:{sw:p<i>}              stream shard i (1 <= i < shards) of a service's calls:
-                                                 partition i's hash tag, consumer group
-                                                 <service> (bus_shard_stream)
-  sw:bus:<service>:from:<principal>       stream `acl` mode: one principal's calls to a
-                                                 service; consumer group <service>
-  sw:bus:<service>:done:{<call id>}       string a user worker's recorded reply
-  sw:reply:<client id>                    list   replies for one client
-  sw:reply:<principal>:<client id>        list   `acl` mode: replies for one principal's client
-  sw:stats:<service>                      hash   a service's counters
-The scope is length-prefixed inside entry names, so any scope and key (":" included) map to one
-name and the reaper can split a ttl member back into scope and key.
+The scope is length-prefixed inside entry names (`member`), so any scope and key (":" included)
+map to one name and the reaper can split a ttl member back into scope and key.
 """
 
 from __future__ import annotations
@@ -150,7 +67,8 @@ class PartitionKeys:
         return f"{self.entry_prefix}{member(scope, key)}"
 
     def snapshot(self, cursor: str) -> str:
-        """A state::list_entries snapshot, named by the cursor that reads it next."""
+        """A state::list_entries snapshot, named by the cursor that reads it next (lua/pages.lua;
+        it expires 120 s after its capture: state/kv/pages.py `LIFE_MS`)."""
         return f"{self.tag}snap:{cursor}"
 
     @property
@@ -168,9 +86,9 @@ class PartitionKeys:
         return f"{self.tag}t:{scope}"
 
     def index_defs(self, scope: str) -> str:
-        """hash: the scope's indexes, pointer -> "r" (ready) or "b" + the last key built
-        (building). lua/includes/indexes.lua makes it as the key index's name with "ix:" for
-        "k:"."""
+        """hash: the scope's indexes, pointer -> "r" (ready), "b" (build not started) or "c" +
+        the last key built. lua/includes/indexes.lua makes it as the key index's name with "ix:"
+        for "k:"."""
         return f"{self.tag}ix:{scope}"
 
     def value_index(self, scope: str, pointer: str) -> str:
@@ -196,7 +114,8 @@ class PartitionKeys:
     @property
     def unsaved_kept(self) -> str:
         """The kept replies of writes that run no entry script (state/core/once.py) of the
-        call ids at home in the partition, until PostgreSQL holds them (snapshot/kept.py)."""
+        call ids at home in the partition, until PostgreSQL holds them and the writes they
+        answer (snapshot/kept.py)."""
         return f"{self.tag}unsaved_kept"
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one PartitionKeys per partition, kept
@@ -234,19 +153,20 @@ class KeySpace:
         registry_tag = f"{prefix}:{{{prefix}:reg}}:"
         self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
         self.triggers = f"{registry_tag}triggers"
-        self.trigger_leases = f"{registry_tag}trigger_leases"
+        self.trigger_leases = f"{registry_tag}trigger_leases"  # id -> expires ms: the reaper's index
         self.claims = f"{registry_tag}claims"
-        self.principals = f"{registry_tag}principals"
+        self.principals = f"{registry_tag}principals"  # name -> JSON (roles, act_as): no password
         self.roles = f"{registry_tag}roles"
         # The registry's generation marker (state/generation.py; lua/includes/generation.lua
         # finds it as the registry stream's name less "registry").
         self.registry_marker = f"{registry_tag}generation"
-        self.live_settings = f"{registry_tag}settings"
+        self.live_settings = f"{registry_tag}settings"  # name -> override (state::on-config-change)
         self.registry_reads = f"{registry_tag}snapshot_reads"  # (snapshot/behind.py)
         # hash: the registry's copy committed in PostgreSQL: id (its stream's last entry then)
         self.registry_snapshotted = f"{registry_tag}snapshotted"
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
+        # "<id>|delivered", "<id>|error" (JSON), "<id>|waiting"; pruned as the triggers go
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"
         self.snapshot_status = f"{prefix}:snapshot:status"

@@ -1,6 +1,7 @@
 """docs/architecture.md stays a map a newcomer can read, and stays true: at most 450 lines, every
-module path it names exists, and every decision record it lists (docs/decisions/) exists and is
-listed. Paths are resolved inside the repository only.
+module path it names exists, every decision record it lists (docs/decisions/) exists and is
+listed, and its "Key layout" has a row for each name keys.py builds. Paths are resolved inside
+the repository only.
 
 How the doc names a path: in full from the repository's root (`stateworker/__init__.py`,
 `tests/unit/test_layers.py`, `benchmarks/browser.py`, `docs/errors.md`), from the package
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from stateworker.keys import KeySpace, PartitionKeys
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -134,6 +137,27 @@ def test_the_path_patterns_see_what_the_doc_writes():
     assert resolves("bus/runtime.py") and resolves("lua/includes/packed.lua")
     assert resolves("tests/unit/test_layers.py") and resolves("scripts/lua/<name>.lua")
     assert not resolves("bus/nowhere.py") and not resolves("../README.md")
+
+
+def test_the_key_layout_has_a_row_for_each_name_keys_py_builds():
+    """"Key layout" is the one map of the Redis names (keys.py points to it, and holds no copy):
+    a name a KeySpace holds or builds for a partition is the first column of a row of it (a
+    partition's as any partition's: the doc shows barriers in partition 7)."""
+    space = KeySpace("sw", 16)
+    part = space.partition(3)
+    names = [v for k, v in vars(space).items() if isinstance(v, str) and k[0] != "_" and k != "prefix"]
+    names += [getattr(part, f) for f in PartitionKeys.__dataclass_fields__
+              if f not in ("tag", "entry_prefix")]
+    names += [part.snapshots, part.index_builds, part.unsaved_calls, part.unsaved_kept,
+              part.key_index("<scope>"), part.updated_index("<scope>"), part.topic_index("<scope>"),
+              part.index_defs("<scope>"), part.snapshot("<cursor>"), part.barrier("<barrier id>"),
+              part.call_records("<slice>"), space.bus_stream("<service>")]
+    block = doc_text().split("\n## Key layout\n", 1)[1].split("```")[1]
+    rows = {re.sub(r"\{sw:p\d+\}", "{sw:p3}", line.split("  ", 1)[0])
+            for line in block.splitlines() if line.startswith("sw:")}
+    assert len(names) > 40
+    missing = sorted(set(names) - rows)
+    assert not missing, f"docs/architecture.md's \"Key layout\" has no row for {missing}"
 
 
 def test_every_decision_record_it_links_exists_and_every_record_is_listed():
