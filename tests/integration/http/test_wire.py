@@ -373,6 +373,35 @@ async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
         server.kill()
 
 
+async def test_a_head_behind_a_request_the_server_still_runs_is_not_a_late_one(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipelined request's head, begun while the request before it still runs: the time
+    that request takes is the server's, not the client's; a 408 then would reach the client
+    as the answer to the request before (which ran). (Its own Redis, SIGSTOPped a while.)"""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        async with serving(http_settings(server.url, prefix)) as (face, _):
+            assert face.http_address is not None and server.process is not None
+            async with connection(face.http_address) as wire:
+                first = wire.head("/v1/call/state::get", len(GET)) + GET
+                second = wire.head("/v1/call/state::get", len(GET)) + GET
+                os.kill(server.process.pid, signal.SIGSTOP)  # the first call waits on Redis
+                try:
+                    await wire.stream.send(first + second[:20])  # and half the next head
+                    await anyio.sleep(2.0)  # (the time that passes is the test: 4 head limits)
+                finally:
+                    os.kill(server.process.pid, signal.SIGCONT)
+                status, _, body = await wire.answer()
+                assert status == 200 and msgspec.json.decode(body)["ok"] is True, body
+                await wire.stream.send(second[20:])  # (the client's time starts after the hold)
+                status, _, body = await wire.answer()
+                assert status == 200 and msgspec.json.decode(body)["ok"] is True, body
+    finally:
+        server.kill()
+
+
 async def test_a_connection_is_kept_alive_in_1_1_and_closed_after_1_0(
         face: StateService) -> None:
     assert face.http_address is not None
