@@ -15,7 +15,8 @@ What is set here, and why:
   limit did under Hypercorn; and it sends what a pass of the loop wrote as one (`_OneWrite`);
 - uvicorn waits for a request's head for ever (its keep-alive timeout runs only between
   requests), so a client trickling heads could hold connections without end: a head not
-  complete HEAD_TIMEOUT_S after its first byte gets 408 and a close, and a connection that
+  complete HEAD_TIMEOUT_S after its first byte (not counting the time a request before it
+  on the connection still runs: the server's) gets 408 and a close, and a connection that
   sends nothing for HEAD_TIMEOUT_S after it opened is closed (as an idle kept-alive one is);
   likewise a body none of which came for BODY_IDLE_S (between two pieces, as nginx's
   client_body_timeout counts), or not whole BODY_TOTAL_S after its head ended (a byte every
@@ -194,11 +195,11 @@ class _BoundedHead(HttpToolsProtocol):
         then, self._at_due = self._at_due, None
         then()
 
-    def _still_held(self, again: Callable[[], None]) -> bool:
-        """At a deadline: while the server holds the request up, and once more after its hold
-        ended (the client's whole time starts then, not when the hold began), set the
-        deadline `again` and say so."""
-        held = self._server_waits()
+    def _still_held(self, again: Callable[[], None], running: bool = False) -> bool:
+        """At a deadline: while the server holds the request up (or `running`: the request
+        before it still runs), and once more after its hold ended (the client's whole time
+        starts then, not when the hold began), set the deadline `again` and say so."""
+        held = running or self._server_waits()
         if not (held or self._held):
             return False
         again()
@@ -206,12 +207,15 @@ class _BoundedHead(HttpToolsProtocol):
         return True
 
     def _head_late(self) -> None:
-        if self._still_held(self._rearm_head):
+        # A pipelined head begun while the request before it still runs (its response not
+        # all sent) waits on the server: a 408 then would reach the client as that request's
+        # answer (the request ran), and a close would lose it.
+        cycle = self.cycle  # (the request before this one, if any)
+        if self._still_held(self._rearm_head,
+                            running=cycle is not None and not cycle.response_complete):
             return
-        cycle = self.cycle  # (the request before this one, if any: its response may still go)
-        going = cycle is not None and cycle.response_started and not cycle.response_complete
         self._refuse(f"the request's head did not end within {HEAD_TIMEOUT_S:g} s"
-                     if self._begun and not going else None)
+                     if self._begun else None)
 
     def _rearm_head(self) -> None:
         self._deadline(HEAD_TIMEOUT_S, self._head_late)

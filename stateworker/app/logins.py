@@ -257,6 +257,9 @@ def _same(origin: bytes, host: bytes | None) -> bool:
     """Whether a browser's `Origin` names the address the request was sent to. Its host and
     port, not its scheme: behind a TLS proxy the page is https and the service http (the
     proxy must pass `Host` on)."""
-    parsed = urllib.parse.urlsplit(origin.decode(errors="replace"))
+    try:
+        parsed = urllib.parse.urlsplit(origin.decode(errors="replace"))
+    except ValueError:  # (no URL, `http://[::1`: not the service's own; it was a 500)
+        return False
     return host is not None and parsed.scheme in ("http", "https") and \
         parsed.netloc.encode() == host

@@ -8,6 +8,7 @@ flight finish, then the process exits 0."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -229,6 +230,97 @@ async def test_a_trickled_body_gets_408_when_its_whole_time_is_up(
         assert body == b"the request's body did not end within 2 s"
 
 
+async def test_a_head_trickled_a_byte_at_a_time_has_its_time_from_its_first_byte(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slowloris: each byte of a head keeps the connection busy but gives it no more time."""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 1.0)
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire, anyio.create_task_group() as tg:
+        request = wire.head("/v1/call/" + "a" * 400, len(GET)) + GET
+
+        async def trickle() -> None:  # a byte every 0.1 s: the whole head would take 45 s
+            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                for n in range(len(request)):
+                    await wire.stream.send(request[n:n + 1])
+                    await anyio.sleep(0.1)  # (the client's own pace, the behaviour under test)
+        tg.start_soon(trickle)
+        status, headers, body = await wire.answer()
+        tg.cancel_scope.cancel()
+        assert status == 408 and headers[b"connection"] == b"close"
+        assert body == b"the request's head did not end within 1 s"
+
+
+async def test_a_deadline_earlier_than_the_one_armed_is_kept(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One timer a connection serves the head's and the body's deadlines: a body's deadline
+    set while the timer waits for a later one (the head's, long) still falls in its time, as
+    does the head's of a kept-alive connection's next request after a long body's."""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 0.5)
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire:
+        await wire.stream.send(wire.head("/v1/call/state::set", 10))  # and no body
+        status, _, body = await wire.answer()
+        assert (status, body) == (408, b"nothing of the request's body came for 0.5 s")
+        assert await wire.closed()
+    monkeypatch.setattr(http_server, "BODY_TOTAL_S", 0.5)  # (the whole body's, the same)
+    async with connection(face.http_address) as wire:
+        await wire.stream.send(wire.head("/v1/call/state::set", 10))
+        status, _, body = await wire.answer()
+        assert (status, body) == (408, b"the request's body did not end within 0.5 s")
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 3600.0)
+    monkeypatch.setattr(http_server, "BODY_TOTAL_S", 3600.0)
+    async with connection(face.http_address) as wire:
+        head = wire.head("/v1/call/state::get", len(GET))
+        await wire.stream.send(head)
+        await anyio.sleep(1.0)  # (the client's own pace: the timer is armed for the body's hour)
+        await wire.stream.send(GET)
+        assert (await wire.answer())[0] == 200
+        await wire.stream.send(head[:20])  # the next request: half a request line
+        status, _, body = await wire.answer()
+        assert (status, body) == (408, b"the request's head did not end within 0.5 s")
+
+
+async def test_a_kept_alive_connection_outlives_its_last_requests_deadlines(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadlines of a request that ended do not fall on the idle connection after it:
+    the next request, within the keep-alive time, is served."""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(http_server, "BODY_IDLE_S", 0.5)
+    monkeypatch.setattr(http_server, "BODY_TOTAL_S", 0.5)
+    assert face.http_address is not None
+    async with connection(face.http_address) as wire:
+        for _ in range(2):
+            status, headers, _ = await wire.call("state::get", GET)
+            assert status == 200 and headers.get(b"connection") != b"close"
+            await anyio.sleep(1.5)  # (the client's own pace: idle past every deadline, < 5 s)
+
+
+def _armed() -> list[http_server._BoundedHead]:
+    """The connections whose deadline timer is armed on the loop (the test's and the
+    service's: one loop)."""
+    scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+    return [handle._callback.__self__ for handle in scheduled if not handle.cancelled()
+            and getattr(handle._callback, "__func__", None) is http_server._BoundedHead._fire]
+
+
+async def test_a_connection_closed_with_a_deadline_armed_leaves_no_timer(
+        face: StateService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection gone keeps no timer on the loop (nor the protocol it holds): none
+    fires for a dead connection, and thousands of clients gone leave nothing behind."""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 3600.0)
+    assert face.http_address is not None
+    async with contextlib.AsyncExitStack() as stack:
+        for n in range(3):
+            wire = await stack.enter_async_context(connection(face.http_address))
+            await wire.stream.send(wire.head("/v1/call/state::get", len(GET))[:10 + n * 40])
+        await until(lambda: len(_armed()) == 3, 10, "the three connections' timers")
+        connections = _armed()[0].connections  # (the server's set of open ones)
+    await until(lambda: not connections, 10, "the server to see the connections go")
+    assert _armed() == []
+
+
 async def test_connections_beyond_the_limit_get_503(
         redis_server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """At most MAX_CONCURRENT connections and requests in flight: a request beyond them is
@@ -277,6 +369,35 @@ async def test_a_body_the_server_holds_up_is_not_a_stalled_one(
                 assert (await wire.answer())[0] == 200
                 status, _, body = await wire.answer()
                 assert status == 200 and msgspec.json.decode(body)["ok"] is True
+    finally:
+        server.kill()
+
+
+async def test_a_head_behind_a_request_the_server_still_runs_is_not_a_late_one(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipelined request's head, begun while the request before it still runs: the time
+    that request takes is the server's, not the client's; a 408 then would reach the client
+    as the answer to the request before (which ran). (Its own Redis, SIGSTOPped a while.)"""
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_S", 0.5)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        async with serving(http_settings(server.url, prefix)) as (face, _):
+            assert face.http_address is not None and server.process is not None
+            async with connection(face.http_address) as wire:
+                first = wire.head("/v1/call/state::get", len(GET)) + GET
+                second = wire.head("/v1/call/state::get", len(GET)) + GET
+                os.kill(server.process.pid, signal.SIGSTOP)  # the first call waits on Redis
+                try:
+                    await wire.stream.send(first + second[:20])  # and half the next head
+                    await anyio.sleep(2.0)  # (the time that passes is the test: 4 head limits)
+                finally:
+                    os.kill(server.process.pid, signal.SIGCONT)
+                status, _, body = await wire.answer()
+                assert status == 200 and msgspec.json.decode(body)["ok"] is True, body
+                await wire.stream.send(second[20:])  # (the client's time starts after the hold)
+                status, _, body = await wire.answer()
+                assert status == 200 and msgspec.json.decode(body)["ok"] is True, body
     finally:
         server.kill()
 
