@@ -29,6 +29,7 @@ from benchmarks.pgserver import free_port
 
 CONCURRENCY = 64  # jobs the worker runs at once (saq's `concurrency`)
 POLL_S = 0.01  # how often a caller asks for its job's result
+LOST_S = 5.0  # a job not done by then is one saq lost (a round waits for its every job)
 TEXT = VALUE.decode()  # the value stored (saq sends its arguments as JSON)
 SWEEP_S = 86_400  # the worker's sweeps after its first, at the start
 
@@ -88,7 +89,15 @@ async def saq_peer(directory: Path) -> AsyncIterator[tuple[Any, dict[str, int]] 
         await probe.aclose()
 
         async def saq_set(w: int, i: int) -> Any:
-            return await queue.apply("set_one", poll_interval=POLL_S, name=f"q{w}", value=TEXT)
+            # A job saq loses (seen here: its status "queued", in no queue's list) would hold
+            # the round for ever; one not done in LOST_S counts as that long and is named.
+            with anyio.move_on_after(LOST_S) as waited:
+                return await queue.apply("set_one", poll_interval=POLL_S, name=f"q{w}",
+                                         value=TEXT)
+            if waited.cancelled_caught:
+                print(f"(saq: a job not done after {LOST_S:g} s, taken as lost)",
+                      file=sys.stderr)
+            return None
 
         with anyio.fail_after(60):  # a job of each caller done before the rounds
             for w in range(WORKERS):
