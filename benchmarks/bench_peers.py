@@ -1,13 +1,16 @@
 """Peers (`scripts/bench --sections peers`, issue 43): the bus beside etcd and NATS JetStream KV,
 each on this machine, side by side in one run, as ratios (>1: stateworker is better).
 
-Six systems (nine columns), each started by the bench on loopback with its data in one temporary directory
-(one disk): stateworker `fast` and `strict` (a redis-server and a `stateworker serve` each,
+Six systems (eleven columns), each started by the bench on loopback with its data in one
+temporary directory (one disk): stateworker `fast` and `strict` (a redis-server and a
+`stateworker serve` each,
 called through a StateClient: bench_durability's modes; `strict` with its bus on a second
 redis-server, STATEWORKER_BUS_REDIS_URL, decision 0056; each also through its HTTP face,
 `POST /v1/call` on 64 keep-alive connections: the `http` columns, their ops only, and the
 servers' CPU per op beside the bus's: issue 43; `strict`'s writes also in this process,
-StateStore.set on its Redis: the `store` column, set only), etcd 3.4 (Debian's, through aetcd),
+StateStore.set on its Redis: the `store` column, set only; `strict` again on two replicas,
+one a core, through the bus and through both HTTP faces: the `x2` columns, set and get),
+etcd 3.4 (Debian's, through aetcd),
 NATS JetStream KV at its default and with `sync_interval: always` (through nats-py), and a saq
 job queue (its `set` only: benchmarks/peers_queues.py). For each
 round, every measure runs on every system one after another, in the reverse order every other
