@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -76,6 +77,14 @@ class Wire:
                 self.buffer += await self.stream.receive()
             body, self.buffer = self.buffer[:length], self.buffer[length:]
             return int(status_line.split(b" ")[1]), headers, body
+
+    async def trickle(self, pieces: Iterable[bytes], pause_s: float) -> None:
+        """Each piece sent, then a pause (the client's own pace, the behaviour under test),
+        until the pieces end or the server closes."""
+        with contextlib.suppress(anyio.BrokenResourceError, OSError):
+            for piece in pieces:
+                await self.stream.send(piece)
+                await anyio.sleep(pause_s)
 
     async def closed(self) -> bool:
         """Whether the server closes the connection (reading what else it sends)."""
@@ -218,12 +227,7 @@ async def test_a_trickled_body_gets_408_when_its_whole_time_is_up(
     async with connection(face.http_address) as wire, anyio.create_task_group() as tg:
         await wire.stream.send(wire.head("/v1/call/state::set", 5_000_000))
 
-        async def trickle() -> None:  # a byte every 0.3 s: never idle 1 s
-            with contextlib.suppress(anyio.BrokenResourceError, OSError):
-                while True:
-                    await wire.stream.send(b" ")
-                    await anyio.sleep(0.3)  # (the client's own pace, the behaviour under test)
-        tg.start_soon(trickle)
+        tg.start_soon(wire.trickle, itertools.repeat(b" "), 0.3)  # (never idle 1 s)
         status, headers, body = await wire.answer()
         tg.cancel_scope.cancel()
         assert status == 408 and headers[b"connection"] == b"close"
@@ -238,12 +242,8 @@ async def test_a_head_trickled_a_byte_at_a_time_has_its_time_from_its_first_byte
     async with connection(face.http_address) as wire, anyio.create_task_group() as tg:
         request = wire.head("/v1/call/" + "a" * 400, len(GET)) + GET
 
-        async def trickle() -> None:  # a byte every 0.1 s: the whole head would take 45 s
-            with contextlib.suppress(anyio.BrokenResourceError, OSError):
-                for n in range(len(request)):
-                    await wire.stream.send(request[n:n + 1])
-                    await anyio.sleep(0.1)  # (the client's own pace, the behaviour under test)
-        tg.start_soon(trickle)
+        # (a byte every 0.1 s: the whole head would take 45 s)
+        tg.start_soon(wire.trickle, (request[n:n + 1] for n in range(len(request))), 0.1)
         status, headers, body = await wire.answer()
         tg.cancel_scope.cancel()
         assert status == 408 and headers[b"connection"] == b"close"

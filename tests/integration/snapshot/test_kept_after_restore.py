@@ -13,23 +13,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-import psycopg
 import pytest
-import redis
 
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import KeySpace, call_field
-from stateworker.snapshot import kept
-from stateworker.snapshot.snapshotter import Snapshotter
 from tests.integration.busproto import until
-from tests.integration.snapshot.driven import bus_call, opened
+from tests.integration.snapshot.driven import (
+    arrival,
+    as_json,
+    bus_call,
+    nothing_unsaved,
+    opened,
+    round_before_the_batch,
+    stored_calls,
+)
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped, steps_until
 from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
 from tests.integration.snapshot.test_restore import restore_command
-from tests.integration.snapshots import calls_saved
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -46,25 +48,6 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("k-idx", "state::create-index", INDEX),
 ]
 CONFIG = ("k-cfg", "state::on-config-change", {})  # (its writes: in Redis alone)
-
-
-def arrival(barrier: str, key: str, expect: int = 2) -> dict[str, Any]:
-    return {"event": {"key": key}, "condition_config": {"id": barrier, "expect": expect}}
-
-
-def stored_calls(url: str, prefix: str) -> set[bytes]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT field FROM sw_calls WHERE prefix = %s", (prefix,)).fetchall()
-    return {bytes(row[0]) for row in rows}
-
-
-def nothing_unsaved(client: redis.Redis, keys: KeySpace) -> bool:
-    """Every change, barrier and registry entry committed, and every kept reply with them."""
-    last = client.xrevrange(keys.registry, "+", "-", count=1)
-    return calls_saved(client, keys) and not any(
-        client.xlen(p.unsaved_kept) or client.scard(p.barriers_changed)
-        for p in keys.all_partitions()) and (
-            not last or client.hget(keys.registry_snapshotted, "id") == last[0][0])
 
 
 async def test_step_writes_retried_after_a_restore_get_their_kept_reply(
@@ -107,13 +90,6 @@ async def test_step_writes_retried_after_a_restore_get_their_kept_reply(
         assert (await bus.call("state::list-indexes", {"scope": "ix"}))["indexes"] == []
 
 
-async def round_before_the_batch(snap: Snapshotter, home: int) -> None:
-    """The snapshotter's kept-reply step for `home`, as its round runs it, before any batch
-    or barrier store commits what the call wrote."""
-    assert snap._pg is not None and snap.generation is not None
-    await kept.store_covered(snap.state, snap._pg, snap.prefix, home, snap.generation)
-
-
 async def retried_after_a_restore(own_redis: RedisServer, prefix: str, postgres_url: str,
                                   before: list[tuple[str, dict[str, Any]]],
                                   call: tuple[str, str, dict[str, Any]]) -> tuple[Any, Any]:
@@ -140,20 +116,15 @@ async def retried_after_a_restore(own_redis: RedisServer, prefix: str, postgres_
         return first, again
 
 
-def raw(value: Any) -> Any:
-    """A result as its JSON says (a Struct made by a run, or a replay's Raw)."""
-    return msgspec.json.decode(msgspec.json.encode(value))
-
-
 async def test_a_delete_by_topic_whose_deletes_were_not_committed_runs_again(
         own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
     settings = settings_for(own_redis.url, prefix, postgres_url)
     first, again = await retried_after_a_restore(
         own_redis, prefix, postgres_url,
         [("state::set", {"scope": "dt", "key": "a", "value": 1, "topic": "t"})], CALLS[0])
-    assert raw(first) == raw(again) == {"deleted": 1}  # `a` came back, and is deleted again
+    assert as_json(first) == as_json(again) == {"deleted": 1}  # `a` came back, and is deleted again
     async with opened(settings) as state:
-        assert raw(await bus_call(state, "state::get", {"scope": "dt", "key": "a"}, "g")) is None
+        assert as_json(await bus_call(state, "state::get", {"scope": "dt", "key": "a"}, "g")) is None
 
 
 async def test_a_barrier_deletion_not_stored_runs_again(
@@ -161,10 +132,10 @@ async def test_a_barrier_deletion_not_stored_runs_again(
     settings = settings_for(own_redis.url, prefix, postgres_url)
     first, again = await retried_after_a_restore(
         own_redis, prefix, postgres_url, [("state::barrier", arrival("bar", "a"))], CALLS[2])
-    assert raw(first) == raw(again) == {"deleted": True}  # `bar` came back, deleted again
+    assert as_json(first) == as_json(again) == {"deleted": True}  # `bar` came back, deleted again
     async with opened(settings) as state:
         decided = await bus_call(state, "state::barrier", arrival("bar", "b"), "b")
-        assert raw(decided)["decision"] != "allow"  # a barrier begun anew: `a` is gone
+        assert as_json(decided)["decision"] != "allow"  # a barrier begun anew: `a` is gone
 
 
 async def test_a_trigger_registration_not_copied_runs_again(
@@ -173,10 +144,10 @@ async def test_a_trigger_registration_not_copied_runs_again(
     first, again = await retried_after_a_restore(
         own_redis, prefix, postgres_url, [("state::register-trigger", {**TRIGGER, "id": "t0"})],
         CALLS[3])
-    assert raw(first) == raw(again)
+    assert as_json(first) == as_json(again)
     async with opened(settings) as state:
         listed = await bus_call(state, "state::list-triggers", {}, "l")
-        assert sorted(t["id"] for t in raw(listed)["triggers"]) == ["t0", "t1"]  # t1 again
+        assert sorted(t["id"] for t in as_json(listed)["triggers"]) == ["t0", "t1"]  # t1 again
 
 
 async def test_the_live_settings_keep_their_reply_in_redis_alone(

@@ -18,11 +18,12 @@ import pytest
 from stateworker.keys import KeySpace, call_field
 from stateworker.snapshot import barriers
 from tests.integration.busproto import until
-from tests.integration.snapshot.driven import bus_call, opened
-from tests.integration.snapshot.test_kept_after_restore import (
+from tests.integration.snapshot.driven import (
     arrival,
+    as_json,
+    bus_call,
     nothing_unsaved,
-    raw,
+    opened,
     round_before_the_batch,
     stored_calls,
 )
@@ -72,7 +73,7 @@ async def test_a_barrier_deleted_between_its_store_and_its_forget_stays_marked(
                           rounds=True)
     client.flushall()
     async with opened(settings) as state:  # (the repair at start restores the snapshot)
-        assert raw(await bus_call(state, "state::delete-barrier", {"id": BARRIER},
-                                  DELETE)) == raw(first) == {"deleted": True}
+        assert as_json(await bus_call(state, "state::delete-barrier", {"id": BARRIER},
+                                  DELETE)) == as_json(first) == {"deleted": True}
         decided = await bus_call(state, "state::barrier", arrival(BARRIER, "z", 3), "z")
-        assert raw(decided)["decision"] != "allow"  # (the barrier begun anew: z alone)
+        assert as_json(decided)["decision"] != "allow"  # (the barrier begun anew: z alone)

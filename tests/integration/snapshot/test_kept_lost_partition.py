@@ -14,11 +14,12 @@ from __future__ import annotations
 import pytest
 
 from stateworker.keys import KeySpace, call_field
-from tests.integration.snapshot.driven import bus_call, opened
-from tests.integration.snapshot.test_kept_after_restore import (
+from tests.integration.snapshot.driven import (
     arrival,
+    as_json,
+    bus_call,
     nothing_unsaved,
-    raw,
+    opened,
     round_before_the_batch,
     stored_calls,
 )
@@ -60,6 +61,6 @@ async def test_a_mark_in_a_lost_partition_is_not_taken_for_stored(
     client.flushall()
     async with opened(settings) as state:  # (the repair at start restores the snapshot)
         again = await bus_call(state, "state::barrier", arrival(BARRIER, "x"), call_id)
-        assert raw(again) == raw(first)
+        assert as_json(again) == as_json(first)
         decided = await bus_call(state, "state::barrier", arrival(BARRIER, "y"), "second")
-        assert raw(decided)["decision"] == "allow"  # (`x` arrived: run again after the restore)
+        assert as_json(decided)["decision"] == "allow"  # (`x` arrived: run again after the restore)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 
 from stateworker.keys import KeySpace, call_field
-from tests.integration.snapshot.driven import bus_call, opened
-from tests.integration.snapshot.test_kept_after_restore import (
+from tests.integration.snapshot.driven import (
     arrival,
+    as_json,
+    bus_call,
     nothing_unsaved,
-    raw,
+    opened,
     stored_calls,
 )
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped, steps_until
@@ -36,8 +37,8 @@ async def test_a_prefix_of_call_records_alone_is_restored_at_start(
     assert {call_field("x"), call_field("delete")} <= stored_calls(postgres_url, prefix)
     client.flushall()
     async with opened(settings) as state:  # (the repair at start restores the snapshot)
-        assert raw(await bus_call(state, "state::delete-barrier", {"id": "one"},
-                                  "delete")) == raw(deleted) == {"deleted": True}
-        assert raw(await bus_call(state, "state::barrier", arrival("one", "x"),
-                                  "x")) == raw(first)
+        assert as_json(await bus_call(state, "state::delete-barrier", {"id": "one"},
+                                  "delete")) == as_json(deleted) == {"deleted": True}
+        assert as_json(await bus_call(state, "state::barrier", arrival("one", "x"),
+                                  "x")) == as_json(first)
         assert not client.exists(keys.barrier_partition("one").barrier("one"))

@@ -10,8 +10,12 @@ import pytest
 
 from stateworker.errors import StoreLost
 from stateworker.keys import KeySpace
-from tests.integration.snapshot.driven import bus_call, opened
-from tests.integration.snapshot.test_kept_after_restore import nothing_unsaved, raw
+from tests.integration.snapshot.driven import (
+    as_json,
+    bus_call,
+    nothing_unsaved,
+    opened,
+)
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped, steps_until
 from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
 from tests.servers import RedisServer
@@ -44,6 +48,6 @@ async def test_a_step_write_refused_by_a_wiped_redis_runs_when_retried_after_the
         assert not any(client.xlen(p.unsaved_kept) for p in keys.all_partitions())
     async with opened(settings) as state:  # (the repair at start restores the snapshot)
         # (within the window and the claim's minute: neither a reply nor a claim stayed)
-        again = raw(await bus_call(state, fn, body, "lost"))
+        again = as_json(await bus_call(state, fn, body, "lost"))
         assert again == ({"deleted": 1} if fn == DELETE_BY_TOPIC[0] else {"deleted": True})
-        assert raw(await bus_call(state, fn, body, "lost")) == again  # (kept now)
+        assert as_json(await bus_call(state, fn, body, "lost")) == again  # (kept now)
