@@ -27,6 +27,7 @@ from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
 from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack
+from stateworker.state.reactive import trigger_leases
 from stateworker.state.tenancy import principals
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import Arg
@@ -120,6 +121,7 @@ async def test_every_script_call_hashes_to_one_slot(
             await store.call("state::list_entries", {"scope": s, "limit": 1,
                                                      "cursor": listing["next_cursor"]}, caller="c")
     await store.reap_expired()
+    await trigger_leases.reap_triggers(store.state)  # keeptrigger.lua's "reap"
     await store.claim_namespace("billing", [scope + "-private"])  # claims + registry stream
     await store.release_namespace([scope + "-private"], caller="billing")  # the same two
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})

@@ -42,6 +42,27 @@ async def test_reaper_deletes_in_bounded_batches(
         assert scope in await store.list_groups()
 
 
+async def test_one_reaper_round_reaps_past_every_batch(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    """The reaper's round sends every partition's first batch, the old writes' forgetting and
+    the expired triggers' removal in one pipeline, then goes on where a batch was not all."""
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=2, reaper=False,
+                               reaper_batch=10) as store:
+        tags = {store.state.keys.for_scope(f"{scope}-{i}").tag: f"{scope}-{i}" for i in range(9)}
+        scopes = sorted(tags.values())  # one in each of the two partitions
+        assert len(scopes) == 2
+        until = max([await expiring(store, s, [f"k{i:02d}" for i in range(25)]) for s in scopes])
+        await store.call("state::register-trigger", {
+            "id": "leased", "function_id": "reactor::on", "service": "reactor", "ttl_ms": 500})
+        await pass_time(max(until, now_ms() + 500))
+        await expiry.reaper_round(store.state)
+        for s in scopes:
+            assert sorted(e.key for e in await store.events(s) if e.type == "state:deleted"
+                          ) == [f"k{i:02d}" for i in range(25)]
+        assert await store.state.conn.execute("HLEN", store.state.keys.triggers) == 0
+
+
 async def test_background_reaper_emits_deleted(store: StateStore, scope: str) -> None:
     until = await expiring(store, scope, ["a"])
     await pass_time(until)

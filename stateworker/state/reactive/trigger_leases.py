@@ -90,12 +90,17 @@ def state_keep_trigger(state: RedisState, req: KeepTriggerRequest, ctx: CallCont
     return keep_plan(state, req, ctx)
 
 
+def reap_plan(state: RedisState) -> Plan:
+    """Remove up to REAP_BATCH triggers whose lease expired by now: a KeptReply (`more`:
+    others are due)."""
+    call = reap_triggers_call(state.keys, now_ms(), REAP_BATCH)
+    return state.script_plan(KEEP_TRIGGER, call, lambda reply: reply)
+
+
 async def reap_triggers(state: RedisState) -> int:
     """Remove every trigger whose lease expired by now; returns how many."""
     total, more = 0, True
     while more:
-        call = reap_triggers_call(state.keys, now_ms(), REAP_BATCH)
-        done: KeptReply = await state.execute(state.script_plan(KEEP_TRIGGER, call,
-                                                                lambda reply: reply))
+        done: KeptReply = await state.execute(reap_plan(state))
         total, more = total + done.done, done.more
     return total
