@@ -162,3 +162,37 @@ async def test_the_live_settings_keep_their_reply_in_redis_alone(
         await steps_until(snap, lambda: nothing_unsaved(client, keys), "the registry copied",
                           rounds=True)
     assert call_field(CONFIG[0]) not in stored_calls(postgres_url, prefix)
+
+
+async def test_a_restore_onto_kept_streams_drops_the_kept_replies_waiting(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """A Redis that lost its entries but kept its streams (the events, the kept replies
+    waiting) is restored: the positions move to the streams' ends, so a record waiting from
+    before would now read as covered, and PostgreSQL would hold the reply of a call whose
+    writes it does not hold (a retry after the next restore: the reply, the write never
+    made). The restore drops the waiting ones: the call has no record, its retry runs."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    call_id, fn, body = CALLS[0]  # delete-by-topic: deletes `a`, not committed
+    home = keys.id_home(call_field(call_id))
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        await bus_call(state, "state::set", {"scope": "dt", "key": "a", "value": 1, "topic": "t"},
+                       "before")
+        await steps_until(snap, lambda: nothing_unsaved(client, keys), "the write before",
+                          rounds=True)
+        assert as_json(await bus_call(state, fn, body, call_id)) == {"deleted": 1}
+        assert client.xlen(keys.partition(home).unsaved_kept) == 1
+        await round_before_the_batch(snap, home)
+    streams = [k for k in client.scan_iter(match=f"{prefix}*") if client.type(k) == b"stream"]
+    kept = [k for k in client.scan_iter(match=f"{prefix}*") if k not in streams]
+    assert keys.partition(home).unsaved_kept.encode() in streams
+    client.delete(*kept)  # (the entries, the markers, the positions: gone; the streams stay)
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        assert not client.xlen(keys.partition(home).unsaved_kept)
+        await steps_until(snap, lambda: nothing_unsaved(client, keys), "the restore stored",
+                          rounds=True)
+        assert call_field(call_id) not in stored_calls(postgres_url, prefix)
+        assert as_json(await bus_call(state, fn, body, call_id)) == {"deleted": 1}  # runs again
+        assert as_json(await bus_call(state, "state::get", {"scope": "dt", "key": "a"}, "g")) \
+            is None
