@@ -17,7 +17,8 @@ round, every measure runs on every system one after another, in the reverse orde
 round (set, get and compare-and-set at 64 in flight: ops/s; one at a time: p50; write -> watch
 delivery p50/p99 at 1,000 writes/s for at least DELIVERY_S;
 ours also write -> trigger handler start, beside the peers' watch; the deliveries on a quiet
-machine, with the HTTP peers' idle connections closed and this process's heap frozen: `_round`);
+machine, with the HTTP peers' idle connections closed, this process's heap frozen and the job
+queue's polling worker stopped: `_round`);
 the ratio of each pair is
 taken per round and its median over the rounds is reported, with the medians of the figures.
 CPU per op at 64 in flight of each system's processes (utime + stime from /proc) and of this
@@ -33,10 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import signal
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,17 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
     # all of which run in this process.
     gc.collect()
     gc.freeze()
+    # A job queue's worker, measured in no delivery, stopped meanwhile: saq's polls its Redis
+    # ~90 times a second while idle (and its Redis answers), a wake-up every ~5 ms of the
+    # cores every delivery shares.
+    with paused([peer.pids["worker"] for peer in peers.values()
+                 if peer.watch is None and "worker" in peer.pids]):
+        await _deliveries(order, got, paced, tag)
+    return got
+
+
+async def _deliveries(order: list[tuple[str, Peer]], got: dict[str, dict[str, float]],
+                      paced: float, tag: int) -> None:
     for name, peer in order:
         if peer.watch is None:
             continue
@@ -144,7 +158,18 @@ async def _round(peers: dict[str, Peer], seconds: float, tag: int) -> dict[str, 
             got[f"{kind} p50 @1000/s"][name] = figure["p50_ms"]
             got[f"{kind} p99 @1000/s"][name] = figure["p99_ms"]
             got[f"{kind} delivered"][name] = 100 * figure["events"] / figure["of"]
-    return got
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """The processes `pids` stopped (SIGSTOP) for the block, then continued."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def _ratio(row: str, better_high: bool | None, ours: str, theirs: str, got: dict[str, dict[str, float]]
