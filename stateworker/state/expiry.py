@@ -50,18 +50,25 @@ async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, b
 async def reap_expired(state: RedisState, due: list[PartitionKeys] | None = None) -> int:
     """Delete every entry expired by now (in the partitions `due`; None: all); returns how
     many. Every partition's share of a batch goes in one pipeline (_shared_batch), again for
-    those that have more."""
+    those that have more. A partition whose reap fails is left out of the next pipelines,
+    and the first such error is raised once the others are done."""
     total = 0
+    failed: list[StateError] = []
     due = list(state.keys.all_partitions()) if due is None else due
     while due:
         batch = _shared_batch(state, len(due))
         results = await state.execute_many([_reap_plan(state, part, batch) for part in due])
         more = []
-        for part, done in zip(due, _raised(results), strict=True):
+        for part, done in zip(due, results, strict=True):
+            if isinstance(done, StateError):
+                failed.append(done)
+                continue
             total += done.deleted
             if done.more:
                 more.append(part)
         due = more
+    if failed:
+        raise failed[0]
     return total
 
 
@@ -92,23 +99,27 @@ async def reaper_round(state: RedisState) -> None:
     the service and of Redis, held up the calls served between them)."""
     parts = list(state.keys.all_partitions())
     batch = _shared_batch(state, len(parts))
-    results = _raised(await state.execute_many(
+    results = await state.execute_many(
         [*(_reap_plan(state, part, batch) for part in parts), _forget_plan(state),
-         trigger_leases.reap_plan(state)]))
-    reaped: list[ReapReply] = results[:len(parts)]
-    more = [part for part, done in zip(parts, reaped, strict=True) if done.more]
+         trigger_leases.reap_plan(state)])
+    # A step that failed (one partition's reap, Redis away) holds up none of the others: the
+    # first error is raised after the follow-ups of those that did not fail.
+    failed = [result for result in results if isinstance(result, StateError)]
+    more = [part for part, done in zip(parts, results, strict=False)
+            if not isinstance(done, StateError) and done.more]
+    triggers = results[-1]
     if more:
-        await reap_expired(state, more)
-    if results[-1].more:
-        await trigger_leases.reap_triggers(state)
-
-
-def _raised(results: list[Any]) -> list[Any]:
-    """`results` of execute_many, the first StateError among them raised."""
-    for result in results:
-        if isinstance(result, StateError):
-            raise result
-    return results
+        try:
+            await reap_expired(state, more)
+        except StateError as exc:
+            failed.append(exc)
+    if not isinstance(triggers, StateError) and triggers.more:
+        try:
+            await trigger_leases.reap_triggers(state)
+        except StateError as exc:
+            failed.append(exc)
+    if failed:
+        raise failed[0]
 
 
 async def reaper_loop(state: RedisState, *,
