@@ -92,7 +92,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # server (whose replicas, if any, are the operator's).
     strict_replicas: int | None = None
     auth: str = "off"  # "off" or "acl": see AUTH_MODES (docs/security.md)
-    reaper_batch: int = 200  # expired entries deleted per reaper script call
+    reaper_batch: int = 200  # expired entries the reaper deletes per round trip (shared by partitions)
     reaper_interval_s: float = 0.25
     dedupe_window_ms: int = DEDUPE_WINDOW_MS  # a call id's reply is kept (and replayed) this long
     # A completed barrier (state::barrier) is kept this long, then its hash expires with

@@ -68,9 +68,11 @@ def stamp_call(key: str, kind: str, generation: str) -> Call:
     return [key], [kind, generation]
 
 
-def reap_call(settings: Settings, part: PartitionKeys) -> Call:
+def reap_call(settings: Settings, part: PartitionKeys, batch: int | None = None) -> Call:
+    """reap.lua: up to `batch` expired entries of `part` (None: settings.reaper_batch)."""
     return ([part.ttl, part.scopes, part.events],
-            [now_ms(), settings.reaper_batch, part.tag, settings.events_maxlen])
+            [now_ms(), settings.reaper_batch if batch is None else batch, part.tag,
+             settings.events_maxlen])
 
 
 def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:

@@ -28,8 +28,17 @@ from stateworker.transport.wire import Arg
 log = logging.getLogger("stateworker.state.expiry")
 
 
-def _reap_plan(state: RedisState, part: PartitionKeys) -> Plan:
-    return state.script_plan(REAP, reap_call(state.settings, part), lambda reply: reply)
+def _reap_plan(state: RedisState, part: PartitionKeys, batch: int | None = None) -> Plan:
+    return state.script_plan(REAP, reap_call(state.settings, part, batch), lambda reply: reply)
+
+
+def _shared_batch(state: RedisState, partitions: int) -> int:
+    """Each partition's share of reaper_batch when `partitions` are reaped in one pipeline.
+    Redis runs a pipeline's scripts back to back, serving no other client between them: a
+    full batch each held them all for partitions x reaper_batch deletions (16 x 200 by
+    default, ~100 ms); shared, a round trip deletes about one batch, as one reap.lua did
+    before (at least one entry a partition: max(reaper_batch, partitions) in all)."""
+    return max(1, state.settings.reaper_batch // max(1, partitions))
 
 
 async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, bool]:
@@ -40,17 +49,26 @@ async def reap_partition(state: RedisState, part: PartitionKeys) -> tuple[int, b
 
 async def reap_expired(state: RedisState, due: list[PartitionKeys] | None = None) -> int:
     """Delete every entry expired by now (in the partitions `due`; None: all); returns how
-    many. Every partition's batch goes in one pipeline, again for those that have more."""
+    many. Every partition's share of a batch goes in one pipeline (_shared_batch), again for
+    those that have more. A partition whose reap fails is left out of the next pipelines,
+    and the first such error is raised once the others are done."""
     total = 0
+    failed: list[StateError] = []
     due = list(state.keys.all_partitions()) if due is None else due
     while due:
-        results = await state.execute_many([_reap_plan(state, part) for part in due])
+        batch = _shared_batch(state, len(due))
+        results = await state.execute_many([_reap_plan(state, part, batch) for part in due])
         more = []
-        for part, done in zip(due, _raised(results), strict=True):
+        for part, done in zip(due, results, strict=True):
+            if isinstance(done, StateError):
+                failed.append(done)
+                continue
             total += done.deleted
             if done.more:
                 more.append(part)
         due = more
+    if failed:
+        raise failed[0]
     return total
 
 
@@ -74,29 +92,34 @@ async def forget_old_writes(state: RedisState) -> int:
 
 
 async def reaper_round(state: RedisState) -> None:
-    """The reaper's round: every partition's first batch of expired entries, the old writes
-    forgotten and the first batch of expired triggers, in one pipeline; then what is left
-    of each, if any. An idle service's round is then one round trip, not one a partition
-    and step (18 in a row every 0.25 s, each a wake-up of the service and of Redis, held up
-    the calls served between them)."""
+    """The reaper's round: every partition's share of a first batch of expired entries
+    (_shared_batch), the old writes forgotten and the first batch of expired triggers, in
+    one pipeline; then what is left of each, if any. An idle service's round is then one
+    round trip, not one a partition and step (18 in a row every 0.25 s, each a wake-up of
+    the service and of Redis, held up the calls served between them)."""
     parts = list(state.keys.all_partitions())
-    results = _raised(await state.execute_many(
-        [*(_reap_plan(state, part) for part in parts), _forget_plan(state),
-         trigger_leases.reap_plan(state)]))
-    reaped: list[ReapReply] = results[:len(parts)]
-    more = [part for part, done in zip(parts, reaped, strict=True) if done.more]
+    batch = _shared_batch(state, len(parts))
+    results = await state.execute_many(
+        [*(_reap_plan(state, part, batch) for part in parts), _forget_plan(state),
+         trigger_leases.reap_plan(state)])
+    # A step that failed (one partition's reap, Redis away) holds up none of the others: the
+    # first error is raised after the follow-ups of those that did not fail.
+    failed = [result for result in results if isinstance(result, StateError)]
+    more = [part for part, done in zip(parts, results, strict=False)
+            if not isinstance(done, StateError) and done.more]
+    triggers = results[-1]
     if more:
-        await reap_expired(state, more)
-    if results[-1].more:
-        await trigger_leases.reap_triggers(state)
-
-
-def _raised(results: list[Any]) -> list[Any]:
-    """`results` of execute_many, the first StateError among them raised."""
-    for result in results:
-        if isinstance(result, StateError):
-            raise result
-    return results
+        try:
+            await reap_expired(state, more)
+        except StateError as exc:
+            failed.append(exc)
+    if not isinstance(triggers, StateError) and triggers.more:
+        try:
+            await trigger_leases.reap_triggers(state)
+        except StateError as exc:
+            failed.append(exc)
+    if failed:
+        raise failed[0]
 
 
 async def reaper_loop(state: RedisState, *,
