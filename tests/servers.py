@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,23 @@ BUSY_SCRIPT = """local function now() local t = redis.call('TIME') return t[1] *
 local stop = now() + tonumber(ARGV[1]) * 1000
 while now() < stop do end
 return 1"""
+
+
+@contextlib.contextmanager
+def primary_with_replica(directory: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """Two redis-servers (`appendfsync always`), the second a replica of the first, in sync."""
+    primary = RedisServer(directory / "primary", appendfsync="always")
+    replica = RedisServer(directory / "replica", appendfsync="always")
+    try:
+        primary.start()
+        replica.start()
+        replica.client().execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+        wait_until(lambda: replica.client().info("replication").get(
+            "master_link_status") == "up", 15, "the replica in sync")
+        yield primary, replica
+    finally:
+        primary.kill()
+        replica.kill()
 
 
 def frozen(pid: int) -> bool:

@@ -25,25 +25,15 @@ from tests.integration.snapshot.driven import opened
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped
 from tests.integration.snapshot.test_repair import settings_for
 from tests.integration.snapshots import postgres_entries
-from tests.servers import RedisServer, wait_until
+from tests.servers import RedisServer, primary_with_replica
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
-    primary = RedisServer(tmp_path / "primary", appendfsync="always")
-    replica = RedisServer(tmp_path / "replica", appendfsync="always")
-    try:
-        primary.start()
-        replica.start()
-        replica.client().execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
-        wait_until(lambda: replica.client().info("replication").get(
-            "master_link_status") == "up", 15, "the replica in sync")
-        yield primary, replica
-    finally:
-        primary.kill()
-        replica.kill()
+    with primary_with_replica(tmp_path) as servers:
+        yield servers
 
 
 async def steps(snap: Snapshotter, holds: Any, count: int) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from stateworker import StateStore
 from tests.integration.busproto import until
 from tests.lua.ttl import expiring, pass_time
-from tests.servers import RedisServer, wait_until
+from tests.servers import RedisServer, primary_with_replica
 
 pytestmark = pytest.mark.anyio
 
@@ -49,18 +49,8 @@ async def reaped(store: StateStore, scopes: list[str], what: str) -> None:
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
-    primary = RedisServer(tmp_path / "primary", appendfsync="always")
-    replica = RedisServer(tmp_path / "replica", appendfsync="always")
-    try:
-        primary.start()
-        replica.start()
-        replica.client().execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
-        wait_until(lambda: replica.client().info("replication").get(
-            "master_link_status") == "up", 15, "the replica in sync")
-        yield primary, replica
-    finally:
-        primary.kill()
-        replica.kill()
+    with primary_with_replica(tmp_path) as servers:
+        yield servers
 
 
 async def test_strict_rounds_confirmed_by_a_replica(
