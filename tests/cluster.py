@@ -49,10 +49,12 @@ class RedisCluster:
     def __init__(self, directory: Path, nodes: int = NODES, appendfsync: str = "everysec") -> None:
         self.directory = directory
         self.appendfsync = appendfsync  # "always": a cluster of its own for durability strict
-        self.ports = [free_port() for _ in range(nodes)]
+        self.ports: list[int] = []
+        self.bus_ports: dict[int, int] = {}
+        self.ports = self._fresh(nodes)
         # (each bus port is a free port of its own, kept across a restart: port + 10000, the
         # default, may be past 65535)
-        self.bus_ports = {port: free_port() for port in self.ports}
+        self.bus_ports = dict(zip(self.ports, self._fresh(nodes), strict=True))
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -79,9 +81,9 @@ class RedisCluster:
                 break
             for port in dead:  # new ports for it (no cluster is formed yet: nothing knows them)
                 del self.processes[port], self.bus_ports[port]
-                new = free_port()
+                new, bus = self._fresh(2)
                 self.ports[self.ports.index(port)] = new
-                self.bus_ports[new] = free_port()
+                self.bus_ports[new] = bus
                 self._start_node(binary, new)
         else:
             raise AssertionError(f"cluster nodes would not start: {dead}")
@@ -89,6 +91,19 @@ class RedisCluster:
                         "--cluster-replicas", "1", "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
         self.wait_healthy()
+
+    def _fresh(self, count: int) -> list[int]:
+        """`count` free ports, none of them one this cluster's nodes use already: the kernel
+        may hand out a port twice while nothing binds it, and two nodes (or a node and
+        another's cluster bus) on one port would leave one dead."""
+        taken = set(self.ports) | set(self.bus_ports.values())
+        ports: list[int] = []
+        while len(ports) < count:
+            port = free_port()
+            if port not in taken:
+                taken.add(port)
+                ports.append(port)
+        return ports
 
     def _start_node(self, binary: str, port: int) -> None:
         directory = self.directory / str(port)
