@@ -184,6 +184,9 @@ class FaultProxy:
     - `mute`: requests go on to Redis (the commands run), but no reply comes back from then
       on, until `cut()` closes the connection: Redis lost in the middle of a batch, after the
       commands ran.
+    - `late`: requests go on to Redis (the commands run), their replies are kept from then on
+      until `release()` sends them in order: a client that waits for an answer Redis gave
+      already, while the test changes something under it.
 
     Other connections, and new ones after the fault, pass untouched. Run it with
     `await task_group.start(proxy.serve)`; clients connect to `proxy.url`.
@@ -205,18 +208,19 @@ class FaultProxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def arm(self, mode: str, marker: bytes) -> None:
-        assert mode in ("hold", "mute") and self._victim is None
+        assert mode in ("hold", "mute", "late") and self._victim is None
         self.mode, self.marker = mode, marker
 
     async def release(self) -> None:
-        """Send what a `hold` kept, and forward normally from then on."""
+        """Send what a `hold` (or a `late`) kept, and forward normally from then on."""
         link = self._victim
-        assert link is not None and self.mode == "hold"
+        assert link is not None and self.mode in ("hold", "late")
         async with link.lock:
             if link.kept:
-                await link.upstream.send(b"".join(link.kept))
+                await (link.upstream if self.mode == "hold" else link.client).send(
+                    b"".join(link.kept))
             link.kept.clear()
-            link.holding = False
+            link.holding = link.late = False
 
     def cut(self) -> None:
         """Close the muted connection (both sides)."""
@@ -233,7 +237,7 @@ class FaultProxy:
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         async with client, await anyio.connect_tcp("127.0.0.1", self.upstream_port) as upstream, \
                 anyio.create_task_group() as tg:
-            link = _Link(upstream, tg.cancel_scope)
+            link = _Link(upstream, client, tg.cancel_scope)
             tg.start_soon(self._requests, client, link)
             tg.start_soon(self._replies, upstream, client, link)
 
@@ -245,6 +249,7 @@ class FaultProxy:
                     self._victim = link
                     link.holding = self.mode == "hold"
                     link.muted = self.mode == "mute"
+                    link.late = self.mode == "late"
                     self.triggered.set()
                 async with link.lock:
                     if link.holding:
@@ -258,19 +263,26 @@ class FaultProxy:
                        link: _Link) -> None:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             async for chunk in upstream:
-                if not link.muted:
-                    await client.send(chunk)
+                async with link.lock:
+                    if link.late:
+                        link.kept.append(chunk)
+                        self.held_bytes += len(chunk)
+                    elif not link.muted:
+                        await client.send(chunk)
         link.scope.cancel()
 
 
 class _Link:
     """One proxied connection."""
 
-    def __init__(self, upstream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
+    def __init__(self, upstream: anyio.abc.SocketStream, client: anyio.abc.SocketStream,
+                 scope: anyio.CancelScope) -> None:
         self.upstream = upstream
+        self.client = client
         self.scope = scope
         self.lock = anyio.Lock()
         self.tail = b""
         self.holding = False
         self.muted = False
-        self.kept: list[bytes] = []
+        self.late = False
+        self.kept: list[bytes] = []  # (requests a `hold` keeps, or replies a `late` keeps)
