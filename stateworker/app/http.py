@@ -85,13 +85,13 @@ METRICS_PROBE = "state::list_groups"
 
 
 def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
-             stopping: anyio.Event, rates: Rates) -> ASGIApp:
+             stopping: anyio.Event, rates: Rates, logins: Logins) -> ASGIApp:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
     run through `batches` (app/batches.py); `stopping` is set when the service stops;
-    `rates`: the counters' recent samples the console's overview shows."""
+    `rates`: the counters' recent samples the console's overview shows; `logins`: who a
+    request acts as (`acl` mode)."""
     tails = Tails(state.settings)
     metrics = Metrics(state, runtime, tails)
-    logins = Logins(state)
     local = local_only(state.settings)
 
     async def answer(fn: str, headers: dict[bytes, bytes], receive: Receive,
@@ -290,7 +290,9 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     task_status.started(address)
     batches = Batches(state)
     rates = Rates(state)
-    server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates)))
+    logins = Logins(state)
+    server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates,
+                                                    logins)))
     async with anyio.create_task_group() as tg:
         await tg.start(batches.run)
         tg.start_soon(rates.run)
@@ -300,5 +302,9 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
             server.should_exit = True  # (seen within its tick, 0.1 s; then the grace)
 
         tg.start_soon(stopping)
-        await server.serve(sockets=[sock])
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            with anyio.CancelScope(shield=True):
+                await logins.close()
         tg.cancel_scope.cancel()

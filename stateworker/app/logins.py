@@ -1,8 +1,9 @@
 """Who an HTTP request acts as in `acl` mode: a principal, proven by its Redis password.
 
 Redis keeps the passwords (a principal's ACL user, docs/security.md), so the service never
-stores one: a login opens a connection of its own to the service's Redis and sends `AUTH
-<principal> <password>` on it; Redis's OK is the proof, WRONGPASS the refusal. Two ways in:
+stores one: a login sends `AUTH <principal> <password>` on a connection of its own to the
+service's Redis, kept for every proof; Redis's OK is the proof, WRONGPASS the refusal (asked
+for a name that is no principal too: a refusal's timing names none). Two ways in:
 
 - the console's login form (`POST /v1/console/login`): a session, a random token in an
   HttpOnly, SameSite=Strict cookie, kept in this process's memory for `SESSION_S` (a replica
@@ -53,6 +54,7 @@ from stateworker.state.core.grants import Principal
 from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster_map import seeds_of
 from stateworker.transport.connect import connection_for
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 COOKIE = "sw_session"
@@ -77,6 +79,7 @@ class Logins:
         self.sessions: dict[str, tuple[str, float, Principal | None]] = {}
         self.proofs: dict[tuple[str, bytes], tuple[float, Principal | None]] = {}
         self.tokens: dict[str, dict[str, None]] = {}  # principal -> its tokens, oldest first
+        self.proof_conn: RedisConnection | None = None  # (_auth's)
 
     @property
     def required(self) -> bool:
@@ -84,7 +87,7 @@ class Logins:
 
     async def login(self, principal: str, password: str) -> str:
         """A new session's token for `principal` once Redis accepts its password."""
-        await self._prove(principal, password)
+        record = await self._prove(principal, password)
         self._forget_expired()
         mine = self.tokens.get(principal, {})
         if len(mine) >= SESSIONS_PER_PRINCIPAL:
@@ -95,8 +98,7 @@ class Logins:
                 "(MAX_SESSIONS): try again when some have ended, or use Basic credentials",
                 {"path": "login", "limit": MAX_SESSIONS})
         token = secrets.token_urlsafe(32)
-        self.sessions[token] = (principal, time.monotonic() + SESSION_S,
-                                self.state.access.principal(principal))
+        self.sessions[token] = (principal, time.monotonic() + SESSION_S, record)
         self.tokens.setdefault(principal, {})[token] = None
         return token
 
@@ -118,11 +120,10 @@ class Logins:
             proof = self.proofs.get(key)
             if proof is None or proof[0] < time.monotonic() or \
                     proof[1] != self.state.access.principal(principal):
-                await self._prove(principal, password)
+                record = await self._prove(principal, password)
                 self._forget_expired()
                 self.proofs.pop(key, None)  # (put last: the order they expire)
-                self.proofs[key] = (time.monotonic() + PROOF_S,
-                                    self.state.access.principal(principal))
+                self.proofs[key] = (time.monotonic() + PROOF_S, record)
             return principal
         token = request.cookies.get(COOKIE, "")
         session = self.sessions.get(token)
@@ -151,31 +152,62 @@ class Logins:
                 session[2] == self.state.access.principal(session[0])
         return session_holds
 
-    async def _prove(self, principal: str, password: str) -> None:
-        """Raises UnknownCaller unless `principal` is a principal of this service and Redis
-        accepts `password` for its user."""
+    async def _prove(self, principal: str, password: str) -> Principal:
+        """The principal's record under which Redis accepted `password` for its user; raises
+        UnknownCaller unless `principal` is a principal of this service and Redis accepts it.
+
+        The record is the one read before the AUTH, and still the same once Redis answered:
+        a `principal passwd` that ran in between (Redis took the old password, then the new
+        record came) must not leave a session or proof of the new record, made with the old
+        password (it would outlive the rotation meant to end it)."""
         for field, text in (("principal", principal), ("password", password)):
             if not text or len(text.encode()) > MAX_FIELD_BYTES:
                 raise InvalidRequest(f"{field}: must be 1 to {MAX_FIELD_BYTES} bytes",
                                      {"path": field, "limit": MAX_FIELD_BYTES})
-        refused = UnknownCaller(f"principal {shown(principal)}: unknown, or the password is wrong",
-                                {"principal": principal})
-        if self.state.access.principal(principal) is None:
-            raise refused
-        # A connection of its own (AUTH would change the user of a shared one); on a
-        # cluster any node knows the users (the operator sets them on each: docs/security.md).
-        conn = connection_for(seeds_of(self.state.conn.url)[0])
+        record = self.state.access.principal(principal)
+        # Redis is asked for a name that is no principal too (and the answer dropped): the
+        # refusal then takes as long as a wrong password's, and tells no name apart.
+        accepted = await self._auth(principal, password)
+        if record is None or not accepted or self.state.access.principal(principal) != record:
+            raise UnknownCaller(f"principal {shown(principal)}: unknown, or the password is "
+                                "wrong", {"principal": principal})
+        return record
+
+    async def _auth(self, principal: str, password: str) -> bool:
+        """Whether Redis accepts `password` for the user `principal`: `AUTH` on the proof
+        connection, kept open for every proof (a connection a proof would leave each login,
+        wrong ones too, a socket in TIME_WAIT for a minute: a flood of them uses up the
+        ports to Redis). Its own connection, as AUTH changes its user; any node of a
+        cluster knows the users (the operator sets them on each: docs/security.md). Once
+        more on a new connection when it is lost: removing a user, or `CLIENT KILL USER`,
+        closes the connections of the user its last AUTH made it."""
         try:
-            await conn.execute("AUTH", principal, password)
+            return await self._auth_once(principal, password)
+        except ConnectionLost:
+            try:
+                return await self._auth_once(principal, password)
+            except ConnectionLost as exc:
+                raise UnknownCaller(f"could not check the password of {shown(principal)}: "
+                                    f"{exc}", {"principal": principal}) from exc
+
+    async def _auth_once(self, principal: str, password: str) -> bool:
+        if self.proof_conn is None:
+            self.proof_conn = connection_for(
+                seeds_of(self.state.conn.url)[0],
+                connect_timeout_s=self.state.conn.connect_timeout_s,
+                read_timeout_s=self.state.conn.read_timeout_s)
+        try:
+            await self.proof_conn.execute("AUTH", principal, password)
         except ReplyError as exc:
             if "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
-                raise refused from None
+                return False
             raise
-        except ConnectionLost as exc:
-            raise UnknownCaller(f"could not check the password of {shown(principal)}: {exc}",
-                                {"principal": principal}) from exc
-        finally:
-            await conn.close()
+        return True
+
+    async def close(self) -> None:
+        """Close the proof connection (the HTTP face stops)."""
+        if self.proof_conn is not None:
+            await self.proof_conn.close()
 
     def _forget_expired(self) -> None:
         now = time.monotonic()

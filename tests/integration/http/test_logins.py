@@ -1,0 +1,150 @@
+"""`acl` mode: the HTTP face's logins attacked (app/logins.py). A password rotated while a
+login is being checked, and a flood of wrong credentials. A Redis of the module's own: ACL
+users are server-wide."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+import msgspec
+import pytest
+
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
+from stateworker.settings import Settings
+from stateworker.state.tenancy import principals
+from tests.integration.busproto import until
+from tests.servers import FaultProxy, RedisServer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def proxied(acl_redis: RedisServer, prefix: str
+                  ) -> AsyncIterator[tuple[StateService, FaultProxy]]:
+    """A service in `acl` mode whose every Redis connection passes a FaultProxy."""
+    proxy = FaultProxy(acl_redis.port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.serve)
+        settings = Settings(redis_url=proxy.url, prefix=prefix, partitions=4, auth="acl",
+                            http="127.0.0.1:0")
+        async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+            yield service, proxy
+        tg.cancel_scope.cancel()
+
+
+def auth_of(name: str) -> bytes:
+    """How an `AUTH <name> ...` starts on the wire (RESP): the marker of a login's proof."""
+    return b"AUTH\r\n$%d\r\n%s\r\n" % (len(name), name.encode())
+
+
+async def test_a_login_proven_across_a_new_password_is_refused(
+        proxied: tuple[StateService, FaultProxy]) -> None:
+    """A leaked password, and its owner's `principal passwd`: a login with the old password
+    whose AUTH Redis accepted just before the change must not become a session of the new
+    record (it would live its 12 hours past the rotation meant to end it)."""
+    service, proxy = proxied
+    state = service.state
+    await principals.add_principal(state, "leaked", ["reader"], ())
+    await principals.set_user(state, "leaked", "old-pass-1")
+    before = state.access.principal("leaked")
+    proxy.arm("late", auth_of("leaked"))  # (Redis runs the AUTH; its OK reaches us late)
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}",
+                                 timeout=30) as attacker:
+        async def log_in() -> None:
+            answers.append(await attacker.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": "leaked", "password": "old-pass-1"})))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(log_in)
+            await until(lambda: proxy.held_bytes > 0, 10, "Redis to answer the old AUTH")
+            await principals.set_password(state, "leaked", "new-pass-2")
+            await until(lambda: state.access.principal("leaked") != before, 10,
+                        "the service to see the new record")
+            await proxy.release()
+        (login,) = answers
+        assert login.status_code == 401, login.text
+        assert login.json()["error"]["code"] == "UNKNOWN_CALLER"
+        session = await attacker.get("/v1/console/session")
+        assert session.json()["principal"] is None, session.text
+
+
+async def test_a_name_that_is_no_principal_is_answered_no_sooner(
+        proxied: tuple[StateService, FaultProxy]) -> None:
+    """The refusal names no difference between a name that is no principal and a wrong
+    password; its timing must not either (a round trip to Redis for one, none for the
+    other, told which names exist): the unknown name's password is put to Redis too."""
+    service, proxy = proxied
+    proxy.arm("hold", auth_of("nobody-here"))  # (that AUTH kept from Redis until release)
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}",
+                                 timeout=30) as attacker:
+        async def log_in() -> None:
+            answers.append(await attacker.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": "nobody-here", "password": "guess-1"})))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(log_in)
+            await until(proxy.triggered.is_set, 10, "the unknown name's AUTH to reach Redis")
+            assert not answers, "answered before Redis was"
+            await proxy.release()
+    (login,) = answers
+    assert (login.status_code, login.json()["error"]) == (401, {
+        "code": "UNKNOWN_CALLER", "details": {"principal": "nobody-here"},
+        "message": 'principal "nobody-here": unknown, or the password is wrong'})
+
+
+async def test_wrong_credentials_open_no_connection_each(acl_served: StateService,
+                                                         acl_redis: RedisServer) -> None:
+    """A flood of wrong passwords (a guesser's, or a fleet's left on a rotated one): each
+    refusal once cost a new connection to Redis, closed at once, its socket in TIME_WAIT on
+    the service's host for a minute: ~470 a second use up the ports to a Redis of another
+    host, and then no connection of the service's own opens. Now they share one."""
+    state = acl_served.state
+    await principals.add_principal(state, "guessed", ["reader"], ())
+    await principals.set_user(state, "guessed", "right-pass-1")
+    redis = acl_redis.client()
+    opened = redis.info("stats")["total_connections_received"]
+    async with httpx.AsyncClient(base_url=f"http://{acl_served.http_address}",
+                                 timeout=30) as attacker:
+        async def guess(n: int) -> None:
+            basic = await attacker.post("/v1/call/state::get", auth=("guessed", f"guess-{n}"),
+                                        content=b'{"scope":"orders","key":"k"}')
+            login = await attacker.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": "guessed", "password": f"guess-{n}"}))
+            assert basic.status_code == login.status_code == 401, (basic.text, login.text)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(100):
+                tg.start_soon(guess, n)
+        right = await attacker.post("/v1/call/state::get", auth=("guessed", "right-pass-1"),
+                                    content=b'{"scope":"orders","key":"k"}')
+        assert right.status_code == 200, right.text
+    assert redis.info("stats")["total_connections_received"] - opened <= 2
+
+
+async def test_a_user_removed_fails_no_other_login(
+        proxied: tuple[StateService, FaultProxy], acl_redis: RedisServer) -> None:
+    """The proofs share one connection, whose user is the last one proven: removing that
+    user (`principal remove`, or `CLIENT KILL USER`) closes it, under a login of another
+    principal in flight, which is proven again on a new one rather than refused."""
+    service, proxy = proxied
+    for name in ("stays", "goes"):
+        await principals.add_principal(service.state, name, ["reader"], ())
+        await principals.set_user(service.state, name, f"{name}-pass-1")
+    answers: list[int] = []
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}",
+                                 timeout=30) as browser:
+        async def log_in(name: str) -> None:
+            answers.append((await browser.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": name, "password": f"{name}-pass-1"}))).status_code)
+        await log_in("goes")
+        proxy.arm("hold", auth_of("stays"))  # (in flight on the connection, not yet sent)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(log_in, "stays")
+            await until(proxy.triggered.is_set, 10, "the login of stays to be in flight")
+            acl_redis.client().execute_command("ACL", "DELUSER", "goes")
+    assert answers == [200, 200]
