@@ -151,7 +151,15 @@ async def principal_remove(state: RedisState, args: argparse.Namespace) -> dict[
     rotated (every replica ends its console sessions and proven HTTP credentials: they are
     tied to the record, which stays while the streams drain), then wait until every stream
     of the principal is served and acknowledged, then drop the record (every replica stops
-    reading its streams) and the streams."""
+    reading its streams) and the streams. A name that is no principal but is a Redis user
+    (the service's own, an operator's, another program's) is refused, nothing deleted: its
+    ACL user is not a principal's to remove (its connections would be closed, for good)."""
+    stored, _ = await p.stored(state)
+    if args.name not in stored and await p.has_user(state, args.name):
+        raise NotFound(f"principal {shown(args.name)} does not exist, and the Redis user "
+                       f"{shown(args.name)} is none's (the service's own, an operator's, "
+                       "another program's?): `principal remove` deletes only a principal's "
+                       "user; nothing was deleted", {"name": args.name, "acl_user": "exists"})
     await state.conn.execute("ACL", "DELUSER", args.name)
     await p.rotate(state, args.name)
     _saved(await p.save_acl(state))

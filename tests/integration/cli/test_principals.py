@@ -124,6 +124,21 @@ async def test_principal_remove_waits_until_its_stream_is_served(redis_server: R
     assert ok(cli(redis_server, prefix, "principal", "list")) == {"principals": []}
 
 
+def test_principal_remove_deletes_no_user_that_is_not_a_principals(
+        redis_server: RedisServer, prefix: str) -> None:
+    """A slip of the operator's (`principal remove stateworker`, the service's own user):
+    the Redis user of a name that is no principal stays, and the service goes on."""
+    other = name()
+    redis_server.client().execute_command("ACL", "SETUSER", other, "on", ">svc-secret",
+                                          "~*", "+@all")
+    error = refused(cli(redis_server, prefix, "principal", "remove", other), "NOT_FOUND")
+    assert error["details"] == {"name": other, "acl_user": "exists"}
+    assert "nothing was deleted" in error["message"]
+    assert logs_in(redis_server, other, "svc-secret")
+    # a name no user and no principal has: as before (what a finished remove leaves)
+    assert ok(cli(redis_server, prefix, "principal", "remove", name()))["removed"] is False
+
+
 def test_roles_are_added_listed_refused_and_removed(redis_server: RedisServer,
                                                     prefix: str) -> None:
     added = ok(cli(redis_server, prefix, "role", "add", "orders", "--allow", "read,state::set",
