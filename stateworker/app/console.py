@@ -97,8 +97,12 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         principal = form.get("principal", "")
         token = await logins.login(principal, form.get("password", ""))
         response = _json(_session(state, principal))
+        # Secure when the page is https (a TLS proxy in front: the service itself speaks
+        # http): else a browser sends the cookie in clear to any http:// URL of the host,
+        # one a network attacker makes it load.
+        secure = request.headers.get("origin", "").lower().startswith("https://")
         response.set_cookie(COOKIE, token, max_age=int(SESSION_S), httponly=True,
-                            samesite="strict", path="/")
+                            samesite="strict", path="/", secure=secure)
         return response
 
     async def logout(request: Request) -> Response:

@@ -1,6 +1,7 @@
 """`acl` mode: the HTTP face's logins attacked (app/logins.py). A password rotated while a
-login is being checked, and a flood of wrong credentials. A Redis of the module's own: ACL
-users are server-wide."""
+login is being checked, a flood of wrong credentials, a name that is no principal timed, the
+proofs' connection closed under them, the cookie of an https page. A Redis of the module's
+own: ACL users are server-wide."""
 
 from __future__ import annotations
 
@@ -148,3 +149,23 @@ async def test_a_user_removed_fails_no_other_login(
             await until(proxy.triggered.is_set, 10, "the login of stays to be in flight")
             acl_redis.client().execute_command("ACL", "DELUSER", "goes")
     assert answers == [200, 200]
+
+
+async def test_a_login_from_an_https_page_gets_a_secure_cookie(acl_served: StateService) -> None:
+    """Behind a TLS proxy the page is https and the service http: a cookie without `Secure`
+    goes in clear to any http:// URL of the host a network attacker makes the browser load.
+    The page's `Origin` says which (the login is a POST: browsers send it)."""
+    state = acl_served.state
+    await principals.add_principal(state, "tls-user", ["reader"], ())
+    await principals.set_user(state, "tls-user", "tls-pass-1")
+    form = b'{"principal":"tls-user","password":"tls-pass-1"}'
+    address = acl_served.http_address
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as browser:
+        async def cookie(origin: str | None) -> list[str]:
+            answer = await browser.post("/v1/console/login", content=form,
+                                        headers={"Origin": origin} if origin else {})
+            assert answer.status_code == 200, answer.text
+            return [part.strip().lower() for part in answer.headers["set-cookie"].split(";")]
+        assert "secure" in await cookie(f"https://{address}")
+        assert "secure" not in await cookie(f"http://{address}")  # (plain http: it must work)
+        assert "secure" not in await cookie(None)
