@@ -1,10 +1,12 @@
 """`stateworker restore`: rebuild a prefix's Redis state from the PostgreSQL snapshot.
 
-Every row not yet expired becomes its entry hash again (value text, version, hash, topic,
+Every row becomes its entry hash again (value text, version, hash, topic,
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
 registrations, claims, principals, roles and barrier hashes (snapshot/barriers.py) go back
-exactly as stored, except a trigger whose lease (`ttl_ms`) expired: gone, never brought back
+exactly as stored. A row whose expiry passed comes back expired: it reads as gone, and the
+reaper (refused until the restore's last step, like every write) deletes it with its event
+once the restore ended. Not so a trigger whose lease (`ttl_ms`) expired: gone, never brought back
 (a leased one goes back with its `expires_at`). A principal whose Redis ACL user is missing
 (passwords are never stored) gets its user back with its rule, but off and without a
 password: the summary names it in `principals_without_user`, and `stateworker principal
@@ -65,7 +67,9 @@ ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, upda
 
 class Summary(msgspec.Struct):
     entries: int = 0
-    skipped_expired: int = 0
+    # Of those, entries whose expiry had passed: back as expired (they read as gone), for the
+    # reaper to delete with their event once the restore ended.
+    expired: int = 0
     triggers: int = 0
     claims: int = 0
     principals: int = 0
@@ -186,16 +190,17 @@ async def _restore(state: RedisState, pg: PgConnection,
     # never restored without its change, decision 0036).
     await tables.follow(pg, prefix, generation_id, await _registry_added(state))
     summary = Summary()
-    now = now_ms()
-    live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
+    # Every row, those whose expiry passed too (in Redis they read as gone): the reaper
+    # deletes them once the restore ended, with the event their expiry owes (a trigger is
+    # called, the row leaves PostgreSQL). Left out, an expiry that passed while Redis was
+    # away was never written: no trigger called, the row in sw_entries for good.
     counted = await (await pg.execute(
-        f"SELECT count(*) FILTER (WHERE {live}), count(*) FROM sw_entries WHERE prefix = %s",
-        (prefix, now, prefix))).fetchone()
-    total, every = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
-    summary.skipped_expired = every - total
+        "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
+        "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
+    summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
     async with pg.transaction(), pg.cursor(name="restore") as cursor:
-        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
-                             (prefix, now))
+        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE prefix = %s",
+                             (prefix,))
         while batch := await cursor.fetchmany(BATCH):
             await _run(state, [c for row in batch for c in entry_commands(state, row)])
             summary.entries += len(batch)
