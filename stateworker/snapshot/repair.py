@@ -64,6 +64,7 @@ async def repair_at_start(state: RedisState, pg: PgConnection | None) -> None:
     # One replica at a time decides (and restores): those starting together wait, then ask
     # again, and find the Redis the first one restored.
     async with restore.exclusive(pg, state.settings.prefix, wait=True):
+        await generation.finish(state)  # (one stopped in its last step: never done again)
         reason = await lost(state, pg)
         if reason is not None:
             await _repair(state, pg, reason)

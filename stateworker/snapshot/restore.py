@@ -21,7 +21,9 @@ gets COMPACTED, since the events between it and the restore are in no stream.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
 flushed) one; it does not merge. The one exception is a restore that stopped half way (killed,
-PostgreSQL gone): the next one goes on over what it wrote (the meta hash's `restoring`).
+PostgreSQL gone): the next one goes on over what it wrote (the meta hash's `restoring`). One
+that stopped in its last step (a slot stamped: writes let in there since) is finished instead,
+by the next restore, the repair at start or a running snapshotter (generation.finish).
 
 The service may run meanwhile: the restore first removes the generation markers, so every
 write is refused (STORE_LOST) until its last step, which writes its new generation into Redis
@@ -46,6 +48,7 @@ from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.snapshot import barriers, calls, tables
+from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
@@ -85,6 +88,9 @@ class Summary(msgspec.Struct):
     indexes: int = 0  # value indexes defined again and rebuilt (state/query/indexes.py)
     seconds: float = 0.0
     generation: str = ""  # the generation the restore began (state/generation.py)
+    # A restore that stopped in its last step (writes let in since) was finished, not done
+    # again: nothing else was written (generation.finish).
+    finished: bool = False
 
 
 def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
@@ -136,22 +142,19 @@ async def exclusive(pg: PgConnection, prefix: str, *, wait: bool) -> AsyncIterat
     the connection's session (a restore killed half way lets go of it with its connection).
     `wait`: until the other one ends (the repair at start: then it asks again whether a
     restore is due); else RESTORE_REFUSED at once."""
-    key = f"stateworker restore {prefix}"
     if wait:
-        await pg.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
-    else:
-        row = await (await pg.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                      (key,))).fetchone()
-        if not row or not row[0]:
-            raise RestoreRefused(
-                f"another restore of prefix {shown(prefix)} is running (it holds the restore's "
-                "lock in PostgreSQL): nothing was written; run this one again once it ended, "
-                "if it failed", {"prefix": prefix})
+        await pg.execute("SELECT pg_advisory_lock(hashtext(%s))",
+                         (pg_generation.restore_lock(prefix),))
+    elif not await pg_generation.try_restore_lock(pg, prefix):
+        raise RestoreRefused(
+            f"another restore of prefix {shown(prefix)} is running (it holds the restore's "
+            "lock in PostgreSQL): nothing was written; run this one again once it ended, "
+            "if it failed", {"prefix": prefix})
     try:
         yield
     finally:
         with anyio.CancelScope(shield=True):
-            await pg.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+            await pg_generation.restore_unlock(pg, prefix)
 
 
 async def restore(state: RedisState, url: str,
@@ -180,6 +183,11 @@ async def restore(state: RedisState, url: str,
 
 async def _restore(state: RedisState, pg: PgConnection,
                    progress: Callable[[int, int], None] | None) -> Summary:
+    # One that stopped in its last step wrote all its data and let writes in since: done
+    # again, it would undo them (and skip their events), so it is finished instead.
+    finished = await generation.finish(state)
+    if finished is not None:
+        return Summary(finished=True, generation=finished)
     await _refuse_non_empty(state)
     prefix = state.settings.prefix
     generation_id = generation.new_generation()
