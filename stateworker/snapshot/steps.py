@@ -37,6 +37,7 @@ the type checker).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stateworker.clock import now_ms
@@ -57,6 +58,10 @@ from stateworker.state.generation import Markers
 from stateworker.transport.plans import pipeline
 
 log = logging.getLogger("stateworker.snapshot")
+
+# The repair at start (snapshot/repair.py; the service passes it: it imports the restore,
+# which imports this package's `connect`), run on a prefix left undecided at start.
+Decide = Callable[[RedisState, PgConnection], Awaitable[None]]
 
 
 def _members(rows: list[tables.Row]) -> dict[str, tuple[int, int]]:
@@ -79,6 +84,7 @@ class SnapshotSteps:
     _registry_ok: bool
     _registry_copied: bytes | None
     _error_recorded: bool
+    decide: Decide | None
 
     def _forget_positions(self) -> None:
         """Start again from what PostgreSQL holds, once the generation is confirmed again."""
@@ -164,6 +170,11 @@ class SnapshotSteps:
         when its marker is not it: the others go on."""
         follows = await pg_generation.stored(pg, self.prefix)
         markers = await generation.read(self.state.conn, self.state.keys)
+        if markers.restoring == generation.PENDING and self.decide is not None:
+            # PostgreSQL was away when the service started on a Redis new to the prefix (or
+            # wiped): the repair it could not run then (a restore, or the prefix begun).
+            await self.decide(self.state, pg)
+            return None  # (the next round confirms what it decided)
         if follows is None and markers.meta is not None and markers.restoring is None:
             follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
             markers = await generation.read(self.state.conn, self.state.keys)
