@@ -106,7 +106,7 @@ class StateService:
                                   dedupe_window_ms=state.settings.dedupe_window_ms)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
-        self.snapshotter = Snapshotter(state, url, pg) if url else None
+        self.snapshotter = Snapshotter(state, url, pg, decide=repair_at_start) if url else None
         # The HTTP face (settings.http; app/http.py): where it listens once started.
         self.http_address: str | None = None
         self.http_stop = anyio.Event()

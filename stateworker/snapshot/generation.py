@@ -31,6 +31,23 @@ ON CONFLICT (prefix) DO UPDATE SET generation = excluded.generation, cause = exc
 """
 
 
+def restore_lock(prefix: str) -> str:
+    """The name of the advisory lock one restore of `prefix` at a time holds
+    (snapshot/restore.py `exclusive`; a snapshotter finishing a stopped one takes it too)."""
+    return f"stateworker restore {prefix}"
+
+
+async def try_restore_lock(pg: PgConnection, prefix: str) -> bool:
+    """Take the restore's lock (session-level) if no one holds it."""
+    row = await (await pg.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                                  (restore_lock(prefix),))).fetchone()
+    return bool(row and row[0])
+
+
+async def restore_unlock(pg: PgConnection, prefix: str) -> None:
+    await pg.execute("SELECT pg_advisory_unlock(hashtext(%s))", (restore_lock(prefix),))
+
+
 class Fenced(StoreLost):
     """Raised when a commit finds that PostgreSQL follows another generation than the Redis
     it read (a restore since, or a wiped Redis): nothing of it was committed."""

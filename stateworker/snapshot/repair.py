@@ -17,8 +17,9 @@ Either, with Redis holding no entry of the prefix, is repaired by a restore (wit
 off: ConfigError naming `stateworker restore`, and Redis left as found). BEHIND with entries
 still in Redis is never repaired automatically: restore rebuilds, it does not merge, and the
 entries Redis kept may be newer than PostgreSQL's rows; the service refuses to start and says
-what to do. PostgreSQL unreachable at start: no check (the service starts on Redis alone and
-the snapshot retries; `status` shows it)."""
+what to do. PostgreSQL unreachable at start: a prefix new in this Redis stays undecided
+(writes refused) until PostgreSQL answers, and the snapshotter runs the repair then
+(`Snapshotter(decide=...)`); a prefix held here goes on, the snapshot retries."""
 
 from __future__ import annotations
 
@@ -55,15 +56,17 @@ async def repair_at_start(state: RedisState, pg: PgConnection | None) -> None:
     or it was unreachable (`prepare` has said so; the snapshot retries)."""
     if pg is None:
         if state.settings.postgres_url is not None and await _pending(state):
+            # Begun blind, a wiped Redis took writes (acknowledged, create-only ones over
+            # keys PostgreSQL holds) that the restore then had to throw away.
             log.warning("PostgreSQL is not reachable at start and the prefix is new in this "
-                        "Redis: it begins here; if this Redis was wiped, the snapshot finds "
-                        "it of another generation once PostgreSQL answers, and writes are "
-                        "refused until `stateworker restore`", extra={"event": "repair.blind"})
-            await generation.begin_fresh(state.conn, state.keys)
+                        "Redis (new, or wiped): writes are refused until PostgreSQL answers "
+                        "and the snapshotter runs this repair (a restore, or the prefix "
+                        "begun)", extra={"event": "repair.deferred"})
         return
     # One replica at a time decides (and restores): those starting together wait, then ask
     # again, and find the Redis the first one restored.
     async with restore.exclusive(pg, state.settings.prefix, wait=True):
+        await generation.finish(state)  # (one stopped in its last step: never done again)
         reason = await lost(state, pg)
         if reason is not None:
             await _repair(state, pg, reason)

@@ -1,10 +1,12 @@
 """`stateworker restore`: rebuild a prefix's Redis state from the PostgreSQL snapshot.
 
-Every row not yet expired becomes its entry hash again (value text, version, hash, topic,
+Every row becomes its entry hash again (value text, version, hash, topic,
 created/updated/expires, updated_by, revision, the plain-strings mark `s`) with the index members
 `lua/includes/entry.lua` writes for it (key, updated, topic, scopes, ttl); the trigger
 registrations, claims, principals, roles and barrier hashes (snapshot/barriers.py) go back
-exactly as stored, except a trigger whose lease (`ttl_ms`) expired: gone, never brought back
+exactly as stored. A row whose expiry passed comes back expired: it reads as gone, and the
+reaper (refused until the restore's last step, like every write) deletes it with its event
+once the restore ended. Not so a trigger whose lease (`ttl_ms`) expired: gone, never brought back
 (a leased one goes back with its `expires_at`). A principal whose Redis ACL user is missing
 (passwords are never stored) gets its user back with its rule, but off and without a
 password: the summary names it in `principals_without_user`, and `stateworker principal
@@ -19,7 +21,9 @@ gets COMPACTED, since the events between it and the restore are in no stream.
 
 A Redis that already holds entries of the prefix is refused: restore rebuilds an empty (or
 flushed) one; it does not merge. The one exception is a restore that stopped half way (killed,
-PostgreSQL gone): the next one goes on over what it wrote (the meta hash's `restoring`).
+PostgreSQL gone): the next one goes on over what it wrote (the meta hash's `restoring`). One
+that stopped in its last step (a slot stamped: writes let in there since) is finished instead,
+by the next restore, the repair at start or a running snapshotter (generation.finish).
 
 The service may run meanwhile: the restore first removes the generation markers, so every
 write is refused (STORE_LOST) until its last step, which writes its new generation into Redis
@@ -44,6 +48,7 @@ from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.snapshot import barriers, calls, tables
+from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
 from stateworker.snapshot.tables import PgConnection
@@ -65,7 +70,9 @@ ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, upda
 
 class Summary(msgspec.Struct):
     entries: int = 0
-    skipped_expired: int = 0
+    # Of those, entries whose expiry had passed: back as expired (they read as gone), for the
+    # reaper to delete with their event once the restore ended.
+    expired: int = 0
     triggers: int = 0
     claims: int = 0
     principals: int = 0
@@ -81,6 +88,9 @@ class Summary(msgspec.Struct):
     indexes: int = 0  # value indexes defined again and rebuilt (state/query/indexes.py)
     seconds: float = 0.0
     generation: str = ""  # the generation the restore began (state/generation.py)
+    # A restore that stopped in its last step (writes let in since) was finished, not done
+    # again: nothing else was written (generation.finish).
+    finished: bool = False
 
 
 def entry_commands(state: RedisState, row: tuple[Any, ...]) -> list[list[Any]]:
@@ -132,22 +142,19 @@ async def exclusive(pg: PgConnection, prefix: str, *, wait: bool) -> AsyncIterat
     the connection's session (a restore killed half way lets go of it with its connection).
     `wait`: until the other one ends (the repair at start: then it asks again whether a
     restore is due); else RESTORE_REFUSED at once."""
-    key = f"stateworker restore {prefix}"
     if wait:
-        await pg.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
-    else:
-        row = await (await pg.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                      (key,))).fetchone()
-        if not row or not row[0]:
-            raise RestoreRefused(
-                f"another restore of prefix {shown(prefix)} is running (it holds the restore's "
-                "lock in PostgreSQL): nothing was written; run this one again once it ended, "
-                "if it failed", {"prefix": prefix})
+        await pg.execute("SELECT pg_advisory_lock(hashtext(%s))",
+                         (pg_generation.restore_lock(prefix),))
+    elif not await pg_generation.try_restore_lock(pg, prefix):
+        raise RestoreRefused(
+            f"another restore of prefix {shown(prefix)} is running (it holds the restore's "
+            "lock in PostgreSQL): nothing was written; run this one again once it ended, "
+            "if it failed", {"prefix": prefix})
     try:
         yield
     finally:
         with anyio.CancelScope(shield=True):
-            await pg.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+            await pg_generation.restore_unlock(pg, prefix)
 
 
 async def restore(state: RedisState, url: str,
@@ -176,6 +183,11 @@ async def restore(state: RedisState, url: str,
 
 async def _restore(state: RedisState, pg: PgConnection,
                    progress: Callable[[int, int], None] | None) -> Summary:
+    # One that stopped in its last step wrote all its data and let writes in since: done
+    # again, it would undo them (and skip their events), so it is finished instead.
+    finished = await generation.finish(state)
+    if finished is not None:
+        return Summary(finished=True, generation=finished)
     await _refuse_non_empty(state)
     prefix = state.settings.prefix
     generation_id = generation.new_generation()
@@ -186,16 +198,17 @@ async def _restore(state: RedisState, pg: PgConnection,
     # never restored without its change, decision 0036).
     await tables.follow(pg, prefix, generation_id, await _registry_added(state))
     summary = Summary()
-    now = now_ms()
-    live = "prefix = %s AND (expires_ms IS NULL OR expires_ms > %s)"
+    # Every row, those whose expiry passed too (in Redis they read as gone): the reaper
+    # deletes them once the restore ended, with the event their expiry owes (a trigger is
+    # called, the row leaves PostgreSQL). Left out, an expiry that passed while Redis was
+    # away was never written: no trigger called, the row in sw_entries for good.
     counted = await (await pg.execute(
-        f"SELECT count(*) FILTER (WHERE {live}), count(*) FROM sw_entries WHERE prefix = %s",
-        (prefix, now, prefix))).fetchone()
-    total, every = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
-    summary.skipped_expired = every - total
+        "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
+        "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
+    summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
     async with pg.transaction(), pg.cursor(name="restore") as cursor:
-        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE {live}",
-                             (prefix, now))
+        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE prefix = %s",
+                             (prefix,))
         while batch := await cursor.fetchmany(BATCH):
             await _run(state, [c for row in batch for c in entry_commands(state, row)])
             summary.entries += len(batch)

@@ -40,7 +40,7 @@ from stateworker.reactive.follower import follow
 from stateworker.reactive.leases import Leases
 from stateworker.settings import Settings
 from stateworker.snapshot import schema
-from stateworker.snapshot.steps import SnapshotSteps
+from stateworker.snapshot.steps import Decide, SnapshotSteps
 from stateworker.snapshot.tables import PgConnection, StoredPosition
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connect import connection_like
@@ -93,10 +93,13 @@ async def prepare(settings: Settings) -> PgConnection | None:
 class Snapshotter(SnapshotSteps):
     """Runs until `stop()`."""
 
-    def __init__(self, state: RedisState, url: str, pg: PgConnection | None = None) -> None:
+    def __init__(self, state: RedisState, url: str, pg: PgConnection | None = None,
+                 decide: Decide | None = None) -> None:
         """`pg`: a connection to `url` already migrated (`prepare`'s), taken over and closed
-        here; None: connected in the loop."""
+        here; None: connected in the loop. `decide`: the repair at start (the service's),
+        run when a round finds the prefix undecided (PostgreSQL was away at start)."""
         self.state = state
+        self.decide = decide
         self.url = url
         self.prefix = state.settings.prefix
         self.replica = uuid.uuid4().hex[:12]

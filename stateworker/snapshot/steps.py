@@ -37,9 +37,11 @@ the type checker).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stateworker.clock import now_ms
+from stateworker.errors import Unavailable
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import fields_of, revision_of
 from stateworker.keys import member
@@ -52,9 +54,14 @@ from stateworker.snapshot.behind import WHY, behind_partitions, count_command, r
 from stateworker.snapshot.tables import REGISTRY, PgConnection, StoredPosition
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
+from stateworker.state.generation import Markers
 from stateworker.transport.plans import pipeline
 
 log = logging.getLogger("stateworker.snapshot")
+
+# The repair at start (snapshot/repair.py; the service passes it: it imports the restore,
+# which imports this package's `connect`), run on a prefix left undecided at start.
+Decide = Callable[[RedisState, PgConnection], Awaitable[None]]
 
 
 def _members(rows: list[tables.Row]) -> dict[str, tuple[int, int]]:
@@ -77,6 +84,7 @@ class SnapshotSteps:
     _registry_ok: bool
     _registry_copied: bytes | None
     _error_recorded: bool
+    decide: Decide | None
 
     def _forget_positions(self) -> None:
         """Start again from what PostgreSQL holds, once the generation is confirmed again."""
@@ -162,10 +170,17 @@ class SnapshotSteps:
         when its marker is not it: the others go on."""
         follows = await pg_generation.stored(pg, self.prefix)
         markers = await generation.read(self.state.conn, self.state.keys)
+        if markers.restoring == generation.PENDING and self.decide is not None:
+            # PostgreSQL was away when the service started on a Redis new to the prefix (or
+            # wiped): the repair it could not run then (a restore, or the prefix begun).
+            await self.decide(self.state, pg)
+            return None  # (the next round confirms what it decided)
         if follows is None and markers.meta is not None and markers.restoring is None:
             follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
             markers = await generation.read(self.state.conn, self.state.keys)
         # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
+        if markers.stamping is not None and markers.stamping == follows:
+            markers = await self._finish_restore(pg, markers)
         if markers.restoring is not None:
             await self._lose(markers.problem() or "a restore is running", [])
             return None
@@ -201,6 +216,21 @@ class SnapshotSteps:
                         extra={"event": "snapshot.generation_confirmed"})
             self._lost = None
         return self.generation
+
+    async def _finish_restore(self, pg: PgConnection, markers: Markers) -> Markers:
+        """A restore stopped in its last step, writes let in since (`Markers.stamping`):
+        finished here, under the restore's lock, unless a restore holds it (then it is
+        left to that one). Until then nothing of those writes would be committed. The
+        markers after."""
+        if not await pg_generation.try_restore_lock(pg, self.prefix):
+            return markers
+        try:
+            await generation.finish(self.state)
+        except Unavailable:  # (a slot lost its mark since: a wipe; lost as any other)
+            pass
+        finally:
+            await pg_generation.restore_unlock(pg, self.prefix)
+        return await generation.read(self.state.conn, self.state.keys)
 
     async def _lose(self, reason: str, partitions: list[int], *, forget: bool = True) -> None:
         """Commit nothing more from this Redis (`forget`: from none of it; else from the

@@ -87,6 +87,16 @@ class Markers:
         return self.restoring is not None and self.restoring != PENDING
 
     @property
+    def stamping(self) -> str | None:
+        """The generation of a restore that stopped in its last step (`stamp`): a slot
+        holds it as its marker, so its data was whole and writes were let in there since;
+        it is finished (`finish`), never done again (over those writes). None: no such."""
+        if not self.restore_begun:
+            return None
+        stamped = self.restoring in self.partitions or self.registry == self.restoring
+        return self.restoring if stamped else None
+
+    @property
     def missing(self) -> list[int]:
         """The partitions whose marker is gone."""
         return [n for n, gen in enumerate(self.partitions) if gen is None]
@@ -186,6 +196,21 @@ async def stamp(state: RedisState, generation: str) -> None:
         ["HSET", keys.meta, META_FIELD, generation],
         ["HDEL", keys.meta, RESTORING_FIELD],
         ["HDEL", keys.snapshot_status, LOST_FIELD, SEEN_FIELD]], "restore: stamp")
+
+
+async def finish(state: RedisState) -> str | None:
+    """A restore that stopped in its last step (`Markers.stamping`) finished: every slot
+    stamped (stamp.lua: again where it was), the meta hash's generation. Its generation;
+    None when there is none. Called by whoever holds the restore's lock (a restore, the
+    repair at start, a snapshotter): a restore begun since replaced the marks."""
+    stamping = (await read(state.conn, state.keys)).stamping
+    if stamping is None:
+        return None
+    log.warning("a restore (generation %s) stopped after it let writes in, before its last "
+                "write: finished, not done again (it would undo the writes since)", stamping,
+                extra={"event": "generation.restore_finished"})
+    await stamp(state, stamping)
+    return stamping
 
 
 async def defer(conn: RedisConnection, keys: KeySpace) -> None:

@@ -11,10 +11,18 @@
   hash tag, so the script stays on one cluster slot.
   Output:
     {ST.OK, number deleted, 1 when more expired entries remain else 0}
+    {ST.STORE_LOST}   the partition's generation marker is gone (generation.lua): a wiped
+                      Redis, or a restore running; nothing deleted
   Events: state:deleted for each entry deleted (by = "").
 ]]
 --- @include "entry"
 
+-- A restore writes entries whose expiry passed for this script to delete once it ended: an
+-- event written before it moved the positions to the streams' ends would be skipped (no
+-- trigger called, the row left in PostgreSQL).
+if generation_lost(ARGV[3]) then
+  return {ST.STORE_LOST}
+end
 local now = tonumber(ARGV[1])
 local batch = tonumber(ARGV[2])
 local tag = ARGV[3]
