@@ -106,7 +106,11 @@ class StateService:
                                   dedupe_window_ms=state.settings.dedupe_window_ms)
         self.dispatcher = Dispatcher(state) if state.settings.dispatch else None
         url = state.settings.postgres_url
-        self.snapshotter = Snapshotter(state, url, pg, decide=repair_at_start) if url else None
+        # The repair at start left to the snapshotter only when PostgreSQL was away then
+        # (`pg` None): a Redis wiped later, under a running service, is the operator's to
+        # restore (writes refused until `stateworker restore`), as decision 0037 says.
+        self.snapshotter = Snapshotter(state, url, pg, decide=None if pg else repair_at_start) \
+            if url else None
         # The HTTP face (settings.http; app/http.py): where it listens once started.
         self.http_address: str | None = None
         self.http_stop = anyio.Event()

@@ -174,6 +174,7 @@ class SnapshotSteps:
             # PostgreSQL was away when the service started on a Redis new to the prefix (or
             # wiped): the repair it could not run then (a restore, or the prefix begun).
             await self.decide(self.state, pg)
+            self.decide = None  # (once done: the start's decision, no later one's)
             return None  # (the next round confirms what it decided)
         if follows is None and markers.meta is not None and markers.restoring is None:
             follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
