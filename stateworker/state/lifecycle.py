@@ -219,11 +219,14 @@ async def check_strict(state: RedisState) -> None:
 
 
 async def check_eviction(state: RedisState) -> None:
-    """Redis must not evict keys of its own accord (`maxmemory-policy allkeys-*`): it would
-    drop entries silently, and a write over one would start its version again at 1. A
-    `volatile-*` policy evicts only keys with an expiry (none of the entries' but those
-    written with a ttl, which expire anyway). Read from INFO memory (the service's ACL rule
-    has no CONFIG); refused (an ACL of the operator's): not checked."""
+    """Redis must not evict keys of its own accord. `maxmemory-policy allkeys-*` would drop
+    entries silently (and a write over one would start its version at 1 again); a
+    `volatile-*` policy with a `maxmemory` set evicts the keys that have an expiry, and those
+    are what exactly-once stands on: the call records (a retried call id applied again: 8
+    writes of 100 KB at the limit evicted 24 keys, the record of a call among them, and its
+    retry wrote version 2), the completed barriers, the dispatcher's leases, the reply
+    lists. With no `maxmemory` (0) nothing is ever evicted. Read from INFO memory (the
+    service's ACL rule has no CONFIG); refused (an ACL of the operator's): not checked."""
     conn = state.conn
     try:
         if isinstance(conn, ClusterConnection):
@@ -232,22 +235,28 @@ async def check_eviction(state: RedisState) -> None:
             infos = {conn.shown: await conn.execute("INFO", "memory")}
     except ReplyError:
         return
-    policies: dict[str, str] = {}
     for node, info in infos.items():
-        if isinstance(info, bytes):
-            for line in info.decode(errors="replace").splitlines():
-                if line.startswith("maxmemory_policy:"):
-                    policies[node] = line.split(":", 1)[1].strip()
-    evicting = {node: policy for node, policy in policies.items()
-                if policy.startswith("allkeys-")}
-    if evicting:
-        node, policy = next(iter(evicting.items()))
-        raise ConfigError(
-            f"Redis at {node} evicts any key when it is full (maxmemory-policy {policy}): it "
-            "would drop entries without a word, and the next write of one would begin its "
-            "version at 1 again. Set `maxmemory-policy noeviction` (CONFIG SET, and in "
-            "redis.conf; on a cluster on every node): a full Redis then refuses writes "
-            "(RESOURCE_EXHAUSTED) instead")
+        if not isinstance(info, bytes):
+            continue
+        fields = dict(line.split(":", 1) for line in info.decode(errors="replace").splitlines()
+                      if ":" in line)
+        policy = fields.get("maxmemory_policy", "noeviction").strip()
+        limit = fields.get("maxmemory", "0").strip()
+        if policy.startswith("allkeys-"):
+            raise ConfigError(
+                f"Redis at {node} evicts any key when it is full (maxmemory-policy {policy}): "
+                "it would drop entries without a word, and the next write of one would begin "
+                "its version at 1 again. Set `maxmemory-policy noeviction` (CONFIG SET, and in "
+                "redis.conf; on a cluster on every node): a full Redis then refuses writes "
+                "(RESOURCE_EXHAUSTED) instead")
+        if policy != "noeviction" and limit not in ("", "0"):
+            raise ConfigError(
+                f"Redis at {node} evicts keys that have an expiry when it reaches its maxmemory "
+                f"({limit} bytes, maxmemory-policy {policy}): the service's call records, "
+                "completed barriers and leases have one, and a call retried after its record "
+                "was evicted would be applied twice. Set `maxmemory-policy noeviction` "
+                "(CONFIG SET, and in redis.conf; on a cluster on every node): a full Redis "
+                "then refuses writes (RESOURCE_EXHAUSTED) instead")
 
 
 async def _appendfsync(conn: RedisConnection) -> dict[str, str]:
