@@ -5,6 +5,7 @@ registry follower (which loads the claims before the state is handed out) and th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -225,8 +226,10 @@ async def check_eviction(state: RedisState) -> None:
     are what exactly-once stands on: the call records (a retried call id applied again: 8
     writes of 100 KB at the limit evicted 24 keys, the record of a call among them, and its
     retry wrote version 2), the completed barriers, the dispatcher's leases, the reply
-    lists. With no `maxmemory` (0) nothing is ever evicted. Read from INFO memory (the
-    service's ACL rule has no CONFIG); refused (an ACL of the operator's): not checked."""
+    lists. With no `maxmemory` (0) nothing is ever evicted. The bus's Redis of its own too
+    (its reply lists and a `Worker`'s records; away now: its start waits for it). Read from
+    INFO memory (the service's ACL rule has no CONFIG); refused (an ACL of the operator's):
+    not checked."""
     conn = state.conn
     try:
         if isinstance(conn, ClusterConnection):
@@ -235,6 +238,9 @@ async def check_eviction(state: RedisState) -> None:
             infos = {conn.shown: await conn.execute("INFO", "memory")}
     except ReplyError:
         return
+    if state.split_bus:
+        with contextlib.suppress(ReplyError, ConnectionLost):
+            infos[state.bus_conn.shown] = await state.bus_conn.execute("INFO", "memory")
     for node, info in infos.items():
         if not isinstance(info, bytes):
             continue

@@ -118,6 +118,21 @@ async def test_the_split_is_refused_with_acl_mode_and_a_cluster(pair: Pair, pref
             pass
 
 
+async def test_a_bus_redis_that_may_evict_is_refused_at_start(pair: Pair, prefix: str) -> None:
+    """The bus's Redis holds the reply lists and a Worker's call records, with expiries: a
+    volatile policy under a maxmemory would evict them (a call run twice by its Worker)."""
+    pair.bus.client().config_set("maxmemory-policy", "volatile-lru")
+    pair.bus.client().config_set("maxmemory", 512 * 1024 * 1024)
+    with pytest.raises(ConfigError, match=r"maxmemory-policy volatile-lru") as refused:
+        async with StateService.running(pair.settings(prefix)):
+            pass
+    assert pair.bus.url.split("//")[-1] in str(refused.value)  # (the bus's Redis is named)
+    pair.bus.client().config_set("maxmemory-policy", "noeviction")
+    async with StateService.running(pair.settings(prefix)), \
+            StateClient(settings=pair.settings(prefix), timeout=10) as client:
+        assert (await client.call("state::set", {"scope": "s", "key": "k", "value": 1}))[
+            "version"] == 1
+
 def ups(metrics: str) -> dict[str, str]:
     """The `*redis_up` gauges of a /metrics page."""
     return {name: value for name, _, value in (line.partition(" ") for line in metrics.splitlines())
