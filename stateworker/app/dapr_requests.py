@@ -159,22 +159,28 @@ def expected(etag: str | None, where: str, code: str) -> dict[str, int]:
 
 
 def ttl_ms(metadata: dict[str, str], where: str) -> int | None:
-    """`ttlInSeconds` (-1: never expire, as none); `contentType` is taken as given (the value
-    is stored as its JSON text whatever it says)."""
+    """`ttlInSeconds` (none: never expire, as Dapr's stores read -1, 0 and "", the last as not
+    given); `contentType` is taken as given (the value is stored as its JSON text whatever it
+    says)."""
     ttl = metadata.get("ttlInSeconds")
-    if ttl is None or ttl == "-1":
+    if not ttl or ttl == "-1":
         return None
     seconds = whole_number(ttl, 12)  # (more than 30,000 years)
-    if not seconds:
-        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, 1 to 12 digits (or "
-                        f"-1), got {shown(ttl)}")
-    return seconds * 1000
+    if seconds is None:
+        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, at most 12 digits "
+                        f"(0 or -1: never expire), got {shown(ttl)}")
+    return seconds * 1000 or None
 
 
 def upsert(item: Item, key: str, metadata: dict[str, str], where: str,
            code: str) -> dict[str, Any]:
-    op: dict[str, Any] = {"op": "set", "key": key, "value": item.value,
-                          **expected(item.etag, f"{where}.etag", code)}
+    """A save as a native set. `first-write` without an ETag (or with an empty one) writes
+    only a key that is absent, as Dapr's stores do (its state conformance: a second
+    first-write save of a key fails); without it a concurrent writer's save was overwritten."""
+    condition = expected(item.etag, f"{where}.etag", code)
+    if not condition and item.options.concurrency == "first-write":
+        condition = {"expected_version": 0}
+    op: dict[str, Any] = {"op": "set", "key": key, "value": item.value, **condition}
     ttl = ttl_ms({**metadata, **item.metadata}, f"{where}.metadata")
     if ttl is not None:
         op["ttl_ms"] = ttl
@@ -204,7 +210,7 @@ def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None]
             current = want if want is not None else read
         else:
             current = now[key]
-            if want is not None and want != current:
+            if want is not None and (want or None) != current:  # (0: absent, as None)
                 raise DaprError("ERR_STATE_TRANSACTION", 409, f"key {shown(key)}: possible etag "
                                 f"mismatch: the operations before it leave it "
                                 f"{'absent' if current is None else f'at {current}'}")

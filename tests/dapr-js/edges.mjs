@@ -1,0 +1,56 @@
+// Dapr's JavaScript SDK over HTTP in the edge cases a program meets, each as Dapr's state
+// stores answer it (components-contrib's state conformance and its Redis and PostgreSQL
+// stores): first-write concurrency without an ETag, and a TTL of 0 or "". Prints one JSON
+// line of what the SDK answered, for tests/integration/http/test_dapr_sdk.py.
+import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
+import { StateConcurrencyEnum } from "@dapr/dapr/enum/StateConcurrency.enum.js";
+
+const client = new DaprClient({
+  daprHost: process.env.DAPR_HOST ?? "127.0.0.1",
+  daprPort: process.env.DAPR_HTTP_PORT,
+  communicationProtocol: CommunicationProtocolEnum.HTTP,
+});
+await client.start();
+const store = process.env.STORE ?? "statestore";
+const seen = {};
+// A failed save or delete answers `{ error }`, a failed transaction throws: either as
+// {status, errorCode}.
+const refusal = (error) => {
+  const { status, error_msg: body } = JSON.parse(error.message);
+  return { status, errorCode: JSON.parse(body).errorCode };
+};
+const saved = (answer) => (answer.error ? refusal(answer.error) : answer);
+const transacted = async (operations) => {
+  try {
+    await client.state.transaction(store, operations);
+    return {};
+  } catch (error) {
+    return refusal(error);
+  }
+};
+const firstWrite = { concurrency: StateConcurrencyEnum.CONCURRENCY_FIRST_WRITE };
+
+// First-write without an ETag: the first save of a key wins, a second one is refused
+seen.firstWrite = saved(await client.state.save(store, [
+  { key: "claim", value: "worker-a", options: firstWrite }]));
+seen.secondWrite = saved(await client.state.save(store, [
+  { key: "claim", value: "worker-b", options: firstWrite }]));
+seen.secondWriteEmptyEtag = saved(await client.state.save(store, [
+  { key: "claim", value: "worker-c", etag: "", options: firstWrite }]));
+seen.claim = await client.state.get(store, "claim");
+seen.transactionFirstWrite = await transacted([
+  { operation: "upsert", request: { key: "claim", value: "worker-d", options: firstWrite } }]);
+// deleted first in the same transaction, the key is absent for the first-write after it
+seen.transactionDeleteThenFirstWrite = await transacted([
+  { operation: "delete", request: { key: "claim" } },
+  { operation: "upsert", request: { key: "claim", value: "worker-e", options: firstWrite } }]);
+seen.claimAfter = await client.state.get(store, "claim");
+
+// ttlInSeconds 0 and "": never expire, as Dapr's stores take them
+seen.ttlZero = saved(await client.state.save(
+  store, [{ key: "ttl-zero", value: 0 }], { metadata: { ttlInSeconds: "0" } }));
+seen.ttlEmpty = saved(await client.state.save(
+  store, [{ key: "ttl-empty", value: "" , metadata: { ttlInSeconds: "" } }]));
+
+await client.stop();
+console.log(JSON.stringify(seen));
