@@ -53,8 +53,11 @@ def malformed(message: str) -> DaprError:
 
 def failed(code: str, exc: StateError, what: str) -> DaprError:
     """A native refusal as the operation's Dapr error (`code`: ERR_STATE_SAVE …): an ETag that
-    does not hold is 409 as in Dapr, a request the service refuses its 4xx, anything else 500."""
-    status = 409 if exc.code == "CONFLICT" else HTTP_STATUS.get(exc.code, 500)
+    does not hold is 409 as in Dapr, in Dapr's words ("possible etag mismatch", which programs
+    match to retry), a request the service refuses its 4xx, anything else 500."""
+    if exc.code == "CONFLICT":
+        return DaprError(code, 409, f"{what}: possible etag mismatch: {exc.message}", exc)
+    status = HTTP_STATUS.get(exc.code, 500)
     if status >= 500:
         status = 500
     return DaprError(code, status, f"{what}: {exc.message}", exc)

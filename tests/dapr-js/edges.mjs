@@ -1,7 +1,8 @@
 // Dapr's JavaScript SDK over HTTP in the edge cases a program meets, each as Dapr's state
 // stores answer it (components-contrib's state conformance and its Redis and PostgreSQL
-// stores): first-write concurrency without an ETag, and a TTL of 0 or "". Prints one JSON
-// line of what the SDK answered, for tests/integration/http/test_dapr_sdk.py.
+// stores): first-write concurrency without an ETag, an ETag that does not hold, and a TTL of 0
+// or "". Prints one JSON line of what the SDK answered, for
+// tests/integration/http/test_dapr_sdk.py.
 import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
 import { StateConcurrencyEnum } from "@dapr/dapr/enum/StateConcurrency.enum.js";
 
@@ -14,10 +15,11 @@ await client.start();
 const store = process.env.STORE ?? "statestore";
 const seen = {};
 // A failed save or delete answers `{ error }`, a failed transaction throws: either as
-// {status, errorCode}.
+// {status, errorCode, message}.
 const refusal = (error) => {
   const { status, error_msg: body } = JSON.parse(error.message);
-  return { status, errorCode: JSON.parse(body).errorCode };
+  const { errorCode, message } = JSON.parse(body);
+  return { status, errorCode, message };
 };
 const saved = (answer) => (answer.error ? refusal(answer.error) : answer);
 const transacted = async (operations) => {
@@ -38,6 +40,8 @@ seen.secondWrite = saved(await client.state.save(store, [
 seen.secondWriteEmptyEtag = saved(await client.state.save(store, [
   { key: "claim", value: "worker-c", etag: "", options: firstWrite }]));
 seen.claim = await client.state.get(store, "claim");
+seen.staleEtag = saved(await client.state.save(store, [
+  { key: "claim", value: "worker-b", etag: "7" }]));
 seen.transactionFirstWrite = await transacted([
   { operation: "upsert", request: { key: "claim", value: "worker-d", options: firstWrite } }]);
 // deleted first in the same transaction, the key is absent for the first-write after it
