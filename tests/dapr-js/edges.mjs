@@ -1,8 +1,8 @@
 // Dapr's JavaScript SDK over HTTP in the edge cases a program meets, each as Dapr's state
 // stores answer it (components-contrib's state conformance and its Redis and PostgreSQL
-// stores): first-write concurrency without an ETag, an ETag that does not hold, and a TTL of 0
-// or "". Prints one JSON line of what the SDK answered, for
-// tests/integration/http/test_dapr_sdk.py.
+// stores): first-write concurrency without an ETag, an ETag that does not hold, a TTL of 0 or
+// ""; and a query's page token it never gave, refused naming `page.token`. Prints one JSON
+// line of what the SDK answered, for tests/integration/http/test_dapr_sdk.py.
 import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
 import { StateConcurrencyEnum } from "@dapr/dapr/enum/StateConcurrency.enum.js";
 
@@ -55,6 +55,14 @@ seen.ttlZero = saved(await client.state.save(
   store, [{ key: "ttl-zero", value: 0 }], { metadata: { ttlInSeconds: "0" } }));
 seen.ttlEmpty = saved(await client.state.save(
   store, [{ key: "ttl-empty", value: "" , metadata: { ttlInSeconds: "" } }]));
+
+// a page token the query never gave: refused naming the field the program sent
+try {
+  seen.queryBadToken = await client.state.query(store, {
+    filter: { EQ: { owner: "worker-a" } }, page: { limit: 1, token: "not-a-token" } });
+} catch (error) {
+  seen.queryBadToken = refusal(error);
+}
 
 await client.stop();
 console.log(JSON.stringify(seen));

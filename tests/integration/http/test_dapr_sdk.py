@@ -87,6 +87,9 @@ async def test_the_sdk_meets_the_edges_as_dapr_stores_answer_them(
     assert conflict(seen["transactionFirstWrite"]) == (409, "ERR_STATE_TRANSACTION", True)
     assert seen["transactionDeleteThenFirstWrite"] == {}
     assert seen["claimAfter"] == "worker-e"
+    assert seen["queryBadToken"] == {
+        "status": 400, "errorCode": "ERR_MALFORMED_REQUEST",
+        "message": '$.page.token: not a token this query gave, got "not-a-token"'}
     # ttlInSeconds 0 and "" save with no expiry
     assert seen["ttlZero"] == {} and seen["ttlEmpty"] == {}
     assert [(e is not None and e.expires_at) for e in ttl_entries] == [None, None]
