@@ -193,13 +193,13 @@ def upsert(item: Item, key: str, metadata: dict[str, str], where: str,
 UNKNOWN = -1  # a key's version not known here (no ETag on its first operation, not read)
 
 
-def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None]
-             ) -> list[dict[str, Any]]:
-    """A Dapr transaction's operations applied in order, as one native op per key (what each
-    key finally becomes). `versions`: the stored version of the keys read first (None:
-    absent; `repeated_with_etag`). A later operation's ETag must hold for what the earlier
-    ones made of the key; the native op keeps the condition on the stored entry: the first
-    operation's ETag, or the version read."""
+def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None],
+             code: str = "ERR_STATE_TRANSACTION") -> list[dict[str, Any]]:
+    """A Dapr transaction's operations (or a save's items) applied in order, as one native op
+    per key (what each key finally becomes). `versions`: the stored version of the keys read
+    first (None: absent; `repeated_with_etag`). A later operation's ETag must hold for what
+    the earlier ones made of the key (else `code`, 409); the native op keeps the condition
+    on the stored entry: the first operation's ETag, or the version read."""
     final: dict[str, dict[str, Any]] = {}
     now: dict[str, int | None] = {}  # a key's version after the operations so far
     for op in ops:
@@ -214,7 +214,7 @@ def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None]
         else:
             current = now[key]
             if want is not None and (want or None) != current:  # (0: absent, as None)
-                raise DaprError("ERR_STATE_TRANSACTION", 409, f"key {shown(key)}: possible etag "
+                raise DaprError(code, 409, f"key {shown(key)}: possible etag "
                                 f"mismatch: the operations before it leave it "
                                 f"{'absent' if current is None else f'at {current}'}")
             condition = {k: v for k, v in final[key].items() if k == "expected_version"}

@@ -1,8 +1,9 @@
 // Dapr's JavaScript SDK over HTTP in the edge cases a program meets, each as Dapr's state
 // stores answer it (components-contrib's state conformance and its Redis and PostgreSQL
 // stores): first-write concurrency without an ETag, an ETag that does not hold, a TTL of 0 or
-// ""; and a query's page token it never gave, refused naming `page.token`. Prints one JSON
-// line of what the SDK answered, for tests/integration/http/test_dapr_sdk.py.
+// "", a save naming a key twice; and a query's page token it never gave, refused naming
+// `page.token`. Prints one JSON line of what the SDK answered, for
+// tests/integration/http/test_dapr_sdk.py.
 import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
 import { StateConcurrencyEnum } from "@dapr/dapr/enum/StateConcurrency.enum.js";
 
@@ -55,6 +56,16 @@ seen.ttlZero = saved(await client.state.save(
   store, [{ key: "ttl-zero", value: 0 }], { metadata: { ttlInSeconds: "0" } }));
 seen.ttlEmpty = saved(await client.state.save(
   store, [{ key: "ttl-empty", value: "" , metadata: { ttlInSeconds: "" } }]));
+
+// A save naming a key twice: its items apply one after the other, as Dapr's stores apply
+// them, the last one's value staying; an ETag is checked against what the items before it made
+seen.saveTwice = saved(await client.state.save(store, [
+  { key: "batch", value: 1 }, { key: "batch", value: 2 }]));
+seen.batch = await client.state.get(store, "batch");
+const [{ etag: batchEtag }] = await client.state.getBulk(store, ["batch"]);
+seen.saveTwiceStale = saved(await client.state.save(store, [
+  { key: "batch", value: 3, etag: batchEtag }, { key: "batch", value: 4, etag: batchEtag }]));
+seen.batchAfter = await client.state.get(store, "batch");
 
 // a page token the query never gave: refused naming the field the program sent
 try {

@@ -87,6 +87,9 @@ async def test_the_sdk_meets_the_edges_as_dapr_stores_answer_them(
     assert conflict(seen["transactionFirstWrite"]) == (409, "ERR_STATE_TRANSACTION", True)
     assert seen["transactionDeleteThenFirstWrite"] == {}
     assert seen["claimAfter"] == "worker-e"
+    assert seen["saveTwice"] == {} and seen["batch"] == 2
+    assert conflict(seen["saveTwiceStale"]) == (409, "ERR_STATE_SAVE", True)
+    assert seen["batchAfter"] == 2  # (all or nothing: the first item is not written either)
     assert seen["queryBadToken"] == {
         "status": 400, "errorCode": "ERR_MALFORMED_REQUEST",
         "message": '$.page.token: not a token this query gave, got "not-a-token"'}
