@@ -80,6 +80,23 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
         except StateError as exc:
             raise failed(code, exc, what) from exc
 
+    async def write(request: Request, code: str, what: str, kind: str,
+                    ops: list[dict[str, Any]]) -> None:
+        """`ops` (each naming its scope) applied in order as one native transaction, all or
+        nothing: a key written more than once ends as its last operation says, as Dapr
+        applies a save's items and a transaction's operations one after the other (native
+        calls write each key once)."""
+        scope = _one_scope(ops, kind)
+        versions: dict[str, int | None] = {}
+        reread = repeated_with_etag(ops)
+        if reread:
+            got = msgspec.json.decode(await native(
+                request, code, what, "state::get-many", {"scope": scope, "keys": reread}),
+                type=Entries)
+            versions = {k: e.version for k, e in zip(reread, got.entries, strict=True)}
+        await native(request, code, what, "state::transaction",
+                     {"scope": scope, "ops": in_order(_keys(ops), versions, code)})
+
     async def save(request: Request) -> Response:
         store = store_of(request)
         items = decode(await read(request), list[Item])
@@ -91,9 +108,8 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             scope, key = store.address(item.key, f"$[{i}].key")
             ops.append({**upsert(item, key, metadata, f"$[{i}]", "ERR_STATE_SAVE"),
                         "scope": scope})
-        scope = _one_scope(ops, "a save")
-        await native(request, "ERR_STATE_SAVE", f"failed saving state in state store "
-                     f"{store.name}", "state::transaction", {"scope": scope, "ops": _keys(ops)})
+        await write(request, "ERR_STATE_SAVE", f"failed saving state in state store "
+                    f"{store.name}", "a save", ops)
         return Response(status_code=204)
 
     async def get(request: Request) -> Response:
@@ -151,17 +167,8 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
                for i, op in enumerate(asked.operations)]
         if not ops:
             return Response(status_code=204)
-        scope = _one_scope(ops, "a transaction")
-        what = f"failed executing state transaction in {store.name}"
-        versions: dict[str, int | None] = {}
-        reread = repeated_with_etag(ops)
-        if reread:
-            got = msgspec.json.decode(await native(
-                request, "ERR_STATE_TRANSACTION", what, "state::get-many",
-                {"scope": scope, "keys": reread}), type=Entries)
-            versions = {k: e.version for k, e in zip(reread, got.entries, strict=True)}
-        await native(request, "ERR_STATE_TRANSACTION", what, "state::transaction",
-                     {"scope": scope, "ops": in_order(_keys(ops), versions)})
+        await write(request, "ERR_STATE_TRANSACTION", f"failed executing state transaction "
+                    f"in {store.name}", "a transaction", ops)
         return Response(status_code=204)
 
     async def query(request: Request) -> Response:

@@ -104,7 +104,12 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
         body: dict[str, Any] = {"scope": scope, "where": ands[0], "limit": limit}
         if query.page.token:
             body["after"] = query.page.token
-        found = await native(body)
+        try:
+            found = await native(body)
+        except DaprError as exc:  # (the cursor refused: named as the caller sent it)
+            if exc.reason is None or exc.reason.details.get("path") != "$.after":
+                raise
+            raise _not_a_token(query.page.token) from exc
         return found.entries, found.next_after
     start = _offset(query.page.token)
     gathered: dict[str, Entry] = {}
@@ -146,5 +151,9 @@ def _offset(token: str | None) -> int:
         return 0
     offset = whole_number(token, 9)
     if offset is None:
-        raise malformed(f"$.page.token: not a token this query gave, got {shown(token)}")
+        raise _not_a_token(token)
     return offset
+
+
+def _not_a_token(token: str | None) -> DaprError:
+    return malformed(f"$.page.token: not a token this query gave, got {shown(token)}")

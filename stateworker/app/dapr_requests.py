@@ -53,8 +53,11 @@ def malformed(message: str) -> DaprError:
 
 def failed(code: str, exc: StateError, what: str) -> DaprError:
     """A native refusal as the operation's Dapr error (`code`: ERR_STATE_SAVE …): an ETag that
-    does not hold is 409 as in Dapr, a request the service refuses its 4xx, anything else 500."""
-    status = 409 if exc.code == "CONFLICT" else HTTP_STATUS.get(exc.code, 500)
+    does not hold is 409 as in Dapr, in Dapr's words ("possible etag mismatch", which programs
+    match to retry), a request the service refuses its 4xx, anything else 500."""
+    if exc.code == "CONFLICT":
+        return DaprError(code, 409, f"{what}: possible etag mismatch: {exc.message}", exc)
+    status = HTTP_STATUS.get(exc.code, 500)
     if status >= 500:
         status = 500
     return DaprError(code, status, f"{what}: {exc.message}", exc)
@@ -159,22 +162,28 @@ def expected(etag: str | None, where: str, code: str) -> dict[str, int]:
 
 
 def ttl_ms(metadata: dict[str, str], where: str) -> int | None:
-    """`ttlInSeconds` (-1: never expire, as none); `contentType` is taken as given (the value
-    is stored as its JSON text whatever it says)."""
+    """`ttlInSeconds` (none: never expire, as Dapr's stores read -1, 0 and "", the last as not
+    given); `contentType` is taken as given (the value is stored as its JSON text whatever it
+    says)."""
     ttl = metadata.get("ttlInSeconds")
-    if ttl is None or ttl == "-1":
+    if not ttl or ttl == "-1":
         return None
     seconds = whole_number(ttl, 12)  # (more than 30,000 years)
-    if not seconds:
-        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, 1 to 12 digits (or "
-                        f"-1), got {shown(ttl)}")
-    return seconds * 1000
+    if seconds is None:
+        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, at most 12 digits "
+                        f"(0 or -1: never expire), got {shown(ttl)}")
+    return seconds * 1000 or None
 
 
 def upsert(item: Item, key: str, metadata: dict[str, str], where: str,
            code: str) -> dict[str, Any]:
-    op: dict[str, Any] = {"op": "set", "key": key, "value": item.value,
-                          **expected(item.etag, f"{where}.etag", code)}
+    """A save as a native set. `first-write` without an ETag (or with an empty one) writes
+    only a key that is absent, as Dapr's stores do (its state conformance: a second
+    first-write save of a key fails); without it a concurrent writer's save was overwritten."""
+    condition = expected(item.etag, f"{where}.etag", code)
+    if not condition and item.options.concurrency == "first-write":
+        condition = {"expected_version": 0}
+    op: dict[str, Any] = {"op": "set", "key": key, "value": item.value, **condition}
     ttl = ttl_ms({**metadata, **item.metadata}, f"{where}.metadata")
     if ttl is not None:
         op["ttl_ms"] = ttl
@@ -184,13 +193,13 @@ def upsert(item: Item, key: str, metadata: dict[str, str], where: str,
 UNKNOWN = -1  # a key's version not known here (no ETag on its first operation, not read)
 
 
-def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None]
-             ) -> list[dict[str, Any]]:
-    """A Dapr transaction's operations applied in order, as one native op per key (what each
-    key finally becomes). `versions`: the stored version of the keys read first (None:
-    absent; `repeated_with_etag`). A later operation's ETag must hold for what the earlier
-    ones made of the key; the native op keeps the condition on the stored entry: the first
-    operation's ETag, or the version read."""
+def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None],
+             code: str = "ERR_STATE_TRANSACTION") -> list[dict[str, Any]]:
+    """A Dapr transaction's operations (or a save's items) applied in order, as one native op
+    per key (what each key finally becomes). `versions`: the stored version of the keys read
+    first (None: absent; `repeated_with_etag`). A later operation's ETag must hold for what
+    the earlier ones made of the key (else `code`, 409); the native op keeps the condition
+    on the stored entry: the first operation's ETag, or the version read."""
     final: dict[str, dict[str, Any]] = {}
     now: dict[str, int | None] = {}  # a key's version after the operations so far
     for op in ops:
@@ -204,8 +213,8 @@ def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None]
             current = want if want is not None else read
         else:
             current = now[key]
-            if want is not None and want != current:
-                raise DaprError("ERR_STATE_TRANSACTION", 409, f"key {shown(key)}: possible etag "
+            if want is not None and (want or None) != current:  # (0: absent, as None)
+                raise DaprError(code, 409, f"key {shown(key)}: possible etag "
                                 f"mismatch: the operations before it leave it "
                                 f"{'absent' if current is None else f'at {current}'}")
             condition = {k: v for k, v in final[key].items() if k == "expected_version"}

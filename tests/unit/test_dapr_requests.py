@@ -1,5 +1,5 @@
-"""Dapr's requests read into native calls (app/dapr_requests.py): the configured stores and a
-transaction's operations applied in order."""
+"""Dapr's requests read into native calls (app/dapr_requests.py): the configured stores, a
+transaction's operations applied in order, and `ttlInSeconds`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stateworker.app.dapr_requests import DaprError, Store, in_order, parse_stores
+from stateworker.app.dapr_requests import DaprError, Store, in_order, parse_stores, ttl_ms
 
 
 def test_stores_are_names_scopes_or_prefixes() -> None:
@@ -46,3 +46,17 @@ def test_a_transaction_ends_as_its_last_operation_per_key() -> None:
         {"op": "set", "key": "k", "value": 1, "expected_version": 0}]  # (absent: create)
     with pytest.raises(DaprError):
         in_order(ops(("delete", "k", None), ("set", "k", 3)), {"k": 3})
+    # a first-write without an ETag (expected_version 0: absent) after a delete holds
+    assert in_order(ops(("delete", "k", None), ("set", "k", 0)), {"k": 3}) == [
+        {"op": "set", "key": "k", "value": 1, "expected_version": 3}]
+    with pytest.raises(DaprError):
+        in_order(ops(("set", "k", None), ("set", "k", 0)), {"k": None})
+
+
+def test_ttl_in_seconds_as_dapr_stores_read_it() -> None:
+    for never in ({}, {"ttlInSeconds": ""}, {"ttlInSeconds": "0"}, {"ttlInSeconds": "-1"}):
+        assert ttl_ms(never, "$[0].metadata") is None
+    assert ttl_ms({"ttlInSeconds": "60"}, "$[0].metadata") == 60_000
+    for bad in ("-2", "1.5", "x", "1" * 13):
+        with pytest.raises(DaprError, match=r"\$\[0\]\.metadata\.ttlInSeconds"):
+            ttl_ms({"ttlInSeconds": bad}, "$[0].metadata")

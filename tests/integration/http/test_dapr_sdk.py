@@ -1,7 +1,8 @@
 """Dapr's official JavaScript SDK (`@dapr/dapr`, tests/dapr-js/: its package installed there by
 scripts/_setup.sh) over HTTP against the service, the SDK's code as Dapr's docs give it: save,
 get, get bulk, ETags on save and delete, a transaction, a TTL in the request's metadata and a
-query with OR and sort. The service stands where Dapr's sidecar would."""
+query with OR and sort; and the edges a program meets (tests/dapr-js/edges.mjs) answered as
+Dapr's state stores answer them. The service stands where Dapr's sidecar would."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ pytestmark = pytest.mark.anyio
 SDK_DIR = Path(__file__).resolve().parents[3] / "tests" / "dapr-js"
 
 
-def run_sdk(port: str) -> dict[str, Any]:
+def run_sdk(port: str, script: str = "sdk.mjs") -> dict[str, Any]:
     node = shutil.which("node")
     assert node is not None, "node is not installed (./scripts/test installs it)"
     assert (SDK_DIR / "node_modules" / "@dapr" / "dapr").is_dir(), \
         "the Dapr SDK is not installed in tests/dapr-js (./scripts/test installs it)"
-    done = subprocess.run([node, "sdk.mjs"], cwd=SDK_DIR, capture_output=True, text=True,
+    done = subprocess.run([node, script], cwd=SDK_DIR, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "DAPR_HOST": "127.0.0.1",
                                             "DAPR_HTTP_PORT": port, "STORE": "statestore"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -62,3 +63,36 @@ async def test_the_dapr_javascript_sdk_works_unchanged(redis_server: RedisServer
     assert seen["saveTtl"] == {} and ttl_entry is not None and ttl_entry.expires_at is not None
     # Dev Ops, or Finance in CA/WA; state descending (a missing one last), then person.id
     assert [r["key"] for r in seen["query"]["results"]] == ["p1", "p4", "p3", "third-key-name"]
+
+
+async def test_the_sdk_meets_the_edges_as_dapr_stores_answer_them(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    settings = settings_for(redis_server, prefix, http="127.0.0.1:0",
+                            dapr_stores=f"statestore={scope}")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service:
+        port = service.http_address.rsplit(":", 1)[1]
+        seen = await anyio.to_thread.run_sync(run_sdk, port, "edges.mjs")
+        store = StateStore(service.state)
+        ttl_entries = [await store.get_entry(scope, key) for key in ("ttl-zero", "ttl-empty")]
+    def conflict(answer: dict[str, Any]) -> tuple[int, str, bool]:
+        """(status, errorCode, whether the message says it in Dapr's words, which programs
+        match to retry)."""
+        return answer["status"], answer["errorCode"], "possible etag mismatch" in answer["message"]
+
+    # first-write without an ETag is create-only: a second writer is refused, not let over
+    assert seen["firstWrite"] == {}
+    for refused in ("secondWrite", "secondWriteEmptyEtag", "staleEtag"):
+        assert conflict(seen[refused]) == (409, "ERR_STATE_SAVE", True), refused
+    assert seen["claim"] == "worker-a"
+    assert conflict(seen["transactionFirstWrite"]) == (409, "ERR_STATE_TRANSACTION", True)
+    assert seen["transactionDeleteThenFirstWrite"] == {}
+    assert seen["claimAfter"] == "worker-e"
+    assert seen["saveTwice"] == {} and seen["batch"] == 2
+    assert conflict(seen["saveTwiceStale"]) == (409, "ERR_STATE_SAVE", True)
+    assert seen["batchAfter"] == 2  # (all or nothing: the first item is not written either)
+    assert seen["queryBadToken"] == {
+        "status": 400, "errorCode": "ERR_MALFORMED_REQUEST",
+        "message": '$.page.token: not a token this query gave, got "not-a-token"'}
+    # ttlInSeconds 0 and "" save with no expiry
+    assert seen["ttlZero"] == {} and seen["ttlEmpty"] == {}
+    assert [(e is not None and e.expires_at) for e in ttl_entries] == [None, None]
