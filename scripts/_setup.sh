@@ -32,6 +32,16 @@ ensure_redis() {
   fi
 }
 
+# faketime (libfaketime) for the tests that run a replica with its clock off
+# (tests/integration/faults/test_clock_skew.py, tests/servers.py `skewed`): preloaded into
+# that replica's process only.
+ensure_faketime() {
+  if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    log "installing Debian's faketime"
+    apt_install faketime
+  fi
+}
+
 # etcd for the floor bench's reference (benchmarks/floor_strict.py, issue 24): Debian's
 # etcd-server, started per run by the bench on free ports. scripts/bench only: the tests never
 # need it.

@@ -1,5 +1,14 @@
 """The clock: every script gets the time as an argument (scripts never read it themselves),
-so replicas agree on what a script saw."""
+so replicas agree on what a script saw.
+
+A process connected to the state's Redis runs on Redis's clock (`anchor`: its `TIME`, read
+at connect and every CLOCK_SYNC_S after, state/lifecycle.py), carried between readings by
+this machine's monotonic clock. Replicas whose own clocks disagree (NTP drift, a VM
+resumed, a clock stepped back) then still agree on the time, within the readings' round
+trips: the call records' time slices, expiry, leases and heartbeats compare one replica's
+time with another's (decision 0004). A process never anchored (a CLI, a client alone) reads
+its own wall clock.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +16,38 @@ import datetime as dt
 import functools
 import time
 
+CLOCK_SYNC_S = 1.0  # how often a service reads Redis's clock again (a stepped clock's bound)
+# A reading whose round trip took longer than this is not taken: it says little of when
+# Redis read its clock (the next one does).
+MAX_ROUND_TRIP_NS = 50_000_000
+
+_offset_ns: int | None = None  # Redis's clock minus the monotonic clock; None: not anchored
+_error_ns = 0  # half the round trip of the reading `_offset_ns` came from
+
 
 def now_ms() -> int:
-    """Epoch milliseconds now."""
-    return time.time_ns() // 1_000_000
+    """Epoch milliseconds now: Redis's clock once anchored, else this machine's."""
+    if _offset_ns is None:
+        return time.time_ns() // 1_000_000
+    return (time.monotonic_ns() + _offset_ns) // 1_000_000
+
+
+def anchor(redis_time: list[bytes] | list[int], sent_ns: int, received_ns: int) -> bool:
+    """Take a reading of Redis's clock (`TIME`'s reply: seconds, microseconds), asked at
+    monotonic `sent_ns` and answered at `received_ns`; whether it was taken. A reading that
+    agrees with the current anchor within both readings' uncertainty changes nothing (the
+    time does not jitter by the round trip), one that disagrees (either clock stepped, or
+    the machine's monotonic clock stood still while it slept) moves the anchor."""
+    global _offset_ns, _error_ns
+    round_trip = received_ns - sent_ns
+    if round_trip < 0 or round_trip > MAX_ROUND_TRIP_NS:
+        return False
+    redis_ns = int(redis_time[0]) * 1_000_000_000 + int(redis_time[1]) * 1000
+    offset, error = redis_ns - (sent_ns + round_trip // 2), round_trip // 2
+    if _offset_ns is not None and abs(offset - _offset_ns) <= error + _error_ns + 1_000_000:
+        return False
+    _offset_ns, _error_ns = offset, error
+    return True
 
 
 def rfc3339_ms(epoch_ms: int | None) -> str | None:

@@ -23,7 +23,7 @@ import redis
 from benchmarks.pgserver import PostgresServer, free_port
 
 __all__ = ["BUSY_SCRIPT", "FaultProxy", "PostgresServer", "RedisServer", "ServiceProcess",
-           "free_port", "frozen", "tcp_quiet", "wait_until"]
+           "free_port", "frozen", "skewed", "tcp_quiet", "wait_until"]
 
 
 def wait_until(condition: object, timeout_s: float, what: str) -> None:
@@ -122,6 +122,22 @@ def tcp_quiet(port: int) -> bool:
         if (local == port and rx) or (remote == port and tx):
             return False
     return True
+
+
+def skewed(offset_s: float) -> dict[str, str]:
+    """The environment that runs a process with its clock `offset_s` off (Debian's faketime,
+    libfaketime preloaded: as a VM resumed, or a clock NTP never corrected), checked on a
+    Python started with it. Preloaded rather than the
+    `faketime` command, which forks: a kill of it would leave the process running."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    assert found, "faketime is not installed (scripts/test installs it: apt-get install faketime)"
+    env = {"LD_PRELOAD": str(found[0]), "FAKETIME": f"{offset_s:+g}s"}
+    shown = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
+                           env={**os.environ, **env}, capture_output=True, text=True,
+                           check=True, timeout=30)
+    off = float(shown.stdout) - time.time()
+    assert abs(off - offset_s) < 5, f"faketime shifted the clock by {off:.1f} s, not {offset_s}"
+    return env
 
 
 class ServiceProcess:

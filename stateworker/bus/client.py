@@ -28,7 +28,7 @@ from stateworker import pyvalues, tracing
 from stateworker.bus.ids import CallIds, body_partition
 from stateworker.bus.protocol import caller_route, caller_shards
 from stateworker.bus.reply_reader import ReplyReader, Waiter
-from stateworker.bus.resends import Resends, fallback_window_ms
+from stateworker.bus.resends import WINDOW_REFRESH_S, Resends, fallback_window_ms
 from stateworker.bus.routes import Routes
 from stateworker.bus.typed import TypedCalls
 from stateworker.errors import Unavailable
@@ -39,6 +39,7 @@ from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, connection_like, probed
 from stateworker.transport.connection import check_url
 from stateworker.transport.embedded import bus_url, client_url
+from stateworker.transport.redis_clock import follow_clock, may_read_clock, sync_clock
 from stateworker.transport.retry import open_ready, transient_reason
 from stateworker.transport.subscriber import Subscriber
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -154,6 +155,11 @@ class StateClient(Resends, TypedCalls):
             self._ids.keys = self.shards.keys
             await self._route(conn)
         await self._learn_window()
+        # Deadlines on Redis's clock, as the service's (transport/redis_clock.py); not for a
+        # principal (its rule has no TIME: a refusal logged each time).
+        reads_clock = self.principal is None and may_read_clock(conn)
+        if reads_clock:
+            await sync_clock(conn)
         tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.push_async_callback(self._close)
         for reader in self._readers:
@@ -165,6 +171,8 @@ class StateClient(Resends, TypedCalls):
                 await self._published.tried.wait()
         tg.start_soon(self._replies.sweep_timeouts)
         tg.start_soon(self._follow_window)
+        if reads_clock:
+            tg.start_soon(follow_clock, conn, WINDOW_REFRESH_S)
         self._stack.callback(tg.cancel_scope.cancel)
         return self
 

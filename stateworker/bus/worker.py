@@ -56,6 +56,7 @@ from stateworker.settings import Settings
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection, check_url
 from stateworker.transport.embedded import bus_url
+from stateworker.transport.redis_clock import follow_clock, may_read_clock, sync_clock
 from stateworker.transport.retry import no_redis_text, transient_reason, wait_ready
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
@@ -236,7 +237,20 @@ class Worker:
                                   describe={"functions": ",".join(sorted(self.functions))},
                                   functions=self.functions)
         try:
-            await self.runtime.run(task_status=task_status)
+            if not may_read_clock(conn):  # (a principal's rule has no TIME)
+                await self.runtime.run(task_status=task_status)
+                return
+            # Deadlines judged on Redis's clock, as the service sets and judges them
+            # (transport/redis_clock.py): read before the first call, then every second.
+            await sync_clock(conn)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow_clock, conn)
+                await self.runtime.run(task_status=task_status)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # (the runtime's error as itself, not a group)
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         finally:
             with anyio.CancelScope(shield=True):
                 await conn.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
 from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
@@ -24,6 +25,7 @@ from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
+from stateworker.transport.redis_clock import follow_clock, sync_clock
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 
@@ -58,6 +60,7 @@ async def connect(settings: Settings,
                                         connect_timeout_s=settings.connect_timeout_s,
                                         read_timeout_s=settings.read_timeout_s)
     try:
+        await sync_clock(conn)  # (before anything takes the time: the checks, the upgrade)
         await check_server(state)
         await state.library.load()
         await repack.upgrade(state)
@@ -94,6 +97,7 @@ async def running(state: RedisState, *, reaper: bool = True,
         async with anyio.create_task_group() as tg:
             await tg.start(state.registry.run)
             await tg.start(generation.watch_loop, state)
+            await tg.start(clock_loop, state)
             if reaper:
                 await tg.start(expiry.reaper_loop, state)
             try:
@@ -108,6 +112,13 @@ async def running(state: RedisState, *, reaper: bool = True,
     finally:
         with anyio.CancelScope(shield=True):
             await state.close()
+
+
+async def clock_loop(state: RedisState, *,
+                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """The process's time kept on the state's Redis's clock (transport/redis_clock.py)."""
+    task_status.started()
+    await follow_clock(state.conn)
 
 
 async def check_server(state: RedisState) -> None:
