@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
-from stateworker import StateStore
+from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import call_field
@@ -83,3 +83,58 @@ async def test_calls_that_ran_when_redis_filled_up_are_answered_once_it_has_room
 
 async def _more(raw: aredis.Redis, than: int) -> bool:
     return await refused_for_memory(raw) > than
+
+
+async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
+        own_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A caller's transaction reaches the stream and is applied, its reply is slow to come
+    (held on the way back to the service), and Redis fills up before the client re-sends
+    it. The re-send is refused (OOM): the client must not say that nothing was written, since
+    its first send was applied. Once a caller frees memory, the reply of that one run comes."""
+    raw = aredis.Redis(port=own_redis.port)
+    body = {"scope": scope, "ops": [{"op": "update", "key": "counter", "ops": INCREMENT}]}
+    settings = settings_for(own_redis, prefix)
+    proxy = FaultProxy(own_redis.port)
+    async with anyio.create_task_group() as tg, StateStore.open(
+            own_redis.url, prefix=prefix, partitions=4, reaper=False) as store:
+        await tg.start(proxy.serve)
+        proxy.arm("late", scope.encode())  # the service's script reply is held
+        async with StateService.running(settings_for(proxy.url, prefix), BusOptions(
+                block_ms=50, visibility_timeout_ms=60_000)), \
+                StateClient(settings=settings, timeout=30, retries=2) as client:
+            outcome: dict[str, object] = {}
+
+            async def call() -> None:
+                try:
+                    outcome["result"] = await client.call("state::transaction", body)
+                except StateError as exc:
+                    outcome["error"] = exc
+
+            tg.start_soon(call)
+
+            async def applied() -> bool:
+                return await store.get(scope, "counter") == {"n": 1}
+
+            await until(applied, 10, "the first send applied")
+            await raw.config_set("maxmemory-policy", "noeviction")
+            await raw.config_set("maxmemory", 1)  # a flood fills Redis
+            await proxy.release()  # (its reply is refused too: Redis is full)
+            # The client's re-send (a third of its timeout after the first) is refused.
+            await until(lambda: _xadds_refused(raw), 30, "the re-send refused")
+            error = outcome.get("error")
+            assert not (isinstance(error, StateError) and "nothing was written" in
+                        error.message), error
+            await raw.config_set("maxmemory", 0)  # room again
+            await until(lambda: bool(outcome), 30, "the call's outcome")
+        tg.cancel_scope.cancel()
+        result = outcome.get("result")
+        assert isinstance(result, dict) and result["results"][0]["new_value"] == {"n": 1}, \
+            outcome
+        assert await store.get(scope, "counter") == {"n": 1}
+    await raw.aclose()
+
+
+async def _xadds_refused(raw: aredis.Redis) -> bool:
+    """Whether Redis refused an XADD (INFO commandstats: the client's, as no one else adds)."""
+    stats = (await raw.info("commandstats")).get("cmdstat_xadd", {})
+    return int(stats.get("rejected_calls", 0)) > 0
