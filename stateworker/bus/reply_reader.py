@@ -24,14 +24,17 @@ SWEEP_INTERVAL_S = 0.05  # resolution of call timeouts
 
 
 def timeout_text(fn: str, call_id: str, timeout_s: float, sends: int, deadline_ms: int,
-                 when: str) -> tuple[str, dict[str, Any]]:
+                 when: str, full: object = None) -> tuple[str, dict[str, Any]]:
     """Message (one short line) and details of a client's TIMEOUT for a call sent with
     `deadline_ms` (`when`: the same time as RFC 3339): until when it may still be applied,
-    and in `details` how to learn its outcome."""
+    and in `details` how to learn its outcome. `full`: Redis refused a re-send, out of
+    memory (named: the reply may be missing for that)."""
+    why = "" if full is None else (
+        "; Redis refused the re-sends: it reached its memory limit (maxmemory)")
     return (f"{fn}: no reply within {timeout_s:g} s; applied by {when} "
-            f"(deadline_ms {deadline_ms}) or never",
+            f"(deadline_ms {deadline_ms}) or never{why}",
             {"call_id": call_id, "deadline_ms": deadline_ms, "may_be_applied_until": when,
-             "sends": sends,
+             "sends": sends, **({} if full is None else {"redis_error": str(full)[:200]}),
              "outcome": "the service starts a call only before its deadline (a state::* call "
                         "applies in one step; a worker function started in time may still be "
                         "running); the same call_id with the same deadline_ms returns its "

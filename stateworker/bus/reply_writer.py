@@ -5,8 +5,9 @@
     queue    (reply key, reply document, entry id, call record, msgpack) kept until the next
              flush (a `fmt msgpack` call's reply is turned into msgpack there: its record
              keeps the JSON document, as every other)
-    flush    queued replies -> LPUSH per reply list, PEXPIRE, the call records (SET), XACK,
-             XDEL and the counters, in one pipeline; by the flusher task, or by the call at once
+    flush    queued replies -> LPUSH per reply list, PEXPIRE, the call records (SET) in one
+             pipeline, then XACK, XDEL (of the entries whose writes Redis took) and the
+             counters in a second; by the flusher task, or by the call at once
 
 A user worker's call records are kept here both ways: written with the reply, and read back
 (`replayed`) when a call is delivered again, so it gets its recorded reply rather than a second
@@ -223,27 +224,42 @@ class ReplyWriter:
                     self.unanswered = True
 
     async def _write(self, batch: list[Outgoing]) -> None:
-        by_key: dict[bytes, list[bytes]] = defaultdict(list)
-        commands: list[list[Arg]] = []
-        for reply_key, document, _ref, record, msgpack in batch:
+        """The replies and records first, then the acknowledgements of the entries whose
+        writes Redis took: one refused for now (out of memory, BUSY ...) leaves its entry
+        pending, read again, rather than acknowledged without its reply. (One pipeline
+        would not do: at `maxmemory` Redis refuses the SET and LPUSH but runs XACK and XDEL.)
+        The caller sees its reply after the first round trip, as before."""
+        by_key: dict[bytes, list[tuple[int, bytes]]] = defaultdict(list)
+        writes: list[list[Arg]] = []
+        owners: list[list[int]] = []  # per write: the batch's entries that wait for it
+        for index, (reply_key, document, _ref, record, msgpack) in enumerate(batch):
             if document is None:
                 continue
             if reply_key:
-                by_key[reply_key].append(_msgpack(document) if msgpack else document)
+                by_key[reply_key].append((index, _msgpack(document) if msgpack else document))
             if record is not None:
-                commands.append(["SET", record[0], record[1] + b"\n" + document, "PX",
-                                 self.record_ttl_ms or 0])
+                writes.append(["SET", record[0], record[1] + b"\n" + document, "PX",
+                               self.record_ttl_ms or 0])
+                owners.append([index])
         for reply_key, documents in by_key.items():
-            commands.append(["LPUSH", reply_key, *documents])
-            commands.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
+            writes.append(["LPUSH", reply_key, *(document for _, document in documents)])
+            owners.append([index for index, _ in documents])
+            writes.append(["PEXPIRE", reply_key, self.options.reply_ttl_ms])
+            owners.append([])
+        written = await self.conn.pipeline(writes) if writes else []
+        held = {index for result, waiting in zip(written, owners, strict=True)
+                if _refused_for_now(result) for index in waiting}
         by_stream: dict[str, list[bytes]] = defaultdict(list)
-        for _, _, (stream, entry_id), _, _ in batch:
-            by_stream[stream].append(entry_id)
+        for index, (_, _, (stream, entry_id), _, _) in enumerate(batch):
+            if index not in held:
+                by_stream[stream].append(entry_id)
+        acks: list[list[Arg]] = []
         for stream, ids in by_stream.items():
-            commands.append(["XACK", stream, self.bus.group, *ids])
-            commands.append(["XDEL", stream, *ids])
-        commands += self.stats.flush_commands(self.bus.stats_key)
-        results = await self.conn.pipeline(commands)
+            acks.append(["XACK", stream, self.bus.group, *ids])
+            acks.append(["XDEL", stream, *ids])
+        acks += self.stats.flush_commands(self.bus.stats_key)
+        commands = writes + acks
+        results = written + (await self.conn.pipeline(acks) if acks else [])
         failed = [(command, result) for command, result in zip(commands, results, strict=True)
                   if isinstance(result, ReplyError)]  # e.g. a reply key of another type
         if failed:
@@ -253,9 +269,16 @@ class ReplyWriter:
                 if command[0] == "LPUSH" and str(result).startswith("WRONGTYPE"))
             command, result = failed[0]
             log.warning("reply write failed: %s", result, extra={
-                "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed)})
-            if any(transient_reason(result) for _, result in failed):
-                self.unanswered = True  # BUSY ...: not acknowledged either: read them again
+                "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed),
+                "held": len(held)})
+            if held or any(transient_reason(result) for _, result in failed):
+                self.unanswered = True  # not acknowledged: read them again
+
+
+def _refused_for_now(result: object) -> bool:
+    """A write Redis refused that it may take later: out of memory, or a transient state."""
+    return isinstance(result, ReplyError) and (
+        str(result).startswith("OOM") or transient_reason(result) is not None)
 
 
 def _msgpack(document: bytes) -> bytes:

@@ -150,6 +150,7 @@ class Resends:
         resend_s = self.resend_window_ms / 2000
         last_failure: BaseException | None = None  # the last transient error met
         backoff: Backoff | None = None
+        full: ReplyError | None = None  # a re-send refused: Redis out of memory
         try:
             while waiter.reply is None:
                 failure: BaseException | None = None
@@ -176,9 +177,14 @@ class Resends:
                     if not isinstance(failure, ReplyError):  # no error reply: it may have run
                         maybe_sent = True
                         resend_until = min(resend_until, sent_at + resend_s)
-                    elif transient_reason(failure) is None:  # refused for good
-                        if str(failure).startswith("OOM"):  # Redis at maxmemory
+                    elif str(failure).startswith("OOM"):  # Redis at maxmemory
+                        if not maybe_sent:  # (true: no send of it reached the stream)
                             raise redis_error(failure, f"{fn}: sending the call") from failure
+                        # An earlier send reached the stream and may be applied: its reply
+                        # may come yet (once Redis has room), so re-sent as after a
+                        # transient error; past the timeout, TIMEOUT says it may be applied.
+                        full = failure
+                    elif transient_reason(failure) is None:  # refused for good
                         raise Unavailable(f"{fn}: the call could not be sent: {failure}",
                                           {"call_id": call_id}) from failure
                 if self._closed or time.monotonic() >= end:
@@ -204,7 +210,7 @@ class Resends:
                                   {"call_id": call_id, "deadline_ms": deadline_ms})
             if maybe_sent:
                 raise CallTimeout(*timeout_text(fn, call_id, wait_s, sends, deadline_ms,
-                                                rfc3339_ms(deadline_ms) or ""))
+                                                rfc3339_ms(deadline_ms) or "", full))
             raise Unavailable(*not_sent_text(fn, call_id, self.url, wait_s,
                                              last_failure or "no time left to send it"))
         if not reply.ok:

@@ -54,7 +54,7 @@ from stateworker.reactive.trimming import Position
 from stateworker.schemas import Trigger
 from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
-from stateworker.transport.plans import pipeline
+from stateworker.transport.plans import pipeline, redis_error
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import ReplyError
 
@@ -275,10 +275,9 @@ class Batches:
         is stored hands the events on again, with the same call ids (at least once, as
         ever). The bus Redis need not fsync: a call it loses is lost with it (0056)."""
         replies = await self.state.bus_conn.pipeline(calls)
-        passing = next((r for r in replies if isinstance(r, ReplyError)
-                        and transient_reason(r)), None)
-        if passing is not None:  # (LOADING after its restart ...: not handed on, retried)
-            raise passing
+        passing = _held_back(replies)
+        if passing is not None:  # (LOADING after its restart, full ...: not handed on, retried)
+            raise redis_error(passing, "handing on trigger calls")
         return replies
 
     async def _send(self, partition: int, calls: list[list[Any]], advance: list[Any]
@@ -324,3 +323,13 @@ class Batches:
             return None
         self._sending.setdefault(partition, []).append(span)
         return tracing.carried(span)
+
+
+def _held_back(replies: list[Any]) -> ReplyError | None:
+    """The first call Redis refused for now, not for good: a transient state (LOADING after a
+    restart ...) or out of memory (maxmemory: the calls' streams may take them once a caller
+    frees memory). Such calls are not handed on, so the position must not pass their events:
+    the batch is retried from the position stored. (Refused for good, WRONGTYPE or NOPERM,
+    a call is counted in `append_errors` and passed: retrying would stop the partition.)"""
+    return next((r for r in replies if isinstance(r, ReplyError)
+                 and (transient_reason(r) or str(r).startswith("OOM"))), None)
