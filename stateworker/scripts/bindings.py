@@ -73,7 +73,7 @@ DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read, held=Held("stream", 6)
 TRIGGER = Binding("trigger", 3, 8, TriggerReply.read, held=REGISTRY)
 KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read,
                        held=REGISTRY)  # keep-trigger, the reaper's
-CLAIM = Binding("claim", 2, 4, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
+CLAIM = Binding("claim", 2, 6, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
 ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True, held=Held("stream", 3))  # roles
 RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True, held=REGISTRY)  # the scopes
 BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
@@ -317,12 +317,13 @@ def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],
-               adopter: str | None) -> Call:
+               adopter: str | None, per_namespace: int, in_all: int) -> Call:
     """claim.lua: `uses[i]` is `scopes[i]`'s use ("" free, "<entries>:<why>" in use);
-    `adopter`: the admin adopting scopes in use (None: none is taken)."""
+    `adopter`: the admin adopting scopes in use (None: none is taken); a namespace owns at
+    most `per_namespace` scopes, all of them together at most `in_all`."""
     return ([keys.claims, keys.registry],
             [prefix, REGISTRY_MAXLEN, "" if adopter is None else "=" + adopter, len(scopes),
-             *scopes, *uses])
+             per_namespace, in_all, *scopes, *uses])
 
 
 def release_call(keys: KeySpace, caller: str, force: bool, scopes: Sequence[str]) -> Call:

@@ -223,13 +223,15 @@ class KeptReply(NamedTuple):
 
 
 class ListReply(NamedTuple):
-    """list.lua: the live keys or values, in key byte order."""
+    """list.lua: one chunk of the live keys or values, in key byte order, and the last key it
+    read (None: the scope's index holds no more)."""
 
     items: list[bytes]
+    last: bytes | None
 
     @classmethod
     def read(cls, reply: list[Any]) -> ListReply:
-        return cls(list(reply[1]))
+        return cls(list(reply[1]), reply[3] if reply[2] == 1 else None)
 
 
 class GetManyReply(NamedTuple):

@@ -124,7 +124,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
                         b.trigger_call(SPACE, "set", "t", "{}", 5, "p", True, now=1, expires=2)],
     "keeptrigger": lambda: [b.keep_trigger_call(SPACE, 1, "t", b"{}", b"{}", 2),
                             ub.reap_triggers_call(SPACE, 1, 10)],
-    "claim": lambda: [b.claim_call(SPACE, "p", ["a", "b"], ["", "1:x"], None)],
+    "claim": lambda: [b.claim_call(SPACE, "p", ["a", "b"], ["", "1:x"], None, 1000, 10000)],
     "release": lambda: [b.release_call(SPACE, "p", False, ["a"])],
     "access": lambda: [b.access_call(SPACE, "principal-set", "n", "{}", ["r"])],
     "barrier": lambda: [b.barrier_call(PART, "b", "k", b"1:2", "n:2", 2, "2", None, 9, None, 5),

@@ -1,0 +1,123 @@
+"""One caller's call against what every caller shares (docs/decisions/0041): Redis runs one
+script at a time, so no call may walk a whole scope in one script, and no caller may grow
+what the others need without bound. Each test builds the data as an attacker would, on a
+Redis of its own, and reads what Redis ran (its SLOWLOG, every command logged) and holds:
+never how long anything took."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from stateworker import StateStore
+from stateworker.errors import InvalidRequest
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+LIST_CHUNK = 1000  # keys one script of a listing reads, at most (state/kv/reads.py)
+
+
+@pytest.fixture
+async def two(own_redis: RedisServer, prefix: str) -> AsyncIterator[tuple[StateStore, StateStore]]:
+    """Two callers (a connection each) on one Redis of the test's own."""
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4, reaper=False) as a, \
+            StateStore.open(own_redis.url, prefix=prefix, partitions=4, reaper=False) as b:
+        yield a, b
+
+
+def logging_every_command(server: RedisServer) -> None:
+    client = server.client()
+    client.config_set("slowlog-log-slower-than", 0)
+    client.config_set("slowlog-max-len", 1_000_000)
+    client.slowlog_reset()
+
+
+def ran(server: RedisServer) -> list[list[str]]:
+    """Every command Redis ran since `logging_every_command`, oldest first (each as its
+    first arguments, as the slowlog keeps them)."""
+    entries = server.client().execute_command("SLOWLOG", "GET", -1)
+    return [[a.decode(errors="replace") for a in entry[3]] for entry in reversed(entries)]
+
+
+def script(command: list[str]) -> str | None:
+    """The script an FCALL ran (`list`, `set` ...), None for any other command."""
+    if command[0].upper() not in ("FCALL", "FCALL_RO"):
+        return None
+    return command[1].rsplit("_", 1)[1]
+
+
+async def test_a_whole_scope_listing_lets_other_callers_in(
+        own_redis: RedisServer, two: tuple[StateStore, StateStore]) -> None:
+    """state::list and state::list_keys of a scope of 20,000 keys (and values large enough
+    to end a chunk early) read it in scripts of at most LIST_CHUNK keys, and the other
+    caller's writes run between them; the result is still the whole scope in key order."""
+    lister, writer = two
+    big = "v" * 600_000
+    expected: dict[str, Any] = {f"a{i}": big for i in range(3)}
+    expected |= {f"k{i:06d}": i for i in range(20_000)}
+    items = list(expected.items())
+    for start in range(0, len(items), 1000):
+        await lister.call("state::set-many", {"scope": "big", "entries": [
+            {"key": k, "value": v} for k, v in items[start:start + 1000]]})
+    logging_every_command(own_redis)
+    done = anyio.Event()
+    writes = 0
+
+    async def write_meanwhile() -> None:
+        nonlocal writes
+        while not done.is_set():
+            await writer.set("elsewhere", f"w{writes}", writes)
+            writes += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write_meanwhile)
+        keys = (await lister.call("state::list_keys", {"scope": "big"}))["keys"]
+        values = await lister.call("state::list", {"scope": "big"})
+        done.set()
+    assert keys == list(expected)  # (in byte order already)
+    assert values == list(expected.values())
+
+    log = ran(own_redis)
+    for what in ("keys", "values"):  # (FCALL name 1 key-index now prefix what start most ...)
+        listing = [i for i, command in enumerate(log)
+                   if script(command) == "list" and command[6] == what]
+        assert len(listing) > len(expected) // LIST_CHUNK, what
+        assert all(int(log[i][8]) <= LIST_CHUNK for i in listing), what
+        between = [command for command in log[listing[0]:listing[-1]]
+                   if script(command) == "set"]
+        assert between, f"no other caller's write ran while the scope's {what} were listed"
+
+
+async def claim(store: StateStore, prefix: str, scopes: list[str]) -> Any:
+    return await store.call("state::claim-namespace",
+                            {"functions_prefix": prefix, "scopes": scopes}, caller=prefix)
+
+
+async def test_one_namespace_cannot_claim_scopes_without_end(
+        own_redis: RedisServer, two: tuple[StateStore, StateStore]) -> None:
+    """Every claim and release reads the whole claims hash (and every replica and the snapshot
+    hold it): one namespace owns at most 1,000 scopes, all of them together 10,000. A claim
+    past either is INVALID_REQUEST naming `$.scopes` and the limit, and claims nothing."""
+    hog, other = two
+    assert (await claim(hog, "hog", [f"hog-{i}" for i in range(1000)]))["claimed"] is True
+    with pytest.raises(InvalidRequest) as refused:
+        await claim(hog, "hog", ["hog-1000", "hog-1001"])
+    assert refused.value.details == {"path": "$.scopes", "limit": 1000, "scopes": 1002,
+                                     "of": "namespace"}
+    assert "1000" in refused.value.message and "$.scopes" in refused.value.message
+    for n in range(1, 10):  # (nine more namespaces fill the room)
+        await claim(other, f"ns{n}", [f"ns{n}-{i}" for i in range(1000)])
+    with pytest.raises(InvalidRequest) as full:
+        await claim(other, "late", ["late-0"])
+    assert full.value.details == {"path": "$.scopes", "limit": 10_000, "scopes": 10_001,
+                                  "of": "all"}
+    claims = own_redis.client().hgetall(f"{hog.settings.prefix}:{{{hog.settings.prefix}:reg}}:claims")
+    assert len(claims) == 10_000 and b"hog-1000" not in claims and b"late-0" not in claims
+    # (claiming again what it owns is no growth: still answered)
+    assert (await claim(hog, "hog", ["hog-0"]))["claimed"] is False
+    await other.call("state::release-namespace", {"scopes": ["ns1-0"]}, caller="ns1")
+    assert (await claim(other, "late", ["late-0"]))["claimed"] is True
