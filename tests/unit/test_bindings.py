@@ -120,7 +120,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "entries": lambda: [rb.entries_call(PART, "s", "i", "key", "asc", b"", "", 10, 0, None,
                                        "k*", None, True, 100)],
     "deltopic": lambda: [b.deltopic_call(SETTINGS, PART, "s", "", "t*", b"[", b"+", 10)],
-    "trigger": lambda: [b.trigger_call(SPACE, "del", "t", "", 5, now=1),
+    "trigger": lambda: [b.trigger_call(SPACE, "del", "t", "", 5, now=1, cap_bytes=9),
                         b.trigger_call(SPACE, "set", "t", "{}", 5, "p", True, now=1, expires=2)],
     "keeptrigger": lambda: [b.keep_trigger_call(SPACE, 1, "t", b"{}", b"{}", 2),
                             ub.reap_triggers_call(SPACE, 1, 10)],

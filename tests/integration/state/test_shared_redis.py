@@ -121,3 +121,32 @@ async def test_one_namespace_cannot_claim_scopes_without_end(
     assert (await claim(hog, "hog", ["hog-0"]))["claimed"] is False
     await other.call("state::release-namespace", {"scopes": ["ns1-0"]}, caller="ns1")
     assert (await claim(other, "late", ["late-0"]))["claimed"] is True
+
+
+async def test_one_caller_cannot_fill_the_trigger_registry_with_large_registrations(
+        own_redis: RedisServer, two: tuple[StateStore, StateStore]) -> None:
+    """Every replica reloads every registration on each change (and the snapshot copies them,
+    a claim reads them): the registrations hold at most 16 MiB of JSON together. A caller
+    registering 60 KiB registrations over and over is refused with INVALID_REQUEST naming
+    `$.config` and the limit, long before the 10,000 of them (600 MiB) it could make."""
+    hog, _ = two
+    equals = '"' + "x" * 60_000 + '"'
+    limit, refused = 16 * 1024 * 1024, None
+    for n in range(400):  # (400 x 60 KiB: 24 MiB asked for)
+        try:
+            await hog.call("state::register-trigger", {
+                "function_id": "h::f", "service": "svc", "id": f"hog-{n}",
+                "config": {"match": [{"pointer": "/value", "equals": equals}]}})
+        except InvalidRequest as exc:
+            refused = exc
+            break
+    assert refused is not None, "400 registrations of 60 KiB were all kept"
+    assert refused.details["path"] == "$.config" and refused.details["limit"] == limit
+    assert str(limit) in refused.message
+    held = own_redis.client().hvals(f"{hog.settings.prefix}:{{{hog.settings.prefix}:reg}}:triggers")
+    assert sum(map(len, held)) <= limit and len(held) == n
+    # (replacing one with one no larger is no growth: still done)
+    await hog.call("state::register-trigger", {"function_id": "h::g", "service": "svc",
+                                               "id": "hog-0"})
+    listed = await hog.call("state::list-triggers", {})
+    assert len(listed["triggers"]) == n
