@@ -22,6 +22,7 @@ from stateworker.state.core.store import RedisState
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 BARRIERS_SHOWN = 100  # the overview's barriers: at most this many (SCAN order)
+BARRIER_SCANS = 20  # SCANs (COUNT 1000) one overview sends to find them, at most
 RATE_EVERY_S = 2.0  # the rates' sampling period (the overview polls as often)
 RATE_SAMPLES = 150  # ... and how many are kept: the last 5 minutes
 COUNTED_SCOPES = 500  # the scopes one count request may name
@@ -77,22 +78,40 @@ def _namespaces(state: RedisState) -> dict[str, list[str]]:
 
 
 async def _barriers(state: RedisState) -> dict[str, Any]:
-    """Barriers with their arrivals (at most BARRIERS_SHOWN; `more`: there are others):
-    each partition's barrier hashes, found by SCAN of its tagged prefix (one slot, routed
-    on a cluster too), then their counters in one pipeline."""
+    """Barriers with their arrivals (at most BARRIERS_SHOWN; `more`: there are others, or the
+    walk stopped before the keyspace's end): barrier hashes found by SCAN, then their
+    counters in one pipeline. The walk sends at most BARRIER_SCANS SCANs in all (each
+    examines about 1000 keys): the overview is polled every 2 s, and a walk to the end of a
+    keyspace of a million keys is a thousand SCANs. On one Redis a single walk finds every
+    partition's barriers (a pattern naming them all); on a cluster each partition's tagged
+    prefix is walked on its own node (SCAN routed by the tag)."""
     ids: list[str] = []
     names: list[bytes] = []
-    for part in state.keys.all_partitions():
+    parts = state.keys.all_partitions()
+    prefix = state.settings.prefix
+    walks = ([(part.barrier_prefix + "*", [part]) for part in parts] if state.cluster else
+             [(f"{prefix}:{{{prefix}:p*}}:b:*", parts)])
+    scans, ended = 0, True
+    for pattern, owners in walks:
         cursor: Any = b"0"
         while len(names) <= BARRIERS_SHOWN:
+            if scans == BARRIER_SCANS:
+                ended = False
+                break
             cursor, found = await state.conn.execute(
-                "SCAN", cursor, "MATCH", part.barrier_prefix + "*", "TYPE", "hash",
-                "COUNT", 1000)
-            names += found
-            ids += [part.barrier_id_of(name) for name in found]
+                "SCAN", cursor, "MATCH", pattern, "TYPE", "hash", "COUNT", 1000)
+            scans += 1
+            for name in found:
+                part = next((p for p in owners if name.startswith(p.barrier_prefix.encode())),
+                            None)
+                if part is not None:  # (the pattern's `*` may reach into another key's name)
+                    names.append(name)
+                    ids.append(part.barrier_id_of(name))
             if cursor in (b"0", "0"):
                 break
-    more = len(names) > BARRIERS_SHOWN
+        if not ended:
+            break
+    more = len(names) > BARRIERS_SHOWN or not ended
     names, ids = names[:BARRIERS_SHOWN], ids[:BARRIERS_SHOWN]
     fields = await state.conn.pipeline([["HMGET", name, "E", "n", "c", "d"] for name in names])
     shown = [{"id": barrier_id, "expect": None if expect is None else expect.decode(

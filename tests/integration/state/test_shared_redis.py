@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from stateworker import StateStore
+from stateworker.app import console_reads
 from stateworker.errors import InvalidRequest
 from tests.servers import RedisServer
 
@@ -150,3 +151,29 @@ async def test_one_caller_cannot_fill_the_trigger_registry_with_large_registrati
                                                "id": "hog-0"})
     listed = await hog.call("state::list-triggers", {})
     assert len(listed["triggers"]) == n
+
+
+async def test_the_console_overview_walks_a_bounded_part_of_a_large_keyspace(
+        own_redis: RedisServer, two: tuple[StateStore, StateStore]) -> None:
+    """The console polls its overview every 2 s, and the overview finds barriers by SCAN: in
+    a keyspace of 100,000 keys one poll walked it to the end once per partition (1,600
+    SCANs). It sends at most 20 now, says `more` when it stopped early, and on a small
+    keyspace still finds every barrier."""
+    store, _ = two
+    for n in range(3):
+        await store.call("state::barrier", {"event": {"key": "a"},
+                                            "condition_config": {"id": f"b-{n}", "expect": 2}})
+    client = own_redis.client()
+    client.config_resetstat()
+    small = await console_reads._barriers(store.state)
+    assert [b["id"] for b in small["barriers"]] == ["b-0", "b-1", "b-2"]
+    assert small["more"] is False
+    with client.pipeline(transaction=False) as pipe:
+        for i in range(100_000):
+            pipe.set(f"other-app:{i}", "1")
+        pipe.execute()
+    client.config_resetstat()
+    large = await console_reads._barriers(store.state)
+    scans = client.info("commandstats")["cmdstat_scan"]["calls"]
+    assert scans <= 20, scans
+    assert large["more"] is True or len(large["barriers"]) == 3
