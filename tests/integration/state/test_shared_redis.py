@@ -195,7 +195,29 @@ async def test_a_list_entries_snapshot_of_a_large_scope_is_refused_before_it_is_
                                      "bound": "entries"}
     assert not own_redis.client().keys(f"{store.settings.prefix}:*:snap:*")
     for prefix in ("k005", "k006", "k007", "k008", "k009", "k01"):  # (5,000 left)
-        await store.call("state::delete-by-prefix", {"scope": "big", "prefix": prefix,
-                                                     "limit": 10_000})
+        while (await store.call("state::delete-by-prefix", {"scope": "big", "prefix": prefix,
+                                                            "limit": 10_000}))["more"]:
+            pass
     page = await store.call("state::list_entries", {"scope": "big", "limit": 1000}, caller="hog")
     assert page["total"] == 5000 and len(page["entries"]) == 1000
+
+
+async def test_a_delete_by_prefix_of_the_highest_limit_is_answered_in_batches(
+        own_redis: RedisServer, two: tuple[StateStore, StateStore]) -> None:
+    """A delete-by-prefix batch is one script (its deletes recorded with the call's reply):
+    with `limit` 10,000 one script deleted 10,000 entries, an event each (~180 ms). A call
+    deletes 1,000 at most whatever its limit, answers `more`, and the next goes on."""
+    store, _ = two
+    for start in range(0, 10_000, 1000):
+        await store.call("state::set-many", {"scope": "big", "entries": [
+            {"key": f"job:{i:05d}", "value": i} for i in range(start, start + 1000)]})
+    logging_every_command(own_redis)
+    answers = []
+    while not answers or answers[-1]["more"]:
+        answers.append(await store.call("state::delete-by-prefix",
+                                        {"scope": "big", "prefix": "job:", "limit": 10_000}))
+    assert answers == [{"deleted": 1000, "more": True}] * 9 + [{"deleted": 1000, "more": False}]
+    assert await store.call("state::list_keys", {"scope": "big"}) == {"keys": []}
+    assert len(await store.events("big")) == 20_000  # (a created and a deleted event each)
+    assert all(int(command[-2]) <= 1000 for command in ran(own_redis)  # (ARGV[12]: examined)
+               if script(command) == "delprefix")
