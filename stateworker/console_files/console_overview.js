@@ -34,7 +34,7 @@ function renderOverview(ov) {
   fillTable("ov-counters", counterRows(dispatch.counters || {}), (row) => [row[0], num(row[1])]);
   fillTable("ov-barriers", ov.barriers.barriers, (b) => [b.id, b.expect || "-",
     `${b.arrived} of ${b.expected}`, b.complete ? "complete" : "waiting"]);
-  $("ov-barriers-note").textContent = ov.barriers.more ? "(some shown: there may be others)" : "";
+  $("ov-barriers-note").textContent = ov.barriers.more ? "(the first 100 shown)" : "";
   const snapshot = status.snapshot || {};
   fillTable("ov-snapshot", snapshot.partitions || [], (p) => [p.partition, num(p.lag_events), num(p.lag_ms)]);
   $("ov-snapshot-note").textContent = snapshot.partitions ? (snapshot.last_error ? `last error: ${snapshot.last_error}` : "")

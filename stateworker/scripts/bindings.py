@@ -76,8 +76,8 @@ KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read,
 CLAIM = Binding("claim", 2, 6, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
 ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True, held=Held("stream", 3))  # roles
 RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True, held=REGISTRY)  # the scopes
-BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
-DELBARRIER = Binding("delbarrier", 3, 0, Moved.read, held=MARKED)
+BARRIER = Binding("barrier", 4, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
+DELBARRIER = Binding("delbarrier", 4, 0, Moved.read, held=MARKED)
 BIND: Binding[list[Any]] = Binding("bind", 2, 8, list, tail=True)  # an id bound, its reply kept
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True,
@@ -346,14 +346,15 @@ def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, 
     """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
     order) only when the script asked for them (a new barrier of a named set); `kept_ms`: how
     long a completed barrier is kept."""
-    return ([part.barrier(barrier_id), part.barriers_changed, part.barrier_writes],
+    return ([part.barrier(barrier_id), part.barriers_changed, part.barrier_writes, part.barriers],
             [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
              cap, "" if named_keys is None else "1", now_ms(), kept_ms, *(named_keys or ())])
 
 
 def delbarrier_call(part: PartitionKeys, barrier_id: str) -> Call:
     """delbarrier.lua: delete one barrier."""
-    return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes], []
+    return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes,
+            part.barriers], []
 
 
 
