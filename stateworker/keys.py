@@ -41,6 +41,10 @@ class PartitionKeys:
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
     barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
+    # zset: the partition's barrier hashes by when they expire (ms; "+inf": not complete),
+    # kept by barrier.lua and delbarrier.lua, the expired dropped by the reaper: what the
+    # console lists, with no SCAN of the keyspace
+    barriers: str
     snapshot_reads: str  # counter: the snapshot's reads of it (snapshot/behind.py)
     # zset: the partition's scopes by the ms of their last change event, also when every
     # entry has gone since (state::claim-namespace: a scope written within the dedupe window
@@ -189,6 +193,7 @@ class KeySpace:
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",
             barrier_writes=f"{tag}barrier_writes",
+            barriers=f"{tag}barriers",
             snapshot_reads=f"{tag}snapshot_reads",
             written=f"{tag}written",
             history=f"{tag}history",

@@ -122,6 +122,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zlexcount": ["ZLEXCOUNT", index, "-", "+"],
         "zrangebyscore": ["ZRANGEBYSCORE", part.ttl, 0, 1],
         "zrank": ["ZRANK", index, "k"],
+        "unlink": ["UNLINK", part.value_index("s", "/p")],  # (index.lua: a dropped index)
         "incr": ["INCR", part.barrier_writes],  # (barrier.lua: the write numbers)
         "pexpireat": ["PEXPIREAT", part.barrier("b"), 1],  # (a completed barrier; restore)
         # lua/pages.lua: a state::list_entries snapshot handed to the next cursor, its expiry kept

@@ -70,14 +70,14 @@ UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True,
 TOPIC = Binding("topic", 9, 8, TopicReply.read, held=EVENTS)
 SETHASH = Binding("sethash", 1, 2, Moved.read)
 DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read, held=Held("stream", 6))
-TRIGGER = Binding("trigger", 3, 8, TriggerReply.read, held=REGISTRY)
+TRIGGER = Binding("trigger", 3, 9, TriggerReply.read, held=REGISTRY)
 KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read,
                        held=REGISTRY)  # keep-trigger, the reaper's
-CLAIM = Binding("claim", 2, 4, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
+CLAIM = Binding("claim", 2, 6, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
 ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True, held=Held("stream", 3))  # roles
 RELEASE = Binding("release", 2, 3, ReleaseReply.read, tail=True, held=REGISTRY)  # the scopes
-BARRIER = Binding("barrier", 3, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
-DELBARRIER = Binding("delbarrier", 3, 0, Moved.read, held=MARKED)
+BARRIER = Binding("barrier", 4, 10, BarrierReply.read, tail=True, held=MARKED)  # named keys
+DELBARRIER = Binding("delbarrier", 4, 0, Moved.read, held=MARKED)
 BIND: Binding[list[Any]] = Binding("bind", 2, 8, list, tail=True)  # an id bound, its reply kept
 # state::transaction: its reply is read by state/kv/transactions.py (its layout per branch)
 TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True,
@@ -298,13 +298,14 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: s
 
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
                  cap: int, owner: str | None = None, admin: bool = False, *, now: int,
-                 expires: int | None = None) -> Call:
+                 expires: int | None = None, cap_bytes: int = 0) -> Call:
     """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the principal
     asking (None: a trusted caller), `admin`: it may change anyone's; `now` (ms): a lease
-    expired by then is gone; `expires` (ms): a "set" registration's lease (None: none)."""
+    expired by then is gone; `expires` (ms): a "set" registration's lease (None: none);
+    `cap_bytes`: a "set"'s most bytes of every registration's JSON together."""
     return ([keys.triggers, keys.registry, keys.trigger_leases],
             [op, trigger_id, registration, cap, owner or "", "1" if admin else "", now,
-             "" if expires is None else expires])
+             "" if expires is None else expires, cap_bytes])
 
 
 def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
@@ -317,12 +318,13 @@ def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
 
 
 def claim_call(keys: KeySpace, prefix: str, scopes: Sequence[str], uses: Sequence[str],
-               adopter: str | None) -> Call:
+               adopter: str | None, per_namespace: int, in_all: int) -> Call:
     """claim.lua: `uses[i]` is `scopes[i]`'s use ("" free, "<entries>:<why>" in use);
-    `adopter`: the admin adopting scopes in use (None: none is taken)."""
+    `adopter`: the admin adopting scopes in use (None: none is taken); a namespace owns at
+    most `per_namespace` scopes, all of them together at most `in_all`."""
     return ([keys.claims, keys.registry],
             [prefix, REGISTRY_MAXLEN, "" if adopter is None else "=" + adopter, len(scopes),
-             *scopes, *uses])
+             per_namespace, in_all, *scopes, *uses])
 
 
 def release_call(keys: KeySpace, caller: str, force: bool, scopes: Sequence[str]) -> Call:
@@ -344,14 +346,15 @@ def barrier_call(part: PartitionKeys, barrier_id: str, key: str, result: bytes, 
     """barrier.lua: `result` is the key's JSON .. ":" .. its carried JSON; `named_keys` (byte
     order) only when the script asked for them (a new barrier of a named set); `kept_ms`: how
     long a completed barrier is kept."""
-    return ([part.barrier(barrier_id), part.barriers_changed, part.barrier_writes],
+    return ([part.barrier(barrier_id), part.barriers_changed, part.barrier_writes, part.barriers],
             [key, result, tag, expected, expect_text, "" if token is None else "=" + token,
              cap, "" if named_keys is None else "1", now_ms(), kept_ms, *(named_keys or ())])
 
 
 def delbarrier_call(part: PartitionKeys, barrier_id: str) -> Call:
     """delbarrier.lua: delete one barrier."""
-    return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes], []
+    return [part.barrier(barrier_id), part.barriers_changed, part.barrier_writes,
+            part.barriers], []
 
 
 

@@ -22,14 +22,20 @@ def pattern_arg(pattern: str | None) -> str:
     return "" if pattern is None else "=" + pattern
 
 READ = Held("none")  # (what they write, a page's snapshot, is gone in 120 s: nothing to hold)
-LIST = Binding("list", 1, 3, ListReply.read, held=READ)
+LIST = Binding("list", 1, 6, ListReply.read, held=READ)
 ENTRIES = Binding("entries", 2, 14, EntriesReply.read, held=READ)
 GETMANY = Binding("getmany", 1, 3, GetManyReply.read, tail=True, held=READ)  # the keys
 PAGES = Binding("pages", 4, 14, PageReply.read, held=READ)  # list_entries: a snapshot's page
 
 
-def list_call(part: PartitionKeys, scope: str, what: str) -> Call:
-    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), what]
+def list_call(part: PartitionKeys, scope: str, what: str, after: bytes | None = None,
+              most: int = 1000, budget: int = 1 << 20) -> Call:
+    """list.lua: one chunk of the scope's live keys or values, from the first key after
+    `after` (None: from the first), at most `most` keys read and about `budget` bytes of
+    values."""
+    start = b"-" if after is None else b"(" + after
+    return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), what,
+                                     start, most, budget]
 
 
 def entries_call(part: PartitionKeys, scope: str, index: str, order_by: str, order: str,

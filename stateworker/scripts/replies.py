@@ -190,12 +190,15 @@ class SnapRowsReply(NamedTuple):
 
 class TriggerReply(NamedTuple):
     """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
-    `registered` registrations already. FORBIDDEN: the id is `owner`'s trigger."""
+    `registered` registrations already (and, refused for their bytes: `bytes`, what they would
+    hold with this one, and `limit`). FORBIDDEN: the id is `owner`'s trigger."""
 
     refused: bool
     existed: bool
     registered: int
     owner: str | None = None  # set: refused, another owner's trigger ("": an ownerless one)
+    bytes: int | None = None  # set: refused for the registrations' bytes in all
+    limit: int = 0
 
     @classmethod
     def read(cls, reply: list[Any]) -> TriggerReply:
@@ -203,6 +206,8 @@ class TriggerReply(NamedTuple):
             return cls(False, reply[1] == 1, 0)
         if reply[0] == LUA_STATUS["FORBIDDEN"]:
             return cls(True, True, 0, reply[1].decode())
+        if len(reply) > 2:
+            return cls(True, False, int(reply[1]), None, int(reply[2]), int(reply[3]))
         return cls(True, False, int(reply[1]))
 
 
@@ -223,13 +228,15 @@ class KeptReply(NamedTuple):
 
 
 class ListReply(NamedTuple):
-    """list.lua: the live keys or values, in key byte order."""
+    """list.lua: one chunk of the live keys or values, in key byte order, and the last key it
+    read (None: the scope's index holds no more)."""
 
     items: list[bytes]
+    last: bytes | None
 
     @classmethod
     def read(cls, reply: list[Any]) -> ListReply:
-        return cls(list(reply[1]))
+        return cls(list(reply[1]), reply[3] if reply[2] == 1 else None)
 
 
 class GetManyReply(NamedTuple):

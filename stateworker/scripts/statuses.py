@@ -19,6 +19,7 @@ from stateworker.errors import (
     Forbidden,
     InternalError,
     InvalidCursor,
+    InvalidRequest,
     InvalidScope,
     KeyLimit,
     RowTooLarge,
@@ -60,6 +61,7 @@ LUA_STATUS: dict[str, int] = {
     "SNAPSHOT_CAPACITY": 20,  # pages.lua: a snapshot past its bounds; nothing written
     "ROW_TOO_LARGE": 21,  # pages.lua: the next row fits no page alone; nothing written
     "UNHEARD": 22,  # answer.lua: the reply published and no one listened; the service answers
+    "INVALID_REQUEST": 23,  # claim.lua: the claims would pass a limit; nothing written
 }
 
 # The statuses that are errors, and the exception each becomes; the others are outcomes.
@@ -79,6 +81,7 @@ STATUS_ERRORS: dict[int, type[StateError]] = {
     LUA_STATUS["INVALID_CURSOR"]: InvalidCursor,
     LUA_STATUS["SNAPSHOT_CAPACITY"]: SnapshotCapacity,
     LUA_STATUS["ROW_TOO_LARGE"]: RowTooLarge,
+    LUA_STATUS["INVALID_REQUEST"]: InvalidRequest,
 }
 # TX_ABORTED and OP_FAILED become errors in the transaction's plan (state/kv/transactions.py),
 # which names the op: the error is that of the op's own status.
@@ -185,6 +188,17 @@ def _scope_in_use(target: Target, reply: list[Any]) -> Text:
             {"path": "$.scopes", "scope": scope, "entries": int(entries), "reason": why})
 
 
+def _claim_limit(target: Target, reply: list[Any]) -> Text:
+    # claim.lua: {status, "namespace" | "all", the scopes owned with the new ones, the limit}
+    which, owned, limit = reply[1].decode(), int(reply[2]), int(reply[3])
+    whose = ("the namespace would own" if which == "namespace"
+             else "the namespaces would own together")
+    return (f"$.scopes: {whose} {owned} scopes, more than the limit of {limit}"
+            f"{' a namespace' if which == 'namespace' else ' in all'}; nothing was claimed "
+            "(release some first: state::release-namespace)",
+            {"path": "$.scopes", "limit": limit, "scopes": owned, "of": which})
+
+
 def _caller(ctx: CallContext) -> str | None:
     return ctx.principal if ctx.principal is not None else ctx.caller
 
@@ -280,6 +294,7 @@ STATUS_TEXTS: dict[int, Callable[[Target, list[Any]], Text]] = {
     LUA_STATUS["INVALID_CURSOR"]: _invalid_cursor,
     LUA_STATUS["SNAPSHOT_CAPACITY"]: _snapshot_capacity,
     LUA_STATUS["ROW_TOO_LARGE"]: _row_too_large,
+    LUA_STATUS["INVALID_REQUEST"]: _claim_limit,
 }
 
 

@@ -196,7 +196,9 @@ def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list
         fields = msgspec.msgpack.decode(exact, type=dict[bytes, bytes])
         flat = [part for pair in fields.items() for part in pair]
         name = state.keys.barrier_partition(barrier_id).barrier(barrier_id)
-        commands += [["DEL", name], ["HSET", name, *flat]]
+        index = state.keys.barrier_partition(barrier_id).barriers
+        commands += [["DEL", name], ["HSET", name, *flat],
+                     ["ZADD", index, int(fields[b"z"]) if b"z" in fields else "+inf", name]]
         if b"z" in fields:
             commands.append(["PEXPIREAT", name, int(fields[b"z"])])
     return commands

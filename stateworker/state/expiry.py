@@ -3,7 +3,8 @@
 Reads already treat an expired entry as missing; the reaper only makes the deletion (and its
 `state:deleted` event) happen soon after expiry even when nobody touches the key. Each round
 also forgets the scopes last written before the dedupe window (`PartitionKeys.written`), so
-that record holds only the scopes written within it, and removes the triggers whose lease
+that record holds only the scopes written within it, the completed barriers expired from the
+barrier indexes (`PartitionKeys.barriers`), and removes the triggers whose lease
 (`ttl_ms`) expired (state/reactive/trigger_leases.py).
 """
 
@@ -73,12 +74,19 @@ async def reap_expired(state: RedisState, due: list[PartitionKeys] | None = None
 
 
 def _forget_plan(state: RedisState) -> Plan:
-    before = now_ms() - state.settings.dedupe_window_ms
+    now = now_ms()
+    before = now - state.settings.dedupe_window_ms
+    parts = state.keys.all_partitions()
     commands: list[list[Arg]] = [["ZREMRANGEBYSCORE", part.written, "-inf", f"({before}"]
-                                 for part in state.keys.all_partitions()]
+                                 for part in parts]
+    # (and the barrier indexes' completed barriers whose hash has expired: keys.barriers)
+    commands += [["ZREMRANGEBYSCORE", part.barriers, "-inf", now] for part in parts]
 
     def finish(replies: list[Any]) -> int:
-        return sum(int(command_reply(reply, "forgetting old writes")) for reply in replies)
+        for reply in replies[len(parts):]:
+            command_reply(reply, "forgetting expired barriers")
+        return sum(int(command_reply(reply, "forgetting old writes"))
+                   for reply in replies[:len(parts)])
 
     return Plan(commands, finish)
 

@@ -11,6 +11,8 @@
     KEYS[3] the partition's barrier write counter (keys: PartitionKeys.barrier_writes): a
             write's `w` is above every `w` the partition gave before, so a barrier deleted
             or expired and made again is never older than its last stored state
+    KEYS[4] the partition's barrier index (keys: PartitionKeys.barriers, zset: barrier hash ->
+            when it expires, "+inf" while not complete): what the console lists
     ARGV[1] arrival key (text)
     ARGV[2] the arrival's result: JSON text of the key .. ':' .. carried JSON
     ARGV[3] expect tag: "n:<count>" | "k:<SHA-1 of the key list's JSON>"
@@ -46,14 +48,9 @@
   expires (ARGV[10]). A write adds KEYS[1] to KEYS[2] instead (the snapshotter stores it,
   then forgets it: forget.lua).
 ]]
---- @include "text"
 --- @include "generation"
 
 local MISSING_SHOWN = 10 -- missing keys named in a 'waiting' reply, at most
-
-local function barrier_strict_order(a, b)
-  return a ~= b and text_bytes_le(a, b)
-end
 
 local NAMED = 11 -- the first of the named keys in ARGV
 
@@ -115,21 +112,35 @@ local function barrier_missing(barrier)
 end
 
 -- {"results":{<result>,...}}: every stored result and this arrival's, in byte order of keys.
+-- Redis sorts the names, not a Lua comparator (Redis's Lua compares strings by the locale,
+-- so a comparator would walk them byte by byte: 10,000 names took ~140 ms, every caller held
+-- meanwhile): the barrier's own key, rewritten whole by the caller next, holds them for a
+-- moment as a sorted set (equal scores: byte order, memcmp, in C). Left deleted.
 local function barrier_payload(barrier, key, result)
   local all = redis.call('HGETALL', barrier)
-  local names, results = {}, {}
+  local results = {}
   for i = 1, #all, 2 do
     local name = all[i]
     if string.byte(name, 1) == 97 then -- 'a' .. key
-      names[#names + 1] = name
       results[name] = all[i + 1]
     end
   end
-  if not results['a' .. key] then
-    names[#names + 1] = 'a' .. key
-  end
   results['a' .. key] = result
-  table.sort(names, barrier_strict_order)
+  redis.call('DEL', barrier)
+  local args, n = {}, 0
+  for name in pairs(results) do
+    args[n + 1], args[n + 2] = '0', name
+    n = n + 2
+    if n >= 1000 then -- (unpack has a limit on its arguments)
+      redis.call('ZADD', barrier, unpack(args, 1, n))
+      n = 0
+    end
+  end
+  if n > 0 then
+    redis.call('ZADD', barrier, unpack(args, 1, n))
+  end
+  local names = redis.call('ZRANGE', barrier, 0, -1)
+  redis.call('DEL', barrier)
   local parts = {}
   for i = 1, #names do
     parts[i] = results[names[i]]
@@ -199,11 +210,12 @@ end
 if not old and arrived + 1 == need then
   local payload = barrier_payload(barrier, key, result)
   local expires = string.format('%d', tonumber(ARGV[9]) + tonumber(ARGV[10]))
-  redis.call('DEL', barrier) -- the results and links are in the payload now
+  -- (barrier_payload left the hash deleted: the results and links are in the payload now)
   redis.call('HSET', barrier, 'e', tag, 'E', ARGV[5], 'n', ARGV[4], 'c', ARGV[4],
     'd', payload, 't', token, 'z', expires)
   barrier_changed(barrier, f[7])
   redis.call('PEXPIREAT', barrier, expires)
+  redis.call('ZADD', KEYS[4], expires, barrier)
   return {ST.OK, 'allow', need, need, payload, {}}
 end
 
@@ -211,6 +223,7 @@ local grown_text = string.format('%d', grown)
 barrier_changed(barrier, f[7])
 if fresh then
   redis.call('HSET', barrier, 'e', tag, 'E', ARGV[5], 'n', ARGV[4])
+  redis.call('ZADD', KEYS[4], '+inf', barrier)
   if named then
     barrier_link_all(barrier)
   end

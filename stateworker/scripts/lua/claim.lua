@@ -11,7 +11,8 @@
     ARGV[1] functions prefix        ARGV[2] registry stream MAXLEN
     ARGV[3] "" no adoption, or "=" .. the admin adopting the scopes in use
     ARGV[4] n, the number of scopes asked for
-    ARGV[5..] the n scopes asked for (distinct), then each one's use: "" free, or
+    ARGV[5] most scopes one namespace owns    ARGV[6] most scopes claimed in all
+    ARGV[7..] the n scopes asked for (distinct), then each one's use: "" free, or
             "<entries>:<why>" in use
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
@@ -21,6 +22,11 @@
                                         nothing written
     {ST.SCOPE_IN_USE, scope, use}       the first new scope in use, with no adoption;
                                         nothing written
+    {ST.INVALID_REQUEST, "namespace" | "all", scopes owned with the new ones, the limit}
+                                        the namespace would own more than ARGV[5] scopes,
+                                        or all namespaces more than ARGV[6]: nothing written
+                                        (every claim and release reads the whole hash, and
+                                        every replica and the snapshot hold it)
   Events: none in the partition streams. When a scope was new, one registry entry
     {kind "claims", prefix, scopes (JSON array of the new scopes)}, plus, when scopes in use
     were adopted, adopted (JSON array) and by (the admin).
@@ -35,7 +41,7 @@ if generation_registry_lost(registry) then
 end
 local adopter, n = ARGV[3], tonumber(ARGV[4])
 local new, adopted = {}, {}
-for i = 5, 4 + n do
+for i = 7, 6 + n do
   local scope, use = ARGV[i], ARGV[i + n]
   local owner = redis.call('HGET', claims, scope)
   if owner and owner ~= prefix then
@@ -52,8 +58,17 @@ for i = 5, 4 + n do
   end
 end
 
+local owned = claims_owned(claims, prefix)
 if #new > 0 then
+  if #owned + #new > tonumber(ARGV[5]) then
+    return {ST.INVALID_REQUEST, 'namespace', #owned + #new, tonumber(ARGV[5])}
+  end
+  local all = redis.call('HLEN', claims) + #new
+  if all > tonumber(ARGV[6]) then
+    return {ST.INVALID_REQUEST, 'all', all, tonumber(ARGV[6])}
+  end
   for _, scope in ipairs(new) do
+    owned[#owned + 1] = scope
     redis.call('HSET', claims, scope, prefix)
   end
   if #adopted > 0 then
@@ -66,4 +81,4 @@ if #new > 0 then
   end
 end
 
-return {ST.OK, #new > 0 and 1 or 0, claims_owned(claims, prefix), adopted}
+return {ST.OK, #new > 0 and 1 or 0, owned, adopted}

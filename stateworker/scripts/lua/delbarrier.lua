@@ -6,6 +6,7 @@
             the deletion is a change the snapshot in PostgreSQL stores (it deletes the row)
     KEYS[3] the partition's barrier write counter (keys: PartitionKeys.barrier_writes):
             raised to the deleted barrier's `w`, so the next barrier of that id is newer
+    KEYS[4] the partition's barrier index (keys: PartitionKeys.barriers): the barrier leaves it
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1}        deleted
@@ -27,5 +28,6 @@ if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(w) then
   redis.call('SET', KEYS[3], w)
 end
 redis.call('DEL', barrier)
+redis.call('ZREM', KEYS[4], barrier)
 redis.call('SADD', KEYS[2], barrier)
 return {ST.OK, 1}

@@ -35,7 +35,7 @@ if op == 'create' then
 end
 if op == 'drop' then
   local dropped = redis.call('HDEL', KEYS[1], pointer)
-  redis.call('DEL', KEYS[3])
+  redis.call('UNLINK', KEYS[3]) -- (freed in the background: a large scope's is O(n) to free)
   redis.call('ZREM', KEYS[4], ARGV[5])
   return {ST.OK, dropped}
 end

@@ -11,10 +11,15 @@
     ARGV[6] "1": an admin, who may replace or remove anyone's trigger, else ""
     ARGV[7] now (ms): a leased registration expired by then counts as gone (and is removed)
     ARGV[8] "set": when the registration expires (ms, its `expires_at`), "" never
+    ARGV[9] "set": most bytes of all registrations' JSON together (a "set" that would pass it
+            with a new or a larger registration is refused)
   Output:
     {ST.STORE_LOST}   this Redis lost the prefix's data (generation.lua); nothing written
     {ST.OK, 1 when the id was registered (and live) before, 0 when not}
     {ST.CONFLICT, count}  "set" of a new id with ARGV[4] registrations already: nothing written
+    {ST.CONFLICT, count, bytes, limit}  "set" that would make the registrations `bytes` of
+                          JSON in all, more than ARGV[9]: nothing written (every replica
+                          reloads them all on every change, and the snapshot copies them)
     {ST.FORBIDDEN, owner} the id is another owner's trigger ("" none: one registered in `off`
                           mode), and ARGV[5] is no admin: nothing written
   Events: none (no entry changes); one registry entry `kind triggers id <id>` when something
@@ -50,6 +55,18 @@ if ARGV[1] == 'set' then
         redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'kind', 'triggers', 'id', ARGV[2])
       end
       return {ST.CONFLICT, count}
+    end
+  end
+  if not held or #ARGV[3] > #held then -- (grows the registry: what it holds is summed)
+    local bytes = #ARGV[3] - (held and #held or 0)
+    for _, registration in ipairs(redis.call('HVALS', KEYS[1])) do
+      bytes = bytes + #registration
+    end
+    if bytes > tonumber(ARGV[9]) then
+      if lapsed then
+        redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'kind', 'triggers', 'id', ARGV[2])
+      end
+      return {ST.CONFLICT, redis.call('HLEN', KEYS[1]), bytes, tonumber(ARGV[9])}
     end
   end
   redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])

@@ -297,6 +297,13 @@ def bus_target(field: str, value: str, limit: int) -> None:
 
 
 MAX_CLAIM_SCOPES = 1000  # scopes one claim- or release-namespace call names
+# Scopes claimed, at most: by one namespace, and by all of them together. Every claim and
+# release reads the whole claims hash (claim.lua, to answer the namespace's scopes), every
+# replica holds it in memory and the snapshot copies it on every registry change, so one
+# caller claiming without end would make each of those longer for everyone. A namespace's
+# share is a tenth of the whole: ten namespaces at least find room.
+MAX_NAMESPACE_SCOPES = 1000
+MAX_CLAIMED_SCOPES = 10_000
 
 
 def claim_scopes(settings: Settings, values: list[Any]) -> list[str]:

@@ -3,7 +3,12 @@ a hash that an update left unknown.
 
 Reads of one key are one GET (the entry's stored form: packed.py) checked against the clock
 here; an expired entry reads as missing before the reaper has deleted it. `list` and
-`list_keys` are one read-only script.
+`list_keys` read the scope in chunks, each one read-only script (list.lua) of at most
+LIST_CHUNK keys and about LIST_BYTES of values, the next from the last key the one before
+read: no script walks a whole scope (docs/decisions/0041), so a scope of 200,000 keys no
+longer holds every other caller for a second. The result is still the whole scope, in key
+byte order, each key once; being several scripts, it is not one point in time (a key
+written while the chunks are read is listed as the chunk that reads it finds it).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from stateworker.errors import NotFound, shown
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, SETHASH, get_call, sethash_call
 from stateworker.scripts.read_bindings import LIST, list_call
+from stateworker.scripts.replies import ListReply
 from stateworker.scripts.statuses import LUA_STATUS, raise_for_status, script_reply
 from stateworker.state.core.store import RedisState, answered_as
 from stateworker.state.kv.packed import unpack
@@ -96,10 +102,24 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
     return Plan([["GET", entry]], finish)
 
 
+LIST_CHUNK = 1000  # keys one list.lua script reads, at most (about 5 ms)
+LIST_BYTES = 1 << 20  # values one list.lua script reads: it stops after the one reaching this
+
+
 def _list_plan(state: RedisState, scope: str, what: str,
                finish: Callable[[list[bytes]], Any]) -> Plan:
-    call = list_call(state.keys.for_scope(scope), scope, what)
-    return state.script_plan(LIST, call, lambda reply: finish(reply.items))
+    part = state.keys.for_scope(scope)
+    items: list[bytes] = []
+
+    def chunk(after: bytes | None) -> Plan:
+        call = list_call(part, scope, what, after, LIST_CHUNK, LIST_BYTES)
+        return state.script_plan(LIST, call, read)
+
+    def read(reply: ListReply) -> Any:
+        items.extend(reply.items)
+        return finish(items) if reply.last is None else chunk(reply.last)
+
+    return chunk(None)
 
 
 def list_values_plan(state: RedisState, scope: str) -> Plan:

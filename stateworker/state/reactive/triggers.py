@@ -63,6 +63,11 @@ MAX_MATCH_RULES = 16
 MAX_EQUALS_BYTES = 64 * 1024
 MAX_POINTER_BYTES = 1024  # a match rule's pointer
 MAX_REGISTRATION_BYTES = 64 * 1024  # a registration's JSON (every replica reloads them all)
+# Every registration's JSON together, at most: every replica's dispatcher reloads them all
+# (one HGETALL) on every change of any, the snapshot copies them all, and a claim reads them;
+# MAX_TRIGGERS of the largest would be 640 MiB, each reload holding Redis ~0.4 s. 16 MiB
+# holds MAX_TRIGGERS registrations of 1.6 KiB, and is read in about 10 ms.
+MAX_TRIGGERS_BYTES = 16 * 1024 * 1024
 MAX_CONDITION_TIMEOUT_MS = 60_000
 DEFAULT_CONDITION_TIMEOUT_MS = 5_000
 MIN_TTL_MS = 500  # a leased trigger lives at least this long (renewals need a round trip)
@@ -226,6 +231,12 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
 
     def finish(reply: TriggerReply) -> TriggerIdResult:
         _not_anothers(ctx, trigger_id, reply)
+        if reply.refused and reply.bytes is not None:
+            raise InvalidRequest(
+                f"$.config: the registrations would hold {reply.bytes} bytes of JSON in all "
+                f"with this one, more than the limit of {reply.limit} (every replica reloads "
+                "every registration on each change); unregister some, or register smaller "
+                "ones", {"path": "$.config", "size": reply.bytes, "limit": reply.limit})
         if reply.refused:
             raise InvalidRequest(f"$.id: {reply.registered} triggers are registered, the limit is "
                                  f"{MAX_TRIGGERS}; unregister some first",
@@ -235,7 +246,7 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
     def store(started: Trigger) -> Plan:
         call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(started),
                             MAX_TRIGGERS, ctx.principal, guard.may_administer(state, ctx),
-                            now=now, expires=expires)
+                            now=now, expires=expires, cap_bytes=MAX_TRIGGERS_BYTES)
         return then(state.script_plan(TRIGGER, call, finish),
                     functools.partial(with_groups, state, {req.service, config.condition_service}))
 

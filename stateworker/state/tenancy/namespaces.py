@@ -30,6 +30,7 @@ from stateworker.scripts.bindings import CLAIM, RELEASE, claim_call, release_cal
 from stateworker.scripts.replies import ClaimReply, ReleaseReply
 from stateworker.scripts.statuses import Target
 from stateworker.specs import ACCESSORS as ACCESSED
+from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive.triggers import decode_trigger, live
 from stateworker.transport.plans import Plan, command_reply
@@ -101,7 +102,8 @@ def claim_plan(state: RedisState, prefix: str, scopes: list[str], target: Target
         window = state.settings.dedupe_window_ms
         uses = [_use(int(replies[2 * i]), replies[2 * i + 1], named.get(scope, []), now, window)
                 for i, scope in enumerate(scopes)]
-        call = claim_call(state.keys, prefix, scopes, uses, adopter)
+        call = claim_call(state.keys, prefix, scopes, uses, adopter,
+                          validate.MAX_NAMESPACE_SCOPES, validate.MAX_CLAIMED_SCOPES)
         return state.script_plan(CLAIM, call, finish, target)
 
     return Plan(commands, claim)
