@@ -1,0 +1,167 @@
+"""Entries a broken or hostile caller XADDs by hand: whatever they hold, the service answers
+each (or drops it, for a reply key it must not write), logs no crash, leaves nothing pending,
+and goes on answering a normal call."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+import redis.asyncio as aredis
+
+from stateworker.app.service import StateService
+from tests.integration.busproto import roundtrip, until
+
+pytestmark = pytest.mark.anyio
+
+GET = b'{"scope":"s","key":"k"}'
+
+
+def decode(document: bytes) -> dict[str, Any]:
+    if document[:1] == b"{":
+        # json, not msgspec: a stored 1e309 comes back as written, beyond a double
+        result: dict[str, Any] = json.loads(document)
+        return result
+    decoded: dict[str, Any] = msgspec.msgpack.decode(document)
+    return decoded
+
+
+def hostile(prefix: str) -> list[dict[str, Any]]:
+    """Entries, each a normal call with one part broken (None: the field left out)."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    odd_bodies: list[bytes] = [
+        b"", b"\xff\xfe", b"null", b"1e309", b"-0", str(2**64).encode(), b"[]", b'"s"',
+        b"{", b"{}", deep, b'{"scope":' * 5000 + b"1" + b"}" * 5000,
+        b'{"scope":"s","key":"k","key":"k2"}', b'{"scope":1e309,"key":"k"}',
+        b'{"scope":"s","key":"k","value":1e309}', b'{"scope":"s","key":"\\ud800"}',
+        b'{"scope":"\x00","key":"k"}', b'{"scope":"s","key":' + b"9" * 5000 + b"}",
+        b'{"scope":"s","key":"k","value":' + b"9" * 5000 + b"}",
+        b'{"scope":"s","key":"k","expected_version":' + str(2**64).encode() + b"}",
+        b'{"scope":"s","key":"k","expected_version":-1}',
+        b'{"scope":"s","key":"k","expected_version":1e309}',
+        b'{"scope":"s","key":"k","ttl_ms":' + str(2**64).encode() + b"}",
+        b'{"scope":"s","key":"k","ttl_ms":-0}',
+        b'{"scope":"s","key":"k","ttl_ms":1.5}',
+    ]
+    pack = msgspec.msgpack.encode
+    packed_bodies: list[bytes] = [
+        b"", b"\xc1", b"\x81", pack(None), pack(1), pack([1, 2]), pack({1: 2}),
+        pack({"scope": b"bin", "key": "k"}),
+        pack({"scope": "s", "key": "k", "value": float("nan")}),
+        pack({"scope": "s", "key": "k", "value": 2**64 - 1}),
+        pack({"scope": "s", "key": "k", "value": -(2**63)}),
+        pack({"scope": "s", "key": "k", "value": msgspec.msgpack.Ext(5, b"x")}),
+        pack({"scope": "s", "key": "k", "value": msgspec.msgpack.Ext(-1, b"\xff" * 12)}),
+        pack({"scope": "s", "key": "k", "value": msgspec.msgpack.Ext(-1, b"\xff" * 3)}),
+        pack({"scope": "s", "key": "k",
+              "value": datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)}),
+        b"\x91" * 100_000 + b"\xc0", b"\x81\xa1a" * 5000 + b"\xc0",
+        pack({"scope": "s", "key": "k"}) + b"trailing",
+        b"\x82\xa5scope\xa1s\xa3key\xa2\xff\xfe",
+    ]
+    fns: list[Any] = [b"", b"\xff", "state::" + "x" * 300, "::", "state::get\x00", 1, b"\x00",
+                      "state::get ", "STATE::GET", "state::"]
+    values: list[Any] = [b"", b"\xff", b"\x00", b"x" * 70_000, "1e309", "-0", str(2**64),
+                         str(-(2**64)), "nan", "0x10", "1.5", "-", "+5"]
+    entries: list[dict[str, Any]] = []
+    for body in odd_bodies:
+        entries += [{"fn": "state::get", "body": body}, {"fn": "state::set", "body": body},
+                    {"fn": "state::update", "body": body}, {"fn": "state::query", "body": body}]
+    for body in packed_bodies:
+        entries += [{"fn": "state::get", "body": body, "fmt": "msgpack"},
+                    {"fn": "state::set", "body": body, "fmt": "msgpack"}]
+    for fn in fns:
+        entries.append({"fn": fn})
+    for field in ("id", "fn", "body", "reply", "deadline_ms", "caller", "context", "publish",
+                  "fmt"):
+        entries += [{field: value} for value in values]
+        entries.append({field: None})
+    for deadline in ("0", "1", "-999999999999999999", "999999999999999999", "-0", "00001"):
+        entries.append({"deadline_ms": deadline})
+    for context in (b"null", b"{}", b'{"execution_id":1}', b'{"execution_id":null}',
+                    b'{"traceparent":1}', b'{"traceparent":"00-zz-zz-01"}',
+                    b'{"traceparent":"' + b"0" * 60_000 + b'"}', b'{"tracestate":[1]}',
+                    b'{"traceparent":"00-' + b"0" * 32 + b"-" + b"0" * 16 + b'-01"}'):
+        entries.append({"context": context})
+    return entries
+
+
+async def test_hostile_entries_are_all_answered_and_the_service_goes_on(
+        service: StateService, raw: aredis.Redis, prefix: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    stream = f"{prefix}:bus:state"
+    waiting: dict[str, dict[str, Any]] = {}
+    for n, broken in enumerate(hostile(prefix)):
+        reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+        entry: dict[str, Any] = {"id": f"h-{n}", "fn": "state::get", "body": GET, "reply": reply,
+                                 **broken}
+        entry = {k: v for k, v in entry.items() if v is not None}
+        await raw.xadd(stream, entry)
+        if isinstance(entry.get("reply"), str) and entry["reply"] == reply:
+            waiting[reply] = entry
+    answers: dict[str, list[dict[str, Any]]] = {}
+
+    async def all_answered() -> bool:
+        for reply in waiting:
+            got = await raw.lrange(reply, 0, -1)
+            answers[reply] = [decode(d) for d in got]
+        return all(answers[r] for r in waiting)
+
+    await until(all_answered, 60, "a reply to every hostile entry")
+    bad = []
+    for reply, entry in waiting.items():
+        for answer in answers[reply]:
+            if not answer.get("ok") and answer["error"]["code"] == "INTERNAL":
+                bad.append((entry, answer))
+    assert not bad, bad[:5]
+
+    async def nothing_pending() -> bool:
+        return int((await raw.xpending(stream, "state"))["pending"]) == 0
+
+    await until(nothing_pending, 30, "no entry left pending")
+    crashes = [(r.getMessage(), getattr(r, "event", ""), r.exc_text)
+               for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not crashes, crashes[:5]
+    document = await roundtrip(raw, prefix, "state::set",
+                               {"scope": "after", "key": "k", "value": 1})
+    assert document["ok"], document
+
+
+async def test_reply_keys_of_other_types_are_left_as_they_were(
+        service: StateService, raw: aredis.Redis, prefix: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A `reply` naming a hash, a stream, a string under the prefix, the service's own stream
+    or its counters: each call is acknowledged, and none of those keys is changed."""
+    caplog.set_level(logging.ERROR)
+    stream = f"{prefix}:bus:state"
+    await raw.hset(f"{prefix}:reply:a-hash", "a", "1")
+    await raw.xadd(f"{prefix}:reply:a-stream", {"a": "1"})
+    await raw.set(f"{prefix}:reply:a-string", "x")
+    keys = [f"{prefix}:reply:a-hash", f"{prefix}:reply:a-stream", f"{prefix}:reply:a-string",
+            stream, f"{prefix}:stats:state"]
+    before = {key: await raw.dump(key) for key in keys[:3]}
+    for key in keys:
+        for fn, body, fmt in (("state::get", GET, "json"),
+                              ("state::set", b'{"scope":"s","key":"k","value":1}', "json"),
+                              ("state::set", b"nope", "json"),
+                              ("state::get", msgspec.msgpack.encode({"scope": "s", "key": "k"}),
+                               "msgpack"),
+                              ("nope::x", b"{}", "json")):
+            await raw.xadd(stream, {"id": uuid.uuid4().hex, "fn": fn, "body": body,
+                                    "reply": key, "fmt": fmt})
+
+    async def drained() -> bool:
+        pending = int((await raw.xpending(stream, "state"))["pending"])
+        return pending == 0 and (await raw.xinfo_groups(stream))[0]["lag"] == 0
+
+    await until(drained, 30, "every entry acknowledged")
+    assert {key: await raw.dump(key) for key in keys[:3]} == before
+    assert not [r.getMessage() for r in caplog.records], caplog.records
+    document = await roundtrip(raw, prefix, "state::get", {"scope": "s", "key": "k"})
+    assert document["ok"], document
