@@ -13,8 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 import redis.asyncio as aredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stateworker.app.service import StateService
+from stateworker.specs import NATIVE
 from tests.integration.busproto import roundtrip, until
 
 pytestmark = pytest.mark.anyio
@@ -164,4 +167,81 @@ async def test_reply_keys_of_other_types_are_left_as_they_were(
     assert {key: await raw.dump(key) for key in keys[:3]} == before
     assert not [r.getMessage() for r in caplog.records], caplog.records
     document = await roundtrip(raw, prefix, "state::get", {"scope": "s", "key": "k"})
+    assert document["ok"], document
+
+
+
+@pytest.mark.parametrize("isolation", [b"1e309", b"-1e999", b"[1e309]", b"{\"a\":1e309}"])
+async def test_an_isolation_no_json_value_holds_is_refused_naming_it(
+        service: StateService, raw: aredis.Redis, prefix: str,
+        caplog: pytest.LogCaptureFixture, isolation: bytes) -> None:
+    """`isolation: 1e309` is JSON no double holds: refused naming `$.isolation`, not a crash
+    (`call.crashed`, INTERNAL)."""
+    caplog.set_level(logging.ERROR)
+    reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+    await raw.xadd(f"{prefix}:bus:state", {
+        "id": uuid.uuid4().hex, "fn": "state::get", "reply": reply,
+        "body": b'{"key":"k","isolation":' + isolation + b"}"})
+    popped = await raw.blpop([reply], timeout=10)
+    assert popped is not None
+    error = decode(popped[1])["error"]
+    assert (error["code"], error["details"]["path"]) == ("INVALID_REQUEST", "$.isolation"), error
+    assert error["message"].startswith("$.isolation: must be one of workflow"), error
+    assert not [r.getMessage() for r in caplog.records], caplog.records
+
+_ODD: list[Any] = [
+    "fz", "k", "", "k" * 300, "a.b", "\u0000", 0, -1, 1.5, 2**64, -(2**63) - 1, True, None,
+    [], {}, ["k"], {"a": 1}, [{"key": "k", "value": 1}], [{"scope": "fz", "key": "k"}],
+    [{"type": "set", "path": "a", "value": 1}], [{"type": "increment", "path": "a", "by": 1}],
+    {"EQ": {"a": 1}}, [{"field": "a", "op": "eq", "value": 1}], "*", "fz*", "a::b",
+    {"type": "all"}, [[1]], "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "state::set"]
+_RAW_NUMBERS = [b"1e309", b"-0", b"18446744073709551616", b"-1e-400", b"9" * 400]
+
+
+@st.composite
+def native_call(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A native function and a body of its own fields (and a stranger now and then), each
+    holding a value of the wrong type, size or range, or a number JSON allows and a double
+    does not hold."""
+    spec = draw(st.sampled_from(NATIVE))
+    names = draw(st.lists(st.sampled_from(sorted(spec.fields | {"scope", "key", "nope"})),
+                          max_size=6, unique=True))
+    parts = []
+    for name in names:
+        raw_number = draw(st.one_of(st.none(), st.sampled_from(_RAW_NUMBERS)))
+        value = raw_number if raw_number is not None and draw(st.booleans()) else (
+            msgspec.json.encode(draw(st.sampled_from(_ODD))))
+        parts.append(msgspec.json.encode(name) + b":" + value)
+    return spec.name, b"{" + b",".join(parts) + b"}"
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(calls=st.lists(native_call(), min_size=60, max_size=60))
+async def test_every_native_function_refuses_odd_fields_with_a_stable_code(
+        service: StateService, raw: aredis.Redis, prefix: str,
+        caplog: pytest.LogCaptureFixture, calls: list[tuple[str, bytes]]) -> None:
+    caplog.set_level(logging.ERROR)
+    caplog.clear()
+    stream = f"{prefix}:bus:state"
+    reply = f"{prefix}:reply:{uuid.uuid4().hex}"
+    sent = {}
+    for fn, body in calls:
+        call_id = uuid.uuid4().hex
+        sent[call_id] = (fn, body)
+        await raw.xadd(stream, {"id": call_id, "fn": fn, "body": body, "reply": reply})
+    got: dict[str, dict[str, Any]] = {}
+
+    async def answered() -> bool:
+        for document in await raw.lpop(reply, 100) or []:
+            answer = decode(document)
+            got[answer["id"]] = answer
+        return len(got) == len(sent)
+
+    await until(answered, 60, "a reply to every call")
+    internal = [(sent[i], a) for i, a in got.items()
+                if not a["ok"] and a["error"]["code"] == "INTERNAL"]
+    assert not internal, internal[:3]
+    assert not [(r.getMessage(), r.exc_text) for r in caplog.records], caplog.records[:3]
+    document = await roundtrip(raw, prefix, "state::get", {"scope": "fz", "key": "k"})
     assert document["ok"], document
