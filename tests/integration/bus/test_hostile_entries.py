@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stateworker.app.service import StateService
+from stateworker.engines.dagu.specs import SPECS as DAGU
+from stateworker.engines.moco.specs import SPECS as MOCO
 from stateworker.specs import NATIVE
 from tests.integration.busproto import roundtrip, until
 
@@ -194,16 +196,19 @@ _ODD: list[Any] = [
     [], {}, ["k"], {"a": 1}, [{"key": "k", "value": 1}], [{"scope": "fz", "key": "k"}],
     [{"type": "set", "path": "a", "value": 1}], [{"type": "increment", "path": "a", "by": 1}],
     {"EQ": {"a": 1}}, [{"field": "a", "op": "eq", "value": 1}], "*", "fz*", "a::b",
-    {"type": "all"}, [[1]], "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "state::set"]
+    {"type": "all"}, [[1]], "workflow", "global", [{"pointer": "/a", "op": "eq", "value": 1}],
+    [{"op": "delete", "scope": "fz", "key": "k", "expected_version": 2**64}], 9007199254740993,
+    10**30, 1e308, "%_?", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "state::set"]
+_ISOLATED = b'{"org_id":"o","workflow_id":"w","execution_id":"e"}'
 _RAW_NUMBERS = [b"1e309", b"-0", b"18446744073709551616", b"-1e-400", b"9" * 400]
 
 
 @st.composite
-def native_call(draw: st.DrawFn) -> tuple[str, bytes]:
+def native_call(draw: st.DrawFn) -> tuple[str, bytes, bytes]:
     """A native function and a body of its own fields (and a stranger now and then), each
     holding a value of the wrong type, size or range, or a number JSON allows and a double
     does not hold."""
-    spec = draw(st.sampled_from(NATIVE))
+    spec = draw(st.sampled_from((*NATIVE, *DAGU, *MOCO)))
     names = draw(st.lists(st.sampled_from(sorted(spec.fields | {"scope", "key", "nope"})),
                           max_size=6, unique=True))
     parts = []
@@ -212,7 +217,9 @@ def native_call(draw: st.DrawFn) -> tuple[str, bytes]:
         value = raw_number if raw_number is not None and draw(st.booleans()) else (
             msgspec.json.encode(draw(st.sampled_from(_ODD))))
         parts.append(msgspec.json.encode(name) + b":" + value)
-    return spec.name, b"{" + b",".join(parts) + b"}"
+    context = draw(st.sampled_from([b"{}", _ISOLATED, b'{"user_id":"u","dag_name":"d"}',
+                                    b'{"org_id":"o","workflow_id":1e309,"user_id":-0}']))
+    return spec.name, b"{" + b",".join(parts) + b"}", context
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
@@ -220,16 +227,17 @@ def native_call(draw: st.DrawFn) -> tuple[str, bytes]:
 @given(calls=st.lists(native_call(), min_size=60, max_size=60))
 async def test_every_native_function_refuses_odd_fields_with_a_stable_code(
         service: StateService, raw: aredis.Redis, prefix: str,
-        caplog: pytest.LogCaptureFixture, calls: list[tuple[str, bytes]]) -> None:
+        caplog: pytest.LogCaptureFixture, calls: list[tuple[str, bytes, bytes]]) -> None:
     caplog.set_level(logging.ERROR)
     caplog.clear()
     stream = f"{prefix}:bus:state"
     reply = f"{prefix}:reply:{uuid.uuid4().hex}"
     sent = {}
-    for fn, body in calls:
+    for fn, body, context in calls:
         call_id = uuid.uuid4().hex
-        sent[call_id] = (fn, body)
-        await raw.xadd(stream, {"id": call_id, "fn": fn, "body": body, "reply": reply})
+        sent[call_id] = (fn, body, context)
+        await raw.xadd(stream, {"id": call_id, "fn": fn, "body": body, "reply": reply,
+                                "context": context})
     got: dict[str, dict[str, Any]] = {}
 
     async def answered() -> bool:
