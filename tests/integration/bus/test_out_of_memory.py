@@ -17,7 +17,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import call_field
 from tests.calls import INCREMENT
-from tests.integration.bus.test_runtime import drained, pop_replies
+from tests.integration.bus.replies import assert_increments_once, drained, pop_replies
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
 from tests.servers import FaultProxy, RedisServer
@@ -70,13 +70,7 @@ async def test_calls_that_ran_when_redis_filled_up_are_answered_once_it_has_room
             documents = await pop_replies(raw, reply, 16)
             await until(lambda: drained(raw, stream, group), 10, "every entry acknowledged")
         tg.cancel_scope.cancel()
-        answers = [msgspec.json.decode(d) for d in documents]
-        assert sorted(a["id"] for a in answers) == ids and all(a["ok"] for a in answers)
-        # answered from the records of their one run: the counter's values 1..16, one each
-        assert sorted(a["result"]["results"][0]["new_value"]["n"] for a in answers) == list(
-            range(1, 17))
-        assert await store.get(scope, "counter") == {"n": 16}
-        assert len(await store.events(scope)) == 16
+        await assert_increments_once(documents, ids, store, scope)
     assert await raw.llen(reply) == 0  # one reply per call
     await raw.aclose()
 

@@ -24,6 +24,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import InvalidRequest, StateError
 from stateworker.keys import KeySpace, call_field
 from tests.calls import INCREMENT
+from tests.integration.bus.replies import assert_increments_once, drained, pop_replies
 from tests.integration.busproto import until
 from tests.integration.services import settings_for
 from tests.records import record_of, slice_ms
@@ -34,23 +35,6 @@ pytestmark = pytest.mark.anyio
 
 def increment(scope: str, key: str = "counter") -> bytes:
     return msgspec.json.encode({"scope": scope, "key": key, "ops": INCREMENT})
-
-
-async def drained(raw: aredis.Redis, stream: str, group: str) -> bool:
-    """Every entry of the stream acknowledged and deleted."""
-    return (await raw.xpending(stream, group))["pending"] == 0 and await raw.xlen(stream) == 0
-
-
-async def pop_replies(raw: aredis.Redis, reply: str, count: int, timeout: float = 30
-                      ) -> list[bytes]:
-    """`count` reply documents from `reply`, oldest first; fails after `timeout`."""
-    documents: list[bytes] = []
-    with anyio.fail_after(timeout):
-        while len(documents) < count:
-            popped = await raw.brpop([reply], timeout=1)
-            if popped is not None:
-                documents.append(popped[1])
-    return documents
 
 
 async def redis_ms(raw: aredis.Redis) -> int:
@@ -172,13 +156,7 @@ async def test_redis_lost_mid_batch_leaves_calls_pending_then_answers_from_recor
             documents = await pop_replies(raw, reply, 16)
             await until(lambda: drained(raw, stream, group), 10, "every entry acknowledged")
         tg.cancel_scope.cancel()
-        answers = [msgspec.json.decode(d) for d in documents]
-        assert sorted(a["id"] for a in answers) == ids and all(a["ok"] for a in answers)
-        # answered from the records of the first run: the counter's values 1..16, one each
-        assert sorted(a["result"]["results"][0]["new_value"]["n"] for a in answers) == list(
-            range(1, 17))
-        assert await store.get(scope, "counter") == {"n": 16}
-        assert len(await store.events(scope)) == 16
+        await assert_increments_once(documents, ids, store, scope)
     assert await raw.llen(reply) == 0  # one reply per call
 
 
