@@ -30,7 +30,7 @@ from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_reply, re
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.errors import CallIdReused, CallTooLarge, InternalError, StateError, shown
 from stateworker.transport.connection import RedisConnection
-from stateworker.transport.retry import transient_reason
+from stateworker.transport.retry import refused_for_now, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.bus")
@@ -248,7 +248,7 @@ class ReplyWriter:
             owners.append([])
         written = await self.conn.pipeline(writes) if writes else []
         held = {index for result, waiting in zip(written, owners, strict=True)
-                if _refused_for_now(result) for index in waiting}
+                if refused_for_now(result) for index in waiting}
         by_stream: dict[str, list[bytes]] = defaultdict(list)
         for index, (_, _, (stream, entry_id), _, _) in enumerate(batch):
             if index not in held:
@@ -274,11 +274,6 @@ class ReplyWriter:
             if held or any(transient_reason(result) for _, result in failed):
                 self.unanswered = True  # not acknowledged: read them again
 
-
-def _refused_for_now(result: object) -> bool:
-    """A write Redis refused that it may take later: out of memory, or a transient state."""
-    return isinstance(result, ReplyError) and (
-        str(result).startswith("OOM") or transient_reason(result) is not None)
 
 
 def _msgpack(document: bytes) -> bytes:

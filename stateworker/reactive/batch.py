@@ -55,7 +55,7 @@ from stateworker.schemas import Trigger
 from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline, redis_error
-from stateworker.transport.retry import transient_reason
+from stateworker.transport.retry import refused_for_now
 from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
@@ -331,5 +331,4 @@ def _held_back(replies: list[Any]) -> ReplyError | None:
     frees memory). Such calls are not handed on, so the position must not pass their events:
     the batch is retried from the position stored. (Refused for good, WRONGTYPE or NOPERM,
     a call is counted in `append_errors` and passed: retrying would stop the partition.)"""
-    return next((r for r in replies if isinstance(r, ReplyError)
-                 and (transient_reason(r) or str(r).startswith("OOM"))), None)
+    return next((r for r in replies if refused_for_now(r)), None)

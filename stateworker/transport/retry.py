@@ -41,6 +41,15 @@ def transient_reason(error: BaseException | None) -> str | None:
     return None
 
 
+
+def refused_for_now(reply: object) -> bool:
+    """Whether Redis refused a write it may take later: a transient state (`transient_reason`)
+    or out of memory (`OOM`, at its maxmemory: it takes writes again once memory is freed).
+    What such a refusal stood for must stay to be done again (a reply unacknowledged, a
+    trigger's position held back), unlike a refusal for good (WRONGTYPE, NOPERM)."""
+    return isinstance(reply, ReplyError) and (
+        str(reply).startswith("OOM") or transient_reason(reply) is not None)
+
 class Backoff:
     """Bounded, jittered exponential backoff: `first_s` (50 ms) doubling up to `max_s` (1 s);
     each wait is drawn from [d/2, d], so callers that failed together do not all come back in
