@@ -168,6 +168,7 @@ class KeySpace:
         self.registry_reads = f"{registry_tag}snapshot_reads"  # (snapshot/behind.py)
         # hash: the registry's copy committed in PostgreSQL: id (its stream's last entry then)
         self.registry_snapshotted = f"{registry_tag}snapshotted"
+        self._sessions = f"{registry_tag}session"  # acl mode: the console's (app/logins.py)
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         # "<id>|delivered", "<id>|error" (JSON), "<id>|waiting"; pruned as the triggers go
@@ -177,6 +178,14 @@ class KeySpace:
         self._parts = [self._build(n) for n in range(partitions)]
         self._positions = {p.events: p.snapshotted for p in self._parts}
         self._positions[self.registry] = self.registry_snapshotted
+
+    def session(self, digest: str) -> str:
+        """A console session's record, by its token's SHA-256 (hex): never the token."""
+        return f"{self._sessions}:{digest}"
+
+    def sessions_of(self, principal: str) -> str:
+        """A principal's console sessions (their keys, by when they end)."""
+        return f"{self._sessions}s:{principal}"
 
     def _build(self, n: int) -> PartitionKeys:
         tag = f"{self.prefix}:{{{self.prefix}:p{n}}}:"

@@ -106,7 +106,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         return response
 
     async def logout(request: Request) -> Response:
-        logins.logout(request.cookies.get(COOKIE))
+        await logins.logout(request.cookies.get(COOKIE))
         response = _json(_session(state, None))
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -158,12 +158,12 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
             raise
         holds = logins.still_holds(request, principal)
 
-        def allowed(scope: str) -> bool:  # (a role may lose the scope while the tail runs)
+        async def allowed(scope: str) -> bool:  # (a role may lose the scope while the tail runs)
             try:
                 _may_read(state, principal, scope)
             except StateError:
                 return False
-            return holds()
+            return await holds()
 
         events = _events(watch, prefix, lambda scope: _shown(state, principal, scope),
                          holds, allowed, lambda: tails.give_back(caller))
@@ -280,7 +280,8 @@ def _shown(state: RedisState, principal: str | None, scope: str) -> bool:
 
 
 async def _events(watch: Watch, prefix: str | None, shown: Callable[[str], bool],
-                  holds: Callable[[], bool], allowed: Callable[[str], bool],
+                  holds: Callable[[], Awaitable[bool]],
+                  allowed: Callable[[str], Awaitable[bool]],
                   ended: Callable[[], None]) -> AsyncIterator[bytes]:
     """The watch's events as server-sent events; its bookmarks as comments, which keep the
     connection alive (and show a closed one: the write fails, the watch closes). The login
@@ -291,11 +292,11 @@ async def _events(watch: Watch, prefix: str | None, shown: Callable[[str], bool]
         yield b": watching\n\n"
         async for item in watch:
             if not isinstance(item, Event):
-                if not holds():
+                if not await holds():
                     return
                 yield b": " + item.revision.encode() + b"\n\n"
             elif (prefix is None or item.key.startswith(prefix)) and shown(item.scope):
-                if not allowed(item.scope):
+                if not await allowed(item.scope):
                     return
                 yield b"data: " + document_json(item) + b"\n\n"
     finally:

@@ -6,10 +6,11 @@ service's Redis, kept for every proof; Redis's OK is the proof, WRONGPASS the re
 for a name that is no principal too: a refusal's timing names none). Two ways in:
 
 - the console's login form (`POST /v1/console/login`): a session, a random token in an
-  HttpOnly, SameSite=Strict cookie, kept in this process's memory for `SESSION_S` (a replica
-  of the service does not know another's sessions; a restart logs everyone out); at most
-  `SESSIONS_PER_PRINCIPAL` a principal (a new login ends its oldest) and `MAX_SESSIONS` in
-  all (beyond: RESOURCE_EXHAUSTED), so logging in again and again fills no memory;
+  HttpOnly, SameSite=Strict cookie, kept in Redis for `SESSION_S` (`session.lua`: the key is
+  the token's SHA-256, so what Redis holds opens no session), so every replica knows every
+  session and a `Log out` at one ends it at all; at most `SESSIONS_PER_PRINCIPAL` a principal
+  (a new login ends its oldest), so logging in again and again fills no memory (only
+  principals log in: the operator makes them); a wiped Redis ends them all;
 - `Authorization: Basic <principal:password>` on any request (programs), or Dapr's
   `dapr-api-token: <principal>:<password>` (its SDKs send DAPR_API_TOKEN so): proven the same
   way, the proof remembered for `PROOF_S` by the password's SHA-256, so a busy caller costs
@@ -37,24 +38,28 @@ import hashlib
 import secrets
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+import msgspec
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.app.hosts import send_refusal
+from stateworker.clock import now_ms
 from stateworker.errors import (
     InvalidRequest,
     PermissionDenied,
-    ResourceExhausted,
+    Unavailable,
     UnknownCaller,
     shown,
 )
+from stateworker.scripts.upkeep_bindings import SESSION, session_call
 from stateworker.state.core.grants import Principal
 from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster_map import seeds_of
 from stateworker.transport.connect import connection_for
 from stateworker.transport.connection import RedisConnection
+from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 COOKIE = "sw_session"
@@ -62,24 +67,24 @@ SESSION_S = 12 * 3600.0  # a console login lasts this long
 PROOF_S = 60.0  # a Basic credential proven is trusted this long before Redis is asked again
 MAX_FIELD_BYTES = 256  # a principal's name or password, as sent
 SESSIONS_PER_PRINCIPAL = 16  # a principal's sessions at most: a new login ends its oldest
-MAX_SESSIONS = 10_000  # sessions of a process at most: a login beyond is refused
+# A live tail asks Redis again whether its session still holds at most this often (a logout
+# at any replica ends it within this, its next bookmark or event).
+SESSION_RECHECK_S = 1.0
 
 
 class Logins:
-    """The sessions and proven credentials of one service process."""
+    """The console's sessions (in Redis) and the Basic credentials one process proved."""
 
     def __init__(self, state: RedisState) -> None:
         self.state = state
-        # token -> (principal, expires, its record then); (principal, sha256) -> (expires,
-        # its record then): a session or proof ends when the record changes (a new password,
-        # other roles: `rotated_ms`, grants.Principal), on every replica within a moment
-        # (the registry follower reloads the records).
-        # Both in the order they expire (each lives as long; a proof renewed is put last),
-        # so the expired ones are found at the front, not by a pass over all.
-        self.sessions: dict[str, tuple[str, float, Principal | None]] = {}
+        # (principal, sha256) -> (expires, its record then): a proof ends when the record
+        # changes (a new password, other roles: `rotated_ms`, grants.Principal), on every
+        # replica within a moment (the registry follower reloads the records). In the order
+        # they expire (each lives as long; one renewed is put last), so the expired ones are
+        # found at the front, not by a pass over all.
         self.proofs: dict[tuple[str, bytes], tuple[float, Principal | None]] = {}
-        self.tokens: dict[str, dict[str, None]] = {}  # principal -> its tokens, oldest first
         self.proof_conn: RedisConnection | None = None  # (_auth's)
+        self.logouts = 0  # made at this replica: its tails ask Redis again at once
 
     @property
     def required(self) -> bool:
@@ -88,27 +93,16 @@ class Logins:
     async def login(self, principal: str, password: str) -> str:
         """A new session's token for `principal` once Redis accepts its password."""
         record = await self._prove(principal, password)
-        self._forget_expired()
-        mine = self.tokens.get(principal, {})
-        if len(mine) >= SESSIONS_PER_PRINCIPAL:
-            self.logout(next(iter(mine)))  # (its oldest: the total stays as it was)
-        elif len(self.sessions) >= MAX_SESSIONS:
-            raise ResourceExhausted(
-                f"login: {MAX_SESSIONS} console sessions are open in this process already "
-                "(MAX_SESSIONS): try again when some have ended, or use Basic credentials",
-                {"path": "login", "limit": MAX_SESSIONS})
         token = secrets.token_urlsafe(32)
-        self.sessions[token] = (principal, time.monotonic() + SESSION_S, record)
-        self.tokens.setdefault(principal, {})[token] = None
+        await self._session(token, principal, _session_record(principal, record))
         return token
 
-    def logout(self, token: str | None) -> None:
-        session = self.sessions.pop(token, None) if token is not None else None
-        if session is not None:
-            mine = self.tokens.get(session[0], {})
-            mine.pop(str(token), None)
-            if not mine:
-                self.tokens.pop(session[0], None)
+    async def logout(self, token: str | None) -> None:
+        """End the session of `token` (at every replica: it is Redis's)."""
+        session = await self._session_of(token) if token else None
+        if session is not None and token is not None:
+            await self._session(token, session[0], None)
+            self.logouts += 1
 
     async def principal_of(self, request: Request) -> str | None:
         """The principal `request` acts as: its Basic credentials (proven), else its session
@@ -126,31 +120,69 @@ class Logins:
                 self.proofs[key] = (time.monotonic() + PROOF_S, record)
             return principal
         token = request.cookies.get(COOKIE, "")
-        session = self.sessions.get(token)
-        if session is None or session[1] < time.monotonic():
+        session = await self._session_of(token) if token else None
+        if session is None:
             return None
-        if session[2] != self.state.access.principal(session[0]):  # (a new password ...)
-            self.logout(token)
+        principal, record = session
+        if record != self.state.access.principal(principal):  # (a new password ...)
+            await self._session(token, principal, None)
             return None
-        return session[0]
+        return principal
 
-    def still_holds(self, request: Request, principal: str | None) -> Callable[[], bool]:
-        """A cheap check, made once `principal_of(request)` gave `principal`, that the login
-        still holds (principal_of's rule): the session is still kept and not expired, or the
-        Basic credential's principal has the record it had now. What outlives its request
-        (a live tail) asks it again and again: a logout, a new password, other roles end it."""
+    def still_holds(self, request: Request, principal: str | None
+                    ) -> Callable[[], Awaitable[bool]]:
+        """A check, made once `principal_of(request)` gave `principal`, that the login still
+        holds (principal_of's rule): the Basic credential's principal, or the session's, has
+        the record it had now, and the session is still in Redis (asked again at most every
+        SESSION_RECHECK_S, and at once after a logout at this replica). What outlives its
+        request (a live tail) asks it again and again: a logout at any replica, a new
+        password, other roles end it."""
         if principal is None:  # (`off` mode: nobody logged in, nothing to end)
-            return lambda: True
+            return _holding
+        record = self.state.access.principal(principal)
         if _credential(request) is not None:
-            record = self.state.access.principal(principal)
-            return lambda: record is not None and self.state.access.principal(principal) == record
+            async def proof_holds() -> bool:
+                return record is not None and self.state.access.principal(principal) == record
+            return proof_holds
         token = request.cookies.get(COOKIE, "")
+        asked, logouts = time.monotonic(), self.logouts  # (principal_of has just read it)
 
-        def session_holds() -> bool:
-            session = self.sessions.get(token)
-            return session is not None and session[1] >= time.monotonic() and \
-                session[2] == self.state.access.principal(session[0])
+        async def session_holds() -> bool:
+            nonlocal asked, logouts
+            if record is None or self.state.access.principal(principal) != record:
+                return False
+            if time.monotonic() - asked < SESSION_RECHECK_S and logouts == self.logouts:
+                return True
+            asked, logouts = time.monotonic(), self.logouts
+            return await self._session_of(token) == (principal, record)
         return session_holds
+
+    async def _session_of(self, token: str) -> tuple[str, Principal] | None:
+        """(principal, its record at the login) of the session `token`; None when there is
+        none (never was, ended, or past its end: Redis expired it)."""
+        try:
+            stored = await self.state.conn.execute("GET", self.state.keys.session(_digest(token)))
+        except OSError as exc:  # (ConnectionLost and timeouts are OSErrors)
+            raise Unavailable(f"console session: Redis did not answer ({exc})",
+                              {"path": COOKIE}) from exc
+        if stored is None:
+            return None
+        try:
+            return _session_decoder.decode(stored)
+        except msgspec.ValidationError:  # (written by an older service: over)
+            return None
+
+    async def _session(self, token: str, principal: str, stored: bytes | None) -> None:
+        """Open the session `token` of `principal` as `stored` says, or close it (None)."""
+        call = session_call(self.state.keys, _digest(token), principal, stored,
+                            now_ms() + int(SESSION_S * 1000), SESSIONS_PER_PRINCIPAL)
+        try:
+            (reply,) = await pipeline(self.state.conn, self.state.library,
+                                      [SESSION.command(self.state.library, *call)])
+        except OSError as exc:
+            raise Unavailable(f"console session: Redis did not answer ({exc})",
+                              {"path": COOKIE}) from exc
+        SESSION.read(reply)
 
     async def _prove(self, principal: str, password: str) -> Principal:
         """The principal's record under which Redis accepted `password` for its user; raises
@@ -211,16 +243,27 @@ class Logins:
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
-        while self.sessions:
-            token, session = next(iter(self.sessions.items()))
-            if session[1] >= now:
-                break
-            self.logout(token)
         while self.proofs:
             key, proof = next(iter(self.proofs.items()))
             if proof[0] >= now:
                 break
             del self.proofs[key]
+
+
+_session_decoder = msgspec.json.Decoder(tuple[str, Principal])
+
+
+def _session_record(principal: str, record: Principal) -> bytes:
+    """What Redis keeps of a session: its principal and the record it logged in under."""
+    return msgspec.json.encode((principal, record))
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode(errors="surrogateescape")).hexdigest()
+
+
+async def _holding() -> bool:
+    return True
 
 
 def _credential(request: Request) -> tuple[str, str] | None:

@@ -45,6 +45,7 @@ from stateworker.scripts.upkeep_bindings import (
     LEASE,
     REAP,
     REPACK,
+    SESSION,
     SNAPREAD,
     SNAPROWS,
     STAMP,
@@ -91,7 +92,7 @@ CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settin
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
     CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD, SNAPROWS)
+    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD, SNAPROWS, SESSION)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4

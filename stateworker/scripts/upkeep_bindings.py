@@ -1,7 +1,8 @@
 """The bindings of the scripts the service's own upkeep runs, not a caller's call: the leases
 and positions of the dispatcher and the snapshot (lease, advance), the snapshot's reads
 (snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
-packed-entries upgrade (repack) and the reaper's (reap; keeptrigger's "reap"). Each as
+packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap") and the console's
+sessions (session). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
 read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
 them all)."""
@@ -27,6 +28,7 @@ STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
+SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
@@ -79,3 +81,13 @@ def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
     """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
     return ([keys.triggers, keys.registry, keys.trigger_leases],
             ["reap", now, batch, "", "", ""])  # (ARGV[4..6] are "keep"'s)
+
+
+def session_call(keys: KeySpace, digest: str, principal: str, record: bytes | None,
+                 ends_ms: int = 0, most: int = 0) -> Call:
+    """session.lua: open the session `digest` of `principal` with `record` until `ends_ms`
+    (its principal keeping `most` at most), or close it (`record` None)."""
+    session, mine = keys.session(digest), keys.sessions_of(principal)
+    if record is None:
+        return [session, mine], ["close", "", now_ms(), "", ""]
+    return [session, mine], ["open", record, now_ms(), ends_ms, most]

@@ -23,7 +23,7 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library, read_header
-from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
+from stateworker.scripts.upkeep_bindings import SESSION, SNAPROWS, session_call, snaprows_call
 from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack
@@ -140,6 +140,9 @@ async def test_every_script_call_hashes_to_one_slot(
     await pipeline(store.state.conn, store.state.library, [SNAPROWS.command(  # snaprows.lua
         store.state.library, *snaprows_call(store.state.keys.for_scope(scope), "0-0", 10,
                                             [member(scope, "t1")]))])
+    for record in (b"[]", None):  # session.lua: a console session opened, then closed
+        await pipeline(store.state.conn, store.state.library, [SESSION.command(
+            store.state.library, *session_call(store.state.keys, "d", "p", record, 2**42, 16))])
     restored = generation.new_generation()  # stamp.lua: a restore's first and last steps
     await generation.begin_restore(store.state.conn, store.state.keys, restored)
     await generation.stamp(store.state, restored)

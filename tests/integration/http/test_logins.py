@@ -11,7 +11,9 @@ import anyio
 import httpx
 import msgspec
 import pytest
+import redis.asyncio as aredis
 
+from stateworker import StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
@@ -169,3 +171,52 @@ async def test_a_login_from_an_https_page_gets_a_secure_cookie(acl_served: State
         assert "secure" in await cookie(f"https://{address}")
         assert "secure" not in await cookie(f"http://{address}")  # (plain http: it must work)
         assert "secure" not in await cookie(None)
+
+
+async def test_a_session_is_every_replicas(acl_redis: RedisServer, prefix: str) -> None:
+    """Two replicas behind one address (a load balancer sends each request to either): a
+    session made at one serves at the other, a logout at the other ends it at both, a live
+    tail open at the first too; Redis keeps no token (what it holds opens no session)."""
+    settings = Settings(redis_url=acl_redis.url, prefix=prefix, partitions=4, auth="acl",
+                        http="127.0.0.1:0")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as one, \
+            StateService.running(settings, BusOptions(block_ms=50)) as two:
+        await principals.add_principal(one.state, "roaming", ["reader"], ())
+        await principals.set_user(one.state, "roaming", "pass-1")
+        await until(lambda: two.state.access.principal("roaming") is not None, 10,
+                    "the second replica to know the principal")
+        async with httpx.AsyncClient(base_url=f"http://{one.http_address}") as at_one, \
+                httpx.AsyncClient(base_url=f"http://{two.http_address}") as at_two:
+            login = await at_one.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": "roaming", "password": "pass-1"}))
+            assert login.status_code == 200, login.text
+            token = at_one.cookies["sw_session"]
+            at_two.cookies.set("sw_session", token)
+            assert (await at_two.get("/v1/console/session")).json()["principal"] == "roaming"
+            conn = aredis.Redis.from_url(acl_redis.url)
+            try:
+                kept = [(key, await conn.dump(key)) async for key in conn.scan_iter(f"{prefix}*")]
+            finally:
+                await conn.aclose()
+            assert kept and not any(token.encode() in key + (value or b"") for key, value in kept)
+            async with at_one.stream("GET", "/v1/console/tail?scope=orders") as tail:
+                assert tail.status_code == 200
+                lines = tail.aiter_lines()
+                assert (await anext(lines)) == ": watching"
+                out = await at_two.post("/v1/console/logout")
+                assert out.status_code == 200 and out.json()["principal"] is None
+                for client in (at_one, at_two):
+                    assert (await client.get("/v1/console/session")).json()["principal"] is None
+                with anyio.fail_after(10):  # (the tail must end: its events keep coming)
+                    async with anyio.create_task_group() as tg:
+                        async def write() -> None:
+                            n = 0
+                            while True:
+                                n += 1
+                                await StateStore(one.state).set("orders", "k", n)
+                                await anyio.sleep(0.05)  # (a pace, not a wait for anything)
+                        tg.start_soon(write)
+                        seen = [line async for line in lines]
+                        tg.cancel_scope.cancel()
+                # (an event before the logout's news came may show: at most a recheck's worth)
+                assert all(line.startswith(("data:", ":")) or not line for line in seen), seen

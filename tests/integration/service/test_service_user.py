@@ -159,10 +159,12 @@ async def test_the_service_serves_everything_under_exactly_its_rule(
 
 async def test_in_acl_mode_the_service_serves_principals_under_exactly_its_rule(
         acl_redis: RedisServer, prefix: str) -> None:
-    """`acl` mode adds reading every principal's stream (its groups, reads, reclaims): all
-    within the same rule; the principals are made by the operator's user."""
+    """`acl` mode adds reading every principal's stream (its groups, reads, reclaims) and the
+    console's sessions: all within the same rule; the principals are made by the operator's
+    user."""
     url = add_user(acl_redis, "svc-acl", service_user.rule(prefix))
-    settings = Settings(redis_url=url, prefix=prefix, partitions=4, auth="acl")
+    settings = Settings(redis_url=url, prefix=prefix, partitions=4, auth="acl",
+                        http="127.0.0.1:0")
     with acl_redis.client() as raw:
         raw.execute_command("ACL", "LOG", "RESET")
     async with StateService.running(settings, BusOptions(block_ms=50)) as service:
@@ -178,6 +180,12 @@ async def test_in_acl_mode_the_service_serves_principals_under_exactly_its_rule(
         async with StateClient(settings=as_principal, timeout=30) as client:
             await client.set("s", "k", 1)
             assert await client.get("s", "k") == 1
+        async with httpx.AsyncClient(base_url=f"http://{service.http_address}") as browser:
+            login = await browser.post("/v1/console/login", content=msgspec.json.encode(
+                {"principal": "p-svc-acl", "password": PASSWORD}))
+            assert login.status_code == 200, login.text
+            assert (await browser.get("/v1/console/session")).json()["principal"] == "p-svc-acl"
+            assert (await browser.post("/v1/console/logout")).status_code == 200
     assert refusals(acl_redis) == []
 
 
