@@ -36,15 +36,18 @@ def anchor(redis_time: list[bytes] | list[int], sent_ns: int, received_ns: int) 
     """Take a reading of Redis's clock (`TIME`'s reply: seconds, microseconds), asked at
     monotonic `sent_ns` and answered at `received_ns`; whether it was taken. A reading that
     agrees with the current anchor within both readings' uncertainty changes nothing (the
-    time does not jitter by the round trip), one that disagrees (either clock stepped, or
-    the machine's monotonic clock stood still while it slept) moves the anchor."""
+    time does not jitter by the round trip) unless it is more precise (a quicker round
+    trip, as NTP keeps the reading of the least delay: a first reading slowed by a busy
+    moment would otherwise leave its error for good); one that disagrees (either clock
+    stepped, or the machine's monotonic clock stood still while it slept) moves it."""
     global _offset_ns, _error_ns
     round_trip = received_ns - sent_ns
     if round_trip < 0 or round_trip > MAX_ROUND_TRIP_NS:
         return False
     redis_ns = int(redis_time[0]) * 1_000_000_000 + int(redis_time[1]) * 1000
     offset, error = redis_ns - (sent_ns + round_trip // 2), round_trip // 2
-    if _offset_ns is not None and abs(offset - _offset_ns) <= error + _error_ns + 1_000_000:
+    if _offset_ns is not None and abs(offset - _offset_ns) <= error + _error_ns + 1_000_000 \
+            and 2 * error >= _error_ns:  # (only a reading twice as precise is worth a move)
         return False
     _offset_ns, _error_ns = offset, error
     return True
