@@ -269,9 +269,12 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
 async def redis_unready(state: RedisState) -> str | None:
     """None when Redis answers a PING within a second and holds the data (not STORE_LOST);
     else why not. With the bus on a Redis of its own (STATEWORKER_BUS_REDIS_URL) that one
-    must answer too: without it no call comes in nor goes out."""
+    must answer too: without it no call comes in nor goes out. Nor ready while a Redis may
+    evict the service's keys (a policy set since the start: lifecycle.eviction_loop)."""
     if state.lost is not None:
         return f"STORE_LOST: writes are refused: {state.lost}; run `stateworker restore`"
+    if state.evicting is not None:
+        return state.evicting
     conns = [state.conn] if state.bus_conn is state.conn else [state.conn, state.bus_conn]
     for conn, what in zip(conns, ("Redis", "the bus's Redis"), strict=False):
         if trouble := await ping_trouble(conn, what):

@@ -1,11 +1,12 @@
 """Opening and closing a `RedisState`: the embedded redis-server when no URL is set, the
 server checks (AOF, the partition count of the prefix), the script library (`connect`), the
 registry follower (which loads the claims before the state is handed out) and the TTL reaper
-(`running`); `open_state` is both."""
+(`running`), the clock and the eviction policy followed while it runs; `open_state` is both."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,9 @@ from stateworker.transport.connection import RedisConnection
 from stateworker.transport.embedded import EmbeddedRedis
 from stateworker.transport.redis_clock import follow_clock, sync_clock
 from stateworker.transport.wire import ConnectionLost, ReplyError
+
+log = logging.getLogger("stateworker.state")
+EVICTION_CHECK_S = 10.0  # how often a running service asks whether Redis may evict its keys
 
 
 async def connect(settings: Settings,
@@ -98,6 +102,7 @@ async def running(state: RedisState, *, reaper: bool = True,
             await tg.start(state.registry.run)
             await tg.start(generation.watch_loop, state)
             await tg.start(clock_loop, state)
+            await tg.start(eviction_loop, state)
             if reaper:
                 await tg.start(expiry.reaper_loop, state)
             try:
@@ -274,6 +279,33 @@ async def check_eviction(state: RedisState) -> None:
                 "was evicted would be applied twice. Set `maxmemory-policy noeviction` "
                 "(CONFIG SET, and in redis.conf; on a cluster on every node): a full Redis "
                 "then refuses writes (RESOURCE_EXHAUSTED) instead")
+
+
+async def eviction_loop(state: RedisState, *,
+                        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """`check_eviction` again every EVICTION_CHECK_S: a policy that may evict set while the
+    service runs (CONFIG SET) refused no start. It keeps `state.evicting` (why Redis may
+    evict the service's keys, or None): `/readyz` answers 503 with it, and the log says it
+    once. Writes go on (a call is applied twice only once Redis is full and evicts a record
+    it retries: refusing every write at once would turn the slip into an outage)."""
+    task_status.started()
+    while True:
+        await anyio.sleep(EVICTION_CHECK_S)
+        try:
+            await check_eviction(state)
+            problem = None
+        except ConfigError as exc:
+            problem = str(exc)
+        except OSError:  # (Redis away: ConnectionLost, a timeout; the next round)
+            continue
+        if problem != state.evicting:
+            if problem is None:
+                log.warning("Redis evicts no key of the service any more: ready again",
+                            extra={"event": "redis.eviction_ended"})
+            else:
+                log.error("%s (set while the service runs: /readyz answers 503 until it is "
+                          "fixed)", problem, extra={"event": "redis.evicts"})
+            state.evicting = problem
 
 
 async def _appendfsync(conn: RedisConnection) -> dict[str, str]:

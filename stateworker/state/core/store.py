@@ -106,6 +106,8 @@ class RedisState:
         # Why writes are refused, when this Redis lost the data PostgreSQL holds (its
         # generation markers: state/generation.py, whose watch keeps it); None: they are not.
         self.lost: str | None = None
+        # Why Redis may evict the service's keys now (lifecycle.eviction_loop), or None
+        self.evicting: str | None = None
         # What replicas keep in memory, kept current by the registry follower (lifecycle.py
         # runs it): the claimed scopes of private namespaces.
         self.registry = Registry(conn, self.keys.registry)
