@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aredis
 from hypothesis import HealthCheck, settings
 
-from stateworker import StateClient, StateStore
+from stateworker import StateClient, StateStore, logs
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
@@ -26,6 +26,14 @@ settings.load_profile("shared-machine")
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def repeats_said_afresh() -> None:
+    """Each test begins with no recurring failure said (logs.repeats is the process's): a
+    test that waits for the line of a failure sees its first, not silence because the test
+    before said it a moment ago."""
+    logs.repeats.clear()
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from stateworker.bus.formats import reply_msgpack
 from stateworker.bus.protocol import Bus, BusOptions, Call, Ref, parse_reply, reply_document
 from stateworker.bus.stats import FLUSH_EVERY_S, Stats
 from stateworker.errors import CallIdReused, CallTooLarge, InternalError, StateError, shown
+from stateworker.logs import repeats
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import refused_for_now, transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -123,7 +124,7 @@ class ReplyWriter:
                 raise failed
         except (ConnectionLost, ReplyError) as exc:
             # Not answered, not acknowledged: the entry stays pending, to be read again.
-            log.warning("reading a call record failed: %s", exc, extra={
+            repeats.log(log, logging.WARNING, "reading a call record failed: %s", exc, extra={
                 "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
             self.unanswered = True
             return True
@@ -159,7 +160,7 @@ class ReplyWriter:
             await self.conn.execute("SET", record[0], claimed, "XX", "PX",
                                     self.options.visibility_timeout_ms)
         except (ConnectionLost, ReplyError) as exc:
-            log.warning("renewing a call's claim failed: %s", exc, extra={
+            repeats.log(log, logging.WARNING, "renewing a call's claim failed: %s", exc, extra={
                 "event": "call.record_failed", "call_id": call.id, "fn": call.fn})
             self.unanswered = True
             return True
@@ -268,7 +269,7 @@ class ReplyWriter:
                 1 for command, result in failed
                 if command[0] == "LPUSH" and str(result).startswith("WRONGTYPE"))
             command, result = failed[0]
-            log.warning("reply write failed: %s", result, extra={
+            repeats.log(log, logging.WARNING, "reply write failed: %s", result, extra={
                 "event": "bus.write_failed", "command": str(command[0]), "failed": len(failed),
                 "held": len(held)})
             if held or any(transient_reason(result) for _, result in failed):

@@ -41,6 +41,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.errors import StateError
+from stateworker.logs import repeats
 from stateworker.reactive import trimming
 from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
@@ -132,7 +133,8 @@ class Dispatcher:
         """A step failed: go on from the positions in Redis (once it is back, if it was away),
         those moved in memory stored first if Redis takes them (a split bus's hand-ons)."""
         if isinstance(exc, (StateError, ConnectionLost, ReplyError)):
-            log.warning("dispatch paused: %s", exc, extra={"event": "dispatch.paused"})
+            repeats.log(log, logging.WARNING, "dispatch paused: %s", exc,
+                        extra={"event": "dispatch.paused"})
         else:  # a bug: the service goes on; the batch is retried
             log.error("dispatch failed", exc_info=exc, extra={"event": "dispatch.crashed"})
         await self._store_what_moved()

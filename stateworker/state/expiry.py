@@ -19,6 +19,7 @@ from anyio.abc import TaskStatus
 from stateworker.clock import now_ms
 from stateworker.errors import StateError, StoreLost
 from stateworker.keys import PartitionKeys
+from stateworker.logs import repeats
 from stateworker.scripts.replies import ReapReply
 from stateworker.scripts.upkeep_bindings import REAP, reap_call
 from stateworker.state.core.store import RedisState
@@ -139,5 +140,6 @@ async def reaper_loop(state: RedisState, *,
         except StoreLost:  # (the generation watch says so, once)
             pass
         except StateError as exc:  # Redis away for a moment: the next round retries
-            log.warning("reaper round failed: %s", exc)
+            repeats.log(log, logging.WARNING, "reaper round failed: %s", exc,
+                        extra={"event": "reaper.failed"})
         await anyio.sleep(state.settings.reaper_interval_s)

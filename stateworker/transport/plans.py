@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from stateworker.errors import InternalError, ResourceExhausted, ScriptError, StateError, Unavailable
+from stateworker.logs import repeats
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import transient_reason
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
@@ -88,7 +89,7 @@ def redis_error(reply: ReplyError, what: str) -> StateError:
     """The error a caller gets for Redis's error reply to `what`."""
     text = str(reply)
     if text.startswith("OOM"):
-        log.warning("Redis refused a write: out of memory (maxmemory)",
+        repeats.log(log, logging.WARNING, "Redis refused a write: out of memory (maxmemory)",
                     extra={"event": "redis.oom", "what": what})
         return ResourceExhausted(
             f"{what}: Redis refused the write because it reached its memory limit "

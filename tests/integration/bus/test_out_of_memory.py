@@ -5,14 +5,17 @@ written, and is answered once memory is freed, applied once."""
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
+from collections import Counter
 
 import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
 
-from stateworker import StateClient, StateError, StateStore
+from stateworker import StateClient, StateError, StateStore, logs
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.keys import call_field
@@ -80,11 +83,16 @@ async def _more(raw: aredis.Redis, than: int) -> bool:
 
 
 async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
-        own_redis: RedisServer, prefix: str, scope: str) -> None:
+        own_redis: RedisServer, prefix: str, scope: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A caller's transaction reaches the stream and is applied, its reply is slow to come
     (held on the way back to the service), and Redis fills up before the client re-sends
     it. The re-send is refused (OOM): the client must not say that nothing was written, since
-    its first send was applied. Once a caller frees memory, the reply of that one run comes."""
+    its first send was applied. Once a caller frees memory, the reply of that one run comes.
+    Meanwhile the log says each kind of failure once every REPEAT_S, not once a try (it said
+    460 lines in this test's few seconds: Redis refused, a reply not written, a reap)."""
+    caplog.set_level(logging.WARNING, "stateworker")
+    began = time.monotonic()
     raw = aredis.Redis(port=own_redis.port)
     body = {"scope": scope, "ops": [{"op": "update", "key": "counter", "ops": INCREMENT}]}
     settings = settings_for(own_redis, prefix)
@@ -125,6 +133,9 @@ async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
         assert isinstance(result, dict) and result["results"][0]["new_value"] == {"n": 1}, \
             outcome
         assert await store.get(scope, "counter") == {"n": 1}
+    lines = Counter(getattr(r, "event", r.getMessage()) for r in caplog.records)
+    assert lines["redis.oom"] >= 1, lines  # (it was full)
+    assert max(lines.values()) <= 1 + int((time.monotonic() - began) // logs.REPEAT_S), lines
     await raw.aclose()
 
 
