@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import msgspec
 from starlette.requests import Request
@@ -55,24 +54,7 @@ Reader = Callable[[Request], Awaitable[bytes]]  # a request's body, refused past
 Handler = Callable[[Request], Awaitable[Response]]
 JSON = "application/json"
 WRITES = ["POST", "PUT"]  # Dapr takes either for its writes and queries
-
-
-def key_of(request: Request) -> str:
-    """The key of a `/v1.0/state/<store>/<key>` path. The server decodes a path's `%XX`
-    escapes as UTF-8 with U+FFFD for bytes that are not (`%FE` and `%FF` alike): such a key
-    would read or delete the key U+FFFD, another caller's, so it is refused. Only a path with
-    an escape is looked at again (raw bytes beyond ASCII the server refuses itself)."""
-    key = str(request.path_params["key"])
-    raw: bytes = request.scope.get("raw_path") or b""
-    if "\ufffd" in key and b"%" in raw:
-        escaped = unquote_to_bytes(raw.split(b"/", 4)[-1])
-        try:
-            escaped.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise malformed(f"key: its %-escapes are no UTF-8 (byte {exc.start} of the key "
-                            f"is 0x{escaped[exc.start]:02X}); a key is UTF-8 text, and "
-                            "each of its bytes beyond ASCII is sent as its own %XX") from None
-    return key
+DOORS = ("/v1.0/", "/v1.0-alpha1/")  # the paths Dapr's routes take: errors in Dapr's shape
 
 
 class Entries(msgspec.Struct):
@@ -133,7 +115,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
 
     async def get(request: Request) -> Response:
         store = store_of(request)
-        key = key_of(request)
+        key = str(request.path_params["key"])  # (its escapes are UTF-8: app/url_text.py)
         scope, native_key = store.address(key, "key")
         got = msgspec.json.decode(await native(
             request, "ERR_STATE_GET", f"fail to get {key} from state store {store.name}",
@@ -145,7 +127,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
 
     async def delete(request: Request) -> Response:
         store = store_of(request)
-        key = key_of(request)
+        key = str(request.path_params["key"])  # (its escapes are UTF-8: app/url_text.py)
         scope, native_key = store.address(key, "key")
         condition = expected(request.headers.get("if-match"), "If-Match", "ERR_STATE_DELETE")
         await native(request, "ERR_STATE_DELETE", f"failed deleting state with key {key}",

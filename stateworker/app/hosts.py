@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stateworker.errors import PermissionDenied, shown
+from stateworker.error_codes import http_status
+from stateworker.errors import PermissionDenied, StateError, shown
 from stateworker.settings import Settings
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -93,11 +94,13 @@ def host_refusal(hosts: frozenset[str] | None, headers: dict[bytes, bytes]
         {"path": "Host", "value": host, "hosts": sorted(hosts)})
 
 
-async def send_refusal(send: Send, error: PermissionDenied) -> None:
-    """A guard's refusal, before routing: 403 and the call API's error document."""
+async def send_refusal(send: Send, error: StateError) -> None:
+    """A guard's refusal, before routing: the call API's error document, with its code's
+    status (403 for the Host and Origin guards, 400 for url_text's)."""
     body = msgspec.json.encode({"id": None, "ok": False, "error": {
         "code": error.code, "message": str(error), "details": error.details}})
-    start: dict[str, Any] = {"type": "http.response.start", "status": 403, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    start: dict[str, Any] = {"type": "http.response.start", "status": http_status(error.code),
+                             "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode())]}
     await send(start)
     await send({"type": "http.response.body", "body": body})

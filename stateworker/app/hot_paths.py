@@ -1,8 +1,9 @@
 """The HTTP face's most frequent requests answered past Starlette's layers.
 
 `CallDoor`, in front of the app: `POST /v1/call/<function>`, the call API, answered there
-(its guards, Host then Origin, run as their middleware would; the reply sent as two ASGI
-messages, no Request or Response made), every other request passed to the app. Starlette's
+(its guards, Host, Origin and the URL's escapes (app/url_text.py), run as their middleware
+would; the reply sent as two ASGI messages, no Request or Response made), every other
+request passed to the app. Starlette's
 own layers (its error middleware, each middleware's frame, a Request, a Response and its
 send wrapper) cost about a fifth of the service's CPU a call (docs/decisions/0057).
 
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stateworker.app.hosts import host_refusal, send_refusal
 from stateworker.app.logins import origin_refusal
+from stateworker.app.url_text import url_refusal
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 # (a function's name, the request's headers by lower-case name (the first of a repeated
@@ -40,8 +42,8 @@ DAPR_STATE = "/v1.0/state/"
 
 class CallDoor:
     """ASGI app (module docstring): the call API's requests answered by `answer`, the others
-    sent to `app`. The guards as HostGuard and SameOrigin run them (the last of a repeated
-    header); a call sees the first of one, as Starlette's `headers.get` gives."""
+    sent to `app`. The guards as HostGuard, SameOrigin and UrlText run them (the last of a
+    repeated header); a call sees the first of one, as Starlette's `headers.get` gives."""
 
     def __init__(self, app: ASGIApp, answer: Answer, hosts: frozenset[str] | None) -> None:
         self.app = app
@@ -53,7 +55,7 @@ class CallDoor:
             await self.app(scope, receive, send)
             return
         last = dict(scope["headers"])
-        refusal = host_refusal(self.hosts, last) or origin_refusal(last)
+        refusal = host_refusal(self.hosts, last) or origin_refusal(last) or url_refusal(scope)
         if refusal is not None:
             await send_refusal(send, refusal)
             return

@@ -56,6 +56,7 @@ from stateworker.app.hot_paths import CallDoor, HotPaths
 from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
+from stateworker.app.url_text import UrlText
 from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
 from stateworker.bus.protocol import reply_document
 from stateworker.bus.runtime import BusRuntime
@@ -181,7 +182,7 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     # call API's requests are answered in front of it all, with the same guards (CallDoor).
     hosts = allowed_hosts(state.settings)
     return CallDoor(Starlette(routes=routes, middleware=[
-        Middleware(HostGuard, hosts=hosts), Middleware(SameOrigin),
+        Middleware(HostGuard, hosts=hosts), Middleware(SameOrigin), Middleware(UrlText),
         Middleware(HotPaths, routes=routes)]), answer, hosts)
 
 

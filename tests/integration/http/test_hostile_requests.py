@@ -112,22 +112,3 @@ async def test_hostile_requests_get_an_answer_and_the_face_serves_on(
     answer: dict[str, Any] = msgspec.json.decode(normal.content)
     assert answer["ok"] is True, answer
 
-
-async def test_a_key_whose_escapes_are_no_utf8_names_no_other_key(
-        served: tuple[StateService, httpx.AsyncClient]) -> None:
-    """`%FE` and `%FF` are no UTF-8: decoded with U+FFFD in their place, they would read and
-    delete the key U+FFFD, another caller's."""
-    _, http = served
-    saved = await http.post("/v1.0/state/statestore",
-                            content='[{"key":"\ufffd","value":"theirs"}]'.encode())
-    assert saved.status_code == 204, saved.text
-    for method, path in (("DELETE", "/v1.0/state/statestore/%FE"),
-                         ("GET", "/v1.0/state/statestore/%FF"),
-                         ("GET", "/v1.0/state/statestore/a/%C0%AF")):
-        refused = await http.request(method, path)
-        assert refused.status_code == 400, (path, refused.status_code, refused.text)
-        error = msgspec.json.decode(refused.content)
-        assert error["errorCode"] == "ERR_MALFORMED_REQUEST", error
-        assert error["message"].startswith("key: its %-escapes are no UTF-8 (byte "), error
-    kept = await http.get("/v1.0/state/statestore/%EF%BF%BD")
-    assert (kept.status_code, kept.json()) == (200, "theirs")
