@@ -39,7 +39,9 @@ class PartitionKeys:
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
-    barriers_changed: str  # set: barrier hashes changed that the snapshot has not stored yet
+    # set: barrier hashes changed that the snapshot has not stored yet; marked only where a
+    # snapshot follows the partition (`history`'s field `snapshot`: snapshot/barriers.py)
+    barriers_changed: str
     barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
     # zset: the partition's barrier hashes by when they expire (ms; "+inf": not complete),
     # kept by barrier.lua and delbarrier.lua, the expired dropped by the reaper: what the
@@ -52,7 +54,8 @@ class PartitionKeys:
     # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
     written: str
     # hash: where this Redis's event history of the partition begins (events/compaction.py,
-    # `History`): written when the prefix is new in this Redis and by a restore.
+    # `History`): written when the prefix is new in this Redis and by a restore; also the
+    # generation marker (`gen`) and whether a snapshot follows its barriers (`snapshot`).
     history: str
 
     def barrier(self, barrier_id: str) -> str:

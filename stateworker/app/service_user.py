@@ -107,7 +107,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         # /metrics: the backlog of a call stream (its group's, and its oldest pending entry).
         "xinfo|groups": ["XINFO", "GROUPS", bus],
         "xpending": ["XPENDING", bus, SERVICE],
-        # The snapshot: the rescan of a partition's entries, changed barriers.
+        # The snapshot: the rescan of a partition's entries (its barriers too), changed barriers.
         "scan": ["SCAN", 0, "MATCH", f"{part.entry_prefix}*", "COUNT", 1],
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
         "xrange": ["XRANGE", part.unsaved_calls, "-", "+", "COUNT", 1],  # call records

@@ -17,7 +17,17 @@ counter (snapshot/behind.py): each store first checks, in its transaction, that 
 not below the highest `w` PostgreSQL holds of the partition's barriers and that no barrier read
 is older than its row (a lower `w`, or the same `w` and other fields: each write takes a new
 one), else BarriersBehind and nothing is stored: a later arrival's higher `w` would replace a
-newer row, and a barrier the copy lacks would delete it."""
+newer row, and a barrier the copy lacks would delete it.
+
+The scripts mark a change only where a snapshot follows the partition (decision 0063): its
+history hash holds `FOLLOWED_FIELD`, which a service with PostgreSQL writes (`follow`) before
+it serves and every round of its snapshotter, for every replica's scripts to see, whatever
+their own configuration. Without PostgreSQL nothing is marked, and the set stays empty. A
+barrier written before the field was (a prefix that ran without PostgreSQL, or on a version
+before this one) was never marked, so a partition whose field is not yet `FOLLOWED` has its
+barriers copied whole (`rescan`: every barrier hash, read after the field was written, the
+rows of those gone deleted) before the field becomes `FOLLOWED`; a rescan cut short is done
+again."""
 
 from __future__ import annotations
 
@@ -34,11 +44,11 @@ from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
-from stateworker.snapshot.rows import confirm
+from stateworker.snapshot.rows import SCAN_COUNT, confirm
 from stateworker.snapshot.tables import PgConnection, commit_count
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
-from stateworker.transport.plans import pipeline
+from stateworker.transport.plans import checked_pipeline, pipeline
 
 UPSERT = """
 INSERT INTO sw_barriers AS b (prefix, id, partition, fields, exact, w, expires_ms)
@@ -60,8 +70,19 @@ SELECT p, (SELECT max(w) FROM sw_barriers WHERE prefix = %s AND partition = p
 FROM unnest(%s::integer[]) AS p
 """
 STORED = "SELECT id, w, exact FROM sw_barriers WHERE prefix = %s AND id = ANY(%s)"
+# A rescan's barriers gone from Redis: rows of the partition it did not find, numbered at most
+# the write counter read before its scan (one written since, which the scan may miss, is
+# marked and stored by the next `store_changed`).
+VANISHED = """
+DELETE FROM sw_barriers WHERE prefix = %s AND partition = %s AND w <= %s AND NOT (id = ANY(%s))
+"""
 
 BATCH = 1000  # barriers read and stored per round and partition, at most
+# The partition's history hash field (keys.PartitionKeys.history) that says a snapshot follows
+# its barriers: `RESCAN` until its barriers have been copied whole, then `FOLLOWED`. Read by
+# lua/includes/barriermarks.lua by this name.
+FOLLOWED_FIELD = "snapshot"
+RESCAN, FOLLOWED = "rescan", "on"
 
 
 class BarriersBehind(StoreLost):
@@ -129,6 +150,63 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     await forget(state, keys, names, {keys.barrier(b.id): b.fields.get(b"w", b"").decode()
                                       for b in found})
     return len(names)
+
+
+async def follow(state: RedisState, partitions: list[int]) -> list[int]:
+    """A snapshot follows the barriers of `partitions` from now on: their history hash's
+    `FOLLOWED_FIELD` written (`RESCAN`) where it is absent, so every barrier write marks its
+    change (module docstring). Those whose barriers are not yet copied whole: their rescan is
+    due."""
+    parts = [state.keys.partition(n) for n in partitions]
+    replies = await checked_pipeline(state.conn, [
+        command for p in parts for command in (["HSETNX", p.history, FOLLOWED_FIELD, RESCAN],
+                                               ["HGET", p.history, FOLLOWED_FIELD])],
+        "snapshot: follow the barriers")
+    return [n for n, value in zip(partitions, replies[1::2], strict=True)
+            if value != FOLLOWED.encode()]
+
+
+async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                 generation: str, reads: dict[int, int]) -> int:
+    """Every barrier of the partition stored (SCAN, HGETALL in pipelines), the rows of those
+    gone deleted, then the partition `FOLLOWED`; how many were stored. Called after `follow`:
+    what the scan misses was written after it, so it is marked. Fenced, BarriersBehind and the
+    read counted as in `store_changed`."""
+    keys = state.keys.partition(partition)
+    marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
+    held, counter = await checked_pipeline(state.conn, [marker, ["GET", keys.barrier_writes]],
+                                           "snapshot: barriers rescanned")
+    confirm(keys, held, generation)
+    written = int(counter or 0)
+    found: list[BarrierRow] = []
+    cursor: Any = b"0"
+    while True:
+        cursor, names = await state.conn.execute("SCAN", cursor, "MATCH",
+                                                 keys.barrier_prefix + "*", "COUNT",
+                                                 SCAN_COUNT, "TYPE", "hash")
+        if names:
+            replies = await state.conn.pipeline([["HGETALL", name] for name in names])
+            found += [BarrierRow(keys.barrier_id_of(name),
+                                 dict(zip(flat[::2], flat[1::2], strict=True)))
+                      for name, flat in zip(names, replies, strict=True) if flat]
+        if cursor in (b"0", "0"):
+            break
+    stored = reads.get(partition, 0)
+    after, count = await pipeline(state.conn, state.library, [
+        marker, count_command(state, keys.snapshot_reads, stored)])
+    confirm(keys, after, generation)
+    read = counted(partition, count, stored)
+    await settle(state)
+    async with pg.transaction(), pg.cursor() as cur:
+        await fence(cur, prefix, generation)
+        await _not_behind(cur, prefix, partition, written, found)
+        if found:
+            await cur.executemany(UPSERT, [b.params(prefix, partition) for b in found])
+        await cur.execute(VANISHED, (prefix, partition, written, [to_pg(b.id) for b in found]))
+        await commit_count(cur, prefix, partition, read)
+    reads[partition] = read
+    await state.conn.execute("HSET", keys.history, FOLLOWED_FIELD, FOLLOWED)
+    return len(found)
 
 
 async def highest_w(pg: PgConnection, prefix: str, partitions: list[int]) -> dict[int, int]:

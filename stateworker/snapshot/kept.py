@@ -6,7 +6,8 @@ keep their reply after the last one (state/core/once.py). With the snapshot on, 
 appends the record to the `unsaved_kept` stream of the call id's home partition, with what
 PostgreSQL must hold first (`once.Needs`): the position its commits must have reached in each
 stream the steps wrote (a partition's events, the registry), and the barriers whose change must
-be stored (their mark gone from the partition's changed set).
+be stored (their mark gone from the partition's changed set, and the partition's barriers
+followed: one written before a snapshot followed them was never marked, barriers.py).
 
 Once a round the holder of each partition reads that stream and commits, in one transaction of
 their own, the records whose needs the snapshot meets: each position read from its mirror in
@@ -40,6 +41,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import Revision, revision_of
 from stateworker.keys import KeySpace
+from stateworker.snapshot.barriers import FOLLOWED, FOLLOWED_FIELD
 from stateworker.snapshot.rows import confirm
 from stateworker.snapshot.tables import CallRow, PgConnection, apply_records
 from stateworker.state.core.once import Needs
@@ -86,19 +88,27 @@ async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partit
         marks = sorted({pair for r in records for pair in r.needs.unmarked})
         vouching = _vouching(state.keys, [*mirrors, *(changed for changed, _ in marks)])
         markers = sorted({tuple(command) for command in vouching.values()})
+        histories = _histories(state.keys)  # (a name of none is not `whole`: marked)
+        sets = sorted({changed for changed, _ in marks if changed in histories})
         *replies, after = await state.conn.pipeline([
             *(["HGET", name, "id"] for name in mirrors),
             *(["SISMEMBER", changed, name] for changed, name in marks),
+            *(["HGET", histories[changed], FOLLOWED_FIELD] for changed in sets),
             *(list(command) for command in markers), marker])
         confirm(keys, after, generation)
-        read, marks_read = replies[:len(mirrors)], replies[len(mirrors):len(mirrors) + len(marks)]
+        read, replies = replies[:len(mirrors)], replies[len(mirrors):]
+        marks_read, replies = replies[:len(marks)], replies[len(marks):]
+        # (a barrier written before a snapshot followed its partition was never marked: its
+        # mark counts as there until the rescan copied it, barriers.py)
+        unfollowed = {changed for changed, reply in zip(sets, replies[:len(sets)], strict=True)
+                      if reply != FOLLOWED.encode()}
         vouched = {command: reply is not None and reply.decode() == generation for command, reply
-                   in zip(markers, replies[len(mirrors) + len(marks):], strict=True)}
+                   in zip(markers, replies[len(sets):], strict=True)}
         whole = {name for name, command in vouching.items() if vouched[tuple(command)]}
         at: dict[str, Revision | None] = {
             name: None if reply is None or name not in whole else revision_of(reply)
             for name, reply in zip(mirrors, read, strict=True)}
-        marked = {pair: bool(reply) or pair[0] not in whole
+        marked = {pair: bool(reply) or pair[0] not in whole or pair[0] in unfollowed
                   for pair, reply in zip(marks, marks_read, strict=True)}
         rows: list[CallRow] = []
         done: list[bytes] = []
@@ -127,6 +137,11 @@ def _vouching(space: KeySpace, names: list[str]) -> dict[str, list[Any]]:
         markers[part.snapshotted] = markers[part.barriers_changed] = \
             ["HGET", part.history, PARTITION_FIELD]
     return {name: markers[name] for name in names if name in markers}
+
+
+def _histories(space: KeySpace) -> dict[str, str]:
+    """Each partition's changed set -> its history hash (where `FOLLOWED_FIELD` is)."""
+    return {part.barriers_changed: part.history for part in space.all_partitions()}
 
 
 def _covered(needs: Needs, at: dict[str, Revision | None],

@@ -53,7 +53,11 @@ async def repair_at_start(state: RedisState, pg: PgConnection | None) -> None:
     """Check Redis against PostgreSQL and restore it when the rule above says so. `state`: the
     service's, opened and checked, before its registry follower and reaper start; `pg`: the
     start's PostgreSQL connection (`snapshotter.prepare`), left open; None: no PostgreSQL URL,
-    or it was unreachable (`prepare` has said so; the snapshot retries)."""
+    or it was unreachable (`prepare` has said so; the snapshot retries). With a URL, before
+    anything is served, the barriers are followed (barriers.py `follow`): every replica's
+    barrier writes are marked for the snapshot from now on."""
+    if state.settings.postgres_url is not None:
+        await barriers.follow(state, list(range(state.settings.partitions)))
     if pg is None:
         if state.settings.postgres_url is not None and await _pending(state):
             # Begun blind, a wiped Redis took writes (acknowledged, create-only ones over

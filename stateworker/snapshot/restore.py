@@ -302,7 +302,9 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
     """Dispatch and snapshot positions at every stream's end: nothing restored is an event;
     in PostgreSQL with the restore's generation (from now on the one it follows). Kept replies
     waiting from before (a Redis that kept some streams) are dropped: the positions now claim
-    what PostgreSQL may not hold of them (snapshot/kept.py); so is the registry's copy's."""
+    what PostgreSQL may not hold of them (snapshot/kept.py); so is the registry's copy's. The
+    barriers are followed, and copied whole once (barriers.py: Redis may hold some of its own,
+    unmarked)."""
     count = state.settings.partitions
     infos = await trimming.infos(state, list(range(count)))
     commands: list[list[Any]] = [["DEL", state.keys.registry_snapshotted]]
@@ -310,7 +312,8 @@ async def _positions_to_ends(state: RedisState, pg: PgConnection, generation_id:
         part = state.keys.partition(n)
         commands += [["HSET", part.dispatched, "id", info.last_id, "n", info.added],
                      ["HSET", part.snapshotted, "id", info.last_id, "n", info.added],
-                     ["DEL", part.unsaved_kept]]
+                     ["DEL", part.unsaved_kept],
+                     ["HSET", part.history, barriers.FOLLOWED_FIELD, barriers.RESCAN]]
     await _run(state, commands)
     await tables.reset_positions(pg, state.settings.prefix,
                                  {n: tables.StoredPosition(i.last_id, i.added)

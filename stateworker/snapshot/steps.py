@@ -6,9 +6,11 @@ cap cut is rescanned: every entry of the partition, the rows of those gone remov
 position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
-partition's set of changed barriers (snapshot/barriers.py). The records of the bus calls that
-made a batch's changes are committed with it (snapshot/calls.py); the kept replies of the
-writes that run no entry script once a round, when their writes are committed (kept.py).
+partition's set of changed barriers (snapshot/barriers.py); a partition whose barriers were
+written while no snapshot followed it (unmarked) has them copied whole first. The records of
+the bus calls that made a batch's changes are committed with it (snapshot/calls.py); the kept
+replies of the writes that run no entry script once a round, when their writes are committed
+(kept.py).
 
 Nothing read from a Redis that lost its data reaches PostgreSQL. Each round begins by
 confirming the generation (state/generation.py): every marker in Redis is there and is the
@@ -137,8 +139,11 @@ class SnapshotSteps:
             position = self.positions.get(partition)
             if position is None or info.deleted > position.n:
                 await self._rescan(pg, partition, info, position)
+        due = set(await barriers.follow(self.state, held)) if held else set()
         for partition in held:
             try:
+                if partition in due:
+                    await self._rescan_barriers(pg, partition, confirmed)
                 await barriers.store_changed(self.state, pg, self.prefix, partition, confirmed,
                                              self.reads)
             except barriers.BarriersBehind as exc:  # (its writes refused from now on)
@@ -317,6 +322,15 @@ class SnapshotSteps:
         log.info("partition %d: rescanned, %d entries", partition, len(found),
                  extra={"event": "snapshot.rescanned", "partition": partition,
                         "entries": len(found)})
+
+    async def _rescan_barriers(self, pg: PgConnection, partition: int, confirmed: str) -> None:
+        """The partition's barriers copied whole: some may never have been marked (no
+        snapshot followed the partition when they were written: barriers.py)."""
+        stored = await barriers.rescan(self.state, pg, self.prefix, partition, confirmed,
+                                       self.reads)
+        log.info("partition %d: barriers rescanned, %d stored", partition, stored,
+                 extra={"event": "snapshot.barriers_rescanned", "partition": partition,
+                        "barriers": stored})
 
     async def _whole_transactions(self, partition: int, entries: list[Any]) -> list[Any]:
         """`entries`, and the rest of a transaction the batch's read cut (events carry `tx`

@@ -7,7 +7,9 @@
   Input:
     KEYS[1] the barrier's hash (keys: PartitionKeys.barrier)
     KEYS[2] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed):
-            every write adds KEYS[1] to it, for the snapshot in PostgreSQL
+            every write adds KEYS[1] to it, for the snapshot in PostgreSQL, when one follows
+            the partition (its history hash's `snapshot` field; else the set is dropped:
+            lua/includes/barriermarks.lua)
     KEYS[3] the partition's barrier write counter (keys: PartitionKeys.barrier_writes): a
             write's `w` is above every `w` the partition gave before, so a barrier deleted
             or expired and made again is never older than its last stored state
@@ -45,10 +47,11 @@
     {ST.BARRIER_CONFIG, stored expect text, this arrival's expect text}   nothing written
     {ST.VALUE_TOO_LARGE, payload size with this arrival, the cap}        nothing written
   Events: none. A barrier is not an entry: no change event, no index; a completed one
-  expires (ARGV[10]). A write adds KEYS[1] to KEYS[2] instead (the snapshotter stores it,
-  then forgets it: forget.lua).
+  expires (ARGV[10]). A write adds KEYS[1] to KEYS[2] instead, when a snapshot follows the
+  partition (the snapshotter stores it, then forgets it: forget.lua).
 ]]
 --- @include "generation"
+--- @include "barriermarks"
 
 local MISSING_SHOWN = 10 -- missing keys named in a 'waiting' reply, at most
 
@@ -149,7 +152,7 @@ local function barrier_payload(barrier, key, result)
 end
 
 -- Number the write (`w`: above the partition's counter and `before`, the barrier's number
--- read before the write) and mark the barrier changed for the snapshot.
+-- read before the write) and mark the barrier changed for the snapshot (if one follows).
 local function barrier_changed(barrier, before)
   local w = redis.call('INCR', KEYS[3])
   local last = tonumber(before) or 0
@@ -158,7 +161,7 @@ local function barrier_changed(barrier, before)
     redis.call('SET', KEYS[3], string.format('%d', w))
   end
   redis.call('HSET', barrier, 'w', string.format('%d', w))
-  redis.call('SADD', KEYS[2], barrier)
+  barriermarks_mark(KEYS[2], barrier)
 end
 
 --- @per-call

@@ -3,7 +3,8 @@
   Input:
     KEYS[1] the barrier's hash (keys: PartitionKeys.barrier)
     KEYS[2] the partition's set of changed barriers (keys: PartitionKeys.barriers_changed):
-            the deletion is a change the snapshot in PostgreSQL stores (it deletes the row)
+            the deletion is a change the snapshot in PostgreSQL stores (it deletes the row),
+            marked when a snapshot follows the partition (lua/includes/barriermarks.lua)
     KEYS[3] the partition's barrier write counter (keys: PartitionKeys.barrier_writes):
             raised to the deleted barrier's `w`, so the next barrier of that id is newer
     KEYS[4] the partition's barrier index (keys: PartitionKeys.barriers): the barrier leaves it
@@ -14,6 +15,7 @@
   Events: none (a barrier is not an entry).
 ]]
 --- @include "generation"
+--- @include "barriermarks"
 
 --- @per-call
 local barrier = KEYS[1]
@@ -29,5 +31,5 @@ if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(w) then
 end
 redis.call('DEL', barrier)
 redis.call('ZREM', KEYS[4], barrier)
-redis.call('SADD', KEYS[2], barrier)
+barriermarks_mark(KEYS[2], barrier)
 return {ST.OK, 1}

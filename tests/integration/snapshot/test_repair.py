@@ -24,7 +24,7 @@ from stateworker.clock import now_ms
 from stateworker.errors import ConfigError
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.snapshot.barriers import forget
+from stateworker.snapshot.barriers import follow, forget
 from stateworker.state.kv.packed import unpack
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_restore import dump, restore_command
@@ -218,6 +218,8 @@ async def test_a_barrier_written_again_after_it_was_read_stays_marked(store: Sta
     config = {"id": "marked", "expect": 3}
     part = store.state.keys.barrier_partition("marked")
     name = part.barrier("marked")
+    # (a snapshot follows the partition, as a service with PostgreSQL makes it: marked writes)
+    await follow(store.state, [store.state.keys.all_partitions().index(part)])
     await store.barrier({"key": "a"}, config)
     assert [int(await store.state.conn.execute("HGET", name, "w"))] == [1]
     await store.barrier({"key": "b"}, config)
