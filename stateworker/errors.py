@@ -138,6 +138,23 @@ STORE_LOST_TEXT = (
     "or, with no snapshot, restart the service to begin the data anew")
 
 
+def store_lost_read(prefix: str, restoring: bool) -> StoreLost:
+    """A read refused where Redis does not hold the prefix's data whole (lost, or being
+    restored): a key it lacks is not known to be missing, so it is not answered as such."""
+    if restoring:
+        why = ("a restore of it is running (`stateworker restore`, from the PostgreSQL "
+               "snapshot), and a key it has not written back yet would read as missing; "
+               "reads and writes are refused until it ends: retry the read then")
+    else:
+        why = ("Redis lost its data (its generation marker is gone or is not the one "
+               "PostgreSQL holds: a FLUSHALL, a restart without its AOF, an eviction, or a "
+               "Redis behind the snapshot), so a key PostgreSQL holds would read as missing; "
+               "reads and writes are refused until it is recovered: run `stateworker "
+               "restore`, or, with no snapshot, the service begins the data anew by itself")
+    return StoreLost(f"the data of prefix {shown(prefix)} is not in Redis whole: {why}",
+                     {"prefix": prefix, "restoring": restoring, "recover": "stateworker restore"})
+
+
 class RestoreRefused(StateError):
     """Raised when `stateworker restore` finds a Redis that still holds entries of the prefix
     (a restore rebuilds, it does not merge); nothing was written."""

@@ -33,7 +33,7 @@ from anyio.abc import TaskStatus
 from stateworker.clock import now_ms
 from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
-from stateworker.keys import KeySpace
+from stateworker.keys import HISTORY_GENERATION, HISTORY_RESTORING, KeySpace
 from stateworker.scripts.upkeep_bindings import STAMP, stamp_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
@@ -43,8 +43,9 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.generation")
 
 META_FIELD = "generation"  # in the meta hash
-PARTITION_FIELD = "gen"  # in each partition's history hash
-RESTORING_FIELD = "restoring"  # in the meta hash while a restore runs: the generation it writes
+PARTITION_FIELD = HISTORY_GENERATION  # in each partition's history hash
+# in the meta hash (and each history hash) while a restore runs: the generation it writes
+RESTORING_FIELD = HISTORY_RESTORING
 LOST_FIELD = "lost"  # in `snapshot:status`: why the snapshotter removed markers
 SEEN_FIELD = "lost_seen_ms"  # in `snapshot:status`: when a snapshotter last found it lost
 WATCH_S = 1.0  # how often `watch_loop` reads the markers
