@@ -121,9 +121,10 @@ class Unavailable(StateError):
 
 
 class StoreLost(StateError):
-    """Raised when a write meets a Redis that lost the data PostgreSQL holds (its generation
-    marker is gone or another: a FLUSHALL, a restart without its AOF, a Redis behind the
-    snapshot); nothing was written, and writes stay refused until it is recovered. Not an
+    """Raised when a write or a read meets a Redis that lost the data PostgreSQL holds (its
+    generation marker is gone or another: a FLUSHALL, a restart without its AOF, a Redis
+    behind the snapshot), or one a restore is writing back; nothing was written, and writes
+    and reads stay refused until it is recovered (a read: `store_lost_read`). Not an
     Unavailable: the call certainly did not run, so it is answered at once (a bus call left
     pending would wait for a recovery that may take hours)."""
 

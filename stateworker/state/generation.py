@@ -11,12 +11,14 @@ that comes back empty is found by itself.
 
 Every writing script checks its own slot's marker first (lua/includes/generation.lua) and
 refuses with STORE_LOST when it is gone: a FLUSHALL, a restart on an empty data directory,
-an eviction. A Redis whose markers are there but which is behind what PostgreSQL holds (an
-older copy of its data, a replica promoted before it synced) is found by the snapshotter,
-which removes the markers of the partitions concerned (`mark_lost`), so the scripts refuse
-there too. Only a restore writes them again; without a PostgreSQL snapshot there is nothing
-to restore, and `watch_loop` begins the prefix anew in this Redis (empty) with an error in
-the log.
+an eviction. Every read checks it too (generation.lua `generation_read_refused`, or
+`RedisState.read_plan` for the reads without a script): a key not (yet) back is not known to
+be missing, so the read is refused rather than answered with null. A Redis whose markers
+are there but which is behind what PostgreSQL holds (an older copy of its data, a replica
+promoted before it synced) is found by the snapshotter, which removes the markers of the
+partitions concerned (`mark_lost`), so the scripts refuse there too. Only a restore writes
+them again; without a PostgreSQL snapshot there is nothing to restore, and `watch_loop`
+begins the prefix anew in this Redis (empty) with an error in the log.
 
 `watch_loop` also keeps `state.lost` (why writes are refused, or None) for `/readyz`, the
 metrics and `stateworker status`."""
