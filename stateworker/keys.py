@@ -54,8 +54,9 @@ class PartitionKeys:
     # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
     written: str
     # hash: where this Redis's event history of the partition begins (events/compaction.py,
-    # `History`): written when the prefix is new in this Redis and by a restore; also the
-    # generation marker (`gen`) and whether a snapshot follows its barriers (`snapshot`).
+    # `History`): written when the prefix is new in this Redis and by a restore; it also holds
+    # the generation marker (HISTORY_GENERATION), a running restore's mark (HISTORY_RESTORING)
+    # and whether a snapshot follows its barriers (`snapshot`: snapshot/barriers.py).
     history: str
 
     def barrier(self, barrier_id: str) -> str:
@@ -141,6 +142,12 @@ def call_field(call_id: str) -> bytes:
     does not grow with the id, and 12 bytes fit Redis's smallest string allocation (16 bytes
     with its header): two of 10**8 ids in one window meet with probability 6e-14."""
     return hashlib.sha1(call_id.encode()).digest()[:FIELD_BYTES]
+
+
+# The history hash's fields of the generation marker (state/generation.py): the partition's
+# marker, and the generation of a restore writing the partition back (lua/stamp.lua).
+HISTORY_GENERATION = "gen"
+HISTORY_RESTORING = "restoring"
 
 
 def member(scope: str, key: str) -> str:

@@ -31,6 +31,7 @@ from stateworker.errors import (
     ValueTooLarge,
     deadline_text,
     shown,
+    store_lost_read,
 )
 from stateworker.settings import Settings
 from stateworker.transport.plans import redis_error
@@ -102,13 +103,15 @@ _STORE_LOST = LUA_STATUS["STORE_LOST"]
 
 def script_reply(reply: Any, name: str) -> list[Any]:
     """A script's reply, checked: a Redis error (out of memory: RESOURCE_EXHAUSTED), a Redis
-    that lost the prefix's data (STORE_LOST, from any writing script) or an unknown status is
-    raised."""
+    that lost the prefix's data (STORE_LOST, from any writing script, and from a read script
+    where the data is lost or being restored) or an unknown status is raised."""
     if isinstance(reply, ReplyError):
         raise redis_error(reply, f"script {name}")
     if not isinstance(reply, list) or not reply or reply[0] not in _KNOWN_STATUSES:
         raise InternalError(f"script {name} returned an unexpected reply: {reply!r:.200}")
     if reply[0] == _STORE_LOST:
+        if len(reply) == 3:  # a read's (generation_read_refused): the prefix, restoring or not
+            raise store_lost_read(reply[1].decode(), reply[2] == 1)
         raise StoreLost(STORE_LOST_TEXT, {"recover": "stateworker restore"})
     return reply
 

@@ -26,7 +26,8 @@ that stopped in its last step (a slot stamped: writes let in there since) is fin
 by the next restore, the repair at start or a running snapshotter (generation.finish).
 
 The service may run meanwhile: the restore first removes the generation markers, so every
-write is refused (STORE_LOST) until its last step, which writes its new generation into Redis
+write and every read is refused (STORE_LOST; a read would find what is not back yet missing)
+until its last step, which writes its new generation into Redis
 after PostgreSQL (state/generation.py); the running services then find the markers agree
 again, their snapshotters go on from the positions the restore set, and writes are accepted."""
 

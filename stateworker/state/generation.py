@@ -11,12 +11,14 @@ that comes back empty is found by itself.
 
 Every writing script checks its own slot's marker first (lua/includes/generation.lua) and
 refuses with STORE_LOST when it is gone: a FLUSHALL, a restart on an empty data directory,
-an eviction. A Redis whose markers are there but which is behind what PostgreSQL holds (an
-older copy of its data, a replica promoted before it synced) is found by the snapshotter,
-which removes the markers of the partitions concerned (`mark_lost`), so the scripts refuse
-there too. Only a restore writes them again; without a PostgreSQL snapshot there is nothing
-to restore, and `watch_loop` begins the prefix anew in this Redis (empty) with an error in
-the log.
+an eviction. Every read checks it too (generation.lua `generation_read_refused`, or
+`RedisState.read_plan` for the reads without a script): a key not (yet) back is not known to
+be missing, so the read is refused rather than answered with null. A Redis whose markers
+are there but which is behind what PostgreSQL holds (an older copy of its data, a replica
+promoted before it synced) is found by the snapshotter, which removes the markers of the
+partitions concerned (`mark_lost`), so the scripts refuse there too. Only a restore writes
+them again; without a PostgreSQL snapshot there is nothing to restore, and `watch_loop`
+begins the prefix anew in this Redis (empty) with an error in the log.
 
 `watch_loop` also keeps `state.lost` (why writes are refused, or None) for `/readyz`, the
 metrics and `stateworker status`."""
@@ -33,7 +35,7 @@ from anyio.abc import TaskStatus
 from stateworker.clock import now_ms
 from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
-from stateworker.keys import KeySpace
+from stateworker.keys import HISTORY_GENERATION, HISTORY_RESTORING, KeySpace
 from stateworker.scripts.upkeep_bindings import STAMP, stamp_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
@@ -43,8 +45,9 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.generation")
 
 META_FIELD = "generation"  # in the meta hash
-PARTITION_FIELD = "gen"  # in each partition's history hash
-RESTORING_FIELD = "restoring"  # in the meta hash while a restore runs: the generation it writes
+PARTITION_FIELD = HISTORY_GENERATION  # in each partition's history hash
+# in the meta hash (and each history hash) while a restore runs: the generation it writes
+RESTORING_FIELD = HISTORY_RESTORING
 LOST_FIELD = "lost"  # in `snapshot:status`: why the snapshotter removed markers
 SEEN_FIELD = "lost_seen_ms"  # in `snapshot:status`: when a snapshotter last found it lost
 WATCH_S = 1.0  # how often `watch_loop` reads the markers

@@ -26,12 +26,19 @@
      {key, version, hash, topic, created, updated, expires, updated_by, value, ...}}
     (9 fields per entry, false where unset; value also when the hash is unknown; numbers
     as integers, the hash as its 32 raw bytes)
+    {ST.STORE_LOST, prefix, 1 or 0} the partition's data is lost or a restore writes it back
+    (1): nothing read (generation.lua generation_read_refused)
   Events: none.
 ]]
+--- @include "generation"
 --- @include "glob"
 --- @include "text"
 --- @include "packed"
 
+local refused = generation_read_refused(KEYS[1])
+if refused then
+  return refused
+end
 local idx, now, prefix = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 local orderBy, desc = ARGV[3], ARGV[4] == 'desc'
 local hasCursor, cursor, cursorScore = ARGV[5] ~= '', string.sub(ARGV[5], 2), ARGV[6]

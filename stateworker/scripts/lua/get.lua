@@ -20,12 +20,19 @@
                            another node (a slot moved since the service's map), so the
                            service answers
     {ST.CALL_ID_REUSED}    the id is bound to another call: nothing written, nothing sent
+    {ST.STORE_LOST, prefix, 1 or 0} the partition's data is lost or a restore writes it back
+    (1): nothing read, no id bound, nothing sent (generation.lua generation_read_refused)
   Events: none.
 ]]
+--- @include "generation"
 --- @include "records"
 --- @include "answer"
 --- @include "packed"
 
+local refused = generation_read_refused(KEYS[2])
+if refused then
+  return refused
+end
 local now = tonumber(ARGV[3])
 local here = answer_here(ARGV[6] == 'c')
 if not records_bind(KEYS[1], ARGV[2], ARGV[4], ARGV[5], tonumber(ARGV[1]), now, true) then

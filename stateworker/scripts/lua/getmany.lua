@@ -15,11 +15,18 @@
     expired entry; numbers as integers, the hash as its 32 raw bytes)
     {ST.CALL_TOO_LARGE, index of the key (0-based) passing the limit, bytes by then, ARGV[3]}:
     the values read by that key are more than the limit; nothing is returned
+    {ST.STORE_LOST, prefix, 1 or 0} the partition's data is lost or a restore writes it back
+    (1): nothing read (generation.lua generation_read_refused)
   Events: none.
 ]]
 
+--- @include "generation"
 --- @include "packed"
 
+local refused = generation_read_refused(KEYS[1])
+if refused then
+  return refused
+end
 local now, prefix, budget = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local out, spent = {}, 0
 for i = 4, #ARGV do

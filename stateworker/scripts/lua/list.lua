@@ -14,11 +14,18 @@
   Output:
     {ST.OK, {value or key, ...}, 1 when the index may hold more (0: it ended), the last key read}
     expired entries are left out
+    {ST.STORE_LOST, prefix, 1 or 0} the partition's data is lost or a restore writes it back
+    (1): nothing read (generation.lua generation_read_refused)
   Events: none.
 ]]
 
+--- @include "generation"
 --- @include "packed"
 
+local refused = generation_read_refused(KEYS[1])
+if refused then
+  return refused
+end
 local now = tonumber(ARGV[1])
 local wantKeys = ARGV[3] == 'keys'
 local most, budget = tonumber(ARGV[5]), tonumber(ARGV[6])

@@ -42,8 +42,11 @@
                           ("snapshots": the room full, none of it the caller's)
                           ("entries": the keys of the scope's index, live or expired not yet
                           reaped; at most ARGV[8] + 1 of them are read)
+    {ST.STORE_LOST, prefix, 1 or 0} the partition's data is lost or a restore writes it back
+    (1): nothing read, nothing written (generation.lua generation_read_refused)
   Events: none.
 ]]
+--- @include "generation"
 --- @include "packed"
 
 -- JSON string escapes as msgspec writes them (the page's bytes are counted here exactly);
@@ -63,6 +66,10 @@ local function json_text(text)
 end
 
 --- @per-call
+local refused = generation_read_refused(KEYS[1])
+if refused then
+  return refused
+end
 local now, capture, prefix, binding = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3], ARGV[4]
 local limit, maxBytes, cursor = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local snapshot, nextName, live = KEYS[2], KEYS[3], KEYS[4]

@@ -18,8 +18,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from stateworker.context import Answer, CallContext
-from stateworker.errors import StateError, Unavailable
-from stateworker.keys import KeySpace, call_field
+from stateworker.errors import StateError, Unavailable, store_lost_read
+from stateworker.keys import (
+    HISTORY_GENERATION,
+    HISTORY_RESTORING,
+    KeySpace,
+    PartitionKeys,
+    call_field,
+)
 from stateworker.scripts.bindings import BIND, Call, bind_call, entry_call, library_of
 from stateworker.scripts.library import Binding
 from stateworker.scripts.statuses import LUA_STATUS, Target, raise_for_status, script_reply
@@ -42,6 +48,7 @@ from stateworker.transport.plans import (
     Answered,
     Plan,
     Sent,
+    command_reply,
     execute_many,
     send_first_step,
 )
@@ -209,6 +216,28 @@ class RedisState:
             return finish(binding.reply(reply))
 
         return Plan([binding.command(self.library, *call)], done)
+
+    def read_plan(self, parts: Sequence[PartitionKeys], commands: list[list[Arg]],
+                  finish: Callable[[list[Any]], Any]) -> Plan:
+        """A read that runs no script (a GET, a ZRANGE ...) of the partitions `parts`, refused
+        where one does not hold its data whole, as the read scripts refuse (STORE_LOST:
+        generation.lua `generation_read_refused`): a key a lost or half restored Redis lacks
+        is not known to be missing. Each partition's marker is read after the commands, in
+        the same step and slot: they read a whole dataset unless a restore ended between two
+        commands of one pipeline (a wipe between them is refused; a restore's many steps,
+        its stamp last, cannot all fit there). `finish` gets the commands' replies."""
+        count, prefix = len(commands), self.keys.prefix
+        checks: list[list[Arg]] = [["HMGET", part.history, HISTORY_GENERATION,
+                                    HISTORY_RESTORING] for part in parts]
+
+        def checked(replies: list[Any]) -> Any:
+            for reply in replies[count:]:
+                marker = command_reply(reply, "HMGET")
+                if marker[0] is None:
+                    raise store_lost_read(prefix, marker[1] is not None)
+            return finish(replies[:count])
+
+        return Plan([*commands, *checks], checked)
 
     def entry_plan(self, binding: Binding[R], target: Target, args: Sequence[Arg],
                    finish: Callable[[R], Any],

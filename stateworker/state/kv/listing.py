@@ -182,18 +182,21 @@ def list_namespaces_plan(state: RedisState, pattern: str | None, limit: int,
         start = end = b"[" + parts[0].encode()
     else:
         start, end = b"[" + parts[0].encode(), b"(" + parts[0].encode() + b"\xff"
-    keys = [part.scopes for part in state.keys.all_partitions()]
-    first = chunk or min(NAMESPACES_CHUNK_MAX, max(NAMESPACES_CHUNK, -(-2 * limit // len(keys))))
-    walk = _ScopesWalk(parts, limit, hidden, end)
-    return walk.read({key: (start, first) for key in keys})
+    partitions = {part.scopes: part for part in state.keys.all_partitions()}
+    first = chunk or min(NAMESPACES_CHUNK_MAX,
+                         max(NAMESPACES_CHUNK, -(-2 * limit // len(partitions))))
+    walk = _ScopesWalk(state, partitions, parts, limit, hidden, end)
+    return walk.read({key: (start, first) for key in partitions})
 
 
 class _ScopesWalk:
     """A list-namespaces walk over the partitions' scopes indexes: what each has read and not
     yet given out, and where each goes on. Its steps' plans hold it; it holds no plan."""
 
-    def __init__(self, parts: list[str] | None, limit: int, hidden: frozenset[str],
+    def __init__(self, state: RedisState, partitions: dict[str, PartitionKeys],
+                 parts: list[str] | None, limit: int, hidden: frozenset[str],
                  end: bytes) -> None:
+        self.state, self.partitions = state, partitions  # (each scopes index's partition)
         self.parts, self.limit, self.hidden, self.end = parts, limit, hidden, end
         self.found: list[str] = []
         self.pending: list[bytes] = []  # read, above the last step's frontier
@@ -216,7 +219,7 @@ class _ScopesWalk:
                     self.last[key] = (members[-1], reads[key][1])
             return self.give()
 
-        return Plan(commands, finish)
+        return self.state.read_plan([self.partitions[key] for key in order], commands, finish)
 
     def give(self) -> Any:
         """Every scope read up to the frontier (the least last member of the partitions not

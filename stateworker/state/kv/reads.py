@@ -43,7 +43,7 @@ def hash_plan(state: RedisState, scope: str, key: str, version: int, value: byte
 
 def get_plan(state: RedisState, scope: str, key: str) -> Plan:
     """The stored JSON, or None when missing or expired."""
-    entry = state.keys.for_scope(scope).entry(scope, key)
+    part = state.keys.for_scope(scope)
 
     def finish(replies: list[Any]) -> msgspec.Raw | None:
         stored = command_reply(replies[0], "GET")
@@ -54,7 +54,7 @@ def get_plan(state: RedisState, scope: str, key: str) -> Plan:
             return None
         return msgspec.Raw(entry.value)
 
-    return Plan([["GET", entry]], finish)
+    return state.read_plan((part,), [["GET", part.entry(scope, key)]], finish)
 
 
 def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext,
@@ -77,7 +77,7 @@ def get_answered_plan(state: RedisState, scope: str, key: str, ctx: CallContext,
 
 def get_entry_plan(state: RedisState, scope: str, key: str, *,
                    default: msgspec.Raw | None = None, required: bool = False) -> Plan:
-    entry = state.keys.for_scope(scope).entry(scope, key)
+    part = state.keys.for_scope(scope)
 
     def finish(replies: list[Any]) -> Any:
         stored = command_reply(replies[0], "GET")
@@ -99,7 +99,7 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
             return then(hash_plan(state, scope, key, e.version, e.value), result)
         return result(e.hash)
 
-    return Plan([["GET", entry]], finish)
+    return state.read_plan((part,), [["GET", part.entry(scope, key)]], finish)
 
 
 LIST_CHUNK = 1000  # keys one list.lua script reads, at most (about 5 ms)
@@ -138,5 +138,5 @@ def list_groups_plan(state: RedisState, hidden: frozenset[str] = frozenset()) ->
         scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
         return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
 
-    return Plan([["ZRANGE", part.scopes, 0, -1] for part in state.keys.all_partitions()],
-                finish)
+    parts = state.keys.all_partitions()
+    return state.read_plan(parts, [["ZRANGE", part.scopes, 0, -1] for part in parts], finish)

@@ -39,12 +39,13 @@ from stateworker.scripts.replies import IndexReply
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
 from stateworker.state.kv import writes
-from stateworker.state.kv.reads import list_values_plan
+from stateworker.state.kv.packed import unpack
 from stateworker.state.query import predicates
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import Plan, command_reply, then
 
 MAX_INDEXES = 16  # indexes of one scope
+DEFINITIONS_CHUNK = 1000  # index definitions rebuild_all reads a step
 BUILD_BATCH = 1000  # keys one build script indexes at most
 BATCHES_PER_CALL = 100  # build scripts one create-index call runs at most
 
@@ -138,17 +139,31 @@ def list_plan(state: RedisState, scope: str) -> Plan:
                                      indexed, total))
             return IndexesResult(out)
 
-        return Plan(commands, counted)
+        return state.read_plan((part,), commands, counted)
 
-    return Plan([["HGETALL", part.index_defs(scope)]], defined)
+    return state.read_plan((part,), [["HGETALL", part.index_defs(scope)]], defined)
 
 
 async def rebuild_all(state: RedisState) -> int:
     """Define and build again every index whose definition `state_indexes` holds (after a
-    restore, which brings the entries and the definitions back but no index); their count."""
-    definitions = await state.execute(list_values_plan(state, validate.INDEXES_SCOPE))
+    restore, which brings the entries and the definitions back but no index); their count.
+    The definitions are read as stored, not through state::list: the restore runs this
+    before its last step, and reads are refused until then (list.lua's marker check)."""
+    scope = validate.INDEXES_SCOPE
+    part = state.keys.for_scope(scope)
+    definitions: list[bytes] = []
+    read = 0
+    while names := await state.conn.execute("ZRANGE", part.key_index(scope), read,
+                                            read + DEFINITIONS_CHUNK - 1):
+        read += len(names)
+        stored = await state.conn.pipeline([["GET", part.entry(scope, name.decode())]
+                                            for name in names])
+        for reply in stored:
+            entry = command_reply(reply, "GET")
+            if entry is not None:
+                definitions.append(unpack(entry).value)
     for raw in definitions:
-        found = msgspec.json.decode(bytes(raw))
+        found = msgspec.json.decode(raw)
         scope, pointer = found["scope"], found["pointer"]
         part = state.keys.for_scope(scope)
         await state.execute(state.script_plan(

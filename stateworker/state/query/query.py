@@ -164,7 +164,7 @@ def query_plan(state: RedisState, req: QueryRequest) -> Plan:
                                            None if after is None else after[0])
         return _keys_plan(state, page, after)
 
-    return Plan([["HGETALL", part.index_defs(req.scope)]], chosen)
+    return state.read_plan((part,), [["HGETALL", part.index_defs(req.scope)]], chosen)
 
 
 def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
@@ -242,7 +242,7 @@ def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
             return page.run([], [], False)
         return _rows_plan(state, page, pointer, keys, more)
 
-    return Plan(commands, candidates)
+    return state.read_plan((part,), commands, candidates)
 
 
 def _rows_plan(state: RedisState, page: Page, pointer: str, keys: list[bytes],
@@ -260,12 +260,12 @@ def _rows_plan(state: RedisState, page: Page, pointer: str, keys: list[bytes],
             if total >= page.budget:
                 count = i + 1
                 break
-        return Plan([["GET", name] for name in names[:count]],
-                    lambda got: finish(keys[:count], got, more or count < len(keys)))
+        return state.read_plan((part,), [["GET", name] for name in names[:count]],
+                               lambda got: finish(keys[:count], got, more or count < len(keys)))
 
     def finish(read: list[bytes], replies: list[Any], more: bool) -> Any:
         page.result.index = pointer
         rows = [command_reply(r, "GET") for r in replies]
         return page.run(read, [None if r is None else unpack(r) for r in rows], more)
 
-    return Plan([["STRLEN", name] for name in names], sized)
+    return state.read_plan((part,), [["STRLEN", name] for name in names], sized)

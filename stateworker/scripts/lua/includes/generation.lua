@@ -20,3 +20,20 @@ local function generation_registry_lost(registry)
   local marker = redis.call('GET', string.sub(registry, 1, -9) .. 'generation')
   return not marker or string.byte(marker, 1) == 126
 end
+
+--[[
+  A read's check (get.lua, getmany.lua, list.lua, entries.lua, pages.lua; the raw reads do
+  the same in Python: RedisState.read_plan), before it reads or writes anything: nil while
+  the partition of `name` (any key of it) holds its data; else the reply that refuses the
+  read, {ST.STORE_LOST, the prefix, 1 while a restore writes the partition back (its
+  `restoring` mark) or 0}. A key a lost or half restored Redis does not hold is not known to
+  be missing: answered as missing, a caller would act on data PostgreSQL holds as absent.
+  One HGET a read (the prefix is [A-Za-z0-9_.-]: a name's tag is up to its first "}:").
+]]
+local function generation_read_refused(name)
+  local history = string.match(name, '^[^}]*}:') .. 'history'
+  if redis.call('HGET', history, 'gen') then
+    return nil
+  end
+  return {ST.STORE_LOST, string.match(name, '^[^:]*'), redis.call('HEXISTS', history, 'restoring')}
+end
