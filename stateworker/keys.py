@@ -56,7 +56,7 @@ class PartitionKeys:
     # hash: where this Redis's event history of the partition begins (events/compaction.py,
     # `History`): written when the prefix is new in this Redis and by a restore; it also holds
     # the generation marker (HISTORY_GENERATION), a running restore's mark (HISTORY_RESTORING)
-    # and whether a snapshot follows its barriers (`snapshot`: snapshot/barriers.py).
+    # and whether a snapshot follows its barriers (HISTORY_SNAPSHOT).
     history: str
 
     def barrier(self, barrier_id: str) -> str:
@@ -145,9 +145,11 @@ def call_field(call_id: str) -> bytes:
 
 
 # The history hash's fields of the generation marker (state/generation.py): the partition's
-# marker, and the generation of a restore writing the partition back (lua/stamp.lua).
+# marker, the generation of a restore writing the partition back (lua/stamp.lua), and
+# whether a snapshot follows the partition's barriers (lua/includes/barriermarks.lua).
 HISTORY_GENERATION = "gen"
 HISTORY_RESTORING = "restoring"
+HISTORY_SNAPSHOT = "snapshot"  # a snapshot follows its barriers (snapshot/barriers.py)
 
 
 def member(scope: str, key: str) -> str:

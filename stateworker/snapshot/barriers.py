@@ -39,7 +39,7 @@ from psycopg import AsyncCursor
 
 from stateworker.clock import now_ms
 from stateworker.errors import StoreLost, shown
-from stateworker.keys import PartitionKeys
+from stateworker.keys import HISTORY_SNAPSHOT, PartitionKeys
 from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
@@ -81,7 +81,7 @@ BATCH = 1000  # barriers read and stored per round and partition, at most
 # The partition's history hash field (keys.PartitionKeys.history) that says a snapshot follows
 # its barriers: `RESCAN` until its barriers have been copied whole, then `FOLLOWED`. Read by
 # lua/includes/barriermarks.lua by this name.
-FOLLOWED_FIELD = "snapshot"
+FOLLOWED_FIELD = HISTORY_SNAPSHOT
 RESCAN, FOLLOWED = "rescan", "on"
 
 
