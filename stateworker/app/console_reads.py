@@ -106,8 +106,18 @@ async def _barriers(state: RedisState) -> dict[str, Any]:
 
 async def counts(state: RedisState, scopes: list[str]) -> dict[str, int]:
     """Each scope's keys: its key index's size (ZCARD, as state::list-indexes counts a
-    scope's keys; an expired key counts until the reaper removes it), in one pipeline."""
-    replies = await state.conn.pipeline([["ZCARD", state.keys.for_scope(scope).key_index(scope)]
-                                         for scope in scopes])
-    return {scope: int(reply) for scope, reply in zip(scopes, replies, strict=True)
-            if isinstance(reply, int)}
+    scope's keys; an expired key counts until the reaper removes it), in one pipeline.
+    Refused (STORE_LOST) as every read is where Redis lost the prefix or a restore writes it
+    back (`RedisState.read_plan`): a scope not yet restored would count 0 keys."""
+    if not scopes:
+        return {}
+    parts = list({id(part): part for part in map(state.keys.for_scope, scopes)}.values())
+
+    def counted(replies: list[Any]) -> dict[str, int]:
+        return {scope: int(reply) for scope, reply in zip(scopes, replies, strict=True)
+                if isinstance(reply, int)}
+
+    commands: list[list[Any]] = [["ZCARD", state.keys.for_scope(scope).key_index(scope)]
+                                 for scope in scopes]
+    result: dict[str, int] = await state.execute(state.read_plan(parts, commands, counted))
+    return result
