@@ -94,7 +94,9 @@ class Logins:
         """A new session's token for `principal` once Redis accepts its password."""
         record = await self._prove(principal, password)
         token = secrets.token_urlsafe(32)
-        await self._session(token, principal, _session_record(principal, record))
+        ends_ms = now_ms() + int(SESSION_S * 1000)
+        await self._session(token, principal, _session_record(principal, record, ends_ms),
+                            ends_ms)
         return token
 
     async def logout(self, token: str | None) -> None:
@@ -159,7 +161,8 @@ class Logins:
 
     async def _session_of(self, token: str) -> tuple[str, Principal] | None:
         """(principal, its record at the login) of the session `token`; None when there is
-        none (never was, ended, or past its end: Redis expired it)."""
+        none (never was, ended, or past its end: Redis expires it then, and the end is in
+        the record too, so a key whose expiry was removed (PERSIST) ends all the same)."""
         try:
             stored = await self.state.conn.execute("GET", self.state.keys.session(_digest(token)))
         except OSError as exc:  # (ConnectionLost and timeouts are OSErrors)
@@ -168,14 +171,17 @@ class Logins:
         if stored is None:
             return None
         try:
-            return _session_decoder.decode(stored)
+            principal, record, ends_ms = _session_decoder.decode(stored)
         except msgspec.ValidationError:  # (written by an older service: over)
             return None
+        return (principal, record) if ends_ms > now_ms() else None
 
-    async def _session(self, token: str, principal: str, stored: bytes | None) -> None:
-        """Open the session `token` of `principal` as `stored` says, or close it (None)."""
-        call = session_call(self.state.keys, _digest(token), principal, stored,
-                            now_ms() + int(SESSION_S * 1000), SESSIONS_PER_PRINCIPAL)
+    async def _session(self, token: str, principal: str, stored: bytes | None,
+                       ends_ms: int = 0) -> None:
+        """Open the session `token` of `principal` as `stored` says until `ends_ms`, or close
+        it (None)."""
+        call = session_call(self.state.keys, _digest(token), principal, stored, ends_ms,
+                            SESSIONS_PER_PRINCIPAL)
         try:
             (reply,) = await pipeline(self.state.conn, self.state.library,
                                       [SESSION.command(self.state.library, *call)])
@@ -250,12 +256,13 @@ class Logins:
             del self.proofs[key]
 
 
-_session_decoder = msgspec.json.Decoder(tuple[str, Principal])
+_session_decoder = msgspec.json.Decoder(tuple[str, Principal, int])
 
 
-def _session_record(principal: str, record: Principal) -> bytes:
-    """What Redis keeps of a session: its principal and the record it logged in under."""
-    return msgspec.json.encode((principal, record))
+def _session_record(principal: str, record: Principal, ends_ms: int) -> bytes:
+    """What Redis keeps of a session: its principal, the record it logged in under, and
+    when it ends (epoch ms, Redis's clock)."""
+    return msgspec.json.encode((principal, record, ends_ms))
 
 
 def _digest(token: str) -> str:

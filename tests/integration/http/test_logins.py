@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker import StateStore
+from stateworker.app import logins
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
@@ -220,3 +221,27 @@ async def test_a_session_is_every_replicas(acl_redis: RedisServer, prefix: str) 
                         tg.cancel_scope.cancel()
                 # (an event before the logout's news came may show: at most a recheck's worth)
                 assert all(line.startswith(("data:", ":")) or not line for line in seen), seen
+
+
+async def test_a_session_whose_key_lost_its_expiry_still_ends(
+        acl_served: StateService, acl_redis: RedisServer, prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session ends at its end even when its key's expiry is gone (a `PERSIST` by an
+    operator's tool, a key copied without its TTL): the end is in the record too."""
+    monkeypatch.setattr(logins, "SESSION_S", 1.0)
+    await principals.add_principal(acl_served.state, "brief", ["reader"], ())
+    await principals.set_user(acl_served.state, "brief", "pass-1")
+    async with httpx.AsyncClient(base_url=f"http://{acl_served.http_address}") as browser:
+        login = await browser.post("/v1/console/login", content=msgspec.json.encode(
+            {"principal": "brief", "password": "pass-1"}))
+        assert login.status_code == 200, login.text
+        conn = aredis.Redis.from_url(acl_redis.url)
+        try:
+            (key,) = await conn.keys(f"{prefix}:*session:*")
+            assert await conn.persist(key)
+        finally:
+            await conn.aclose()
+
+        async def ended() -> bool:
+            return (await browser.get("/v1/console/session")).json()["principal"] is None
+        await until(ended, 10, "the session to end at its end")
