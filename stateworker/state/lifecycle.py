@@ -235,7 +235,7 @@ async def check_strict(state: RedisState) -> None:
     state.confirm = Confirm(waitaof=waitaof, replicas=replicas)
 
 
-async def check_eviction(state: RedisState) -> None:
+async def check_eviction(state: RedisState) -> bool:
     """Redis must not evict keys of its own accord. `maxmemory-policy allkeys-*` would drop
     entries silently (and a write over one would start its version at 1 again); a
     `volatile-*` policy with a `maxmemory` set evicts the keys that have an expiry, and those
@@ -245,7 +245,7 @@ async def check_eviction(state: RedisState) -> None:
     lists. With no `maxmemory` (0) nothing is ever evicted. The bus's Redis of its own too
     (its reply lists and a `Worker`'s records; away now: its start waits for it). Read from
     INFO memory (the service's ACL rule has no CONFIG); refused (an ACL of the operator's):
-    not checked."""
+    not checked. Whether every node answered (a node loading, or away, is not checked)."""
     conn = state.conn
     try:
         if isinstance(conn, ClusterConnection):
@@ -253,12 +253,14 @@ async def check_eviction(state: RedisState) -> None:
         else:
             infos = {conn.shown: await conn.execute("INFO", "memory")}
     except ReplyError:
-        return
+        return False
     if state.split_bus:
         with contextlib.suppress(ReplyError, ConnectionLost):
             infos[state.bus_conn.shown] = await state.bus_conn.execute("INFO", "memory")
+    answered = True
     for node, info in infos.items():
         if not isinstance(info, bytes):
+            answered = False
             continue
         fields = dict(line.split(":", 1) for line in info.decode(errors="replace").splitlines()
                       if ":" in line)
@@ -279,6 +281,7 @@ async def check_eviction(state: RedisState) -> None:
                 "was evicted would be applied twice. Set `maxmemory-policy noeviction` "
                 "(CONFIG SET, and in redis.conf; on a cluster on every node): a full Redis "
                 "then refuses writes (RESOURCE_EXHAUSTED) instead")
+    return answered
 
 
 async def eviction_loop(state: RedisState, *,
@@ -292,7 +295,8 @@ async def eviction_loop(state: RedisState, *,
     while True:
         await anyio.sleep(EVICTION_CHECK_S)
         try:
-            await check_eviction(state)
+            if not await check_eviction(state) and state.evicting is not None:
+                continue  # (a node that did not answer may still evict: not ready yet)
             problem = None
         except ConfigError as exc:
             problem = str(exc)
