@@ -126,7 +126,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
         got = msgspec.json.decode(await native(
             request, "ERR_STATE_GET", f"fail to get {key} from state store {store.name}",
             "state::get-entry", {"scope": scope, "key": native_key},
-            Fields(key="key", scope=_scope_field(store, "key"))), type=_Found)
+            _read_fields(store, "key", key="key")), type=_Found)
         if not got.found:
             return Response(status_code=204)
         headers = {"ETag": str(got.version)}
@@ -142,8 +142,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
         condition = expected(request.headers.get("if-match"), "If-Match", "ERR_STATE_DELETE")
         await native(request, "ERR_STATE_DELETE", f"failed deleting state with key {key}",
                      "state::delete", {"scope": scope, "key": native_key, **condition},
-                     Fields(key="key", scope=_scope_field(store, "key"),
-                            expected_version="If-Match"))
+                     _read_fields(store, "key", key="key", expected_version="If-Match"))
         return Response(status_code=204)
 
     async def bulk(request: Request) -> Response:
@@ -164,7 +163,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             first: dict[str, int] = {}  # each key once (get-many's), at its first index
             for i, native_key in wanted:
                 first.setdefault(native_key, i)
-            fields = Fields(keys="$.keys", scope=_scope_field(store, f"$.keys[{wanted[0][0]}]"))
+            fields = _read_fields(store, f"$.keys[{wanted[0][0]}]", keys="$.keys")
             for n, i in enumerate(first.values()):
                 fields.add(f"$.keys[{n}]", f"$.keys[{i}]")
             got = msgspec.json.decode(await native(
@@ -261,10 +260,15 @@ def _keys(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in op.items() if k != "scope"} for op in ops]
 
 
-def _scope_field(store: Store, key_field: str) -> str:
-    """The Dapr field a native scope came from: the key's app (`<app>||<key>`) in a store
-    spanning scopes, else the store (the URL's)."""
-    return key_field if store.spans else "store"
+def _scope_field(store: Store, fields: Fields, key_field: str) -> Fields:
+    """`fields` with the Dapr field a native scope came from: the key's app (`<app>||<key>`)
+    in a store spanning scopes, else the store (the URL's)."""
+    fields.add("$.scope", key_field if store.spans else "store", made=True)
+    return fields
+
+
+def _read_fields(store: Store, key_field: str, **fixed: str) -> Fields:
+    return _scope_field(store, Fields(**fixed), key_field)
 
 
 def _write_fields(store: Store, ops: list[dict[str, Any]], body: str,
@@ -277,8 +281,7 @@ def _write_fields(store: Store, ops: list[dict[str, Any]], body: str,
     for op in ops:
         first.setdefault(op["key"], op)
         last[op["key"]] = op
-    fields = Fields(ops=body, keys=body,
-                    scope=_scope_field(store, f"{ops[0]['where']}.key"))
+    fields = _scope_field(store, Fields(ops=body, keys=body), f"{ops[0]['where']}.key")
     for j, key in enumerate(first):
         fields.write_op(f"$.ops[{j}]", first[key]["where"], last[key]["where"],
                         last[key].get("ttl_from"))

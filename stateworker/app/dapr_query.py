@@ -148,8 +148,9 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
 def _native(branch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Fields]:
     """A branch as a native `where`, and the Dapr fields its conditions came from."""
     fields = Fields(where="$.filter")
-    for n, condition in enumerate(branch):
-        fields.add(f"$.where[{n}]", condition["at"])
+    for n, condition in enumerate(branch):  # (its path and value: the Dapr leaf's one pair)
+        for native in (f"$.where[{n}]", f"$.where[{n}].pointer", f"$.where[{n}].value"):
+            fields.add(native, condition["at"])
     return [{k: v for k, v in c.items() if k != "at"} for c in branch], fields
 
 
