@@ -5,16 +5,20 @@ scope (app/dapr_requests.py), a key a key, an ETag an entry's version.
     GET         /v1.0/healthz, /v1.0/healthz/outbound   204 (the SDKs wait on these)
     GET         /v1.0/metadata                          the app and its state stores
     POST|PUT    /v1.0/state/{store}                     save items (one transaction: all or none)
-    GET         /v1.0/state/{store}/{key}               the value, `ETag` header; 204 when absent
+    GET         /v1.0/state/{store}/{key}               the value, `ETag` header (and
+                                                        `metadata.ttlExpireTime`); 204 absent
     DELETE      /v1.0/state/{store}/{key}               `If-Match: <etag>`: only at that version
-    POST|PUT    /v1.0/state/{store}/bulk                `{"keys": [...]}` -> [{key, data, etag}]
+    POST|PUT    /v1.0/state/{store}/bulk                `{"keys": [...]}` -> [{key, data, etag,
+                                                        metadata: {ttlExpireTime}}]
     POST|PUT    /v1.0/state/{store}/transaction         operations in order, all or nothing
     POST|PUT    /v1.0-alpha1/state/{store}/query        app/dapr_query.py
 
 Each runs native functions through `Caller` (the HTTP face's in-process call, as the
 request's principal in `acl` mode: `dapr-api-token` or `Authorization`), so it is what a bus
 call would do. Errors are Dapr's: `{"errorCode", "message", "details"}` with Dapr's statuses
-(an ETag that does not hold 409, a malformed request 400, a store that is not there 400).
+(an ETag that does not hold 409, a malformed request 400, a store that is not there 400),
+naming the Dapr request's fields, not the native calls' (app/dapr_fields.py). An item that
+expires says when (`ttlExpireTime`, RFC 3339 in UTC to the second, as Dapr's stores write it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Dapr's state requests read into native calls (app/dapr.py serves them): the configured stores,
 the request bodies as Dapr's HTTP API reference gives them (unknown fields refused, as the
-native API refuses them), ETags, the `metadata.*` of the URL and of an item, the options, a
-transaction's operations applied in order, and Dapr's error codes and statuses.
+native API refuses them), ETags, the `metadata.*` of the URL and of an item (the URL's
+winning, as in Dapr's runtime: `ruling`), the options, a transaction's operations applied in
+order, and Dapr's error codes and statuses.
 
 Stores (STATEWORKER_DAPR_STORES, comma-separated; unset: `statestore`):
     `name`            the store `name` is the scope `name`
