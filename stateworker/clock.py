@@ -69,6 +69,12 @@ def epoch_ms(text: str) -> int:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+def rfc3339_s(text: str) -> str:
+    """`2026-11-29T15:04:05.123Z` (what `rfc3339_ms` writes) -> `2026-11-29T15:04:05Z`: to the
+    second, cut rather than rounded, as Go's time.RFC3339 writes a time (Dapr's stores)."""
+    return f"{_second(epoch_ms(text) // 1000)}Z"
+
+
 @functools.lru_cache(maxsize=8192)
 def _second(epoch_s: int) -> str:
     """`2026-11-29T15:04:05`: formatting a time is most of a read's own cost in Python (a

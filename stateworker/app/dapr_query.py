@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from stateworker.app.dapr_fields import Fields
 from stateworker.app.dapr_requests import DaprError, malformed
 from stateworker.codec import whole_number
 from stateworker.errors import shown
@@ -25,7 +26,8 @@ MAX_GATHERED = 10_000  # entries a query with OR or sort may gather before it pa
 GATHER_PAGE = 1000  # entries per native call while gathering
 OPS = {"EQ": "eq", "NEQ": "ne", "GT": "gt", "GTE": "gte", "LT": "lt", "LTE": "lte", "IN": "in"}
 
-Native = Callable[[dict[str, Any]], Awaitable["Found"]]  # a native query body -> its page
+# a native query body and the Dapr fields it names -> its page
+Native = Callable[[dict[str, Any], Fields], Awaitable["Found"]]
 
 
 class Sort(msgspec.Struct, forbid_unknown_fields=True):
@@ -48,6 +50,7 @@ class Entry(msgspec.Struct):
     key: str = ""
     value: msgspec.Raw = msgspec.Raw(b"null")
     version: int | None = None
+    expires_at: str | None = None
 
 
 class Found(msgspec.Struct):
@@ -61,11 +64,12 @@ def pointer(path: str) -> str:
 
 
 def branches(node: Any, where: str = "$.filter") -> list[list[dict[str, Any]]]:
-    """The filter in disjunctive form: a list of AND branches, each a native `where`."""
+    """The filter in disjunctive form: a list of AND branches, each a native `where` whose
+    conditions hold their Dapr field (`at`, taken out before the call: `_native`)."""
     if not isinstance(node, dict):
         raise malformed(f"{where}: must be an object (EQ, NEQ, GT, GTE, LT, LTE, IN, AND, OR)")
     if not node:
-        return [[{"pointer": "", "op": "exists", "value": True}]]
+        return [[{"pointer": "", "op": "exists", "value": True, "at": where}]]
     if len(node) != 1:
         raise malformed(f"{where}: one operator per object, got {sorted(node)}")
     (kind, arg), = node.items()
@@ -89,7 +93,8 @@ def branches(node: Any, where: str = "$.filter") -> list[list[dict[str, Any]]]:
         (path, value), = arg.items()
         if kind == "IN" and not isinstance(value, list):
             raise malformed(f"{where}.IN: a list of values")
-        return [[{"pointer": pointer(str(path)), "op": OPS[kind], "value": value}]]
+        return [[{"pointer": pointer(str(path)), "op": OPS[kind], "value": value,
+                  "at": f"{where}.{kind}[{shown(str(path))}]"}]]
     raise malformed(f"{where}: {shown(kind)} with {shown(arg)}: want one of "
                     f"{', '.join(OPS)} (one path each), AND or OR")
 
@@ -101,25 +106,28 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
         raise malformed(f"$.page.limit: 1 to 1000, got {limit}")
     ands = branches(query.filter)
     if len(ands) == 1 and not query.sort:  # one native query, paged by its cursor
-        body: dict[str, Any] = {"scope": scope, "where": ands[0], "limit": limit}
+        where, fields = _native(ands[0])
+        body: dict[str, Any] = {"scope": scope, "where": where, "limit": limit}
         if query.page.token:
             body["after"] = query.page.token
+            fields.add("$.after", "$.page.token")
         try:
-            found = await native(body)
+            found = await native(body, fields)
         except DaprError as exc:  # (the cursor refused: named as the caller sent it)
-            if exc.reason is None or exc.reason.details.get("path") != "$.after":
+            if exc.reason is None or exc.reason.details.get("path") != "$.page.token":
                 raise
             raise _not_a_token(query.page.token) from exc
         return found.entries, found.next_after
     start = _offset(query.page.token)
     gathered: dict[str, Entry] = {}
-    for where in ands:
+    for branch in ands:
+        where, fields = _native(branch)
         after: str | None = None
         while True:
             body = {"scope": scope, "where": where, "limit": GATHER_PAGE}
             if after is not None:
                 body["after"] = after
-            found = await native(body)
+            found = await native(body, fields)
             gathered.update((e.key, e) for e in found.entries)
             if len(gathered) > MAX_GATHERED:
                 raise DaprError("ERR_STATE_QUERY", 400, f"a query with OR or sort gathers at "
@@ -135,6 +143,15 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
     page = entries[start:start + limit]
     more = start + limit < len(entries)
     return page, (str(start + limit) if more else None)
+
+
+def _native(branch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Fields]:
+    """A branch as a native `where`, and the Dapr fields its conditions came from."""
+    fields = Fields(where="$.filter")
+    for n, condition in enumerate(branch):  # (its path and value: the Dapr leaf's one pair)
+        for native in (f"$.where[{n}]", f"$.where[{n}].pointer", f"$.where[{n}].value"):
+            fields.add(native, condition["at"])
+    return [{k: v for k, v in c.items() if k != "at"} for c in branch], fields
 
 
 def _sorted(entries: list[Entry], parts: tuple[str, ...], descending: bool) -> list[Entry]:

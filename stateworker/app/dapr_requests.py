@@ -1,7 +1,8 @@
 """Dapr's state requests read into native calls (app/dapr.py serves them): the configured stores,
 the request bodies as Dapr's HTTP API reference gives them (unknown fields refused, as the
-native API refuses them), ETags, the `metadata.*` of the URL and of an item, the options, a
-transaction's operations applied in order, and Dapr's error codes and statuses.
+native API refuses them), ETags, the `metadata.*` of the URL and of an item (the URL's
+winning, as in Dapr's runtime: `ruling`), the options, a transaction's operations applied in
+order, and Dapr's error codes and statuses.
 
 Stores (STATEWORKER_DAPR_STORES, comma-separated; unset: `statestore`):
     `name`            the store `name` is the scope `name`
@@ -21,6 +22,7 @@ from stateworker.codec import whole_number
 from stateworker.error_codes import HTTP_STATUS
 from stateworker.errors import ConfigError, StateError, shown
 from stateworker.settings import Settings
+from stateworker.state.core.validate import MAX_TTL_MS
 
 DEFAULT_STORES = "statestore"
 SEPARATOR = "||"  # Dapr's key scheme: <app id>||<key>
@@ -161,35 +163,59 @@ def expected(etag: str | None, where: str, code: str) -> dict[str, int]:
     return {"expected_version": version}
 
 
-def ttl_ms(metadata: dict[str, str], where: str) -> int | None:
-    """`ttlInSeconds` (none: never expire, as Dapr's stores read -1, 0 and "", the last as not
-    given); `contentType` is taken as given (the value is stored as its JSON text whatever it
-    says)."""
-    ttl = metadata.get("ttlInSeconds")
+Layer = tuple[dict[str, str], str]  # metadata, and the field its names are under
+
+
+def ruling(name: str, layers: list[Layer]) -> tuple[str, str] | None:
+    """Metadata `name`'s value and the field it came from, the last of `layers` that gives it
+    winning: Dapr's runtime copies the URL's `metadata.*` over an item's (a save's, a
+    transaction operation's: its HTTP API's onPostState), so the URL's wins; a transaction's
+    own `metadata` applies to every operation that does not say (decision 0065)."""
+    for metadata, where in reversed(layers):
+        if name in metadata:
+            return metadata[name], where + name
+    return None
+
+
+def ttl_ms(layers: list[Layer]) -> tuple[int | None, str | None]:
+    """`ttlInSeconds` in ms and its field (none: never expire, as Dapr's stores read -1, 0
+    and "", the last as not given), at most ten years as native TTLs are. `contentType` is
+    taken as given (the value is stored as its JSON text whatever it says)."""
+    found = ruling("ttlInSeconds", layers)
+    if found is None:
+        return None, None
+    ttl, field = found
     if not ttl or ttl == "-1":
-        return None
-    seconds = whole_number(ttl, 12)  # (more than 30,000 years)
-    if seconds is None:
-        raise malformed(f"{where}.ttlInSeconds: a whole number of seconds, at most 12 digits "
-                        f"(0 or -1: never expire), got {shown(ttl)}")
-    return seconds * 1000 or None
+        return None, field
+    seconds = whole_number(ttl, 12)
+    if seconds is None or seconds > MAX_TTL_SECONDS:
+        raise malformed(f"{field}: a whole number of seconds, at most {MAX_TTL_SECONDS} (ten "
+                        f"years; 0 or -1: never expire), got {shown(ttl)}")
+    return seconds * 1000 or None, field
 
 
-def upsert(item: Item, key: str, metadata: dict[str, str], where: str,
-           code: str) -> dict[str, Any]:
-    """A save as a native set. `first-write` without an ETag (or with an empty one) writes
-    only a key that is absent, as Dapr's stores do (its state conformance: a second
-    first-write save of a key fails); without it a concurrent writer's save was overwritten."""
+MAX_TTL_SECONDS = MAX_TTL_MS // 1000
+
+
+def upsert(item: Item, key: str, where: str, code: str, url: dict[str, str],
+           shared: Layer | None = None) -> dict[str, Any]:
+    """A save as a native set, `where` its Dapr field; its metadata its own over `shared` (a
+    transaction's), the `url`'s over both (`ruling`). `first-write` without an ETag (or with
+    an empty one) writes only a key that is absent, as Dapr's stores do (its state
+    conformance: a second first-write save of a key fails); without it a concurrent writer's
+    save was overwritten."""
     condition = expected(item.etag, f"{where}.etag", code)
     if not condition and item.options.concurrency == "first-write":
         condition = {"expected_version": 0}
     op: dict[str, Any] = {"op": "set", "key": key, "value": item.value, **condition}
-    ttl = ttl_ms({**metadata, **item.metadata}, f"{where}.metadata")
+    ttl, field = ttl_ms([*([shared] if shared else []), (item.metadata, f"{where}.metadata."),
+                         (url, "metadata.")])
     if ttl is not None:
         op["ttl_ms"] = ttl
-    return op
+    return {**op, "where": where, "ttl_from": field}
 
 
+OWN = ("expected_version", "where", "ttl_from")  # (`where`, `ttl_from`: Dapr's fields, not sent)
 UNKNOWN = -1  # a key's version not known here (no ETag on its first operation, not read)
 
 
@@ -203,7 +229,7 @@ def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None],
     final: dict[str, dict[str, Any]] = {}
     now: dict[str, int | None] = {}  # a key's version after the operations so far
     for op in ops:
-        key = op["key"]
+        key, where = op["key"], op.get("where", "")
         want = op.get("expected_version")
         if key not in final:
             read = versions.get(key, UNKNOWN)
@@ -214,11 +240,11 @@ def in_order(ops: list[dict[str, Any]], versions: dict[str, int | None],
         else:
             current = now[key]
             if want is not None and (want or None) != current:  # (0: absent, as None)
-                raise DaprError(code, 409, f"key {shown(key)}: possible etag "
-                                f"mismatch: the operations before it leave it "
+                raise DaprError(code, 409, f"{where}.etag: possible etag mismatch: the "
+                                f"operations before it leave key {shown(key)} "
                                 f"{'absent' if current is None else f'at {current}'}")
             condition = {k: v for k, v in final[key].items() if k == "expected_version"}
-        final[key] = {**{k: v for k, v in op.items() if k != "expected_version"}, **condition}
+        final[key] = {**{k: v for k, v in op.items() if k not in OWN}, **condition}
         now[key] = None if op["op"] == "delete" else \
             UNKNOWN if current == UNKNOWN else 1 if current is None else current + 1
     return [_native(op) for op in final.values()]

@@ -1,7 +1,7 @@
 // Dapr's JavaScript SDK over HTTP in the edge cases a program meets, each as Dapr's state
 // stores answer it (components-contrib's state conformance and its Redis and PostgreSQL
 // stores): first-write concurrency without an ETag, an ETag that does not hold, a TTL of 0 or
-// "", a save naming a key twice; and a query's page token it never gave, refused naming
+// "", when an item with a TTL expires, a TTL on the URL and the item, a save naming a key twice; and a query's page token it never gave, refused naming
 // `page.token`. Prints one JSON line of what the SDK answered, for
 // tests/integration/http/test_dapr_sdk.py.
 import { CommunicationProtocolEnum, DaprClient } from "@dapr/dapr";
@@ -56,6 +56,17 @@ seen.ttlZero = saved(await client.state.save(
   store, [{ key: "ttl-zero", value: 0 }], { metadata: { ttlInSeconds: "0" } }));
 seen.ttlEmpty = saved(await client.state.save(
   store, [{ key: "ttl-empty", value: "" , metadata: { ttlInSeconds: "" } }]));
+
+// An item with a TTL: getBulk gives when it expires (`metadata.ttlExpireTime`), none without
+// one; the save's metadata (the SDK sends it on the URL) wins over an item's, as in Dapr
+seen.saveExpiring = saved(await client.state.save(store, [
+  { key: "expiring", value: 1, metadata: { ttlInSeconds: "3600" } },
+  { key: "lasting", value: 2 }]));
+seen.expiring = await client.state.getBulk(store, ["expiring", "lasting"]);
+seen.saveUrlOverItem = saved(await client.state.save(
+  store, [{ key: "url-wins", value: 3, metadata: { ttlInSeconds: "3600" } }],
+  { metadata: { ttlInSeconds: "-1" } }));
+seen.urlWins = await client.state.getBulk(store, ["url-wins"]);
 
 // A save naming a key twice: its items apply one after the other, as Dapr's stores apply
 // them, the last one's value staying; an ETag is checked against what the items before it made

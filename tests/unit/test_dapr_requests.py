@@ -54,9 +54,24 @@ def test_a_transaction_ends_as_its_last_operation_per_key() -> None:
 
 
 def test_ttl_in_seconds_as_dapr_stores_read_it() -> None:
-    for never in ({}, {"ttlInSeconds": ""}, {"ttlInSeconds": "0"}, {"ttlInSeconds": "-1"}):
-        assert ttl_ms(never, "$[0].metadata") is None
-    assert ttl_ms({"ttlInSeconds": "60"}, "$[0].metadata") == 60_000
-    for bad in ("-2", "1.5", "x", "1" * 13):
+    item = "$[0].metadata."
+    assert ttl_ms([({}, item)]) == (None, None)
+    for never in ("", "0", "-1"):
+        assert ttl_ms([({"ttlInSeconds": never}, item)]) == (None, f"{item}ttlInSeconds")
+    assert ttl_ms([({"ttlInSeconds": "60"}, item)]) == (60_000, f"{item}ttlInSeconds")
+    assert ttl_ms([({"ttlInSeconds": "315360000"}, item)])[0] == 315_360_000_000  # ten years
+    for bad in ("-2", "1.5", "x", "1" * 13, "315360001"):
         with pytest.raises(DaprError, match=r"\$\[0\]\.metadata\.ttlInSeconds"):
-            ttl_ms({"ttlInSeconds": bad}, "$[0].metadata")
+            ttl_ms([({"ttlInSeconds": bad}, item)])
+
+
+def test_the_urls_metadata_wins_over_an_items_over_a_transactions() -> None:
+    """Dapr's runtime copies the URL's `metadata.*` over each item's (decision 0065)."""
+    shared, item, url = ({"ttlInSeconds": "30"}, "$.metadata."), \
+        ({"ttlInSeconds": "60"}, "$.operations[0].request.metadata."), \
+        ({"ttlInSeconds": "-1"}, "metadata.")
+    assert ttl_ms([shared, item, url]) == (None, "metadata.ttlInSeconds")
+    assert ttl_ms([shared, item, ({}, "metadata.")]) == (
+        60_000, "$.operations[0].request.metadata.ttlInSeconds")
+    assert ttl_ms([shared, ({}, "$.operations[0].request.metadata."), ({}, "metadata.")]) == (
+        30_000, "$.metadata.ttlInSeconds")

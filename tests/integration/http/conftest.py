@@ -1,5 +1,6 @@
 """What the HTTP face's tests share: a state service with the face (`served`, or `serving`
-for other settings), a call through it (`post`), and a /metrics page's samples."""
+for other settings), a call through it (`post`), a /metrics page's samples, and Dapr's
+paths (`dapr`: a client of `/v1.0/state` over the stores `<scope>` and `spread=<scope>-*`)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,33 @@ def samples(text: str) -> Samples:
     """Every sample of a /metrics page, parsed by the Prometheus client's own parser."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+async def dapr(redis_server: RedisServer, prefix: str, scope: str
+               ) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        http="127.0.0.1:0", dapr_stores=f"{scope},spread={scope}-*")
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}/v1.0/state") as http:
+        yield http
+
+
+async def save(http: httpx.AsyncClient, store: str, *items: dict[str, Any]) -> httpx.Response:
+    return await http.post(f"/{store}", content=msgspec.json.encode(list(items)))
+
+
+def refusal(response: httpx.Response) -> tuple[int, str, str | None]:
+    """(status, Dapr's errorCode, our own code in its ErrorInfo details)."""
+    body = response.json()
+    details = body.get("details") or [{}]
+    return response.status_code, body["errorCode"], details[0].get("reason")
+
+
+async def entry(dapr: httpx.AsyncClient, scope: str, key: str) -> dict[str, Any]:
+    """The native entry (its expiry, its version) through /v1/call."""
+    base = str(dapr.base_url).rstrip("/").replace("/v1.0/state", "")
+    answer = await dapr.post(f"{base}/v1/call/state::get-entry",
+                             json={"scope": scope, "key": key})
+    result: dict[str, Any] = answer.json()["result"]
+    return result

@@ -4,40 +4,15 @@ a store being a scope and an ETag an entry's version."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
 
-from stateworker.app.service import StateService
-from stateworker.bus.protocol import BusOptions
-from stateworker.settings import Settings
-from tests.servers import RedisServer
+from tests.integration.http.conftest import entry, refusal, save
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def dapr(redis_server: RedisServer, prefix: str, scope: str
-               ) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
-                        http="127.0.0.1:0", dapr_stores=f"{scope},spread={scope}-*")
-    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
-            httpx.AsyncClient(base_url=f"http://{service.http_address}/v1.0/state") as http:
-        yield http
-
-
-async def save(http: httpx.AsyncClient, store: str, *items: dict[str, Any]) -> httpx.Response:
-    return await http.post(f"/{store}", content=msgspec.json.encode(list(items)))
-
-
-def refusal(response: httpx.Response) -> tuple[int, str, str | None]:
-    """(status, Dapr's errorCode, our own code in its ErrorInfo details)."""
-    body = response.json()
-    details = body.get("details") or [{}]
-    return response.status_code, body["errorCode"], details[0].get("reason")
 
 
 async def test_save_get_delete_with_etags(dapr: httpx.AsyncClient, scope: str) -> None:
@@ -154,15 +129,6 @@ async def test_query_with_filters_and_pages(dapr: httpx.AsyncClient, scope: str)
         assert refusal(refused) == (400, "ERR_MALFORMED_REQUEST", None), odd
 
 
-async def entry(dapr: httpx.AsyncClient, scope: str, key: str) -> dict[str, Any]:
-    """The native entry (its expiry, its version) through /v1/call."""
-    base = str(dapr.base_url).rstrip("/").replace("/v1.0/state", "")
-    answer = await dapr.post(f"{base}/v1/call/state::get-entry",
-                             json={"scope": scope, "key": key})
-    result: dict[str, Any] = answer.json()["result"]
-    return result
-
-
 async def test_health_metadata_and_the_configured_stores(dapr: httpx.AsyncClient,
                                                          scope: str) -> None:
     base = str(dapr.base_url).rstrip("/").replace("/state", "")
@@ -189,7 +155,8 @@ async def test_put_url_metadata_options_and_unknown_fields(dapr: httpx.AsyncClie
                              {"key": "v", "value": 2, "metadata": {"ttlInSeconds": "-1"}}])
     assert put.status_code == 204, put.text
     assert (await entry(dapr, scope, "u"))["expires_at"] is not None  # the URL's ttl
-    assert (await entry(dapr, scope, "v")).get("expires_at") is None  # the item's -1 wins
+    # ... over the item's -1 too: the URL's metadata wins, as in Dapr (test_dapr_metadata.py)
+    assert (await entry(dapr, scope, "v"))["expires_at"] is not None
     for body in ([{"key": "w", "value": 1, "etga": "1"}],
                  [{"key": "w", "value": 1, "options": {"consistency": "strongest"}}],
                  [{"value": 1}]):

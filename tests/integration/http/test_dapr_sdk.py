@@ -74,6 +74,8 @@ async def test_the_sdk_meets_the_edges_as_dapr_stores_answer_them(
         seen = await anyio.to_thread.run_sync(run_sdk, port, "edges.mjs")
         store = StateStore(service.state)
         ttl_entries = [await store.get_entry(scope, key) for key in ("ttl-zero", "ttl-empty")]
+        expiring_entry = await store.get_entry(scope, "expiring")
+    assert expiring_entry is not None and expiring_entry.expires_at is not None
     def conflict(answer: dict[str, Any]) -> tuple[int, str, bool]:
         """(status, errorCode, whether the message says it in Dapr's words, which programs
         match to retry)."""
@@ -96,3 +98,11 @@ async def test_the_sdk_meets_the_edges_as_dapr_stores_answer_them(
     # ttlInSeconds 0 and "" save with no expiry
     assert seen["ttlZero"] == {} and seen["ttlEmpty"] == {}
     assert [(e is not None and e.expires_at) for e in ttl_entries] == [None, None]
+    # getBulk says when an item with a TTL expires (RFC 3339 in UTC, to the second, as the
+    # entry's expiry), nothing of one without
+    expiring, lasting = seen["expiring"]
+    assert seen["saveExpiring"] == {} and lasting == {"key": "lasting", "data": 2, "etag": "1"}
+    assert expiring["data"] == 1 and expiring["metadata"]["ttlExpireTime"] == \
+        expiring_entry.expires_at[:19] + "Z"
+    # the save's metadata (on the URL) wins over the item's, as Dapr's runtime merges them
+    assert seen["saveUrlOverItem"] == {} and "metadata" not in seen["urlWins"][0]
