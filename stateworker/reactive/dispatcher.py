@@ -2,7 +2,8 @@
 
 One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the registry
 stream and the event streams of the partitions it leases (reactive/leases.py), so a write
-wakes it at once and a trigger change reaches it as fast as an event. Each partition's batch
+wakes it at once and a trigger change reaches it as fast as an event (it rereads the triggers
+the registry entries name, or all of them: reactive/trigger_reads.py). Each partition's batch
 goes to reactive/batch.py (matching, conditions, handler calls, the move of the position);
 rounds (reactive/leases.py, reactive/trimming.py) renew and share the leases, store the
 positions, trim and flush the counters. In `acl` mode a trigger's owner must still be granted

@@ -22,8 +22,8 @@
     {ST.OK, 1 when the id was registered (and live) before, 0 when not}
     {ST.CONFLICT, count}  "set" of a new id with ARGV[4] registrations already: nothing written
     {ST.CONFLICT, count, bytes, limit}  "set" that would make the registrations `bytes` of
-                          JSON in all, more than ARGV[9]: nothing written (every replica
-                          reloads them all on every change, and the snapshot copies them)
+                          JSON in all, more than ARGV[9]: nothing written (a replica may
+                          reload them all, and the snapshot copies them)
     {ST.CONFLICT, count, bytes, limit, owner, "count" | "bytes"}  "set" past the owner's share:
                           `owner` holds `count` registrations of `bytes` bytes of JSON (this
                           one's counted in), past its `limit` (ARGV[10] for "count", ARGV[11]

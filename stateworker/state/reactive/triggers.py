@@ -2,8 +2,11 @@
 `state::list-triggers`.
 
 A registration is stored as JSON in one hash (`keys.triggers`); `lua/trigger.lua` writes it and
-appends a `kind triggers` entry to the registry stream in the same script, so every replica's
-dispatcher (reactive/) reloads within its follower's wake-up. Everything a dispatcher needs to
+appends a `kind triggers` entry naming its id to the registry stream in the same script, so
+every replica's dispatcher rereads it within its follower's wake-up (reactive/trigger_reads.py).
+Each owner (`acl` mode: the registering principal) holds a share of the registry,
+MAX_OWNER_TRIGGERS and MAX_OWNER_TRIGGERS_BYTES, kept in `KeySpace.trigger_owners` by the
+scripts (lua/includes/shares.lua, docs/decisions/0064). Everything a dispatcher needs to
 evaluate a trigger is checked here, at registration: a bad filter is refused with the field
 named, never found later on an event. Its targets (`service`, `function_id`, a bus
 condition's `condition_service` and `condition_function_id`) follow the bus's name rules
@@ -64,7 +67,8 @@ MAX_EQUALS_BYTES = 64 * 1024
 MAX_POINTER_BYTES = 1024  # a match rule's pointer
 MAX_REGISTRATION_BYTES = 64 * 1024  # a registration's JSON (every replica reloads them all)
 # Every registration's JSON together, at most: every replica's dispatcher reloads them all
-# (one HGETALL) on every change of any, the snapshot copies them all, and a claim reads them;
+# (one HGETALL) when it cannot reread only what changed (reactive/trigger_reads.py), the
+# snapshot copies them all, and a claim reads them;
 # MAX_TRIGGERS of the largest would be 640 MiB, each reload holding Redis ~0.4 s. 16 MiB
 # holds MAX_TRIGGERS registrations of 1.6 KiB, and is read in about 10 ms.
 MAX_TRIGGERS_BYTES = 16 * 1024 * 1024
