@@ -170,6 +170,8 @@ class KeySpace:
         self.registry = f"{registry_tag}registry"  # stream: one entry per trigger/claim change
         self.triggers = f"{registry_tag}triggers"
         self.trigger_leases = f"{registry_tag}trigger_leases"  # id -> expires ms: the reaper's index
+        # "n|<owner>", "b|<owner>" -> its registrations, their bytes (lua/includes/shares.lua)
+        self.trigger_owners = f"{registry_tag}trigger_owners"
         self.claims = f"{registry_tag}claims"
         self.principals = f"{registry_tag}principals"  # name -> JSON (roles, act_as): no password
         self.roles = f"{registry_tag}roles"

@@ -2,7 +2,8 @@
 
 One loop per replica (in `stateworker serve`). It blocks on ONE `XREAD` over the registry
 stream and the event streams of the partitions it leases (reactive/leases.py), so a write
-wakes it at once and a trigger change reaches it as fast as an event. Each partition's batch
+wakes it at once and a trigger change reaches it as fast as an event (it rereads the triggers
+the registry entries name, or all of them: reactive/trigger_reads.py). Each partition's batch
 goes to reactive/batch.py (matching, conditions, handler calls, the move of the position);
 rounds (reactive/leases.py, reactive/trimming.py) renew and share the leases, store the
 positions, trim and flush the counters. In `acl` mode a trigger's owner must still be granted
@@ -42,7 +43,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.errors import StateError
 from stateworker.logs import repeats
-from stateworker.reactive import trimming
+from stateworker.reactive import trigger_reads, trimming
 from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
 from stateworker.reactive.event_bytes import Ledger
@@ -200,8 +201,7 @@ class Dispatcher:
         by_stream = {name: entries for name, entries in reply}
         registry = by_stream.pop(self.state.keys.registry.encode(), None)
         if registry:
-            self.registry_id = registry[-1][0].decode()
-            await self.reload_triggers()
+            await self._follow_registry(registry)
         aside = self.triggers.asks_the_bus
         for partition in held:
             entries = by_stream.get(self.state.keys.partition(partition).events.encode())
@@ -299,6 +299,25 @@ class Dispatcher:
         if moved is not None and stored is not None:
             self._lapsed[partition] = (moved, stored)
 
+    async def _follow_registry(self, entries: list[Any]) -> None:
+        """Registry entries read: the triggers they name read again, or all of them
+        (reactive/trigger_reads.py says when)."""
+        after, self.registry_id = self.registry_id, entries[-1][0].decode()
+        changed = await trigger_reads.changed(self.state, entries, after, self.triggers.count,
+                                              BATCH)
+        if changed is None:
+            await self.reload_triggers()
+            return
+        if self.state.split_bus:  # (a renewal names the services already loaded)
+            held = self.triggers.matchers
+            await self._make_groups([
+                t for i, t in changed.items() if t is not None and (
+                    i not in held or triggers.target_services([held[i].trigger])
+                    != triggers.target_services([t]))])
+        self.triggers.update(changed)
+        self.conditions.prune(self.triggers.triggers())
+        await self.counts.forget([i for i, trigger in changed.items() if trigger is None])
+
     async def reload_triggers(self) -> None:
         if self.registry_id == "0-0":  # first load: follow the registry from its end
             last = await self.state.conn.execute("XREVRANGE", self.state.keys.registry, "+",
@@ -306,8 +325,7 @@ class Dispatcher:
             self.registry_id = last[0][0].decode() if last else "0-0"
             if self.registry_id == "0-0":
                 self.registry_id = "0-1"  # nothing yet: any first change is after this
-        raw = await self.state.conn.execute("HGETALL", self.state.keys.triggers)
-        loaded = [triggers.decode_trigger(r) for r in raw[1::2]]
+        loaded = await trigger_reads.all_triggers(self.state)
         if self.state.split_bus:
             await self._make_groups(loaded)
         self.triggers = TriggerSet(loaded)

@@ -11,6 +11,7 @@ before its `expires_at`: once expired it is gone at once, before the reaper remo
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -79,24 +80,66 @@ class Matcher:
         return True
 
 
+def _order(matcher: Matcher) -> bytes:
+    return matcher.trigger.id.encode()
+
+
 class TriggerSet:
-    """Every registration, indexed by scope filter."""
+    """Every registration, indexed by scope filter; each group in trigger id order. Changed
+    in place by `update` (a few registrations reread: reactive/trigger_reads.py); a batch
+    asks for the set at each event, and no change lands while one event is matched."""
 
     def __init__(self, triggers: Iterable[Trigger] = ()) -> None:
         self.by_scope: dict[str, list[Matcher]] = {}
         self.any_scope: list[Matcher] = []
-        self.count = 0
-        self.ids: set[str] = set()
-        self.asks_the_bus = False  # a trigger's condition is a call over the bus (slow maybe)
-        for trigger in sorted(triggers, key=lambda t: t.id.encode()):
-            matcher = Matcher(trigger)
-            self.count += 1
-            self.ids.add(trigger.id)
-            self.asks_the_bus |= matcher.asks_the_bus
-            if matcher.scope is None:
-                self.any_scope.append(matcher)
-            else:
-                self.by_scope.setdefault(matcher.scope, []).append(matcher)
+        self.matchers: dict[str, Matcher] = {}  # id -> its matcher
+        self._asking = 0  # matchers whose condition is a call over the bus
+        for trigger in triggers:
+            self._add(Matcher(trigger))
+
+    @property
+    def count(self) -> int:
+        return len(self.matchers)
+
+    @property
+    def ids(self) -> set[str]:
+        return set(self.matchers)
+
+    @property
+    def asks_the_bus(self) -> bool:
+        """Whether a trigger's condition is a call over the bus (slow maybe)."""
+        return self._asking > 0
+
+    def triggers(self) -> list[Trigger]:
+        return [matcher.trigger for matcher in self.matchers.values()]
+
+    def update(self, changed: dict[str, Trigger | None]) -> None:
+        """Each id of `changed` becomes its registration as read (None: gone)."""
+        for trigger_id, trigger in changed.items():
+            self._remove(trigger_id)
+            if trigger is not None:
+                self._add(Matcher(trigger))
+
+    def _group(self, matcher: Matcher) -> list[Matcher]:
+        if matcher.scope is None:
+            return self.any_scope
+        return self.by_scope.setdefault(matcher.scope, [])
+
+    def _add(self, matcher: Matcher) -> None:
+        self._remove(matcher.trigger.id)  # (an id is registered once)
+        self.matchers[matcher.trigger.id] = matcher
+        self._asking += matcher.asks_the_bus
+        bisect.insort(self._group(matcher), matcher, key=_order)
+
+    def _remove(self, trigger_id: str) -> None:
+        matcher = self.matchers.pop(trigger_id, None)
+        if matcher is None:
+            return
+        self._asking -= matcher.asks_the_bus
+        group = self._group(matcher)
+        del group[bisect.bisect_left(group, _order(matcher), key=_order)]
+        if not group and matcher.scope is not None:
+            del self.by_scope[matcher.scope]
 
     def candidates(self, scope: str) -> list[Matcher]:
         scoped = self.by_scope.get(scope)

@@ -144,6 +144,12 @@ class Counts:
         if commands:
             await self.conn.pipeline(commands)
 
+    async def forget(self, gone: list[str]) -> None:
+        """Drop the fields of the triggers `gone` (unregistered, reaped)."""
+        if gone:
+            await self.conn.execute("HDEL", self.per_trigger,
+                                    *(f"{t}|{what}" for t in gone for what in FIGURES))
+
     async def prune(self, live: set[str]) -> None:
         """Drop the fields of triggers no longer registered (after a reload of them)."""
         # (HGETALL, not HKEYS: a command the service's ACL rule has already)

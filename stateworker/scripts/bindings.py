@@ -71,8 +71,8 @@ UPDATE = Binding("update", 9, 13, UpdateReply.read, tail=True, answers=True,
 TOPIC = Binding("topic", 9, 8, TopicReply.read, held=EVENTS)
 SETHASH = Binding("sethash", 1, 2, Moved.read)
 DELTOPIC = Binding("deltopic", 6, 11, DeltopicReply.read, held=Held("stream", 6))
-TRIGGER = Binding("trigger", 3, 9, TriggerReply.read, held=REGISTRY)
-KEEP_TRIGGER = Binding("keeptrigger", 3, 6, KeptReply.read,
+TRIGGER = Binding("trigger", 4, 11, TriggerReply.read, held=REGISTRY)
+KEEP_TRIGGER = Binding("keeptrigger", 4, 6, KeptReply.read,
                        held=REGISTRY)  # keep-trigger, the reaper's
 CLAIM = Binding("claim", 2, 6, ClaimReply.read, tail=True, held=REGISTRY)  # scopes, uses
 ACCESS = Binding("access", 3, 4, AccessReply.read, tail=True, held=Held("stream", 3))  # roles
@@ -299,20 +299,22 @@ def deltopic_call(settings: Settings, part: PartitionKeys, scope: str, writer: s
 
 def trigger_call(keys: KeySpace, op: str, trigger_id: str, registration: bytes | str,
                  cap: int, owner: str | None = None, admin: bool = False, *, now: int,
-                 expires: int | None = None, cap_bytes: int = 0) -> Call:
+                 expires: int | None = None, cap_bytes: int = 0,
+                 share: tuple[int, int] = (0, 0)) -> Call:
     """trigger.lua: `op` "set" (with the registration's JSON) or "del"; `owner`: the principal
     asking (None: a trusted caller), `admin`: it may change anyone's; `now` (ms): a lease
     expired by then is gone; `expires` (ms): a "set" registration's lease (None: none);
-    `cap_bytes`: a "set"'s most bytes of every registration's JSON together."""
-    return ([keys.triggers, keys.registry, keys.trigger_leases],
+    `cap_bytes`: a "set"'s most bytes of every registration's JSON together; `share`: a
+    "set"'s most registrations and bytes of one owner."""
+    return ([keys.triggers, keys.registry, keys.trigger_leases, keys.trigger_owners],
             [op, trigger_id, registration, cap, owner or "", "1" if admin else "", now,
-             "" if expires is None else expires, cap_bytes])
+             "" if expires is None else expires, cap_bytes, *share])
 
 
 def keep_trigger_call(keys: KeySpace, now: int, trigger_id: str, held: bytes,
                       renewed: bytes, expires: int) -> Call:
     """keeptrigger.lua "keep": `held` (as read) becomes `renewed`, leased until `expires`."""
-    return ([keys.triggers, keys.registry, keys.trigger_leases],
+    return ([keys.triggers, keys.registry, keys.trigger_leases, keys.trigger_owners],
             ["keep", now, trigger_id, held, renewed, expires])
 
 

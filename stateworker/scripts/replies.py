@@ -191,7 +191,9 @@ class SnapRowsReply(NamedTuple):
 class TriggerReply(NamedTuple):
     """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
     `registered` registrations already (and, refused for their bytes: `bytes`, what they would
-    hold with this one, and `limit`). FORBIDDEN: the id is `owner`'s trigger."""
+    hold with this one, and `limit`); refused past an owner's share: `share_of` names the
+    owner, `over` which of its limits ("count" or "bytes", `limit`), `registered` and `bytes`
+    are its. FORBIDDEN: the id is `owner`'s trigger."""
 
     refused: bool
     existed: bool
@@ -199,6 +201,8 @@ class TriggerReply(NamedTuple):
     owner: str | None = None  # set: refused, another owner's trigger ("": an ownerless one)
     bytes: int | None = None  # set: refused for the registrations' bytes in all
     limit: int = 0
+    share_of: str | None = None  # set: refused past this owner's share
+    over: str = ""  # ... of its registrations ("count") or of their bytes ("bytes")
 
     @classmethod
     def read(cls, reply: list[Any]) -> TriggerReply:
@@ -206,6 +210,9 @@ class TriggerReply(NamedTuple):
             return cls(False, reply[1] == 1, 0)
         if reply[0] == LUA_STATUS["FORBIDDEN"]:
             return cls(True, True, 0, reply[1].decode())
+        if len(reply) > 4:
+            return cls(True, False, int(reply[1]), None, int(reply[2]), int(reply[3]),
+                       reply[4].decode(), reply[5].decode())
         if len(reply) > 2:
             return cls(True, False, int(reply[1]), None, int(reply[2]), int(reply[3]))
         return cls(True, False, int(reply[1]))

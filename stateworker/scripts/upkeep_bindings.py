@@ -79,7 +79,7 @@ def reap_call(settings: Settings, part: PartitionKeys, batch: int | None = None)
 
 def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:
     """keeptrigger.lua "reap": remove up to `batch` triggers whose lease expired by `now`."""
-    return ([keys.triggers, keys.registry, keys.trigger_leases],
+    return ([keys.triggers, keys.registry, keys.trigger_leases, keys.trigger_owners],
             ["reap", now, batch, "", "", ""])  # (ARGV[4..6] are "keep"'s)
 
 

@@ -246,6 +246,9 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
     restored, commands = _trigger_commands(state, [(from_pg(str(i)), str(r))
                                                    for i, r in triggers])
     commands += [["HSET", keys.claims, from_pg(str(s)), from_pg(str(n))] for s, n in claims]
+    # The owners' shares are counted again from the registrations restored, by the first
+    # trigger script that needs them (lua/includes/shares.lua): none left from before.
+    commands.append(["DEL", keys.trigger_owners])
     if commands:
         await _run(state, commands)
     return restored, len(claims)

@@ -2,8 +2,11 @@
 `state::list-triggers`.
 
 A registration is stored as JSON in one hash (`keys.triggers`); `lua/trigger.lua` writes it and
-appends a `kind triggers` entry to the registry stream in the same script, so every replica's
-dispatcher (reactive/) reloads within its follower's wake-up. Everything a dispatcher needs to
+appends a `kind triggers` entry naming its id to the registry stream in the same script, so
+every replica's dispatcher rereads it within its follower's wake-up (reactive/trigger_reads.py).
+Each owner (`acl` mode: the registering principal) holds a share of the registry,
+MAX_OWNER_TRIGGERS and MAX_OWNER_TRIGGERS_BYTES, kept in `KeySpace.trigger_owners` by the
+scripts (lua/includes/shares.lua, docs/decisions/0064). Everything a dispatcher needs to
 evaluate a trigger is checked here, at registration: a bad filter is refused with the field
 named, never found later on an event. Its targets (`service`, `function_id`, a bus
 condition's `condition_service` and `condition_function_id`) follow the bus's name rules
@@ -64,10 +67,17 @@ MAX_EQUALS_BYTES = 64 * 1024
 MAX_POINTER_BYTES = 1024  # a match rule's pointer
 MAX_REGISTRATION_BYTES = 64 * 1024  # a registration's JSON (every replica reloads them all)
 # Every registration's JSON together, at most: every replica's dispatcher reloads them all
-# (one HGETALL) on every change of any, the snapshot copies them all, and a claim reads them;
+# (one HGETALL) when it cannot reread only what changed (reactive/trigger_reads.py), the
+# snapshot copies them all, and a claim reads them;
 # MAX_TRIGGERS of the largest would be 640 MiB, each reload holding Redis ~0.4 s. 16 MiB
 # holds MAX_TRIGGERS registrations of 1.6 KiB, and is read in about 10 ms.
 MAX_TRIGGERS_BYTES = 16 * 1024 * 1024
+# One owner's share of both (`acl` mode: the registering principal's; lua/includes/shares.lua):
+# a tenth of the registrations, as a namespace holds a tenth of the claimed scopes, and a
+# quarter of the bytes (1,000 registrations of 4 KiB), so no principal with the `triggers`
+# grant leaves the others none (docs/decisions/0064).
+MAX_OWNER_TRIGGERS = 1_000
+MAX_OWNER_TRIGGERS_BYTES = 4 * 1024 * 1024
 MAX_CONDITION_TIMEOUT_MS = 60_000
 DEFAULT_CONDITION_TIMEOUT_MS = 5_000
 MIN_TTL_MS = 500  # a leased trigger lives at least this long (renewals need a round trip)
@@ -231,26 +241,46 @@ def register_plan(state: RedisState, req: RegisterTriggerRequest, ctx: CallConte
 
     def finish(reply: TriggerReply) -> TriggerIdResult:
         _not_anothers(ctx, trigger_id, reply)
+        if reply.refused and reply.share_of is not None:
+            raise _past_share(reply)
         if reply.refused and reply.bytes is not None:
             raise InvalidRequest(
                 f"$.config: the registrations would hold {reply.bytes} bytes of JSON in all "
                 f"with this one, more than the limit of {reply.limit} (every replica reloads "
                 "every registration on each change); unregister some, or register smaller "
-                "ones", {"path": "$.config", "size": reply.bytes, "limit": reply.limit})
+                "ones", {"path": "$.config", "size": reply.bytes, "limit": reply.limit,
+                         "of": "all"})
         if reply.refused:
             raise InvalidRequest(f"$.id: {reply.registered} triggers are registered, the limit is "
                                  f"{MAX_TRIGGERS}; unregister some first",
-                                 {"path": "$.id", "limit": MAX_TRIGGERS})
+                                 {"path": "$.id", "limit": MAX_TRIGGERS, "of": "all"})
         return TriggerIdResult(trigger_id)
 
     def store(started: Trigger) -> Plan:
         call = trigger_call(state.keys, "set", trigger_id, _encoder.encode(started),
                             MAX_TRIGGERS, ctx.principal, guard.may_administer(state, ctx),
-                            now=now, expires=expires, cap_bytes=MAX_TRIGGERS_BYTES)
+                            now=now, expires=expires, cap_bytes=MAX_TRIGGERS_BYTES,
+                            share=(MAX_OWNER_TRIGGERS, MAX_OWNER_TRIGGERS_BYTES))
         return then(state.script_plan(TRIGGER, call, finish),
                     functools.partial(with_groups, state, {req.service, config.condition_service}))
 
     return _started(state, trigger, store)
+
+
+def _past_share(reply: TriggerReply) -> InvalidRequest:
+    """A registration refused past its owner's share (trigger.lua): the owner's figures."""
+    owner = shown(reply.share_of or "")
+    if reply.over == "count":
+        return InvalidRequest(
+            f"$.id: principal {owner} has {reply.registered} triggers registered, the limit is "
+            f"{reply.limit} an owner; unregister some of its own first",
+            {"path": "$.id", "limit": reply.limit, "of": "owner", "owner": reply.share_of})
+    return InvalidRequest(
+        f"$.config: principal {owner}'s registrations would hold {reply.bytes} bytes of JSON "
+        f"with this one, more than the limit of {reply.limit} an owner; unregister some of "
+        "its own, or register smaller ones", {"path": "$.config", "size": reply.bytes,
+                                              "limit": reply.limit, "of": "owner",
+                                              "owner": reply.share_of})
 
 
 def covered(keys: KeySpace, config: TriggerConfig) -> list[int]:
