@@ -36,7 +36,7 @@ from stateworker.reactive.matching import Matcher
 from stateworker.reactive.status import Counts
 from stateworker.schemas import BarrierDecision, Trigger
 from stateworker.state.core.store import RedisState
-from stateworker.state.reactive import barrier, triggers
+from stateworker.state.reactive import barrier, trigger_checks
 from stateworker.state.reactive.barrier import BarrierCondition
 
 log = logging.getLogger("stateworker.reactive.dispatcher")
@@ -102,7 +102,7 @@ class Conditions:
         trigger = matcher.trigger
         service = trigger.config.condition_service or trigger.service
         timeout_s = (trigger.config.condition_timeout_ms or
-                     triggers.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
+                     trigger_checks.DEFAULT_CONDITION_TIMEOUT_MS) / 1000
         try:
             async with self._client(service) as client:
                 result = await client.call_json(matcher.condition or "", document_json(event),
@@ -134,7 +134,7 @@ class Conditions:
         for gone in [tid for tid in self._barriers if tid not in ids]:
             del self._barriers[gone]
         named = {trigger.config.condition_service or trigger.service for trigger in loaded
-                 if trigger.config.condition_function_id not in (None, triggers.BARRIER)}
+                 if trigger.config.condition_function_id not in (None, trigger_checks.BARRIER)}
         for service in [s for s in self._clients if s not in named]:
             self._clients.pop(service).give_up()
 

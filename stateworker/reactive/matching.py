@@ -21,7 +21,8 @@ from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event, Revision, revision_of
 from stateworker.schemas import Trigger
-from stateworker.state.reactive.triggers import BARRIER, expires_ms
+from stateworker.state.reactive.trigger_checks import BARRIER
+from stateworker.state.reactive.triggers import expires_ms
 
 _MISSING = object()
 

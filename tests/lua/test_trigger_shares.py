@@ -23,7 +23,7 @@ from stateworker.context import CallContext
 from stateworker.settings import Settings
 from stateworker.state import functions
 from stateworker.state.reactive import trigger_leases
-from stateworker.state.reactive.triggers import MAX_OWNER_TRIGGERS, MAX_OWNER_TRIGGERS_BYTES
+from stateworker.state.reactive.trigger_checks import MAX_OWNER_TRIGGERS, MAX_OWNER_TRIGGERS_BYTES
 from tests.calls import principal as make_principal
 from tests.integration.busproto import until
 from tests.servers import RedisServer

@@ -24,7 +24,7 @@ from stateworker.scripts.replies import KeptReply
 from stateworker.scripts.upkeep_bindings import reap_triggers_call
 from stateworker.state.core import guard
 from stateworker.state.core.store import RedisState
-from stateworker.state.reactive import triggers
+from stateworker.state.reactive import trigger_checks, triggers
 from stateworker.transport.plans import Plan, command_reply
 
 KEEP_ATTEMPTS = 5  # reads again when the registration changed in between, at most
@@ -60,8 +60,8 @@ def _renewed(state: RedisState, req: KeepTriggerRequest, ctx: CallContext, held:
 
 def keep_plan(state: RedisState, req: KeepTriggerRequest, ctx: CallContext,
               attempt: int = 1) -> Plan:
-    triggers.checked_id(req.id)
-    triggers.checked_ttl(req.ttl_ms)
+    trigger_checks.checked_id(req.id)
+    trigger_checks.checked_ttl(req.ttl_ms)
 
     def renew(replies: list[Any]) -> Plan:
         held = command_reply(replies[0], "reading the trigger")
