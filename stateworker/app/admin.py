@@ -238,8 +238,11 @@ async def role_add(state: RedisState, args: argparse.Namespace) -> dict[str, Any
 
 
 async def role_list(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:
+    """The built-in roles and the stored ones, read now (STORE_LOST on a Redis that lost the
+    registry: the copy in memory would list the built-in roles alone)."""
+    _, stored = await p.stored(state)
     return {"roles": [{"name": name, "builtin": name in BUILTIN, **msgspec.to_builtins(role)}
-                      for name, role in sorted(state.access.roles().items())]}
+                      for name, role in sorted({**stored, **BUILTIN}.items())]}
 
 
 async def role_remove(state: RedisState, args: argparse.Namespace) -> dict[str, Any]:

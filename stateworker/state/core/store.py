@@ -239,6 +239,23 @@ class RedisState:
 
         return Plan([*commands, *checks], checked)
 
+    def registry_read_plan(self, commands: list[list[Arg]],
+                           finish: Callable[[list[Any]], Any]) -> Plan:
+        """A read of the registry's hashes (triggers, claims, principals, roles), refused as
+        `read_plan` refuses a partition's (generation.lua `generation_registry_lost`) where
+        the registry's marker is gone or held by a restore ("~" ...): a registration or a
+        principal PostgreSQL holds is not answered as none. One GET more, in the same
+        pipeline and slot (the marker shares the registry's hash tag)."""
+        count = len(commands)
+
+        def checked(replies: list[Any]) -> Any:
+            marker = command_reply(replies[count], "GET")
+            if marker is None or marker.startswith(b"~"):
+                raise store_lost_read(self.keys.prefix, marker is not None)
+            return finish(replies[:count])
+
+        return Plan([*commands, ["GET", self.keys.registry_marker]], checked)
+
     def entry_plan(self, binding: Binding[R], target: Target, args: Sequence[Arg],
                    finish: Callable[[R], Any],
                    accept: frozenset[int] = frozenset(), answers: bool = False) -> Plan:

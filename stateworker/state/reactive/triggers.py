@@ -268,7 +268,7 @@ def list_plan(state: RedisState, ctx: CallContext) -> Plan:
                     if (everyone or t.owner == ctx.principal) and live(t, now)]
         return TriggersResult(sorted(triggers, key=lambda t: t.id.encode()))
 
-    return Plan([["HGETALL", state.keys.triggers]], finish)
+    return state.registry_read_plan([["HGETALL", state.keys.triggers]], finish)
 
 
 def state_register_trigger(state: RedisState, req: RegisterTriggerRequest,

@@ -39,6 +39,7 @@ from stateworker.state.core.access import PRINCIPALS, ROLES
 from stateworker.state.core.grants import BUILTIN, Principal, Role
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive import triggers
+from stateworker.transport.plans import command_reply
 
 SERVICE = STATE_SERVICE  # the stream `principal add` creates (with its consumer group)
 # (no SELECT: a principal's keys are database 0's; in another it would XADD its own stream's
@@ -158,11 +159,16 @@ async def remove_role(state: RedisState, name: str) -> bool:
 
 
 async def stored(state: RedisState) -> tuple[dict[str, Principal], dict[str, Role]]:
-    """Every stored principal and role, read from Redis now."""
-    principals, roles = await state.conn.pipeline([["HGETALL", state.keys.principals],
-                                                   ["HGETALL", state.keys.roles]])
-    return ({k.decode(): grants.decode_principal(v) for k, v in _pairs(principals)},
-            {k.decode(): grants.decode_role(v) for k, v in _pairs(roles)})
+    """Every stored principal and role, read from Redis now; STORE_LOST where Redis lost
+    the registry or a restore writes it (`RedisState.registry_read_plan`): not none."""
+    def records(replies: list[Any]) -> tuple[dict[str, Principal], dict[str, Role]]:
+        principals = command_reply(replies[0], "reading the principals")
+        roles = command_reply(replies[1], "reading the roles")
+        return ({k.decode(): grants.decode_principal(v) for k, v in _pairs(principals)},
+                {k.decode(): grants.decode_role(v) for k, v in _pairs(roles)})
+
+    return await state.execute(state.registry_read_plan(  # type: ignore[no-any-return]
+        [["HGETALL", state.keys.principals], ["HGETALL", state.keys.roles]], records))
 
 
 def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
