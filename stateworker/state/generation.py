@@ -18,7 +18,8 @@ are there but which is behind what PostgreSQL holds (an older copy of its data, 
 promoted before it synced) is found by the snapshotter, which removes the markers of the
 partitions concerned (`mark_lost`), so the scripts refuse there too. Only a restore writes
 them again; without a PostgreSQL snapshot there is nothing to restore, and `watch_loop`
-begins the prefix anew in this Redis (empty) with an error in the log.
+begins the prefix anew in this Redis (empty) with an error in the log, and a registry
+entry `reload`: every replica drops what it held of the lost registry (decision 0066).
 
 `watch_loop` also keeps `state.lost` (why writes are refused, or None) for `/readyz`, the
 metrics and `stateworker status`."""
@@ -36,7 +37,9 @@ from stateworker.clock import now_ms
 from stateworker.errors import StateError, Unavailable
 from stateworker.events.compaction import begin_history
 from stateworker.keys import HISTORY_GENERATION, HISTORY_RESTORING, KeySpace
+from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.scripts.upkeep_bindings import STAMP, stamp_call
+from stateworker.state.core.registry import RELOAD
 from stateworker.state.core.store import RedisState
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.plans import checked_pipeline, pipeline
@@ -296,6 +299,11 @@ async def check(state: RedisState) -> str | None:
         await state.conn.execute("HSETNX", state.keys.meta, "partitions", state.keys.partitions)
         renewed = await begin(state.conn, state.keys)
         await state.conn.execute("HDEL", state.keys.snapshot_status, LOST_FIELD, SEEN_FIELD)
+        # Every replica's followers and dispatchers reload what the empty registry holds (as
+        # after a restore): a dispatcher rereads only the triggers a change names
+        # (reactive/trigger_reads.py), so it would go on matching the ones the wipe took.
+        await state.conn.execute("XADD", state.keys.registry, "MAXLEN", "~", REGISTRY_MAXLEN,
+                                 "*", "kind", RELOAD)
         markers = await read(state.conn, state.keys)
         problem = None if markers.agree(renewed) else markers.problem()
     if problem != state.lost:

@@ -112,3 +112,29 @@ async def test_each_replica_holds_exactly_the_live_triggers_after_every_kind_of_
             return all(shape(d.triggers) == shape(want) for d in dispatchers)
 
         await until(same, 10, "both replicas to hold exactly the registrations")
+
+
+async def test_after_redis_lost_the_registry_and_began_anew_no_lost_trigger_is_held(
+        own_redis: RedisServer, prefix: str) -> None:
+    """A Redis wiped with no PostgreSQL snapshot begins the prefix anew, empty: the triggers
+    it held are gone (list-triggers says none), so no replica may go on matching events
+    against them, though the next change names one new trigger alone."""
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4,
+                               reaper=False) as store, replicas(store, 2) as dispatchers:
+        old = [f"t{n}" for n in range(10)]
+        for trigger_id in old:
+            await store.call("state::register-trigger", {**BASE, "id": trigger_id})
+        await until(lambda: all(d.triggers.ids == set(old) for d in dispatchers), 10,
+                    "both replicas to load the registrations")
+        client = own_redis.client()
+        client.flushall()
+        await until(lambda: client.exists(store.state.keys.registry_marker), 10,
+                    "the prefix begun anew in the wiped Redis")
+        assert (await store.call("state::list-triggers", {}))["triggers"] == []
+        await store.call("state::register-trigger", {**BASE, "id": "n1"})
+        fresh = shape(await stored(store))
+        await until(lambda: all("n1" in d.triggers.ids for d in dispatchers), 10,
+                    "both replicas to load the new registration")
+        for dispatcher in dispatchers:
+            assert dispatcher.triggers.ids == {"n1"}
+            assert shape(dispatcher.triggers) == fresh
