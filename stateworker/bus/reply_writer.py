@@ -11,7 +11,7 @@
 
 A user worker's call records are kept here both ways: written with the reply, and read back
 (`replayed`) when a call is delivered again, so it gets its recorded reply rather than a second
-run. A record is `<digest>\\n<reply document>` (the digest: SHA-1 of the call's fn and body).
+run; `look_up` puts that read and the id's claim on the wire where the call was read. A record is `<digest>\\n<reply document>` (the digest: SHA-1 of the call's fn and body).
 
 `unanswered` says calls were left pending, unacknowledged (Redis away while answering them):
 the runtime's reader reads its pending history again to answer them.
@@ -19,9 +19,11 @@ the runtime's reader reads its pending history again to answer them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from typing import Any
 
 import anyio
 
@@ -102,7 +104,17 @@ class ReplyWriter:
         self._outgoing.append((reply_key, document, ref, record, msgpack))
         self._outgoing_ready.set()
 
-    async def replayed(self, call: Call, record: Record, claim: bool = True) -> bool:
+    def look_up(self, call: Call, record: Record, claim: bool = True
+                ) -> asyncio.Future[list[Any]] | None:
+        """`replayed`'s commands put on the wire now, in this tick (a call just read: its
+        look-up and claim go out with the read, before the task that runs it starts); the
+        future of their replies, for `replayed(..., sent=)`. None: not connected (then
+        `replayed` sends them)."""
+        return self.conn.send_pipeline(_look_up_commands(call, record, claim,
+                                                         self.options.visibility_timeout_ms))
+
+    async def replayed(self, call: Call, record: Record, claim: bool = True,
+                       sent: asyncio.Future[list[Any]] | None = None) -> bool:
         """True when `call` needs no run: it ran before and is answered from its record
         (CALL_ID_REUSED when the record is another call's), it runs now elsewhere (its
         claim is found: acknowledged without a reply, the run answers), or its record could
@@ -111,14 +123,12 @@ class ReplyWriter:
         timeout>`, so no other worker runs it meanwhile; the record written after the run
         replaces the claim. A run that dies leaves a claim naming its entry: that entry,
         served again (the consumer's history read again after a restart, or a reclaim),
-        takes the claim over and runs; another entry of the id is a re-send, not run)."""
+        takes the claim over and runs; another entry of the id is a re-send, not run).
+        `sent`: these commands already on the wire (`look_up`, with the same `claim`)."""
         claimed = record[1] + b"\n@" + _entry_name(call.ref)
-        commands: list[list[Arg]] = [["GET", record[0]]]
-        if claim:
-            commands.insert(0, ["SET", record[0], claimed, "NX", "PX",
-                                self.options.visibility_timeout_ms])
         try:
-            results = await self.conn.pipeline(commands)
+            results = await (sent if sent is not None else self.conn.pipeline(
+                _look_up_commands(call, record, claim, self.options.visibility_timeout_ms)))
             failed = next((r for r in results if isinstance(r, ReplyError)), None)
             if failed is not None:
                 raise failed
@@ -290,6 +300,16 @@ def _msgpack(document: bytes) -> bytes:
         return reply_msgpack(reply_document(
             parsed.id if parsed is not None else None, None,
             InternalError("the reply could not be encoded as msgpack")))
+
+
+def _look_up_commands(call: Call, record: Record, claim: bool, claim_ms: int
+                      ) -> list[list[Arg]]:
+    """A call's id claimed for `claim_ms` unless taken (`replayed`), then its record read."""
+    commands: list[list[Arg]] = [["GET", record[0]]]
+    if claim:
+        commands.insert(0, ["SET", record[0], record[1] + b"\n@" + _entry_name(call.ref),
+                            "NX", "PX", claim_ms])
+    return commands
 
 
 def _entry_name(ref: Ref) -> bytes:

@@ -260,7 +260,7 @@ class BusRuntime(Serving, Upkeep):
                              name="serve batch")
         else:
             for ref, flat, source in live:
-                calls.start_soon(self._serve, ref, flat, source)
+                self._begin(calls, ref, flat, source)
 
     def _finished(self, refs: list[Ref]) -> None:
         self._running.difference_update(refs)
