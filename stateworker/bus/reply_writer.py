@@ -11,7 +11,8 @@
 
 A user worker's call records are kept here both ways: written with the reply, and read back
 (`replayed`) when a call is delivered again, so it gets its recorded reply rather than a second
-run; `look_up` puts that read and the id's claim on the wire where the call was read. A record is `<digest>\\n<reply document>` (the digest: SHA-1 of the call's fn and body).
+run; `look_up` puts that read and the id's claim on the wire where the call was read. A
+record is `<digest>\\n<reply document>` (the digest: SHA-1 of the call's fn and body).
 
 `unanswered` says calls were left pending, unacknowledged (Redis away while answering them):
 the runtime's reader reads its pending history again to answer them.
