@@ -6,9 +6,6 @@ reaped), and after a restore from PostgreSQL it is counted from the registration
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import msgspec
@@ -26,6 +23,7 @@ from stateworker.state.reactive import trigger_leases
 from stateworker.state.reactive.trigger_checks import MAX_OWNER_TRIGGERS, MAX_OWNER_TRIGGERS_BYTES
 from tests.calls import principal as make_principal
 from tests.integration.busproto import until
+from tests.integration.snapshot.test_restore import restore_command
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -137,10 +135,7 @@ async def test_after_a_restore_each_owners_share_is_counted_from_what_came_back(
         await until(lambda: count_in_postgres(postgres_url, prefix) == MAX_OWNER_TRIGGERS + 2,
                     60, "the registrations in PostgreSQL")
     redis.flushall()
-    env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
-           "STATEWORKER_POSTGRES_URL": postgres_url}
-    done = subprocess.run([sys.executable, "-m", "stateworker", "--redis-url", own_redis.url,
-                           "restore"], env=env, capture_output=True, text=True, timeout=120)
+    done = restore_command(own_redis.url, prefix, postgres_url)
     assert done.returncode == 0, done.stderr
     async with StateStore.open(own_redis.url, prefix=prefix, partitions=4,
                                reaper=False) as store:

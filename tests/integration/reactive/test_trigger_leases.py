@@ -4,9 +4,6 @@ keep-trigger extends it past its first expiry."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import msgspec
@@ -21,6 +18,7 @@ from stateworker.keys import KeySpace
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.handlers import Handler
+from tests.integration.snapshot.test_restore import restore_command
 from tests.integration.snapshots import all_dispatched
 from tests.servers import RedisServer
 
@@ -100,10 +98,7 @@ async def test_postgresql_follows_an_expiry_and_a_restore_never_brings_one_back(
     assert sw_triggers(postgres_url, prefix).keys() == {"plain", "long", "short"}
 
     redis.flushall()
-    env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
-           "STATEWORKER_POSTGRES_URL": postgres_url}
-    done = subprocess.run([sys.executable, "-m", "stateworker", "--redis-url", own_redis.url,
-                           "restore"], env=env, capture_output=True, text=True, timeout=120)
+    done = restore_command(own_redis.url, prefix, postgres_url)
     assert done.returncode == 0, done.stderr
     assert msgspec.json.decode(done.stdout)["triggers"] == 2
     keys = KeySpace(prefix, 4)
