@@ -121,12 +121,10 @@ class Unavailable(StateError):
 
 
 class StoreLost(StateError):
-    """Raised when a write or a read meets a Redis that lost the data PostgreSQL holds (its
-    generation marker is gone or another: a FLUSHALL, a restart without its AOF, a Redis
-    behind the snapshot), or one a restore is writing back; nothing was written, and writes
-    and reads stay refused until it is recovered (a read: `store_lost_read`). Not an
-    Unavailable: the call certainly did not run, so it is answered at once (a bus call left
-    pending would wait for a recovery that may take hours)."""
+    """A write or a read met a Redis that lost the data PostgreSQL holds (its generation
+    marker gone or another), or one a restore writes back (a read: `store_lost_read`); nothing
+    was written. Not an Unavailable: the call certainly did not run, so it is answered at
+    once (a bus call left pending would wait for a recovery that may take hours)."""
 
     code = "STORE_LOST"
 
@@ -140,19 +138,13 @@ STORE_LOST_TEXT = (
 
 
 def store_lost_read(prefix: str, restoring: bool) -> StoreLost:
-    """A read refused where Redis does not hold the prefix's data whole (lost, or being
-    restored): a key it lacks is not known to be missing, so it is not answered as such."""
-    if restoring:
-        why = ("a restore of it is running (`stateworker restore`, from the PostgreSQL "
-               "snapshot), and a key it has not written back yet would read as missing; "
-               "reads and writes are refused until it ends: retry the read then")
-    else:
-        why = ("Redis lost its data (its generation marker is gone or is not the one "
-               "PostgreSQL holds: a FLUSHALL, a restart without its AOF, an eviction, or a "
-               "Redis behind the snapshot), so a key PostgreSQL holds would read as missing; "
-               "reads and writes are refused until it is recovered: run `stateworker "
-               "restore`, or, with no snapshot, the service begins the data anew by itself")
-    return StoreLost(f"the data of prefix {shown(prefix)} is not in Redis whole: {why}",
+    """A read refused where Redis does not hold the prefix's data whole (lost, restoring)."""
+    why = ("a restore of it is running (`stateworker restore`): retry the read once it ends"
+           if restoring else "Redis lost its data (a FLUSHALL, a restart without its AOF, an "
+           "eviction, a Redis behind the snapshot): run `stateworker restore`, or, with no "
+           "snapshot, the service begins the data anew by itself")
+    return StoreLost(f"the data of prefix {shown(prefix)} is not in Redis whole, so a key it "
+                     f"lacks would read as missing; reads and writes are refused: {why}",
                      {"prefix": prefix, "restoring": restoring, "recover": "stateworker restore"})
 
 

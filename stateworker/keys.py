@@ -23,8 +23,7 @@ from stateworker.errors import shown
 
 
 # eq=False: compared and hashed by identity (one per partition, kept by its KeySpace): the
-# scope_keys cache hashes it on every entry script call, and a hash of 13 fields cost more
-# than the names it saves.
+# scope_keys cache hashes it on every entry script call (a hash of every field costs more).
 @dataclass(frozen=True, slots=True, eq=False)
 class PartitionKeys:
     """The names shared by every scope of one partition."""
@@ -39,9 +38,7 @@ class PartitionKeys:
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
-    # set: barrier hashes changed that the snapshot has not stored yet; marked only where a
-    # snapshot follows the partition (`history`'s field `snapshot`: snapshot/barriers.py)
-    barriers_changed: str
+    barriers_changed: str  # set: barrier hashes changed, not yet stored (if followed: `history`)
     barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
     # zset: the partition's barrier hashes by when they expire (ms; "+inf": not complete),
     # kept by barrier.lua and delbarrier.lua, the expired dropped by the reaper: what the
@@ -54,9 +51,8 @@ class PartitionKeys:
     # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
     written: str
     # hash: where this Redis's event history of the partition begins (events/compaction.py,
-    # `History`): written when the prefix is new in this Redis and by a restore; it also holds
-    # the generation marker (HISTORY_GENERATION), a running restore's mark (HISTORY_RESTORING)
-    # and whether a snapshot follows its barriers (HISTORY_SNAPSHOT).
+    # `History`): written when the prefix is new in this Redis and by a restore; and the
+    # HISTORY_* fields below.
     history: str
 
     def barrier(self, barrier_id: str) -> str:
@@ -144,12 +140,10 @@ def call_field(call_id: str) -> bytes:
     return hashlib.sha1(call_id.encode()).digest()[:FIELD_BYTES]
 
 
-# The history hash's fields of the generation marker (state/generation.py): the partition's
-# marker, the generation of a restore writing the partition back (lua/stamp.lua), and
-# whether a snapshot follows the partition's barriers (lua/includes/barriermarks.lua).
-HISTORY_GENERATION = "gen"
-HISTORY_RESTORING = "restoring"
-HISTORY_SNAPSHOT = "snapshot"  # a snapshot follows its barriers (snapshot/barriers.py)
+# A partition's history hash's other fields: its generation marker (state/generation.py), a
+# restore's generation writing it back (lua/stamp.lua), a snapshot following its barriers
+# (lua/includes/barriermarks.lua, snapshot/barriers.py).
+HISTORY_GENERATION, HISTORY_RESTORING, HISTORY_SNAPSHOT = "gen", "restoring", "snapshot"
 
 
 def member(scope: str, key: str) -> str:
@@ -193,12 +187,10 @@ class KeySpace:
         self._positions = {p.events: p.snapshotted for p in self._parts}
         self._positions[self.registry] = self.registry_snapshotted
 
-    def session(self, digest: str) -> str:
-        """A console session's record, by its token's SHA-256 (hex): never the token."""
+    def session(self, digest: str) -> str:  # a console session, by its token's SHA-256 (hex)
         return f"{self._sessions}:{digest}"
 
-    def sessions_of(self, principal: str) -> str:
-        """A principal's console sessions (their keys, by when they end)."""
+    def sessions_of(self, principal: str) -> str:  # its sessions' keys, by when they end
         return f"{self._sessions}s:{principal}"
 
     def _build(self, n: int) -> PartitionKeys:

@@ -39,17 +39,7 @@ from stateworker.scripts.replies import (
     TriggerReply,
     UpdateReply,
 )
-from stateworker.scripts.upkeep_bindings import (
-    ADVANCE,
-    FORGET,
-    LEASE,
-    REAP,
-    REPACK,
-    SESSION,
-    SNAPREAD,
-    SNAPROWS,
-    STAMP,
-)
+from stateworker.scripts.upkeep_bindings import UPKEEP
 from stateworker.settings import Settings
 from stateworker.transport.wire import Arg
 
@@ -90,9 +80,9 @@ DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read,
 INDEX = Binding("index", 4, 5, IndexReply.read, held=NONE)  # create-, drop-index, the build
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 BINDINGS: tuple[Binding[Any], ...] = (
-    SET, DELETE, REAP, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER,
-    CLAIM, RELEASE, BARRIER, DELBARRIER, LEASE, ADVANCE, FORGET, ACCESS, BIND, TRANSACTION,
-    GETMANY, DELPREFIX, GET, INDEX, REPACK, STAMP, PAGES, CONFIG, SNAPREAD, SNAPROWS, SESSION)
+    SET, DELETE, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER, CLAIM,
+    RELEASE, BARRIER, DELBARRIER, ACCESS, BIND, TRANSACTION, GETMANY, DELPREFIX, GET, INDEX,
+    PAGES, CONFIG, *UPKEEP)
 # A call's record is looked up in RECORD_SLICES slices before the current one (and the one
 # after): lua/includes/records.lua's RECORDS_BACK, the same number.
 RECORD_SLICES = 4

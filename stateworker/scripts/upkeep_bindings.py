@@ -29,6 +29,7 @@ SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (o
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
+UPKEEP = (REAP, LEASE, ADVANCE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
