@@ -14,7 +14,8 @@ import pytest
 
 from stateworker import StateStore
 from stateworker.clock import now_ms
-from stateworker.reactive.dispatcher import Dispatcher
+from stateworker.reactive import trigger_reads
+from stateworker.reactive.dispatcher import BATCH, Dispatcher
 from stateworker.reactive.matching import TriggerSet
 from stateworker.state.reactive import trigger_leases
 from stateworker.state.reactive.triggers import decode_trigger
@@ -138,3 +139,28 @@ async def test_after_redis_lost_the_registry_and_began_anew_no_lost_trigger_is_h
         for dispatcher in dispatchers:
             assert dispatcher.triggers.ids == {"n1"}
             assert shape(dispatcher.triggers) == fresh
+
+
+async def test_registry_entries_trimmed_before_they_were_read_mean_every_trigger_is_read_again(
+        own_redis: RedisServer, prefix: str) -> None:
+    """A dispatcher that fell behind the registry's MAXLEN: the entries it reads no longer
+    name every change since its last read (an unregister was trimmed away), so it must read
+    every registration again, not only the ids it was shown."""
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4,
+                               reaper=False) as store:
+        state = store.state
+        for n in range(10):
+            await store.call("state::register-trigger", {**BASE, "id": f"t{n}"})
+        ((after, _),) = await state.conn.execute("XREVRANGE", state.keys.registry, "+", "-",
+                                                 "COUNT", 1)
+        await store.unregister_trigger("t1")  # the change the trimming takes away
+        await store.call("state::register-trigger", {**BASE, "id": "t20"})
+        since = f"({after.decode()}"
+        entries = await state.conn.execute("XRANGE", state.keys.registry, since, "+")
+        whole = await trigger_reads.changed(state, entries, after.decode(), 10, BATCH)
+        assert whole is not None and whole["t1"] is None and list(whole) == ["t1", "t20"]
+        kept = entries[-1][0]
+        await state.conn.execute("XTRIM", state.keys.registry, "MINID", kept)
+        entries = await state.conn.execute("XRANGE", state.keys.registry, since, "+")
+        assert [entry[0] for entry in entries] == [kept]  # (t1's unregister is gone)
+        assert await trigger_reads.changed(state, entries, after.decode(), 10, BATCH) is None
