@@ -172,7 +172,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
 
     routes = [
         *console_routes(state, logins, stopping, tails, rates),
-        *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
+        *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version(),
+                     state.settings.max_call_bytes),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
