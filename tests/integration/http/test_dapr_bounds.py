@@ -5,7 +5,8 @@ again (native get-many counts each reading; the Dapr door read the key once and 
 every time), or one key in each of many scopes of a store spanning scopes (a native get-many
 each), and a query with `sort` or `OR`, which gathers every match before it sorts. Each is
 refused whole, naming the field and the limit, in Dapr's shape with CALL_TOO_LARGE in its
-ErrorInfo; within the bound the same requests are answered."""
+ErrorInfo; within the bound the same requests are answered. And a body nested deeper than the
+decoder goes is refused naming the limit, as the call API refuses it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
+from stateworker.codec import MAX_DEPTH
 from tests.integration.http.conftest import http_settings, refusal, save
 from tests.servers import RedisServer
 
@@ -117,3 +119,12 @@ async def test_a_sorted_query_gathers_no_more_than_one_native_call_reads(
     paged = await query(dapr, scope, {"filter": {"GTE": {"n": 0}}})
     assert paged.status_code == 200 and "token" in paged.json(), paged.text
 
+
+async def test_a_body_nested_past_the_decoder_is_refused_naming_the_limit(
+        dapr: httpx.AsyncClient, scope: str) -> None:
+    deep = b'{"filter":' + b'{"AND":[' * 3000 + b"{}" + b"]}" * 3000 + b"}"
+    answer = await query(dapr, scope, deep)
+    assert refusal(answer) == (400, "ERR_MALFORMED_REQUEST", "INVALID_REQUEST"), answer.text
+    body = answer.json()
+    assert body["details"][0]["metadata"] == {"path": "$", "limit": str(MAX_DEPTH)}, body
+    assert f"the limit is {MAX_DEPTH}" in body["message"], body
