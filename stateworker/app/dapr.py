@@ -164,7 +164,9 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             scope, native_key = store.address(key, f"$.keys[{i}]")
             by_scope.setdefault(scope, []).append((i, native_key))
         items: list[dict[str, Any]] = [{"key": key} for key in keys]
-        answered = 0  # bytes of values answered: each key read once a scope, answered as asked
+        # Bytes of values answered, each key as often as asked, counted as read: scope by
+        # scope in the order the keys first name them (one scope: the keys' own order).
+        answered = 0
         for scope, wanted in by_scope.items():
             first: dict[str, int] = {}  # each key once (get-many's), at its first index
             for i, native_key in wanted:
