@@ -53,7 +53,7 @@ from stateworker.app.dapr_requests import (
 )
 from stateworker.clock import rfc3339_s
 from stateworker.errors import InvalidRequest, StateError, shown
-from stateworker.state.kv.bulkread import MAX_GET_MANY
+from stateworker.state.kv.bulkread import MAX_GET_MANY, keys_too_large
 
 # (request, function, JSON body) -> the result's JSON, as the request's principal
 Caller = Callable[[Request, str, bytes], Awaitable[bytes]]
@@ -69,9 +69,10 @@ class Entries(msgspec.Struct):
 
 
 def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: str,
-                version: str) -> list[Route]:
+                version: str, max_call_bytes: int) -> list[Route]:
     """The Dapr routes over the configured `stores`, each calling native functions through
-    `call`, reading its body with `read` (the HTTP face's size limit)."""
+    `call`, reading its body with `read` (the HTTP face's size limit); a bulk get or a
+    query answers (and gathers) at most `max_call_bytes` of values, as one native call."""
 
     def store_of(request: Request) -> Store:
         name = str(request.path_params["store"])
@@ -163,6 +164,9 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             scope, native_key = store.address(key, f"$.keys[{i}]")
             by_scope.setdefault(scope, []).append((i, native_key))
         items: list[dict[str, Any]] = [{"key": key} for key in keys]
+        # Bytes of values answered, each key as often as asked, counted as read: scope by
+        # scope in the order the keys first name them (one scope: the keys' own order).
+        answered = 0
         for scope, wanted in by_scope.items():
             first: dict[str, int] = {}  # each key once (get-many's), at its first index
             for i, native_key in wanted:
@@ -177,6 +181,11 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
             for i, native_key in wanted:
                 entry = found[native_key]
                 if entry.version is not None:
+                    answered += len(entry.value)  # (native get-many's bound, over the answer:
+                    # a key asked again and again, or a key each of many scopes)
+                    if answered > max_call_bytes:
+                        raise failed("ERR_STATE_BULK_GET", keys_too_large(
+                            i, answered, max_call_bytes), f"failed getting state from {store.name}")
                     items[i] = {"key": keys[i], "data": entry.value, "etag": str(entry.version)}
                     if entry.expires_at is not None:  # (as a get's `ttlExpireTime`)
                         items[i]["metadata"] = {"ttlExpireTime": rfc3339_s(entry.expires_at)}
@@ -207,7 +216,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
                 request, "ERR_STATE_QUERY", f"failed query in state store {store.name}",
                 "state::query", body, fields), type=dapr_query.Found)
 
-        entries, token = await dapr_query.run(asked, page, store.scope)
+        entries, token = await dapr_query.run(asked, page, store.scope, max_call_bytes)
         out: dict[str, Any] = {"results": [
             {"key": e.key, "data": e.value, "etag": str(e.version)} for e in entries]}
         if token is not None:

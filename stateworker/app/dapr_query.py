@@ -2,8 +2,9 @@
 
 A filter of EQ, NEQ, GT, GTE, LT, LTE and IN on a dotted path, joined by AND and OR. Without
 OR and `sort` it is one native query, paged by the native cursor (indexes serve it). With
-either, the matches of each AND branch are gathered (at most MAX_GATHERED entries in all:
-beyond, the query is refused naming the limit, never cut short), joined by key, sorted (each
+either, the matches of each AND branch are gathered (at most MAX_GATHERED entries in all,
+and values of at most `max_call_bytes` read, as one native call reads: beyond either, the
+query is refused naming the limit, never cut short), joined by key, sorted (each
 `sort` key ASC or DESC, values in the native query's order: null, false, true, numbers, strings;
 a missing or non-scalar value last), and paged by offset (the token).
 """
@@ -18,7 +19,8 @@ import msgspec
 from stateworker.app.dapr_fields import Fields
 from stateworker.app.dapr_requests import DaprError, malformed
 from stateworker.codec import whole_number
-from stateworker.errors import shown
+from stateworker.error_codes import http_status
+from stateworker.errors import CallTooLarge, InvalidRequest, StateError, shown
 from stateworker.state.query import predicates
 
 MAX_BRANCHES = 16  # AND branches of a filter with OR (its disjunctive form)
@@ -99,7 +101,8 @@ def branches(node: Any, where: str = "$.filter") -> list[list[dict[str, Any]]]:
                     f"{', '.join(OPS)} (one path each), AND or OR")
 
 
-async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], str | None]:
+async def run(query: Query, native: Native, scope: str, max_call_bytes: int
+              ) -> tuple[list[Entry], str | None]:
     """The page of `query` over `scope`: its entries and the next page's token."""
     limit = query.page.limit
     if not 1 <= limit <= 1000:
@@ -120,6 +123,7 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
         return found.entries, found.next_after
     start = _offset(query.page.token)
     gathered: dict[str, Entry] = {}
+    read = 0  # bytes of values read, every branch's (each native page is within the bound)
     for branch in ands:
         where, fields = _native(branch)
         after: str | None = None
@@ -129,10 +133,15 @@ async def run(query: Query, native: Native, scope: str) -> tuple[list[Entry], st
                 body["after"] = after
             found = await native(body, fields)
             gathered.update((e.key, e) for e in found.entries)
+            read += sum(len(e.value) for e in found.entries)
             if len(gathered) > MAX_GATHERED:
-                raise DaprError("ERR_STATE_QUERY", 400, f"a query with OR or sort gathers at "
-                                f"most {MAX_GATHERED} entries before it sorts and pages; "
-                                "narrow the filter")
+                raise _gathers_too_much(f"at most {MAX_GATHERED} entries", len(gathered),
+                                        MAX_GATHERED, InvalidRequest)
+            if read > max_call_bytes:
+                raise _gathers_too_much(
+                    f"values of at most {max_call_bytes} bytes (max_call_bytes, "
+                    f"STATEWORKER_MAX_CALL_BYTES, as one native call reads), read {read}",
+                    read, max_call_bytes, CallTooLarge)
             after = found.next_after
             if after is None:
                 break
@@ -161,6 +170,17 @@ def _sorted(entries: list[Entry], parts: tuple[str, ...], descending: bool) -> l
     present = [(k, e) for k, e in keyed if k is not None]
     present.sort(key=lambda pair: pair[0], reverse=descending)
     return [e for _, e in present] + [e for k, e in keyed if k is None]
+
+
+def _gathers_too_much(bound: str, size: int, limit: int, error: type[StateError]
+                      ) -> DaprError:
+    """A query with OR or sort past a bound of what it gathers before it sorts: refused,
+    never cut short (its page would be wrong)."""
+    reason = error(f"$.filter: a query with OR or sort gathers every match before it sorts "
+                   f"and pages: {bound}; nothing was returned: narrow the filter, or query "
+                   "without OR and sort (paged as it reads)",
+                   {"path": "$.filter", "size": size, "limit": limit})
+    return DaprError("ERR_STATE_QUERY", http_status(reason.code), reason.message, reason)
 
 
 def _offset(token: str | None) -> int:

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from stateworker.codec import whole_number
+from stateworker.codec import DEPTH_MESSAGE, MAX_DEPTH, whole_number
 from stateworker.error_codes import HTTP_STATUS
-from stateworker.errors import ConfigError, StateError, shown
+from stateworker.errors import ConfigError, InvalidRequest, StateError, shown
 from stateworker.settings import Settings
 from stateworker.state.core.validate import MAX_TTL_MS
 
@@ -142,8 +142,12 @@ class Bulk(msgspec.Struct, forbid_unknown_fields=True):
 def decode(body: bytes, type_: Any) -> Any:
     try:
         return msgspec.json.decode(body, type=type_)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except msgspec.DecodeError as exc:
         raise malformed(f"the request body: {exc}") from exc
+    except RecursionError as exc:  # (deeper than the decoder goes: past the native bound)
+        reason = InvalidRequest(f"$: the request body is {DEPTH_MESSAGE}",
+                                {"path": "$", "limit": MAX_DEPTH})
+        raise DaprError("ERR_MALFORMED_REQUEST", 400, reason.message, reason) from exc
 
 
 def url_metadata(query: Any) -> dict[str, str]:

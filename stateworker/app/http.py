@@ -99,12 +99,12 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
                      request: Callable[[], Request]) -> tuple[bytes, int]:
         """A call's reply document and HTTP status (CallDoor's, and the route's)."""
         started = time.perf_counter()
-        call_id = _text(headers.get(b"idempotency-key"))
+        call_id = None
         try:
+            call_id = _utf8(headers.get(b"idempotency-key"), "Idempotency-Key")
             caller = await _caller(logins, request, headers, fn, local)
             body = await read_body(receive, runtime.options.max_body_bytes)
-            result = await _run(state, batches, fn, body, call_id,
-                                _text(headers.get(CONTEXT_HEADER)),
+            result = await _run(state, batches, fn, body, call_id, headers.get(CONTEXT_HEADER),
                                 runtime.options.max_context_bytes, caller,
                                 _trace_headers(headers))
             document, status, code = reply_document(call_id, result, None), 200, "OK"
@@ -172,7 +172,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
 
     routes = [
         *console_routes(state, logins, stopping, tails, rates),
-        *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version()),
+        *dapr_routes(native, read, dapr_stores(state.settings), "stateworker", version(),
+                     state.settings.max_call_bytes),
         Route("/v1/call/{function:path}", call, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -216,8 +217,17 @@ def _headers(request: Request) -> dict[bytes, bytes]:
     return dict(reversed(request.scope["headers"]))
 
 
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")  # (as Starlette decodes them)
+def _utf8(value: bytes | None, header: str) -> str | None:
+    """A header's text, as the bus takes the same field: UTF-8 (what curl and the SDKs send
+    for text beyond ASCII). Read as Starlette reads headers (latin-1), `café` sent as UTF-8
+    became `cafÃ©`: another call id than the same id over the bus."""
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{header}: not valid UTF-8 text (byte {exc.start} is "
+                             f"0x{value[exc.start]:02X})", {"path": header}) from None
 
 
 _TRACE_HEADERS = [(name, name.encode()) for name in (tracing.TRACEPARENT, tracing.TRACESTATE)]
@@ -231,7 +241,7 @@ def _trace_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
 
 
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
-               context_text: str | None, context_limit: int, principal: str | None,
+               context_raw: bytes | None, context_limit: int, principal: str | None,
                trace_headers: dict[str, str] | None = None) -> bytes:
     """One call in this process, as the bus runs it (with the other calls in flight: one
     pipeline), as `principal` (`acl` mode) or trusted (None); its result's JSON. A trace
@@ -240,8 +250,9 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
         raise InvalidRequest(f"Idempotency-Key: must be 1 to {MAX_ID_BYTES} bytes",
                              {"path": "Idempotency-Key", "limit": MAX_ID_BYTES})
-    context = parse_context(None if context_text is None else context_text.encode(),
-                            context_limit, "X-Stateworker-Context")
+    # (its bytes as sent, as the bus's `context` field: JSON is UTF-8, so a header read as
+    # latin-1 and encoded again named another org, user or dag than the bus's same context)
+    context = parse_context(context_raw, context_limit, "X-Stateworker-Context")
     if trace_headers:
         context = {**context, **trace_headers}
     own = None if call_id is None else own_call_id(principal, call_id)

@@ -38,7 +38,7 @@ async def unused(*_: Any) -> bytes:
 
 
 def routes() -> list[Route]:
-    table = dapr_routes(unused, unused, dapr_stores(Settings()), "stateworker", "0")
+    table = dapr_routes(unused, unused, dapr_stores(Settings()), "stateworker", "0", 1)
     return [*table, Route("/v1/call/{function:path}", call, methods=["POST"]),
             Route("/healthz", endpoint, methods=["GET"])]
 

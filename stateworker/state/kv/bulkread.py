@@ -79,6 +79,16 @@ def _entry(f: list[Any]) -> EntryResult:
                        (r or b"").decode())
 
 
+def keys_too_large(index: int, size: int, limit: int) -> CallTooLarge:
+    """The refusal of a read of many keys whose values, each reading counted up to key
+    `index`, came to `size` bytes, over `limit` (get-many's, and Dapr's bulk get's)."""
+    return CallTooLarge(
+        f"$.keys[{index}]: the values of keys up to this one are {size} bytes, more than the "
+        f"limit of {limit} bytes of values one call reads (max_call_bytes, "
+        "STATEWORKER_MAX_CALL_BYTES); nothing was returned: ask fewer keys a call",
+        {"path": f"$.keys[{index}]", "size": size, "limit": limit})
+
+
 def get_many_plan(state: RedisState, scope: str, keys: list[str]) -> Plan:
     """The entries of `keys`, in that order, in one script call (and one step storing the
     hashes an update left unknown, when there are any)."""
@@ -86,12 +96,7 @@ def get_many_plan(state: RedisState, scope: str, keys: list[str]) -> Plan:
 
     def finish(reply: GetManyReply) -> Any:
         if reply.over is not None:
-            index, size, limit = reply.over
-            raise CallTooLarge(
-                f"$.keys[{index}]: the values of keys up to this one are {size} bytes, more "
-                f"than the limit of {limit} bytes of values one call reads (max_call_bytes, "
-                "STATEWORKER_MAX_CALL_BYTES); nothing was returned: ask fewer keys a call",
-                {"path": f"$.keys[{index}]", "size": size, "limit": limit})
+            raise keys_too_large(*reply.over)
         fields = reply.entries
         entries = [_entry(f) for f in fields]
         unknown = {keys[i]: (entry, fields[i][0])
