@@ -147,8 +147,8 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         _may_read(state, principal, scope)
         caller = principal if principal is not None else \
             f"address {request.client.host if request.client else '?'}"
+        watch = Watch(state.conn.url, state.settings, scope=scope, key=key)  # (checks names)
         tails.take(caller)
-        watch = Watch(state.conn.url, state.settings, scope=scope, key=key)
         try:
             await watch.open()
         except BaseException:

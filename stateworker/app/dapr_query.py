@@ -108,7 +108,10 @@ async def run(query: Query, native: Native, scope: str, max_call_bytes: int
     if not 1 <= limit <= 1000:
         raise malformed(f"$.page.limit: 1 to 1000, got {limit}")
     ands = branches(query.filter)
-    if len(ands) == 1 and not query.sort:  # one native query, paged by its cursor
+    # (checked before anything is gathered: a sort it cannot do refuses the query at once)
+    sorts = [(predicates.pointer_parts(pointer(spec.key), f"$.sort[{i}].key"), spec.order)
+             for i, spec in enumerate(query.sort)]
+    if len(ands) == 1 and not sorts:  # one native query, paged by its cursor
         where, fields = _native(ands[0])
         body: dict[str, Any] = {"scope": scope, "where": where, "limit": limit}
         if query.page.token:
@@ -146,9 +149,8 @@ async def run(query: Query, native: Native, scope: str, max_call_bytes: int
             if after is None:
                 break
     entries = [gathered[k] for k in sorted(gathered)]
-    for spec in reversed(query.sort):  # (stable: the first sort key decides first)
-        parts = predicates.pointer_parts(pointer(spec.key), "$.sort.key")
-        entries = _sorted(entries, parts, spec.order == "DESC")
+    for parts, order in reversed(sorts):  # (stable: the first sort key decides first)
+        entries = _sorted(entries, parts, order == "DESC")
     page = entries[start:start + limit]
     more = start + limit < len(entries)
     return page, (str(start + limit) if more else None)

@@ -41,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import InvalidRequest, StateError
+from stateworker.errors import StateError
 from stateworker.events.compaction import (
     History,
     StreamInfo,
@@ -67,6 +67,7 @@ from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.events.watch_reads import Partition, WatchReads, checked
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.state.core import validate
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.retry import open_ready
@@ -99,10 +100,11 @@ class Watch(WatchReads):
         Raises:
             InvalidRequest (INVALID_REQUEST): `from_revision` is not a revision, or scope or
                 key is not valid UTF-8 text.
+            KeyTooLong (KEY_TOO_LONG): scope or key is longer than `max_key_bytes`.
         """
         for field, text in (("scope", scope), ("key", key)):
-            if text is not None:
-                _check_text(field, text)
+            if text is not None:  # (a longer one names nothing: no write takes it)
+                validate.name(settings, field, text)
         self.url = url
         self.settings = settings
         self.scope, self.key = scope, key
@@ -296,10 +298,3 @@ class Watch(WatchReads):
         for tx in [tx for tx, end in self._tx_end.items() if end <= self.position]:
             del self._tx_end[tx]
 
-
-def _check_text(field: str, text: str) -> None:
-    try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
-                             {"path": f"$.{field}"}) from exc

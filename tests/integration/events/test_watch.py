@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 
 from stateworker import StateClient, StateStore
 from stateworker.clock import rfc3339_ms
-from stateworker.errors import Compacted, InvalidRequest
+from stateworker.errors import Compacted, InvalidRequest, KeyTooLong
 from stateworker.events.model import Bookmark, Event, document_json, revision_of
 from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.events.watch import Watch
@@ -174,6 +174,20 @@ async def test_a_watch_refuses_a_revision_that_is_not_one(
             client(redis_server.url, prefix).watch("s", from_revision=bad)
     with pytest.raises(InvalidRequest, match="scope"):
         client(redis_server.url, prefix).watch("bad \udc80 scope")
+
+
+async def test_a_watch_refuses_a_name_no_write_could_take_naming_the_limit(
+        redis_server: RedisServer, prefix: str) -> None:
+    """A scope or key longer than `max_key_bytes` names nothing a write can make: a watch of
+    it would wait for ever, so it is refused as a call naming it is."""
+    watches = client(redis_server.url, prefix)
+    limit = watches.settings.max_key_bytes
+    for scope, key, field in (("s" * (limit + 1), None, "scope"), ("s", "k" * (limit + 1), "key")):
+        with pytest.raises(KeyTooLong) as refused:
+            watches.watch(scope, key=key)
+        assert refused.value.details == {"path": f"$.{field}", "size": limit + 1, "limit": limit}
+    async with watches.watch("s" * limit, key="k" * limit):  # (the limit itself is a name)
+        pass
 
 
 # ---- compaction ------------------------------------------------------------------------------

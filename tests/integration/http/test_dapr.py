@@ -212,6 +212,17 @@ async def test_query_with_or_and_sort(dapr: httpx.AsyncClient, scope: str) -> No
     assert [r["key"] for r in above["results"]] == ["p0", "p1", "p2"]
 
 
+async def test_a_sort_key_it_cannot_read_is_refused_naming_its_index(
+        dapr: httpx.AsyncClient, scope: str) -> None:
+    base = str(dapr.base_url).rstrip("/").replace("/v1.0/state", "/v1.0-alpha1/state")
+    refused = await dapr.post(f"{base}/{scope}/query", json={
+        "filter": {}, "sort": [{"key": "id"}, {"key": "a" * 5000}]})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()
+    assert error["errorCode"] == "ERR_MALFORMED_REQUEST", error
+    assert error["details"][0]["metadata"] == {"path": "$.sort[1].key", "limit": "1024"}, error
+
+
 async def test_a_store_spanning_scopes_keys_by_app(dapr: httpx.AsyncClient, scope: str) -> None:
     """`spread={scope}-*`: a key `<app>||<key>` is the key in the scope `{scope}-<app>`."""
     assert (await save(dapr, "spread", {"key": "a||k", "value": 1})).status_code == 204

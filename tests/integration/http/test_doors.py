@@ -205,6 +205,12 @@ async def test_live_tails_beyond_their_cap_are_refused(
     async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
             httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30) as http, \
             contextlib.AsyncExitStack() as tails:
+        long_name = "s" * (settings.max_key_bytes + 1)  # (refused: it holds no place)
+        for _ in range(cap + 1):
+            async with http.stream("GET", f"/v1/console/tail?scope={long_name}") as refused:
+                assert refused.status_code == 400
+                error = msgspec.json.decode(await refused.aread())["error"]
+            assert (error["code"], error["details"]["path"]) == ("KEY_TOO_LONG", "$.scope")
         opened = [await tails.enter_async_context(http.stream("GET", "/v1/console/tail"))
                   for _ in range(cap)]
         assert all(t.status_code == 200 for t in opened)
