@@ -10,10 +10,12 @@ canonical form and the hash are codec.py's.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import decimal
 import math
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -79,13 +81,13 @@ def _tag(value: Any) -> dict[str, str]:
                          {"path": "$.value"})
 
 
-_UNTAG = {
+_UNTAG: dict[str, Callable[[str], Any]] = {
     "datetime": dt.datetime.fromisoformat,
     "date": dt.date.fromisoformat,
     "time": dt.time.fromisoformat,
     "decimal": decimal.Decimal,
     "uuid": uuid.UUID,
-    "bytes": base64.b64decode,
+    "bytes": lambda text: base64.b64decode(text, validate=True),  # (not "!!" read as b"")
 }
 
 
@@ -93,12 +95,17 @@ def from_json_tree(tree: Any) -> Any:
     """Decoded JSON tree -> Python value, tagged objects turned back into their types.
 
     Numbers kept as text (`msgspec.Raw`) become floats; read the JSON text for exact digits.
+    A tag whose `$value` is no such value (`{"$type": "decimal", "$value": "x"}`, written by
+    any caller in any language) stays the object it is: read as a raw Python exception, it
+    made every Python reader of the key, a listing of its scope and a Worker handed the
+    value fail.
     """
     if isinstance(tree, dict):
         if len(tree) == 2 and isinstance(tree.get(TYPE_KEY), str) and VALUE_KEY in tree:
             convert = _UNTAG.get(tree[TYPE_KEY])
             if convert is not None and isinstance(tree[VALUE_KEY], str):
-                return convert(tree[VALUE_KEY])
+                with contextlib.suppress(ValueError, ArithmeticError):  # (decimal's is one)
+                    return convert(tree[VALUE_KEY])
         return {k: from_json_tree(v) for k, v in tree.items()}
     if isinstance(tree, list):
         return [from_json_tree(v) for v in tree]

@@ -45,7 +45,7 @@ from stateworker.transport.wire import Arg
 
 R = TypeVar("R")
 Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV
-REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a replica that reconnects reloads anyway
+REGISTRY_MAXLEN = 1000  # registry entries kept (MAXLEN ~): a follower reconnected or trimmed past reloads
 
 
 # How PostgreSQL holds a script's writes (library.Held): the entry scripts' through their events,

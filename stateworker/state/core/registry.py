@@ -10,7 +10,8 @@ the `apply` callback registered for its kind (`on`); kinds nobody registered are
 Nothing missed counts: at start and after every failed read (a reconnect, a Redis restart)
 the loop first notes the stream's last id, then calls every kind's `reload` (read all from
 the keys), then follows from that id. A change made in between is both in the reload and
-applied again, so `apply` must be idempotent (an overlay of the change, not a toggle).
+applied again, so `apply` must be idempotent (an overlay of the change, not a toggle). A
+follower held up while the trim passed its position reloads the same way (`_trimmed_past`).
 `reload` and `apply` never run at the same time (one lock), so a reload cannot install a
 snapshot older than a change already applied.
 """
@@ -25,6 +26,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from stateworker.errors import Unavailable
+from stateworker.events.compaction import lost_after, stream_info
+from stateworker.events.model import revision_of
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
@@ -33,8 +36,8 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.state.core.registry")
 
-MAXLEN = REGISTRY_MAXLEN  # entries kept (MAXLEN ~): a replica that reconnects reloads anyway
-READ_COUNT = 1000  # entries one read takes: a connected follower keeps up with the trim
+MAXLEN = REGISTRY_MAXLEN  # entries kept (MAXLEN ~): a follower reconnected or trimmed past reloads
+READ_COUNT = MAXLEN  # entries one read takes (at most MAXLEN: a full one is checked for a trim)
 BLOCK_MS = 1000  # one XREAD's wait; an entry wakes it at once, so this bounds nothing else
 RELOAD = "reload"  # the kind of an entry that makes every replica reload every kind (a restore)
 
@@ -114,13 +117,31 @@ class Registry:
                     log.info("following the registry again (reloaded)",
                              extra={"event": "registry.recovered"})
                     backoff.reset()
-                for entry_id, flat in reply[0][1] if reply else []:
+                entries = reply[0][1] if reply else []
+                if len(entries) >= READ_COUNT and await self._trimmed_past(conn):
+                    continue  # (reloaded: what the read holds is in the reload)
+                for entry_id, flat in entries:
                     await self._hand_on(_entry(entry_id, flat))
             except (ConnectionLost, ReplyError) as exc:
                 if not backoff.failures:  # one line per outage
                     log.warning("following the registry failed: %s; retrying with backoff",
                                 exc, extra={"event": "registry.read_failed"})
                 await anyio.sleep(backoff.next())
+
+    async def _trimmed_past(self, conn: RedisConnection) -> bool:
+        """After a full read: whether the trim took entries this follower had not read yet
+        (a follower held up while more than MAXLEN entries were added: an entry was slow to
+        apply, the process stalled). Then it resyncs (the last id noted, every kind
+        reloaded): followed on, it would never learn of a claim, a role or a setting whose
+        entry was trimmed. (Only a full read can follow such a trim: `MAXLEN ~` keeps at
+        least MAXLEN entries, all of them after the position.)"""
+        reply = await conn.execute("XINFO", "STREAM", self.stream)
+        if not lost_after(revision_of(self.last_id), None, stream_info(reply, self.stream)):
+            return False
+        log.warning("the registry was trimmed past entries this replica had not read: "
+                    "reloading every kind", extra={"event": "registry.trimmed"})
+        await self._sync(conn)
+        return True
 
     async def _hand_on(self, entry: RegistryEntry) -> None:
         """Apply one entry; one that cannot be applied makes its kind reload (never a dead

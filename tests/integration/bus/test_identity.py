@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker.app.service import StateService
+from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions, Call
 from stateworker.bus.worker import Worker
 from tests.integration.busproto import receive, roundtrip, until
@@ -113,6 +114,44 @@ async def test_values_keep_numbers_and_order_and_normalize_text(
     assert result[:-1] == (
         b'{"n":9007199254740993,"d":1.2300,"e":1E2,"a":[],"o":{},"z":1,"b":2,'
         b'"esc":"\xc3\xa9\\n/\\u0001<\xf0\x9f\x98\x80","dup":2,"x":0,"neg":-0}')
+
+
+# Objects shaped as the Python API's tags whose `$value` is no such value, as any caller may
+# store them: each is the value it is for every Python reader and Worker.
+NOT_TAGS = [{"$type": "decimal", "$value": "x"}, {"$type": "datetime", "$value": "garbage"},
+            {"$type": "date", "$value": "2020-13-45"}, {"$type": "time", "$value": "25:00"},
+            {"$type": "uuid", "$value": "u"}, {"$type": "bytes", "$value": "!!!"}]
+
+
+async def test_a_tag_holding_no_such_value_is_read_as_the_object_it_is(
+        redis_server: RedisServer, raw: aredis.Redis, prefix: str, scope: str) -> None:
+    """One caller's value must not make a scope unreadable to every Python client, nor keep
+    a Worker's function from being called: `get` and `list` raised the parser's own
+    exception (decimal.InvalidOperation, ValueError: no error code), and a Worker answered
+    INTERNAL or called the body no JSON."""
+    settings = settings_for(redis_server.url, prefix)
+    worker = Worker("echo", settings=settings, options=BusOptions(block_ms=50))
+    handed: list[Any] = []
+
+    @worker.function("echo::it")
+    async def it(body: Any, call: Call) -> Any:
+        handed.append(body)
+        return body
+
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateClient(settings=settings, timeout=10) as reader, \
+            anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        for n, value in enumerate(NOT_TAGS):
+            body = msgspec.json.encode({"scope": scope, "key": f"k{n}", "value": value})
+            assert (await raw_call(raw, prefix, "state::set", body, uuid.uuid4().hex))["ok"]
+            assert await reader.get(scope, f"k{n}") == value
+        assert await reader.list(scope) == NOT_TAGS
+        document = await raw_call(raw, prefix, "echo::it", msgspec.json.encode(NOT_TAGS),
+                                  uuid.uuid4().hex, "echo")
+        worker.stop()
+    assert document == {"id": document["id"], "ok": True, "result": NOT_TAGS}
+    assert handed == [NOT_TAGS]
 
 
 async def test_a_lone_surrogate_is_refused_naming_its_path(

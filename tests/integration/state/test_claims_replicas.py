@@ -219,6 +219,44 @@ async def test_a_replica_reloads_the_claims_after_its_registry_connection_breaks
             await raw.aclose()
 
 
+async def test_a_replica_held_up_while_the_registry_is_trimmed_past_it_still_refuses_a_claim(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """A replica whose follower is held up (one entry slow to apply, a stalled process) while
+    more than MAXLEN registry entries come in (a leased trigger kept again and again: anyone
+    with the `triggers` family) never reads the claim the trim took meanwhile; followed on
+    from there it would serve the claimed scope to everyone for good. It reloads instead."""
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4) as writer, \
+            StateStore.open(redis_server.url, prefix=prefix, partitions=4) as replica:
+        held, release = anyio.Event(), anyio.Event()
+
+        async def reload() -> None:
+            pass
+
+        async def apply(entry: RegistryEntry) -> None:
+            held.set()
+            await release.wait()
+
+        replica.state.registry.on("held-up", reload, apply)
+        conn, stream = writer.state.conn, writer.state.keys.registry
+        await writer.register_trigger("audit::seen", "audit", id="kept", ttl_ms=600_000,
+                                      config={"scope": f"{scope}-audited"})
+        await conn.execute("XADD", stream, "*", "kind", "held-up")
+        with anyio.fail_after(10):
+            await held.wait()
+        await writer.claim_namespace("billing", [scope])
+        ((claim_id, _),) = await conn.execute("XREVRANGE", stream, "+", "-", "COUNT", 1)
+        kept = 0
+        while await conn.execute("XRANGE", stream, claim_id, claim_id):  # until trimmed
+            await writer.keep_trigger("kept", ttl_ms=600_000)
+            kept += 1
+            assert kept <= 5000, "the registry stream was never trimmed"
+        release.set()
+        await writer.claim_namespace("billing", [f"{scope}-later"])  # (its entry is kept)
+        await until(lambda: refuses(replica, f"{scope}-later"), 5.0, "the later claim")
+        assert await refuses(replica, scope)
+        assert await refuses(writer, scope)
+
+
 async def test_the_registry_hands_each_entry_to_the_kind_registered_for_it(
         store: StateStore) -> None:
     registry = store.state.registry
