@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from stateworker.errors import InvalidRequest, ValueTooLarge
+from stateworker.errors import InvalidRequest, StateError, ValueTooLarge
 
 # msgspec reads the integer `-0` as 0. Before decoding, an integer `-0` outside strings is
 # rewritten to this float text, which the float hook turns back into `-0` (a document that
@@ -304,3 +304,16 @@ def whole_number(text: str, most_digits: int = 18) -> int | None:
     if not (0 < len(text) <= most_digits and text.isascii() and text.isdigit()):
         return None
     return int(text)
+
+
+def sized_text(field: str, text: str, limit: int,
+               too_long: type[StateError] = InvalidRequest) -> None:
+    """The one UTF-8-and-size check: valid UTF-8 and at most `limit` bytes."""
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
+                             {"path": f"$.{field}"}) from exc
+    if size > limit:
+        raise too_long(f"{field} is {size} bytes, more than the limit of {limit} bytes",
+                       {"path": f"$.{field}", "size": size, "limit": limit})

@@ -41,7 +41,8 @@ from typing import Any
 
 import anyio
 
-from stateworker.errors import StateError
+from stateworker.codec import sized_text
+from stateworker.errors import KeyTooLong, StateError
 from stateworker.events.compaction import (
     History,
     StreamInfo,
@@ -67,7 +68,6 @@ from stateworker.events.reader import PAGE, PartitionReader
 from stateworker.events.watch_reads import Partition, WatchReads, checked
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
-from stateworker.state.core import validate
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connect import connection_for, probed
 from stateworker.transport.retry import open_ready
@@ -104,7 +104,7 @@ class Watch(WatchReads):
         """
         for field, text in (("scope", scope), ("key", key)):
             if text is not None:  # (a longer one names nothing: no write takes it)
-                validate.name(settings, field, text)
+                sized_text(field, text, settings.max_key_bytes, KeyTooLong)
         self.url = url
         self.settings = settings
         self.scope, self.key = scope, key

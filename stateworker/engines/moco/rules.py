@@ -13,6 +13,7 @@ from typing import TypeVar
 import msgspec
 from msgspec import Struct
 
+from stateworker import codec
 from stateworker.context import CallContext
 from stateworker.engines.moco.schemas import NamespaceRequest
 from stateworker.errors import (
@@ -123,7 +124,7 @@ def _resolved(namespace: str, in_global_ns: bool, user: object, limit: int) -> s
             "hold secrets, which the state activities never read or write (use the Secret "
             "Activities)", {"path": "$.namespace", "namespace": namespace})
     resolved = namespace if in_global_ns else f"{checked_user(user)}:{namespace}"
-    validate.sized_text("namespace", namespace, limit, KeyTooLong)
+    codec.sized_text("namespace", namespace, limit, KeyTooLong)
     size = len(resolved.encode())
     if size > limit:
         raise KeyTooLong(f"namespace resolves to {shown(resolved)[:100]} ({size} bytes with its "

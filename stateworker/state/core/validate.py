@@ -146,19 +146,6 @@ def _members(infos: list[mi.Type]) -> list[mi.Type]:
     return out
 
 
-def sized_text(field: str, text: str, limit: int,
-               too_long: type[StateError] = InvalidRequest) -> None:
-    """The one UTF-8-and-size check: valid UTF-8 and at most `limit` bytes."""
-    try:
-        size = len(text.encode())
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"$.{field}: not valid UTF-8 text ({exc.reason})",
-                             {"path": f"$.{field}"}) from exc
-    if size > limit:
-        raise too_long(f"{field} is {size} bytes, more than the limit of {limit} bytes",
-                       {"path": f"$.{field}", "size": size, "limit": limit})
-
-
 def in_range(field: str, value: int, low: int, high: int, what: str = "",
              error: type[StateError] = InvalidRequest) -> int:
     """The one range check of counts, limits and offsets."""
@@ -170,7 +157,7 @@ def in_range(field: str, value: int, low: int, high: int, what: str = "",
 
 def name(settings: Settings, field: str, text: str) -> None:
     """A scope or key: valid UTF-8 and at most `max_key_bytes` bytes."""
-    sized_text(field, text, settings.max_key_bytes, KeyTooLong)
+    codec.sized_text(field, text, settings.max_key_bytes, KeyTooLong)
 
 
 def scope(state: RedisState, ctx: CallContext, text: str) -> None:
@@ -286,7 +273,7 @@ def releaser(ctx: CallContext, force: bool) -> str:
 def bus_target(field: str, value: str, limit: int) -> None:
     """A service or function id a call will be sent to: non-empty, at most `limit` bytes,
     and within the bus's name rules (keys.bus_name_problem)."""
-    sized_text(field, value, limit)
+    codec.sized_text(field, value, limit)
     if not value:
         raise InvalidRequest(f"$.{field}: must not be empty", {"path": f"$.{field}"})
     problem = bus_name_problem(value)
@@ -335,7 +322,7 @@ def pattern(field: str, value: str | None) -> str | None:
     """A prefix or `*` pattern: UTF-8, at most 1024 bytes (a pattern's cost in Redis grows
     with its length)."""
     if value is not None:
-        sized_text(field, value, MAX_TEXT_BYTES)
+        codec.sized_text(field, value, MAX_TEXT_BYTES)
     return value
 
 
@@ -375,7 +362,7 @@ def delete_version(value: int | None) -> int | None:
 def topic(value: str | None) -> str | None:
     """A topic: UTF-8, at most 1024 bytes, no NUL (it separates topic and key in the index)."""
     if value is not None:
-        sized_text("topic", value, MAX_TEXT_BYTES)
+        codec.sized_text("topic", value, MAX_TEXT_BYTES)
         if "\0" in value:
             raise InvalidRequest("$.topic: must not contain the NUL character (\\u0000)",
                                  {"path": "$.topic"})

@@ -110,7 +110,7 @@ def parse_condition(settings: Settings, raw: msgspec.Raw | bytes | None,
     field = path.removeprefix("$.")
     if not shape.id:
         raise BarrierConfig(f"{path}.id: must not be empty", {"path": f"{path}.id"})
-    validate.sized_text(f"{field}.id", shape.id, settings.max_key_bytes, BarrierConfig)
+    codec.sized_text(f"{field}.id", shape.id, settings.max_key_bytes, BarrierConfig)
     _check_expect(settings, field, shape.expect)
     for name, pointer in (("key_from", shape.key_from), ("carry", shape.carry)):
         if pointer is not None:
@@ -133,7 +133,7 @@ def _check_expect(settings: Settings, field: str, expect: int | list[str]) -> No
     validate.in_range(where, len(expect), 1, MAX_EXPECT, " keys", BarrierConfig)
     seen: set[str] = set()
     for i, key in enumerate(expect):
-        validate.sized_text(f"{where}[{i}]", key, settings.max_key_bytes, BarrierConfig)
+        codec.sized_text(f"{where}[{i}]", key, settings.max_key_bytes, BarrierConfig)
         if key in seen:
             raise BarrierConfig(f"$.{where}[{i}]: `{key}` is listed twice; the keys of a "
                                 "barrier are distinct", {"path": f"$.{where}[{i}]"})
@@ -149,7 +149,7 @@ def _check_expect(settings: Settings, field: str, expect: int | list[str]) -> No
 
 
 def _check_pointer(field: str, pointer: str) -> None:
-    validate.sized_text(field, pointer, validate.MAX_TEXT_BYTES, BarrierConfig)
+    codec.sized_text(field, pointer, validate.MAX_TEXT_BYTES, BarrierConfig)
     try:
         JsonPointer(pointer)
     except JsonPointerException as exc:
@@ -276,7 +276,7 @@ def delete_plan(state: RedisState, barrier_id: str, owner: str | None) -> Plan:
     if not barrier_id:
         raise InvalidRequest("$.id: must not be empty (the id of the barrier to delete)",
                              {"path": "$.id"})
-    validate.sized_text("id", barrier_id, state.settings.max_key_bytes, KeyTooLong)
+    codec.sized_text("id", barrier_id, state.settings.max_key_bytes, KeyTooLong)
     stored = owned_id(barrier_id, owner)
     part = state.keys.barrier_partition(stored)
     target = Target(state.settings, validate.BARRIER_SCOPE, stored, NO_CONTEXT, barrier=True)

@@ -43,7 +43,7 @@ BARRIER = "state::barrier"  # the condition that runs in Redis, no bus round tri
 EVENT_TYPES = ("state:created", "state:updated", "state:deleted")
 
 def checked_text(field: str, value: str, limit: int = MAX_ID_BYTES) -> None:
-    validate.sized_text(field, value, limit)
+    codec.sized_text(field, value, limit)
     if not value:
         raise InvalidRequest(f"$.{field}: must not be empty", {"path": f"$.{field}"})
 
@@ -69,7 +69,7 @@ def _match_rules(config: TriggerConfig) -> None:
     validate.in_range("config.match", len(rules), 0, MAX_MATCH_RULES, " rules")
     for index, rule in enumerate(rules):
         path = f"$.config.match[{index}]"
-        validate.sized_text(f"config.match[{index}].pointer", rule.pointer, MAX_POINTER_BYTES)
+        codec.sized_text(f"config.match[{index}].pointer", rule.pointer, MAX_POINTER_BYTES)
         try:
             jsonpointer.JsonPointer(rule.pointer)
         except jsonpointer.JsonPointerException as exc:
