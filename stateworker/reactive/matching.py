@@ -21,10 +21,9 @@ from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event, Revision, revision_of
 from stateworker.schemas import Trigger
+from stateworker.state.query.predicates import MISSING, resolve
 from stateworker.state.reactive.trigger_checks import BARRIER
 from stateworker.state.reactive.triggers import expires_ms
-
-_MISSING = object()
 
 
 def document_tree(event: Event) -> dict[str, Any]:
@@ -48,7 +47,9 @@ class Matcher:
         self.key = config.key
         self.key_prefix = config.key_prefix
         self.types = None if config.event_types is None else frozenset(config.event_types)
-        self.rules = [(jsonpointer.JsonPointer(rule.pointer),
+        # (resolved as a query's pointers, RFC 6901 exactly: `-` and `01` name no element;
+        # jsonpointer's own resolve answers `-` with an object that no JSON encoder takes)
+        self.rules = [(tuple(jsonpointer.JsonPointer(rule.pointer).parts),
                        codec.canonical(codec.decode_exact(bytes(rule.equals))))
                       for rule in config.match or []]
         self.condition = config.condition_function_id
@@ -74,9 +75,9 @@ class Matcher:
                 and (self.types is None or event.type in self.types))
 
     def rules_hold(self, tree: dict[str, Any]) -> bool:
-        for pointer, wanted in self.rules:
-            found = pointer.resolve(tree, _MISSING)
-            if found is _MISSING or codec.canonical(found) != wanted:
+        for parts, wanted in self.rules:
+            found = resolve(tree, parts)
+            if found is MISSING or codec.canonical(found) != wanted:
                 return False
         return True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -17,7 +18,10 @@ from stateworker.schemas import MatchRule, Trigger, TriggerConfig
 NAMES = st.sampled_from(["", "a", "ab", "b", "job-1", "job-2"])
 TYPES = ["state:created", "state:updated", "state:deleted"]
 POINTERS = ["/new_value", "/new_value/a", "/new_value/a/b", "/old_value/a", "/key",
-            "/new_value/0", "/version", "/missing"]
+            "/new_value/0", "/version", "/missing",
+            # RFC 6901: `-` names the element after an array's last (never there), and an
+            # index has no leading zero; a string is not an array of its characters
+            "/new_value/-", "/new_value/a/-", "/new_value/00", "/new_value/01", "/key/0"]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3),
                     st.sampled_from([1.0, 2.5, -0.5]), st.sampled_from(["", "x", "done", "1"]))
 VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
@@ -51,7 +55,8 @@ def resolve(doc: Any, pointer: str) -> tuple[bool, Any]:
     for token in pointer.split("/")[1:]:
         if isinstance(doc, dict) and token in doc:
             doc = doc[token]
-        elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
+        elif isinstance(doc, list) and re.fullmatch("0|[1-9][0-9]*", token) and \
+                int(token) < len(doc):
             doc = doc[int(token)]
         else:
             return False, None
@@ -99,6 +104,24 @@ def test_one_and_one_point_zero_differ_and_key_order_does_not_matter() -> None:
                   version=1, ts_ms=0, by="")
     assert TriggerSet([trigger(b'{"a":[1.0],"b":1}')]).matching(event)
     assert not TriggerSet([trigger(b'{"a":[1],"b":1}')]).matching(event)
+
+
+def test_a_pointer_to_no_element_matches_nothing() -> None:
+    """RFC 6901: `-` is the element after an array's last, which no event holds, and `01` is
+    no index; neither matches (nor stops the matching: it once raised, and with it the whole
+    partition's dispatch)."""
+    def matched(pointer: str) -> bool:
+        trigger = Trigger(id="t", function_id="f", service="s", created_at="",
+                          config=TriggerConfig(match=[MatchRule(pointer, msgspec.Raw(b"2"))]))
+        event = Event(revision="1-0", type="state:created", scope="s", key="k",
+                      old_value=msgspec.Raw(b"null"), new_value=msgspec.Raw(b'{"l":[1,2]}'),
+                      version=1, ts_ms=0, by="")
+        return bool(TriggerSet([trigger]).matching(event))
+
+    assert matched("/new_value/l/1")
+    assert not matched("/new_value/l/-")
+    assert not matched("/new_value/l/01")
+    assert not matched("/new_value/l/2")
 
 
 def test_a_trigger_sees_only_the_revisions_after_its_start_in_each_partition() -> None:

@@ -82,6 +82,26 @@ async def test_key_prefix_event_types_and_match_filters(
                        ("prefix", "job-2")]
 
 
+async def test_a_rule_pointing_past_an_array_stops_no_other_trigger(
+        service: StateService, redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """A match rule `/new_value/l/-` (RFC 6901: the element after the last, never there)
+    matches nothing; it once raised while matching, so the partition's dispatch failed on
+    that event again and again and every trigger of the partition stopped."""
+    settings = settings_for(redis_server, prefix)
+    async with StateClient(settings=settings) as client, \
+            Handler(settings).running() as handler:
+        base = {"function_id": "reactor::on_change", "service": "reactor"}
+        await client.call("state::register-trigger", {**base, "id": "a-past", "config": {
+            "scope": scope, "match": [{"pointer": "/new_value/l/-", "equals": 1}]}})
+        await client.call("state::register-trigger", {**base, "id": "b-all", "config": {
+            "scope": scope}})
+        await client.set(scope, "k", {"l": [1]})
+        await client.set(scope, "k2", 2)
+        await until(lambda: len(handler.calls) >= 2, 10, "b-all's two handler calls")
+        assert [(call_id.split(":")[0], body["key"]) for call_id, body in handler.calls] == [
+            ("b-all", "k"), ("b-all", "k2")]
+
+
 async def test_bad_registrations_name_the_field(
         service: StateService, redis_server: RedisServer, prefix: str) -> None:
     async with StateClient(settings=settings_for(redis_server, prefix)) as client:
