@@ -124,6 +124,12 @@ def optional(value: int | str | None) -> Arg:
     return "" if value is None else value
 
 
+def version_condition(expected_version: int | None, create_only: bool) -> str:
+    """set.lua's and transaction.lua's version condition: "" none, "v<N>" (0: absent). Given
+    both, both hold: `create_only` with an `expected_version` >= 1 never does ("v-1")."""
+    if create_only:
+        return "v0" if not expected_version else "v-1"
+    return "" if expected_version is None else f"v{expected_version}"
 
 
 def writer_arg(by: str | None, trace: str | None = None) -> str:

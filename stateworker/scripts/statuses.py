@@ -136,6 +136,10 @@ def _conflict(target: Target, reply: list[Any]) -> Text:
     current = reply[1]
     where = f"key {shown(target.key)} in scope {shown(target.scope)}"
     details = {"expected_version": target.expected_version or 0, "current_version": current}
+    if target.create_only and target.expected_version:
+        return (f"create_only and expected_version {target.expected_version} never both hold "
+                f"(create_only: the key must be absent, version 0); current version {current} "
+                f"of {where}; nothing was written", details)
     if target.create_only:
         return (f"create_only: {where} already exists (version {current}); nothing was "
                 "written", details)

@@ -80,6 +80,29 @@ async def test_create_only_conflict_names_create_only(store: StateStore, scope: 
     assert "expected_version" not in caught.value.message
 
 
+async def test_create_only_with_an_expected_version_holds_both(store: StateStore,
+                                                               scope: str) -> None:
+    """`create_only` (the key absent) and `expected_version: N` (the key at version N) are two
+    conditions, each a CONFLICT when it fails: with N >= 1 they never both hold, so neither
+    an absent key (version 0, not N) nor one at version N (not absent) is written; with
+    N = 0 they agree. (create_only once replaced expected_version: an absent key was
+    created by a write that expected version 1.)"""
+    body = {"scope": scope, "key": "k", "value": 1, "create_only": True, "expected_version": 1}
+    absent = await error_of(store, "state::set", body)
+    assert absent.code == "CONFLICT"
+    assert absent.details == {"expected_version": 1, "current_version": 0}
+    assert "create_only and expected_version 1" in absent.message
+    assert "current version 0" in absent.message
+    assert (await store.call("state::set", {**body, "expected_version": 0}))["version"] == 1
+    present = await error_of(store, "state::set", body)
+    assert present.details == {"expected_version": 1, "current_version": 1}
+    tx = await error_of(store, "state::transaction", {"scope": scope, "ops": [
+        {"op": "set", "key": "new", "value": 1, "create_only": True, "expected_version": 1}]})
+    assert tx.code == "CONFLICT" and tx.details["current_version"] == 0
+    assert await store.call("state::list_keys", {"scope": scope}) == {"keys": ["k"]}
+    assert len(await store.events(scope)) == 1
+
+
 async def test_set_topic_and_ttl_are_cleared_when_omitted(store: StateStore, scope: str) -> None:
     await store.call("state::set", {"scope": scope, "key": "k", "value": 1, "topic": "t",
                                     "ttl_ms": 60_000})

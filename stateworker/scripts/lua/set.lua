@@ -9,7 +9,7 @@
     ARGV[9] value hash
     ARGV[10] topic: "~" keep the current one | "-" none | "=" .. topic
     ARGV[11] ttl in ms: "0" for no expiry, "" to keep the current expiry
-    ARGV[12] condition: "" none | "v<N>" stored version must be N (0 = absent)
+    ARGV[12] condition: "" none | "v<N>" stored version must be N (0 = absent; -1 never holds)
              | "h<hash>" stored value's hash must be <hash> | "a" absent or a stored null
     ARGV[13] "1": diff mode, write nothing when the stored hash equals ARGV[9]
     ARGV[14] "1" when no string in the value holds a bracket or brace

@@ -21,7 +21,7 @@
       check   version ("" or N: the stored version must be N, 0 = absent), hash ("" or the
               stored value's hash), presence ("" | "e" present | "a" absent)
       set     value, hash, topic ("~" | "-" | "=" .. topic), ttl ms ("0" none), condition
-              ("" | "v<N>"), plain ("1": no bracket or brace in a string of the value)
+              ("" | "v<N>", -1 never holds), plain ("1": no bracket or brace in a string)
       cas     value, hash, condition ("a" absent or a stored null | "h<hash>"), plain
       delete  expected version ("" or N)
       update  expected version, topic, ttl ms ("" keep), plain, number of ops, 3 ARGV per op

@@ -44,7 +44,15 @@ from stateworker.schemas.bulk import (
     TxSet,
     TxUpdate,
 )
-from stateworker.scripts.bindings import KEEP, TRANSACTION, optional, topic_arg, transaction_args, ttl_arg
+from stateworker.scripts.bindings import (
+    KEEP,
+    TRANSACTION,
+    optional,
+    topic_arg,
+    transaction_args,
+    ttl_arg,
+    version_condition,
+)
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_ERRORS, STATUS_TEXTS, Target
 from stateworker.state.core import validate
 from stateworker.state.core.store import RedisState
@@ -120,7 +128,7 @@ def _op_args(state: RedisState, op: TxSet | TxUpdate | TxDelete | TxCompareAndSe
             encoded.values[index] = value
             validate.topic(op.topic)
             version = validate.expected_version(op.expected_version)
-            condition = "v0" if op.create_only else "" if version is None else f"v{version}"
+            condition = version_condition(version, op.create_only)
             return [value.json, value.hash, topic_arg(op.topic),
                     ttl_arg(validate.ttl_ms(op.ttl_ms)), condition,
                     "1" if value.plain_strings else ""]

@@ -28,6 +28,7 @@ from stateworker.scripts.bindings import (
     set_args,
     topic_args,
     update_args,
+    version_condition,
 )
 from stateworker.scripts.replies import SetReply, UpdateReply
 from stateworker.scripts.statuses import LUA_STATUS, STATUS_TEXTS, Target
@@ -86,16 +87,14 @@ def set_plan(state: RedisState, scope: str, key: str, value: codec.Value, *,
              topic: str | None = None, ttl_ms: int | None = None,
              expected_version: int | None = None, create_only: bool = False,
              max_keys: int | None = None, ctx: CallContext = NO_CONTEXT) -> Plan:
-    expected = 0 if create_only else expected_version
-
     def finish(reply: SetReply) -> SetResult:
         return SetResult(_raw(reply.value), msgspec.Raw(value.json), reply.version, value.hash,
                          reply.created)
 
     return write_plan(state, scope, key, value, finish, topic=topic, ttl_ms=ttl_ms,
-                      condition="" if expected is None else f"v{expected}",
-                      expected_version=expected, create_only=create_only, max_keys=max_keys,
-                      ctx=ctx, answers=True)
+                      condition=version_condition(expected_version, create_only),
+                      expected_version=expected_version, create_only=create_only,
+                      max_keys=max_keys, ctx=ctx, answers=True)
 
 
 def compare_and_set_plan(state: RedisState, scope: str, key: str,

@@ -410,6 +410,12 @@ async def test_create_only_and_a_stale_expected_version_are_conflicts(
         await dagu(client, "set", {"key": "new", "value": 1, "expected_version": 1})
     assert (await dagu(client, "set", {"key": "new", "value": 1, "expected_version": 0}))[
         "created"] is True
+    # Both rules hold at once: create_only does not set expected_version aside.
+    with pytest.raises(Conflict) as both:
+        await dagu(client, "set", {"key": "newer", "value": 1, "create_only": True,
+                                   "expected_version": 1})
+    assert both.value.details == {"expected_version": 1, "current_version": 0}
+    assert (await dagu(client, "get", {"key": "newer"}))["found"] is False
 
 
 async def test_twenty_concurrent_read_modify_write_loops_lose_no_increment(
