@@ -40,19 +40,17 @@ class PartitionKeys:
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed, not yet stored (if followed: `history`)
     barrier_writes: str  # counter: the last `w` a barrier write (or deletion) of it took
-    # zset: the partition's barrier hashes by when they expire (ms; "+inf": not complete),
-    # kept by barrier.lua and delbarrier.lua, the expired dropped by the reaper: what the
-    # console lists, with no SCAN of the keyspace
+    # zset: the partition's barrier hashes by when they expire (ms; "+inf": not complete), kept
+    # by barrier.lua and delbarrier.lua, the expired dropped by the reaper: the console's list
     barriers: str
     snapshot_reads: str  # counter: the snapshot's reads of it (snapshot/behind.py)
-    # zset: the partition's scopes by the ms of their last change event, also when every
-    # entry has gone since (state::claim-namespace: a scope written within the dedupe window
-    # is in use). entry.lua's entry_emit writes it as <tag> .. "written", the tag being
-    # KEYS[5] (`scopes`) less "scopes"; the reaper drops members older than the window.
+    # zset: the partition's scopes by the ms of their last change event, also when every entry
+    # has gone since (state::claim-namespace: a scope written within the dedupe window is in use).
+    # entry.lua's entry_emit writes it as (KEYS[5] less "scopes") .. "written"; the reaper
+    # drops members older than the window.
     written: str
     # hash: where this Redis's event history of the partition begins (events/compaction.py,
-    # `History`): written when the prefix is new in this Redis and by a restore; and the
-    # HISTORY_* fields below.
+    # `History`), written when the prefix is new in this Redis and by a restore; HISTORY_* below.
     history: str
 
     def barrier(self, barrier_id: str) -> str:
@@ -60,8 +58,7 @@ class PartitionKeys:
         return f"{self.barrier_prefix}{barrier_id}"
 
     @property
-    def barrier_prefix(self) -> str:
-        """+ "<barrier id>" gives a barrier's hash (`barrier_id_of` strips it again)."""
+    def barrier_prefix(self) -> str:  # + "<barrier id>": a barrier's hash (`barrier_id_of`)
         return f"{self.tag}b:"
 
     def barrier_id_of(self, name: bytes) -> str:
@@ -71,8 +68,8 @@ class PartitionKeys:
         return f"{self.entry_prefix}{member(scope, key)}"
 
     def snapshot(self, cursor: str) -> str:
-        """A state::list_entries snapshot, named by the cursor that reads it next (lua/pages.lua;
-        it expires 120 s after its capture: state/kv/pages.py `LIFE_MS`)."""
+        """A state::list_entries snapshot, named by the cursor that reads it next (lua/pages.lua),
+        for 120 s from its capture (state/kv/pages.py `LIFE_MS`)."""
         return f"{self.tag}snap:{cursor}"
 
     @property
@@ -90,9 +87,8 @@ class PartitionKeys:
         return f"{self.tag}t:{scope}"
 
     def index_defs(self, scope: str) -> str:
-        """hash: the scope's indexes, pointer -> "r" (ready), "b" (build not started) or "c" +
-        the last key built. lua/includes/indexes.lua makes it as the key index's name with "ix:"
-        for "k:"."""
+        """hash: the scope's indexes, pointer -> "r" (ready), "b" (build not started) or "c" + the
+        last key built. lua/includes/indexes.lua makes it as the key index's name, "ix:" for "k:"."""
         return f"{self.tag}ix:{scope}"
 
     def value_index(self, scope: str, pointer: str) -> str:
@@ -117,9 +113,8 @@ class PartitionKeys:
 
     @property
     def unsaved_kept(self) -> str:
-        """The kept replies of writes that run no entry script (state/core/once.py) of the
-        call ids at home in the partition, until PostgreSQL holds them and the writes they
-        answer (snapshot/kept.py)."""
+        """The kept replies of writes that run no entry script (state/core/once.py) of the call
+        ids at home in the partition, until PostgreSQL holds them and their writes (snapshot/kept.py)."""
         return f"{self.tag}unsaved_kept"
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one PartitionKeys per partition, kept
@@ -151,12 +146,17 @@ def member(scope: str, key: str) -> str:
     return f"{len(scope.encode())}:{scope}{key}"
 
 
+def split_member(name: bytes) -> tuple[str, str]:
+    """`member`'s (scope, key): `<len>:<scope><key>`, len in UTF-8 bytes."""
+    length, _, rest = name.partition(b":")
+    return rest[:int(length)].decode(), rest[int(length):].decode()
+
+
 class KeySpace:
     """Builds the names for one prefix and partition count."""
 
     def __init__(self, prefix: str, partitions: int) -> None:
-        self.prefix = prefix
-        self.partitions = partitions
+        self.prefix, self.partitions = prefix, partitions
         self.meta = f"{prefix}:meta"
         self._calls = f"{prefix}:calls:"
         # The registry's keys share one hash tag: a change and its registry entry are one script.

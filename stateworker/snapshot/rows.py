@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from stateworker.events.model import revision_of
-from stateworker.keys import PartitionKeys, member
+from stateworker.keys import PartitionKeys, member, split_member
 from stateworker.reactive.trimming import StreamInfo
 from stateworker.scripts.upkeep_bindings import SNAPROWS, snaprows_call
 from stateworker.snapshot.behind import WHY, count_command, counted, settle, stream_behind
@@ -96,13 +96,6 @@ async def read_changed(state: RedisState, partition: PartitionKeys,
         else:
             rows.append(row)
     return rows, gone, counted_read
-
-
-def split_member(member: bytes) -> tuple[str, str]:
-    """`<len>:<scope><key>` (len in UTF-8 bytes) -> (scope, key)."""
-    length, _, rest = member.partition(b":")
-    size = int(length)
-    return rest[:size].decode(), rest[size:].decode()
 
 
 async def scan_partition(state: RedisState, partition: PartitionKeys, generation: str,

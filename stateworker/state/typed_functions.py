@@ -191,9 +191,12 @@ def state_delete_by_topic(state: RedisState, req: DeleteByTopicRequest, ctx: Cal
 def state_list_namespaces(state: RedisState, req: ListNamespacesRequest, ctx: CallContext) -> Plan:
     validate.pattern("pattern", req.pattern)
     validate.in_range("limit", req.limit, 1, listing.MAX_LIMIT)
-    plan = listing.list_namespaces_plan(state, req.pattern, req.limit,
-                                        validate.hidden_scopes(state))
-    return then(plan, NamespacesResult)
+    hidden = validate.hidden_scopes(state)
+
+    def listed(gone: frozenset[str]) -> Plan:
+        return listing.list_namespaces_plan(state, req.pattern, req.limit, hidden | gone)
+
+    return then(then(reads.expired_scopes_plan(state), listed), NamespacesResult)
 
 
 def state_claim_namespace(state: RedisState, req: ClaimNamespaceRequest, ctx: CallContext) -> Plan:

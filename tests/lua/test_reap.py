@@ -176,6 +176,29 @@ async def test_expired_entry_reads_as_missing_before_reaping(
                               ("state:created", "gone", 1, b"null")]
 
 
+async def test_a_scope_whose_every_entry_expired_is_not_listed_before_reaping(
+    redis_server: RedisServer, prefix: str, scope: str
+) -> None:
+    """list_groups, list-namespaces and moco's list_namespaces list the scopes that hold an
+    entry; an expired one reads as missing, so a scope holding only expired entries is not
+    listed, also before the reaper drops it from the scopes index (it once was, until then).
+    A scope with one live entry beside its expired ones is listed."""
+    gone, mixed = f"{scope}-gone", f"{scope}-mixed"
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               reaper=False) as store:
+        until = max(await expiring(store, gone, ["a", "b"]), await expiring(store, mixed, ["a"]))
+        await store.set(mixed, "live", 1, ttl_ms=HOUR_MS)
+        await store.set("global-list", "k", 1)  # (moco's in_global_ns lists names without ':')
+        await pass_time(until)
+        assert await store.list_groups() == sorted(["global-list", mixed])
+        listed = await store.call("state::list-namespaces", {})
+        assert listed == {"namespaces": sorted(["global-list", mixed])}
+        moco = await store.call("builtin.state.list_namespaces", {"in_global_ns": True},
+                                context={"user_id": "u"})
+        assert moco == sorted(["global-list", mixed])
+        assert await store.reap_expired() == 3  # (they were there, expired, all along)
+
+
 async def test_a_write_meeting_an_expired_entry_deletes_it_first(
     redis_server: RedisServer, prefix: str, scope: str
 ) -> None:

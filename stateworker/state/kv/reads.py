@@ -22,6 +22,7 @@ from stateworker import clock, codec
 from stateworker.clock import now_ms
 from stateworker.context import Answer, CallContext
 from stateworker.errors import NotFound, shown
+from stateworker.keys import split_member
 from stateworker.schemas import EntryResult, GroupsResult, KeysResult
 from stateworker.scripts.bindings import GET, SETHASH, get_call, sethash_call
 from stateworker.scripts.read_bindings import LIST, list_call
@@ -30,6 +31,7 @@ from stateworker.scripts.statuses import LUA_STATUS, raise_for_status, script_re
 from stateworker.state.core.store import RedisState, answered_as
 from stateworker.state.kv.packed import unpack
 from stateworker.transport.plans import Plan, command_reply, then
+from stateworker.transport.wire import Arg
 
 _ANSWERED = LUA_STATUS["ANSWERED"]
 
@@ -133,10 +135,44 @@ def list_keys_plan(state: RedisState, scope: str) -> Plan:
 
 
 def list_groups_plan(state: RedisState, hidden: frozenset[str] = frozenset()) -> Plan:
-    """Scopes holding at least one entry, byte-sorted, `hidden` ones left out."""
-    def finish(replies: list[Any]) -> GroupsResult:
-        scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
-        return GroupsResult(sorted(scopes - hidden, key=lambda s: s.encode()))
+    """Scopes holding at least one live entry, byte-sorted, `hidden` ones left out."""
+    def finish(gone: frozenset[str]) -> Plan:
+        def listed(replies: list[Any]) -> GroupsResult:
+            scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
+            return GroupsResult(sorted(scopes - hidden - gone, key=lambda s: s.encode()))
+
+        return state.read_plan(parts, [["ZRANGE", part.scopes, 0, -1] for part in parts], listed)
 
     parts = state.keys.all_partitions()
-    return state.read_plan(parts, [["ZRANGE", part.scopes, 0, -1] for part in parts], finish)
+    return then(expired_scopes_plan(state), finish)
+
+
+def expired_scopes_plan(state: RedisState) -> Plan:
+    """The scopes whose every entry has expired and is not reaped yet, which a listing of
+    scopes leaves out (an expired entry reads as missing; its scope holds none until the
+    reaper drops it from the scopes index). Each partition's ttl index members due by now
+    (the reaper keeps those few), counted by scope; then, for a scope that has some, as
+    many of its key index's members plus one: none beyond the due ones is a scope gone."""
+    parts = state.keys.all_partitions()
+    due: list[list[Arg]] = [["ZRANGE", part.ttl, "-inf", now_ms(), "BYSCORE"] for part in parts]
+    return state.read_plan(parts, due, lambda replies: _all_expired(state, replies))
+
+
+def _all_expired(state: RedisState, due: list[Any]) -> Plan | frozenset[str]:
+    counts: dict[str, int] = {}
+    for reply in due:
+        for name in command_reply(reply, "ZRANGE"):
+            scope = split_member(name)[0]
+            counts[scope] = counts.get(scope, 0) + 1
+    if not counts:
+        return frozenset()
+    scopes = list(counts)
+    parts = list({id(p): p for p in map(state.keys.for_scope, scopes)}.values())
+    commands: list[list[Arg]] = [["ZRANGE", state.keys.for_scope(scope).key_index(scope), 0,
+                                  counts[scope]] for scope in scopes]
+
+    def gone(replies: list[Any]) -> frozenset[str]:
+        return frozenset(scope for scope, reply in zip(scopes, replies, strict=True)
+                         if len(command_reply(reply, "ZRANGE")) <= counts[scope])
+
+    return state.read_plan(parts, commands, gone)
