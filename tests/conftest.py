@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,14 @@ from tests.servers import PostgresServer, RedisServer
 settings.register_profile("shared-machine", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("shared-machine")
+
+# Every process a test starts imports this checkout's stateworker: a script run by its path
+# (an example, a worker written to tmp_path, the `stateworker` command) has its own directory
+# first on sys.path, and would otherwise get whichever checkout the venv's editable install
+# points at.
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture
