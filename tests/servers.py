@@ -56,6 +56,8 @@ class RedisServer:
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
              "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
+             # (a replica's sync starts at once, not after 5 s waiting for more replicas)
+             "--repl-diskless-sync-delay", "0",
              "--logfile", str(self.directory / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )

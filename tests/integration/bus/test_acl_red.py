@@ -303,7 +303,9 @@ async def test_a_principals_condition_trigger_does_not_stop_everyone_elses_trigg
             "config": {"scope": scope}})
         await as_mallory.call("state::register-trigger", {
             "id": "mallory-cond", "function_id": "mallory-svc::on", "service": "mallory-svc",
-            "config": {"condition_function_id": "mallory-svc::cond"}})
+            # (nobody serves it: a condition given 1 ms is skipped then, not after 5 s)
+            "config": {"condition_function_id": "mallory-svc::cond",
+                       "condition_timeout_ms": 1}})
         for i in range(3):
             await as_writer.set(scope, f"k{i}", i)
 

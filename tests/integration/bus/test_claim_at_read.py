@@ -7,7 +7,6 @@ calls in flight, taken over by another. Each call runs once and is answered."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -191,12 +190,9 @@ WORKER_SCRIPT = """
 
 def start_worker(script: Path, redis_server: RedisServer, prefix: str, consumer: str,
                  visibility_ms: int) -> subprocess.Popen[str]:
-    # (this checkout's stateworker, not whichever one the interpreter has installed)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     return subprocess.Popen([sys.executable, str(script), redis_server.url, prefix,
                              str(redis_server.port), consumer, str(visibility_ms)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def kill(process: subprocess.Popen[str]) -> None:

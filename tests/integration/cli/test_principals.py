@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-import redis
 
 from stateworker.keys import KeySpace, principal_stream
+from tests.integration.acl_users import logs_in
 from tests.integration.services import run_cli
 from tests.servers import RedisServer, free_port
 
@@ -49,14 +49,6 @@ def refused(done: subprocess.CompletedProcess[str], code: str) -> dict[str, Any]
     return error
 
 
-def logs_in(server: RedisServer, user: str, password: str) -> bool:
-    try:
-        with redis.Redis(port=server.port, username=user, password=password) as conn:
-            return bool(conn.ping())
-    except redis.AuthenticationError:
-        return False
-
-
 def test_principal_add_creates_its_user_stream_and_record(redis_server: RedisServer,
                                                           prefix: str) -> None:
     who = name()
@@ -64,8 +56,8 @@ def test_principal_add_creates_its_user_stream_and_record(redis_server: RedisSer
                    "--role", "writer", "--act-as", "tenant-*", "--act-as", "moco-*"))
     assert shown["principal"] == who and shown["roles"] == ["reader", "writer"]
     assert shown["act_as"] == ["tenant-*", "moco-*"] and len(shown["password"]) >= 32
-    assert logs_in(redis_server, who, shown["password"])
-    assert not logs_in(redis_server, who, "wrong")
+    assert logs_in(redis_server.port, who, shown["password"])
+    assert not logs_in(redis_server.port, who, "wrong")
     client = redis_server.client()
     stream = principal_stream(prefix, "state", who)
     assert [g["name"] for g in client.xinfo_groups(stream)] == [b"state"]
@@ -78,7 +70,7 @@ def test_principal_add_creates_its_user_stream_and_record(redis_server: RedisSer
     assert "password" not in listed[0]
     again = cli(redis_server, prefix, "principal", "add", who, "--role", "reader")
     assert refused(again, "CONFLICT")["details"] == {"name": who}
-    assert logs_in(redis_server, who, shown["password"])  # the refused add changed nothing
+    assert logs_in(redis_server.port, who, shown["password"])  # the refused add changed nothing
 
 
 def test_a_password_from_stdin_is_not_printed_and_passwd_rotates_it(
@@ -87,16 +79,16 @@ def test_a_password_from_stdin_is_not_printed_and_passwd_rotates_it(
     shown = ok(cli(redis_server, prefix, "principal", "add", who, "--role", "reader",
                    "--password-stdin", stdin="first-secret\n"))
     assert "password" not in shown and "first-secret" not in str(shown)
-    assert logs_in(redis_server, who, "first-secret")
+    assert logs_in(redis_server.port, who, "first-secret")
     rotated = ok(cli(redis_server, prefix, "principal", "passwd", who))
-    assert not logs_in(redis_server, who, "first-secret")
-    assert logs_in(redis_server, who, rotated["password"])
+    assert not logs_in(redis_server.port, who, "first-secret")
+    assert logs_in(redis_server.port, who, rotated["password"])
     ok(cli(redis_server, prefix, "principal", "passwd", who, "--password-stdin",
            stdin="third-secret\n"))
-    assert logs_in(redis_server, who, "third-secret")
+    assert logs_in(redis_server.port, who, "third-secret")
     user = redis_server.client().acl_getuser(who)
     assert len(user["selectors"]) == 1 and len(user["passwords"]) == 1  # rotated, not added
-    assert not logs_in(redis_server, who, rotated["password"])
+    assert not logs_in(redis_server.port, who, rotated["password"])
     refused(cli(redis_server, prefix, "principal", "passwd", name()), "NOT_FOUND")
 
 
@@ -111,7 +103,7 @@ async def test_principal_remove_waits_until_its_stream_is_served(redis_server: R
         lambda: cli(redis_server, prefix, "principal", "remove", who, "--timeout", "0.5"))
     assert waited.returncode == 1 and "still has calls not served" in waited.stderr
     assert "waiting for the service" in waited.stderr and "Traceback" not in waited.stderr
-    assert not logs_in(redis_server, who, shown["password"])  # the user went first
+    assert not logs_in(redis_server.port, who, shown["password"])  # the user went first
     assert client.hexists(KeySpace(prefix, 4).principals, who)  # the record waits
     # The service reads and acknowledges the call (here by hand, as the runtime does).
     ((_, entries),) = client.xreadgroup("state", "svc", {stream: ">"})
@@ -134,7 +126,7 @@ def test_principal_remove_deletes_no_user_that_is_not_a_principals(
     error = refused(cli(redis_server, prefix, "principal", "remove", other), "NOT_FOUND")
     assert error["details"] == {"name": other, "acl_user": "exists"}
     assert "nothing was deleted" in error["message"]
-    assert logs_in(redis_server, other, "svc-secret")
+    assert logs_in(redis_server.port, other, "svc-secret")
     # a name no user and no principal has: as before (what a finished remove leaves)
     assert ok(cli(redis_server, prefix, "principal", "remove", name()))["removed"] is False
 
@@ -202,14 +194,14 @@ def test_an_existing_redis_user_is_not_taken_over_without_replace(
     try:
         taken = cli(redis_server, prefix, "principal", "add", other, "--role", "reader")
         assert refused(taken, "CONFLICT")["details"] == {"name": other, "acl_user": "exists"}
-        assert logs_in(redis_server, other, "its-own-password")  # untouched
+        assert logs_in(redis_server.port, other, "its-own-password")  # untouched
         assert not client.hexists(KeySpace(prefix, 4).principals, other)
         for protected in ("default",):
             kept = cli(redis_server, prefix, "principal", "add", protected, "--role", "reader")
             assert refused(kept, "CONFLICT")["details"]["acl_user"] == "protected"
         shown = ok(cli(redis_server, prefix, "principal", "add", other, "--role", "reader",
                        "--replace"))
-        assert logs_in(redis_server, other, shown["password"])
-        assert not logs_in(redis_server, other, "its-own-password")
+        assert logs_in(redis_server.port, other, shown["password"])
+        assert not logs_in(redis_server.port, other, "its-own-password")
     finally:
         client.execute_command("ACL", "DELUSER", other)

@@ -11,9 +11,9 @@ import uuid
 from typing import Any
 
 import msgspec
-import redis
 
 from tests.cluster import RedisCluster
+from tests.integration.acl_users import logs_in
 
 
 def cli(cluster: RedisCluster, prefix: str, *args: str) -> dict[str, Any]:
@@ -24,14 +24,6 @@ def cli(cluster: RedisCluster, prefix: str, *args: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     reply: dict[str, Any] = msgspec.json.decode(done.stdout)
     return reply
-
-
-def logs_in(port: int, user: str, password: str) -> bool:
-    try:
-        with redis.Redis(port=port, username=user, password=password) as client:
-            return bool(client.ping())
-    except redis.AuthenticationError:
-        return False
 
 
 def test_a_principals_user_is_on_every_node(redis_cluster: RedisCluster, prefix: str) -> None:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,13 +29,12 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[3]
 PARTITIONS = 4
 SHARDS = 3
 
 
 def environment(prefix: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "STATEWORKER_PREFIX": prefix,
+    return {**os.environ, "STATEWORKER_PREFIX": prefix,
             "STATEWORKER_PARTITIONS": str(PARTITIONS), "STATEWORKER_BUS_SHARDS": str(SHARDS)}
 
 

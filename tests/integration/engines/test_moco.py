@@ -45,7 +45,6 @@ pytestmark = pytest.mark.anyio
 
 ALICE = {"user_id": "alice", "execution_id": "run-a"}
 BOB = {"user_id": "bob", "execution_id": "run-b"}
-ROOT = Path(__file__).resolve().parents[3]
 
 
 async def moco(client: StateClient, activity: str, body: dict[str, Any],
@@ -250,7 +249,7 @@ def test_every_process_maps_the_code_to_its_class() -> None:
                "cls = type(error_from('ReservedNamespaceError', 'm'))\n"
                "print(cls.__module__, cls.__name__)")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          timeout=60, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=60, check=True)
     assert done.stdout.split() == ["stateworker.engines.moco.rules", "ReservedNamespace"]
 
 
@@ -688,7 +687,6 @@ async def test_the_docs_examples_run_as_written(service: StateService, redis_ser
     blocks = fenced_blocks("docs/moco.md")
     env = {**os.environ, "STATEWORKER_REDIS_URL": redis_server.url,
            "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     ran = []
     for n, (kind, text) in enumerate(blocks):

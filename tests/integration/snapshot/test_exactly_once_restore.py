@@ -99,6 +99,9 @@ async def one_run(own_redis: RedisServer, prefix: str, postgres_url: str, number
                 service.kill()  # the service and Redis's data gone at one moment
                 redis_client.flushall()
                 stop.set()
+                # (a call in flight now gets no answer: ended here, not waited out for its
+                # 3 s, it is sent and not acknowledged, as a timed out one is)
+                tg.cancel_scope.cancel()
         service.start()  # repairs Redis from PostgreSQL before it serves
         async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store:
             restored_ids: set[str] = set()

@@ -359,7 +359,7 @@ async def test_worker_serve_without_redis_exits_with_one_line(tmp_path: Path) ->
     script.write_text(WORKER_SCRIPT)
     done = await anyio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, str(script), url], capture_output=True, text=True, timeout=60,
-        check=False, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}))
+        check=False))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -400,7 +400,7 @@ async def test_worker_serve_waiting_for_redis_stops_on_sigterm(tmp_path: Path) -
     script.write_text(WAITING_WORKER)
     process = subprocess.Popen(
         [sys.executable, str(script), url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
+        text=True)
     try:
         line = await anyio.to_thread.run_sync(wait_for_line, process, "waiting for it", 30)
         logged = msgspec.json.decode(line)  # one JSON log line, naming the URL and what to do
