@@ -42,6 +42,11 @@ async def redis_ms(raw: aredis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def reading_blocked(raw: aredis.Redis) -> bool:
+    """A client of this server waits in a blocking XREADGROUP."""
+    return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in await raw.client_list())
+
+
 def counted(worker: Worker, fn: str, answer: Callable[[Any, int], Any]) -> list[str]:
     """`fn` on `worker`: each run's call id recorded in the list returned, its reply
     `answer(body, runs so far)`."""
@@ -93,6 +98,10 @@ async def test_a_call_in_flight_is_kept_until_the_visibility_timeout_and_applied
             fast = StateService.running(settings_for(redis_server.url, prefix), BusOptions(
                 block_ms=50, visibility_timeout_ms=visibility_ms, consumer="B"))
             async with fast:
+                # B waits in its blocking read first: A, its one slot busy, reads ahead
+                # without blocking and would take an entry nobody waits for (a fourth
+                # delivery, so a second reply to `second`).
+                await until(lambda: reading_blocked(raw), 10, "B blocked on its read")
                 await raw.xadd(stream, {"id": call_id, "fn": "state::update",
                                         "body": increment(scope), "reply": second})
                 (by_b,) = await pop_replies(raw, second, 1)  # B applies the call
