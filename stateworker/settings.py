@@ -191,6 +191,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("docs_url (STATEWORKER_DOCS_URL) must be an absolute http(s) URL "
                               f"of docs/errors.md without a fragment, got {shown(self.docs_url)}")
 
+    def check_serving(self) -> None:
+        """What a service needs of these settings beyond their own checks (a client in `acl`
+        mode may keep a shorter window: its re-sends keep to the default's half anyway).
+
+        Raises:
+            ConfigError: `acl` mode with a dedupe window shorter than the default: a
+                principal may not read the service's window, so its client re-sends within
+                half the default (bus/resends.py), and a re-send read after a shorter
+                window's record is gone would apply the call twice."""
+        if self.auth == "acl" and self.dedupe_window_ms < DEDUPE_WINDOW_MS:
+            raise ConfigError(
+                f"dedupe_window_ms (STATEWORKER_DEDUPE_WINDOW_MS) must be at least "
+                f"{DEDUPE_WINDOW_MS} with auth acl (a principal cannot read the service's "
+                f"window and re-sends within half of {DEDUPE_WINDOW_MS} ms), got "
+                f"{self.dedupe_window_ms}")
+
     @property
     def appendfsync(self) -> str:
         """The `appendfsync` the durability mode needs (the embedded Redis runs with it)."""

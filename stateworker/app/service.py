@@ -123,6 +123,7 @@ class StateService:
         # snapshotter keeps it); Redis opened once, waited for on the state's own connection,
         # checked and repaired before the registry follower loads from it; then every loop,
         # each started (`task_status`) before the next, so a failed start is raised here.
+        settings.check_serving()
         pg = await prepare(settings)
         started = False
         try:

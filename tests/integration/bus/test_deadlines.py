@@ -12,7 +12,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
 from stateworker.clock import now_ms
-from stateworker.errors import CallTimeout, DeadlineExceeded
+from stateworker.errors import CallTimeout, ConfigError, DeadlineExceeded
 from stateworker.settings import DEDUPE_WINDOW_MS
 from tests.integration.services import run_cli, settings_for
 from tests.servers import RedisServer
@@ -128,3 +128,20 @@ async def test_a_client_that_cannot_read_the_window_keeps_to_the_default(
                                     BusOptions(block_ms=50)), \
             StateClient(settings=settings, timeout=3.0) as client:
         assert (client.service_window_ms, client.resend_window_ms) == (5000, 5000)
+
+
+async def test_in_acl_mode_a_service_keeps_at_least_the_default_window(
+        redis_server: RedisServer, raw: aredis.Redis, prefix: str) -> None:
+    """A principal may not read the service's window, so its client re-sends within half the
+    default (7.5 min); a service keeping records a shorter time would apply such a re-send
+    twice. It refuses to start, naming the setting and the limit, before it touches Redis.
+    (The same settings are valid for a principal's client: its re-sends only come sooner.)"""
+    settings = settings_for(redis_server, prefix, auth="acl", dedupe_window_ms=60_000)
+    with pytest.raises(ConfigError) as refused:
+        async with StateService.running(settings, BusOptions(block_ms=50)):
+            pass
+    assert str(refused.value) == (
+        f"dedupe_window_ms (STATEWORKER_DEDUPE_WINDOW_MS) must be at least {DEDUPE_WINDOW_MS} "
+        f"with auth acl (a principal cannot read the service's window and re-sends within "
+        f"half of {DEDUPE_WINDOW_MS} ms), got 60000")
+    assert await raw.keys(f"{prefix}:*") == []
