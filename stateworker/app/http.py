@@ -14,7 +14,8 @@ default): a Starlette app served by uvicorn on httptools on the service's own ev
 A call runs in this process as a bus call would (`functions.prepare` on the service's
 catalog, the same plans), so the result is the same bytes. `Idempotency-Key` is the call's
 id: it is bound to its function and body and its reply recorded for the dedupe window, as
-a bus call's id; `X-Stateworker-Context` carries the bus entry's `context` (a JSON object).
+a bus call's id; `X-Stateworker-Context` carries the bus entry's `context` (a JSON object),
+`X-Stateworker-Caller` its `caller` (`off` mode; in `acl` mode the principal alone).
 In `acl` mode a request acts as the principal it proves (app/logins.py: `Authorization:
 Basic`, or the console's session cookie), whose roles decide as over the bus; without one it
 is UNKNOWN_CALLER (401). The console (app/console.py) sends `X-Stateworker-Console`: in `off`
@@ -57,7 +58,13 @@ from stateworker.app.http_server import ServerOnOurLoop, listening, server_confi
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
 from stateworker.app.url_text import UrlText
-from stateworker.bus.entries import MAX_ID_BYTES, call_digest, own_call_id, parse_context
+from stateworker.bus.entries import (
+    MAX_ID_BYTES,
+    call_digest,
+    own_call_id,
+    parse_context,
+    principal_caller,
+)
 from stateworker.bus.protocol import reply_document
 from stateworker.bus.runtime import BusRuntime
 from stateworker.context import CallContext
@@ -79,6 +86,7 @@ log = logging.getLogger("stateworker.http")
 
 JSON = "application/json"
 CONTEXT_HEADER = b"x-stateworker-context"
+CALLER_HEADER = b"x-stateworker-caller"
 _CONSOLE = CONSOLE_HEADER.encode()
 # In `acl` mode /metrics is for a principal with a read role on `*` (a scraper's own): its
 # labels name every stream and partition, as listing every scope would.
@@ -102,11 +110,12 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         call_id = None
         try:
             call_id = _utf8(headers.get(b"idempotency-key"), "Idempotency-Key")
-            caller = await _caller(logins, request, headers, fn, local)
+            principal = await _principal(logins, request, headers, fn, local)
+            caller = _named_caller(headers, principal)
             body = await read_body(receive, runtime.options.max_body_bytes)
             result = await _run(state, batches, fn, body, call_id, headers.get(CONTEXT_HEADER),
-                                runtime.options.max_context_bytes, caller,
-                                _trace_headers(headers))
+                                runtime.options.max_context_bytes, principal,
+                                _trace_headers(headers), caller)
             document, status, code = reply_document(call_id, result, None), 200, "OK"
         except StateError as exc:
             document, status, code = reply_document(call_id, None, exc), http_status(
@@ -187,8 +196,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
         Middleware(HotPaths, routes=routes)]), answer, hosts)
 
 
-async def _caller(logins: Logins, request: Callable[[], Request], headers: dict[bytes, bytes],
-                  fn: str, local: bool) -> str | None:
+async def _principal(logins: Logins, request: Callable[[], Request],
+                     headers: dict[bytes, bytes], fn: str, local: bool) -> str | None:
     """The principal a call acts as (`acl` mode; None in `off` mode). Raises UnknownCaller
     without one, and PermissionDenied for a write from the console in `off` mode unless the
     face is `local` (bound to a loopback address and answering to loopback names alone:
@@ -208,6 +217,18 @@ async def _caller(logins: Logins, request: Callable[[], Request], headers: dict[
             "answers to loopback names alone (STATEWORKER_HTTP_HOSTS); "
             "writes go through the call API, the bus or the CLI", {"path": "fn", "fn": fn})
     return None
+
+
+def _named_caller(headers: dict[bytes, bytes], principal: str | None) -> str | None:
+    """The caller a call names (`X-Stateworker-Caller`, the bus entry's `caller`): whose
+    cursors and private namespaces it uses. `off` mode trusts it, as the bus does; in `acl`
+    mode the caller is the principal, and a header naming anyone else is refused."""
+    named = _utf8(headers.get(CALLER_HEADER), "X-Stateworker-Caller")
+    if named is not None and not 1 <= len(named.encode()) <= MAX_ID_BYTES:
+        raise InvalidRequest(f"X-Stateworker-Caller: must be 1 to {MAX_ID_BYTES} bytes, got "
+                             f"{len(named.encode())}", {"path": "X-Stateworker-Caller",
+                                                        "limit": MAX_ID_BYTES})
+    return named if principal is None else principal_caller(principal, named)
 
 
 def _headers(request: Request) -> dict[bytes, bytes]:
@@ -242,9 +263,10 @@ def _trace_headers(headers: dict[bytes, bytes]) -> dict[str, str]:
 
 async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_id: str | None,
                context_raw: bytes | None, context_limit: int, principal: str | None,
-               trace_headers: dict[str, str] | None = None) -> bytes:
+               trace_headers: dict[str, str] | None = None, caller: str | None = None) -> bytes:
     """One call in this process, as the bus runs it (with the other calls in flight: one
-    pipeline), as `principal` (`acl` mode) or trusted (None); its result's JSON. A trace
+    pipeline), as `principal` (`acl` mode) or trusted (None), by `caller` (the principal in
+    `acl` mode; `off` mode: the one the request names, if any); its result's JSON. A trace
     context (headers, or the context's fields) continues in a service span, as a bus call's
     (tracing.py)."""
     if call_id is not None and (not call_id or len(call_id.encode()) > MAX_ID_BYTES):
@@ -256,7 +278,8 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     if trace_headers:
         context = {**context, **trace_headers}
     own = None if call_id is None else own_call_id(principal, call_id)
-    ctx = CallContext(context=context, call_id=own, principal=principal, caller=principal,
+    ctx = CallContext(context=context, call_id=own, principal=principal,
+                      caller=principal if caller is None else caller,
                       call_digest=None if call_id is None else call_digest(fn, body))
     span = None
     if tracing.TRACEPARENT in context:

@@ -73,7 +73,7 @@ def parse_entry(ref: Ref, flat: list[bytes], options: BusOptions, principal: str
         digest = call_digest(fn, body)
         named = None if caller is None else _text(fields, b"caller")
         if principal is not None:
-            named = _principal_caller(principal, named)
+            named = principal_caller(principal, named)
         own_id = own_call_id(principal, call_id)
         answer = Answer(reply, ref[0], ref[1], group, options.reply_ttl_ms, reply_head(
             call_id), publish=principal is None and fields.get(b"publish") == b"1") \
@@ -108,7 +108,9 @@ def call_digest(fn: str, body: bytes) -> str:
 _SORTED = msgspec.json.Encoder(order="sorted")
 
 
-def _principal_caller(principal: str, named: str | None) -> str:
+def principal_caller(principal: str, named: str | None) -> str:
+    """The caller of a principal's call (`acl` mode): the principal; a call naming anyone
+    else is PERMISSION_DENIED (a bus entry's `caller`, the HTTP face's caller header)."""
     if named is not None and named != principal:
         raise PermissionDenied(
             f"caller: {shown(named)} is not the principal {shown(principal)} whose stream the call came "
