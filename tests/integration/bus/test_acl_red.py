@@ -288,7 +288,9 @@ async def test_a_principals_condition_trigger_does_not_stop_everyone_elses_trigg
     than state::barrier) is a `StateClient` on the service's own settings: `caller_route`
     raises ConfigError (the service's URL names no principal), the partition's batch fails
     and is retried forever. One principal with `triggers` (and a service of its own) registers
-    a condition trigger on no scope, and no trigger of anyone fires again."""
+    a condition trigger on no scope, and no trigger of anyone fires again. (Where the URL names
+    the service's user, the condition was asked on a principal stream of that name instead,
+    which no worker serving the condition reads: it is asked on the service's own stream.)"""
     state = acl_service.state
     alices = await _role(state, ["read", "triggers"], ["*"], ["alice-svc"])
     mallorys = await _role(state, ["read", "triggers"], ["*"], ["mallory-svc"])
@@ -313,6 +315,12 @@ async def test_a_principals_condition_trigger_does_not_stop_everyone_elses_trigg
             return len(await _stream_entries(state, bus_stream(prefix, "alice-svc"))) >= 3
 
         await until(delivered, 30, "alice's trigger to deliver 3 events")
+
+        async def asked() -> bool:  # (where mallory's worker for the condition reads)
+            entries = await _stream_entries(state, bus_stream(prefix, "mallory-svc"))
+            return sum(e[b"fn"] == b"mallory-svc::cond" for e in entries) >= 3
+
+        await until(asked, 30, "mallory's condition asked on its service's stream")
 
 
 async def test_call_ids_are_per_principal(
