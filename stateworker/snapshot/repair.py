@@ -27,10 +27,12 @@ import logging
 
 from stateworker.clock import now_ms
 from stateworker.errors import ConfigError, RestoreRefused, shown
+from stateworker.keys import KeySpace
 from stateworker.reactive import trimming
 from stateworker.snapshot import barriers, restore, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import behind_partitions, registry_reads_behind
+from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.tables import PgConnection
 from stateworker.state import generation
 from stateworker.state.core.store import RedisState
@@ -155,8 +157,45 @@ async def refuse_healthy(state: RedisState, pg: PgConnection) -> None:
             "again", {"prefix": prefix})
 
 
+# Rows read to tell the partition count PostgreSQL's snapshot was taken with, at most.
+LAYOUT_SAMPLE = 1000
+LAYOUT = """
+(SELECT scope, partition FROM sw_entries WHERE prefix = %(p)s LIMIT %(n)s)
+UNION ALL (SELECT id, partition FROM sw_barriers WHERE prefix = %(p)s LIMIT %(n)s)
+"""
+
+
+async def refuse_other_partitions(pg: PgConnection, keys: KeySpace, prefix: str) -> None:
+    """A restore with another partition count than PostgreSQL's snapshot was taken with
+    (`STATEWORKER_PARTITIONS` unset in an operator's shell: 16) is refused (RESTORE_REFUSED,
+    naming both counts), before anything is written: it put every scope and barrier in other
+    partitions than the services read and write them in (found by attack: a service of 4
+    partitions read null for 15 of 20 keys PostgreSQL held, and wrote them again as new).
+    Told from a position past the count, or a row (entry by scope, barrier by id) stored in
+    another partition than this count puts it in."""
+    positions = await tables.positions(pg, prefix)
+    rows = await (await pg.execute(LAYOUT, {"p": prefix, "n": LAYOUT_SAMPLE})).fetchall()
+    # (a barrier's id picks its partition as a scope does: keys.py `barrier_partition`)
+    if all(p < keys.partitions for p in positions) and all(
+            keys.partition_of(from_pg(str(name))) == int(str(part)) for name, part in rows):
+        return
+    taken = max(positions) + 1 if positions else None
+    raise RestoreRefused(
+        f"PostgreSQL's snapshot of prefix {shown(prefix)} was taken with "
+        f"{taken or 'another number of'} partitions, not {keys.partitions} "
+        "(STATEWORKER_PARTITIONS): restored so, its scopes and barriers would land in other "
+        "partitions than the services read and write them in; nothing was written. Run it "
+        "with the services' partition count", {"prefix": prefix, "partitions": keys.partitions,
+                                               "snapshot_partitions": taken})
+
+
 async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
     prefix = state.settings.prefix
+    try:
+        await refuse_other_partitions(pg, state.keys, prefix)
+    except RestoreRefused as exc:
+        await _leave_as_found(state)
+        raise ConfigError(exc.message) from exc
     markers = await generation.read(state.conn, state.keys)
     if not markers.restore_begun and await restore.holds_entries(state):
         raise ConfigError(
@@ -164,10 +203,7 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
             f"does not merge. Keep this Redis as it is (start on a copy of its data that is "
             f"not behind), or delete the prefix's keys and run `stateworker restore`")
     if not state.settings.repair:
-        if state.created:  # left as found: the next start sees it new again
-            await state.conn.pipeline([["DEL", name] for name in (
-                state.keys.meta, state.keys.registry_marker,
-                *(p.history for p in state.keys.all_partitions()))])
+        await _leave_as_found(state)
         raise ConfigError(f"{reason}: run `stateworker restore` to rebuild it from PostgreSQL "
                           f"(repair at start is off: STATEWORKER_REPAIR=false)")
     log.warning("%s: restoring it from PostgreSQL before serving", reason,
@@ -183,3 +219,12 @@ async def _repair(state: RedisState, pg: PgConnection, reason: str) -> None:
                     "principal passwd NAME`", ", ".join(summary.principals_without_user) or
                     "none", f" (ACL commands refused: {summary.acl_refused})"
                     if summary.acl_refused else "", extra={"event": "repair.principals"})
+
+
+async def _leave_as_found(state: RedisState) -> None:
+    """A repair refused: a Redis new to the prefix is left as found (the next start, or a
+    restore, sees it new again, not of this process's layout)."""
+    if state.created:
+        await state.conn.pipeline([["DEL", name] for name in (
+            state.keys.meta, state.keys.registry_marker,
+            *(p.history for p in state.keys.all_partitions()))])

@@ -15,6 +15,7 @@ from stateworker.app import service
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, settings_of
 from stateworker.bus.protocol import BusOptions
 from stateworker.errors import ConfigError, StateError, Unavailable
+from stateworker.keys import KeySpace
 from stateworker.loop import run, tune_gc_for_serving
 from stateworker.settings import Settings
 from stateworker.snapshot import repair, restore
@@ -74,13 +75,17 @@ async def restore_all(settings: Settings) -> int:
         print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
-        async with lifecycle.open_state(settings=settings, reaper=False) as state:
-            pg = await connect(settings.postgres_url)  # (one connection for the check and all)
-            try:
+        pg = await connect(settings.postgres_url)  # (one connection for the checks and all)
+        try:
+            # (before Redis is opened: a refused restore leaves no layout of its own there)
+            await repair.refuse_other_partitions(pg, KeySpace(settings.prefix,
+                                                              settings.partitions),
+                                                 settings.prefix)
+            async with lifecycle.open_state(settings=settings, reaper=False) as state:
                 await repair.refuse_healthy(state, pg)
                 summary = await restore.restore(state, settings.postgres_url, progress, pg=pg)
-            finally:
-                await pg.close()
+        finally:
+            await pg.close()
     except (psycopg.Error, OSError) as exc:
         return _refused(Unavailable(f"restore: PostgreSQL failed: {exc}; nothing more was "
                                     "written (run it again: it goes on over what it wrote)"))

@@ -1,0 +1,86 @@
+"""`stateworker restore` run with another partition count than PostgreSQL's snapshot was taken
+with (an operator's shell without STATEWORKER_PARTITIONS: 16) while a service of 4 partitions
+runs, and a service started with another count on a wiped Redis: both are refused before
+anything is written, naming both counts; run with the right count, every key is back.
+
+Found by attack: the restore exited 0 and put every scope in the partition 16 picks; the
+running service of 4 partitions then read null for 15 of 20 keys PostgreSQL held, and a
+create-only write of one of them was acknowledged as new."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+import msgspec
+import pytest
+
+from stateworker import StateError, StateStore
+from stateworker.app.service import StateService
+from stateworker.bus.protocol import BusOptions
+from stateworker.errors import ConfigError
+from stateworker.keys import KeySpace
+from tests.integration.busproto import until
+from tests.integration.snapshot.test_lost_redis import restore_while_serving
+from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
+from tests.integration.snapshots import caught_up
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+SCOPES = 20
+
+
+async def all_back(store: StateStore) -> list[object]:
+    """Every key, once writes are let in again (STORE_LOST until the restore's last step)."""
+    got: list[object] = []
+
+    async def read() -> bool:
+        try:
+            got[:] = [await store.get(f"s{i}", "k") for i in range(SCOPES)]
+        except StateError as exc:
+            assert exc.code == "STORE_LOST"
+            return False
+        return True
+    await until(read, 30, "the keys readable again")
+    return got
+
+
+async def test_a_restore_with_another_partition_count_is_refused(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        for i in range(SCOPES):
+            await store.set(f"s{i}", "k", i)
+        await until(lambda: caught_up(client, keys), 30, "the snapshot to catch up")
+
+        client.flushall()
+        env = {k: v for k, v in os.environ.items() if k != "STATEWORKER_PARTITIONS"}
+        done = await anyio.run_process(
+            [sys.executable, "-m", "stateworker", "--redis-url", own_redis.url, "restore"],
+            env={**env, "STATEWORKER_PREFIX": prefix, "STATEWORKER_POSTGRES_URL": postgres_url},
+            check=False)
+        assert done.returncode == 1, done.stdout.decode()
+        refusal = msgspec.json.decode(done.stderr.decode().strip().splitlines()[-1])
+        assert refusal["code"] == "RESTORE_REFUSED"
+        assert refusal["details"] == {"prefix": prefix, "partitions": 16,
+                                      "snapshot_partitions": PARTITIONS}
+        assert client.exists(keys.meta) == 0  # (nothing of the prefix written)
+
+        code, summary, stderr = await restore_while_serving(own_redis.url, prefix, postgres_url)
+        assert code == 0, stderr
+        assert summary["entries"] == SCOPES
+        assert await all_back(store) == list(range(SCOPES))
+
+    client.flushall()
+    with pytest.raises(ConfigError, match="taken with 4 partitions, not 16"):
+        async with StateService.running(msgspec.structs.replace(settings, partitions=16),
+                                        BusOptions(block_ms=50)):
+            pass
+    assert client.exists(keys.meta) == 0  # (left as found)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        assert await all_back(store) == list(range(SCOPES))
