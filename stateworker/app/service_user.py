@@ -102,6 +102,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "zrem": ["ZREM", keys.replicas, "r"],  # (and the scripts)
         "xinfo|stream": ["XINFO", "STREAM", events],
         "xtrim": ["XTRIM", events, "MINID", "~", "0-1"],
+        # A restore (the repair at start): a stream made to give ids past those restored.
+        "xsetid": ["XSETID", events, "0-1"],
+        "xgroup|destroy": ["XGROUP", "DESTROY", events, "restore"],  # (where there is none)
         # The byte bound of the event streams: each held stream measured once a round.
         "memory|usage": ["MEMORY", "USAGE", events, "SAMPLES", 0],
         # /metrics: the backlog of a call stream (its group's, and its oldest pending entry).

@@ -317,8 +317,10 @@ async def _streams_past(state: RedisState, newest: dict[int, tuple[int, int]],
     ahead of this one's gave the rows revisions this Redis would give again, lower, to the
     writes after the restore, and the snapshot, which moves a row only to a newer revision
     and deletes it only up to its delete's, kept their rows as they were (found by attack:
-    tests/integration/snapshot/test_restore_clock_behind.py). The group that makes a stream
-    is named by the restore's generation: none is left over from another."""
+    tests/integration/snapshot/test_restore_clock_behind.py). Where there is no stream, a
+    group made and destroyed makes it, empty (an entry would wake the streams' readers; the
+    group is named by the restore's generation: none is left over from another). These
+    commands are in the service's rule: the repair at start runs this."""
     infos = await trimming.infos(state, list(newest))
     commands: list[list[Any]] = []
     for (n, revision), info in zip(newest.items(), infos, strict=True):
