@@ -12,8 +12,8 @@ entry read to the reply queued (bus/reply_writer.py writes it):
 
 A mixin of `BusRuntime`, which holds the state it uses (declared below for the type checker)
 and calls `_finished` when a batch or a call is done. A malformed entry is answered with its
-error here (`_refuse`); a call that met Redis away is left pending, for the reader (its
-history read again) or a reclaim to serve again.
+error here (`_refuse`); a call that met Redis away, or Redis full (`RedisFull`), is left
+pending, for the reader (its history read again) or a reclaim to serve again.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from stateworker.bus.reply_writer import Record, ReplyWriter
 from stateworker.bus.sources import Source, Sources, read_call
 from stateworker.clock import now_ms
 from stateworker.errors import InternalError, StateError, Unavailable, deadline_exceeded
-from stateworker.transport.plans import REPLIED, Answered, Plan, RunsNow, Sent
+from stateworker.transport.plans import REPLIED, Answered, Plan, RedisFull, RunsNow, Sent
 
 log = logging.getLogger("stateworker.bus")
 
@@ -104,12 +104,15 @@ class Serving:
             if call.span is not None:
                 tracing.finish(call.span, result.code if isinstance(result, StateError)
                                else tracing.OK)
-            if isinstance(result, Unavailable):
-                # Redis went away mid-call: the script may have run. No reply, no ack: the
-                # entry stays pending, and the reader (or a reclaim) serves it again, which
-                # answers it from the call's record. A call that runs now under its id's claim
-                # (a re-send) waits for a reclaim alone: the reader's pause and history would
-                # hold up every other call for as long as the claim lives.
+            if isinstance(result, Unavailable | RedisFull):
+                # Redis went away mid-call: the script may have run. Or Redis, full, refused
+                # the script before it could find the call's record: the call may have run
+                # before (a delivery again, a re-send), so RESOURCE_EXHAUSTED ("nothing was
+                # written") would be false of it. No reply, no ack: the entry stays pending,
+                # and the reader (or a reclaim) serves it again, which answers it from the
+                # call's record. A call that runs now under its id's claim (a re-send) waits
+                # for a reclaim alone: the reader's pause and history would hold up every
+                # other call for as long as the claim lives.
                 if not isinstance(result, RunsNow):
                     replies.unanswered = True
                 return

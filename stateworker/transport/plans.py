@@ -66,6 +66,14 @@ class RunsNow(Unavailable):
     on (bus/runtime.py)."""
 
 
+class RedisFull(ResourceExhausted):
+    """Redis at its `maxmemory` refused a write (OOM): that command did not run. Over the bus
+    it is no answer to the call: Redis refuses a call's script before the script could find
+    the call's record, so a delivery again of a call that ran (its reply refused as Redis
+    filled up, or a re-send) would be told "nothing was written" of a call that was applied.
+    Its entry is left pending instead (bus/serving.py), served once Redis has room."""
+
+
 @dataclass(slots=True)
 class Plan:
     commands: list[list[Arg]] = field(default_factory=list)
@@ -91,7 +99,7 @@ def redis_error(reply: ReplyError, what: str) -> StateError:
     if text.startswith("OOM"):
         repeats.log(log, logging.WARNING, "Redis refused a write: out of memory (maxmemory)",
                     extra={"event": "redis.oom", "what": what})
-        return ResourceExhausted(
+        return RedisFull(
             f"{what}: Redis refused the write because it reached its memory limit "
             "(maxmemory); nothing was written. Free memory or raise Redis's maxmemory.",
             {"redis_error": text[:200]})

@@ -142,6 +142,71 @@ async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
     await raw.aclose()
 
 
+async def test_a_call_served_again_while_redis_is_full_is_not_answered_nothing_was_written(
+        own_redis: RedisServer, prefix: str, scope: str) -> None:
+    """A caller's transaction is applied, and Redis fills up before its reply is written: the
+    entry stays pending and the service serves it again, but Redis now refuses to run its
+    script (OOM: before the script could find the call's record). That refusal is no answer to
+    the call: a RESOURCE_EXHAUSTED ("nothing was written") queued from it and written as
+    memory is freed, between the refusal and its LPUSH, told the caller that its applied call
+    never ran. That moment is made certain here: a proxy holds the service's writes from the
+    first that carries RESOURCE_EXHAUSTED until memory is freed."""
+    raw = aredis.Redis(port=own_redis.port)
+    stream, group = f"{prefix}:bus:state", "state"
+    body = {"scope": scope, "ops": [{"op": "update", "key": "counter", "ops": INCREMENT}]}
+    # The service -> `scripts` -> `answers` -> Redis: `scripts` keeps its first script's reply
+    # (the call applied, its reply not yet written), `answers` an answer RESOURCE_EXHAUSTED.
+    answers = FaultProxy(own_redis.port)
+    async with anyio.create_task_group() as tg, StateStore.open(
+            own_redis.url, prefix=prefix, partitions=4, reaper=False) as store:
+        await tg.start(answers.serve)
+        scripts = FaultProxy(answers.port)
+        await tg.start(scripts.serve)
+        scripts.arm("late", scope.encode())
+        answers.arm("hold", b"RESOURCE_EXHAUSTED")
+        async with StateService.running(settings_for(scripts.url, prefix), BusOptions(
+                block_ms=50, visibility_timeout_ms=60_000)), \
+                StateClient(settings=settings_for(own_redis, prefix), timeout=30,
+                            retries=2) as client:
+            outcome: dict[str, object] = {}
+
+            async def call() -> None:
+                try:
+                    outcome["result"] = await client.call("state::transaction", body)
+                except StateError as exc:
+                    outcome["error"] = exc
+
+            tg.start_soon(call)
+
+            async def applied() -> bool:
+                return await store.get(scope, "counter") == {"n": 1}
+
+            await until(applied, 10, "the first send applied")
+            await raw.config_set("maxmemory-policy", "noeviction")
+            await raw.config_set("maxmemory", 1)  # a flood fills Redis
+            await scripts.release()  # its reply refused: the entry is served again, refused
+
+            async def refused_and_handled() -> bool:
+                # An answer to the refused run is held, or the entry was read once more after
+                # it (delivered a third time): either way the refusal was dealt with.
+                if answers.triggered.is_set():
+                    return True
+                entries = await raw.xpending_range(stream, group, "-", "+", 10)
+                return any(e["times_delivered"] >= 3 for e in entries)
+
+            await until(refused_and_handled, 30, "a run of the pending entry refused")
+            await raw.config_set("maxmemory", 0)  # room again
+            if answers.triggered.is_set():
+                await answers.release()
+            await until(lambda: bool(outcome), 30, "the call's outcome")
+        tg.cancel_scope.cancel()
+        result = outcome.get("result")
+        assert isinstance(result, dict) and result["results"][0]["new_value"] == {"n": 1}, \
+            outcome
+        assert await store.get(scope, "counter") == {"n": 1}
+    await raw.aclose()
+
+
 async def _xadds_refused(raw: aredis.Redis) -> bool:
     """Whether Redis refused an XADD (INFO commandstats: the client's, as no one else adds)."""
     stats = (await raw.info("commandstats")).get("cmdstat_xadd", {})
