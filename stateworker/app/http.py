@@ -74,12 +74,15 @@ from stateworker.errors import (
     InternalError,
     InvalidRequest,
     PermissionDenied,
+    ResourceExhausted,
     StateError,
     UnknownCaller,
+    shown,
 )
 from stateworker.schemas import encoder
 from stateworker.state import functions
 from stateworker.state.core.store import RedisState
+from stateworker.transport.plans import RedisFull
 from stateworker.transport.retry import ping_trouble
 
 log = logging.getLogger("stateworker.http")
@@ -286,6 +289,8 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
         span, ctx = tracing.start_call(fn, ctx, call_id)
     try:
         result = await batches.execute(functions.prepare(state, fn, body, ctx, CATALOG))
+        if isinstance(result, RedisFull) and call_id is not None:
+            raise _full_again(result, call_id)
         if isinstance(result, StateError):
             raise result
     except StateError as exc:
@@ -299,6 +304,18 @@ async def _run(state: RedisState, batches: Batches, fn: str, body: bytes, call_i
     if span is not None:
         tracing.finish(span, tracing.OK)
     return encoder.encode(result)
+
+
+def _full_again(full: RedisFull, call_id: str) -> ResourceExhausted:
+    """Redis, full, refused a call's script before it could find the call's record: what
+    this request wrote is nothing, but a request before it with the same key may have been
+    applied (its reply lost), so "nothing was written" would be false of the call. (The bus
+    leaves such an entry pending instead: bus/serving.py.)"""
+    return ResourceExhausted(
+        "Redis refused the write because it reached its memory limit (maxmemory): this "
+        f"request ran nothing; an earlier request with Idempotency-Key {shown(call_id)} may "
+        "have been applied. Send it again once Redis has room: it is answered from its "
+        "record, or runs", {**full.details, "path": "Idempotency-Key"})
 
 
 async def redis_unready(state: RedisState) -> str | None:

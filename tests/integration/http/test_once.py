@@ -117,3 +117,32 @@ async def test_one_id_sent_at_once_to_two_replicas_runs_once(
             assert entry["result"] == {"n": 1}
             _, listed = await post(one, "state::list-indexes", {"scope": f"conc-{round_}"})
             assert len(listed["result"]["indexes"]) == 1, listed
+
+
+async def test_a_retry_refused_for_memory_is_not_told_nothing_was_written(
+        own_redis: RedisServer, prefix: str, scope: str) -> None:
+    """The first request is applied (its reply lost, say); Redis fills up; the retry with the
+    same Idempotency-Key is refused before its script could find the call's record. It must
+    not say that nothing was written: the call was. Once Redis has room the retry gets the
+    recorded reply, applied once. (A Redis of its own: maxmemory is server-wide.)"""
+    body = {"scope": scope, "key": "paid", "ops": [{"type": "increment", "path": "n", "by": 1}]}
+    key = {"Idempotency-Key": "pay-1"}
+    raw = aredis.Redis(port=own_redis.port)
+    try:
+        async with serving(http_settings(own_redis.url, prefix)) as (_, http):
+            first = await post(http, "state::update", body, **key)
+            assert first[0] == 200, first
+            await raw.config_set("maxmemory-policy", "noeviction")
+            await raw.config_set("maxmemory", 1)  # full
+            status, refused = await post(http, "state::update", body, **key)
+            error = refused["error"]
+            assert (status, error["code"], error["details"]["path"]) == (
+                507, "RESOURCE_EXHAUSTED", "Idempotency-Key"), refused
+            assert "nothing was written" not in error["message"], error
+            assert "may have been applied" in error["message"], error
+            await raw.config_set("maxmemory", 0)  # room again
+            assert await post(http, "state::update", body, **key) == first
+            _, now = await post(http, "state::get", {"scope": scope, "key": "paid"})
+            assert now["result"] == {"n": 1}, now
+    finally:
+        await raw.aclose()
