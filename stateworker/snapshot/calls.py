@@ -34,6 +34,7 @@ from stateworker.snapshot.generation import Fenced
 from stateworker.snapshot.tables import CallRow, PgConnection, StoredPosition, apply_records
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
+from stateworker.transport.plans import checked_pipeline
 
 BATCH = 1000  # records read per trip
 
@@ -140,6 +141,8 @@ async def restore(state: RedisState, pg: PgConnection) -> int:
         for name, held in names:
             commands += [["HSET", name, field, held], ["PEXPIRE", name, keep]]
         restored += 1
+    # Every reply checked (an error raised, the restore not gone on past it): a record not
+    # written back (OOM, a key of another type) would let a retry of its call run again.
     for start in range(0, len(commands), 2 * BATCH):
-        await state.conn.pipeline(commands[start:start + 2 * BATCH])
+        await checked_pipeline(state.conn, commands[start:start + 2 * BATCH], "restore")
     return restored

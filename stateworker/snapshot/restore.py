@@ -292,7 +292,7 @@ async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summ
                                  for n, r in principals]
     commands += [["HSET", keys.roles, from_pg(str(n)), from_pg(str(r))] for n, r in roles]
     if commands:
-        await state.conn.pipeline(commands)
+        await _run(state, commands)
     summary.principals, summary.roles = len(principals), len(roles)
     for stored_name, _ in principals:
         await acl.ensure_stream(state, from_pg(str(stored_name)))
