@@ -82,9 +82,10 @@ class ReplyWriter:
                 "max_reply_bytes, below Redis's proto-max-bulk-len); nothing is returned: "
                 "ask for less a call (fewer keys, smaller pages)",
                 {"path": "$", "size": len(document), "limit": self.options.max_reply_bytes})
-            log.warning("reply too large", extra={"event": "call.reply_too_large",
-                                                  "call_id": call_id, "fn": fn,
-                                                  "size": len(document)})
+            # (once a window, as every line a caller's calls can make: logs.Repeats)
+            repeats.log(log, logging.WARNING, "reply too large", extra={
+                "event": "call.reply_too_large", "call_id": call_id, "fn": fn,
+                "size": len(document)})
             document = reply_document(call_id, None, error)
         self.stats.count(error.code if error else None, started, fn)
         self.queue(reply_key, document, ref, record, msgpack)
@@ -98,8 +99,10 @@ class ReplyWriter:
     def queue(self, reply_key: bytes, document: bytes | None, ref: Ref,
               record: Record | None, msgpack: bool = False) -> None:
         if reply_key and not self.bus.reply_allowed(reply_key):
-            log.warning("reply key refused: not under %s", self.bus.reply_prefix, extra={
-                "event": "call.reply_refused", "reply": reply_key[:200].decode(errors="replace")})
+            repeats.log(log, logging.WARNING, "reply key refused: not under %s",
+                        self.bus.reply_prefix, extra={
+                            "event": "call.reply_refused",
+                            "reply": reply_key[:200].decode(errors="replace")})
             self.stats.pending["reply_refused"] += 1
             reply_key = b""
         self._outgoing.append((reply_key, document, ref, record, msgpack))

@@ -4,6 +4,8 @@ call id bound to its first call across partitions, an oversized context refused.
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from typing import Any
 
@@ -12,6 +14,7 @@ import msgspec
 import pytest
 import redis.asyncio as aredis
 
+from stateworker import logs
 from stateworker.app.service import StateService
 from stateworker.clock import now_ms
 from stateworker.error_codes import doc_url
@@ -148,7 +151,10 @@ async def drained(raw: aredis.Redis, prefix: str) -> None:
 
 
 async def test_fire_and_forget_and_refused_reply_keys(service: StateService, raw: aredis.Redis,
-                                                      prefix: str, scope: str) -> None:
+                                                      prefix: str, scope: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "stateworker")
+    began = time.monotonic()
     stream = f"{prefix}:bus:state"
     await raw.xadd(stream, {"id": "ff-1", "fn": "state::set", "reply": "",
                             "body": msgspec.json.encode({"scope": scope, "key": "f",
@@ -178,6 +184,9 @@ async def test_fire_and_forget_and_refused_reply_keys(service: StateService, raw
     assert not await raw.exists(f"{prefix}:replyx", f"{prefix}:reply:", f"other:{prefix}:reply:x")
     counters = await counters_reach(raw, prefix, "reply_refused", len(refused))
     assert counters["reply_refused"] == len(refused)
+    # Said once a window, not once a call (a caller naming keys not its own floods no log).
+    said = [r for r in caplog.records if getattr(r, "event", "") == "call.reply_refused"]
+    assert len(said) <= 1 + int((time.monotonic() - began) // logs.REPEAT_S), said
     await raw.delete(outside_string, outside_list)
 
 
