@@ -61,6 +61,7 @@ class CatchUp:
         self.state = state
         self.batches = batches
         self.marks = batches.marks
+        self._waited = False  # (whether the pass running found a target full)
 
     async def run(self, partition: int) -> Outcome:
         """One pass over the partition's marks, in trigger id order."""
@@ -69,10 +70,13 @@ class CatchUp:
         if at is None or not marks:
             return Outcome.GONE if at is None else Outcome.DONE
         read: set[str] = set()  # (the target streams whose length this pass read)
+        self._waited = False
         for trigger_id in sorted(marks):
             outcome = await self._one(partition, trigger_id, at, read)
             if outcome is not Outcome.DONE:
                 return outcome
+        if self._waited:  # (a target found full again: one wait counted a pass)
+            self.batches.counts.add("backlog_waits")
         if not marks:
             self.marks.pop(partition, None)
         return Outcome.DONE
@@ -84,7 +88,8 @@ class CatchUp:
         if matcher is None or mark.n >= at.n:  # (unregistered, or caught up: dropped)
             return await batches.hand_on(partition, [], at, at, mark_of=trigger_id)
         if await batches.room_for(partition, [matcher], read):
-            return Outcome.DONE  # (still full: noted as waiting)
+            self._waited = True  # (still full: noted as waiting)
+            return Outcome.DONE
         keys = self.state.keys.partition(partition)
         # The events after the mark, then the stream's front: a cut after the read began is
         # seen (its ordinals would be wrong), and the pass leaves it to the cut's count.
@@ -104,7 +109,8 @@ class CatchUp:
                         m.trigger.id == trigger_id
                         for m in batches.triggers().matching(event, batches.granted, partition)):
                     if await batches.room_for(partition, [matcher], read):
-                        break  # (full again: the mark stops before this event)
+                        self._waited = True  # (full again: the mark stops before it)
+                        break
                     call = await batches.handler_call(matcher, event, partition)
                     if call is not None:
                         calls.append(call)

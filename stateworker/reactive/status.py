@@ -152,7 +152,12 @@ class Counts:
             await self.conn.pipeline(commands)
 
     async def forget(self, gone: list[str]) -> None:
-        """Drop the fields of the triggers `gone` (unregistered, reaped)."""
+        """Drop the fields of the triggers `gone` (unregistered, reaped), and what is
+        unflushed of them (else the next flush writes them back)."""
+        for trigger_id in gone:
+            for unflushed in (self.delivered, self.errors, self.full):
+                unflushed.pop(trigger_id, None)
+            self.flowing.discard(trigger_id)
         if gone:
             await self.conn.execute("HDEL", self.per_trigger,
                                     *(f"{t}|{what}" for t in gone for what in FIGURES))
