@@ -132,10 +132,10 @@ async def test_a_set_aside_trigger_survives_a_kill_9(
                 await store.set(scopes[1], f"k{n:02}", n)
             await until(lambda: len(theirs.calls) == WRITES, 30, "b served every event")
 
-            async def set_aside() -> bool:
-                return bool(await marks(raw, prefix, scopes[0]))
+            async def waits() -> bool:  # (as status shows it: the dispatcher's figures)
+                return (await trigger_row(settings, "a"))["waiting_on"] is not None
 
-            await until(set_aside, 30, "a set aside")
+            await until(waits, 30, "a waiting on its target")
             process.kill()
             for n in range(WRITES, 2 * WRITES):  # (while no one dispatches)
                 await store.set(scopes[0], f"k{n:02}", n)
