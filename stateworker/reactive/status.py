@@ -94,7 +94,7 @@ COUNTERS = {
     "condition_skips": "Handler calls a trigger's condition skipped.",
     "condition_errors": "Trigger conditions that failed (an error or a timeout): skipped.",
     "malformed_events": "Entries of the events streams that are not change events: skipped.",
-    "backlog_waits": "Times triggers were set aside at a full target stream (the backlog).",
+    "backlog_waits": "Times triggers were set aside at, or caught up to, a full target stream.",
 }
 
 
