@@ -31,6 +31,7 @@ from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.trimming import Position, StreamInfo
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
+from stateworker.transport.wire import ReplyError
 
 log = logging.getLogger("stateworker.reactive.aside")
 
@@ -43,14 +44,8 @@ CHECK_S = 0.2
 async def load(state: RedisState, partition: int) -> dict[str, Position]:
     """The partition's marks as Redis holds them (a partition taken, or its position reread)."""
     flat = await state.conn.execute("HGETALL", state.keys.partition(partition).aside)
-    return {field.decode(): parse_mark(value) for field, value in zip(flat[::2], flat[1::2],
-                                                                      strict=True)}
-
-
-def parse_mark(value: bytes) -> Position:
-    """A mark as aside.lua stores it: "<id> <n>"."""
-    at, _, n = value.decode().partition(" ")
-    return Position(at, int(n))
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return {field.decode(): trimming.parse_mark(value) for field, value in pairs}
 
 
 class CatchUp:
@@ -96,6 +91,8 @@ class CatchUp:
         entries, info = await pipeline(self.state.conn, self.state.library, [
             ["XRANGE", keys.events, f"({mark.id}", at.id, "COUNT", BATCH],
             ["XINFO", "STREAM", keys.events]])
+        if isinstance(entries, ReplyError):  # (the pass is tried again from the mark)
+            raise entries
         if StreamInfo(info).deleted > mark.n:
             await trimming.cut_marks(self.state, partition, {trigger_id: mark},
                                      StreamInfo(info), batches.leases.token, self.marks)
@@ -119,6 +116,8 @@ class CatchUp:
             else:
                 if len(entries) < BATCH:  # (read up to the partition's position)
                     moved = at
+            if not calls and moved == mark:  # (full at its first event: nothing moved)
+                return Outcome.DONE
             sending, calls = calls, []
             return await batches.hand_on(partition, sending, moved, at, mark_of=trigger_id)
         finally:

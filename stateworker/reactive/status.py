@@ -12,7 +12,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
-from stateworker.reactive.trimming import StreamInfo
+from stateworker.reactive.trimming import StreamInfo, parse_mark
 from stateworker.state.reactive.triggers import decode_trigger, live
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
@@ -57,9 +57,9 @@ async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) ->
     if marks:  # (the set-aside triggers: where each stands, events it has not been handed)
         report["aside"] = {}
         for field, value in zip(marks[::2], marks[1::2], strict=True):
-            at, _, n = value.decode().partition(" ")
+            mark = parse_mark(value)
             report["aside"][field.decode()] = {
-                "position": at, "lag_events": max(0, stream.added - int(n))}
+                "position": mark.id, "lag_events": max(0, stream.added - mark.n)}
     return report
 
 

@@ -47,6 +47,12 @@ class Position(msgspec.Struct):
     n: int
 
 
+def parse_mark(value: bytes) -> Position:
+    """A set-aside trigger's mark as aside.lua stores it: "<id> <n>"."""
+    at, _, n = value.decode().partition(" ")
+    return Position(at, int(n))
+
+
 class StreamInfo:
     """What XINFO STREAM says of a partition's stream (zeros when it does not exist)."""
 
