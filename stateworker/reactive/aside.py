@@ -65,8 +65,14 @@ class CatchUp:
         if at is None or not marks:
             return Outcome.GONE if at is None else Outcome.DONE
         read: set[str] = set()  # (the target streams whose length this pass read)
-        self._waited = False
+        # Every marked trigger's room at once: one XLEN round trip a pass, whatever their count.
+        matchers = self.batches.triggers().matchers
+        full = await self.batches.room_for(
+            partition, [matchers[t] for t in marks if t in matchers], read)
+        self._waited = bool(full)
         for trigger_id in sorted(marks):
+            if trigger_id in full and trigger_id in matchers:
+                continue  # (still full: noted as waiting)
             outcome = await self._one(partition, trigger_id, at, read)
             if outcome is not Outcome.DONE:
                 return outcome
@@ -82,9 +88,6 @@ class CatchUp:
         matcher = batches.triggers().matchers.get(trigger_id)
         if matcher is None or mark.n >= at.n:  # (unregistered, or caught up: dropped)
             return await batches.hand_on(partition, [], at, at, mark_of=trigger_id)
-        if await batches.room_for(partition, [matcher], read):
-            self._waited = True  # (still full: noted as waiting)
-            return Outcome.DONE
         keys = self.state.keys.partition(partition)
         # The events after the mark, then the stream's front: a cut after the read began is
         # seen (its ordinals would be wrong), and the pass leaves it to the cut's count.
