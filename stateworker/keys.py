@@ -22,8 +22,7 @@ from stateworker.codec import whole_number
 from stateworker.errors import shown
 
 
-# eq=False: compared and hashed by identity (one per partition, kept by its KeySpace): the
-# scope_keys cache hashes it on every entry script call (a hash of every field costs more).
+# eq=False: hashed by identity (one per partition): scope_keys's cache hashes it every call.
 @dataclass(frozen=True, slots=True, eq=False)
 class PartitionKeys:
     """The names shared by every scope of one partition."""
@@ -36,6 +35,7 @@ class PartitionKeys:
     lease: str  # the dispatcher that holds the partition: its token, PX lease time
     dispatched: str  # the dispatcher's position: id and ordinal of the last event handed on
     cut: str  # events the hard cap trimmed before they were dispatched: count, last id
+    aside: str  # hash: trigger id -> "<id> <n>", its mark while set aside (reactive/aside.py)
     snapshot_lease: str  # the snapshotter that holds the partition: its token, PX lease time
     snapshotted: str  # the snapshot's position (id, n) as committed in PostgreSQL
     barriers_changed: str  # set: barrier hashes changed, not yet stored (if followed: `history`)
@@ -169,8 +169,7 @@ class KeySpace:
         self.claims = f"{registry_tag}claims"
         self.principals = f"{registry_tag}principals"  # name -> JSON (roles, act_as): no password
         self.roles = f"{registry_tag}roles"
-        # The registry's generation marker (state/generation.py; lua/includes/generation.lua
-        # finds it as the registry stream's name less "registry").
+        # The generation marker (state/generation.py; generation.lua: the registry less "registry")
         self.registry_marker = f"{registry_tag}generation"
         self.live_settings = f"{registry_tag}settings"  # name -> override (state::on-config-change)
         self.registry_reads = f"{registry_tag}snapshot_reads"  # (snapshot/behind.py)
@@ -179,7 +178,7 @@ class KeySpace:
         self._sessions = f"{registry_tag}session"  # acl mode: the console's (app/logins.py)
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
-        # "<id>|delivered", "<id>|error" (JSON), "<id>|waiting"; pruned as the triggers go
+        # "<id>|delivered", "|error" (JSON), "|waiting", "|cut" (set aside); pruned as they go
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"
         self.snapshot_status = f"{prefix}:snapshot:status"
@@ -204,6 +203,7 @@ class KeySpace:
             lease=f"{tag}lease",
             dispatched=f"{tag}dispatched",
             cut=f"{tag}cut",
+            aside=f"{tag}aside",
             snapshot_lease=f"{tag}snapshot_lease",
             snapshotted=f"{tag}snapshotted",
             barriers_changed=f"{tag}barriers_changed",

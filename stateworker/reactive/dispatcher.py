@@ -22,8 +22,9 @@ condition's timeout, 60 s at most, far past `lease_ms`). Without one (no conditi
 barriers, which run in Redis), batches run in the loop itself, one after another (no task to
 pay for).
 
-A partition whose batch stopped before a full target stream (the trigger backlog: reactive/
-batch.py) rests REST_S, then is read again from where it stopped; the others go on.
+A trigger whose target stream is full (the backlog) is set aside (reactive/batch.py) and its
+partition goes on; a partition with set-aside triggers gets a catch-up pass (reactive/aside.py)
+at most every CHECK_S, run where its batches run (loop or task), never beside one of them.
 
 With no trigger there is nothing to hand on: the events are not read, and each round moves
 the positions to the streams' ends, if there is still no trigger once the ends are read (one
@@ -35,7 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -43,7 +44,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from stateworker.errors import StateError
 from stateworker.logs import repeats
-from stateworker.reactive import trigger_reads, trimming
+from stateworker.reactive import aside, trigger_reads, trimming
 from stateworker.reactive.batch import Batches, Outcome
 from stateworker.reactive.conditions import Conditions
 from stateworker.reactive.event_bytes import Ledger
@@ -68,13 +69,11 @@ log = logging.getLogger("stateworker.reactive.dispatcher")
 BATCH = 512  # events read per partition per round trip
 ROUND_S = 1.0  # leases, trimming, counters at least this often (5 times a lease: renew_s)
 ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partition is read)
-# A partition stopped by a full target stream (reactive/batch.py, the backlog) is left out of
-# the reads this long, then read again from where it stopped.
-REST_S = 0.2
 # With the bus on a Redis of its own a hand-on moves the position in memory only (reactive/
 # batch.py): the moved positions are stored this often (one advance.lua each, in one
 # pipeline), so a crash hands on again at most this much (docs/decisions/0060).
 STORE_S = 0.1
+Work = Callable[[], Awaitable[Outcome]]  # a partition's batch, or its catch-up pass
 
 
 class Dispatcher:
@@ -89,6 +88,9 @@ class Dispatcher:
         self.leases = Leases(state, self.replica)
         self.positions: dict[int, Position] = {}  # where dispatch is (may be ahead of...)
         self.stored: dict[int, Position] = {}  # ... what is stored in Redis
+        # partition -> trigger id -> its mark, while set aside (reactive/aside.py; each mark
+        # written to Redis as it changes, read back when the partition is taken)
+        self.marks: dict[int, dict[str, Position]] = {}
         self.triggers = TriggerSet()
         self.registry_id = "0-0"
         self.hidden = hidden or (lambda scope: scope in validate.RESERVED_SCOPES
@@ -98,14 +100,15 @@ class Dispatcher:
         self.batches = Batches(state, self.leases, self.conditions, self.counts,
                                lambda: self.triggers, self.hidden,
                                functools.partial(guard.trigger_granted, state),  # (acl mode)
-                               self.positions, self.stored)
+                               self.positions, self.stored, self.marks)
+        self.catch_up = aside.CatchUp(state, self.batches)
         # Blocking reads of the registry and the held partitions (one per slot on a cluster).
         self._reader = StreamReader(connection_like(state.conn))
         self._last_round = self._last_store = 0.0
         self._scope = anyio.CancelScope()
         self._tg: TaskGroup
         self._aside: set[int] = set()  # partitions whose batch runs in a task of its own
-        self._resting: dict[int, float] = {}  # partition -> when it is read again (backlog)
+        self._checked: dict[int, float] = {}  # partition -> its set-aside triggers' last pass
         # partition -> (its position in memory, the one stored) when its lease went (`_lapse`)
         self._lapsed: dict[int, tuple[Position, Position]] = {}
         self._ledgers: dict[int, Ledger] = {}  # the held streams' bytes (reactive/event_bytes.py)
@@ -181,21 +184,21 @@ class Dispatcher:
         # streams' ends instead, and the events are not read at all. With triggers paused
         # (`triggers_enabled` false, a live setting) they are not read either, and wait where
         # they are: the positions stay, so trimming keeps them.
-        for partition, until in list(self._resting.items()):
-            if until <= now:
-                del self._resting[partition]
-        held = [p for p in sorted(self.positions)
-                if p not in self._aside and p not in self._resting] \
-            if self.triggers.count and self.state.settings.triggers_enabled else []
+        enabled = self.state.settings.triggers_enabled
+        held = [p for p in sorted(self.positions) if p not in self._aside] \
+            if self.triggers.count and enabled else []
         for partition in held:
             streams.append(self.state.keys.partition(partition).events)
             ids.append(self.positions[partition].id)
-        block_ms = ASIDE_BLOCK_MS if self._aside or self._resting else int(round_s * 1000)
+        marked = any(self.marks.values()) and enabled
+        block_ms = ASIDE_BLOCK_MS if self._aside or marked else int(round_s * 1000)
         if unstored:  # (stored once the wait ends: STORE_S after the last store)
             left = STORE_S - (anyio.current_time() - self._last_store)
             block_ms = min(block_ms, max(1, int(left * 1000)))
         reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", block_ms],
                                         streams, ids)
+        if marked:
+            await self._catch_up()
         if not reply:
             return
         by_stream = {name: entries for name, entries in reply}
@@ -205,13 +208,29 @@ class Dispatcher:
         aside = self.triggers.asks_the_bus
         for partition in held:
             entries = by_stream.get(self.state.keys.partition(partition).events.encode())
-            if not entries or partition not in self.positions:
+            if not entries or partition not in self.positions or partition in self._aside:
                 continue
-            if aside:
-                self._aside.add(partition)
-                self._tg.start_soon(self._dispatch_aside, partition, entries)
-            else:  # (one partition's failure is its own: the others go on)
-                await self._dispatch_or_forget(partition, entries)
+            await self._dispatch(partition, functools.partial(self.batches.run, partition,
+                                                               entries), aside)
+
+    async def _catch_up(self) -> None:
+        """A catch-up pass of each held partition with marks, its last CHECK_S ago, no batch on."""
+        now = anyio.current_time()
+        for partition in sorted(p for p, marks in self.marks.items() if marks):
+            if partition not in self.positions or partition in self._aside \
+                    or now - self._checked.get(partition, 0.0) < aside.CHECK_S:
+                continue
+            self._checked[partition] = now
+            await self._dispatch(partition, functools.partial(self.catch_up.run, partition),
+                                 self.triggers.asks_the_bus)
+
+    async def _dispatch(self, partition: int, work: Work, aside: bool) -> None:
+        """A batch or catch-up pass: in a task while a trigger asks the bus, else here."""
+        if aside:
+            self._aside.add(partition)
+            self._tg.start_soon(self._dispatch_aside, partition, work)
+        else:  # (one partition's failure is its own: the others go on)
+            await self._dispatch_or_forget(partition, work)
 
     async def _round(self) -> None:
         """Leases (renew, take, give back the excess), trimming, counters."""
@@ -227,6 +246,7 @@ class Dispatcher:
                 self._lapse(partition)
         for partition in sorted(taken | (self.leases.held - set(self.positions))):
             stored = await trimming.position(self.state, partition, self.leases.token)
+            self.marks[partition] = await aside.load(self.state, partition)
             # (lapsed at a store or a round before, or lost and taken back in this round's
             # renew-then-take: still in `positions`)
             lapsed = self._lapsed.pop(partition, None)
@@ -245,7 +265,8 @@ class Dispatcher:
         # from the stored positions and finds every event it has to read again. A partition
         # whose batch runs aside is trimmed at a later round (its position is the batch's).
         settled = {p: position for p, position in self.stored.items() if p not in self._aside}
-        cut = await trimming.trim(self.state, settled, self.leases.token, self._ledgers)
+        cut = await trimming.trim(self.state, settled, self.leases.token, self._ledgers,
+                                  self.marks)
         for partition, position in cut.items():
             if partition in self.positions and partition not in self._aside:
                 self.positions[partition] = self.stored[partition] = position
@@ -295,6 +316,7 @@ class Dispatcher:
         """The partition's lease is gone: its positions kept aside, for a round that takes
         it back before anyone else moved it (`_round`)."""
         moved, stored = self.positions.pop(partition, None), self.stored.pop(partition, None)
+        self.marks.pop(partition, None)  # (read again when it is taken back)
         self._ledgers.pop(partition, None)  # (its next holder trims it meanwhile)
         if moved is not None and stored is not None:
             self._lapsed[partition] = (moved, stored)
@@ -347,19 +369,20 @@ class Dispatcher:
         triggers.log_groups_not_made(self.state.settings, names, replies)
 
     # ---- one partition's batch ---------------------------------------------------------------
-    async def _dispatch_aside(self, partition: int, entries: list[Any]) -> None:
-        """One partition's batch in a task of its own (module docstring)."""
+    async def _dispatch_aside(self, partition: int, work: Work) -> None:
+        """One partition's batch (or catch-up) in a task of its own (module docstring)."""
         try:
-            await self._dispatch_or_forget(partition, entries)
+            await self._dispatch_or_forget(partition, work)
         finally:
             self._aside.discard(partition)
 
-    async def _dispatch_or_forget(self, partition: int, entries: list[Any]) -> None:
-        """One partition's batch. A failure costs this partition its position in memory (the
-        moves of the others stored first): the next round reads it again from Redis, and
-        its batch is dispatched again from there."""
+    async def _dispatch_or_forget(self, partition: int, work: Work) -> None:
+        """One partition's batch or catch-up pass. A failure costs this partition its position
+        (and marks) in memory (the moves of the others stored first): the next round reads
+        them again from Redis, and its batch is dispatched again from there."""
         try:
-            await self._dispatch_batch(partition, entries)
+            if await work() is Outcome.LOST:
+                self._lost(partition)
         except (StateError, ConnectionLost, ReplyError) as exc:
             log.warning("partition %d: dispatch paused: %s", partition, exc,
                         extra={"event": "dispatch.paused", "partition": partition})
@@ -374,10 +397,4 @@ class Dispatcher:
     def _forget(self, partition: int) -> None:
         self.positions.pop(partition, None)
         self.stored.pop(partition, None)
-
-    async def _dispatch_batch(self, partition: int, entries: list[Any]) -> None:
-        outcome = await self.batches.run(partition, entries)
-        if outcome is Outcome.LOST:
-            self._lost(partition)
-        elif outcome is Outcome.WAITING:
-            self._resting[partition] = anyio.current_time() + REST_S
+        self.marks.pop(partition, None)

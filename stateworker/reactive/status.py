@@ -1,7 +1,7 @@
 """What `stateworker status` (and the console, and /metrics) shows of the dispatch: triggers,
 replicas, per-partition lease holder, position, lag (events and ms), events the cap cut, the
-dispatchers' counters; each trigger with its partitions' lag, its handler calls and its last
-condition error (`trigger_status`)."""
+dispatchers' counters; each trigger with its partitions' lag (from its mark where it is set
+aside: reactive/aside.py), its handler calls and its last condition error (`trigger_status`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.keys import KeySpace
-from stateworker.reactive.trimming import StreamInfo
+from stateworker.reactive.trimming import StreamInfo, parse_mark
 from stateworker.state.reactive.triggers import decode_trigger, live
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
@@ -40,11 +40,12 @@ async def dispatch_status(conn: RedisConnection, keys: KeySpace) -> dict[str, An
 
 async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) -> dict[str, Any]:
     part = keys.partition(n)
-    holder, position, cut, info = await conn.pipeline([
+    holder, position, cut, info, marks = await conn.pipeline([
         ["GET", part.lease],
         ["HMGET", part.dispatched, "id", "n"],
         ["HMGET", part.cut, "events", "first_kept"],
         ["XINFO", "STREAM", part.events],
+        ["HGETALL", part.aside],
     ])
     stream = StreamInfo(info)
     report: dict[str, Any] = {"partition": n, "holder": holder.decode() if holder else None,
@@ -53,6 +54,12 @@ async def _partition(conn: RedisConnection, keys: KeySpace, n: int, now: int) ->
     if cut[0] is not None:
         report["cut_events"] = int(cut[0])
         report["cut_first_kept"] = cut[1].decode() if cut[1] else None
+    if marks:  # (the set-aside triggers: where each stands, events it has not been handed)
+        report["aside"] = {}
+        for field, value in zip(marks[::2], marks[1::2], strict=True):
+            mark = parse_mark(value)
+            report["aside"][field.decode()] = {
+                "position": mark.id, "lag_events": max(0, stream.added - mark.n)}
     return report
 
 
@@ -87,7 +94,7 @@ COUNTERS = {
     "condition_skips": "Handler calls a trigger's condition skipped.",
     "condition_errors": "Trigger conditions that failed (an error or a timeout): skipped.",
     "malformed_events": "Entries of the events streams that are not change events: skipped.",
-    "backlog_waits": "Times the dispatch stopped before a full target stream (the backlog).",
+    "backlog_waits": "Times triggers were set aside at, or caught up to, a full target stream.",
 }
 
 
@@ -145,7 +152,12 @@ class Counts:
             await self.conn.pipeline(commands)
 
     async def forget(self, gone: list[str]) -> None:
-        """Drop the fields of the triggers `gone` (unregistered, reaped)."""
+        """Drop the fields of the triggers `gone` (unregistered, reaped), and what is
+        unflushed of them (else the next flush writes them back)."""
+        for trigger_id in gone:
+            for unflushed in (self.delivered, self.errors, self.full):
+                unflushed.pop(trigger_id, None)
+            self.flowing.discard(trigger_id)
         if gone:
             await self.conn.execute("HDEL", self.per_trigger,
                                     *(f"{t}|{what}" for t in gone for what in FIGURES))
@@ -159,13 +171,14 @@ class Counts:
             await self.conn.execute("HDEL", self.per_trigger, *gone)
 
 
-FIGURES = ("delivered", "error", "waiting")
+FIGURES = ("delivered", "error", "waiting", "cut")
 
 
 async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
-                          ) -> list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]]:
-    """Each trigger's handler calls handed on (every replica's), last error and the full
-    target stream its deliveries wait on (None: none)."""
+                          ) -> list[tuple[int, dict[str, Any] | None, dict[str, Any] | None, int]]:
+    """Each trigger's handler calls handed on (every replica's), last error, the full
+    target stream its deliveries wait on (None: none) and the events the cap cut before they
+    were handed on to it while it was set aside."""
     if not ids:
         return []
     flat = await conn.execute("HMGET", keys.dispatch_by_trigger,
@@ -175,8 +188,8 @@ async def trigger_figures(conn: RedisConnection, keys: KeySpace, ids: list[str]
     def mark(raw: bytes | None) -> dict[str, Any] | None:
         return None if raw is None else msgspec.json.decode(raw)
 
-    return [(int(flat[n * i] or 0), mark(flat[n * i + 1]), mark(flat[n * i + 2]))
-            for i in range(len(ids))]
+    return [(int(flat[n * i] or 0), mark(flat[n * i + 1]), mark(flat[n * i + 2]),
+             int(flat[n * i + 3] or 0)) for i in range(len(ids))]
 
 
 async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list[dict[str, Any]]
@@ -184,8 +197,10 @@ async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list
     """Each live trigger with the dispatch's lag on the partitions it reads (its scope's, or
     every one): events not yet handed on, and the age of the oldest (None: no dispatcher
     has passed one of its events yet); the handler calls it was handed on with (every
-    replica's, since it was registered), its last condition error (None) and the full target
-    stream its deliveries wait on (`waiting_on`: stream, length, since_ms; None)."""
+    replica's, since it was registered), its last condition error (None), the full target
+    stream its deliveries wait on (`waiting_on`: stream, length, since_ms; None), where it is
+    set aside (`aside`: partition, position, lag_events each; None) and the events the cap
+    cut before it was handed them there (`cut_events`)."""
     by_partition = {p["partition"]: p for p in partitions}
     flat = await conn.execute("HGETALL", keys.triggers)
     now = now_ms()
@@ -196,11 +211,15 @@ async def trigger_status(conn: RedisConnection, keys: KeySpace, partitions: list
         parts = [keys.partition_of(scope)] if scope is not None else range(keys.partitions)
         behind = [by_partition[n] for n in parts if n in by_partition]
         ages = [p["lag_ms"] for p in behind if p.get("lag_ms") is not None]
+        aside = [{"partition": p["partition"], **p["aside"][trigger.id]} for p in behind
+                 if trigger.id in p.get("aside", {})]
+        lags = {p["partition"]: p["lag_events"] for p in behind}
+        lags.update((a["partition"], a["lag_events"]) for a in aside)
         listed.append({"id": trigger.id, "function_id": trigger.function_id,
                        "service": trigger.service, "scope": scope, "owner": trigger.owner,
-                       "lag_events": sum(p["lag_events"] for p in behind),
-                       "lag_ms": max(ages) if ages else None})
+                       "lag_events": sum(lags.values()),
+                       "lag_ms": max(ages) if ages else None, "aside": aside or None})
     figures = await trigger_figures(conn, keys, [t["id"] for t in listed])
-    for row, (delivered, error, waiting) in zip(listed, figures, strict=True):
-        row.update(delivered=delivered, last_error=error, waiting_on=waiting)
+    for row, (delivered, error, waiting, cut) in zip(listed, figures, strict=True):
+        row.update(delivered=delivered, last_error=error, waiting_on=waiting, cut_events=cut)
     return listed

@@ -12,6 +12,11 @@ counts the events lost in `<partition>:cut` (shown by `status`) and moves past t
 bytes are bounded too (`events_max_bytes`): over it, what is handed on and snapshotted goes
 before the retention window ends, oldest first (reactive/event_bytes.py).
 
+A set-aside trigger's mark (reactive/aside.py) holds trimming back as the position does: the
+stream is kept from the oldest of them. Events the cap cut after a mark are logged, counted
+for its trigger (`<id>|cut` in the dispatch's per-trigger hash, `status`) and passed
+(`cut_marks`), as the position's are.
+
 A position is `(id, n)`: the last event id handed on and its ordinal in the stream (how many
 entries were ever added up to it), so `entries-added - n` is the exact dispatch lag.
 """
@@ -27,7 +32,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import MAX_SEQ, revision_of
 from stateworker.reactive.event_bytes import Ledger, bytes_cut, measure_commands, measure_replies
-from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
+from stateworker.scripts.upkeep_bindings import ADVANCE, ASIDE, advance_call, aside_call
 from stateworker.state.core.store import RedisState
 from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ReplyError
@@ -40,6 +45,12 @@ class Position(msgspec.Struct):
 
     id: str
     n: int
+
+
+def parse_mark(value: bytes) -> Position:
+    """A set-aside trigger's mark as aside.lua stores it: "<id> <n>"."""
+    at, _, n = value.decode().partition(" ")
+    return Position(at, int(n))
 
 
 class StreamInfo:
@@ -90,21 +101,60 @@ async def position(state: RedisState, partition: int, token: str) -> Position:
     return first
 
 
+def _mark_cuts(state: RedisState, partition: int, marks: Mapping[str, Position],
+               info: StreamInfo, token: str) -> tuple[list[list[Any]], dict[str, Position]]:
+    """The commands that count, for their triggers, the events the cap cut after their
+    marks and move the marks past them (lease-guarded); the marks moved."""
+    commands: list[list[Any]] = []
+    moved: dict[str, Position] = {}
+    part = state.keys.partition(partition)
+    for trigger_id, mark in sorted(marks.items()):
+        if info.deleted <= mark.n:
+            continue
+        lost = info.deleted - mark.n
+        log.error("partition %d: the event stream's cap (events_maxlen %d) cut %d events "
+                  "before they were handed on to set-aside trigger %s (the first kept is %s)",
+                  partition, state.settings.events_maxlen, lost, trigger_id, info.first_id,
+                  extra={"event": "dispatch.events_cut", "partition": partition, "lost": lost,
+                         "trigger": trigger_id, "first_kept": info.first_id})
+        moved[trigger_id] = Position(mark.id, info.deleted)
+        commands += [["HINCRBY", state.keys.dispatch_by_trigger, f"{trigger_id}|cut", lost],
+                     ASIDE.command(state.library, *aside_call(
+                         part, token, trigger_id, (mark.id, info.deleted)))]
+    return commands, moved
+
+
+async def cut_marks(state: RedisState, partition: int, marks: Mapping[str, Position],
+                    info: StreamInfo, token: str, held: dict[int, dict[str, Position]]) -> None:
+    """`_mark_cuts` run now (the catch-up found a cut); `held`: the marks in memory."""
+    commands, moved = _mark_cuts(state, partition, marks, info, token)
+    if commands:
+        await pipeline(state.conn, state.library, commands)
+        held.setdefault(partition, {}).update(moved)
+
+
 async def trim(state: RedisState, positions: Mapping[int, Position], token: str,
-               ledgers: dict[int, Ledger] | None = None) -> dict[int, Position]:
+               ledgers: dict[int, Ledger] | None = None,
+               marks: dict[int, dict[str, Position]] | None = None) -> dict[int, Position]:
     """Trim every held partition by the rule; the positions moved past events the hard cap
     cut before they were handed on. `ledgers`: the held streams' byte ledgers, kept from
-    round to round by the caller (one made for a partition that has none)."""
+    round to round by the caller (one made for a partition that has none). `marks`: the
+    set-aside triggers' marks, held as positions are (those the cap passed moved here)."""
     held = sorted(positions)
     ledgers = {} if ledgers is None else ledgers
+    marks = {} if marks is None else marks
     moved: dict[int, Position] = {}
+    marks_moved: dict[int, dict[str, Position]] = {}
     commands: list[list[Any]] = []
     keep_from = (now_ms() - int(state.settings.events_retain * 1000), 0)
     snapshotted = await snapshot_positions(state, held)
+
+    def owed(p: int) -> tuple[int, int]:  # the oldest of its position and marks
+        return min(revision_of(x.id) for x in (positions[p], *marks.get(p, {}).values()))
+
     # The oldest event each partition still owes (to triggers, to the snapshot): a stream
     # with nothing kept before it has nothing to trim for bytes, and is not measured.
-    fences = {p: min(revision_of(positions[p].id), snapshotted.get(p, (MAX_SEQ, MAX_SEQ)))
-              for p in held}
+    fences = {p: min(owed(p), snapshotted.get(p, (MAX_SEQ, MAX_SEQ))) for p in held}
     sized = [ledgers.setdefault(p, Ledger()).trimmable(fences[p]) for p in held]
     sent: list[list[Any]] = []
     for partition, measured in zip(held, sized, strict=True):
@@ -131,7 +181,11 @@ async def trim(state: RedisState, positions: Mapping[int, Position], token: str,
                          ["HSET", keys.cut, "first_kept", info.first_id, "at_ms", now_ms()],
                          ADVANCE.command(state.library, *advance_call(
                              keys.lease, keys.dispatched, token, current.id, current.n))]
-        below = min(revision_of(current.id), keep_from, snapshotted.get(partition, keep_from))
+        cuts, marks_moved[partition] = _mark_cuts(state, partition, marks.get(partition, {}),
+                                                  info, token)
+        commands += cuts
+        below = min(revision_of(current.id), owed(partition), keep_from,
+                    snapshotted.get(partition, keep_from))
         over = bytes_cut(ledgers[partition], partition, info, size,
                          state.settings.events_max_bytes, fences[partition])
         if over is not None:  # (exact: the chunks the ledger dropped go whole)
@@ -141,4 +195,7 @@ async def trim(state: RedisState, positions: Mapping[int, Position], token: str,
             commands.append(["XTRIM", keys.events, "MINID", "~", f"{below[0]}-{below[1]}"])
     if commands:
         await pipeline(state.conn, state.library, commands)
+    for partition, passed in marks_moved.items():
+        if passed:
+            marks.setdefault(partition, {}).update(passed)
     return moved

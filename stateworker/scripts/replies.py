@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from stateworker.errors import InternalError
 from stateworker.scripts.statuses import LUA_STATUS
 
 
@@ -157,6 +158,19 @@ class Moved(NamedTuple):
 
     @classmethod
     def read(cls, reply: list[Any]) -> Moved:
+        return cls(reply[1] == 1)
+
+
+class Marked(NamedTuple):
+    """aside.lua: whether the mark was written (set, moved, dropped); False: the lease is
+    another's. Arguments that are not a mark (-1) are a bug of the caller: raised."""
+
+    done: bool
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Marked:
+        if reply[1] == -1:
+            raise InternalError("aside.lua: the arguments are not a trigger's mark")
         return cls(reply[1] == 1)
 
 

@@ -1,5 +1,6 @@
 """The bindings of the scripts the service's own upkeep runs, not a caller's call: the leases
-and positions of the dispatcher and the snapshot (lease, advance), the snapshot's reads
+and positions of the dispatcher and the snapshot (lease, advance), a set-aside trigger's
+mark (aside), the snapshot's reads
 (snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
 packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap") and the console's
 sessions (session). Each as
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace, PartitionKeys
 from stateworker.scripts.library import Binding
-from stateworker.scripts.replies import Counted, Moved, ReapReply, SnapRowsReply
+from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply
 from stateworker.settings import Settings
 from stateworker.transport.wire import Arg
 
@@ -23,13 +24,14 @@ Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV (as bindings
 FORGET = Binding("forget", 1, 0, Counted.read, tail=True)  # KEYS[2..]: the barriers forgotten
 LEASE = Binding("lease", 1, 3, Moved.read)
 ADVANCE = Binding("advance", 2, 3, Moved.read)
+ASIDE = Binding("aside", 2, 5, Marked.read)  # a trigger set aside: its mark (reactive/aside.py)
 REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
-UPKEEP = (REAP, LEASE, ADVANCE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
+UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
@@ -51,6 +53,14 @@ def snapread_call(counter: str, stored: int) -> Call:
 def advance_call(lease: str, position: str, token: str, last_id: str, n: int) -> Call:
     """advance.lua: move a follower's position (a hash: id, n) while `token` holds `lease`."""
     return [lease, position], [token, last_id, n]
+
+
+def aside_call(part: PartitionKeys, token: str, trigger_id: str, mark: tuple[str, int] | None
+               ) -> Call:
+    """aside.lua: set (or move) `trigger_id`'s mark in `part` to `mark` (the last event id
+    handed on for it, its ordinal), or drop it (None), while `token` holds the lease."""
+    at, n = mark if mark is not None else ("", "")
+    return [part.lease, part.aside], [token, "set" if mark else "drop", trigger_id, at, n]
 
 
 def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],

@@ -23,7 +23,14 @@ from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library, read_header
-from stateworker.scripts.upkeep_bindings import SESSION, SNAPROWS, session_call, snaprows_call
+from stateworker.scripts.upkeep_bindings import (
+    ASIDE,
+    SESSION,
+    SNAPROWS,
+    aside_call,
+    session_call,
+    snaprows_call,
+)
 from stateworker.snapshot import barriers, behind
 from stateworker.state import functions, generation
 from stateworker.state.kv import repack
@@ -131,6 +138,9 @@ async def test_every_script_call_hashes_to_one_slot(
     leases = Leases(store.state, "token")
     await leases.round()  # lease.lua
     await trimming.position(store.state, min(leases.held), "token")  # advance.lua
+    await pipeline(store.state.conn, store.state.library, [ASIDE.command(  # aside.lua
+        store.state.library, *aside_call(store.state.keys.partition(min(leases.held)), "token",
+                                         "t", ("1-0", 1)))])
     await pipeline(store.state.conn, store.state.library, [  # snapread.lua
         behind.count_command(store.state, store.state.keys.partition(0).snapshot_reads, 0),
         behind.count_command(store.state, store.state.keys.registry_reads, 0)])

@@ -134,6 +134,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "forget": lambda: [ub.forget_call("c", ["x", "y"], ["1", ""])],
     "lease": lambda: [ub.lease_call("l", "take", "t", 5)],
     "advance": lambda: [ub.advance_call("l", "p", "t", "1-0", 1)],
+    "aside": lambda: [ub.aside_call(PART, "t", "x", ("1-0", 1)), ub.aside_call(PART, "t", "x", None)],
     "snapread": lambda: [ub.snapread_call("r", 0)],
     "getmany": lambda: [rb.getmany_call(PART, "s", ["a", "b"], 1000)],
     "index": lambda: [b.index_call(PART, "s", "create", "/n", 5)],

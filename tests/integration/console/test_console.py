@@ -98,7 +98,8 @@ async def test_overview_shows_a_trigger_and_its_lag(redis_server: RedisServer, p
         assert report["triggers"] == [{"id": "audit", "function_id": "audit::record",
                                        "service": "auditor", "scope": "orders", "owner": None,
                                        "lag_events": 5, "lag_ms": None, "delivered": 0,
-                                       "last_error": None, "waiting_on": None}]
+                                       "aside": None, "last_error": None,
+                                       "waiting_on": None, "cut_events": 0}]
         rows = [line.split() for line in summary(report).splitlines()]
         assert ["ID", "FUNCTION", "SERVICE", "SCOPE", "LAG", "LAG", "MS", "CALLS", "LAST",
                 "ERROR"] in rows

@@ -1,8 +1,8 @@
 """The trigger backlog: a target service nobody serves never grows Redis without bound. Its
-call stream holds at most STATEWORKER_TRIGGER_BACKLOG entries plus one event's calls; the
-dispatch of the events that call it waits (the trigger shows `waiting_on`, the metric
-stateworker_trigger_waiting), the writes go on, and once a worker drains the stream every
-call is delivered, each once, none lost."""
+call stream holds at most STATEWORKER_TRIGGER_BACKLOG entries plus one event's calls; its
+triggers are set aside (the trigger shows `waiting_on`, the metric stateworker_trigger_waiting;
+the partition's other triggers go on: test_aside.py), the writes go on, and once a worker
+drains the stream every call is delivered, each once, none lost."""
 
 from __future__ import annotations
 
