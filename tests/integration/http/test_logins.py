@@ -1,10 +1,11 @@
 """`acl` mode: the HTTP face's logins attacked (app/logins.py). A password rotated while a
 login is being checked, a flood of wrong credentials, a name that is no principal timed, the
 proofs' connection closed under them, the cookie of an https page. A Redis of the module's
-own: ACL users are server-wide."""
+own: ACL users are server-wide. A password beyond ASCII proven at every door."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 
 import anyio
@@ -19,6 +20,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from stateworker.state.tenancy import principals
+from tests.integration.acl import role
 from tests.integration.busproto import until
 from tests.servers import FaultProxy, RedisServer
 
@@ -245,3 +247,34 @@ async def test_a_session_whose_key_lost_its_expiry_still_ends(
         async def ended() -> bool:
             return (await browser.get("/v1/console/session")).json()["principal"] is None
         await until(ended, 10, "the session to end at its end")
+
+
+async def test_a_password_beyond_ascii_proves_its_principal_at_every_door(
+        acl_served: StateService) -> None:
+    """`principal passwd --password-stdin` takes any text: the password's UTF-8 bytes are
+    what Redis holds, and each door proves the principal with them (Basic's are base64 of
+    UTF-8, a login form's JSON is UTF-8, and Dapr's `dapr-api-token` is sent as UTF-8)."""
+    state = acl_served.state
+    writer = await role(state, ["read", "write"], ["statestore"])
+    await principals.add_principal(state, "umlaut", [writer], ())
+    password = "pässwörd-ü1"
+    await principals.set_user(state, "umlaut", password)
+    pair = f"umlaut:{password}".encode()
+    async with httpx.AsyncClient(base_url=f"http://{acl_served.http_address}") as http:
+        basic = await http.post("/v1/call/state::set", headers={
+            "Authorization": b"Basic " + base64.b64encode(pair)},
+            content=b'{"scope":"statestore","key":"by-basic","value":1}')
+        assert basic.status_code == 200, basic.text
+        login = await http.post("/v1/console/login", content=msgspec.json.encode(
+            {"principal": "umlaut", "password": password}))
+        assert login.status_code == 200, login.text
+        http.cookies.clear()
+        dapr = await http.post("/v1.0/state/statestore", headers={"dapr-api-token": pair},
+                               content=b'[{"key":"by-dapr","value":2}]')
+        assert dapr.status_code == 204, dapr.text
+        bad = await http.get("/v1.0/state/statestore/by-dapr",
+                             headers={"dapr-api-token": b"umlaut:p\xe4ss"})
+        assert (bad.status_code, bad.json()["details"][0]["reason"],
+                bad.json()["details"][0]["metadata"]["path"]) == (
+            400, "INVALID_REQUEST", "dapr-api-token"), bad.text
+    assert await StateStore(state).get("statestore", "by-dapr") == 2
