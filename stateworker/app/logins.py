@@ -119,7 +119,8 @@ class Logins:
                 record = await self._prove(principal, password)
                 self._forget_expired()
                 self.proofs.pop(key, None)  # (put last: the order they expire)
-                self.proofs[key] = (time.monotonic() + PROOF_S, record)
+                proof = self.proofs[key] = (time.monotonic() + PROOF_S, record)
+            request.state.proven_under = proof[1]  # (still_holds')
             return principal
         token = request.cookies.get(COOKIE, "")
         session = await self._session_of(token) if token else None
@@ -129,19 +130,23 @@ class Logins:
         if record != self.state.access.principal(principal):  # (a new password ...)
             await self._session(token, principal, None)
             return None
+        request.state.proven_under = record  # (still_holds')
         return principal
 
     def still_holds(self, request: Request, principal: str | None
                     ) -> Callable[[], Awaitable[bool]]:
         """A check, made once `principal_of(request)` gave `principal`, that the login still
         holds (principal_of's rule): the Basic credential's principal, or the session's, has
-        the record it had now, and the session is still in Redis (asked again at most every
+        the record principal_of proved it under, and the session is still in Redis (asked again at most every
         SESSION_RECHECK_S, and at once after a logout at this replica). What outlives its
         request (a live tail) asks it again and again: a logout at any replica, a new
         password, other roles end it."""
         if principal is None:  # (`off` mode: nobody logged in, nothing to end)
             return _holding
-        record = self.state.access.principal(principal)
+        # The record principal_of proved the login under, not the one known now: a tail
+        # opened with an old password while `principal passwd` ran (its watch opening, an
+        # await) took the new record and held for good.
+        record: Principal | None = request.state.proven_under
         if _credential(request) is not None:
             async def proof_holds() -> bool:
                 return record is not None and self.state.access.principal(principal) == record

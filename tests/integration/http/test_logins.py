@@ -1,7 +1,8 @@
 """`acl` mode: the HTTP face's logins attacked (app/logins.py). A password rotated while a
 login is being checked, a flood of wrong credentials, a name that is no principal timed, the
 proofs' connection closed under them, the cookie of an https page. A Redis of the module's
-own: ACL users are server-wide. A password beyond ASCII proven at every door."""
+own: ACL users are server-wide. A password beyond ASCII proven at every door, a live tail
+opened across a new password."""
 
 from __future__ import annotations
 
@@ -278,3 +279,43 @@ async def test_a_password_beyond_ascii_proves_its_principal_at_every_door(
                 bad.json()["details"][0]["metadata"]["path"]) == (
             400, "INVALID_REQUEST", "dapr-api-token"), bad.text
     assert await StateStore(state).get("statestore", "by-dapr") == 2
+
+
+async def test_a_tail_opened_across_a_new_password_ends_with_the_old_one(
+        proxied: tuple[StateService, FaultProxy]) -> None:
+    """A leaked password's holder opens a live tail with it (Basic) while its owner runs
+    `principal passwd`: the new record comes while the tail's watch opens. The tail was
+    proven under the old record, so it ends, as a tail opened a moment before would; kept
+    under the new one it would show the scope's changes for good."""
+    service, proxy = proxied
+    state, store = service.state, StateStore(service.state)
+    await principals.add_principal(state, "leaked2", [await role(state, ["read"], ["orders"])],
+                                   ())
+    await principals.set_user(state, "leaked2", "old-pass-1")
+    before = state.access.principal("leaked2")
+    seen: list[str] = []
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30,
+                                 auth=("leaked2", "old-pass-1")) as attacker, \
+            anyio.create_task_group() as tg:
+        opened = anyio.Event()
+
+        async def tail() -> None:
+            async with attacker.stream("GET", "/v1/console/tail?scope=orders") as answer:
+                assert answer.status_code == 200, await answer.aread()
+                opened.set()
+                with anyio.fail_after(10):  # (it must end: left open it fails here)
+                    async for line in answer.aiter_lines():
+                        seen.append(line)
+                        if "after-passwd" in line:
+                            return
+        # (the watch's first read, of the partition count: its answer kept until released)
+        proxy.arm("late", b"$10\r\npartitions\r\n")
+        tg.start_soon(tail)
+        await until(proxy.triggered.is_set, 10, "the tail's watch to be opening")
+        await principals.set_password(state, "leaked2", "new-pass-2")
+        await until(lambda: state.access.principal("leaked2") != before, 10,
+                    "the service to know the new record")
+        await proxy.release()
+        await opened.wait()
+        await store.set("orders", "k", "after-passwd")
+    assert not any("after-passwd" in line for line in seen), seen
