@@ -164,6 +164,18 @@ class Logins:
             return await self._session_of(token) == (principal, record)
         return session_holds
 
+    def still_proven(self, request: Request, principal: str) -> None:
+        """Raises UnknownCaller when the record `principal_of(request)` proved `principal`
+        under is no longer its own (a new password, other roles, removed): a call whose
+        body came after a `principal passwd` ran nothing (a body may take 60 s, and a
+        leaked password's holder could send heads before the rotation, bodies after)."""
+        if self.state.access.principal(principal) != request.state.proven_under:
+            raise UnknownCaller(
+                f"principal {shown(principal)}: its record changed (a new password, other "
+                "roles, or removed) after this request was proven and before its body came; "
+                "nothing was run: send it again with the principal's credentials",
+                {"principal": principal, "path": "authorization"})
+
     async def _session_of(self, token: str) -> tuple[str, Principal] | None:
         """(principal, its record at the login) of the session `token`; None when there is
         none (never was, ended, or past its end: Redis expires it then, and the end is in

@@ -2,7 +2,7 @@
 login is being checked, a flood of wrong credentials, a name that is no principal timed, the
 proofs' connection closed under them, the cookie of an https page. A Redis of the module's
 own: ACL users are server-wide. A password beyond ASCII proven at every door, a live tail
-opened across a new password."""
+opened across a new password, a call whose body comes after one."""
 
 from __future__ import annotations
 
@@ -319,3 +319,33 @@ async def test_a_tail_opened_across_a_new_password_ends_with_the_old_one(
         await opened.wait()
         await store.set("orders", "k", "after-passwd")
     assert not any("after-passwd" in line for line in seen), seen
+
+
+async def test_a_call_whose_body_comes_after_a_new_password_is_refused(
+        acl_served: StateService) -> None:
+    """A leaked password's holder sends calls' heads (proven at once) and holds their bodies
+    back (a body may take 60 s); its owner runs `principal passwd`. A body sent after the
+    new record is known runs nothing: the proof ended with the password it proved."""
+    state = acl_served.state
+    await principals.add_principal(state, "slow", [await role(state, ["write"], ["orders"])], ())
+    await principals.set_user(state, "slow", "old-pass-1")
+    before = state.access.principal("slow")
+    body = b'{"scope":"orders","key":"k","value":"after-passwd"}'
+    host, port = acl_served.http_address.rsplit(":", 1)
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        await stream.send(b"POST /v1/call/state::set HTTP/1.1\r\nHost: %s\r\nAuthorization: "
+                          b"Basic %s\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (
+                              acl_served.http_address.encode(),
+                              base64.b64encode(b"slow:old-pass-1"), len(body)))
+        with anyio.fail_after(10):  # (sent when the service reads the body: it has proven it)
+            assert (await stream.receive()).startswith(b"HTTP/1.1 100 Continue"), "no 100"
+        await principals.set_password(state, "slow", "new-pass-2")
+        await until(lambda: state.access.principal("slow") != before, 10,
+                    "the service to know the new record")
+        await stream.send(body)
+        answer = b""
+        with anyio.fail_after(10):
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                answer += await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 401") and b"UNKNOWN_CALLER" in answer, answer
+    assert await StateStore(state).get("orders", "k") is None
