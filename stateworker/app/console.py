@@ -65,6 +65,11 @@ LOGIN_BYTES = 4096  # a login form (a principal's name and password: 256 bytes e
 JSON = "application/json"
 
 Handler = Callable[[Request], Awaitable[Response]]
+# The page is never shown in another page's frame: a site that framed it could lay its own
+# bait over it and land the user's click on a console button (a Delete, one click, on a key
+# the frame's address opened), whose request carries the console's own Origin and session.
+_PAGE_HEADERS = {"Cache-Control": "no-cache", "X-Frame-Options": "DENY",
+                 "Content-Security-Policy": "frame-ancestors 'none'"}
 
 
 def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
@@ -78,8 +83,7 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         found = (console_page(), "text/html; charset=utf-8") if not name else ui_file(name)
         if found is None:
             return _error(InvalidRequest("no such console file", {"path": request.url.path}), 404)
-        return Response(found[0], 200, media_type=found[1],
-                        headers={"Cache-Control": "no-cache"})
+        return Response(found[0], 200, media_type=found[1], headers=_PAGE_HEADERS)
 
     async def session(request: Request) -> Response:
         principal = await _principal(logins, request, needed=False)

@@ -116,6 +116,8 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
             principal = await _principal(logins, request, headers, fn, local)
             caller = _named_caller(headers, principal)
             body = await read_body(receive, runtime.options.max_body_bytes)
+            if principal is not None:  # (the body came later: a new password may have too)
+                logins.still_proven(request(), principal)
             result = await _run(state, batches, fn, body, call_id, headers.get(CONTEXT_HEADER),
                                 runtime.options.max_context_bytes, principal,
                                 _trace_headers(headers), caller)

@@ -119,7 +119,8 @@ class Logins:
                 record = await self._prove(principal, password)
                 self._forget_expired()
                 self.proofs.pop(key, None)  # (put last: the order they expire)
-                self.proofs[key] = (time.monotonic() + PROOF_S, record)
+                proof = self.proofs[key] = (time.monotonic() + PROOF_S, record)
+            request.state.proven_under = proof[1]  # (still_holds')
             return principal
         token = request.cookies.get(COOKIE, "")
         session = await self._session_of(token) if token else None
@@ -129,19 +130,23 @@ class Logins:
         if record != self.state.access.principal(principal):  # (a new password ...)
             await self._session(token, principal, None)
             return None
+        request.state.proven_under = record  # (still_holds')
         return principal
 
     def still_holds(self, request: Request, principal: str | None
                     ) -> Callable[[], Awaitable[bool]]:
         """A check, made once `principal_of(request)` gave `principal`, that the login still
         holds (principal_of's rule): the Basic credential's principal, or the session's, has
-        the record it had now, and the session is still in Redis (asked again at most every
+        the record principal_of proved it under, and the session is still in Redis (asked again at most every
         SESSION_RECHECK_S, and at once after a logout at this replica). What outlives its
         request (a live tail) asks it again and again: a logout at any replica, a new
         password, other roles end it."""
         if principal is None:  # (`off` mode: nobody logged in, nothing to end)
             return _holding
-        record = self.state.access.principal(principal)
+        # The record principal_of proved the login under, not the one known now: a tail
+        # opened with an old password while `principal passwd` ran (its watch opening, an
+        # await) took the new record and held for good.
+        record: Principal | None = request.state.proven_under
         if _credential(request) is not None:
             async def proof_holds() -> bool:
                 return record is not None and self.state.access.principal(principal) == record
@@ -158,6 +163,18 @@ class Logins:
             asked, logouts = time.monotonic(), self.logouts
             return await self._session_of(token) == (principal, record)
         return session_holds
+
+    def still_proven(self, request: Request, principal: str) -> None:
+        """Raises UnknownCaller when the record `principal_of(request)` proved `principal`
+        under is no longer its own (a new password, other roles, removed): a call whose
+        body came after a `principal passwd` ran nothing (a body may take 60 s, and a
+        leaked password's holder could send heads before the rotation, bodies after)."""
+        if self.state.access.principal(principal) != request.state.proven_under:
+            raise UnknownCaller(
+                f"principal {shown(principal)}: its record changed (a new password, other "
+                "roles, or removed) after this request was proven and before its body came; "
+                "nothing was run: send it again with the principal's credentials",
+                {"principal": principal, "path": "authorization"})
 
     async def _session_of(self, token: str) -> tuple[str, Principal] | None:
         """(principal, its record at the login) of the session `token`; None when there is
@@ -279,9 +296,17 @@ def _credential(request: Request) -> tuple[str, str] | None:
     header = request.headers.get("authorization")
     if header is not None:
         return _basic(header)
-    token = request.headers.get("dapr-api-token")
-    if token is None:
+    sent = request.headers.get("dapr-api-token")
+    if sent is None:
         return None
+    # Its bytes as UTF-8, as Basic's (base64 of UTF-8) and a login form's: Starlette reads a
+    # header as latin-1, which made a password beyond ASCII another one (proven at every
+    # other door, refused at Dapr's). (Its bytes are not shown: they hold a password.)
+    try:
+        token = sent.encode("latin-1").decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"dapr-api-token: not valid UTF-8 text (byte {exc.start} of it)",
+                             {"path": "dapr-api-token"}) from None
     principal, sep, password = token.partition(":")
     if not sep:
         raise InvalidRequest("dapr-api-token: must be `<principal>:<password>`",

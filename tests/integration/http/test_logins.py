@@ -1,10 +1,12 @@
 """`acl` mode: the HTTP face's logins attacked (app/logins.py). A password rotated while a
 login is being checked, a flood of wrong credentials, a name that is no principal timed, the
 proofs' connection closed under them, the cookie of an https page. A Redis of the module's
-own: ACL users are server-wide."""
+own: ACL users are server-wide. A password beyond ASCII proven at every door, a live tail
+opened across a new password, a call whose body comes after one."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 
 import anyio
@@ -19,6 +21,7 @@ from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.settings import Settings
 from stateworker.state.tenancy import principals
+from tests.integration.acl import role
 from tests.integration.busproto import until
 from tests.servers import FaultProxy, RedisServer
 
@@ -245,3 +248,104 @@ async def test_a_session_whose_key_lost_its_expiry_still_ends(
         async def ended() -> bool:
             return (await browser.get("/v1/console/session")).json()["principal"] is None
         await until(ended, 10, "the session to end at its end")
+
+
+async def test_a_password_beyond_ascii_proves_its_principal_at_every_door(
+        acl_served: StateService) -> None:
+    """`principal passwd --password-stdin` takes any text: the password's UTF-8 bytes are
+    what Redis holds, and each door proves the principal with them (Basic's are base64 of
+    UTF-8, a login form's JSON is UTF-8, and Dapr's `dapr-api-token` is sent as UTF-8)."""
+    state = acl_served.state
+    writer = await role(state, ["read", "write"], ["statestore"])
+    await principals.add_principal(state, "umlaut", [writer], ())
+    password = "pässwörd-ü1"
+    await principals.set_user(state, "umlaut", password)
+    pair = f"umlaut:{password}".encode()
+    async with httpx.AsyncClient(base_url=f"http://{acl_served.http_address}") as http:
+        basic = await http.post("/v1/call/state::set", headers={
+            "Authorization": b"Basic " + base64.b64encode(pair)},
+            content=b'{"scope":"statestore","key":"by-basic","value":1}')
+        assert basic.status_code == 200, basic.text
+        login = await http.post("/v1/console/login", content=msgspec.json.encode(
+            {"principal": "umlaut", "password": password}))
+        assert login.status_code == 200, login.text
+        http.cookies.clear()
+        dapr = await http.post("/v1.0/state/statestore", headers={"dapr-api-token": pair},
+                               content=b'[{"key":"by-dapr","value":2}]')
+        assert dapr.status_code == 204, dapr.text
+        bad = await http.get("/v1.0/state/statestore/by-dapr",
+                             headers={"dapr-api-token": b"umlaut:p\xe4ss"})
+        assert (bad.status_code, bad.json()["details"][0]["reason"],
+                bad.json()["details"][0]["metadata"]["path"]) == (
+            400, "INVALID_REQUEST", "dapr-api-token"), bad.text
+    assert await StateStore(state).get("statestore", "by-dapr") == 2
+
+
+async def test_a_tail_opened_across_a_new_password_ends_with_the_old_one(
+        proxied: tuple[StateService, FaultProxy]) -> None:
+    """A leaked password's holder opens a live tail with it (Basic) while its owner runs
+    `principal passwd`: the new record comes while the tail's watch opens. The tail was
+    proven under the old record, so it ends, as a tail opened a moment before would; kept
+    under the new one it would show the scope's changes for good."""
+    service, proxy = proxied
+    state, store = service.state, StateStore(service.state)
+    await principals.add_principal(state, "leaked2", [await role(state, ["read"], ["orders"])],
+                                   ())
+    await principals.set_user(state, "leaked2", "old-pass-1")
+    before = state.access.principal("leaked2")
+    seen: list[str] = []
+    async with httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30,
+                                 auth=("leaked2", "old-pass-1")) as attacker, \
+            anyio.create_task_group() as tg:
+        opened = anyio.Event()
+
+        async def tail() -> None:
+            async with attacker.stream("GET", "/v1/console/tail?scope=orders") as answer:
+                assert answer.status_code == 200, await answer.aread()
+                opened.set()
+                with anyio.fail_after(10):  # (it must end: left open it fails here)
+                    async for line in answer.aiter_lines():
+                        seen.append(line)
+                        if "after-passwd" in line:
+                            return
+        # (the watch's first read, of the partition count: its answer kept until released)
+        proxy.arm("late", b"$10\r\npartitions\r\n")
+        tg.start_soon(tail)
+        await until(proxy.triggered.is_set, 10, "the tail's watch to be opening")
+        await principals.set_password(state, "leaked2", "new-pass-2")
+        await until(lambda: state.access.principal("leaked2") != before, 10,
+                    "the service to know the new record")
+        await proxy.release()
+        await opened.wait()
+        await store.set("orders", "k", "after-passwd")
+    assert not any("after-passwd" in line for line in seen), seen
+
+
+async def test_a_call_whose_body_comes_after_a_new_password_is_refused(
+        acl_served: StateService) -> None:
+    """A leaked password's holder sends calls' heads (proven at once) and holds their bodies
+    back (a body may take 60 s); its owner runs `principal passwd`. A body sent after the
+    new record is known runs nothing: the proof ended with the password it proved."""
+    state = acl_served.state
+    await principals.add_principal(state, "slow", [await role(state, ["write"], ["orders"])], ())
+    await principals.set_user(state, "slow", "old-pass-1")
+    before = state.access.principal("slow")
+    body = b'{"scope":"orders","key":"k","value":"after-passwd"}'
+    host, port = acl_served.http_address.rsplit(":", 1)
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        await stream.send(b"POST /v1/call/state::set HTTP/1.1\r\nHost: %s\r\nAuthorization: "
+                          b"Basic %s\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (
+                              acl_served.http_address.encode(),
+                              base64.b64encode(b"slow:old-pass-1"), len(body)))
+        with anyio.fail_after(10):  # (sent when the service reads the body: it has proven it)
+            assert (await stream.receive()).startswith(b"HTTP/1.1 100 Continue"), "no 100"
+        await principals.set_password(state, "slow", "new-pass-2")
+        await until(lambda: state.access.principal("slow") != before, 10,
+                    "the service to know the new record")
+        await stream.send(body)
+        answer = b""
+        with anyio.fail_after(10):
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                answer += await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 401") and b"UNKNOWN_CALLER" in answer, answer
+    assert await StateStore(state).get("orders", "k") is None
