@@ -330,6 +330,7 @@ def _basic(header: str) -> tuple[str, str]:
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+HELD_PATHS = frozenset({"/v1/console/tail"})  # safe methods that hold a shared slot open
 
 
 class SameOrigin:
@@ -340,7 +341,12 @@ class SameOrigin:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+        # A live tail is a GET that holds one of a few slots per client address while it is
+        # open: another site's page (its EventSources come from the user's own address) could
+        # take them all and leave the console's own tail refused. A browser sends `Origin`
+        # with a cross-origin EventSource, so a foreign one is refused there too.
+        if scope["type"] == "http" and (scope["method"] not in SAFE_METHODS
+                                        or scope["path"] in HELD_PATHS):
             refusal = origin_refusal(dict(scope["headers"]))
             if refusal is not None:
                 await send_refusal(send, refusal)

@@ -233,6 +233,28 @@ async def test_live_tails_beyond_their_cap_are_refused(
         await until(reopened, 10, "a tail's place to come free")
 
 
+async def test_another_sites_page_cannot_take_the_tails_of_the_users_address(
+        redis_server: RedisServer, prefix: str) -> None:
+    """A page of another site opens EventSources on the console's tail: they come from the
+    user's own address and would take its few slots, leaving the console's own tail refused
+    (507). A browser sends `Origin` with them: a foreign one is refused, holding no slot."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4,
+                        http="127.0.0.1:0", max_tails_per_caller=2)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            httpx.AsyncClient(base_url=f"http://{service.http_address}", timeout=30) as http, \
+            contextlib.AsyncExitStack() as tails:
+        foreign = {"Origin": "http://localhost:1"}
+        for _ in range(3):
+            async with http.stream("GET", "/v1/console/tail", headers=foreign) as refused:
+                assert refused.status_code == 403
+                error = msgspec.json.decode(await refused.aread())["error"]
+            assert (error["code"], error["details"]["path"]) == ("PERMISSION_DENIED", "Origin")
+        own = {"Origin": f"http://{service.http_address}"}
+        opened = [await tails.enter_async_context(http.stream(
+            "GET", "/v1/console/tail", headers=headers)) for headers in (own, {})]
+        assert [t.status_code for t in opened] == [200, 200]  # (the console's, a program's)
+
+
 async def test_dapr_paths_act_as_the_principal_of_dapr_api_token(
         acl_served: StateService, acl_redis: RedisServer) -> None:
     """Dapr's SDKs send DAPR_API_TOKEN as `dapr-api-token`: `<principal>:<password>` is that
