@@ -196,9 +196,26 @@ def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
     # The guards first, for every request; then the hot paths past Starlette's routing. The
     # call API's requests are answered in front of it all, with the same guards (CallDoor).
     hosts = allowed_hosts(state.settings)
-    return CallDoor(Starlette(routes=routes, middleware=[
+    return CallDoor(Starlette(routes=routes, exception_handlers={
+        404: _no_route, 405: _no_route}, middleware=[
         Middleware(HostGuard, hosts=hosts), Middleware(SameOrigin), Middleware(UrlText),
         Middleware(HotPaths, routes=routes)]), answer, hosts)
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """No such path, or not with this method: a JSON error document as every other refusal
+    (code, message naming the path and the methods it takes), not Starlette's plain text."""
+    status, path = getattr(exc, "status_code", 404), request.url.path
+    headers: dict[str, str] = getattr(exc, "headers", None) or {}
+    allowed = headers.get("Allow", "")
+    error = InvalidRequest(
+        f"{request.method} {shown(path)}: this path takes {allowed} only", {
+            "path": path, "method": request.method, "allowed": allowed.split(", ")}
+    ) if status == 405 else InvalidRequest(
+        f"{shown(path)}: no such path (the call API is POST /v1/call/<function>: "
+        "docs/http.md)", {"path": path})
+    return Response(reply_document(None, None, error), status, media_type=JSON,
+                    headers=headers)
 
 
 async def _principal(logins: Logins, request: Callable[[], Request],

@@ -111,6 +111,26 @@ async def test_errors_carry_their_codes_status(
     assert response.status_code == 405
 
 
+async def test_a_path_or_method_the_face_does_not_serve_is_an_error_document(
+        served: tuple[StateService, httpx.AsyncClient]) -> None:
+    """As every refusal: JSON with a code and a message naming the path (and the methods it
+    takes, in `Allow` too), not plain text a client must special-case."""
+    _, http = served
+    for method, path, status, allowed in (
+            ("PUT", "/v1/call/state::get", 405, "POST"), ("DELETE", "/v1/console/tail", 405,
+                                                          "GET, HEAD"),
+            ("PATCH", "/v1.0/state/statestore", 405, None), ("GET", "/nope", 404, None)):
+        answer = await http.request(method, path)
+        assert answer.status_code == status and answer.headers["content-type"] == \
+            "application/json", (method, path, answer.text)
+        error = answer.json()["error"]
+        assert (error["code"], error["details"]["path"]) == ("INVALID_REQUEST", path), error
+        assert path in error["message"], error
+        if allowed is not None:
+            assert answer.headers["allow"] == allowed
+            assert error["details"]["allowed"] == allowed.split(", "), error
+
+
 async def test_an_idempotency_key_is_a_call_id(
         served: tuple[StateService, httpx.AsyncClient], scope: str) -> None:
     _, http = served
