@@ -367,18 +367,27 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     logins = Logins(state)
     server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates,
                                                     logins)))
-    async with anyio.create_task_group() as tg:
-        await tg.start(batches.run)
-        tg.start_soon(rates.run)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(batches.run)
+            tg.start_soon(rates.run)
 
-        async def stopping() -> None:
-            await stop.wait()
-            server.should_exit = True  # (seen within its tick, 0.1 s; then the grace)
+            async def stopping() -> None:
+                await stop.wait()
+                server.should_exit = True  # (seen within its tick, 0.1 s; then the grace)
 
-        tg.start_soon(stopping)
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            with anyio.CancelScope(shield=True):
-                await logins.close()
-        tg.cancel_scope.cancel()
+            tg.start_soon(stopping)
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await logins.close()
+            tg.cancel_scope.cancel()
+    finally:
+        # The listening socket closed however the face ends: uvicorn closes it in its
+        # shutdown alone, which a serve stopped during its startup, or cancelled in its main
+        # loop or before it began, never reaches (a stop soon after the start left the port
+        # accepting connections that no one answered, until the process ended).
+        for served in getattr(server, "servers", ()):  # (made by its startup)
+            served.close()
+        sock.close()

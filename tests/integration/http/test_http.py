@@ -20,7 +20,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import StateError
 from stateworker.settings import Settings
 from tests.calls import calls
-from tests.integration.http.conftest import http_settings, post, samples
+from tests.integration.http.conftest import http_settings, post, samples, serving
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -240,3 +240,21 @@ async def test_a_writer_name_over_the_limit_is_refused_at_every_door(
     status, doc = await post(http, "state::set", {"scope": "o", "key": "k", "value": 1},
                              **{"X-Stateworker-Context": context})
     assert status == 200 and doc["ok"], doc
+
+
+async def test_a_service_cancelled_leaves_nothing_listening(redis_server: RedisServer,
+                                                           prefix: str) -> None:
+    """A service cancelled soon after its start (its task group cancelled, as a supervisor
+    does) never reached the HTTP server's shutdown, which alone closed the listening socket:
+    the port went on accepting connections that nobody answered (and the socket was left
+    to the garbage collector: the suite's stray "unclosed socket" warnings)."""
+    address = ""
+    with anyio.CancelScope() as scope:
+        async with serving(http_settings(redis_server.url, prefix)) as (service, _):
+            address = service.http_address or ""
+            scope.cancel()
+            await anyio.sleep_forever()  # (cancelled at once)
+    host, port = address.rsplit(":", 1)
+    with pytest.raises(OSError):
+        stream = await anyio.connect_tcp(host, int(port))
+        await stream.aclose()
