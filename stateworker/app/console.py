@@ -152,6 +152,9 @@ def console_routes(state: RedisState, logins: Logins, stopping: anyio.Event,
         caller = principal if principal is not None else \
             f"address {request.client.host if request.client else '?'}"
         watch = Watch(state.conn.url, state.settings, scope=scope, key=key)  # (checks names)
+        if request.method == "HEAD":  # (the answer's head alone: no tail opened, no slot held)
+            return Response(None, 200, media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
         tails.take(caller)
         try:
             await watch.open()

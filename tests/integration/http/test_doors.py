@@ -211,6 +211,10 @@ async def test_live_tails_beyond_their_cap_are_refused(
                 assert refused.status_code == 400
                 error = msgspec.json.decode(await refused.aread())["error"]
             assert (error["code"], error["details"]["path"]) == ("KEY_TOO_LONG", "$.scope")
+        for _ in range(cap + 1):  # (a HEAD opens no tail: it holds no place)
+            head = await http.head("/v1/console/tail")
+            assert (head.status_code, head.headers["content-type"]) == (
+                200, "text/event-stream; charset=utf-8"), head
         opened = [await tails.enter_async_context(http.stream("GET", "/v1/console/tail"))
                   for _ in range(cap)]
         assert all(t.status_code == 200 for t in opened)
