@@ -9,11 +9,13 @@ import logging
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import anyio
 import msgspec
 import pytest
 import redis.asyncio as aredis
+from anyio.abc import TaskGroup
 
 from stateworker import StateClient, StateError, StateStore, logs
 from stateworker.app.service import StateService
@@ -82,6 +84,30 @@ async def _more(raw: aredis.Redis, than: int) -> bool:
     return await refused_for_memory(raw) > than
 
 
+async def applied_then_full(tg: TaskGroup, client: StateClient, store: StateStore,
+                            raw: aredis.Redis, scope: str, body: dict[str, Any]
+                            ) -> dict[str, object]:
+    """The transaction `body` called in the background (its outcome, "result" or "error",
+    in the dict returned) and waited for until applied; then a flood fills Redis."""
+    outcome: dict[str, object] = {}
+
+    async def call() -> None:
+        try:
+            outcome["result"] = await client.call("state::transaction", body)
+        except StateError as exc:
+            outcome["error"] = exc
+
+    tg.start_soon(call)
+
+    async def applied() -> bool:
+        return await store.get(scope, "counter") == {"n": 1}
+
+    await until(applied, 10, "the first send applied")
+    await raw.config_set("maxmemory-policy", "noeviction")
+    await raw.config_set("maxmemory", 1)  # a flood fills Redis
+    return outcome
+
+
 async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
         own_redis: RedisServer, prefix: str, scope: str,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -104,22 +130,7 @@ async def test_a_resend_refused_for_memory_does_not_say_nothing_was_written(
         async with StateService.running(settings_for(proxy.url, prefix), BusOptions(
                 block_ms=50, visibility_timeout_ms=60_000)), \
                 StateClient(settings=settings, timeout=30, retries=2) as client:
-            outcome: dict[str, object] = {}
-
-            async def call() -> None:
-                try:
-                    outcome["result"] = await client.call("state::transaction", body)
-                except StateError as exc:
-                    outcome["error"] = exc
-
-            tg.start_soon(call)
-
-            async def applied() -> bool:
-                return await store.get(scope, "counter") == {"n": 1}
-
-            await until(applied, 10, "the first send applied")
-            await raw.config_set("maxmemory-policy", "noeviction")
-            await raw.config_set("maxmemory", 1)  # a flood fills Redis
+            outcome = await applied_then_full(tg, client, store, raw, scope, body)
             await proxy.release()  # (its reply is refused too: Redis is full)
             # The client's re-send (a third of its timeout after the first) is refused.
             await until(lambda: _xadds_refused(raw), 30, "the re-send refused")
@@ -168,22 +179,7 @@ async def test_a_call_served_again_while_redis_is_full_is_not_answered_nothing_w
                 block_ms=50, visibility_timeout_ms=60_000)), \
                 StateClient(settings=settings_for(own_redis, prefix), timeout=30,
                             retries=2) as client:
-            outcome: dict[str, object] = {}
-
-            async def call() -> None:
-                try:
-                    outcome["result"] = await client.call("state::transaction", body)
-                except StateError as exc:
-                    outcome["error"] = exc
-
-            tg.start_soon(call)
-
-            async def applied() -> bool:
-                return await store.get(scope, "counter") == {"n": 1}
-
-            await until(applied, 10, "the first send applied")
-            await raw.config_set("maxmemory-policy", "noeviction")
-            await raw.config_set("maxmemory", 1)  # a flood fills Redis
+            outcome = await applied_then_full(tg, client, store, raw, scope, body)
             await scripts.release()  # its reply refused: the entry is served again, refused
 
             async def refused_and_handled() -> bool:
