@@ -178,6 +178,7 @@ class KeySpace:
         self._sessions = f"{registry_tag}session"  # acl mode: the console's (app/logins.py)
         self.replicas = f"{prefix}:replicas"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
+        self.dispatch_targets = f"{prefix}:dispatch:targets"  # set: services given a group
         # "<id>|delivered", "|error" (JSON), "|waiting", "|cut" (set aside); pruned as they go
         self.dispatch_by_trigger = f"{prefix}:dispatch:by_trigger"
         self.snapshot_replicas = f"{prefix}:snapshot:replicas"

@@ -115,6 +115,7 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "srandmember": ["SRANDMEMBER", part.barriers_changed, 1],
         "xrange": ["XRANGE", part.unsaved_calls, "-", "+", "COUNT", 1],  # call records
         "sismember": ["SISMEMBER", part.barriers_changed, "b"],  # a kept reply's barrier stored?
+        "sscan": ["SSCAN", keys.dispatch_targets, 0],  # trigger targets' streams (targets.py)
         # Only inside the Lua functions (scripts/lua/).
         "hdel": ["HDEL", keys.claims, "s"],
         "hexists": ["HEXISTS", keys.claims, "s"],

@@ -15,12 +15,11 @@ in order), so a crash re-dispatches the batch with the same call ids, and a hand
 a time, in stream order; the events of a scope are in one partition.
 
 A slow condition holds up only its own partition, and there only what follows it: while a
-trigger has a bus condition, each partition's batch runs in a task of its own, and the
-partition is left out of the reads until it ends; the loop goes on reading the other
-partitions and running the rounds, which keep every lease held (a batch may wait up to a
-condition's timeout, 60 s at most, far past `lease_ms`). Without one (no condition, or only
-barriers, which run in Redis), batches run in the loop itself, one after another (no task to
-pay for).
+trigger has a bus condition, each partition's batch runs in a task of its own, left out of
+the reads until it ends; the loop goes on reading the others and running the rounds, which
+keep every lease held (a condition may take 60 s, far past `lease_ms`). Without one (none,
+or only barriers, which run in Redis), batches run in the loop itself (no task to pay for).
+The rounds also remove the streams of targets no trigger needs (reactive/targets.py).
 
 A trigger whose target stream is full (the backlog) is set aside (reactive/batch.py) and its
 partition goes on; a partition with set-aside triggers gets a catch-up pass (reactive/aside.py)
@@ -52,6 +51,7 @@ from stateworker.reactive.follower import follow
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.matching import TriggerSet
 from stateworker.reactive.status import Counts
+from stateworker.reactive.targets import Targets
 from stateworker.reactive.trimming import Position
 from stateworker.schemas import Trigger
 from stateworker.scripts.upkeep_bindings import ADVANCE, advance_call
@@ -69,9 +69,8 @@ log = logging.getLogger("stateworker.reactive.dispatcher")
 BATCH = 512  # events read per partition per round trip
 ROUND_S = 1.0  # leases, trimming, counters at least this often (5 times a lease: renew_s)
 ASIDE_BLOCK_MS = 50  # a read's wait while a batch runs aside (then its partition is read)
-# With the bus on a Redis of its own a hand-on moves the position in memory only (reactive/
-# batch.py): the moved positions are stored this often (one advance.lua each, in one
-# pipeline), so a crash hands on again at most this much (docs/decisions/0060).
+# A split bus's hand-on moves the position in memory only (reactive/batch.py): stored this
+# often (one pipeline), so a crash hands on again at most this much (decision 0060).
 STORE_S = 0.1
 Work = Callable[[], Awaitable[Outcome]]  # a partition's batch, or its catch-up pass
 
@@ -102,6 +101,7 @@ class Dispatcher:
                                functools.partial(guard.trigger_granted, state),  # (acl mode)
                                self.positions, self.stored, self.marks)
         self.catch_up = aside.CatchUp(state, self.batches)
+        self.targets = Targets(state)  # (the streams of targets no trigger names, removed)
         # Blocking reads of the registry and the held partitions (one per slot on a cluster).
         self._reader = StreamReader(connection_like(state.conn))
         self._last_round = self._last_store = 0.0
@@ -271,6 +271,7 @@ class Dispatcher:
             if partition in self.positions and partition not in self._aside:
                 self.positions[partition] = self.stored[partition] = position
         await self.counts.flush()
+        await self.targets.round(self.triggers.triggers())
 
     async def _skip_to_ends(self) -> None:
         """No trigger: the positions to the streams' ends read, if there is still none once
@@ -362,7 +363,7 @@ class Dispatcher:
         if not names:
             return
         replies = await self.state.bus_conn.pipeline(
-            triggers.group_commands(self.state.settings, names))
+            triggers.group_commands(self.state, names))
         for reply in replies:
             if isinstance(reply, ReplyError) and transient_reason(reply):
                 raise reply  # (the bus away: the reload is retried)

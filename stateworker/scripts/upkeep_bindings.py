@@ -2,8 +2,8 @@
 and positions of the dispatcher and the snapshot (lease, advance), a set-aside trigger's
 mark (aside), the snapshot's reads
 (snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
-packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap") and the console's
-sessions (session). Each as
+packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap"), the console's
+sessions (session) and the removal of a trigger target's stream nobody needs (droptarget). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
 read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
 them all)."""
@@ -31,13 +31,20 @@ SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (o
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
-UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
+DROPTARGET = Binding("droptarget", 1, 0, Counted.read)  # a target stream nobody needs removed
+UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION,
+          DROPTARGET)  # (all)
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
     """forget.lua: the partition's changed-barriers set, the barriers stored and the write
     count stored for each (`""`: absent)."""
     return [changed, *barriers], list(writes)
+
+
+def droptarget_call(stream: str) -> Call:
+    """droptarget.lua: remove the call stream `stream` if it holds no call and no consumer."""
+    return [stream], []
 
 
 def lease_call(lease: str, op: str, token: str, lease_ms: int) -> Call:

@@ -21,6 +21,7 @@ from stateworker.context import CallContext
 from stateworker.keys import call_field, member
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
+from stateworker.reactive.targets import Targets
 from stateworker.scripts.bindings import BINDINGS, GET
 from stateworker.scripts.library import Library, read_header
 from stateworker.scripts.upkeep_bindings import (
@@ -133,6 +134,8 @@ async def test_every_script_call_hashes_to_one_slot(
     await store.release_namespace([scope + "-private"], caller="billing")  # the same two
     await store.call("state::register-trigger", {"id": "t", "function_id": "f", "service": "s"})
     await store.call("state::unregister-trigger", {"id": "t"})
+    sweeper = Targets(store.state)  # droptarget.lua: "s" unnamed at two sweeps, its stream gone
+    assert [await sweeper.sweep([]) for _ in range(2)] == [0, 1]
     await store.call("state::on-config-change", {})  # config.lua
     await principals.add_role(store.state, "r", ["read"], ["*"], False, [])  # access.lua
     leases = Leases(store.state, "token")

@@ -133,6 +133,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "delbarrier": lambda: [b.delbarrier_call(PART, "b")],
     "forget": lambda: [ub.forget_call("c", ["x", "y"], ["1", ""])],
     "lease": lambda: [ub.lease_call("l", "take", "t", 5)],
+    "droptarget": lambda: [ub.droptarget_call("s")],
     "advance": lambda: [ub.advance_call("l", "p", "t", "1-0", 1)],
     "aside": lambda: [ub.aside_call(PART, "t", "x", ("1-0", 1)), ub.aside_call(PART, "t", "x", None)],
     "snapread": lambda: [ub.snapread_call("r", 0)],

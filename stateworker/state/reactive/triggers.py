@@ -225,22 +225,29 @@ def with_groups(state: RedisState, services: set[str | None], result: Any) -> An
         log_groups_not_made(state.settings, names, replies)
         return result
 
-    return Plan(group_commands(state.settings, names), finish)
+    return Plan(group_commands(state, names), finish)
 
 
-def group_commands(settings: Settings, names: Sequence[str]) -> list[list[Any]]:
-    """XGROUP CREATE (at `0`, MKSTREAM) of each service's group on every shard's stream (a
-    worker with STATEWORKER_BUS_SHARDS > 1 reads them all), in the order of `names`, then of
-    the shards."""
-    return [["XGROUP", "CREATE", bus_shard_stream(settings.prefix, name, n), name, "0",
-             "MKSTREAM"] for name in names for n in range(settings.bus_shards)]
+def group_commands(state: RedisState, names: Sequence[str]) -> list[list[Any]]:
+    """The services named in the set of trigger targets (reactive/targets.py removes the
+    stream of one no trigger names, once nobody needs it), then XGROUP CREATE (at `0`,
+    MKSTREAM) of each service's group on every shard's stream (a worker with
+    STATEWORKER_BUS_SHARDS > 1 reads them all), in the order of `names`, then of the shards."""
+    settings = state.settings
+    return [["SADD", state.keys.dispatch_targets, *names]] + [
+        ["XGROUP", "CREATE", bus_shard_stream(settings.prefix, name, n), name, "0", "MKSTREAM"]
+        for name in names for n in range(settings.bus_shards)]
 
 
 def log_groups_not_made(settings: Settings, names: Sequence[str], replies: list[Any]) -> None:
     """`group_commands`' replies: each group that could not be made (the name holds another
-    type, NOPERM ...) logged; BUSYGROUP is a group already there."""
+    type, NOPERM ...) logged; BUSYGROUP is a group already there. (A set of targets that
+    could not be written leaves that stream for good: it is logged too.)"""
+    if isinstance(replies[0], ReplyError):
+        log.warning("trigger targets %s: not recorded for removal: %s", ", ".join(names),
+                    replies[0], extra={"event": "triggers.target_not_recorded"})
     targets = [name for name in names for _ in range(settings.bus_shards)]
-    for name, reply in zip(targets, replies, strict=True):
+    for name, reply in zip(targets, replies[1:], strict=True):
         if isinstance(reply, ReplyError) and not str(reply).startswith("BUSYGROUP"):
             log.warning("trigger target %s: no consumer group made: %s", name, reply,
                         extra={"event": "triggers.group_failed", "service": name})

@@ -64,13 +64,13 @@ async def test_split_bus_serves_set_get_cas_and_triggers(pair: Pair, prefix: str
     bus = key_types(pair.bus, prefix)
     state = key_types(pair.state, prefix)
     # The bus Redis: the call streams (the state's, the handler's), the reply list (deleted
-    # when the client closed), the counters and the handler's records of its calls; nothing
-    # of the state.
+    # when the client closed), the counters, the handler's records of its calls and the set
+    # of the triggers' targets (reactive/targets.py); nothing of the state.
     assert {kind for name, kind in bus.items() if ":done:" not in name} <= {
-        "stream", "list", "hash"}, bus
+        "stream", "list", "hash", "set"}, bus
     assert {f"{prefix}:bus:state", f"{prefix}:bus:reactor"} <= set(bus), bus
-    assert all(name.startswith((f"{prefix}:bus:", f"{prefix}:reply:", f"{prefix}:stats:"))
-               for name in bus), bus
+    assert all(name.startswith((f"{prefix}:bus:", f"{prefix}:reply:", f"{prefix}:stats:",
+                                f"{prefix}:dispatch:targets")) for name in bus), bus
     # The state Redis: no call stream, reply list, worker record or bus counter.
     assert not [name for name in state
                 if name.startswith((f"{prefix}:bus:", f"{prefix}:reply:", f"{prefix}:stats:"))]

@@ -13,6 +13,8 @@ import pytest
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
 from stateworker.bus.protocol import BusOptions
+from stateworker.keys import bus_shard_stream
+from stateworker.reactive.targets import Targets
 from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.cluster.conftest import SPREAD_PARTITIONS
@@ -149,3 +151,32 @@ async def test_concurrent_arrivals_allow_exactly_once(url: str, spread_prefix: s
     counted = sorted(int(r["reason"][len(said):].split("/")[0]) for r in replies
                      if r["decision"] == "skip")
     assert counted == list(range(1, arrivals))
+
+
+async def test_streams_of_targets_no_trigger_names_are_removed_on_every_shard(
+        url: str, spread_prefix: str) -> None:
+    """reactive/targets.py on one server and on the cluster, 3 bus shards (each in a slot of
+    its own): a fresh target's streams are removed, every shard, once no trigger names it;
+    a named target's stay."""
+    settings = settings_on(url, spread_prefix, shards=3)
+    async with StateService.running(settings, BusOptions(block_ms=50)) as service, \
+            StateClient(settings=settings, timeout=30) as client:
+        assert service.dispatcher is not None
+        for n in range(3):
+            await client.call("state::register-trigger", {
+                "id": f"t{n}", "function_id": f"fresh{n}::f", "service": f"fresh{n}"})
+            await client.call("state::unregister-trigger", {"id": f"t{n}"})
+        await client.call("state::register-trigger", {**TRIGGER, "id": "named"})
+        await until(lambda: service.dispatcher.triggers.ids == {"named"}, 30, "loaded")
+        conn = service.state.bus_conn
+
+        async def exists(name: str) -> list[int]:
+            return [await conn.execute("EXISTS", bus_shard_stream(spread_prefix, name, s))
+                    for s in range(3)]
+
+        assert [await exists(f"fresh{n}") for n in range(3)] == [[1, 1, 1]] * 3
+        sweeper = Targets(service.state, sweep_s=0.0)
+        loaded = service.dispatcher.triggers.triggers()
+        assert [await sweeper.sweep(loaded) for _ in range(2)] == [0, 3]
+        assert [await exists(f"fresh{n}") for n in range(3)] == [[0, 0, 0]] * 3
+        assert await exists("reactor") == [1, 1, 1]

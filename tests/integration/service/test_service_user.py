@@ -317,7 +317,7 @@ async def test_a_noperm_met_during_the_start_is_the_same_one_line(
         raw.delete(*raw.scan_iter(match=f"{prefix}:*", count=1000))
     samples = [f"~{prefix}:{name}" for name in (
         "meta", f"{{{prefix}:p0}}:*", f"{{{prefix}:reg}}:*", "bus:*", "reply:*", "stats:*",
-        "callid:*", "replicas")]
+        "callid:*", "replicas", "dispatch:targets")]
     rule = service_user.rule(prefix)
     narrow = [arg for arg in rule if arg != f"~{prefix}:*"] + samples
     settings = Settings(redis_url=add_user(acl_redis, "narrow", narrow), prefix=prefix,
