@@ -39,7 +39,10 @@ A Redis restarted on an older copy of its data (an older AOF or RDB, a replica p
 it synced) keeps its history record, and its stream goes back: events a reader already had
 are in no stream, and the writes since give their revisions again with other changes. A
 reader that counted the entries ever added up to its cursor sees the stream's `entries-added`
-below that count (it never goes down in a stream's life): a gap too (`behind`).
+below that count plus the entries its read brings after the cursor (it never goes down in a
+stream's life, and each entry after the cursor was added after the counted ones): a gap too
+(`behind`). The entries read count too, because the writes since the restart bring the
+total back up: 2 events lost and 2 written since, and `entries-added` alone equals the count.
 """
 
 from __future__ import annotations
@@ -148,15 +151,17 @@ def lost_after(cursor: Revision, counted: int | None, info: StreamInfo | None) -
 
 
 def gap(cursor: Revision, counted: int | None, info: StreamInfo | None,
-        history: History | None, clock_ms: int) -> str | None:
+        history: History | None, clock_ms: int, read: int = 0) -> str | None:
     """Why events after `cursor` cannot all be read (TRIMMED, NEW_HISTORY, RESTORED, AHEAD,
-    BEHIND); None: every one of them is in the stream or still to come (module docstring)."""
+    BEHIND); None: every one of them is in the stream or still to come (module docstring).
+    `read`: the entries after `cursor` that the read `info` came with (same transaction)
+    brought, each one added after the `counted` ones."""
     if history is not None and cursor < history.after:
         if history.cause == "restore":
             return RESTORED
         if cursor != (0, 0):
             return NEW_HISTORY
-    if counted is not None and info is not None and info.entries_added < counted:
+    if counted is not None and info is not None and info.entries_added < counted + read:
         return BEHIND
     newest = (0, 0) if info is None else info.last_generated
     if cursor > newest and cursor > (clock_ms, MAX_SEQ):

@@ -235,7 +235,8 @@ class Watch(WatchReads):
             part.frontier = part.cursor
         for part, reply, recorded, entries, clock_us in reads:
             info = stream_info(reply, part.reader.stream)
-            if self._compacted(part, info, history_of(recorded), clock_us // 1000):
+            if self._compacted(part, info, history_of(recorded), clock_us // 1000,
+                               len(entries)):
                 continue
             if cut := tx_missing(entries):  # (a watch never shows half a transaction)
                 entries = entries + tx_rest(cut[0], checked((await self._execute([[
@@ -253,10 +254,11 @@ class Watch(WatchReads):
         self._release()
 
     def _compacted(self, part: Partition, info: StreamInfo | None, history: History | None,
-                   clock_ms: int) -> bool:
-        """Whether events after the partition's cursor cannot all be read: the watch's failure
-        (once the events before are out) and the partition read no more."""
-        reason = gap(part.cursor, part.counted, info, history, clock_ms)
+                   clock_ms: int, read: int) -> bool:
+        """Whether events after the partition's cursor cannot all be read (`read`: the entries
+        the same read brought after it): the watch's failure (once the events before are out)
+        and the partition read no more."""
+        reason = gap(part.cursor, part.counted, info, history, clock_ms, read)
         if reason is None:
             return False
         self._failure = self._failure or compacted(part.number, part.cursor, info, reason,

@@ -69,3 +69,43 @@ async def test_a_watch_over_a_redis_restarted_on_an_older_copy_is_compacted(
     # Before the fix: [(4, b'"other"')], handed on as if it followed version 5.
     assert got == []
     assert compacted is not None and compacted.details["reason"] == "behind"
+
+
+@pytest.mark.parametrize("writes_after", [2, 5])
+async def test_writes_after_the_restart_that_make_up_the_count_do_not_hide_it(
+        own_redis: RedisServer, prefix: str, tmp_path: Path, writes_after: int) -> None:
+    """The older copy lost the 2 events the watch had read; as many writes (or more) before
+    the watch's next read bring the stream's `entries-added` back to what the watch counted
+    (and past it), but they are not the events it read: still COMPACTED, before any of them."""
+    older = tmp_path / "older"
+    async with StateStore.open(own_redis.url, prefix=prefix, partitions=4) as store:
+        for n in (1, 2, 3):
+            await written(store, n)
+        first = (await store.get_entry("s", "k")).revision
+        assert first is not None
+        own_redis.kill(signal.SIGTERM)
+        shutil.copytree(own_redis.directory, older)
+        own_redis.start()
+        async with client(own_redis.url, prefix).watch("s", from_revision=first) as watch:
+            await written(store, 4)
+            await written(store, 5)
+            seen = await events_of(watch, 2)
+            assert [bytes(e.new_value) for e in seen] == [b"4", b"5"]
+            swap_data(own_redis, older)  # back to 1, 2, 3
+            for n in range(writes_after):  # versions 4, 5 ... again, other values
+                await written(store, f"other-{n}")
+            got: list[Any] = []
+            compacted: Compacted | None = None
+            with anyio.fail_after(20):
+                try:
+                    async for item in watch:
+                        if isinstance(item, Event):
+                            got.append((item.version, bytes(item.new_value)))
+                            if len(got) == writes_after:
+                                break
+                except Compacted as exc:
+                    compacted = exc
+    # Before the fix (2 writes): [(4, b'"other-0"'), (5, b'"other-1"')], as if they followed
+    # version 5 "5"; and the watch went on.
+    assert got == []
+    assert compacted is not None and compacted.details["reason"] == "behind"
