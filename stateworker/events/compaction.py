@@ -33,7 +33,10 @@ or `restore`. A cursor before `after` is a gap, except `0-0` ("from the start") 
 history: nothing this Redis knows of came before it; after a restore events did, and are gone.
 A cursor ahead of both the stream's last id and Redis's clock is not of this history either
 (another server's, or a clock that went back): the events this stream adds before it would be
-skipped. A prefix created before the history key existed has none: only trimming is checked.
+skipped. Only while it is ahead: once this Redis's clock and stream pass it, a revision says
+nothing of the server that gave it, and the events this history wrote before it are skipped
+(a new or restored Redis whose clock was behind the old one's ids: not told, an open limit).
+A prefix created before the history key existed has none: only trimming is checked.
 
 A Redis restarted on an older copy of its data (an older AOF or RDB, a replica promoted before
 it synced) keeps its history record, and its stream goes back: events a reader already had
