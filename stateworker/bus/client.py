@@ -363,7 +363,8 @@ class StateClient(Resends, TypedCalls):
             Compacted (COMPACTED): while iterating, when events after `from_revision` (or
                 after what the watch had read) were trimmed from the stream before it read
                 them, or are in no stream (`from_revision` is from before a restore or a
-                flushed Redis, or ahead of this Redis: `details["reason"]`);
+                flushed Redis, ahead of this Redis, or Redis went back to an older copy
+                of its data: `details["reason"]`);
                 `details["oldest_kept"]` names the oldest revision kept. Every event
                 before them has been handed on; resync (read the state) and watch anew.
 

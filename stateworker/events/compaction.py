@@ -33,13 +33,22 @@ or `restore`. A cursor before `after` is a gap, except `0-0` ("from the start") 
 history: nothing this Redis knows of came before it; after a restore events did, and are gone.
 A cursor ahead of both the stream's last id and Redis's clock is not of this history either
 (another server's, or a clock that went back): the events this stream adds before it would be
-skipped. A prefix created before the history key existed has none: only trimming is checked.
+skipped. Only while it is ahead: once this Redis's clock and stream pass it, a revision says
+nothing of the server that gave it, and the events this history wrote before it are skipped
+(a new or restored Redis whose clock was behind the old one's ids: not told, an open limit).
+A prefix created before the history key existed has none: only trimming is checked.
 
 A Redis restarted on an older copy of its data (an older AOF or RDB, a replica promoted before
 it synced) keeps its history record, and its stream goes back: events a reader already had
 are in no stream, and the writes since give their revisions again with other changes. A
 reader that counted the entries ever added up to its cursor sees the stream's `entries-added`
-below that count (it never goes down in a stream's life): a gap too (`behind`).
+below that count plus the entries its read brings after the cursor (it never goes down in a
+stream's life, and each entry after the cursor was added after the counted ones): a gap too
+(`behind`). The entries read count too, because the writes since the restart bring the
+total back up: 2 events lost and 2 written since, and `entries-added` alone equals the count.
+A read that does not reach the stream's end cannot tell the whole count, so the reader also
+asks for the entry at its cursor (one it read): a stream that keeps older entries and did not
+XDEL it, yet lacks it, went back (`behind` again).
 """
 
 from __future__ import annotations
@@ -148,16 +157,23 @@ def lost_after(cursor: Revision, counted: int | None, info: StreamInfo | None) -
 
 
 def gap(cursor: Revision, counted: int | None, info: StreamInfo | None,
-        history: History | None, clock_ms: int) -> str | None:
+        history: History | None, clock_ms: int, read: int = 0,
+        kept: bool | None = None) -> str | None:
     """Why events after `cursor` cannot all be read (TRIMMED, NEW_HISTORY, RESTORED, AHEAD,
-    BEHIND); None: every one of them is in the stream or still to come (module docstring)."""
+    BEHIND); None: every one of them is in the stream or still to come (module docstring).
+    `read`: the entries after `cursor` that the read `info` came with (same transaction)
+    brought, each one added after the `counted` ones; `kept`: whether the stream holds the
+    entry at `cursor`, when `cursor` is an entry the reader read (None: it is not one)."""
     if history is not None and cursor < history.after:
         if history.cause == "restore":
             return RESTORED
         if cursor != (0, 0):
             return NEW_HISTORY
-    if counted is not None and info is not None and info.entries_added < counted:
+    if counted is not None and info is not None and info.entries_added < counted + read:
         return BEHIND
+    if kept is False and info is not None and info.max_deleted < cursor \
+            and info.first is not None and info.first < cursor:
+        return BEHIND  # (neither trimmed from the front nor XDELed: gone back)
     newest = (0, 0) if info is None else info.last_generated
     if cursor > newest and cursor > (clock_ms, MAX_SEQ):
         return AHEAD
@@ -192,8 +208,8 @@ def compacted(partition: int, cursor: Revision, info: StreamInfo | None,
                      "(a new or flushed Redis): the events after it are in no stream",
         AHEAD: f"it is ahead of every event of partition {partition} and of Redis's clock: "
                "it is not a revision of this Redis, and the events before it would be skipped",
-        BEHIND: f"partition {partition}'s stream has had fewer events added "
-                f"({info.entries_added if info else 0}) than were read up to it: Redis went "
+        BEHIND: f"partition {partition}'s stream lacks events that were read up to it (it "
+                f"has had {info.entries_added if info else 0} added): Redis went "
                 "back to an older copy of its data (a restart on an older AOF or RDB, a "
                 "replica promoted before it synced), and the events read since are in no "
                 "stream",

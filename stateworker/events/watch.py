@@ -230,12 +230,13 @@ class Watch(WatchReads):
             reads = await (self._read_together(parts) if self._waits is None
                            else self._read_each(parts))
         if reads:  # (a held entry waits for every clock read to pass its millisecond)
-            self._clock_us = min(clock_us for *_, clock_us in reads)
+            self._clock_us = min(clock_us for *_, clock_us, _ in reads)
         for part in self._parts:
             part.frontier = part.cursor
-        for part, reply, recorded, entries, clock_us in reads:
+        for part, reply, recorded, entries, clock_us, at_cursor in reads:
             info = stream_info(reply, part.reader.stream)
-            if self._compacted(part, info, history_of(recorded), clock_us // 1000):
+            if self._compacted(part, info, history_of(recorded), clock_us // 1000,
+                               len(entries), at_cursor if part.at_entry else None):
                 continue
             if cut := tx_missing(entries):  # (a watch never shows half a transaction)
                 entries = entries + tx_rest(cut[0], checked((await self._execute([[
@@ -253,10 +254,11 @@ class Watch(WatchReads):
         self._release()
 
     def _compacted(self, part: Partition, info: StreamInfo | None, history: History | None,
-                   clock_ms: int) -> bool:
-        """Whether events after the partition's cursor cannot all be read: the watch's failure
-        (once the events before are out) and the partition read no more."""
-        reason = gap(part.cursor, part.counted, info, history, clock_ms)
+                   clock_ms: int, read: int, kept: bool | None) -> bool:
+        """Whether events after the partition's cursor cannot all be read (`read`, `kept`:
+        compaction.gap's): the watch's failure (once the events before are out) and the
+        partition read no more."""
+        reason = gap(part.cursor, part.counted, info, history, clock_ms, read, kept)
         if reason is None:
             return False
         self._failure = self._failure or compacted(part.number, part.cursor, info, reason,
@@ -272,6 +274,7 @@ class Watch(WatchReads):
         if entries:
             part.held += len(entries)
             part.cursor = revision_of(entries[-1][0])
+            part.at_entry = True
 
     def _may_read(self, part: Partition) -> bool:
         """A full partition waits in the merge, unless a transaction holds the merge up: then

@@ -2,11 +2,13 @@
 from the cursors (each with the checks that nothing after a cursor was lost), the wait for
 something new, and Redis's errors: the transient ones waited out, the others raised.
 
-One read is one transaction (MULTI ... EXEC): `XINFO STREAM` of each partition read, one
-`XREAD COUNT <page>` of them all, `TIME`. Being atomic, the XINFO tells exactly whether events
-after the cursor were trimmed before this read (`compaction.lost_after`), and the partition's
-history record (read in it too) whether the cursor is from before a restore or a new Redis, or
-ahead of this Redis (`compaction.gap`). When a read finds nothing, the watch waits with `XREAD
+One read is one transaction (MULTI ... EXEC): `XINFO STREAM` of each partition read, its
+history record, an `XRANGE` of the entry at its cursor, one `XREAD COUNT <page>` of them all,
+`TIME`. Being atomic, the XINFO tells exactly whether events after the cursor were trimmed
+before this read (`compaction.lost_after`), the history record whether the cursor is from
+before a restore or a new Redis, or ahead of this Redis, and the XINFO's count with the entry
+at the cursor whether Redis went back to an older copy since the watch read it
+(`compaction.gap`). When a read finds nothing, the watch waits with `XREAD
 BLOCK` on every partition it reads (its reply only says "something came"; the transaction reads
 it), at most until the next bookmark is due. On one server (not a cluster) the wait and the
 read go in one pipeline: Redis runs the transaction as soon as the wait ends, so an event
@@ -44,15 +46,16 @@ from stateworker.transport.streamread import StreamReader
 from stateworker.transport.wire import Arg, ConnectionLost, ReplyError
 
 # One partition's read: the partition, its XINFO STREAM and history replies, the entries read,
-# the clock (µs) of the Redis that holds it, all from one transaction.
-PartitionRead = tuple["Partition", Any, Any, list[Any], int]
+# the clock (µs) of the Redis that holds it, whether the stream holds an entry at the cursor,
+# all from one transaction.
+PartitionRead = tuple["Partition", Any, Any, list[Any], int, bool]
 
 
 class Partition:
     """One partition as the watch reads it."""
 
-    __slots__ = ("counted", "cursor", "frontier", "held", "history", "index", "more", "number",
-                 "reader")
+    __slots__ = ("at_entry", "counted", "cursor", "frontier", "held", "history", "index", "more",
+                 "number", "reader")
 
     def __init__(self, reader: PartitionReader, history: str, number: int, index: int,
                  cursor: Revision, counted: int | None) -> None:
@@ -62,6 +65,9 @@ class Partition:
         self.index = index  # its place in the watch's list (the merge refers to it)
         self.cursor = cursor  # the last stream id examined
         self.counted = counted  # entries ever added up to the cursor (compaction.py); None: unknown
+        # The cursor is an entry this watch read: the stream holds it until a trim from the
+        # front or an XDEL takes it (compaction.gap).
+        self.at_entry = False
         self.held = 0  # its entries read but waiting in the merge for other partitions
         self.more = True  # it may hold entries after the cursor that no read has brought yet
         self.frontier = cursor  # every entry of it up to here has been read
@@ -130,6 +136,7 @@ class WatchReads:
         count = len(parts)
         commands: list[list[Arg]] = [["XINFO", "STREAM", s] for s in streams]
         commands += [["HMGET", p.history, "after", "cause"] for p in parts]
+        commands += [["XRANGE", s, c, c] for s, c in zip(streams, cursors, strict=True)]
         commands += [["XREAD", "COUNT", self.page, "STREAMS", *streams, *cursors], ["TIME"]]
         wait: list[Arg] | None = None
         if wait_s > 0:
@@ -138,21 +145,26 @@ class WatchReads:
         replies = await self._transaction(commands, wait)
         read = {name.decode(): entries for name, entries in checked(replies[-2]) or []}
         clock_us = micros(checked(replies[-1]))
-        return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us)
-                for part, reply, recorded in zip(parts, replies[:count],
-                                                 replies[count:2 * count], strict=True)]
+        return [(part, reply, recorded, read.get(part.reader.stream, []), clock_us,
+                 bool(checked(at_cursor)))
+                for part, reply, recorded, at_cursor in zip(
+                    parts, replies[:count], replies[count:2 * count],
+                    replies[2 * count:3 * count], strict=True)]
 
     async def _read_each(self, parts: list[Partition]) -> list[PartitionRead]:
         """On a Redis Cluster: one transaction per partition (one slot), all sent at once (one
-        pipeline per primary): its XINFO, history, XREAD and its primary's TIME."""
+        pipeline per primary): its XINFO, history, entry at the cursor, XREAD and its
+        primary's TIME."""
         replies = await self._transactions([
             [["XINFO", "STREAM", p.reader.stream], ["HMGET", p.history, "after", "cause"],
+             ["XRANGE", p.reader.stream, revision_text(p.cursor), revision_text(p.cursor)],
              ["XREAD", "COUNT", self.page, "STREAMS", p.reader.stream, revision_text(p.cursor)],
              ["TIME"]] for p in parts], [p.reader.stream for p in parts])
         reads: list[PartitionRead] = []
-        for part, (reply, recorded, read, clock) in zip(parts, replies, strict=True):
+        for part, (reply, recorded, at_cursor, read, clock) in zip(parts, replies, strict=True):
             entries = checked(read)[0][1] if checked(read) else []
-            reads.append((part, reply, recorded, entries, micros(checked(clock))))
+            reads.append((part, reply, recorded, entries, micros(checked(clock)),
+                          bool(checked(at_cursor))))
         return reads
 
     @staticmethod
