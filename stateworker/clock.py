@@ -17,9 +17,6 @@ import functools
 import time
 
 CLOCK_SYNC_S = 1.0  # how often a service reads Redis's clock again (a stepped clock's bound)
-# A reading whose round trip took longer than this is not taken: it says little of when
-# Redis read its clock (the next one does).
-MAX_ROUND_TRIP_NS = 50_000_000
 
 _offset_ns: int | None = None  # Redis's clock minus the monotonic clock; None: not anchored
 _error_ns = 0  # half the round trip of the reading `_offset_ns` came from
@@ -39,10 +36,12 @@ def anchor(redis_time: list[bytes] | list[int], sent_ns: int, received_ns: int) 
     time does not jitter by the round trip) unless it is more precise (a quicker round
     trip, as NTP keeps the reading of the least delay: a first reading slowed by a busy
     moment would otherwise leave its error for good); one that disagrees (either clock
-    stepped, or the machine's monotonic clock stood still while it slept) moves it."""
+    stepped, or the machine's monotonic clock stood still while it slept) moves it. However
+    slow: a slow reading is still within half its round trip of Redis's clock, where this
+    machine's own may be any distance off (decision 0070)."""
     global _offset_ns, _error_ns
     round_trip = received_ns - sent_ns
-    if round_trip < 0 or round_trip > MAX_ROUND_TRIP_NS:
+    if round_trip < 0:
         return False
     redis_ns = int(redis_time[0]) * 1_000_000_000 + int(redis_time[1]) * 1000
     offset, error = redis_ns - (sent_ns + round_trip // 2), round_trip // 2

@@ -14,9 +14,10 @@ passwd NAME` gives it a password.
 The records of bus calls that changed entries in the last dedupe window go back too
 (snapshot/calls.py), so a late retry of such a call is answered from its record, not applied
 again. Nothing is written to the event streams (each is set to give ids past the newest
-revision restored in it, whatever this Redis's clock reads), and every partition's dispatch and snapshot
-positions are set to its stream's end (also in PostgreSQL): no trigger fires for a restored
-entry, and the snapshot goes on from there. Each partition records that its event history begins anew
+revision handed out in it before, whatever this Redis's clock reads: _streams_past), and
+every partition's dispatch and snapshot positions are set to its stream's end (also in
+PostgreSQL): no trigger fires for a restored entry, and the snapshot goes on from there.
+Each partition records that its event history begins anew
 (events/compaction.py, `begin_history`): a watch resumed from a revision before the restore
 gets COMPACTED, since the events between it and the restore are in no stream.
 
@@ -46,7 +47,7 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.errors import RestoreRefused, shown
 from stateworker.events.compaction import begin_history, stream_info
-from stateworker.events.model import revision_of, revision_text
+from stateworker.events.model import Revision, revision_of, revision_text
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
@@ -209,7 +210,9 @@ async def _restore(state: RedisState, pg: PgConnection,
         "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
         "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
     summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
-    newest: dict[int, tuple[int, int]] = {}  # each partition's newest revision restored
+    # Each partition's newest revision handed out before: its rows', its snapshot position
+    # (a delete's or an expiry's event is no row's) and its triggers' starts (below).
+    newest = {n: revision_of(p.id) for n, p in (await tables.positions(pg, prefix)).items()}
     async with pg.transaction(), pg.cursor(name="restore") as cursor:
         await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE prefix = %s",
                              (prefix,))
@@ -221,7 +224,7 @@ async def _restore(state: RedisState, pg: PgConnection,
             summary.entries += len(batch)
             if progress is not None:
                 progress(summary.entries, total)
-    summary.triggers, summary.claims = await _restore_registry(state, pg)
+    summary.triggers, summary.claims = await _restore_registry(state, pg, newest)
     await _restore_principals(state, pg, summary)
     stored = await barriers.stored_barriers(pg, prefix)
     for start in range(0, len(stored), BATCH):
@@ -244,14 +247,15 @@ async def _restore(state: RedisState, pg: PgConnection,
     return summary
 
 
-async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, int]:
+async def _restore_registry(state: RedisState, pg: PgConnection,
+                            newest: dict[int, Revision]) -> tuple[int, int]:
     prefix, keys = state.settings.prefix, state.keys
     triggers = await (await pg.execute(
         "SELECT id, registration FROM sw_triggers WHERE prefix = %s", (prefix,))).fetchall()
     claims = await (await pg.execute(
         "SELECT scope, namespace FROM sw_claims WHERE prefix = %s", (prefix,))).fetchall()
     restored, commands = _trigger_commands(state, [(from_pg(str(i)), str(r))
-                                                   for i, r in triggers])
+                                                   for i, r in triggers], newest)
     commands += [["HSET", keys.claims, from_pg(str(s)), from_pg(str(n))] for s, n in claims]
     # The owners' shares are counted again from the registrations restored, by the first
     # trigger script that needs them (lua/includes/shares.lua): none left from before.
@@ -261,10 +265,11 @@ async def _restore_registry(state: RedisState, pg: PgConnection) -> tuple[int, i
     return restored, len(claims)
 
 
-def _trigger_commands(state: RedisState, rows: list[tuple[str, str]]
-                      ) -> tuple[int, list[list[Any]]]:
+def _trigger_commands(state: RedisState, rows: list[tuple[str, str]],
+                      newest: dict[int, Revision]) -> tuple[int, list[list[Any]]]:
     """The triggers still registered, and their commands: one whose lease (`ttl_ms`) expired
-    is gone, never brought back; a leased one goes back with its expiry (`trigger_leases`)."""
+    is gone, never brought back; a leased one goes back with its expiry (`trigger_leases`).
+    Each one's `start_revisions` raise `newest`: it sees only events past its start."""
     now, keys = now_ms(), state.keys
     commands: list[list[Any]] = []
     restored = 0
@@ -273,6 +278,8 @@ def _trigger_commands(state: RedisState, rows: list[tuple[str, str]]
         if not registry.live(trigger, now):
             continue
         restored += 1
+        for partition, start in (trigger.start_revisions or {}).items():
+            newest[partition] = max(newest.get(partition, (0, 0)), revision_of(start))
         commands.append(["HSET", keys.triggers, trigger_id, registration])
         expires = registry.expires_ms(trigger)
         if expires is not None:
@@ -309,17 +316,21 @@ async def _restore_principals(state: RedisState, pg: PgConnection, summary: Summ
     await state.access.reload()
 
 
-async def _streams_past(state: RedisState, newest: dict[int, tuple[int, int]],
+async def _streams_past(state: RedisState, newest: dict[int, Revision],
                         generation_id: str) -> None:
-    """Each partition's event stream made to give ids past the newest revision restored there
-    (`XSETID`; an empty stream made for it where there is none). A revision is the stream id
-    of an entry's last event, from the clock of the Redis that wrote it: one whose clock ran
-    ahead of this one's gave the rows revisions this Redis would give again, lower, to the
-    writes after the restore, and the snapshot, which moves a row only to a newer revision
-    and deletes it only up to its delete's, kept their rows as they were (found by attack:
-    tests/integration/snapshot/test_restore_clock_behind.py). Where there is no stream, a
-    group made and destroyed makes it, empty (an entry would wake the streams' readers; the
-    group is named by the restore's generation: none is left over from another). These
+    """Each partition's event stream made to give ids past the newest revision handed out
+    there before (`XSETID`; an empty stream made for it where there is none): the rows', the
+    snapshot's position, the restored triggers' starts. A revision is a stream id, from the
+    clock of the Redis that gave it: one whose clock ran ahead of this one's gave revisions
+    this Redis would give again, lower, to the writes after the restore. The snapshot, which
+    moves a row only to a newer revision and deletes it only up to its delete's, kept their
+    rows as they were (found by attack: tests/integration/snapshot/
+    test_restore_clock_behind.py); a restored trigger, which sees only events past its start,
+    was not called for them, and a watch resumed from a bookmark of before skipped them
+    without COMPACTED once the clock passed it (test_restore_clock_behind_starts.py). Where
+    there is no stream, a group made and destroyed makes it, empty (an entry would wake the
+    streams' readers; the group is named by the restore's generation: none is left over
+    from another). These
     commands are in the service's rule: the repair at start runs this."""
     infos = await trimming.infos(state, list(newest))
     commands: list[list[Any]] = []
