@@ -2,8 +2,9 @@
 and positions of the dispatcher and the snapshot (lease, advance), a set-aside trigger's
 mark (aside), the snapshot's reads
 (snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
-packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap") and the console's
-sessions (session). Each as
+packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap"), the console's
+sessions (session) and a bus runtime's sweep of dead consumers (sweep: in a library of its own,
+`bus_library`, on the Redis of the streams, which may be the bus's own). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
 read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
 them all)."""
@@ -14,9 +15,10 @@ from collections.abc import Sequence
 
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace, PartitionKeys
-from stateworker.scripts.library import Binding
-from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply
+from stateworker.scripts.library import Binding, Library
+from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply, Swept
 from stateworker.settings import Settings
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
 
 Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV (as bindings.Call)
@@ -31,7 +33,18 @@ SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (o
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
-UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
+SWEEP = Binding("sweep", 1, 3, Swept.read)  # a group's dead consumers removed (bus/upkeep.py)
+UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION,
+          SWEEP)  # (all)
+BUS = (SWEEP,)  # the scripts a bus runtime runs, where its streams are (bus_library)
+
+
+def bus_library(conn: RedisConnection) -> Library:
+    """The library of BUS alone, for `conn` (a bus runtime's): the streams may be on a Redis
+    of the bus's own, which holds no state library (decision 0056), and a user worker's
+    Redis user need not load the state's. Its name is its own digest, the same for every
+    process of one version (decision 0068)."""
+    return Library(conn, {binding.name: binding.signature for binding in BUS})
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
@@ -102,3 +115,9 @@ def session_call(keys: KeySpace, digest: str, principal: str, record: bytes | No
     if record is None:
         return [session, mine], ["close", "", now_ms(), "", ""]
     return [session, mine], ["open", record, now_ms(), ends_ms, most]
+
+
+def sweep_call(stream: str, group: str, consumer: str, idle_ms: int) -> Call:
+    """sweep.lua: remove `group`'s consumers of `stream` with nothing pending, idle longer
+    than `idle_ms`, except `consumer` (the sweeper's own)."""
+    return [stream], [group, consumer, idle_ms]
