@@ -31,6 +31,7 @@ from stateworker.scripts.upkeep_bindings import bus_library
 from stateworker.settings import Settings
 from stateworker.state.tenancy import principals
 from stateworker.transport.connect import connection_for
+from stateworker.transport.connection import RedisConnection
 from tests.integration.acl_users import add_user, refusals
 from tests.integration.bus.replies import drained, pop_replies
 from tests.integration.busproto import until
@@ -139,15 +140,17 @@ async def test_a_dead_consumers_pending_calls_are_answered_once_before_it_goes(
 
 async def test_live_consumers_lose_nothing_while_sweeps_run_as_often_as_they_can(
         redis_server: RedisServer, raw: aredis.Redis, prefix: str) -> None:
-    """A worker and a consumer speaking the protocol by hand ("hand": reads one call, answers
-    it, acknowledges it) serve 300 calls while the worker and the test itself sweep with a
-    bound of 0, the test without pause: a consumer with nothing pending between two reads is
-    removed again and again. Every entry a consumer read is still pending when it
-    acknowledges it (a removal between a check and a delete would have dropped it: XACK 0, and
-    a reader that died then would have lost the call), every call is answered once, and the
-    hand, removed while it waits in its read, is made again by the read that gets a call."""
+    """A worker and 4 consumers speaking the protocol by hand (each reads one call, answers it,
+    acknowledges it) serve 400 calls from 4 callers while the worker and the test itself
+    sweep with a bound of 0, the test without pause from 2 connections: a consumer with
+    nothing pending between two reads is removed again and again. Every entry a consumer read
+    is still pending when it acknowledges it (a removal between a check and a delete would
+    have dropped it: XACK 0, and a reader that died then would have lost the call), every call
+    is answered once, and a hand removed while it waits in its read is made again by the read
+    that gets a call."""
     stream = bus_stream(prefix, SERVICE)
-    ids = [f"live-{i:03d}" for i in range(300)]
+    ids = [f"live-{i:03d}" for i in range(400)]
+    hands = [f"hand-{n}" for n in range(4)]
     worker = Worker(SERVICE, settings=settings_for(redis_server.url, prefix),
                     options=BusOptions(consumer="worker", **SWEEPING))
     runs = echo(worker)
@@ -155,25 +158,24 @@ async def test_live_consumers_lose_nothing_while_sweeps_run_as_often_as_they_can
     acked: list[int] = []
     sweeps: list[Swept] = []
     sending = anyio.Event()
-    sweeper = connection_for(redis_server.url)
-    library = bus_library(sweeper)
+    sweepers = [connection_for(redis_server.url) for _ in range(2)]
 
-    async def sweep() -> Swept:
-        (swept,) = await swept_consumers(sweeper, library, Sources(prefix, SERVICE, stream),
-                                         SERVICE, "sweeper", 0)
+    async def sweep(conn: RedisConnection) -> Swept:
+        (swept,) = await swept_consumers(conn, bus_library(conn), Sources(
+            prefix, SERVICE, stream), SERVICE, "sweeper", 0)
         assert isinstance(swept, Swept), swept
         sweeps.append(swept)
         return swept
 
-    async def sweep_on() -> None:
+    async def sweep_on(conn: RedisConnection) -> None:
         while not sending.is_set():
-            await sweep()
+            await sweep(conn)
 
-    async def hand() -> None:
+    async def hand(name: str) -> None:
         reader = aredis.Redis(port=redis_server.port)
         try:
             while True:
-                for _, entries in await reader.xreadgroup(SERVICE, "hand", {stream: ">"},
+                for _, entries in await reader.xreadgroup(SERVICE, name, {stream: ">"},
                                                           count=1, block=50) or []:
                     for entry_id, fields in entries:
                         call_id = fields[b"id"].decode()
@@ -191,33 +193,47 @@ async def test_live_consumers_lose_nothing_while_sweeps_run_as_often_as_they_can
         (document,) = await pop_replies(raw, reply, 1)
         return document
 
+    documents: list[bytes] = []
+
+    async def caller(mine: list[str]) -> None:
+        for call_id in mine:
+            documents.append(await call(call_id))
+
     async def hand_removed() -> bool:
-        await sweep()
-        return "hand" not in await consumers(raw, stream)
+        await sweep(sweepers[0])
+        return hands[0] not in await consumers(raw, stream)
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(hand)
+            for name in hands:
+                tg.start_soon(hand, name)
             async with anyio.create_task_group() as serving:
                 await serving.start(worker.run)
-                serving.start_soon(sweep_on)
-                documents = [await call(call_id) for call_id in ids]
+                for conn in sweepers:
+                    serving.start_soon(sweep_on, conn)
+                async with anyio.create_task_group() as calling:
+                    for n in range(4):
+                        calling.start_soon(caller, ids[n::4])
                 sending.set()
                 worker.stop()
-            await until(lambda: len(acked) == len(by_hand), 10, "the hand's acknowledgements")
+            await until(lambda: len(acked) == len(by_hand), 10, "the hands' acknowledgements")
             assert answered(documents) == ids
             assert sorted(runs + by_hand) == ids and not set(runs) & set(by_hand)
             assert by_hand and acked == [1] * len(by_hand)
             assert sum(s.removed for s in sweeps) > 0  # (consumers were removed meanwhile)
-            # The hand alone reads now: removed while it waits, the call it gets makes it again.
+            tg.cancel_scope.cancel()
+        # One hand alone reads now: removed while it waits, the call it gets makes it again.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hand, hands[0])
             await until(hand_removed, 10, "the hand removed while it waits")
             assert answered([await call("after")]) == ["after"]
             await until(lambda: len(acked) == len(by_hand), 10, "the hand's acknowledgement")
             assert by_hand[-1] == "after" and acked[-1] == 1
-            assert "hand" in await consumers(raw, stream)
+            assert hands[0] in await consumers(raw, stream)
             tg.cancel_scope.cancel()
     finally:
-        await sweeper.close()
+        for conn in sweepers:
+            await conn.close()
 
 
 async def test_in_acl_mode_the_service_sweeps_every_principals_stream_under_its_rule(
