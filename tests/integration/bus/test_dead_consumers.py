@@ -291,9 +291,15 @@ async def test_a_worker_whose_user_may_not_sweep_says_so_once_and_serves_on(
             await tg.start(worker.run)
             await admin.execute_command("XGROUP", "CREATECONSUMER", stream, SERVICE, "gone")
             await until(lambda: said("bus.sweep_refused"), 20, "the refusal said")
-            await send(admin, stream, ["orphan"], reply)
-            await admin.xreadgroup(SERVICE, "dead", {stream: ">"}, count=1)
-            assert answered(await pop_replies(admin, reply, 1)) == ["orphan"]  # (reclaimed)
+            # A call read by a consumer that died, in one transaction (the worker, waiting in
+            # its read, would get it first), taken over only a visibility timeout later.
+            async with admin.pipeline(transaction=True) as pipe:
+                pipe.xadd(stream, {"id": "orphan", "fn": FN, "reply": reply,
+                                   "body": msgspec.json.encode({"call": "orphan"})})
+                pipe.xreadgroup(SERVICE, "dead", {stream: ">"}, count=1)
+                _, read = await pipe.execute()
+            assert read[0][1][0][1][b"id"] == b"orphan"
+            assert answered(await pop_replies(admin, reply, 1)) == ["orphan"]
             await send(admin, stream, ["served"], reply)
             assert answered(await pop_replies(admin, reply, 1)) == ["served"]
             worker.stop()
