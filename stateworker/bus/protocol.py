@@ -62,11 +62,11 @@ log = logging.getLogger("stateworker.bus")
 
 # A consumer of a group with nothing pending is removed once idle this long (XINFO CONSUMERS
 # `idle`), or DEAD_CONSUMER_TIMEOUTS visibility timeouts if longer (decision 0068). Removing a
-# live one loses nothing (it had nothing pending; its next read makes it again), so the bound
-# only keeps a live consumer from being removed and made again over and over: on Redis 7.0
-# `idle` counts from its last read that got entries (a quiet service's consumer ages as long
-# as no call comes), on 7.2+ from its last read (every `block_ms`). A restart's leftovers go
-# within about this long, and `status` lists the consumers that served in that time.
+# live one loses nothing (it had nothing pending; its next read that gets an entry makes it
+# again), so the bound only keeps a live consumer from being removed and made again over and
+# over: on Redis 7.0 `idle` counts from its last read that got entries (a quiet service's
+# consumer ages as long as no call comes), on 7.2+ from its last read (every `block_ms`). A
+# restart's leftovers go within about this long; `status` lists those that served in it.
 DEAD_CONSUMER_MS = 600_000
 DEAD_CONSUMER_TIMEOUTS = 20
 

@@ -56,7 +56,7 @@ class Upkeep:
     consumer: str
     replies: ReplyWriter
     scripts: Library  # the bus's scripts where its streams are (upkeep_bindings.bus_library)
-    sweeping: bool  # False once Redis refused the sweep this runtime's user (NOPERM)
+    sweeping: bool  # False once Redis refused this runtime's user the sweep (its ACL)
     lanes: Lanes
     start_wait_s: float | None
     transient: Counter[str]
