@@ -74,6 +74,9 @@ def _probes(prefix: str, user: str, *, strict: bool, waitaof: bool, select: bool
         "xgroup|create": ["XGROUP", "CREATE", bus, SERVICE, "0", "MKSTREAM"],
         "xreadgroup": ["XREADGROUP", "GROUP", SERVICE, "c", "COUNT", 1, "STREAMS", bus, ">"],
         "xautoclaim": ["XAUTOCLAIM", bus, SERVICE, "c", 1, "0-0"],
+        # (inside sweep.lua: a dead consumer, nothing pending, removed; bus/upkeep.py)
+        "xinfo|consumers": ["XINFO", "CONSUMERS", bus, SERVICE],
+        "xgroup|delconsumer": ["XGROUP", "DELCONSUMER", bus, SERVICE, "c"],
         "get": ["GET", part.lease],  # the status of leases (and the scripts: leases, entries;
         # the snapshot's rows)
         "set": ["SET", part.lease, "t", "NX", "PX", 1],  # (the scripts: a partition's lease)

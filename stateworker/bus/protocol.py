@@ -60,6 +60,17 @@ from stateworker.transport.wire import Arg
 log = logging.getLogger("stateworker.bus")
 
 
+# A consumer of a group with nothing pending is removed once idle this long (XINFO CONSUMERS
+# `idle`), or DEAD_CONSUMER_TIMEOUTS visibility timeouts if longer (decision 0068). Removing a
+# live one loses nothing (it had nothing pending; its next read that gets an entry makes it
+# again), so the bound only keeps a live consumer from being removed and made again over and
+# over: on Redis 7.0 `idle` counts from its last read that got entries (a quiet service's
+# consumer ages as long as no call comes), on 7.2+ from its last read (every `block_ms`). A
+# restart's leftovers go within about this long; `status` lists those that served in it.
+DEAD_CONSUMER_MS = 600_000
+DEAD_CONSUMER_TIMEOUTS = 20
+
+
 class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How one service reads and answers its stream."""
 
@@ -76,6 +87,16 @@ class BusOptions(msgspec.Struct, frozen=True, kw_only=True):
     # and leave the call pending, read and run again in a loop.
     max_reply_bytes: int = 256 * 1024 * 1024
     consumer: str = ""  # default: <hostname>-<pid>
+    # A consumer with nothing pending idle longer is removed (None: DEAD_CONSUMER_MS, or
+    # DEAD_CONSUMER_TIMEOUTS visibility timeouts if longer)
+    dead_consumer_ms: int | None = None
+
+    @property
+    def dead_after_ms(self) -> int:
+        """How long a consumer with nothing pending stays idle before it is removed."""
+        if self.dead_consumer_ms is not None:
+            return self.dead_consumer_ms
+        return max(DEAD_CONSUMER_MS, DEAD_CONSUMER_TIMEOUTS * self.visibility_timeout_ms)
 
 
 # Where an entry was read: (its stream, its entry id). Entry ids of two streams may be equal,

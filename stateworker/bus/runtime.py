@@ -12,7 +12,8 @@ the fetcher and the reclaim are bus/upkeep.py's (`Upkeep`): both mixins of `BusR
     call     deadline check -> plan or handler -> queue (reply key, reply, entry id)
     flusher  queued replies -> LPUSH per reply list, PEXPIRE, XACK, XDEL in one pipeline
              (the queue, the flusher and the call records: bus/reply_writer.py)
-    reclaim  XAUTOCLAIM entries idle longer than the visibility timeout -> call tasks
+    reclaim  XAUTOCLAIM entries idle longer than the visibility timeout -> call tasks; then,
+             at most once a minute, the dead consumers removed (sweep.lua)
 
 Redis going away or not serving for a while (a refused or broken connection, LOADING after a
 restart, BUSY ...) never ends these loops: each backs off (50 ms doubling to 1 s, jittered)
@@ -38,6 +39,7 @@ from stateworker.bus.serving import Serving
 from stateworker.bus.sources import Source, Sources, follow_principals, recover_groups
 from stateworker.bus.stats import Stats
 from stateworker.bus.upkeep import SKIM_WAIT_S, Upkeep
+from stateworker.scripts.upkeep_bindings import bus_library
 from stateworker.transport.connect import connection_like
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff, transient_reason
@@ -80,6 +82,8 @@ class BusRuntime(Serving, Upkeep):
                            else dedupe_window_ms)
         # record_ttl_ms set: replies are recorded (user workers)
         self.replies = ReplyWriter(conn, bus, options, self.stats, record_ttl_ms)
+        self.scripts = bus_library(conn)  # (the sweep of dead consumers: bus/upkeep.py)
+        self.sweeping = True
         self._stopping = anyio.Event()
         self._in_flight = 0
         self._running: set[Ref] = set()  # entries being served: never served twice at once

@@ -14,6 +14,9 @@ entries are answered with PERMISSION_DENIED and acknowledged, never run.
 A position per stream: "0" while the reader reads its own pending history of that stream
 (after a start or a failed read: calls it read but did not answer), an entry id to go on
 after, and ">" once it reads new entries only.
+
+The consumer groups: made at start (and again when one vanished), a dead consumer's entries
+taken over (XAUTOCLAIM), and dead consumers with nothing pending removed (sweep.lua).
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ from stateworker.bus.entries import Parsed, parse_entry
 from stateworker.bus.protocol import Bus, BusOptions, Ref
 from stateworker.errors import InvalidRequest, PermissionDenied, shown
 from stateworker.keys import principal_reply_prefix, principal_stream
+from stateworker.scripts.library import Library
+from stateworker.scripts.replies import Swept
+from stateworker.scripts.upkeep_bindings import SWEEP, sweep_call
 from stateworker.transport.connection import RedisConnection
+from stateworker.transport.plans import pipeline
 from stateworker.transport.wire import ConnectionLost, ReplyError
 
 HISTORY, NEW = "0", ">"
@@ -207,3 +214,14 @@ async def claimed_entries(conn: RedisConnection, sources: Sources, group: str, c
             yield source, entries, rest[0] if rest else []
             if cursor in (b"0-0", "0-0"):
                 break
+
+
+async def swept_consumers(conn: RedisConnection, library: Library, sources: Sources,
+                          group: str, consumer: str, idle_ms: int) -> list[Swept | ReplyError]:
+    """sweep.lua on every stream's group, in one pipeline (the library loaded where it is
+    missing): each stream's consumers removed and left, or Redis's refusal (NOPERM ...).
+    Raises Unavailable (Redis away)."""
+    commands = [SWEEP.command(library, *sweep_call(stream, group, consumer, idle_ms))
+                for stream in sources.by_stream]
+    replies = await pipeline(conn, library, commands) if commands else []
+    return [reply if isinstance(reply, ReplyError) else SWEEP.read(reply) for reply in replies]

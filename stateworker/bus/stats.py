@@ -27,6 +27,7 @@ _BUCKET_NAMES = [f"latency_le_{bound}ms" for bound in LATENCY_BUCKETS_MS] + ["la
 
 OTHER_FUNCTION = "other"  # the label of every name the service does not serve
 WINDOW_FIELD = "dedupe_window_ms"  # the stats hash's field telling the service's dedupe window
+CONSUMERS_REMOVED = "consumers_removed"  # the counter of dead consumers removed (bus/upkeep.py)
 
 
 class Stats:

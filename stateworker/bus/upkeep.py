@@ -3,7 +3,10 @@ the way of one call: the start (the consumer groups made, the service's dedupe w
 its stats hash, waiting for a Redis that is away or loading), the drain at stop (calls in
 flight and read ahead finished within `grace_s`), the fetcher (a flooding caller's parked
 entries read back, XRANGE, as its lane runs low: bus/lanes.py) and the reclaim (XAUTOCLAIM of
-entries idle longer than the visibility timeout, served as any read).
+entries idle longer than the visibility timeout, served as any read) with, at most once a
+minute, the sweep (consumers with nothing pending idle past `BusOptions.dead_after_ms` removed
+from each stream's group, in one script where the streams are: sweep.lua, decision 0068;
+without it every restart would leave a consumer in the group for good).
 
 A mixin of `BusRuntime`, which holds the state it uses (declared below for the type checker)
 and serves what these loops hand it (`_spawn`, `_serve_lanes`).
@@ -22,8 +25,12 @@ from anyio.abc import TaskGroup
 from stateworker.bus.lanes import Entry, Lanes
 from stateworker.bus.protocol import Bus, BusOptions
 from stateworker.bus.reply_writer import ReplyWriter
-from stateworker.bus.sources import Sources, claimed_entries, create_groups
-from stateworker.errors import Unavailable
+from stateworker.bus.sources import Sources, claimed_entries, create_groups, swept_consumers
+from stateworker.bus.stats import CONSUMERS_REMOVED
+from stateworker.errors import StateError, Unavailable
+from stateworker.logs import repeats
+from stateworker.scripts.library import Library
+from stateworker.scripts.replies import Swept
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.retry import Backoff, no_redis_text, transient_reason
 from stateworker.transport.wire import ConnectionLost, ReplyError
@@ -31,6 +38,12 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 log = logging.getLogger("stateworker.bus")
 
 SKIM_WAIT_S = 0.05  # reading ahead, caught up: how long before looking again at most
+# The sweep of dead consumers: once a reclaim round this long after the last, at most (and
+# every half `dead_after_ms` when that is shorter): a consumer goes within 1.5 times it.
+SWEEP_EVERY_S = 60.0
+# How Redis words an ACL refusal: of a command (and, on 7.2+, of a script's); of a script's
+# command on Redis 7.0 ("ERR The user executing the script can't run this command ...").
+ACL_REFUSED = ("NOPERM", "can't run this command or subcommand")
 
 
 class Upkeep:
@@ -42,6 +55,8 @@ class Upkeep:
     sources: Sources
     consumer: str
     replies: ReplyWriter
+    scripts: Library  # the bus's scripts where its streams are (upkeep_bindings.bus_library)
+    sweeping: bool  # False once Redis refused this runtime's user the sweep (its ACL)
     lanes: Lanes
     start_wait_s: float | None
     transient: Counter[str]
@@ -152,6 +167,8 @@ class Upkeep:
 
     async def _reclaim_loop(self, calls: TaskGroup) -> None:
         period = self.options.visibility_timeout_ms / 2000
+        sweep_every = min(SWEEP_EVERY_S, self.options.dead_after_ms / 2000)
+        swept = time.monotonic()
         while not self._stopping.is_set():
             with anyio.move_on_after(period):
                 await self._stopping.wait()
@@ -161,6 +178,41 @@ class Upkeep:
                 await self._reclaim(calls)
             except (ConnectionLost, ReplyError) as exc:
                 log.warning("reclaim failed: %s", exc, extra={"event": "bus.reclaim_failed"})
+            # (after the reclaim: a dead consumer whose last entries it took has nothing
+            # pending now, and goes in this very round)
+            if self.sweeping and time.monotonic() - swept >= sweep_every:
+                swept = time.monotonic()
+                await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Remove the dead consumers of every stream's group (sweep.lua): counted in the
+        stats hash (`consumers_removed`) and said in one line. A refusal by the user's ACL is
+        said once and the sweep is not tried again (a user worker's Redis user may lack it:
+        docs/security.md); other failures are tried again next time."""
+        extra = {"event": "bus.consumers_removed", "service": self.bus.service}
+        try:
+            swept = await swept_consumers(self.conn, self.scripts, self.sources, self.bus.group,
+                                          self.consumer, self.options.dead_after_ms)
+        except (StateError, ConnectionLost, ReplyError) as exc:
+            repeats.log(log, logging.WARNING, "removing dead consumers failed: %s", exc,
+                        extra={**extra, "event": "bus.sweep_failed"})
+            return
+        removed = sum(result.removed for result in swept if isinstance(result, Swept))
+        if removed:
+            self.replies.stats.pending[CONSUMERS_REMOVED] += removed
+            log.info("removed %d dead consumers (nothing pending, idle over %d ms)", removed,
+                     self.options.dead_after_ms, extra={**extra, "count": removed})
+        refused = next((result for result in swept if isinstance(result, ReplyError)), None)
+        if refused is None:
+            return
+        if any(words in str(refused) for words in ACL_REFUSED):
+            self.sweeping = False
+            log.warning("removing dead consumers is refused to this Redis user, not tried again "
+                        "(it needs +fcall, +xinfo|consumers, +xgroup|delconsumer; docs/"
+                        "security.md): %s", refused, extra={**extra, "event": "bus.sweep_refused"})
+        else:
+            repeats.log(log, logging.WARNING, "removing dead consumers failed: %s", refused,
+                        extra={**extra, "event": "bus.sweep_failed"})
 
     async def _reclaim(self, calls: TaskGroup) -> None:
         room = lambda: self.options.concurrency - self._in_flight  # noqa: E731

@@ -35,9 +35,8 @@ from stateworker.errors import StateError
 from stateworker.keys import STATE_SERVICE, bus_shard_stream
 from stateworker.logs import repeats
 from stateworker.schemas import Trigger
-from stateworker.scripts.bindings import library_of
 from stateworker.scripts.library import Library
-from stateworker.scripts.upkeep_bindings import DROPTARGET, droptarget_call
+from stateworker.scripts.upkeep_bindings import DROPTARGET, bus_library, droptarget_call
 from stateworker.state.core.store import RedisState
 from stateworker.state.reactive.triggers import target_services
 from stateworker.transport.plans import pipeline
@@ -58,7 +57,7 @@ class Targets:
         self.sweep_s = sweep_s
         self._last = float("-inf")  # (the first sweep only notes what is unnamed)
         self._unnamed: set[str] = set()  # unnamed at the sweep before
-        self._library: Library | None = None  # the functions on the bus's own Redis
+        self._library: Library | None = None  # the functions where the call streams are
         self.removed = 0  # streams removed by this replica since it started
 
     async def round(self, loaded: Iterable[Trigger]) -> None:
@@ -120,8 +119,7 @@ class Targets:
         return True
 
     def _bus_library(self) -> Library:
-        if self.state.bus_conn is self.state.conn:
-            return self.state.library
+        """The scripts where the call streams are (upkeep_bindings.bus_library)."""
         if self._library is None:
-            self._library = library_of(self.state.bus_conn)
+            self._library = bus_library(self.state.bus_conn)
         return self._library

@@ -161,6 +161,17 @@ class Moved(NamedTuple):
         return cls(reply[1] == 1)
 
 
+class Swept(NamedTuple):
+    """sweep.lua: the dead consumers removed, and the consumers the group still holds."""
+
+    removed: int
+    left: int
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Swept:
+        return cls(int(reply[1]), int(reply[2]))
+
+
 class Marked(NamedTuple):
     """aside.lua: whether the mark was written (set, moved, dropped); False: the lease is
     another's. Arguments that are not a mark (-1) are a bug of the caller: raised."""

@@ -3,7 +3,9 @@ and positions of the dispatcher and the snapshot (lease, advance), a set-aside t
 mark (aside), the snapshot's reads
 (snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
 packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap"), the console's
-sessions (session) and the removal of a trigger target's stream nobody needs (droptarget). Each as
+sessions (session), and where the call streams are (`bus_library`, a library of its own: the
+bus may have a Redis of its own) a bus runtime's sweep of dead consumers (sweep) and the
+dispatcher's removal of a trigger target's stream nobody needs (droptarget). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
 read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
 them all)."""
@@ -14,9 +16,10 @@ from collections.abc import Sequence
 
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace, PartitionKeys
-from stateworker.scripts.library import Binding
-from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply
+from stateworker.scripts.library import Binding, Library
+from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply, Swept
 from stateworker.settings import Settings
+from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
 
 Call = tuple[list[Arg], list[Arg]]  # a script call's KEYS and ARGV (as bindings.Call)
@@ -31,9 +34,20 @@ SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (o
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
+SWEEP = Binding("sweep", 1, 3, Swept.read)  # a group's dead consumers removed (bus/upkeep.py)
 DROPTARGET = Binding("droptarget", 1, 0, Counted.read)  # a target stream nobody needs removed
 UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION,
-          DROPTARGET)  # (all)
+          SWEEP, DROPTARGET)  # (all)
+BUS = (SWEEP, DROPTARGET)  # the scripts run where the call streams are (bus_library)
+
+
+def bus_library(conn: RedisConnection) -> Library:
+    """The library of BUS alone, for `conn` (a bus runtime's, the dispatcher's bus connection:
+    reactive/targets.py): the streams may be on a Redis
+    of the bus's own, which holds no state library (decision 0056), and a user worker's
+    Redis user need not load the state's. Its name is its own digest, the same for every
+    process of one version (decision 0068)."""
+    return Library(conn, {binding.name: binding.signature for binding in BUS})
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
@@ -109,3 +123,9 @@ def session_call(keys: KeySpace, digest: str, principal: str, record: bytes | No
     if record is None:
         return [session, mine], ["close", "", now_ms(), "", ""]
     return [session, mine], ["open", record, now_ms(), ends_ms, most]
+
+
+def sweep_call(stream: str, group: str, consumer: str, idle_ms: int) -> Call:
+    """sweep.lua: remove `group`'s consumers of `stream` with nothing pending, idle longer
+    than `idle_ms`, except `consumer` (the sweeper's own)."""
+    return [stream], [group, consumer, idle_ms]

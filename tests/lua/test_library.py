@@ -17,6 +17,7 @@ from redis.crc import key_slot
 from stateworker import StateClient, StateError, StateStore
 from stateworker.app.service import StateCalls, StateService
 from stateworker.bus.protocol import BusOptions
+from stateworker.bus.sources import Sources, swept_consumers
 from stateworker.context import CallContext
 from stateworker.keys import call_field, member
 from stateworker.reactive import trimming
@@ -29,6 +30,7 @@ from stateworker.scripts.upkeep_bindings import (
     SESSION,
     SNAPROWS,
     aside_call,
+    bus_library,
     session_call,
     snaprows_call,
 )
@@ -150,6 +152,10 @@ async def test_every_script_call_hashes_to_one_slot(
     await leases.drop_all()  # (and its heartbeat: the upgrade below refuses a served prefix)
     part = store.state.keys.barrier_partition(f"b{scope}")
     await barriers.forget(store.state, part, [part.barrier(f"b{scope}").encode()], {})  # forget
+    # sweep.lua: a bus runtime's dead consumers removed, in the bus's own library
+    await swept_consumers(store.state.conn, bus_library(store.state.conn),
+                          Sources(store.state.keys.prefix, "svc", [store.state.keys.bus_stream(
+                              "svc")]), "svc", "me", 600_000)
     await pipeline(store.state.conn, store.state.library, [SNAPROWS.command(  # snaprows.lua
         store.state.library, *snaprows_call(store.state.keys.for_scope(scope), "0-0", 10,
                                             [member(scope, "t1")]))])

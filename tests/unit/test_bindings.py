@@ -147,6 +147,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
     "snaprows": lambda: [ub.snaprows_call(PART, "1-0", 10, ["1:sk"])],
     "session": lambda: [ub.session_call(SPACE, "d", "p", b"[]", 5, 16),
                         ub.session_call(SPACE, "d", "p", None)],
+    "sweep": lambda: [ub.sweep_call(SPACE.bus_stream("svc"), "svc", "me", 600_000)],
 }
 
 
