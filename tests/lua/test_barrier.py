@@ -241,8 +241,8 @@ async def test_carry_defaults_to_the_whole_event_exactly(store: StateStore) -> N
 BAD_CONFIGS: list[tuple[Any, str, str]] = [
     (None, "$.condition_config", "required"),
     ("x", "$.condition_config", "must be a JSON object"),
-    ({"expect": 2}, "$.condition_config", "missing required field `id`"),
-    ({"id": "b"}, "$.condition_config", "missing required field `expect`"),
+    ({"expect": 2}, "$.condition_config.id", "the field `id` is required"),
+    ({"id": "b"}, "$.condition_config.expect", "the field `expect` is required"),
     ({"id": "", "expect": 2}, "$.condition_config.id", "must not be empty"),
     ({"id": 5, "expect": 2}, "$.condition_config.id", "Expected `str`"),
     ({"id": "x" * 1025, "expect": 2}, "$.condition_config.id", "limit of 1024 bytes"),

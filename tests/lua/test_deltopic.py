@@ -27,4 +27,4 @@ async def test_delete_by_topic(store: StateStore, scope: str) -> None:
     with pytest.raises(StateError) as caught:
         await store.call("state::delete-by-topic", {"scope": scope})
     assert caught.value.code == "INVALID_REQUEST"
-    assert caught.value.details["path"] == "$"
+    assert caught.value.details["path"] == "$.topic_pattern"

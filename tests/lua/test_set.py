@@ -131,7 +131,7 @@ async def test_set_result_hash_matches_get_entry(store: StateStore, scope: str) 
 @pytest.mark.parametrize(
     ("body", "path"),
     [
-        ({"key": "k", "value": 1}, "$"),
+        ({"key": "k", "value": 1}, "$.scope"),
         ({"scope": 1, "key": "k", "value": 1}, "$.scope"),
         ({"scope": "s", "key": None, "value": 1}, "$.key"),
         ({"scope": "s", "key": "k"}, "$.value"),

@@ -209,10 +209,10 @@ async def test_float_by_fails_the_whole_request(store: StateStore, scope: str) -
         ({"ops": [{"type": "set", "path": "x", "value": 1},
                   {"type": "increment", "path": "n", "by": 1.5}]}, "$.ops[1].by"),
         ({"ops": [{"type": "increment", "path": "n", "by": 2**63}]}, "$.ops[0].by"),
-        ({"ops": [{"type": "increment", "path": "n"}]}, "$.ops[0]"),
+        ({"ops": [{"type": "increment", "path": "n"}]}, "$.ops[0].by"),
         ({"ops": [{"type": "explode", "path": "n"}]}, "$.ops[0].type"),
         ({"ops": [{"type": "set", "path": ["a"], "value": 1}]}, "$.ops[0].path"),
-        ({"ops": [{"type": "merge", "path": "a"}]}, "$.ops[0]"),
+        ({"ops": [{"type": "merge", "path": "a"}]}, "$.ops[0].value"),
         ({"ops": {}}, "$.ops"),
     ]:
         with pytest.raises(StateError) as caught:

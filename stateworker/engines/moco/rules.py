@@ -46,13 +46,13 @@ ReservedNamespaceError = ReservedNamespace  # moco's name for it
 
 # ---- decoding ---------------------------------------------------------------------------------
 R = TypeVar("R", bound=Struct)
-_MISSING = re.compile(r"^\$: Object missing required field `(.*)`$", re.DOTALL)
+_MISSING = re.compile(r"^\$\.([^.\[]+): the field `\1` is required$", re.DOTALL)
 
 
 def request(fn: str, body: bytes, type_: type[R]) -> R:
-    """The body as `type_`; INVALID_REQUEST with the path of the field at fault, also for a
-    field that is missing (msgspec names it at the object, `$`); an unknown field is
-    UNKNOWN_FIELD naming the nearest known one and the function's fields."""
+    """The body as `type_`; INVALID_REQUEST with the path of the field at fault (a missing
+    one named with the function that requires it); an unknown field is UNKNOWN_FIELD naming
+    the nearest known one and the function's fields."""
     try:
         return validate.request(body, type_)
     except UnknownField as exc:

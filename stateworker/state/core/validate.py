@@ -46,6 +46,7 @@ MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000  # ten years
 T = TypeVar("T")
 _PATH_RE = re.compile(r" - at `(\$[^`]*)`$")
 _UNKNOWN_RE = re.compile(r"Object contains unknown field `(.*)`", re.DOTALL)
+_MISSING_RE = re.compile(r"Object missing required field `(.*)`", re.DOTALL)
 _decoders: dict[type, msgspec.json.Decoder] = {}  # type: ignore[type-arg]
 
 
@@ -70,7 +71,13 @@ def request(body: bytes, type_: type[T], *, root: str = "$",
         unknown = _UNKNOWN_RE.fullmatch(problem)
         shape: Any = type_  # (a type: hashable, as fields_at's and tags_at's caches need)
         if unknown:
-            raise unknown_field(path, unknown.group(1), fields_at(shape, at)) from exc
+            raise unknown_field(path, unknown.group(1),
+                                fields_at(shape, at, _kind_at(shape, body, at))) from exc
+        missing = _MISSING_RE.fullmatch(problem)
+        if missing:  # (msgspec names the object; the caller needs the field: `$.ops[2].by`)
+            path = f"{path}.{missing.group(1)}"
+            raise error(f"{path}: the field `{missing.group(1)}` is required",
+                        {"path": path}) from exc
         kinds = tags_at(shape, at) if problem.startswith("Invalid value") else ()
         if kinds:
             raise error(f"{path}: {problem.removeprefix('Invalid value ')} is not one of "
@@ -117,12 +124,30 @@ def _infos_at(type_: Any, where: str) -> list[mi.Type]:
     return infos
 
 
+def _kind_at(type_: Any, body: bytes, where: str) -> str | None:
+    """Which member of a tagged union the object at `where` (a msgspec path) in `body` is:
+    its tag field's text (an op's `type`, a transaction op's `op`); None when it names none."""
+    try:
+        found: Any = msgspec.json.decode(body)  # (an error's path only)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    for name, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where):
+        found = found.get(name) if name and isinstance(found, dict) else \
+            found[int(index)] if index and isinstance(found, list) else None
+    kinds = [found.get(info.tag_field) for info in _infos_at(type_, where) if isinstance(
+        info, mi.StructType) and info.tag_field and isinstance(found, dict)]
+    return next((kind for kind in kinds if isinstance(kind, str)), None)
+
+
 @functools.lru_cache(maxsize=256)
-def fields_at(type_: Any, where: str) -> tuple[str, ...]:
-    """The field names of the object at `where` in `type_` (every union member's: an op's
-    whatever its `type`)."""
+def fields_at(type_: Any, where: str, kind: str | None = None) -> tuple[str, ...]:
+    """The field names of the object at `where` in `type_`: of the union member tagged
+    `kind` (an op of `type` `set`), else of every member (an op's whatever its `type`)."""
     names: list[str] = []
-    for info in _infos_at(type_, where):
+    infos = _infos_at(type_, where)
+    chosen = [info for info in infos if isinstance(info, mi.StructType) and
+              kind is not None and info.tag_field and info.tag == kind]
+    for info in chosen or infos:
         if isinstance(info, mi.StructType):
             names += [info.tag_field] if info.tag_field else []
             names += [f.encode_name for f in info.fields]

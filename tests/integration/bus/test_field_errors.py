@@ -161,3 +161,57 @@ async def test_the_fields_iii_documents_stay_accepted(client: StateClient, store
     assert released["released"] == [scope + "-b"]
     await client.call("state::set", {"scope": scope, "key": "j", "value": 1, "isolation": None})
     assert await client.call("state::get", {"scope": scope, "key": "j"}) == 1
+
+
+# ---- a missing field is named by its own path (FUNCTIONS.md: `$.ops[2].by`) ---------------------
+@pytest.mark.parametrize(("fn", "body", "path"), [
+    ("state::get", {"scope": "s"}, "$.key"),
+    ("state::delete-by-topic", {"scope": "s"}, "$.topic_pattern"),
+    ("state::update", {"scope": "s", "key": "k", "ops": [
+        {"type": "set", "path": "a", "value": 1}, {"type": "set", "path": "b"},
+        {"type": "increment", "path": "n"}]}, "$.ops[2].by"),
+    ("state::update", {"scope": "s", "key": "k", "ops": [{"path": "a"}]}, "$.ops[0].type"),
+    ("state::transaction", {"scope": "s", "ops": [{"op": "set", "value": 1}]}, "$.ops[0].key"),
+    ("state::set-many", {"scope": "s", "entries": [{"key": "a", "value": 1}, {"key": "b"}]},
+     "$.entries[1].value"),
+    ("state::register-trigger", {"service": "audit", "config": {}}, "$.function_id"),
+])
+async def test_a_missing_field_is_named_by_its_path(
+        client: StateClient, store: StateStore, fn: str, body: dict[str, Any],
+        path: str) -> None:
+    with pytest.raises(StateError) as refused:
+        await client.call(fn, body)
+    assert (refused.value.code, refused.value.details) == ("INVALID_REQUEST", {"path": path})
+    field = path.rpartition(".")[2]
+    assert refused.value.message == f"{path}: the field `{field}` is required"
+    assert await store.list_groups() == []
+
+
+async def test_a_barrier_config_missing_its_id_names_the_id(client: StateClient) -> None:
+    with pytest.raises(StateError) as refused:
+        await client.call("state::barrier", {"event": {"key": "a"},
+                                             "condition_config": {"expect": 2}})
+    assert (refused.value.code, refused.value.details) == (
+        "BARRIER_CONFIG", {"path": "$.condition_config.id"})
+
+
+# ---- an op's unknown field is named against that op's own fields --------------------------------
+@pytest.mark.parametrize(("fn", "op", "path", "fields"), [
+    ("state::update", {"type": "set", "path": "a", "value": 1, "by": 2}, "$.ops[0].by",
+     "type, path, value"),
+    ("state::transaction", {"op": "delete", "key": "k", "value": 1}, "$.ops[0].value",
+     "op, key, expected_version"),
+])
+async def test_a_field_of_another_kind_of_op_is_unknown_to_this_one(
+        client: StateClient, store: StateStore, fn: str, op: dict[str, Any], path: str,
+        fields: str) -> None:
+    """`by` is an increment's field, not a set's: the refusal names the set's fields, and
+    never offers the refused field itself as the nearest known one."""
+    body = {"scope": "s", "ops": [op]} | ({"key": "k"} if fn == "state::update" else {})
+    with pytest.raises(UnknownField) as refused:
+        await client.call(fn, body)
+    wrong = path.rpartition(".")[2]
+    assert refused.value.details == {"path": path, "nearest": None}
+    assert refused.value.message == (
+        f'{path}: unknown field "{wrong}"; {path.rpartition(".")[0]} takes only {fields}')
+    assert await store.list_groups() == []

@@ -586,6 +586,9 @@ async def test_required_fields_and_types_are_named(client: StateClient) -> None:
             await moco(client, activity, body)
         assert caught.value.details["path"] == path, (activity, body)
         assert path in str(caught.value)
+    with pytest.raises(InvalidRequest) as caught:  # a missing field: the activity needs it
+        await moco(client, "get_state", {"namespace": "tasks"})
+    assert str(caught.value) == "$.key: the field `key` is required by builtin.state.get_state"
 
 
 # ---- the same change as the native call ---------------------------------------------------------

@@ -108,7 +108,7 @@ async def test_bad_registrations_name_the_field(
         base = {"function_id": "reactor::on_change", "service": "reactor"}
         # (body, error, details.path, a word the message must hold)
         cases: list[tuple[dict[str, Any], type[Exception], str, str]] = [
-            ({"service": "reactor"}, InvalidRequest, "$", "function_id"),
+            ({"service": "reactor"}, InvalidRequest, "$.function_id", "function_id"),
             ({**base, "function_id": ""}, InvalidRequest, "$.function_id", "function_id"),
             ({**base, "config": {"event_types": ["created", "renamed"]}}, InvalidRequest,
              "$.config.event_types[1]", "config.event_types"),
@@ -117,7 +117,7 @@ async def test_bad_registrations_name_the_field(
             ({**base, "config": {"match": [{"pointer": "status", "equals": 1}]}},
              InvalidRequest, "$.config.match[0].pointer", "config.match"),
             ({**base, "config": {"match": [{"pointer": "/a"}]}}, InvalidRequest,
-             "$.config.match[0]", "equals"),
+             "$.config.match[0].equals", "equals"),
             ({**base, "config": {"scope": "state_barrier"}}, ReservedScope, "$.config.scope",
              "config.scope"),
             ({**base, "config": {"key": "k" * 1025}}, KeyTooLong, "$.config.key", "config.key"),
