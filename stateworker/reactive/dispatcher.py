@@ -181,9 +181,8 @@ class Dispatcher:
         streams = [self.state.keys.registry]
         ids = [self.registry_id]
         # With no trigger there is nothing to hand on: the rounds move the positions to the
-        # streams' ends instead, and the events are not read at all. With triggers paused
-        # (`triggers_enabled` false, a live setting) they are not read either, and wait where
-        # they are: the positions stay, so trimming keeps them.
+        # streams' ends instead, and the events are not read. With triggers paused (the live
+        # `triggers_enabled` false) they are not read either: the positions stay, trimming too.
         enabled = self.state.settings.triggers_enabled
         held = [p for p in sorted(self.positions) if p not in self._aside] \
             if self.triggers.count and enabled else []
@@ -308,8 +307,8 @@ class Dispatcher:
                 self.stored[partition] = position
 
     def _lost(self, partition: int) -> None:
-        log.warning("partition %d: lease lost; its new holder goes on", partition,
-                    extra={"event": "dispatch.lease_lost", "partition": partition})
+        repeats.log(log, logging.WARNING, "partition %d: lease lost; its new holder goes on",
+                    partition, extra={"event": "dispatch.lease_lost", "partition": partition})
         self.leases.held.discard(partition)
         self._lapse(partition)
 

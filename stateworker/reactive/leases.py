@@ -25,6 +25,7 @@ from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.keys import PartitionKeys
+from stateworker.logs import repeats
 from stateworker.scripts.upkeep_bindings import LEASE, lease_call
 from stateworker.settings import LIVE_LEASES
 from stateworker.state.core.store import RedisState
@@ -83,11 +84,12 @@ class Leases:
         """Beat, renew, take up to the share; the partitions newly taken."""
         await self.beat()
         held = sorted(self.held)
-        for partition, kept in zip(held, await self._run("renew", held), strict=True):
-            if not kept:
-                self.held.discard(partition)
-                log.warning("lost the lease of partition %d", partition,
-                            extra={"event": "dispatch.lease_lost", "partition": partition})
+        lost = [p for p, kept in zip(held, await self._run("renew", held), strict=True)
+                if not kept]
+        if lost:  # (said once a window: a busy or full Redis makes every lease lapse at once)
+            self.held.difference_update(lost)
+            repeats.log(log, logging.WARNING, "lost the lease of partitions %s", lost,
+                        extra={"event": "dispatch.lease_lost", "partitions": lost})
         taken: set[int] = set()
         want = self.share - len(self.held)
         if want > 0:

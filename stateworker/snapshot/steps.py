@@ -47,6 +47,7 @@ from stateworker.errors import Unavailable
 from stateworker.events.compaction import stream_info
 from stateworker.events.model import fields_of, revision_of
 from stateworker.keys import member
+from stateworker.logs import repeats
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.scripts.upkeep_bindings import ADVANCE, SNAPREAD, advance_call
@@ -385,7 +386,8 @@ class SnapshotSteps:
         if self._error_recorded:  # a position from PostgreSQL: it works again
             await self._recovered()
         if not ADVANCE.read(replies[0]).done:
-            log.warning("partition %d: snapshot lease lost; its new holder goes on", partition,
+            repeats.log(log, logging.WARNING, "partition %d: snapshot lease lost; its new "
+                        "holder goes on", partition,
                         extra={"event": "snapshot.lease_lost", "partition": partition})
             self.leases.held.discard(partition)
             self.positions.pop(partition, None)
