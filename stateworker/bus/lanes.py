@@ -85,6 +85,9 @@ class Lanes:
         self.held_bytes = 0  # their fields' bytes
         self.parked = 0  # parked ids, every lane's
         self.fetching = 0  # parked entries being read back, every lane's
+        # Every entry in a lane (held, parked or being read back), until taken: pending to
+        # this runtime, so its own reclaim must not serve it too (runtime.py `_spawn`).
+        self.refs: set[Ref] = set()
         self._full = False  # an entry read back did not fit memory: fetch after a take
 
     def _fits(self, size: int) -> bool:
@@ -109,6 +112,9 @@ class Lanes:
             if lane is None:
                 lane = self.lanes[key] = Lane()
             ref = (source.stream, entry_id)
+            if ref in self.refs:  # (read again with the pending history: filed already)
+                continue
+            self.refs.add(ref)
             size = _size(flat)
             if (lane.parked or lane.fetching or len(lane.held) >= self.held_max
                     or not self._fits(size)):
@@ -141,6 +147,7 @@ class Lanes:
                     del self.lanes[key]
         self.held -= len(taken)
         self.held_bytes -= sum(entry.size for entry in taken)
+        self.refs.difference_update(entry.ref for entry in taken)
         if taken:
             self._full = False
         return taken

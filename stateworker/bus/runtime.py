@@ -247,7 +247,9 @@ class BusRuntime(Serving, Upkeep):
         for ref, flat, source, _ in entries:
             if flat is None:  # deleted while pending (XAUTOCLAIM reports these as null)
                 self.replies.queue(b"", None, ref, None)
-            elif ref not in self._running:  # not one this consumer is still serving
+            # Not one this consumer is still serving, nor one waiting in its lanes (its own
+            # reclaim takes over what it read ahead once that is older than the timeout).
+            elif ref not in self._running and ref not in self.lanes.refs:
                 live.append((ref, flat, source))
                 self._running.add(ref)
         if not live:

@@ -63,5 +63,20 @@ def test_distinct_callers_park_past_the_total_bounds() -> None:
     assert (lanes.held, lanes.parked) == (100, 200)
     size = len(b"".join(entry("c0", 0)[1]))
     lanes = Lanes(held=256, total=10**6, held_bytes=50 * size)
-    lanes.add(SOURCE, [entry("c0", n % 10) for n in range(300)], set())
+    lanes.add(SOURCE, [(f"{n}-0".encode(), entry("c0", n % 10)[1]) for n in range(300)], set())
     assert lanes.held == 50 and lanes.held_bytes <= 50 * size and lanes.parked == 250
+
+
+def test_an_entry_read_again_is_filed_once_and_known_until_taken() -> None:
+    """The pending history read again brings entries the lanes hold: filed once, so served
+    once; `refs` names each entry in a lane (held or parked) until it is taken, so the
+    runtime's own reclaim leaves it to its lane."""
+    lanes = Lanes(held=2, total=100, held_bytes=10**9)
+    first = [entry("a", n) for n in range(4)]  # two held, two parked
+    lanes.add(SOURCE, first, set())
+    lanes.add(SOURCE, first, set())
+    assert (lanes.held, lanes.parked) == (2, 2)
+    assert lanes.refs == {("s", f"{n}-0".encode()) for n in range(4)}
+    taken = lanes.take(10)
+    assert [e.ref for e in taken] == [("s", b"0-0"), ("s", b"1-0")]
+    assert lanes.refs == {("s", b"2-0"), ("s", b"3-0")}
