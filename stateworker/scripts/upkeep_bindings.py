@@ -29,7 +29,7 @@ REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries 
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 REAP = Binding("reap", 3, 4, ReapReply.read)
-SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
+SNAPROWS = Binding("snaprows", 1, 6, SnapRowsReply.read)  # a snapshot batch and its rows
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
 UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
 
@@ -63,12 +63,12 @@ def aside_call(part: PartitionKeys, token: str, trigger_id: str, mark: tuple[str
     return [part.lease, part.aside], [token, "set" if mark else "drop", trigger_id, at, n]
 
 
-def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],
-                  max_bytes: int = 4 << 20) -> Call:
-    """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
-    event `after` that wrote one of them (at most `budget` events, about `max_bytes` of them,
-    examined)."""
-    return [part.events], [after, budget, part.entry_prefix, max_bytes, *members]
+def snaprows_call(part: PartitionKeys, position: str, most: int, max_bytes: int,
+                  tail_most: int, tail_bytes: int) -> Call:
+    """snaprows.lua: the batch of at most `most` events and about `max_bytes` (of events and
+    entries) after `position`, the entries it changed, and those of the transactions after it
+    that wrote one of them (at most `tail_most` events, about `tail_bytes` of them, examined)."""
+    return [part.events], [position, most, max_bytes, part.entry_prefix, tail_most, tail_bytes]
 
 
 def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:
