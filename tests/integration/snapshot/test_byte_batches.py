@@ -1,0 +1,141 @@
+"""A snapshot batch is bounded in bytes, not only in count (found by a hostile trial: after a
+PostgreSQL outage the snapshotter read up to 1,000 events of up to ~2 MiB each in one read,
+and their entries in one reply). With the budget made small (`rows.BATCH_BYTES`), a catch-up
+over large values commits in many batches, each within the budget, every value exact and the
+position at the stream's end; a transaction whose events straddle the budget still reaches
+PostgreSQL whole; an event larger than the whole budget goes through alone.
+
+The tests drive the snapshotter's steps by hand (`Snapshotter._step`): each step commits one
+batch of the partition, whose position PostgreSQL holds (`sw_positions`) after it."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from stateworker.keys import KeySpace
+from stateworker.snapshot import rows
+from stateworker.snapshot.snapshotter import Snapshotter
+from tests.integration.snapshot.driven import bus_call as call
+from tests.integration.snapshot.driven import opened, snapshot_of
+from tests.integration.snapshot.test_older_copy_between_rounds import stepped
+from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
+from tests.integration.snapshots import caught_up, postgres_entries, redis_entries
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+SCOPE = "big"
+VALUE = 1_000_000  # characters of a large value (its JSON text: 1,000,002 bytes)
+
+
+def position_of(url: str, prefix: str, partition: int) -> tuple[str, int] | None:
+    """The partition's position as PostgreSQL holds it (last id, events applied)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT last_id, n FROM sw_positions WHERE prefix = %s AND "
+                           "partition = %s", (prefix, partition)).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
+async def batches_until_caught_up(snap: Snapshotter, url: str, partition: int,
+                                  most: int) -> list[int]:
+    """Steps until the partition's stream is applied; the events each step's commit moved
+    PostgreSQL's position by (0: none that step). At most `most` steps."""
+    client = snap.state.conn
+    start = position_of(url, snap.prefix, partition)
+    assert start is not None
+    done, moves = start[1], []
+    for _ in range(most):
+        info = await client.execute("XINFO", "STREAM", snap.state.keys.partition(partition).events)
+        added = int(dict(zip(info[::2], info[1::2], strict=True))[b"entries-added"])
+        if done == added:
+            return moves
+        await snap._step()
+        now = position_of(url, snap.prefix, partition)
+        assert now is not None
+        moves.append(now[1] - done)
+        done = now[1]
+    raise AssertionError(f"not caught up after {most} steps: moved by {moves}")
+
+
+async def test_a_catch_up_over_large_values_commits_in_batches_within_the_budget(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 events of ~1 MiB values (25 keys set, then set again: the second events hold the
+    old value too) under a 3 MiB budget: an event and its entry are 2 or 3 MB, so a batch
+    stops after its second event at the latest (the first that reaches the budget); without
+    the bound it was one batch of all 50. PostgreSQL gets every value exactly."""
+    monkeypatch.setattr(rows, "BATCH_BYTES", 3 << 20)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    partition = keys.partition_of(SCOPE)
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()  # (a round: the partition's position, at its stream's end)
+        assert partition in snap.positions
+        start = position_of(postgres_url, prefix, partition)
+        assert start is not None
+        for n in range(50):  # (PostgreSQL away: nothing committed while they are written)
+            await call(state, "state::set", {"scope": SCOPE, "key": f"k{n % 25}",
+                                             "value": f"{n:03}" + "x" * VALUE}, f"c{n}")
+        moves = await batches_until_caught_up(snap, postgres_url, partition, 60)
+        assert sum(moves) == 50 and all(1 <= m <= 2 for m in moves), moves
+        client = own_redis.client()
+        assert caught_up(client, keys)
+        last = client.xinfo_stream(keys.partition(partition).events)["last-generated-id"]
+        assert position_of(postgres_url, prefix, partition) == (last.decode(), start[1] + 50)
+        held = postgres_entries(postgres_url, prefix)
+        assert held == redis_entries(client, keys) and len(held) == 25
+        assert {key: text[:4] for (_, key), (text, *_) in held.items()} == {
+            f"k{n}": f'"{n + 25:03}' for n in range(25)}
+
+
+async def test_a_transaction_across_the_byte_budget_reaches_postgres_whole(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction of 40 writes of 50 KB after two small writes, under a 256 KiB budget:
+    the budget ends inside it (an event and its entry are ~100 KB), and its events after
+    that are more than the events examined after a batch (1 MiB of them). After every
+    commit PostgreSQL holds all of its writes or none."""
+    monkeypatch.setattr(rows, "BATCH_BYTES", 256 << 10)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    partition = KeySpace(prefix, PARTITIONS).partition_of(SCOPE)
+    written = {f"t{n:02}": f"{n:02}" + "y" * 50_000 for n in range(40)}
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        for n in range(2):
+            await call(state, "state::set", {"scope": SCOPE, "key": f"s{n}", "value": n},
+                       f"s{n}")
+        await call(state, "state::transaction", {"scope": SCOPE, "ops": [
+            {"op": "set", "key": key, "value": value} for key, value in written.items()]},
+            "c-tx")
+        await call(state, "state::set", {"scope": SCOPE, "key": "after", "value": 1}, "after")
+        seen = []
+        for _ in range(10):
+            await snap._step()
+            held = snapshot_of(postgres_url, prefix)
+            of_tx = {key for (_, key) in held if key in written}
+            seen.append(len(of_tx))
+            assert of_tx in (set(), set(written)), f"a part of the transaction: {sorted(of_tx)}"
+            if (SCOPE, "after") in held:
+                break
+        assert held[(SCOPE, "t39")] == ('"39' + "y" * 50_000 + '"', 1), seen
+        position = position_of(postgres_url, prefix, partition)
+        assert position is not None and position[1] == 43
+
+
+async def test_an_event_larger_than_the_budget_goes_through_alone(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a 64 KiB budget, three events of ~1 MiB values: each is a batch of its own
+    (taken, not skipped nor waited on for ever), and each value arrives exactly."""
+    monkeypatch.setattr(rows, "BATCH_BYTES", 64 << 10)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    partition = keys.partition_of(SCOPE)
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        for n in range(3):
+            await call(state, "state::set", {"scope": SCOPE, "key": f"k{n}",
+                                             "value": f"{n}" + "z" * VALUE}, f"c{n}")
+        assert await batches_until_caught_up(snap, postgres_url, partition, 10) == [1, 1, 1]
+        assert postgres_entries(postgres_url, prefix) == redis_entries(own_redis.client(), keys)
