@@ -45,7 +45,7 @@ from stateworker.snapshot.behind import WHY, barriers_behind, count_command, cou
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
 from stateworker.snapshot.rows import SCAN_COUNT, confirm
-from stateworker.snapshot.tables import PgConnection, commit_count
+from stateworker.snapshot.tables import Paged, PgConnection, commit_count, pages
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import checked_pipeline, pipeline
@@ -63,7 +63,7 @@ WHERE b.w < excluded.w
 DELETE = "DELETE FROM sw_barriers WHERE prefix = %s AND id = %s"
 PRUNE = "DELETE FROM sw_barriers WHERE prefix = %s AND expires_ms <= %s"
 # The highest `w` of each partition's barriers not expired (a restore leaves the expired out
-# and sets the counter from the rest: counter_commands); one index probe each (0007).
+# and sets the counter from the rest: `restore`); one index probe each (0007).
 HIGHEST = """
 SELECT p, (SELECT max(w) FROM sw_barriers WHERE prefix = %s AND partition = p
            AND (expires_ms IS NULL OR expires_ms > %s))
@@ -258,12 +258,30 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
     FORGET.read(reply[0])
 
 
-async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:
-    """(id, exact msgpack) of every barrier of the prefix in PostgreSQL not expired yet."""
-    cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s AND "
-                              "(expires_ms IS NULL OR expires_ms > %s)", (prefix, now_ms()))
-    return [(from_pg(str(i)), bytes(e))  # type: ignore[call-overload]
-            for i, e in await cursor.fetchall()]
+# The barriers a restore puts back: those not expired yet (tables.pages: a hash holds up to a
+# 2 MiB payload).
+STORED_PAGES = Paged("sw_barriers", "id, exact", 1, "octet_length(exact)",
+                     "(expires_ms IS NULL OR expires_ms > %s)")
+
+
+async def restore(state: RedisState, pg: PgConnection) -> int:
+    """A restore: every barrier of the prefix in PostgreSQL not expired yet put back
+    (`restore_commands`), a page at a time, then each partition's write counter at the highest
+    `w` put back, so the next write numbers above what PostgreSQL holds; how many."""
+    highest: dict[str, int] = {}
+    restored = 0
+    async for page in pages(pg, STORED_PAGES, state.settings.prefix, (now_ms(),)):
+        stored = [(from_pg(str(i)), bytes(e)) for i, e in page]  # type: ignore[call-overload]
+        await checked_pipeline(state.conn, restore_commands(state, stored), "restore")
+        for barrier_id, exact in stored:
+            w = int(msgspec.msgpack.decode(exact, type=dict[bytes, bytes]).get(b"w", b"0"))
+            counter = state.keys.barrier_partition(barrier_id).barrier_writes
+            highest[counter] = max(highest.get(counter, 0), w)
+        restored += len(stored)
+    if highest:
+        await checked_pipeline(state.conn, [["SET", counter, w] for counter, w
+                                            in sorted(highest.items())], "restore")
+    return restored
 
 
 def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
@@ -280,14 +298,3 @@ def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list
         if b"z" in fields:
             commands.append(["PEXPIREAT", name, int(fields[b"z"])])
     return commands
-
-
-def counter_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
-    """Each partition's barrier write counter at the highest `w` of every barrier put back, so
-    the next write numbers above what PostgreSQL holds."""
-    highest: dict[str, int] = {}
-    for barrier_id, exact in stored:
-        w = int(msgspec.msgpack.decode(exact, type=dict[bytes, bytes]).get(b"w", b"0"))
-        counter = state.keys.barrier_partition(barrier_id).barrier_writes
-        highest[counter] = max(highest.get(counter, 0), w)
-    return [["SET", counter, w] for counter, w in sorted(highest.items())]

@@ -31,7 +31,7 @@ from stateworker.clock import now_ms
 from stateworker.events.model import revision_of
 from stateworker.scripts.bindings import DIGEST_BYTES, RECORD_SLICES, slice_ms
 from stateworker.snapshot.generation import Fenced
-from stateworker.snapshot.tables import CallRow, PgConnection, StoredPosition, apply_records
+from stateworker.snapshot.tables import CallRow, Paged, PgConnection, StoredPosition, apply_records, pages
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import checked_pipeline
@@ -118,31 +118,36 @@ async def prune(pg: PgConnection, prefix: str, window_ms: int) -> None:
                      (prefix, now_ms() - window_ms))
 
 
+# The records a restore puts back, those of the last window (tables.pages: a record holds its
+# call's reply, values and all).
+RECORD_PAGES = Paged("sw_calls", "field, partition, value, at_ms", 1, "octet_length(value)",
+                     "at_ms >= %s")
+
+
 async def restore(state: RedisState, pg: PgConnection) -> int:
-    """The records of the last window back into Redis; how many."""
+    """The records of the last window back into Redis, a page at a time; how many."""
     settings, keys = state.settings, state.keys
     ms, now = slice_ms(settings), now_ms()
-    rows = await (await pg.execute(
-        "SELECT field, partition, value, at_ms FROM sw_calls WHERE prefix = %s AND at_ms >= %s",
-        (settings.prefix, now - settings.dedupe_window_ms))).fetchall()
-    commands: list[list[Any]] = []
     restored = 0
-    for row in rows:
-        field, partition, value = bytes(row[0]), int(row[1]), bytes(row[2])  # type: ignore[call-overload]
-        slice_ = int(row[3]) // ms  # type: ignore[call-overload]
-        keep = (slice_ + RECORD_SLICES + 1) * ms - now  # (records.lua's expiry of the slice)
-        if keep <= 0:
-            continue
-        names = [(keys.call_ids(field, slice_), value)]
-        if state.cluster:  # the record in its partition, the id bound at its home
-            names = [(keys.partition(partition).call_records(slice_), value)]
-            if keys.id_home(field) != partition:  # (at home, the record binds it)
-                names.append((keys.binding(field, slice_, True), value[:DIGEST_BYTES]))
-        for name, held in names:
-            commands += [["HSET", name, field, held], ["PEXPIRE", name, keep]]
-        restored += 1
-    # Every reply checked (an error raised, the restore not gone on past it): a record not
-    # written back (OOM, a key of another type) would let a retry of its call run again.
-    for start in range(0, len(commands), 2 * BATCH):
-        await checked_pipeline(state.conn, commands[start:start + 2 * BATCH], "restore")
+    async for page in pages(pg, RECORD_PAGES, settings.prefix,
+                            (now - settings.dedupe_window_ms,)):
+        commands: list[list[Any]] = []
+        for row in page:
+            field, partition, value = bytes(row[0]), int(row[1]), bytes(row[2])  # type: ignore[call-overload]
+            slice_ = int(row[3]) // ms  # type: ignore[call-overload]
+            keep = (slice_ + RECORD_SLICES + 1) * ms - now  # (records.lua's expiry of the slice)
+            if keep <= 0:
+                continue
+            names = [(keys.call_ids(field, slice_), value)]
+            if state.cluster:  # the record in its partition, the id bound at its home
+                names = [(keys.partition(partition).call_records(slice_), value)]
+                if keys.id_home(field) != partition:  # (at home, the record binds it)
+                    names.append((keys.binding(field, slice_, True), value[:DIGEST_BYTES]))
+            for name, held in names:
+                commands += [["HSET", name, field, held], ["PEXPIRE", name, keep]]
+            restored += 1
+        # Every reply checked (an error raised, the restore not gone on past it): a record not
+        # written back (OOM, a key of another type) would let a retry of its call run again.
+        if commands:
+            await checked_pipeline(state.conn, commands, "restore")
     return restored

@@ -3,24 +3,29 @@ PostgreSQL outage the snapshotter read up to 1,000 events of up to ~2 MiB each i
 and their entries in one reply). With the budget made small (`rows.BATCH_BYTES`), a catch-up
 over large values commits in many batches, each within the budget, every value exact and the
 position at the stream's end; a transaction whose events straddle the budget still reaches
-PostgreSQL whole; an event larger than the whole budget goes through alone.
+PostgreSQL whole; an event larger than the whole budget goes through alone. A restore reads and
+writes back in pages bounded the same way (`tables.PAGE_BYTES`).
 
 The tests drive the snapshotter's steps by hand (`Snapshotter._step`): each step commits one
 batch of the partition, whose position PostgreSQL holds (`sw_positions`) after it."""
 
 from __future__ import annotations
 
+import itertools
+
 import psycopg
 import pytest
 
 from stateworker.keys import KeySpace
-from stateworker.snapshot import rows
+from stateworker.snapshot import restore as restoring
+from stateworker.snapshot import rows, tables
 from stateworker.snapshot.snapshotter import Snapshotter
+from stateworker.state import lifecycle
+from tests.integration.snapshot.driven import as_json, opened, snapshot_of
 from tests.integration.snapshot.driven import bus_call as call
-from tests.integration.snapshot.driven import opened, snapshot_of
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped
 from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
-from tests.integration.snapshots import caught_up, postgres_entries, redis_entries
+from tests.integration.snapshots import calls_saved, caught_up, postgres_entries, redis_entries
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -139,3 +144,49 @@ async def test_an_event_larger_than_the_budget_goes_through_alone(
                                              "value": f"{n}" + "z" * VALUE}, f"c{n}")
         assert await batches_until_caught_up(snap, postgres_url, partition, 10) == [1, 1, 1]
         assert postgres_entries(postgres_url, prefix) == redis_entries(own_redis.client(), keys)
+
+
+@pytest.mark.parametrize(("budget", "pages"), [(3 << 20, [4, 4, 4, 30]),
+                                               (64 << 10, [1] * 12 + [30])])
+async def test_a_restore_writes_back_in_pages_within_the_budget(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch, budget: int, pages: list[int]) -> None:
+    """12 values of ~1 MB (keys b00..b11, first in key order) and 30 small ones, each written
+    by a bus call: a restore reads and writes them back a page at a time, a page ending after
+    the row that reaches the budget (3 MiB: four large rows; 64 KiB: each large row alone, not
+    skipped), every value exact; its progress climbs page by page to the total; a retry of
+    each call after it is answered from its record, not applied again."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    partition = keys.partition_of(SCOPE)
+    written = {**{f"b{n:02}": f"{n:02}" + "w" * VALUE for n in range(12)},
+               **{f"s{n:02}": n for n in range(30)}}
+    replies = {}
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        for key, value in written.items():
+            replies[key] = await call(state, "state::set", {"scope": SCOPE, "key": key,
+                                                            "value": value}, f"c-{key}")
+        await batches_until_caught_up(snap, postgres_url, partition, 30)
+    client = own_redis.client()
+    assert calls_saved(client, keys)
+    before = redis_entries(client, keys)
+    assert len(before) == 42
+
+    client.flushall()
+    monkeypatch.setattr(tables, "PAGE_BYTES", budget)
+    progress: list[tuple[int, int]] = []
+    async with lifecycle.open_state(settings=settings, reaper=False) as state:
+        summary = await restoring.restore(state, postgres_url,
+                                          lambda done, total: progress.append((done, total)))
+    assert (summary.entries, summary.calls) == (42, 42)
+    assert [done for done, _ in progress] == list(itertools.accumulate(pages))
+    assert {total for _, total in progress} == {42}
+    assert redis_entries(client, keys) == before
+
+    async with opened(settings) as state:
+        for key, value in written.items():
+            again = await call(state, "state::set", {"scope": SCOPE, "key": key,
+                                                     "value": value}, f"c-{key}")
+            assert as_json(again) == as_json(replies[key])
+    assert redis_entries(client, keys) == before  # (no version 2 anywhere)
