@@ -151,23 +151,27 @@ async def test_an_event_larger_than_the_budget_goes_through_alone(
 async def test_a_restore_writes_back_in_pages_within_the_budget(
         own_redis: RedisServer, prefix: str, postgres_url: str,
         monkeypatch: pytest.MonkeyPatch, budget: int, pages: list[int]) -> None:
-    """12 values of ~1 MB (keys b00..b11, first in key order) and 30 small ones, each written
-    by a bus call: a restore reads and writes them back a page at a time, a page ending after
-    the row that reaches the budget (3 MiB: four large rows; 64 KiB: each large row alone, not
-    skipped), every value exact; its progress climbs page by page to the total; a retry of
-    each call after it is answered from its record, not applied again."""
+    """12 values of ~1 MB (keys b00..b11, first in key order; each written twice, so the
+    second call's record holds the first value) and 30 small ones, each write a bus call: a
+    restore reads and writes them back a page at a time, a page ending after the row that
+    reaches the budget (3 MiB: four large rows; 64 KiB: each large row alone, not skipped),
+    every value exact; its progress climbs page by page to the total; the records come back
+    in pages too, and a retry of each call after it is answered from its record, not applied
+    again."""
     settings = settings_for(own_redis.url, prefix, postgres_url)
     keys = KeySpace(prefix, PARTITIONS)
     partition = keys.partition_of(SCOPE)
-    written = {**{f"b{n:02}": f"{n:02}" + "w" * VALUE for n in range(12)},
-               **{f"s{n:02}": n for n in range(30)}}
+    bodies = [(f"c0-b{n:02}", {"scope": SCOPE, "key": f"b{n:02}", "value": "0" + "v" * VALUE})
+              for n in range(12)]
+    bodies += [(f"c-b{n:02}", {"scope": SCOPE, "key": f"b{n:02}", "value": f"{n:02}" + "w" * VALUE})
+               for n in range(12)]
+    bodies += [(f"c-s{n:02}", {"scope": SCOPE, "key": f"s{n:02}", "value": n}) for n in range(30)]
     replies = {}
     async with opened(settings) as state, stepped(state, postgres_url) as snap:
         await snap._step()
-        for key, value in written.items():
-            replies[key] = await call(state, "state::set", {"scope": SCOPE, "key": key,
-                                                            "value": value}, f"c-{key}")
-        await batches_until_caught_up(snap, postgres_url, partition, 30)
+        for call_id, body in bodies:
+            replies[call_id] = await call(state, "state::set", body, call_id)
+        await batches_until_caught_up(snap, postgres_url, partition, 40)
     client = own_redis.client()
     assert calls_saved(client, keys)
     before = redis_entries(client, keys)
@@ -179,14 +183,13 @@ async def test_a_restore_writes_back_in_pages_within_the_budget(
     async with lifecycle.open_state(settings=settings, reaper=False) as state:
         summary = await restoring.restore(state, postgres_url,
                                           lambda done, total: progress.append((done, total)))
-    assert (summary.entries, summary.calls) == (42, 42)
+    assert (summary.entries, summary.calls) == (42, len(bodies))
     assert [done for done, _ in progress] == list(itertools.accumulate(pages))
     assert {total for _, total in progress} == {42}
     assert redis_entries(client, keys) == before
 
     async with opened(settings) as state:
-        for key, value in written.items():
-            again = await call(state, "state::set", {"scope": SCOPE, "key": key,
-                                                     "value": value}, f"c-{key}")
-            assert as_json(again) == as_json(replies[key])
+        for call_id, body in bodies:
+            again = await call(state, "state::set", body, call_id)
+            assert as_json(again) == as_json(replies[call_id]), call_id
     assert redis_entries(client, keys) == before  # (no version 2 anywhere)
