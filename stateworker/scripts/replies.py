@@ -205,6 +205,18 @@ class SnapRowsReply(NamedTuple):
                    reply[4] == 1, rows)
 
 
+class Page(NamedTuple):
+    """snappage.lua: a stream's entries ({id, [field, value, ...]}) and whether the page ended
+    at its bounds (`more`: entries may follow) rather than at the stream's end."""
+
+    more: bool
+    entries: list[Any]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Page:
+        return cls(reply[1] == 1, reply[2])
+
+
 class TriggerReply(NamedTuple):
     """trigger.lua. OK: whether the id was registered before. CONFLICT: refused,
     `registered` registrations already (and, refused for their bytes: `bytes`, what they would

@@ -1,7 +1,7 @@
 """The bindings of the scripts the service's own upkeep runs, not a caller's call: the leases
 and positions of the dispatcher and the snapshot (lease, advance), a set-aside trigger's
 mark (aside), the snapshot's reads
-(snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
+(snapread, snaprows, snappage) and its barrier bookkeeping (forget), a restore's markers (stamp), the
 packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap") and the console's
 sessions (session). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace, PartitionKeys
 from stateworker.scripts.library import Binding
-from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply
+from stateworker.scripts.replies import Counted, Marked, Moved, Page, ReapReply, SnapRowsReply
 from stateworker.settings import Settings
 from stateworker.transport.wire import Arg
 
@@ -30,8 +30,10 @@ STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 REAP = Binding("reap", 3, 4, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 6, SnapRowsReply.read)  # a snapshot batch and its rows
+SNAPPAGE = Binding("snappage", 1, 3, Page.read)  # a page of a stream of unsaved records
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
-UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION)  # (all)
+UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SNAPPAGE,
+          SESSION)  # (all)
 
 
 def forget_call(changed: str, barriers: Sequence[str], writes: Sequence[str]) -> Call:
@@ -69,6 +71,12 @@ def snaprows_call(part: PartitionKeys, position: str, most: int, max_bytes: int,
     entries) after `position`, the entries it changed, and those of the transactions after it
     that wrote one of them (at most `tail_most` events, about `tail_bytes` of them, examined)."""
     return [part.events], [position, most, max_bytes, part.entry_prefix, tail_most, tail_bytes]
+
+
+def snappage_call(stream: str, start: str, most: int, max_bytes: int) -> Call:
+    """snappage.lua: the entries of `stream` from `start` ("(" .. id: after it), at most `most`
+    and about `max_bytes` of them."""
+    return [stream], [start, most, max_bytes]
 
 
 def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:

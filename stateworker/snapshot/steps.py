@@ -311,10 +311,11 @@ class SnapshotSteps:
         found, read = await rows.scan_partition(
             self.state, self.state.keys.partition(partition), self.generation,
             (partition, self.reads.get(partition, 0)))
-        unsaved = await calls.read_unsaved(self.state, partition, revision_of(start.id),
-                                           self.generation, _members(found))
+        unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id),
+                                     self.generation, _members(found))
         await tables.apply_rescan(pg, self.prefix, partition, found, start,
-                                  generation=self.generation, reads=read, records=unsaved.rows)
+                                  generation=self.generation, reads=read,
+                                  records=unsaved.pages())
         self.reads[partition] = read
         await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
@@ -343,11 +344,13 @@ class SnapshotSteps:
             return False
         moved = StoredPosition(batch.last, held.n + batch.events)
         # The records of every change the rows hold: a row is read as it is now, so it may
-        # hold changes past the batch (calls.py). Read after the rows, from the same generation.
-        unsaved = await calls.read_unsaved(self.state, partition, revision_of(moved.id),
-                                           self.generation, _members(batch.rows))
+        # hold changes past the batch (calls.py). Read after the rows, from the same
+        # generation, a page at a time by the commit.
+        unsaved = calls.read_unsaved(self.state, partition, revision_of(moved.id),
+                                     self.generation, _members(batch.rows))
         await tables.apply(pg, self.prefix, partition, batch.rows, batch.gone, moved,
-                           generation=self.generation, reads=batch.read, records=unsaved.rows)
+                           generation=self.generation, reads=batch.read,
+                           records=unsaved.pages())
         self.reads[partition] = batch.read
         self.positions[partition] = moved
         await calls.forget_saved(self.state, partition, unsaved)

@@ -13,7 +13,7 @@ whole (`commit_count`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -187,15 +187,29 @@ class CallRow:
     at_ms: int
 
 
+# The call records a commit carries: given, or read by the commit a page at a time (calls.py's
+# `Unsaved.pages`, inside its transaction: never all in memory at once).
+Records = Sequence[CallRow] | AsyncIterable[Sequence[CallRow]]
+
+
+async def _pages(records: Records) -> AsyncIterator[Sequence[CallRow]]:
+    if isinstance(records, AsyncIterable):
+        async for page in records:
+            yield page
+    else:
+        yield records
+
+
 async def _records(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str,
-                   partition: int, records: Sequence[CallRow]) -> None:
-    if records:
-        await cursor.executemany(CALL_UPSERT, [(prefix, r.field, partition, r.value,
-                                                *r.revision, r.at_ms) for r in records])
+                   partition: int, records: Records) -> None:
+    async for page in _pages(records):
+        if page:
+            await cursor.executemany(CALL_UPSERT, [(prefix, r.field, partition, r.value,
+                                                    *r.revision, r.at_ms) for r in page])
 
 
 async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
-                  rows: Sequence[Row], records: Sequence[CallRow], generation: str) -> None:
+                  rows: Sequence[Row], records: Records, generation: str) -> None:
     """A batch's first statements: the fence (PostgreSQL still follows `generation`), the
     records of the calls, the rows written."""
     await fence(cursor, prefix, generation)
@@ -211,7 +225,7 @@ async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, 
 
 async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
                 gone: Sequence[Gone], position: StoredPosition, *, generation: str,
-                reads: int, records: Sequence[CallRow] = ()) -> None:
+                reads: int, records: Records = ()) -> None:
     """One batch: its rows, its deletes, the records of the calls that changed them, the
     partition's new position and the count of the read (`reads`), one transaction, while
     PostgreSQL follows `generation`."""
@@ -228,7 +242,7 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
 
 async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
                        position: StoredPosition, *, generation: str, reads: int,
-                       records: Sequence[CallRow] = ()) -> None:
+                       records: Records = ()) -> None:
     """A partition's full rescan: every live entry (and the records of the calls that made
     them), and the rows of entries no longer in Redis removed (up to the position the rescan
     started from)."""
@@ -303,13 +317,20 @@ async def reset_positions(conn: PgConnection, prefix: str,
              now_ms()) for n, p in positions.items()])
 
 
-async def apply_records(conn: PgConnection, prefix: str, partition: int,
-                        records: Sequence[CallRow], generation: str) -> None:
+async def apply_records(conn: PgConnection, prefix: str, partition: int, records: Records,
+                        generation: str) -> None:
     """Call records alone (snapshot/calls.py `store_unsaved`), while PostgreSQL follows
-    `generation`."""
+    `generation`; no transaction when there are none (their first page read before it)."""
+    pages = _pages(records)
+    async for first in pages:
+        if first:
+            break
+    else:
+        return
     async with conn.transaction(), conn.cursor() as cursor:
         await fence(cursor, prefix, generation)
-        await _records(cursor, prefix, partition, records)
+        await _records(cursor, prefix, partition, first)
+        await _records(cursor, prefix, partition, pages)
 
 
 # A restore's pages: rows read from PostgreSQL in one query and written back in one Redis

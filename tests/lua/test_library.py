@@ -26,9 +26,11 @@ from stateworker.scripts.library import Library, read_header
 from stateworker.scripts.upkeep_bindings import (
     ASIDE,
     SESSION,
+    SNAPPAGE,
     SNAPROWS,
     aside_call,
     session_call,
+    snappage_call,
     snaprows_call,
 )
 from stateworker.snapshot import barriers, behind
@@ -150,6 +152,9 @@ async def test_every_script_call_hashes_to_one_slot(
     await pipeline(store.state.conn, store.state.library, [SNAPROWS.command(  # snaprows.lua
         store.state.library, *snaprows_call(store.state.keys.for_scope(scope), "0-0", 10,
                                             1 << 20, 10, 1 << 20))])
+    await pipeline(store.state.conn, store.state.library, [SNAPPAGE.command(  # snappage.lua
+        store.state.library, *snappage_call(store.state.keys.for_scope(scope).unsaved_calls,
+                                            "-", 10, 1 << 20))])
     for record in (b"[]", None):  # session.lua: a console session opened, then closed
         await pipeline(store.state.conn, store.state.library, [SESSION.command(
             store.state.library, *session_call(store.state.keys, "d", "p", record, 2**42, 16))])

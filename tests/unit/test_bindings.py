@@ -144,6 +144,7 @@ BUILT: dict[str, Callable[[], list[b.Call]]] = {
                                    rb.PageBounds(1, 2, 3, 4, 5, 6), "w") for c in (None, "c")],
     "config": lambda: [b.config_call(SPACE, []), b.config_call(SPACE, [("a", "1"), ("b", "")])],
     "snaprows": lambda: [ub.snaprows_call(PART, "1-0", 10, 1 << 20, 10, 1 << 20)],
+    "snappage": lambda: [ub.snappage_call("s", "-", 10, 1 << 20)],
     "session": lambda: [ub.session_call(SPACE, "d", "p", b"[]", 5, 16),
                         ub.session_call(SPACE, "d", "p", None)],
 }

@@ -16,12 +16,12 @@ import itertools
 import psycopg
 import pytest
 
-from stateworker.keys import KeySpace
+from stateworker.keys import KeySpace, call_field
+from stateworker.snapshot import calls, rows, tables
 from stateworker.snapshot import restore as restoring
-from stateworker.snapshot import rows, tables
 from stateworker.snapshot.snapshotter import Snapshotter
 from stateworker.state import lifecycle
-from tests.integration.snapshot.driven import as_json, opened, snapshot_of
+from tests.integration.snapshot.driven import as_json, opened, snapshot_of, stored_calls
 from tests.integration.snapshot.driven import bus_call as call
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped
 from tests.integration.snapshot.test_repair import PARTITIONS, settings_for
@@ -193,3 +193,34 @@ async def test_a_restore_writes_back_in_pages_within_the_budget(
             again = await call(state, "state::set", body, call_id)
             assert as_json(again) == as_json(replies[call_id]), call_id
     assert redis_entries(client, keys) == before  # (no version 2 anywhere)
+
+
+async def test_a_batch_carries_every_record_of_its_rows_across_record_pages(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of one event (rows.BATCH = 1) reads its key as it is now, ten calls later: it
+    carries the records of all eleven calls (each of the last ten holding a 100 KB old value),
+    read a page of about 64 KiB at a time inside its commit. After that one commit PostgreSQL
+    holds every record with the change; restored from it, a retry of each call is answered
+    from its record and none is applied again."""
+    monkeypatch.setattr(rows, "BATCH", 1)
+    monkeypatch.setattr(calls, "BATCH_BYTES", 64 << 10)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    bodies = [(f"h{n:02}", {"scope": SCOPE, "key": "hot", "value": f"{n:02}" + "h" * 100_000})
+              for n in range(11)]
+    replies = {}
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()
+        for call_id, body in bodies:
+            replies[call_id] = await call(state, "state::set", body, call_id)
+        await snap._step()
+        assert snapshot_of(postgres_url, prefix)[(SCOPE, "hot")][1] == 11
+        assert stored_calls(postgres_url, prefix) == {call_field(c) for c, _ in bodies}
+    client = own_redis.client()
+    client.flushall()
+    async with opened(settings) as state:  # (the repair at start restores the snapshot)
+        for call_id, body in bodies:
+            again = await call(state, "state::set", body, call_id)
+            assert as_json(again) == as_json(replies[call_id]), call_id
+    entry = redis_entries(client, KeySpace(prefix, PARTITIONS))[(SCOPE, "hot")]
+    assert entry[1] == 11 and entry[0].startswith('"10')
