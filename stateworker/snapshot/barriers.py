@@ -4,8 +4,9 @@ A barrier writes no change event, so the snapshot cannot follow it in the event 
 Instead every write of `lua/barrier.lua` adds the barrier's hash to its partition's
 `barriers_changed` set and counts one more write in the hash's `w` field. Once a round, for
 each partition it holds, the snapshotter reads that set (SRANDMEMBER, a batch at a time:
-only what changed, never a scan), reads those hashes (HGETALL, pipelined), upserts them in
-one transaction (a row is replaced only by one with a higher `w`), and then forgets them
+only what changed, never a scan), reads those hashes (HGETALL, pipelined, in parts of about
+`BATCH_BYTES` by their MEMORY USAGE), upserts each part in one transaction (a row is replaced
+only by one with a higher `w`), and then forgets them
 (`lua/forget.lua`): each is removed from the set only if its `w` is still the one stored, so
 a barrier written again (or deleted) between the read and the forget stays marked for the
 next round (a delete-barrier's kept reply waits for its mark to go: snapshot/kept.py). A
@@ -44,7 +45,7 @@ from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
-from stateworker.snapshot.rows import SCAN_COUNT, confirm
+from stateworker.snapshot.rows import SCAN_COUNT, bounded, confirm
 from stateworker.snapshot.tables import Paged, PgConnection, commit_count, pages
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
@@ -78,6 +79,9 @@ DELETE FROM sw_barriers WHERE prefix = %s AND partition = %s AND w <= %s AND NOT
 """
 
 BATCH = 1000  # barriers read and stored per round and partition, at most
+# ... read and committed in parts of about this many bytes (a barrier holds up to a 2 MiB
+# payload: 1,000 of them read at once were ~2 GiB). As a batch (rows.BATCH_BYTES).
+BATCH_BYTES = 8 << 20
 # The partition's history hash field (keys.PartitionKeys.history) that says a snapshot follows
 # its barriers: `RESCAN` until its barriers have been copied whole, then `FOLLOWED`. Read by
 # lua/includes/barriermarks.lua by this name.
@@ -116,14 +120,30 @@ class BarrierRow:
 
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                         generation: str, reads: dict[int, int]) -> int:
-    """Store the partition's changed barriers and forget them; how many were stored. Read
-    from a Redis whose partition marker is `generation` before and after (Fenced if not),
-    and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring); the read
-    counted against the count PostgreSQL holds (`reads`, raised to the read's: behind.py)."""
+    """Store the partition's changed barriers (up to BATCH of them) and forget them, in parts
+    of about BATCH_BYTES (`sizes`), each read and committed on its own; how many were stored.
+    Each read from a Redis whose partition marker is `generation` before and after (Fenced if
+    not), and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring); the
+    read counted against the count PostgreSQL holds (`reads`, raised to the read's: behind.py)."""
     keys = state.keys.partition(partition)
     names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
     if not names:
         return 0
+    for part in bounded(await sizes(state, names), BATCH_BYTES):
+        await _store_changed(state, pg, prefix, partition, generation, reads, names[part])
+    return len(names)
+
+
+async def sizes(state: RedisState, names: list[bytes]) -> list[int | None]:
+    """The bytes each barrier hash takes (MEMORY USAGE, every field counted; None: gone)."""
+    replies: list[int | None] = await state.conn.pipeline(
+        [["MEMORY", "USAGE", name, "SAMPLES", 0] for name in names])
+    return replies
+
+
+async def _store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                         generation: str, reads: dict[int, int], names: list[bytes]) -> None:
+    keys = state.keys.partition(partition)
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     hashes: list[list[Any]] = [["HGETALL", name] for name in names]
     stored = reads.get(partition, 0)
@@ -149,7 +169,6 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     reads[partition] = read
     await forget(state, keys, names, {keys.barrier(b.id): b.fields.get(b"w", b"").decode()
                                       for b in found})
-    return len(names)
 
 
 async def follow(state: RedisState, partitions: list[int]) -> list[int]:
@@ -168,27 +187,35 @@ async def follow(state: RedisState, partitions: list[int]) -> list[int]:
 
 async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                  generation: str, reads: dict[int, int]) -> int:
-    """Every barrier of the partition stored (SCAN, HGETALL in pipelines), the rows of those
-    gone deleted, then the partition `FOLLOWED`; how many were stored. Called after `follow`:
-    what the scan misses was written after it, so it is marked. Fenced, BarriersBehind and the
-    read counted as in `store_changed`."""
+    """Every barrier of the partition stored (SCAN, then HGETALL in parts of about BATCH_BYTES,
+    each part read and committed on its own), the rows of those gone deleted, then the
+    partition `FOLLOWED`; how many were stored. Called after `follow`: what the scan misses was
+    written after it, so it is marked. Fenced, BarriersBehind and each read counted as in
+    `store_changed`."""
     keys = state.keys.partition(partition)
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     held, counter = await checked_pipeline(state.conn, [marker, ["GET", keys.barrier_writes]],
                                            "snapshot: barriers rescanned")
     confirm(keys, held, generation)
     written = int(counter or 0)
-    found: list[BarrierRow] = []
+    ids: list[str] = []
     cursor: Any = b"0"
     while True:
         cursor, names = await state.conn.execute("SCAN", cursor, "MATCH",
                                                  keys.barrier_prefix + "*", "COUNT",
                                                  SCAN_COUNT, "TYPE", "hash")
-        if names:
-            replies = await state.conn.pipeline([["HGETALL", name] for name in names])
-            found += [BarrierRow(keys.barrier_id_of(name),
-                                 dict(zip(flat[::2], flat[1::2], strict=True)))
-                      for name, flat in zip(names, replies, strict=True) if flat]
+        for part in bounded(await sizes(state, names) if names else [], BATCH_BYTES):
+            stored = reads.get(partition, 0)
+            *replies, after, count = await pipeline(state.conn, state.library, [
+                *(["HGETALL", name] for name in names[part]), marker,
+                count_command(state, keys.snapshot_reads, stored)])
+            confirm(keys, after, generation)
+            found = [BarrierRow(keys.barrier_id_of(name),
+                                dict(zip(flat[::2], flat[1::2], strict=True)))
+                     for name, flat in zip(names[part], replies, strict=True) if flat]
+            await _store_found(state, pg, prefix, partition, generation, (written, found),
+                               (reads, counted(partition, count, stored)))
+            ids += [b.id for b in found]
         if cursor in (b"0", "0"):
             break
     stored = reads.get(partition, 0)
@@ -199,14 +226,28 @@ async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: in
     await settle(state)
     async with pg.transaction(), pg.cursor() as cur:
         await fence(cur, prefix, generation)
-        await _not_behind(cur, prefix, partition, written, found)
-        if found:
-            await cur.executemany(UPSERT, [b.params(prefix, partition) for b in found])
-        await cur.execute(VANISHED, (prefix, partition, written, [to_pg(b.id) for b in found]))
+        await cur.execute(VANISHED, (prefix, partition, written, [to_pg(i) for i in ids]))
         await commit_count(cur, prefix, partition, read)
     reads[partition] = read
     await state.conn.execute("HSET", keys.history, FOLLOWED_FIELD, FOLLOWED)
-    return len(found)
+    return len(ids)
+
+
+async def _store_found(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                       generation: str, found: tuple[int, list[BarrierRow]],
+                       read: tuple[dict[int, int], int]) -> None:
+    """A part of a rescan: the barriers it read (`found`: with the write counter read before
+    the scan) stored, with its read's count (`read`: the counts PostgreSQL holds, raised)."""
+    written, rows = found
+    reads, count = read
+    await settle(state)
+    async with pg.transaction(), pg.cursor() as cur:
+        await fence(cur, prefix, generation)
+        await _not_behind(cur, prefix, partition, written, rows)
+        if rows:
+            await cur.executemany(UPSERT, [b.params(prefix, partition) for b in rows])
+        await commit_count(cur, prefix, partition, count)
+    reads[partition] = count
 
 
 async def highest_w(pg: PgConnection, prefix: str, partitions: list[int]) -> dict[int, int]:

@@ -1,11 +1,12 @@
 """Redis entries -> snapshot rows: a batch of a partition's events, bounded in count and in
 bytes, read with the entries it changed and those of the transactions after the batch that
 wrote one of them, in one script (snaprows.lua; their stored form: state/kv/packed.py), and a
-full scan of one partition's entries (a rescan)."""
+full scan of one partition's entries (a rescan), in parts bounded the same way."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,31 +120,57 @@ async def read_batch(state: RedisState, partition: PartitionKeys, generation: st
     return Batch(rows, gone, counted_read, read.last or position.id, read.events, read.more)
 
 
+def bounded(sizes: Sequence[int | None], budget: int) -> Iterator[slice]:
+    """`sizes` (None: 0) in consecutive runs, each ending after the item that reaches `budget`:
+    one item at least, however large."""
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        total += size or 0
+        if total >= budget:
+            yield slice(start, i + 1)
+            start, total = i + 1, 0
+    if start < len(sizes):
+        yield slice(start, len(sizes))
+
+
 async def scan_partition(state: RedisState, partition: PartitionKeys, generation: str,
-                         at: tuple[int, int]) -> tuple[list[Row], int]:
-    """Every entry of a partition (SCAN, then GET in pipelines of SCAN_COUNT), of a Redis
-    whose partition marker is `generation` when the scan begins; and the scan's count, once
-    it is done (`at`: the partition's number and the count of reads PostgreSQL holds;
-    Fenced when Redis's is below: snapshot/behind.py)."""
+                         at: tuple[int, int]) -> AsyncIterator[tuple[list[Row], int]]:
+    """Every entry of a partition, in parts of at most SCAN_COUNT entries and about
+    BATCH_BYTES (SCAN, their sizes, then GET in a pipeline per part: a partition may hold far
+    more than fits in memory), each part with its read's count (`at`: the partition's number
+    and the count of reads PostgreSQL holds; each part's count becomes it once the caller
+    commits the part); each read from a Redis whose partition marker is `generation`, and
+    whose count is not below PostgreSQL's (Fenced: snapshot/behind.py)."""
     number, reads = at
-    confirm(partition, await state.conn.execute("HGET", partition.history, PARTITION_FIELD),
-            generation)
+    marker: list[Any] = ["HGET", partition.history, PARTITION_FIELD]
+    confirm(partition, await state.conn.execute(*marker), generation)
     prefix = partition.entry_prefix.encode()
-    rows: list[Row] = []
     cursor: Any = b"0"
     while True:
         cursor, names = await state.conn.execute("SCAN", cursor, "MATCH",
                                                  partition.entry_prefix + "*",
                                                  "COUNT", SCAN_COUNT, "TYPE", "string")
-        if names:
-            replies = await state.conn.pipeline([["GET", name] for name in names])
-            for name, fields in zip(names, replies, strict=True):
-                row = row_of(*split_member(name[len(prefix):]), fields)
-                if row is not None:
-                    rows.append(row)
-        if cursor in (b"0", "0"):
-            reply = await pipeline(state.conn, state.library,
-                                   [count_command(state, partition.snapshot_reads, reads)])
-            read = counted(number, reply[0], reads)
+        sizes = await state.conn.pipeline([["STRLEN", name] for name in names]) if names else []
+        for part in bounded(sizes, BATCH_BYTES):
+            held, *replies, count = await pipeline(state.conn, state.library, [
+                marker, *(["GET", name] for name in names[part]),
+                count_command(state, partition.snapshot_reads, reads)])
+            confirm(partition, held, generation)
+            reads = counted(number, count, reads)
             await settle(state)
-            return rows, read
+            found = [row_of(*split_member(name[len(prefix):]), fields)
+                     for name, fields in zip(names[part], replies, strict=True)]
+            yield [row for row in found if row is not None], reads
+        if cursor in (b"0", "0"):
+            return
+
+
+async def count_scan(state: RedisState, partition: PartitionKeys, at: tuple[int, int]) -> int:
+    """The count of a rescan's end (`at`: as `scan_partition`'s, the count PostgreSQL holds
+    now), for the commit of its deletes and its position."""
+    number, reads = at
+    reply = await pipeline(state.conn, state.library,
+                           [count_command(state, partition.snapshot_reads, reads)])
+    read = counted(number, reply[0], reads)
+    await settle(state)
+    return read

@@ -308,21 +308,36 @@ class SnapshotSteps:
                       extra={"event": "snapshot.events_cut", "partition": partition})
         start = StoredPosition(info.last_id, info.added)
         assert self.generation is not None
-        found, read = await rows.scan_partition(
-            self.state, self.state.keys.partition(partition), self.generation,
-            (partition, self.reads.get(partition, 0)))
-        unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id),
-                                     self.generation, _members(found))
-        await tables.apply_rescan(pg, self.prefix, partition, found, start,
+        keys = self.state.keys.partition(partition)
+        seen: list[tuple[str, str]] = []
+        async for found, read in rows.scan_partition(self.state, keys, self.generation,
+                                                     (partition, self.reads.get(partition, 0))):
+            if found:  # (with every record up to its newest row: no change without it)
+                newest = max(row.revision for row in found)
+                await self._commit_part(pg, partition, found, read, newest)
+            seen += [(row.scope, row.key) for row in found]
+        read = await rows.count_scan(self.state, keys, (partition, self.reads.get(partition, 0)))
+        unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id), self.generation)
+        await tables.apply_rescan(pg, self.prefix, partition, seen, start,
                                   generation=self.generation, reads=read,
                                   records=unsaved.pages())
         self.reads[partition] = read
         await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
         await self._mirror(partition)
-        log.info("partition %d: rescanned, %d entries", partition, len(found),
+        log.info("partition %d: rescanned, %d entries", partition, len(seen),
                  extra={"event": "snapshot.rescanned", "partition": partition,
-                        "entries": len(found)})
+                        "entries": len(seen)})
+
+    async def _commit_part(self, pg: PgConnection, partition: int, found: list[tables.Row],
+                           read: int, newest: tuple[int, int]) -> None:
+        """A part of a rescan committed with the records of every change up to `newest`."""
+        assert self.generation is not None
+        unsaved = calls.read_unsaved(self.state, partition, newest, self.generation)
+        await tables.apply_found(pg, self.prefix, partition, found, generation=self.generation,
+                                 reads=read, records=unsaved.pages())
+        self.reads[partition] = read
+        await calls.forget_saved(self.state, partition, unsaved)
 
     async def _rescan_barriers(self, pg: PgConnection, partition: int, confirmed: str) -> None:
         """The partition's barriers copied whole: some may never have been marked (no

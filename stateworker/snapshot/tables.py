@@ -240,18 +240,27 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
         await commit_count(cursor, prefix, partition, reads)
 
 
-async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                       position: StoredPosition, *, generation: str, reads: int,
-                       records: Records = ()) -> None:
-    """A partition's full rescan: every live entry (and the records of the calls that made
-    them), and the rows of entries no longer in Redis removed (up to the position the rescan
-    started from)."""
-    ms, _, seq = position.id.partition("-")
+async def apply_found(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
+                      *, generation: str, reads: int, records: Records = ()) -> None:
+    """A part of a rescan: the live entries it read (and the records of the calls that made
+    them), and the count of its read, one transaction; the position stays."""
     async with conn.transaction(), conn.cursor() as cursor:
         await _upsert(cursor, prefix, partition, rows, records, generation)
+        await commit_count(cursor, prefix, partition, reads)
+
+
+async def apply_rescan(conn: PgConnection, prefix: str, partition: int,
+                       seen: Sequence[tuple[str, str]], position: StoredPosition, *,
+                       generation: str, reads: int, records: Records = ()) -> None:
+    """A partition's full rescan done (its parts committed by `apply_found`): the rows of
+    entries it did not see (`seen`: scope, key) removed, up to the position the rescan
+    started from, which becomes the partition's."""
+    ms, _, seq = position.id.partition("-")
+    async with conn.transaction(), conn.cursor() as cursor:
+        await _upsert(cursor, prefix, partition, [], records, generation)
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
-                                             [to_pg(r.scope) for r in rows],
-                                             [to_pg(r.key) for r in rows]))
+                                             [to_pg(scope) for scope, _ in seen],
+                                             [to_pg(key) for _, key in seen]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
         await commit_count(cursor, prefix, partition, reads)
