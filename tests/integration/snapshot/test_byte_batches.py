@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import psycopg
 import pytest
 
 from stateworker.keys import KeySpace, call_field
-from stateworker.snapshot import calls, rows, tables
+from stateworker.snapshot import barriers, calls, rows, tables
 from stateworker.snapshot import restore as restoring
 from stateworker.snapshot.snapshotter import Snapshotter
 from stateworker.state import lifecycle
@@ -224,3 +225,65 @@ async def test_a_batch_carries_every_record_of_its_rows_across_record_pages(
             assert as_json(again) == as_json(replies[call_id]), call_id
     entry = redis_entries(client, KeySpace(prefix, PARTITIONS))[(SCOPE, "hot")]
     assert entry[1] == 11 and entry[0].startswith('"10')
+
+
+def reads_of(url: str, prefix: str, partition: int) -> int:
+    """The count of the partition's reads PostgreSQL committed (one per commit of a read)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT reads FROM sw_reads WHERE prefix = %s AND partition = %s",
+                           (prefix, partition)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def test_a_rescan_reads_and_commits_its_partition_in_parts_within_the_budget(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten values of ~1 MB written before any snapshot followed their partition: its first
+    round rescans it, under a 3 MiB budget in three parts (four, four, two entries), each
+    read and committed with its own count, then the end of the rescan (its deletes and its
+    position), then the barriers' (none): five reads. Every value and call record arrives."""
+    monkeypatch.setattr(rows, "BATCH_BYTES", 3 << 20)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    partition = keys.partition_of(SCOPE)
+    async with opened(settings) as state:
+        for n in range(10):
+            await call(state, "state::set", {"scope": SCOPE, "key": f"r{n}",
+                                             "value": f"{n}" + "r" * VALUE}, f"r{n}")
+        async with stepped(state, postgres_url) as snap:
+            await snap._step()  # (its first round: the partition never snapshotted)
+            assert reads_of(postgres_url, prefix, partition) == 5
+        client = own_redis.client()
+        assert postgres_entries(postgres_url, prefix) == redis_entries(client, keys)
+        assert stored_calls(postgres_url, prefix) == {call_field(f"r{n}") for n in range(10)}
+        assert calls_saved(client, keys)
+
+
+async def test_changed_barriers_are_stored_in_parts_within_the_budget(
+        own_redis: RedisServer, prefix: str, postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six barriers of one partition waiting with an arrival that carries 600 KB: under a
+    1 MiB budget the round stores them in three parts of two, each read and committed with
+    its own count, every barrier's fields exact in PostgreSQL."""
+    monkeypatch.setattr(barriers, "BATCH_BYTES", 1 << 20)
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    keys = KeySpace(prefix, PARTITIONS)
+    ids = [i for i in (f"wide-{n}" for n in range(100))
+           if keys.barrier_partition(i) is keys.partition(0)][:6]
+    async with opened(settings) as state, stepped(state, postgres_url) as snap:
+        await snap._step()  # (a round: the partitions' barriers followed)
+        before = reads_of(postgres_url, prefix, 0)
+        for n, barrier_id in enumerate(ids):
+            await call(state, "state::barrier", {
+                "event": {"key": "a", "blob": f"{n}" + "b" * 600_000},
+                "condition_config": {"id": barrier_id, "expect": 2}}, f"arrive-{n}")
+        snap._last_round = 0.0
+        await snap._step()  # (the next round stores the changed barriers)
+        assert reads_of(postgres_url, prefix, 0) - before == 3
+        client = own_redis.client()
+        with psycopg.connect(postgres_url) as conn:
+            held = dict(conn.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s",
+                                     (prefix,)).fetchall())
+        assert {i: msgspec.msgpack.decode(held[i]) for i in ids} == {
+            i: client.hgetall(keys.barrier_partition(i).barrier(i)) for i in ids}
+        assert not client.scard(keys.partition(0).barriers_changed)
