@@ -187,11 +187,11 @@ async def follow(state: RedisState, partitions: list[int]) -> list[int]:
 
 async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                  generation: str, reads: dict[int, int]) -> int:
-    """Every barrier of the partition stored (SCAN, then HGETALL in parts of about BATCH_BYTES,
-    each part read and committed on its own), the rows of those gone deleted, then the
-    partition `FOLLOWED`; how many were stored. Called after `follow`: what the scan misses was
-    written after it, so it is marked. Fenced, BarriersBehind and each read counted as in
-    `store_changed`."""
+    """Every barrier of the partition stored (SCAN, then HGETALL in parts of about
+    BATCH_BYTES, each upserted as it is read, all in one transaction), the rows of those gone
+    deleted, then the partition `FOLLOWED`; how many were stored. Called after `follow`: what
+    the scan misses was written after it, so it is marked. Fenced, BarriersBehind and the read
+    counted as in `store_changed`."""
     keys = state.keys.partition(partition)
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     held, counter = await checked_pipeline(state.conn, [marker, ["GET", keys.barrier_writes]],
@@ -199,55 +199,37 @@ async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: in
     confirm(keys, held, generation)
     written = int(counter or 0)
     ids: list[str] = []
-    cursor: Any = b"0"
-    while True:
-        cursor, names = await state.conn.execute("SCAN", cursor, "MATCH",
-                                                 keys.barrier_prefix + "*", "COUNT",
-                                                 SCAN_COUNT, "TYPE", "hash")
-        for part in bounded(await sizes(state, names) if names else [], BATCH_BYTES):
-            stored = reads.get(partition, 0)
-            *replies, after, count = await pipeline(state.conn, state.library, [
-                *(["HGETALL", name] for name in names[part]), marker,
-                count_command(state, keys.snapshot_reads, stored)])
-            confirm(keys, after, generation)
-            found = [BarrierRow(keys.barrier_id_of(name),
-                                dict(zip(flat[::2], flat[1::2], strict=True)))
-                     for name, flat in zip(names[part], replies, strict=True) if flat]
-            await _store_found(state, pg, prefix, partition, generation, (written, found),
-                               (reads, counted(partition, count, stored)))
-            ids += [b.id for b in found]
-        if cursor in (b"0", "0"):
-            break
     stored = reads.get(partition, 0)
-    after, count = await pipeline(state.conn, state.library, [
-        marker, count_command(state, keys.snapshot_reads, stored)])
-    confirm(keys, after, generation)
-    read = counted(partition, count, stored)
-    await settle(state)
     async with pg.transaction(), pg.cursor() as cur:
         await fence(cur, prefix, generation)
+        scan: Any = b"0"
+        while True:
+            scan, names = await state.conn.execute("SCAN", scan, "MATCH",
+                                                   keys.barrier_prefix + "*", "COUNT",
+                                                   SCAN_COUNT, "TYPE", "hash")
+            for part in bounded(await sizes(state, names) if names else [], BATCH_BYTES):
+                *replies, after = await state.conn.pipeline(
+                    [*(["HGETALL", name] for name in names[part]), marker])
+                confirm(keys, after, generation)
+                found = [BarrierRow(keys.barrier_id_of(name),
+                                    dict(zip(flat[::2], flat[1::2], strict=True)))
+                         for name, flat in zip(names[part], replies, strict=True) if flat]
+                await _not_behind(cur, prefix, partition, written, found)
+                if found:
+                    await cur.executemany(UPSERT, [b.params(prefix, partition) for b in found])
+                ids += [b.id for b in found]
+            if scan in (b"0", "0"):
+                break
+        after, count = await pipeline(state.conn, state.library, [
+            marker, count_command(state, keys.snapshot_reads, stored)])
+        confirm(keys, after, generation)
+        read = counted(partition, count, stored)
+        await settle(state)
         await cur.execute(VANISHED, (prefix, partition, written, [to_pg(i) for i in ids]))
         await commit_count(cur, prefix, partition, read)
     reads[partition] = read
     await state.conn.execute("HSET", keys.history, FOLLOWED_FIELD, FOLLOWED)
     return len(ids)
-
-
-async def _store_found(state: RedisState, pg: PgConnection, prefix: str, partition: int,
-                       generation: str, found: tuple[int, list[BarrierRow]],
-                       read: tuple[dict[int, int], int]) -> None:
-    """A part of a rescan: the barriers it read (`found`: with the write counter read before
-    the scan) stored, with its read's count (`read`: the counts PostgreSQL holds, raised)."""
-    written, rows = found
-    reads, count = read
-    await settle(state)
-    async with pg.transaction(), pg.cursor() as cur:
-        await fence(cur, prefix, generation)
-        await _not_behind(cur, prefix, partition, written, rows)
-        if rows:
-            await cur.executemany(UPSERT, [b.params(prefix, partition) for b in rows])
-        await commit_count(cur, prefix, partition, count)
-    reads[partition] = count
 
 
 async def highest_w(pg: PgConnection, prefix: str, partitions: list[int]) -> dict[int, int]:

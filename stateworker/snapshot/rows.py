@@ -133,15 +133,12 @@ def bounded(sizes: Sequence[int | None], budget: int) -> Iterator[slice]:
         yield slice(start, len(sizes))
 
 
-async def scan_partition(state: RedisState, partition: PartitionKeys, generation: str,
-                         at: tuple[int, int]) -> AsyncIterator[tuple[list[Row], int]]:
+async def scan_partition(state: RedisState, partition: PartitionKeys, generation: str
+                         ) -> AsyncIterator[list[Row]]:
     """Every entry of a partition, in parts of at most SCAN_COUNT entries and about
     BATCH_BYTES (SCAN, their sizes, then GET in a pipeline per part: a partition may hold far
-    more than fits in memory), each part with its read's count (`at`: the partition's number
-    and the count of reads PostgreSQL holds; each part's count becomes it once the caller
-    commits the part); each read from a Redis whose partition marker is `generation`, and
-    whose count is not below PostgreSQL's (Fenced: snapshot/behind.py)."""
-    number, reads = at
+    more than fits in memory), each read from a Redis whose partition marker is `generation`
+    (Fenced when it is not). Counted once it is done (`count_scan`)."""
     marker: list[Any] = ["HGET", partition.history, PARTITION_FIELD]
     confirm(partition, await state.conn.execute(*marker), generation)
     prefix = partition.entry_prefix.encode()
@@ -152,22 +149,19 @@ async def scan_partition(state: RedisState, partition: PartitionKeys, generation
                                                  "COUNT", SCAN_COUNT, "TYPE", "string")
         sizes = await state.conn.pipeline([["STRLEN", name] for name in names]) if names else []
         for part in bounded(sizes, BATCH_BYTES):
-            held, *replies, count = await pipeline(state.conn, state.library, [
-                marker, *(["GET", name] for name in names[part]),
-                count_command(state, partition.snapshot_reads, reads)])
+            held, *replies = await state.conn.pipeline(
+                [marker, *(["GET", name] for name in names[part])])
             confirm(partition, held, generation)
-            reads = counted(number, count, reads)
-            await settle(state)
             found = [row_of(*split_member(name[len(prefix):]), fields)
                      for name, fields in zip(names[part], replies, strict=True)]
-            yield [row for row in found if row is not None], reads
+            yield [row for row in found if row is not None]
         if cursor in (b"0", "0"):
             return
 
 
 async def count_scan(state: RedisState, partition: PartitionKeys, at: tuple[int, int]) -> int:
-    """The count of a rescan's end (`at`: as `scan_partition`'s, the count PostgreSQL holds
-    now), for the commit of its deletes and its position."""
+    """The count of a rescan's read, once it is done (`at`: the partition's number and the
+    count of reads PostgreSQL holds; Fenced when Redis's is below: snapshot/behind.py)."""
     number, reads = at
     reply = await pipeline(state.conn, state.library,
                            [count_command(state, partition.snapshot_reads, reads)])

@@ -309,18 +309,18 @@ class SnapshotSteps:
         start = StoredPosition(info.last_id, info.added)
         assert self.generation is not None
         keys = self.state.keys.partition(partition)
+        held: dict[str, tuple[int, int]] = {}  # every row found, by member (calls.py)
         seen: list[tuple[str, str]] = []
-        async for found, read in rows.scan_partition(self.state, keys, self.generation,
-                                                     (partition, self.reads.get(partition, 0))):
-            if found:  # (with every record up to its newest row: no change without it)
-                newest = max(row.revision for row in found)
-                await self._commit_part(pg, partition, found, read, newest)
-            seen += [(row.scope, row.key) for row in found]
-        read = await rows.count_scan(self.state, keys, (partition, self.reads.get(partition, 0)))
-        unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id), self.generation)
-        await tables.apply_rescan(pg, self.prefix, partition, seen, start,
-                                  generation=self.generation, reads=read,
-                                  records=unsaved.pages())
+        async with tables.rescanning(pg, self.prefix, partition, self.generation) as rescan:
+            async for found in rows.scan_partition(self.state, keys, self.generation):
+                await rescan.found(found)
+                held.update(_members(found))
+                seen += [(row.scope, row.key) for row in found]
+            read = await rows.count_scan(self.state, keys,
+                                         (partition, self.reads.get(partition, 0)))
+            unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id),
+                                         self.generation, held)
+            await rescan.done(seen, start, reads=read, records=unsaved.pages())
         self.reads[partition] = read
         await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
@@ -328,16 +328,6 @@ class SnapshotSteps:
         log.info("partition %d: rescanned, %d entries", partition, len(seen),
                  extra={"event": "snapshot.rescanned", "partition": partition,
                         "entries": len(seen)})
-
-    async def _commit_part(self, pg: PgConnection, partition: int, found: list[tables.Row],
-                           read: int, newest: tuple[int, int]) -> None:
-        """A part of a rescan committed with the records of every change up to `newest`."""
-        assert self.generation is not None
-        unsaved = calls.read_unsaved(self.state, partition, newest, self.generation)
-        await tables.apply_found(pg, self.prefix, partition, found, generation=self.generation,
-                                 reads=read, records=unsaved.pages())
-        self.reads[partition] = read
-        await calls.forget_saved(self.state, partition, unsaved)
 
     async def _rescan_barriers(self, pg: PgConnection, partition: int, confirmed: str) -> None:
         """The partition's barriers copied whole: some may never have been marked (no

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -214,6 +215,11 @@ async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, 
     records of the calls, the rows written."""
     await fence(cursor, prefix, generation)
     await _records(cursor, prefix, partition, records)
+    await _rows(cursor, prefix, partition, rows)
+
+
+async def _rows(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
+                rows: Sequence[Row]) -> None:
     if rows:
         try:
             async with cursor.connection.transaction():  # (a savepoint)
@@ -240,30 +246,45 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
         await commit_count(cursor, prefix, partition, reads)
 
 
-async def apply_found(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                      *, generation: str, reads: int, records: Records = ()) -> None:
-    """A part of a rescan: the live entries it read (and the records of the calls that made
-    them), and the count of its read, one transaction; the position stays."""
-    async with conn.transaction(), conn.cursor() as cursor:
-        await _upsert(cursor, prefix, partition, rows, records, generation)
-        await commit_count(cursor, prefix, partition, reads)
+@dataclass(frozen=True, slots=True)
+class Rescan:
+    """A partition's full rescan, ONE transaction (`rescanning`) fed a part at a time: every
+    live entry (`found`), then the end (`done`)."""
 
+    cursor: psycopg.AsyncCursor[tuple[object, ...]]
+    prefix: str
+    partition: int
 
-async def apply_rescan(conn: PgConnection, prefix: str, partition: int,
-                       seen: Sequence[tuple[str, str]], position: StoredPosition, *,
-                       generation: str, reads: int, records: Records = ()) -> None:
-    """A partition's full rescan done (its parts committed by `apply_found`): the rows of
-    entries it did not see (`seen`: scope, key) removed, up to the position the rescan
-    started from, which becomes the partition's."""
-    ms, _, seq = position.id.partition("-")
-    async with conn.transaction(), conn.cursor() as cursor:
-        await _upsert(cursor, prefix, partition, [], records, generation)
+    async def found(self, rows: Sequence[Row]) -> None:
+        """A part of the entries the rescan read (upserted: only over an older revision)."""
+        await _rows(self.cursor, self.prefix, self.partition, rows)
+
+    async def done(self, seen: Sequence[tuple[str, str]], position: StoredPosition, *,
+                   reads: int, records: Records = ()) -> None:
+        """The records of the calls that made the rows, the rows of entries the rescan did not
+        see (`seen`: scope, key) removed up to the position it started from, which becomes
+        the partition's, and the count of its read."""
+        cursor, prefix, partition = self.cursor, self.prefix, self.partition
+        ms, _, seq = position.id.partition("-")
+        await _records(cursor, prefix, partition, records)
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
                                              [to_pg(scope) for scope, _ in seen],
                                              [to_pg(key) for _, key in seen]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
         await commit_count(cursor, prefix, partition, reads)
+
+
+@asynccontextmanager
+async def rescanning(conn: PgConnection, prefix: str, partition: int, generation: str
+                     ) -> AsyncIterator[Rescan]:
+    """A rescan's transaction, while PostgreSQL follows `generation`: committed when the block
+    ends (after `Rescan.done`), rolled back when it raises. A part at a time, a partition of
+    any size is never all in memory, and the rescan stays one commit (the call records of
+    decision 0036 with every change they answer)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        yield Rescan(cursor, prefix, partition)
 
 
 async def stored_reads(conn: PgConnection, prefix: str) -> dict[int, int]:
