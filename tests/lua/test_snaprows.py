@@ -122,8 +122,8 @@ async def test_a_tail_longer_than_the_budget_is_not_complete(store: StateStore,
 async def test_a_tail_of_large_values_stops_at_the_byte_budget(store: StateStore,
                                                                scope: str) -> None:
     """Events carry whole values: 40 events of 200 KB each (old and new: ~16 MB) are not all
-    moved into one script call under a 1 MiB budget; 16 events at a time, it stops at the
-    first read that passes it."""
+    moved into one script call under a 1 MiB budget: read a few at a time (as many of the
+    size seen as make 1 MiB), it stops at the first read that passes it."""
     await store.set(scope, "b", 1)
     position = await revision(store, scope, "b")
     await store.set(scope, "a", 1)

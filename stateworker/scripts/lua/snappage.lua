@@ -10,7 +10,8 @@
     ARGV[2] the most entries of the page
     ARGV[3] the most bytes of the page, about: it ends after the entry that reaches them, so
             it holds one entry at least, however large
-  Entries are read PAGE at a time (each dropped as the next is read).
+  Entries are read a page at a time (each dropped as the next is read): one at first, then
+  as many of the size of the largest of the page before as make PAGE_BYTES (1 to PAGE).
   Output:
     {ST.OK, more (1: the page ended at ARGV[2] or ARGV[3]; 0: at the stream's end),
      {{id, {field, value, ...}}, ...}}
@@ -18,23 +19,25 @@
 ]]
 
 local most, max_bytes = tonumber(ARGV[2]), tonumber(ARGV[3])
-local PAGE = 16
+local PAGE, PAGE_BYTES = 16, 1048576
 
-local taken, bytes, cursor = {}, 0, ARGV[1]
+local taken, bytes, cursor, asked = {}, 0, ARGV[1], 1
 while true do
-  local page = redis.call('XRANGE', KEYS[1], cursor, '+', 'COUNT', PAGE)
+  local page, largest = redis.call('XRANGE', KEYS[1], cursor, '+', 'COUNT', asked), 1
   for _, entry in ipairs(page) do
     if #taken >= most or bytes >= max_bytes then
       return {ST.OK, 1, taken}
     end
-    local flat = entry[2]
+    local flat, sized = entry[2], 0
     for j = 1, #flat do
-      bytes = bytes + #flat[j]
+      sized = sized + #flat[j]
     end
+    bytes, largest = bytes + sized, math.max(largest, sized)
     taken[#taken + 1] = entry
     cursor = '(' .. entry[1]
   end
-  if #page < PAGE then
+  if #page < asked then
     return {ST.OK, 0, taken}
   end
+  asked = math.max(1, math.min(PAGE, math.floor(PAGE_BYTES / largest)))
 end
