@@ -45,8 +45,9 @@ from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
+from stateworker.snapshot.paged import Paged, pages
 from stateworker.snapshot.rows import SCAN_COUNT, bounded, confirm
-from stateworker.snapshot.tables import Paged, PgConnection, commit_count, pages
+from stateworker.snapshot.tables import PgConnection, commit_count
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import checked_pipeline, pipeline
@@ -281,7 +282,7 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
     FORGET.read(reply[0])
 
 
-# The barriers a restore puts back: those not expired yet (tables.pages: a hash holds up to a
+# The barriers a restore puts back: those not expired yet (paged.pages: a hash holds up to a
 # 2 MiB payload).
 STORED_PAGES = Paged("sw_barriers", "id, exact", 1, "octet_length(exact)",
                      "(expires_ms IS NULL OR expires_ms > %s)")

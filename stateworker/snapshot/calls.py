@@ -8,9 +8,11 @@ apply the retry again. So each batch the snapshotter commits carries, in the sam
 transaction, every unsaved record whose first change is at or before the newest change the
 batch holds (`bound`: the batch's position, or a row it read that is newer, since a row is
 read as it is now). The records are read after the rows, so the record of every change a row
-shows is in the stream by then. A record may so reach PostgreSQL a little before the last of
-its changes (a later key of the same call): a restore from that moment lost that part of
-the call with the rest of the snapshot's lag, and its retry is answered from the record.
+shows is in the stream by then; the commit reads them itself, a page at a time
+(`Unsaved.pages`, snappage.lua): they may be every later change of a key the batch read,
+never all in memory. A record may so reach PostgreSQL a little before the last of its
+changes (a later key of the same call): a restore from that moment lost that part of the
+call with the rest of the snapshot's lag, and its retry is answered from the record.
 After the commit the records are deleted from the stream (XDEL); a crash in between stores
 them again, which changes nothing. A record older than the dedupe window is dropped
 unstored; rows older than it are pruned by the holder of partition 0, once a round.
@@ -32,7 +34,8 @@ from stateworker.events.model import Revision, revision_of
 from stateworker.scripts.bindings import DIGEST_BYTES, RECORD_SLICES, slice_ms
 from stateworker.scripts.upkeep_bindings import SNAPPAGE, snappage_call
 from stateworker.snapshot.generation import Fenced
-from stateworker.snapshot.tables import CallRow, Paged, PgConnection, StoredPosition, apply_records, pages
+from stateworker.snapshot.paged import Paged, pages
+from stateworker.snapshot.tables import CallRow, PgConnection, StoredPosition, apply_records
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
 from stateworker.transport.plans import checked_pipeline, pipeline
@@ -143,7 +146,7 @@ async def prune(pg: PgConnection, prefix: str, window_ms: int) -> None:
                      (prefix, now_ms() - window_ms))
 
 
-# The records a restore puts back, those of the last window (tables.pages: a record holds its
+# The records a restore puts back, those of the last window (paged.pages: a record holds its
 # call's reply, values and all).
 RECORD_PAGES = Paged("sw_calls", "field, partition, value, at_ms", 1, "octet_length(value)",
                      "at_ms >= %s")

@@ -50,7 +50,7 @@ from stateworker.events.model import revision_of, revision_text
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
-from stateworker.snapshot import barriers, calls, tables
+from stateworker.snapshot import barriers, calls, paged, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
@@ -67,9 +67,9 @@ from stateworker.transport.wire import ReplyError
 
 ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, updated_ms, "
                  "expires_ms, updated_by, revision_ms, revision_seq, plain")
-# Every row, in pages bounded in rows and bytes (tables.PAGE_ROWS, PAGE_BYTES), each page one
+# Every row, in pages bounded in rows and bytes (paged.PAGE_ROWS, PAGE_BYTES), each page one
 # Redis pipeline.
-ENTRIES = tables.Paged("sw_entries", ENTRY_COLUMNS, 2,
+ENTRIES = paged.Paged("sw_entries", ENTRY_COLUMNS, 2,
                        "octet_length(value_text) + octet_length(scope) + octet_length(key)")
 
 
@@ -215,7 +215,7 @@ async def _restore(state: RedisState, pg: PgConnection,
             "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
             "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
         summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
-        async for batch in tables.pages(pg, ENTRIES, prefix):
+        async for batch in paged.pages(pg, ENTRIES, prefix):
             await _run(state, [c for row in batch for c in entry_commands(state, row)])
             for scope, *_, rev_ms, rev_seq, _plain in batch:
                 n = state.keys.partition_of(from_pg(str(scope)))

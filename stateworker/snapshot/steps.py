@@ -2,8 +2,9 @@
 `ROUND_S` at least (`_round`), and one partition's batch of events (`_apply`).
 
 A partition whose position is unknown (never snapshotted) or whose unread events the hard
-cap cut is rescanned: every entry of the partition, the rows of those gone removed, and the
-position set to the stream's end as it was when the scan began.
+cap cut is rescanned: every entry of the partition (read in parts of about
+`rows.BATCH_BYTES`, each upserted as it is read, in the rescan's one transaction), the rows of
+those gone removed, and the position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
 partition's set of changed barriers (snapshot/barriers.py); a partition whose barriers were

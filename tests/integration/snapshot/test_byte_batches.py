@@ -4,7 +4,7 @@ and their entries in one reply). With the budget made small (`rows.BATCH_BYTES`)
 over large values commits in many batches, each within the budget, every value exact and the
 position at the stream's end; a transaction whose events straddle the budget still reaches
 PostgreSQL whole; an event larger than the whole budget goes through alone. A restore reads and
-writes back in pages bounded the same way (`tables.PAGE_BYTES`).
+writes back in pages bounded the same way (`paged.PAGE_BYTES`).
 
 The tests drive the snapshotter's steps by hand (`Snapshotter._step`): each step commits one
 batch of the partition, whose position PostgreSQL holds (`sw_positions`) after it."""
@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from stateworker.keys import KeySpace, call_field
-from stateworker.snapshot import barriers, calls, rows, tables
+from stateworker.snapshot import barriers, calls, paged, rows
 from stateworker.snapshot import restore as restoring
 from stateworker.snapshot.snapshotter import Snapshotter
 from stateworker.state import generation, lifecycle
@@ -179,7 +179,7 @@ async def test_a_restore_writes_back_in_pages_within_the_budget(
     assert len(before) == 42
 
     client.flushall()
-    monkeypatch.setattr(tables, "PAGE_BYTES", budget)
+    monkeypatch.setattr(paged, "PAGE_BYTES", budget)
     progress: list[tuple[int, int]] = []
     async with lifecycle.open_state(settings=settings, reaper=False) as state:
         summary = await restoring.restore(state, postgres_url,
