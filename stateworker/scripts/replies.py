@@ -197,20 +197,35 @@ class Counted(NamedTuple):
 
 
 class SnapRowsReply(NamedTuple):
-    """snaprows.lua: whether every event after the batch was examined, the stored entries of
-    the members asked (None: absent), and the entries added (scope, key, the revision of
-    its last change, stored or None)."""
+    """snaprows.lua: the batch's last event id (None: no event after the position) and its
+    count, whether events follow it (`more`), whether every event after it was examined, and
+    the entries read (scope, key, the revision of its last change, stored or None)."""
 
+    last: str | None
+    events: int
+    more: bool
     complete: bool
-    stored: list[bytes | None]
-    added: list[tuple[str, str, bytes, bytes | None]]
+    rows: list[tuple[str, str, bytes, bytes | None]]
 
     @classmethod
     def read(cls, reply: list[Any]) -> SnapRowsReply:
-        flat = reply[3]
-        added = [(flat[i].decode(), flat[i + 1].decode(), flat[i + 2], flat[i + 3] or None)
-                 for i in range(0, len(flat), 4)]
-        return cls(reply[1] == 1, [s or None for s in reply[2]], added)
+        flat = reply[5]
+        rows = [(flat[i].decode(), flat[i + 1].decode(), flat[i + 2], flat[i + 3] or None)
+                for i in range(0, len(flat), 4)]
+        return cls(reply[1].decode() if reply[1] else None, int(reply[2]), reply[3] == 1,
+                   reply[4] == 1, rows)
+
+
+class Page(NamedTuple):
+    """snappage.lua: a stream's entries ({id, [field, value, ...]}) and whether the page ended
+    at its bounds (`more`: entries may follow) rather than at the stream's end."""
+
+    more: bool
+    entries: list[Any]
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Page:
+        return cls(reply[1] == 1, reply[2])
 
 
 class TriggerReply(NamedTuple):

@@ -1,11 +1,11 @@
 """The bindings of the scripts the service's own upkeep runs, not a caller's call: the leases
 and positions of the dispatcher and the snapshot (lease, advance), a set-aside trigger's
 mark (aside), the snapshot's reads
-(snapread, snaprows) and its barrier bookkeeping (forget), a restore's markers (stamp), the
-packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap"), the console's
-sessions (session), and where the call streams are (`bus_library`, a library of its own: the
-bus may have a Redis of its own) a bus runtime's sweep of dead consumers (sweep) and the
-dispatcher's removal of a trigger target's stream nobody needs (droptarget). Each as
+(snapread, snaprows, snappage) and its barrier bookkeeping (forget), a restore's markers
+(stamp), the packed-entries upgrade (repack), the reaper's (reap; keeptrigger's "reap"), the
+console's sessions (session), and where the call streams are (`bus_library`, a library of its
+own: the bus may have a Redis of its own) a bus runtime's sweep of dead consumers (sweep) and
+the dispatcher's removal of a trigger target's stream nobody needs (droptarget). Each as
 bindings.py says of every binding: its script's KEYS and ARGV built in one place, its reply
 read into a typed tuple; `bindings.BINDINGS` lists them with the others (the library loads
 them all)."""
@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from stateworker.clock import now_ms
 from stateworker.keys import KeySpace, PartitionKeys
 from stateworker.scripts.library import Binding, Library
-from stateworker.scripts.replies import Counted, Marked, Moved, ReapReply, SnapRowsReply, Swept
+from stateworker.scripts.replies import (
+    Counted,
+    Marked,
+    Moved,
+    Page,
+    ReapReply,
+    SnapRowsReply,
+    Swept,
+)
 from stateworker.settings import Settings
 from stateworker.transport.connection import RedisConnection
 from stateworker.transport.wire import Arg
@@ -32,12 +40,13 @@ REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries 
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
 REAP = Binding("reap", 3, 4, ReapReply.read)
-SNAPROWS = Binding("snaprows", 1, 4, SnapRowsReply.read, tail=True)  # a snapshot batch's rows
+SNAPROWS = Binding("snaprows", 1, 6, SnapRowsReply.read)  # a snapshot batch and its rows
+SNAPPAGE = Binding("snappage", 1, 3, Page.read)  # a page of a stream of unsaved records
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
 SWEEP = Binding("sweep", 1, 3, Swept.read)  # a group's dead consumers removed (bus/upkeep.py)
 DROPTARGET = Binding("droptarget", 1, 0, Counted.read)  # a target stream nobody needs removed
-UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SESSION,
-          SWEEP, DROPTARGET)  # (all)
+UPKEEP = (REAP, LEASE, ADVANCE, ASIDE, FORGET, REPACK, STAMP, SNAPREAD, SNAPROWS, SNAPPAGE,
+          SESSION, SWEEP, DROPTARGET)  # (all)
 BUS = (SWEEP, DROPTARGET)  # the scripts run where the call streams are (bus_library)
 
 
@@ -84,12 +93,18 @@ def aside_call(part: PartitionKeys, token: str, trigger_id: str, mark: tuple[str
     return [part.lease, part.aside], [token, "set" if mark else "drop", trigger_id, at, n]
 
 
-def snaprows_call(part: PartitionKeys, after: str, budget: int, members: Sequence[str],
-                  max_bytes: int = 4 << 20) -> Call:
-    """snaprows.lua: the entries of `members` (keys.member) and of the transactions after the
-    event `after` that wrote one of them (at most `budget` events, about `max_bytes` of them,
-    examined)."""
-    return [part.events], [after, budget, part.entry_prefix, max_bytes, *members]
+def snaprows_call(part: PartitionKeys, position: str, most: int, max_bytes: int,
+                  tail_most: int, tail_bytes: int) -> Call:
+    """snaprows.lua: the batch of at most `most` events and about `max_bytes` (of events and
+    entries) after `position`, the entries it changed, and those of the transactions after it
+    that wrote one of them (at most `tail_most` events, about `tail_bytes` of them, examined)."""
+    return [part.events], [position, most, max_bytes, part.entry_prefix, tail_most, tail_bytes]
+
+
+def snappage_call(stream: str, start: str, most: int, max_bytes: int) -> Call:
+    """snappage.lua: the entries of `stream` from `start` ("(" .. id: after it), at most `most`
+    and about `max_bytes` of them."""
+    return [stream], [start, most, max_bytes]
 
 
 def repack_call(part: PartitionKeys, what: str, names: Sequence[Arg]) -> Call:

@@ -4,8 +4,9 @@ A barrier writes no change event, so the snapshot cannot follow it in the event 
 Instead every write of `lua/barrier.lua` adds the barrier's hash to its partition's
 `barriers_changed` set and counts one more write in the hash's `w` field. Once a round, for
 each partition it holds, the snapshotter reads that set (SRANDMEMBER, a batch at a time:
-only what changed, never a scan), reads those hashes (HGETALL, pipelined), upserts them in
-one transaction (a row is replaced only by one with a higher `w`), and then forgets them
+only what changed, never a scan), reads those hashes (HGETALL, pipelined, in parts of about
+`BATCH_BYTES` by their MEMORY USAGE), upserts each part in one transaction (a row is replaced
+only by one with a higher `w`), and then forgets them
 (`lua/forget.lua`): each is removed from the set only if its `w` is still the one stored, so
 a barrier written again (or deleted) between the read and the forget stays marked for the
 next round (a delete-barrier's kept reply waits for its mark to go: snapshot/kept.py). A
@@ -44,7 +45,8 @@ from stateworker.scripts.upkeep_bindings import FORGET, forget_call
 from stateworker.snapshot.behind import WHY, barriers_behind, count_command, counted, settle
 from stateworker.snapshot.generation import fence
 from stateworker.snapshot.names import from_pg, to_pg
-from stateworker.snapshot.rows import SCAN_COUNT, confirm
+from stateworker.snapshot.paged import Paged, pages
+from stateworker.snapshot.rows import SCAN_COUNT, bounded, confirm
 from stateworker.snapshot.tables import PgConnection, commit_count
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
@@ -63,7 +65,7 @@ WHERE b.w < excluded.w
 DELETE = "DELETE FROM sw_barriers WHERE prefix = %s AND id = %s"
 PRUNE = "DELETE FROM sw_barriers WHERE prefix = %s AND expires_ms <= %s"
 # The highest `w` of each partition's barriers not expired (a restore leaves the expired out
-# and sets the counter from the rest: counter_commands); one index probe each (0007).
+# and sets the counter from the rest: `restore`); one index probe each (0007).
 HIGHEST = """
 SELECT p, (SELECT max(w) FROM sw_barriers WHERE prefix = %s AND partition = p
            AND (expires_ms IS NULL OR expires_ms > %s))
@@ -78,6 +80,9 @@ DELETE FROM sw_barriers WHERE prefix = %s AND partition = %s AND w <= %s AND NOT
 """
 
 BATCH = 1000  # barriers read and stored per round and partition, at most
+# ... read and committed in parts of about this many bytes (a barrier holds up to a 2 MiB
+# payload: 1,000 of them read at once were ~2 GiB). As a batch (rows.BATCH_BYTES).
+BATCH_BYTES = 8 << 20
 # The partition's history hash field (keys.PartitionKeys.history) that says a snapshot follows
 # its barriers: `RESCAN` until its barriers have been copied whole, then `FOLLOWED`. Read by
 # lua/includes/barriermarks.lua by this name.
@@ -116,14 +121,30 @@ class BarrierRow:
 
 async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                         generation: str, reads: dict[int, int]) -> int:
-    """Store the partition's changed barriers and forget them; how many were stored. Read
-    from a Redis whose partition marker is `generation` before and after (Fenced if not),
-    and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring); the read
-    counted against the count PostgreSQL holds (`reads`, raised to the read's: behind.py)."""
+    """Store the partition's changed barriers (up to BATCH of them) and forget them, in parts
+    of about BATCH_BYTES (`sizes`), each read and committed on its own; how many were stored.
+    Each read from a Redis whose partition marker is `generation` before and after (Fenced if
+    not), and not behind PostgreSQL's barriers (BarriersBehind if so: module docstring); the
+    read counted against the count PostgreSQL holds (`reads`, raised to the read's: behind.py)."""
     keys = state.keys.partition(partition)
     names: list[bytes] = await state.conn.execute("SRANDMEMBER", keys.barriers_changed, BATCH)
     if not names:
         return 0
+    for part in bounded(await sizes(state, names), BATCH_BYTES):
+        await _store_changed(state, pg, prefix, partition, generation, reads, names[part])
+    return len(names)
+
+
+async def sizes(state: RedisState, names: list[bytes]) -> list[int | None]:
+    """The bytes each barrier hash takes (MEMORY USAGE, every field counted; None: gone)."""
+    replies: list[int | None] = await state.conn.pipeline(
+        [["MEMORY", "USAGE", name, "SAMPLES", 0] for name in names])
+    return replies
+
+
+async def _store_changed(state: RedisState, pg: PgConnection, prefix: str, partition: int,
+                         generation: str, reads: dict[int, int], names: list[bytes]) -> None:
+    keys = state.keys.partition(partition)
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     hashes: list[list[Any]] = [["HGETALL", name] for name in names]
     stored = reads.get(partition, 0)
@@ -149,7 +170,6 @@ async def store_changed(state: RedisState, pg: PgConnection, prefix: str, partit
     reads[partition] = read
     await forget(state, keys, names, {keys.barrier(b.id): b.fields.get(b"w", b"").decode()
                                       for b in found})
-    return len(names)
 
 
 async def follow(state: RedisState, partitions: list[int]) -> list[int]:
@@ -168,45 +188,49 @@ async def follow(state: RedisState, partitions: list[int]) -> list[int]:
 
 async def rescan(state: RedisState, pg: PgConnection, prefix: str, partition: int,
                  generation: str, reads: dict[int, int]) -> int:
-    """Every barrier of the partition stored (SCAN, HGETALL in pipelines), the rows of those
-    gone deleted, then the partition `FOLLOWED`; how many were stored. Called after `follow`:
-    what the scan misses was written after it, so it is marked. Fenced, BarriersBehind and the
-    read counted as in `store_changed`."""
+    """Every barrier of the partition stored (SCAN, then HGETALL in parts of about
+    BATCH_BYTES, each upserted as it is read, all in one transaction), the rows of those gone
+    deleted, then the partition `FOLLOWED`; how many were stored. Called after `follow`: what
+    the scan misses was written after it, so it is marked. Fenced, BarriersBehind and the read
+    counted as in `store_changed`."""
     keys = state.keys.partition(partition)
     marker: list[Any] = ["HGET", keys.history, PARTITION_FIELD]
     held, counter = await checked_pipeline(state.conn, [marker, ["GET", keys.barrier_writes]],
                                            "snapshot: barriers rescanned")
     confirm(keys, held, generation)
     written = int(counter or 0)
-    found: list[BarrierRow] = []
-    cursor: Any = b"0"
-    while True:
-        cursor, names = await state.conn.execute("SCAN", cursor, "MATCH",
-                                                 keys.barrier_prefix + "*", "COUNT",
-                                                 SCAN_COUNT, "TYPE", "hash")
-        if names:
-            replies = await state.conn.pipeline([["HGETALL", name] for name in names])
-            found += [BarrierRow(keys.barrier_id_of(name),
-                                 dict(zip(flat[::2], flat[1::2], strict=True)))
-                      for name, flat in zip(names, replies, strict=True) if flat]
-        if cursor in (b"0", "0"):
-            break
+    ids: list[str] = []
     stored = reads.get(partition, 0)
-    after, count = await pipeline(state.conn, state.library, [
-        marker, count_command(state, keys.snapshot_reads, stored)])
-    confirm(keys, after, generation)
-    read = counted(partition, count, stored)
-    await settle(state)
     async with pg.transaction(), pg.cursor() as cur:
         await fence(cur, prefix, generation)
-        await _not_behind(cur, prefix, partition, written, found)
-        if found:
-            await cur.executemany(UPSERT, [b.params(prefix, partition) for b in found])
-        await cur.execute(VANISHED, (prefix, partition, written, [to_pg(b.id) for b in found]))
+        scan: Any = b"0"
+        while True:
+            scan, names = await state.conn.execute("SCAN", scan, "MATCH",
+                                                   keys.barrier_prefix + "*", "COUNT",
+                                                   SCAN_COUNT, "TYPE", "hash")
+            for part in bounded(await sizes(state, names) if names else [], BATCH_BYTES):
+                *replies, after = await state.conn.pipeline(
+                    [*(["HGETALL", name] for name in names[part]), marker])
+                confirm(keys, after, generation)
+                found = [BarrierRow(keys.barrier_id_of(name),
+                                    dict(zip(flat[::2], flat[1::2], strict=True)))
+                         for name, flat in zip(names[part], replies, strict=True) if flat]
+                await _not_behind(cur, prefix, partition, written, found)
+                if found:
+                    await cur.executemany(UPSERT, [b.params(prefix, partition) for b in found])
+                ids += [b.id for b in found]
+            if scan in (b"0", "0"):
+                break
+        after, count = await pipeline(state.conn, state.library, [
+            marker, count_command(state, keys.snapshot_reads, stored)])
+        confirm(keys, after, generation)
+        read = counted(partition, count, stored)
+        await settle(state)
+        await cur.execute(VANISHED, (prefix, partition, written, [to_pg(i) for i in ids]))
         await commit_count(cur, prefix, partition, read)
     reads[partition] = read
     await state.conn.execute("HSET", keys.history, FOLLOWED_FIELD, FOLLOWED)
-    return len(found)
+    return len(ids)
 
 
 async def highest_w(pg: PgConnection, prefix: str, partitions: list[int]) -> dict[int, int]:
@@ -258,12 +282,30 @@ async def forget(state: RedisState, keys: PartitionKeys, names: list[bytes],
     FORGET.read(reply[0])
 
 
-async def stored_barriers(pg: PgConnection, prefix: str) -> list[tuple[str, bytes]]:
-    """(id, exact msgpack) of every barrier of the prefix in PostgreSQL not expired yet."""
-    cursor = await pg.execute("SELECT id, exact FROM sw_barriers WHERE prefix = %s AND "
-                              "(expires_ms IS NULL OR expires_ms > %s)", (prefix, now_ms()))
-    return [(from_pg(str(i)), bytes(e))  # type: ignore[call-overload]
-            for i, e in await cursor.fetchall()]
+# The barriers a restore puts back: those not expired yet (paged.pages: a hash holds up to a
+# 2 MiB payload).
+STORED_PAGES = Paged("sw_barriers", "id, exact", 1, "octet_length(exact)",
+                     "(expires_ms IS NULL OR expires_ms > %s)")
+
+
+async def restore(state: RedisState, pg: PgConnection) -> int:
+    """A restore: every barrier of the prefix in PostgreSQL not expired yet put back
+    (`restore_commands`), a page at a time, then each partition's write counter at the highest
+    `w` put back, so the next write numbers above what PostgreSQL holds; how many."""
+    highest: dict[str, int] = {}
+    restored = 0
+    async for page in pages(pg, STORED_PAGES, state.settings.prefix, (now_ms(),)):
+        stored = [(from_pg(str(i)), bytes(e)) for i, e in page]  # type: ignore[call-overload]
+        await checked_pipeline(state.conn, restore_commands(state, stored), "restore")
+        for barrier_id, exact in stored:
+            w = int(msgspec.msgpack.decode(exact, type=dict[bytes, bytes]).get(b"w", b"0"))
+            counter = state.keys.barrier_partition(barrier_id).barrier_writes
+            highest[counter] = max(highest.get(counter, 0), w)
+        restored += len(stored)
+    if highest:
+        await checked_pipeline(state.conn, [["SET", counter, w] for counter, w
+                                            in sorted(highest.items())], "restore")
+    return restored
 
 
 def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
@@ -280,14 +322,3 @@ def restore_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list
         if b"z" in fields:
             commands.append(["PEXPIREAT", name, int(fields[b"z"])])
     return commands
-
-
-def counter_commands(state: RedisState, stored: list[tuple[str, bytes]]) -> list[list[Any]]:
-    """Each partition's barrier write counter at the highest `w` of every barrier put back, so
-    the next write numbers above what PostgreSQL holds."""
-    highest: dict[str, int] = {}
-    for barrier_id, exact in stored:
-        w = int(msgspec.msgpack.decode(exact, type=dict[bytes, bytes]).get(b"w", b"0"))
-        counter = state.keys.barrier_partition(barrier_id).barrier_writes
-        highest[counter] = max(highest.get(counter, 0), w)
-    return [["SET", counter, w] for counter, w in sorted(highest.items())]

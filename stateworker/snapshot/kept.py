@@ -41,14 +41,19 @@ import msgspec
 from stateworker.clock import now_ms
 from stateworker.events.model import Revision, revision_of
 from stateworker.keys import KeySpace
+from stateworker.scripts.upkeep_bindings import SNAPPAGE, snappage_call
 from stateworker.snapshot.barriers import FOLLOWED, FOLLOWED_FIELD
 from stateworker.snapshot.rows import confirm
 from stateworker.snapshot.tables import CallRow, PgConnection, apply_records
 from stateworker.state.core.once import Needs
 from stateworker.state.core.store import RedisState
 from stateworker.state.generation import PARTITION_FIELD
+from stateworker.transport.plans import pipeline
 
-BATCH = 1000  # records read per trip
+BATCH = 1000  # records read per trip, at most
+# ... and bytes of them, about (snappage.lua): a kept reply may be large (a barrier's payload,
+# up to 2 MiB), each trip one PostgreSQL transaction of its own. As a batch (rows.BATCH_BYTES).
+BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +81,12 @@ async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partit
     oldest = now_ms() - state.settings.dedupe_window_ms
     stored, start = 0, "-"
     while True:
-        entries, held = await state.conn.pipeline([
-            ["XRANGE", keys.unsaved_kept, start, "+", "COUNT", BATCH], marker])
+        reply, held = await pipeline(state.conn, state.library, [SNAPPAGE.command(
+            state.library, *snappage_call(keys.unsaved_kept, start, BATCH, BATCH_BYTES)),
+            marker])
         confirm(keys, held, generation)
-        records = [_read(entry_id, flat) for entry_id, flat in entries or []]
+        page = SNAPPAGE.read(reply)
+        records = [_read(entry_id, flat) for entry_id, flat in page.entries]
         if not records:
             return stored
         # (read after the records: a position mirrored since only covers more; each name's
@@ -123,7 +130,7 @@ async def store_covered(state: RedisState, pg: PgConnection, prefix: str, partit
             stored += len(rows)
         if done:
             await state.conn.execute("XDEL", keys.unsaved_kept, *done)
-        if len(records) < BATCH:
+        if not page.more:
             return stored
         start = "(" + records[-1].entry_id.decode()
 

@@ -51,7 +51,7 @@ from stateworker.events.model import Revision, revision_of, revision_text
 from stateworker.keys import member
 from stateworker.reactive import trimming
 from stateworker.scripts.bindings import REGISTRY_MAXLEN
-from stateworker.snapshot import barriers, calls, tables
+from stateworker.snapshot import barriers, calls, paged, tables
 from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.snapshotter import connect
@@ -66,10 +66,12 @@ from stateworker.state.tenancy import principals as acl
 from stateworker.transport.plans import checked_pipeline
 from stateworker.transport.wire import ReplyError
 
-BATCH = 1000  # rows per fetch and per Redis pipeline
-
 ENTRY_COLUMNS = ("scope, key, value_text, version, hash, topic, created_ms, updated_ms, "
                  "expires_ms, updated_by, revision_ms, revision_seq, plain")
+# Every row, in pages bounded in rows and bytes (paged.PAGE_ROWS, PAGE_BYTES), each page one
+# Redis pipeline.
+ENTRIES = paged.Paged("sw_entries", ENTRY_COLUMNS, 2,
+                       "octet_length(value_text) + octet_length(scope) + octet_length(key)")
 
 
 class Summary(msgspec.Struct):
@@ -206,17 +208,17 @@ async def _restore(state: RedisState, pg: PgConnection,
     # deletes them once the restore ended, with the event their expiry owes (a trigger is
     # called, the row leaves PostgreSQL). Left out, an expiry that passed while Redis was
     # away was never written: no trigger called, the row in sw_entries for good.
-    counted = await (await pg.execute(
-        "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
-        "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
-    summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
     # Each partition's newest revision handed out before: its rows', its snapshot position
     # (a delete's or an expiry's event is no row's) and its triggers' starts (below).
     newest = {n: revision_of(p.id) for n, p in (await tables.positions(pg, prefix)).items()}
-    async with pg.transaction(), pg.cursor(name="restore") as cursor:
-        await cursor.execute(f"SELECT {ENTRY_COLUMNS} FROM sw_entries WHERE prefix = %s",
-                             (prefix,))
-        while batch := await cursor.fetchmany(BATCH):
+    async with pg.transaction():
+        # (one snapshot of the table for the count and every page: the progress ends at it)
+        await pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        counted = await (await pg.execute(
+            "SELECT count(*) FILTER (WHERE expires_ms <= %s), count(*) FROM sw_entries "
+            "WHERE prefix = %s", (now_ms(), prefix))).fetchone()
+        summary.expired, total = (int(counted[0]), int(counted[1])) if counted else (0, 0)  # type: ignore[call-overload]
+        async for batch in paged.pages(pg, ENTRIES, prefix):
             await _run(state, [c for row in batch for c in entry_commands(state, row)])
             for scope, *_, rev_ms, rev_seq, _plain in batch:
                 n = state.keys.partition_of(from_pg(str(scope)))
@@ -226,11 +228,7 @@ async def _restore(state: RedisState, pg: PgConnection,
                 progress(summary.entries, total)
     summary.triggers, summary.claims = await _restore_registry(state, pg, newest)
     await _restore_principals(state, pg, summary)
-    stored = await barriers.stored_barriers(pg, prefix)
-    for start in range(0, len(stored), BATCH):
-        await _run(state, barriers.restore_commands(state, stored[start:start + BATCH]))
-    await _run(state, barriers.counter_commands(state, stored))
-    summary.barriers = len(stored)
+    summary.barriers = await barriers.restore(state, pg)
     summary.calls = await calls.restore(state, pg)
     await _streams_past(state, newest, generation_id)
     await _positions_to_ends(state, pg, generation_id)

@@ -6,11 +6,13 @@ It follows the partition event streams the way the dispatcher does (reactive/dis
 replicas share the partitions with leases of their own (`snapshot_lease`, the replica set
 `snapshot:replicas`), and one loop blocks on ONE `XREAD` over the streams it holds, from each
 partition's position (on a Redis Cluster one per slot: transport/streamread.py). For a
-partition's batch it reads the CURRENT entry of every key the batch touched (the events lack
-hash, topic and expiry), with every entry of the transactions after the batch that wrote one
-of them (snapshot/rows.py: a transaction reaches PostgreSQL whole), and, in ONE PostgreSQL transaction,
-upserts those that exist (only over an older revision), deletes those that do not (only up to
-the revision of the change read), and stores the partition's position. After the commit it
+partition with new events, one script reads its batch (at most `rows.BATCH` events and about
+`rows.BATCH_BYTES` of events and entries) and the CURRENT entry of every key the batch touched
+(the events lack hash, topic and expiry), with every entry of the transactions after the
+batch that wrote one of them (snapshot/rows.py: a transaction reaches PostgreSQL whole), and,
+in ONE PostgreSQL transaction, upserts those that exist (only over an older revision),
+deletes those that do not (only up to the revision of the change read), and stores the
+partition's position. After the commit it
 mirrors the position into Redis (`snapshotted`, only while the lease holds): the trimming keeps
 every event above it, and `status` shows the lag from it.
 
@@ -50,7 +52,10 @@ from stateworker.transport.wire import ConnectionLost, ReplyError
 
 log = logging.getLogger("stateworker.snapshot")
 
-BATCH = 1000  # events read per partition per round trip
+# The blocking read only wakes the loop: one event per stream that has any. The batch itself
+# is read by snaprows.lua, bounded in count and in bytes (snapshot/rows.py: an event holds up
+# to two values of max_value_bytes, so a count alone could read ~2 GiB at once).
+WAKE = 1
 # After a read that found less than a full batch anywhere, wait this long before the next:
 # events gather into fewer, larger transactions (one per partition per read). It bounds the
 # lag it adds (the lag target is < 1 s) and saved most of the snapshot's cost to writes.
@@ -192,13 +197,12 @@ class Snapshotter(SnapshotSteps):
             return
         streams = [self.state.keys.partition(p).events for p in held]
         ids = [self.positions[p].id for p in held]
-        reply = await self._reader.read(["XREAD", "COUNT", BATCH, "BLOCK", int(round_s * 1000)],
+        reply = await self._reader.read(["XREAD", "COUNT", WAKE, "BLOCK", int(round_s * 1000)],
                                         streams, ids)
-        full = False
+        more = False
         for name, entries in reply or []:
             partition = held[streams.index(name.decode())]
-            full = full or len(entries) >= BATCH
             if entries and partition in self.positions:
-                await self._apply(self._pg, partition, entries)
-        if reply and not full:
+                more = await self._apply(self._pg, partition) or more
+        if reply and not more:
             await anyio.sleep(GATHER_S)

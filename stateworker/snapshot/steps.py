@@ -2,8 +2,9 @@
 `ROUND_S` at least (`_round`), and one partition's batch of events (`_apply`).
 
 A partition whose position is unknown (never snapshotted) or whose unread events the hard
-cap cut is rescanned: every entry of the partition, the rows of those gone removed, and the
-position set to the stream's end as it was when the scan began.
+cap cut is rescanned: every entry of the partition (read in parts of about
+`rows.BATCH_BYTES`, each upserted as it is read, in the rescan's one transaction), the rows of
+those gone removed, and the position set to the stream's end as it was when the scan began.
 
 Barrier state (no change events) is stored once a round per partition held, from the
 partition's set of changed barriers (snapshot/barriers.py); a partition whose barriers were
@@ -26,9 +27,10 @@ The registry (trigger registrations and namespace claims) is copied whole into `
 and `sw_claims` by the holder of partition 0, at its first round and whenever the registry
 stream has a new entry (checked once a round).
 
-A batch: the events read (and the rest of a transaction the read cut: it reaches PostgreSQL
-whole or not), the current entry of every key they touched (and of every key a later
-transaction wrote with one of them: an entry read now may hold its change), and in ONE PostgreSQL transaction
+A batch: the events after the position, at most `rows.BATCH` and about `rows.BATCH_BYTES`
+(never ending inside a transaction: it reaches PostgreSQL whole or not), the current entry of
+every key they touched (and of every key a later transaction wrote with one of them: an entry
+read now may hold its change), all read in one script (snaprows.lua), and in ONE PostgreSQL transaction
 the rows upserted or deleted, the call records and the partition's position; then the position
 mirrored into Redis (`snapshotted`, only while the lease holds).
 
@@ -40,12 +42,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from stateworker.clock import now_ms
 from stateworker.errors import Unavailable
 from stateworker.events.compaction import stream_info
-from stateworker.events.model import fields_of, revision_of
+from stateworker.events.model import revision_of
 from stateworker.keys import member
 from stateworker.logs import repeats
 from stateworker.reactive import trimming
@@ -309,20 +310,26 @@ class SnapshotSteps:
                       extra={"event": "snapshot.events_cut", "partition": partition})
         start = StoredPosition(info.last_id, info.added)
         assert self.generation is not None
-        found, read = await rows.scan_partition(
-            self.state, self.state.keys.partition(partition), self.generation,
-            (partition, self.reads.get(partition, 0)))
-        unsaved = await calls.read_unsaved(self.state, partition, revision_of(start.id),
-                                           self.generation, _members(found))
-        await tables.apply_rescan(pg, self.prefix, partition, found, start,
-                                  generation=self.generation, reads=read, records=unsaved.rows)
+        keys = self.state.keys.partition(partition)
+        held: dict[str, tuple[int, int]] = {}  # every row found, by member (calls.py)
+        seen: list[tuple[str, str]] = []
+        async with tables.rescanning(pg, self.prefix, partition, self.generation) as rescan:
+            async for found in rows.scan_partition(self.state, keys, self.generation):
+                await rescan.found(found)
+                held.update(_members(found))
+                seen += [(row.scope, row.key) for row in found]
+            read = await rows.count_scan(self.state, keys,
+                                         (partition, self.reads.get(partition, 0)))
+            unsaved = calls.read_unsaved(self.state, partition, revision_of(start.id),
+                                         self.generation, held)
+            await rescan.done(seen, start, reads=read, records=unsaved.pages())
         self.reads[partition] = read
         await calls.forget_saved(self.state, partition, unsaved)
         self.positions[partition] = start
         await self._mirror(partition)
-        log.info("partition %d: rescanned, %d entries", partition, len(found),
+        log.info("partition %d: rescanned, %d entries", partition, len(seen),
                  extra={"event": "snapshot.rescanned", "partition": partition,
-                        "entries": len(found)})
+                        "entries": len(seen)})
 
     async def _rescan_barriers(self, pg: PgConnection, partition: int, confirmed: str) -> None:
         """The partition's barriers copied whole: some may never have been marked (no
@@ -333,46 +340,29 @@ class SnapshotSteps:
                  extra={"event": "snapshot.barriers_rescanned", "partition": partition,
                         "barriers": stored})
 
-    async def _whole_transactions(self, partition: int, entries: list[Any]) -> list[Any]:
-        """`entries`, and the rest of a transaction the batch's read cut (events carry `tx`
-        and `tx_size`): a transaction reaches PostgreSQL whole, with its record, or not."""
-        last = fields_of(entries[-1][1])
-        tx, size = last.get(b"tx"), last.get(b"tx_size")
-        if tx is None or size is None:
-            return entries
-        have = sum(1 for _, flat in entries if fields_of(flat).get(b"tx") == tx)
-        if have >= int(size):
-            return entries
-        more = await self.state.conn.execute(
-            "XRANGE", self.state.keys.partition(partition).events,
-            "(" + entries[-1][0].decode(), "+", "COUNT", int(size) - have)
-        return entries + list(more or [])
-
-    async def _apply(self, pg: PgConnection, partition: int, entries: list[Any]) -> None:
-        entries = await self._whole_transactions(partition, entries)
-        changed: dict[tuple[str, str], tuple[int, int]] = {}
-        for entry_id, flat in entries:
-            fields = fields_of(flat)
-            scope, key = fields.get(b"scope"), fields.get(b"key")
-            if scope is not None and key is not None:
-                changed[(scope.decode(), key.decode())] = revision_of(entry_id)
+    async def _apply(self, pg: PgConnection, partition: int) -> bool:
+        """The partition's next batch committed; whether events follow it (rows.read_batch)."""
         assert self.generation is not None
         keys = self.state.keys.partition(partition)
         held = self.positions[partition]
-        found, gone, read = await rows.read_changed(self.state, keys, changed, self.generation,
-                                                    (partition, held), entries[-1][0].decode(),
-                                                    self.reads.get(partition, 0))
-        moved = StoredPosition(entries[-1][0].decode(), held.n + len(entries))
+        batch = await rows.read_batch(self.state, keys, self.generation, (partition, held),
+                                      self.reads.get(partition, 0))
+        if not batch.events:
+            return False
+        moved = StoredPosition(batch.last, held.n + batch.events)
         # The records of every change the rows hold: a row is read as it is now, so it may
-        # hold changes past the batch (calls.py). Read after the rows, from the same generation.
-        unsaved = await calls.read_unsaved(self.state, partition, revision_of(moved.id),
-                                           self.generation, _members(found))
-        await tables.apply(pg, self.prefix, partition, found, gone, moved,
-                           generation=self.generation, reads=read, records=unsaved.rows)
-        self.reads[partition] = read
+        # hold changes past the batch (calls.py). Read after the rows, from the same
+        # generation, a page at a time by the commit.
+        unsaved = calls.read_unsaved(self.state, partition, revision_of(moved.id),
+                                     self.generation, _members(batch.rows))
+        await tables.apply(pg, self.prefix, partition, batch.rows, batch.gone, moved,
+                           generation=self.generation, reads=batch.read,
+                           records=unsaved.pages())
+        self.reads[partition] = batch.read
         self.positions[partition] = moved
         await calls.forget_saved(self.state, partition, unsaved)
         await self._mirror(partition)
+        return batch.more
 
     async def _mirror(self, partition: int) -> None:
         """The committed position into Redis (`snapshotted`), only while the lease holds."""

@@ -13,7 +13,8 @@ whole (`commit_count`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -187,19 +188,38 @@ class CallRow:
     at_ms: int
 
 
+# The call records a commit carries: given, or read by the commit a page at a time (calls.py's
+# `Unsaved.pages`, inside its transaction: never all in memory at once).
+Records = Sequence[CallRow] | AsyncIterable[Sequence[CallRow]]
+
+
+async def _pages(records: Records) -> AsyncIterator[Sequence[CallRow]]:
+    if isinstance(records, AsyncIterable):
+        async for page in records:
+            yield page
+    else:
+        yield records
+
+
 async def _records(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str,
-                   partition: int, records: Sequence[CallRow]) -> None:
-    if records:
-        await cursor.executemany(CALL_UPSERT, [(prefix, r.field, partition, r.value,
-                                                *r.revision, r.at_ms) for r in records])
+                   partition: int, records: Records) -> None:
+    async for page in _pages(records):
+        if page:
+            await cursor.executemany(CALL_UPSERT, [(prefix, r.field, partition, r.value,
+                                                    *r.revision, r.at_ms) for r in page])
 
 
 async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
-                  rows: Sequence[Row], records: Sequence[CallRow], generation: str) -> None:
+                  rows: Sequence[Row], records: Records, generation: str) -> None:
     """A batch's first statements: the fence (PostgreSQL still follows `generation`), the
     records of the calls, the rows written."""
     await fence(cursor, prefix, generation)
     await _records(cursor, prefix, partition, records)
+    await _rows(cursor, prefix, partition, rows)
+
+
+async def _rows(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, partition: int,
+                rows: Sequence[Row]) -> None:
     if rows:
         try:
             async with cursor.connection.transaction():  # (a savepoint)
@@ -211,7 +231,7 @@ async def _upsert(cursor: psycopg.AsyncCursor[tuple[object, ...]], prefix: str, 
 
 async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
                 gone: Sequence[Gone], position: StoredPosition, *, generation: str,
-                reads: int, records: Sequence[CallRow] = ()) -> None:
+                reads: int, records: Records = ()) -> None:
     """One batch: its rows, its deletes, the records of the calls that changed them, the
     partition's new position and the count of the read (`reads`), one transaction, while
     PostgreSQL follows `generation`."""
@@ -226,21 +246,45 @@ async def apply(conn: PgConnection, prefix: str, partition: int, rows: Sequence[
         await commit_count(cursor, prefix, partition, reads)
 
 
-async def apply_rescan(conn: PgConnection, prefix: str, partition: int, rows: Sequence[Row],
-                       position: StoredPosition, *, generation: str, reads: int,
-                       records: Sequence[CallRow] = ()) -> None:
-    """A partition's full rescan: every live entry (and the records of the calls that made
-    them), and the rows of entries no longer in Redis removed (up to the position the rescan
-    started from)."""
-    ms, _, seq = position.id.partition("-")
-    async with conn.transaction(), conn.cursor() as cursor:
-        await _upsert(cursor, prefix, partition, rows, records, generation)
+@dataclass(frozen=True, slots=True)
+class Rescan:
+    """A partition's full rescan, ONE transaction (`rescanning`) fed a part at a time: every
+    live entry (`found`), then the end (`done`)."""
+
+    cursor: psycopg.AsyncCursor[tuple[object, ...]]
+    prefix: str
+    partition: int
+
+    async def found(self, rows: Sequence[Row]) -> None:
+        """A part of the entries the rescan read (upserted: only over an older revision)."""
+        await _rows(self.cursor, self.prefix, self.partition, rows)
+
+    async def done(self, seen: Sequence[tuple[str, str]], position: StoredPosition, *,
+                   reads: int, records: Records = ()) -> None:
+        """The records of the calls that made the rows, the rows of entries the rescan did not
+        see (`seen`: scope, key) removed up to the position it started from, which becomes
+        the partition's, and the count of its read."""
+        cursor, prefix, partition = self.cursor, self.prefix, self.partition
+        ms, _, seq = position.id.partition("-")
+        await _records(cursor, prefix, partition, records)
         await cursor.execute(DELETE_UNSEEN, (prefix, partition, int(ms), int(seq or 0),
-                                             [to_pg(r.scope) for r in rows],
-                                             [to_pg(r.key) for r in rows]))
+                                             [to_pg(scope) for scope, _ in seen],
+                                             [to_pg(key) for _, key in seen]))
         await cursor.execute(POSITION, (prefix, partition, position.id, int(ms), int(seq or 0),
                                         position.n, now_ms()))
         await commit_count(cursor, prefix, partition, reads)
+
+
+@asynccontextmanager
+async def rescanning(conn: PgConnection, prefix: str, partition: int, generation: str
+                     ) -> AsyncIterator[Rescan]:
+    """A rescan's transaction, while PostgreSQL follows `generation`: committed when the block
+    ends (after `Rescan.done`), rolled back when it raises. A part at a time, a partition of
+    any size is never all in memory, and the rescan stays one commit (the call records of
+    decision 0036 with every change they answer)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await fence(cursor, prefix, generation)
+        yield Rescan(cursor, prefix, partition)
 
 
 async def stored_reads(conn: PgConnection, prefix: str) -> dict[int, int]:
@@ -303,10 +347,18 @@ async def reset_positions(conn: PgConnection, prefix: str,
              now_ms()) for n, p in positions.items()])
 
 
-async def apply_records(conn: PgConnection, prefix: str, partition: int,
-                        records: Sequence[CallRow], generation: str) -> None:
+async def apply_records(conn: PgConnection, prefix: str, partition: int, records: Records,
+                        generation: str) -> None:
     """Call records alone (snapshot/calls.py `store_unsaved`), while PostgreSQL follows
-    `generation`."""
+    `generation`; no transaction when there are none (their first page read before it)."""
+    pages = _pages(records)
+    async for first in pages:
+        if first:
+            break
+    else:
+        return
     async with conn.transaction(), conn.cursor() as cursor:
         await fence(cursor, prefix, generation)
-        await _records(cursor, prefix, partition, records)
+        await _records(cursor, prefix, partition, first)
+        await _records(cursor, prefix, partition, pages)
+

@@ -19,7 +19,7 @@ from stateworker.app.service import StateCalls, StateService
 from stateworker.bus.protocol import BusOptions
 from stateworker.bus.sources import Sources, swept_consumers
 from stateworker.context import CallContext
-from stateworker.keys import call_field, member
+from stateworker.keys import call_field
 from stateworker.reactive import trimming
 from stateworker.reactive.leases import Leases
 from stateworker.reactive.targets import Targets
@@ -28,10 +28,12 @@ from stateworker.scripts.library import Library, read_header
 from stateworker.scripts.upkeep_bindings import (
     ASIDE,
     SESSION,
+    SNAPPAGE,
     SNAPROWS,
     aside_call,
     bus_library,
     session_call,
+    snappage_call,
     snaprows_call,
 )
 from stateworker.snapshot import barriers, behind
@@ -72,8 +74,8 @@ def derived_keys(name: str, keys: Sequence[Arg], args: Sequence[Arg]) -> list[st
         return [text(args[8]) + "somekey", *written(keys[3]), *value_indexes(keys[1], args[0])]
     if name == "getmany":
         return [text(args[1]) + "somekey"]
-    if name == "snaprows":  # the members asked (and those of transactions after: the same)
-        return [text(args[2]) + text(a) for a in args[4:]]
+    if name == "snaprows":  # the entries its events name (and those of transactions after)
+        return [text(args[3]) + "somekey"]
     if name == "bind":
         record = text(keys[0])  # the slices beside it
         return [record + "0", record[:-1]]
@@ -158,7 +160,10 @@ async def test_every_script_call_hashes_to_one_slot(
                               "svc")]), "svc", "me", 600_000)
     await pipeline(store.state.conn, store.state.library, [SNAPROWS.command(  # snaprows.lua
         store.state.library, *snaprows_call(store.state.keys.for_scope(scope), "0-0", 10,
-                                            [member(scope, "t1")]))])
+                                            1 << 20, 10, 1 << 20))])
+    await pipeline(store.state.conn, store.state.library, [SNAPPAGE.command(  # snappage.lua
+        store.state.library, *snappage_call(store.state.keys.for_scope(scope).unsaved_calls,
+                                            "-", 10, 1 << 20))])
     for record in (b"[]", None):  # session.lua: a console session opened, then closed
         await pipeline(store.state.conn, store.state.library, [SESSION.command(
             store.state.library, *session_call(store.state.keys, "d", "p", record, 2**42, 16))])

@@ -52,7 +52,8 @@ def test_the_library_carries_the_table_once_and_every_script_as_a_function() -> 
                              flags=re.MULTILINE):
             assert source.count(part) == 1, include
     for name in SCRIPT_NAMES:
-        flags = ", flags = {'no-writes'}" if name in ("list", "entries", "getmany", "snaprows") else (
+        flags = ", flags = {'no-writes'}" if name in ("list", "entries", "getmany", "snaprows",
+                                                      "snappage") else (
             # (the scripts that may answer their call: its reply list in another slot)
             ", flags = {'allow-cross-slot-keys'}" if name in ("set", "get", "delete", "update")
             else "")

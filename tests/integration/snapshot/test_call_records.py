@@ -44,11 +44,12 @@ async def test_a_commit_carries_the_records_of_the_changes_it_holds_and_no_other
     assert markers.meta is not None
     # A batch up to c1's change, whose read of `a` already holds c3's: c1 and c3 go with it,
     # c2 (its change on `b`, not read) waits.
-    unsaved = await calls.read_unsaved(store.state, partition, first, markers.meta,
-                                       {member("s", "a"): third})
-    assert [row.field for row in unsaved.rows] == [call_field("c1"), call_field("c3")]
+    unsaved = calls.read_unsaved(store.state, partition, first, markers.meta,
+                                 {member("s", "a"): third})
+    assert [row.field async for page in unsaved.pages() for row in page] == [
+        call_field("c1"), call_field("c3")]
     assert len(unsaved.done) == 2
     await calls.forget_saved(store.state, partition, unsaved)
     # The next batch, past c2's change, takes it.
-    later = await calls.read_unsaved(store.state, partition, third, markers.meta, {})
-    assert [row.field for row in later.rows] == [call_field("c2")]
+    later = calls.read_unsaved(store.state, partition, third, markers.meta, {})
+    assert [row.field async for page in later.pages() for row in page] == [call_field("c2")]

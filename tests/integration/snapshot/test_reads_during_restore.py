@@ -21,6 +21,7 @@ from stateworker.bus.protocol import BusOptions
 from stateworker.errors import StoreLost
 from stateworker.keys import KeySpace
 from stateworker.settings import Settings
+from stateworker.snapshot import paged
 from stateworker.snapshot import restore as restoring
 from stateworker.state import lifecycle
 from tests.integration.busproto import until
@@ -130,7 +131,7 @@ async def held_restore(monkeypatch: pytest.MonkeyPatch, state: Any, postgres_url
             await go.wait()
         return replies
 
-    monkeypatch.setattr(restoring, "BATCH", 1)
+    monkeypatch.setattr(paged, "PAGE_ROWS", 1)
     monkeypatch.setattr(restoring, "_run", held)
 
     async def go_on() -> Any:

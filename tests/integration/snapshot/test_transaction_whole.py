@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from stateworker.keys import KeySpace
-from stateworker.snapshot.snapshotter import BATCH
+from stateworker.snapshot.rows import BATCH
 from tests.integration.snapshot.driven import bus_call as call
 from tests.integration.snapshot.driven import opened, snapshot_of
 from tests.integration.snapshot.test_older_copy_between_rounds import stepped
