@@ -50,6 +50,7 @@ from stateworker.app.dapr_requests import (
     repeated_with_etag,
     upsert,
     url_metadata,
+    url_options,
 )
 from stateworker.clock import rfc3339_s
 from stateworker.errors import InvalidRequest, StateError, shown
@@ -112,7 +113,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
 
     async def save(request: Request) -> Response:
         store = store_of(request)
-        items = decode(await read(request), list[Item])
+        items = decode(await read(request), list[Item] | None)  # (null: none, as Dapr)
         if not items:
             return Response(status_code=204)
         url = url_metadata(request.query_params)
@@ -128,6 +129,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
         store = store_of(request)
         key = str(request.path_params["key"])  # (its escapes are UTF-8: app/url_text.py)
         scope, native_key = store.address(key, "key")
+        url_options(request.query_params, ("consistency",))
         got = msgspec.json.decode(await native(
             request, "ERR_STATE_GET", f"fail to get {key} from state store {store.name}",
             "state::get-entry", {"scope": scope, "key": native_key},
@@ -144,6 +146,7 @@ def dapr_routes(call: Caller, read: Reader, stores: dict[str, Store], app_id: st
         store = store_of(request)
         key = str(request.path_params["key"])  # (its escapes are UTF-8: app/url_text.py)
         scope, native_key = store.address(key, "key")
+        url_options(request.query_params, ("concurrency", "consistency"))
         condition = expected(request.headers.get("if-match"), "If-Match", "ERR_STATE_DELETE")
         await native(request, "ERR_STATE_DELETE", f"failed deleting state with key {key}",
                      "state::delete", {"scope": scope, "key": native_key, **condition},

@@ -14,7 +14,7 @@ A store not configured is Dapr's ERR_STATE_STORE_NOT_FOUND (400): a typo never m
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -77,12 +77,22 @@ class Store(msgspec.Struct, frozen=True):
         if not key:
             raise malformed(f'{where}: "key" is a required field')
         if not self.spans:
+            _no_separator(key, where)
             return self.scope, key
         app, sep, rest = key.partition(SEPARATOR)
         if not sep or not app or not rest:
             raise malformed(f"{where}: store {shown(self.name)} spans the scopes "
                             f"{shown(self.scope + '*')}: a key is `<app>||<key>`, got {shown(key)}")
         return self.scope + app, rest
+
+
+def _no_separator(key: str, where: str) -> None:
+    """Dapr's runtime refuses a key holding its separator, whatever the store (its
+    GetModifiedStateKey: `can't contain '||'`): taken in a store of one scope, a program that
+    ran here failed on Dapr (decision 0074). A store spanning scopes is keyed by it."""
+    if SEPARATOR in key:
+        raise malformed(f"{where}: a Dapr key can't contain '{SEPARATOR}' (Dapr's key "
+                        f"separator, `<app>||<key>`), got {shown(key)}")
 
 
 def dapr_stores(settings: Settings) -> dict[str, Store]:
@@ -110,9 +120,15 @@ def parse_stores(text: str | None) -> dict[str, Store]:
     return stores
 
 
+# Dapr's options; `""` is none given, as its stores read it (validateConcurrencyOption)
+Concurrency = Literal["first-write", "last-write", ""]
+Consistency = Literal["eventual", "strong", ""]
+URL_OPTIONS = {"concurrency": get_args(Concurrency), "consistency": get_args(Consistency)}
+
+
 class Options(msgspec.Struct, forbid_unknown_fields=True):
-    concurrency: Literal["first-write", "last-write"] | None = None
-    consistency: Literal["eventual", "strong"] | None = None
+    concurrency: Concurrency | None = None
+    consistency: Consistency | None = None
 
 
 class Item(msgspec.Struct, forbid_unknown_fields=True):
@@ -129,12 +145,13 @@ class Operation(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Transaction(msgspec.Struct, forbid_unknown_fields=True):
-    operations: list[Operation]
+    # (none given: none to do, as Dapr's decoding leaves a list it is not sent empty)
+    operations: list[Operation] = msgspec.field(default_factory=list)
     metadata: dict[str, str] | None = None
 
 
 class Bulk(msgspec.Struct, forbid_unknown_fields=True):
-    keys: list[str]
+    keys: list[str] = msgspec.field(default_factory=list)  # (none given: none read, as Dapr)
     parallelism: int | None = None  # (Dapr's SDKs send it; one call reads every key here)
     metadata: dict[str, str] | None = None
 
@@ -153,6 +170,17 @@ def decode(body: bytes, type_: Any) -> Any:
 def url_metadata(query: Any) -> dict[str, str]:
     """The `metadata.<name>=<value>` parameters of a request's URL."""
     return {name[9:]: value for name, value in query.items() if name.startswith("metadata.")}
+
+
+def url_options(query: Any, names: tuple[str, ...]) -> None:
+    """A get's `consistency`, a delete's `concurrency` and `consistency` on the URL, checked as
+    a save's options are: Dapr's stores refuse a value they do not know, and nothing is done
+    (CheckRequestOptions). Each changes nothing else here (docs/http.md)."""
+    for name in names:
+        value = query.get(name)
+        if value is not None and value not in URL_OPTIONS[name]:
+            raise malformed(f"{name}: {shown(value)} is no {name} (want "
+                            f"{' or '.join(v for v in URL_OPTIONS[name] if v)}, or none)")
 
 
 def expected(etag: str | None, where: str, code: str) -> dict[str, int]:
