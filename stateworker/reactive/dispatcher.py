@@ -270,7 +270,7 @@ class Dispatcher:
             if partition in self.positions and partition not in self._aside:
                 self.positions[partition] = self.stored[partition] = position
         await self.counts.flush()
-        await self.targets.round(self.triggers.triggers())
+        await self.targets.round(self.triggers.triggers)
 
     async def _skip_to_ends(self) -> None:
         """No trigger: the positions to the streams' ends read, if there is still none once

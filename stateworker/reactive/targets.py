@@ -27,7 +27,7 @@ one script, and a name two replicas remove is removed once).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 
@@ -60,14 +60,15 @@ class Targets:
         self._library: Library | None = None  # the functions where the call streams are
         self.removed = 0  # streams removed by this replica since it started
 
-    async def round(self, loaded: Iterable[Trigger]) -> None:
-        """A sweep if the last one is SWEEP_S old (`loaded`: the triggers the dispatcher holds)."""
+    async def round(self, loaded: Callable[[], Iterable[Trigger]]) -> None:
+        """A sweep if the last one is SWEEP_S old (`loaded()`: the triggers the dispatcher
+        holds, listed only when a sweep is due)."""
         now = anyio.current_time()
         if now - self._last < self.sweep_s:
             return
         self._last = now
         try:
-            await self.sweep(loaded)
+            await self.sweep(loaded())
         except (StateError, ConnectionLost, ReplyError) as exc:  # (asked again next time)
             repeats.log(log, logging.WARNING, "the sweep of trigger targets' streams failed: "
                         "%s", exc, extra={"event": "dispatch.target_sweep_failed"})

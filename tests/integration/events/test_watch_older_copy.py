@@ -45,6 +45,23 @@ async def written(store: StateStore, value: Any) -> None:
     await until(attempt, 10, f"the write of {value}")
 
 
+
+async def until_compacted(watch: Any, most: int
+                          ) -> tuple[list[tuple[int, bytes]], Compacted | None]:
+    """The events the watch hands on (version, value), up to `most`, and the COMPACTED it
+    ends with (None: it handed `most` on without one)."""
+    got: list[tuple[int, bytes]] = []
+    with anyio.fail_after(20):
+        try:
+            async for item in watch:
+                if isinstance(item, Event):
+                    got.append((item.version, bytes(item.new_value)))
+                    if len(got) == most:
+                        break
+        except Compacted as exc:
+            return got, exc
+    return got, None
+
 async def test_a_watch_over_a_redis_restarted_on_an_older_copy_is_compacted(
         own_redis: RedisServer, prefix: str, tmp_path: Path) -> None:
     older = tmp_path / "older"
@@ -63,16 +80,7 @@ async def test_a_watch_over_a_redis_restarted_on_an_older_copy_is_compacted(
             assert [bytes(e.new_value) for e in seen] == [b"4", b"5"]
             swap_data(own_redis, older)  # back to 1, 2, 3
             await written(store, "other")  # version 4 again, another value
-            got: list[Any] = []
-            compacted: Compacted | None = None
-            with anyio.fail_after(20):
-                try:
-                    async for item in watch:
-                        if isinstance(item, Event):
-                            got.append((item.version, bytes(item.new_value)))
-                            break
-                except Compacted as exc:
-                    compacted = exc
+            got, compacted = await until_compacted(watch, 1)
     # Before the fix: [(4, b'"other"')], handed on as if it followed version 5.
     assert got == []
     assert compacted is not None and compacted.details["reason"] == "behind"
@@ -107,17 +115,7 @@ async def test_writes_after_the_restart_that_make_up_the_count_do_not_hide_it(
             swap_data(own_redis, older)  # back to the `before` writes
             for n in range(writes_after):  # the read versions again, other values
                 await written(store, f"other-{n}")
-            got: list[Any] = []
-            compacted: Compacted | None = None
-            with anyio.fail_after(20):
-                try:
-                    async for item in watch:
-                        if isinstance(item, Event):
-                            got.append((item.version, bytes(item.new_value)))
-                            if len(got) == writes_after:
-                                break
-                except Compacted as exc:
-                    compacted = exc
+            got, compacted = await until_compacted(watch, writes_after)
     # Before the fix: (3, 2, PAGE) [(4, b'"other-0"'), (5, b'"other-1"')], as if they followed
     # version 5 "read-2", and the watch went on; (3, 5, 2) with the count alone: the first
     # page, the same two, then COMPACTED; (0, 2, PAGE) without the entries read counted:
