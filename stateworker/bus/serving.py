@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from stateworker import tracing
@@ -197,6 +198,12 @@ class Serving:
             # Looked up, and (when it is to run) claimed for the visibility timeout, so no
             # other worker runs it meanwhile. A claim sent at the read is Redis's to decide
             # (one that won runs, even if another entry of the id started here since).
+            if sent is not None and sent.done():
+                # Answered before this task's first turn: the task of a call read before it
+                # may be waiting on a claim answered in the same reply, its wake-up queued
+                # behind this turn. One turn given up lets it start first: handlers start
+                # in the order their calls were read (a scope's trigger deliveries).
+                await anyio.lowlevel.checkpoint()
             if await replies.replayed(call, record, claim=not late, sent=sent):
                 return
         if late:  # (not recorded: sent again with a later deadline, it runs)

@@ -2,11 +2,13 @@
 call whose record cannot be read (Redis away for its key: a failed node of a cluster) stays
 pending, and the calls read after it wait until it is served. Trigger deliveries count on
 this for their order per scope; the strict failover test on a cluster first showed calls
-running past one whose record's node had just been killed."""
+running past one whose record's node had just been killed. A worker running many at a time
+starts them in the order it read them."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -68,3 +70,37 @@ async def test_calls_read_after_an_unanswered_one_wait_for_it(
 
 async def _more(count: Callable[[], Awaitable[int]], than: int) -> bool:
     return await count() > than
+
+
+async def test_a_concurrent_worker_starts_its_calls_in_the_order_it_read_them(
+        redis_server: RedisServer, raw: aredis.Redis, prefix: str) -> None:
+    """Calls arriving one by one while the worker's loop is busy: each call's id is claimed
+    where it is read, and a later call's claim may be answered before the task of an earlier
+    one has had its turn. Handlers still start in the stream's order (a trigger's
+    deliveries per scope, on a worker that runs many at a time)."""
+    settings = Settings(redis_url=redis_server.url, prefix=prefix, partitions=4)
+    worker = Worker("ordered", settings=settings, options=BusOptions(block_ms=50))
+    started: list[bytes] = []
+
+    @worker.function("ordered::step")
+    async def step(body: Any, call: Call) -> None:
+        started.append(call.entry_id)
+        await anyio.sleep(0)
+
+    bus = Bus(prefix, "ordered")
+    sent: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+
+        async def busy() -> None:  # the loop's turns made long, as on a loaded process
+            while len(started) < CALLS * 10:
+                time.sleep(0.0003)
+                await anyio.sleep(0)
+
+        tg.start_soon(busy)
+        for n in range(CALLS * 10):
+            sent.append(await raw.execute_command(
+                *call_entry(bus.stream, f"c{n}", "ordered::step", b"{}", "")))
+        await until(lambda: len(started) >= CALLS * 10, 20, "every call to start")
+        worker.stop()
+    assert started == sent
