@@ -171,15 +171,23 @@ async def refuse_other_partitions(pg: PgConnection, keys: KeySpace, prefix: str)
     naming both counts), before anything is written: it put every scope and barrier in other
     partitions than the services read and write them in (found by attack: a service of 4
     partitions read null for 15 of 20 keys PostgreSQL held, and wrote them again as new).
-    Told from a position past the count, or a row (entry by scope, barrier by id) stored in
-    another partition than this count puts it in."""
+    Told from the count stored with the generation (`sw_generations.partitions`, decision
+    0073); where none is yet, from a position past the count, or a row (entry by scope,
+    barrier by id) stored in another partition than this count puts it in. (The rows alone
+    let a snapshot of one scope through half the time: 4 partitions restored as 8 when the
+    scope's CRC32 gave the same partition under both, and the positions the 8 then stored
+    made the right count refused.)"""
     positions = await tables.positions(pg, prefix)
-    rows = await (await pg.execute(LAYOUT, {"p": prefix, "n": LAYOUT_SAMPLE})).fetchall()
-    # (a barrier's id picks its partition as a scope does: keys.py `barrier_partition`)
-    if all(p < keys.partitions for p in positions) and all(
-            keys.partition_of(from_pg(str(name))) == int(str(part)) for name, part in rows):
+    taken = await pg_generation.stored_partitions(pg, prefix)
+    if taken is None:
+        rows = await (await pg.execute(LAYOUT, {"p": prefix, "n": LAYOUT_SAMPLE})).fetchall()
+        # (a barrier's id picks its partition as a scope does: keys.py `barrier_partition`)
+        if all(p < keys.partitions for p in positions) and all(
+                keys.partition_of(from_pg(str(name))) == int(str(part)) for name, part in rows):
+            return
+        taken = max(positions) + 1 if positions else None
+    elif taken == keys.partitions:
         return
-    taken = max(positions) + 1 if positions else None
     raise RestoreRefused(
         f"PostgreSQL's snapshot of prefix {shown(prefix)} was taken with "
         f"{taken or 'another number of'} partitions, not {keys.partitions} "

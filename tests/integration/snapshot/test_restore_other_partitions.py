@@ -14,6 +14,7 @@ import sys
 
 import anyio
 import msgspec
+import psycopg
 import pytest
 
 from stateworker import StateError, StateStore
@@ -84,3 +85,62 @@ async def test_a_restore_with_another_partition_count_is_refused(
     async with StateService.running(settings, BusOptions(block_ms=50)), \
             StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
         assert await all_back(store) == list(range(SCOPES))
+
+
+async def test_a_snapshot_of_one_scope_is_refused_with_another_count_too(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """Every entry in one scope whose CRC32 gives the same partition under 4 and under 8
+    (no row in another partition to tell): the count stored with the generation refuses 8.
+
+    Found by attack: the rows alone said nothing against 8, and positions of 4 partitions
+    are all below 8; a service of 8 on the wiped Redis restored it and served, and once its
+    snapshot stored positions of 8 partitions, the restore with the right count (4) was
+    refused as "taken with 8 partitions"."""
+    scope = next(s for s in (f"one-{n}" for n in range(100))
+                 if KeySpace(prefix, 8).partition_of(s) == KeySpace(prefix, 4).partition_of(s))
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        for n in range(SCOPES):
+            await store.set(scope, f"k{n}", n)
+        await until(lambda: caught_up(client, keys), 30, "the snapshot to catch up")
+    client.flushall()
+    with pytest.raises(ConfigError, match="taken with 4 partitions, not 8"):
+        async with StateService.running(msgspec.structs.replace(settings, partitions=8),
+                                        BusOptions(block_ms=50)):
+            pass
+    assert client.exists(keys.meta) == 0  # (left as found)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(own_redis.url, prefix=prefix, partitions=PARTITIONS) as store:
+        got: list[object] = []
+
+        async def back() -> bool:
+            try:
+                got[:] = [await store.get(scope, f"k{n}") for n in range(SCOPES)]
+            except StateError as exc:
+                assert exc.code == "STORE_LOST"
+                return False
+            return True
+        await until(back, 30, "the keys readable again")
+        assert got == list(range(SCOPES))
+
+
+async def test_a_generation_stored_before_its_count_gets_it_from_its_snapshotter(
+        own_redis: RedisServer, prefix: str, postgres_url: str) -> None:
+    """A row of `sw_generations` from before the column (NULL) is given the count by the
+    first snapshotter that confirms its generation in its Redis."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+
+    def stored() -> object:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            row = conn.execute("SELECT partitions FROM sw_generations WHERE prefix = %s",
+                               (prefix,)).fetchone()
+        return row[0] if row else "none"
+
+    async with StateService.running(settings, BusOptions(block_ms=50)):
+        await until(lambda: stored() == PARTITIONS, 30, "the count stored")
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE sw_generations SET partitions = NULL WHERE prefix = %s", (prefix,))
+    async with StateService.running(settings, BusOptions(block_ms=50)):
+        await until(lambda: stored() == PARTITIONS, 30, "the count filled")
