@@ -56,7 +56,7 @@ SHARED = {
     "postgres_url": "postgres_url (STATEWORKER_POSTGRES_URL: the snapshot on or off)",
 }
 STATE_REDIS = ""  # `bus`: on the state's own Redis
-UNSERVED_SCAN = 1000  # calls counted per stream at most (a count past it shows as 1000+)
+UNSERVED_SCAN = 1000  # unread calls counted per stream at most (more show as 1000)
 
 
 def partitions_differ(settings: Settings, stored: int) -> LayoutMismatch:
@@ -201,7 +201,8 @@ def _live_differs(settings: Settings, setting: str, theirs: str, mine: str, cons
         f"{_shown_value(setting, theirs)}: every service of a prefix serves with the same "
         "one. Start this one with the same value, or stop every service of the prefix first "
         f"and start them all with the new one (a service killed counts as live for "
-        f"{LIVE_LEASES} lease times, {left_ms / 1000:.1f} s more for this one)",
+        f"{LIVE_LEASES} lease times after its last renewal: this one's runs out in "
+        f"{left_ms / 1000:.1f} s unless it renews it)",
         {"setting": setting, "stored": theirs, "given": mine, "prefix": settings.prefix,
          "consumer": consumer})
 
