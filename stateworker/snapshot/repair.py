@@ -34,7 +34,7 @@ from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import behind_partitions, registry_reads_behind
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import generation
+from stateworker.state import generation, layout
 from stateworker.state.core.store import RedisState
 
 log = logging.getLogger("stateworker.snapshot.repair")
@@ -91,11 +91,20 @@ async def _meta_put_back(state: RedisState, pg: PgConnection) -> bool:
     """Whether the meta hash was lost alone (on a cluster its node came back empty, the
     partitions' did not: a partition's or the registry's marker is PostgreSQL's generation):
     then it is put back as the snapshotter puts it back (its layout facts, the generation),
-    the prefix no longer undecided, and the usual checks follow. Else it is new or wiped."""
+    the prefix no longer undecided, and the usual checks follow. Else it is new or wiped.
+    LAYOUT_MISMATCH when this service's partition count is not the one PostgreSQL stored
+    with the generation: put back, the meta hash took this count over the data's."""
     follows = await pg_generation.stored(pg, state.settings.prefix)
     markers = await generation.read(state.conn, state.keys)
     if follows is None or (follows not in markers.partitions and markers.registry != follows):
         return False
+    taken = await pg_generation.stored_partitions(pg, state.settings.prefix)
+    if taken is not None and taken != state.keys.partitions:
+        # (the meta hash this start wrote with its own count taken back, and the histories
+        # of partitions past the prefix's count: the next start finds it lost alone again)
+        await state.conn.pipeline([["DEL", state.keys.meta], *[
+            ["DEL", p.history] for p in state.keys.all_partitions()[taken:]]])
+        raise layout.partitions_differ(state.settings, taken)
     log.warning("the meta hash of prefix %s was lost alone (its partitions are of generation "
                 "%s, as PostgreSQL): put back", state.settings.prefix, follows,
                 extra={"event": "repair.meta_back"})

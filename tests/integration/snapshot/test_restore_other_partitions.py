@@ -20,7 +20,7 @@ import pytest
 from stateworker import StateError, StateStore
 from stateworker.app.service import StateService
 from stateworker.bus.protocol import BusOptions
-from stateworker.errors import ConfigError
+from stateworker.errors import ConfigError, LayoutMismatch
 from stateworker.keys import KeySpace
 from tests.integration.busproto import until
 from tests.integration.snapshot.test_lost_redis import restore_while_serving
@@ -144,3 +144,35 @@ async def test_a_generation_stored_before_its_count_gets_it_from_its_snapshotter
         conn.execute("UPDATE sw_generations SET partitions = NULL WHERE prefix = %s", (prefix,))
     async with StateService.running(settings, BusOptions(block_ms=50)):
         await until(lambda: stored() == PARTITIONS, 30, "the count filled")
+
+
+@pytest.mark.parametrize("given", [2, 8])
+async def test_a_meta_hash_lost_alone_is_not_put_back_with_another_count(
+        own_redis: RedisServer, prefix: str, postgres_url: str, given: int) -> None:
+    """Its node lost it, the partitions' did not (a cluster), and the services start again
+    with another count: refused, and the meta hash left lost alone for the right count.
+
+    Found by attack: the repair at start put the meta hash of a prefix of 4 back with the
+    count it was given. With 2 the service served (every scope of partitions 2 and 3 looked
+    for in another one); with 8 the repair then refused (partitions 4-7 have no marker), but
+    the meta hash kept 8, so the services of 4 were refused from then on ("created with 8
+    partitions, not 4")."""
+    settings = settings_for(own_redis.url, prefix, postgres_url)
+    client, keys = own_redis.client(), KeySpace(prefix, PARTITIONS)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        for n in range(SCOPES):
+            await store.set(f"s{n}", "k", n)
+        await until(lambda: caught_up(client, keys), 30, "the snapshot")
+    client.delete(keys.meta)
+    with pytest.raises(LayoutMismatch) as refused:
+        async with StateService.running(msgspec.structs.replace(settings, partitions=given),
+                                        BusOptions(block_ms=50)):
+            pass
+    assert refused.value.details == {"setting": "partitions", "stored": PARTITIONS,
+                                     "given": given, "prefix": prefix}
+    assert client.exists(keys.meta) == 0
+    assert not client.exists(KeySpace(prefix, 8).partition(PARTITIONS).history)
+    async with StateService.running(settings, BusOptions(block_ms=50)), \
+            StateStore.open(settings=settings) as store:
+        assert [await store.get(f"s{n}", "k") for n in range(SCOPES)] == list(range(SCOPES))
