@@ -317,6 +317,16 @@ class ConfigError(Exception):
     """Raised at start when settings or the Redis server are unfit (AOF off, bad URL, ...)."""
 
 
+class LayoutMismatch(ConfigError, StateError):
+    """Raised at start when a setting differs from what the prefix's data was laid out with
+    (the partition count), or from what its live services serve with, or would leave calls
+    the bus holds unserved (where the bus is, its shards); nothing was written.
+    `details`: `setting` (its field name), `stored`, `given`, `prefix`. A ConfigError too,
+    so every start that refuses a setting refuses it the same way (the command: status 2)."""
+
+    code = "LAYOUT_MISMATCH"
+
+
 class MissingPermission(ConfigError):
     """Raised at start when the service's Redis user lacks part of the service's ACL rule
     (docs/security.md); the message is one line naming what it lacks."""
@@ -342,6 +352,7 @@ ERROR_CLASSES: dict[str, type[StateError]] = {
         Unavailable,
         StoreLost,
         RestoreRefused,
+        LayoutMismatch,
         DeadlineExceeded,
         InternalError,
         CallTimeout,

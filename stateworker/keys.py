@@ -177,6 +177,9 @@ class KeySpace:
         self.registry_snapshotted = f"{registry_tag}snapshotted"
         self._sessions = f"{registry_tag}session"  # acl mode: the console's (app/logins.py)
         self.replicas = f"{prefix}:replicas"
+        # hash: each live `serve`'s shared settings ("r:<id>" -> JSON with their expiry) and
+        # where the bus was last ("bus"): state/layout.py
+        self.serving = f"{prefix}:serving"
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_targets = f"{prefix}:dispatch:targets"  # set: services given a group
         # "<id>|delivered", "|error" (JSON), "|waiting", "|cut" (set aside); pruned as they go

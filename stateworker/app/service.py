@@ -34,7 +34,7 @@ from stateworker.settings import Settings
 from stateworker.snapshot.repair import repair_at_start
 from stateworker.snapshot.snapshotter import Snapshotter, prepare
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import functions, lifecycle
+from stateworker.state import functions, layout, lifecycle
 from stateworker.state.core.store import RedisState
 from stateworker.transport.cluster import ClusterConnection
 from stateworker.transport.connection import RedisConnection, shown_url
@@ -143,7 +143,10 @@ class StateService:
             async with lifecycle.running(state, reaper=True,
                                          before=lambda opened: repair_at_start(opened, pg)):
                 service = cls(state, options or BusOptions(), pg)
-                async with anyio.create_task_group() as tg:
+                # Its shared settings held and checked against the live services' and
+                # where the bus was (state/layout.py), before it serves or hands on.
+                async with layout.serving(state, service.runtime.consumer), \
+                        anyio.create_task_group() as tg:
                     await tg.start(service.runtime.run)
                     if service.dispatcher is not None:
                         await tg.start(service.dispatcher.run)

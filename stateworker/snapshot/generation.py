@@ -19,15 +19,24 @@ from stateworker.errors import StoreLost
 PgConnection = psycopg.AsyncConnection[tuple[object, ...]]
 
 ADOPT = """
-INSERT INTO sw_generations (prefix, generation, cause, begun_ms) VALUES (%s, %s, 'adopted', %s)
+INSERT INTO sw_generations (prefix, generation, cause, begun_ms, partitions)
+VALUES (%s, %s, 'adopted', %s, %s)
 ON CONFLICT (prefix) DO NOTHING
 """
 
 REPLACE = """
-INSERT INTO sw_generations AS g (prefix, generation, cause, begun_ms, registry_n)
-VALUES (%s, %s, 'restore', %s, %s)
+INSERT INTO sw_generations AS g (prefix, generation, cause, begun_ms, registry_n, partitions)
+VALUES (%s, %s, 'restore', %s, %s, %s)
 ON CONFLICT (prefix) DO UPDATE SET generation = excluded.generation, cause = excluded.cause,
-    begun_ms = excluded.begun_ms, registry_n = excluded.registry_n
+    begun_ms = excluded.begun_ms, registry_n = excluded.registry_n,
+    partitions = excluded.partitions
+"""
+
+# A row from before the column: the count of the Redis dataset it follows, once a snapshotter
+# of that generation confirmed it (its Redis's meta hash holds the count: lifecycle.check_server).
+FILL_PARTITIONS = """
+UPDATE sw_generations SET partitions = %s
+WHERE prefix = %s AND generation = %s AND partitions IS NULL
 """
 
 
@@ -59,10 +68,10 @@ async def stored(pg: PgConnection, prefix: str) -> str | None:
     return str(row[0]) if row else None
 
 
-async def adopt(pg: PgConnection, prefix: str, generation: str) -> str:
-    """PostgreSQL's generation; `generation` (Redis's) when it had none (a first snapshot, or
-    one from before the marker)."""
-    await pg.execute(ADOPT, (prefix, generation, now_ms()))
+async def adopt(pg: PgConnection, prefix: str, generation: str, partitions: int) -> str:
+    """PostgreSQL's generation; `generation` (Redis's, of `partitions` partitions) when it had
+    none (a first snapshot, or one from before the marker)."""
+    await pg.execute(ADOPT, (prefix, generation, now_ms(), partitions))
     held = await stored(pg, prefix)
     assert held is not None
     return held
@@ -103,9 +112,24 @@ class RegistryBehind(StoreLost):
 
 
 async def replace(cursor: AsyncCursor[tuple[object, ...]], prefix: str, generation: str,
-                  registry_added: int) -> None:
-    """A restore: PostgreSQL follows `generation` from now on, its registry copied at
-    `registry_added` (the restored Redis's registry stream) (waits for a commit that holds
-    the row)."""
+                  registry_added: int, partitions: int) -> None:
+    """A restore: PostgreSQL follows `generation` (of `partitions` partitions) from now on,
+    its registry copied at `registry_added` (the restored Redis's registry stream) (waits for
+    a commit that holds the row)."""
     await cursor.execute("SELECT 1 FROM sw_generations WHERE prefix = %s FOR UPDATE", (prefix,))
-    await cursor.execute(REPLACE, (prefix, generation, now_ms(), registry_added))
+    await cursor.execute(REPLACE, (prefix, generation, now_ms(), registry_added, partitions))
+
+
+async def fill_partitions(pg: PgConnection, prefix: str, generation: str,
+                          partitions: int) -> None:
+    """The partition count of a row from before it was stored, by a snapshotter that
+    confirmed the row's generation in its Redis (FILL_PARTITIONS)."""
+    await pg.execute(FILL_PARTITIONS, (partitions, prefix, generation))
+
+
+async def stored_partitions(pg: PgConnection, prefix: str) -> int | None:
+    """The partition count of the Redis dataset PostgreSQL follows; None: not known (no row,
+    or one from before the column that no snapshotter has confirmed since)."""
+    row = await (await pg.execute("SELECT partitions FROM sw_generations WHERE prefix = %s",
+                                  (prefix,))).fetchone()
+    return int(str(row[0])) if row and row[0] is not None else None

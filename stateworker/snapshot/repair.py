@@ -34,7 +34,7 @@ from stateworker.snapshot import generation as pg_generation
 from stateworker.snapshot.behind import behind_partitions, registry_reads_behind
 from stateworker.snapshot.names import from_pg
 from stateworker.snapshot.tables import PgConnection
-from stateworker.state import generation
+from stateworker.state import generation, layout
 from stateworker.state.core.store import RedisState
 
 log = logging.getLogger("stateworker.snapshot.repair")
@@ -91,11 +91,20 @@ async def _meta_put_back(state: RedisState, pg: PgConnection) -> bool:
     """Whether the meta hash was lost alone (on a cluster its node came back empty, the
     partitions' did not: a partition's or the registry's marker is PostgreSQL's generation):
     then it is put back as the snapshotter puts it back (its layout facts, the generation),
-    the prefix no longer undecided, and the usual checks follow. Else it is new or wiped."""
+    the prefix no longer undecided, and the usual checks follow. Else it is new or wiped.
+    LAYOUT_MISMATCH when this service's partition count is not the one PostgreSQL stored
+    with the generation: put back, the meta hash took this count over the data's."""
     follows = await pg_generation.stored(pg, state.settings.prefix)
     markers = await generation.read(state.conn, state.keys)
     if follows is None or (follows not in markers.partitions and markers.registry != follows):
         return False
+    taken = await pg_generation.stored_partitions(pg, state.settings.prefix)
+    if taken is not None and taken != state.keys.partitions:
+        # (the meta hash this start wrote with its own count taken back, and the histories
+        # of partitions past the prefix's count: the next start finds it lost alone again)
+        await state.conn.pipeline([["DEL", state.keys.meta], *[
+            ["DEL", p.history] for p in state.keys.all_partitions()[taken:]]])
+        raise layout.partitions_differ(state.settings, taken)
     log.warning("the meta hash of prefix %s was lost alone (its partitions are of generation "
                 "%s, as PostgreSQL): put back", state.settings.prefix, follows,
                 extra={"event": "repair.meta_back"})
@@ -171,15 +180,23 @@ async def refuse_other_partitions(pg: PgConnection, keys: KeySpace, prefix: str)
     naming both counts), before anything is written: it put every scope and barrier in other
     partitions than the services read and write them in (found by attack: a service of 4
     partitions read null for 15 of 20 keys PostgreSQL held, and wrote them again as new).
-    Told from a position past the count, or a row (entry by scope, barrier by id) stored in
-    another partition than this count puts it in."""
+    Told from the count stored with the generation (`sw_generations.partitions`, decision
+    0073); where none is yet, from a position past the count, or a row (entry by scope,
+    barrier by id) stored in another partition than this count puts it in. (The rows alone
+    let a snapshot of one scope through half the time: 4 partitions restored as 8 when the
+    scope's CRC32 gave the same partition under both, and the positions the 8 then stored
+    made the right count refused.)"""
     positions = await tables.positions(pg, prefix)
-    rows = await (await pg.execute(LAYOUT, {"p": prefix, "n": LAYOUT_SAMPLE})).fetchall()
-    # (a barrier's id picks its partition as a scope does: keys.py `barrier_partition`)
-    if all(p < keys.partitions for p in positions) and all(
-            keys.partition_of(from_pg(str(name))) == int(str(part)) for name, part in rows):
+    taken = await pg_generation.stored_partitions(pg, prefix)
+    if taken is None:
+        rows = await (await pg.execute(LAYOUT, {"p": prefix, "n": LAYOUT_SAMPLE})).fetchall()
+        # (a barrier's id picks its partition as a scope does: keys.py `barrier_partition`)
+        if all(p < keys.partitions for p in positions) and all(
+                keys.partition_of(from_pg(str(name))) == int(str(part)) for name, part in rows):
+            return
+        taken = max(positions) + 1 if positions else None
+    elif taken == keys.partitions:
         return
-    taken = max(positions) + 1 if positions else None
     raise RestoreRefused(
         f"PostgreSQL's snapshot of prefix {shown(prefix)} was taken with "
         f"{taken or 'another number of'} partitions, not {keys.partitions} "

@@ -202,7 +202,8 @@ async def _restore(state: RedisState, pg: PgConnection,
     # of what a snapshotter read in the Redis of before ends first, and none commits after,
     # so the rows, barriers and call records read below are one state (a call's record is
     # never restored without its change, decision 0036).
-    await tables.follow(pg, prefix, generation_id, await _registry_added(state))
+    await tables.follow(pg, prefix, generation_id, await _registry_added(state),
+                        state.settings.partitions)
     summary = Summary()
     # Every row, those whose expiry passed too (in Redis they read as gone): the reaper
     # deletes them once the restore ended, with the event their expiry owes (a trigger is

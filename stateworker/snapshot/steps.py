@@ -184,7 +184,8 @@ class SnapshotSteps:
             self.decide = None  # (once done: the start's decision, no later one's)
             return None  # (the next round confirms what it decided)
         if follows is None and markers.meta is not None and markers.restoring is None:
-            follows = await pg_generation.adopt(pg, self.prefix, markers.meta)
+            follows = await pg_generation.adopt(pg, self.prefix, markers.meta,
+                                                self.state.settings.partitions)
             markers = await generation.read(self.state.conn, self.state.keys)
         # (PostgreSQL first, then Redis: a restore in between has set `restoring`.)
         if markers.stamping is not None and markers.stamping == follows:
@@ -210,6 +211,9 @@ class SnapshotSteps:
         if follows != self.generation:
             if self.generation is not None:  # a restore: PostgreSQL's positions are new too
                 self._forget_positions()
+            # (a row from before the count was stored gets it: this Redis's, of `follows`)
+            await pg_generation.fill_partitions(pg, self.prefix, follows,
+                                                self.state.settings.partitions)
             self.generation = follows
         self._lost_parts = {n for n, gen in enumerate(markers.partitions) if gen != follows}
         self._registry_ok = markers.registry == follows

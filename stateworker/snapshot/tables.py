@@ -324,20 +324,22 @@ async def replace_registry(conn: PgConnection, prefix: str, triggers: dict[str, 
         await commit_count(cursor, prefix, REGISTRY, reads)
 
 
-async def follow(conn: PgConnection, prefix: str, generation: str, registry_added: int) -> None:
+async def follow(conn: PgConnection, prefix: str, generation: str, registry_added: int,
+                 partitions: int) -> None:
     """A restore, before it reads PostgreSQL: PostgreSQL follows its `generation` (a commit
     in progress of the Redis of before ends first; none commits after)."""
     async with conn.transaction(), conn.cursor() as cursor:
-        await replace(cursor, prefix, generation, registry_added)
+        await replace(cursor, prefix, generation, registry_added, partitions)
 
 
 async def reset_positions(conn: PgConnection, prefix: str,
                           positions: dict[int, StoredPosition], generation: str,
                           registry_added: int) -> None:
-    """A restore: set the positions as given, forward or back (new event streams), and
-    PostgreSQL follows the restore's `generation` from now on, in one transaction."""
+    """A restore: set the positions as given, forward or back (new event streams, one per
+    partition: their count is the restore's), and PostgreSQL follows the restore's
+    `generation` from now on, in one transaction."""
     async with conn.transaction(), conn.cursor() as cursor:
-        await replace(cursor, prefix, generation, registry_added)
+        await replace(cursor, prefix, generation, registry_added, len(positions))
         await cursor.execute("DELETE FROM sw_positions WHERE prefix = %s", (prefix,))
         # (the restored Redis counts its reads anew: an older copy of the Redis of before has
         # another generation's markers)

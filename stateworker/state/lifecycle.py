@@ -18,7 +18,7 @@ from anyio.abc import TaskStatus
 from stateworker.errors import ConfigError, shown
 from stateworker.events.compaction import begin_history
 from stateworker.settings import Settings
-from stateworker.state import expiry, generation
+from stateworker.state import expiry, generation, layout
 from stateworker.state.core.confirm import Confirm
 from stateworker.state.core.store import RedisState
 from stateworker.state.kv import repack
@@ -152,19 +152,30 @@ async def check_server(state: RedisState) -> None:
         # A new history of events begins (compaction.py): a watch resumed from before it
         # gets COMPACTED. Recorded first, so no event is written before it.
         await begin_history(conn, keys, "new")
-        await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions)
+        if not await conn.execute("HSETNX", keys.meta, "partitions", keys.partitions):
+            # Another process opened the prefix meanwhile: its count holds (decision 0073).
+            # Two opened at once with 4 and 8 partitions both wrote, each in its own layout.
+            stored = await conn.execute("HGET", keys.meta, "partitions")
+            if int(stored) != keys.partitions:
+                await _drop_histories(state, int(stored))
+                raise layout.partitions_differ(settings, int(stored))
         if settings.postgres_url is None:
             if (await generation.read(conn, keys)).may_begin:  # (not a Redis found wiped)
                 await generation.begin(conn, keys)
         else:  # (new, or wiped? PostgreSQL knows: the repair at start asks it, or a restore)
             await generation.defer(conn, keys)
     elif int(stored) != keys.partitions:
-        raise ConfigError(
-            f"prefix {shown(settings.prefix)} was created with {int(stored)} partitions, not "
-            f"{keys.partitions}: scopes would land in other partitions"
-        )
+        raise layout.partitions_differ(settings, int(stored))
     else:
         await _markers_at_start(state)
+
+
+async def _drop_histories(state: RedisState, partitions: int) -> None:
+    """A count refused after `begin_history` wrote its partitions' history hashes: those
+    past the prefix's own count are no partition's (the ones below are shared: kept)."""
+    extra = state.keys.all_partitions()[partitions:]
+    if extra:
+        await state.conn.pipeline([["DEL", p.history] for p in extra])
 
 
 async def _markers_at_start(state: RedisState) -> None:

@@ -237,6 +237,14 @@ async def open_socket(url: str, connect_timeout_s: float | None = DEFAULT_CONNEC
                              "(connect timeout)") from None
 
 
+def url_db(url: str) -> str:
+    """The database a URL selects: `redis://host:port/<db>`, `unix:///path?db=<db>`; "0"."""
+    parsed = urllib.parse.urlparse(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    return (parsed.path.strip("/") if parsed.scheme != "unix" else "") or query.get(
+        "db", ["0"])[0]
+
+
 async def _connect(url: str, read_timeout_s: float | None,
                    protocol: Callable[[str, float | None], RespProtocol]) -> RespProtocol:
     parsed = urllib.parse.urlparse(url)
@@ -266,8 +274,7 @@ async def _connect(url: str, read_timeout_s: float | None,
         if parsed.username:
             auth.insert(1, urllib.parse.unquote(parsed.username))
         setup.append(auth)
-    query = urllib.parse.parse_qs(parsed.query)
-    db = (parsed.path.strip("/") if parsed.scheme != "unix" else "") or query.get("db", ["0"])[0]
+    db = url_db(url)
     if db and db != "0":
         setup.append(["SELECT", db])
     waits: list[asyncio.Future[Any]] = []

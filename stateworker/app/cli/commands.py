@@ -15,7 +15,7 @@ from stateworker.app.cli import parser
 from stateworker.app.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, settings_of
 from stateworker.app.cli.completion import script
 from stateworker.app.cli.suggest import refuse_extras
-from stateworker.errors import ConfigError, MissingPermission
+from stateworker.errors import ConfigError, MissingPermission, StateError
 from stateworker.loop import run
 from stateworker.transport.connection import check_url
 from stateworker.transport.embedded import client_url
@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except MissingPermission as exc:  # the service's Redis user: exit 1 (docs/security.md)
         print(f"stateworker: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except ConfigError as exc:
-        print(f"stateworker: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # (one with a code, LAYOUT_MISMATCH: the code first)
+        coded = f"{exc.code}: " if isinstance(exc, StateError) else ""
+        print(f"stateworker: {coded}{exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -131,7 +131,7 @@ async def test_a_kept_reply_waits_for_the_barriers_to_be_copied(
         try:
             meta = (await generation.read(state.conn, state.keys)).meta
             assert meta is not None
-            await pg_generation.adopt(pg, prefix, meta)
+            await pg_generation.adopt(pg, prefix, meta, PARTITIONS)
             # The kept-reply step before any barrier of the partition was copied: it waits.
             assert await kept.store_covered(state, pg, prefix, home, meta) == 0
             assert call_field(call_id) not in stored_calls(postgres_url, prefix)

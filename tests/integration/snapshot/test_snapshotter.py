@@ -70,7 +70,7 @@ async def test_postgres_equals_redis_after_mixed_writes(
 async def test_an_older_batch_applied_again_changes_nothing(postgres_url: str) -> None:
     pg = await connect(postgres_url)
     try:
-        await pg_generation.adopt(pg, "p", "g1")
+        await pg_generation.adopt(pg, "p", "g1", 4)
         newer = tables.Row("s", "k", '{"a":2}', 2, "h2", "t", 1, 2, None, "w", (20, 0))
         older = tables.Row("s", "k", '{"a":1}', 1, "h1", None, 1, 1, None, "w", (10, 0))
         kept = {("s", "k"): ('{"a":2}', 2, "h2", "t", None)}
