@@ -32,7 +32,8 @@ from stateworker.transport.plans import Plan, command_reply, then
 MAX_LIMIT = 1000
 MAX_OFFSET = 1_000_000_000
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
-EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most
+EXAMINE_PER_PAGE = 2000  # index members one list-entries call walks at most (and entries of
+# max_call_bytes read at most: each read whole, its value returned or not)
 DELETE_BATCH = 500  # index members one delete-by-topic script call examines at most
 
 
@@ -101,7 +102,7 @@ def list_entries_plan(state: RedisState, req: ListEntriesRequest) -> Plan:
 
     call = entries_call(part, req.scope, index, req.order_by, req.order, position, score,
                         req.limit, skip, req.prefix, req.key_pattern, req.topic_pattern,
-                        req.include_values, EXAMINE_PER_PAGE)
+                        req.include_values, EXAMINE_PER_PAGE, state.settings.max_call_bytes)
     return state.script_plan(ENTRIES, call, finish)
 
 

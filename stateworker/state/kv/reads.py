@@ -4,7 +4,8 @@
 Reads of one key are one GET (the entry's stored form: packed.py) checked against the clock
 here; an expired entry reads as missing before the reaper has deleted it. `list` and
 `list_keys` read the scope in chunks, each one read-only script (list.lua) of at most
-LIST_CHUNK keys and about LIST_BYTES of values, the next from the last key the one before
+LIST_CHUNK keys and about LIST_BYTES of entries read (list_keys too: an entry is read whole
+for its expiry), the next from the last key the one before
 read: no script walks a whole scope (docs/decisions/0041), so a scope of 200,000 keys no
 longer holds every other caller for a second. The result is still the whole scope, in key
 byte order, each key once; being several scripts, it is not one point in time (a key
@@ -105,7 +106,7 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
 
 
 LIST_CHUNK = 1000  # keys one list.lua script reads, at most (about 5 ms)
-LIST_BYTES = 1 << 20  # values one list.lua script reads: it stops after the one reaching this
+LIST_BYTES = 1 << 20  # entries one list.lua script reads: it stops after the one reaching this
 
 
 def _list_plan(state: RedisState, scope: str, what: str,

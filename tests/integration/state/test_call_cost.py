@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 from stateworker import StateError, StateStore
@@ -154,3 +155,19 @@ async def test_one_delete_by_topic_batch_stops_at_the_budget(small: StateStore,
     batch = await state.execute(state.script_plan(DELTOPIC, call, lambda reply: reply))
     assert batch == (5, b"old\0t4")
     assert len(await small.list_keys(scope)) == 5
+
+
+async def test_a_delete_by_topic_batch_counts_the_expired_entries_it_drops(
+        small: StateStore, scope: str) -> None:
+    """An expired entry a batch meets is dropped with its event, its old value in it, as a
+    live one is deleted: it counts in the budget too (uncounted, 500 expired entries of 1 MiB
+    went into one script). Four fit, the fifth passes it; nothing is counted deleted."""
+    for n in range(10):
+        await small.set(scope, f"t{n}", VALUE, topic="old", ttl_ms=1)
+    await anyio.sleep(0.01)  # (their 1 ms passes)
+    state = small.state
+    call = deltopic_call(state.settings, state.keys.for_scope(scope), scope, "", "old",
+                         b"[old\0", b"[old\0\xff", 500)
+    batch = await state.execute(state.script_plan(DELTOPIC, call, lambda reply: reply))
+    assert batch == (0, b"old\0t4")
+    assert len([e for e in await small.events(scope) if e.type == "state:deleted"]) == 5
