@@ -2,11 +2,12 @@
 encoding of an index member (pure code; the plans are in state/query/query.py).
 
 Values are compared as JSON, exactly: a stored document is decoded by msgspec (`decode_doc`:
-integers as exact ints, other numbers kept as their text, in C), and only the values a
-condition compares become a `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are
+integers as exact ints, other numbers kept as their text, in C: numbers.py), and only the
+values a condition compares become a `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are
 one number, `-0` is `0`, big integers and long decimals are never rounded through a double);
 `true` is never the number 1; strings compare by their UTF-8 bytes (= code point order);
-objects compare with key order ignored.
+objects compare with key order ignored. What one entry's conditions may cost is counted in
+steps (`work`, at most MAX_WORK), and a page examines as many entries as fit in MAX_WORK.
 
 A pointer is RFC 6901 (parsed by `jsonpointer`; `""` is the whole value); it is resolved here
 (not with `jsonpointer.resolve_pointer`, which indexes into a string as into an array): an
