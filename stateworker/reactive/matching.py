@@ -3,9 +3,10 @@
 A registration's filters are compiled once (`Matcher`); the set of all of them is indexed by
 scope (`TriggerSet`), so an event meets only the triggers of its own scope plus those with no
 scope filter. `match` rules resolve an RFC 6901 pointer in the event document (the handler's
-body, events/model.py) and compare canonical JSON (deep equality, key order ignored, `1` and
-`1.0` different: what compare-and-set means by equal). Values are decoded only when a rule
-of a candidate trigger needs them. A leased trigger (`ttl_ms`) matches only events written
+body, events/model.py) and compare as canonical JSON (deep equality, key order ignored, `1`
+and `1.0` different: what compare-and-set means by equal), at a cost bounded by the rule's
+value, not the event's (`Matcher.rules_hold`). Values are decoded only when a rule of a
+candidate trigger needs them. A leased trigger (`ttl_ms`) matches only events written
 before its `expires_at`: once expired it is gone at once, before the reaper removes it.
 """
 
@@ -49,9 +50,10 @@ class Matcher:
         self.types = None if config.event_types is None else frozenset(config.event_types)
         # (resolved as a query's pointers, RFC 6901 exactly: `-` and `01` name no element;
         # jsonpointer's own resolve answers `-` with an object that no JSON encoder takes)
-        self.rules = [(tuple(jsonpointer.JsonPointer(rule.pointer).parts),
-                       codec.canonical(codec.decode_exact(bytes(rule.equals))))
-                      for rule in config.match or []]
+        self.rules = [(tuple(jsonpointer.JsonPointer(rule.pointer).parts), tree,
+                       codec.canonical(tree))
+                      for rule in config.match or []
+                      for tree in (codec.decode_exact(bytes(rule.equals)),)]
         self.condition = config.condition_function_id
         self.is_barrier = self.condition == BARRIER
         self.asks_the_bus = self.condition is not None and not self.is_barrier  # (slow maybe)
@@ -75,9 +77,15 @@ class Matcher:
                 and (self.types is None or event.type in self.types))
 
     def rules_hold(self, tree: dict[str, Any]) -> bool:
-        for parts, wanted in self.rules:
+        """Each rule's value equals the one at its pointer, in time bounded by the rule's value
+        (at most MAX_EQUALS_BYTES) whatever the size of the event's: the decoded trees are
+        compared first (Python's ==, in C: it stops at a length or a key that differs), and
+        only a value equal so is encoded, to tell what == does not (`true` from `1`). Encoding
+        the value at the pointer for every rule let 1,000 triggers of one caller hold the
+        service's loop 1.4 s for each write of a 900 KB value."""
+        for parts, wanted, canonical in self.rules:
             found = resolve(tree, parts)
-            if found is MISSING or codec.canonical(found) != wanted:
+            if found is MISSING or found != wanted or codec.canonical(found) != canonical:
                 return False
         return True
 

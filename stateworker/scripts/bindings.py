@@ -77,7 +77,7 @@ TRANSACTION: Binding[list[Any]] = Binding("transaction", 9, 16, list, tail=True,
 GET: Binding[list[Any]] = Binding("get", 2, 12, list, held=NONE)
 DELPREFIX = Binding("delprefix", 9, 13, DelprefixReply.read,
                     held=EVENTS)  # an entry script (KEYS[8..9])
-INDEX = Binding("index", 4, 5, IndexReply.read, held=NONE)  # create-, drop-index, the build
+INDEX = Binding("index", 4, 6, IndexReply.read, held=NONE)  # create-, drop-index, the build
 CONFIG = Binding("config", 2, 1, ConfigReply.read, tail=True)  # the live settings' overrides
 BINDINGS: tuple[Binding[Any], ...] = (
     SET, DELETE, LIST, UPDATE, SETHASH, TOPIC, DELTOPIC, ENTRIES, TRIGGER, KEEP_TRIGGER, CLAIM,
@@ -374,12 +374,14 @@ def delprefix_args(part: PartitionKeys, scope: str, prefix: bytes, limit: int,
             b"(" + prefix + b"\xff", limit, budget]
 
 
-def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int) -> Call:
+def index_call(part: PartitionKeys, scope: str, op: str, pointer: str, count: int,
+               budget: int = 0) -> Call:
     """index.lua: `op` create (`count`: most indexes of a scope), build (`count`: most keys of
-    a batch) or drop."""
+    a batch, `budget`: most bytes of entries it reads) or drop."""
     return ([part.index_defs(scope), part.key_index(scope), part.value_index(scope, pointer),
              part.index_builds],
-            [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer)])
+            [op, pointer, part.entry_prefix + member(scope, ""), count, member(scope, pointer),
+             budget])
 
 
 

@@ -32,7 +32,7 @@ def list_call(part: PartitionKeys, scope: str, what: str, after: bytes | None = 
               most: int = 1000, budget: int = 1 << 20) -> Call:
     """list.lua: one chunk of the scope's live keys or values, from the first key after
     `after` (None: from the first), at most `most` keys read and about `budget` bytes of
-    values."""
+    entries."""
     start = b"-" if after is None else b"(" + after
     return [part.key_index(scope)], [now_ms(), part.entry_prefix + member(scope, ""), what,
                                      start, most, budget]

@@ -39,7 +39,7 @@ ASIDE = Binding("aside", 2, 5, Marked.read)  # a trigger set aside: its mark (re
 REPACK = Binding("repack", 1, 1, Counted.read, tail=True)  # the packed-entries upgrade
 STAMP = Binding("stamp", 1, 2, Moved.read)  # a restore's generation marker, one slot at a time
 SNAPREAD = Binding("snapread", 1, 1, Counted.read)  # a snapshot read counted (or behind: < 0)
-REAP = Binding("reap", 3, 4, ReapReply.read)
+REAP = Binding("reap", 3, 5, ReapReply.read)
 SNAPROWS = Binding("snaprows", 1, 6, SnapRowsReply.read)  # a snapshot batch and its rows
 SNAPPAGE = Binding("snappage", 1, 3, Page.read)  # a page of a stream of unsaved records
 SESSION = Binding("session", 2, 5, Counted.read)  # a console session opened or closed
@@ -117,11 +117,13 @@ def stamp_call(key: str, kind: str, generation: str) -> Call:
     return [key], [kind, generation]
 
 
-def reap_call(settings: Settings, part: PartitionKeys, batch: int | None = None) -> Call:
-    """reap.lua: up to `batch` expired entries of `part` (None: settings.reaper_batch)."""
+def reap_call(settings: Settings, part: PartitionKeys, batch: int | None = None,
+              budget: int | None = None) -> Call:
+    """reap.lua: up to `batch` expired entries of `part` (None: settings.reaper_batch), and
+    values of about `budget` bytes (None: settings.max_call_bytes)."""
     return ([part.ttl, part.scopes, part.events],
             [now_ms(), settings.reaper_batch if batch is None else batch, part.tag,
-             settings.events_maxlen])
+             settings.events_maxlen, settings.max_call_bytes if budget is None else budget])
 
 
 def reap_triggers_call(keys: KeySpace, now: int, batch: int) -> Call:

@@ -102,7 +102,7 @@ def state_list_keys(state: RedisState, req: ScopeRequest, ctx: CallContext) -> P
 
 def state_list_groups(state: RedisState, req: EmptyRequest, ctx: CallContext) -> Plan:
     guard.every_scope(state, ctx)  # (moco's list_namespaces runs this too)
-    return reads.list_groups_plan(state, validate.hidden_scopes(state))
+    return listing.list_groups_plan(state, validate.hidden_scopes(state))
 
 
 def state_compare_and_set(

@@ -7,13 +7,16 @@ import re
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stateworker import codec
 from stateworker.clock import rfc3339_ms
 from stateworker.events.model import Event
 from stateworker.reactive.matching import TriggerSet
 from stateworker.schemas import MatchRule, Trigger, TriggerConfig
+from stateworker.state.reactive.trigger_checks import MAX_OWNER_TRIGGERS
 
 NAMES = st.sampled_from(["", "a", "ab", "b", "job-1", "job-2"])
 TYPES = ["state:created", "state:updated", "state:deleted"]
@@ -104,6 +107,38 @@ def test_one_and_one_point_zero_differ_and_key_order_does_not_matter() -> None:
                   version=1, ts_ms=0, by="")
     assert TriggerSet([trigger(b'{"a":[1.0],"b":1}')]).matching(event)
     assert not TriggerSet([trigger(b'{"a":[1],"b":1}')]).matching(event)
+    assert not TriggerSet([trigger(b'{"a":[1.0],"b":true}')]).matching(event)  # (1 == True)
+
+
+def test_a_large_value_costs_no_more_to_match_than_the_rules_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule encoded the event's value at its pointer to compare it: one caller's
+    1,000 triggers (its share of the registry) on `/new_value` made each write of a 900 KB
+    value cost the dispatcher, on the service's loop, 1.4 s. A value that differs from a
+    rule's is told apart without encoding it; only one equal to it as a tree is encoded."""
+    encoded: list[int] = []
+    encode = codec.canonical
+
+    def counted(tree: Any) -> bytes:
+        out = encode(tree)
+        encoded.append(len(out))
+        return out
+
+    rule = MatchRule("/new_value", msgspec.Raw(b'{"big":"no"}'))
+    hog = TriggerSet([Trigger(id=f"t{n:04d}", function_id="f::g", service="s", created_at="",
+                              owner="hog", config=TriggerConfig(match=[rule]))
+                      for n in range(MAX_OWNER_TRIGGERS)])
+    value = msgspec.json.encode({"big": "x" * 1_000_000})
+    event = Event(revision="1-0", type="state:updated", scope="s", key="k",
+                  old_value=msgspec.Raw(b"null"), new_value=msgspec.Raw(value), version=2,
+                  ts_ms=0, by="")
+    monkeypatch.setattr(codec, "canonical", counted)
+    assert hog.matching(event) == []
+    assert sum(encoded) < len(value), f"{len(encoded)} encodings of the event's value"
+    same = msgspec.Raw(b'{"big":"no"}')
+    assert len(hog.matching(Event(revision="1-1", type="state:updated", scope="s", key="k",
+                                  old_value=msgspec.Raw(value), new_value=same, version=3,
+                                  ts_ms=0, by=""))) == MAX_OWNER_TRIGGERS
 
 
 def test_a_pointer_to_no_element_matches_nothing() -> None:

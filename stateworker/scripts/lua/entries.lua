@@ -19,8 +19,10 @@
     ARGV[10] key pattern: "" none, else "=" .. pattern
     ARGV[11] topic pattern: "" none, else "=" .. pattern
     ARGV[12] "1" to return values        ARGV[13] most members to examine
-    ARGV[14] most bytes of values to return ("" none): the walk stops after the entry whose
-             value reaches it (state::query's byte budget, max_call_bytes), with a cursor
+    ARGV[14] most bytes of entries to read ("" none): the walk stops after the entry that
+             reaches it, with a cursor (max_call_bytes: state::query's byte budget, and
+             list-entries', whose every read entry is read whole, its value returned or not:
+             a page of 64 entries of 1 MiB held Redis 0.27 s without their values)
   Output:
     {ST.OK, cursor member or false, cursor score or false, entries still to skip,
      {key, version, hash, topic, created, updated, expires, updated_by, value, ...}}
@@ -151,6 +153,7 @@ local function walk_leg(leg)
       if ok then
         local stored = redis.call('GET', prefix .. key)
         f = stored and packed_read(stored) -- (value, version, expires, hash, topic, plain, by ...)
+        bytes = bytes + (stored and #stored or 0)
         ok = f and not (f[3] and tonumber(f[3]) <= now) and not (untagged and f[5])
         if ok and topicParts then
           ok = f[5] and glob_match(f[5], topicParts)
@@ -165,11 +168,13 @@ local function walk_leg(leg)
           out[n + 5], out[n + 6], out[n + 7], out[n + 8] = f[8], f[9], f[3], f[7]
           out[n + 9] = (withValues or not f[4]) and f[1] or false
           found = found + 1
-          if out[n + 9] then bytes = bytes + #out[n + 9] end
-          if found == limit or (bytesMax and bytes >= bytesMax) then
+          if found == limit then
             return false
           end
         end
+      end
+      if bytesMax and bytes >= bytesMax then
+        return false
       end
     end
     if got < want then return true end

@@ -12,6 +12,8 @@
     ARGV[3] entry name prefix of the scope (partition tag .. "e:" .. <len>:<scope>)
     ARGV[4] create: most indexes of a scope; build: most keys of a batch
     ARGV[5] the index's member in KEYS[4]
+    ARGV[6] build: most bytes of entries a batch reads (max_call_bytes): it ends after the
+            entry that reaches them (1,000 entries of 1 MiB would be a second of Redis)
   Output:
     create: {ST.OK, 1 defined now | 0 defined already | -1 the scope has ARGV[4] indexes}
     build:  {ST.OK, 1 ready | 0 more to build | 2 the index was dropped meanwhile}
@@ -51,17 +53,23 @@ local batch = tonumber(ARGV[4])
 local low = state == 'b' and '-' or '(' .. string.sub(state, 2)
 local keys = redis.call('ZRANGE', KEYS[2], low, '+', 'BYLEX', 'LIMIT', 0, batch)
 local parts = indexes_parts(pointer)
+local budget, bytes, built = tonumber(ARGV[6]), 0, 0
 for _, key in ipairs(keys) do
   local stored = redis.call('GET', ARGV[3] .. key)
   local member = indexes_member(stored and packed_value(stored) or false, parts, key)
   if member then
     redis.call('ZADD', KEYS[3], '0', member)
   end
+  built = built + 1
+  bytes = bytes + (stored and #stored or 0)
+  if bytes >= budget then
+    break
+  end
 end
-if #keys < batch then
+if #keys < batch and built == #keys then
   redis.call('HSET', KEYS[1], pointer, 'r')
   redis.call('ZREM', KEYS[4], ARGV[5])
   return {ST.OK, 1}
 end
-redis.call('HSET', KEYS[1], pointer, 'c' .. keys[#keys])
+redis.call('HSET', KEYS[1], pointer, 'c' .. keys[built])
 return {ST.OK, 0}

@@ -10,7 +10,8 @@
     ARGV[3] "values" or "keys": what to return
     ARGV[4] where to start: "-" the scope's first key, or "(" .. the last key read before
     ARGV[5] most keys read (live or not)
-    ARGV[6] most bytes of values: the chunk ends after the value that reaches it ("keys": unread)
+    ARGV[6] most bytes of entries read: the chunk ends after the entry that reaches it ("keys"
+            too: each entry is read whole for its expiry, and 64 of 1 MiB held Redis 0.36 s)
   Output:
     {ST.OK, {value or key, ...}, 1 when the index may hold more (0: it ended), the last key read}
     expired entries are left out
@@ -37,16 +38,12 @@ for _, key in ipairs(keys) do
   if stored then
     local value, expires = packed_value(stored)
     if not (expires and expires <= now) then
-      if wantKeys then
-        out[#out + 1] = key
-      else
-        out[#out + 1] = value
-        bytes = bytes + #value
-        if bytes >= budget then
-          full = true
-          break
-        end
-      end
+      out[#out + 1] = wantKeys and key or value
+    end
+    bytes = bytes + #stored
+    if bytes >= budget then
+      full = true
+      break
     end
   end
 end

@@ -7,6 +7,9 @@
     ARGV[3] partition tag prefix (e.g. "sw:{sw:p3}:"); entry = tag .. "e:" .. member,
             scope indexes = tag .. "k:" / "u:" / "t:" .. scope
     ARGV[4] event stream MAXLEN
+    ARGV[5] most bytes of the entries it reads (each deleted value goes into its event): it
+            stops before the entry that would pass them, unless it is the first (64 of 1 MiB
+            held Redis 0.42 s in one batch)
   Entry hashes and scope indexes are derived from the ttl members; they share the partition's
   hash tag, so the script stays on one cluster slot.
   Output:
@@ -27,7 +30,7 @@ local now = tonumber(ARGV[1])
 local batch = tonumber(ARGV[2])
 local tag = ARGV[3]
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch + 1)
-local deleted = 0
+local deleted, budget, stopped = 0, tonumber(ARGV[5]), false
 for i = 1, math.min(#due, batch) do
   local member = due[i]
   local colon = string.find(member, ':', 1, true)
@@ -40,18 +43,24 @@ for i = 1, math.min(#due, batch) do
     scope = scope, key = string.sub(member, colon + len + 1), member = member,
     now = now, stamp = ARGV[1], maxlen = ARGV[4], by = '',
   }
-  -- entry_load_live deletes an expired entry with its event. A member whose entry is gone is
-  -- stale and dropped; a live entry is re-indexed at its real expiry so it cannot block the
-  -- batch.
-  local existed = redis.call('EXISTS', ctx.entry) == 1
-  local live = entry_load_live(ctx)
-  if live and live[3] then
-    redis.call('ZADD', KEYS[1], live[3], member)
+  -- An expired entry is deleted with its event, within the budget (its size read first: the
+  -- entry is read whole). A member whose entry is gone is stale and dropped; a live entry is
+  -- re-indexed at its real expiry so it cannot block the batch.
+  local size = redis.call('STRLEN', ctx.entry)
+  if i > 1 and size > budget then
+    stopped = true
+    break
+  end
+  local cur, expired = entry_load(ctx)
+  budget = budget - size
+  if cur and expired then
+    entry_drop_expired(ctx, cur)
+    deleted = deleted + 1
+  end
+  if cur and not expired and cur[3] then
+    redis.call('ZADD', KEYS[1], cur[3], member)
   else
     redis.call('ZREM', KEYS[1], member)
-    if existed and not live then
-      deleted = deleted + 1
-    end
   end
 end
-return {ST.OK, deleted, #due > batch and 1 or 0}
+return {ST.OK, deleted, (stopped or #due > batch) and 1 or 0}

@@ -10,15 +10,17 @@ every code either gives; docs/errors.md has a section for each, which `doc_url` 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from typing import Any
 
+import msgspec
 from msgspec import UNSET, Struct
 
 from stateworker import codec
 from stateworker.error_codes import doc_url
-from stateworker.errors import InvalidRequest
+from stateworker.errors import CallTooLarge, InvalidRequest
 from stateworker.schemas import AppendOp, DecrementOp, IncrementOp, MergeOp, Op, OpError, RemoveOp, SetOp
 from stateworker.scripts.replies import UpdateReply
 
@@ -27,6 +29,14 @@ MAX_SEGMENT_BYTES = 256
 MAX_MERGE_KEYS = 1024
 MAX_MERGE_DEPTH = 16
 MAX_OPS = 1000
+# update.lua's work, counted in steps: an op 1, each level of its path past the first 1 more
+# (every op walks its path from the root), each top-level key of a merge value 1 more (each is
+# put into the target). One call's ops take at most MAX_CALL_STEPS (state::update's, and a
+# transaction's updates in all): about 30 ms of the script. The op count alone let 400 merges
+# of 1,000 keys (4 MB) hold Redis 0.8 to 1.4 s in one update, and 10,000 ops on 16-level
+# paths 0.15 to 0.26 s in one transaction (docs/decisions/0071).
+MAX_CALL_STEPS = 10_000
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])  # a merge value's keys, not its values
 _BRACKETS = frozenset("[]{}")
 PROTO_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
 
@@ -138,6 +148,31 @@ def _value_arg(op: SetOp | MergeOp | AppendOp, index: int,
     return value, codec.plain_strings(value), error
 
 
+def op_steps(op: Op) -> int:
+    """One op's steps (MAX_CALL_STEPS): a merge value's keys are counted up to
+    MAX_MERGE_KEYS (past that the op is an op error and is not sent)."""
+    segments, _ = segments_of(op)
+    steps = max(1, len(segments))
+    if isinstance(op, MergeOp):
+        # (not an object: the op error merge.value.not_an_object, nothing sent)
+        with contextlib.suppress(msgspec.DecodeError):
+            steps += min(len(_TOP_LEVEL.decode(bytes(op.value))), MAX_MERGE_KEYS)
+    return steps
+
+
+def check_steps(ops: list[Op], path: str, total: int = 0) -> int:
+    """`total` plus the steps of `ops` (`path`: where they are, `$.ops`), within
+    MAX_CALL_STEPS, else CALL_TOO_LARGE naming `path`; the new total."""
+    total += sum(map(op_steps, ops))
+    if total > MAX_CALL_STEPS:
+        raise CallTooLarge(
+            f"{path}: the ops take {total} steps of update work by here (an op 1, each level "
+            "of its path past the first 1, each key of a merge value 1), more than the limit "
+            f"of {MAX_CALL_STEPS} for one call; nothing was written: split them over several "
+            "calls", {"path": path, "size": total, "limit": MAX_CALL_STEPS})
+    return total
+
+
 class EncodedOps(Struct):
     """update.lua's ARGV tail (plain flag, count, 3 per op) for the ops that pass the checks,
     the errors of the rest, and the request index of each op sent (the script names an op
@@ -153,6 +188,7 @@ def encode_ops(ops: list[Op], max_value_bytes: int) -> EncodedOps:
     if len(ops) > MAX_OPS:
         raise InvalidRequest(f"$.ops: at most {MAX_OPS} ops per update, got {len(ops)}",
                              {"path": "$.ops", "limit": MAX_OPS})
+    check_steps(ops, "$.ops")
     args: list[bytes | str | int] = []
     errors: list[OpError] = []
     sent: list[int] = []

@@ -1,10 +1,11 @@
-"""The read operations, as plans: get, get-entry, list, list_keys, list_groups, and storing
-a hash that an update left unknown.
+"""The read operations, as plans: get, get-entry, list, list_keys, the scopes gone by expiry
+(list_groups, in listing.py, leaves them out), and storing a hash that an update left unknown.
 
 Reads of one key are one GET (the entry's stored form: packed.py) checked against the clock
 here; an expired entry reads as missing before the reaper has deleted it. `list` and
 `list_keys` read the scope in chunks, each one read-only script (list.lua) of at most
-LIST_CHUNK keys and about LIST_BYTES of values, the next from the last key the one before
+LIST_CHUNK keys and about LIST_BYTES of entries read (list_keys too: an entry is read whole
+for its expiry), the next from the last key the one before
 read: no script walks a whole scope (docs/decisions/0041), so a scope of 200,000 keys no
 longer holds every other caller for a second. The result is still the whole scope, in key
 byte order, each key once; being several scripts, it is not one point in time (a key
@@ -23,7 +24,7 @@ from stateworker.clock import now_ms
 from stateworker.context import Answer, CallContext
 from stateworker.errors import NotFound, shown
 from stateworker.keys import split_member
-from stateworker.schemas import EntryResult, GroupsResult, KeysResult
+from stateworker.schemas import EntryResult, KeysResult
 from stateworker.scripts.bindings import GET, SETHASH, get_call, sethash_call
 from stateworker.scripts.read_bindings import LIST, list_call
 from stateworker.scripts.replies import ListReply
@@ -105,7 +106,7 @@ def get_entry_plan(state: RedisState, scope: str, key: str, *,
 
 
 LIST_CHUNK = 1000  # keys one list.lua script reads, at most (about 5 ms)
-LIST_BYTES = 1 << 20  # values one list.lua script reads: it stops after the one reaching this
+LIST_BYTES = 1 << 20  # entries one list.lua script reads: it stops after the one reaching this
 
 
 def _list_plan(state: RedisState, scope: str, what: str,
@@ -132,19 +133,6 @@ def list_values_plan(state: RedisState, scope: str) -> Plan:
 def list_keys_plan(state: RedisState, scope: str) -> Plan:
     """Live keys of a scope in byte order."""
     return _list_plan(state, scope, "keys", lambda items: KeysResult([k.decode() for k in items]))
-
-
-def list_groups_plan(state: RedisState, hidden: frozenset[str] = frozenset()) -> Plan:
-    """Scopes holding at least one live entry, byte-sorted, `hidden` ones left out."""
-    def finish(gone: frozenset[str]) -> Plan:
-        def listed(replies: list[Any]) -> GroupsResult:
-            scopes = {s.decode() for reply in replies for s in command_reply(reply, "ZRANGE")}
-            return GroupsResult(sorted(scopes - hidden - gone, key=lambda s: s.encode()))
-
-        return state.read_plan(parts, [["ZRANGE", part.scopes, 0, -1] for part in parts], listed)
-
-    parts = state.keys.all_partitions()
-    return then(expired_scopes_plan(state), finish)
 
 
 def expired_scopes_plan(state: RedisState) -> Plan:

@@ -23,7 +23,6 @@ from stateworker import codec
 from stateworker.context import CallContext
 from stateworker.error_codes import doc_url
 from stateworker.errors import (
-    CallTooLarge,
     DuplicateKey,
     InternalError,
     InvalidRequest,
@@ -62,9 +61,8 @@ from stateworker.transport.plans import Plan, then
 from stateworker.transport.wire import Arg
 
 MAX_TX_OPS = 100  # ops in `ops`, in `else_ops` and items in `compare`, each
-# The updates' ops of one transaction, in all (each about 1 µs in the script): with
-# max_call_bytes, what keeps one call's script near 100 ms.
-MAX_CALL_OPS = 10_000
+# The updates' ops of one transaction are counted in steps, in all (ops.MAX_CALL_STEPS):
+# with max_call_bytes, what keeps one call's script near 100 ms.
 _HASH_RETRIES = 3  # stored hashes an update left unknown, computed before giving up
 _OK, _ABORTED, _NEEDS_HASH = LUA_STATUS["OK"], LUA_STATUS["TX_ABORTED"], LUA_STATUS["NEEDS_HASH"]
 _CONFLICT, _OP_FAILED = LUA_STATUS["CONFLICT"], LUA_STATUS["OP_FAILED"]
@@ -261,19 +259,13 @@ def state_transaction(state: RedisState, req: TransactionRequest, ctx: CallConte
 
 
 def _count_update_ops(then_ops: list[TxOp], else_ops: list[TxOp]) -> None:
-    """The updates' ops of both branches, in all, within MAX_CALL_OPS (CALL_TOO_LARGE)."""
+    """The updates' ops of both branches, in all, within ops.MAX_CALL_STEPS (CALL_TOO_LARGE
+    naming the update that passed it)."""
     total = 0
     for field, items in (("ops", then_ops), ("else_ops", else_ops)):
         for index, op in enumerate(items):
             if isinstance(op, TxUpdate):
-                total += len(op.ops)
-                if total > MAX_CALL_OPS:
-                    path = f"$.{field}[{index}].ops"
-                    raise CallTooLarge(
-                        f"{path}: the transaction's updates hold more than {MAX_CALL_OPS} ops "
-                        f"in all by here ({total}), more than the limit of one call; nothing "
-                        "was written: split it into smaller calls",
-                        {"path": path, "size": total, "limit": MAX_CALL_OPS})
+                total = ops.check_steps(op.ops, f"$.{field}[{index}].ops", total)
 
 
 def _attempt(state: RedisState, req: TransactionRequest, ctx: CallContext, first_key: str,

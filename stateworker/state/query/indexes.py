@@ -9,10 +9,11 @@ without indexes pays one HGETALL of a missing hash per write.
 
 Creating one defines it (state `building`), stores its definition durably as an entry of the
 reserved scope `state_indexes` (so the snapshot keeps it and a restore brings it back:
-`rebuild_all`), then builds it for the existing entries in batches of BUILD_BATCH keys, one
-script each, at most BATCHES_PER_CALL per call: a bigger scope answers `building: true`, and
-the next create-index resumes where the build stopped. Until it is `ready` a query does not
-use it (it walks the keys, still exact).
+`rebuild_all`), then builds it for the existing entries in batches of BUILD_BATCH keys (and
+about max_call_bytes of entries read: each is read whole), one script each, at most
+BATCHES_PER_CALL per call: a bigger scope answers `building: true`, and the next create-index
+resumes where the build stopped. Until it is `ready` a query does not use it (it walks the
+keys, still exact).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from stateworker.transport.plans import Plan, command_reply, then
 
 MAX_INDEXES = 16  # indexes of one scope
 DEFINITIONS_CHUNK = 1000  # index definitions rebuild_all reads a step
-BUILD_BATCH = 1000  # keys one build script indexes at most
+BUILD_BATCH = 1000  # keys one build script indexes at most (and max_call_bytes of entries)
 BATCHES_PER_CALL = 100  # build scripts one create-index call runs at most
 
 
@@ -93,7 +94,7 @@ def build_plan(state: RedisState, scope: str, pointer: str, created: bool,
             return build_plan(state, scope, pointer, created, batches - 1)
         return CreateIndexResult(created, reply.outcome == 0)
 
-    call = index_call(part, scope, "build", pointer, BUILD_BATCH)
+    call = index_call(part, scope, "build", pointer, BUILD_BATCH, state.settings.max_call_bytes)
     return state.script_plan(INDEX, call, built)
 
 

@@ -2,11 +2,12 @@
 encoding of an index member (pure code; the plans are in state/query/query.py).
 
 Values are compared as JSON, exactly: a stored document is decoded by msgspec (`decode_doc`:
-integers as exact ints, other numbers kept as their text, in C), and only the values a
-condition compares become a `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are
+integers as exact ints, other numbers kept as their text, in C: numbers.py), and only the
+values a condition compares become a `Number` (exact, any exponent: `1`, `1.0`, `1e0` and `10e-1` are
 one number, `-0` is `0`, big integers and long decimals are never rounded through a double);
 `true` is never the number 1; strings compare by their UTF-8 bytes (= code point order);
-objects compare with key order ignored.
+objects compare with key order ignored. What one entry's conditions may cost is counted in
+steps (`work`, at most MAX_WORK), and a page examines as many entries as fit in MAX_WORK.
 
 A pointer is RFC 6901 (parsed by `jsonpointer`; `""` is the whole value); it is resolved here
 (not with `jsonpointer.resolve_pointer`, which indexes into a string as into an array): an
@@ -19,8 +20,6 @@ query: null, false, true, numbers (negative, zero, positive), strings. The Lua i
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 from typing import Any, NamedTuple
 
@@ -30,12 +29,31 @@ from jsonpointer import JsonPointer, JsonPointerException
 from stateworker import codec
 from stateworker.errors import InvalidRequest, shown
 from stateworker.schemas import WhereItem
+from stateworker.state.query.numbers import (
+    INT_DIGITS,
+    Number,
+    NumberText,
+    decode,
+    decode_doc,
+    decode_in_c,
+    exact,
+    order,
+)
+
+__all__ = ["MAX_WORK", "MISSING", "Number", "NumberText", "Ranges", "Where", "decode",
+           "decode_doc", "encode", "exact", "holds", "index_ranges", "key_of_member", "matches",
+           "parse_where", "pointer_parts", "resolve", "same", "string_prefix", "work"]
 
 OPS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "exists", "prefix")
 RANGE_OPS = ("lt", "lte", "gt", "gte")
 MAX_WHERE = 16  # items of one `where`
 MAX_IN = 100  # values of one `in`
 MAX_POINTER_BYTES = 1024
+# The conditions' steps a query page spends, at most (`work`: a page examines this many over
+# their steps an entry, at least one entry), and so one entry's too. Each step is a node
+# compared in Python, about 1 to 3 µs: a page of 1,000 entries of 1,001-int lists against an
+# `eq` of such a list held the service's loop 3 s, with four `in`s of ten of them 39 s.
+MAX_WORK = 20_000
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 MISSING: Any = object()  # what an unresolvable pointer gives
 
@@ -45,88 +63,6 @@ class Where(NamedTuple):
     parts: tuple[str, ...]
     op: str
     value: Any  # decoded (numbers as Number); a list for `in`
-
-
-_NUMBER = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?(?:[eE]([-+]?[0-9]+))?")
-MAX_EXPONENT_DIGITS = 4000  # (Python's int parses 4300 digits; beyond: clamped, not exact)
-
-
-@functools.total_ordering
-class Number:
-    """A JSON number, exactly: 0.<digits> * 10^point, negative or not (digits without leading
-    or trailing zeros; none for zero, so -0 is 0). Any exponent (Decimal refuses those past
-    10^18); ordered and compared by value."""
-
-    __slots__ = ("digits", "key", "negative", "point")
-
-    def __init__(self, text: str) -> None:
-        match = _NUMBER.fullmatch(text)
-        if match is None:
-            raise ValueError(f"not a JSON number: {text[:40]}")
-        sign, whole, frac, exp = match.groups()
-        digits = whole + (frac or "")
-        significant = digits.lstrip("0")
-        if exp and len(exp.lstrip("+-").lstrip("0")) > MAX_EXPONENT_DIGITS:
-            exp = ("-" if exp.startswith("-") else "") + "9" * MAX_EXPONENT_DIGITS
-        self.negative = bool(sign) and bool(significant)
-        self.point = len(whole) + int(exp or 0) - (len(digits) - len(significant))
-        self.digits = significant.rstrip("0")
-        if not self.digits:
-            self.key: tuple[Any, ...] = (1,)
-        elif self.negative:  # (flipped digits and a terminator above them: the order reversed)
-            self.key = (0, -self.point, (*(9 - int(d) for d in self.digits), 10))
-        else:
-            self.key = (2, self.point, tuple(int(d) for d in self.digits))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Number) and self.key == other.key
-
-    def __lt__(self, other: Number) -> bool:
-        return self.key < other.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __repr__(self) -> str:
-        return f"Number({'-' if self.negative else ''}0.{self.digits or 0}e{self.point})"
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"not JSON: {name}")
-
-
-def decode(text: bytes | str) -> Any:
-    """A JSON document with every number as an exact Number (a condition's value: small)."""
-    return json.loads(text, parse_float=Number, parse_int=Number, parse_constant=_refuse)
-
-
-class NumberText(str):
-    """A JSON number that is not an integer, as its text (decode_doc): a Number when compared."""
-
-    __slots__ = ()
-
-
-_DOC = msgspec.json.Decoder(float_hook=NumberText)
-
-
-def decode_doc(text: bytes) -> Any:
-    """A stored value for the conditions: decoded in C (no Python call per integer: a 1 MiB
-    value of numbers once took ~2 s of the event loop), its numbers exact: ints (Python's,
-    exact) and NumberText; `exact` makes what a condition compares a Number."""
-    try:
-        return _DOC.decode(text)
-    except msgspec.DecodeError:  # (an integer past what msgspec parses: each kept as text)
-        return json.loads(text, parse_float=NumberText, parse_int=NumberText,
-                          parse_constant=_refuse)
-
-
-def exact(value: Any) -> Any:
-    """A scalar of decode_doc as decode gives it (an int or NumberText: a Number)."""
-    if isinstance(value, NumberText):
-        return Number(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Number(str(value))
-    return value
 
 
 def pointer_parts(pointer: str, path: str) -> tuple[str, ...]:
@@ -149,21 +85,40 @@ def parse_where(items: list[WhereItem]) -> list[Where]:
     if not 1 <= len(items) <= MAX_WHERE:
         raise InvalidRequest(f"$.where: must hold 1 to {MAX_WHERE} conditions, got {len(items)}",
                              {"path": "$.where", "limit": MAX_WHERE})
-    return [_item(item, f"$.where[{n}]") for n, item in enumerate(items)]
+    wheres: list[Where] = []
+    spent = 1  # (work's)
+    for n, item in enumerate(items):
+        where = _item(item, f"$.where[{n}]", MAX_WORK - spent)
+        spent += len(where.parts) + _nodes(where.value)
+        wheres.append(where)
+    return wheres
 
 
-def _item(item: WhereItem, at: str) -> Where:
+def _item(item: WhereItem, at: str, left: int) -> Where:
+    """One condition, within `left` steps of work (MAX_WORK less the conditions before)."""
     parts = pointer_parts(item.pointer, f"{at}.pointer")
     if item.op not in OPS:
         raise InvalidRequest(f"{at}.op: unknown op {shown(item.op)}; one of {', '.join(OPS)}",
                              {"path": f"{at}.op"})
     if item.value is msgspec.UNSET:
         raise InvalidRequest(f"{at}.value: the field `value` is required", {"path": f"{at}.value"})
-    lone = codec.surrogate_error(bytes(item.value), f"{at}.value")
+    raw = bytes(item.value)
+    lone = codec.surrogate_error(raw, f"{at}.value")
     if lone is not None:
         raise lone
+    try:  # (counted in C first: the exact decoding makes a Number of each number in Python)
+        steps = len(parts) + _nodes(decode_in_c(raw), left)
+    except msgspec.DecodeError as exc:  # (an integer longer than a stored value may hold)
+        raise InvalidRequest(f"{at}.value: not a JSON value a stored value may be ({exc}): an "
+                             f"integer has at most {INT_DIGITS} digits",
+                             {"path": f"{at}.value", "limit": INT_DIGITS}) from exc
+    if steps > left:
+        raise InvalidRequest(
+            f"$.where: the conditions take more than {MAX_WORK} steps on each entry, the limit "
+            f"(by {at}: 1, and each step of a pointer and each value or item of a value)",
+            {"path": "$.where", "limit": MAX_WORK})
     try:
-        value = decode(bytes(item.value))
+        value = decode(raw)
     except ValueError as exc:  # (msgspec checked the JSON: NaN, Infinity)
         raise InvalidRequest(f"{at}.value: not a JSON value ({exc})",
                              {"path": f"{at}.value"}) from exc
@@ -210,19 +165,25 @@ def resolve(doc: Any, parts: tuple[str, ...]) -> Any:
     return doc
 
 
-def same(a: Any, b: Any) -> bool:
-    """Deep JSON equality: numbers by value, booleans apart from numbers, key order ignored."""
+Memo = dict[int, Number]  # one document's numbers made exact (numbers.exact)
+
+
+def same(a: Any, b: Any, memo: Memo | None = None) -> bool:
+    """Deep JSON equality: numbers by value, booleans apart from numbers, key order ignored.
+    It stops at the first difference, so it costs at most the smaller side's nodes."""
     ka, kb = _kind(a), _kind(b)
     if ka != kb:
         return False
     if ka == "list":
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same(x, y, memo) for x, y in zip(a, b, strict=True))
     if ka == "obj":
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return bool(exact(a) == exact(b))
+        return a.keys() == b.keys() and all(same(a[k], b[k], memo) for k in a)
+    if ka == "num":
+        return order(a, b, memo) == 0
+    return bool(a == b)
 
 
-def holds(where: Where, doc: Any) -> bool:
+def holds(where: Where, doc: Any, memo: Memo | None = None) -> bool:
     found = resolve(doc, where.parts)
     op, value = where.op, where.value
     if op == "exists":
@@ -230,28 +191,50 @@ def holds(where: Where, doc: Any) -> bool:
     if found is MISSING:
         return False  # (`ne` too: a missing pointer is not "a different value")
     if op == "eq":
-        return same(found, value)
+        return same(found, value, memo)
     if op == "ne":
-        return not same(found, value)
+        return not same(found, value, memo)
     if op == "in":
-        return any(same(found, v) for v in value)
+        return any(same(found, v, memo) for v in value)
     if op == "prefix":
         return _kind(found) == "str" and found.startswith(value)
-    found = exact(found)
     kind = _kind(found)
     if kind != _kind(value):  # a number is never lt a string; booleans and null never order
         return False
+    sign = order(found, value, memo) if kind == "num" else (found > value) - (found < value)
     if op == "lt":
-        return bool(found < value)
+        return sign < 0
     if op == "lte":
-        return bool(found <= value)
-    if op == "gt":
-        return bool(found > value)
-    return bool(found >= value)
+        return sign <= 0
+    return sign > 0 if op == "gt" else sign >= 0
 
 
 def matches(wheres: list[Where], doc: Any) -> bool:
-    return all(holds(w, doc) for w in wheres)
+    """Every condition holds on `doc` (decode_doc's), each of its numbers read once."""
+    memo: Memo = {}
+    return all(holds(w, doc, memo) for w in wheres)
+
+
+def work(wheres: list[Where]) -> int:
+    """What examining one entry may cost, in steps (MAX_WORK): 1, and for each condition each
+    step of its pointer and each node of its value (an `in`'s list and its items), which
+    `same` may compare with the entry's node by node. (The stored value's own size is the
+    byte budget's: decoding it, and reading each of its numbers once.)"""
+    return 1 + sum(len(w.parts) + _nodes(w.value) for w in wheres)
+
+
+def _nodes(value: Any, most: int | None = None) -> int:
+    """The nodes of a decoded value (the value, each item and each member's value); counting
+    stops once past `most`."""
+    count, pending = 0, [value]
+    while pending and (most is None or count <= most):
+        node = pending.pop()
+        count += 1
+        if isinstance(node, dict):
+            pending += node.values()
+        elif isinstance(node, list):
+            pending += node
+    return count
 
 
 # ---- the index encoding (the same bytes as lua/includes/indexes.lua) -----------------------------

@@ -5,8 +5,10 @@ exact (a decimal text is never rounded through a double; big integers, exponents
 Python compares them exactly (predicates.Number: the digits and the decimal point's position,
 any exponent) where Redis's Lua (doubles only) cannot; it also keeps one
 evaluator for both paths, which the property tests hold to a reference. The work per call is
-bounded: at most EXAMINE entries are fetched and examined, and their values at most
-max_call_bytes (the page stops after the value that reaches it), and `next_after` resumes
+bounded: at most EXAMINE entries are fetched and examined (fewer when the conditions take
+many steps an entry: predicates.MAX_WORK steps a page), and their values at most
+max_call_bytes (the page stops after the value that reaches it; numbers.decode_cost counts a
+non-integer number as more bytes), and `next_after` resumes
 after the last one examined even when fewer than `limit` matched. A value is decoded in C
 (predicates.decode_doc); only what a condition compares becomes an exact Number.
 
@@ -44,6 +46,7 @@ from stateworker.state.kv import listing
 from stateworker.state.kv.packed import Stored, unpack
 from stateworker.state.kv.reads import hash_plan
 from stateworker.state.query import predicates as p
+from stateworker.state.query.numbers import decode_cost
 from stateworker.transport.plans import Plan, command_reply
 
 EXAMINE = 1000  # entries one query call examines at most
@@ -87,13 +90,16 @@ class Page:
         self.now = clock.now_ms()
         self.budget = state.settings.max_call_bytes  # bytes of values one page examines
         self.examined = 0
+        # entries one page examines: EXAMINE, fewer when the conditions take many steps an
+        # entry (predicates.work), so the page's evaluation stays within MAX_WORK steps
+        self.examine = max(1, min(EXAMINE, p.MAX_WORK // p.work(wheres)))
 
     def take(self, key: bytes, e: Stored | None) -> bool:
         """Examine one entry (None: gone); True once the page is full or its values examined
         reach the byte budget."""
         if e is None or (e.expires is not None and e.expires <= self.now):
             return False
-        self.examined += len(e.value)
+        self.examined += decode_cost(e.value)
         if not p.matches(self.wheres, p.decode_doc(e.value)):
             return self.examined >= self.budget
         entry = ListedEntry(key.decode(), e.topic, e.version, e.hash or "", _ms(e.created),
@@ -185,8 +191,8 @@ def _keys_plan(state: RedisState, page: Page, after: Position | None) -> Plan:
             return _run_then(page, keys, rows, reply.last_member, reply.last_score)
         return page.run(keys, rows, more)
 
-    call = entries_call(part, page.req.scope, index, order_by, "asc", position, score, EXAMINE,
-                        0, None, None, None, True, EXAMINE, page.budget)
+    call = entries_call(part, page.req.scope, index, order_by, "asc", position, score,
+                        page.examine, 0, None, None, None, True, page.examine, page.budget)
     return state.script_plan(ENTRIES, call, finish)
 
 
@@ -216,7 +222,7 @@ def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
         return page.run([], [], False)
     part = state.keys.for_scope(page.req.scope)
     index = part.value_index(page.req.scope, pointer)
-    count = EXAMINE if ranges.ordered else CANDIDATES + 1
+    count = page.examine if ranges.ordered else CANDIDATES + 1
     commands: list[list[Any]] = []
     for start, end in ranges.ranges:
         low = b"[" + start if after is None or not ranges.ordered else b"(" + start + after
@@ -235,8 +241,8 @@ def _index_plan(state: RedisState, page: Page, pointer: str, ranges: p.Ranges,
         if not ranges.ordered and full:  # too many candidates: walk the keys instead
             return _keys_plan(state, page, None if after is None else (after, ""))
         keys = sorted(k for k in found if after is None or k > after)
-        more = len(keys) > EXAMINE or (ranges.ordered and full)
-        keys = keys[:EXAMINE]
+        more = len(keys) > page.examine or (ranges.ordered and full)
+        keys = keys[:page.examine]
         if not keys:
             page.result.index = pointer
             return page.run([], [], False)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from stateworker import StateStore
 from stateworker.patterns import glob_match, glob_parts
 from stateworker.state.kv import listing
-from stateworker.state.kv.reads import list_groups_plan
+from stateworker.state.kv.reads import expired_scopes_plan
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -30,8 +30,15 @@ names = st.text(alphabet=CHARS, max_size=4)
 
 async def old_namespaces(store: StateStore, pattern: str | None, limit: int,
                          hidden: frozenset[str]) -> list[str]:
-    """What list-namespaces answered before: every scope (list_groups), filtered, cut."""
-    groups = (await store.state.execute(list_groups_plan(store.state, hidden))).groups
+    """What list-namespaces answered before: every scope (each scopes index whole), filtered,
+    cut."""
+    state = store.state
+    parts = state.keys.all_partitions()
+    names = await state.execute(state.read_plan(
+        parts, [["ZRANGE", part.scopes, 0, -1] for part in parts],
+        lambda replies: {name for reply in replies for name in reply}))
+    gone = await state.execute(expired_scopes_plan(state))
+    groups = sorted(n.decode() for n in names if n.decode() not in hidden | gone)
     if pattern is not None:
         groups = [g for g in groups if glob_match(g, glob_parts(pattern))]
     return list(groups[:limit])

@@ -483,3 +483,71 @@ async def test_a_page_stops_once_its_values_reach_the_call_byte_budget(
         assert keys in ([[], ["k8", "k9"]], [[], ["k8", "k9"], []])
         assert query.decode_after(pages[0]["next_after"], "key") == (b"k4", "")
         assert pages[1]["entries"][0]["value"]["n"] == 8
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+async def test_a_page_examines_fewer_entries_when_its_conditions_take_many_steps(
+        store: StateStore, scope: str, indexed: bool) -> None:
+    """A condition is compared with each entry node by node, in the service's loop: an `eq`
+    of a 1,001-int list over a page of 1,000 such entries held it 3 s. A page spends at most
+    MAX_WORK steps: here 105 an entry (1; /n's step and value; /l's step and its 101 nodes),
+    190 entries a page, by the key walk and by the index of /n alike."""
+    listed = [1] * 99 + [2]
+    for start in range(0, 300, 100):
+        await store.call("state::set-many", {"scope": scope, "entries": [
+            {"key": f"k{n:03d}", "value": {"n": 1, "l": listed}}
+            for n in range(start, start + 100)]})
+    if indexed:
+        await store.call("state::create-index", {"scope": scope, "pointer": "/n"})
+    body = q(scope, ("/n", "eq", 1), ("/l", "eq", listed), limit=1000)
+    steps = predicates.work(predicates.parse_where([
+        WhereItem(where["pointer"], where["op"], msgspec.Raw(json.dumps(where["value"]).encode()))
+        for where in body["where"]]))
+    assert steps == 105
+    first = await store.call("state::query", body)
+    assert first.get("index") == ("/n" if indexed else None)
+    assert len(first["entries"]) == predicates.MAX_WORK // steps == 190
+    rest = await store.call("state::query", {**body, "after": first["next_after"]})
+    assert [e["key"] for e in first["entries"] + rest["entries"]] == [
+        f"k{n:03d}" for n in range(300)]
+
+
+async def test_conditions_past_the_work_limit_are_refused_before_they_are_decoded(
+        store: StateStore, scope: str) -> None:
+    """One entry's conditions take at most MAX_WORK steps (a page examines one entry at
+    least): an `eq` of a list of 450,000 ints was read (0.96 s of the loop making each a
+    Number) and then compared with every entry. Counted in C first, refused by the item that
+    passes the limit, nothing read from Redis."""
+    await store.set(scope, "k", 1)
+    err = await error_of(store, "state::query", q(scope, ("/a", "eq", list(range(450_000)))))
+    assert err.code == "INVALID_REQUEST"
+    assert err.details == {"path": "$.where", "limit": predicates.MAX_WORK}
+    assert "$.where[0]" in err.message and str(predicates.MAX_WORK) in err.message
+    lists = [list(range(100))] * 100  # (an `in` of 100 lists of 100: 10,103 steps)
+    err = await error_of(store, "state::query", q(scope, ("/a", "in", lists), ("/b", "in", lists)))
+    assert err.details == {"path": "$.where", "limit": predicates.MAX_WORK}
+    assert "$.where[1]" in err.message
+    assert await keys_of(store, q(scope, ("/a", "in", lists), ("", "eq", 1))) == []
+    err = await error_of(store, "state::query", {"scope": scope, "where": [
+        {"pointer": "", "op": "gt", "value": msgspec.Raw(b"1" * 4301)}]})
+    assert err.code == "INVALID_REQUEST"
+    assert err.details == {"path": "$.where[0].value", "limit": 4300}
+
+
+async def test_a_page_counts_numbers_that_are_not_integers_in_its_byte_budget(
+        redis_server: RedisServer, prefix: str, scope: str) -> None:
+    """Each number that is not an integer is an object made when a value is decoded (a page
+    of 8 MiB of `1e1` held the loop 1.3 s): it counts NUMBER_TEXT_BYTES more in the page's
+    byte budget. Values of 30,000 bytes, 7,499 `1e1` each, max_call_bytes 256 KiB: a page
+    examines two, where values of as many bytes of integers fill nine."""
+    budget = 256 * 1024
+    async with StateStore.open(redis_server.url, prefix=prefix, partitions=4,
+                               max_value_bytes=64 * 1024, max_call_bytes=budget) as small:
+        for n in range(10):
+            await put(small, scope, f"d{n}", "[" + ",".join(["1e1"] * 7499) + "]")
+            await put(small, scope, f"i{n}", "[" + ",".join(["11"] * 10_000) + "]")
+        for first, examined in (("d", ["d0", "d1"]), ("i", [f"i{n}" for n in range(9)])):
+            page = await small.call("state::query", q(scope, ("", "ne", 0), limit=1000,
+                                                      **({"after": query.encode_after(
+                                                          b"d9")} if first == "i" else {})))
+            assert [e["key"] for e in page["entries"]] == examined

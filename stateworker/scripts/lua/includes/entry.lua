@@ -379,14 +379,19 @@ end
 
 -- Delete `key` of the ctx's scope (entry_at's prefixes) when it is live, with its event: 1,
 -- else 0 (an entry whose expiry passed is dropped as expired, and not counted).
+-- ctx.dropped: the bytes of the value deleted, expired or not (it went into an event): a
+-- batch's budget counts them.
 local function entry_delete_key(ctx, prefix, ttl_prefix, key)
   entry_at(ctx, prefix, ttl_prefix, key)
-  local cur = entry_load_live(ctx)
+  local cur, expired = entry_load(ctx)
+  ctx.dropped = cur and #cur[1] or 0
   if not cur then
-    ctx.dropped = 0
     return 0
   end
-  ctx.dropped = #cur[1] -- (the bytes of the value deleted: a batch's budget counts them)
+  if expired then
+    entry_drop_expired(ctx, cur)
+    return 0
+  end
   entry_delete(ctx, cur)
   return 1
 end
