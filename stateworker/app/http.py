@@ -373,6 +373,7 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates,
                                                     logins, admission), admission))
     try:
+        await logins.open()
         async with anyio.create_task_group() as tg:
             await tg.start(batches.run)
             tg.start_soon(rates.run)
