@@ -157,6 +157,7 @@ class _BoundedHead(HttpToolsProtocol):
                 "not read: send them again", {"path": "pipeline", "limit": MAX_PIPELINED})
         elif len(self.tasks) >= cast(_Config, self.config).admission.limit:
             limit = cast(_Config, self.config).admission.limit
+            self._wire.linger_s = REFUSING_S  # (its close, after the 503: read on, lingering)
             refusal = Unavailable(
                 f"the HTTP face runs at most {limit} requests at once "
                 "(STATEWORKER_HTTP_MAX_CONNECTIONS): try again in a moment",
@@ -196,12 +197,14 @@ class _BoundedHead(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         """The client takes the response slower than it comes (or not at all)."""
-        super().pause_writing()
-        self.sending.paused(SEND_IDLE_S)
+        if self._admission is not None:  # (a refused one has none of uvicorn's state)
+            super().pause_writing()
+            self.sending.paused(SEND_IDLE_S)
 
     def resume_writing(self) -> None:
-        super().resume_writing()
-        self.sending.resumed()
+        if self._admission is not None:
+            super().resume_writing()
+            self.sending.resumed()
 
     def _await_head(self) -> None:
         self._disarm()

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,7 +30,7 @@ from stateworker.settings import Settings
 from tests.integration.busproto import until
 from tests.integration.http.conftest import http_settings, samples, serving
 from tests.integration.http.test_wire import GET, Wire, connection
-from tests.servers import RedisServer, ServiceProcess
+from tests.servers import RedisServer, ServiceProcess, tcp_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -87,6 +89,37 @@ async def test_one_client_cannot_take_every_connection(redis_server: RedisServer
                 wire = await honest.enter_async_context(connection(face.http_address))
                 status, _, body = await wire.call("state::get", GET)
                 assert status == 200, body
+
+
+async def test_requests_whose_clients_hung_up_count_until_they_end(tmp_path: Path,
+                                                                   prefix: str) -> None:
+    """A request runs on after its client hangs up (its call waits on Redis): clients that
+    send a call and close, again and again, free their connections but not the requests'
+    tasks. Those count too: one beyond the limit is refused 503 (`requests`). (Its own
+    Redis, stopped with SIGSTOP for the while.)"""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        settings = http_settings(server.url, prefix, http_max_connections=3)
+        async with serving(settings) as (face, _):
+            assert face.http_address is not None and server.process is not None
+            os.kill(server.process.pid, signal.SIGSTOP)  # every call waits on Redis
+            try:
+                for _ in range(3):
+                    async with connection(face.http_address, ATTACKER) as wire:
+                        await wire.stream.send(wire.head("/v1/call/state::get", len(GET))
+                                               + GET)
+                        await until(lambda: tcp_quiet(int(face.http_address.split(":")[1])),
+                                    10, "the call to be read")
+                async with connection(face.http_address) as wire:  # a place is free ...
+                    status, _, body = await wire.call("state::get", GET)
+                    error = refusal(body)  # ... but not a request's
+                    assert (status, error["details"]) == (
+                        503, {"path": "requests", "limit": 3}), error
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+    finally:
+        server.kill()
 
 
 async def test_a_flood_leaves_the_service_the_files_it_needs(redis_server: RedisServer,
