@@ -32,6 +32,8 @@ LIVE_LEASES = 3
 MAX_EVENTS_BYTES = 1 << 40
 # Replicas a strict write waits for at most: more than a primary has makes every write time out.
 MAX_STRICT_REPLICAS = 16
+# The HTTP face's connections at most (a file descriptor each: the kernel's own bound)
+MAX_HTTP_CONNECTIONS = 1 << 20
 
 # The default dedupe window: how long a call's record (its reply, by id) is kept. A client
 # that cannot read its service's window re-sends within half of it at most (bus/resends.py).
@@ -115,6 +117,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # principal (`off` mode: per client address). Beyond: RESOURCE_EXHAUSTED (app/console.py).
     max_tails: int = 64
     max_tails_per_caller: int = 8
+    # The HTTP face's connections open at once, counted as each is accepted (a file
+    # descriptor each: app/http_admission.py; fewer when `ulimit -n` cannot hold them beside
+    # the process's own), and of them from one client address: one client (a proxy in
+    # front is one) cannot take every place. Beyond either: 503 UNAVAILABLE and a close.
+    http_max_connections: int = 1024
+    http_max_connections_per_client: int = 256
 
     def __post_init__(self) -> None:
         # One absolute path: every process that reads the same setting finds the same Redis.
@@ -165,6 +173,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                               f"seconds (ten years), got {shown(self.barrier_ttl_s)}")
         if self.max_tails < 1 or self.max_tails_per_caller < 1:
             raise ConfigError("max_tails and max_tails_per_caller must be at least 1")
+        for name, value in (("http_max_connections", self.http_max_connections),
+                            ("http_max_connections_per_client",
+                             self.http_max_connections_per_client)):
+            if not 1 <= value <= MAX_HTTP_CONNECTIONS:
+                raise ConfigError(f"{name} (STATEWORKER_{name.upper()}) must be "
+                                  f"1..{MAX_HTTP_CONNECTIONS} connections, got {shown(value)}")
         if self.events_maxlen < 1 or self.reaper_batch < 1 or self.reaper_interval_s <= 0:
             raise ConfigError("events_maxlen, reaper_batch and reaper_interval_s must be positive")
         if not 2 * self.max_value_bytes <= self.events_max_bytes <= MAX_EVENTS_BYTES:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -146,17 +147,27 @@ class ServiceProcess:
     """`stateworker serve` in a process of its own, for crash and signal tests."""
 
     def __init__(self, redis_url: str, prefix: str, consumer: str = "svc-1",
-                 visibility_timeout_ms: int = 1000, env: dict[str, str] | None = None) -> None:
+                 visibility_timeout_ms: int = 1000, env: dict[str, str] | None = None,
+                 files: int | None = None) -> None:
+        """`files`: the process's open-file limit (`ulimit -n`, soft and hard), if not ours."""
         self.args = [sys.executable, "-m", "stateworker", "--redis-url", redis_url, "serve",
                      "--consumer", consumer, "--visibility-timeout-ms", str(visibility_timeout_ms),
                      "--log-level", "WARNING"]
         self.env = {**os.environ, "STATEWORKER_PREFIX": prefix, "STATEWORKER_PARTITIONS": "4",
                     **(env or {})}
+        self.files = files
         self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
+        files = self.files
+
+        def limited() -> None:  # (in the child, before it runs the service)
+            if files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
         self.process = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
+                                        stderr=subprocess.DEVNULL, text=True,
+                                        preexec_fn=limited if files is not None else None)
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], 30)
         assert ready, "the service did not report that it serves within 30 s"

@@ -54,6 +54,7 @@ from stateworker.app.dapr import dapr_routes
 from stateworker.app.dapr_requests import dapr_stores
 from stateworker.app.hosts import HostGuard, allowed_hosts, local_only
 from stateworker.app.hot_paths import CallDoor, HotPaths
+from stateworker.app.http_admission import Admission, file_budget
 from stateworker.app.http_server import ServerOnOurLoop, listening, server_config
 from stateworker.app.logins import Logins, SameOrigin
 from stateworker.app.metrics import Metrics
@@ -97,13 +98,14 @@ METRICS_PROBE = "state::list_groups"
 
 
 def http_app(state: RedisState, runtime: BusRuntime, batches: Batches,
-             stopping: anyio.Event, rates: Rates, logins: Logins) -> ASGIApp:
+             stopping: anyio.Event, rates: Rates, logins: Logins,
+             admission: Admission) -> ASGIApp:
     """The ASGI app of the HTTP face of the service of `state` and bus `runtime`; its calls
     run through `batches` (app/batches.py); `stopping` is set when the service stops;
     `rates`: the counters' recent samples the console's overview shows; `logins`: who a
-    request acts as (`acl` mode)."""
+    request acts as (`acl` mode); `admission`: its connections (/metrics counts them)."""
     tails = Tails(state.settings)
-    metrics = Metrics(state, runtime, tails)
+    metrics = Metrics(state, runtime, tails, admission)
     local = local_only(state.settings)
 
     async def answer(fn: str, headers: dict[bytes, bytes], receive: Receive,
@@ -365,9 +367,13 @@ async def serve_http(state: RedisState, runtime: BusRuntime, bind: str, stop: an
     batches = Batches(state)
     rates = Rates(state)
     logins = Logins(state)
+    settings = state.settings
+    admission = Admission(file_budget(settings.http_max_connections, settings.max_tails),
+                          settings.http_max_connections_per_client, settings.http_max_connections)
     server = ServerOnOurLoop(server_config(http_app(state, runtime, batches, stop, rates,
-                                                    logins)))
+                                                    logins, admission), admission))
     try:
+        await logins.open()
         async with anyio.create_task_group() as tg:
             await tg.start(batches.run)
             tg.start_soon(rates.run)

@@ -11,8 +11,8 @@ What is set here, and why:
   handlers of its own, and stops when `should_exit` is set (app/http.py sets it on the
   service's stop);
 - a request's head (request line and headers) is held in memory until it ends, and llhttp
-  sets no bound: `_BoundedHead` refuses one past MAX_HEAD_BYTES (400 and a close), as h11's
-  limit did under Hypercorn; and it sends what a pass of the loop wrote as one (`_OneWrite`);
+  sets no bound: `_BoundedHead` refuses one past MAX_HEAD_BYTES, as h11's limit did under
+  Hypercorn; and it sends what a pass of the loop wrote as one (`OneWrite`);
 - uvicorn waits for a request's head for ever (its keep-alive timeout runs only between
   requests), so a client trickling heads could hold connections without end: a head not
   complete HEAD_TIMEOUT_S after its first byte (not counting the time a request before it
@@ -22,9 +22,20 @@ What is set here, and why:
   client_body_timeout counts), or not whole BODY_TOTAL_S after its head ended (a byte every
   few seconds would restart the idle time for ever): 408 and a close (the app's read of it
   ends: app/bodies.py);
-- at most MAX_CONCURRENT connections and requests in flight (uvicorn's `limit_concurrency`:
-  file descriptors and request tasks are the process's); a request beyond them is answered
-  503 UNAVAILABLE and its connection closed;
+- at most STATEWORKER_HTTP_MAX_CONNECTIONS connections, STATEWORKER_HTTP_MAX_CONNECTIONS_PER_CLIENT
+  from one client address, counted as each is accepted (app/http_admission.py: a file
+  descriptor each; uvicorn's `limit_concurrency` counted them only once a head had ended, so
+  idle connections were held without bound), and as many requests in flight; beyond, 503
+  UNAVAILABLE naming the limit, and a close;
+- at most MAX_PIPELINED requests read ahead behind the one running on a connection, and none
+  read while any waits (uvicorn parsed every request a read brought, and read again at each
+  answer: one client pipelining `GET /healthz` grew the process by 150 MB a second); the
+  one past them is answered 503 in its turn, and nothing after it is read;
+- at most MAX_HEADERS header fields a request (each held as Python objects until it ends:
+  64 KiB of empty fields took 1.5 MB and 12 ms of the loop); beyond, or past MAX_HEAD_BYTES,
+  431 (414 for the request line) naming the limit, and a close;
+- a response the client does not read: its sending waits (uvicorn's flow control) and held
+  the connection and the response for good; nothing of it taken for SEND_IDLE_S: closed;
 - `proxy_headers` off: a client's `X-Forwarded-For` does not replace its address (the live
   tails' cap counts per client address in `off` mode);
 - no `server` header, no access log (the service's own log lines say what matters), its
@@ -41,57 +52,32 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from stateworker.errors import Unavailable
+from stateworker.app.http_admission import REFUSING_S, Admission, Refusal, error_answer, refuse
+from stateworker.app.http_flow import OneWrite, ReadAhead, SendWatch
+from stateworker.errors import InvalidRequest, StateError, Unavailable
 
 MAX_HEAD_BYTES = 64 * 1024  # a request line and its headers, together
 KEEP_ALIVE_S = 5
 HEAD_TIMEOUT_S = 10.0  # from a connection's opening or a request's first byte to its head's end
 BODY_IDLE_S = 10.0  # the longest wait for the next piece of a request's body
 BODY_TOTAL_S = 60.0  # from a request's head's end to its body's end
-MAX_CONCURRENT = 1024  # connections open, and requests in flight, each (limit_concurrency)
+MAX_HEADERS = 100  # header fields a request (Apache's LimitRequestFields)
+MAX_PIPELINED = 16  # requests read ahead behind the one running on a connection
+SEND_IDLE_S = 10.0  # the longest a response's sending may wait on a client taking none of it
 GRACE_S = 2  # requests in flight at a stop: then they are cancelled
 BACKLOG = 1024
 
 
-class _OneWrite:
-    """A connection's transport whose writes of one pass of the loop go out as one: uvicorn
-    writes a response's head and its body apart, two sends a request (the client reads two
-    segments). Measured on a bare ASGI app: 20 -> 17 us of the server's CPU a request, and 3 us
-    less of the client's. Everything but `write` and `close` is the transport's own."""
-
-    __slots__ = ("_parts", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._parts: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._parts:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._parts.append(data)
-
-    def _flush(self) -> None:
-        if self._parts:
-            self._transport.write(b"".join(self._parts))
-            self._parts.clear()
-
-    def close(self) -> None:
-        self._flush()  # (what was written goes before the close)
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class _BoundedHead(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with the head of each request bounded in size and in
-    time, its writes made one a pass (`_OneWrite`)."""
+    """uvicorn's httptools protocol, with its connections admitted within their limits, the
+    head of each request bounded in size and in time, the requests read ahead and a response
+    the client takes none of bounded, its writes made one a pass (`OneWrite`)."""
 
     _head = 0
+    _fields = 0  # header fields of the request being read
     # The head's or the body's deadline: when it falls (the loop's time) and what it does
     # then (None: no deadline). Set three times a request, so one timer serves them all,
     # fired at the earliest deadline it was armed for and armed again for a later one then
@@ -104,47 +90,121 @@ class _BoundedHead(HttpToolsProtocol):
     _held = False  # the server held the request up when the deadline was last reached
     _body_by = 0.0  # the loop's time by which the body must have ended
     _whole = False  # the deadline set is the whole body's (BODY_TOTAL_S), not an idle one
+    _admission: Admission | None = None  # the place taken (None: refused, or not yet)
+    _client = ""
+    _refusing: asyncio.TimerHandle | None = None  # a refused connection's close, REFUSING_S
+    shut = False  # a request was refused in its turn: nothing after it is read
+    _too_large: tuple[int, StateError] | None = None  # the head's refusal (`send_400_response`)
+    sending: SendWatch  # a response's sending, closed once the client takes none of it
+    _wire: OneWrite  # the transport uvicorn writes to
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(cast(asyncio.Transport, _OneWrite(transport)))
+        admission = cast(_Config, self.config).admission
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) else "?"
+        refusal = admission.admit(client)
+        if refusal is not None:
+            self._refusing = refuse(transport, admission, refusal)
+            return
+        self._admission, self._client = admission, client
+        self._wire = OneWrite(transport)
+        super().connection_made(cast(asyncio.Transport, self._wire))
+        self.flow = ReadAhead(self.transport, self)
+        self.sending = SendWatch(transport)
         self._await_head()
 
+    def data_received(self, data: bytes) -> None:
+        if self._admission is not None and not self.shut:  # (else dropped: see `shut`)
+            super().data_received(data)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refusing is not None:
+            self._refusing.cancel()
+            self._refusing = None
+            cast(_Config, self.config).admission.refusing -= 1
+        if self._admission is None:
+            return  # (refused: nothing of uvicorn's was set up)
+        self._admission.leave(self._client)
+        self._admission = None
         self._disarm()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.sending.resumed()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
-        self._head = 0
+        if self.shut:
+            return
+        self._head = self._fields = 0
         self._await_head()  # (counted from the request's first byte)
         self._begun = True
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
+        if self.shut:
+            return
         self._disarm()
-        limit = self.limit_concurrency
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
-            # uvicorn's own answer is a bare "Service Unavailable": ours is the call API's
-            # error document, naming the limit (the swap is undone before any await)
-            app, self.app, self.limit_concurrency = self.app, _Busy(limit), None
+        refusal = None
+        if len(self.pipeline) >= MAX_PIPELINED:
+            # Answered in its turn, after the requests before it; nothing after it is read
+            # (its close ends the connection: the client sends the rest again, as HTTP/1.1
+            # has a client do with requests a closed connection left unanswered).
+            self._shut()
+            refusal = Unavailable(
+                f"at most {MAX_PIPELINED} requests may wait behind the one running on a "
+                "connection (MAX_PIPELINED: docs/http.md); this one and those after it were "
+                "not read: send them again", {"path": "pipeline", "limit": MAX_PIPELINED})
+        elif len(self.tasks) >= cast(_Config, self.config).admission.limit:
+            limit = cast(_Config, self.config).admission.limit
+            self._wire.linger_s = REFUSING_S  # (its close, after the 503: read on, lingering)
+            refusal = Unavailable(
+                f"the HTTP face runs at most {limit} requests at once "
+                "(STATEWORKER_HTTP_MAX_CONNECTIONS): try again in a moment",
+                {"path": "requests", "limit": limit})
+        if refusal is not None:
+            # the refusal's answer, in the request's place (the swap undone before any await)
+            app, self.app = self.app, Refusal(refusal)
             try:
                 super().on_headers_complete()
             finally:
-                self.app, self.limit_concurrency = app, limit
+                self.app = app
         else:
             super().on_headers_complete()
+        if self.shut:
+            return
         self._body_by = self.loop.time() + BODY_TOTAL_S
         self._await_body()  # (ended at once by on_message_complete when there is none)
 
     def on_body(self, body: bytes) -> None:
+        if self.shut:
+            return
         self._await_body()
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self.shut:
+            return
         self._disarm()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            # (uvicorn resumed reading before it took the next request waiting: `ReadAhead`
+            # refused while one waited; now that none may, read on)
+            self.flow.resume_reading()
+
+    def pause_writing(self) -> None:
+        """The client takes the response slower than it comes (or not at all)."""
+        if self._admission is not None:  # (a refused one has none of uvicorn's state)
+            super().pause_writing()
+            self.sending.paused(SEND_IDLE_S)
+
+    def resume_writing(self) -> None:
+        if self._admission is not None:
+            super().resume_writing()
+            self.sending.resumed()
 
     def _await_head(self) -> None:
         self._disarm()
@@ -241,34 +301,59 @@ class _BoundedHead(HttpToolsProtocol):
         self.transport.close()
 
     def on_url(self, url: bytes) -> None:
-        self._grow(len(url))
+        if self.shut:
+            return
+        self._grow(len(url), 414)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow(len(name) + len(value) + 4)
+        if self.shut:
+            return
+        self._grow(len(name) + len(value) + 4, 431)
+        self._fields += 1
+        if self._fields > MAX_HEADERS:
+            self._too_big(431, InvalidRequest(
+                f"a request may have at most {MAX_HEADERS} header fields (MAX_HEADERS: "
+                "docs/http.md)", {"path": "headers", "limit": MAX_HEADERS}))
         super().on_header(name, value)
 
-    def _grow(self, size: int) -> None:
+    def _grow(self, size: int, status: int) -> None:
         self._head += size
-        if self._head > MAX_HEAD_BYTES:  # (raised in a parser callback: uvicorn's 400)
-            raise ValueError(f"a request head over {MAX_HEAD_BYTES} bytes")
+        if self._head > MAX_HEAD_BYTES:
+            self._too_big(status, InvalidRequest(
+                f"a request's line and headers may be at most {MAX_HEAD_BYTES} bytes "
+                "(MAX_HEAD_BYTES: docs/http.md)", {"path": "headers" if status == 431 else
+                                                  "url", "limit": MAX_HEAD_BYTES}))
+
+    def _too_big(self, status: int, error: StateError) -> None:
+        """Stop reading the head: raised in a parser callback, it ends in uvicorn's answer
+        to a malformed request, `send_400_response`, which sends this instead."""
+        self._too_large = (status, error)
+        raise ValueError(str(error))
+
+    def _shut(self) -> None:
+        """Read no more requests on this connection: the one being read is the last one
+        answered (a refusal), and its close lingers (http_flow.close_lingering)."""
+        self.shut = True
+        self.flow.pause_reading()
+        self._wire.linger_s = REFUSING_S
+
+    def send_400_response(self, msg: str) -> None:
+        self._shut()  # (the parser stopped at an error: nothing after it can be read)
+        if self._too_large is None:
+            super().send_400_response(msg)
+            return
+        status, error = self._too_large
+        self.transport.write(error_answer(status, error))
+        self.transport.close()
 
 
-class _Busy:
-    """The answer to a request beyond MAX_CONCURRENT: 503, UNAVAILABLE, and a close."""
+class _Config(uvicorn.Config):
+    """uvicorn's config, with the connections' admission its protocols share."""
 
-    def __init__(self, limit: int) -> None:
-        self.body = msgspec.json.encode({"id": None, "ok": False, "error": {
-            "code": Unavailable.code,
-            "message": f"the HTTP face holds at most {limit} connections and requests in "
-                       "flight (MAX_CONCURRENT): try again in a moment",
-            "details": {"path": "connections", "limit": limit}}})
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"connection", b"close"),
-            (b"content-length", str(len(self.body)).encode())]})
-        await send({"type": "http.response.body", "body": self.body})
+    def __init__(self, app: Any, admission: Admission, **options: Any) -> None:
+        super().__init__(app, **options)
+        self.admission = admission
 
 
 class ServerOnOurLoop(uvicorn.Server):
@@ -279,13 +364,12 @@ class ServerOnOurLoop(uvicorn.Server):
         yield
 
 
-def server_config(app: Any) -> uvicorn.Config:
+def server_config(app: Any, admission: Admission) -> uvicorn.Config:
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # (not its start, its stop)
-    return uvicorn.Config(app, http=_BoundedHead, ws="none", lifespan="off", loop="none",
-                          log_config=None, access_log=False, proxy_headers=False,
-                          server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
-                          timeout_graceful_shutdown=GRACE_S, backlog=BACKLOG,
-                          limit_concurrency=MAX_CONCURRENT)
+    return _Config(app, admission, http=_BoundedHead, ws="none", lifespan="off", loop="none",
+                   log_config=None, access_log=False, proxy_headers=False,
+                   server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
+                   timeout_graceful_shutdown=GRACE_S, backlog=BACKLOG)
 
 
 def listening(bind: str) -> socket.socket:

@@ -241,18 +241,28 @@ class Logins:
         except ConnectionLost:
             try:
                 return await self._auth_once(principal, password)
-            except ConnectionLost as exc:
-                raise UnknownCaller(f"could not check the password of {shown(principal)}: "
-                                    f"{exc}", {"principal": principal}) from exc
+            except ConnectionLost as exc:  # (Redis's trouble, not the caller's: 503)
+                raise Unavailable(f"could not check the password of {shown(principal)}: "
+                                  f"{exc}", {"principal": principal}) from exc
 
-    async def _auth_once(self, principal: str, password: str) -> bool:
+    async def open(self) -> None:
+        """Connect the proof connection now (`acl` mode), before any login needs it: made at
+        a first login, it could find Redis's `maxclients` taken by then (a principal may
+        open connections up to it: docs/security.md), and no login would be proven."""
+        if self.required:
+            await self._proof_conn().try_connect()  # (not there: the first login connects)
+
+    def _proof_conn(self) -> RedisConnection:
         if self.proof_conn is None:
             self.proof_conn = connection_for(
                 seeds_of(self.state.conn.url)[0],
                 connect_timeout_s=self.state.conn.connect_timeout_s,
                 read_timeout_s=self.state.conn.read_timeout_s)
+        return self.proof_conn
+
+    async def _auth_once(self, principal: str, password: str) -> bool:
         try:
-            await self.proof_conn.execute("AUTH", principal, password)
+            await self._proof_conn().execute("AUTH", principal, password)
         except ReplyError as exc:
             if "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
                 return False

@@ -38,6 +38,9 @@ services in one process, as the tests run them, never share a counter).
     stateworker_dedupe_records                      bus call ids held for the dedupe window
     stateworker_console_tails                       live tails open (STATEWORKER_MAX_TAILS)
     stateworker_console_tails_refused_total         tails refused at a cap (507)
+    stateworker_http_connections                    the HTTP face's connections open
+                                                    (STATEWORKER_HTTP_MAX_CONNECTIONS)
+    stateworker_http_connections_refused_total      connections refused at a cap (503)
     stateworker_build_info{version,python}          1
     process_*, python_info                          the client's process and platform
                                                     collectors
@@ -65,6 +68,7 @@ from prometheus_client.registry import Collector
 
 from stateworker.app.cli.parser import version
 from stateworker.app.console import Tails
+from stateworker.app.http_admission import Admission
 from stateworker.bus.runtime import BusRuntime
 from stateworker.bus.stats import LATENCY_BUCKETS_MS, OTHER_FUNCTION, Stats, stream_backlog
 from stateworker.clock import now_ms
@@ -95,10 +99,12 @@ class Metrics:
     """The metrics of one service: `http_call` counts the HTTP face's calls, `exposition`
     renders everything in the text format."""
 
-    def __init__(self, state: RedisState, runtime: BusRuntime, tails: Tails) -> None:
+    def __init__(self, state: RedisState, runtime: BusRuntime, tails: Tails,
+                 admission: Admission) -> None:
         self.state = state
         self.runtime = runtime
         self.tails = tails
+        self.admission = admission
         self.registry = CollectorRegistry(auto_describe=True)
         # The HTTP face's calls, counted as the bus counts its own (plain integers on the
         # hot path, read at the scrape): the client's Counter and Histogram took 6 us a call.
@@ -136,9 +142,15 @@ class Metrics:
         refused = CounterMetricFamily("stateworker_console_tails_refused",
                                       "Console live tails refused at a cap (507).")
         refused.add_metric([], self.tails.refused)
+        conns = GaugeMetricFamily("stateworker_http_connections",
+                                  "The HTTP face's connections open.")
+        conns.add_metric([], self.admission.total)
+        turned = CounterMetricFamily("stateworker_http_connections_refused",
+                                     "HTTP connections refused at a cap (503).")
+        turned.add_metric([], self.admission.refused)
         return [*_calls(self.runtime.stats, "bus", "answered over the bus"),
                 *_calls(self.http, "http", "through the HTTP face"),
-                ahead, waiting, tails, refused]
+                ahead, waiting, tails, refused, conns, turned]
 
     async def _redis(self) -> list[Any]:
         up = GaugeMetricFamily("stateworker_redis_up", "1 when Redis answered a PING.")

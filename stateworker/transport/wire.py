@@ -32,6 +32,8 @@ from typing import Any
 import hiredis
 
 Arg = bytes | str | int | float
+# What Redis sends a connection past its `maxclients` (and closes it): no command ran.
+MAXCLIENTS = "ERR max number of clients reached"
 
 
 class ReplyError(Exception):
@@ -148,6 +150,17 @@ class RespProtocol(asyncio.Protocol):
             if reply is False:
                 if not waiting:  # nothing in flight: no blocking command to make room for
                     self.quiet_until = 0.0
+                return
+            if isinstance(reply, ReplyError) and str(reply).startswith(MAXCLIENTS):
+                # Redis's refusal of the connection itself, sent unasked as it accepts one
+                # past `maxclients` (then it closes): not the first command's answer, and
+                # worth another try later (transient), as a connection refused is.
+                self.fail(ConnectionLost(
+                    f"Redis refused a new connection: it holds its maxclients connections "
+                    f"already ({reply}; docs/security.md, \"Redis's connections are "
+                    "shared\")"))
+                if self.transport is not None:
+                    self.transport.abort()
                 return
             future = waiting.popleft()
             if isinstance(future, Batch):

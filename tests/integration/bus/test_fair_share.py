@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aredis
 
 from stateworker.app.console import Tails
+from stateworker.app.http_admission import Admission
 from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
@@ -48,7 +49,8 @@ async def served(raw: aredis.Redis, probe: StateClient, stream: str, scope: str,
     left = await raw.xlen(stream)
     assert left > FLOOD // 4, f"the probe waited for {FLOOD - left} flooded calls"
     if service is not None:  # what waits read ahead shows in /metrics
-        metrics = Metrics(service.state, service.runtime, Tails(service.state.settings))
+        metrics = Metrics(service.state, service.runtime, Tails(service.state.settings),
+                          Admission(1, 1, 1))
         text = (await metrics.exposition())[0].decode()
         ahead = float(text.split("\nstateworker_bus_read_ahead ")[1].split()[0])
         assert 0 < ahead <= left

@@ -26,6 +26,7 @@ from stateworker import StateError, StateStore
 from stateworker.app.cli import status_report
 from stateworker.app.console import Tails
 from stateworker.app.http import redis_unready
+from stateworker.app.http_admission import Admission
 from stateworker.app.metrics import Metrics
 from stateworker.app.service import StateService
 from stateworker.bus.client import StateClient
@@ -129,7 +130,7 @@ async def wiped_then_restored(own_redis: RedisServer, prefix: str, postgres_url:
         await wipe()
         await until(lambda: service.state.lost is not None, 30, "the service to see it lost")
         assert "generation marker" in (await redis_unready(service.state) or "")
-        metrics = Metrics(service.state, service.runtime, Tails(settings))
+        metrics = Metrics(service.state, service.runtime, Tails(settings), Admission(1, 1, 1))
         assert b"\nstateworker_store_lost 1.0\n" in (await metrics.exposition())[0]
         # Every write is refused, whatever its kind and door, and none of them lands anywhere.
         assert await refused_writes(store) == ["STORE_LOST"] * 6
