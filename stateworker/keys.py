@@ -129,15 +129,13 @@ CALL_BUCKETS = 64  # buckets of call ids: a slice's hash, expired whole, frees 1
 
 
 def call_field(call_id: str) -> bytes:
-    """A call id's field in its records: FIELD_BYTES raw bytes of its SHA-1. A record's size
-    does not grow with the id, and 12 bytes fit Redis's smallest string allocation (16 bytes
-    with its header): two of 10**8 ids in one window meet with probability 6e-14."""
+    """A call id's field in its records: FIELD_BYTES bytes of its SHA-1, as small as a record can
+    be (Redis's smallest string, 16 bytes with its header); two of 10**8 ids meet at 6e-14."""
     return hashlib.sha1(call_id.encode()).digest()[:FIELD_BYTES]
 
 
-# A partition's history hash's other fields: its generation marker (state/generation.py), a
-# restore's generation writing it back (lua/stamp.lua), a snapshot following its barriers
-# (lua/includes/barriermarks.lua, snapshot/barriers.py).
+# A partition's history hash's other fields: its generation marker (state/generation.py), a restore's
+# (lua/stamp.lua), a snapshot following its barriers (includes/barriermarks.lua, snapshot/barriers.py).
 HISTORY_GENERATION, HISTORY_RESTORING, HISTORY_SNAPSHOT = "gen", "restoring", "snapshot"
 
 
@@ -177,9 +175,7 @@ class KeySpace:
         self.registry_snapshotted = f"{registry_tag}snapshotted"
         self._sessions = f"{registry_tag}session"  # acl mode: the console's (app/logins.py)
         self.replicas = f"{prefix}:replicas"
-        # hash: each live `serve`'s shared settings ("r:<id>" -> JSON with their expiry) and
-        # where the bus was last ("bus"): state/layout.py
-        self.serving = f"{prefix}:serving"
+        self.serving = f"{prefix}:serving"  # hash: live serves' shared settings (state/layout.py)
         self.dispatch_stats = f"{prefix}:dispatch:stats"
         self.dispatch_targets = f"{prefix}:dispatch:targets"  # set: services given a group
         # "<id>|delivered", "|error" (JSON), "|waiting", "|cut" (set aside); pruned as they go
