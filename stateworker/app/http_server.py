@@ -157,7 +157,9 @@ class _BoundedHead(HttpToolsProtocol):
                 "not read: send them again", {"path": "pipeline", "limit": MAX_PIPELINED})
         elif len(self.tasks) >= cast(_Config, self.config).admission.limit:
             limit = cast(_Config, self.config).admission.limit
-            self._wire.linger_s = REFUSING_S  # (its close, after the 503: read on, lingering)
+            # Nothing after it read (its 503 says the connection closes): read on, a request
+            # the client sent behind it ran with its answer unsendable, and was sent again
+            self._shut()
             refusal = Unavailable(
                 f"the HTTP face runs at most {limit} requests at once "
                 "(STATEWORKER_HTTP_MAX_CONNECTIONS): try again in a moment",

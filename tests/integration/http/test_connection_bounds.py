@@ -238,3 +238,48 @@ async def test_a_client_that_takes_no_answer_is_closed(
 @pytest.fixture
 def face_settings(redis_server: RedisServer, prefix: str) -> Settings:
     return http_settings(redis_server.url, prefix)
+
+
+async def test_nothing_is_read_after_a_request_refused_past_those_in_flight(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 503 of a request past the requests in flight says the connection closes: a
+    request the client sends after it (one pipelined behind it, in flight as the 503 came)
+    is not read, so not run: run, its answer could not be sent (the sending side was shut),
+    and the client, told nothing, sends it again on a new connection: it ran twice."""
+    monkeypatch.setattr(http_server, "REFUSING_S", 30.0)  # (the lingering outlasts the test)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        settings = http_settings(server.url, prefix, http_max_connections=3)
+        async with serving(settings) as (face, http):
+            assert face.http_address is not None and server.process is not None
+            port = int(face.http_address.split(":")[1])
+            os.kill(server.process.pid, signal.SIGSTOP)  # every call waits on Redis
+            try:
+                for _ in range(3):
+                    async with connection(face.http_address, ATTACKER) as wire:
+                        await wire.stream.send(wire.head("/v1/call/state::get", len(GET))
+                                               + GET)
+                        await until(lambda: tcp_quiet(port), 10, "the call to be read")
+                async with connection(face.http_address) as refused:
+                    status, _, body = await refused.call("state::get", GET)
+                    assert (status, refusal(body)["details"]["path"]) == (503, "requests")
+                    os.kill(server.process.pid, signal.SIGCONT)  # the three end
+
+                    async def served() -> bool:
+                        async with connection(face.http_address) as probe:
+                            return (await probe.call("state::get", GET))[0] == 200
+                    await until(served, 10, "the requests in flight to end")
+                    late = b'{"scope":"late","key":"k","value":1}'
+                    with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                        await refused.stream.send(
+                            refused.head("/v1/call/state::set", len(late)) + late)
+                    await until(lambda: tcp_quiet(port), 10, "the late request to be taken")
+                    assert await refused.closed()
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            got = await http.post("/v1/call/state::get", content=b'{"scope":"late","key":"k"}')
+            assert got.status_code == 200, got.text
+            assert msgspec.json.decode(got.content)["result"] is None, got.text
+    finally:
+        server.kill()
