@@ -91,6 +91,16 @@ async def test_one_client_cannot_take_every_connection(redis_server: RedisServer
                 assert status == 200, body
 
 
+async def hang_up_after_calls(address: str, count: int) -> None:
+    """`count` calls sent, each on a connection closed once the service has read it (their
+    requests run on: a stopped Redis holds them in flight)."""
+    port = int(address.split(":")[1])
+    for _ in range(count):
+        async with connection(address, ATTACKER) as wire:
+            await wire.stream.send(wire.head("/v1/call/state::get", len(GET)) + GET)
+            await until(lambda: tcp_quiet(port), 10, "the call to be read")
+
+
 async def test_requests_whose_clients_hung_up_count_until_they_end(tmp_path: Path,
                                                                    prefix: str) -> None:
     """A request runs on after its client hangs up (its call waits on Redis): clients that
@@ -105,12 +115,7 @@ async def test_requests_whose_clients_hung_up_count_until_they_end(tmp_path: Pat
             assert face.http_address is not None and server.process is not None
             os.kill(server.process.pid, signal.SIGSTOP)  # every call waits on Redis
             try:
-                for _ in range(3):
-                    async with connection(face.http_address, ATTACKER) as wire:
-                        await wire.stream.send(wire.head("/v1/call/state::get", len(GET))
-                                               + GET)
-                        await until(lambda: tcp_quiet(int(face.http_address.split(":")[1])),
-                                    10, "the call to be read")
+                await hang_up_after_calls(face.http_address, 3)
                 async with connection(face.http_address) as wire:  # a place is free ...
                     status, _, body = await wire.call("state::get", GET)
                     error = refusal(body)  # ... but not a request's
@@ -256,11 +261,7 @@ async def test_nothing_is_read_after_a_request_refused_past_those_in_flight(
             port = int(face.http_address.split(":")[1])
             os.kill(server.process.pid, signal.SIGSTOP)  # every call waits on Redis
             try:
-                for _ in range(3):
-                    async with connection(face.http_address, ATTACKER) as wire:
-                        await wire.stream.send(wire.head("/v1/call/state::get", len(GET))
-                                               + GET)
-                        await until(lambda: tcp_quiet(port), 10, "the call to be read")
+                await hang_up_after_calls(face.http_address, 3)
                 async with connection(face.http_address) as refused:
                     status, _, body = await refused.call("state::get", GET)
                     assert (status, refusal(body)["details"]["path"]) == (503, "requests")
